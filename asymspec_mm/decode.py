@@ -1,0 +1,388 @@
+"""The AsymSpec decoding loop (Algorithm 1) and its baselines, over engines that only return logits.
+
+Cache convention shared by every loop here: a stream's cache holds its prompt and all committed
+tokens except the newest one, which is *pending* and is forwarded first in the next step. So the
+prefill caches ``prompt[:-1]`` and the first step forwards the prompt's last token: every step has
+the same shape and nothing is forwarded twice. Each step forwards K tokens on the drafter's full
+stream (one at a time, plus d_K after K acceptances) and K+1 tokens in one forward on the
+drafter's compressed stream and on the verifier; rejections roll caches back by cropping.
+
+Every loop is a generator of per-step :class:`TokenEvent` lists, so callers can stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from .engines import Engine
+from .errors import UnknownOptionError
+from .gate import DELTAS, GATES, gate_step
+
+METHODS = ("asymspec", "floor", "drafter", "sd")
+BONUS_RULES = ("verifier", "gated")
+
+
+@dataclass(frozen=True)
+class AsymSpecConfig:
+    """Decoding settings. Defaults are the paper's cross-modal setting (MathVista: K=4, beta=1, gamma=0.5, CDA)."""
+
+    k: int = 4
+    beta: float = 1.0
+    gamma: float = 0.5
+    gate: str = "cda"
+    lam: float = 0.1
+    delta: str = "contrast"
+    drafter_view: str = "image+text"
+    bonus: str = "verifier"
+    max_new_tokens: int = 512
+    stop_strings: tuple[str, ...] = ()
+    trace_top: int = 3
+
+    def validated(self) -> "AsymSpecConfig":
+        """Return self after checking every option; raises :class:`UnknownOptionError` naming the bad one."""
+        from .prompts import DRAFTER_VIEWS
+
+        for name, value, allowed in (
+            ("gate", self.gate, GATES),
+            ("delta", self.delta, DELTAS),
+            ("bonus", self.bonus, BONUS_RULES),
+            ("drafter_view", self.drafter_view, DRAFTER_VIEWS),
+        ):
+            if value not in allowed:
+                raise UnknownOptionError(f"{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
+        if not isinstance(self.k, int) or self.k < 1:
+            raise UnknownOptionError(f"k={self.k!r}: the speculation depth must be an integer >= 1")
+        if not 0.0 <= self.gamma:
+            raise UnknownOptionError(f"gamma={self.gamma!r} must be >= 0")
+        if self.max_new_tokens < 1:
+            raise UnknownOptionError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
+        return self
+
+    def with_(self, **changes) -> "AsymSpecConfig":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenEvent:
+    """Why one token was emitted.
+
+    source: ``accepted`` (a draft passed the gate), ``fused`` (emitted at a rejection: argmax of
+    t + beta*delta), ``bonus`` (the verifier's own token after K acceptances), ``greedy`` (a baseline).
+    p_verifier / p_base: softmax(t)[token] and softmax(b)[token] (None where that stream did not run).
+    steered: the emitted token differs from ``verifier_argmax``, what the verifier alone would emit here.
+    """
+
+    index: int
+    token_id: int
+    text: str
+    source: str
+    step: int
+    position: int
+    p_verifier: float | None = None
+    p_base: float | None = None
+    gamma_eff: float | None = None
+    jsd: float | None = None
+    verifier_argmax: int | None = None
+    steered: bool = False
+    draft_token: int | None = None
+    top_verifier: list[tuple[int, float]] = field(default_factory=list)
+    top_fused: list[tuple[int, float]] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Counters:
+    """Step statistics, acceptance counted per draft position (as vLLM's spec-decode metrics do)."""
+
+    def __init__(self, k: int, streams: dict[str, Engine]):
+        self.k = k
+        self.streams = streams
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.accepted_per_position = [0] * k
+        self.bonus_drafted = 0
+        self.bonus_accepted = 0
+        self.new_tokens = 0
+        self.prefill_tokens = {name: e.tokens_forwarded for name, e in streams.items()}
+        self.t0 = time.perf_counter()
+
+    def as_dict(self) -> dict:
+        wall = time.perf_counter() - self.t0
+        drafted = self.drafted + self.bonus_drafted
+        return {
+            "steps": self.steps,
+            "drafted": drafted,
+            "accepted": self.accepted + self.bonus_accepted,
+            "acceptance_rate": (self.accepted + self.bonus_accepted) / drafted if drafted else 0.0,
+            "mean_accepted_length": self.new_tokens / self.steps if self.steps else 0.0,
+            "accepted_per_position": list(self.accepted_per_position),
+            "bonus_drafted": self.bonus_drafted,
+            "bonus_accepted": self.bonus_accepted,
+            "tokens_forwarded": {n: e.tokens_forwarded for n, e in self.streams.items()},
+            "prefill_tokens": dict(self.prefill_tokens),
+            "forward_calls": {n: e.forward_calls for n, e in self.streams.items()},
+            "new_tokens": self.new_tokens,
+            "decode_wall_s": wall,
+            "tokens_per_s": self.new_tokens / wall if wall > 0 else 0.0,
+        }
+
+
+StopFn = Callable[[list[int]], bool]
+
+
+class _Emitter:
+    """Commits tokens, enforcing EOS, the token budget and stop strings; tells the loop when to stop."""
+
+    def __init__(self, counters: Counters, max_new_tokens: int, eos_ids: set[int], stop_fn: StopFn | None):
+        self.counters = counters
+        self.max_new = max_new_tokens
+        self.eos_ids = eos_ids
+        self.stop_fn = stop_fn
+        self.tokens: list[int] = []
+        self.done = False
+        self.stopped_by = "max_new_tokens"
+
+    def commit(self, events: list[TokenEvent]) -> list[TokenEvent]:
+        kept: list[TokenEvent] = []
+        for ev in events:
+            if len(self.tokens) >= self.max_new:
+                self.done = True
+                break
+            ev.index = len(self.tokens)
+            self.tokens.append(ev.token_id)
+            kept.append(ev)
+            if ev.token_id in self.eos_ids:
+                self.done, self.stopped_by = True, "eos"
+                break
+        if len(self.tokens) >= self.max_new:
+            self.done = True
+        if not self.done and self.stop_fn is not None and self.stop_fn(self.tokens):
+            self.done, self.stopped_by = True, "stop_string"
+        self.counters.new_tokens = len(self.tokens)
+        return kept
+
+
+def _draft_greedy(engine: Engine, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward ``pending`` then k-1 own drafts one at a time: drafts ``[k]`` and their logits ``[k, V]``.
+
+    Drafts stay on the device: no host sync while drafting.
+    """
+    rows, drafts = [], []
+    x = pending
+    for _ in range(k):
+        logits = engine.extend(x)[-1]
+        rows.append(logits)
+        x = logits.argmax(-1, keepdim=True)
+        drafts.append(x)
+    return torch.cat(drafts), torch.stack(rows)
+
+
+def _topk(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``[P, 2k]``: the top-k token ids then their probabilities, as float64 for one packed transfer."""
+    probs, ids = logits.float().softmax(-1).topk(k, dim=-1)
+    return torch.cat([ids.double(), probs.double()], dim=-1)
+
+
+def _pairs(row: list[float], k: int) -> list[tuple[int, float]]:
+    return [(int(row[j]), float(row[k + j])) for j in range(k)]
+
+
+def asymspec_steps(
+    drafter_full: Engine,
+    drafter_comp: Engine,
+    verifier: Engine,
+    pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cfg: AsymSpecConfig,
+    eos_ids: set[int],
+    stop_fn: StopFn | None = None,
+    counters: Counters | None = None,
+    observer: Callable[[int, list[int]], None] | None = None,
+) -> Iterator[list[TokenEvent]]:
+    """Algorithm 1, greedy. ``pending``: the last prompt token ``[1]`` of each stream (full, comp, verifier).
+
+    Yields the events committed at each step. ``observer(step, tokens)`` runs after each step with
+    the streams in their post-step state (tests compare caches against no-cache forwards there).
+    """
+    k = cfg.k
+    counters = counters or Counters(k, {"drafter_full": drafter_full, "drafter_comp": drafter_comp, "verifier": verifier})
+    out = _Emitter(counters, cfg.max_new_tokens, eos_ids, stop_fn)
+    p_full, p_comp, p_ver = pending
+    gate_kw = dict(gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
+    top = cfg.trace_top
+    step = 0
+    while not out.done:
+        base_full, base_comp, base_ver = drafter_full.length, drafter_comp.length, verifier.length
+        drafts, a = _draft_greedy(drafter_full, p_full, k)  # d_1..d_K, a_1..a_K
+        b = drafter_comp.extend(torch.cat([p_comp.to(drafts.device), drafts]))  # b_1..b_{K+1}
+        t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).to(a.device)
+        g = gate_step(a, b[:k], t[:k], drafts, **gate_kw)
+        packed = [g.accepted.double(), g.gamma_eff.double(), g.jsd.double(), g.p_verifier.double(), g.p_base.double(),
+                  g.fused.double(), g.verifier_argmax.double(), g.p_verifier_fused.double(), g.p_base_fused.double(),
+                  drafts.double()]
+        t_last = t[k].float().log_softmax(-1)
+        bonus_id = t_last.argmax()
+        extra = [bonus_id.double(), t_last[bonus_id].exp().double(), b[k].float().log_softmax(-1)[bonus_id].exp().double()]
+        rows = torch.stack(packed, dim=1)  # [K, 10]
+        tops = None
+        if top:
+            fused_logits = t[: k + 1].float() + cfg.beta * _delta_rows(a, b[:k], t[:k], cfg.delta, t.shape[0] - 1)
+            tops = torch.cat([_topk(t[: k + 1], top), _topk(fused_logits, top)], dim=1)
+        # The one device-to-host transfer of the step: the decision and every token it may emit.
+        host = rows.tolist()
+        host_extra = torch.stack(extra).tolist()
+        host_tops = tops.tolist() if tops is not None else None
+        n_acc = 0
+        while n_acc < k and host[n_acc][0] > 0.5:
+            n_acc += 1
+        step += 1
+        counters.steps += 1
+        counters.drafted += k
+        counters.accepted += n_acc
+        for i in range(n_acc):
+            counters.accepted_per_position[i] += 1
+
+        def event(i: int, token: int, source: str, pv, pb, ge, js, vmax, draft=None) -> TokenEvent:
+            ev = TokenEvent(index=0, token_id=token, text="", source=source, step=step, position=i + 1,
+                            p_verifier=pv, p_base=pb, gamma_eff=ge, jsd=js, verifier_argmax=vmax,
+                            steered=(vmax is not None and token != vmax), draft_token=draft)
+            if host_tops is not None:
+                ev.top_verifier = _pairs(host_tops[i][: 2 * top], top)
+                ev.top_fused = _pairs(host_tops[i][2 * top:], top)
+            return ev
+
+        events = [event(i, int(r[9]), "accepted", r[3], r[4], r[1], r[2], int(r[6])) for i, r in enumerate(host[:n_acc])]
+        if n_acc < k:
+            r = host[n_acc]
+            events.append(event(n_acc, int(r[5]), "fused", r[7], r[8], r[1], r[2], int(r[6]), draft=int(r[9])))
+            keep = n_acc + 1  # pending + accepted drafts stay cached; the fused token becomes pending
+            drafter_full.truncate(base_full + keep)
+            drafter_comp.truncate(base_comp + keep)
+            verifier.truncate(base_ver + keep)
+        else:
+            a_bonus = drafter_full.extend(drafts[k - 1 :])[-1]  # keeps the full stream current; yields a_{K+1}
+            if cfg.bonus == "gated":
+                gb = gate_step(a_bonus[None], b[k:], t[k:], a_bonus.argmax(-1, keepdim=True), **gate_kw)
+                hb = torch.stack([gb.accepted.double(), gb.gamma_eff.double(), gb.jsd.double(), gb.p_verifier.double(),
+                                  gb.p_base.double(), gb.fused.double(), gb.verifier_argmax.double(),
+                                  gb.p_verifier_fused.double(), gb.p_base_fused.double(),
+                                  a_bonus.argmax(-1, keepdim=True).double()], dim=1).tolist()[0]
+                counters.bonus_drafted += 1
+                if top:
+                    fused_row = t[k:].float() + cfg.beta * _delta_rows(a_bonus[None], b[k:], t[k:], cfg.delta, 1)[:1]
+                    host_tops[k] = (_topk(t[k:], top)[0].tolist() + _topk(fused_row, top)[0].tolist())
+                if hb[0] > 0.5:
+                    counters.bonus_accepted += 1
+                    events.append(event(k, int(hb[9]), "accepted", hb[3], hb[4], hb[1], hb[2], int(hb[6])))
+                else:
+                    events.append(event(k, int(hb[5]), "fused", hb[7], hb[8], hb[1], hb[2], int(hb[6]), draft=int(hb[9])))
+            else:
+                vid = int(host_extra[0])
+                events.append(event(k, vid, "bonus", host_extra[1], host_extra[2], None, None, vid))
+        committed = out.commit(events)
+        if committed:
+            last = torch.tensor([committed[-1].token_id], device=drafts.device)
+            p_full = p_comp = p_ver = last
+        if observer is not None:
+            observer(step, list(out.tokens))
+        yield committed
+    counters.stopped_by = out.stopped_by  # type: ignore[attr-defined]
+
+
+def _delta_rows(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str, n_rows: int) -> torch.Tensor:
+    """delta for the trace's top-k, padded with a zero row for the verifier's bonus position."""
+    from .gate import context_gain
+
+    d = context_gain(a.float(), b.float(), t.float(), source)
+    if d.shape[0] < n_rows + 1:
+        d = torch.cat([d, torch.zeros_like(d[:1]).expand(n_rows + 1 - d.shape[0], -1)])
+    return d
+
+
+def greedy_steps(
+    engine: Engine,
+    pending: torch.Tensor,
+    cfg: AsymSpecConfig,
+    eos_ids: set[int],
+    stop_fn: StopFn | None = None,
+    counters: Counters | None = None,
+    is_verifier: bool = True,
+) -> Iterator[list[TokenEvent]]:
+    """Plain greedy decoding of one stream (Floor: the verifier; "drafter": the drafter on the full view)."""
+    counters = counters or Counters(1, {engine.name: engine})
+    out = _Emitter(counters, cfg.max_new_tokens, eos_ids, stop_fn)
+    x, step = pending, 0
+    while not out.done:
+        logits = engine.extend(x)[-1].float()
+        token = logits.argmax(-1, keepdim=True)
+        p = logits.log_softmax(-1)[token].exp()
+        host = torch.cat([token.double(), p.double()]).tolist()
+        step += 1
+        counters.steps += 1
+        tok = int(host[0])
+        ev = TokenEvent(index=0, token_id=tok, text="", source="greedy", step=step, position=1,
+                        p_verifier=host[1] if is_verifier else None, verifier_argmax=tok if is_verifier else None)
+        committed = out.commit([ev])
+        x = token
+        yield committed
+    counters.stopped_by = out.stopped_by  # type: ignore[attr-defined]
+
+
+def sd_steps(
+    drafter_comp: Engine,
+    verifier: Engine,
+    pending: tuple[torch.Tensor, torch.Tensor],
+    cfg: AsymSpecConfig,
+    eos_ids: set[int],
+    stop_fn: StopFn | None = None,
+    counters: Counters | None = None,
+) -> Iterator[list[TokenEvent]]:
+    """Symmetric greedy speculative decoding: the drafter on the compressed view drafts, the verifier keeps
+    the longest prefix that matches its own argmax. Lossless: the output equals Floor's token for token."""
+    k = cfg.k
+    counters = counters or Counters(k, {"drafter_comp": drafter_comp, "verifier": verifier})
+    out = _Emitter(counters, cfg.max_new_tokens, eos_ids, stop_fn)
+    p_comp, p_ver = pending
+    step = 0
+    while not out.done:
+        base_comp, base_ver = drafter_comp.length, verifier.length
+        drafts, _ = _draft_greedy(drafter_comp, p_comp, k)
+        t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).float()
+        v_ids = t.argmax(-1)  # [K+1]
+        p_v = t.log_softmax(-1).gather(-1, v_ids[:, None])[:, 0].exp()
+        matches = (v_ids[:k].to(drafts.device) == drafts)
+        host = torch.stack([v_ids.double().cpu(), p_v.double().cpu(),
+                            torch.cat([matches, matches.new_zeros(1)]).double().cpu()], dim=1).tolist()
+        n_acc = 0
+        while n_acc < k and host[n_acc][2] > 0.5:
+            n_acc += 1
+        step += 1
+        counters.steps += 1
+        counters.drafted += k
+        counters.accepted += n_acc
+        for i in range(n_acc):
+            counters.accepted_per_position[i] += 1
+        events = [TokenEvent(index=0, token_id=int(r[0]), text="", source="accepted", step=step, position=i + 1,
+                             p_verifier=r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
+        r = host[n_acc]
+        events.append(TokenEvent(index=0, token_id=int(r[0]), text="", source="bonus" if n_acc == k else "fused",
+                                 step=step, position=n_acc + 1, p_verifier=r[1], verifier_argmax=int(r[0]),
+                                 draft_token=None if n_acc == k else int(drafts[n_acc])))
+        if n_acc < k:
+            drafter_comp.truncate(base_comp + n_acc + 1)
+            verifier.truncate(base_ver + n_acc + 1)
+        else:
+            drafter_comp.extend(drafts[k - 1 :])
+        committed = out.commit(events)
+        if committed:
+            p_comp = p_ver = torch.tensor([committed[-1].token_id], device=drafts.device)
+        yield committed
+    counters.stopped_by = out.stopped_by  # type: ignore[attr-defined]

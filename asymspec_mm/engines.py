@@ -1,0 +1,153 @@
+"""One KV-cached model stream each: the only thing the decoding loop talks to.
+
+An engine owns one cache over one context. ``prefill`` consumes a prompt, ``extend`` appends
+tokens and returns their next-token logits, ``truncate`` rolls the cache back after a rejection
+(cache cropping, never a re-prefill), ``length`` is the number of cached tokens. The loop sees only
+logits, so a backend (transformers here, vLLM elsewhere) is an implementation detail.
+
+Two engines may share one model: the drafter serves both the full view (:class:`VLEngine` with an
+image) and the compressed view (:class:`VLEngine` without one), each with its own cache.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from vision_cache.features import VisionFeatures
+from vision_cache.positions import extension_positions, mrope_positions
+
+
+class Engine(Protocol):
+    """The stream interface of the decoding loop."""
+
+    name: str
+    tokens_forwarded: int
+    forward_calls: int
+
+    @property
+    def length(self) -> int: ...
+
+    def prefill(self, ids: torch.Tensor) -> None: ...
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def truncate(self, length: int) -> None: ...
+
+
+def _new_cache(config):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
+
+
+def model_device(model) -> torch.device:
+    """Device of the input embeddings (where input ids must go, also under a device_map)."""
+    return model.get_input_embeddings().weight.device
+
+
+class TextEngine:
+    """A causal LM over text (Qwen3 and any ``AutoModelForCausalLM``) with a DynamicCache."""
+
+    def __init__(self, model, name: str = "verifier"):
+        self.model = model
+        self.name = name
+        self.device = model_device(model)
+        self.cache = None
+        self.tokens_forwarded = 0
+        self.forward_calls = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    @torch.no_grad()
+    def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        n = ids.shape[-1]
+        start = self.length
+        position_ids = torch.arange(start, start + n, device=self.device).unsqueeze(0)
+        out = self.model(
+            input_ids=ids.view(1, -1).to(self.device),
+            position_ids=position_ids,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        self.tokens_forwarded += n
+        self.forward_calls += 1
+        return out.logits[0]
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Cache ``ids`` (``[1, L]`` or ``[L]``); no logits are kept (the loop forwards the last token later)."""
+        self.cache = _new_cache(self.model.config)
+        if ids.numel():
+            self._forward(ids, keep=1)
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append ``ids`` ``[n]`` and return their next-token logits ``[n, V]``."""
+        return self._forward(ids, keep=0)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens."""
+        drop = self.length - length
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers 5: a negative count removes that many tokens
+
+
+class VLEngine(TextEngine):
+    """A Qwen3-VL model stream with explicit 3D M-RoPE positions.
+
+    With ``features`` the prompt's image pads are replaced by cached vision embeddings (the tower
+    is not called); without, it is a text-only stream of the same model (rope delta 0).
+    """
+
+    def __init__(self, model, name: str = "drafter_full"):
+        super().__init__(model, name)
+        self.rope_delta = 0
+        self.merge = model.config.vision_config.spatial_merge_size
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        mm_token_type_ids: torch.Tensor | None = None,
+        features: VisionFeatures | None = None,
+    ) -> None:
+        self.cache = _new_cache(self.model.config)
+        ids = ids.view(-1)
+        if features is None:
+            self.rope_delta = 0
+            if ids.numel():
+                self._forward(ids, keep=1)
+            return
+        types = mm_token_type_ids.view(-1)
+        positions, self.rope_delta = mrope_positions(types, features.image_grid_thw, self.merge)
+        out = self.model(
+            input_ids=ids.view(1, -1).to(self.device),
+            position_ids=positions.unsqueeze(1).to(self.device),
+            cache=self.cache,
+            use_cache=True,
+            mm_encoder_outputs=features.as_encoder_outputs(),
+            mm_token_type_ids=types.view(1, -1).to(self.device),
+            image_grid_thw=features.image_grid_thw.to(self.device),
+            logits_to_keep=1,
+        )
+        self.tokens_forwarded += ids.numel()
+        self.forward_calls += 1
+        del out
+
+    @torch.no_grad()
+    def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        n = ids.shape[-1]
+        positions = extension_positions(self.length, n, self.rope_delta, self.device).unsqueeze(1)
+        out = self.model(
+            input_ids=ids.view(1, -1).to(self.device),
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        self.tokens_forwarded += n
+        self.forward_calls += 1
+        return out.logits[0]

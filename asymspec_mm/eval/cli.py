@@ -1,0 +1,272 @@
+"""``asymspec-mm eval ...`` subcommands.
+
+* ``eval mathvista``: run method variants over MathVista testmini (or MiniVista), appending
+  records as they finish, then write official output/scores JSON per variant and a report.
+* ``eval score --input OUTPUT.json [--out SCORES.json]``: MathVista's official scoring of an
+  output file (uses ``extraction``; extracts from ``response`` by rules when it is missing).
+* ``eval merge INPUT... --out DIR``: merge shard record files and write the outputs.
+* ``eval report RUN_DIR``: rewrite outputs and report from a run's ``records.jsonl``.
+
+The lead wires :func:`add_eval_parser` into the main CLI; the parser sets ``func=run_eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import AsymSpecError, UnknownOptionError
+
+DEFAULT_OUT = "runs/mathvista"
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``eval`` (with ``mathvista``, ``score``, ``merge``, ``report``) on a subparsers object."""
+    p = subparsers.add_parser("eval", help="benchmarks: run MathVista, score outputs, merge shards", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="eval_command", metavar="{mathvista,score,merge,report}")
+    sub.required = True
+
+    m = sub.add_parser("mathvista", help="run method variants on MathVista testmini (or MiniVista)")
+    g = m.add_argument_group("methods")
+    g.add_argument("--methods", default="asymspec,floor,drafter,sd",
+                   help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned, --lam), "
+                        "raw / scd (delta source), beta0 (beta=0) [default: %(default)s]")
+    g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
+    g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
+    g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
+    g.add_argument("--lam", default=None, help="lambda of the tuned gate, comma list sweeps (variant 'tuned')")
+    g.add_argument("--max-new-tokens", type=int, default=512, help="[default: %(default)s]")
+    g.add_argument("--drafter-view", choices=["image+text", "image"], default=None, help="drafter full-stream view [pipeline default]")
+    g.add_argument("--bonus", choices=["verifier", "gated"], default=None, help="bonus-token rule [pipeline default]")
+
+    d = m.add_argument_group("data")
+    d.add_argument("--dataset", choices=["mathvista", "minivista"], default="mathvista")
+    d.add_argument("--source", choices=["auto", "hf", "local"], default="auto",
+                   help="MathVista problems: Hugging Face AI4Math/MathVista (hf), a local copy (local), or local when "
+                        "--data-dir/--images-dir is given else hf (auto) [default: %(default)s]")
+    d.add_argument("--data-dir", default=None, help="MathVista problems JSON (testmini.json) or the folder holding it")
+    d.add_argument("--images-dir", default=None, help="folder holding the images/ referenced by the problems")
+    d.add_argument("--text-dir", default=None, help="folder with query.json, captions_bard.json, ocrs_easyocr.json "
+                                                    "[default: $ASYMSPEC_MATHVISTA_DIR or <repo>/../shared/mathvista]")
+    d.add_argument("--split", default="testmini")
+    d.add_argument("--tasks", default=None, help="comma list of GPS, VQA, FQA, MWP, TQA or 'all' "
+                                                 "[default: GPS,VQA,FQA for MathVista, all for MiniVista]")
+    d.add_argument("--require-caption", action="store_true", help="only problems with a Bard caption (the paper's 587-problem subset)")
+    d.add_argument("--limit", type=int, default=None, help="first N problems (by pid) after filtering")
+    d.add_argument("--shard", default=None, help="i/n: this process runs every n-th problem starting at i (0-based)")
+    d.add_argument("--minivista-n", type=int, default=200, help="MiniVista problems to generate [default: %(default)s]")
+    d.add_argument("--seed", type=int, default=0, help="MiniVista seed [default: %(default)s]")
+    d.add_argument("--compressed", choices=["official", "auto", "none"], default="official",
+                   help="verifier's view: MathVista's Bard caption + EasyOCR text (official), made by the pipeline (auto), "
+                        "or nothing (none) [default: %(default)s]")
+
+    r = m.add_argument_group("run")
+    r.add_argument("--out", default=DEFAULT_OUT, help="output folder [default: %(default)s]")
+    r.add_argument("--resume", action="store_true", help="continue the records in --out, skipping finished (variant, pid) pairs")
+    r.add_argument("--overwrite", action="store_true", help="discard existing records in --out")
+    r.add_argument("--extract", choices=["rules", "llm", "auto"], default="rules",
+                   help="answer extraction: rules, MathVista's LLM prompt on the pipeline's verifier, or rules then LLM "
+                        "when no anchored answer (auto) [default: %(default)s]")
+    r.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+                   help="a failed generation: log to errors.jsonl and go on (retried by --resume), or stop [default: %(default)s]")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-chart", action="store_true", help="skip accuracy.png")
+    r.add_argument("--dry-run", action="store_true", help="print the selection and variants; load no model")
+
+    mo = m.add_argument_group("models")
+    mo.add_argument("--preset", default=None, help="a bundled preset (e.g. tiny) instead of --drafter/--verifier")
+    mo.add_argument("--drafter", default=None, help="drafter model id or path [pipeline default]")
+    mo.add_argument("--verifier", default=None, help="verifier model id or path [pipeline default]")
+    mo.add_argument("--device", default=None)
+    mo.add_argument("--dtype", default=None)
+
+    s = sub.add_parser("score", help="official MathVista scoring of an output JSON")
+    s.add_argument("--input", required=True, help="output JSON keyed by pid (official format), a list, or a records JSONL")
+    s.add_argument("--out", default=None, help="scores JSON [default: scores_<name>.json next to the input]")
+    s.add_argument("--gt", default=None, help="problems JSON for missing answers/fields [default: the shared testmini.json]")
+    s.add_argument("--write-output", default=None, help="also save the output with prediction/true_false added")
+    s.add_argument("--variant", default=None, help="with a records JSONL of several variants: the one to score")
+    s.add_argument("--quiet", action="store_true")
+
+    mg = sub.add_parser("merge", help="merge shard records and write outputs, scores and report")
+    mg.add_argument("inputs", nargs="+", help="records*.jsonl files or run folders")
+    mg.add_argument("--out", required=True, help="folder for the merged records.jsonl and outputs")
+    mg.add_argument("--no-chart", action="store_true")
+
+    rp = sub.add_parser("report", help="rewrite outputs, scores and report from a run folder's records")
+    rp.add_argument("run_dir", help="a folder holding records*.jsonl")
+    rp.add_argument("--no-chart", action="store_true")
+
+    p.set_defaults(func=run_eval)
+    return p
+
+
+def _load_pipeline(args: argparse.Namespace) -> Any:
+    from .. import AsymSpecPipeline  # lazy: imports torch/transformers
+
+    if args.preset:
+        return AsymSpecPipeline.from_preset(args.preset)
+    kwargs: dict[str, Any] = {"device": args.device, "dtype": args.dtype}
+    if args.drafter:
+        kwargs["drafter"] = args.drafter
+    if args.verifier:
+        kwargs["verifier"] = args.verifier
+    return AsymSpecPipeline.from_pretrained(**kwargs)
+
+
+def pipeline_llm(pipe: Any) -> Any:
+    """A text-completion callable of the pipeline (its verifier) for LLM answer extraction."""
+    for name in ("complete", "verifier_complete", "complete_text"):
+        fn = getattr(pipe, name, None)
+        if callable(fn):
+            return fn
+    raise UnknownOptionError("this pipeline offers no text completion (complete(prompt) -> str); use --extract rules")
+
+
+def _cmd_mathvista(args: argparse.Namespace) -> int:
+    from . import mathvista as mv
+
+    tasks_spec = args.tasks
+    if tasks_spec is None and args.dataset == "mathvista":
+        tasks_spec = ",".join(mv.DEFAULT_TASKS)
+    tasks = mv.resolve_tasks(tasks_spec)
+    shard = mv.parse_shard(args.shard)
+    text = mv.TextData.load(args.text_dir) if args.dataset == "mathvista" else None
+    if args.dataset == "mathvista":
+        problems = mv.load_problems(args.source, data_dir=args.data_dir, images_dir=args.images_dir,
+                                    text_dir=args.text_dir, split=args.split)
+    else:
+        problems = mv.load_minivista_problems(args.minivista_n, args.seed)
+    if args.require_caption and text is not None and not text.captions and args.dataset == "mathvista":
+        raise AsymSpecError("--require-caption needs captions_bard.json (see --text-dir)")
+    selected = mv.select_problems(problems, tasks=tasks, require_caption=args.require_caption, text=text,
+                                  limit=args.limit, shard=shard)
+    common: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
+    if args.drafter_view:
+        common["drafter_view"] = args.drafter_view
+    if args.bonus:
+        common["bonus"] = args.bonus
+    variants = mv.build_variants(
+        args.methods,
+        k=mv.parse_list(args.k, int),
+        beta=mv.parse_list(args.beta, float),
+        gamma=mv.parse_list(args.gamma, float),
+        lam=mv.parse_list(args.lam, float),
+        common=common,
+    )
+    out_dir = Path(args.out)
+    records_path = out_dir / mv.records_filename(shard)
+    print(f"{len(selected)} problems ({args.dataset}, tasks={tasks_spec or 'all'}, require_caption={args.require_caption}"
+          f"{', shard ' + args.shard if shard else ''}) x {len(variants)} variants: {', '.join(v.name for v in variants)}")
+    if args.dry_run:
+        return 0
+    if not selected:
+        raise AsymSpecError("no problems selected: check --tasks/--require-caption/--limit/--shard")
+    mv.check_images(selected)
+    pipe = _load_pipeline(args)
+    llm = pipeline_llm(pipe) if args.extract in ("llm", "auto") else None
+    summary = mv.run_mathvista(
+        pipe, selected, variants, records_path, text=text, compressed=args.compressed, resume=args.resume,
+        overwrite=args.overwrite, llm=llm, extract_mode=args.extract, on_error=args.on_error,
+        progress=not args.no_progress, dataset=args.dataset,
+    )
+    print(f"{summary.new} new records, {summary.skipped} already done, {len(summary.errors)} failed -> {records_path}")
+    if shard is not None:
+        # a shard writes only its records; `eval merge` combines the shards and writes outputs
+        print(f"shard {args.shard} done; when all shards are done: asymspec-mm eval merge {out_dir} --out {out_dir}")
+        return 0
+    result = mv.finalize_run(summary.records, out_dir, variant_order=[v.name for v in variants], chart=not args.no_chart)
+    print((out_dir / "report.md").read_text(encoding="utf-8"))
+    if summary.errors:
+        print(f"warning: {len(summary.errors)} generations failed (see {records_path.with_name('errors.jsonl')}); "
+              "rerun with --resume to retry them", file=sys.stderr)
+    return 0 if result else 1
+
+
+def _default_scores_path(inp: Path) -> Path:
+    stem = inp.stem[len("output_"):] if inp.stem.startswith("output_") else inp.stem
+    return inp.with_name(f"scores_{stem}.json")
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from . import mathvista as mv
+    from .scoring import format_scores, load_output, score_results, write_json
+
+    inp = Path(args.input)
+    try:
+        results = load_output(inp, variant=args.variant)
+    except ValueError as exc:
+        raise AsymSpecError(str(exc)) from exc
+    gt = None
+    gt_path = Path(args.gt) if args.gt else None
+    if gt_path is None and (base := mv.default_text_dir()) is not None and (base / "testmini.json").is_file():
+        gt_path = base / "testmini.json"
+    if gt_path is not None:
+        gt = {str(k): v for k, v in mv._read_json(gt_path).items()}
+    # records JSONL rows keep the problem under "problem"
+    for pid, entry in list(results.items()):
+        if "problem" in entry and isinstance(entry["problem"], dict):
+            merged = dict(entry["problem"])
+            merged.update({k: v for k, v in entry.items() if k in ("response", "extraction")})
+            results[pid] = merged
+    scores = score_results(results, ground_truth=gt)
+    out = Path(args.out) if args.out else _default_scores_path(inp)
+    write_json(scores, out)
+    if args.write_output:
+        write_json(results, args.write_output)
+    if not args.quiet:
+        print(format_scores(scores, keys=["question_type", "answer_type", "task"]))
+    print(f"scores -> {out}")
+    return 0
+
+
+def _finalize_from(records_files: list[Path], out_dir: Path, chart: bool) -> int:
+    from . import mathvista as mv
+
+    records, dups, conflicts = mv.merge_records(records_files, out_dir / "records.jsonl")
+    if dups:
+        print(f"merge: {dups} duplicate (variant, pid) records dropped ({conflicts} with differing responses)")
+    if not records:
+        raise AsymSpecError("no records found")
+    mv.finalize_run(records, out_dir, chart=chart)
+    print((out_dir / "report.md").read_text(encoding="utf-8"))
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    return _finalize_from([Path(p) for p in args.inputs], Path(args.out), not args.no_chart)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    run = Path(args.run_dir)
+    return _finalize_from([run], run, not args.no_chart)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Dispatch an ``eval`` subcommand; user errors print one line and return 2, Ctrl-C returns 130."""
+    handlers = {"mathvista": _cmd_mathvista, "score": _cmd_score, "merge": _cmd_merge, "report": _cmd_report}
+    try:
+        return handlers[args.eval_command](args)
+    except (AsymSpecError, FileExistsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m asymspec_mm.eval.cli eval ...``)."""
+    parser = argparse.ArgumentParser(prog="asymspec-mm")
+    add_eval_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""The AsymSpec gate and fusion: pure tensor math, batched over the positions of one step.
+
+Shapes: ``a``, ``b``, ``t`` are logits ``[P, V]`` for P positions (K drafts, or K+1 with the bonus
+position) from the drafter on the full view, the drafter on the compressed view and the verifier.
+``drafts`` is ``[P]`` token ids. Everything is computed in float32 whatever the models' dtype, so a
+bf16 run takes the same decisions as an fp32 one up to the logits themselves.
+
+Paper (section 3): delta = a - b (Eq. 1); fused = argmax(t + beta * delta) (Eq. 2);
+gamma_eff = gamma * exp(-JSD(softmax a || softmax b)) (Eq. 3); accept d iff
+softmax(t)[d] > gamma_eff * softmax(b)[d] (Eq. 4). Ablations: a fixed gamma, the "tuned" lambda
+gate of Appendix B, and delta sources raw (a) and SCD (t - b).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+GATES = ("cda", "fixed", "tuned")
+DELTAS = ("contrast", "raw", "scd")
+LN2 = math.log(2.0)
+
+
+def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence in nats between rows of two log-distributions ``[P, V]`` -> ``[P]``.
+
+    Computed from log-probabilities so that tokens with probability underflowing to 0 contribute
+    exactly 0 instead of NaN; bounded by ln 2.
+    """
+    log_m = torch.logaddexp(log_p, log_q) - LN2
+    p, q = log_p.exp(), log_q.exp()
+    # p * (log p - log m) is 0 where p == 0; torch.where avoids 0 * (-inf) = NaN.
+    kl_pm = torch.where(p > 0, p * (log_p - log_m), torch.zeros_like(p)).sum(-1)
+    kl_qm = torch.where(q > 0, q * (log_q - log_m), torch.zeros_like(q)).sum(-1)
+    return (0.5 * (kl_pm + kl_qm)).clamp(0.0, LN2)
+
+
+def context_gain(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str = "contrast") -> torch.Tensor:
+    """The steering signal delta ``[P, V]``: contrast ``a - b`` (the paper), raw ``a``, or SCD ``t - b``."""
+    if source == "contrast":
+        return a - b
+    if source == "raw":
+        return a
+    if source == "scd":
+        return t - b
+    raise ValueError(f"unknown delta source {source!r}; choose one of {DELTAS}")
+
+
+def effective_threshold(
+    gamma: float,
+    gate: str,
+    divergence: torch.Tensor,
+    log_ratio: torch.Tensor | None = None,
+    lam: float = 0.1,
+) -> torch.Tensor:
+    """Per-position acceptance threshold ``[P]``.
+
+    cda: ``gamma * exp(-JSD)`` in [gamma/2, gamma]; fixed: ``gamma``;
+    tuned: ``gamma * exp(-lam * (log_softmax a - log_softmax b)[d])`` (``log_ratio`` at the draft).
+    """
+    if gate == "cda":
+        return gamma * torch.exp(-divergence)
+    if gate == "fixed":
+        return torch.full_like(divergence, gamma)
+    if gate == "tuned":
+        if log_ratio is None:
+            raise ValueError("the tuned gate needs log_ratio (log p_a - log p_b at the draft)")
+        return gamma * torch.exp(-lam * log_ratio)
+    raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
+
+
+def accept(p_verifier: torch.Tensor, p_base: torch.Tensor, gamma_eff: torch.Tensor) -> torch.Tensor:
+    """Eq. 4, elementwise ``[P]`` -> bool ``[P]``: softmax(t)[d] > gamma_eff * softmax(b)[d]."""
+    return p_verifier > gamma_eff * p_base
+
+
+def fuse(t: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
+    """Eq. 2: ``argmax(t + beta * delta)`` per row ``[P, V]`` -> ``[P]``; beta = 0 is the verifier's argmax."""
+    if beta == 0.0:
+        return t.argmax(-1)
+    return (t + beta * delta).argmax(-1)
+
+
+def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
+    """Number of leading accepted positions (0-d long tensor): the index of the first rejection, or P."""
+    return torch.cumprod(accepted.to(torch.long), dim=0).sum()
+
+
+@dataclass
+class GateOutput:
+    """Per-position quantities of one step, all ``[P]`` on the logits' device (float32 / long / bool)."""
+
+    accepted: torch.Tensor
+    gamma_eff: torch.Tensor
+    jsd: torch.Tensor
+    p_verifier: torch.Tensor
+    p_base: torch.Tensor
+    fused: torch.Tensor
+    verifier_argmax: torch.Tensor
+    p_verifier_fused: torch.Tensor
+    p_base_fused: torch.Tensor
+
+
+def gate_step(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    t: torch.Tensor,
+    drafts: torch.Tensor,
+    *,
+    gamma: float = 0.5,
+    beta: float = 1.0,
+    gate: str = "cda",
+    delta: str = "contrast",
+    lam: float = 0.1,
+) -> GateOutput:
+    """Gate every drafted position and precompute the fused token for each (no host sync).
+
+    Computing fusion for all P rows at once costs P argmaxes but lets the caller fetch the
+    decision and every token it may emit in a single device-to-host transfer.
+    """
+    a, b, t = a.float(), b.float(), t.float()
+    log_a, log_b, log_t = a.log_softmax(-1), b.log_softmax(-1), t.log_softmax(-1)
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
+    divergence = jsd(log_a, log_b)
+    log_ratio = (log_a[rows, drafts] - log_b[rows, drafts]) if gate == "tuned" else None
+    gamma_eff = effective_threshold(gamma, gate, divergence, log_ratio, lam)
+    p_verifier = log_t[rows, drafts].exp()
+    p_base = log_b[rows, drafts].exp()
+    fused = fuse(t, context_gain(a, b, t, delta), beta)
+    return GateOutput(
+        accepted=accept(p_verifier, p_base, gamma_eff),
+        gamma_eff=gamma_eff,
+        jsd=divergence,
+        p_verifier=p_verifier,
+        p_base=p_base,
+        fused=fused,
+        verifier_argmax=t.argmax(-1),
+        p_verifier_fused=log_t[rows, fused].exp(),
+        p_base_fused=log_b[rows, fused].exp(),
+    )

@@ -1,0 +1,374 @@
+"""Loading, prompts and the user-facing API: :class:`AsymSpecPipeline` and :func:`mm_generate`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captioning.view import CompressedView
+
+from .decode import METHODS, AsymSpecConfig, Counters, TokenEvent, asymspec_steps, greedy_steps, sd_steps
+from .engines import TextEngine, VLEngine
+from .errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError, VocabularyMismatchError
+from .prompts import Prompts, build_prompts
+
+log = logging.getLogger("asymspec_mm")
+
+__all__ = ["AsymSpecPipeline", "MMResult", "Prompts", "mm_generate", "check_vocabularies", "resolve_device"]
+
+
+@dataclass
+class MMResult:
+    """One answer and its provenance: ``trace`` has one :class:`TokenEvent` per emitted token."""
+
+    text: str
+    token_ids: list[int]
+    trace: list[TokenEvent]
+    stats: dict[str, Any]
+    prompts: Prompts
+    view: CompressedView
+    method: str = "asymspec"
+    config: AsymSpecConfig = field(default_factory=AsymSpecConfig)
+
+    def as_dict(self) -> dict:
+        """JSON-ready summary (no tensors)."""
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "method": self.method,
+            "config": self.config.as_dict(),
+            "stats": self.stats,
+            "view": {"caption": self.view.caption, "ocr_text": self.view.ocr_text},
+            "trace": [ev.as_dict() for ev in self.trace],
+        }
+
+
+def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str | None) -> tuple[torch.device, torch.dtype]:
+    """Auto: cuda + bf16 when a GPU is there, else cpu + fp32."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+                 "fp32": torch.float32, "float32": torch.float32, "auto": None}[dtype]
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, dtype
+
+
+def check_vocabularies(drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int) -> None:
+    """Drafter and verifier must share one output vocabulary: same logit width, same token at every shared id.
+
+    Raises :class:`VocabularyMismatchError` naming the first mismatching ids.
+    """
+    if drafter_logits != verifier_logits:
+        raise VocabularyMismatchError(
+            f"the drafter has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
+            "shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
+        )
+    n = min(len(drafter_tokenizer), len(verifier_tokenizer))
+    d_tokens = drafter_tokenizer.convert_ids_to_tokens(list(range(n)))
+    v_tokens = verifier_tokenizer.convert_ids_to_tokens(list(range(n)))
+    bad = [i for i, (x, y) in enumerate(zip(d_tokens, v_tokens)) if x != y]
+    if bad:
+        shown = ", ".join(f"id {i}: drafter {d_tokens[i]!r} vs verifier {v_tokens[i]!r}" for i in bad[:5])
+        raise VocabularyMismatchError(
+            f"drafter and verifier tokenizers differ at {len(bad)} of {n} shared ids (first: {shown}). "
+            "AsymSpec fuses logits id by id, so both models must use the same tokenizer."
+        )
+
+
+def _load_kwargs(dtype: torch.dtype, device: torch.device, device_map: Any, trust_remote_code: bool) -> dict:
+    kw: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    if device_map is not None:
+        kw["device_map"] = device_map
+    return kw
+
+
+class AsymSpecPipeline:
+    """A drafter (Qwen3-VL) and a verifier (text LM) ready to answer questions about images.
+
+    Models load once; each request gets fresh KV caches. Requests are serialised by a lock (the
+    models are shared), so one pipeline can serve several threads.
+    """
+
+    def __init__(
+        self,
+        drafter,
+        processor,
+        verifier,
+        verifier_tokenizer,
+        *,
+        device: torch.device | None = None,
+        vision_cache_bytes: int = 256 * 2**20,
+        ocr: str | Any = "auto",
+        captioner: str | Any = "drafter",
+        name: str = "custom",
+        check_vocab: bool = True,
+    ):
+        from captioning.captioner import DrafterCaptioner
+        from vision_cache.features import VisionEncoder
+
+        self.drafter = drafter.eval()
+        self.processor = processor
+        self.verifier = verifier.eval()
+        self.verifier_tokenizer = verifier_tokenizer
+        self.tokenizer = processor.tokenizer
+        self.device = device or next(drafter.parameters()).device
+        self.name = name
+        if check_vocab:
+            check_vocabularies(
+                self.tokenizer, verifier_tokenizer,
+                drafter.get_output_embeddings().weight.shape[0], verifier.get_output_embeddings().weight.shape[0],
+            )
+        self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
+        self.captioner = DrafterCaptioner(drafter, processor, self.encoder) if captioner == "drafter" else captioner
+        self._ocr_spec = ocr
+        self._ocr_engine = None if isinstance(ocr, str) else ocr
+        self._lock = threading.RLock()
+        self.eos_ids = self._eos_ids()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        drafter: str | Path = "Qwen/Qwen3-VL-2B-Instruct",
+        verifier: str | Path = "Qwen/Qwen3-32B",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        *,
+        device_map: Any = None,
+        verifier_device_map: Any = None,
+        trust_remote_code: bool = False,
+        local_files_only: bool | None = None,
+        **kwargs,
+    ) -> "AsymSpecPipeline":
+        """Load both models with ``from_pretrained`` (hub id or local directory).
+
+        Auto device/dtype: cuda + bf16 when available, else cpu + fp32. ``verifier_device_map``
+        (e.g. ``"auto"``) spreads a large verifier over several GPUs; ``device_map`` does so for the
+        drafter. ``trust_remote_code`` stays off unless asked.
+        """
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+        dev, dt = resolve_device(device, dtype)
+        extra = {} if local_files_only is None else {"local_files_only": local_files_only}
+        processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
+        d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **_load_kwargs(dt, dev, device_map, trust_remote_code), **extra)
+        if device_map is None:
+            d_model.to(dev)
+        v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
+        v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **_load_kwargs(dt, dev, verifier_device_map, trust_remote_code), **extra)
+        if verifier_device_map is None:
+            v_model.to(dev)
+        return cls(d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", **kwargs)
+
+    @classmethod
+    def from_preset(cls, name: str = "tiny", **kwargs) -> "AsymSpecPipeline":
+        """A named pair from :mod:`asymspec_mm.presets` (``tiny`` ships with the package and runs offline)."""
+        from .presets import resolve_preset
+
+        preset = resolve_preset(name)
+        opts = {**preset.pipeline_kwargs, **kwargs}
+        pipe = cls.from_pretrained(drafter=preset.drafter, verifier=preset.verifier, **opts)
+        pipe.name = preset.name
+        return pipe
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for tok in (self.tokenizer, self.verifier_tokenizer):
+            for t in ("<|im_end|>", "<|endoftext|>"):
+                i = tok.convert_tokens_to_ids(t)
+                if isinstance(i, int) and i >= 0 and i != tok.unk_token_id:
+                    ids.add(i)
+            if tok.eos_token_id is not None:
+                ids.add(tok.eos_token_id)
+        for model in (self.drafter, self.verifier):
+            gen = getattr(model, "generation_config", None)
+            eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+        return ids
+
+    @property
+    def ocr_engine(self):
+        """The OCR engine, created on first use (``auto`` picks EasyOCR, else RapidOCR)."""
+        if self._ocr_engine is None and self._ocr_spec not in (None, "none"):
+            from captioning.ocr import get_ocr_engine
+
+            self._ocr_engine = get_ocr_engine(self._ocr_spec)
+        return self._ocr_engine
+
+    # ------------------------------------------------------------------ requests
+    def compressed_view(self, image, caption: str | None = None, ocr: str | bool | None = None, timings: dict | None = None) -> CompressedView:
+        """What the verifier will read about ``image`` (caption/OCR produced when ``None``)."""
+        from captioning.captioner import compress
+        from vision_cache.image import load_image
+
+        image = load_image(image)
+        with self._lock:
+            return compress(
+                image, captioner=self.captioner, ocr_engine=self.ocr_engine if ocr is None else None,
+                caption=caption, ocr=ocr, timings=timings,
+            )
+
+    def generate(
+        self,
+        image,
+        question: str,
+        caption: str | None = None,
+        ocr: str | bool | None = None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        **overrides,
+    ) -> MMResult:
+        """Answer ``question`` about ``image``. ``overrides`` set config fields (e.g. ``k=2, bonus="gated"``)."""
+        stream = self.stream(image, question, caption=caption, ocr=ocr, method=method, config=config, **overrides)
+        while True:
+            try:
+                next(stream)
+            except StopIteration as stop:
+                return stop.value
+
+    def stream(
+        self,
+        image,
+        question: str,
+        caption: str | None = None,
+        ocr: str | bool | None = None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        **overrides,
+    ) -> Iterator[list[TokenEvent]]:
+        """Like :meth:`generate`, yielding the events of each step as they are committed; returns the
+        :class:`MMResult` as the generator's value."""
+        from vision_cache.image import image_content_hash, load_image
+
+        cfg = (config or AsymSpecConfig()).with_(**overrides).validated() if overrides else (config or AsymSpecConfig()).validated()
+        if method not in METHODS:
+            raise UnknownOptionError(f"method={method!r} is not valid; choose one of {', '.join(METHODS)}")
+        if not isinstance(question, str) or not question.strip():
+            raise EmptyQuestionError("the question is empty: ask something about the image, e.g. 'What is the largest value?'")
+        t_start = time.perf_counter()
+        img = load_image(image)
+        with self._lock:
+            timings: dict[str, float] = {}
+            tower_before = self.encoder.tower_calls
+            hits_before = self.encoder.store.stats()["hits"]
+            from captioning.captioner import compress
+
+            view = compress(
+                img, captioner=self.captioner, ocr_engine=self.ocr_engine if ocr is None else None,
+                caption=caption, ocr=ocr, image_hash=image_content_hash(img), timings=timings,
+            )
+            prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
+            self._check_context(prompts, cfg, method)
+            t_prefill = time.perf_counter()
+            streams, steps = self._start(method, prompts, cfg)
+            prefill_s = time.perf_counter() - t_prefill
+            counters = Counters(cfg.k, streams)
+            stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
+            gen = self._loop(method, streams, steps, cfg, stop_fn, counters)
+            trace: list[TokenEvent] = []
+            for events in gen:
+                for ev in events:
+                    ev.text = self.tokenizer.decode([ev.token_id])
+                trace.extend(events)
+                yield events
+            stats = counters.as_dict()
+            stats.update(
+                stopped_by=getattr(counters, "stopped_by", "max_new_tokens"),
+                vision_calls=self.encoder.tower_calls - tower_before,
+                vision_cache_hits=self.encoder.store.stats()["hits"] - hits_before,
+                caption_s=timings.get("caption_s", 0.0),
+                ocr_s=timings.get("ocr_s", 0.0),
+                prefill_s=prefill_s,
+                wall_s=time.perf_counter() - t_start,
+                steered=sum(ev.steered for ev in trace),
+                fused=sum(ev.source == "fused" for ev in trace),
+            )
+        token_ids = [ev.token_id for ev in trace]
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        for s in cfg.stop_strings:
+            if s and s in text:
+                text = text[: text.index(s)]
+        return MMResult(text=text, token_ids=token_ids, trace=trace, stats=stats, prompts=prompts, view=view, method=method, config=cfg)
+
+    # ------------------------------------------------------------------ internals
+    def _check_context(self, prompts: Prompts, cfg: AsymSpecConfig, method: str) -> None:
+        """Prompt + new tokens (+ K+1 speculative positions) must fit each model's context window."""
+        need = cfg.max_new_tokens + cfg.k + 1
+        checks = [("verifier", prompts.verifier_ids.shape[1], self.verifier.config)]
+        d_cfg = self.drafter.config.get_text_config()
+        checks += [("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg),
+                   ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg)]
+        for name, length, conf in checks:
+            limit = getattr(conf, "max_position_embeddings", None)
+            if limit and length + need > limit:
+                raise ContextOverflowError(
+                    f"the {name} prompt has {length} tokens; with max_new_tokens={cfg.max_new_tokens} and K={cfg.k} it "
+                    f"needs {length + need} positions but the model's context window is {limit}. Shorten the question "
+                    "or the caption/OCR text, or lower max_new_tokens."
+                )
+
+    def _start(self, method: str, p: Prompts, cfg: AsymSpecConfig):
+        """Prefill the streams the method needs (each caches ``prompt[:-1]``) and return them with their pending tokens."""
+        streams: dict[str, Any] = {}
+        pending: dict[str, torch.Tensor] = {}
+        if method in ("asymspec", "drafter"):
+            features, _ = self.encoder.encode(p.pixel_values, p.image_grid_thw)
+            full = VLEngine(self.drafter, name="drafter_full")
+            full.prefill(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features)
+            streams["drafter_full"], pending["drafter_full"] = full, p.drafter_full_ids[0, -1:].to(full.device)
+        if method in ("asymspec", "sd"):
+            comp = VLEngine(self.drafter, name="drafter_comp")
+            comp.prefill(p.drafter_comp_ids[0, :-1])
+            streams["drafter_comp"], pending["drafter_comp"] = comp, p.drafter_comp_ids[0, -1:].to(comp.device)
+        if method in ("asymspec", "sd", "floor"):
+            ver = TextEngine(self.verifier, name="verifier")
+            ver.prefill(p.verifier_ids[0, :-1])
+            streams["verifier"], pending["verifier"] = ver, p.verifier_ids[0, -1:].to(ver.device)
+        return streams, pending
+
+    def _loop(self, method, streams, pending, cfg, stop_fn, counters):
+        eos = self.eos_ids
+        if method == "asymspec":
+            return asymspec_steps(streams["drafter_full"], streams["drafter_comp"], streams["verifier"],
+                                  (pending["drafter_full"], pending["drafter_comp"], pending["verifier"]),
+                                  cfg, eos, stop_fn, counters)
+        if method == "sd":
+            return sd_steps(streams["drafter_comp"], streams["verifier"], (pending["drafter_comp"], pending["verifier"]),
+                            cfg, eos, stop_fn, counters)
+        if method == "floor":
+            return greedy_steps(streams["verifier"], pending["verifier"], cfg, eos, stop_fn, counters, is_verifier=True)
+        return greedy_steps(streams["drafter_full"], pending["drafter_full"], cfg, eos, stop_fn, counters, is_verifier=False)
+
+    def _stop_fn(self, stop_strings: tuple[str, ...]):
+        tok = self.tokenizer
+        longest = max(len(s) for s in stop_strings)
+
+        def stop(tokens: list[int]) -> bool:
+            tail = tok.decode(tokens[-(longest + 8):], skip_special_tokens=True)
+            return any(s in tail for s in stop_strings)
+
+        return stop
+
+
+_DEFAULT: AsymSpecPipeline | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def mm_generate(image, question: str, *, preset: str = "auto", **kwargs) -> MMResult:
+    """Answer a question about an image with a lazily created default pipeline (``auto`` preset).
+
+    kwargs go to :meth:`AsymSpecPipeline.generate` (caption, ocr, method, config, or config fields).
+    """
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = AsymSpecPipeline.from_preset(preset)
+    return _DEFAULT.generate(image, question, **kwargs)

@@ -1,0 +1,81 @@
+"""Named drafter/verifier pairs.
+
+- ``tiny``: the trained tiny pair shipped inside the package (offline, CPU, seconds).
+- ``qwen3``: Qwen/Qwen3-VL-2B-Instruct + Qwen/Qwen3-32B, the paper's cross-modal pair.
+- ``auto``: ``qwen3`` when a CUDA device is present and both checkpoints are already on disk, else ``tiny``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UnknownOptionError
+
+log = logging.getLogger("asymspec_mm")
+
+TINY_DIR = Path(__file__).resolve().parent / "presets_data" / "tiny"
+QWEN3_DRAFTER = "Qwen/Qwen3-VL-2B-Instruct"
+QWEN3_VERIFIER = "Qwen/Qwen3-32B"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    drafter: str
+    verifier: str
+    pipeline_kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+def tiny_preset() -> Preset:
+    if not (TINY_DIR / "drafter").is_dir() or not (TINY_DIR / "verifier").is_dir():
+        raise UnknownOptionError(
+            f"the tiny pair is missing from {TINY_DIR}: reinstall asymspec-mm, or rebuild it with "
+            "`python -m asymspec_mm.tiny.train --out asymspec_mm/presets_data/tiny`"
+        )
+    return Preset(
+        "tiny", str(TINY_DIR / "drafter"), str(TINY_DIR / "verifier"),
+        {"device": "cpu", "dtype": "fp32", "local_files_only": True},
+        "trained tiny Qwen3-VL drafter + Qwen3 verifier (MiniVista)",
+    )
+
+
+PRESETS = {
+    "qwen3": lambda: Preset("qwen3", QWEN3_DRAFTER, QWEN3_VERIFIER, {}, "Qwen3-VL-2B-Instruct drafter + Qwen3-32B verifier"),
+    "tiny": tiny_preset,
+}
+
+
+def _on_disk(repo_id: str) -> bool:
+    """Whether a hub checkpoint is already in the local cache (no network)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo_id, local_files_only=True)
+        return True
+    except Exception:
+        return False
+
+
+def resolve_preset(name: str) -> Preset:
+    """Look a preset up by name; ``auto`` decides between ``qwen3`` and ``tiny`` and says so on stderr."""
+    if name == "auto":
+        import torch
+
+        if torch.cuda.is_available() and _on_disk(QWEN3_DRAFTER) and _on_disk(QWEN3_VERIFIER):
+            chosen = PRESETS["qwen3"]()
+        else:
+            chosen = PRESETS["tiny"]()
+        print(
+            f"asymspec-mm: using the '{chosen.name}' pair ({chosen.description}); choose with preset='tiny'|'qwen3' "
+            "or --preset / --drafter --verifier",
+            file=sys.stderr,
+        )
+        return chosen
+    if name not in PRESETS:
+        raise UnknownOptionError(f"unknown preset {name!r}; choose one of auto, {', '.join(PRESETS)}")
+    return PRESETS[name]()

@@ -1,0 +1,390 @@
+"""Train the bundled ``tiny`` pair from scratch on MiniVista (CPU).
+
+    python -m asymspec_mm.tiny.train --out DIR
+
+1. A byte-level BPE tokenizer (``checkpoints.build_tokenizer``) on the MiniVista training corpus;
+   every colour, shape, option letter and number 0..180 is a single token (checked).
+2. A Qwen3-VL drafter and a Qwen3 verifier (several times the drafter's text parameters) built
+   by ``checkpoints.drafter_config`` / ``verifier_config`` from that tokenizer.
+3. Training data from the MiniVista generator (seed ``TRAIN_SEED``, a fresh problem each time),
+   tokenized with :func:`asymspec_mm.prompts.build_prompts` -- exactly what the pipeline feeds the
+   models at inference. Loss on the answer tokens only (the reference response + ``<|im_end|>``).
+   The drafter trains on both of its views (image+text full view and text-only compressed view);
+   the verifier on the compressed view only.
+4. The two models train in two worker processes (one CPU thread each), in parallel, for a fixed
+   number of steps with fixed seeds; each logs teacher-forced accuracies on a held-out slice.
+5. ``save_pair`` writes ``DIR/drafter`` and ``DIR/verifier``; a greedy evaluation of each model
+   alone (and, where the pipeline exists, nothing else) is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..eval import minivista as mv
+from . import IMAGE_SIZE
+
+EVAL_START = 100_000  # monitoring slice of the held-out seed, far from the indices results.py uses
+PAD_LABEL = -100
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer, processor, configs
+# ---------------------------------------------------------------------------------------------
+
+
+def build_tokenizer_and_processor(vocab_size: int = 768):
+    from ..checkpoints import build_processor, build_tokenizer
+
+    from captioning.captioner import CAPTION_PROMPT
+
+    texts = mv.corpus(3000, mv.TRAIN_SEED) + ["user\nassistant\n"] * 200 + [CAPTION_PROMPT] * 100
+    tok = build_tokenizer(texts, vocab_size=vocab_size)
+    proc = build_processor(tok, min_pixels=IMAGE_SIZE * IMAGE_SIZE, max_pixels=IMAGE_SIZE * IMAGE_SIZE)
+    check_single_tokens(tok)
+    return tok, proc
+
+
+def check_single_tokens(tok) -> None:
+    words = [" " + c for c in mv.COLORS] + [" " + s for s in mv.SHAPES] + [f" {i}" for i in range(181)] + list("ABCD")
+    bad = [w for w in words if len(tok(w, add_special_tokens=False)["input_ids"]) != 1]
+    if bad:
+        raise RuntimeError(f"not single tokens: {bad}")
+
+
+DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=2, vision_hidden=64, deepstack=(0,))
+VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
+
+
+def build_models(tok, seed: int = 0):
+    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+
+    from ..checkpoints import drafter_config, verifier_config
+
+    torch.manual_seed(seed)
+    drafter = Qwen3VLForConditionalGeneration(drafter_config(tok, **DRAFTER_KW))
+    torch.manual_seed(seed + 1)
+    verifier = Qwen3ForCausalLM(verifier_config(tok, **VERIFIER_KW))
+    return drafter, verifier
+
+
+def n_params(model) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters())
+    vis = sum(p.numel() for n, p in model.named_parameters() if ".visual." in n or n.startswith("visual.") or "model.visual" in n)
+    return {"total": total, "vision": vis, "text": total - vis}
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
+    """Token ids of the three prompts (via build_prompts) and the answer, for one problem."""
+    from ..prompts import build_prompts
+
+    pr = build_prompts(proc, tok, problem["decoded_image"], mv.view_text(problem), problem["query"], "image+text")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ans = tok(problem["response"], add_special_tokens=False)["input_ids"] + [eos]
+    dec_id = tok(" " + problem["decisive"], add_special_tokens=False)["input_ids"]
+    so_id = tok(" so", add_special_tokens=False)["input_ids"][0]
+    cut = ans.index(so_id) if so_id in ans else len(ans)
+    dec_idx = max(i for i in range(cut) if ans[i] == dec_id[0]) if len(dec_id) == 1 and dec_id[0] in ans[:cut] else None
+    return {
+        "full": pr.drafter_full_ids[0],
+        "comp": pr.drafter_comp_ids[0],
+        "ver": pr.verifier_ids[0],
+        "pixel_values": pr.pixel_values,
+        "grid": pr.image_grid_thw,
+        "mm": pr.mm_token_type_ids[0],
+        "ans": torch.tensor(ans, dtype=torch.long),
+        "dec_idx": dec_idx,
+        "final_idx": len(ans) - 3,
+        "family": mv.family_of(problem),
+    }
+
+
+def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
+    """The drafter's captioning task (the pipeline's DrafterCaptioner prompt -> the generator's caption)."""
+    from captioning.captioner import CAPTION_PROMPT
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": CAPTION_PROMPT}]}]
+    text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    enc = proc(text=[text], images=[problem["decoded_image"]], return_tensors="pt")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ans = tok(problem["caption"], add_special_tokens=False)["input_ids"] + [eos]
+    return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
+            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption"}
+
+
+def collate(examples: list[dict[str, Any]], view: str, pad_id: int) -> dict[str, Any]:
+    """Right-padded batch of prompt+answer for ``view`` in {"full", "comp", "ver"}; labels on answers only."""
+    seqs = [torch.cat([e[view], e["ans"]]) for e in examples]
+    L = max(len(s) for s in seqs)
+    B = len(seqs)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    labels = torch.full((B, L), PAD_LABEL, dtype=torch.long)
+    ans_start = []
+    for i, (e, s) in enumerate(zip(examples, seqs)):
+        n, p = len(s), len(e[view])
+        ids[i, :n] = s
+        mask[i, :n] = 1
+        labels[i, p:n] = e["ans"]
+        ans_start.append(p)
+    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "labels": labels, "ans_start": ans_start}
+    if view == "full":
+        mm = torch.zeros((B, L), dtype=torch.long)
+        for i, e in enumerate(examples):
+            mm[i, : len(e["mm"])] = e["mm"]
+        batch["mm_token_type_ids"] = mm
+        batch["pixel_values"] = torch.cat([e["pixel_values"] for e in examples])
+        batch["image_grid_thw"] = torch.cat([e["grid"] for e in examples])
+    return batch
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    keys = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
+    return {k: batch[k] for k in keys if k in batch}
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL)
+
+
+class Stream:
+    """Fresh training problems (seed TRAIN_SEED), encoded on demand; families rotate."""
+
+    def __init__(self, proc, tok, start: int = 0, stride: int = 1):
+        self.proc, self.tok, self.i, self.stride = proc, tok, start, stride
+
+    def take(self, n: int) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(n):
+            out.append(encode(mv.make_problem(mv.TRAIN_SEED, self.i), self.proc, self.tok))
+            self.i += self.stride
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def teacher_forced(model, examples: list[dict[str, Any]], view: str, pad_id: int, bs: int = 32) -> dict[str, dict[str, float]]:
+    """Per family: exact (greedy would reproduce the reference), dec (decisive token), final (answer token)."""
+    model.eval()
+    stats: dict[str, dict[str, list[float]]] = {}
+    for s in range(0, len(examples), bs):
+        chunk = examples[s : s + bs]
+        batch = collate(chunk, view, pad_id)
+        logits = model(**model_inputs(batch), use_cache=False).logits
+        pred = logits.argmax(-1)
+        for i, e in enumerate(chunk):
+            p0 = batch["ans_start"][i]
+            n = len(e["ans"])
+            got = pred[i, p0 - 1 : p0 - 1 + n]
+            ok = got == e["ans"]
+            st = stats.setdefault(e["family"], {"exact": [], "dec": [], "final": []})
+            st["exact"].append(float(ok.all()))
+            if e["dec_idx"] is not None:
+                st["dec"].append(float(ok[e["dec_idx"]]))
+            st["final"].append(float(ok[e["final_idx"]]))
+    model.train()
+    return {f: {k: (sum(v) / len(v) if v else float("nan")) for k, v in st.items()} for f, st in sorted(stats.items())}
+
+
+def fmt_tf(res: dict[str, dict[str, float]]) -> str:
+    return " ".join(f"{f[:3]}:ex{r['exact']:.2f}/dec{r['dec']:.2f}/fin{r['final']:.2f}" for f, r in res.items())
+
+
+@torch.no_grad()
+def greedy(model, prompt: dict[str, Any], eos_id: int, max_new: int = 32) -> list[int]:
+    """Greedy decoding of one prompt without a cache (tiny models; prompt: model inputs, batch 1)."""
+    ids = prompt["input_ids"]
+    extra = {k: v for k, v in prompt.items() if k not in ("input_ids", "mm_token_type_ids")}
+    mm = prompt.get("mm_token_type_ids")
+    out: list[int] = []
+    for _ in range(max_new):
+        kw = dict(extra, input_ids=ids, use_cache=False)
+        if mm is not None:
+            kw["mm_token_type_ids"] = torch.cat([mm, torch.zeros((1, ids.shape[1] - mm.shape[1]), dtype=mm.dtype)], 1)
+        nxt = int(model(**kw).logits[0, -1].argmax())
+        if nxt == eos_id:
+            break
+        out.append(nxt)
+        ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
+    return out
+
+
+def greedy_accuracy(model, problems: list[dict[str, Any]], view: str, proc, tok) -> dict[str, float]:
+    """Accuracy of one model alone (greedy) per family; view in {"full", "comp", "ver"}."""
+    from ..prompts import build_prompts
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    model.eval()
+    hits: dict[str, list[float]] = {}
+    for p in problems:
+        pr = build_prompts(proc, tok, p["decoded_image"], mv.view_text(p), p["query"], "image+text")
+        if view == "full":
+            inp = dict(input_ids=pr.drafter_full_ids, pixel_values=pr.pixel_values, image_grid_thw=pr.image_grid_thw, mm_token_type_ids=pr.mm_token_type_ids)
+        else:
+            inp = dict(input_ids=pr.drafter_comp_ids if view == "comp" else pr.verifier_ids)
+        text = tok.decode(greedy(model, inp, eos), skip_special_tokens=True)
+        hits.setdefault(mv.family_of(p), []).append(float(mv.is_correct(text, p)))
+    return {f: sum(v) / len(v) for f, v in sorted(hits.items())}
+
+
+# ---------------------------------------------------------------------------------------------
+# Training workers
+# ---------------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str) -> None:
+    """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``."""
+    from transformers import AutoTokenizer, Qwen3VLProcessor
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    log = open(log_path, "a", buffering=1)
+    tok = AutoTokenizer.from_pretrained(Path(workdir) / "tokenizer")
+    proc = Qwen3VLProcessor.from_pretrained(Path(workdir) / "processor")
+    pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    drafter, verifier = build_models(tok, seed)
+    model = drafter if role == "drafter" else verifier
+    del drafter, verifier
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    # the two workers draw disjoint problems from the training stream
+    stream = Stream(proc, tok, start=0 if role == "drafter" else 1, stride=2)
+    evals = [encode(p, proc, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
+    t0 = time.time()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr)
+        if role == "verifier":
+            b = collate(stream.take(batch), "ver", pad_id)
+            loss = lm_loss(model(**model_inputs(b), use_cache=False).logits, b["labels"])
+            loss.backward()
+            parts = {"ver": loss.item()}
+        else:
+            ex = stream.take(batch)
+            caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 10_000_000 + step * 2 + j), proc, tok) for j in range(2)]
+            bf = collate(ex + caps, "full", pad_id)
+            lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"])
+            (0.6 * lf).backward()
+            bc = collate(ex[: batch // 2], "comp", pad_id)
+            lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
+            (0.4 * lc).backward()
+            parts = {"full": lf.item(), "comp": lc.item()}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 25 == 0:
+            print(f"[{role}] step {step} t={time.time() - t0:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in parts.items()), file=log)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            views = ["ver"] if role == "verifier" else ["full", "comp"]
+            for v in views:
+                print(f"[{role}] EVAL step {step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(teacher_forced(model, evals, v, pad_id))}", file=log)
+            model.save_pretrained(Path(workdir) / role)
+    model.save_pretrained(Path(workdir) / role)
+    print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
+
+
+def export_pair(work: Path, out: Path):
+    """Write ``out/drafter`` and ``out/verifier`` (save_pair) from the workers' latest checkpoints in ``work``."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+    from ..checkpoints import save_pair
+
+    tok = AutoTokenizer.from_pretrained(work / "tokenizer")
+    proc = Qwen3VLProcessor.from_pretrained(work / "processor")
+    drafter = Qwen3VLForConditionalGeneration.from_pretrained(work / "drafter")
+    verifier = Qwen3ForCausalLM.from_pretrained(work / "verifier")
+    save_pair(drafter, verifier, tok, proc, out)
+    return drafter, verifier, tok, proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier)")
+    ap.add_argument("--drafter-steps", type=int, default=1000)
+    ap.add_argument("--verifier-steps", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--drafter-lr", type=float, default=2.5e-3)
+    ap.add_argument("--verifier-lr", type=float, default=2.5e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=768)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-n", type=int, default=90, help="greedy evaluation problems at the end (0: skip)")
+    ap.add_argument("--log", default=None, help="log file (default: stdout only)")
+    ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
+    args = ap.parse_args(argv)
+    if args.export_from:
+        export_pair(Path(args.export_from), Path(args.out))
+        return 0
+
+    import multiprocessing as mp
+
+    out = Path(args.out)
+    work = out / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = args.log or str(work / "train.log")
+    t0 = time.time()
+    tok, proc = build_tokenizer_and_processor(args.vocab_size)
+    tok.save_pretrained(work / "tokenizer")
+    proc.save_pretrained(work / "processor")
+    d, v = build_models(tok, args.seed)
+    sizes = {"vocab": len(tok), "drafter": n_params(d), "verifier": n_params(v)}
+    with open(log_path, "a") as f:
+        print(f"sizes {json.dumps(sizes)} args {vars(args)}", file=f)
+    del d, v
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)),
+        ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)),
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode != 0 for p in procs):
+        print("a training worker failed; see", log_path, file=sys.stderr)
+        return 1
+    torch.set_num_threads(2)
+    drafter, verifier, tok, proc = export_pair(work, out)
+    train_s = time.time() - t0
+    report = {"sizes": sizes, "train_seconds": round(train_s), "args": vars(args)}
+    if args.eval_n:
+        probs = mv.generate(args.eval_n, mv.HELDOUT_SEED, start=EVAL_START)
+        report["greedy"] = {
+            "verifier (floor)": greedy_accuracy(verifier, probs, "ver", proc, tok),
+            "drafter full": greedy_accuracy(drafter, probs, "full", proc, tok),
+            "drafter comp": greedy_accuracy(drafter, probs, "comp", proc, tok),
+        }
+    (out / "train_report.json").write_text(json.dumps(report, indent=1))
+    with open(log_path, "a") as f:
+        print(f"REPORT {json.dumps(report)}", file=f)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

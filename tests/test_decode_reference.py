@@ -1,0 +1,105 @@
+"""The fast cached loop equals an independent no-cache reference, token for token and decision for decision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asymspec_mm import AsymSpecConfig
+from asymspec_mm.prompts import build_prompts
+from conftest import make_case
+from reference import Reference
+
+SETTINGS = [
+    AsymSpecConfig(k=4, beta=1.0, gamma=0.5, max_new_tokens=8),
+    AsymSpecConfig(k=2, beta=0.5, gamma=0.9, gate="fixed", max_new_tokens=10),
+    AsymSpecConfig(k=3, beta=1.0, gamma=0.5, gate="tuned", lam=0.1, delta="raw", max_new_tokens=10),
+    AsymSpecConfig(k=1, beta=2.0, gamma=0.3, delta="scd", max_new_tokens=8),
+    AsymSpecConfig(k=4, beta=1.0, gamma=0.7, bonus="gated", max_new_tokens=10),
+    AsymSpecConfig(k=2, beta=0.0, gamma=1.0, drafter_view="image", max_new_tokens=8),
+]
+N_PROMPTS = 30
+
+
+def _prompts(pipe, case, cfg):
+    view = f"Image description: {case['caption']}\nImage detected text: {case['ocr']}"
+    return build_prompts(pipe.processor, pipe.verifier_tokenizer, case["image"], view, case["question"], cfg.drafter_view)
+
+
+@pytest.mark.parametrize("setting", range(len(SETTINGS)))
+def test_fast_loop_equals_reference(tiny_pipe, setting):
+    cfg = SETTINGS[setting]
+    sources = {"accepted": 0, "fused": 0, "bonus": 0}
+    # Each setting covers its share of the 30 prompts; together all settings cover every prompt at least once.
+    for seed in range(setting, N_PROMPTS, 1) if setting == 0 else range(setting * 5, setting * 5 + 5):
+        case = make_case(seed)
+        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
+        ref = Reference(tiny_pipe, res.prompts).run(cfg, tiny_pipe.eos_ids)
+        assert [t for t, _ in ref] == res.token_ids, f"tokens differ for prompt {seed}"
+        assert [s for _, s in ref] == [ev.source for ev in res.trace], f"decisions differ for prompt {seed}"
+        for ev in res.trace:
+            sources[ev.source] += 1
+    if setting in (0, 4):  # the settings where every branch must have been exercised
+        assert sources["accepted"] and sources["fused"], sources
+    if setting == 0:
+        assert sources["bonus"], sources
+
+
+def test_beta_zero_fused_tokens_are_verifier_argmax(tiny_pipe):
+    cfg = AsymSpecConfig(k=3, beta=0.0, max_new_tokens=12)
+    n_fused = 0
+    for seed in range(6):
+        case = make_case(seed)
+        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
+        for ev in res.trace:
+            if ev.source == "fused":
+                n_fused += 1
+                assert ev.token_id == ev.verifier_argmax and not ev.steered
+    assert n_fused > 0
+
+
+def test_sd_equals_floor_and_reference_greedy(tiny_pipe):
+    for seed in range(8):
+        case = make_case(seed)
+        kw = dict(caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(k=3, max_new_tokens=14))
+        floor = tiny_pipe.generate(case["image"], case["question"], method="floor", **kw)
+        sd = tiny_pipe.generate(case["image"], case["question"], method="sd", **kw)
+        assert sd.token_ids == floor.token_ids
+        ref = Reference(tiny_pipe, floor.prompts).greedy("verifier", 14, tiny_pipe.eos_ids)
+        assert ref == floor.token_ids
+
+
+def test_drafter_alone_equals_reference_greedy(tiny_pipe):
+    for seed in range(4):
+        case = make_case(seed)
+        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method="drafter",
+                                 config=AsymSpecConfig(max_new_tokens=12))
+        assert Reference(tiny_pipe, res.prompts).greedy("drafter_full", 12, tiny_pipe.eos_ids) == res.token_ids
+
+
+def test_eos_at_first_step(tiny_pipe):
+    """Make EOS the verifier's and the drafter's first choice by treating their first token as EOS."""
+    case = make_case(3)
+    first = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+                               config=AsymSpecConfig(max_new_tokens=10))
+    eos_before = set(tiny_pipe.eos_ids)
+    try:
+        tiny_pipe.eos_ids = eos_before | {first.token_ids[0]}
+        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+                                 config=AsymSpecConfig(max_new_tokens=10))
+    finally:
+        tiny_pipe.eos_ids = eos_before
+    assert res.token_ids == first.token_ids[:1]
+    assert res.stats["stopped_by"] == "eos" and res.stats["steps"] == 1
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 7])
+def test_max_new_tokens_mid_draft(tiny_pipe, max_new):
+    case = make_case(5)
+    long = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+                              config=AsymSpecConfig(k=4, max_new_tokens=20))
+    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+                             config=AsymSpecConfig(k=4, max_new_tokens=max_new))
+    expect = long.token_ids[:max_new]
+    assert res.token_ids == expect
+    assert len(res.trace) == len(expect) and [e.index for e in res.trace] == list(range(len(expect)))

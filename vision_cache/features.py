@@ -1,0 +1,97 @@
+"""Vision features computed once per image and reused by every forward that needs them.
+
+The drafter's full-view prefill, the captioner and later requests about the same image all read
+one :class:`VisionFeatures`; the vision tower runs once per distinct (image, processor settings,
+model), and not at all on a cache hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .store import FeatureStore
+
+DEFAULT_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass
+class VisionFeatures:
+    """Output of one vision-tower pass over the images of one prompt.
+
+    embeds: one tensor ``[n_tokens_i, hidden]`` per image (merged patches, what replaces the image
+    pads); deepstack: per deepstack layer, one tensor per image ``[n_tokens_i, hidden]``;
+    image_grid_thw: ``[n_images, 3]`` patch grids before merging.
+    """
+
+    embeds: tuple[torch.Tensor, ...]
+    deepstack: tuple[tuple[torch.Tensor, ...], ...]
+    image_grid_thw: torch.Tensor
+
+    def as_encoder_outputs(self) -> dict:
+        """The ``mm_encoder_outputs`` argument of ``Qwen3VLModel.forward`` (skips the tower)."""
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        out = BaseModelOutputWithDeepstackFeatures(pooler_output=self.embeds)
+        out.deepstack_features = [tuple(layer) for layer in self.deepstack]
+        return {"image": out}
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.shape[0] for e in self.embeds)
+
+
+class VisionEncoder:
+    """Runs a Qwen3-VL model's vision tower, with a cross-request cache of its outputs.
+
+    Thread-safe: the underlying :class:`FeatureStore` computes each key once even when several
+    requests ask for the same image at the same time.
+    """
+
+    def __init__(self, model, cache_bytes: int = DEFAULT_CACHE_BYTES, model_key: str = ""):
+        self.model = model
+        self.store = FeatureStore(max_bytes=cache_bytes)
+        self.model_key = model_key
+        self._lock = threading.Lock()
+        self.tower_calls = 0
+
+    def key(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> str:
+        """Content key: the preprocessed pixels already encode the image and the processor settings."""
+        h = hashlib.sha256()
+        h.update(self.model_key.encode())
+        h.update(str(tuple(pixel_values.shape)).encode() + str(pixel_values.dtype).encode())
+        h.update(pixel_values.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(image_grid_thw.cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    @torch.no_grad()
+    def encode_uncached(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> VisionFeatures:
+        """One pass of the vision tower (counted in ``tower_calls``)."""
+        with self._lock:
+            self.tower_calls += 1
+        device = self.model.model.visual.device if hasattr(self.model.model.visual, "device") else None
+        out = self.model.model.get_image_features(
+            pixel_values.to(device) if device is not None else pixel_values,
+            image_grid_thw.to(device) if device is not None else image_grid_thw,
+            return_dict=True,
+        )
+        return VisionFeatures(
+            embeds=tuple(e.detach() for e in out.pooler_output),
+            deepstack=tuple(tuple(f.detach() for f in layer) for layer in (out.deepstack_features or [])),
+            image_grid_thw=image_grid_thw.detach().cpu(),
+        )
+
+    def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[VisionFeatures, bool]:
+        """Features for these pixels, and whether they came from the cache."""
+        before = self.store.stats()["hits"]
+        feats = self.store.get_or_compute(
+            self.key(pixel_values, image_grid_thw), lambda: self.encode_uncached(pixel_values, image_grid_thw)
+        )
+        hit = self.store.stats()["hits"] > before
+        return feats, hit
+
+    def stats(self) -> dict:
+        return {"tower_calls": self.tower_calls, **self.store.stats()}

@@ -1,0 +1,541 @@
+"""Image intake for the vision drafter: load anything image-like as a safe, detached RGB image.
+
+:func:`load_image` is the single gate every user-supplied picture passes before it reaches the
+Qwen3-VL processor. It accepts PIL images, paths, raw bytes, numpy arrays and file-like objects;
+applies the EXIF orientation; flattens every Pillow mode to 8-bit RGB (alpha is composited on
+white, high-bit-depth data is scaled down); and rejects bad input with an
+:class:`InvalidImageError` whose message says what is wrong and what to do about it.
+
+Size limits are enforced from the file header *before* any pixel data is decoded, so a
+"decompression bomb" (a tiny file that claims a gigantic canvas) is refused without Pillow ever
+allocating the canvas.
+
+:func:`resize_like_qwen` reproduces the sizing of ``qwen_vl_utils.fetch_image`` so that cached
+features computed here match what the reference preprocessing would feed the model, and
+:func:`image_content_hash` gives a stable cache key for a decoded image.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import math
+import os
+import threading
+from collections.abc import Callable
+from typing import IO, Union
+
+import numpy as np
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from asymspec_mm.errors import AsymSpecError
+
+__all__ = [
+    "DEFAULT_MAX_INPUT_PIXELS",
+    "DEFAULT_MAX_ASPECT_RATIO",
+    "QWEN3_VL_FACTOR",
+    "QWEN_MIN_TOKENS",
+    "QWEN_MAX_TOKENS",
+    "ImageInput",
+    "InvalidImageError",
+    "load_image",
+    "image_content_hash",
+    "qwen_target_size",
+    "resize_like_qwen",
+]
+
+#: Largest input canvas accepted by default (64 megapixels, e.g. 8192x8192). Bigger inputs are
+#: refused from the header. Override per call with ``max_pixels_in`` or process-wide with the
+#: environment variable ``ASYMSPEC_MAX_INPUT_PIXELS``.
+DEFAULT_MAX_INPUT_PIXELS: int = int(float(os.environ.get("ASYMSPEC_MAX_INPUT_PIXELS", 64 * 1024 * 1024)))
+
+#: Longest/shortest side ratio accepted; qwen-vl-utils' ``smart_resize`` refuses anything above 200.
+DEFAULT_MAX_ASPECT_RATIO: float = 200.0
+
+#: Qwen3-VL resizes to multiples of patch_size (16) * spatial merge size (2).
+QWEN3_VL_FACTOR: int = 32
+#: Token-count bounds qwen-vl-utils uses by default (pixels = tokens * factor**2).
+QWEN_MIN_TOKENS: int = 4
+QWEN_MAX_TOKENS: int = 16384
+
+#: Everything :func:`load_image` understands.
+ImageInput = Union[Image.Image, str, "os.PathLike[str]", bytes, bytearray, memoryview, np.ndarray, IO[bytes]]
+
+# Formats whose decoding shells out to an external interpreter (Ghostscript for EPS). Feeding
+# untrusted files to it is a known attack surface and it is never a photo/screenshot anyway.
+_REFUSED_FORMATS = frozenset({"EPS"})
+
+# Pillow's truncation switch is a module global; we only flip it (under this lock) in the rare
+# case another library already turned it on, so our strict decode cannot be silently relaxed.
+_TRUNCATION_LOCK = threading.Lock()
+
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
+_HIGH_BIT_MODES = frozenset({"I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
+
+
+class InvalidImageError(AsymSpecError):
+    """An image input that cannot be used: missing, unreadable, corrupt, too big, or wrong type."""
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+
+
+def load_image(
+    x: ImageInput,
+    *,
+    max_pixels_in: int | None = DEFAULT_MAX_INPUT_PIXELS,
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+) -> Image.Image:
+    """Load ``x`` as a fully decoded, detached 8-bit RGB :class:`PIL.Image.Image`.
+
+    Args:
+        x: A PIL image; a path (``str`` or ``os.PathLike``; ``file://`` and ``data:image/...;
+            base64,`` strings are understood too); encoded bytes (``bytes``, ``bytearray``,
+            ``memoryview``); a numpy array shaped HxW, HxWx1, HxWx2, HxWx3 or HxWx4 of dtype
+            uint8, uint16, bool, or float with values in [0, 1]; or a binary file-like object.
+            For a PIL image the frame it is currently at is used; for files, the first frame.
+        max_pixels_in: Refuse inputs whose width*height exceeds this (checked from the header
+            before decoding). ``None`` disables this check (Pillow's own bomb guard still holds).
+        max_aspect_ratio: Refuse inputs whose long side / short side exceeds this.
+
+    Returns:
+        A new RGB image holding its own pixel buffer (no open file behind it). EXIF orientation
+        is applied; transparency is composited on white; 16-bit/32-bit/float data is scaled to
+        8 bit.
+
+    Raises:
+        InvalidImageError: The input is missing, unreadable, truncated, not an image, empty,
+            larger than ``max_pixels_in``, too elongated, or of an unsupported type.
+    """
+    if max_pixels_in is not None and max_pixels_in <= 0:
+        raise InvalidImageError(f"max_pixels_in must be a positive pixel count or None, got {max_pixels_in!r}")
+    if not max_aspect_ratio >= 1.0:
+        raise InvalidImageError(f"max_aspect_ratio must be >= 1, got {max_aspect_ratio!r}")
+
+    def check(size: tuple[int, int], what: str) -> None:
+        _check_geometry(size, what, max_pixels_in, max_aspect_ratio)
+
+    if isinstance(x, Image.Image):
+        # A caller-made image may still be lazy (Image.open without load): check its header size
+        # before touching the pixels, exactly as for a file.
+        check(x.size, "the PIL image")
+        _strict_load(x, "the PIL image")
+        return _finish(x, "the PIL image")
+    if isinstance(x, np.ndarray):
+        return _from_array(x, check)
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        data = bytes(x)
+        if not data:
+            raise InvalidImageError("the image bytes are empty; pass the encoded file content (PNG, JPEG, ...)")
+        return _open_and_decode(lambda: io.BytesIO(data), f"the {len(data)}-byte image buffer", check)
+    if isinstance(x, (str, os.PathLike)):
+        return _from_path_like(x, check)
+    if hasattr(x, "read"):
+        return _open_and_decode(lambda: x, "the file-like object", check, close=False)  # type: ignore[arg-type,return-value]
+    raise InvalidImageError(
+        f"unsupported image input of type {type(x).__name__}; pass a PIL.Image.Image, a file path, "
+        "encoded image bytes, a numpy HxW/HxWxC array, or a binary file object"
+    )
+
+
+def image_content_hash(img: Image.Image) -> str:
+    """Return a hex sha256 identifying ``img``'s pixels: its mode, size, palette and raw bytes.
+
+    Two images hash equal exactly when they would decode to the same pixels, independent of the
+    file they came from or their metadata, which is what a feature cache key needs.
+    """
+    if not isinstance(img, Image.Image):
+        raise InvalidImageError(f"image_content_hash expects a PIL.Image.Image, got {type(img).__name__}")
+    h = hashlib.sha256()
+    # Length-delimited header fields so that e.g. mode "L" + size can never collide with another
+    # mode/size split of the same bytes.
+    h.update(f"{img.mode}\x00{img.size[0]}x{img.size[1]}\x00".encode())
+    if img.mode in ("P", "PA"):
+        # Palette images store indices; two images with equal indices but different palettes differ.
+        palette = img.getpalette() or []
+        h.update(bytes(palette))
+        h.update(b"\x00")
+    h.update(img.tobytes())
+    return h.hexdigest()
+
+
+def qwen_target_size(
+    height: int,
+    width: int,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    factor: int = QWEN3_VL_FACTOR,
+) -> tuple[int, int]:
+    """Return the ``(height, width)`` that qwen-vl-utils' ``smart_resize`` picks for an image.
+
+    Defaults follow qwen-vl-utils: ``min_pixels = 4 * factor**2`` and
+    ``max_pixels = 16384 * factor**2``. Uses the installed ``qwen_vl_utils`` implementation when
+    importable (so we track upstream exactly) and a faithful copy of it otherwise.
+
+    Raises:
+        InvalidImageError: Non-positive sizes, ``min_pixels > max_pixels``, or an aspect ratio
+            over 200 (which the Qwen preprocessing refuses too).
+    """
+    if height <= 0 or width <= 0:
+        raise InvalidImageError(f"cannot resize a {width}x{height} image: both sides must be positive")
+    if factor <= 0:
+        raise InvalidImageError(f"factor must be positive, got {factor}")
+    min_pixels = QWEN_MIN_TOKENS * factor**2 if min_pixels is None else int(min_pixels)
+    max_pixels = QWEN_MAX_TOKENS * factor**2 if max_pixels is None else int(max_pixels)
+    if max_pixels < min_pixels:
+        raise InvalidImageError(f"max_pixels ({max_pixels}) must be >= min_pixels ({min_pixels})")
+    ratio = max(height, width) / min(height, width)
+    if ratio > _QWEN_MAX_RATIO:
+        raise InvalidImageError(
+            f"image is {width}x{height} (aspect ratio {ratio:.1f}); the Qwen vision preprocessing refuses "
+            f"ratios above {_QWEN_MAX_RATIO}; crop or pad it to a less elongated shape"
+        )
+    return _smart_resize_impl()(height, width, factor, min_pixels, max_pixels)
+
+
+def resize_like_qwen(
+    img: Image.Image,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    factor: int = QWEN3_VL_FACTOR,
+) -> tuple[Image.Image, tuple[int, int]]:
+    """Resize ``img`` exactly as ``qwen_vl_utils.fetch_image`` would.
+
+    The target size comes from :func:`qwen_target_size`; the image is converted to RGB (via the
+    same alpha-on-white flattening as :func:`load_image`) and resized with bicubic resampling,
+    Pillow's ``resize`` default that ``fetch_image`` relies on. For Qwen3-VL use ``factor=32``
+    (the default), which corresponds to ``fetch_image(..., image_patch_size=16)``.
+
+    Returns:
+        ``(resized_image, (height, width))``.
+    """
+    if not isinstance(img, Image.Image):
+        raise InvalidImageError(f"resize_like_qwen expects a PIL.Image.Image, got {type(img).__name__}")
+    width, height = img.size
+    target_h, target_w = qwen_target_size(height, width, min_pixels, max_pixels, factor)
+    rgb = img if img.mode == "RGB" else _to_rgb(img, "the image")
+    # Resize even when the size is unchanged: Pillow then returns a copy, as fetch_image does.
+    out = rgb.resize((target_w, target_h), resample=Image.Resampling.BICUBIC)
+    return out, (target_h, target_w)
+
+
+# --------------------------------------------------------------------------------------------
+# sizing (mirror of qwen_vl_utils.vision_process.smart_resize)
+# --------------------------------------------------------------------------------------------
+
+_QWEN_MAX_RATIO = 200
+_SmartResize = Callable[[int, int, int, int, int], tuple[int, int]]
+_smart_resize_cache: list[_SmartResize] = []
+
+
+def _smart_resize_fallback(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Line-by-line copy of qwen-vl-utils 0.0.14 ``smart_resize`` (used if it is not importable)."""
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _smart_resize_impl() -> _SmartResize:
+    """The upstream ``smart_resize`` if importable, else our copy; resolved lazily and once.
+
+    Lazy because importing qwen_vl_utils pulls in torch and torchvision, which plain image loading
+    must not pay for.
+    """
+    if not _smart_resize_cache:
+        try:
+            from qwen_vl_utils.vision_process import smart_resize as upstream
+
+            def impl(h: int, w: int, factor: int, lo: int, hi: int) -> tuple[int, int]:
+                return tuple(upstream(h, w, factor=factor, min_pixels=lo, max_pixels=hi))  # type: ignore[return-value]
+
+            _smart_resize_cache.append(impl)
+        except Exception:  # ImportError, or a broken optional dependency chain (torchvision)
+            _smart_resize_cache.append(_smart_resize_fallback)
+    return _smart_resize_cache[0]
+
+
+# --------------------------------------------------------------------------------------------
+# input kinds
+# --------------------------------------------------------------------------------------------
+
+
+def _short(text: str, limit: int = 120) -> str:
+    """Shorten user text (e.g. a huge base64 string mistaken for a path) for error messages."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _from_path_like(x: str | os.PathLike[str], check: Callable[[tuple[int, int], str], None]) -> Image.Image:
+    """Handle paths and the string conventions qwen-vl-utils accepts (file://, data: URIs)."""
+    if isinstance(x, str):
+        stripped = x.strip()
+        if not stripped:
+            raise InvalidImageError("the image path is an empty string; pass a file path, bytes or a PIL image")
+        if stripped.startswith("data:"):
+            head, sep, payload = stripped.partition(",")
+            if not sep or ";base64" not in head:
+                raise InvalidImageError(
+                    "unsupported data URI; only base64 data URIs like 'data:image/png;base64,...' are accepted"
+                )
+            try:
+                data = base64.b64decode(payload, validate=False)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidImageError(f"the data URI's base64 payload is invalid ({exc}); re-encode the image") from exc
+            if not data:
+                raise InvalidImageError("the data URI holds no bytes; re-encode the image")
+            return _open_and_decode(lambda: io.BytesIO(data), "the data-URI image", check)
+        if stripped.startswith(("http://", "https://")):
+            raise InvalidImageError(
+                f"image URLs are not fetched ({_short(stripped)}); download the file and pass its path or bytes"
+            )
+        if stripped.startswith("file://"):
+            x = stripped[len("file://") :]
+    path = os.fspath(x)
+    if isinstance(path, bytes):  # os.PathLike[bytes]
+        path = os.fsdecode(path)
+    try:
+        exists = os.path.exists(path)
+    except (OSError, ValueError):  # embedded NUL, name too long, ...
+        exists = False
+    if not exists:
+        raise InvalidImageError(f"image file not found: {_short(path)!r}; check the path (relative paths use the current directory {os.getcwd()!r})")
+    if os.path.isdir(path):
+        raise InvalidImageError(f"image path {_short(path)!r} is a directory; pass the path of an image file inside it")
+    label = f"image file {_short(path)!r}"
+
+    def opener() -> IO[bytes]:
+        try:
+            return open(path, "rb")
+        except OSError as exc:
+            raise InvalidImageError(f"cannot read {label}: {exc.strerror or exc}; check its permissions") from exc
+
+    return _open_and_decode(opener, label, check)
+
+
+def _open_and_decode(
+    opener: Callable[[], IO[bytes]],
+    label: str,
+    check: Callable[[tuple[int, int], str], None],
+    *,
+    close: bool = True,
+) -> Image.Image:
+    """Open encoded data, validate its header geometry, then decode strictly and convert.
+
+    ``Image.open`` only parses the header, so ``check`` runs before a single pixel buffer exists.
+    """
+    fp = opener()
+    try:
+        try:
+            img = Image.open(fp)
+        except UnidentifiedImageError as exc:
+            raise InvalidImageError(
+                f"{label} is not a recognised image (no supported format matched its bytes); "
+                "pass a PNG, JPEG, GIF, WebP, BMP or TIFF file"
+            ) from exc
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            # Pillow's own guard (Image.MAX_IMAGE_PIXELS) fired while parsing the header; the
+            # Warning arrives as an exception only when the caller's warning filters say "error".
+            raise InvalidImageError(
+                f"{label} claims a gigantic canvas and was refused as a possible decompression bomb ({exc}); "
+                "downscale the image before passing it in"
+            ) from exc
+        except InvalidImageError:
+            raise
+        except Exception as exc:  # Pillow raises many types on malformed headers
+            raise InvalidImageError(
+                f"{label} could not be read as an image ({type(exc).__name__}: {exc}); "
+                "the file is truncated or corrupt; re-export or re-download it"
+            ) from exc
+        # The context manager drops Pillow's reference to the stream without closing a caller's
+        # file object (Image.close() would close it).
+        with img:
+            if img.format in _REFUSED_FORMATS:
+                raise InvalidImageError(
+                    f"{label} is {img.format}, which is refused because decoding it runs an external interpreter; "
+                    "convert it to PNG first"
+                )
+            check(img.size, label)
+            _strict_load(img, label)
+            return _finish(img, label)
+    finally:
+        if close:
+            fp.close()
+
+
+def _strict_load(img: Image.Image, label: str) -> None:
+    """Decode all pixel data, turning truncation and corruption into :class:`InvalidImageError`."""
+    try:
+        if ImageFile.LOAD_TRUNCATED_IMAGES:
+            with _TRUNCATION_LOCK:
+                previous = ImageFile.LOAD_TRUNCATED_IMAGES
+                ImageFile.LOAD_TRUNCATED_IMAGES = False
+                try:
+                    img.load()
+                finally:
+                    ImageFile.LOAD_TRUNCATED_IMAGES = previous
+        else:
+            img.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InvalidImageError(f"{label} was refused as a possible decompression bomb ({exc}); downscale it first") from exc
+    except MemoryError as exc:
+        raise InvalidImageError(f"not enough memory to decode {label}; downscale it or lower max_pixels_in") from exc
+    except Exception as exc:  # OSError (truncated), SyntaxError, zlib.error, struct.error, EOFError, ...
+        reason = str(exc) or type(exc).__name__
+        hint = "the file is truncated or corrupt; re-export or re-download it"
+        raise InvalidImageError(f"{label} could not be decoded ({reason}); {hint}") from exc
+
+
+def _check_geometry(size: tuple[int, int], label: str, max_pixels_in: int | None, max_aspect_ratio: float) -> None:
+    """Refuse empty, oversized and absurdly elongated canvases, from their size alone."""
+    width, height = size
+    if width <= 0 or height <= 0:
+        raise InvalidImageError(f"{label} is empty ({width}x{height} pixels); pass an image with at least one pixel")
+    pixels = width * height
+    if max_pixels_in is not None and pixels > max_pixels_in:
+        raise InvalidImageError(
+            f"{label} is {width}x{height} = {pixels:,} pixels, over the limit of {max_pixels_in:,} pixels; "
+            "downscale it before passing it in, or raise max_pixels_in if you trust the source"
+        )
+    ratio = max(width, height) / min(width, height)
+    if ratio > max_aspect_ratio:
+        raise InvalidImageError(
+            f"{label} is {width}x{height}: aspect ratio {ratio:.1f} exceeds the limit of {max_aspect_ratio:g} "
+            "(the vision encoder cannot tile such a strip); crop or pad it to a less elongated shape"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# numpy arrays
+# --------------------------------------------------------------------------------------------
+
+
+def _array_to_uint8(arr: np.ndarray, label: str) -> np.ndarray:
+    """Scale a supported numpy dtype to uint8 (uint16 by /257, float [0,1] by *255, bool to 0/255)."""
+    # Compare kind/itemsize rather than dtype equality so big-endian arrays (e.g. '>u2' read
+    # from FITS/TIFF tools) are accepted too.
+    kind, itemsize = arr.dtype.kind, arr.dtype.itemsize
+    if kind == "u" and itemsize == 1:
+        return arr.astype(np.uint8, copy=False)
+    if kind == "b":
+        return arr.astype(np.uint8) * 255
+    if kind == "u" and itemsize == 2:
+        # 65535 / 257 == 255 exactly, so the full 16-bit range maps onto the full 8-bit range.
+        return np.round(arr.astype(np.float32) / 257.0).astype(np.uint8)
+    if kind == "f":
+        if not np.all(np.isfinite(arr)):
+            raise InvalidImageError(f"{label} contains NaN or infinite values; clean the array first")
+        lo, hi = float(arr.min()), float(arr.max())
+        if lo < 0.0 or hi > 1.0:
+            raise InvalidImageError(
+                f"{label} is float with values in [{lo:g}, {hi:g}]; float images must lie in [0, 1] "
+                "(divide by 255 or convert to uint8)"
+            )
+        return np.round(arr.astype(np.float64) * 255.0).astype(np.uint8)
+    raise InvalidImageError(
+        f"{label} has unsupported dtype {arr.dtype}; use uint8, uint16, bool, or float in [0, 1]"
+    )
+
+
+def _from_array(arr: np.ndarray, check: Callable[[tuple[int, int], str], None]) -> Image.Image:
+    """Convert an HxW[xC] array to RGB; C=1 gray, 2 gray+alpha, 3 RGB, 4 RGBA."""
+    label = f"the numpy array of shape {arr.shape}"
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (2, 3, 4)):
+        hint = " (channels-first? transpose to HxWxC)" if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) else ""
+        raise InvalidImageError(
+            f"{label} is not an image layout{hint}; pass HxW, HxWx1, HxWx3 or HxWx4"
+        )
+    height, width = int(arr.shape[0]), int(arr.shape[1])
+    check((width, height), label)
+    data = np.ascontiguousarray(_array_to_uint8(arr, label))
+    # Mode follows from the shape for uint8 (Pillow deprecated passing mode to fromarray).
+    img = Image.fromarray(data)
+    return _finish(img, label)
+
+
+# --------------------------------------------------------------------------------------------
+# mode conversion
+# --------------------------------------------------------------------------------------------
+
+
+def _finish(img: Image.Image, label: str) -> Image.Image:
+    """Apply EXIF orientation and convert to RGB, always returning a new, detached image."""
+    try:
+        oriented = ImageOps.exif_transpose(img)
+    except Exception:
+        # Corrupt EXIF metadata should not reject pixels that decoded fine; keep the stored
+        # orientation instead.
+        oriented = img.copy()
+    out = _to_rgb(oriented, label)
+    if out is img:  # never hand back the caller's own object
+        out = img.copy()
+    # Drop metadata that no longer describes the pixels (orientation handled, alpha flattened).
+    out.info = {}
+    return out
+
+
+def _to_rgb(img: Image.Image, label: str) -> Image.Image:
+    """Flatten any Pillow mode to 8-bit RGB; transparency is composited on a white background."""
+    mode = img.mode
+    if mode in _HIGH_BIT_MODES:
+        img = _high_bit_to_l(img)
+        mode = img.mode
+    has_alpha = mode in _ALPHA_MODES or (mode in ("P", "L", "RGB") and "transparency" in img.info)
+    try:
+        if has_alpha:
+            rgba = img.convert("RGBA")
+            # Same flattening as qwen-vl-utils' to_rgb (paste through the alpha mask), so RGBA
+            # inputs give identical pixels whichever loader was used.
+            background = Image.new("RGB", rgba.size, (255, 255, 255))
+            background.paste(rgba, mask=rgba.getchannel("A"))
+            return background
+        if mode == "RGB":
+            return img.copy()
+        return img.convert("RGB")
+    except Exception as exc:  # e.g. a mode Pillow cannot convert to RGB (LAB without a profile)
+        raise InvalidImageError(f"{label} has pixel mode {mode!r}, which cannot be converted to RGB ({exc}); save it as RGB first") from exc
+
+
+def _high_bit_to_l(img: Image.Image) -> Image.Image:
+    """Scale 16-bit, 32-bit integer or float single-channel data to 8-bit grayscale.
+
+    Pillow's own ``convert("L")`` clips these modes at 255, turning most 16-bit images white,
+    so scale explicitly:
+      * I;16*: fixed 16-bit range (/257), like the uint16 array path.
+      * I:     values in [0, 255] are taken as 8-bit; in [0, 65535] as 16-bit (the usual source of
+               mode I is a 16-bit PNG/TIFF); anything else is min-max normalised.
+      * F:     values in [0, 1] are scaled by 255; in [0, 255] taken as is; else min-max normalised.
+    """
+    arr = np.asarray(img)
+    if img.mode.startswith("I;16"):
+        arr16 = arr.astype(np.float64)
+        out = np.round(arr16 / 257.0)
+    else:
+        values = arr.astype(np.float64)
+        finite = np.isfinite(values)
+        if not finite.all():
+            values = np.where(finite, values, 0.0)
+        lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+        if img.mode == "F" and lo >= 0.0 and hi <= 1.0:
+            out = np.round(values * 255.0)
+        elif lo >= 0.0 and hi <= 255.0:
+            out = np.round(values)
+        elif img.mode == "I" and lo >= 0.0 and hi <= 65535.0:
+            out = np.round(values / 257.0)
+        elif hi > lo:
+            out = np.round((values - lo) * (255.0 / (hi - lo)))
+        else:
+            out = np.zeros_like(values)
+    return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
