@@ -197,7 +197,7 @@ class AsymSpecPipeline:
     @property
     def ocr_engine(self):
         """The OCR engine, created on first use (``auto`` picks EasyOCR, else RapidOCR)."""
-        if self._ocr_engine is None and self._ocr_spec not in (None, "none"):
+        if self._ocr_engine is None and self._ocr_spec is not None:
             from captioning.ocr import get_ocr_engine
 
             self._ocr_engine = get_ocr_engine(self._ocr_spec)

@@ -12,11 +12,15 @@ from captioning.ocr import (
     render_mathvista,
     render_plain,
 )
+from captioning.captioner import CAPTION_PROMPT, DrafterCaptioner, compress
 from captioning.static import StaticCaptioner
 from captioning.truncate import truncate_text
 from captioning.view import CompressedView
 
 __all__ = [
+    "compress",
+    "DrafterCaptioner",
+    "CAPTION_PROMPT",
     "CompressedView",
     "OCRItem",
     "OCREngine",

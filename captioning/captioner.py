@@ -134,7 +134,7 @@ def compress(
             )
         from .ocr import render_plain
 
-        found = ocr_engine.read(image)
+        found = ocr_engine.read_cached(image) if hasattr(ocr_engine, "read_cached") else ocr_engine.read(image)
         items = tuple(found)
         ocr_text = render_plain(found)
     elif ocr is False:

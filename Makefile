@@ -1,0 +1,40 @@
+# Set-up and the two entry points of the README. Everything lives in ./.venv inside the checkout.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+export GRADIO_ANALYTICS_ENABLED := False
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup quickstart test demo bench eval-minivista clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PINS)
+	$(PIP) install -q -e ".[all,dev]"
+	touch $@
+
+# 1) set up and answer a bundled question with the bundled tiny pair (prints the answer and its token provenance)
+quickstart: setup
+	$(VENV)/bin/asymspec-mm quickstart
+
+# 2) set up and run the whole test suite (browser tests use Debian's chromium, installed here when missing)
+test: setup
+	@[ -x /usr/bin/chromium ] || (command -v apt-get >/dev/null && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null))) || echo "chromium not installable: browser tests will be skipped"
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: setup
+	$(VENV)/bin/asymspec-mm demo --preset tiny
+
+bench: setup
+	$(VENV)/bin/asymspec-mm bench
+
+eval-minivista: setup
+	$(VENV)/bin/asymspec-mm eval mathvista --dataset minivista --preset tiny --methods floor,drafter,asymspec --out runs/minivista
+
+clean:
+	rm -rf $(VENV) runs artifacts .pytest_cache

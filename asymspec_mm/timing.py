@@ -1,0 +1,189 @@
+"""Timing helpers for the benchmark: a sync-aware clock, a timing proxy for engines, timed loop functions.
+
+:class:`TimedEngine` wraps any engine of :mod:`asymspec_mm.engines` and implements the same stream
+interface (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``prefill``,
+``extend``, ``truncate``); every call is timed and recorded. :func:`timed_functions` swaps module
+functions (the gate, the trace's top-k) for timed wrappers for the length of a ``with`` block.
+
+On CUDA the clock synchronizes the device before it is read, so a time covers the kernels of the
+call and nothing queued before it. That adds syncs the plain loop does not have, which is why the
+benchmark takes throughput from un-instrumented runs on CUDA (see :mod:`asymspec_mm.bench`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class Clock:
+    """``perf_counter`` that first waits for the device when ``sync`` is on (CUDA)."""
+
+    def __init__(self, sync: bool = False):
+        self.sync = bool(sync) and torch.cuda.is_available()
+
+    @classmethod
+    def for_device(cls, device: torch.device | str | None) -> "Clock":
+        return cls(sync=torch.device(device).type == "cuda" if device is not None else False)
+
+    def now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+@dataclass
+class CallRecord:
+    """One engine call: ``op`` (prefill / extend / truncate), tokens it forwarded, seconds, and whether it
+    happened during decoding (after :meth:`TimedEngine.mark_decode`)."""
+
+    op: str
+    n: int
+    seconds: float
+    decode: bool
+
+
+@dataclass
+class Ledger:
+    """Where a run's time went: engine calls per stream and named function buckets (gate, trace)."""
+
+    calls: dict[str, list[CallRecord]] = field(default_factory=dict)
+    buckets: dict[str, float] = field(default_factory=dict)
+    bucket_calls: dict[str, int] = field(default_factory=dict)
+
+    def add_bucket(self, name: str, seconds: float) -> None:
+        self.buckets[name] = self.buckets.get(name, 0.0) + seconds
+        self.bucket_calls[name] = self.bucket_calls.get(name, 0) + 1
+
+    def forward_seconds(self, stream: str, decode_only: bool = True) -> float:
+        return sum(r.seconds for r in self.calls.get(stream, ()) if r.op in ("extend", "prefill") and (r.decode or not decode_only))
+
+    def truncate_seconds(self) -> float:
+        return sum(r.seconds for recs in self.calls.values() for r in recs if r.op == "truncate")
+
+    def extend_costs(self) -> dict[str, dict[int, list[float]]]:
+        """Decode-phase extend times per stream and per number of tokens forwarded in the call."""
+        out: dict[str, dict[int, list[float]]] = {}
+        for stream, recs in self.calls.items():
+            for r in recs:
+                if r.op == "extend" and r.decode:
+                    out.setdefault(stream, {}).setdefault(r.n, []).append(r.seconds)
+        return out
+
+
+class TimedEngine:
+    """A timing proxy with the stream interface of :class:`asymspec_mm.engines.Engine`.
+
+    Anything else (``cache``, ``model``, ``rope_delta``...) is read through to the wrapped engine.
+    """
+
+    def __init__(self, engine: Any, ledger: Ledger, clock: Clock | None = None):
+        self._engine = engine
+        self.name = engine.name
+        self._ledger = ledger
+        self._clock = clock or Clock()
+        self._decode = False
+        ledger.calls.setdefault(self.name, [])
+
+    # -- the stream interface -------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self._engine.length
+
+    @property
+    def tokens_forwarded(self) -> int:
+        return self._engine.tokens_forwarded
+
+    @property
+    def forward_calls(self) -> int:
+        return self._engine.forward_calls
+
+    @property
+    def device(self):
+        return self._engine.device
+
+    def prefill(self, ids: torch.Tensor, *args, **kwargs) -> None:
+        before = self._engine.tokens_forwarded
+        t0 = self._clock.now()
+        self._engine.prefill(ids, *args, **kwargs)
+        self._record("prefill", self._engine.tokens_forwarded - before, self._clock.now() - t0)
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        t0 = self._clock.now()
+        out = self._engine.extend(ids)
+        self._record("extend", int(ids.shape[-1]), self._clock.now() - t0)
+        return out
+
+    def truncate(self, length: int) -> None:
+        t0 = self._clock.now()
+        self._engine.truncate(length)
+        self._record("truncate", 0, self._clock.now() - t0)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def mark_decode(self) -> None:
+        """Calls from now on belong to the decoding loop (prefill excluded from the step split)."""
+        self._decode = True
+
+    def _record(self, op: str, n: int, seconds: float) -> None:
+        self._ledger.calls[self.name].append(CallRecord(op, n, seconds, self._decode))
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes not defined on the proxy.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+    def __repr__(self) -> str:
+        return f"TimedEngine({self._engine!r})"
+
+
+def wrap_streams(streams: dict[str, Any], ledger: Ledger, clock: Clock | None = None) -> dict[str, TimedEngine]:
+    return {name: TimedEngine(e, ledger, clock) for name, e in streams.items()}
+
+
+@contextmanager
+def timed_functions(module: Any, buckets: dict[str, str], ledger_ref: Callable[[], Ledger | None], clock: Clock | None = None) -> Iterator[None]:
+    """Replace ``module.<name>`` by a timed wrapper adding its time to bucket ``buckets[name]`` of the
+    ledger that ``ledger_ref()`` returns at call time (no ledger: not timed). Names the module lacks are
+    skipped, so the benchmark survives loop refactors. Restored on exit."""
+    clock = clock or Clock()
+    saved: dict[str, Any] = {}
+
+    def make(fn: Callable, bucket: str) -> Callable:
+        def timed(*args, **kwargs):
+            ledger = ledger_ref()
+            if ledger is None:
+                return fn(*args, **kwargs)
+            t0 = clock.now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ledger.add_bucket(bucket, clock.now() - t0)
+
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    try:
+        for name, bucket in buckets.items():
+            fn = getattr(module, name, None)
+            if callable(fn):
+                saved[name] = fn
+                setattr(module, name, make(fn, bucket))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)
+
+
+def median(values: list[float]) -> float:
+    """Median (mean of the two middle values for an even count); NaN for no values."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return float("nan")
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])

@@ -1,0 +1,174 @@
+"""Public API, exact counters, bad input, vocabulary check, captioner and CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from asymspec_mm import AsymSpecConfig, AsymSpecPipeline, MMResult
+from asymspec_mm.errors import (
+    ContextOverflowError,
+    EmptyQuestionError,
+    MissingCompressedViewError,
+    UnknownOptionError,
+    VocabularyMismatchError,
+)
+from conftest import make_case, make_image
+from vision_cache.image import InvalidImageError
+
+
+def test_result_shape_and_trace_fields(tiny_pipe):
+    case = make_case(2)
+    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+                             config=AsymSpecConfig(max_new_tokens=12))
+    assert isinstance(res, MMResult) and res.method == "asymspec"
+    assert res.token_ids == [ev.token_id for ev in res.trace]
+    assert res.text == tiny_pipe.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+    assert res.view.caption == case["caption"] and res.view.ocr_text == case["ocr"]
+    for ev in res.trace:
+        assert ev.source in ("accepted", "fused", "bonus")
+        assert 0.0 <= ev.p_verifier <= 1.0 and ev.verifier_argmax is not None
+        assert ev.steered == (ev.token_id != ev.verifier_argmax)
+        if ev.source != "bonus":
+            assert 0.25 - 1e-6 <= ev.gamma_eff <= 0.5 + 1e-6 and 0 <= ev.jsd <= 0.6932
+        assert len(ev.top_verifier) == 3 and len(ev.top_fused) == 3
+    for key in ("steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "accepted_per_position",
+                "vision_calls", "vision_cache_hits", "tokens_forwarded", "prefill_tokens", "wall_s", "tokens_per_s", "new_tokens"):
+        assert key in res.stats
+    for attr in ("drafter_full_ids", "drafter_comp_ids", "verifier_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids"):
+        assert getattr(res.prompts, attr) is not None
+    json.dumps(res.as_dict())
+
+
+def test_tokens_forwarded_exact_counts(tiny_pipe):
+    """Prefill caches prompt[:-1]; each step forwards K on the full stream (+1 after K acceptances) and K+1 on the others."""
+    k = 3
+    case = make_case(7)
+    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+                             config=AsymSpecConfig(k=k, max_new_tokens=15))
+    s, p = res.stats, res.prompts
+    full_steps = s["accepted_per_position"][k - 1]  # steps whose K drafts were all accepted
+    assert 0 < full_steps < s["steps"]
+    assert s["prefill_tokens"] == {"drafter_full": p.drafter_full_ids.shape[1] - 1,
+                                   "drafter_comp": p.drafter_comp_ids.shape[1] - 1, "verifier": p.verifier_ids.shape[1] - 1}
+    fw = s["tokens_forwarded"]
+    assert fw["drafter_full"] == s["prefill_tokens"]["drafter_full"] + k * s["steps"] + full_steps
+    assert fw["drafter_comp"] == s["prefill_tokens"]["drafter_comp"] + (k + 1) * s["steps"]
+    assert fw["verifier"] == s["prefill_tokens"]["verifier"] + (k + 1) * s["steps"]
+    assert s["drafted"] == k * s["steps"]
+    assert s["accepted"] == sum(s["accepted_per_position"])
+    # Every gate decision of the steps before the last is in the trace; max_new_tokens may cut the last step.
+    last = s["steps"]
+    before_last = sum(ev.source == "accepted" and ev.step < last for ev in res.trace)
+    in_last = sum(ev.source == "accepted" and ev.step == last for ev in res.trace)
+    assert before_last + in_last <= s["accepted"] <= before_last + k
+
+
+def test_bad_inputs_raise_clear_errors(tiny_pipe, tiny_dirs):
+    img = make_image(1)
+    with pytest.raises(EmptyQuestionError, match="question is empty"):
+        tiny_pipe.generate(img, "   ", caption="x", ocr=False)
+    with pytest.raises(UnknownOptionError, match="method='beam'"):
+        tiny_pipe.generate(img, "q?", caption="x", ocr=False, method="beam")
+    with pytest.raises(UnknownOptionError, match="gate='magic'"):
+        tiny_pipe.generate(img, "q?", caption="x", ocr=False, gate="magic")
+    with pytest.raises(UnknownOptionError, match="k=0"):
+        tiny_pipe.generate(img, "q?", caption="x", ocr=False, k=0)
+    with pytest.raises(ContextOverflowError, match="context window is 4096"):
+        tiny_pipe.generate(img, "word " * 3000 + "?", caption="x", ocr=False)
+    with pytest.raises(InvalidImageError):
+        tiny_pipe.generate(b"not an image", "q?", caption="x", ocr=False)
+    from asymspec_mm import AsymSpecPipeline
+
+    no_captioner = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", captioner=None)
+    with pytest.raises(MissingCompressedViewError, match="no caption"):
+        no_captioner.generate(img, "q?", caption=None, ocr=False)
+
+
+def test_vocabulary_mismatch_names_ids(tiny_dirs, tmp_path):
+    from transformers import AutoTokenizer
+
+    from asymspec_mm.checkpoints import build_tokenizer
+    from asymspec_mm.pipeline import check_vocabularies
+
+    d_tok = AutoTokenizer.from_pretrained(tiny_dirs[0])
+    other = build_tokenizer(["completely different corpus of words " * 20], vocab_size=len(d_tok))
+    with pytest.raises(VocabularyMismatchError, match="differ at .* shared ids .*id \\d+: drafter"):
+        check_vocabularies(d_tok, other, len(d_tok), len(d_tok))
+    with pytest.raises(VocabularyMismatchError, match="output logits"):
+        check_vocabularies(d_tok, d_tok, 100, 200)
+    check_vocabularies(d_tok, AutoTokenizer.from_pretrained(tiny_dirs[1]), 10, 10)
+    # Through loading: a verifier saved with another tokenizer is refused.
+    import shutil
+
+    bad = tmp_path / "verifier"
+    shutil.copytree(tiny_dirs[1], bad)
+    for f in bad.glob("tokenizer*"):
+        f.unlink()
+    other.save_pretrained(bad)
+    with pytest.raises(VocabularyMismatchError):
+        AsymSpecPipeline.from_pretrained(tiny_dirs[0], bad, ocr="none")
+
+
+def test_inputs_of_every_kind(tiny_pipe, tmp_path):
+    import numpy as np
+
+    img = make_image(5)
+    path = tmp_path / "x.png"
+    img.save(path)
+    kw = dict(caption="c", ocr=False, method="drafter", config=AsymSpecConfig(max_new_tokens=4))
+    outs = [tiny_pipe.generate(x, "q?", **kw).token_ids for x in (img, str(path), path.read_bytes(), np.asarray(img))]
+    assert all(o == outs[0] for o in outs)
+
+
+def test_stop_string_trims_text(tiny_pipe):
+    case = make_case(0)
+    base = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], max_new_tokens=12)
+    piece = base.trace[3].text
+    if not piece.strip():
+        pytest.skip("token 3 is whitespace")
+    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], max_new_tokens=12,
+                             stop_strings=(piece,))
+    assert res.stats["stopped_by"] == "stop_string" and piece not in res.text
+    assert res.token_ids == base.token_ids[: len(res.token_ids)]
+
+
+def test_generated_caption_is_cached_and_used(tiny_pipe):
+    img = make_image(77)
+    r1 = tiny_pipe.generate(img, "q?", caption=None, ocr=False, max_new_tokens=3)
+    r2 = tiny_pipe.generate(img, "other?", caption=None, ocr=False, max_new_tokens=3)
+    assert r1.view.caption == r2.view.caption
+    assert tiny_pipe.captioner.cache.hits >= 1
+    assert r1.view.render() in tiny_pipe.tokenizer.decode(r1.prompts.verifier_ids[0]) or not r1.view.caption.strip()
+
+
+def test_streaming_yields_the_same_events(tiny_pipe):
+    case = make_case(3)
+    gen = tiny_pipe.stream(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], max_new_tokens=10)
+    seen = []
+    try:
+        while True:
+            seen.extend(next(gen))
+    except StopIteration as stop:
+        res = stop.value
+    assert [e.token_id for e in seen] == res.token_ids
+
+
+def test_cli_generate_prints_result_and_json(tiny_dirs, tmp_path, capsys):
+    from asymspec_mm.cli import main
+
+    img = tmp_path / "img.png"
+    make_image(3).save(img)
+    args = ["generate", "--image", str(img), "--question", "What is shown?", "--caption", "a chart", "--no-ocr",
+            "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]), "--max-new-tokens", "8", "--ocr-engine", "none"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "answer:" in out and "acceptance rate" in out and "vision calls 1" in out
+    assert main(args + ["--json", "--method", "floor"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["method"] == "floor" and len(data["trace"]) == len(data["token_ids"]) > 0
+    assert main(args[:3] + ["--question", " "] + args[5:]) == 2
+    assert "question is empty" in capsys.readouterr().err
