@@ -359,8 +359,8 @@ def sd_steps(
         v_ids = t.argmax(-1)  # [K+1]
         p_v = t.log_softmax(-1).gather(-1, v_ids[:, None])[:, 0].exp()
         matches = (v_ids[:k].to(drafts.device) == drafts)
-        host = torch.stack([v_ids.double().cpu(), p_v.double().cpu(),
-                            torch.cat([matches, matches.new_zeros(1)]).double().cpu()], dim=1).tolist()
+        host = torch.stack([v_ids.double(), p_v.double(), torch.cat([matches, matches.new_zeros(1)]).double(),
+                            torch.cat([drafts, drafts[:1]]).double()], dim=1).tolist()  # the step's one transfer
         n_acc = 0
         while n_acc < k and host[n_acc][2] > 0.5:
             n_acc += 1
@@ -375,7 +375,7 @@ def sd_steps(
         r = host[n_acc]
         events.append(TokenEvent(index=0, token_id=int(r[0]), text="", source="bonus" if n_acc == k else "fused",
                                  step=step, position=n_acc + 1, p_verifier=r[1], verifier_argmax=int(r[0]),
-                                 draft_token=None if n_acc == k else int(drafts[n_acc])))
+                                 draft_token=None if n_acc == k else int(r[3])))
         if n_acc < k:
             drafter_comp.truncate(base_comp + n_acc + 1)
             verifier.truncate(base_ver + n_acc + 1)

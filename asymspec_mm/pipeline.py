@@ -298,6 +298,27 @@ class AsymSpecPipeline:
                 text = text[: text.index(s)]
         return MMResult(text=text, token_ids=token_ids, trace=trace, stats=stats, prompts=prompts, view=view, method=method, config=cfg)
 
+    def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
+        """Greedy text completion by the verifier alone (a one-turn chat, thinking off).
+
+        Used for MathVista's LLM answer extraction, so no external API is needed.
+        """
+        if not prompt.strip():
+            raise EmptyQuestionError("the completion prompt is empty")
+        text = self.verifier_tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        ids = torch.tensor(self.verifier_tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        limit = getattr(self.verifier.config, "max_position_embeddings", None)
+        if limit and ids.numel() + max_new_tokens > limit:
+            raise ContextOverflowError(f"the extraction prompt has {ids.numel()} tokens; the verifier's window is {limit}")
+        with self._lock:
+            engine = TextEngine(self.verifier)
+            engine.prefill(ids[:-1])
+            cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
+            tokens = [ev.token_id for events in greedy_steps(engine, ids[-1:], cfg, self.eos_ids) for ev in events]
+        return self.verifier_tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
     # ------------------------------------------------------------------ internals
     def _check_context(self, prompts: Prompts, cfg: AsymSpecConfig, method: str) -> None:
         """Prompt + new tokens (+ K+1 speculative positions) must fit each model's context window."""

@@ -172,3 +172,36 @@ def test_cli_generate_prints_result_and_json(tiny_dirs, tmp_path, capsys):
     assert data["method"] == "floor" and len(data["trace"]) == len(data["token_ids"]) > 0
     assert main(args[:3] + ["--question", " "] + args[5:]) == 2
     assert "question is empty" in capsys.readouterr().err
+
+
+def test_complete_is_verifier_greedy(tiny_pipe):
+    out = tiny_pipe.complete("Extract the answer: The answer is 42.", max_new_tokens=6)
+    text = tiny_pipe.verifier_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Extract the answer: The answer is 42."}], tokenize=False, add_generation_prompt=True,
+        enable_thinking=False)
+    ids = tiny_pipe.verifier_tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    want = []
+    for _ in range(6):
+        nxt = int(tiny_pipe.verifier(input_ids=torch.cat([ids, torch.tensor([want], dtype=torch.long)], 1)).logits[0, -1].argmax())
+        want.append(nxt)
+        if nxt in tiny_pipe.eos_ids:
+            break
+    assert out == tiny_pipe.verifier_tokenizer.decode(want, skip_special_tokens=True).strip()
+
+
+def test_cli_generate_without_caption_or_ocr(tiny_dirs, tmp_path, capsys):
+    """The compressed view is produced: caption by the drafter, OCR by the auto engine (RapidOCR offline)."""
+    pytest.importorskip("rapidocr")
+    from PIL import ImageDraw
+
+    from asymspec_mm.cli import main
+
+    img = make_image(8, (200, 80))
+    ImageDraw.Draw(img).text((10, 30), "TOTAL 42", fill=(0, 0, 0))
+    path = tmp_path / "img.png"
+    img.save(path)
+    assert main(["generate", "--image", str(path), "--question", "What is the total?", "--drafter", str(tiny_dirs[0]),
+                 "--verifier", str(tiny_dirs[1]), "--max-new-tokens", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["stats"]["caption_s"] > 0 and data["stats"]["ocr_s"] > 0
+    assert data["view"]["caption"] is not None and isinstance(data["view"]["ocr_text"], str)

@@ -77,37 +77,41 @@ RUN_OUTPUTS = ("status", "answer_html", "answer_text", "floor_html", "drafter_ht
 
 CSS = """
 .asym-panel { font-family: var(--font, sans-serif); }
-.asym-panel-title { font-weight: 600; margin: 0 0 .35rem 0; font-size: 1.02rem; }
-.asym-panel-sub { font-weight: 400; color: var(--body-text-color-subdued, #6b7280); font-size: .85rem; }
-.asym-panel-foot { color: var(--body-text-color-subdued, #6b7280); font-size: .82rem; margin-top: .4rem; }
-.asym-trace { white-space: pre-wrap; word-break: break-word; line-height: 1.9; font-family: var(--font-mono, monospace);
+.asym-panel .asym-panel-title { font-weight: 600; margin: 0 0 .35rem 0; font-size: 1.02rem; }
+.asym-panel .asym-panel-sub { font-weight: 400; color: var(--body-text-color-subdued, #6b7280); font-size: .85rem; }
+.asym-panel .asym-panel-foot { color: var(--body-text-color-subdued, #6b7280); font-size: .82rem; margin-top: .4rem; }
+.asym-panel .asym-trace { white-space: pre-wrap; word-break: break-word; line-height: 1.9; font-family: var(--font-mono, monospace);
   font-size: .92rem; padding: .55rem .6rem; border: 1px solid var(--border-color-primary, #e5e7eb);
   border-radius: 8px; min-height: 3.2rem; overflow: visible; background: var(--background-fill-primary, #fff); }
-.asym-empty { color: var(--body-text-color-subdued, #9ca3af); font-style: italic; font-family: var(--font, sans-serif); }
-.tok { position: relative; border-radius: 3px; padding: 1px 0; color: #111827; cursor: help; outline: none; }
-.tok-accepted { background: #bbf7d0; }
-.tok-fused { background: #fed7aa; }
-.tok-bonus { background: #bfdbfe; }
-.tok-greedy { background: #e5e7eb; }
-.tok-steered { text-decoration: underline wavy #dc2626; text-decoration-thickness: 1.5px; text-underline-offset: 3px;
-  box-shadow: inset 0 -2px 0 #dc2626; }
-.tok:hover, .tok:focus { outline: 2px solid #1f2937; z-index: 30; }
-.tok-tip { display: none; position: absolute; left: 0; top: 1.7em; z-index: 40; min-width: 17rem; max-width: 30rem;
-  white-space: pre; font-family: var(--font-mono, monospace); font-size: .78rem; line-height: 1.35;
-  background: #111827; color: #f9fafb; padding: .5rem .6rem; border-radius: 6px; text-decoration: none;
-  box-shadow: 0 4px 14px rgba(0,0,0,.3); pointer-events: none; }
-.tok:hover > .tok-tip, .tok:focus > .tok-tip, .tok.tok-pinned > .tok-tip { display: block; }
-.tok-cursor { display: inline-block; width: .55em; background: #6b7280; animation: asym-blink 1s steps(1) infinite; }
+.asym-panel .asym-empty, .asym-stats .asym-empty { color: var(--body-text-color-subdued, #9ca3af); font-style: italic;
+  font-family: var(--font, sans-serif); }
+.asym-panel .tok { position: relative; border-radius: 3px; padding: 1px 0; color: #111827 !important; cursor: help;
+  outline: none; }
+.asym-panel .tok-accepted { background: #bbf7d0; }
+.asym-panel .tok-fused { background: #fed7aa; }
+.asym-panel .tok-bonus { background: #bfdbfe; }
+.asym-panel .tok-greedy { background: #e5e7eb; }
+.asym-panel .tok-steered { text-decoration: underline wavy #dc2626; text-decoration-thickness: 1.5px;
+  text-underline-offset: 3px; }
+.asym-panel .asym-trace .tok:hover, .asym-panel .asym-trace .tok:focus { outline: 2px solid #1f2937; z-index: 1000; }
+.asym-panel .tok .tok-tip { display: none; position: absolute; left: 0; top: 1.75em; z-index: 1001; min-width: 18rem;
+  max-width: 34rem; width: max-content; white-space: pre; font-family: var(--font-mono, monospace); font-size: .78rem;
+  line-height: 1.4; background: #111827; color: #f9fafb !important; padding: .5rem .65rem; border-radius: 6px;
+  box-shadow: 0 4px 14px rgba(0,0,0,.35); pointer-events: none; text-align: left; }
+.asym-panel .tok:hover > .tok-tip, .asym-panel .tok:focus > .tok-tip { display: block; }
+.asym-panel .tok-cursor { display: inline-block; width: .55em; background: #6b7280; animation: asym-blink 1s steps(1) infinite; }
 @keyframes asym-blink { 50% { opacity: 0; } }
-.asym-legend { display: flex; flex-wrap: wrap; gap: .3rem .9rem; font-size: .82rem; margin: .2rem 0 .5rem 0; }
-.asym-legend .tok { cursor: default; padding: 0 .35rem; }
-.asym-status { font-size: .9rem; padding: .35rem .5rem; border-radius: 6px; }
-.asym-status-error { background: #fee2e2; color: #991b1b; border: 1px solid #fca5a5; }
-.asym-status-ok { background: #ecfdf5; color: #065f46; }
-.asym-status-run { background: #eff6ff; color: #1e40af; }
-.asym-stats table { border-collapse: collapse; font-size: .85rem; width: 100%; }
-.asym-stats td { padding: .15rem .5rem; border-bottom: 1px solid var(--border-color-primary, #e5e7eb); }
-.asym-stats td:first-child { color: var(--body-text-color-subdued, #6b7280); }
+.asym-panel .asym-legend { display: flex; flex-wrap: wrap; gap: .25rem .9rem; font-size: .8rem; margin: .2rem 0 .5rem 0;
+  line-height: 1.6; }
+.asym-panel .asym-legend .tok { cursor: default; padding: 0 .35rem; }
+.asym-status { font-size: .9rem; padding: .4rem .6rem; border-radius: 6px; }
+.asym-status.asym-status-error { background: #fee2e2; color: #991b1b !important; border: 1px solid #fca5a5; }
+.asym-status.asym-status-ok { background: #ecfdf5; color: #065f46 !important; }
+.asym-status.asym-status-run { background: #eff6ff; color: #1e40af !important; }
+.asym-stats .asym-stats-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(8.5rem, 1fr)); gap: .4rem; }
+.asym-stats .asym-stat { border: 1px solid var(--border-color-primary, #e5e7eb); border-radius: 6px; padding: .25rem .45rem; }
+.asym-stats .asym-stat-k { font-size: .72rem; color: var(--body-text-color-subdued, #6b7280); }
+.asym-stats .asym-stat-v { font-size: .92rem; font-weight: 600; font-family: var(--font-mono, monospace); }
 """
 
 
@@ -314,33 +318,37 @@ def render_panel(title: str, trace: Sequence[Any], tokenizer: Any = None, *, sub
 
 
 def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
-    """The stats panel as a small table."""
+    """The stats panel: a grid of labelled values (each value carries ``data-stat``)."""
     if not stats:
         return '<div class="asym-stats"><span class="asym-empty">Statistics appear here after a run.</span></div>'
 
-    def f(x, d=3):
-        return "\u2014" if x is None else f"{x:.{d}g}" if isinstance(x, float) else str(x)
+    def f(x):
+        return "\u2014" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    def sec(x):
+        return "\u2014" if x is None else "< 0.01" if 0 <= x < 0.005 else f"{x:.2f}"
 
     rows = [
         ("method", method),
         ("new tokens", stats.get("new_tokens")),
         ("steps", stats.get("steps")),
         ("acceptance rate", f(stats.get("acceptance_rate"))),
-        ("mean accepted length (tokens/step)", f(stats.get("mean_accepted_length"))),
+        ("mean accepted length", f(stats.get("mean_accepted_length"))),
         ("accepted per position", stats.get("accepted_per_position")),
         ("tokens/s (decode)", f(stats.get("tokens_per_s"))),
-        ("wall time (s)", f(stats.get("wall_s"))),
+        ("wall time (s)", sec(stats.get("wall_s"))),
         ("vision tower calls", stats.get("vision_calls")),
         ("vision cache hits", stats.get("vision_cache_hits")),
-        ("caption time (s)", f(stats.get("caption_s"))),
-        ("OCR time (s)", f(stats.get("ocr_s"))),
+        ("caption time (s)", sec(stats.get("caption_s"))),
+        ("OCR time (s)", sec(stats.get("ocr_s"))),
         ("steered tokens", stats.get("steered")),
         ("fused tokens", stats.get("fused")),
         ("stopped by", stats.get("stopped_by")),
     ]
-    body = "".join(f'<tr><td>{_esc(k)}</td><td data-stat="{_esc(k)}">{_esc("" if v is None else v)}</td></tr>'
-                   for k, v in rows)
-    return f'<div class="asym-stats"><table>{body}</table></div>'
+    cells = "".join(f'<div class="asym-stat"><div class="asym-stat-k">{_esc(k)}</div>'
+                    f'<div class="asym-stat-v" data-stat="{_esc(k)}">{_esc("" if v is None else v)}</div></div>'
+                    for k, v in rows)
+    return f'<div class="asym-stats"><div class="asym-stats-grid">{cells}</div></div>'
 
 
 def jsd_gamma_chart(trace: Sequence[Any]):
@@ -356,7 +364,7 @@ def jsd_gamma_chart(trace: Sequence[Any]):
     from matplotlib.figure import Figure
     from PIL import Image
 
-    fig = Figure(figsize=(6.4, 2.5), dpi=100)
+    fig = Figure(figsize=(7.2, 2.7), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(111)
     ax.plot(xs, jsd, marker="o", ms=3, lw=1.2, color="#7c3aed", label="JSD(drafter full view, compressed view)")
@@ -367,7 +375,8 @@ def jsd_gamma_chart(trace: Sequence[Any]):
     ax.set_xlabel("emitted token #  (orange: fused at a rejection)", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.85)
+    ax.set_ylim(bottom=0)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -808,10 +817,9 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
                     drafter_html = gr.HTML(render_panel(_method_title("drafter"), [], tok,
                                                         subtitle=_method_subtitle("drafter")),
                                            js_on_load=None, elem_id="asym-drafter")
-                with gr.Row(equal_height=False):
-                    stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats")
-                    chart = gr.Image(label="JSD and gamma_eff per emitted token", type="pil", interactive=False,
-                                     format="png", elem_id="asym-chart")
+                stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats")
+                chart = gr.Image(label="JSD and gamma_eff per emitted token", type="pil", interactive=False,
+                                 format="png", elem_id="asym-chart", height=280, buttons=["download"])
                 with gr.Accordion("Raw result (JSON: trace, stats, view)", open=False):
                     result_json = gr.JSON(label="result", elem_id="asym-json")
 
