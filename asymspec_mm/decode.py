@@ -358,9 +358,10 @@ def sd_steps(
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).float()
         v_ids = t.argmax(-1)  # [K+1]
         p_v = t.log_softmax(-1).gather(-1, v_ids[:, None])[:, 0].exp()
-        matches = (v_ids[:k].to(drafts.device) == drafts)
+        drafts_v = drafts.to(v_ids.device)  # the verifier may live on another GPU
+        matches = v_ids[:k] == drafts_v
         host = torch.stack([v_ids.double(), p_v.double(), torch.cat([matches, matches.new_zeros(1)]).double(),
-                            torch.cat([drafts, drafts[:1]]).double()], dim=1).tolist()  # the step's one transfer
+                            torch.cat([drafts_v, drafts_v[:1]]).double()], dim=1).tolist()  # the step's one transfer
         n_acc = 0
         while n_acc < k and host[n_acc][2] > 0.5:
             n_acc += 1

@@ -53,14 +53,17 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
-def _zero_png(width: int, height: int, *, full_data: bool = True) -> bytes:
-    """A real 8-bit RGB PNG of all-black pixels; the zero stream compresses ~1000:1.
+def _zero_png(width: int, height: int, *, full_data: bool = True, value: int = 0x80) -> bytes:
+    """A real 8-bit RGB PNG of uniform grey pixels; the constant stream compresses ~1000:1.
+
+    Grey rather than black: a decoded all-zero buffer can stay in untouched zero pages that peak
+    RSS never counts, which would make the allocation invisible to the measurement.
 
     With ``full_data=False`` only a few rows are written: a header-only "bomb" whose IHDR claims
     the full canvas (decoding would fail as truncated, but it must be refused before that).
     """
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    row = b"\x00" * (1 + 3 * width)  # filter byte 0 + black pixels
+    row = b"\x00" + bytes([value]) * (3 * width)  # filter byte 0 + grey pixels
     comp = zlib.compressobj(9)
     parts = [comp.compress(row) for _ in range(height if full_data else min(height, 4))]
     parts.append(comp.flush())

@@ -53,6 +53,7 @@ __all__ = [
     "render_panel",
     "render_stats_html",
     "render_trace_html",
+    "serve",
 ]
 
 #: Token sources, in legend order, with what each means.
@@ -588,8 +589,6 @@ class DemoApp:
     # ---------------------------------------------------------------- handlers
     def describe(self, image, caption, ocr):
         """Fill the compressed view from the image (drafter caption; OCR when an engine is available)."""
-        import gradio as gr
-
         try:
             img = self._load_image(image)
             notes: list[str] = []
@@ -635,8 +634,10 @@ class DemoApp:
 
         current = ["main"]
         job = _Job(self.pipe, req).start()
-        last_yield = 0.0
+        last_yield = time.perf_counter()
         try:
+            yield (_status("run", f"Running {titles['main']}..."), panel("main"), "", panel("floor"), panel("drafter"),
+                   render_stats_html(None), None) + (skip,) * 3
             while True:
                 key, kind, payload = job.q.get()
                 if kind == "events":
@@ -827,8 +828,10 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
                   drafter_view, compare]
         outputs = [status, answer_html, answer_text, floor_html, drafter_html, stats_html, chart, caption, ocr,
                    result_json]
+        # show_progress="hidden": the status line reports progress and errors, so a refused request does not
+        # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
         run_event = run_btn.click(state.run, inputs, outputs, api_name="run", preprocess=False,
-                                  concurrency_limit=concurrency_limit, concurrency_id="models")
+                                  concurrency_limit=concurrency_limit, concurrency_id="models", show_progress="hidden")
         stop_btn.click(None, None, None, cancels=[run_event])
         describe_btn.click(state.describe, [image, caption, ocr], [caption, ocr], api_name="describe",
                            preprocess=False, concurrency_limit=concurrency_limit, concurrency_id="models")
@@ -886,6 +889,21 @@ def launch(pipe_or_preset: "AsymSpecPipeline | str" = "auto", host: str = "127.0
     ``.close()`` to stop; with ``prevent_thread_lock=False`` this blocks until interrupted).
     """
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    if isinstance(pipe_or_preset, str) or pipe_or_preset is None:
+        pipe = load_pipeline(pipe_or_preset, drafter, verifier, device=device, dtype=dtype, ocr_engine=ocr_engine)
+    else:
+        pipe = pipe_or_preset
+    demo = build_app(pipe, examples=examples, max_upload_mb=max_upload_mb, concurrency_limit=concurrency_limit,
+                     max_queue=max_queue, default_max_new_tokens=default_max_new_tokens)
+    return serve(demo, host=host, port=port, share=share, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
+                 **launch_kwargs)
+
+
+def serve(demo: "gr.Blocks", host: str = "127.0.0.1", port: int | None = 7860, share: bool = False, *,
+          prevent_thread_lock: bool = False, quiet: bool = False, **launch_kwargs) -> "gr.Blocks":
+    """Serve a Blocks made by :func:`build_app` with the demo's safe defaults: no share link unless asked,
+    Gradio's upload limit set to the app's ``max_upload_mb``, no SSR/monitoring/MCP/PWA extras, the bundled
+    examples' folder allowed. Extra keyword arguments go to ``Blocks.launch``."""
     if not is_loopback(host):
         msg = (f"serving the demo on {host}: anyone who can reach this machine on port {port} can use it "
                "(there is no authentication). Use the default --host 127.0.0.1 to keep it local.")
@@ -893,14 +911,9 @@ def launch(pipe_or_preset: "AsymSpecPipeline | str" = "auto", host: str = "127.0
         print(f"asymspec-mm demo: WARNING: {msg}", file=sys.stderr)
     if share:
         print("asymspec-mm demo: WARNING: --share creates a public link through Gradio's tunnel service.", file=sys.stderr)
-    if isinstance(pipe_or_preset, str) or pipe_or_preset is None:
-        pipe = load_pipeline(pipe_or_preset, drafter, verifier, device=device, dtype=dtype, ocr_engine=ocr_engine)
-    else:
-        pipe = pipe_or_preset
-    demo = build_app(pipe, examples=examples, max_upload_mb=max_upload_mb, concurrency_limit=concurrency_limit,
-                     max_queue=max_queue, default_max_new_tokens=default_max_new_tokens)
-    allowed = list(launch_kwargs.pop("allowed_paths", None) or []) + list(demo.asymspec_allowed_paths)
-    opts = dict(server_name=host, server_port=port, share=bool(share), max_file_size=f"{max_upload_mb}mb",
+    max_mb = getattr(demo, "asymspec_max_upload_mb", 10)
+    allowed = list(launch_kwargs.pop("allowed_paths", None) or []) + list(getattr(demo, "asymspec_allowed_paths", []))
+    opts = dict(server_name=host, server_port=port, share=bool(share), max_file_size=f"{max_mb}mb",
                 show_error=True, prevent_thread_lock=prevent_thread_lock, quiet=quiet, allowed_paths=allowed,
                 inbrowser=False, ssr_mode=False, enable_monitoring=False, mcp_server=False, pwa=False,
                 footer_links=["api", "settings"])

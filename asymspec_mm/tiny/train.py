@@ -61,7 +61,8 @@ def check_single_tokens(tok) -> None:
         raise RuntimeError(f"not single tokens: {bad}")
 
 
-DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=2, vision_hidden=64, deepstack=(0,))
+DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=2, vision_hidden=96, deepstack=(0,))
+DRAFTER_DECISIVE_WEIGHT = 8.0
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
 
@@ -126,7 +127,7 @@ def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
             "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption"}
 
 
-def collate(examples: list[dict[str, Any]], view: str, pad_id: int) -> dict[str, Any]:
+def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0) -> dict[str, Any]:
     """Right-padded batch of prompt+answer for ``view`` in {"full", "comp", "ver"}; labels on answers only."""
     seqs = [torch.cat([e[view], e["ans"]]) for e in examples]
     L = max(len(s) for s in seqs)
@@ -134,14 +135,17 @@ def collate(examples: list[dict[str, Any]], view: str, pad_id: int) -> dict[str,
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
     labels = torch.full((B, L), PAD_LABEL, dtype=torch.long)
+    weights = torch.ones((B, L))
     ans_start = []
     for i, (e, s) in enumerate(zip(examples, seqs)):
         n, p = len(s), len(e[view])
         ids[i, :n] = s
         mask[i, :n] = 1
         labels[i, p:n] = e["ans"]
+        if e.get("dec_idx") is not None:
+            weights[i, p + e["dec_idx"]] = dec_weight
         ans_start.append(p)
-    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "labels": labels, "ans_start": ans_start}
+    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "labels": labels, "ans_start": ans_start, "weights": weights}
     if view == "full":
         mm = torch.zeros((B, L), dtype=torch.long)
         for i, e in enumerate(examples):
@@ -157,8 +161,13 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: batch[k] for k in keys if k in batch}
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL)
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over answer tokens; ``weights`` ([B, L], aligned with labels) reweights tokens."""
+    if weights is None:
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL)
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL, reduction="none")
+    w = weights[:, 1:].reshape(-1) * (labels[:, 1:].reshape(-1) != PAD_LABEL)
+    return (ce * w).sum() / w.sum()
 
 
 class Stream:
@@ -287,8 +296,9 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
         else:
             ex = stream.take(batch)
             caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 10_000_000 + step * 2 + j), proc, tok) for j in range(2)]
-            bf = collate(ex + caps, "full", pad_id)
-            lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"])
+            # the decisive token (what only the pixels tell) is one token in ~16: weight it up
+            bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
+            lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"], bf["weights"])
             (0.6 * lf).backward()
             bc = collate(ex[: batch // 2], "comp", pad_id)
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
@@ -325,16 +335,17 @@ def export_pair(work: Path, out: Path):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier)")
-    ap.add_argument("--drafter-steps", type=int, default=1000)
+    ap.add_argument("--drafter-steps", type=int, default=1200)
     ap.add_argument("--verifier-steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--drafter-lr", type=float, default=2.5e-3)
+    ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--verifier-lr", type=float, default=2.5e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=768)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-n", type=int, default=90, help="greedy evaluation problems at the end (0: skip)")
     ap.add_argument("--log", default=None, help="log file (default: stdout only)")
+    ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
     if args.export_from:
@@ -348,19 +359,26 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log_path = args.log or str(work / "train.log")
     t0 = time.time()
-    tok, proc = build_tokenizer_and_processor(args.vocab_size)
-    tok.save_pretrained(work / "tokenizer")
-    proc.save_pretrained(work / "processor")
+    if (work / "tokenizer").is_dir() and (work / "processor").is_dir():  # resume: keep the run's vocabulary
+        from transformers import AutoTokenizer, Qwen3VLProcessor
+
+        tok = AutoTokenizer.from_pretrained(work / "tokenizer")
+        proc = Qwen3VLProcessor.from_pretrained(work / "processor")
+    else:
+        tok, proc = build_tokenizer_and_processor(args.vocab_size)
+        tok.save_pretrained(work / "tokenizer")
+        proc.save_pretrained(work / "processor")
     d, v = build_models(tok, args.seed)
     sizes = {"vocab": len(tok), "drafter": n_params(d), "verifier": n_params(v)}
     with open(log_path, "a") as f:
         print(f"sizes {json.dumps(sizes)} args {vars(args)}", file=f)
     del d, v
     ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)),
-        ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)),
-    ]
+    procs = []
+    if args.only in (None, "verifier"):
+        procs.append(ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)))
+    if args.only in (None, "drafter"):
+        procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)))
     for p in procs:
         p.start()
     for p in procs:

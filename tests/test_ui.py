@@ -1,0 +1,415 @@
+"""The Gradio steering inspector: pure rendering, the CLI hook, and the launched app through gradio_client."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import threading
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from asymspec_mm.decode import TokenEvent  # noqa: E402
+from conftest import make_case, make_image  # noqa: E402
+from ui import app as ui_app  # noqa: E402
+from ui.app import (  # noqa: E402
+    MAX_QUESTION_CHARS,
+    RUN_OUTPUTS,
+    add_demo_parser,
+    is_loopback,
+    jsd_gamma_chart,
+    load_examples,
+    outputs_as_dict,
+    render_panel,
+    render_stats_html,
+    render_trace_html,
+)
+
+SOURCES = {"accepted", "fused", "bonus", "greedy"}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+class TraceParser(HTMLParser):
+    """Collects the token spans of rendered HTML: their classes, data-* attributes, text and tooltip."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tokens: list[dict] = []
+        self.traces: list[dict] = []
+        self._stack: list[str | None] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        role = None
+        if tag == "div" and "asym-trace" in classes:
+            self.traces.append(a)
+        if tag == "span" and "tok" in classes and "data-token-id" in a:
+            self.tokens.append({"classes": set(classes), "attrs": a, "text": "", "tip": ""})
+            role = "tok"
+        elif tag == "span" and "tok-text" in classes:
+            role = "text"
+        elif tag == "span" and "tok-tip" in classes:
+            role = "tip"
+        self._stack.append(role)
+
+    def handle_endtag(self, tag):
+        if self._stack:
+            self._stack.pop()
+
+    def handle_data(self, data):
+        if not self._stack or not self.tokens:
+            return
+        role = self._stack[-1]
+        if role == "text":
+            self.tokens[-1]["text"] += data
+        elif role == "tip":
+            self.tokens[-1]["tip"] += data
+
+
+def parse(html_text: str) -> TraceParser:
+    p = TraceParser()
+    p.feed(html_text)
+    p.close()
+    return p
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("<b>" if i == 7 else f"t{i}" for i in ids)
+
+
+def sample_trace() -> list[TokenEvent]:
+    return [
+        TokenEvent(index=0, token_id=5, text="<script>alert(1)</script>", source="accepted", step=1, position=1,
+                   p_verifier=0.25, p_base=0.125, gamma_eff=0.4375, jsd=0.0123456789, verifier_argmax=5, steered=False,
+                   top_verifier=[(5, 0.25), (7, 0.2)], top_fused=[(5, 0.3), (9, 0.1)]),
+        TokenEvent(index=1, token_id=6, text="{{value}} ${x} `a`", source="fused", step=1, position=2,
+                   p_verifier=0.1, p_base=0.05, gamma_eff=0.3, jsd=0.2, verifier_argmax=7, steered=True, draft_token=8,
+                   top_verifier=[(7, 0.4)], top_fused=[(6, 0.5)]),
+        TokenEvent(index=2, token_id=7, text="a\x12b\n", source="bonus", step=2, position=1, p_verifier=0.9,
+                   p_base=0.8, verifier_argmax=7),
+        TokenEvent(index=3, token_id=9, text="", source="greedy", step=3, position=1, p_verifier=0.5, verifier_argmax=9),
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_spans_match(html_text: str, trace, exact_floats: bool = False) -> None:
+    """The rendered spans carry exactly the pipeline's trace: source class, steered mark and hover data."""
+    toks = parse(html_text).tokens
+    assert len(toks) == len(trace), (len(toks), len(trace))
+    approx = (lambda x: x) if exact_floats else (lambda x: pytest.approx(x, rel=1e-5, abs=1e-7))
+    for tok, ev in zip(toks, trace):
+        a = tok["attrs"]
+        assert tok["classes"] & {f"tok-{s}" for s in SOURCES} == {f"tok-{ev.source}"}
+        assert ("tok-steered" in tok["classes"]) == bool(ev.steered)
+        assert int(a["data-token-id"]) == ev.token_id
+        assert int(a["data-index"]) == ev.index and int(a["data-step"]) == ev.step
+        assert int(a["data-position"]) == ev.position and a["data-source"] == ev.source
+        for attr, value in (("data-p-verifier", ev.p_verifier), ("data-p-base", ev.p_base), ("data-jsd", ev.jsd),
+                            ("data-gamma-eff", ev.gamma_eff)):
+            if value is None:
+                assert attr not in a
+            else:
+                assert float(a[attr]) == approx(value)
+        if ev.verifier_argmax is None:
+            assert "data-verifier-argmax" not in a
+        else:
+            assert int(a["data-verifier-argmax"]) == ev.verifier_argmax
+        assert (int(a["data-draft-token"]) if "data-draft-token" in a else None) == ev.draft_token
+        for attr, tops in (("data-top-verifier", ev.top_verifier), ("data-top-fused", ev.top_fused)):
+            got = json.loads(a[attr]) if attr in a else []
+            assert [g[0] for g in got] == [int(i) for i, _ in tops]
+            assert [g[1] for g in got] == [approx(float(p)) for _, p in tops]
+        for word in ("step", "p_verifier", "p_base", "JSD", "gamma_eff"):
+            assert word in tok["tip"]
+        if ev.top_fused:
+            assert "top before fusion" in tok["tip"] and "top after fusion" in tok["tip"]
+
+
+# ------------------------------------------------------------------------------------------ pure functions
+
+def test_render_trace_html_classes_data_and_escaping():
+    trace = sample_trace()
+    out = render_trace_html(trace, FakeTokenizer())
+    assert "<script>" not in out and "{{" not in out and "${" not in out and "`" not in out
+    p = parse(out)
+    assert p.traces[0]["data-tokens"] == "4" and p.traces[0]["data-done"] == "1"
+    check_spans_match(out, trace, exact_floats=True)
+    texts = [t["text"] for t in p.tokens]
+    assert texts[0] == "<script>alert(1)</script>"  # escaped in the source, literal on the page
+    assert texts[1] == "{{value}} ${x} `a`"
+    assert texts[2] == "a\u2412b\n"  # control characters shown as control pictures
+    assert texts[3] == "t9"  # empty event text: decoded with the tokenizer
+    fused = p.tokens[1]
+    assert fused["attrs"]["data-verifier-argmax-text"] == "<b>" and fused["attrs"]["data-draft-token"] == "8"
+    assert "STEERED" in fused["tip"] and "'<b>'" in fused["tip"] and "rejected" in fused["tip"]
+    assert "STEERED" not in p.tokens[0]["tip"]
+    assert json.loads(fused["attrs"]["data-top-verifier"]) == [[7, 0.4, "<b>"]]
+    # a bonus token has no gate values: shown as a dash, no data attribute
+    assert "data-jsd" not in p.tokens[2]["attrs"] and "JSD        \u2014" in p.tokens[2]["tip"]
+
+
+def test_render_trace_html_dicts_streaming_and_empty():
+    trace = sample_trace()
+    assert render_trace_html([ev.as_dict() for ev in trace], FakeTokenizer()) == render_trace_html(trace, FakeTokenizer())
+    streaming = render_trace_html(trace[:2], None, done=False)
+    assert 'data-done="0"' in streaming and "tok-cursor" in streaming
+    assert 'data-verifier-argmax-text="&lt;7&gt;"' in streaming  # no tokenizer: ids shown
+    empty = render_trace_html([], None, empty="nothing <here>")
+    assert 'data-tokens="0"' in empty and "nothing &lt;here&gt;" in empty
+    panel = render_panel("AsymSpec <x>", trace, FakeTokenizer(), legend=True, stats={"tokens_per_s": 3.0})
+    assert "AsymSpec &lt;x&gt;" in panel and "asym-legend" in panel and "1 fused" in panel and "1 steered" in panel
+
+
+def test_stats_html_and_chart():
+    stats = {"steps": 3, "acceptance_rate": 0.5, "mean_accepted_length": 2.5, "accepted_per_position": [3, 2, 1, 0],
+             "new_tokens": 8, "tokens_per_s": 12.5, "wall_s": 1.25, "vision_calls": 1, "vision_cache_hits": 2,
+             "caption_s": 0.5, "ocr_s": 0.0, "steered": 2, "fused": 1, "stopped_by": "eos"}
+    out = render_stats_html(stats)
+    for label, value in (("acceptance rate", "0.5"), ("mean accepted length", "2.5"),
+                         ("accepted per position", "[3, 2, 1, 0]"), ("tokens/s (decode)", "12.5"),
+                         ("vision tower calls", "1"), ("vision cache hits", "2"), ("caption time (s)", "0.50"),
+                         ("OCR time (s)", "&lt; 0.01")):
+        assert f'data-stat="{label}">{value}<' in out, label
+    assert "after a run" in render_stats_html(None)
+    img = jsd_gamma_chart(sample_trace())
+    assert img is not None and img.size[0] > 300 and img.size[1] > 100
+    assert jsd_gamma_chart([sample_trace()[3]]) is None  # greedy tokens carry no gate values
+
+
+def test_load_examples(tmp_path):
+    make_image(1).save(tmp_path / "a.png")
+    (tmp_path / "examples.json").write_text(json.dumps([
+        {"image": "a.png", "question": "Hint: ...\nQuestion: Which bar is the tallest?\nChoices: ...", "caption": "c",
+         "ocr": "1 2", "family": "figure"},
+        {"image": "missing.png", "question": "q"},
+        {"image": "a.png", "question": ""},
+    ]))
+    ex = load_examples(tmp_path / "examples.json")
+    assert len(ex) == 1 and Path(ex[0]["image"]).is_file() and ex[0]["ocr"] == "1 2"
+    assert ex[0]["label"] == "figure: Which bar is the tallest?"
+    assert load_examples(tmp_path) == ex
+    assert load_examples(tmp_path / "nope.json") == []
+    (tmp_path / "bad.json").write_text("{not json")
+    assert load_examples(tmp_path / "bad.json") == []
+    for e in load_examples():  # the bundled ones, when present, all resolve
+        assert Path(e["image"]).is_file() and e["question"]
+
+
+def test_demo_parser_and_loopback():
+    parser = argparse.ArgumentParser()
+    add_demo_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["demo"])
+    assert (args.host, args.port, args.share, args.preset) == ("127.0.0.1", 7860, False, None)
+    assert callable(args.func)
+    args = parser.parse_args(["demo", "--preset", "tiny", "--host", "0.0.0.0", "--port", "9000", "--share",
+                              "--drafter", "d", "--verifier", "v"])
+    assert (args.preset, args.host, args.port, args.share, args.drafter, args.verifier) == ("tiny", "0.0.0.0", 9000,
+                                                                                              True, "d", "v")
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.0.0.2")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
+
+
+def test_serve_defaults_and_host_warning(monkeypatch, capsys):
+    class FakeBlocks:
+        asymspec_max_upload_mb = 3
+        asymspec_allowed_paths = ["/ex"]
+
+        def launch(self, **kw):
+            self.kw = kw
+
+    demo = ui_app.serve(FakeBlocks(), prevent_thread_lock=True)
+    kw = demo.kw
+    assert kw["server_name"] == "127.0.0.1" and kw["share"] is False and kw["max_file_size"] == "3mb"
+    assert kw["allowed_paths"] == ["/ex"] and kw["ssr_mode"] is False
+    assert "WARNING" not in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="no authentication"):
+        ui_app.serve(FakeBlocks(), host="0.0.0.0", prevent_thread_lock=True)
+    assert "WARNING" in capsys.readouterr().err
+
+
+def test_describe_fills_view(tmp_path):
+    from captioning.view import CompressedView
+
+    calls = []
+
+    class FakePipe:
+        tokenizer = None
+        ocr_engine = None
+
+        def compressed_view(self, image, caption=None, ocr=None):
+            calls.append((image.size, caption, ocr))
+            return CompressedView(caption="a red bar", ocr_text="")
+
+    make_image(3, (40, 30)).save(tmp_path / "x.png")
+    state = ui_app.DemoApp(FakePipe())
+    assert state.describe({"path": str(tmp_path / "x.png")}, "", "") == ("a red bar", "")
+    assert calls == [((40, 30), None, False)]  # no OCR engine: OCR skipped, not an error
+
+
+# ------------------------------------------------------------------------------------------ the launched app
+
+RUN_DEFAULTS = dict(autofill=False, method="asymspec", k=4, beta=1.0, gamma=0.5, gate="cda", delta="contrast",
+                    bonus="verifier", max_new_tokens=10, drafter_view="image+text", compare=True)
+
+
+def run_args(image_path, question, caption, ocr, **kw):
+    from gradio_client import handle_file
+
+    o = {**RUN_DEFAULTS, **kw}
+    return (handle_file(str(image_path)), question, caption, ocr, o["autofill"], o["method"], o["k"], o["beta"],
+            o["gamma"], o["gate"], o["delta"], o["bonus"], o["max_new_tokens"], o["drafter_view"], o["compare"])
+
+
+def reference(pipe, image_path, question, caption, ocr, method="asymspec", **kw):
+    o = {**RUN_DEFAULTS, **kw}
+    return pipe.generate(str(image_path), question, caption=caption, ocr=ocr or False, method=method, k=o["k"],
+                         beta=o["beta"], gamma=o["gamma"], gate=o["gate"], delta=o["delta"], bonus=o["bonus"],
+                         max_new_tokens=o["max_new_tokens"], drafter_view=o["drafter_view"])
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pipe, tmp_path_factory):
+    pytest.importorskip("gradio")
+    pytest.importorskip("gradio_client")
+    from gradio_client import Client
+
+    demo = ui_app.build_app(tiny_pipe, examples=[], max_upload_mb=1, concurrency_limit=2, stream_interval=0.0)
+    ui_app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        assert demo.local_url.startswith("http://127.0.0.1:")
+        client = Client(demo.local_url, verbose=False)
+        yield demo, client, tmp_path_factory.mktemp("ui_api")
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def case_file(served):
+    _, _, tmp = served
+    case = make_case(4)
+    path = tmp / "case.png"
+    case["image"].save(path)
+    return path, case
+
+
+def test_api_trace_matches_pipeline_and_streams(served, case_file, tiny_pipe):
+    _, client, _ = served
+    path, case = case_file
+    job = client.submit(*run_args(path, case["question"], case["caption"], case["ocr"], k=2), api_name="/run")
+    out = outputs_as_dict(job.result(timeout=300))
+    assert set(out) == set(RUN_OUTPUTS)
+    ref = reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"], k=2)
+    assert 'data-status="ok"' in out["status"] and "Done" in out["status"]
+    check_spans_match(out["answer_html"], ref.trace)
+    assert out["answer_text"] == ref.text
+    assert {ev.source for ev in ref.trace} <= {"accepted", "fused", "bonus"}
+    for method, key in (("floor", "floor_html"), ("drafter", "drafter_html")):
+        check_spans_match(out[key], reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"],
+                                              method=method, k=2).trace)
+    payload = out["result_json"]
+    assert [e["token_id"] for e in payload["main"]["trace"]] == ref.token_ids
+    assert set(payload) == {"main", "floor", "drafter"}
+    stats = payload["main"]["stats"]
+    for key in ("steps", "drafted", "accepted", "new_tokens", "accepted_per_position", "steered", "fused"):
+        assert stats[key] == ref.stats[key], key
+    assert stats["acceptance_rate"] == pytest.approx(ref.stats["acceptance_rate"])
+    for label in ("acceptance rate", "mean accepted length", "accepted per position", "tokens/s (decode)",
+                  "vision tower calls", "vision cache hits", "caption time (s)", "OCR time (s)"):
+        assert f'data-stat="{label}"' in out["stats_html"]
+    assert (out["caption"], out["ocr"]) == (case["caption"], case["ocr"])
+    assert out["chart"] and Path(out["chart"]).is_file()
+    # streamed: the main panel grew step by step before the final answer
+    counts = []
+    for o in job.outputs():
+        html_text = outputs_as_dict(o)["answer_html"]
+        if isinstance(html_text, str) and "asym-trace" in html_text:
+            counts.append(len(parse(html_text).tokens))
+    assert counts == sorted(counts) and counts[-1] == len(ref.trace)
+    assert any(0 < c < len(ref.trace) for c in counts), counts
+
+
+def test_api_bad_inputs_then_good_request(served, case_file, tiny_pipe):
+    from gradio_client.exceptions import AppError
+
+    _, client, tmp = served
+    path, case = case_file
+    bad = tmp / "not_an_image.txt"
+    bad.write_text("hello <b>")
+    with pytest.raises(AppError, match="not a recognised image"):
+        client.predict(*run_args(bad, case["question"], case["caption"], case["ocr"]), api_name="/run")
+    with pytest.raises(AppError, match="question is empty"):
+        client.predict(*run_args(path, "   ", case["caption"], case["ocr"]), api_name="/run")
+    with pytest.raises(AppError, match="limit is"):
+        client.predict(*run_args(path, "x" * (MAX_QUESTION_CHARS + 1), case["caption"], case["ocr"]), api_name="/run")
+    long_q = ("how many bars " * 400)[: MAX_QUESTION_CHARS - 10]
+    with pytest.raises(AppError, match="context window"):
+        client.predict(*run_args(path, long_q, case["caption"], case["ocr"], max_new_tokens=1024), api_name="/run")
+    with pytest.raises(AppError, match="max new tokens"):
+        client.predict(*run_args(path, "q?", "", "", max_new_tokens=100000), api_name="/run")
+    with pytest.raises(AppError, match="method="):
+        client.predict(*run_args(path, "q?", "", "", method="nope"), api_name="/run")
+    big = tmp / "big.png"
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (700, 800, 3), dtype=np.uint8)).save(big)
+    assert big.stat().st_size > 2**20
+    with pytest.raises(Exception):  # refused at upload (413) by the 1 MB limit
+        client.predict(*run_args(big, "q?", "", ""), api_name="/run")
+    # the server keeps serving
+    out = outputs_as_dict(client.predict(*run_args(path, case["question"], case["caption"], case["ocr"],
+                                                   max_new_tokens=4, compare=False), api_name="/run"))
+    ref = reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"], max_new_tokens=4)
+    check_spans_match(out["answer_html"], ref.trace)
+    assert "comparison off" in out["floor_html"]
+
+
+def test_concurrent_clients_get_complete_answers(served, tiny_pipe):
+    from gradio_client import Client
+
+    demo, _, tmp = served
+    n = 3
+    cases = []
+    for i in range(n):
+        c = make_case(20 + i)
+        p = tmp / f"concurrent_{i}.png"
+        c["image"].save(p)
+        cases.append((p, c))
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def worker(i):
+        try:
+            p, c = cases[i]
+            client = Client(demo.local_url, verbose=False)
+            results[i] = outputs_as_dict(client.predict(*run_args(p, c["question"], c["caption"], c["ocr"],
+                                                                  max_new_tokens=6, compare=False), api_name="/run"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert sorted(results) == list(range(n))
+    for i, (p, c) in enumerate(cases):
+        ref = reference(tiny_pipe, p, c["question"], c["caption"], c["ocr"], max_new_tokens=6)
+        check_spans_match(results[i]["answer_html"], ref.trace)
+        assert results[i]["answer_text"] == ref.text
+        assert 'data-status="ok"' in results[i]["status"]
