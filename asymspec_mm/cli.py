@@ -70,7 +70,8 @@ def format_provenance(res) -> str:
     return "".join(parts)
 
 
-def print_result(res, as_json: bool = False, out=sys.stdout) -> None:
+def print_result(res, as_json: bool = False, out=None) -> None:
+    out = out if out is not None else sys.stdout  # resolved per call: sys.stdout may be swapped
     if as_json:
         json.dump(res.as_dict(), out, indent=1)
         out.write("\n")

@@ -115,6 +115,14 @@ class Counters:
         self.prefill_tokens = {name: e.tokens_forwarded for name, e in streams.items()}
         self.t0 = time.perf_counter()
 
+    def record_step(self, drafted: int, n_accepted: int) -> None:
+        """One verification step: ``drafted`` drafts gated, the first ``n_accepted`` of them accepted."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += n_accepted
+        for i in range(n_accepted):
+            self.accepted_per_position[i] += 1
+
     def as_dict(self) -> dict:
         wall = time.perf_counter() - self.t0
         drafted = self.drafted + self.bonus_drafted
@@ -186,6 +194,15 @@ def _draft_greedy(engine: Engine, pending: torch.Tensor, k: int) -> tuple[torch.
     return torch.cat(drafts), torch.stack(rows)
 
 
+def _pack(g, drafts: torch.Tensor) -> torch.Tensor:
+    """``[P, 10]`` float64 rows (accepted, gamma_eff, jsd, p_verifier, p_base, fused, verifier_argmax,
+    p_verifier(fused), p_base(fused), draft) so a step's decision crosses to the host in one transfer.
+    Token ids are exact in float64."""
+    cols = (g.accepted, g.gamma_eff, g.jsd, g.p_verifier, g.p_base, g.fused, g.verifier_argmax,
+            g.p_verifier_fused, g.p_base_fused, drafts)
+    return torch.stack([c.double() for c in cols], dim=1)
+
+
 def _topk(logits: torch.Tensor, k: int) -> torch.Tensor:
     """``[P, 2k]``: the top-k token ids then their probabilities, as float64 for one packed transfer."""
     probs, ids = logits.float().softmax(-1).topk(k, dim=-1)
@@ -225,13 +242,10 @@ def asymspec_steps(
         b = drafter_comp.extend(torch.cat([p_comp.to(drafts.device), drafts]))  # b_1..b_{K+1}
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).to(a.device)
         g = gate_step(a, b[:k], t[:k], drafts, **gate_kw)
-        packed = [g.accepted.double(), g.gamma_eff.double(), g.jsd.double(), g.p_verifier.double(), g.p_base.double(),
-                  g.fused.double(), g.verifier_argmax.double(), g.p_verifier_fused.double(), g.p_base_fused.double(),
-                  drafts.double()]
         t_last = t[k].float().log_softmax(-1)
         bonus_id = t_last.argmax()
         extra = [bonus_id.double(), t_last[bonus_id].exp().double(), b[k].float().log_softmax(-1)[bonus_id].exp().double()]
-        rows = torch.stack(packed, dim=1)  # [K, 10]
+        rows = _pack(g, drafts)  # [K, 10]
         tops = None
         if top:
             fused_logits = t[: k + 1].float() + cfg.beta * _delta_rows(a, b[:k], t[:k], cfg.delta, t.shape[0] - 1)
@@ -244,11 +258,7 @@ def asymspec_steps(
         while n_acc < k and host[n_acc][0] > 0.5:
             n_acc += 1
         step += 1
-        counters.steps += 1
-        counters.drafted += k
-        counters.accepted += n_acc
-        for i in range(n_acc):
-            counters.accepted_per_position[i] += 1
+        counters.record_step(k, n_acc)
 
         def event(i: int, token: int, source: str, pv, pb, ge, js, vmax, draft=None) -> TokenEvent:
             ev = TokenEvent(index=0, token_id=token, text="", source=source, step=step, position=i + 1,
@@ -271,10 +281,7 @@ def asymspec_steps(
             a_bonus = drafter_full.extend(drafts[k - 1 :])[-1]  # keeps the full stream current; yields a_{K+1}
             if cfg.bonus == "gated":
                 gb = gate_step(a_bonus[None], b[k:], t[k:], a_bonus.argmax(-1, keepdim=True), **gate_kw)
-                hb = torch.stack([gb.accepted.double(), gb.gamma_eff.double(), gb.jsd.double(), gb.p_verifier.double(),
-                                  gb.p_base.double(), gb.fused.double(), gb.verifier_argmax.double(),
-                                  gb.p_verifier_fused.double(), gb.p_base_fused.double(),
-                                  a_bonus.argmax(-1, keepdim=True).double()], dim=1).tolist()[0]
+                hb = _pack(gb, a_bonus.argmax(-1, keepdim=True)).tolist()[0]
                 counters.bonus_drafted += 1
                 if top:
                     fused_row = t[k:].float() + cfg.beta * _delta_rows(a_bonus[None], b[k:], t[k:], cfg.delta, 1)[:1]
@@ -366,11 +373,7 @@ def sd_steps(
         while n_acc < k and host[n_acc][2] > 0.5:
             n_acc += 1
         step += 1
-        counters.steps += 1
-        counters.drafted += k
-        counters.accepted += n_acc
-        for i in range(n_acc):
-            counters.accepted_per_position[i] += 1
+        counters.record_step(k, n_acc)
         events = [TokenEvent(index=0, token_id=int(r[0]), text="", source="accepted", step=step, position=i + 1,
                              p_verifier=r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
         r = host[n_acc]

@@ -62,11 +62,14 @@ class TextEngine:
     def length(self) -> int:
         return 0 if self.cache is None else self.cache.get_seq_length()
 
+    def _positions(self, n: int) -> torch.Tensor:
+        """Position ids of the next ``n`` tokens: ``[1, n]`` (1D RoPE)."""
+        return torch.arange(self.length, self.length + n, device=self.device).unsqueeze(0)
+
     @torch.no_grad()
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         n = ids.shape[-1]
-        start = self.length
-        position_ids = torch.arange(start, start + n, device=self.device).unsqueeze(0)
+        position_ids = self._positions(n)
         out = self.model(
             input_ids=ids.view(1, -1).to(self.device),
             position_ids=position_ids,
@@ -137,17 +140,6 @@ class VLEngine(TextEngine):
         self.forward_calls += 1
         del out
 
-    @torch.no_grad()
-    def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        n = ids.shape[-1]
-        positions = extension_positions(self.length, n, self.rope_delta, self.device).unsqueeze(1)
-        out = self.model(
-            input_ids=ids.view(1, -1).to(self.device),
-            position_ids=positions,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        self.tokens_forwarded += n
-        self.forward_calls += 1
-        return out.logits[0]
+    def _positions(self, n: int) -> torch.Tensor:
+        """``[3, 1, n]``: every token after the prompt is text, at index + rope delta on all three axes."""
+        return extension_positions(self.length, n, self.rope_delta, self.device).unsqueeze(1)

@@ -216,18 +216,10 @@ class AsymSpecPipeline:
                 caption=caption, ocr=ocr, timings=timings,
             )
 
-    def generate(
-        self,
-        image,
-        question: str,
-        caption: str | None = None,
-        ocr: str | bool | None = None,
-        method: str = "asymspec",
-        config: AsymSpecConfig | None = None,
-        **overrides,
-    ) -> MMResult:
-        """Answer ``question`` about ``image``. ``overrides`` set config fields (e.g. ``k=2, bonus="gated"``)."""
-        stream = self.stream(image, question, caption=caption, ocr=ocr, method=method, config=config, **overrides)
+    def generate(self, image, question: str, **kwargs) -> MMResult:
+        """Answer ``question`` about ``image``: ``caption``, ``ocr``, ``method``, ``config`` as in :meth:`stream`;
+        other keywords set config fields (e.g. ``k=2, bonus="gated"``)."""
+        stream = self.stream(image, question, **kwargs)
         while True:
             try:
                 next(stream)
@@ -244,8 +236,12 @@ class AsymSpecPipeline:
         config: AsymSpecConfig | None = None,
         **overrides,
     ) -> Iterator[list[TokenEvent]]:
-        """Like :meth:`generate`, yielding the events of each step as they are committed; returns the
-        :class:`MMResult` as the generator's value."""
+        """Answer ``question`` about ``image``, yielding the events of each step as they are committed; the
+        :class:`MMResult` is the generator's return value.
+
+        ``caption``/``ocr``: ``None`` produce them, a string is used as is, ``ocr=False`` skips OCR.
+        ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``.
+        """
         from vision_cache.image import image_content_hash, load_image
 
         cfg = (config or AsymSpecConfig()).with_(**overrides).validated() if overrides else (config or AsymSpecConfig()).validated()

@@ -150,20 +150,24 @@ def wrap_streams(streams: dict[str, Any], ledger: Ledger, clock: Clock | None = 
 def timed_functions(module: Any, buckets: dict[str, str], ledger_ref: Callable[[], Ledger | None], clock: Clock | None = None) -> Iterator[None]:
     """Replace ``module.<name>`` by a timed wrapper adding its time to bucket ``buckets[name]`` of the
     ledger that ``ledger_ref()`` returns at call time (no ledger: not timed). Names the module lacks are
-    skipped, so the benchmark survives loop refactors. Restored on exit."""
+    skipped, so the benchmark survives loop refactors; nested timed calls count once (the outermost).
+    Restored on exit."""
     clock = clock or Clock()
     saved: dict[str, Any] = {}
+    depth = [0]  # only the outermost timed call counts: a timed function calling another is not counted twice
 
     def make(fn: Callable, bucket: str) -> Callable:
         def timed(*args, **kwargs):
             ledger = ledger_ref()
-            if ledger is None:
+            if ledger is None or depth[0]:
                 return fn(*args, **kwargs)
+            depth[0] += 1
             t0 = clock.now()
             try:
                 return fn(*args, **kwargs)
             finally:
                 ledger.add_bucket(bucket, clock.now() - t0)
+                depth[0] -= 1
 
         timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed

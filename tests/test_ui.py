@@ -355,7 +355,7 @@ def test_api_bad_inputs_then_good_request(served, case_file, tiny_pipe):
         client.predict(*run_args(path, "   ", case["caption"], case["ocr"]), api_name="/run")
     with pytest.raises(AppError, match="limit is"):
         client.predict(*run_args(path, "x" * (MAX_QUESTION_CHARS + 1), case["caption"], case["ocr"]), api_name="/run")
-    long_q = ("how many bars " * 400)[: MAX_QUESTION_CHARS - 10]
+    long_q = "".join(chr(0x4E00 + (i * 37) % 2000) for i in range(MAX_QUESTION_CHARS - 10))  # > 4096 tokens
     with pytest.raises(AppError, match="context window"):
         client.predict(*run_args(path, long_q, case["caption"], case["ocr"], max_new_tokens=1024), api_name="/run")
     with pytest.raises(AppError, match="max new tokens"):

@@ -107,6 +107,7 @@ CSS = """
 .asym-panel .asym-legend .tok { cursor: default; padding: 0 .35rem; }
 .asym-status { font-size: .9rem; padding: .4rem .6rem; border-radius: 6px; }
 .asym-status.asym-status-error { background: #fee2e2; color: #991b1b !important; border: 1px solid #fca5a5; }
+.asym-status.asym-status-idle { background: var(--background-fill-secondary, #f9fafb); }
 .asym-status.asym-status-ok { background: #ecfdf5; color: #065f46 !important; }
 .asym-status.asym-status-run { background: #eff6ff; color: #1e40af !important; }
 .asym-stats .asym-stats-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(8.5rem, 1fr)); gap: .4rem; }
@@ -805,7 +806,7 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
                         examples_per_page=8,
                     )
             with gr.Column(scale=3, min_width=420):
-                status = gr.HTML(_status("ok", "Upload an image, ask a question, press Run."), js_on_load=None,
+                status = gr.HTML(_status("idle", "Upload an image, ask a question, press Run."), js_on_load=None,
                                  elem_id="asym-status")
                 answer_html = gr.HTML(render_panel("AsymSpec", [], tok, subtitle=_method_subtitle("asymspec"), legend=True,
                                                    empty="The answer appears here, token by token."),

@@ -63,6 +63,8 @@ def check_single_tokens(tok) -> None:
 
 DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=2, vision_hidden=96, deepstack=(0,))
 DRAFTER_DECISIVE_WEIGHT = 8.0
+PERCEPTION_BATCH = 24  # auxiliary dense-description examples per drafter step (short sequences)
+VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
 
@@ -127,7 +129,32 @@ def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
             "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption"}
 
 
-def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0) -> dict[str, Any]:
+PERCEPTION_PROMPT = "Describe the image."
+
+
+def perception_target(problem: dict[str, Any]) -> str:
+    """A dense description of what only the pixels show (an auxiliary drafter task: every token depends
+    on the image, so the vision path learns from every position rather than one token in sixteen)."""
+    fam, sc = mv.family_of(problem), problem["scene"]
+    if fam == "figure":
+        return "bars: " + ", ".join(f"{c} {v}" for c, v in zip(sc["colors"], sc["values"])) + "."
+    if fam == "visual":
+        items = sorted(zip(sc["cells"], sc["kinds"], sc["colors"]), key=lambda t: (t[0] % 4, t[0] // 4))
+        return f"{len(items)} shapes: " + ", ".join(f"{c} {k} {cell % 4}" for cell, k, c in items) + "."
+    return "angles: " + ", ".join(f"{v} {sc['angles'][v]}" for v in "ABC") + "."
+
+
+def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PERCEPTION_PROMPT}]}]
+    text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    enc = proc(text=[text], images=[problem["decoded_image"]], return_tensors="pt")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ans = tok(perception_target(problem), add_special_tokens=False)["input_ids"] + [eos]
+    return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
+            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "perception"}
+
+
+def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0, final_weight: float = 1.0) -> dict[str, Any]:
     """Right-padded batch of prompt+answer for ``view`` in {"full", "comp", "ver"}; labels on answers only."""
     seqs = [torch.cat([e[view], e["ans"]]) for e in examples]
     L = max(len(s) for s in seqs)
@@ -142,6 +169,8 @@ def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: 
         ids[i, :n] = s
         mask[i, :n] = 1
         labels[i, p:n] = e["ans"]
+        if e.get("final_idx") is not None:
+            weights[i, p + e["final_idx"]] = final_weight
         if e.get("dec_idx") is not None:
             weights[i, p + e["dec_idx"]] = dec_weight
         ans_start.append(p)
@@ -266,7 +295,8 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str) -> None:
+def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str,
+                 resume_from: int = 0) -> None:
     """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``."""
     from transformers import AutoTokenizer, Qwen3VLProcessor
 
@@ -279,18 +309,22 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     drafter, verifier = build_models(tok, seed)
     model = drafter if role == "drafter" else verifier
     del drafter, verifier
+    if resume_from:  # a second phase: continue from the saved checkpoint, fresh problems, fresh schedule
+        model = type(model).from_pretrained(Path(workdir) / role)
+        seed += resume_from
+        torch.manual_seed(seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     # the two workers draw disjoint problems from the training stream
-    stream = Stream(proc, tok, start=0 if role == "drafter" else 1, stride=2)
+    stream = Stream(proc, tok, start=(0 if role == "drafter" else 1) + 2 * batch * resume_from, stride=2)
     evals = [encode(p, proc, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
     t0 = time.time()
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr)
         if role == "verifier":
-            b = collate(stream.take(batch), "ver", pad_id)
-            loss = lm_loss(model(**model_inputs(b), use_cache=False).logits, b["labels"])
+            b = collate(stream.take(batch), "ver", pad_id, final_weight=VERIFIER_FINAL_WEIGHT if resume_from else 1.0)
+            loss = lm_loss(model(**model_inputs(b), use_cache=False).logits, b["labels"], b["weights"])
             loss.backward()
             parts = {"ver": loss.item()}
         else:
@@ -304,18 +338,30 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
             (0.4 * lc).backward()
             parts = {"full": lf.item(), "comp": lc.item()}
+            if PERCEPTION_BATCH and role == "drafter":
+                base = 20_000_000 + PERCEPTION_BATCH * (resume_from + step)
+                bp = collate([encode_perception(mv.make_problem(mv.TRAIN_SEED, base + j), proc, tok) for j in range(PERCEPTION_BATCH)], "full", pad_id)
+                lp = lm_loss(model(**model_inputs(bp), use_cache=False).logits, bp["labels"])
+                (0.5 * lp).backward()
+                parts["perc"] = lp.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 25 == 0:
-            print(f"[{role}] step {step} t={time.time() - t0:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in parts.items()), file=log)
+            print(f"[{role}] step {resume_from + step} t={time.time() - t0:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in parts.items()), file=log)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             views = ["ver"] if role == "verifier" else ["full", "comp"]
             for v in views:
-                print(f"[{role}] EVAL step {step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(teacher_forced(model, evals, v, pad_id))}", file=log)
+                print(f"[{role}] EVAL step {resume_from + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(teacher_forced(model, evals, v, pad_id))}", file=log)
             model.save_pretrained(Path(workdir) / role)
     model.save_pretrained(Path(workdir) / role)
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
+
+
+def _verifier_two_phases(work: str, args, log_path: str) -> None:
+    train_worker("verifier", work, args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)
+    train_worker("verifier", work, args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr, args.seed, args.eval_every, 1, log_path,
+                 resume_from=args.verifier_steps)
 
 
 def export_pair(work: Path, out: Path):
@@ -345,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-n", type=int, default=90, help="greedy evaluation problems at the end (0: skip)")
     ap.add_argument("--log", default=None, help="log file (default: stdout only)")
+    ap.add_argument("--verifier-phase2-steps", type=int, default=600, help="second verifier phase (fresh schedule, final token weighted)")
+    ap.add_argument("--verifier-phase2-lr", type=float, default=1.5e-3)
+    ap.add_argument("--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)")
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
@@ -375,8 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     del d, v
     ctx = mp.get_context("spawn")
     procs = []
-    if args.only in (None, "verifier"):
+    if args.phase2_only:
+        procs.append(ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr,
+                                                            args.seed, args.eval_every, 1, log_path, args.verifier_steps)))
+    elif args.only in (None, "verifier"):
         procs.append(ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)))
+        if args.verifier_phase2_steps:
+            procs[-1] = ctx.Process(target=_verifier_two_phases, args=(str(work), args, log_path))
     if args.only in (None, "drafter"):
         procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)))
     for p in procs:

@@ -1,0 +1,234 @@
+"""The benchmark's bookkeeping: counts add up, the time split sums to the step time, ratios come from paired runs,
+and the CLI entry writes consistent JSON / Markdown / PNG. Random tiny checkpoints; no speed thresholds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from asymspec_mm import bench
+from asymspec_mm.bench import Variant, add_bench_parser, paired_ratios, project, run_bench, synthetic_prefill
+from asymspec_mm.timing import Clock, Ledger, TimedEngine, median, timed_functions
+
+FAST = dict(reps=2, warmup=1, cases=1, max_new_tokens=8, prompt_lengths=(), k_values=(), probe_batching=False, progress=False, threads=1)
+
+
+@pytest.fixture(scope="module")
+def result(tiny_pipe):
+    return run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "drafter", "sd", "asymspec", "asymspec:bonus=gated"), **FAST)
+
+
+def test_every_run_passes_its_bookkeeping_checks(result):
+    runs = result["main"]["runs"]
+    assert len(runs) == 2 * 5  # reps x variants, one case each
+    for run in runs:
+        ch = run["checks"]
+        assert ch["forwarded_ok"], (run["variant"], run["decode_forwarded"], ch["expected_forwarded"])
+        assert ch["tokens_ok"] and ch["per_position_monotone"], run
+        assert ch["split_nonnegative"], run["split"]
+        # The split (forwards + gate + trace + rest) sums to the loop's own wall clock within 5%.
+        assert ch["split_sum_rel_err"] < 0.05, (run["variant"], sum(run["split"].values()), run["decode_s"])
+        assert sum(run["split"].values()) == pytest.approx(run["loop_s"], rel=1e-9)
+        assert run["new_tokens"] == 8  # random weights: EOS ignored, every request decodes max_new_tokens
+    assert result["checks"]["forwarded_ok"] and result["checks"]["split_sum_max_rel_err"] < 0.05
+
+
+def test_proxy_records_match_the_engines_counters(result):
+    for run in result["main"]["runs"]:
+        recorded = {s: sum(int(n) * len(ts) for n, ts in d.items()) for s, d in run["extend_costs"].items()}
+        assert recorded == {s: n for s, n in run["decode_forwarded"].items() if n}, run["variant"]
+        calls = {s: sum(len(ts) for ts in d.values()) for s, d in run["extend_costs"].items()}
+        for s, n in calls.items():
+            assert run["forward_calls"][s] - (1 if run["prefill_tokens"].get(s) else 0) == n
+        split = run["split"]
+        for s in ("drafter_full", "drafter_comp", "verifier"):
+            assert split[s] == pytest.approx(sum(sum(ts) for ts in run["extend_costs"].get(s, {}).values()))
+        if run["method"] == "asymspec":
+            assert run["gate_calls"] >= run["steps"] and split["gate"] > 0
+        else:
+            assert split["gate"] == 0.0
+
+
+def test_summaries_add_up(result):
+    k = result["meta"]["k"]
+    for name, s in result["main"]["variants"].items():
+        runs = [r for r in result["main"]["runs"] if r["variant"] == name]
+        new = sum(r["new_tokens"] for r in runs)
+        assert s["new_tokens"] == new and s["steps"] == sum(r["steps"] for r in runs)
+        for stream, per_tok in s["forwarded_per_token"].items():
+            assert per_tok * new == pytest.approx(sum(r["decode_forwarded"][stream] for r in runs))
+        if s["method"] in ("asymspec", "sd"):
+            assert len(s["accepted_per_position"]) == k
+            bonus = sum(r["bonus_accepted"] for r in runs)
+            assert sum(s["accepted_per_position"]) + bonus == sum(r["accepted"] for r in runs)
+            assert s["mean_accepted_length"] == pytest.approx(new / s["steps"])
+            assert s["forwarded_per_token"]["verifier"] == pytest.approx((k + 1) * s["steps"] / new)
+        fr = s["split_frac"]
+        assert sum(fr.values()) == pytest.approx(1.0, abs=1e-6)
+        assert s["host_overhead_frac"] == pytest.approx(fr["gate"] + fr["trace"] + fr["other"], abs=0.05)
+
+
+def test_ratios_are_medians_of_paired_runs(result):
+    per_rep = result["main"]["per_rep"]
+    for name, s in result["main"]["variants"].items():
+        expect = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(per_rep[name], per_rep["floor"])]
+        assert s["ratio_to_floor_reps"] == pytest.approx(expect)
+        assert s["ratio_to_floor"] == pytest.approx(median(expect))
+        assert s["tokens_per_s"] == pytest.approx(median([r["tokens_per_s"] for r in per_rep[name]]))
+        for rep in per_rep[name]:
+            assert rep["tokens_per_s"] == pytest.approx(rep["new_tokens"] / rep["decode_s"])
+    assert result["main"]["variants"]["floor"]["ratio_to_floor"] == pytest.approx(1.0)
+
+
+def test_paired_ratio_differs_from_ratio_of_medians():
+    # A slow repetition hits both variants; pairing cancels it, the ratio of medians does not.
+    per_rep = {"floor": [{"tokens_per_s": 10.0}, {"tokens_per_s": 2.0}, {"tokens_per_s": 9.0}],
+               "x": [{"tokens_per_s": 20.0}, {"tokens_per_s": 4.0}, {"tokens_per_s": 9.0}]}
+    r = paired_ratios(per_rep)
+    assert r["x"] == [2.0, 2.0, 1.0] and median(r["x"]) == 2.0
+    assert median([20.0, 4.0, 9.0]) / median([10.0, 2.0, 9.0]) == 1.0
+
+
+def test_bench_runs_decode_the_same_tokens_as_plain_generate(tiny_pipe):
+    from asymspec_mm import AsymSpecConfig
+    from asymspec_mm import decode as decode_mod
+
+    case = bench.bench_cases(1)[0]
+    cfg = AsymSpecConfig(k=3, max_new_tokens=10)
+    plain = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
+    runner = bench._Runner(bench.BenchPair(tiny_pipe, "t", "t", trained=True), ignore_eos=False, image_tokens=0, sync=False)
+    seen = []
+    orig = tiny_pipe._loop
+
+    def spy(*args, **kwargs):  # observe the stream types the loop receives
+        seen.extend(type(e).__name__ for e in args[1].values())
+        return orig(*args, **kwargs)
+
+    tiny_pipe._loop = spy
+    try:
+        with timed_functions(decode_mod, bench.TIMED_LOOP_FUNCTIONS, lambda: runner.current):
+            run = runner.run(Variant.parse("asymspec"), cfg, case=case)
+    finally:
+        del tiny_pipe._loop
+    assert set(seen) == {"TimedEngine"}
+    assert run["new_tokens"] == plain.stats["new_tokens"] and run["steps"] == plain.stats["steps"]
+    assert run["accepted_per_position"] == plain.stats["accepted_per_position"]
+    assert "_start" not in tiny_pipe.__dict__  # the per-request override is removed
+
+
+def test_timed_engine_has_the_stream_interface(tiny_pipe):
+    from asymspec_mm.engines import TextEngine
+
+    ledger = Ledger()
+    eng = TextEngine(tiny_pipe.verifier, name="verifier")
+    timed = TimedEngine(eng, ledger, Clock())
+    timed.prefill(torch.arange(3, 12))
+    assert timed.name == "verifier" and timed.device == eng.device and timed.length == 9
+    timed.mark_decode()
+    logits = timed.extend(torch.tensor([5, 6]))
+    assert logits.shape[0] == 2 and timed.length == 11
+    assert timed.tokens_forwarded == 11 and timed.forward_calls == 2
+    timed.truncate(10)
+    assert timed.length == 10 and timed.cache is eng.cache
+    ops = [(r.op, r.n, r.decode) for r in ledger.calls["verifier"]]
+    assert ops == [("prefill", 9, False), ("extend", 2, True), ("truncate", 0, True)]
+    assert ledger.forward_seconds("verifier") == ledger.calls["verifier"][1].seconds
+
+
+def test_timed_functions_are_restored():
+    from asymspec_mm import decode
+
+    original = decode.gate_step
+    ledger = Ledger()
+    with timed_functions(decode, {"gate_step": "gate", "not_there": "x"}, lambda: ledger):
+        assert decode.gate_step is not original and decode.gate_step.__wrapped__ is original
+        a = torch.randn(2, 7)
+        decode.gate_step(a, a, a, torch.tensor([1, 2]))
+    assert decode.gate_step is original
+    assert ledger.bucket_calls == {"gate": 1} and ledger.buckets["gate"] > 0
+
+
+def test_synthetic_prefill_gives_a_context_of_that_length(tiny_pipe):
+    from asymspec_mm.engines import VLEngine
+
+    eng = VLEngine(tiny_pipe.drafter, name="drafter_comp")
+    synthetic_prefill(eng, 37)
+    assert eng.length == 37 and eng.tokens_forwarded == 0
+    out = eng.extend(torch.tensor([5, 6, 7]))
+    assert out.shape[0] == 3 and eng.length == 40
+    eng.truncate(38)
+    assert eng.length == 38
+
+
+def test_synthetic_runs_and_length_sweep(tiny_pipe):
+    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec"), prefill="synthetic", image_tokens=5,
+                    **{**FAST, "reps": 1, "warmup": 0, "prompt_lengths": (16, 48)})
+    for run in res["main"]["runs"]:
+        assert run["synthetic"] and run["checks"]["forwarded_ok"] and run["checks"]["split_sum_rel_err"] < 0.05
+    asym = [r for r in res["main"]["runs"] if r["method"] == "asymspec"][0]
+    assert asym["context"] == {"drafter_full": 16 + 5 + 1, "drafter_comp": 17, "verifier": 17}
+    sl = res["scaling_length"]
+    assert sl["lengths"] == [16, 48]
+    assert sl["by_length"]["48"]["asymspec"]["context"]["verifier"] == 49
+    assert set(sl["growth"]) == {"floor", "asymspec"}
+
+
+def test_projection_arithmetic():
+    costs = {"drafter_full": {"1": {"median_s": 0.01}}, "drafter_comp": {"5": {"median_s": 0.02}, "1": {"median_s": 0.01}},
+             "verifier": {"5": {"median_s": 0.1}}}
+    (row,) = project(costs, 4, floor_token_s=0.05, asym_host_step_s=0.002, sd_host_step_s=0.001, scenarios=[(0.5, 2.0)])
+    f = 0.5 ** 4
+    step = (4 + f) * 0.01 + 0.02 + 0.1 + 0.002
+    assert row["asymspec_step_s"] == pytest.approx(step)
+    assert row["asymspec_tokens_per_s"] == pytest.approx(2.0 / step)
+    assert row["asymspec_ratio_to_floor"] == pytest.approx((2.0 / step) / 20.0)
+    assert row["sd_step_s"] == pytest.approx((4 + f) * 0.01 + 0.1 + 0.001)
+
+
+def test_variant_parsing():
+    v = Variant.parse("asymspec:gate=fixed,beta=0.5,k=2")
+    assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2}
+    from asymspec_mm import AsymSpecConfig
+
+    cfg = v.config(AsymSpecConfig())
+    assert (cfg.gate, cfg.beta, cfg.k) == ("fixed", 0.5, 2)
+    from asymspec_mm.errors import UnknownOptionError
+
+    with pytest.raises(UnknownOptionError):
+        Variant.parse("nonsense")
+    with pytest.raises(UnknownOptionError):
+        Variant.parse("asymspec:gate=bogus").config(AsymSpecConfig())
+
+
+def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
+    """The CI check: ``bench`` through its argparse entry on tiny settings; files exist and agree (no thresholds)."""
+    parser = argparse.ArgumentParser(prog="asymspec-mm")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "bench"
+    md_file = tmp_path / "BENCHMARKS.md"
+    args = parser.parse_args([
+        "bench", "--pair", "dirs", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]),
+        "--variants", "floor;asymspec;asymspec:gate=fixed", "--reps", "1", "--warmup", "0", "--cases", "1",
+        "--max-new-tokens", "6", "--lengths", "24,48", "--k-values", "1,2", "--out", str(out), "--stem", "b",
+        "--update-benchmarks", str(md_file), "--threads", "1", "--quiet",
+    ])
+    assert args.func(args) == 0
+    data = json.loads((out / "b.json").read_text())
+    md = (out / "b.md").read_text()
+    png = (out / "b.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    assert set(data["main"]["variants"]) == {"floor", "asymspec", "asymspec:gate=fixed"}
+    for name, s in data["main"]["variants"].items():
+        assert f"| {name} |" in md
+        assert f"{s['ratio_to_floor']:.2f}x" in md
+    assert data["scaling_length"]["lengths"] == [24, 48]
+    assert set(data["scaling_k"]["by_k"]) == {"floor", "asymspec@k=1", "asymspec@k=2"}
+    assert {t["target"] for t in data["targets"]} >= {"loop_overhead", "gate_fusion", "length_growth"}
+    section = md_file.read_text()
+    assert section.count("<!-- bench:dirs -->") == 1 and "### Per-step time split" in section
+    # Re-running replaces the pair's section instead of appending a second one.
+    bench.update_section(md_file, "dirs", "replaced")
+    assert md_file.read_text().count("<!-- bench:dirs -->") == 1 and "replaced" in md_file.read_text()

@@ -1,0 +1,249 @@
+"""The steering inspector in a real browser: Debian's chromium driven by Playwright.
+
+Uploads an image, asks, waits for the streamed answer, checks the coloured tokens against the
+pipeline's trace and a tooltip, keeps a screenshot under artifacts/ (git-ignored), checks that the
+page requested nothing outside localhost, and that bad inputs show errors while a following good
+request still succeeds. Never uses wait_until="networkidle" (Gradio keeps connections open).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from conftest import make_case  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "artifacts"
+MAX_NEW = 12
+TIMEOUT_MS = 180_000
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+
+
+def _require_browser():
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install playwright; do not run `playwright install`)")
+    if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
+    pytest.importorskip("gradio", reason="gradio is not installed (pip install 'asymspec-mm[ui]')")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def outside_requests(urls: list[str]) -> list[str]:
+    bad = []
+    for u in urls:
+        parsed = urlparse(u)
+        if parsed.scheme in ("data", "blob", "about", "chrome", "chrome-extension"):
+            continue
+        if parsed.hostname not in LOCAL_HOSTS:
+            bad.append(u)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def browser_env(tiny_pipe, tmp_path_factory):
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    from ui.app import build_app, load_examples, serve
+
+    demo = build_app(tiny_pipe, examples=load_examples(), default_max_new_tokens=MAX_NEW, max_upload_mb=2,
+                     stream_interval=0.0)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    tmp = tmp_path_factory.mktemp("ui_browser")
+    requests: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.on("request", lambda r: requests.append(r.url))
+            try:
+                yield {"url": demo.local_url, "context": context, "requests": requests, "tmp": tmp, "pipe": tiny_pipe}
+            finally:
+                context.close()
+                browser.close()
+    finally:
+        demo.close()
+
+
+def open_page(env):
+    page = env["context"].new_page()
+    page.set_default_timeout(60_000)
+    page.goto(env["url"], wait_until="domcontentloaded")
+    page.wait_for_selector("#asym-run")
+    page.wait_for_selector("#asym-image input[type=file]", state="attached")
+    return page
+
+
+def fill(page, image_path, question, caption, ocr):
+    if image_path is not None:
+        page.locator("#asym-image input[type=file]").set_input_files(str(image_path))
+        if Path(image_path).suffix == ".png":
+            page.wait_for_selector("#asym-image img", state="attached")
+    page.locator("#asym-question textarea").fill(question)
+    page.locator("#asym-caption textarea").fill(caption)
+    page.locator("#asym-ocr textarea").fill(ocr)
+
+
+def wait_status(page, kind: str):
+    page.wait_for_selector(f'#asym-status [data-status="{kind}"]', timeout=TIMEOUT_MS)
+    return page.locator("#asym-status").inner_text()
+
+
+TOKENS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => ({
+  cls: e.className, id: Number(e.dataset.tokenId), source: e.dataset.source, steered: e.dataset.steered,
+  pv: e.dataset.pVerifier === undefined ? null : Number(e.dataset.pVerifier)}))"""
+
+WATCH_JS = """() => { window.__asymCounts = [];
+  const obs = new MutationObserver(() => {
+    const t = document.querySelector('#asym-answer .asym-trace');
+    if (t) window.__asymCounts.push(Number(t.dataset.tokens)); });
+  obs.observe(document.body, {subtree: true, childList: true, attributes: true}); }"""
+
+
+def test_upload_ask_and_inspect_tokens(browser_env):
+    env = browser_env
+    case = make_case(7)
+    img = env["tmp"] / "upload.png"
+    case["image"].save(img)
+    page = open_page(env)
+    fill(page, img, case["question"], case["caption"], case["ocr"])
+    page.evaluate(WATCH_JS)
+    page.locator("#asym-run").click()
+    status = wait_status(page, "ok")
+    assert "Done" in status
+
+    ref = env["pipe"].generate(str(img), case["question"], caption=case["caption"], ocr=case["ocr"] or False,
+                               max_new_tokens=MAX_NEW)
+    toks = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+    assert [t["id"] for t in toks] == ref.token_ids
+    for t, ev in zip(toks, ref.trace):
+        classes = set(t["cls"].split())
+        assert f"tok-{ev.source}" in classes and t["source"] == ev.source
+        assert ("tok-steered" in classes) == ev.steered
+        assert t["pv"] == pytest.approx(ev.p_verifier, rel=1e-5)
+    # the colours differ by source
+    colours = page.evaluate("""() => Object.fromEntries(['accepted', 'fused', 'bonus', 'greedy'].map(s => {
+        const e = document.querySelector('#asym-answer .asym-legend .tok-' + s);
+        return [s, e ? getComputedStyle(e).backgroundColor : null]; }))""")
+    assert len(set(colours.values())) == 4, colours
+    # Floor and the drafter alone, side by side
+    assert page.locator("#asym-floor .tok.tok-greedy").count() > 0
+    assert page.locator("#asym-drafter .tok.tok-greedy").count() > 0
+    # tokens appeared while the answer was being generated
+    counts = page.evaluate("() => window.__asymCounts")
+    assert any(0 < c < len(ref.trace) for c in counts), counts
+
+    # hover a token: its tooltip shows the provenance
+    pick = next((i for i, ev in enumerate(ref.trace) if ev.source == "fused"), 0)
+    tok = page.locator("#asym-answer .asym-trace .tok").nth(pick)
+    tip = tok.locator(".tok-tip")
+    assert not tip.is_visible()
+    tok.hover()
+    tip.wait_for(state="visible")
+    text = tip.inner_text()
+    for word in ("step", "p_verifier", "p_base", "JSD", "gamma_eff", "verifier", "top before fusion",
+                 "top after fusion"):
+        assert word in text, (word, text)
+    assert page.locator("#asym-stats [data-stat='acceptance rate']").inner_text().strip()
+    assert page.locator("#asym-chart img").count() == 1
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "inspector.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    assert outside_requests(env["requests"]) == []
+    page.close()
+
+
+def test_bundled_example_fills_inputs_and_runs(browser_env):
+    from ui.app import load_examples
+
+    examples = load_examples()
+    if not examples:
+        pytest.skip("no bundled examples (asymspec_mm/examples_data/examples.json) in this checkout")
+    env = browser_env
+    page = open_page(env)
+    ex = examples[0]
+    page.get_by_text(ex["label"], exact=True).first.click()
+    page.wait_for_function("q => document.querySelector('#asym-question textarea').value === q", arg=ex["question"])
+    assert page.locator("#asym-caption textarea").input_value() == ex["caption"]
+    assert page.locator("#asym-ocr textarea").input_value() == ex["ocr"]
+    page.wait_for_selector("#asym-image img", state="attached")
+    page.locator("#asym-run").click()
+    wait_status(page, "ok")
+    assert page.locator("#asym-answer .asym-trace .tok").count() > 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "inspector_example.png"), full_page=True)
+    assert outside_requests(env["requests"]) == []
+    page.close()
+
+
+def test_bad_inputs_show_errors_then_good_request(browser_env):
+    env = browser_env
+    tmp = env["tmp"]
+    case = make_case(8)
+    good = tmp / "good.png"
+    case["image"].save(good)
+    garbage = tmp / "garbage.png"
+    garbage.write_bytes(os.urandom(300))
+    text_file = tmp / "notes.txt"
+    text_file.write_text("not an image")
+
+    # bytes that are no image, under an image name: refused by the server, shown in the page
+    page = open_page(env)
+    fill(page, garbage, "What is shown?", "a chart", "")
+    page.locator("#asym-run").click()
+    status = wait_status(page, "error")
+    assert "not a recognised image" in status
+    page.locator(".toast-body", has_text="not a recognised image").first.wait_for(state="visible")
+    page.close()
+
+    # a text file: the upload is refused, and running without an image says so
+    page = open_page(env)
+    fill(page, text_file, "What is shown?", "a chart", "")
+    page.locator("#asym-run").click()
+    status = wait_status(page, "error")
+    assert "upload an image" in status
+    page.close()
+
+    # an empty question, then the same page with a question: the good request succeeds
+    page = open_page(env)
+    fill(page, good, "   ", case["caption"], case["ocr"])
+    page.locator("#asym-run").click()
+    status = wait_status(page, "error")
+    assert "question is empty" in status
+    page.locator("#asym-question textarea").fill(case["question"])
+    page.locator("#asym-run").click()
+    status = wait_status(page, "ok")
+    assert "Done" in status
+    ref = env["pipe"].generate(str(good), case["question"], caption=case["caption"], ocr=case["ocr"] or False,
+                               max_new_tokens=MAX_NEW)
+    ids = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+    assert [t["id"] for t in ids] == ref.token_ids
+    assert outside_requests(env["requests"]) == []
+    page.close()
+
+
+def test_outside_request_filter():
+    assert outside_requests(["http://127.0.0.1:7860/x", "ws://localhost:1/q", "data:image/png;base64,xx",
+                             "blob:http://127.0.0.1/abc"]) == []
+    assert outside_requests(["https://fonts.googleapis.com/css"]) == ["https://fonts.googleapis.com/css"]
