@@ -11,6 +11,7 @@ image) and the compressed view (:class:`VLEngine` without one), each with its ow
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol
 
 import torch
@@ -116,8 +117,17 @@ class VLEngine(TextEngine):
         ids: torch.Tensor,
         mm_token_type_ids: torch.Tensor | None = None,
         features: VisionFeatures | None = None,
+        prefix_store=None,
+        prefix_key: str = "",
     ) -> None:
+        """Cache ``ids`` ``[L]``; with ``features``, the image pads take the cached vision embeddings.
+
+        ``prefix_store`` (a :class:`vision_cache.store.FeatureStore`) reuses the KV cache of the prompt
+        prefix up to and including the last image (and its ``<|vision_end|>``) across requests about
+        the same image: only the text after it is forwarded again.
+        """
         self.cache = _new_cache(self.model.config)
+        self.prefix_hit = False
         ids = ids.view(-1)
         if features is None:
             self.rope_delta = 0
@@ -126,19 +136,32 @@ class VLEngine(TextEngine):
             return
         types = mm_token_type_ids.view(-1)
         positions, self.rope_delta = mrope_positions(types, features.image_grid_thw, self.merge)
-        out = self.model(
-            input_ids=ids.view(1, -1).to(self.device),
-            position_ids=positions.unsqueeze(1).to(self.device),
-            cache=self.cache,
-            use_cache=True,
-            mm_encoder_outputs=features.as_encoder_outputs(),
-            mm_token_type_ids=types.view(1, -1).to(self.device),
-            image_grid_thw=features.image_grid_thw.to(self.device),
-            logits_to_keep=1,
-        )
-        self.tokens_forwarded += ids.numel()
-        self.forward_calls += 1
-        del out
+        split = ids.numel()
+        if prefix_store is not None:
+            image_at = (types == 1).nonzero()
+            split = min(ids.numel(), int(image_at[-1]) + 2) if image_at.numel() else 0
+        key = f"{prefix_key}|{hash(tuple(ids[:split].tolist()))}|{split}"
+        snapshot = prefix_store.get(key) if prefix_store is not None and split else None
+        if snapshot is not None:
+            self.cache = copy.deepcopy(snapshot)
+            self.prefix_hit = True
+        elif split:
+            self.model(
+                input_ids=ids[:split].view(1, -1).to(self.device),
+                position_ids=positions[:, :split].unsqueeze(1).to(self.device),
+                cache=self.cache,
+                use_cache=True,
+                mm_encoder_outputs=features.as_encoder_outputs(),
+                mm_token_type_ids=types[:split].view(1, -1).to(self.device),
+                image_grid_thw=features.image_grid_thw.to(self.device),
+                logits_to_keep=1,
+            )
+            self.tokens_forwarded += split
+            self.forward_calls += 1
+            if prefix_store is not None:
+                prefix_store.put(key, copy.deepcopy(self.cache))
+        if split < ids.numel():  # text after the image: plain extension positions (index + rope delta)
+            self._forward(ids[split:], keep=1)
 
     def _positions(self, n: int) -> torch.Tensor:
         """``[3, 1, n]``: every token after the prompt is text, at index + rope delta on all three axes."""

@@ -106,6 +106,7 @@ class AsymSpecPipeline:
         *,
         device: torch.device | None = None,
         vision_cache_bytes: int = 256 * 2**20,
+        prefix_cache_bytes: int = 256 * 2**20,
         ocr: str | Any = "auto",
         captioner: str | Any = "drafter",
         name: str = "custom",
@@ -127,6 +128,11 @@ class AsymSpecPipeline:
                 drafter.get_output_embeddings().weight.shape[0], verifier.get_output_embeddings().weight.shape[0],
             )
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
+        from vision_cache.store import FeatureStore
+
+        # KV cache of the drafter's full-view prompt up to and including the image, reused across
+        # questions about the same image (0 disables).
+        self.prefix_store = FeatureStore(max_bytes=prefix_cache_bytes)
         self.captioner = DrafterCaptioner(drafter, processor, self.encoder) if captioner == "drafter" else captioner
         self._ocr_spec = ocr
         self._ocr_engine = None if isinstance(ocr, str) else ocr
@@ -280,6 +286,7 @@ class AsymSpecPipeline:
                 stopped_by=getattr(counters, "stopped_by", "max_new_tokens"),
                 vision_calls=self.encoder.tower_calls - tower_before,
                 vision_cache_hits=self.encoder.store.stats()["hits"] - hits_before,
+                prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
                 caption_s=timings.get("caption_s", 0.0),
                 ocr_s=timings.get("ocr_s", 0.0),
                 prefill_s=prefill_s,
@@ -339,7 +346,8 @@ class AsymSpecPipeline:
         if method in ("asymspec", "drafter"):
             features, _ = self.encoder.encode(p.pixel_values, p.image_grid_thw)
             full = VLEngine(self.drafter, name="drafter_full")
-            full.prefill(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features)
+            full.prefill(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features,
+                         prefix_store=self.prefix_store, prefix_key=features.key)
             streams["drafter_full"], pending["drafter_full"] = full, p.drafter_full_ids[0, -1:].to(full.device)
         if method in ("asymspec", "sd"):
             comp = VLEngine(self.drafter, name="drafter_comp")

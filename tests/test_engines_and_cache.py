@@ -161,3 +161,31 @@ def test_vision_tower_runs_once_per_image(tiny_dirs):
     for _ in range(2):
         nocache.generate(img, "q?", caption="x", ocr=False, config=cfg)
     assert len(calls2) == 2
+
+
+def test_prefix_kv_reuse_equals_fresh_prefill(tiny_dirs):
+    """Second question about one image: the image prefix's KV comes from the store; logits equal a fresh prefill."""
+    from asymspec_mm import AsymSpecPipeline
+
+    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
+    fresh = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", prefix_cache_bytes=0)
+    img = make_image(21)
+    cfg = AsymSpecConfig(k=3, max_new_tokens=10)
+    first = pipe.generate(img, "what is the first value?", caption="a chart", ocr=False, config=cfg)
+    assert not first.stats["prefix_cache_hit"]
+    for q in ("which bar is tallest?", "how many bars?"):
+        reused = pipe.generate(img, q, caption="a chart", ocr=False, config=cfg)
+        base = fresh.generate(img, q, caption="a chart", ocr=False, config=cfg)
+        assert reused.stats["prefix_cache_hit"] and not base.stats["prefix_cache_hit"]
+        assert reused.token_ids == base.token_ids
+        assert reused.stats["prefill_tokens"]["drafter_full"] < base.stats["prefill_tokens"]["drafter_full"]
+        # Logit-level equality of the reused stream against a no-cache forward.
+        p = reused.prompts
+        features, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
+        eng = VLEngine(pipe.drafter)
+        eng.prefill(p.drafter_full_ids[0], p.mm_token_type_ids[0], features, prefix_store=pipe.prefix_store,
+                    prefix_key=features.key)
+        assert eng.prefix_hit
+        got = eng.extend(torch.tensor([40, 41]))
+        want = Reference(pipe, p).drafter_full([40, 41])[-2:]
+        assert torch.allclose(got, want, atol=1e-5)

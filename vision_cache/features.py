@@ -30,6 +30,7 @@ class VisionFeatures:
     embeds: tuple[torch.Tensor, ...]
     deepstack: tuple[tuple[torch.Tensor, ...], ...]
     image_grid_thw: torch.Tensor
+    key: str = ""  # content key in the encoder's cache (prefix KV reuse keys on it too)
 
     def as_encoder_outputs(self) -> dict:
         """The ``mm_encoder_outputs`` argument of ``Qwen3VLModel.forward`` (skips the tower)."""
@@ -87,9 +88,9 @@ class VisionEncoder:
     def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[VisionFeatures, bool]:
         """Features for these pixels, and whether they came from the cache."""
         before = self.store.stats()["hits"]
-        feats = self.store.get_or_compute(
-            self.key(pixel_values, image_grid_thw), lambda: self.encode_uncached(pixel_values, image_grid_thw)
-        )
+        key = self.key(pixel_values, image_grid_thw)
+        feats = self.store.get_or_compute(key, lambda: self.encode_uncached(pixel_values, image_grid_thw))
+        feats.key = key
         hit = self.store.stats()["hits"] > before
         return feats, hit
 

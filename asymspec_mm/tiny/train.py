@@ -63,7 +63,7 @@ def check_single_tokens(tok) -> None:
 
 DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=2, vision_hidden=96, deepstack=(0,))
 DRAFTER_DECISIVE_WEIGHT = 8.0
-PERCEPTION_BATCH = 24  # auxiliary dense-description examples per drafter step (short sequences)
+PERCEPTION_BATCH = 16  # auxiliary dense-description examples per drafter step (short sequences)
 VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-phase2-steps", type=int, default=600, help="second verifier phase (fresh schedule, final token weighted)")
     ap.add_argument("--verifier-phase2-lr", type=float, default=1.5e-3)
     ap.add_argument("--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)")
+    ap.add_argument("--drafter-resume-from", type=int, default=0, help="continue the drafter from its checkpoint in DIR/_work, trained this many steps")
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
@@ -432,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.verifier_phase2_steps:
             procs[-1] = ctx.Process(target=_verifier_two_phases, args=(str(work), args, log_path))
     if args.only in (None, "drafter"):
-        procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)))
+        procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path,
+                                                            args.drafter_resume_from)))
     for p in procs:
         p.start()
     for p in procs:
