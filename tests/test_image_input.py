@@ -483,7 +483,7 @@ def test_zero_png_generator_makes_valid_images() -> None:
     # Control for the bomb tests: the crafted PNG format is a real, decodable image.
     out = load_image(_zero_png(300, 200))
     assert out.size == (300, 200)
-    assert out.getextrema() == ((0, 0), (0, 0), (0, 0))
+    assert out.getextrema() == ((0x80, 0x80), (0x80, 0x80), (0x80, 0x80))
 
 
 _MEASURE = textwrap.dedent(

@@ -90,8 +90,9 @@ def test_build_query_matches_mathvista_official_queries():
 def test_reference_responses_parse_and_score():
     for p in mv.generate(90, seed=mv.HELDOUT_SEED):
         assert mv.is_correct(p["response"], p)
-        assert p["response"].rstrip(".").endswith(f"so the answer is {mv.extract_answer(p['response'], p)}".rstrip(".")) or p["question_type"] == "multi_choice"
-        assert len(p["response"].split()) >= 7  # several tokens: speculation matters
+        if p["question_type"] == "free_form":
+            assert re.findall(r"\d+", p["response"])[-1] == p["answer"]
+        assert len(p["response"].split()) >= 4  # several tokens: speculation matters
         if p["question_type"] == "multi_choice":
             wrong = next(mv.LETTERS[i] for i, c in enumerate(p["choices"]) if c != p["answer"])
             assert not mv.is_correct(re.sub(r"\(([A-H])\)\.$", f"({wrong}).", p["response"]), p)
@@ -125,7 +126,7 @@ def test_compressed_views_lose_what_each_family_should_lose():
 
 def test_decisive_word_comes_early_in_the_response():
     for p in mv.generate(60, seed=mv.HELDOUT_SEED):
-        words = p["response"].replace(",", " ").split()
+        words = re.sub(r"[,.]", " ", p["response"]).split()
         if mv.family_of(p) != "geometry":
             assert p["decisive"] in words[:4]
 

@@ -32,6 +32,7 @@ from ui.app import (  # noqa: E402
 )
 
 SOURCES = {"accepted", "fused", "bonus", "greedy"}
+pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -260,6 +261,52 @@ def test_describe_fills_view(tmp_path):
     assert calls == [((40, 30), None, False)]  # no OCR engine: OCR skipped, not an error
 
 
+def test_upload_limit_enforced_by_the_handler(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(tmp_path / "x.bmp")  # ~12 KB uncompressed
+    state = ui_app.DemoApp(object(), max_upload_mb=0.005)
+    with pytest.raises(ui_app.DemoInputError, match="limit is"):
+        state._load_image({"path": str(tmp_path / "x.bmp")})
+    assert ui_app.DemoApp(object(), max_upload_mb=1)._load_image({"path": str(tmp_path / "x.bmp")}).size == (64, 64)
+    with pytest.raises(ui_app.DemoInputError, match="upload an image"):
+        state._load_image(None)
+
+
+class EndlessPipe:
+    """A pipeline stand-in whose stream never ends by itself (records whether it was closed)."""
+
+    def __init__(self):
+        self.closed = threading.Event()
+
+    def stream(self, image, question, caption=None, ocr=None, method="asymspec", **kw):
+        import time
+
+        try:
+            i = 0
+            while True:
+                time.sleep(0.01)
+                yield [TokenEvent(index=i, token_id=1, text="x", source="greedy", step=i + 1, position=1)]
+                i += 1
+        finally:
+            self.closed.set()
+
+
+def test_abandoned_job_stops_and_releases_the_stream():
+    pipe = EndlessPipe()
+    req = ui_app._Request(image=None, question="q", caption="c", ocr=False, method="floor", overrides={}, compare=())
+    job = ui_app._Job(pipe, req)
+    job.abandon_after_s = 0.2
+    job.start()
+    assert job.get()[1] == "events"  # a reader took one item, then went away
+    job.thread.join(timeout=10)
+    assert not job.thread.is_alive() and job.cancel.is_set() and pipe.closed.is_set()
+    items = []
+    while not job.q.empty():
+        items.append(job.q.get()[1])
+    assert items[-1] == "end" and "error" not in items
+
+
 # ------------------------------------------------------------------------------------------ the launched app
 
 RUN_DEFAULTS = dict(autofill=False, method="asymspec", k=4, beta=1.0, gamma=0.5, gate="cda", delta="contrast",
@@ -368,8 +415,13 @@ def test_api_bad_inputs_then_good_request(served, case_file, tiny_pipe):
 
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (700, 800, 3), dtype=np.uint8)).save(big)
     assert big.stat().st_size > 2**20
-    with pytest.raises(Exception):  # refused at upload (413) by the 1 MB limit
+    with pytest.raises(Exception, match="maximum file size"):  # gradio_client checks the app's limit
         client.predict(*run_args(big, "q?", "", ""), api_name="/run")
+    import httpx
+
+    demo = served[0]
+    with big.open("rb") as fh:  # and the server refuses the upload itself
+        assert httpx.post(demo.local_url + "gradio_api/upload", files={"files": fh}).status_code == 413
     # the server keeps serving
     out = outputs_as_dict(client.predict(*run_args(path, case["question"], case["caption"], case["ocr"],
                                                    max_new_tokens=4, compare=False), api_name="/run"))

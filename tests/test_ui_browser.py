@@ -20,13 +20,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import make_case  # noqa: E402
 
-pytestmark = pytest.mark.browser
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*"),  # inside gradio's queue
+]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts"
 MAX_NEW = 12
+EXAMPLE_MAX_NEW = 24
 TIMEOUT_MS = 180_000
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
@@ -58,14 +62,27 @@ def outside_requests(urls: list[str]) -> list[str]:
     return bad
 
 
+def _shipped_or_random_pair(request):
+    """The shipped (trained) tiny pair when this checkout has it, as a user of `asymspec-mm demo` sees it;
+    else the random tiny checkpoints of the test session."""
+    from asymspec_mm.presets import TINY_DIR
+
+    if (TINY_DIR / "drafter" / "config.json").is_file() and (TINY_DIR / "verifier" / "config.json").is_file():
+        from asymspec_mm import AsymSpecPipeline
+
+        return AsymSpecPipeline.from_preset("tiny", ocr="none")
+    return request.getfixturevalue("tiny_pipe")
+
+
 @pytest.fixture(scope="module")
-def browser_env(tiny_pipe, tmp_path_factory):
+def browser_env(request, tmp_path_factory):
     _require_browser()
     from playwright.sync_api import sync_playwright
 
     from ui.app import build_app, load_examples, serve
 
-    demo = build_app(tiny_pipe, examples=load_examples(), default_max_new_tokens=MAX_NEW, max_upload_mb=2,
+    pipe = _shipped_or_random_pair(request)
+    demo = build_app(pipe, examples=load_examples(), default_max_new_tokens=MAX_NEW, max_upload_mb=2,
                      stream_interval=0.0)
     serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
     tmp = tmp_path_factory.mktemp("ui_browser")
@@ -76,7 +93,7 @@ def browser_env(tiny_pipe, tmp_path_factory):
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             context.on("request", lambda r: requests.append(r.url))
             try:
-                yield {"url": demo.local_url, "context": context, "requests": requests, "tmp": tmp, "pipe": tiny_pipe}
+                yield {"url": demo.local_url, "context": context, "requests": requests, "tmp": tmp, "pipe": pipe}
             finally:
                 context.close()
                 browser.close()
@@ -149,9 +166,11 @@ def test_upload_ask_and_inspect_tokens(browser_env):
     # Floor and the drafter alone, side by side
     assert page.locator("#asym-floor .tok.tok-greedy").count() > 0
     assert page.locator("#asym-drafter .tok.tok-greedy").count() > 0
-    # tokens appeared while the answer was being generated
+    # tokens appeared while the answer was being generated (one update per decoding step)
     counts = page.evaluate("() => window.__asymCounts")
-    assert any(0 < c < len(ref.trace) for c in counts), counts
+    assert counts and max(counts) == len(ref.trace)
+    if ref.stats["steps"] > 1:
+        assert any(0 < c < len(ref.trace) for c in counts), counts
 
     # hover a token: its tooltip shows the provenance
     pick = next((i for i, ev in enumerate(ref.trace) if ev.source == "fused"), 0)
@@ -189,9 +208,23 @@ def test_bundled_example_fills_inputs_and_runs(browser_env):
     assert page.locator("#asym-caption textarea").input_value() == ex["caption"]
     assert page.locator("#asym-ocr textarea").input_value() == ex["ocr"]
     page.wait_for_selector("#asym-image img", state="attached")
+    # advanced settings: a longer answer for this one
+    page.get_by_text("Advanced settings").click()
+    number = page.locator("#asym-max-new input[type=number]")
+    number.fill(str(EXAMPLE_MAX_NEW))
+    number.press("Enter")
     page.locator("#asym-run").click()
     wait_status(page, "ok")
-    assert page.locator("#asym-answer .asym-trace .tok").count() > 0
+    ref = env["pipe"].generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False,
+                               max_new_tokens=EXAMPLE_MAX_NEW)
+    ids = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+    assert [t["id"] for t in ids] == ref.token_ids
+    # show one tooltip in the screenshot (a fused token when there is one)
+    pick = next((i for i, ev in enumerate(ref.trace) if ev.source == "fused"), 0)
+    page.get_by_text("Advanced settings").click()
+    tok = page.locator("#asym-answer .asym-trace .tok").nth(pick)
+    tok.hover()
+    tok.locator(".tok-tip").wait_for(state="visible")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "inspector_example.png"), full_page=True)
     assert outside_requests(env["requests"]) == []

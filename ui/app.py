@@ -341,12 +341,15 @@ def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
         ("wall time (s)", sec(stats.get("wall_s"))),
         ("vision tower calls", stats.get("vision_calls")),
         ("vision cache hits", stats.get("vision_cache_hits")),
+        ("prefix KV cache hit", None if "prefix_cache_hit" not in stats
+         else "yes" if stats["prefix_cache_hit"] else "no"),
         ("caption time (s)", sec(stats.get("caption_s"))),
         ("OCR time (s)", sec(stats.get("ocr_s"))),
         ("steered tokens", stats.get("steered")),
         ("fused tokens", stats.get("fused")),
         ("stopped by", stats.get("stopped_by")),
     ]
+    rows = [(k, v) for k, v in rows if not (k == "prefix KV cache hit" and v is None)]
     cells = "".join(f'<div class="asym-stat"><div class="asym-stat-k">{_esc(k)}</div>'
                     f'<div class="asym-stat-v" data-stat="{_esc(k)}">{_esc("" if v is None else v)}</div></div>'
                     for k, v in rows)
@@ -374,6 +377,7 @@ def jsd_gamma_chart(trace: Sequence[Any]):
     fused = [x for x, ev in zip(xs, trace) if _get(ev, "source") == "fused"]
     for x in fused:
         ax.axvline(x, color="#fb923c", alpha=0.25, lw=3)
+    ax.set_title("JSD and gamma_eff per emitted token", fontsize=9)
     ax.set_xlabel("emitted token #  (orange: fused at a rejection)", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
@@ -465,11 +469,17 @@ class _Job:
     """Runs the requested decodes in one worker thread (the pipeline's lock must be taken and released by the
     same thread, and Gradio may resume a generator on any thread) and hands events over a queue."""
 
+    #: Stop decoding when the page has not collected committed tokens for this long (the client went away
+    #: without Gradio closing the handler), so an abandoned request does not hold the models.
+    abandon_after_s = 30.0
+
     def __init__(self, pipe: "AsymSpecPipeline", req: _Request):
         self.pipe = pipe
         self.req = req
         self.q: queue.Queue = queue.Queue()
         self.cancel = threading.Event()
+        self.last_read = time.monotonic()
+        self.reader_waiting = False
         self.thread = threading.Thread(target=self._run, name="asymspec-ui-job", daemon=True)
 
     def start(self) -> "_Job":
@@ -481,7 +491,7 @@ class _Job:
         gen = self.pipe.stream(r.image, r.question, caption=caption, ocr=ocr, method=method, **r.overrides)
         try:
             while True:
-                if self.cancel.is_set():
+                if self.cancel.is_set() or self._abandoned():
                     return None
                 try:
                     events = next(gen)
@@ -491,6 +501,22 @@ class _Job:
                 self.q.put((key, "events", events))
         finally:
             gen.close()
+
+    def _abandoned(self) -> bool:
+        idle = time.monotonic() - self.last_read
+        if not self.reader_waiting and not self.q.empty() and idle > self.abandon_after_s:
+            log.warning("the client stopped reading; abandoning the request")
+            self.cancel.set()
+        return self.cancel.is_set()
+
+    def get(self):
+        """The next (key, kind, payload) item, for the handler (the reader)."""
+        self.reader_waiting = True
+        try:
+            return self.q.get()
+        finally:
+            self.reader_waiting = False
+            self.last_read = time.monotonic()
 
     def _run(self) -> None:
         try:
@@ -640,7 +666,7 @@ class DemoApp:
             yield (_status("run", f"Running {titles['main']}..."), panel("main"), "", panel("floor"), panel("drafter"),
                    render_stats_html(None), None) + (skip,) * 3
             while True:
-                key, kind, payload = job.q.get()
+                key, kind, payload = job.get()
                 if kind == "events":
                     traces[key].extend(payload)
                 elif kind == "done":
@@ -663,13 +689,18 @@ class DemoApp:
                 interval = self.stream_interval + n_main / 2000.0
                 if kind == "done" or now - last_yield >= interval:
                     last_yield = now
-                    where = {"main": titles["main"], "floor": "Floor", "drafter": "drafter alone"}.get(current[0], "")
+                    cur = current[0]
+                    where = {"main": titles["main"], "floor": "Floor", "drafter": "the drafter alone"}.get(cur, "")
                     text = "".join(ev.text for ev in traces["main"])
-                    status = _status("run", f"Running {where}... {n_main} tokens so far" if where else "Finishing...")
+                    status = _status("run", f"Running {where}... {len(traces[cur])} tokens so far" if where
+                                     else "Finishing...")
                     yield (status, panel("main"), text, panel("floor"), panel("drafter")) + (skip,) * 5
         finally:
             job.cancel.set()
 
+        if "main" not in results:
+            yield (_status("error", "Stopped."),) + (skip,) * (len(RUN_OUTPUTS) - 1)
+            raise _gr_error("the request was stopped before it finished", "Stopped")
         main = results["main"]
         counts = source_counts(main.trace)
         summary = (f"Done in {time.perf_counter() - t0:.1f} s: {len(main.trace)} tokens"
@@ -754,7 +785,7 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
             '<div class="asym-header"><h1 style="margin:.2rem 0">AsymSpec steering inspector</h1>'
             f'<p style="margin:.2rem 0 .6rem 0">A small vision-language drafter reads the image; a text-only verifier '
             f"reads only the compressed view (caption + OCR). Watch, token by token, how the drafter steers the "
-            f"verifier. Models: <code>{_esc(getattr(pipe, 'name', 'custom'))}</code>. Hover or tap a token for "
+            f"verifier. Models: <code>{_esc(_model_label(pipe))}</code>. Hover or tap a token for "
             f"its provenance.</p></div>",
             js_on_load=None,
         )
@@ -820,8 +851,9 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
                                                         subtitle=_method_subtitle("drafter")),
                                            js_on_load=None, elem_id="asym-drafter")
                 stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats")
-                chart = gr.Image(label="JSD and gamma_eff per emitted token", type="pil", interactive=False,
-                                 format="png", elem_id="asym-chart", height=280, buttons=["download"])
+                chart = gr.Image(label="JSD and gamma_eff per emitted token", show_label=False, type="pil",
+                                 interactive=False, format="png", elem_id="asym-chart", height=280,
+                                 buttons=["download"])
                 with gr.Accordion("Raw result (JSON: trace, stats, view)", open=False):
                     result_json = gr.JSON(label="result", elem_id="asym-json")
 
@@ -833,7 +865,8 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
         # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
         run_event = run_btn.click(state.run, inputs, outputs, api_name="run", preprocess=False,
                                   concurrency_limit=concurrency_limit, concurrency_id="models", show_progress="hidden")
-        stop_btn.click(None, None, None, cancels=[run_event])
+        stop_btn.click(lambda: _status("idle", "Stopped."), None, [status], cancels=[run_event], queue=False,
+                       api_visibility="private")
         describe_btn.click(state.describe, [image, caption, ocr], [caption, ocr], api_name="describe",
                            preprocess=False, concurrency_limit=concurrency_limit, concurrency_id="models")
 
@@ -842,6 +875,15 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
     demo.asymspec_max_upload_mb = max_upload_mb  # type: ignore[attr-defined]
     demo.asymspec_allowed_paths = sorted({str(Path(e["image"]).resolve().parent) for e in examples})  # type: ignore[attr-defined]
     return demo
+
+
+def _model_label(pipe: Any) -> str:
+    """The pipeline's name with local paths shortened to their last two parts."""
+    parts = []
+    for part in str(getattr(pipe, "name", "custom")).split(" + "):
+        p = Path(part)
+        parts.append(str(Path(*p.parts[-2:])) if p.is_absolute() and len(p.parts) > 2 else part)
+    return " + ".join(parts)
 
 
 def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
@@ -924,15 +966,20 @@ def serve(demo: "gr.Blocks", host: str = "127.0.0.1", port: int | None = 7860, s
 
 
 def _cmd_demo(args) -> int:
-    try:
-        import gradio  # noqa: F401
-    except ImportError as exc:
-        print(f"error: the demo needs {exc.name}: pip install 'asymspec-mm[ui]'", file=sys.stderr)
+    import importlib.util
+
+    missing = [m for m in ("gradio", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"error: the demo needs {', '.join(missing)}: pip install 'asymspec-mm[ui]'", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    # Import Gradio while the models load (much of both is I/O), so the page is up sooner.
+    preload = threading.Thread(target=lambda: __import__("gradio"), name="import-gradio", daemon=True)
+    preload.start()
     pipe = load_pipeline(args.preset, args.drafter, args.verifier, device=args.device, dtype=args.dtype,
                          ocr_engine=args.ocr_engine)
     print(f"asymspec-mm demo: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    preload.join()
     launch(pipe, host=args.host, port=args.port, share=args.share, max_upload_mb=args.max_upload_mb,
            concurrency_limit=args.concurrency, default_max_new_tokens=args.max_new_tokens)
     return 0

@@ -14,7 +14,10 @@ drawn (top-to-bottom, left-to-right). Three task families mirror MathVista's:
   arithmetic (180 - p - q).
 
 Reference responses are short sentences that put the decisive word (a colour, a number, a shape)
-early and end in a parsable final answer: ``"... so the answer is (C)."`` / ``"... so the answer is 7."``.
+early and end in a parsable final answer: ``"The green bar is the tallest, so the answer is (B)."``,
+``"Angle C = 180 - 50 - 60 = 70, so the answer is 70."``; where the decisive word is itself the final
+value it is not repeated (``"The bar reaches 7."``, ``"There are 3 shapes."``): the answer is the
+last number.
 
 >>> probs = generate(3, seed=1)
 >>> sorted(probs[0])[:4]
@@ -197,7 +200,7 @@ def _figure(rng: random.Random) -> dict[str, Any]:
     else:
         idx = rng.randrange(n)
         question = f"What is the value of the {colors[idx]} bar?"
-        response = f"The bar reaches {values[idx]}, so the answer is {values[idx]}."
+        response = f"The bar reaches {values[idx]}."
         rec = dict(question=question, choices=None, answer=str(values[idx]), question_type="free_form", answer_type="integer")
         decisive = str(values[idx])
     meta = dict(context="bar chart", category="math-targeted-vqa", skills=["statistical reasoning"], kind=kind)
@@ -251,7 +254,7 @@ def _visual(rng: random.Random) -> dict[str, Any]:
         decisive = true
     elif kind == "count":
         question = "How many shapes are there?"
-        response = f"There are {n} shapes, so the answer is {n}."
+        response = f"There are {n} shapes."
         rec = dict(question=question, choices=None, answer=str(n), question_type="free_form", answer_type="integer")
         decisive = str(n)
     else:

