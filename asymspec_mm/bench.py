@@ -47,9 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .timing import Clock, Ledger, median, timed_functions, wrap_streams
+from .timing import Clock, Ledger, median, timed_functions, wrap_streams  # torch-free at import time
 
 # ------------------------------------------------------------------------------------------------
 # Settings
@@ -107,6 +105,7 @@ class Variant:
     name: str
     method: str
     overrides: tuple[tuple[str, Any], ...] = ()
+    loop: str = "current"  # "alt": the decoding loop loaded from ``alt_decode`` (e.g. decode.py with perf.patch)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -118,12 +117,18 @@ class Variant:
         if method not in METHODS:
             raise UnknownOptionError(f"bench variant {spec!r}: method must be one of {', '.join(METHODS)}")
         over: list[tuple[str, Any]] = []
+        loop = "current"
         for item in filter(None, (x.strip() for x in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq:
                 raise UnknownOptionError(f"bench variant {spec!r}: expected key=value, got {item!r}")
+            if key.strip() == "loop":
+                if value.strip() not in ("current", "alt"):
+                    raise UnknownOptionError(f"bench variant {spec!r}: loop must be current or alt")
+                loop = value.strip()
+                continue
             over.append((key.strip(), _parse_value(value.strip())))
-        return cls(spec, method, tuple(over))
+        return cls(spec, method, tuple(over), loop)
 
     def config(self, base) -> Any:
         return base.with_(**dict(self.overrides)).validated() if self.overrides else base.validated()
@@ -154,6 +159,8 @@ class BenchPair:
 
     @property
     def device(self) -> torch.device:
+        import torch
+
         return torch.device(self.pipe.device)
 
     @property
@@ -175,6 +182,8 @@ def _build_random_tiny(workdir: Path, max_positions: int = 8192) -> tuple[Path, 
 
 def _random_model(cls, config, dtype: torch.dtype, device: torch.device):
     """Instantiate ``cls(config)`` directly in ``dtype`` on ``device`` (random init, nothing saved)."""
+    import torch
+
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -185,17 +194,20 @@ def _random_model(cls, config, dtype: torch.dtype, device: torch.device):
     return model.eval()
 
 
-def build_real_shape_pair(verifier_shape: str = "0.6b", device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+def build_real_shape_pair(verifier_shape: str = "0.6b", device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                           image_side: int = REAL_IMAGE_SIDE):
     """Random-weight models with the published shapes, built in memory: a Qwen3-VL-2B-shaped drafter and a
     Qwen3-0.6B-shaped (or 32B-shaped) verifier, vocabulary 151936, with the small Qwen-format tokenizer.
 
     Returns ``(drafter, processor, verifier, tokenizer)``.
     """
+    import torch
+
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     from .checkpoints import build_processor, build_tokenizer, drafter_config, verifier_config
 
+    dtype = dtype or torch.bfloat16
     tok = build_tokenizer()
     proc = build_processor(tok, min_pixels=image_side * image_side, max_pixels=image_side * image_side)
     d_cfg = drafter_config(tok, max_position_embeddings=40960, **QWEN3_VL_2B)
@@ -222,6 +234,8 @@ def load_pair(pair: str = "tiny", *, drafter: str | None = None, verifier: str |
               dtype: str | torch.dtype | None = None, workdir: str | Path | None = None) -> BenchPair:
     """Load (or build) the pair to benchmark. ``tiny`` falls back to random tiny checkpoints when the bundled
     trained pair is missing, and records that in ``notes``."""
+    import torch
+
     from .errors import UnknownOptionError
     from .pipeline import AsymSpecPipeline, resolve_device
 
@@ -336,9 +350,82 @@ def _eos(pipe, ignore: bool) -> Iterator[None]:
         pipe.eos_ids = saved
 
 
+def load_alt_decode(path: str | Path):
+    """Import another version of ``asymspec_mm/decode.py`` (e.g. with perf.patch applied) as
+    ``asymspec_mm.decode_alt``, so variants written ``method:loop=alt`` run it side by side with the current loop."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("asymspec_mm.decode_alt", str(path))
+    if spec is None or spec.loader is None:
+        from .errors import UnknownOptionError
+
+        raise UnknownOptionError(f"cannot import a decoding loop from {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["asymspec_mm.decode_alt"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@contextlib.contextmanager
+def _loop_module(mod) -> Iterator[None]:
+    """Let the pipeline dispatch to ``mod``'s loops for one request."""
+    if mod is None:
+        yield
+        return
+    from . import pipeline as pl
+
+    names = ("asymspec_steps", "sd_steps", "greedy_steps")
+    saved = {n: getattr(pl, n) for n in names}
+    for n in names:
+        setattr(pl, n, getattr(mod, n))
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(pl, n, fn)
+
+
+ENGINES = ("dynamic", "static", "static-compile")
+
+
+def engine_factories(engine: str, headroom: int, device: torch.device) -> dict[str, Callable] | None:
+    """Engine constructors for ``engine`` (None: the pipeline's own). The static ones come from perf.patch."""
+    from . import engines as eng
+    from .errors import UnknownOptionError
+
+    if engine == "dynamic":
+        return None
+    if engine not in ENGINES:
+        raise UnknownOptionError(f"engine={engine!r}; choose one of {', '.join(ENGINES)}")
+    if not hasattr(eng, "StaticTextEngine"):
+        raise UnknownOptionError(f"engine={engine!r} needs the static-cache engines (apply perf.patch to asymspec_mm/engines.py)")
+    opts = dict(headroom=headroom, compile_decode=engine == "static-compile",
+                compile_mode="reduce-overhead" if device.type == "cuda" else "default")
+    return {"text": lambda model, name="verifier": eng.StaticTextEngine(model, name, **opts),
+            "vl": lambda model, name="drafter_full": eng.StaticVLEngine(model, name, **opts)}
+
+
+@contextlib.contextmanager
+def _engines(factories: dict | None) -> Iterator[None]:
+    """Let the pipeline build its streams with ``factories`` for one request."""
+    if not factories:
+        yield
+        return
+    from . import pipeline as pl
+
+    saved = pl.TextEngine, pl.VLEngine
+    pl.TextEngine, pl.VLEngine = factories["text"], factories["vl"]
+    try:
+        yield
+    finally:
+        pl.TextEngine, pl.VLEngine = saved
+
+
 def synthetic_prefill(engine, length: int, seed: int = 0) -> None:
     """Fill ``engine``'s cache with ``length`` random key/value positions (nothing forwarded): a context of that
     length for decode-cost measurements without paying its prefill."""
+    import torch
+
     from transformers import DynamicCache
 
     cfg = engine.model.config
@@ -376,6 +463,8 @@ def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int)
 
 def check_run(run: dict[str, Any]) -> dict[str, Any]:
     """Bookkeeping checks of one run: forwarded counts, accepted-per-position, token bounds, split sum."""
+    import torch
+
     k, steps = run["k"], run["steps"]
     app = run["accepted_per_position"]
     method = run["method"]
@@ -398,8 +487,11 @@ def check_run(run: dict[str, Any]) -> dict[str, Any]:
 class _Runner:
     """Runs single requests of one pair, instrumented or plain, through the pipeline or on synthetic caches."""
 
-    def __init__(self, pair: BenchPair, *, ignore_eos: bool, image_tokens: int, sync: bool):
+    def __init__(self, pair: BenchPair, *, ignore_eos: bool, image_tokens: int, sync: bool, factories: dict | None = None,
+                 alt_decode: Any = None):
         self.pair = pair
+        self.factories = factories
+        self.alt_decode = alt_decode
         self.pipe = pair.pipe
         self.ignore_eos = ignore_eos
         self.image_tokens = image_tokens
@@ -410,6 +502,7 @@ class _Runner:
             instrument: bool = True, synthetic: bool = False) -> dict[str, Any]:
         ledger = Ledger() if instrument else None
         self.current = ledger
+        self._prefill_calls: dict[str, int] = {}
         try:
             with _eos(self.pipe, self.ignore_eos):
                 if synthetic:
@@ -429,6 +522,7 @@ class _Runner:
         def start(method, prompts, c):
             streams, pending = type(pipe)._start(pipe, method, prompts, c)
             contexts.update({n: e.length + 1 for n, e in streams.items()})
+            self._prefill_calls = {n: e.forward_calls for n, e in streams.items()}
             if ledger is not None:
                 streams = wrap_streams(streams, ledger, self.clock)
                 for e in streams.values():
@@ -438,7 +532,8 @@ class _Runner:
 
         pipe._start = start  # instance attribute: shadows the method for this request only
         try:
-            with _caption_budget(caption is not None):
+            alt = self.alt_decode if variant.loop == "alt" else None
+            with _caption_budget(caption is not None), _engines(self.factories), _loop_module(alt):
                 gen = pipe.stream(case["image"], case["question"], caption=caption if caption is not None else case["caption"],
                                   ocr=case["ocr"], method=variant.method, config=cfg)
                 loop_s = 0.0
@@ -457,6 +552,8 @@ class _Runner:
 
     # -- synthetic caches: decode cost at a given context length, no prefill ---------------------
     def _run_synthetic(self, variant: Variant, cfg, length: int, ledger: Ledger | None):
+        import torch
+
         from .decode import Counters
         from .engines import TextEngine, VLEngine
 
@@ -465,19 +562,24 @@ class _Runner:
         streams: dict[str, Any] = {}
         pending: dict[str, torch.Tensor] = {}
         contexts: dict[str, int] = {}
+        text_cls, vl_cls = (self.factories["text"], self.factories["vl"]) if self.factories else (TextEngine, VLEngine)
         for i, name in enumerate(need):
-            e = TextEngine(pipe.verifier, name="verifier") if name == "verifier" else VLEngine(pipe.drafter, name=name)
+            e = text_cls(pipe.verifier, name="verifier") if name == "verifier" else vl_cls(pipe.drafter, name=name)
             n = length + (self.image_tokens if name == "drafter_full" else 0)
             synthetic_prefill(e, n, seed=i)
+            if hasattr(e, "_to_static"):
+                e._to_static()
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
             contexts[name] = n + 1
+        self._prefill_calls = {n: e.forward_calls for n, e in streams.items()}
         if ledger is not None:
             streams = wrap_streams(streams, ledger, self.clock)
             for e in streams.values():
                 e.mark_decode()
         counters = Counters(cfg.k, streams)
-        gen = pipe._loop(variant.method, streams, pending, cfg, None, counters)
+        with _loop_module(self.alt_decode if variant.loop == "alt" else None):
+            gen = pipe._loop(variant.method, streams, pending, cfg, None, counters)
         loop_s = 0.0
         t_ready = self.clock.now()
         for _ in gen:
@@ -508,6 +610,7 @@ class _Runner:
             "accepted_per_position": list(stats["accepted_per_position"]) if variant.method in ("asymspec", "sd") else [],
             "decode_forwarded": decode_fwd,
             "forward_calls": dict(stats["forward_calls"]),
+            "prefill_calls": dict(getattr(self, "_prefill_calls", {})),
             "prefill_tokens": dict(prefill),
             "vision_calls": stats.get("vision_calls", 0),
             "vision_cache_hits": stats.get("vision_cache_hits", 0),
@@ -699,6 +802,9 @@ def run_bench(
     probe_reps: int = 3,
     workdir: str | Path | None = None,
     threads: int | None = None,
+    engine: str = "dynamic",
+    alt_decode: str | Path | None = None,
+    loop_vocabs: Sequence[int] = (),
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and return its results (JSON-ready). See the module docstring.
@@ -708,7 +814,11 @@ def run_bench(
     ``plain_runs``: time throughput in separate un-instrumented runs (default: on CUDA only).
     Empty ``prompt_lengths`` / ``k_values`` skip those sweeps. ``threads``: torch CPU threads for the run
     (restored after); on a loaded machine 1 thread is often faster for tiny models (no OpenMP barrier waits).
+    ``engine``: ``dynamic`` (the engines the pipeline uses), ``static`` / ``static-compile`` (the opt-in
+    static-KV-cache engines of perf.patch, the latter with a compiled one-token decode; untested on GPU).
     """
+    import torch
+
     prev_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -718,14 +828,14 @@ def run_bench(
                           length_variants=length_variants, k_values=k_values, k_variants=k_variants, scenarios=scenarios,
                           prefill=prefill, image_tokens=image_tokens, ignore_eos=ignore_eos, device=device, dtype=dtype,
                           plain_runs=plain_runs, probe_batching=probe_batching, probe_reps=probe_reps, workdir=workdir,
-                          progress=progress)
+                          engine=engine, alt_decode=alt_decode, loop_vocabs=loop_vocabs, progress=progress)
     finally:
         torch.set_num_threads(prev_threads)
 
 
 def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cases, max_new_tokens, k, trace_top, prompt_lengths,
                length_variants, k_values, k_variants, scenarios, prefill, image_tokens, ignore_eos, device, dtype, plain_runs,
-               probe_batching, probe_reps, workdir, progress) -> dict[str, Any]:
+               probe_batching, probe_reps, workdir, engine, alt_decode, loop_vocabs, progress) -> dict[str, Any]:
     from . import decode
     from .decode import AsymSpecConfig
 
@@ -749,7 +859,17 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
     vs = [Variant.parse(v) for v in variants]
     if not any(v.name == "floor" for v in vs):
         vs.insert(0, Variant.parse("floor"))  # every ratio is paired against Floor
-    runner = _Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda")
+    factories = engine_factories(engine, headroom=max_new_tokens + 2 * max(k, *(k_values or [k])) + 8, device=dev)
+    vs_check = [Variant.parse(v) for v in variants]
+    alt_mod = None
+    if any(v.loop == "alt" for v in vs_check):
+        from .errors import UnknownOptionError
+
+        if alt_decode is None:
+            raise UnknownOptionError("variants with loop=alt need alt_decode (--alt-decode PATH)")
+        alt_mod = load_alt_decode(alt_decode)
+    runner = _Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda", factories=factories,
+                     alt_decode=alt_mod)
     inputs = bench_cases(cases, bp.image_side)
     base_len = prompt_lengths[0] if prompt_lengths else 256
     notes = list(bp.notes)
@@ -763,6 +883,9 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
                      "tower is not run (vision calls 0). Decode costs at that context length are real.")
     if ignore_eos:
         notes.append("EOS ignored: every request decodes exactly max_new_tokens tokens.")
+    if engine != "dynamic":
+        notes.append(f"engines: {engine} (opt-in static KV caches{' + compiled one-token decode' if 'compile' in engine else ''}; "
+                     "UNTESTED ON GPU unless this run is on one).")
     if plain_runs:
         notes.append("tokens/s from un-instrumented runs; the split from separate instrumented runs (synchronizing clocks).")
     else:
@@ -781,6 +904,7 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
             if plain_runs:
                 plain = one(v, cfg, case=case, caption=caption, length=length, instrument=False)
                 inst = one(v, cfg, case=case, caption=caption, length=length, instrument=True)
+                inst["instrumented_decode_s"] = inst["decode_s"]  # its checks were made against this one
                 inst.update({key: plain[key] for key in ("decode_s", "tokens_per_s")})
                 inst["plain_new_tokens"] = plain["new_tokens"]
                 out.append(inst)
@@ -790,7 +914,12 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
 
     result: dict[str, Any] = {"meta": _meta(bp, dev, prefill, reps, warmup, cases if not synthetic else 1, max_new_tokens, k, base_cfg,
                                             ignore_eos, plain_runs, image_tokens), "notes": notes}
-    with timed_functions(decode, TIMED_LOOP_FUNCTIONS, lambda: runner.current, runner.clock):
+    result["meta"]["engine"] = engine
+    if alt_mod is not None:
+        notes.append(f"variants marked loop=alt run the decoding loop of {alt_decode}, side by side with the current one.")
+        result["meta"]["alt_decode"] = str(alt_decode)
+    with timed_functions(decode, TIMED_LOOP_FUNCTIONS, lambda: runner.current, runner.clock), \
+            (timed_functions(alt_mod, TIMED_LOOP_FUNCTIONS, lambda: runner.current, runner.clock) if alt_mod else contextlib.nullcontext()):
         # ---- main comparison -------------------------------------------------------------------
         for w in range(warmup):
             say(f"warm-up {w + 1}/{warmup}")
@@ -842,6 +971,15 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
         if probe_batching:
             say("probe: batching the drafter's two streams")
             result["probes"] = {"batching": probe_drafter_batching(bp, k, base_len + image_tokens, probe_reps, runner.clock)}
+            say("probe: loop host cost with the models removed")
+            import torch
+
+            vocab = bp.pipe.verifier.get_output_embeddings().weight.shape[0]
+            mods = {"current": decode, **({"alt": alt_mod} if alt_mod is not None else {})}
+            result["probes"]["loop"] = [probe_loop(vocab, k, 20, max(3, probe_reps), bp.dtype, dev, mods, runner.clock, trace_top)]
+            for extra_vocab in loop_vocabs:
+                result["probes"]["loop"].append(probe_loop(extra_vocab, k, 10, max(3, probe_reps), torch.bfloat16, dev, mods,
+                                                           runner.clock, trace_top))
     result["targets"] = evaluate_targets(result, bp)
     result["meta"]["bench_wall_s"] = time.perf_counter() - t_start
     return result
@@ -941,13 +1079,21 @@ def _context_limit(pipe) -> int:
     return min(lim) if lim else 1 << 30
 
 
-@torch.no_grad()
 def probe_drafter_batching(bp: BenchPair, k: int, length: int, reps: int, clock: Clock) -> dict[str, Any]:
     """Does one forward of the drafter's two streams' tokens pay? Times ``extend(1) + extend(K+1)`` (full stream's
     one-token draft, compressed stream's K+1 tokens: two forwards) against ``extend(K+2)`` (one forward with
     both token counts) on a synthetic cache, interleaved. An upper bound on the saving of batching: a real
     batch of the two streams also pays padding and a second cache's attention."""
+    import torch
+
     from .engines import VLEngine
+
+    with torch.no_grad():
+        return _probe(bp, k, length, reps, clock, VLEngine)
+
+
+def _probe(bp, k, length, reps, clock, VLEngine) -> dict[str, Any]:
+    import torch
 
     e = VLEngine(bp.pipe.drafter, name="probe")
     synthetic_prefill(e, length, seed=7)
@@ -973,6 +1119,75 @@ def probe_drafter_batching(bp: BenchPair, k: int, length: int, reps: int, clock:
             "label": "one (K+2)-token forward vs a 1-token + a (K+1)-token forward of the drafter (upper bound of a two-stream batch)"}
 
 
+class _FakeEngine:
+    """A zero-cost stream for the loop probe: ``extend`` returns precomputed logits rows (no model)."""
+
+    def __init__(self, name: str, pool, length: int = 64):
+        self.name, self.pool, self._len = name, pool, length
+        self.tokens_forwarded = self.forward_calls = 0
+        self.device = pool.device
+        self._at = 0
+
+    @property
+    def length(self) -> int:
+        return self._len
+
+    def prefill(self, ids, *args, **kwargs) -> None:
+        self._len = int(ids.numel())
+
+    def extend(self, ids):
+        n = int(ids.shape[-1])
+        self._at = (self._at + n) % (self.pool.shape[0] - 16)
+        self._len += n
+        self.tokens_forwarded += n
+        self.forward_calls += 1
+        return self.pool[self._at:self._at + n]
+
+    def truncate(self, length: int) -> None:
+        self._len = min(self._len, length)
+
+
+def probe_loop(vocab: int, k: int, steps: int, reps: int, dtype, device, modules: dict[str, Any], clock: Clock,
+               trace_top: int | None = None) -> dict[str, Any]:
+    """Host cost of one AsymSpec step with the models taken out: the three streams are zero-cost fakes returning
+    precomputed ``[n, vocab]`` logits, so what remains is the loop itself (gate, trace, packing, transfers,
+    events, truncation). ``modules``: name -> decode module (e.g. the current loop and perf.patch's), run
+    interleaved; medians of per-step time."""
+    import torch
+
+    from .decode import AsymSpecConfig, Counters
+
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    base = torch.randn(256, vocab, generator=gen) * 3.0
+    pools = {s: (base + 0.8 * torch.randn(256, vocab, generator=gen)).to(device=device, dtype=dtype) for s in STREAMS}
+    cfg = AsymSpecConfig(k=k, max_new_tokens=10**6)
+    if trace_top is not None:
+        cfg = cfg.with_(trace_top=trace_top)
+    per: dict[str, list[float]] = {name: [] for name in modules}
+    accepted: dict[str, int] = {}
+    for r in range(reps):
+        for name in _rotate(list(modules), r):
+            mod = modules[name]
+            streams = {s: _FakeEngine(s, pools[s]) for s in STREAMS}
+            counters = Counters(k, streams)
+            pend = torch.tensor([5], device=device)
+            it = mod.asymspec_steps(streams["drafter_full"], streams["drafter_comp"], streams["verifier"], (pend, pend, pend), cfg,
+                                    set(), None, counters)
+            next(it)  # first step allocates buffers
+            t0 = clock.now()
+            for _ in range(steps):
+                next(it)
+            per[name].append((clock.now() - t0) / steps)
+            accepted[name] = counters.accepted
+    out = {"vocab": vocab, "k": k, "steps": steps, "dtype": str(dtype).replace("torch.", ""), "trace_top": cfg.trace_top,
+           "step_s": {n: median(v) for n, v in per.items()}, "reps_s": per,
+           "label": "AsymSpec loop with zero-cost fake engines (models removed): host cost per step"}
+    names = list(modules)
+    if len(names) == 2 and out["step_s"][names[0]]:
+        out["ratio"] = median([b / a for a, b in zip(per[names[0]], per[names[1]])])
+    return out
+
+
 def _collect_checks(runs: list[dict]) -> dict[str, Any]:
     errs = [r["checks"].get("split_sum_rel_err", 0.0) for r in runs]
     return {"runs": len(runs),
@@ -984,6 +1199,8 @@ def _collect_checks(runs: list[dict]) -> dict[str, Any]:
 
 
 def _meta(bp, dev, prefill, reps, warmup, cases, max_new, k, cfg, ignore_eos, plain_runs, image_tokens) -> dict[str, Any]:
+    import torch
+
     import transformers
 
     return {
@@ -1150,6 +1367,18 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         lines += ["### Probe: batching the drafter's two streams in one forward", "",
                   f"{pb['label']}, context {pb['context']}: separate {_f(pb['separate_s'], '{:.1f}', 1e3)} ms, one forward "
                   f"{_f(pb['batched_s'], '{:.1f}', 1e3)} ms, saving **{_f(pb['saving_frac'], '{:.0f}%', 100)}** of those two forwards.", ""]
+    probes_loop = res.get("probes", {}).get("loop") or []
+    if probes_loop:
+        names = list(probes_loop[0]["step_s"])
+        lines += ["### Probe: the loop alone (models replaced by zero-cost fakes)", "",
+                  f"{probes_loop[0]['label']}; K={probes_loop[0]['k']}, trace_top={probes_loop[0]['trace_top']}; medians over interleaved reps.", "",
+                  "| vocab | dtype | " + " | ".join(f"{n} ms/step" for n in names) + (" | alt / current (paired) |" if len(names) == 2 else " |"),
+                  "|---|---|" + "---|" * (len(names) + (1 if len(names) == 2 else 0))]
+        for pl in probes_loop:
+            cells = " | ".join(_f(pl["step_s"][n], "{:.2f}", 1e3) for n in names)
+            ratio = f" | {_f(pl.get('ratio'), '{:.2f}')} |" if len(names) == 2 else " |"
+            lines.append(f"| {pl['vocab']} | {pl['dtype']} | {cells}{ratio}")
+        lines.append("")
     tg = res.get("targets", [])
     if tg:
         lines += ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
@@ -1195,7 +1424,7 @@ def render_chart(res: dict[str, Any], path: str | Path) -> Path:
         left = [a + b for a, b in zip(left, vals)]
     ax2.set_xlabel("% of step time")
     ax2.set_title("Per-step time split", fontsize=10)
-    ax2.legend(fontsize=7, loc="lower right")
+    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
     ax2.invert_yaxis()
     if sl.get("by_length"):
         Ls = [int(L) for L in sl["by_length"]]
@@ -1297,12 +1526,19 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--plain-runs", choices=["auto", "yes", "no"], default="auto")
-    p.add_argument("--no-probe", action="store_true", help="skip the batching probe")
+    p.add_argument("--no-probe", action="store_true", help="skip the probes (batching, loop alone)")
+    p.add_argument("--loop-vocabs", default="", help="extra vocab sizes for the loop-alone probe, e.g. 151936")
     p.add_argument("--out", default="runs/bench", help="output folder for bench.json / bench.md / bench.png [default: %(default)s]")
     p.add_argument("--stem", default=None, help="output file stem [default: bench-<pair>]")
-    p.add_argument("--update-benchmarks", default=None, metavar="MD", help="also write the tables into this Markdown file's section for the pair")
+    p.add_argument("--update-benchmarks", default=None, metavar="MD",
+                   help="also write the tables into this Markdown file, in the section named after --stem (else the pair)")
     p.add_argument("--title", default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads during the bench [default: torch's]")
+    p.add_argument("--alt-decode", default=None, metavar="PATH",
+                   help="another decode.py (e.g. with perf.patch); variants 'method:loop=alt' run its loops side by side")
+    p.add_argument("--engine", choices=list(ENGINES), default="dynamic",
+                   help="stream engines: the pipeline's (dynamic) or perf.patch's static-cache ones, optionally with a compiled "
+                        "one-token decode (untested on GPU) [default: %(default)s]")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=bench_main)
     return p
@@ -1325,14 +1561,14 @@ def bench_main(args: argparse.Namespace) -> int:
             k_variants=[v for v in args.k_variants.split(";") if v.strip()], scenarios=scen, prefill=args.prefill,
             image_tokens=args.image_tokens, ignore_eos=_tri(args.ignore_eos), device=args.device, dtype=args.dtype,
             plain_runs=_tri(args.plain_runs), probe_batching=not args.no_probe, workdir=args.out, threads=args.threads,
-            progress=not args.quiet,
+            engine=args.engine, alt_decode=args.alt_decode, loop_vocabs=_ints(args.loop_vocabs), progress=not args.quiet,
         )
     except AsymSpecError as e:
         print(f"asymspec-mm bench: {e}", file=sys.stderr)
         return 2
     paths = write_outputs(res, args.out, args.stem or f"bench-{args.pair}")
     if args.update_benchmarks:
-        update_section(args.update_benchmarks, args.pair, render_markdown(res, args.title))
+        update_section(args.update_benchmarks, args.stem or args.pair, render_markdown(res, args.title))
         paths["benchmarks"] = Path(args.update_benchmarks)
     for kind, pth in paths.items():
         print(f"{kind}: {pth}")

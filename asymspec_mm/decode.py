@@ -179,19 +179,26 @@ class _Emitter:
         return kept
 
 
-def _draft_greedy(engine: Engine, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _draft_greedy(engine: Engine, pending: torch.Tensor, k: int, rows_out: torch.Tensor | None = None,
+                  keep_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward ``pending`` then k-1 own drafts one at a time: drafts ``[k]`` and their logits ``[k, V]``.
 
-    Drafts stay on the device: no host sync while drafting.
+    Drafts stay on the device: no host sync while drafting. The rows are written into a float32
+    ``[k, V]`` buffer (what the gate reads; ``rows_out`` reuses the previous step's, so a request
+    allocates it once) instead of being stacked and converted again; ``keep_rows=False`` keeps none.
     """
-    rows, drafts = [], []
+    drafts = []
+    rows = rows_out
     x = pending
-    for _ in range(k):
+    for i in range(k):
         logits = engine.extend(x)[-1]
-        rows.append(logits)
+        if keep_rows:
+            if rows is None or rows.shape != (k, logits.shape[-1]) or rows.device != logits.device:
+                rows = torch.empty(k, logits.shape[-1], dtype=torch.float32, device=logits.device)
+            rows[i].copy_(logits)
         x = logits.argmax(-1, keepdim=True)
         drafts.append(x)
-    return torch.cat(drafts), torch.stack(rows)
+    return torch.cat(drafts), (rows if keep_rows else None)
 
 
 def _pack(g, drafts: torch.Tensor) -> torch.Tensor:
@@ -236,24 +243,25 @@ def asymspec_steps(
     gate_kw = dict(gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
     top = cfg.trace_top
     step = 0
+    a = None
     while not out.done:
         base_full, base_comp, base_ver = drafter_full.length, drafter_comp.length, verifier.length
-        drafts, a = _draft_greedy(drafter_full, p_full, k)  # d_1..d_K, a_1..a_K
+        drafts, a = _draft_greedy(drafter_full, p_full, k, rows_out=a)  # d_1..d_K, a_1..a_K (float32, reused)
         b = drafter_comp.extend(torch.cat([p_comp.to(drafts.device), drafts]))  # b_1..b_{K+1}
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).to(a.device)
         g = gate_step(a, b[:k], t[:k], drafts, **gate_kw)
         t_last = t[k].float().log_softmax(-1)
         bonus_id = t_last.argmax()
         extra = [bonus_id.double(), t_last[bonus_id].exp().double(), b[k].float().log_softmax(-1)[bonus_id].exp().double()]
-        rows = _pack(g, drafts)  # [K, 10]
-        tops = None
+        parts = [_pack(g, drafts).flatten(), torch.stack(extra)]  # [K*10], [3]
         if top:
-            fused_logits = t[: k + 1].float() + cfg.beta * _delta_rows(a, b[:k], t[:k], cfg.delta, t.shape[0] - 1)
-            tops = torch.cat([_topk(t[: k + 1], top), _topk(fused_logits, top)], dim=1)
-        # The one device-to-host transfer of the step: the decision and every token it may emit.
-        host = rows.tolist()
-        host_extra = torch.stack(extra).tolist()
-        host_tops = tops.tolist() if tops is not None else None
+            parts.append(_trace_tops(a, b, t, k, top, cfg).flatten())  # [(K+1) * 4*top]
+        # The one device-to-host transfer of the step: the decision, every token it may emit, the trace.
+        flat = torch.cat(parts).tolist()
+        host = [flat[10 * i:10 * i + 10] for i in range(k)]
+        host_extra = flat[10 * k:10 * k + 3]
+        w, o = 4 * top, 10 * k + 3
+        host_tops = [flat[o + w * i:o + w * i + w] for i in range(k + 1)] if top else None
         n_acc = 0
         while n_acc < k and host[n_acc][0] > 0.5:
             n_acc += 1
@@ -277,26 +285,36 @@ def asymspec_steps(
             drafter_full.truncate(base_full + keep)
             drafter_comp.truncate(base_comp + keep)
             verifier.truncate(base_ver + keep)
+            last_dev = g.fused[n_acc:n_acc + 1]  # the fused token, already on the device
         else:
             a_bonus = drafter_full.extend(drafts[k - 1 :])[-1]  # keeps the full stream current; yields a_{K+1}
             if cfg.bonus == "gated":
-                gb = gate_step(a_bonus[None], b[k:], t[k:], a_bonus.argmax(-1, keepdim=True), **gate_kw)
-                hb = _pack(gb, a_bonus.argmax(-1, keepdim=True)).tolist()[0]
-                counters.bonus_drafted += 1
+                d_bonus = a_bonus.argmax(-1, keepdim=True)
+                gb = gate_step(a_bonus[None], b[k:], t[k:], d_bonus, **gate_kw)
+                bparts = [_pack(gb, d_bonus)[0]]
                 if top:
                     fused_row = t[k:].float() + cfg.beta * _delta_rows(a_bonus[None], b[k:], t[k:], cfg.delta, 1)[:1]
-                    host_tops[k] = (_topk(t[k:], top)[0].tolist() + _topk(fused_row, top)[0].tolist())
+                    bparts += [_topk(t[k:], top)[0], _topk(fused_row, top)[0]]
+                bflat = torch.cat(bparts).tolist()  # the bonus decision's one transfer
+                hb = bflat[:10]
+                counters.bonus_drafted += 1
+                if top:
+                    host_tops[k] = bflat[10:]
                 if hb[0] > 0.5:
                     counters.bonus_accepted += 1
                     events.append(event(k, int(hb[9]), "accepted", hb[3], hb[4], hb[1], hb[2], int(hb[6])))
+                    last_dev = d_bonus
                 else:
                     events.append(event(k, int(hb[5]), "fused", hb[7], hb[8], hb[1], hb[2], int(hb[6]), draft=int(hb[9])))
+                    last_dev = gb.fused[:1]
             else:
                 vid = int(host_extra[0])
                 events.append(event(k, vid, "bonus", host_extra[1], host_extra[2], None, None, vid))
+                last_dev = bonus_id.view(1)
         committed = out.commit(events)
         if committed:
-            last = torch.tensor([committed[-1].token_id], device=drafts.device)
+            # All events kept (the usual case): the pending token is the device copy, no host-to-device copy.
+            last = last_dev if len(committed) == len(events) else torch.tensor([committed[-1].token_id], device=drafts.device)
             p_full = p_comp = p_ver = last
         if observer is not None:
             observer(step, list(out.tokens))
@@ -312,6 +330,14 @@ def _delta_rows(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str, 
     if d.shape[0] < n_rows + 1:
         d = torch.cat([d, torch.zeros_like(d[:1]).expand(n_rows + 1 - d.shape[0], -1)])
     return d
+
+
+def _trace_tops(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, k: int, top: int, cfg: AsymSpecConfig) -> torch.Tensor:
+    """``[K+1, 4*top]``: per position, the verifier's then the fused distribution's top tokens. At the bonus
+    position delta is 0, so the fused row *is* the verifier's row: taken from it, not padded and recomputed."""
+    top_ver = _topk(t[: k + 1], top)
+    fused = t[:k].float() + cfg.beta * _delta_rows(a, b[:k], t[:k], cfg.delta, k - 1)
+    return torch.cat([top_ver, torch.cat([_topk(fused, top), top_ver[k:]])], dim=1)
 
 
 def greedy_steps(
@@ -361,7 +387,7 @@ def sd_steps(
     step = 0
     while not out.done:
         base_comp, base_ver = drafter_comp.length, verifier.length
-        drafts, _ = _draft_greedy(drafter_comp, p_comp, k)
+        drafts, _ = _draft_greedy(drafter_comp, p_comp, k, keep_rows=False)
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).float()
         v_ids = t.argmax(-1)  # [K+1]
         p_v = t.log_softmax(-1).gather(-1, v_ids[:, None])[:, 0].exp()
@@ -386,7 +412,8 @@ def sd_steps(
         else:
             drafter_comp.extend(drafts[k - 1 :])
         committed = out.commit(events)
-        if committed:
-            p_comp = p_ver = torch.tensor([committed[-1].token_id], device=drafts.device)
+        if committed:  # all events kept: the last token is v_ids[n_acc], already on the device
+            p_comp = p_ver = (v_ids[n_acc:n_acc + 1].to(drafts.device) if len(committed) == len(events)
+                              else torch.tensor([committed[-1].token_id], device=drafts.device))
         yield committed
     counters.stopped_by = out.stopped_by  # type: ignore[attr-defined]

@@ -166,3 +166,128 @@ class VLEngine(TextEngine):
     def _positions(self, n: int) -> torch.Tensor:
         """``[3, 1, n]``: every token after the prompt is text, at index + rope delta on all three axes."""
         return extension_positions(self.length, n, self.rope_delta, self.device).unsqueeze(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Opt-in fast path for GPUs (gpt-fast style): static KV caches and a compiled one-token decode.
+# UNTESTED ON GPU: written and checked on CPU only (static caches: token-for-token against the
+# dynamic engines on the tiny pair; compile: falls back to eager when it cannot compile).
+# ---------------------------------------------------------------------------------------------
+
+
+class _StaticCacheMixin:
+    """A preallocated ``StaticCache`` instead of a growing ``DynamicCache``, lengths tracked on the host.
+
+    Prefill runs as usual into a DynamicCache (including the VL prefix store) and is then copied once
+    into a StaticCache of ``prompt + headroom`` positions; decode-phase forwards write in place, and a
+    rejection rolls back by moving the write position (``crop`` on a static layer touches no data). With
+    ``compile_decode`` the one-token forward (the drafter's drafting step) runs through
+    ``torch.compile(mode=compile_mode)``; on CUDA ``reduce-overhead`` captures it in a CUDA graph. Any
+    compile failure falls back to eager once, with a warning.
+    """
+
+    headroom: int
+    compile_decode: bool
+    compile_mode: str
+    _static_len: int
+    _static_max: int
+    _decode_fn: object
+
+    def _init_static(self, headroom: int, compile_decode: bool, compile_mode: str) -> None:
+        self.headroom = headroom
+        self.compile_decode = compile_decode
+        self.compile_mode = compile_mode
+        self._static_len = 0
+        self._decode_fn = None
+
+    def _is_static(self) -> bool:
+        from transformers import StaticCache
+
+        return isinstance(self.cache, StaticCache)
+
+    @property
+    def length(self) -> int:
+        if self._is_static():
+            return self._static_len
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def _to_static(self) -> None:
+        from transformers import StaticCache
+
+        dyn = self.cache
+        n = dyn.get_seq_length()
+        self._static_max = n + self.headroom
+        static = StaticCache(config=self.model.config, max_cache_len=self._static_max)
+        for i, layer in enumerate(dyn.layers):
+            keys = getattr(layer, "keys", None)
+            if keys is not None and keys.numel():
+                static.update(layer.keys, layer.values, i)
+        self.cache = static
+        self._static_len = n
+
+    def _decode_model(self, n: int):
+        if n != 1 or not self.compile_decode:
+            return self.model
+        if self._decode_fn is None:
+            self._decode_fn = torch.compile(self.model, mode=self.compile_mode, dynamic=False)
+        return self._decode_fn
+
+    @torch.no_grad()
+    def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        if not self._is_static():  # prefill: the usual dynamic path
+            return super()._forward(ids, keep)  # type: ignore[misc]
+        n = ids.shape[-1]
+        if self._static_len + n > self._static_max:
+            raise RuntimeError(f"{self.name}: static cache full ({self._static_len} + {n} > {self._static_max}); raise headroom")
+        kwargs = dict(input_ids=ids.view(1, -1).to(self.device), position_ids=self._positions(n), cache=self.cache,
+                      use_cache=True, logits_to_keep=keep)
+        model = self._decode_model(n)
+        try:
+            out = model(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - compile problems must not break decoding
+            if model is self.model:
+                raise
+            import warnings
+
+            warnings.warn(f"{self.name}: compiled decode failed ({type(exc).__name__}: {exc}); using eager", stacklevel=2)
+            self.compile_decode = False
+            self._decode_fn = None
+            out = self.model(**kwargs)
+        self._static_len += n
+        self.tokens_forwarded += n
+        self.forward_calls += 1
+        return out.logits[0]
+
+    def truncate(self, length: int) -> None:
+        if not self._is_static():
+            return super().truncate(length)  # type: ignore[misc]
+        drop = self._static_len - length
+        if drop > 0:
+            self.cache.crop(-drop)  # static layers: moves the write position back, no data touched
+            self._static_len = length
+
+
+class StaticTextEngine(_StaticCacheMixin, TextEngine):
+    """:class:`TextEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
+
+    def __init__(self, model, name: str = "verifier", headroom: int = 1024, compile_decode: bool = False,
+                 compile_mode: str = "reduce-overhead"):
+        super().__init__(model, name)
+        self._init_static(headroom, compile_decode, compile_mode)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        super().prefill(ids)
+        self._to_static()
+
+
+class StaticVLEngine(_StaticCacheMixin, VLEngine):
+    """:class:`VLEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
+
+    def __init__(self, model, name: str = "drafter_full", headroom: int = 1024, compile_decode: bool = False,
+                 compile_mode: str = "reduce-overhead"):
+        super().__init__(model, name)
+        self._init_static(headroom, compile_decode, compile_mode)
+
+    def prefill(self, ids: torch.Tensor, *args, **kwargs) -> None:
+        super().prefill(ids, *args, **kwargs)
+        self._to_static()

@@ -18,22 +18,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 
 class Clock:
     """``perf_counter`` that first waits for the device when ``sync`` is on (CUDA)."""
 
     def __init__(self, sync: bool = False):
+        import torch
+
         self.sync = bool(sync) and torch.cuda.is_available()
+        self._torch = torch
 
     @classmethod
-    def for_device(cls, device: torch.device | str | None) -> "Clock":
+    def for_device(cls, device: Any) -> "Clock":
+        import torch
+
         return cls(sync=torch.device(device).type == "cuda" if device is not None else False)
 
     def now(self) -> float:
         if self.sync:
-            torch.cuda.synchronize()
+            self._torch.cuda.synchronize()
         return time.perf_counter()
 
 

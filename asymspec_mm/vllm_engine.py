@@ -108,6 +108,8 @@ class AsymSpecWorkerExtension:
 
         def execute_model(scheduler_output, *args, **kwargs):
             out = original(scheduler_output, *args, **kwargs)
+            if kwargs.get("dummy_run") or scheduler_output is None:  # profiling / DP padding runs
+                return out
             try:
                 _capture(runner, scheduler_output, store, tracked)
             except Exception:  # never break vLLM's step; the engine reports the missing rows
@@ -161,6 +163,11 @@ def _capture(runner, scheduler_output, store: dict, tracked: dict) -> None:
             store.setdefault(extra["key"], {"first": int(new.num_computed_tokens), "rows": {}})
     if not tracked:
         return
+    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)  # continuing (chunked, resumed) requests
+    if cached is not None:  # their computed count at the start of this step
+        for rid, done in zip(getattr(cached, "req_ids", ()) or (), getattr(cached, "num_computed_tokens", ()) or ()):
+            if rid in tracked:
+                tracked[rid][2] = int(done)
     num_sched = scheduler_output.num_scheduled_tokens
     if not any(rid in tracked for rid in num_sched):
         return
@@ -179,7 +186,7 @@ def _capture(runner, scheduler_output, store: dict, tracked: dict) -> None:
                 logits = runner.model.compute_logits(hidden[offset + lo : offset + n])
                 entry = store[key]
                 for i in range(n - lo):
-                    entry["rows"][start + lo + i - 1] = None if logits is None else logits[i].float()
+                    entry["rows"][start + lo + i] = None if logits is None else logits[i].float()
             t[2] = start + n
         offset += n
 
@@ -356,6 +363,54 @@ class VLLMEngine:
             self.tokens = self.tokens[:length]  # a new list: the row memory keeps the old one
 
 
-def vllm_verifier_engine(llm, name: str = "verifier", **kwargs) -> VLLMEngine:
-    """A fresh verifier stream on ``llm`` (what the pipeline's ``_start`` creates per request)."""
-    return VLLMEngine(llm, name=name, **kwargs)
+class VLLMModel:
+    """A model served by vLLM, standing where the pipeline holds a transformers model.
+
+    It has what the pipeline reads from a model (``config``, ``generation_config``, ``name_or_path``,
+    ``eval()``) plus ``logit_width`` (the logits' vocabulary size) and ``engine(name)``, a fresh stream.
+    """
+
+    def __init__(self, llm, path: str | Path, config=None, generation_config=None):
+        self.llm = llm
+        self.name_or_path = str(path)
+        self.config = config
+        self.generation_config = generation_config
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, trust_remote_code: bool = False, local_files_only: bool | None = None,
+                        dtype: torch.dtype | str | None = None, **vllm_kwargs) -> "VLLMModel":
+        """Serve ``path`` (hub id or local directory) with vLLM; ``vllm_kwargs`` as for :func:`vllm_llm`."""
+        from transformers import AutoConfig, GenerationConfig
+
+        extra = {} if local_files_only is None else {"local_files_only": local_files_only}
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code, **extra)
+        try:
+            gen = GenerationConfig.from_pretrained(str(path), **extra)
+        except (OSError, ValueError):
+            gen = None
+        kw = dict(vllm_kwargs)
+        kw.setdefault("trust_remote_code", trust_remote_code)
+        if dtype is not None and "dtype" not in kw:
+            kw["dtype"] = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+        return cls(vllm_llm(path, **kw), path, config, gen)
+
+    def eval(self) -> "VLLMModel":
+        return self
+
+    @property
+    def logit_width(self) -> int:
+        return int(self.llm.llm_engine.vllm_config.model_config.get_vocab_size())
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
+
+    def engine(self, name: str = "verifier", **kwargs) -> VLLMEngine:
+        """A fresh stream (what the pipeline creates per request, like ``TextEngine(model)``)."""
+        return VLLMEngine(self.llm, name=name, **kwargs)
+
+
+def logit_width(model) -> int:
+    """Width of a model's logits: a :class:`VLLMModel`'s, or a transformers model's output embeddings."""
+    width = getattr(model, "logit_width", None)
+    return int(width) if width is not None else int(model.get_output_embeddings().weight.shape[0])

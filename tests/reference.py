@@ -62,9 +62,17 @@ class Reference:
         delta = {"contrast": a_row - b_row, "raw": a_row, "scd": t_row - b_row}[cfg.delta]
         return int((t_row.double() + cfg.beta * delta.double()).argmax())
 
+    @staticmethod
+    def _gap(row: torch.Tensor) -> float:
+        """Top-1 minus top-2 of a logit row: how far an argmax is from a tie."""
+        top = row.double().topk(2).values
+        return float(top[0] - top[1])
+
     def run(self, cfg, eos_ids: set[int]) -> list[tuple[int, str]]:
-        """(token, source) per emitted token."""
+        """(token, source) per emitted token. ``self.margins[i]`` is how far the decisions behind token i
+        (every argmax and gate comparison that led to it) were from a tie."""
         out: list[tuple[int, str]] = []
+        self.margins: list[float] = []
         k = cfg.k
         while True:
             drafts, a_rows = [], []
@@ -76,28 +84,40 @@ class Reference:
             b = self.drafter_comp(y + drafts)[-(k + 1):]
             t = self.verifier(y + drafts)[-(k + 1):]
             step: list[tuple[int, str]] = []
+            margins: list[float] = []
+            margin = min(self._gap(r) for r in a_rows)  # every draft is an argmax
             for i in range(k):
                 ge, _ = self.threshold(cfg, a_rows[i], b[i], drafts[i])
-                if float(_probs(t[i])[drafts[i]]) > ge * float(_probs(b[i])[drafts[i]]):
+                lhs, rhs = float(_probs(t[i])[drafts[i]]), ge * float(_probs(b[i])[drafts[i]])
+                margin = min(margin, abs(lhs - rhs) / max(lhs, rhs, 1e-30))
+                if lhs > rhs:
                     step.append((drafts[i], "accepted"))
                 else:
+                    fused_row = t[i].double() + cfg.beta * {"contrast": a_rows[i] - b[i], "raw": a_rows[i], "scd": t[i] - b[i]}[cfg.delta].double()
+                    margin = min(margin, self._gap(fused_row))
                     step.append((self.fused(cfg, a_rows[i], b[i], t[i]), "fused"))
+                margins.append(margin)
+                if step[-1][1] == "fused":
                     break
             else:
                 if cfg.bonus == "verifier":
+                    margins.append(min(margin, self._gap(t[k])))
                     step.append((int(t[k].argmax()), "bonus"))
                 else:
                     a = self.drafter_full(y + drafts)[-1]
                     g = int(a.argmax())
                     ge, _ = self.threshold(cfg, a, b[k], g)
-                    if float(_probs(t[k])[g]) > ge * float(_probs(b[k])[g]):
+                    lhs, rhs = float(_probs(t[k])[g]), ge * float(_probs(b[k])[g])
+                    margins.append(min(margin, self._gap(a), abs(lhs - rhs) / max(lhs, rhs, 1e-30)))
+                    if lhs > rhs:
                         step.append((g, "accepted"))
                     else:
                         step.append((self.fused(cfg, a, b[k], t[k]), "fused"))
-            for tok, src in step:
+            for (tok, src), m in zip(step, margins):
                 if len(out) >= cfg.max_new_tokens:
                     return out
                 out.append((tok, src))
+                self.margins.append(m)
                 if tok in eos_ids:
                     return out
             if len(out) >= cfg.max_new_tokens:

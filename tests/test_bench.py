@@ -13,7 +13,7 @@ from asymspec_mm import bench
 from asymspec_mm.bench import Variant, add_bench_parser, paired_ratios, project, run_bench, synthetic_prefill
 from asymspec_mm.timing import Clock, Ledger, TimedEngine, median, timed_functions
 
-FAST = dict(reps=2, warmup=1, cases=1, max_new_tokens=8, prompt_lengths=(), k_values=(), probe_batching=False, progress=False, threads=1)
+FAST = dict(reps=2, warmup=0, cases=1, max_new_tokens=8, prompt_lengths=(), k_values=(), probe_batching=False, progress=False, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_proxy_records_match_the_engines_counters(result):
         assert recorded == {s: n for s, n in run["decode_forwarded"].items() if n}, run["variant"]
         calls = {s: sum(len(ts) for ts in d.values()) for s, d in run["extend_costs"].items()}
         for s, n in calls.items():
-            assert run["forward_calls"][s] - (1 if run["prefill_tokens"].get(s) else 0) == n
+            assert run["forward_calls"][s] - run["prefill_calls"][s] == n
         split = run["split"]
         for s in ("drafter_full", "drafter_comp", "verifier"):
             assert split[s] == pytest.approx(sum(sum(ts) for ts in run["extend_costs"].get(s, {}).values()))
@@ -188,9 +188,16 @@ def test_projection_arithmetic():
     assert row["sd_step_s"] == pytest.approx((4 + f) * 0.01 + 0.1 + 0.001)
 
 
+def test_bench_parser_registers_a_func():
+    parser = argparse.ArgumentParser(prog="asymspec-mm")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--pair", "random-tiny", "--reps", "2", "--lengths", "", "--engine", "static"])
+    assert args.func is bench.bench_main and args.reps == 2 and args.lengths == "" and args.engine == "static"
+
+
 def test_variant_parsing():
-    v = Variant.parse("asymspec:gate=fixed,beta=0.5,k=2")
-    assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2}
+    v = Variant.parse("asymspec:gate=fixed,beta=0.5,k=2,loop=alt")
+    assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2} and v.loop == "alt"
     from asymspec_mm import AsymSpecConfig
 
     cfg = v.config(AsymSpecConfig())
@@ -205,17 +212,17 @@ def test_variant_parsing():
 
 def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     """The CI check: ``bench`` through its argparse entry on tiny settings; files exist and agree (no thresholds)."""
-    parser = argparse.ArgumentParser(prog="asymspec-mm")
-    add_bench_parser(parser.add_subparsers(dest="command"))
+    from asymspec_mm.cli import main
+
     out = tmp_path / "bench"
     md_file = tmp_path / "BENCHMARKS.md"
-    args = parser.parse_args([
+    argv = [
         "bench", "--pair", "dirs", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]),
-        "--variants", "floor;asymspec;asymspec:gate=fixed", "--reps", "1", "--warmup", "0", "--cases", "1",
+        "--variants", "floor;asymspec;asymspec:gate=fixed", "--reps", "1", "--warmup", "1", "--cases", "1",
         "--max-new-tokens", "6", "--lengths", "24,48", "--k-values", "1,2", "--out", str(out), "--stem", "b",
         "--update-benchmarks", str(md_file), "--threads", "1", "--quiet",
-    ])
-    assert args.func(args) == 0
+    ]
+    assert main(argv) == 0
     data = json.loads((out / "b.json").read_text())
     md = (out / "b.md").read_text()
     png = (out / "b.png").read_bytes()
@@ -228,7 +235,43 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     assert set(data["scaling_k"]["by_k"]) == {"floor", "asymspec@k=1", "asymspec@k=2"}
     assert {t["target"] for t in data["targets"]} >= {"loop_overhead", "gate_fusion", "length_growth"}
     section = md_file.read_text()
-    assert section.count("<!-- bench:dirs -->") == 1 and "### Per-step time split" in section
+    assert section.count("<!-- bench:b -->") == 1 and "### Per-step time split" in section
     # Re-running replaces the pair's section instead of appending a second one.
-    bench.update_section(md_file, "dirs", "replaced")
-    assert md_file.read_text().count("<!-- bench:dirs -->") == 1 and "replaced" in md_file.read_text()
+    bench.update_section(md_file, "b", "replaced")
+    assert md_file.read_text().count("<!-- bench:b -->") == 1 and "replaced" in md_file.read_text()
+
+
+def test_alternative_loop_runs_side_by_side(tiny_pipe):
+    """``method:loop=alt`` runs another decode.py's loop in the same bench (here: the same file, so same tokens)."""
+    from asymspec_mm import decode
+
+    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec", "asymspec:loop=alt"), alt_decode=decode.__file__,
+                    **{**FAST, "reps": 1, "warmup": 0})
+    runs = {r["variant"]: r for r in res["main"]["runs"]}
+    cur, alt = runs["asymspec"], runs["asymspec:loop=alt"]
+    assert (alt["new_tokens"], alt["steps"], alt["accepted_per_position"]) == (cur["new_tokens"], cur["steps"], cur["accepted_per_position"])
+    assert alt["gate_calls"] >= alt["steps"] > 0 and alt["checks"]["split_sum_rel_err"] < 0.05
+    assert res["main"]["variants"]["asymspec:loop=alt"]["ratio_to_floor"] is not None
+    from asymspec_mm import pipeline
+
+    assert pipeline.asymspec_steps is decode.asymspec_steps  # restored after the run
+
+
+def test_static_cache_engines_match_dynamic_when_present(tiny_pipe):
+    """perf.patch's opt-in static-cache engines (skipped until it is applied): same tokens and decisions."""
+    from asymspec_mm import AsymSpecConfig, engines
+
+    if not hasattr(engines, "StaticTextEngine"):
+        pytest.skip("static-cache engines not present (perf.patch not applied)")
+    from asymspec_mm import pipeline
+
+    case = bench.bench_cases(1)[0]
+    for cfg in (AsymSpecConfig(k=4, max_new_tokens=12), AsymSpecConfig(k=2, bonus="gated", gate="fixed", max_new_tokens=10)):
+        for method in ("asymspec", "sd", "floor"):
+            dyn = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg)
+            factories = bench.engine_factories("static", headroom=64, device=torch.device("cpu"))
+            with bench._engines(factories):
+                sta = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method,
+                                         config=cfg)
+            assert sta.token_ids == dyn.token_ids and [e.source for e in sta.trace] == [e.source for e in dyn.trace]
+    assert pipeline.TextEngine is engines.TextEngine and pipeline.VLEngine is engines.VLEngine

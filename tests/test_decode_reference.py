@@ -30,15 +30,25 @@ def _prompts(pipe, case, cfg):
 def test_fast_loop_equals_reference(tiny_pipe, setting):
     cfg = SETTINGS[setting]
     sources = {"accepted": 0, "fused": 0, "bonus": 0}
+    ties = [0]
     # Each setting covers its share of the 30 prompts; together all settings cover every prompt at least once.
     for seed in range(setting, N_PROMPTS, 1) if setting == 0 else range(setting * 5, setting * 5 + 5):
         case = make_case(seed)
         res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
-        ref = Reference(tiny_pipe, res.prompts).run(cfg, tiny_pipe.eos_ids)
-        assert [t for t, _ in ref] == res.token_ids, f"tokens differ for prompt {seed}"
-        assert [s for _, s in ref] == [ev.source for ev in res.trace], f"decisions differ for prompt {seed}"
+        reference = Reference(tiny_pipe, res.prompts)
+        ref = reference.run(cfg, tiny_pipe.eos_ids)
+        got = [(ev.token_id, ev.source) for ev in res.trace]
+        if got != ref:
+            # Cached and uncached forwards differ by float rounding (~1e-6); only a decision that close
+            # to a tie in the reference may differ, and then the two runs legitimately part ways.
+            first = next(i for i, (x, y) in enumerate(zip(got + [None] * len(ref), ref + [None] * len(got))) if x != y)
+            assert first < len(reference.margins) and reference.margins[first] < 1e-4, (
+                f"prompt {seed}: fast loop {got} != reference {ref} at token {first}, "
+                f"not a numerical tie (margin {reference.margins[first] if first < len(reference.margins) else None})")
+            ties[0] += 1
         for ev in res.trace:
             sources[ev.source] += 1
+    assert ties[0] <= 1, f"{ties[0]} prompts parted at numerical ties: too many to be rounding"
     if setting in (0, 4):  # the settings where every branch must have been exercised
         assert sources["accepted"] and sources["fused"], sources
     if setting == 0:

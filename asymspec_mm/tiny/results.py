@@ -33,9 +33,9 @@ def runs() -> list[tuple[str, str, dict[str, Any]]]:
     return [
         ("Floor (verifier alone)", "floor", {}),
         ("Drafter alone (full view)", "drafter", {}),
-        ("SD (K=4)", "sd", dict(k=4)),
         ("AsymSpec, bonus=verifier", "asymspec", dict(base, bonus="verifier")),
         ("AsymSpec, bonus=gated", "asymspec", dict(base, bonus="gated")),
+        ("SD (K=4)", "sd", dict(k=4)),
         ("AsymSpec fixed gamma, bonus=verifier", "asymspec", dict(base, gate="fixed", bonus="verifier")),
         ("AsymSpec fixed gamma, bonus=gated", "asymspec", dict(base, gate="fixed", bonus="gated")),
         ("AsymSpec beta=0, bonus=verifier", "asymspec", dict(base, beta=0.0, bonus="verifier")),
@@ -60,20 +60,29 @@ def decisive_event(result, problem: dict[str, Any], tokenizer) -> tuple[Any | No
     return ev, ok
 
 
-def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True) -> dict[str, Any]:
+MAIN_ROWS = 4  # Floor, drafter and AsymSpec in both bonus modes run on all problems; SD and the ablations on --ablation-n
+
+
+def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablation_n: int | None = None,
+             part: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     from ..decode import AsymSpecConfig
 
     tok = pipe.tokenizer
     out: dict[str, Any] = {}
-    for label, method, over in runs():
+    for row, (label, method, over) in enumerate(runs()):
+        if row % part[1] != part[0]:
+            continue
         cfg = AsymSpecConfig(max_new_tokens=40, trace_top=0, **over)
         rows: dict[str, dict[str, list[float]]] = {}
         t0 = time.time()
-        for p in problems:
+        probs = problems if row < MAIN_ROWS or ablation_n is None else problems[:ablation_n]
+        correct: list[int] = []
+        for p in probs:
             res = pipe.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], method=method, config=cfg)
             fam = mv.family_of(p)
             r = rows.setdefault(fam, {k: [] for k in ("acc", "acc_rate", "mal", "tok", "wall", "dec_jsd", "dec_src", "dec_ok", "dec_acc_ok")})
             r["acc"].append(float(mv.is_correct(res.text, p)))
+            correct.append(int(r["acc"][-1]))
             st = res.stats
             r["tok"].append(st["new_tokens"])
             r["wall"].append(st["decode_wall_s"])
@@ -86,7 +95,7 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True) -> dic
                 if ev.jsd is not None:
                     r["dec_jsd"].append(ev.jsd)
                 r["dec_src"].append(ev.source)
-        out[label] = {"method": method, "config": over, "families": {}}
+        out[label] = {"method": method, "config": over, "families": {}, "correct": correct, "row": row}
         for fam, r in rows.items():
             n = len(r["acc"])
             src = r["dec_src"]
@@ -106,34 +115,44 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True) -> dic
     return out
 
 
+def _subset_acc(res: dict[str, Any], label: str, fam: str, n_fam: int) -> float:
+    """Accuracy of ``label`` on the first ``n_fam`` problems of family ``fam`` (ablation rows use a prefix)."""
+    fams = [mv.FAMILIES[i % len(mv.FAMILIES)] for i in range(len(res[label]["correct"]))]
+    vals = [c for c, f in zip(res[label]["correct"], fams) if f == fam][:n_fam]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
 def _f(x, fmt="{:.1f}", scale=1.0) -> str:
     return "–" if x is None else fmt.format(x * scale)
 
 
-def markdown(res: dict[str, Any], n: int, seed: int, name: str) -> str:
+def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int | None = None) -> str:
     fams = [f for f in mv.FAMILIES if f in res["Floor (verifier alone)"]["families"]]
     lines = [
         "# MiniVista results of the tiny pair",
         "",
         f"`python -m asymspec_mm.tiny.results --n {n} --seed {seed}` ({name}; held-out seed {seed}, {n} problems, "
         "families rotating; greedy; CPU). AsymSpec: CDA gate, K=4, beta=1, gamma=0.5 unless stated. "
-        "Recovery = (method − Floor) / (drafter − Floor). Acceptance = accepted drafts / drafted; "
-        "accepted length = tokens committed per step.",
+        "Recovery = (method − Floor) / (drafter − Floor) on the same problems. Acceptance = accepted drafts / drafted; "
+        "accepted length = tokens committed per step. SD and the ablation rows (fixed gamma, beta=0) run on the first "
+        f"{ablation_n or n} problems.",
         "",
     ]
     for fam in fams:
-        floor = res["Floor (verifier alone)"]["families"][fam]["accuracy"]
-        drafter = res["Drafter alone (full view)"]["families"][fam]["accuracy"]
-        gap = drafter - floor
         lines += [
             f"## {fam} ({mv.FAMILY_TASK[fam]}, n={res['Floor (verifier alone)']['families'][fam]['n']})",
+            "",
+            f"Floor {_subset_acc(res, 'Floor (verifier alone)', fam, 10**9) * 100:.1f}%, drafter alone "
+            f"{_subset_acc(res, 'Drafter alone (full view)', fam, 10**9) * 100:.1f}%.",
             "",
             "| method | accuracy (%) | recovery | acceptance | accepted length | tokens/s |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for label, r in res.items():
+        for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
             v = r["families"][fam]
-            rec = (v["accuracy"] - floor) / gap if abs(gap) > 1e-9 and r["method"] in ("asymspec", "sd") else None
+            f_sub, d_sub = _subset_acc(res, "Floor (verifier alone)", fam, v["n"]), _subset_acc(res, "Drafter alone (full view)", fam, v["n"])
+            gap = d_sub - f_sub
+            rec = (v["accuracy"] - f_sub) / gap if abs(gap) > 1e-9 and r["method"] in ("asymspec", "sd") else None
             lines.append(
                 f"| {label} | {v['accuracy'] * 100:.1f} | {_f(rec, '{:.0f}%', 100)} | {_f(v['acceptance_rate'], '{:.2f}')} | "
                 f"{_f(v['mean_accepted_length'], '{:.2f}')} | {v['tokens_per_s']:.0f} |"
@@ -149,7 +168,7 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str) -> str:
         "| method | family | correct (%) | mean JSD | accepted | fused | bonus |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for label, r in res.items():
+    for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
         for fam in fams:
             v = r["families"][fam]
             src = v["decisive_source"] or {}
@@ -169,7 +188,6 @@ def load_pipeline(drafter: str | None, verifier: str | None):
 
     from ..pipeline import AsymSpecPipeline
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     if drafter and verifier:
         return AsymSpecPipeline.from_pretrained(drafter=drafter, verifier=verifier, device="cpu", dtype="fp32", local_files_only=True, ocr="none")
     return AsymSpecPipeline.from_preset("tiny", ocr="none")
@@ -182,17 +200,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pair", default=None, help="a directory with drafter/ and verifier/ (default: the shipped tiny preset)")
     ap.add_argument("--out", default=str(RESULTS_MD), help="Markdown output ('-': stdout only)")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
+    ap.add_argument("--ablation-n", type=int, default=None, help="problems for the ablation rows (default: --n)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--part", default="0/1", help="run only rows i::k ('i/k'), writing --json; combine with --merge")
+    ap.add_argument("--merge", nargs="*", default=None, help="build the table from these --json files instead of running")
     args = ap.parse_args(argv)
     pair = Path(args.pair) if args.pair else None
-    pipe = load_pipeline(str(pair / "drafter") if pair else None, str(pair / "verifier") if pair else None)
-    problems = mv.generate(args.n, args.seed)
-    res = evaluate(pipe, problems)
-    md = markdown(res, args.n, args.seed, f"pair {pair}" if pair else "shipped tiny preset")
+    name = f"pair {pair}" if pair else "shipped tiny preset"
+    if args.merge:
+        res = {}
+        for f in args.merge:
+            res.update(json.loads(Path(f).read_text()))
+    else:
+        import torch
+
+        pipe = load_pipeline(str(pair / "drafter") if pair else None, str(pair / "verifier") if pair else None)
+        torch.set_num_threads(args.threads)
+        problems = mv.generate(args.n, args.seed)
+        i, k = (int(x) for x in args.part.split("/"))
+        res = evaluate(pipe, problems, ablation_n=args.ablation_n, part=(i, k))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+        if k > 1:
+            return 0
+    md = markdown(res, args.n, args.seed, name, args.ablation_n)
     print(md)
     if args.out != "-":
         Path(args.out).write_text(md)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
 
 

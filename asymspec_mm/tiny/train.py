@@ -12,9 +12,20 @@
    The drafter trains on both of its views (image+text full view and text-only compressed view);
    the verifier on the compressed view only.
 4. The two models train in two worker processes (one CPU thread each), in parallel, for a fixed
-   number of steps with fixed seeds; each logs teacher-forced accuracies on a held-out slice.
+   number of steps with fixed seeds; each logs teacher-forced accuracies on a held-out slice
+   (exact = greedy would reproduce the reference; dec = the decisive token; fin = the final answer
+   token) and saves its checkpoint every ``--eval-every`` steps.
+   - verifier: ``--verifier-steps`` at ``--verifier-lr``, then a second phase (fresh schedule,
+     ``--verifier-phase2-steps`` at ``--verifier-phase2-lr``) with the final answer token weighted x4;
+   - drafter: full view (+2 captioning examples) with the decisive token weighted x8, a quarter batch
+     of the compressed view, and a batch of short dense-description examples ("bars: red 9, ...")
+     so the vision path gets a signal at every position.
 5. ``save_pair`` writes ``DIR/drafter`` and ``DIR/verifier``; a greedy evaluation of each model
-   alone (and, where the pipeline exists, nothing else) is printed at the end.
+   alone is printed at the end (``--eval-n``).
+
+``--only``, ``--phase2-only`` and ``--drafter-resume-from`` continue a run from the checkpoints in
+``DIR/_work`` (the shipped pair was trained in such pieces; see README.md beside this file), and
+``--export-from DIR/_work`` exports the latest checkpoints without training.
 """
 
 from __future__ import annotations
@@ -334,7 +345,7 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
             bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
             lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"], bf["weights"])
             (0.6 * lf).backward()
-            bc = collate(ex[: batch // 2], "comp", pad_id)
+            bc = collate(ex[: batch // 4], "comp", pad_id)
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
             (0.4 * lc).backward()
             parts = {"full": lf.item(), "comp": lc.item()}
@@ -381,7 +392,7 @@ def export_pair(work: Path, out: Path):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier)")
-    ap.add_argument("--drafter-steps", type=int, default=1200)
+    ap.add_argument("--drafter-steps", type=int, default=1500)
     ap.add_argument("--verifier-steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Real-shape benchmark on one GPU, in under 8 minutes (prepared on CPU; NOT YET RUN ON A GPU).
+#
+#   scripts/gpu_bench.sh            # outputs in $OUT (when set, e.g. on the device machine) or runs/gpu-bench
+#
+# Needs: a CUDA build of torch, transformers 5.x and matplotlib in $PYTHON (default: .venv/bin/python if present,
+# else python3). No network: the models are RANDOM-weight, built in memory with the published shapes
+# (Qwen3-VL-2B-shaped drafter + Qwen3-32B-shaped verifier, bf16; ~70 GB of GPU memory), so acceptance
+# means nothing there and the Markdown labels AsymSpec/SD throughput as a PROJECTION from per-call costs.
+#
+# Phases (each under its own timeout, so a slow phase cannot eat the others' time):
+#   1. dynamic engines (the pipeline's, default): main comparison + prompt-length sweep (256/1k/4k view
+#      tokens, real prefill) + K sweep; tokens/s from un-instrumented runs, the split from synchronised ones.
+#   2. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs), if
+#      perf.patch is applied (asymspec_mm/engines.py has StaticTextEngine); skipped otherwise.
+#   3. a 0.6B-verifier run (the CPU bench's pair) for a like-for-like comparison with BENCHMARKS.md's CPU tables.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
+fi
+OUTDIR="${OUT:-runs/gpu-bench}"
+mkdir -p "$OUTDIR"
+LOG="$OUTDIR/gpu_bench.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 MPLBACKEND=Agg
+T0=$(date +%s)
+left() { echo $(( 470 - ($(date +%s) - T0) )); }   # seconds left of the ~8-minute budget (with margin)
+
+{
+  echo "== gpu_bench.sh $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found"
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), 'transformers', transformers.__version__)"
+} 2>&1 | tee "$LOG"
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "no CUDA device: stop" | tee -a "$LOG"; exit 2; }
+
+COMMON=(--device cuda --dtype bf16 --prefill pipeline --ignore-eos yes --plain-runs yes --cases 1 --out "$OUTDIR" --update-benchmarks "$OUTDIR/BENCHMARKS-gpu.md")
+
+# Phase 1: ~4 min. 2B drafter + 32B verifier shapes.
+timeout 270 "$PY" -m asymspec_mm.bench --pair real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b \
+  --variants "floor;drafter;sd;asymspec;asymspec:gate=fixed;asymspec:delta=scd;asymspec:bonus=gated" \
+  --reps 3 --warmup 1 --max-new-tokens 48 --lengths 256,1024,4096 --length-variants "floor;asymspec" \
+  --k-values 2,4,6 --k-variants "asymspec;sd" --title "GPU: Qwen3-VL-2B + Qwen3-32B shapes (random weights), dynamic caches" \
+  2>&1 | tee -a "$LOG"
+echo "phase 1 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+
+# Phase 2: ~2 min, only with perf.patch applied (static caches + CUDA-graph decode; UNTESTED ON GPU so far).
+if "$PY" -c "import asymspec_mm.engines as e, sys; sys.exit(0 if hasattr(e, 'StaticTextEngine') else 1)"; then
+  if [ "$(left)" -gt 100 ]; then
+    timeout $(( $(left) - 70 )) "$PY" -m asymspec_mm.bench --pair real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b-static-compile \
+      --engine static-compile --variants "floor;asymspec" --reps 3 --warmup 2 --max-new-tokens 48 --lengths "" --k-values "" \
+      --no-probe --title "GPU: 2B + 32B shapes, static caches + compiled one-token decode" 2>&1 | tee -a "$LOG"
+    echo "phase 2 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+  fi
+else
+  echo "phase 2 skipped: perf.patch not applied (no StaticTextEngine)" | tee -a "$LOG"
+fi
+
+# Phase 3: whatever is left: the 0.6B-verifier pair of the CPU tables.
+if [ "$(left)" -gt 60 ]; then
+  timeout $(( $(left) - 10 )) "$PY" -m asymspec_mm.bench --pair real-shapes "${COMMON[@]}" --stem bench-gpu-0.6b \
+    --variants "floor;drafter;sd;asymspec" --reps 3 --warmup 1 --max-new-tokens 32 --lengths 256 --k-values "" --no-probe \
+    --title "GPU: Qwen3-VL-2B + Qwen3-0.6B shapes (random weights)" 2>&1 | tee -a "$LOG"
+  echo "phase 3 rc=${PIPESTATUS[0]}" | tee -a "$LOG"
+fi
+echo "== done in $(( $(date +%s) - T0 ))s; outputs in $OUTDIR" | tee -a "$LOG"
+ls -la "$OUTDIR" | tee -a "$LOG"
