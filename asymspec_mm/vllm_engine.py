@@ -112,8 +112,11 @@ class AsymSpecWorkerExtension:
                 return out
             try:
                 _capture(runner, scheduler_output, store, tracked)
-            except Exception:  # never break vLLM's step; the engine reports the missing rows
+            except Exception as exc:  # never break vLLM's step; the engine raises with this message
                 log.exception("asymspec: capturing hidden states failed")
+                for rid in scheduler_output.num_scheduled_tokens:
+                    if rid in tracked and tracked[rid][0] in store:
+                        store[tracked[rid][0]]["error"] = f"{type(exc).__name__}: {exc}"
             return out
 
         runner.execute_model = execute_model
@@ -129,6 +132,8 @@ class AsymSpecWorkerExtension:
         entry = self.model_runner._asymspec_store.pop(key, None)
         if entry is None:
             return None
+        if "error" in entry:
+            raise RuntimeError(f"capturing the hidden states in vLLM's worker failed: {entry['error']}")
         rows = entry["rows"]
         positions = sorted(rows)
         logits = None
@@ -320,7 +325,7 @@ class VLLMEngine:
         tokens = self.tokens + new
         wanted = range(start, len(tokens))
         rows: dict[int, torch.Tensor] = {}
-        for attempt in range(2):
+        for _attempt in range(2):
             got = self._take(self._submit(tokens, start))
             if got is None:
                 raise RuntimeError(f"{self.name}: vLLM returned no captured rows (is the worker extension installed?)")

@@ -81,7 +81,7 @@ def check_equality(args, work: Path, llm_kw: dict) -> dict:
 
     from asymspec_mm.decode import AsymSpecConfig, asymspec_steps
     from asymspec_mm.engines import TextEngine
-    from asymspec_mm.vllm_engine import VLLMEngine, VLLMModel
+    from asymspec_mm.vllm_engine import VLLMModel
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -47,9 +47,11 @@ def test_tokens_forwarded_exact_counts(tiny_pipe):
     """Prefill caches prompt[:-1]; each step forwards K on the full stream (+1 after K acceptances) and K+1 on the others."""
     k = 3
     case = make_case(7)
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
+    image = make_image(7007)  # an image no other test shows this pipeline: no prefix-KV reuse
+    res = tiny_pipe.generate(image, case["question"], caption=case["caption"], ocr=case["ocr"],
                              config=AsymSpecConfig(k=k, max_new_tokens=15))
     s, p = res.stats, res.prompts
+    assert not s["prefix_cache_hit"]
     full_steps = s["accepted_per_position"][k - 1]  # steps whose K drafts were all accepted
     assert 0 < full_steps < s["steps"]
     assert s["prefill_tokens"] == {"drafter_full": p.drafter_full_ids.shape[1] - 1,

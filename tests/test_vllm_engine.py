@@ -157,6 +157,13 @@ def test_hook_maps_rows_to_positions(v2):
     assert "ours" not in runner._asymspec_tracked
     first, positions, logits = worker.asymspec_take("k2")
     assert first == 40 and positions == [40] and logits.shape == (1, 8)
+    # a failure inside the hook does not break vLLM's step; the engine's take raises with its message
+    sched4, hidden4 = _fake_step([("bad", 0, {"key": "k3", "from": 0})], [("bad", 2)])
+    runner.steps.append((["bad"], hidden4))
+    runner.model.compute_logits = lambda h: 1 / 0
+    runner.execute_model(sched4)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        worker.asymspec_take("k3")
 
 
 # ------------------------------------------------------------------ fixtures (vLLM)
@@ -178,7 +185,7 @@ def _build_text_pair(out):
     torch.manual_seed(1)
     verifier = Qwen3ForCausalLM(v_cfg).eval()
     with torch.no_grad():
-        for (name, p), base in zip(verifier.state_dict().items(), drafter.state_dict().values()):
+        for p, base in zip(verifier.state_dict().values(), drafter.state_dict().values(), strict=True):
             p.copy_(base + 0.03 * base.std().clamp_min(1e-3) * torch.randn_like(base))
     dirs = []
     for name, model in (("drafter", drafter), ("verifier", verifier)):
@@ -243,7 +250,7 @@ def test_logits_equal_transformers_over_40_accept_reject_rounds(pair):
         want, got = ref.extend(x), eng.extend(x)
         assert got.shape == want.shape == (k + 1, pair.vocab)
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"step {step}: {m}")
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m, step=step: f"step {step}: {m}")
         # O(K): vLLM recomputed only the last partial cache block and the new tokens, never the prompt.
         assert eng.tokens_computed - computed <= BLOCK - 1 + k + 1
         keep = rng.randint(0, k) + 1  # accepted drafts + the pending token
