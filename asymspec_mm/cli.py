@@ -180,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
 
         warnings.filterwarnings("ignore")
         logging.getLogger("transformers").setLevel(logging.ERROR)
+        try:  # the per-shard "Loading weights" bars drown the answer on a terminal
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except Exception:  # pragma: no cover - older transformers
+            pass
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         rc = args.func(args)
