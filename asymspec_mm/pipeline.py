@@ -18,6 +18,9 @@ from .decode import METHODS, AsymSpecConfig, Counters, TokenEvent, asymspec_step
 from .engines import TextEngine, VLEngine
 from .errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError, VocabularyMismatchError
 from .prompts import Prompts, build_prompts
+from .vllm_engine import logit_width
+
+BACKENDS = ("transformers", "vllm")
 
 log = logging.getLogger("asymspec_mm")
 
@@ -111,6 +114,7 @@ class AsymSpecPipeline:
         captioner: str | Any = "drafter",
         name: str = "custom",
         check_vocab: bool = True,
+        drafter_comp: Any = None,
     ):
         from captioning.captioner import DrafterCaptioner
         from vision_cache.features import VisionEncoder
@@ -119,13 +123,15 @@ class AsymSpecPipeline:
         self.processor = processor
         self.verifier = verifier.eval()
         self.verifier_tokenizer = verifier_tokenizer
+        # optional: a model serving the drafter's compressed stream (a VLLMModel); default the drafter itself
+        self.drafter_comp = drafter_comp
         self.tokenizer = processor.tokenizer
         self.device = device or next(drafter.parameters()).device
         self.name = name
         if check_vocab:
             check_vocabularies(
                 self.tokenizer, verifier_tokenizer,
-                drafter.get_output_embeddings().weight.shape[0], verifier.get_output_embeddings().weight.shape[0],
+                logit_width(drafter), logit_width(verifier),
             )
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
         from vision_cache.store import FeatureStore
@@ -152,6 +158,10 @@ class AsymSpecPipeline:
         verifier_device_map: Any = None,
         trust_remote_code: bool = False,
         local_files_only: bool | None = None,
+        verifier_backend: str = "transformers",
+        vllm_kwargs: dict | None = None,
+        drafter_backend: str = "transformers",
+        drafter_vllm_kwargs: dict | None = None,
         **kwargs,
     ) -> "AsymSpecPipeline":
         """Load both models with ``from_pretrained`` (hub id or local directory).
@@ -159,9 +169,25 @@ class AsymSpecPipeline:
         Auto device/dtype: cuda + bf16 when available, else cpu + fp32. ``verifier_device_map``
         (e.g. ``"auto"``) spreads a large verifier over several GPUs; ``device_map`` does so for the
         drafter. ``trust_remote_code`` stays off unless asked.
+
+        ``verifier_backend="vllm"`` serves the verifier with vLLM (see VLLM.md): ``vllm_kwargs`` go to
+        ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``,
+        ``distributed_executor_backend="ray"``, ...; prefix caching is always on).
+        ``drafter_backend="vllm"`` serves the drafter's compressed (text-only) stream with vLLM too,
+        with ``drafter_vllm_kwargs``; the image stream, captions and vision features stay on transformers.
         """
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+        for opt, value in (("verifier_backend", verifier_backend), ("drafter_backend", drafter_backend)):
+            if value not in BACKENDS:
+                raise UnknownOptionError(f"{opt}={value!r} is not valid; choose one of {', '.join(BACKENDS)}")
+        if verifier_backend == "vllm" and verifier_device_map is not None:
+            raise UnknownOptionError("verifier_device_map applies to the transformers backend; with "
+                                     "verifier_backend='vllm' use vllm_kwargs={'tensor_parallel_size': N}")
+        if vllm_kwargs and verifier_backend != "vllm":
+            raise UnknownOptionError("vllm_kwargs is set but verifier_backend is not 'vllm'")
+        if drafter_vllm_kwargs and drafter_backend != "vllm":
+            raise UnknownOptionError("drafter_vllm_kwargs is set but drafter_backend is not 'vllm'")
         dev, dt = resolve_device(device, dtype)
         extra = {} if local_files_only is None else {"local_files_only": local_files_only}
         processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
@@ -169,10 +195,22 @@ class AsymSpecPipeline:
         if device_map is None:
             d_model.to(dev)
         v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
-        v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **_load_kwargs(dt, dev, verifier_device_map, trust_remote_code), **extra)
-        if verifier_device_map is None:
-            v_model.to(dev)
-        return cls(d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", **kwargs)
+        if verifier_backend == "vllm":
+            from .vllm_engine import VLLMModel
+
+            v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, dtype=dt, **extra,
+                                                **(vllm_kwargs or {}))
+        else:
+            v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **_load_kwargs(dt, dev, verifier_device_map, trust_remote_code), **extra)
+            if verifier_device_map is None:
+                v_model.to(dev)
+        comp = None
+        if drafter_backend == "vllm":
+            from .vllm_engine import VLLMModel
+
+            comp_kw = {"limit_mm_per_prompt": {"image": 0, "video": 0}, **(drafter_vllm_kwargs or {})}
+            comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, dtype=dt, **extra, **comp_kw)
+        return cls(d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", drafter_comp=comp, **kwargs)
 
     @classmethod
     def from_preset(cls, name: str = "tiny", **kwargs) -> "AsymSpecPipeline":
@@ -316,7 +354,7 @@ class AsymSpecPipeline:
         if limit and ids.numel() + max_new_tokens > limit:
             raise ContextOverflowError(f"the extraction prompt has {ids.numel()} tokens; the verifier's window is {limit}")
         with self._lock:
-            engine = TextEngine(self.verifier)
+            engine = self._verifier_engine()
             engine.prefill(ids[:-1])
             cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
             tokens = [ev.token_id for events in greedy_steps(engine, ids[-1:], cfg, self.eos_ids) for ev in events]
@@ -326,12 +364,15 @@ class AsymSpecPipeline:
     def _check_context(self, prompts: Prompts, cfg: AsymSpecConfig, method: str) -> None:
         """Prompt + new tokens (+ K+1 speculative positions) must fit each model's context window."""
         need = cfg.max_new_tokens + cfg.k + 1
-        checks = [("verifier", prompts.verifier_ids.shape[1], self.verifier.config)]
+        checks = [("verifier", prompts.verifier_ids.shape[1], self.verifier.config, self.verifier)]
         d_cfg = self.drafter.config.get_text_config()
-        checks += [("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg),
-                   ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg)]
-        for name, length, conf in checks:
+        checks += [("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, None),
+                   ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg, self.drafter_comp)]
+        for name, length, conf, served in checks:
             limit = getattr(conf, "max_position_embeddings", None)
+            served_len = getattr(served, "max_model_len", None)  # vLLM: one position goes to its sampled token
+            if served_len:
+                limit = min(limit or served_len, served_len - 1)
             if limit and length + need > limit:
                 raise ContextOverflowError(
                     f"the {name} prompt has {length} tokens; with max_new_tokens={cfg.max_new_tokens} and K={cfg.k} it "
@@ -350,14 +391,20 @@ class AsymSpecPipeline:
                          prefix_store=self.prefix_store, prefix_key=features.key)
             streams["drafter_full"], pending["drafter_full"] = full, p.drafter_full_ids[0, -1:].to(full.device)
         if method in ("asymspec", "sd"):
-            comp = VLEngine(self.drafter, name="drafter_comp")
+            comp = self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else VLEngine(self.drafter, name="drafter_comp")
             comp.prefill(p.drafter_comp_ids[0, :-1])
             streams["drafter_comp"], pending["drafter_comp"] = comp, p.drafter_comp_ids[0, -1:].to(comp.device)
         if method in ("asymspec", "sd", "floor"):
-            ver = TextEngine(self.verifier, name="verifier")
+            ver = self._verifier_engine()
             ver.prefill(p.verifier_ids[0, :-1])
             streams["verifier"], pending["verifier"] = ver, p.verifier_ids[0, -1:].to(ver.device)
         return streams, pending
+
+    def _verifier_engine(self, name: str = "verifier"):
+        """A fresh verifier stream: on vLLM when the verifier is served there, else a TextEngine."""
+        if hasattr(self.verifier, "engine"):
+            return self.verifier.engine(name)
+        return TextEngine(self.verifier, name=name)
 
     def _loop(self, method, streams, pending, cfg, stop_fn, counters):
         eos = self.eos_ids

@@ -131,11 +131,14 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
     lines = [
         "# MiniVista results of the tiny pair",
         "",
-        f"`python -m asymspec_mm.tiny.results --n {n} --seed {seed}` ({name}; held-out seed {seed}, {n} problems, "
+        f"`python -m asymspec_mm.tiny.results --n {n} --seed {seed}{f' --ablation-n {ablation_n}' if ablation_n else ''}` "
+        f"({name}; held-out seed {seed}, {n} problems, "
         "families rotating; greedy; CPU). AsymSpec: CDA gate, K=4, beta=1, gamma=0.5 unless stated. "
         "Recovery = (method − Floor) / (drafter − Floor) on the same problems. Acceptance = accepted drafts / drafted; "
         "accepted length = tokens committed per step. SD and the ablation rows (fixed gamma, beta=0) run on the first "
-        f"{ablation_n or n} problems.",
+        f"{ablation_n or n} problems (a third per family); their recovery uses Floor and drafter on those problems. "
+        "Recovery is left blank where the drafter is not better than Floor. tokens/s: decode only, one CPU thread, "
+        "on a shared machine (noisy).",
         "",
     ]
     for fam in fams:
@@ -145,16 +148,16 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
             f"Floor {_subset_acc(res, 'Floor (verifier alone)', fam, 10**9) * 100:.1f}%, drafter alone "
             f"{_subset_acc(res, 'Drafter alone (full view)', fam, 10**9) * 100:.1f}%.",
             "",
-            "| method | accuracy (%) | recovery | acceptance | accepted length | tokens/s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| method | n | accuracy (%) | recovery | acceptance | accepted length | tokens/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
             v = r["families"][fam]
             f_sub, d_sub = _subset_acc(res, "Floor (verifier alone)", fam, v["n"]), _subset_acc(res, "Drafter alone (full view)", fam, v["n"])
             gap = d_sub - f_sub
-            rec = (v["accuracy"] - f_sub) / gap if abs(gap) > 1e-9 and r["method"] in ("asymspec", "sd") else None
+            rec = (v["accuracy"] - f_sub) / gap if gap > 1e-9 and r["method"] in ("asymspec", "sd") else None
             lines.append(
-                f"| {label} | {v['accuracy'] * 100:.1f} | {_f(rec, '{:.0f}%', 100)} | {_f(v['acceptance_rate'], '{:.2f}')} | "
+                f"| {label} | {v['n']} | {v['accuracy'] * 100:.1f} | {_f(rec, '{:.0f}%', 100)} | {_f(v['acceptance_rate'], '{:.2f}')} | "
                 f"{_f(v['mean_accepted_length'], '{:.2f}')} | {v['tokens_per_s']:.0f} |"
             )
         lines.append("")
@@ -165,8 +168,8 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
         "JSD = JSD(softmax a ‖ softmax b) there; emitted as: accepted draft / fused at a rejection / bonus "
         "(verifier's own token after K acceptances); correct = the output matches the reference up to and including it.",
         "",
-        "| method | family | correct (%) | mean JSD | accepted | fused | bonus |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| method | family | n | correct (%) | mean JSD | accepted | fused | bonus |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
         for fam in fams:
@@ -175,7 +178,7 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
             if r["method"] != "asymspec" and label not in ("Floor (verifier alone)", "Drafter alone (full view)"):
                 continue
             lines.append(
-                f"| {label} | {fam} | {v['decisive_correct'] * 100:.1f} | {_f(v['decisive_jsd'], '{:.3f}')} | "
+                f"| {label} | {fam} | {v['n']} | {v['decisive_correct'] * 100:.1f} | {_f(v['decisive_jsd'], '{:.3f}')} | "
                 f"{_f(src.get('accepted') if src else None, '{:.0f}%', 100)} | {_f(src.get('fused') if src else None, '{:.0f}%', 100)} | "
                 f"{_f(src.get('bonus') if src else None, '{:.0f}%', 100)} |"
             )
