@@ -495,13 +495,18 @@ _MEASURE = textwrap.dedent(
     if pillow_guard == "off":
         Image.MAX_IMAGE_PIXELS = None  # only our own header check stands between us and the bomb
     kwargs = {} if limit == "default" else {"max_pixels_in": None if limit == "none" else int(limit)}
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    def peak_kb():
+        # VmHWM belongs to this exec's address space; ru_maxrss would carry the (large) peak of the
+        # pytest process this child was forked from and hide the decode.
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    before = peak_kb()
     try:
         img = load_image(path, **kwargs)
         outcome, message = "accepted", repr(img.size)
     except InvalidImageError as exc:
         outcome, message = "refused", str(exc)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = peak_kb()
     print(json.dumps({"outcome": outcome, "message": message, "delta_mb": (after - before) / 1024}))
     """
 )
