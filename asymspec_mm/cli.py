@@ -13,7 +13,8 @@ from .errors import AsymSpecError
 SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "greedy": ""}
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model-choice options shared by `generate` and `demo`."""
     g = p.add_argument_group("models")
     g.add_argument("--preset", default=None, help="tiny | qwen3 | auto (default: auto unless --drafter/--verifier are given)")
     g.add_argument("--drafter", default=None, help="Qwen3-VL drafter: hub id or local directory")
@@ -142,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ocr", default=None, help="OCR text for the verifier (default: produced by the OCR engine)")
     g.add_argument("--no-ocr", action="store_true", help="give the verifier no OCR text")
     g.add_argument("--json", action="store_true", help="print the full result (trace, stats) as JSON")
-    _add_model_args(g)
+    add_model_args(g)
     _add_decode_args(g)
     g.set_defaults(func=cmd_generate)
 

@@ -989,13 +989,9 @@ def add_demo_parser(subparsers) -> Any:
     """Register ``demo`` on an argparse sub-parsers object; its ``func(args)`` loads the models and serves."""
     p = subparsers.add_parser("demo", help="the steering inspector in your browser (Gradio)",
                               description="Serve the AsymSpec steering inspector (binds 127.0.0.1 by default).")
-    g = p.add_argument_group("models")
-    g.add_argument("--preset", default=None, help="tiny | qwen3 | auto (default: auto unless --drafter/--verifier)")
-    g.add_argument("--drafter", default=None, help="Qwen3-VL drafter: hub id or local directory")
-    g.add_argument("--verifier", default=None, help="text verifier: hub id or local directory")
-    g.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: cuda when available)")
-    g.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)")
-    g.add_argument("--ocr-engine", default="auto", help="auto | easyocr | rapidocr | none [default: %(default)s]")
+    from asymspec_mm.cli import add_model_args
+
+    add_model_args(p)  # the same model options as `generate`
     s = p.add_argument_group("serving")
     s.add_argument("--host", default="127.0.0.1", help="address to bind [default: %(default)s]; "
                    "anything else exposes the demo to the network (a warning is printed)")
