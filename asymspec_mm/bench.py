@@ -9,7 +9,7 @@ What it measures (see ``BENCHMARKS.md`` for results):
   result (the machine is shared and noisy).
 * **Per-step time split**: every engine call goes through a timing proxy
   (:class:`asymspec_mm.timing.TimedEngine`), the gate through a timed wrapper of
-  ``decode.gate_step``, the trace's top-k through wrappers of ``decode._delta_rows`` / ``decode._topk``:
+  ``decode.gate_step``, the trace's top-k through wrappers of ``decode._trace_tops`` / ``decode._topk``:
   drafter-full forwards | drafter-comp forward | verifier forward | gate + fusion | trace top-k |
   the rest (host overhead), summing to the loop's wall time. On CUDA the clock synchronizes,
   so throughput there comes from separate un-instrumented runs.
@@ -78,7 +78,7 @@ SPLIT_LABELS = {
 }
 # Loop functions timed into a bucket: the gate (+ fusion) and the trace's top-k rows. Names the loop
 # lacks are skipped (see timing.timed_functions), so a refactored loop still benches.
-TIMED_LOOP_FUNCTIONS = {"gate_step": "gate", "_delta_rows": "trace", "_topk": "trace", "_trace_tops": "trace"}
+TIMED_LOOP_FUNCTIONS = {"gate_step": "gate", "_topk": "trace", "_topk_logp": "trace", "_trace_tops": "trace"}
 
 # Published shapes (config.json of the hub checkpoints).
 QWEN3_0_6B = dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072)

@@ -216,6 +216,12 @@ def _topk(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([ids.double(), probs.double()], dim=-1)
 
 
+def _topk_logp(log_probs: torch.Tensor, k: int) -> torch.Tensor:
+    """As :func:`_topk` for rows that are already log-probabilities (no second softmax)."""
+    logp, ids = log_probs.topk(k, dim=-1)
+    return torch.cat([ids.double(), logp.exp().double()], dim=-1)
+
+
 def _pairs(row: list[float], k: int) -> list[tuple[int, float]]:
     return [(int(row[j]), float(row[k + j])) for j in range(k)]
 
@@ -250,12 +256,12 @@ def asymspec_steps(
         b = drafter_comp.extend(torch.cat([p_comp.to(drafts.device), drafts]))  # b_1..b_{K+1}
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).to(a.device)
         g = gate_step(a, b[:k], t[:k], drafts, **gate_kw)
-        t_last = t[k].float().log_softmax(-1)
-        bonus_id = t_last.argmax()
-        extra = [bonus_id.double(), t_last[bonus_id].exp().double(), b[k].float().log_softmax(-1)[bonus_id].exp().double()]
+        t_last = t[k:].float().log_softmax(-1)  # [1, V]: the bonus position
+        bonus_id = t_last[0].argmax()
+        extra = [bonus_id.double(), t_last[0, bonus_id].exp().double(), b[k].float().log_softmax(-1)[bonus_id].exp().double()]
         parts = [_pack(g, drafts).flatten(), torch.stack(extra)]  # [K*10], [3]
         if top:
-            parts.append(_trace_tops(a, b, t, k, top, cfg).flatten())  # [(K+1) * 4*top]
+            parts.append(_trace_tops(g, t_last, top).flatten())  # [(K+1) * 4*top]
         # The one device-to-host transfer of the step: the decision, every token it may emit, the trace.
         flat = torch.cat(parts).tolist()
         host = [flat[10 * i:10 * i + 10] for i in range(k)]
@@ -293,8 +299,7 @@ def asymspec_steps(
                 gb = gate_step(a_bonus[None], b[k:], t[k:], d_bonus, **gate_kw)
                 bparts = [_pack(gb, d_bonus)[0]]
                 if top:
-                    fused_row = t[k:].float() + cfg.beta * _delta_rows(a_bonus[None], b[k:], t[k:], cfg.delta, 1)[:1]
-                    bparts += [_topk(t[k:], top)[0], _topk(fused_row, top)[0]]
+                    bparts += [_topk_logp(gb.log_verifier, top)[0], _topk(gb.fused_logits, top)[0]]
                 bflat = torch.cat(bparts).tolist()  # the bonus decision's one transfer
                 hb = bflat[:10]
                 counters.bonus_drafted += 1
@@ -322,22 +327,12 @@ def asymspec_steps(
     counters.stopped_by = out.stopped_by  # type: ignore[attr-defined]
 
 
-def _delta_rows(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str, n_rows: int) -> torch.Tensor:
-    """delta for the trace's top-k, padded with a zero row for the verifier's bonus position."""
-    from .gate import context_gain
-
-    d = context_gain(a.float(), b.float(), t.float(), source)
-    if d.shape[0] < n_rows + 1:
-        d = torch.cat([d, torch.zeros_like(d[:1]).expand(n_rows + 1 - d.shape[0], -1)])
-    return d
-
-
-def _trace_tops(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, k: int, top: int, cfg: AsymSpecConfig) -> torch.Tensor:
-    """``[K+1, 4*top]``: per position, the verifier's then the fused distribution's top tokens. At the bonus
-    position delta is 0, so the fused row *is* the verifier's row: taken from it, not padded and recomputed."""
-    top_ver = _topk(t[: k + 1], top)
-    fused = t[:k].float() + cfg.beta * _delta_rows(a, b[:k], t[:k], cfg.delta, k - 1)
-    return torch.cat([top_ver, torch.cat([_topk(fused, top), top_ver[k:]])], dim=1)
+def _trace_tops(g, log_t_bonus: torch.Tensor, top: int) -> torch.Tensor:
+    """``[K+1, 4*top]``: per position, the verifier's then the fused distribution's top tokens, read from
+    the rows the gate already computed. At the bonus position delta is 0, so its fused row *is* the
+    verifier's row (``log_t_bonus`` ``[1, V]``)."""
+    top_ver = _topk_logp(torch.cat([g.log_verifier, log_t_bonus]), top)
+    return torch.cat([top_ver, torch.cat([_topk(g.fused_logits, top), top_ver[-1:]])], dim=1)
 
 
 def greedy_steps(

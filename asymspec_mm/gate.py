@@ -76,11 +76,14 @@ def accept(p_verifier: torch.Tensor, p_base: torch.Tensor, gamma_eff: torch.Tens
     return p_verifier > gamma_eff * p_base
 
 
+def fusion_logits(t: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
+    """The steered logits ``t + beta * delta`` ``[P, V]`` (``t`` itself when beta = 0)."""
+    return t if beta == 0.0 else t + beta * delta
+
+
 def fuse(t: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
     """Eq. 2: ``argmax(t + beta * delta)`` per row ``[P, V]`` -> ``[P]``; beta = 0 is the verifier's argmax."""
-    if beta == 0.0:
-        return t.argmax(-1)
-    return (t + beta * delta).argmax(-1)
+    return fusion_logits(t, delta, beta).argmax(-1)
 
 
 def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
@@ -90,7 +93,8 @@ def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class GateOutput:
-    """Per-position quantities of one step, all ``[P]`` on the logits' device (float32 / long / bool)."""
+    """Per-position quantities of one step, all ``[P]`` on the logits' device (float32 / long / bool),
+    plus the two full rows the trace reads (``[P, V]`` float32, kept rather than recomputed)."""
 
     accepted: torch.Tensor
     gamma_eff: torch.Tensor
@@ -101,6 +105,8 @@ class GateOutput:
     verifier_argmax: torch.Tensor
     p_verifier_fused: torch.Tensor
     p_base_fused: torch.Tensor
+    log_verifier: torch.Tensor | None = None  # log_softmax(t)
+    fused_logits: torch.Tensor | None = None  # t + beta * delta
 
 
 def gate_step(
@@ -128,7 +134,8 @@ def gate_step(
     gamma_eff = effective_threshold(gamma, gate, divergence, log_ratio, lam)
     p_verifier = log_t[rows, drafts].exp()
     p_base = log_b[rows, drafts].exp()
-    fused = fuse(t, context_gain(a, b, t, delta), beta)
+    steered = fusion_logits(t, context_gain(a, b, t, delta), beta)
+    fused = steered.argmax(-1)
     return GateOutput(
         accepted=accept(p_verifier, p_base, gamma_eff),
         gamma_eff=gamma_eff,
@@ -139,4 +146,6 @@ def gate_step(
         verifier_argmax=t.argmax(-1),
         p_verifier_fused=log_t[rows, fused].exp(),
         p_base_fused=log_b[rows, fused].exp(),
+        log_verifier=log_t,
+        fused_logits=steered,
     )

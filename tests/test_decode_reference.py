@@ -113,3 +113,27 @@ def test_max_new_tokens_mid_draft(tiny_pipe, max_new):
     expect = long.token_ids[:max_new]
     assert res.token_ids == expect
     assert len(res.trace) == len(expect) and [e.index for e in res.trace] == list(range(len(expect)))
+
+
+@pytest.mark.parametrize("bonus", ["verifier", "gated"])
+def test_trace_top_k_equals_full_forward_distributions(tiny_pipe, bonus):
+    """Each event's top-k rows are the verifier's and the fused distribution's at that position, as a
+    no-cache forward of the committed prefix computes them (the loop reads them from the gate's rows)."""
+    cfg = AsymSpecConfig(k=3, beta=1.0, gamma=0.5, bonus=bonus, max_new_tokens=10, trace_top=3)
+    seen = {"accepted": 0, "fused": 0, "bonus": 0}
+    for seed in (3, 11, 19):
+        case = make_case(seed)
+        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
+        ref = Reference(tiny_pipe, res.prompts)
+        toks = res.token_ids
+        t_all, a_all, b_all = ref.verifier(toks), ref.drafter_full(toks), ref.drafter_comp(toks)
+        nv, nf, nc = (res.prompts.verifier_ids.shape[1], res.prompts.drafter_full_ids.shape[1], res.prompts.drafter_comp_ids.shape[1])
+        for i, ev in enumerate(res.trace):
+            seen[ev.source] += 1
+            t, a, b = t_all[nv - 1 + i].double(), a_all[nf - 1 + i].double(), b_all[nc - 1 + i].double()
+            fused = t if ev.source == "bonus" else t + cfg.beta * (a - b)
+            for got, row in ((ev.top_verifier, t), (ev.top_fused, fused)):
+                probs, ids = row.softmax(-1).topk(3)
+                assert [tok for tok, _ in got] == ids.tolist() or float(probs[1] - probs[2]) < 1e-5, (seed, i, ev.source)
+                assert [p for _, p in got] == pytest.approx(probs.tolist(), abs=1e-4)
+    assert seen["accepted"] and (seen["bonus"] if bonus == "verifier" else True)
