@@ -115,6 +115,7 @@ class AsymSpecPipeline:
         name: str = "custom",
         check_vocab: bool = True,
         drafter_comp: Any = None,
+        drafter_full: Any = None,
     ):
         from captioning.captioner import DrafterCaptioner
         from vision_cache.features import VisionEncoder
@@ -125,6 +126,8 @@ class AsymSpecPipeline:
         self.verifier_tokenizer = verifier_tokenizer
         # optional: a model serving the drafter's compressed stream (a VLLMModel); default the drafter itself
         self.drafter_comp = drafter_comp
+        # optional: a model serving the full-view (image) stream (a VLLMModel that takes images); default the drafter
+        self.drafter_full = drafter_full
         self.tokenizer = processor.tokenizer
         self.device = device or next(drafter.parameters()).device
         self.name = name
@@ -173,8 +176,11 @@ class AsymSpecPipeline:
         ``verifier_backend="vllm"`` serves the verifier with vLLM (see VLLM.md): ``vllm_kwargs`` go to
         ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``,
         ``distributed_executor_backend="ray"``, ...; prefix caching is always on).
-        ``drafter_backend="vllm"`` serves the drafter's compressed (text-only) stream with vLLM too,
-        with ``drafter_vllm_kwargs``; the image stream, captions and vision features stay on transformers.
+        ``drafter_backend="vllm"`` serves the drafter's streams with one more ``vllm.LLM``
+        (``drafter_vllm_kwargs``): the compressed (text-only) stream and the full-view stream, whose
+        prompt carries the image (vLLM runs its own vision tower); with
+        ``drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}}`` only the compressed
+        stream. Captions (and their vision-feature cache) stay on the transformers drafter.
         """
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
@@ -198,8 +204,8 @@ class AsymSpecPipeline:
         if verifier_backend == "vllm":
             from .vllm_engine import VLLMModel
 
-            v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, dtype=dt, **extra,
-                                                **(vllm_kwargs or {}))
+            v_kw = {"dtype": dt, **(vllm_kwargs or {})}  # a dtype in vllm_kwargs wins over the pipeline's
+            v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, **extra, **v_kw)
         else:
             v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **_load_kwargs(dt, dev, verifier_device_map, trust_remote_code), **extra)
             if verifier_device_map is None:
@@ -208,9 +214,11 @@ class AsymSpecPipeline:
         if drafter_backend == "vllm":
             from .vllm_engine import VLLMModel
 
-            comp_kw = {"limit_mm_per_prompt": {"image": 0, "video": 0}, **(drafter_vllm_kwargs or {})}
-            comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, dtype=dt, **extra, **comp_kw)
-        return cls(d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", drafter_comp=comp, **kwargs)
+            comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
+            comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)
+        full = comp if comp is not None and getattr(comp, "accepts_images", False) else None
+        return cls(d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", drafter_comp=comp,
+                   drafter_full=full, **kwargs)
 
     @classmethod
     def from_preset(cls, name: str = "tiny", **kwargs) -> "AsymSpecPipeline":
@@ -308,7 +316,7 @@ class AsymSpecPipeline:
             prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
             self._check_context(prompts, cfg, method)
             t_prefill = time.perf_counter()
-            streams, steps = self._start(method, prompts, cfg)
+            streams, steps = self._start(method, prompts, cfg, img)
             prefill_s = time.perf_counter() - t_prefill
             counters = Counters(cfg.k, streams)
             stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
@@ -366,7 +374,7 @@ class AsymSpecPipeline:
         need = cfg.max_new_tokens + cfg.k + 1
         checks = [("verifier", prompts.verifier_ids.shape[1], self.verifier.config, self.verifier)]
         d_cfg = self.drafter.config.get_text_config()
-        checks += [("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, None),
+        checks += [("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, self.drafter_full),
                    ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg, self.drafter_comp)]
         for name, length, conf, served in checks:
             limit = getattr(conf, "max_position_embeddings", None)
@@ -380,11 +388,16 @@ class AsymSpecPipeline:
                     "or the caption/OCR text, or lower max_new_tokens."
                 )
 
-    def _start(self, method: str, p: Prompts, cfg: AsymSpecConfig):
+    def _start(self, method: str, p: Prompts, cfg: AsymSpecConfig, image=None):
         """Prefill the streams the method needs (each caches ``prompt[:-1]``) and return them with their pending tokens."""
         streams: dict[str, Any] = {}
         pending: dict[str, torch.Tensor] = {}
-        if method in ("asymspec", "drafter"):
+        if method in ("asymspec", "drafter") and self.drafter_full is not None:
+            # on vLLM: the prompt carries the image itself (vLLM runs its vision tower; its prefix cache keeps the KV)
+            full = self.drafter_full.vision_engine("drafter_full")
+            full.prefill(p.drafter_full_ids[0, :-1], [image])
+            streams["drafter_full"], pending["drafter_full"] = full, p.drafter_full_ids[0, -1:].to(full.device)
+        elif method in ("asymspec", "drafter"):
             features, _ = self.encoder.encode(p.pixel_values, p.image_grid_thw)
             full = VLEngine(self.drafter, name="drafter_full")
             full.prefill(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features,

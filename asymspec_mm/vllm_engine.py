@@ -21,6 +21,11 @@ same tokens, else the request is repeated once under a fresh ``cache_salt`` (vLL
 prefix-cache namespace), which recomputes the context without reading the cache. Each stream has
 its own salt by default, so streams and requests never share blocks (see ``share_prefix``).
 
+Images (the drafter's full-view stream, :class:`VLLMVLEngine`): each request carries the prompt with
+one unexpanded image pad per image and the images in ``multi_modal_data`` (with a content key as
+``multi_modal_uuids``); vLLM expands the pads, runs its vision tower and computes the M-RoPE
+positions, and its prefix cache keeps the image's KV from step to step.
+
 Tensor parallelism is vLLM's own: ``tensor_parallel_size`` (and, across nodes, Ray with
 ``distributed_executor_backend="ray"``). Pipeline parallelism is not supported (the last stage
 alone holds the hidden states).
@@ -234,7 +239,7 @@ def _in_process(llm) -> bool:
 
 
 class VLLMEngine:
-    """One KV-cached stream on a ``vllm.LLM`` (text models: the verifier, the drafter's compressed view).
+    """One KV-cached text stream on a ``vllm.LLM`` (the verifier, the drafter's compressed view).
 
     Same protocol as :class:`~asymspec_mm.engines.TextEngine`: ``prefill`` caches a prompt, ``extend``
     returns full-vocabulary logits ``[n, V]`` for the new positions, ``truncate`` rolls back (only the
@@ -294,14 +299,19 @@ class VLLMEngine:
             key = uuid.uuid4().hex
             extra = {_ARG: {"key": key, "from": wanted_from}}
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args=extra)
-        prompt: dict[str, Any] = {"prompt_token_ids": tokens}
+        prompt = self._prompt(tokens)
         if self._salt is not None:
             prompt["cache_salt"] = self._salt
         out = self.llm.generate([prompt], params, use_tqdm=False)
+        self._last_output = out[0]
         cached = out[0].num_cached_tokens or 0
         self.tokens_computed += len(tokens) - cached
         self.forward_calls += 1
         return key
+
+    def _prompt(self, tokens: list[int]) -> dict[str, Any]:
+        """The vLLM prompt for the stream's context ``tokens`` (text streams: the ids themselves)."""
+        return {"prompt_token_ids": tokens}
 
     def prefill(self, ids: torch.Tensor) -> None:
         """Cache ``ids`` (``[1, L]`` or ``[L]``); no logits are kept (the loop forwards the last token later)."""
@@ -368,6 +378,91 @@ class VLLMEngine:
             self.tokens = self.tokens[:length]  # a new list: the row memory keeps the old one
 
 
+def image_uuid(image) -> str:
+    """A content key for a PIL image (vLLM's multi-modal uuid: spares it hashing the pixels every step)."""
+    import hashlib
+
+    h = hashlib.sha256(f"{image.mode}|{image.size}|".encode())
+    h.update(image.tobytes())
+    return "asymspec-img-" + h.hexdigest()[:32]
+
+
+class VLLMVLEngine(VLLMEngine):
+    """The drafter's full-view stream (Qwen3-VL with images) on a ``vllm.LLM``.
+
+    ``prefill(ids, images)`` takes the prompt's token ids, with each image's ``<|image_pad|>`` run
+    either expanded (as the transformers processor returns it, e.g. ``Prompts.drafter_full_ids``) or
+    as a single pad, and the PIL images. Every request submits the prompt with one unexpanded pad per
+    image (what vLLM 0.32's Qwen3-VL processor requires: it always expands the pads itself) and the
+    images through ``multi_modal_data``, followed by the stream's generated tokens. vLLM expands the
+    pads, computes the 3D M-RoPE positions, and its prefix cache (keyed on the image's uuid, see
+    :func:`image_uuid`) reuses the image's KV, so a step runs neither the vision tower nor the prompt
+    again. ``length`` and positions count the expanded prompt, as in :class:`~asymspec_mm.engines.VLEngine`.
+    """
+
+    def __init__(self, llm, name: str = "drafter_full", **kwargs):
+        super().__init__(llm, name=name, **kwargs)
+        hf = llm.llm_engine.vllm_config.model_config.hf_config
+        self.image_token_id = int(hf.image_token_id)
+        self._head: list[int] = []  # the prompt with one pad per image, as submitted
+        self._prompt_len = 0  # the expanded prompt's length
+        self._mm: dict[str, Any] = {}
+
+    def _prompt(self, tokens: list[int]) -> dict[str, Any]:
+        if len(tokens) < self._prompt_len:
+            raise ValueError(f"{self.name}: cannot truncate into the prompt ({len(tokens)} < {self._prompt_len} tokens)")
+        prompt: dict[str, Any] = {"prompt_token_ids": self._head + tokens[self._prompt_len:]}
+        prompt.update(self._mm)
+        return prompt
+
+    def _collapse(self, ids: list[int]) -> tuple[list[int], int]:
+        """``ids`` with every run of image pads reduced to one pad, and the number of runs."""
+        out: list[int] = []
+        runs = 0
+        for t in ids:
+            if t == self.image_token_id:
+                if out and out[-1] == self.image_token_id:
+                    continue
+                runs += 1
+            out.append(t)
+        return out, runs
+
+    def prefill(self, ids: torch.Tensor, images=None, uuids: list[str] | None = None) -> None:
+        """Cache the prompt ``ids`` about ``images`` (a PIL image or a list, one per pad run in ``ids``)."""
+        given = [int(t) for t in ids.reshape(-1).tolist()]
+        images = [] if images is None else ([images] if not isinstance(images, (list, tuple)) else list(images))
+        head, runs = self._collapse(given)
+        if runs != len(images):
+            raise ValueError(f"{self.name}: the prompt has {runs} image placeholder(s) but {len(images)} image(s) were given")
+        self._mm = {}
+        if images:
+            uuids = list(uuids) if uuids is not None else [image_uuid(im) for im in images]
+            self._mm = {"multi_modal_data": {"image": images}, "multi_modal_uuids": {"image": uuids}}
+        self._salt = self._new_salt()
+        self._memory = ([], {})
+        self._head, self._prompt_len = head, 0
+        self.tokens = []
+        if not head:
+            return
+        # vLLM expands the pads; its expanded prompt defines the stream's positions.
+        self._prompt_len = len(head)  # provisional: _prompt() submits exactly `head`
+        self._submit(head, None)
+        expanded = list(self._last_output.prompt_token_ids or [])
+        if runs and len(given) != len(head) and expanded != given:
+            raise ValueError(
+                f"{self.name}: vLLM expanded the image pads to {len(expanded)} prompt tokens, the given prompt has "
+                f"{len(given)}: its processor settings (min/max pixels) differ from vLLM's")
+        if len(expanded) + 1 > self.max_model_len:
+            from .errors import ContextOverflowError
+
+            raise ContextOverflowError(f"the {self.name} prompt has {len(expanded)} tokens with its image(s) expanded; "
+                                       f"vLLM's max_model_len is {self.max_model_len}")
+        self.tokens_computed += len(expanded) - len(head)  # _submit counted the collapsed length
+        self.tokens = expanded
+        self._prompt_len = len(expanded)
+        self.tokens_forwarded += len(expanded)
+
+
 class VLLMModel:
     """A model served by vLLM, standing where the pipeline holds a transformers model.
 
@@ -413,6 +508,22 @@ class VLLMModel:
     def engine(self, name: str = "verifier", **kwargs) -> VLLMEngine:
         """A fresh stream (what the pipeline creates per request, like ``TextEngine(model)``)."""
         return VLLMEngine(self.llm, name=name, **kwargs)
+
+    @property
+    def accepts_images(self) -> bool:
+        """True when the served model takes images (a multimodal model whose image limit is not 0)."""
+        cfg = self.llm.llm_engine.vllm_config.model_config
+        mm = getattr(cfg, "multimodal_config", None)
+        if mm is None:
+            return False
+        return bool(mm.get_limit_per_prompt("image"))
+
+    def vision_engine(self, name: str = "drafter_full", **kwargs) -> "VLLMVLEngine":
+        """A fresh full-view stream: prompts with images (see :class:`VLLMVLEngine`)."""
+        if not self.accepts_images:
+            raise AsymSpecError(f"{self.name_or_path} is served without images (limit_mm_per_prompt image 0, or "
+                                "not a multimodal model): the full-view stream cannot run on it")
+        return VLLMVLEngine(self.llm, name=name, **kwargs)
 
 
 def logit_width(model) -> int:

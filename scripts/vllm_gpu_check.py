@@ -13,6 +13,9 @@ Checks (results in OUT/vllm_gpu_check.json, exit code 1 when an equality check f
   1. equality: VLLMEngine vs the transformers TextEngine over 40 random accept/reject rounds (fp32, TF32
      off; max |diff| <= --atol), and the AsymSpec loop's tokens with the verifier on vLLM vs transformers.
   2. tp: the same logits with tensor_parallel_size=2 (when at least 2 GPUs), in a subprocess.
+  vl: the drafter's Qwen3-VL streams on vLLM (a tiny random Qwen3-VL + Qwen3 pair, fp32, in a subprocess):
+     the full-view (image) stream's logits vs the transformers VLEngine over --rounds rounds, and the
+     pipeline with every stream on vLLM vs the transformers pipeline (same tokens for each method).
   3. throughput (bf16): verifier step latency (K+1 tokens at a long context) and AsymSpec tokens/s with
      the verifier on transformers vs on vLLM (drafter streams on transformers in both).
 """
@@ -131,6 +134,85 @@ def check_equality(args, work: Path, llm_kw: dict) -> dict:
     return res
 
 
+def check_vl(args, work: Path, llm_kw: dict) -> dict:
+    """The drafter's streams (Qwen3-VL with an image) on vLLM vs transformers, through AsymSpecPipeline."""
+    import torch
+    from PIL import Image, ImageDraw
+
+    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+    from asymspec_mm.engines import VLEngine
+    from asymspec_mm.prompts import build_prompts
+    from asymspec_mm.testing import build_tiny_checkpoints
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dirs = build_tiny_checkpoints(work / "tiny_vl", max_pixels=256 * 256)
+    kw = dict(dtype="float32", max_model_len=2048, seed=0, **llm_kw)
+    ref = AsymSpecPipeline.from_pretrained(*dirs, device=args.device, dtype="float32", ocr="none")
+    pipe = AsymSpecPipeline.from_pretrained(*dirs, device=args.device, dtype="float32", ocr="none",
+                                            verifier_backend="vllm", drafter_backend="vllm",
+                                            vllm_kwargs=kw, drafter_vllm_kwargs=kw)
+    rng = random.Random(0)
+
+    def image(seed, size):
+        r = random.Random(seed)
+        img = Image.new("RGB", size, tuple(r.randint(0, 255) for _ in range(3)))
+        d = ImageDraw.Draw(img)
+        for _ in range(3):
+            x0, y0 = r.randint(0, size[0] - 2), r.randint(0, size[1] - 2)
+            d.rectangle([x0, y0, r.randint(x0 + 1, size[0]), r.randint(y0 + 1, size[1])],
+                        fill=tuple(r.randint(0, 255) for _ in range(3)))
+        return img
+
+    dev = torch.device(args.device)
+    vocab = ref.drafter.config.text_config.vocab_size
+    worst, per_step = 0.0, []
+    for seed, size in ((0, (256, 160)), (1, (72, 136))):
+        img = image(seed, size)
+        p = build_prompts(ref.processor, ref.verifier_tokenizer, img, "a chart with bars", "Which bar is the tallest?")
+        features, _ = ref.encoder.encode(p.pixel_values, p.image_grid_thw)
+        ids = p.drafter_full_ids[0].to(dev)
+        a, b = VLEngine(ref.drafter, name="drafter_full"), pipe.drafter_full.vision_engine()
+        a.prefill(ids[:-1], p.mm_token_type_ids[0, :-1], features)
+        b.prefill(ids[:-1], [img])
+        assert a.length == b.length, (a.length, b.length)
+        pending = ids[-1:]
+        for _ in range(args.rounds):
+            k = rng.randint(1, 6)
+            x = torch.cat([pending, torch.tensor([rng.randrange(vocab) for _ in range(k)], device=dev)])
+            base, computed = a.length, b.tokens_computed
+            worst = max(worst, (a.extend(x).float() - b.extend(x).float().to(dev)).abs().max().item())
+            per_step.append(b.tokens_computed - computed - (k + 1))
+            keep = rng.randint(0, k) + 1
+            a.truncate(base + keep)
+            b.truncate(base + keep)
+            pending = torch.tensor([rng.randrange(vocab)], device=dev)
+    same = {}
+    cfg = AsymSpecConfig(max_new_tokens=32, gamma=1.0)
+    for seed in range(2):
+        img = image(10 + seed, (160, 120))
+        for method in ("asymspec", "sd", "floor", "drafter"):
+            x = ref.generate(img, "What is the largest value?", caption="bars", ocr="1 2 3", method=method, config=cfg)
+            y = pipe.generate(img, "What is the largest value?", caption="bars", ocr="1 2 3", method=method, config=cfg)
+            same[f"{method}/{seed}"] = x.token_ids == y.token_ids
+    res = {"full_view_max_abs_diff": worst, "atol": args.atol, "logits_ok": worst <= args.atol,
+           "max_extra_tokens_recomputed_per_step": max(per_step), "pipeline_tokens_identical": same}
+    res["ok"] = res["logits_ok"] and all(same.values())
+    return res
+
+
+def _in_subprocess(args, out: Path, only: str) -> dict:
+    cmd = [sys.executable, __file__, "--only", only, "--device", args.device, "--rounds", str(args.rounds),
+           "--atol", str(args.atol), "--out", str(out / only)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    path = out / only / "vllm_gpu_check.json"
+    res = json.loads(path.read_text()).get(only) if path.exists() else None
+    res = res or {"ok": False, "stderr": proc.stderr[-3000:]}
+    res["wall_s"] = time.time() - t0
+    return res
+
+
 def check_tp(args, work: Path) -> dict:
     """Run the logits check with tensor_parallel_size=2 in a subprocess (a fresh distributed group)."""
     import torch
@@ -215,7 +297,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or "runs/vllm_gpu")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--only", choices=["equality", "tp", "throughput"])
+    ap.add_argument("--only", choices=["equality", "tp", "vl", "throughput"])
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the equality check")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--atol", type=float, default=1e-4)
@@ -259,6 +341,8 @@ def main() -> int:
         work = Path(tmp)
         for name, fn in (("equality", lambda: check_equality(args, work, eq_kw)),
                          ("tp", lambda: check_tp(args, out)),
+                         # in a subprocess unless asked alone: a fresh process for its two more vllm.LLMs
+                         ("vl", lambda: check_vl(args, work, eq_kw) if args.only == "vl" else _in_subprocess(args, out, "vl")),
                          ("throughput", lambda: check_throughput(args, work, bench_kw))):
             if args.only and name != args.only:
                 continue

@@ -6,7 +6,10 @@ The vLLM tests need vLLM, which lives in its own venv (vLLM's CPU build pins a C
 
 Elsewhere they are skipped with that reason (shown by ``-ra``); the error-path tests run everywhere.
 Models: a tiny random Qwen3 verifier (head_dim 32, as CPU attention needs) and a correlated tiny Qwen3
-text drafter, built here with the project's tokenizer and configs, fp32, so logits agree to 1e-4.
+text drafter, built here with the project's tokenizer and configs, fp32, so logits agree to 1e-4; and
+for the drafter's streams a tiny random Qwen3-VL drafter with its correlated Qwen3 verifier
+(``asymspec_mm.testing.build_tiny_checkpoints``), loaded by ``AsymSpecPipeline.from_pretrained`` with
+every stream on vLLM.
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ def test_hook_maps_rows_to_positions(v2):
 # ------------------------------------------------------------------ fixtures (vLLM)
 def _build_text_pair(out):
     """A tiny Qwen3 drafter (text) and a correlated Qwen3 verifier, as testing.build_tiny_checkpoints
-    correlates them (no Qwen3-VL: its processor needs torchvision, absent beside vLLM's CPU torch)."""
+    correlates them."""
     from transformers import Qwen3ForCausalLM
 
     from asymspec_mm.checkpoints import build_tokenizer, verifier_config
@@ -209,7 +212,7 @@ def pair(tmp_path_factory):
     served = VLLMModel.from_pretrained(v_dir, **LLM_KW, max_num_batched_tokens=CHUNK)
     llm_d = vllm_llm(d_dir, **LLM_KW)  # a second LLM in the same process: the drafter's compressed stream
     return types.SimpleNamespace(drafter=drafter, verifier=verifier, served=served, llm_v=served.llm, llm_d=llm_d,
-                                 vocab=verifier.config.vocab_size)
+                                 vocab=verifier.config.vocab_size, v_dir=v_dir)
 
 
 def _engines(pair, name="verifier"):
@@ -325,6 +328,61 @@ def test_context_window_is_checked(pair):
     assert eng.length == 1020
 
 
+# ------------------------------------------------------------------ tensor parallelism (vLLM's own)
+_TP_CHECK = r"""
+import json, random, sys
+import torch
+from transformers import AutoModelForCausalLM
+from asymspec_mm.engines import TextEngine
+from asymspec_mm.vllm_engine import VLLMEngine, vllm_llm
+
+v_dir, block = sys.argv[1], int(sys.argv[2])
+llm = vllm_llm(v_dir, dtype="float32", enforce_eager=True, block_size=block, max_model_len=1024, seed=0,
+               tensor_parallel_size=2, distributed_executor_backend="mp", max_num_batched_tokens=64)
+ranks = llm.collective_rpc("asymspec_install")
+ref = TextEngine(AutoModelForCausalLM.from_pretrained(v_dir, dtype=torch.float32).eval())
+eng = VLLMEngine(llm)
+rng = random.Random(7)
+vocab = ref.model.config.vocab_size
+prompt = torch.tensor([rng.randrange(vocab) for _ in range(90)])
+ref.prefill(prompt[:-1]); eng.prefill(prompt[:-1])
+pending, worst, steps = prompt[-1:], 0.0, []
+for step in range(12):
+    k = rng.randint(1, 6)
+    x = torch.cat([pending, torch.tensor([rng.randrange(vocab) for _ in range(k)])])
+    base, computed = ref.length, eng.tokens_computed
+    want, got = ref.extend(x), eng.extend(x)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    worst = max(worst, (got - want).abs().max().item())
+    steps.append(eng.tokens_computed - computed - (k + 1))
+    keep = rng.randint(0, k) + 1
+    ref.truncate(base + keep); eng.truncate(base + keep)
+    pending = torch.tensor([rng.randrange(vocab)])
+print("ASYMSPEC_TP " + json.dumps({"ranks": len(ranks), "max_abs_diff": worst, "extra_recomputed": max(steps),
+                                   "rerequests": eng.cache_rerequests, "pending": llm.collective_rpc("asymspec_pending")}))
+"""
+
+
+@needs_vllm
+def test_tensor_parallel_2_on_cpu_equals_transformers(pair):
+    """tensor_parallel_size=2 on vLLM's CPU build (mp executor: two worker processes, the hook on both ranks,
+    the logits gathered on rank 0): the same logits as transformers. In a subprocess, so that the TP workers
+    do not share this process's vLLM state. VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's automatic thread binding
+    wants one NUMA node per rank."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+    proc = subprocess.run([sys.executable, "-c", _TP_CHECK, str(pair.v_dir), str(BLOCK)], env=env,
+                          capture_output=True, text=True, timeout=560)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ASYMSPEC_TP ")]
+    assert proc.returncode == 0 and lines, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    res = json.loads(lines[-1].removeprefix("ASYMSPEC_TP "))
+    assert res["ranks"] == 2 and res["pending"] == [0, 0] and res["rerequests"] == 0
+    assert res["max_abs_diff"] <= ATOL, res
+    assert res["extra_recomputed"] <= BLOCK - 1, res  # O(K) per step under TP as well
+
+
 # ------------------------------------------------------------------ the AsymSpec loop, unchanged
 def _run_loop(pair, method, verifier_on_vllm, comp_on_vllm, seed):
     from asymspec_mm.decode import AsymSpecConfig, Counters, asymspec_steps, greedy_steps, sd_steps
@@ -385,6 +443,150 @@ def test_loop_identical_with_verifier_and_drafter_comp_on_vllm(pair):
     assert pair.llm_d.collective_rpc("asymspec_pending") == [0]
 
 
+# ------------------------------------------------------------------ the drafter's streams (Qwen3-VL) on vLLM
+VL_MAX_PIXELS = 256 * 256  # room for images of more than one cache block of image tokens
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    """A tiny Qwen3-VL drafter + correlated Qwen3 verifier, loaded twice through the real path: all on
+    transformers (the reference) and with every stream on vLLM (verifier, drafter compressed + full view)."""
+    if _SKIP_REASON:
+        pytest.skip(_SKIP_REASON)
+    from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.testing import build_tiny_checkpoints
+
+    dirs = build_tiny_checkpoints(tmp_path_factory.mktemp("vllm_vl"), max_pixels=VL_MAX_PIXELS)
+    ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
+    pipe = AsymSpecPipeline.from_pretrained(*dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm",
+                                            vllm_kwargs=LLM_KW, drafter_vllm_kwargs=LLM_KW)
+    return types.SimpleNamespace(ref=ref, pipe=pipe, drafter=ref.drafter, served=pipe.drafter_comp,
+                                 llm=pipe.drafter_comp.llm, vocab=ref.drafter.config.text_config.vocab_size)
+
+
+def _full_view(vl, seed, size=(256, 160)):
+    """(prompt ids [L] with expanded image pads, mm types, vision features, PIL image) of one request."""
+    from asymspec_mm.prompts import build_prompts
+    from conftest import make_case, make_image
+
+    case = make_case(seed)
+    image = make_image(seed, size)
+    p = build_prompts(vl.ref.processor, vl.ref.verifier_tokenizer, image, case["caption"], case["question"])
+    features, _ = vl.ref.encoder.encode(p.pixel_values, p.image_grid_thw)
+    return p.drafter_full_ids[0], p.mm_token_type_ids[0], features, image
+
+
+def _accept_reject_rounds(ref, eng, pending, vocab, rounds, rng):
+    """Random K-token extends and rollbacks on both engines; logits equal at every step, O(K) work in vLLM."""
+    for step in range(rounds):
+        k = rng.randint(1, 6)
+        x = torch.cat([pending, torch.tensor([rng.randrange(vocab) for _ in range(k)])])
+        base, computed = ref.length, eng.tokens_computed
+        want, got = ref.extend(x), eng.extend(x)
+        assert got.shape == want.shape == (k + 1, vocab)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m, step=step: f"step {step}: {m}")
+        assert eng.tokens_computed - computed <= BLOCK - 1 + k + 1  # never the prompt (nor the image) again
+        keep = rng.randint(0, k) + 1
+        ref.truncate(base + keep)
+        eng.truncate(base + keep)
+        assert eng.length == ref.length
+        pending = torch.tensor([rng.randrange(vocab)])
+
+
+@needs_vllm
+def test_drafter_comp_stream_on_vllm_equals_transformers(vl):
+    """The Qwen3-VL drafter's text-only stream: vLLM (text positions on all three M-RoPE axes) vs VLEngine."""
+    from asymspec_mm.engines import VLEngine
+    from asymspec_mm.vllm_engine import VLLMEngine
+
+    assert vl.served.logit_width == vl.vocab and vl.served.accepts_images
+    rng = random.Random(5)
+    ref, eng = VLEngine(vl.drafter, name="drafter_comp"), vl.served.engine("drafter_comp")
+    assert type(eng) is VLLMEngine
+    prompt = torch.tensor([rng.randrange(vl.vocab) for _ in range(77)])
+    ref.prefill(prompt[:-1])
+    eng.prefill(prompt[:-1])
+    _accept_reject_rounds(ref, eng, prompt[-1:], vl.vocab, 40, rng)
+    assert eng.cache_rerequests == 0 and vl.llm.collective_rpc("asymspec_pending") == [0]
+
+
+@needs_vllm
+def test_drafter_full_view_on_vllm_equals_transformers(vl):
+    """The image stream: vLLM's own processor, vision tower and M-RoPE positions vs VLEngine with the
+    transformers drafter's cached vision features, over 40 accept/reject rounds per image."""
+    from asymspec_mm.engines import VLEngine
+    from asymspec_mm.vllm_engine import VLLMVLEngine
+
+    image_id = vl.drafter.config.image_token_id
+    for seed, size in ((1, (72, 136)), (0, (256, 160))):  # the last one is used below
+        ids, mm_types, features, image = _full_view(vl, seed, size)
+        n_image = int((ids == image_id).sum())
+        assert n_image == features.num_tokens and (seed or n_image > BLOCK)  # the first image spans > 1 cache block
+        rng = random.Random(10 + seed)
+        ref, eng = VLEngine(vl.drafter, name="drafter_full"), vl.served.vision_engine()
+        assert isinstance(eng, VLLMVLEngine)
+        ref.prefill(ids[:-1], mm_types[:-1], features)
+        eng.prefill(ids[:-1], [image])
+        assert eng.length == ref.length == ids.numel() - 1 and eng.tokens == ids[:-1].tolist()
+        assert eng.tokens_computed == ids.numel() - 1  # first time: prompt and image computed once
+        _accept_reject_rounds(ref, eng, ids[-1:], vl.vocab, 40, rng)
+        assert eng.cache_rerequests == 0
+    # the same prompt given with one unexpanded pad; a second stream on the same image (own namespace)
+    other = vl.served.vision_engine("other")
+    prompt = ids[:-1].tolist()
+    collapsed = [t for i, t in enumerate(prompt) if not (t == image_id and i and prompt[i - 1] == image_id)]
+    assert len(collapsed) == len(prompt) - n_image + 1
+    other.prefill(torch.tensor(collapsed), image)
+    assert other.tokens == ids[:-1].tolist()
+    x = torch.cat([ids[-1:], torch.tensor([rng.randrange(vl.vocab) for _ in range(40)])])  # > one block
+    ref.truncate(ids.numel() - 1)
+    want = ref.extend(x)
+    torch.testing.assert_close(other.extend(x), want, atol=ATOL, rtol=RTOL)
+    # rows served from the prefix cache: taken from the previous call, or recomputed under a fresh salt
+    other.truncate(ids.numel() - 1)
+    torch.testing.assert_close(other.extend(x), want, atol=ATOL, rtol=RTOL)
+    assert other.rows_reused > 0 and other.cache_rerequests == 0
+    other.truncate(ids.numel() - 1)
+    other._memory = ([], {})
+    torch.testing.assert_close(other.extend(x), want, atol=ATOL, rtol=RTOL)
+    assert other.cache_rerequests == 1
+    with pytest.raises(ValueError, match="cannot truncate into the prompt"):
+        other.truncate(5)
+        other.extend(x[:1])
+    with pytest.raises(ValueError, match="1 image placeholder"):
+        vl.served.vision_engine().prefill(ids[:-1], [image, image])
+    assert vl.llm.collective_rpc("asymspec_pending") == [0]
+
+
+@needs_vllm
+def test_pipeline_with_every_stream_on_vllm_emits_identical_tokens(vl):
+    """AsymSpecPipeline.from_pretrained(verifier_backend="vllm", drafter_backend="vllm"): the verifier and both
+    drafter streams on vLLM, the same tokens as the transformers pipeline for every method."""
+    from asymspec_mm import AsymSpecConfig
+    from asymspec_mm.vllm_engine import VLLMModel
+    from conftest import make_case
+
+    pipe, ref = vl.pipe, vl.ref
+    assert isinstance(pipe.verifier, VLLMModel) and pipe.drafter_full is pipe.drafter_comp
+    cfg = AsymSpecConfig(max_new_tokens=24, gamma=GAMMA)
+    sources = set()
+    for seed in range(2):
+        case = make_case(seed)
+        kw = dict(caption=case["caption"], ocr=case["ocr"], config=cfg)
+        for method in ("asymspec", "sd", "floor", "drafter"):
+            a = ref.generate(case["image"], case["question"], method=method, **kw)
+            b = pipe.generate(case["image"], case["question"], method=method, **kw)
+            assert b.token_ids == a.token_ids, (seed, method)
+            assert b.stats["accepted"] == a.stats["accepted"] and b.stats["steps"] == a.stats["steps"]
+            if method in ("asymspec", "drafter"):
+                assert b.stats["vision_calls"] == 0  # the image went to vLLM, not through the transformers tower
+            if method == "asymspec":
+                sources |= {ev.source for ev in b.trace}
+    assert {"accepted", "fused"} <= sources, sources
+    assert pipe.drafter_comp.llm.collective_rpc("asymspec_pending") == [0]
+    assert pipe.verifier.llm.collective_rpc("asymspec_pending") == [0]
+
+
 # ------------------------------------------------------------------ pipeline wiring (main venv, after the patch)
 def _pipeline_takes_backends() -> str:
     """Why the wiring tests cannot run here ('' when they can)."""
@@ -404,11 +606,13 @@ class _ServedByTransformers:
     wiring is tested where vLLM is not installed; engine equality itself is tested above on vLLM."""
 
     def __init__(self, path, dtype, vl=False, **vllm_kwargs):
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
         loader = AutoModelForImageTextToText if vl else AutoModelForCausalLM
         self.model = loader.from_pretrained(str(path), dtype=dtype).eval()
         self.vl, self.vllm_kwargs = vl, vllm_kwargs
+        self.accepts_images = vl and bool(vllm_kwargs["limit_mm_per_prompt"].get("image", 1))
+        self.processor = AutoProcessor.from_pretrained(str(path)) if self.accepts_images else None
         self.config = self.model.config
         self.generation_config = GenerationConfig.from_pretrained(str(path))
         self.name_or_path = str(path)
@@ -422,6 +626,23 @@ class _ServedByTransformers:
         from asymspec_mm.engines import TextEngine, VLEngine
 
         return (VLEngine if self.vl else TextEngine)(self.model, name=name)
+
+    def vision_engine(self, name="drafter_full"):
+        """VLLMVLEngine's interface (prefill(ids, images)) on transformers: the images through the processor
+        and the drafter's tower, then a VLEngine."""
+        from asymspec_mm.engines import VLEngine
+        from vision_cache.features import VisionEncoder
+
+        assert self.accepts_images
+        model, processor, encoder = self.model, self.processor, VisionEncoder(self.model)
+
+        class VisionStandIn(VLEngine):
+            def prefill(self, ids, images):
+                enc = processor.image_processor(images=images, return_tensors="pt")
+                features, _ = encoder.encode(enc["pixel_values"], enc["image_grid_thw"])
+                super().prefill(ids, (ids == model.config.image_token_id).long(), features)
+
+        return VisionStandIn(model, name=name)
 
 
 def test_pipeline_backend_options(request, monkeypatch):
@@ -454,14 +675,20 @@ def test_pipeline_backend_options(request, monkeypatch):
     pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm",
                                             vllm_kwargs={"tensor_parallel_size": 1, "max_model_len": 2048})
     assert made[0].vllm_kwargs == {"tensor_parallel_size": 1, "max_model_len": 2048}
-    assert made[1].vllm_kwargs["limit_mm_per_prompt"] == {"image": 0, "video": 0}
+    assert made[1].vllm_kwargs["limit_mm_per_prompt"] == {"image": 1, "video": 0}
     assert pipe.verifier is made[0] and pipe.drafter_comp is made[1] and pipe.eos_ids == ref.eos_ids
+    assert pipe.drafter_full is made[1]  # the served drafter takes images: the full-view stream runs there too
+    comp_only = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", drafter_backend="vllm",
+                                                 drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}})
+    assert comp_only.drafter_comp is made[2] and comp_only.drafter_full is None  # full view on transformers
     cfg = AsymSpecConfig(max_new_tokens=16)
     for seed in range(2):
         case = make_case(seed)
         kw = dict(caption=case["caption"], ocr=case["ocr"], config=cfg)
-        for method in ("asymspec", "sd", "floor"):
+        for method in ("asymspec", "sd", "floor", "drafter"):
             a = ref.generate(case["image"], case["question"], method=method, **kw)
             b = pipe.generate(case["image"], case["question"], method=method, **kw)
             assert b.token_ids == a.token_ids and b.stats["accepted"] == a.stats["accepted"]
+        c = comp_only.generate(case["image"], case["question"], method="asymspec", **kw)
+        assert c.token_ids == ref.generate(case["image"], case["question"], method="asymspec", **kw).token_ids
     assert pipe.complete("Say something", max_new_tokens=5) == ref.complete("Say something", max_new_tokens=5)
