@@ -519,8 +519,8 @@ class _Runner:
         marks: dict[str, float] = {}
         contexts: dict[str, int] = {}
 
-        def start(method, prompts, c):
-            streams, pending = type(pipe)._start(pipe, method, prompts, c)
+        def start(method, prompts, c, image=None):
+            streams, pending = type(pipe)._start(pipe, method, prompts, c, image)
             contexts.update({n: e.length + 1 for n, e in streams.items()})
             self._prefill_calls = {n: e.forward_calls for n, e in streams.items()}
             if ledger is not None:
