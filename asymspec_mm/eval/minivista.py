@@ -56,6 +56,7 @@ COLORS: dict[str, tuple[int, int, int]] = {
 }
 SHAPES = ("circle", "square", "triangle")
 LETTERS = "ABCDEFGH"
+BAR_SLOT = IMAGE_SIZE // 4  # figure: one bar per 32-px column
 
 HINT_CHOICE = "Hint: Please answer the question and provide the correct option letter, e.g., A, B, C, D, at the end."
 HINT_INT = "Hint: Please answer the question requiring an integer answer and provide the final value, e.g., 1, 2, 3, at the end."
@@ -176,17 +177,18 @@ def _figure(rng: random.Random) -> dict[str, Any]:
     cv = _Canvas()
     d = cv.draw
     y0, unit = 116, 10  # value v -> top at y0 - v*unit; the axis spans 0..10
-    x_axis = 20
+    x_axis = 13
     d.line([(x_axis, y0), (126, y0)], fill=(0, 0, 0))
     d.line([(x_axis, y0), (x_axis, y0 - 10 * unit)], fill=(0, 0, 0))
     for v in range(0, 11, 2):
         y = y0 - v * unit
         d.line([(x_axis - 3, y), (x_axis, y)], fill=(0, 0, 0))
-        cv.text(x_axis - 11, y, str(v))
-    slot = (126 - x_axis - 2) / n
+        cv.text(x_axis - 8, y, str(v))
+    # bar i fills the middle of the image's i-th 32-px column (one column of image tokens), so every
+    # bar is seen whole by one column of merged patches
     for i, (c, v) in enumerate(zip(colors, values)):
-        xl = x_axis + 3 + i * slot + 3
-        d.rectangle([round(xl), y0 - v * unit, round(xl + slot - 7), y0 - 1], fill=COLORS[c])
+        xl = i * BAR_SLOT + 16
+        d.rectangle([xl, y0 - v * unit, xl + 13, y0 - 1], fill=COLORS[c])
     caption = f"A bar chart with {_join(colors)} bars."
     kind = rng.choice(["tallest", "shortest", "value"])
     if kind in ("tallest", "shortest"):

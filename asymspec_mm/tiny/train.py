@@ -72,9 +72,12 @@ def check_single_tokens(tok) -> None:
         raise RuntimeError(f"not single tokens: {bad}")
 
 
-DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=2, vision_hidden=96, deepstack=(0,))
+DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=3, vision_hidden=128, deepstack=(0,))
 DRAFTER_DECISIVE_WEIGHT = 8.0
 PERCEPTION_BATCH = 16  # auxiliary dense-description examples per drafter step (short sequences)
+IMAGE_COLOUR_WEIGHT = 0.3  # drafter phase 2: the LM head at image positions names the colour there (image_position_loss)
+DRAFTER_PHASE2_MIX = ("figure", "figure", "visual", "geometry")
+TOKEN_PROBE_BATCH = 32  # images per step for the per-image-token probe loss (vision tower only; cheap)
 VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
@@ -124,6 +127,7 @@ def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
         "dec_idx": dec_idx,
         "final_idx": len(ans) - 3,
         "family": mv.family_of(problem),
+        "img_targets": image_colour_targets(problem, tok),
     }
 
 
@@ -155,6 +159,66 @@ def perception_target(problem: dict[str, Any]) -> str:
     return "angles: " + ", ".join(f"{v} {sc['angles'][v]}" for v in "ABC") + "."
 
 
+GRID = 4  # 128x128 image, patch 16, merge 2 -> 4x4 merged image tokens, raster order
+N_COLOR_CLASSES = len(mv.COLORS) + 1  # + "nothing here"
+N_ATTR_CLASSES = 9 + len(mv.SHAPES) + 1  # bar value 1..9 | shape kind | "no shape"
+
+
+def token_targets(problem: dict[str, Any]) -> torch.Tensor:
+    """What each merged image token should tell, for the vision-tower probe: ``[16, 2]`` long tensor of
+    (colour class, attribute class) per token in raster order; -100 (ignored) for geometry.
+
+    figure: every token of column c carries bar c's colour and value (so the tower gathers a whole bar
+    into each token of its column); visual: the shape in that cell (each 32-px cell is one token)."""
+    fam, sc = mv.family_of(problem), problem["scene"]
+    out = torch.full((GRID * GRID, 2), PAD_LABEL, dtype=torch.long)
+    colors = list(mv.COLORS)
+    if fam == "figure":
+        for r in range(GRID):
+            for c, (col, v) in enumerate(zip(sc["colors"], sc["values"])):
+                out[r * GRID + c] = torch.tensor([colors.index(col), v - 1])
+    elif fam == "visual":
+        out[:, 0] = len(colors)
+        out[:, 1] = N_ATTR_CLASSES - 1
+        for cell, kind, col in zip(sc["cells"], sc["kinds"], sc["colors"]):
+            out[cell] = torch.tensor([colors.index(col), 9 + mv.SHAPES.index(kind)])
+    return out
+
+
+def image_colour_targets(problem: dict[str, Any], tok) -> torch.Tensor:
+    """``[16]`` token ids of the colour word each image token shows (-100 where none / geometry): the
+    target of the language-model head at the image positions (see :func:`image_position_loss`)."""
+    ids = [tok(" " + c, add_special_tokens=False)["input_ids"][0] for c in mv.COLORS]
+    cls = token_targets(problem)[:, 0]
+    out = torch.full_like(cls, PAD_LABEL)
+    for k, tid in enumerate(ids):
+        out[cls == k] = tid
+    return out
+
+
+def image_position_loss(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+    """Cross-entropy of the drafter's own LM head at the image-token positions against the colour word
+    each token shows. Those logits are otherwise unused; training them makes the text model carry the
+    colour at the image positions in the very form the answer needs (the word's embedding), which the
+    answer position then only has to copy by attention. Without it the text model never read colour."""
+    labels = batch.get("img_labels")
+    if labels is None or not bool((labels != PAD_LABEL).any()):
+        return logits.sum() * 0.0
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=PAD_LABEL)
+
+
+def token_probe_loss(model, probe: torch.nn.Linear, problems: list[dict[str, Any]], proc) -> torch.Tensor:
+    """Cross-entropy of a linear probe on the vision tower's merged tokens (a throwaway head: it trains
+    the tower to put colour and bar value / shape kind into the very token the text model attends to)."""
+    enc = proc.image_processor(images=[p["decoded_image"] for p in problems], return_tensors="pt")
+    feats = model.model.visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"], return_dict=True).pooler_output
+    logits = probe(feats)  # [B*16, colours + attributes]
+    tgt = torch.cat([token_targets(p) for p in problems])
+    lc = torch.nn.functional.cross_entropy(logits[:, :N_COLOR_CLASSES], tgt[:, 0], ignore_index=PAD_LABEL)
+    la = torch.nn.functional.cross_entropy(logits[:, N_COLOR_CLASSES:], tgt[:, 1], ignore_index=PAD_LABEL)
+    return lc + la
+
+
 def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PERCEPTION_PROMPT}]}]
     text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -162,7 +226,8 @@ def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     ans = tok(perception_target(problem), add_special_tokens=False)["input_ids"] + [eos]
     return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
-            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "perception"}
+            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "perception",
+            "img_targets": image_colour_targets(problem, tok)}
 
 
 def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0, final_weight: float = 1.0) -> dict[str, Any]:
@@ -191,6 +256,13 @@ def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: 
         for i, e in enumerate(examples):
             mm[i, : len(e["mm"])] = e["mm"]
         batch["mm_token_type_ids"] = mm
+        img_labels = torch.full((B, L), PAD_LABEL, dtype=torch.long)
+        for i, e in enumerate(examples):
+            if e.get("img_targets") is not None:
+                pos = (e["mm"] == 1).nonzero().flatten()
+                if len(pos) == len(e["img_targets"]):
+                    img_labels[i, pos] = e["img_targets"]
+        batch["img_labels"] = img_labels
         batch["pixel_values"] = torch.cat([e["pixel_values"] for e in examples])
         batch["image_grid_thw"] = torch.cat([e["grid"] for e in examples])
     return batch
@@ -211,16 +283,19 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | 
 
 
 class Stream:
-    """Fresh training problems (seed TRAIN_SEED), encoded on demand; families rotate."""
+    """Fresh training problems (seed TRAIN_SEED), encoded on demand; families rotate, or cycle through
+    ``mix`` (e.g. ``("figure", "figure", "visual", "geometry")`` for twice as many charts)."""
 
-    def __init__(self, proc, tok, start: int = 0, stride: int = 1):
-        self.proc, self.tok, self.i, self.stride = proc, tok, start, stride
+    def __init__(self, proc, tok, start: int = 0, stride: int = 1, mix: tuple[str, ...] | None = None):
+        self.proc, self.tok, self.i, self.stride, self.mix, self.n = proc, tok, start, stride, mix, 0
 
     def take(self, n: int) -> list[dict[str, Any]]:
         out = []
         for _ in range(n):
-            out.append(encode(mv.make_problem(mv.TRAIN_SEED, self.i), self.proc, self.tok))
+            fam = self.mix[self.n % len(self.mix)] if self.mix else None
+            out.append(encode(mv.make_problem(mv.TRAIN_SEED, self.i, fam), self.proc, self.tok))
             self.i += self.stride
+            self.n += 1
         return out
 
 
@@ -307,7 +382,7 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
 
 
 def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str,
-                 resume_from: int = 0) -> None:
+                 resume_from: int = 0, mix: tuple[str, ...] | None = None, image_colour_weight: float = 0.0) -> None:
     """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``."""
     from transformers import AutoTokenizer, Qwen3VLProcessor
 
@@ -325,9 +400,14 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
         seed += resume_from
         torch.manual_seed(seed)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    params = list(model.parameters())
+    probe = None
+    if role == "drafter" and TOKEN_PROBE_BATCH:
+        probe = torch.nn.Linear(model.config.text_config.hidden_size, N_COLOR_CLASSES + N_ATTR_CLASSES)
+        params += list(probe.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     # the two workers draw disjoint problems from the training stream
-    stream = Stream(proc, tok, start=(0 if role == "drafter" else 1) + 2 * batch * resume_from, stride=2)
+    stream = Stream(proc, tok, start=(0 if role == "drafter" else 1) + 2 * batch * resume_from, stride=2, mix=mix)
     evals = [encode(p, proc, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
     t0 = time.time()
     for step in range(steps):
@@ -343,19 +423,30 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
             caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 10_000_000 + step * 2 + j), proc, tok) for j in range(2)]
             # the decisive token (what only the pixels tell) is one token in ~16: weight it up
             bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
-            lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"], bf["weights"])
-            (0.6 * lf).backward()
+            logits = model(**model_inputs(bf), use_cache=False).logits
+            lf = lm_loss(logits, bf["labels"], bf["weights"])
+            li = image_position_loss(logits, bf)
+            (0.6 * lf + image_colour_weight * li).backward()
             bc = collate(ex[: batch // 4], "comp", pad_id)
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
             (0.4 * lc).backward()
-            parts = {"full": lf.item(), "comp": lc.item()}
+            parts = {"full": lf.item(), "comp": lc.item(), "imgcol": li.item()}
             if PERCEPTION_BATCH and role == "drafter":
                 base = 20_000_000 + PERCEPTION_BATCH * (resume_from + step)
-                bp = collate([encode_perception(mv.make_problem(mv.TRAIN_SEED, base + j), proc, tok) for j in range(PERCEPTION_BATCH)], "full", pad_id)
-                lp = lm_loss(model(**model_inputs(bp), use_cache=False).logits, bp["labels"])
-                (0.5 * lp).backward()
+                fams = [mix[j % len(mix)] if mix else None for j in range(PERCEPTION_BATCH)]
+                bp = collate([encode_perception(mv.make_problem(mv.TRAIN_SEED, base + j, fams[j]), proc, tok) for j in range(PERCEPTION_BATCH)],
+                             "full", pad_id)
+                logits = model(**model_inputs(bp), use_cache=False).logits
+                lp = lm_loss(logits, bp["labels"])
+                (0.5 * lp + image_colour_weight * image_position_loss(logits, bp)).backward()
                 parts["perc"] = lp.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if probe is not None:
+                base = 30_000_000 + TOKEN_PROBE_BATCH * (resume_from + step)
+                probs = [mv.make_problem(mv.TRAIN_SEED, base + j, ("figure", "visual")[j % 2]) for j in range(TOKEN_PROBE_BATCH)]
+                lt = token_probe_loss(model, probe, probs, proc)
+                lt.backward()
+                parts["tok"] = lt.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 25 == 0:
@@ -367,6 +458,12 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
             model.save_pretrained(Path(workdir) / role)
     model.save_pretrained(Path(workdir) / role)
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
+
+
+def _drafter_two_phases(work: str, args, log_path: str, mix: tuple[str, ...]) -> None:
+    train_worker("drafter", work, args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)
+    train_worker("drafter", work, args.drafter_phase2_steps, args.batch, args.drafter_phase2_lr, args.seed, args.eval_every, 1, log_path,
+                 resume_from=args.drafter_steps, mix=mix, image_colour_weight=IMAGE_COLOUR_WEIGHT)
 
 
 def _verifier_two_phases(work: str, args, log_path: str) -> None:
@@ -405,7 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-phase2-steps", type=int, default=600, help="second verifier phase (fresh schedule, final token weighted)")
     ap.add_argument("--verifier-phase2-lr", type=float, default=1.5e-3)
     ap.add_argument("--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)")
-    ap.add_argument("--drafter-resume-from", type=int, default=0, help="continue the drafter from its checkpoint in DIR/_work, trained this many steps")
+    ap.add_argument("--drafter-phase2-steps", type=int, default=1000,
+                    help="second drafter phase (fresh schedule, --drafter-mix problems, LM head named colours at image positions)")
+    ap.add_argument("--drafter-phase2-lr", type=float, default=1.5e-3)
+    ap.add_argument("--drafter-mix", default=",".join(DRAFTER_PHASE2_MIX),
+                    help="families of the second drafter phase's problems, cycled [default: %(default)s]")
+    ap.add_argument("--drafter-resume-from", type=int, default=0,
+                    help="run only the drafter's second phase, from its checkpoint in DIR/_work trained this many steps")
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
@@ -444,8 +547,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.verifier_phase2_steps:
             procs[-1] = ctx.Process(target=_verifier_two_phases, args=(str(work), args, log_path))
     if args.only in (None, "drafter") and not args.phase2_only:
-        procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path,
-                                                            args.drafter_resume_from)))
+        mix = tuple(args.drafter_mix.split(","))
+        for fam in mix:
+            if fam not in mv.FAMILIES:
+                ap.error(f"--drafter-mix: unknown family {fam!r}; choose from {', '.join(mv.FAMILIES)}")
+        if args.drafter_resume_from:
+            procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_phase2_steps, args.batch, args.drafter_phase2_lr,
+                                                                args.seed, args.eval_every, 1, log_path, args.drafter_resume_from, mix,
+                                                                IMAGE_COLOUR_WEIGHT)))
+        else:
+            procs.append(ctx.Process(target=_drafter_two_phases, args=(str(work), args, log_path, mix)))
     for p in procs:
         p.start()
     for p in procs:
