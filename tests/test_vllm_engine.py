@@ -558,30 +558,36 @@ def test_drafter_full_view_on_vllm_equals_transformers(vl):
     assert vl.llm.collective_rpc("asymspec_pending") == [0]
 
 
+def _generate_both(ref, pipe, cfg, seeds=range(2), methods=("asymspec", "sd", "floor", "drafter")):
+    """``(seed, method, ref's result, pipe's result)`` for the same case (image, question, caption, OCR)."""
+    from conftest import make_case
+
+    for seed in seeds:
+        case = make_case(seed)
+        kw = dict(caption=case["caption"], ocr=case["ocr"], config=cfg)
+        for method in methods:
+            yield (seed, method, ref.generate(case["image"], case["question"], method=method, **kw),
+                   pipe.generate(case["image"], case["question"], method=method, **kw))
+
+
 @needs_vllm
 def test_pipeline_with_every_stream_on_vllm_emits_identical_tokens(vl):
     """AsymSpecPipeline.from_pretrained(verifier_backend="vllm", drafter_backend="vllm"): the verifier and both
     drafter streams on vLLM, the same tokens as the transformers pipeline for every method."""
     from asymspec_mm import AsymSpecConfig
     from asymspec_mm.vllm_engine import VLLMModel
-    from conftest import make_case
 
     pipe, ref = vl.pipe, vl.ref
     assert isinstance(pipe.verifier, VLLMModel) and pipe.drafter_full is pipe.drafter_comp
     cfg = AsymSpecConfig(max_new_tokens=24, gamma=GAMMA)
     sources = set()
-    for seed in range(2):
-        case = make_case(seed)
-        kw = dict(caption=case["caption"], ocr=case["ocr"], config=cfg)
-        for method in ("asymspec", "sd", "floor", "drafter"):
-            a = ref.generate(case["image"], case["question"], method=method, **kw)
-            b = pipe.generate(case["image"], case["question"], method=method, **kw)
-            assert b.token_ids == a.token_ids, (seed, method)
-            assert b.stats["accepted"] == a.stats["accepted"] and b.stats["steps"] == a.stats["steps"]
-            if method in ("asymspec", "drafter"):
-                assert b.stats["vision_calls"] == 0  # the image went to vLLM, not through the transformers tower
-            if method == "asymspec":
-                sources |= {ev.source for ev in b.trace}
+    for seed, method, a, b in _generate_both(ref, pipe, cfg):
+        assert b.token_ids == a.token_ids, (seed, method)
+        assert b.stats["accepted"] == a.stats["accepted"] and b.stats["steps"] == a.stats["steps"]
+        if method in ("asymspec", "drafter"):
+            assert b.stats["vision_calls"] == 0  # the image went to vLLM, not through the transformers tower
+        if method == "asymspec":
+            sources |= {ev.source for ev in b.trace}
     assert {"accepted", "fused"} <= sources, sources
     assert pipe.drafter_comp.llm.collective_rpc("asymspec_pending") == [0]
     assert pipe.verifier.llm.collective_rpc("asymspec_pending") == [0]
@@ -682,13 +688,8 @@ def test_pipeline_backend_options(request, monkeypatch):
                                                  drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}})
     assert comp_only.drafter_comp is made[2] and comp_only.drafter_full is None  # full view on transformers
     cfg = AsymSpecConfig(max_new_tokens=16)
-    for seed in range(2):
-        case = make_case(seed)
-        kw = dict(caption=case["caption"], ocr=case["ocr"], config=cfg)
-        for method in ("asymspec", "sd", "floor", "drafter"):
-            a = ref.generate(case["image"], case["question"], method=method, **kw)
-            b = pipe.generate(case["image"], case["question"], method=method, **kw)
-            assert b.token_ids == a.token_ids and b.stats["accepted"] == a.stats["accepted"]
-        c = comp_only.generate(case["image"], case["question"], method="asymspec", **kw)
-        assert c.token_ids == ref.generate(case["image"], case["question"], method="asymspec", **kw).token_ids
+    for seed, method, a, b in _generate_both(ref, pipe, cfg):
+        assert b.token_ids == a.token_ids and b.stats["accepted"] == a.stats["accepted"], (seed, method)
+    for seed, _, a, c in _generate_both(ref, comp_only, cfg, methods=("asymspec",)):
+        assert c.token_ids == a.token_ids, seed
     assert pipe.complete("Say something", max_new_tokens=5) == ref.complete("Say something", max_new_tokens=5)

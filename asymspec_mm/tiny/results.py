@@ -76,6 +76,8 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablati
         rows: dict[str, dict[str, list[float]]] = {}
         t0 = time.time()
         probs = problems if row < MAIN_ROWS or ablation_n is None else problems[:ablation_n]
+        if not probs:  # --ablation-n 0: main rows only
+            continue
         correct: list[int] = []
         for p in probs:
             res = pipe.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], method=method, config=cfg)

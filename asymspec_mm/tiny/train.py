@@ -196,15 +196,40 @@ def image_colour_targets(problem: dict[str, Any], tok) -> torch.Tensor:
     return out
 
 
-def image_position_loss(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+class LayerTap:
+    """Forward hooks that keep the outputs of the drafter's text decoder layers during one forward."""
+
+    def __init__(self, model):
+        lm = model.model.language_model
+        self.model, self.out = model, []
+        self.handles = [layer.register_forward_hook(self._keep) for layer in lm.layers[:-1]]  # the last one is the logits
+
+    def _keep(self, module, args, output) -> None:
+        self.out.append(output[0] if isinstance(output, tuple) else output)
+
+    def clear(self) -> None:
+        self.out = []
+
+
+def image_position_loss(logits: torch.Tensor, batch: dict[str, Any], tap: LayerTap | None = None) -> torch.Tensor:
     """Cross-entropy of the drafter's own LM head at the image-token positions against the colour word
-    each token shows. Those logits are otherwise unused; training them makes the text model carry the
-    colour at the image positions in the very form the answer needs (the word's embedding), which the
-    answer position then only has to copy by attention. Without it the text model never read colour."""
+    each token shows, on the final logits and (``tap``) on every earlier layer's output read through the
+    final norm and the LM head. Those positions' logits are otherwise unused; the loss makes the text
+    model carry the colour at the image positions, from the first layers on, in the form the answer
+    needs (the word's embedding), which the answer position then only has to copy by attention.
+    Without it the text model never read colour (it read bar heights, shapes and positions)."""
     labels = batch.get("img_labels")
     if labels is None or not bool((labels != PAD_LABEL).any()):
         return logits.sum() * 0.0
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=PAD_LABEL)
+    mask = labels != PAD_LABEL
+    target = labels[mask]
+    losses = [torch.nn.functional.cross_entropy(logits[mask].float(), target)]
+    if tap is not None:
+        lm = tap.model.model.language_model
+        for h in tap.out:
+            losses.append(torch.nn.functional.cross_entropy(tap.model.lm_head(lm.norm(h[mask])).float(), target))
+        tap.clear()
+    return torch.stack(losses).mean()
 
 
 def token_probe_loss(model, probe: torch.nn.Linear, problems: list[dict[str, Any]], proc) -> torch.Tensor:
@@ -406,6 +431,7 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
         probe = torch.nn.Linear(model.config.text_config.hidden_size, N_COLOR_CLASSES + N_ATTR_CLASSES)
         params += list(probe.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    tap = LayerTap(model) if role == "drafter" and image_colour_weight else None
     # the two workers draw disjoint problems from the training stream
     stream = Stream(proc, tok, start=(0 if role == "drafter" else 1) + 2 * batch * resume_from, stride=2, mix=mix)
     evals = [encode(p, proc, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
@@ -423,9 +449,11 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
             caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 10_000_000 + step * 2 + j), proc, tok) for j in range(2)]
             # the decisive token (what only the pixels tell) is one token in ~16: weight it up
             bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
+            if tap is not None:
+                tap.clear()
             logits = model(**model_inputs(bf), use_cache=False).logits
             lf = lm_loss(logits, bf["labels"], bf["weights"])
-            li = image_position_loss(logits, bf)
+            li = image_position_loss(logits, bf, tap)
             (0.6 * lf + image_colour_weight * li).backward()
             bc = collate(ex[: batch // 4], "comp", pad_id)
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
@@ -436,9 +464,11 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
                 fams = [mix[j % len(mix)] if mix else None for j in range(PERCEPTION_BATCH)]
                 bp = collate([encode_perception(mv.make_problem(mv.TRAIN_SEED, base + j, fams[j]), proc, tok) for j in range(PERCEPTION_BATCH)],
                              "full", pad_id)
+                if tap is not None:
+                    tap.clear()
                 logits = model(**model_inputs(bp), use_cache=False).logits
                 lp = lm_loss(logits, bp["labels"])
-                (0.5 * lp + image_colour_weight * image_position_loss(logits, bp)).backward()
+                (0.5 * lp + image_colour_weight * image_position_loss(logits, bp, tap)).backward()
                 parts["perc"] = lp.item()
             if probe is not None:
                 base = 30_000_000 + TOKEN_PROBE_BATCH * (resume_from + step)
@@ -462,6 +492,8 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
 
 def _drafter_two_phases(work: str, args, log_path: str, mix: tuple[str, ...]) -> None:
     train_worker("drafter", work, args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)
+    if not args.drafter_phase2_steps:
+        return
     train_worker("drafter", work, args.drafter_phase2_steps, args.batch, args.drafter_phase2_lr, args.seed, args.eval_every, 1, log_path,
                  resume_from=args.drafter_steps, mix=mix, image_colour_weight=IMAGE_COLOUR_WEIGHT)
 
