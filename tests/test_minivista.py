@@ -171,8 +171,8 @@ def test_tiny_pair_size_and_single_token_vocabulary():
 REG_N = 24
 REG_EXPECTED = {
     "floor": {"figure": 2, "visual": 4, "geometry": 8},
-    "drafter": {"figure": 1, "visual": 6, "geometry": 8},
-    "asymspec": {"figure": 3, "visual": 6, "geometry": 8},
+    "drafter": {"figure": 8, "visual": 8, "geometry": 1},
+    "asymspec": {"figure": 8, "visual": 8, "geometry": 8},
 }
 
 

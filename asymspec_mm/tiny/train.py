@@ -18,8 +18,11 @@
    - verifier: ``--verifier-steps`` at ``--verifier-lr``, then a second phase (fresh schedule,
      ``--verifier-phase2-steps`` at ``--verifier-phase2-lr``) with the final answer token weighted x4;
    - drafter: full view (+2 captioning examples) with the decisive token weighted x8, a quarter batch
-     of the compressed view, and a batch of short dense-description examples ("bars: red 9, ...")
-     so the vision path gets a signal at every position.
+     of the compressed view, a batch of short dense-description examples ("bars: red 9, ...") so the
+     vision path gets a signal at every position, and a throwaway linear probe that makes each merged
+     vision token tell its colour and bar value / shape (``--drafter-steps`` at ``--drafter-lr``); then
+     ``--drafter-phases`` (fresh schedules, chart-heavy problem mixes) that also train the LM head at
+     every layer's image positions to name the colour each image token shows.
 5. ``save_pair`` writes ``DIR/drafter`` and ``DIR/verifier``; a greedy evaluation of each model
    alone is printed at the end (``--eval-n``).
 
@@ -75,8 +78,26 @@ def check_single_tokens(tok) -> None:
 DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=3, vision_hidden=128, deepstack=(0,))
 DRAFTER_DECISIVE_WEIGHT = 8.0
 PERCEPTION_BATCH = 16  # auxiliary dense-description examples per drafter step (short sequences)
-IMAGE_COLOUR_WEIGHT = 0.3  # drafter phase 2: the LM head at image positions names the colour there (image_position_loss)
-DRAFTER_PHASE2_MIX = ("figure", "figure", "visual", "geometry")
+IMAGE_COLOUR_WEIGHT = 0.3  # drafter phases 2+: the LM head at image positions names the colour there (image_position_loss)
+# The drafter's phases after the first, "steps:lr:families" (problems cycle through the families), each from
+# the previous phase's checkpoint with a fresh schedule: the shipped recipe.
+DRAFTER_LATER_PHASES = "1000:1.5e-3:figure,figure,visual,geometry;400:1e-3:figure,figure,figure,visual"
+
+
+def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...]]]:
+    """``"steps:lr:fam,fam;..."`` -> ``[(steps, lr, families), ...]`` ('' -> none)."""
+    phases = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        try:
+            steps, lr, fams = part.split(":")
+            phase = (int(steps), float(lr), tuple(f.strip() for f in fams.split(",")))
+        except ValueError:
+            raise ValueError(f"bad drafter phase {part!r}: expected steps:lr:family,family,...") from None
+        bad = [f for f in phase[2] if f not in mv.FAMILIES]
+        if bad or phase[0] <= 0:
+            raise ValueError(f"bad drafter phase {part!r}: steps must be > 0 and families among {', '.join(mv.FAMILIES)}")
+        phases.append(phase)
+    return phases
 TOKEN_PROBE_BATCH = 32  # images per step for the per-image-token probe loss (vision tower only; cheap)
 VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
@@ -490,12 +511,15 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 
-def _drafter_two_phases(work: str, args, log_path: str, mix: tuple[str, ...]) -> None:
-    train_worker("drafter", work, args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)
-    if not args.drafter_phase2_steps:
-        return
-    train_worker("drafter", work, args.drafter_phase2_steps, args.batch, args.drafter_phase2_lr, args.seed, args.eval_every, 1, log_path,
-                 resume_from=args.drafter_steps, mix=mix, image_colour_weight=IMAGE_COLOUR_WEIGHT)
+def _drafter_phases(work: str, args, log_path: str, later: list[tuple[int, float, tuple[str, ...]]], start: int) -> None:
+    """Phase 1 (unless resuming from ``start`` > 0), then each later phase from the previous checkpoint."""
+    if not start:
+        train_worker("drafter", work, args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)
+        start = args.drafter_steps
+    for steps, lr, mix in later:
+        train_worker("drafter", work, steps, args.batch, lr, args.seed, args.eval_every, 1, log_path,
+                     resume_from=start, mix=mix, image_colour_weight=IMAGE_COLOUR_WEIGHT)
+        start += steps
 
 
 def _verifier_two_phases(work: str, args, log_path: str) -> None:
@@ -534,13 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-phase2-steps", type=int, default=600, help="second verifier phase (fresh schedule, final token weighted)")
     ap.add_argument("--verifier-phase2-lr", type=float, default=1.5e-3)
     ap.add_argument("--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)")
-    ap.add_argument("--drafter-phase2-steps", type=int, default=1000,
-                    help="second drafter phase (fresh schedule, --drafter-mix problems, LM head named colours at image positions)")
-    ap.add_argument("--drafter-phase2-lr", type=float, default=1.5e-3)
-    ap.add_argument("--drafter-mix", default=",".join(DRAFTER_PHASE2_MIX),
-                    help="families of the second drafter phase's problems, cycled [default: %(default)s]")
+    ap.add_argument("--drafter-phases", default=DRAFTER_LATER_PHASES,
+                    help="the drafter's phases after the first, 'steps:lr:families;...', each with the colour loss at the image "
+                         "positions [default: %(default)s]")
     ap.add_argument("--drafter-resume-from", type=int, default=0,
-                    help="run only the drafter's second phase, from its checkpoint in DIR/_work trained this many steps")
+                    help="skip the drafter's first phase: run --drafter-phases from its checkpoint in DIR/_work trained this many steps")
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
@@ -579,16 +601,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.verifier_phase2_steps:
             procs[-1] = ctx.Process(target=_verifier_two_phases, args=(str(work), args, log_path))
     if args.only in (None, "drafter") and not args.phase2_only:
-        mix = tuple(args.drafter_mix.split(","))
-        for fam in mix:
-            if fam not in mv.FAMILIES:
-                ap.error(f"--drafter-mix: unknown family {fam!r}; choose from {', '.join(mv.FAMILIES)}")
-        if args.drafter_resume_from:
-            procs.append(ctx.Process(target=train_worker, args=("drafter", str(work), args.drafter_phase2_steps, args.batch, args.drafter_phase2_lr,
-                                                                args.seed, args.eval_every, 1, log_path, args.drafter_resume_from, mix,
-                                                                IMAGE_COLOUR_WEIGHT)))
-        else:
-            procs.append(ctx.Process(target=_drafter_two_phases, args=(str(work), args, log_path, mix)))
+        try:
+            later = parse_phases(args.drafter_phases)
+        except ValueError as exc:
+            ap.error(str(exc))
+        procs.append(ctx.Process(target=_drafter_phases, args=(str(work), args, log_path, later, args.drafter_resume_from)))
     for p in procs:
         p.start()
     for p in procs:
