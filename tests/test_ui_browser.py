@@ -129,6 +129,13 @@ TOKENS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => ({
   cls: e.className, id: Number(e.dataset.tokenId), source: e.dataset.source, steered: e.dataset.steered,
   pv: e.dataset.pVerifier === undefined ? null : Number(e.dataset.pVerifier)}))"""
 
+def read_answer_tokens(page, n: int) -> list[dict]:
+    """The answer panel's tokens, once it shows at least ``n`` (the status and the panel are separate
+    components, so the status can say done a moment before the panel's last update is rendered)."""
+    page.wait_for_function("n => document.querySelectorAll('#asym-answer .asym-trace .tok').length >= n", arg=n, timeout=TIMEOUT_MS)
+    return page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+
+
 WATCH_JS = """() => { window.__asymCounts = [];
   const obs = new MutationObserver(() => {
     const t = document.querySelector('#asym-answer .asym-trace');
@@ -151,7 +158,7 @@ def test_upload_ask_and_inspect_tokens(browser_env):
 
     ref = env["pipe"].generate(str(img), case["question"], caption=case["caption"], ocr=case["ocr"] or False,
                                max_new_tokens=MAX_NEW)
-    toks = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+    toks = read_answer_tokens(page, len(ref.token_ids))
     assert [t["id"] for t in toks] == ref.token_ids
     for t, ev in zip(toks, ref.trace):
         classes = set(t["cls"].split())
@@ -217,8 +224,8 @@ def test_bundled_example_fills_inputs_and_runs(browser_env):
     wait_status(page, "ok")
     ref = env["pipe"].generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False,
                                max_new_tokens=EXAMPLE_MAX_NEW)
-    ids = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
-    assert [t["id"] for t in ids] == ref.token_ids
+    ids = read_answer_tokens(page, len(ref.token_ids))
+    assert [t["id"] for t in ids] == ref.token_ids, ([t["id"] for t in ids], ref.token_ids, ref.text)
     # show one tooltip in the screenshot (a fused token when there is one)
     pick = next((i for i, ev in enumerate(ref.trace) if ev.source == "fused"), 0)
     page.get_by_text("Advanced settings").click()
@@ -272,7 +279,7 @@ def test_bad_inputs_show_errors_then_good_request(browser_env):
     assert "Done" in status
     ref = env["pipe"].generate(str(good), case["question"], caption=case["caption"], ocr=case["ocr"] or False,
                                max_new_tokens=MAX_NEW)
-    ids = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+    ids = read_answer_tokens(page, len(ref.token_ids))
     assert [t["id"] for t in ids] == ref.token_ids
     assert outside_requests(env["requests"]) == []
     page.close()
