@@ -54,10 +54,55 @@ def build_tiny_checkpoints(
     torch.manual_seed(seed + 1)
     verifier = Qwen3ForCausalLM(v_cfg).eval()
     if correlated is not None:
-        source = {k.replace("model.language_model.", "model."): v for k, v in drafter.state_dict().items()}
-        with torch.no_grad():
-            for name, param in verifier.state_dict().items():
-                if name in source and source[name].shape == param.shape:
-                    base = source[name]
-                    param.copy_(base + correlated * base.std().clamp_min(1e-3) * torch.randn_like(base))
+        correlate_(verifier, drafter, correlated)
     return save_pair(drafter, verifier, tok, proc, out)
+
+
+def correlate_(verifier, drafter, scale: float) -> None:
+    """Set every verifier weight that has a same-named, same-shaped drafter text weight to that weight
+    plus relative Gaussian noise of size ``scale`` (in place), so the two models agree often, not always."""
+    import torch
+
+    source = {k.replace("model.language_model.", "model."): v for k, v in drafter.state_dict().items()}
+    with torch.no_grad():
+        for name, param in verifier.state_dict().items():
+            if name in source and source[name].shape == param.shape:
+                base = source[name]
+                param.copy_(base + scale * base.std().clamp_min(1e-3) * torch.randn_like(base))
+
+
+def build_text_pair(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, heads: int = 2, kv_heads: int = 1,
+                    head_dim: int = 32, inter: int = 128, vocab: int | None = None, d_hidden: int | None = None,
+                    d_layers: int | None = None, correlated: float | None = 0.03, seed: int = 0):
+    """A random Qwen3 text drafter and Qwen3 verifier sharing the project's tokenizer, saved under
+    ``out_dir/{drafter,verifier}`` (for text-only engines, e.g. the vLLM tests and GPU check).
+
+    Returns ``(drafter, verifier, (drafter_dir, verifier_dir))``. The drafter may be smaller
+    (``d_hidden``/``d_layers``); ``correlated`` applies only where shapes match (see :func:`correlate_`).
+    """
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    tok = build_tokenizer()
+    v_cfg = verifier_config(tok, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+                            head_dim=head_dim, intermediate_size=inter)
+    d_cfg = verifier_config(tok, hidden_size=d_hidden or hidden, num_layers=d_layers or layers, num_heads=heads,
+                            num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter)
+    for cfg in (v_cfg, d_cfg):
+        cfg.tie_word_embeddings = False  # a token should not simply predict itself
+        cfg.initializer_range = 0.1 if hidden <= 128 else 0.02
+        if vocab:
+            cfg.vocab_size = vocab
+    torch.manual_seed(seed)
+    drafter = Qwen3ForCausalLM(d_cfg).eval()
+    torch.manual_seed(seed + 1)
+    verifier = Qwen3ForCausalLM(v_cfg).eval()
+    if correlated is not None:
+        correlate_(verifier, drafter, correlated)
+    dirs = []
+    for name, model in (("drafter", drafter), ("verifier", verifier)):
+        model.save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+        dirs.append(out / name)
+    return drafter, verifier, tuple(dirs)

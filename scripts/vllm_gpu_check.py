@@ -37,38 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def build_pair(out: Path, *, hidden=64, layers=2, heads=2, kv_heads=1, head_dim=32, inter=128, vocab=None,
-               d_hidden=None, d_layers=None, correlated=True, seed=0):
-    """A Qwen3 text drafter and verifier sharing the project's tokenizer; saved under ``out``."""
-    import torch
-    from transformers import Qwen3ForCausalLM
+def build_pair(out: Path, *, correlated=True, **dims):
+    """A Qwen3 text drafter and verifier sharing the project's tokenizer (``asymspec_mm.testing.build_text_pair``)."""
+    from asymspec_mm.testing import build_text_pair
 
-    from asymspec_mm.checkpoints import build_tokenizer, verifier_config
-
-    tok = build_tokenizer()
-    v_cfg = verifier_config(tok, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-                            head_dim=head_dim, intermediate_size=inter)
-    d_cfg = verifier_config(tok, hidden_size=d_hidden or hidden, num_layers=d_layers or layers, num_heads=heads,
-                            num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter)
-    for cfg in (v_cfg, d_cfg):
-        cfg.tie_word_embeddings = False
-        cfg.initializer_range = 0.1 if hidden <= 128 else 0.02
-        if vocab:
-            cfg.vocab_size = vocab
-    torch.manual_seed(seed)
-    drafter = Qwen3ForCausalLM(d_cfg).eval()
-    torch.manual_seed(seed + 1)
-    verifier = Qwen3ForCausalLM(v_cfg).eval()
-    if correlated and d_cfg.hidden_size == v_cfg.hidden_size and d_cfg.num_hidden_layers == v_cfg.num_hidden_layers:
-        with torch.no_grad():
-            for p, base in zip(verifier.state_dict().values(), drafter.state_dict().values()):
-                p.copy_(base + 0.03 * base.std().clamp_min(1e-3) * torch.randn_like(base))
-    dirs = []
-    for name, model in (("drafter", drafter), ("verifier", verifier)):
-        model.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-        dirs.append(out / name)
-    return dirs
+    return build_text_pair(out, correlated=0.03 if correlated else None, **dims)[2]
 
 
 def _sync(device):

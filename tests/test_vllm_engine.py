@@ -31,6 +31,7 @@ if HAVE_VLLM:
 import torch  # noqa: E402
 
 from asymspec_mm.errors import AsymSpecError  # noqa: E402
+from asymspec_mm.testing import build_text_pair  # noqa: E402
 from asymspec_mm.vllm_engine import SUPPORTED_VLLM, VLLMUnavailableError, check_vllm, vllm_llm  # noqa: E402
 
 _SKIP_REASON = ""
@@ -170,39 +171,11 @@ def test_hook_maps_rows_to_positions(v2):
 
 
 # ------------------------------------------------------------------ fixtures (vLLM)
-def _build_text_pair(out):
-    """A tiny Qwen3 drafter (text) and a correlated Qwen3 verifier, as testing.build_tiny_checkpoints
-    correlates them."""
-    from transformers import Qwen3ForCausalLM
-
-    from asymspec_mm.checkpoints import build_tokenizer, verifier_config
-
-    tok = build_tokenizer()
-    dims = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
-    d_cfg, v_cfg = verifier_config(tok, **dims), verifier_config(tok, **dims)
-    for cfg in (d_cfg, v_cfg):
-        cfg.tie_word_embeddings = False
-        cfg.initializer_range = 0.1
-    torch.manual_seed(0)
-    drafter = Qwen3ForCausalLM(d_cfg).eval()
-    torch.manual_seed(1)
-    verifier = Qwen3ForCausalLM(v_cfg).eval()
-    with torch.no_grad():
-        for p, base in zip(verifier.state_dict().values(), drafter.state_dict().values(), strict=True):
-            p.copy_(base + 0.03 * base.std().clamp_min(1e-3) * torch.randn_like(base))
-    dirs = []
-    for name, model in (("drafter", drafter), ("verifier", verifier)):
-        model.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-        dirs.append(out / name)
-    return drafter, verifier, dirs
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     if _SKIP_REASON:
         pytest.skip(_SKIP_REASON)
-    drafter, verifier, (d_dir, v_dir) = _build_text_pair(tmp_path_factory.mktemp("vllm_pair"))
+    drafter, verifier, (d_dir, v_dir) = build_text_pair(tmp_path_factory.mktemp("vllm_pair"))
     from asymspec_mm.vllm_engine import VLLMModel
 
     # What the pipeline creates for verifier_backend="vllm"; a small per-step token budget, so that long
@@ -659,7 +632,6 @@ def test_pipeline_backend_options(request, monkeypatch):
     from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
     from asymspec_mm import vllm_engine
     from asymspec_mm.errors import UnknownOptionError
-    from conftest import make_case
 
     with pytest.raises(UnknownOptionError, match="verifier_backend"):
         AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", verifier_backend="sglang")
