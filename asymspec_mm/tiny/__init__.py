@@ -1,6 +1,6 @@
 """The bundled ``tiny`` pair: a small Qwen3-VL drafter and a Qwen3 verifier trained on MiniVista.
 
-``python -m asymspec_mm.tiny.train --out DIR`` rebuilds it (CPU, about 85 minutes on 2 cores);
+``python -m asymspec_mm.tiny.train --out DIR`` rebuilds it (CPU, about 85 minutes on 2 cores; the phases are options);
 ``python -m asymspec_mm.tiny.results`` measures it. The shipped checkpoints live in
 ``asymspec_mm/presets_data/tiny/{drafter,verifier}``; see ``README.md`` beside this file.
 """

@@ -17,18 +17,18 @@
    token) and saves its checkpoint every ``--eval-every`` steps.
    - verifier: ``--verifier-steps`` at ``--verifier-lr``, then a second phase (fresh schedule,
      ``--verifier-phase2-steps`` at ``--verifier-phase2-lr``) with the final answer token weighted x4;
-   - drafter: full view (+2 captioning examples) with the decisive token weighted x8, a quarter batch
-     of the compressed view, a batch of short dense-description examples ("bars: red 9, ...") so the
-     vision path gets a signal at every position, and a throwaway linear probe that makes each merged
-     vision token tell its colour and bar value / shape (``--drafter-steps`` at ``--drafter-lr``); then
-     ``--drafter-phases`` (fresh schedules, chart-heavy problem mixes) that also train the LM head at
-     every layer's image positions to name the colour each image token shows.
+   - drafter: ``--drafter-phases`` (each a fresh schedule from the previous checkpoint, with its own
+     problem mix): full view (+2 captioning examples) with the decisive token weighted x8, a quarter
+     batch of the compressed view, a batch of short dense-description examples ("bars: red 9, ...") so
+     the vision path gets a signal at every position, a throwaway linear probe that makes each merged
+     vision token tell its colour and bar value / shape, and the LM head trained at every layer's
+     image positions to name the colour each image token shows.
 5. ``save_pair`` writes ``DIR/drafter`` and ``DIR/verifier``; a greedy evaluation of each model
    alone is printed at the end (``--eval-n``).
 
 ``--only``, ``--phase2-only`` and ``--drafter-resume-from`` continue a run from the checkpoints in
-``DIR/_work`` (the shipped pair was trained in such pieces; see README.md beside this file), and
-``--export-from DIR/_work`` exports the latest checkpoints without training.
+``DIR/_work`` (see README.md beside this file), and ``--export-from DIR/_work`` exports the latest
+checkpoints without training.
 """
 
 from __future__ import annotations
@@ -78,27 +78,34 @@ def check_single_tokens(tok) -> None:
 DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=3, vision_hidden=128, deepstack=(0,))
 DRAFTER_DECISIVE_WEIGHT = 8.0
 PERCEPTION_BATCH = 16  # auxiliary dense-description examples per drafter step (short sequences)
-IMAGE_COLOUR_WEIGHT = 0.3  # drafter phases 2+: the LM head at image positions names the colour there (image_position_loss)
-# The drafter's phases after the first, "steps:lr:families" (problems cycle through the families), each from
-# the previous phase's checkpoint with a fresh schedule: the shipped recipe.
-DRAFTER_LATER_PHASES = "1000:1.5e-3:figure,figure,visual,geometry;400:1e-3:figure,figure,figure,visual"
+IMAGE_COLOUR_WEIGHT = 0.3  # the LM head at image positions names the colour there (image_position_loss)
+# The drafter's phases, "steps:lr:families[:colour weight]", each after the first from the previous phase's
+# checkpoint with a fresh schedule and optimizer. Problems cycle through the listed families ("all": the
+# generator's own rotation by problem index); the colour weight defaults to IMAGE_COLOUR_WEIGHT. The shipped
+# drafter's recipe: a first phase without the colour loss, then two chart-heavy phases with it.
+DRAFTER_PHASES = "1500:2e-3:all:0;1000:1.5e-3:figure,figure,visual,geometry;400:1e-3:figure,figure,figure,visual"
 
 
-def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...]]]:
-    """``"steps:lr:fam,fam;..."`` -> ``[(steps, lr, families), ...]`` ('' -> none)."""
+def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...], float]]:
+    """``"steps:lr:fam,fam[:colour];..."`` -> ``[(steps, lr, families, colour_weight), ...]`` ('' -> none;
+    families ``()`` for "all")."""
     phases = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         try:
-            steps, lr, fams = part.split(":")
-            phase = (int(steps), float(lr), tuple(f.strip() for f in fams.split(",")))
+            fields = part.split(":")
+            if len(fields) not in (3, 4):
+                raise ValueError
+            colour = float(fields[3]) if len(fields) == 4 else IMAGE_COLOUR_WEIGHT
+            fams = () if fields[2].strip() == "all" else tuple(f.strip() for f in fields[2].split(","))
+            phase = (int(fields[0]), float(fields[1]), fams, colour)
         except ValueError:
-            raise ValueError(f"bad drafter phase {part!r}: expected steps:lr:family,family,...") from None
+            raise ValueError(f"bad drafter phase {part!r}: expected steps:lr:family,family,...[:colour weight]") from None
         bad = [f for f in phase[2] if f not in mv.FAMILIES]
-        if bad or phase[0] <= 0:
-            raise ValueError(f"bad drafter phase {part!r}: steps must be > 0 and families among {', '.join(mv.FAMILIES)}")
+        if bad or phase[0] <= 0 or colour < 0:
+            raise ValueError(f"bad drafter phase {part!r}: steps must be > 0, the colour weight >= 0 and families among {', '.join(mv.FAMILIES)}")
         phases.append(phase)
     return phases
-TOKEN_PROBE_BATCH = 32  # images per step for the per-image-token probe loss (vision tower only; cheap)
+TOKEN_PROBE_BATCH = 32  # images of a separate batch for the per-image-token probe; 0: probe the full-view batch's own image tokens
 VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
@@ -149,6 +156,7 @@ def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
         "final_idx": len(ans) - 3,
         "family": mv.family_of(problem),
         "img_targets": image_colour_targets(problem, tok),
+        "tok_targets": token_targets(problem),
     }
 
 
@@ -162,7 +170,8 @@ def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     ans = tok(problem["caption"], add_special_tokens=False)["input_ids"] + [eos]
     return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
-            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption"}
+            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption",
+            "tok_targets": token_targets(problem)}
 
 
 PERCEPTION_PROMPT = "Describe the image."
@@ -253,16 +262,35 @@ def image_position_loss(logits: torch.Tensor, batch: dict[str, Any], tap: LayerT
     return torch.stack(losses).mean()
 
 
+class VisionTap:
+    """Keeps the vision tower's merged tokens (``[n_images * 16, hidden]``, with their graph) from the last
+    forward, so the token probe can read the very features the full-view batch used."""
+
+    def __init__(self, model):
+        self.feats = None
+        self.handle = model.model.visual.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        self.feats = output.pooler_output
+
+
+def probe_loss(probe: torch.nn.Linear, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a linear probe on merged vision tokens ``feats`` ``[N, hidden]`` against
+    ``targets`` ``[N, 2]`` (colour class, attribute class; -100 ignored). A throwaway head: it trains the
+    tower to put colour and bar value / shape kind into the very token the text model attends to."""
+    logits = probe(feats)  # [N, colours + attributes]
+    if not bool((targets != PAD_LABEL).any()):
+        return logits.sum() * 0.0
+    lc = torch.nn.functional.cross_entropy(logits[:, :N_COLOR_CLASSES], targets[:, 0], ignore_index=PAD_LABEL)
+    la = torch.nn.functional.cross_entropy(logits[:, N_COLOR_CLASSES:], targets[:, 1], ignore_index=PAD_LABEL)
+    return lc + la
+
+
 def token_probe_loss(model, probe: torch.nn.Linear, problems: list[dict[str, Any]], proc) -> torch.Tensor:
-    """Cross-entropy of a linear probe on the vision tower's merged tokens (a throwaway head: it trains
-    the tower to put colour and bar value / shape kind into the very token the text model attends to)."""
+    """:func:`probe_loss` on a separate batch of images run through the vision tower alone."""
     enc = proc.image_processor(images=[p["decoded_image"] for p in problems], return_tensors="pt")
     feats = model.model.visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"], return_dict=True).pooler_output
-    logits = probe(feats)  # [B*16, colours + attributes]
-    tgt = torch.cat([token_targets(p) for p in problems])
-    lc = torch.nn.functional.cross_entropy(logits[:, :N_COLOR_CLASSES], tgt[:, 0], ignore_index=PAD_LABEL)
-    la = torch.nn.functional.cross_entropy(logits[:, N_COLOR_CLASSES:], tgt[:, 1], ignore_index=PAD_LABEL)
-    return lc + la
+    return probe_loss(probe, feats, torch.cat([token_targets(p) for p in problems]))
 
 
 def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
@@ -428,8 +456,13 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
 
 
 def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str,
-                 resume_from: int = 0, mix: tuple[str, ...] | None = None, image_colour_weight: float = 0.0) -> None:
-    """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``."""
+                 resume_from: int = 0, mix: tuple[str, ...] | None = None, image_colour_weight: float = 0.0,
+                 probe_batch: int = TOKEN_PROBE_BATCH) -> None:
+    """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``.
+
+    ``resume_from`` > 0 continues from the saved checkpoint (a later phase: fresh problems, schedule and
+    optimizer); ``probe_batch`` > 0 gives the drafter's token probe its own batch of that many images
+    (0: the probe reads the full-view batch's image tokens, no extra tower pass)."""
     from transformers import AutoTokenizer, Qwen3VLProcessor
 
     torch.set_num_threads(threads)
@@ -447,8 +480,9 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
         torch.manual_seed(seed)
     model.train()
     params = list(model.parameters())
-    probe = None
-    if role == "drafter" and TOKEN_PROBE_BATCH:
+    probe = vision_tap = None
+    if role == "drafter":
+        vision_tap = VisionTap(model) if not probe_batch else None
         probe = torch.nn.Linear(model.config.text_config.hidden_size, N_COLOR_CLASSES + N_ATTR_CLASSES)
         params += list(probe.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -475,7 +509,11 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
             logits = model(**model_inputs(bf), use_cache=False).logits
             lf = lm_loss(logits, bf["labels"], bf["weights"])
             li = image_position_loss(logits, bf, tap)
-            (0.6 * lf + image_colour_weight * li).backward()
+            loss = 0.6 * lf + image_colour_weight * li
+            if vision_tap is not None:
+                lt = probe_loss(probe, vision_tap.feats, torch.cat([e["tok_targets"] for e in ex + caps]))
+                loss = loss + lt
+            loss.backward()
             bc = collate(ex[: batch // 4], "comp", pad_id)
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
             (0.4 * lc).backward()
@@ -491,11 +529,12 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
                 lp = lm_loss(logits, bp["labels"])
                 (0.5 * lp + image_colour_weight * image_position_loss(logits, bp, tap)).backward()
                 parts["perc"] = lp.item()
-            if probe is not None:
-                base = 30_000_000 + TOKEN_PROBE_BATCH * (resume_from + step)
-                probs = [mv.make_problem(mv.TRAIN_SEED, base + j, ("figure", "visual")[j % 2]) for j in range(TOKEN_PROBE_BATCH)]
+            if probe_batch:
+                base = 30_000_000 + probe_batch * (resume_from + step)
+                probs = [mv.make_problem(mv.TRAIN_SEED, base + j, ("figure", "visual")[j % 2]) for j in range(probe_batch)]
                 lt = token_probe_loss(model, probe, probs, proc)
                 lt.backward()
+            if probe is not None:
                 parts["tok"] = lt.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -511,14 +550,12 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 
-def _drafter_phases(work: str, args, log_path: str, later: list[tuple[int, float, tuple[str, ...]]], start: int) -> None:
-    """Phase 1 (unless resuming from ``start`` > 0), then each later phase from the previous checkpoint."""
-    if not start:
-        train_worker("drafter", work, args.drafter_steps, args.batch, args.drafter_lr, args.seed, args.eval_every, 1, log_path)
-        start = args.drafter_steps
-    for steps, lr, mix in later:
+def _drafter_phases(work: str, args, log_path: str, phases: list[tuple[int, float, tuple[str, ...], float]], start: int) -> None:
+    """Each phase in turn, the first from scratch (or, ``start`` > 0, from the checkpoint trained that many
+    steps), the others from the previous phase's checkpoint."""
+    for steps, lr, mix, colour in phases:
         train_worker("drafter", work, steps, args.batch, lr, args.seed, args.eval_every, 1, log_path,
-                     resume_from=start, mix=mix, image_colour_weight=IMAGE_COLOUR_WEIGHT)
+                     resume_from=start, mix=mix or None, image_colour_weight=colour, probe_batch=args.probe_batch)
         start += steps
 
 
@@ -545,10 +582,8 @@ def export_pair(work: Path, out: Path):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier)")
-    ap.add_argument("--drafter-steps", type=int, default=1500)
     ap.add_argument("--verifier-steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--verifier-lr", type=float, default=2.5e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=768)
@@ -558,11 +593,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-phase2-steps", type=int, default=600, help="second verifier phase (fresh schedule, final token weighted)")
     ap.add_argument("--verifier-phase2-lr", type=float, default=1.5e-3)
     ap.add_argument("--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)")
-    ap.add_argument("--drafter-phases", default=DRAFTER_LATER_PHASES,
-                    help="the drafter's phases after the first, 'steps:lr:families;...', each with the colour loss at the image "
-                         "positions [default: %(default)s]")
+    ap.add_argument("--drafter-phases", default=DRAFTER_PHASES,
+                    help="the drafter's phases, 'steps:lr:families[:colour weight];...' (colour weight of the loss at the image "
+                         f"positions, default {IMAGE_COLOUR_WEIGHT}; families 'all': the generator's rotation) [default: %(default)s]")
+    ap.add_argument("--probe-batch", type=int, default=TOKEN_PROBE_BATCH,
+                    help="images of a separate batch for the drafter's token probe (0: the full-view batch's own image tokens) [default: %(default)s]")
     ap.add_argument("--drafter-resume-from", type=int, default=0,
-                    help="skip the drafter's first phase: run --drafter-phases from its checkpoint in DIR/_work trained this many steps")
+                    help="start the drafter from its checkpoint in DIR/_work trained this many steps, then run --drafter-phases")
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
