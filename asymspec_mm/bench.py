@@ -450,12 +450,13 @@ def synthetic_prefill(engine, length: int, seed: int = 0) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int) -> dict[str, int]:
-    """Decode-phase tokens each stream must forward under the loop's rules (see decode.py's docstring)."""
+def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int, deferred_at_end: int = 0) -> dict[str, int]:
+    """Decode-phase tokens each stream must forward under the loop's rules (see decode.py's docstring): d_K of
+    every step with K acceptances is forwarded once, in that step or the next, except a last one left pending."""
     if method == "asymspec":
-        return {"drafter_full": steps * k + full_accept_steps, "drafter_comp": steps * (k + 1), "verifier": steps * (k + 1)}
+        return {"drafter_full": steps * k + full_accept_steps - deferred_at_end, "drafter_comp": steps * (k + 1), "verifier": steps * (k + 1)}
     if method == "sd":
-        return {"drafter_comp": steps * k + full_accept_steps, "verifier": steps * (k + 1)}
+        return {"drafter_comp": steps * k + full_accept_steps - deferred_at_end, "verifier": steps * (k + 1)}
     if method == "floor":
         return {"verifier": steps}
     return {"drafter_full": steps}
@@ -470,7 +471,7 @@ def check_run(run: dict[str, Any]) -> dict[str, Any]:
     method = run["method"]
     spec = method in ("asymspec", "sd")
     full = app[k - 1] if spec and len(app) >= k else 0
-    expected = _expected_forwarded(method, k, steps, full)
+    expected = _expected_forwarded(method, k, steps, full, run.get("deferred_draft_at_end", 0))
     forwarded_ok = all(run["decode_forwarded"].get(s, 0) == n for s, n in expected.items())
     accepted_k = sum(app) if spec else 0
     tokens_ok = (accepted_k + steps - (k + 1 if spec else 1) < run["new_tokens"] <= accepted_k + steps) if steps else run["new_tokens"] == 0
@@ -607,6 +608,7 @@ class _Runner:
             "accepted": stats["accepted"],
             "bonus_drafted": stats.get("bonus_drafted", 0),
             "bonus_accepted": stats.get("bonus_accepted", 0),
+            "deferred_draft_at_end": stats.get("deferred_draft_at_end", 0),
             "accepted_per_position": list(stats["accepted_per_position"]) if variant.method in ("asymspec", "sd") else [],
             "decode_forwarded": decode_fwd,
             "forward_calls": dict(stats["forward_calls"]),
@@ -728,9 +730,11 @@ def project(costs: dict, k: int, *, floor_token_s: float, asym_host_step_s: floa
             scenarios: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
     """PROJECTED tokens/s from measured per-call costs for given (acceptance rate, mean accepted length).
 
-    AsymSpec step = (K + f) * c(drafter_full, 1 token) + c(drafter_comp, K+1) + c(verifier, K+1) + host,
-    where f = AR^K is the fraction of steps that accept all K drafts (i.i.d. positions) and pay one more
-    drafter-full forward; tokens/s = MAL / step. SD likewise with the compressed stream drafting.
+    AsymSpec step = (K - f) * c(drafter_full, 1 token) + f * c(drafter_full, 2 tokens) + c(drafter_comp, K+1)
+    + c(verifier, K+1) + host, where f = AR^K is the fraction of steps that follow a step accepting all K
+    drafts (i.i.d. positions), whose first drafting forward also carries that step's d_K (without a measured
+    2-token cost, 2 x the 1-token cost: a separate forward); tokens/s = MAL / step. SD likewise with the
+    compressed stream drafting.
     Floor is measured (its cost does not depend on acceptance).
     """
     def cost(stream: str, n: int) -> float | None:
@@ -738,17 +742,22 @@ def project(costs: dict, k: int, *, floor_token_s: float, asym_host_step_s: floa
         return c["median_s"] if c else None
 
     full1, comp_k1, ver_k1, comp1 = cost("drafter_full", 1), cost("drafter_comp", k + 1), cost("verifier", k + 1), cost("drafter_comp", 1)
+    full2, comp2 = cost("drafter_full", 2), cost("drafter_comp", 2)
+
+    def drafting(one: float, two: float | None, f: float) -> float:
+        return (k - f) * one + f * (two if two is not None else 2 * one)
+
     rows = []
     for ar, mal in scenarios:
         f = ar ** k
         row: dict[str, Any] = {"acceptance_rate": ar, "mean_accepted_length": mal, "full_accept_fraction": f,
                                "floor_tokens_per_s": 1.0 / floor_token_s if floor_token_s else None}
         if None not in (full1, comp_k1, ver_k1):
-            step = (k + f) * full1 + comp_k1 + ver_k1 + asym_host_step_s
+            step = drafting(full1, full2, f) + comp_k1 + ver_k1 + asym_host_step_s
             row.update(asymspec_step_s=step, asymspec_tokens_per_s=mal / step,
                        asymspec_ratio_to_floor=(mal / step) * floor_token_s if floor_token_s else None)
         if None not in (comp1, ver_k1) and sd_host_step_s is not None:
-            step = (k + f) * comp1 + ver_k1 + sd_host_step_s
+            step = drafting(comp1, comp2, f) + ver_k1 + sd_host_step_s
             row.update(sd_step_s=step, sd_tokens_per_s=mal / step, sd_ratio_to_floor=(mal / step) * floor_token_s if floor_token_s else None)
         rows.append(row)
     return rows
@@ -1322,7 +1331,8 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
     proj = res.get("projection", {})
     if proj.get("scenarios"):
         lines += [f"### {proj['label']}", "",
-                  "AsymSpec step = (K + AR^K) x c(full, 1 tok) + c(comp, K+1) + c(verifier, K+1) + measured host overhead per step; "
+                  "AsymSpec step = (K - AR^K) x c(full, 1 tok) + AR^K x c(full, 2 tok) (d_K carried) + c(comp, K+1) + c(verifier, K+1) "
+                  "+ measured host overhead per step; "
                   "tokens/s = MAL / step. Floor measured.", "",
                   "| AR | MAL | P(all K accepted) | Floor tok/s (measured) | AsymSpec tok/s (projected) | ratio | SD tok/s (projected) | ratio |",
                   "|---|---|---|---|---|---|---|---|"]

@@ -4,8 +4,11 @@ Cache convention shared by every loop here: a stream's cache holds its prompt an
 tokens except the newest one, which is *pending* and is forwarded first in the next step. So the
 prefill caches ``prompt[:-1]`` and the first step forwards the prompt's last token: every step has
 the same shape and nothing is forwarded twice. Each step forwards K tokens on the drafter's full
-stream (one at a time, plus d_K after K acceptances) and K+1 tokens in one forward on the
-drafter's compressed stream and on the verifier; rejections roll caches back by cropping.
+stream (one at a time) and K+1 tokens in one forward on the drafter's compressed stream and on the
+verifier; rejections roll caches back by cropping. After K acceptances the drafting stream has not
+yet forwarded d_K. When the step does not need d_K's logits (the verifier's bonus token, and SD),
+d_K stays pending beside the bonus token and rides in the next step's first forward (two tokens, one
+call) instead of costing a forward of its own; ``bonus="gated"`` forwards it at once for a_{K+1}.
 
 Every loop is a generator of per-step :class:`TokenEvent` lists, so callers can stream.
 """
@@ -111,6 +114,7 @@ class Counters:
         self.accepted_per_position = [0] * k
         self.bonus_drafted = 0
         self.bonus_accepted = 0
+        self.deferred_draft = 0  # 1 while a step's d_K waits for the next step's first forward
         self.new_tokens = 0
         self.prefill_tokens = {name: e.tokens_forwarded for name, e in streams.items()}
         self.t0 = time.perf_counter()
@@ -135,6 +139,8 @@ class Counters:
             "accepted_per_position": list(self.accepted_per_position),
             "bonus_drafted": self.bonus_drafted,
             "bonus_accepted": self.bonus_accepted,
+            # 1: the last step's d_K was never forwarded (no next step carried it); forwarded counts are one lower
+            "deferred_draft_at_end": self.deferred_draft,
             "tokens_forwarded": {n: e.tokens_forwarded for n, e in self.streams.items()},
             "prefill_tokens": dict(self.prefill_tokens),
             "forward_calls": {n: e.forward_calls for n, e in self.streams.items()},
@@ -253,6 +259,7 @@ def asymspec_steps(
     while not out.done:
         base_full, base_comp, base_ver = drafter_full.length, drafter_comp.length, verifier.length
         drafts, a = _draft_greedy(drafter_full, p_full, k, rows_out=a)  # d_1..d_K, a_1..a_K (float32, reused)
+        counters.deferred_draft = 0
         b = drafter_comp.extend(torch.cat([p_comp.to(drafts.device), drafts]))  # b_1..b_{K+1}
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).to(a.device)
         g = gate_step(a, b[:k], t[:k], drafts, **gate_kw)
@@ -287,14 +294,17 @@ def asymspec_steps(
         if n_acc < k:
             r = host[n_acc]
             events.append(event(n_acc, int(r[5]), "fused", r[7], r[8], r[1], r[2], int(r[6]), draft=int(r[9])))
-            keep = n_acc + 1  # pending + accepted drafts stay cached; the fused token becomes pending
-            drafter_full.truncate(base_full + keep)
-            drafter_comp.truncate(base_comp + keep)
-            verifier.truncate(base_ver + keep)
+            # pending + accepted drafts stay cached; the fused token becomes pending
+            drafter_full.truncate(base_full + len(p_full) + n_acc)
+            drafter_comp.truncate(base_comp + 1 + n_acc)
+            verifier.truncate(base_ver + 1 + n_acc)
             last_dev = g.fused[n_acc:n_acc + 1]  # the fused token, already on the device
+            carry = None
         else:
-            a_bonus = drafter_full.extend(drafts[k - 1 :])[-1]  # keeps the full stream current; yields a_{K+1}
+            carry = drafts[k - 1:]  # d_K, pending on the full stream until it is forwarded
             if cfg.bonus == "gated":
+                a_bonus = drafter_full.extend(carry)[-1]  # a_{K+1}, needed now
+                carry = None
                 d_bonus = a_bonus.argmax(-1, keepdim=True)
                 gb = gate_step(a_bonus[None], b[k:], t[k:], d_bonus, **gate_kw)
                 bparts = [_pack(gb, d_bonus)[0]]
@@ -316,11 +326,13 @@ def asymspec_steps(
                 vid = int(host_extra[0])
                 events.append(event(k, vid, "bonus", host_extra[1], host_extra[2], None, None, vid))
                 last_dev = bonus_id.view(1)
+                counters.deferred_draft = 1
         committed = out.commit(events)
         if committed:
             # All events kept (the usual case): the pending token is the device copy, no host-to-device copy.
             last = last_dev if len(committed) == len(events) else torch.tensor([committed[-1].token_id], device=drafts.device)
-            p_full = p_comp = p_ver = last
+            p_comp = p_ver = last
+            p_full = last if carry is None else torch.cat([carry, last.to(carry.device)])
         if observer is not None:
             observer(step, list(out.tokens))
         yield committed
@@ -383,6 +395,7 @@ def sd_steps(
     while not out.done:
         base_comp, base_ver = drafter_comp.length, verifier.length
         drafts, _ = _draft_greedy(drafter_comp, p_comp, k, keep_rows=False)
+        counters.deferred_draft = 0
         t = verifier.extend(torch.cat([p_ver.to(drafts.device), drafts]).to(verifier.device)).float()
         v_ids = t.argmax(-1)  # [K+1]
         p_v = t.log_softmax(-1).gather(-1, v_ids[:, None])[:, 0].exp()
@@ -401,14 +414,17 @@ def sd_steps(
         events.append(TokenEvent(index=0, token_id=int(r[0]), text="", source="bonus" if n_acc == k else "fused",
                                  step=step, position=n_acc + 1, p_verifier=r[1], verifier_argmax=int(r[0]),
                                  draft_token=None if n_acc == k else int(r[3])))
+        carry = None
         if n_acc < k:
-            drafter_comp.truncate(base_comp + n_acc + 1)
-            verifier.truncate(base_ver + n_acc + 1)
+            drafter_comp.truncate(base_comp + len(p_comp) + n_acc)
+            verifier.truncate(base_ver + 1 + n_acc)
         else:
-            drafter_comp.extend(drafts[k - 1 :])
+            carry = drafts[k - 1:]  # d_K rides in the next step's first drafting forward
+            counters.deferred_draft = 1
         committed = out.commit(events)
         if committed:  # all events kept: the last token is v_ids[n_acc], already on the device
-            p_comp = p_ver = (v_ids[n_acc:n_acc + 1].to(drafts.device) if len(committed) == len(events)
-                              else torch.tensor([committed[-1].token_id], device=drafts.device))
+            p_ver = (v_ids[n_acc:n_acc + 1].to(drafts.device) if len(committed) == len(events)
+                     else torch.tensor([committed[-1].token_id], device=drafts.device))
+            p_comp = p_ver if carry is None else torch.cat([carry, p_ver])
         yield committed
     counters.stopped_by = out.stopped_by  # type: ignore[attr-defined]

@@ -181,7 +181,7 @@ class _StaticCacheMixin:
     Prefill runs as usual into a DynamicCache (including the VL prefix store) and is then copied once
     into a StaticCache of ``prompt + headroom`` positions; decode-phase forwards write in place, and a
     rejection rolls back by moving the write position (``crop`` on a static layer touches no data). With
-    ``compile_decode`` the one-token forward (the drafter's drafting step) runs through
+    ``compile_decode`` the one- and two-token forwards (the drafter's drafting steps) run through
     ``torch.compile(mode=compile_mode)``; on CUDA ``reduce-overhead`` captures it in a CUDA graph. Any
     compile failure falls back to eager once, with a warning.
     """
@@ -226,7 +226,8 @@ class _StaticCacheMixin:
         self._static_len = n
 
     def _decode_model(self, n: int):
-        if n != 1 or not self.compile_decode:
+        # one token per drafting forward, two when a step's d_K rides along (decode.py); each shape compiles once
+        if n > 2 or not self.compile_decode:
             return self.model
         if self._decode_fn is None:
             self._decode_fn = torch.compile(self.model, mode=self.compile_mode, dynamic=False)

@@ -186,6 +186,10 @@ def test_projection_arithmetic():
     assert row["asymspec_tokens_per_s"] == pytest.approx(2.0 / step)
     assert row["asymspec_ratio_to_floor"] == pytest.approx((2.0 / step) / 20.0)
     assert row["sd_step_s"] == pytest.approx((4 + f) * 0.01 + 0.1 + 0.001)
+    # with a measured 2-token drafting forward (d_K carried into the next step), that cost replaces 2 calls
+    costs["drafter_full"]["2"] = {"median_s": 0.012}
+    (row,) = project(costs, 4, floor_token_s=0.05, asym_host_step_s=0.002, sd_host_step_s=0.001, scenarios=[(0.5, 2.0)])
+    assert row["asymspec_step_s"] == pytest.approx((4 - f) * 0.01 + f * 0.012 + 0.02 + 0.1 + 0.002)
 
 
 def test_bench_parser_registers_a_func():

@@ -53,17 +53,25 @@ def test_loop_caches_match_no_cache_forward_after_every_step(tiny_pipe):
 
     case = make_case(4)
     checked = []
+    pending_seen: set[int] = set()
     original = pl.asymspec_steps
 
     def observed(full, comp, ver, pending, cfg, eos, stop_fn, counters, observer=None):
         def check(step, tokens):
             if len(tokens) >= cfg.max_new_tokens or tokens[-1] in eos:
                 return
-            # The pending token is tokens[-1]; forwarding it on a copy-free probe then rolling back leaves state intact.
-            probe = torch.tensor(tokens[-1:])
-            for engine, fn in ((full, ref.drafter_full), (comp, ref.drafter_comp), (ver, ref.verifier)):
-                got = engine.extend(probe)[-1]
-                engine.truncate(engine.length - 1)
+            # Each cache holds prompt + tokens but the pending ones: tokens[-1], and on the full stream after K
+            # acceptances also d_K (tokens[-2]). Forwarding them on a probe, then rolling back, leaves state intact.
+            p = prompts_holder["p"]
+            prompt_len = {"drafter_full": p.drafter_full_ids.shape[1], "drafter_comp": p.drafter_comp_ids.shape[1],
+                          "verifier": p.verifier_ids.shape[1]}
+            for engine, fn, name in ((full, ref.drafter_full, "drafter_full"), (comp, ref.drafter_comp, "drafter_comp"),
+                                     (ver, ref.verifier, "verifier")):
+                n_pending = prompt_len[name] + len(tokens) - engine.length
+                assert n_pending in ((1, 2) if name == "drafter_full" else (1,)), (name, step, n_pending)
+                pending_seen.add(n_pending) if name == "drafter_full" else None
+                got = engine.extend(torch.tensor(tokens[-n_pending:]))[-1]
+                engine.truncate(engine.length - n_pending)
                 assert torch.allclose(got, fn(tokens)[-1], atol=1e-4), (engine.name, step)
             checked.append(step)
 
@@ -88,6 +96,7 @@ def test_loop_caches_match_no_cache_forward_after_every_step(tiny_pipe):
     finally:
         pl.asymspec_steps, pl.build_prompts = original, orig_build
     assert len(checked) >= 3
+    assert pending_seen == {1, 2}  # both cases happened: a rejection and K acceptances (d_K carried)
 
 
 @pytest.mark.parametrize("combo", range(26))

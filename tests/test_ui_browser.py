@@ -132,7 +132,14 @@ TOKENS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => ({
 def read_answer_tokens(page, n: int) -> list[dict]:
     """The answer panel's tokens, once it shows at least ``n`` (the status and the panel are separate
     components, so the status can say done a moment before the panel's last update is rendered)."""
-    page.wait_for_function("n => document.querySelectorAll('#asym-answer .asym-trace .tok').length >= n", arg=n, timeout=TIMEOUT_MS)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("n => document.querySelectorAll('#asym-answer .asym-trace .tok').length >= n", arg=n, timeout=TIMEOUT_MS)
+    except PlaywrightTimeout:
+        shown = page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
+        status = page.locator("#asym-status").inner_text() if page.locator("#asym-status").count() else "?"
+        pytest.fail(f"the answer panel shows {len(shown)} tokens, not {n}: {[t['id'] for t in shown]}; status: {status!r}")
     return page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")
 
 
@@ -220,12 +227,16 @@ def test_bundled_example_fills_inputs_and_runs(browser_env):
     number = page.locator("#asym-max-new input[type=number]")
     number.fill(str(EXAMPLE_MAX_NEW))
     number.press("Enter")
+    # the slider's own range input follows once the component has taken the value; a click before that
+    # would run with the old one
+    page.wait_for_function("v => document.querySelector('#asym-max-new input[type=range]').value === v", arg=str(EXAMPLE_MAX_NEW))
     page.locator("#asym-run").click()
     wait_status(page, "ok")
     ref = env["pipe"].generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False,
                                max_new_tokens=EXAMPLE_MAX_NEW)
-    ids = read_answer_tokens(page, len(ref.token_ids))
-    assert [t["id"] for t in ids] == ref.token_ids, ([t["id"] for t in ids], ref.token_ids, ref.text)
+    print("reference tokens", ref.token_ids, "stopped by", ref.stats.get("stopped_by"))  # shown on failure
+    ids = read_answer_tokens(page, len(ref.token_ids)) if ref.token_ids else []
+    assert [t["id"] for t in ids] == ref.token_ids, ([t["id"] for t in ids], ref.token_ids, ref.text, ref.stats.get("stopped_by"))
     # show one tooltip in the screenshot (a fused token when there is one)
     pick = next((i for i, ev in enumerate(ref.trace) if ev.source == "fused"), 0)
     page.get_by_text("Advanced settings").click()
