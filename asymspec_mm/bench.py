@@ -282,17 +282,28 @@ def load_pair(pair: str = "tiny", *, drafter: str | None = None, verifier: str |
 # ------------------------------------------------------------------------------------------------
 
 
-def bench_cases(n: int, image_side: int | None = None) -> list[dict[str, Any]]:
-    """``n`` held-out MiniVista problems (image, query, caption, OCR), far from the training indices."""
+def bench_cases(n: int, image_side: int | None = None, families: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """``n`` held-out MiniVista problems (image, query, caption, OCR), far from the training indices;
+    ``families`` (e.g. ``("figure", "visual")``) rotate instead of all three."""
+    from .errors import UnknownOptionError
     from .eval import minivista as mv
 
+    bad = [f for f in families or () if f not in mv.FAMILIES]
+    if bad:
+        raise UnknownOptionError(f"case family {bad[0]!r} does not exist; choose among {', '.join(mv.FAMILIES)}")
     out = []
-    for p in mv.generate(n, seed=mv.HELDOUT_SEED, start=50_000):
+    for p in mv.generate(n, seed=mv.HELDOUT_SEED, families=families or None, start=50_000):
         img = p["decoded_image"]
         if image_side:
             img = img.resize((image_side, image_side))
         out.append({"id": p["pid"], "image": img, "question": p["query"], "caption": p["caption"], "ocr": p["ocr"]})
     return out
+
+
+def _minivista_families() -> tuple[str, ...]:
+    from .eval.minivista import FAMILIES
+
+    return FAMILIES
 
 
 def _view_tokens(pipe, caption: str, ocr: str) -> int:
@@ -793,6 +804,7 @@ def run_bench(
     reps: int = 3,
     warmup: int = 1,
     cases: int = 2,
+    case_families: Sequence[str] | None = None,
     max_new_tokens: int = 32,
     k: int = 4,
     trace_top: int | None = None,
@@ -833,7 +845,7 @@ def run_bench(
         torch.set_num_threads(threads)
     try:
         return _run_bench(pair, pipeline=pipeline, drafter=drafter, verifier=verifier, variants=variants, reps=reps, warmup=warmup,
-                          cases=cases, max_new_tokens=max_new_tokens, k=k, trace_top=trace_top, prompt_lengths=prompt_lengths,
+                          cases=cases, case_families=case_families, max_new_tokens=max_new_tokens, k=k, trace_top=trace_top, prompt_lengths=prompt_lengths,
                           length_variants=length_variants, k_values=k_values, k_variants=k_variants, scenarios=scenarios,
                           prefill=prefill, image_tokens=image_tokens, ignore_eos=ignore_eos, device=device, dtype=dtype,
                           plain_runs=plain_runs, probe_batching=probe_batching, probe_reps=probe_reps, workdir=workdir,
@@ -842,7 +854,7 @@ def run_bench(
         torch.set_num_threads(prev_threads)
 
 
-def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cases, max_new_tokens, k, trace_top, prompt_lengths,
+def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cases, case_families, max_new_tokens, k, trace_top, prompt_lengths,
                length_variants, k_values, k_variants, scenarios, prefill, image_tokens, ignore_eos, device, dtype, plain_runs,
                probe_batching, probe_reps, workdir, engine, alt_decode, loop_vocabs, progress) -> dict[str, Any]:
     from . import decode
@@ -879,7 +891,7 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
         alt_mod = load_alt_decode(alt_decode)
     runner = _Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda", factories=factories,
                      alt_decode=alt_mod)
-    inputs = bench_cases(cases, bp.image_side)
+    inputs = bench_cases(cases, bp.image_side, case_families)
     base_len = prompt_lengths[0] if prompt_lengths else 256
     notes = list(bp.notes)
     if not bp.trained:
@@ -922,7 +934,7 @@ def _run_bench(pair, *, pipeline, drafter, verifier, variants, reps, warmup, cas
         return out
 
     result: dict[str, Any] = {"meta": _meta(bp, dev, prefill, reps, warmup, cases if not synthetic else 1, max_new_tokens, k, base_cfg,
-                                            ignore_eos, plain_runs, image_tokens), "notes": notes}
+                                            ignore_eos, plain_runs, image_tokens, None if synthetic else case_families), "notes": notes}
     result["meta"]["engine"] = engine
     if alt_mod is not None:
         notes.append(f"variants marked loop=alt run the decoding loop of {alt_decode}, side by side with the current one.")
@@ -1207,7 +1219,8 @@ def _collect_checks(runs: list[dict]) -> dict[str, Any]:
             "split_sum_max_rel_err": max(errs) if errs else 0.0}
 
 
-def _meta(bp, dev, prefill, reps, warmup, cases, max_new, k, cfg, ignore_eos, plain_runs, image_tokens) -> dict[str, Any]:
+def _meta(bp, dev, prefill, reps, warmup, cases, max_new, k, cfg, ignore_eos, plain_runs, image_tokens,
+          case_families: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
 
     import transformers
@@ -1227,6 +1240,7 @@ def _meta(bp, dev, prefill, reps, warmup, cases, max_new, k, cfg, ignore_eos, pl
         "reps": reps,
         "warmup": warmup,
         "cases": cases,
+        "case_families": list(case_families or _minivista_families()),
         "max_new_tokens": max_new,
         "k": k,
         "config": cfg.as_dict(),
@@ -1287,7 +1301,7 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
               f"- device: {m['device']} ({m['device_name']}), dtype {m['dtype']}, {m['threads']} torch threads, "
               f"torch {m['torch']}, transformers {m['transformers']}",
               f"- settings: K={m['k']}, max_new_tokens={m['max_new_tokens']}, {m['reps']} interleaved repetitions "
-              f"(+{m['warmup']} warm-up), {m['cases']} request(s) per cell, prefill={m['prefill']}, trace_top={m['config']['trace_top']}",
+              f"(+{m['warmup']} warm-up), {m['cases']} request(s) per cell ({'/'.join(m.get('case_families', []))}), prefill={m['prefill']}, trace_top={m['config']['trace_top']}",
               f"- {m['date']}, bench wall {m.get('bench_wall_s', 0):.0f}s",
               "- every number is a median over repetitions; a ratio is the median of per-repetition ratios of runs made side "
               "by side (variant vs Floor in the same repetition)."]
@@ -1522,6 +1536,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions [default: %(default)s]")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cases", type=int, default=2, help="requests per cell (MiniVista held-out problems) [default: %(default)s]")
+    p.add_argument("--case-families", default="", help="MiniVista families the cases rotate through, e.g. figure,visual [default: all three]")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--trace-top", type=int, default=None, help="trace top-k per token [library default]")
@@ -1566,6 +1581,7 @@ def bench_main(args: argparse.Namespace) -> int:
         res = run_bench(
             args.pair, drafter=args.drafter, verifier=args.verifier,
             variants=[v for v in args.variants.split(";") if v.strip()], reps=args.reps, warmup=args.warmup, cases=args.cases,
+            case_families=[f.strip() for f in args.case_families.split(",") if f.strip()] or None,
             max_new_tokens=args.max_new_tokens, k=args.k, trace_top=args.trace_top, prompt_lengths=_ints(args.lengths),
             length_variants=[v for v in args.length_variants.split(";") if v.strip()], k_values=_ints(args.k_values),
             k_variants=[v for v in args.k_variants.split(";") if v.strip()], scenarios=scen, prefill=args.prefill,

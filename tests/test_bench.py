@@ -279,3 +279,18 @@ def test_static_cache_engines_match_dynamic_when_present(tiny_pipe):
                                          config=cfg)
             assert sta.token_ids == dyn.token_ids and [e.source for e in sta.trace] == [e.source for e in dyn.trace]
     assert pipeline.TextEngine is engines.TextEngine and pipeline.VLEngine is engines.VLEngine
+
+
+def test_bench_cases_follow_the_chosen_families():
+    from asymspec_mm.eval import minivista as mv
+    from asymspec_mm.errors import UnknownOptionError
+
+    default = bench.bench_cases(3)
+    assert [mv.family_of(mv.make_problem(mv.HELDOUT_SEED, int(c["id"]) - 1)) for c in default] == ["geometry", "figure", "visual"]
+    chosen = bench.bench_cases(4, families=("figure", "visual"))
+    kinds = [c["caption"].split()[1] for c in chosen]  # "A bar chart ..." / "A scene ..." style captions differ per family
+    assert len(set(kinds)) == 2 and kinds[0] == kinds[2] and kinds[1] == kinds[3]
+    assert [c["question"] for c in chosen] == [mv.make_problem(mv.HELDOUT_SEED, 50_000 + i, ("figure", "visual")[i % 2])["query"]
+                                               for i in range(4)]
+    with pytest.raises(UnknownOptionError, match="'charts' does not exist"):
+        bench.bench_cases(2, families=("charts",))
