@@ -300,12 +300,6 @@ def bench_cases(n: int, image_side: int | None = None, families: Sequence[str] |
     return out
 
 
-def _minivista_families() -> tuple[str, ...]:
-    from .eval.minivista import FAMILIES
-
-    return FAMILIES
-
-
 def _view_tokens(pipe, caption: str, ocr: str) -> int:
     from captioning.view import CompressedView
 
@@ -1225,6 +1219,8 @@ def _meta(bp, dev, prefill, reps, warmup, cases, max_new, k, cfg, ignore_eos, pl
 
     import transformers
 
+    from .eval.minivista import FAMILIES
+
     return {
         "pair": bp.name,
         "pair_description": bp.description,
@@ -1240,7 +1236,7 @@ def _meta(bp, dev, prefill, reps, warmup, cases, max_new, k, cfg, ignore_eos, pl
         "reps": reps,
         "warmup": warmup,
         "cases": cases,
-        "case_families": list(case_families or _minivista_families()),
+        "case_families": list(case_families or FAMILIES),
         "max_new_tokens": max_new,
         "k": k,
         "config": cfg.as_dict(),

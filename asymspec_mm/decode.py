@@ -332,7 +332,7 @@ def asymspec_steps(
             # All events kept (the usual case): the pending token is the device copy, no host-to-device copy.
             last = last_dev if len(committed) == len(events) else torch.tensor([committed[-1].token_id], device=drafts.device)
             p_comp = p_ver = last
-            p_full = last if carry is None else torch.cat([carry, last.to(carry.device)])
+            p_full = last if carry is None else torch.cat([carry, last])
         if observer is not None:
             observer(step, list(out.tokens))
         yield committed

@@ -29,8 +29,7 @@ def build_tiny_checkpoints(
     agree often but not always, and the gate both accepts and rejects (independent random models
     would almost never agree).
     """
-    import torch
-    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
     out = Path(out_dir)
     if (out / "drafter" / "config.json").exists() and (out / "verifier" / "config.json").exists():
@@ -49,13 +48,23 @@ def build_tiny_checkpoints(
     d_cfg.text_config.initializer_range = init_std
     d_cfg.vision_config.initializer_range = init_std
     v_cfg.initializer_range = init_std
+    drafter, verifier = _init_pair(Qwen3VLForConditionalGeneration, d_cfg, v_cfg, seed, correlated)
+    return save_pair(drafter, verifier, tok, proc, out)
+
+
+def _init_pair(drafter_cls, d_cfg, v_cfg, seed: int, correlated: float | None):
+    """Random drafter (``drafter_cls``) and Qwen3 verifier from their configs, seeded ``seed`` / ``seed + 1``,
+    the verifier pulled towards the drafter when ``correlated`` is set (see :func:`correlate_`)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
     torch.manual_seed(seed)
-    drafter = Qwen3VLForConditionalGeneration(d_cfg).eval()
+    drafter = drafter_cls(d_cfg).eval()
     torch.manual_seed(seed + 1)
     verifier = Qwen3ForCausalLM(v_cfg).eval()
     if correlated is not None:
         correlate_(verifier, drafter, correlated)
-    return save_pair(drafter, verifier, tok, proc, out)
+    return drafter, verifier
 
 
 def correlate_(verifier, drafter, scale: float) -> None:
@@ -80,7 +89,6 @@ def build_text_pair(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, h
     Returns ``(drafter, verifier, (drafter_dir, verifier_dir))``. The drafter may be smaller
     (``d_hidden``/``d_layers``); ``correlated`` applies only where shapes match (see :func:`correlate_`).
     """
-    import torch
     from transformers import Qwen3ForCausalLM
 
     out = Path(out_dir)
@@ -94,12 +102,7 @@ def build_text_pair(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, h
         cfg.initializer_range = 0.1 if hidden <= 128 else 0.02
         if vocab:
             cfg.vocab_size = vocab
-    torch.manual_seed(seed)
-    drafter = Qwen3ForCausalLM(d_cfg).eval()
-    torch.manual_seed(seed + 1)
-    verifier = Qwen3ForCausalLM(v_cfg).eval()
-    if correlated is not None:
-        correlate_(verifier, drafter, correlated)
+    drafter, verifier = _init_pair(Qwen3ForCausalLM, d_cfg, v_cfg, seed, correlated)
     dirs = []
     for name, model in (("drafter", drafter), ("verifier", verifier)):
         model.save_pretrained(out / name)
