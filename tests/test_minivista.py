@@ -170,8 +170,8 @@ def test_tiny_pair_size_and_single_token_vocabulary():
 # tolerance (2 points of the slice, at least one problem) absorbs float differences across CPUs.
 REG_N = 24
 REG_EXPECTED = {
-    "floor": {"figure": 2, "visual": 4, "geometry": 8},
-    "drafter": {"figure": 8, "visual": 8, "geometry": 1},
+    "floor": {"figure": 2, "visual": 5, "geometry": 8},
+    "drafter": {"figure": 8, "visual": 8, "geometry": 2},
     "asymspec": {"figure": 8, "visual": 8, "geometry": 8},
 }
 

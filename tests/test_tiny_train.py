@@ -1,4 +1,4 @@
-"""The tiny pair's training script: phase specs, the token probe's features, and a few real steps end to end."""
+"""The tiny pair's training script: phase specs, the shared vision pass, and real runs end to end."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ needs_tiny = pytest.mark.skipif(not (TINY / "drafter").is_dir(), reason="tiny pa
 
 def test_phase_specs_parse_with_default_colour_weight():
     phases = train.parse_phases(train.DRAFTER_PHASES)  # the shipped drafter's recipe
-    assert [(p[0], p[1], p[3]) for p in phases] == [(1500, 2e-3, 0.0), (1000, 1.5e-3, 0.3), (400, 1e-3, 0.3)]
+    assert [(p[0], p[1], p[3]) for p in phases] == [(1200, 2e-3, 0.0), (1000, 1.5e-3, 0.3), (700, 1e-3, 0.3), (300, 1e-3, 0.3)]
     assert phases[0][2] == ()  # "all": the generator's own rotation of families
-    assert phases[1][2] == ("figure", "figure", "visual", "geometry")
+    assert phases[1][2] == ("figure", "figure", "visual")
     assert train.parse_phases("10:1e-3:visual")[0][3] == train.IMAGE_COLOUR_WEIGHT
     assert train.parse_phases(" ; ") == []
 
@@ -38,43 +38,71 @@ def tok_proc():
 
 
 @needs_tiny
-def test_probe_on_the_full_batch_reads_the_same_tokens_as_a_separate_tower_pass(tok_proc):
-    """The probe's default reads the merged vision tokens the full-view forward computed (VisionTap), in
-    the order of the batch's images: its loss equals the loss of a separate vision-tower pass on the same
-    problems, whose targets come from each problem's own scene."""
+def test_shared_vision_step_equals_separate_forwards(tok_proc):
+    """One tower pass shared by the full-view batch, the dense descriptions and the token probe gives the
+    same loss and the same gradients as the plain way: each batch forwarded with its own pixels (the
+    descriptions' prompts built by the processor from each image), the probe on a separate tower pass."""
     tok, proc = tok_proc
     pad = tok.convert_tokens_to_ids("<|endoftext|>")
     drafter, _ = train.build_models(tok, seed=3)
-    drafter.eval()
+    torch.manual_seed(5)
     probe = torch.nn.Linear(drafter.config.text_config.hidden_size, train.N_COLOR_CLASSES + train.N_ATTR_CLASSES)
-    problems = [mv.make_problem(mv.TRAIN_SEED, i, fam) for i, fam in enumerate(("figure", "visual", "geometry", "visual"))]
-    batch = train.collate([train.encode(p, proc, tok) for p in problems], "full", pad)
-    tap = train.VisionTap(drafter)
+    problems = [mv.make_problem(mv.TRAIN_SEED, i, fam) for i, fam in enumerate(("figure", "visual", "geometry", "visual", "figure", "figure", "visual", "geometry"))]
+    ex = [train.encode(p, proc, tok) for p in problems]
+    caps = [train.encode_caption(mv.make_problem(mv.TRAIN_SEED, 50 + j), proc, tok) for j in range(2)]
+    params = list(drafter.parameters()) + list(probe.parameters())
+    colour, n_perc = 0.3, 5
+
+    tap = train.LayerTap(drafter)
+    loss, parts = train.shared_vision_step(drafter, probe, tap, ex, caps, proc, tok, pad, colour, n_perc)
+    grads = torch.autograd.grad(loss, params)
+
+    def forward(batch):
+        tap.clear()
+        return drafter(**train.model_inputs(batch), use_cache=False).logits
+
+    bf = train.collate(ex + caps, "full", pad, dec_weight=train.DRAFTER_DECISIVE_WEIGHT)
+    logits = forward(bf)
+    ref = 0.6 * train.lm_loss(logits, bf["labels"], bf["weights"]) + colour * train.image_position_loss(logits, bf, tap)
+    img = proc.image_processor(images=[p["decoded_image"] for p in problems] + [c["problem"]["decoded_image"] for c in caps], return_tensors="pt")
+    feats = drafter.model.visual(img["pixel_values"], grid_thw=img["image_grid_thw"], return_dict=True).pooler_output
+    ref = ref + train.probe_loss(probe, feats, torch.cat([e["tok_targets"] for e in ex + caps]))
+    bp = train.collate([train.encode_perception(p, proc, tok) for p in problems[:n_perc]], "full", pad)
+    logits = forward(bp)
+    ref = ref + 0.5 * train.lm_loss(logits, bp["labels"]) + colour * train.image_position_loss(logits, bp, tap)
+    bc = train.collate(ex[: len(ex) // 4], "comp", pad)
+    ref = ref + 0.4 * train.lm_loss(forward(bc), bc["labels"])
+    ref_grads = torch.autograd.grad(ref, params)
+
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert set(parts) == {"full", "imgcol", "tok", "perc", "comp"}
+    # the check can fail: descriptions paired with the wrong images (two problems' scenes swapped, images
+    # kept) give another loss
+    crossed = [dict(ex[0], problem=ex[1]["problem"]), dict(ex[1], problem=ex[0]["problem"])] + ex[2:]
     with torch.no_grad():
-        drafter(**train.model_inputs(batch), use_cache=False)
-        assert tap.feats.shape[0] == 16 * len(problems)
-        from_batch = train.probe_loss(probe, tap.feats, torch.cat([train.token_targets(p) for p in problems]))
-        separate = train.token_probe_loss(drafter, probe, problems, proc)
-        # a different order of targets must give a different loss (the check can fail)
-        shuffled = train.probe_loss(probe, tap.feats, torch.cat([train.token_targets(p) for p in problems[::-1]]))
-    torch.testing.assert_close(from_batch, separate, rtol=1e-5, atol=1e-5)
-    assert abs(float(shuffled) - float(separate)) > 1e-3
+        wrong = train.shared_vision_step(drafter, probe, tap, crossed, caps, proc, tok, pad, colour, n_perc)[0]
+    assert abs(float(wrong) - float(loss)) > 1e-3
 
 
-@needs_tiny
-@pytest.mark.parametrize("probe_batch", ["4", "0"])
-def test_two_drafter_phases_train_and_export_a_loadable_pair(tmp_path, tok_proc, probe_batch):
-    """Three real optimizer steps in two phases (the first without the colour loss, the second with it,
-    from the first's checkpoint; the token probe on its own images or on the batch's), then the export:
-    a pair the pipeline loads and runs."""
-    tok, proc = tok_proc
+def _drafter_run(tmp_path: Path, tok, proc, *extra: str) -> Path:
+    """A short real run of the script (batch 4, evaluation only at phase ends) in ``tmp_path/run``."""
     work = tmp_path / "run" / "_work"
     tok.save_pretrained(work / "tokenizer")
     proc.save_pretrained(work / "processor")
-    shutil.copytree(TINY / "verifier", work / "verifier")
-    rc = train.main(["--out", str(tmp_path / "run"), "--only", "drafter", "--batch", "4", "--eval-every", "1000", "--eval-n", "0", "--probe-batch", probe_batch,
-                     "--drafter-phases", "2:1e-3:figure,visual:0;1:1e-3:geometry"])
-    assert rc == 0
+    if "--only" in extra:
+        shutil.copytree(TINY / "verifier", work / "verifier")
+    assert train.main(["--out", str(tmp_path / "run"), "--batch", "4", "--eval-every", "1000", "--eval-n", "0", *extra]) == 0
+    return work
+
+
+@needs_tiny
+def test_two_drafter_phases_train_and_export_a_loadable_pair(tmp_path, tok_proc):
+    """Three real optimizer steps in two phases (the first without the colour loss, the second with it,
+    from the first's checkpoint), then the export: a pair the pipeline loads and runs."""
+    tok, proc = tok_proc
+    work = _drafter_run(tmp_path, tok, proc, "--only", "drafter", "--drafter-phases", "2:1e-3:figure,visual:0;1:1e-3:geometry")
     log = (work / "train.log").read_text()
     assert "[drafter] EVAL step 2 " in log and "[drafter] EVAL step 3 " in log  # phase 2 resumed at step 2
     assert log.count("[drafter] done in") == 2
@@ -85,3 +113,24 @@ def test_two_drafter_phases_train_and_export_a_loadable_pair(tmp_path, tok_proc,
     p = mv.make_problem(mv.HELDOUT_SEED, 0, "figure")
     out = pipe.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=False, max_new_tokens=4)
     assert len(out.token_ids) == 4  # the shipped verifier answers in sentences: no early end
+
+
+@needs_tiny
+def test_drafter_widens_at_its_fixed_step_after_the_verifier_and_runs_repeat_exactly(tmp_path, tok_proc):
+    """Both models in one run: the drafter waits at ``--drafter-widen-at`` until the verifier's last phase
+    has finished, then takes both threads; and the same command twice gives the same checkpoints, byte
+    for byte (the widening step is fixed, not timed)."""
+    tok, proc = tok_proc
+    args = ["--verifier-steps", "2", "--verifier-phase2-steps", "1", "--drafter-phases", "3:1e-3:all:0", "--drafter-widen-at", "2"]
+    runs = []
+    for name in ("a", "b"):
+        work = _drafter_run(tmp_path / name, tok, proc, *args)
+        log = (work / "train.log").read_text().splitlines()
+        widened = [i for i, line in enumerate(log) if line == "[drafter] step 2: 2 threads from here"]
+        verifier_done = [i for i, line in enumerate(log) if line.startswith("[verifier] done in")]
+        assert len(widened) == 1 and len(verifier_done) == 2  # two verifier phases
+        assert widened[0] > verifier_done[-1]
+        runs.append(tmp_path / name / "run")
+    for model in ("drafter", "verifier"):
+        a, b = ((r / model / "model.safetensors").read_bytes() for r in runs)
+        assert a == b, f"{model} differs between two identical runs"

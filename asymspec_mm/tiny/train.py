@@ -12,17 +12,19 @@
    The drafter trains on both of its views (image+text full view and text-only compressed view);
    the verifier on the compressed view only.
 4. The two models train in two worker processes (one CPU thread each), in parallel, for a fixed
-   number of steps with fixed seeds; each logs teacher-forced accuracies on a held-out slice
+   number of steps with fixed seeds; at ``--drafter-widen-at`` the drafter waits for the verifier to
+   finish and takes the freed core (``--threads``); each logs teacher-forced accuracies on a held-out slice
    (exact = greedy would reproduce the reference; dec = the decisive token; fin = the final answer
    token) and saves its checkpoint every ``--eval-every`` steps.
    - verifier: ``--verifier-steps`` at ``--verifier-lr``, then a second phase (fresh schedule,
      ``--verifier-phase2-steps`` at ``--verifier-phase2-lr``) with the final answer token weighted x4;
    - drafter: ``--drafter-phases`` (each a fresh schedule from the previous checkpoint, with its own
      problem mix): full view (+2 captioning examples) with the decisive token weighted x8, a quarter
-     batch of the compressed view, a batch of short dense-description examples ("bars: red 9, ...") so
+     batch of the compressed view, short dense descriptions of the same images ("bars: red 9, ...") so
      the vision path gets a signal at every position, a throwaway linear probe that makes each merged
      vision token tell its colour and bar value / shape, and the LM head trained at every layer's
-     image positions to name the colour each image token shows.
+     image positions to name the colour each image token shows. All of them read one vision-tower
+     pass a step (``shared_vision_step``).
 5. ``save_pair`` writes ``DIR/drafter`` and ``DIR/verifier``; a greedy evaluation of each model
    alone is printed at the end (``--eval-n``).
 
@@ -82,8 +84,15 @@ IMAGE_COLOUR_WEIGHT = 0.3  # the LM head at image positions names the colour the
 # The drafter's phases, "steps:lr:families[:colour weight]", each after the first from the previous phase's
 # checkpoint with a fresh schedule and optimizer. Problems cycle through the listed families ("all": the
 # generator's own rotation by problem index); the colour weight defaults to IMAGE_COLOUR_WEIGHT. The shipped
-# drafter's recipe: a first phase without the colour loss, then two chart-heavy phases with it.
-DRAFTER_PHASES = "1500:2e-3:all:0;1000:1.5e-3:figure,figure,visual,geometry;400:1e-3:figure,figure,figure,visual"
+# drafter's recipe: a first phase without the colour loss, two chart-heavy phases with it, and a short
+# last one that shows geometry again (without it the drafter's two views disagree on geometry, and fusion
+# outvotes the verifier there).
+DRAFTER_PHASES = "1200:2e-3:all:0;1000:1.5e-3:figure,figure,visual;700:1e-3:figure,figure,figure,visual;300:1e-3:figure,visual,geometry"
+# The verifier's 1,600 steps take about 18 minutes on one thread; the drafter reaches this step at about the
+# same time (about 1 s a step on one thread) and then takes both cores (about 0.7 s a step).
+DRAFTER_WIDEN_AT = 1150
+VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
+VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
 
 def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...], float]]:
@@ -105,9 +114,6 @@ def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...], float]]:
             raise ValueError(f"bad drafter phase {part!r}: steps must be > 0, the colour weight >= 0 and families among {', '.join(mv.FAMILIES)}")
         phases.append(phase)
     return phases
-TOKEN_PROBE_BATCH = 32  # images of a separate batch for the per-image-token probe; 0: probe the full-view batch's own image tokens
-VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
-VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
 
 def build_models(tok, seed: int = 0):
@@ -157,6 +163,7 @@ def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
         "family": mv.family_of(problem),
         "img_targets": image_colour_targets(problem, tok),
         "tok_targets": token_targets(problem),
+        "problem": problem,
     }
 
 
@@ -171,7 +178,7 @@ def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     ans = tok(problem["caption"], add_special_tokens=False)["input_ids"] + [eos]
     return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
             "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption",
-            "tok_targets": token_targets(problem)}
+            "tok_targets": token_targets(problem), "problem": problem}
 
 
 PERCEPTION_PROMPT = "Describe the image."
@@ -262,18 +269,6 @@ def image_position_loss(logits: torch.Tensor, batch: dict[str, Any], tap: LayerT
     return torch.stack(losses).mean()
 
 
-class VisionTap:
-    """Keeps the vision tower's merged tokens (``[n_images * 16, hidden]``, with their graph) from the last
-    forward, so the token probe can read the very features the full-view batch used."""
-
-    def __init__(self, model):
-        self.feats = None
-        self.handle = model.model.visual.register_forward_hook(self._keep)
-
-    def _keep(self, module, args, output) -> None:
-        self.feats = output.pooler_output
-
-
 def probe_loss(probe: torch.nn.Linear, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of a linear probe on merged vision tokens ``feats`` ``[N, hidden]`` against
     ``targets`` ``[N, 2]`` (colour class, attribute class; -100 ignored). A throwaway head: it trains the
@@ -286,13 +281,6 @@ def probe_loss(probe: torch.nn.Linear, feats: torch.Tensor, targets: torch.Tenso
     return lc + la
 
 
-def token_probe_loss(model, probe: torch.nn.Linear, problems: list[dict[str, Any]], proc) -> torch.Tensor:
-    """:func:`probe_loss` on a separate batch of images run through the vision tower alone."""
-    enc = proc.image_processor(images=[p["decoded_image"] for p in problems], return_tensors="pt")
-    feats = model.model.visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"], return_dict=True).pooler_output
-    return probe_loss(probe, feats, torch.cat([token_targets(p) for p in problems]))
-
-
 def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PERCEPTION_PROMPT}]}]
     text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -302,6 +290,24 @@ def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
             "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "perception",
             "img_targets": image_colour_targets(problem, tok)}
+
+
+_PERCEPTION_PROMPTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def encode_perception_of(encoded: dict[str, Any], proc, tok) -> dict[str, Any]:
+    """:func:`encode_perception` for the image of an already encoded problem, without re-processing it: the
+    prompt's ids depend only on the image grid (kept per grid), and the pixels are the problem's own (the
+    step that uses this shares one vision-tower pass between the two batches)."""
+    grid = tuple(encoded["grid"].flatten().tolist())
+    if grid not in _PERCEPTION_PROMPTS:
+        e = encode_perception(encoded["problem"], proc, tok)
+        _PERCEPTION_PROMPTS[grid] = (e["full"], e["mm"])
+    ids, mm = _PERCEPTION_PROMPTS[grid]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ans = tok(perception_target(encoded["problem"]), add_special_tokens=False)["input_ids"] + [eos]
+    return {"full": ids, "pixel_values": encoded["pixel_values"], "grid": encoded["grid"], "mm": mm,
+            "ans": torch.tensor(ans, dtype=torch.long), "family": "perception", "img_targets": encoded["img_targets"]}
 
 
 def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0, final_weight: float = 1.0) -> dict[str, Any]:
@@ -443,6 +449,48 @@ def greedy_accuracy(model, problems: list[dict[str, Any]], view: str, proc, tok)
     return {f: sum(v) / len(v) for f, v in sorted(hits.items())}
 
 
+def _image_subset(feats, n: int):
+    """The first ``n`` images' entries of ``get_image_features``' output (per-image tuples)."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+    sub = BaseModelOutputWithDeepstackFeatures(pooler_output=feats.pooler_output[:n])
+    sub.deepstack_features = [layer[:n] for layer in feats.deepstack_features]
+    return sub
+
+
+def shared_vision_step(model, probe: torch.nn.Linear, tap: LayerTap | None, ex: list[dict[str, Any]], caps: list[dict[str, Any]],
+                       proc, tok, pad_id: int, colour_weight: float, n_perception: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """The drafter's losses with one vision-tower pass: the full-view batch (``ex`` + ``caps``), the dense
+    descriptions of the first ``n_perception`` of the same images, and the token probe all read the same
+    merged tokens (gradients from all three meet in the tower). Returns (loss, parts); the caller steps.
+    Replaces two extra tower passes a step (a separate description batch and a separate probe batch),
+    which were about half of the step's cost."""
+    bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
+    feats = model.model.get_image_features(bf["pixel_values"], bf["image_grid_thw"], return_dict=True)
+    text_inputs = {k: v for k, v in model_inputs(bf).items() if k != "pixel_values"}
+    if tap is not None:
+        tap.clear()
+    logits = model(**text_inputs, mm_encoder_outputs={"image": feats}, use_cache=False).logits
+    lf = lm_loss(logits, bf["labels"], bf["weights"])
+    li = image_position_loss(logits, bf, tap)
+    lt = probe_loss(probe, torch.cat(feats.pooler_output), torch.cat([e["tok_targets"] for e in ex + caps]))
+    loss = 0.6 * lf + colour_weight * li + lt
+    parts = {"full": lf.item(), "imgcol": li.item(), "tok": lt.item()}
+    if n_perception:
+        bp = collate([encode_perception_of(e, proc, tok) for e in ex[:n_perception]], "full", pad_id)
+        perc_inputs = {k: v for k, v in model_inputs(bp).items() if k != "pixel_values"}
+        if tap is not None:
+            tap.clear()
+        logits = model(**perc_inputs, mm_encoder_outputs={"image": _image_subset(feats, n_perception)}, use_cache=False).logits
+        lp = lm_loss(logits, bp["labels"])
+        loss = loss + 0.5 * lp + colour_weight * image_position_loss(logits, bp, tap)
+        parts["perc"] = lp.item()
+    bc = collate(ex[: len(ex) // 4], "comp", pad_id)
+    lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
+    parts["comp"] = lc.item()
+    return loss + 0.4 * lc, parts
+
+
 # ---------------------------------------------------------------------------------------------
 # Training workers
 # ---------------------------------------------------------------------------------------------
@@ -457,15 +505,20 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
 
 def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str,
                  resume_from: int = 0, mix: tuple[str, ...] | None = None, image_colour_weight: float = 0.0,
-                 probe_batch: int = TOKEN_PROBE_BATCH) -> None:
+                 widen: tuple[int, int, Any] | None = None) -> None:
     """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``.
 
     ``resume_from`` > 0 continues from the saved checkpoint (a later phase: fresh problems, schedule and
-    optimizer); ``probe_batch`` > 0 gives the drafter's token probe its own batch of that many images
-    (0: the probe reads the full-view batch's image tokens, no extra tower pass)."""
+    optimizer). ``widen = (at_step, threads, event)``: at global step ``at_step`` wait for ``event`` (the
+    other worker has finished) and go on with ``threads`` threads. The step is fixed rather than "as soon
+    as the core is free" because the thread count changes float rounding: a fixed step keeps runs
+    reproducible on any machine."""
     from transformers import AutoTokenizer, Qwen3VLProcessor
 
     torch.set_num_threads(threads)
+    if widen is not None and resume_from >= widen[0]:
+        widen[2].wait()
+        torch.set_num_threads(widen[1])
     torch.manual_seed(seed)
     log = open(log_path, "a", buffering=1)
     tok = AutoTokenizer.from_pretrained(Path(workdir) / "tokenizer")
@@ -480,9 +533,8 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
         torch.manual_seed(seed)
     model.train()
     params = list(model.parameters())
-    probe = vision_tap = None
+    probe = None
     if role == "drafter":
-        vision_tap = VisionTap(model) if not probe_batch else None
         probe = torch.nn.Linear(model.config.text_config.hidden_size, N_COLOR_CLASSES + N_ATTR_CLASSES)
         params += list(probe.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -492,50 +544,21 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     evals = [encode(p, proc, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
     t0 = time.time()
     for step in range(steps):
+        if widen is not None and resume_from + step == widen[0] and step:
+            widen[2].wait()
+            torch.set_num_threads(widen[1])
+            print(f"[{role}] step {resume_from + step}: {widen[1]} threads from here", file=log)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr)
         if role == "verifier":
             b = collate(stream.take(batch), "ver", pad_id, final_weight=VERIFIER_FINAL_WEIGHT if resume_from else 1.0)
             loss = lm_loss(model(**model_inputs(b), use_cache=False).logits, b["labels"], b["weights"])
-            loss.backward()
             parts = {"ver": loss.item()}
         else:
             ex = stream.take(batch)
             caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 10_000_000 + step * 2 + j), proc, tok) for j in range(2)]
-            # the decisive token (what only the pixels tell) is one token in ~16: weight it up
-            bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
-            if tap is not None:
-                tap.clear()
-            logits = model(**model_inputs(bf), use_cache=False).logits
-            lf = lm_loss(logits, bf["labels"], bf["weights"])
-            li = image_position_loss(logits, bf, tap)
-            loss = 0.6 * lf + image_colour_weight * li
-            if vision_tap is not None:
-                lt = probe_loss(probe, vision_tap.feats, torch.cat([e["tok_targets"] for e in ex + caps]))
-                loss = loss + lt
-            loss.backward()
-            bc = collate(ex[: batch // 4], "comp", pad_id)
-            lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"])
-            (0.4 * lc).backward()
-            parts = {"full": lf.item(), "comp": lc.item(), "imgcol": li.item()}
-            if PERCEPTION_BATCH and role == "drafter":
-                base = 20_000_000 + PERCEPTION_BATCH * (resume_from + step)
-                fams = [mix[j % len(mix)] if mix else None for j in range(PERCEPTION_BATCH)]
-                bp = collate([encode_perception(mv.make_problem(mv.TRAIN_SEED, base + j, fams[j]), proc, tok) for j in range(PERCEPTION_BATCH)],
-                             "full", pad_id)
-                if tap is not None:
-                    tap.clear()
-                logits = model(**model_inputs(bp), use_cache=False).logits
-                lp = lm_loss(logits, bp["labels"])
-                (0.5 * lp + image_colour_weight * image_position_loss(logits, bp, tap)).backward()
-                parts["perc"] = lp.item()
-            if probe_batch:
-                base = 30_000_000 + probe_batch * (resume_from + step)
-                probs = [mv.make_problem(mv.TRAIN_SEED, base + j, ("figure", "visual")[j % 2]) for j in range(probe_batch)]
-                lt = token_probe_loss(model, probe, probs, proc)
-                lt.backward()
-            if probe is not None:
-                parts["tok"] = lt.item()
+            loss, parts = shared_vision_step(model, probe, tap, ex, caps, proc, tok, pad_id, image_colour_weight, min(PERCEPTION_BATCH, len(ex)))
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -550,19 +573,25 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 
-def _drafter_phases(work: str, args, log_path: str, phases: list[tuple[int, float, tuple[str, ...], float]], start: int) -> None:
+def _drafter_phases(work: str, args, log_path: str, phases: list[tuple[int, float, tuple[str, ...], float]], start: int, widen=None) -> None:
     """Each phase in turn, the first from scratch (or, ``start`` > 0, from the checkpoint trained that many
     steps), the others from the previous phase's checkpoint."""
     for steps, lr, mix, colour in phases:
         train_worker("drafter", work, steps, args.batch, lr, args.seed, args.eval_every, 1, log_path,
-                     resume_from=start, mix=mix or None, image_colour_weight=colour, probe_batch=args.probe_batch)
+                     resume_from=start, mix=mix or None, image_colour_weight=colour, widen=widen)
         start += steps
 
 
-def _verifier_two_phases(work: str, args, log_path: str) -> None:
-    train_worker("verifier", work, args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)
-    train_worker("verifier", work, args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr, args.seed, args.eval_every, 1, log_path,
-                 resume_from=args.verifier_steps)
+def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
+    """The verifier's phase 1 (unless ``--phase2-only``) and phase 2; sets ``done`` at the end (the drafter
+    then takes the freed core)."""
+    if not args.phase2_only:
+        train_worker("verifier", work, args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)
+    if args.verifier_phase2_steps:
+        train_worker("verifier", work, args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr, args.seed, args.eval_every, 1, log_path,
+                     resume_from=args.verifier_steps)
+    if done is not None:
+        done.set()
 
 
 def export_pair(work: Path, out: Path):
@@ -587,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-lr", type=float, default=2.5e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=768)
-    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=250, help="steps between teacher-forced evaluations and checkpoints")
     ap.add_argument("--eval-n", type=int, default=90, help="greedy evaluation problems at the end (0: skip)")
     ap.add_argument("--log", default=None, help="log file (default: stdout only)")
     ap.add_argument("--verifier-phase2-steps", type=int, default=600, help="second verifier phase (fresh schedule, final token weighted)")
@@ -596,8 +625,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-phases", default=DRAFTER_PHASES,
                     help="the drafter's phases, 'steps:lr:families[:colour weight];...' (colour weight of the loss at the image "
                          f"positions, default {IMAGE_COLOUR_WEIGHT}; families 'all': the generator's rotation) [default: %(default)s]")
-    ap.add_argument("--probe-batch", type=int, default=TOKEN_PROBE_BATCH,
-                    help="images of a separate batch for the drafter's token probe (0: the full-view batch's own image tokens) [default: %(default)s]")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads in all: one for the verifier, the rest for the drafter [default: %(default)s]")
+    ap.add_argument("--drafter-widen-at", type=int, default=DRAFTER_WIDEN_AT,
+                    help="drafter step from which it waits for the verifier to finish and then takes all --threads (a fixed step, so "
+                         "that runs are reproducible) [default: %(default)s]")
     ap.add_argument("--drafter-resume-from", type=int, default=0,
                     help="start the drafter from its checkpoint in DIR/_work trained this many steps, then run --drafter-phases")
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
@@ -629,20 +660,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sizes {json.dumps(sizes)} args {vars(args)}", file=f)
     del d, v
     ctx = mp.get_context("spawn")
+    verifier_done = ctx.Event()
     procs = []
-    if args.phase2_only:
-        procs.append(ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr,
-                                                            args.seed, args.eval_every, 1, log_path, args.verifier_steps)))
-    elif args.only in (None, "verifier"):
-        procs.append(ctx.Process(target=train_worker, args=("verifier", str(work), args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)))
-        if args.verifier_phase2_steps:
-            procs[-1] = ctx.Process(target=_verifier_two_phases, args=(str(work), args, log_path))
+    if args.only in (None, "verifier") or args.phase2_only:
+        procs.append(ctx.Process(target=_verifier_phases, args=(str(work), args, log_path, verifier_done)))
+    else:
+        verifier_done.set()
     if args.only in (None, "drafter") and not args.phase2_only:
         try:
             later = parse_phases(args.drafter_phases)
         except ValueError as exc:
             ap.error(str(exc))
-        procs.append(ctx.Process(target=_drafter_phases, args=(str(work), args, log_path, later, args.drafter_resume_from)))
+        widen = (args.drafter_widen_at, args.threads, verifier_done)
+        procs.append(ctx.Process(target=_drafter_phases, args=(str(work), args, log_path, later, args.drafter_resume_from, widen)))
     for p in procs:
         p.start()
     for p in procs:
@@ -650,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(p.exitcode != 0 for p in procs):
         print("a training worker failed; see", log_path, file=sys.stderr)
         return 1
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     drafter, verifier, tok, proc = export_pair(work, out)
     train_s = time.time() - t0
     report = {"sizes": sizes, "train_seconds": round(train_s), "args": vars(args)}
