@@ -151,3 +151,24 @@ def test_a_resumed_phase_gives_the_same_drafter_as_one_run(tmp_path, tok_proc):
     # the check can fail: another second phase gives another drafter
     other = _drafter_run(tmp_path / "other", tok, proc, *common, "--drafter-phases", "2:1e-3:figure,visual:0;2:1e-3:visual")
     assert (other.parent / "drafter" / "model.safetensors").read_bytes() != first
+
+
+@needs_tiny
+def test_a_failed_verifier_stops_the_run_instead_of_leaving_the_drafter_waiting(tmp_path, tok_proc):
+    """The verifier cannot save its checkpoint (a file sits where its folder goes): the command reports the
+    failure (exit 1) and stops the drafter, which would otherwise wait at its widening step for ever, or
+    train for 100,000 steps."""
+    tok, proc = tok_proc
+    work = tmp_path / "run" / "_work"
+    tok.save_pretrained(work / "tokenizer")
+    proc.save_pretrained(work / "processor")
+    (work / "verifier").write_text("not a folder")
+    rc = train.main(["--out", str(tmp_path / "run"), "--batch", "2", "--eval-every", "1", "--eval-n", "0", "--verifier-steps", "1",
+                     "--verifier-phase2-steps", "0", "--drafter-phases", "100000:1e-3:all:0", "--drafter-widen-at", "1"])
+    assert rc == 1
+    assert "[drafter] done in" not in (work / "train.log").read_text()
+
+
+def test_bad_thread_options_are_refused():
+    with pytest.raises(SystemExit):
+        train.main(["--out", "unused", "--threads", "0"])

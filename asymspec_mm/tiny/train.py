@@ -281,14 +281,17 @@ def probe_loss(probe: torch.nn.Linear, feats: torch.Tensor, targets: torch.Tenso
     return lc + la
 
 
+def _perception_answer(problem: dict[str, Any], tok) -> torch.Tensor:
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    return torch.tensor(tok(perception_target(problem), add_special_tokens=False)["input_ids"] + [eos], dtype=torch.long)
+
+
 def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PERCEPTION_PROMPT}]}]
     text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     enc = proc(text=[text], images=[problem["decoded_image"]], return_tensors="pt")
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ans = tok(perception_target(problem), add_special_tokens=False)["input_ids"] + [eos]
     return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
-            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "perception",
+            "mm": enc["mm_token_type_ids"][0], "ans": _perception_answer(problem, tok), "family": "perception",
             "img_targets": image_colour_targets(problem, tok)}
 
 
@@ -304,10 +307,8 @@ def encode_perception_of(encoded: dict[str, Any], proc, tok) -> dict[str, Any]:
         e = encode_perception(encoded["problem"], proc, tok)
         _PERCEPTION_PROMPTS[grid] = (e["full"], e["mm"])
     ids, mm = _PERCEPTION_PROMPTS[grid]
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ans = tok(perception_target(encoded["problem"]), add_special_tokens=False)["input_ids"] + [eos]
     return {"full": ids, "pixel_values": encoded["pixel_values"], "grid": encoded["grid"], "mm": mm,
-            "ans": torch.tensor(ans, dtype=torch.long), "family": "perception", "img_targets": encoded["img_targets"]}
+            "ans": _perception_answer(encoded["problem"], tok), "family": "perception", "img_targets": encoded["img_targets"]}
 
 
 def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0, final_weight: float = 1.0) -> dict[str, Any]:
@@ -348,9 +349,10 @@ def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: 
     return batch
 
 
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+def model_inputs(batch: dict[str, Any], with_pixels: bool = True) -> dict[str, Any]:
+    """The forward's inputs; ``with_pixels=False`` when the vision features are passed in instead."""
     keys = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
-    return {k: batch[k] for k in keys if k in batch}
+    return {k: batch[k] for k in keys if k in batch and (with_pixels or k != "pixel_values")}
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -467,10 +469,9 @@ def shared_vision_step(model, probe: torch.nn.Linear, tap: LayerTap | None, ex: 
     which were about half of the step's cost."""
     bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
     feats = model.model.get_image_features(bf["pixel_values"], bf["image_grid_thw"], return_dict=True)
-    text_inputs = {k: v for k, v in model_inputs(bf).items() if k != "pixel_values"}
     if tap is not None:
         tap.clear()
-    logits = model(**text_inputs, mm_encoder_outputs={"image": feats}, use_cache=False).logits
+    logits = model(**model_inputs(bf, with_pixels=False), mm_encoder_outputs={"image": feats}, use_cache=False).logits
     lf = lm_loss(logits, bf["labels"], bf["weights"])
     li = image_position_loss(logits, bf, tap)
     lt = probe_loss(probe, torch.cat(feats.pooler_output), torch.cat([e["tok_targets"] for e in ex + caps]))
@@ -478,10 +479,9 @@ def shared_vision_step(model, probe: torch.nn.Linear, tap: LayerTap | None, ex: 
     parts = {"full": lf.item(), "imgcol": li.item(), "tok": lt.item()}
     if n_perception:
         bp = collate([encode_perception_of(e, proc, tok) for e in ex[:n_perception]], "full", pad_id)
-        perc_inputs = {k: v for k, v in model_inputs(bp).items() if k != "pixel_values"}
         if tap is not None:
             tap.clear()
-        logits = model(**perc_inputs, mm_encoder_outputs={"image": _image_subset(feats, n_perception)}, use_cache=False).logits
+        logits = model(**model_inputs(bp, with_pixels=False), mm_encoder_outputs={"image": _image_subset(feats, n_perception)}, use_cache=False).logits
         lp = lm_loss(logits, bp["labels"])
         loss = loss + 0.5 * lp + colour_weight * image_position_loss(logits, bp, tap)
         parts["perc"] = lp.item()
@@ -585,13 +585,15 @@ def _drafter_phases(work: str, args, log_path: str, phases: list[tuple[int, floa
 def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
     """The verifier's phase 1 (unless ``--phase2-only``) and phase 2; sets ``done`` at the end (the drafter
     then takes the freed core)."""
-    if not args.phase2_only:
-        train_worker("verifier", work, args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)
-    if args.verifier_phase2_steps:
-        train_worker("verifier", work, args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr, args.seed, args.eval_every, 1, log_path,
-                     resume_from=args.verifier_steps)
-    if done is not None:
-        done.set()
+    try:
+        if not args.phase2_only:
+            train_worker("verifier", work, args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path)
+        if args.verifier_phase2_steps:
+            train_worker("verifier", work, args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr, args.seed, args.eval_every, 1, log_path,
+                         resume_from=args.verifier_steps)
+    finally:  # also on failure: the drafter must not wait for ever (main stops it)
+        if done is not None:
+            done.set()
 
 
 def export_pair(work: Path, out: Path):
@@ -634,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
+    if args.threads < 1 or args.drafter_widen_at < 0:
+        ap.error(f"--threads must be >= 1 and --drafter-widen-at >= 0 (got {args.threads}, {args.drafter_widen_at})")
     if args.export_from:
         export_pair(Path(args.export_from), Path(args.out))
         return 0
@@ -675,8 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(ctx.Process(target=_drafter_phases, args=(str(work), args, log_path, later, args.drafter_resume_from, widen)))
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    while any(p.is_alive() for p in procs):  # one failed worker stops the run (no waiting for the other's hours)
+        if any(p.exitcode not in (None, 0) for p in procs):
+            for p in procs:
+                p.terminate()
+        time.sleep(1)
     if any(p.exitcode != 0 for p in procs):
         print("a training worker failed; see", log_path, file=sys.stderr)
         return 1
