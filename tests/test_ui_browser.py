@@ -224,12 +224,22 @@ def test_bundled_example_fills_inputs_and_runs(browser_env):
     page.wait_for_selector("#asym-image img", state="attached")
     # advanced settings: a longer answer for this one
     page.get_by_text("Advanced settings").click()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     number = page.locator("#asym-max-new input[type=number]")
-    number.fill(str(EXAMPLE_MAX_NEW))
-    number.press("Enter")
     # the slider's own range input follows once the component has taken the value; a click before that
-    # would run with the old one
-    page.wait_for_function("v => document.querySelector('#asym-max-new input[type=range]').value === v", arg=str(EXAMPLE_MAX_NEW))
+    # would run with the old one. An edit typed while the accordion is still opening (or while the
+    # example's own updates land) can be dropped, so type it again until the component holds it.
+    for attempt in range(6):
+        number.fill(str(EXAMPLE_MAX_NEW))
+        number.press("Enter")
+        try:
+            page.wait_for_function("v => document.querySelector('#asym-max-new input[type=range]').value === v",
+                                   arg=str(EXAMPLE_MAX_NEW), timeout=10_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 5:
+                raise
     page.locator("#asym-run").click()
     wait_status(page, "ok")
     ref = env["pipe"].generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False,
