@@ -503,6 +503,12 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
+def _widen(widen: tuple[int, int, Any]) -> None:
+    """Wait for the other worker to finish (``widen[2]``, an event), then take ``widen[1]`` threads."""
+    widen[2].wait()
+    torch.set_num_threads(widen[1])
+
+
 def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str,
                  resume_from: int = 0, mix: tuple[str, ...] | None = None, image_colour_weight: float = 0.0,
                  widen: tuple[int, int, Any] | None = None) -> None:
@@ -517,8 +523,7 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
 
     torch.set_num_threads(threads)
     if widen is not None and resume_from >= widen[0]:
-        widen[2].wait()
-        torch.set_num_threads(widen[1])
+        _widen(widen)
     torch.manual_seed(seed)
     log = open(log_path, "a", buffering=1)
     tok = AutoTokenizer.from_pretrained(Path(workdir) / "tokenizer")
@@ -545,8 +550,7 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     t0 = time.time()
     for step in range(steps):
         if widen is not None and resume_from + step == widen[0] and step:
-            widen[2].wait()
-            torch.set_num_threads(widen[1])
+            _widen(widen)
             print(f"[{role}] step {resume_from + step}: {widen[1]} threads from here", file=log)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr)
