@@ -284,7 +284,7 @@ def load_pair(pair: str = "tiny", *, drafter: str | None = None, verifier: str |
 
 def bench_cases(n: int, image_side: int | None = None, families: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """``n`` held-out MiniVista problems (image, query, caption, OCR), far from the training indices;
-    ``families`` (e.g. ``("figure", "visual")``) rotate instead of all three."""
+    ``families`` (e.g. ``("figure", "visual")``) rotate instead of all four."""
     from .errors import UnknownOptionError
     from .eval import minivista as mv
 
@@ -1532,7 +1532,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions [default: %(default)s]")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cases", type=int, default=2, help="requests per cell (MiniVista held-out problems) [default: %(default)s]")
-    p.add_argument("--case-families", default="", help="MiniVista families the cases rotate through, e.g. figure,visual [default: all three]")
+    p.add_argument("--case-families", default="", help="MiniVista families the cases rotate through, e.g. figure,visual [default: all four]")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--trace-top", type=int, default=None, help="trace top-k per token [library default]")

@@ -286,7 +286,7 @@ def test_bench_cases_follow_the_chosen_families():
     from asymspec_mm.errors import UnknownOptionError
 
     default = bench.bench_cases(3)
-    assert [mv.family_of(mv.make_problem(mv.HELDOUT_SEED, int(c["id"]) - 1)) for c in default] == ["geometry", "figure", "visual"]
+    assert [mv.family_of(mv.make_problem(mv.HELDOUT_SEED, int(c["id"]) - 1)) for c in default] == ["figure", "visual", "geometry"]
     chosen = bench.bench_cases(4, families=("figure", "visual"))
     kinds = [c["caption"].split()[1] for c in chosen]  # "A bar chart ..." / "A scene ..." style captions differ per family
     assert len(set(kinds)) == 2 and kinds[0] == kinds[2] and kinds[1] == kinds[3]

@@ -2,7 +2,7 @@
 
 Every problem is drawn with Pillow from a seeded scene description and comes with its own
 *compressed view*: a caption generated from the scene description and the OCR text of what was
-drawn (top-to-bottom, left-to-right). Three task families mirror MathVista's:
+drawn (top-to-bottom, left-to-right). Four task families mirror MathVista's:
 
 - ``figure``: bar charts (which bar is tallest/shortest; the value of a bar read from the axis).
   The caption names the chart and its bars' colours but not the values: the view loses the
@@ -12,12 +12,15 @@ drawn (top-to-bottom, left-to-right). Three task families mirror MathVista's:
 - ``geometry``: a triangle with two labelled angles, asking for the third. The numbers are printed
   in the figure, so the OCR text carries them and the view is nearly lossless; the answer needs
   arithmetic (180 - p - q).
+- ``mixed`` (MathVista's "math word problem"): the sum of two bars of a chart, or how much taller
+  one is than the other. It needs both: the values are only in the pixels (as in ``figure``) and
+  the answer is arithmetic on them (as in ``geometry``).
 
 Reference responses are short sentences that put the decisive word (a colour, a number, a shape)
 early and end in a parsable final answer: ``"The green bar is the tallest, so the answer is (B)."``,
-``"Angle C = 180 - 50 - 60 = 70, so the answer is 70."``; where the decisive word is itself the final
-value it is not repeated (``"The bar reaches 7."``, ``"There are 3 shapes."``): the answer is the
-last number.
+``"Angle C = 180 - 50 - 60 = 70, so the answer is 70."``, ``"Red is 7, blue is 3; 7 + 3 = 10, so the
+answer is 10."``; where the decisive word is itself the final value it is not repeated (``"Red is
+7."``, ``"There are 3 shapes."``): the answer is the last number.
 
 >>> probs = generate(3, seed=1)
 >>> sorted(probs[0])[:4]
@@ -32,13 +35,17 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-FAMILIES = ("figure", "visual", "geometry")
+FAMILIES = ("figure", "visual", "geometry", "mixed")
 FAMILY_TASK = {
     "figure": "figure question answering",
     "visual": "visual question answering",
     "geometry": "geometry problem solving",
+    "mixed": "math word problem",
 }
 TASK_FAMILY = {v: k for k, v in FAMILY_TASK.items()}
+CHART_FAMILIES = ("figure", "mixed")  # drawn by the same bar-chart painter
+# every answer a `mixed` problem can have: two distinct bar values 1..9 give sums 3..17, differences 1..8
+MIXED_ANSWERS = tuple(range(1, 18))
 
 # Seeds used by the bundled tiny pair (see asymspec_mm/tiny/README.md).
 TRAIN_SEED = 0
@@ -170,7 +177,8 @@ _NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
 # ---------------------------------------------------------------------------------------------
 
 
-def _figure(rng: random.Random) -> dict[str, Any]:
+def _bar_chart(rng: random.Random) -> tuple[_Canvas, list[str], list[int]]:
+    """Four bars of distinct colours and distinct values 1..9 over a labelled 0..10 axis."""
     n = 4
     colors = rng.sample(list(COLORS), n)
     values = rng.sample(range(1, 10), n)  # distinct, so tallest/shortest is unique
@@ -189,6 +197,11 @@ def _figure(rng: random.Random) -> dict[str, Any]:
     for i, (c, v) in enumerate(zip(colors, values)):
         xl = i * BAR_SLOT + 16
         d.rectangle([xl, y0 - v * unit, xl + 13, y0 - 1], fill=COLORS[c])
+    return cv, colors, values
+
+
+def _figure(rng: random.Random) -> dict[str, Any]:
+    cv, colors, values = _bar_chart(rng)
     caption = f"A bar chart with {_join(colors)} bars."
     kind = rng.choice(["tallest", "shortest", "value"])
     if kind in ("tallest", "shortest"):
@@ -200,14 +213,38 @@ def _figure(rng: random.Random) -> dict[str, Any]:
         rec = dict(question=question, choices=choices, answer=colors[idx], question_type="multi_choice", answer_type="text")
         decisive = colors[idx]
     else:
-        idx = rng.randrange(n)
+        idx = rng.randrange(len(colors))
         question = f"What is the value of the {colors[idx]} bar?"
-        response = f"The bar reaches {values[idx]}."
+        response = f"{colors[idx].capitalize()} is {values[idx]}."  # the colour word keys the reading, as in `mixed`
         rec = dict(question=question, choices=None, answer=str(values[idx]), question_type="free_form", answer_type="integer")
         decisive = str(values[idx])
     meta = dict(context="bar chart", category="math-targeted-vqa", skills=["statistical reasoning"], kind=kind)
     return dict(rec, image_obj=cv.image, caption=caption, ocr=cv.ocr(), response=response, decisive=decisive, meta=meta,
                 scene=dict(colors=colors, values=values))  # fmt: skip
+
+
+def _mixed(rng: random.Random) -> dict[str, Any]:
+    """A bar chart and arithmetic on two of its bars: the values are only in the pixels (the drafter's
+    side), the sum or difference is reasoning (the verifier's side, once the values are written out)."""
+    cv, colors, values = _bar_chart(rng)
+    i, j = rng.sample(range(len(colors)), 2)
+    kind = rng.choice(["sum", "difference"])
+    if kind == "difference" and values[i] < values[j]:
+        i, j = j, i  # "how much taller": the taller bar first, so the answer is positive
+    x, y = values[i], values[j]
+    if kind == "sum":
+        question = f"What is the sum of the {colors[i]} bar and the {colors[j]} bar?"
+        r, work = x + y, f"{x} + {y} = {x + y}"
+    else:
+        question = f"How much taller is the {colors[i]} bar than the {colors[j]} bar?"
+        r, work = x - y, f"{x} - {y} = {x - y}"
+    # the two readings come first (tokens 3 and 7: draft positions, not the first step's bonus position)
+    response = f"{colors[i].capitalize()} is {x}, {colors[j]} is {y}; {work}, so the answer is {r}."
+    rec = dict(question=question, choices=None, answer=str(r), question_type="free_form", answer_type="integer")
+    caption = f"A bar chart with {_join(colors)} bars."
+    meta = dict(context="bar chart", category="math-targeted-vqa", skills=["statistical reasoning", "arithmetic reasoning"], kind=kind)
+    return dict(rec, image_obj=cv.image, caption=caption, ocr=cv.ocr(), response=response, decisive=str(r), meta=meta,
+                scene=dict(colors=colors, values=values, asked=[colors[i], colors[j]]))  # fmt: skip
 
 
 def _draw_shape(d, kind: str, cx: float, cy: float, r: float, color) -> None:
@@ -312,7 +349,7 @@ def _geometry(rng: random.Random) -> dict[str, Any]:
                 scene=dict(angles=angles, unknown=unknown))  # fmt: skip
 
 
-_BUILDERS = {"figure": _figure, "visual": _visual, "geometry": _geometry}
+_BUILDERS = {"figure": _figure, "visual": _visual, "geometry": _geometry, "mixed": _mixed}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +360,7 @@ _BUILDERS = {"figure": _figure, "visual": _visual, "geometry": _geometry}
 def make_problem(seed: int, index: int, family: str | None = None) -> dict[str, Any]:
     """Problem ``index`` of the set drawn with ``seed`` (deterministic; independent of other indices).
 
-    Families rotate figure, visual, geometry unless ``family`` is given.
+    Families rotate figure, visual, geometry, mixed unless ``family`` is given.
     """
     fam = family or FAMILIES[index % len(FAMILIES)]
     if fam not in _BUILDERS:
@@ -382,6 +419,22 @@ def generate(n: int, seed: int = HELDOUT_SEED, families: Iterable[str] | None = 
 
 def family_of(problem: dict[str, Any]) -> str:
     return problem["metadata"].get("family") or TASK_FAMILY[problem["metadata"]["task"]]
+
+
+def reading_token_indices(problem: dict[str, Any], tokenizer) -> list[int]:
+    """``mixed``: where the two bar readings sit in the tokenized reference response (``"Red is 7, blue
+    is 3; ..."``: the values of the two bars asked about, in order); ``[]`` for the other families."""
+    if family_of(problem) != "mixed":
+        return []
+    scene = problem["scene"]
+    ref = tokenizer(problem["response"], add_special_tokens=False)["input_ids"]
+    idx, start = [], 0
+    for colour in scene["asked"]:
+        value = scene["values"][scene["colors"].index(colour)]
+        start = ref.index(tokenizer(f" {value}", add_special_tokens=False)["input_ids"][0], start)
+        idx.append(start)
+        start += 1
+    return idx
 
 
 def view_text(problem: dict[str, Any]) -> str:
@@ -464,7 +517,7 @@ def to_record(problem: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in problem.items() if k != "decoded_image"}
 
 
-def example_problems(n: int = 8, seed: int = EXAMPLES_SEED) -> list[dict[str, Any]]:
+def example_problems(n: int = 10, seed: int = EXAMPLES_SEED) -> list[dict[str, Any]]:
     """The first problem of each question kind drawn with ``seed`` (families rotating), at most ``n``."""
     seen, out, i = set(), [], 0
     while len(out) < n and i < 1000:
@@ -477,7 +530,7 @@ def example_problems(n: int = 8, seed: int = EXAMPLES_SEED) -> list[dict[str, An
     return out
 
 
-def write_examples(out_dir, n: int = 8, seed: int = EXAMPLES_SEED) -> list[dict[str, Any]]:
+def write_examples(out_dir, n: int = 10, seed: int = EXAMPLES_SEED) -> list[dict[str, Any]]:
     """Write :func:`example_problems` as PNGs plus ``examples.json``: a list of
     ``{image, question, caption, ocr, answer, family, kind, pid, seed}`` (``question`` is the MathVista query)."""
     import json

@@ -8,9 +8,10 @@ generator's caption and OCR text as the compressed view (no captioner, no OCR en
 
 Columns: accuracy; recovery = (method - Floor) / (drafter - Floor); acceptance rate and mean
 accepted length (tokens committed per step); tokens/s (decode only). The decisive-token table
-looks at the token that carries the image's information (the colour, value, count, shape or the
-computed angle): its mean JSD, how it was emitted (accepted draft / fused at a rejection /
-verifier's bonus) and how often it is right.
+looks at the token that decides the answer (the colour, value, count or shape the image tells; the
+computed angle, sum or difference): its mean JSD, how it was emitted (accepted draft / fused at a
+rejection / verifier's bonus) and how often it is right. For ``mixed`` a last table splits the
+problem in two: the two bar readings (pixels) and the arithmetic on them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ def decisive_event(result, problem: dict[str, Any], tokenizer) -> tuple[Any | No
     return ev, ok
 
 
+def reading_events(result, problem: dict[str, Any], tokenizer) -> tuple[list[Any], bool] | None:
+    """``mixed`` only: the trace events at the two bar readings (``"Red is 7, blue is 3; ..."``: the values
+    of the two bars asked about, in the reference's order) and whether the output matches the reference
+    up to the second one."""
+    if mv.family_of(problem) != "mixed":
+        return None
+    ref = tokenizer(problem["response"], add_special_tokens=False)["input_ids"]
+    idx = mv.reading_token_indices(problem, tokenizer)
+    ok = result.token_ids[: idx[-1] + 1] == ref[: idx[-1] + 1]
+    return [result.trace[i] for i in idx if i < len(result.trace)], ok
+
+
 MAIN_ROWS = 4  # Floor, drafter and AsymSpec in both bonus modes run on all problems; SD and the ablations on --ablation-n
 
 
@@ -82,7 +95,7 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablati
         for p in probs:
             res = pipe.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], method=method, config=cfg)
             fam = mv.family_of(p)
-            r = rows.setdefault(fam, {k: [] for k in ("acc", "acc_rate", "mal", "tok", "wall", "dec_jsd", "dec_src", "dec_ok", "dec_acc_ok")})
+            r = rows.setdefault(fam, {k: [] for k in ("acc", "acc_rate", "mal", "tok", "wall", "dec_jsd", "dec_src", "dec_ok", "read_ok", "read_right", "read_src")})
             r["acc"].append(float(mv.is_correct(res.text, p)))
             correct.append(int(r["acc"][-1]))
             st = res.stats
@@ -97,10 +110,15 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablati
                 if ev.jsd is not None:
                     r["dec_jsd"].append(ev.jsd)
                 r["dec_src"].append(ev.source)
+            reads = reading_events(res, p, tok)
+            if reads is not None:
+                r["read_ok"].append(float(reads[1]))
+                r["read_right"].append(float(reads[1]) * r["acc"][-1])
+                if method == "asymspec":
+                    r["read_src"].extend(e.source for e in reads[0])
         out[label] = {"method": method, "config": over, "families": {}, "correct": correct, "row": row}
         for fam, r in rows.items():
             n = len(r["acc"])
-            src = r["dec_src"]
             out[label]["families"][fam] = {
                 "n": n,
                 "accuracy": sum(r["acc"]) / n,
@@ -109,12 +127,20 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablati
                 "tokens_per_s": sum(r["tok"]) / max(1e-9, sum(r["wall"])),
                 "decisive_correct": sum(r["dec_ok"]) / n,
                 "decisive_jsd": (sum(r["dec_jsd"]) / len(r["dec_jsd"])) if r["dec_jsd"] else None,
-                "decisive_source": {s: src.count(s) / len(src) for s in sorted(set(src))} if src else None,
+                "decisive_source": _shares(r["dec_src"]),
+                "readings_correct": (sum(r["read_ok"]) / n) if r["read_ok"] else None,
+                "readings_source": _shares(r["read_src"]),
+                "arithmetic_given_readings": (sum(r["read_right"]) / sum(r["read_ok"])) if sum(r["read_ok"]) else None,
             }
         if progress:
             accs = " ".join(f"{f}={v['accuracy']:.3f}" for f, v in sorted(out[label]["families"].items()))
             print(f"{label:40s} {accs}  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
     return out
+
+
+def _shares(sources: list[str]) -> dict[str, float] | None:
+    """How often each source (accepted / fused / bonus) occurs, or None for no events."""
+    return {s: sources.count(s) / len(sources) for s in sorted(set(sources))} if sources else None
 
 
 def _subset_acc(res: dict[str, Any], label: str, fam: str, n_fam: int) -> float:
@@ -128,6 +154,24 @@ def _f(x, fmt="{:.1f}", scale=1.0) -> str:
     return "–" if x is None else fmt.format(x * scale)
 
 
+def recovery_cell(acc: float, floor: float, drafter: float) -> str:
+    """(acc - Floor) / (drafter - Floor) as a percentage; "above both" where ``acc`` beats the drafter as well
+    (a ratio over 100 % would only say how small the drafter's lead over Floor is); "–" where the drafter is
+    not better than Floor."""
+    gap = drafter - floor
+    if gap <= 1e-9:
+        return "–"
+    if acc > drafter + 1e-9:
+        return "above both"
+    return _f((acc - floor) / gap, "{:.0f}%", 100)
+
+
+def _source_cells(shares: dict[str, float] | None) -> str:
+    """``accepted | fused | bonus`` table cells (percent of events; '–' where none)."""
+    shares = shares or {}
+    return " | ".join(_f(shares.get(s), "{:.0f}%", 100) for s in ("accepted", "fused", "bonus"))
+
+
 def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int | None = None) -> str:
     fams = [f for f in mv.FAMILIES if f in res["Floor (verifier alone)"]["families"]]
     lines = [
@@ -138,8 +182,8 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
         "families rotating; greedy; CPU). AsymSpec: CDA gate, K=4, beta=1, gamma=0.5 unless stated. "
         "Recovery = (method − Floor) / (drafter − Floor) on the same problems. Acceptance = accepted drafts / drafted; "
         "accepted length = tokens committed per step. SD and the ablation rows (fixed gamma, beta=0) run on the first "
-        f"{ablation_n or n} problems (a third per family); their recovery uses Floor and drafter on those problems. "
-        "Recovery is left blank where the drafter is not better than Floor. tokens/s: decode only, one CPU thread, "
+        f"{ablation_n or n} problems (1/{len(fams)} per family); their recovery uses Floor and drafter on those problems. "
+        "Recovery is left blank where the drafter is not better than Floor, and reads 'above both' where the method beats the drafter too. tokens/s: decode only, one CPU thread, "
         "on a shared machine (noisy).",
         "",
     ]
@@ -156,17 +200,17 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
         for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
             v = r["families"][fam]
             f_sub, d_sub = _subset_acc(res, "Floor (verifier alone)", fam, v["n"]), _subset_acc(res, "Drafter alone (full view)", fam, v["n"])
-            gap = d_sub - f_sub
-            rec = (v["accuracy"] - f_sub) / gap if gap > 1e-9 and r["method"] in ("asymspec", "sd") else None
+            rec = recovery_cell(v["accuracy"], f_sub, d_sub) if r["method"] in ("asymspec", "sd") else "–"
             lines.append(
-                f"| {label} | {v['n']} | {v['accuracy'] * 100:.1f} | {_f(rec, '{:.0f}%', 100)} | {_f(v['acceptance_rate'], '{:.2f}')} | "
+                f"| {label} | {v['n']} | {v['accuracy'] * 100:.1f} | {rec} | {_f(v['acceptance_rate'], '{:.2f}')} | "
                 f"{_f(v['mean_accepted_length'], '{:.2f}')} | {v['tokens_per_s']:.0f} |"
             )
         lines.append("")
     lines += [
         "## At the decisive token",
         "",
-        "The token that carries the image's information (colour, bar value, count, shape; the computed angle in geometry). "
+        "The token that decides the answer: the colour, bar value, count or shape the image tells; the computed angle (geometry), "
+        "sum or difference (mixed). "
         "JSD = JSD(softmax a ‖ softmax b) there; emitted as: accepted draft / fused at a rejection / bonus "
         "(verifier's own token after K acceptances); correct = the output matches the reference up to and including it.",
         "",
@@ -176,16 +220,36 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
     for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
         for fam in fams:
             v = r["families"][fam]
-            src = v["decisive_source"] or {}
             if r["method"] != "asymspec" and label not in ("Floor (verifier alone)", "Drafter alone (full view)"):
                 continue
-            lines.append(
-                f"| {label} | {fam} | {v['n']} | {v['decisive_correct'] * 100:.1f} | {_f(v['decisive_jsd'], '{:.3f}')} | "
-                f"{_f(src.get('accepted') if src else None, '{:.0f}%', 100)} | {_f(src.get('fused') if src else None, '{:.0f}%', 100)} | "
-                f"{_f(src.get('bonus') if src else None, '{:.0f}%', 100)} |"
-            )
+            lines.append(f"| {label} | {fam} | {v['n']} | {v['decisive_correct'] * 100:.1f} | {_f(v['decisive_jsd'], '{:.3f}')} | {_source_cells(v['decisive_source'])} |")
     lines.append("")
+    if "mixed" in fams:
+        lines += mixed_table(res)
     return "\n".join(lines)
+
+
+def mixed_table(res: dict[str, Any]) -> list[str]:
+    """``mixed`` split in two: the bar readings (pixels) and the arithmetic on them."""
+    lines = [
+        "## mixed: the readings and the arithmetic",
+        "",
+        "readings right = the output matches the reference up to the second bar value (both values read from the "
+        "pixels); arithmetic right = of those, the final answer is right; sources: how AsymSpec emitted the two "
+        "reading tokens.",
+        "",
+        "| method | n | readings right (%) | arithmetic right (%) | accuracy (%) | readings accepted | fused | bonus |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
+        v = r["families"].get("mixed")
+        if not v or v["readings_correct"] is None:
+            continue
+        reads, acc = v["readings_correct"], v["accuracy"]
+        arith = _f(v["arithmetic_given_readings"], "{:.1f}", 100)
+        lines.append(f"| {label} | {v['n']} | {reads * 100:.1f} | {arith} | {acc * 100:.1f} | {_source_cells(v['readings_source'])} |")
+    lines.append("")
+    return lines
 
 
 def load_pipeline(drafter: str | None, verifier: str | None):

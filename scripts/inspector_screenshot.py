@@ -1,0 +1,76 @@
+"""Regenerate docs/inspector.png: the steering inspector on a bundled `mixed` example, with the shipped tiny
+pair, the tooltip of the first fused token (the verifier's arithmetic) open.
+
+    python scripts/inspector_screenshot.py [--out docs/inspector.png] [--family mixed]
+
+Needs the `ui` extra, playwright (without `playwright install`) and Debian's chromium at /usr/bin/chromium.
+The server binds 127.0.0.1 on a free port and is closed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="docs/inspector.png")
+    ap.add_argument("--family", default="mixed", help="which bundled example to show (its MiniVista family)")
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    from asymspec_mm import AsymSpecPipeline
+    from ui.app import build_app, load_examples, serve
+
+    examples = load_examples()
+    pick = next((e for e in examples if e["label"].startswith(args.family + ":")), None)
+    if pick is None:
+        print(f"no bundled example of family {args.family!r}; examples: {[e['label'] for e in examples]}", file=sys.stderr)
+        return 2
+    pipe = AsymSpecPipeline.from_preset("tiny", ocr="none")
+    demo = build_app(pipe, examples=examples, default_max_new_tokens=40, stream_interval=0.0)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.set_default_timeout(120_000)
+            page.goto(demo.local_url, wait_until="domcontentloaded")
+            page.wait_for_selector("#asym-image input[type=file]", state="attached")
+            page.locator("#asym-image input[type=file]").set_input_files(pick["image"])
+            page.wait_for_selector("#asym-image img", state="attached")
+            page.locator("#asym-question textarea").fill(pick["question"])
+            page.locator("#asym-caption textarea").fill(pick["caption"])
+            page.locator("#asym-ocr textarea").fill(pick["ocr"])
+            page.locator("#asym-run").click()
+            page.wait_for_selector('#asym-status [data-status="ok"]', timeout=300_000)
+            fused = page.locator("#asym-answer .asym-trace .tok.tok-fused")
+            (fused.first if fused.count() else page.locator("#asym-answer .asym-trace .tok").first).hover()
+            page.wait_for_timeout(500)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=args.out, full_page=True)
+            browser.close()
+    finally:
+        demo.close()
+    print(f"wrote {args.out} ({pick['label']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
