@@ -218,3 +218,20 @@ def test_tiny_pair_regression_guard():
     assert got["asymspec"]["geometry"] >= got["floor"]["geometry"] - tol, got
     # the stretch: on the family that needs the pixels and the arithmetic, above both models alone
     assert got["asymspec"]["mixed"] > max(got["drafter"]["mixed"], got["floor"]["mixed"]) + tol, got
+
+
+@needs_tiny
+def test_decisive_token_index_points_at_the_decisive_word_before_so():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TINY / "drafter")
+    for p in mv.generate(40, seed=mv.HELDOUT_SEED):
+        ref = tok(p["response"], add_special_tokens=False)["input_ids"]
+        i = mv.decisive_token_index(p, tok)
+        assert i is not None and tok.decode([ref[i]]) == " " + p["decisive"], p["response"]
+        before = tok.decode(ref[:i])
+        assert " so " not in before and p["response"].startswith(before)
+        if mv.family_of(p) == "mixed":  # the result after "=", not the final answer after "so"
+            assert tok.decode(ref[: i + 1]).endswith(f"= {p['answer']}")
+    bad = dict(mv.generate(1, seed=mv.HELDOUT_SEED)[0], decisive="not a single token")
+    assert mv.decisive_token_index(bad, tok) is None

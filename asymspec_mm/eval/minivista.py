@@ -421,6 +421,18 @@ def family_of(problem: dict[str, Any]) -> str:
     return problem["metadata"].get("family") or TASK_FAMILY[problem["metadata"]["task"]]
 
 
+def decisive_token_index(problem: dict[str, Any], tokenizer) -> int | None:
+    """Where the decisive token sits in the tokenized reference response: its last occurrence before
+    `` so`` (or in the whole response); None when the decisive word is not a single token there."""
+    ref = tokenizer(problem["response"], add_special_tokens=False)["input_ids"]
+    dec = tokenizer(" " + problem["decisive"], add_special_tokens=False)["input_ids"]
+    so = tokenizer(" so", add_special_tokens=False)["input_ids"][0]
+    if len(dec) != 1:
+        return None
+    cut = ref.index(so) if so in ref else len(ref)
+    return max((i for i in range(cut) if ref[i] == dec[0]), default=None)
+
+
 def reading_token_indices(problem: dict[str, Any], tokenizer) -> list[int]:
     """``mixed``: where the two bar readings sit in the tokenized reference response (``"Red is 7, blue
     is 3; ..."``: the values of the two bars asked about, in order); ``[]`` for the other families."""

@@ -48,12 +48,7 @@ def decisive_event(result, problem: dict[str, Any], tokenizer) -> tuple[Any | No
     """The trace event at the decisive token: the last token before ' so' (or the reference's
     decisive position) and whether it is the reference's decisive token."""
     ref = tokenizer(problem["response"], add_special_tokens=False)["input_ids"]
-    dec = tokenizer(" " + problem["decisive"], add_special_tokens=False)["input_ids"]
-    so = tokenizer(" so", add_special_tokens=False)["input_ids"][0]
-    if len(dec) != 1:
-        return None, False
-    cut = ref.index(so) if so in ref else len(ref)
-    idx = max((i for i in range(cut) if ref[i] == dec[0]), default=None)
+    idx = mv.decisive_token_index(problem, tokenizer)
     if idx is None or idx >= len(result.trace):
         return None, False
     ev = result.trace[idx]

@@ -125,14 +125,16 @@ def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...], float]]:
             if len(fields) not in (3, 4):
                 raise ValueError
             colour = float(fields[3]) if len(fields) == 4 else IMAGE_COLOUR_WEIGHT
-            fams = () if fields[2].strip() == "all" else tuple(f.strip() for f in fields[2].split(","))
-            phase = (int(fields[0]), float(fields[1]), fams, colour)
+            steps, lr = int(fields[0]), float(fields[1])
         except ValueError:
             raise ValueError(f"bad drafter phase {part!r}: expected steps:lr:family,family,...[:colour weight]") from None
-        bad = [f for f in phase[2] if f not in mv.FAMILIES]
-        if bad or phase[0] <= 0 or colour < 0:
-            raise ValueError(f"bad drafter phase {part!r}: steps must be > 0, the colour weight >= 0 and families among {', '.join(mv.FAMILIES)}")
-        phases.append(phase)
+        try:
+            fams = parse_families(fields[2])
+        except ValueError as exc:
+            raise ValueError(f"bad drafter phase {part!r}: {exc}") from None
+        if steps <= 0 or colour < 0:
+            raise ValueError(f"bad drafter phase {part!r}: steps must be > 0 and the colour weight >= 0")
+        phases.append((steps, lr, fams, colour))
     return phases
 
 
@@ -171,10 +173,8 @@ def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     pr = build_prompts(proc, tok, problem["decoded_image"], mv.view_text(problem), problem["query"], "image+text")
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     ans = tok(problem["response"], add_special_tokens=False)["input_ids"] + [eos]
-    dec_id = tok(" " + problem["decisive"], add_special_tokens=False)["input_ids"]
-    so_id = tok(" so", add_special_tokens=False)["input_ids"][0]
-    cut = ans.index(so_id) if so_id in ans else len(ans)
-    dec_idx = max(i for i in range(cut) if ans[i] == dec_id[0]) if len(dec_id) == 1 and dec_id[0] in ans[:cut] else None
+    dec_idx = mv.decisive_token_index(problem, tok)
+    mixed = mv.family_of(problem) == "mixed"
     return {
         "full": pr.drafter_full_ids[0],
         "comp": pr.drafter_comp_ids[0],
@@ -187,8 +187,8 @@ def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
         # mixed: the drafter learns the two readings (weighted like a decisive token); at the computed
         # numbers (the result and the final answer) its target is flat over every possible answer
         "read_idx": mv.reading_token_indices(problem, tok),
-        "flat_idx": [dec_idx, len(ans) - 3] if mv.family_of(problem) == "mixed" else [],
-        "flat_ids": mixed_answer_ids(tok) if mv.family_of(problem) == "mixed" else [],
+        "flat_idx": [dec_idx, len(ans) - 3] if mixed else [],
+        "flat_ids": mixed_answer_ids(tok) if mixed else [],
         "final_idx": len(ans) - 3,
         "family": mv.family_of(problem),
         "img_targets": image_colour_targets(problem, tok),
