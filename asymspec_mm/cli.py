@@ -9,55 +9,9 @@ import sys
 from typing import Any
 
 from .errors import AsymSpecError
+from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 
 SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "greedy": ""}
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """The model-choice options shared by `generate` and `demo`."""
-    g = p.add_argument_group("models")
-    g.add_argument("--preset", default=None, help="tiny | qwen3 | auto (default: auto unless --drafter/--verifier are given)")
-    g.add_argument("--drafter", default=None, help="Qwen3-VL drafter: hub id or local directory")
-    g.add_argument("--verifier", default=None, help="text verifier: hub id or local directory")
-    g.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: cuda when available)")
-    g.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)")
-    g.add_argument("--ocr-engine", default="auto", help="auto | easyocr | rapidocr | none [default: %(default)s]")
-
-
-def _add_decode_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--method", default="asymspec", choices=["asymspec", "floor", "drafter", "sd"])
-    g.add_argument("--k", type=int, default=4, help="draft length K [default: %(default)s]")
-    g.add_argument("--beta", type=float, default=1.0, help="fusion strength [default: %(default)s]")
-    g.add_argument("--gamma", type=float, default=0.5, help="acceptance threshold [default: %(default)s]")
-    g.add_argument("--gate", default="cda", choices=["cda", "fixed", "tuned"])
-    g.add_argument("--lam", type=float, default=0.1, help="lambda of the tuned gate [default: %(default)s]")
-    g.add_argument("--delta", default="contrast", choices=["contrast", "raw", "scd"])
-    g.add_argument("--bonus", default="verifier", choices=["verifier", "gated"])
-    g.add_argument("--drafter-view", default="image+text", choices=["image+text", "image"])
-    g.add_argument("--max-new-tokens", type=int, default=512)
-
-
-def load_pipeline(args: argparse.Namespace):
-    """The pipeline named by --preset or --drafter/--verifier."""
-    from .pipeline import AsymSpecPipeline
-
-    common: dict[str, Any] = {"ocr": getattr(args, "ocr_engine", "auto")}
-    if args.drafter or args.verifier:
-        if not (args.drafter and args.verifier):
-            raise AsymSpecError("give both --drafter and --verifier (or a --preset)")
-        return AsymSpecPipeline.from_pretrained(args.drafter, args.verifier, device=args.device, dtype=args.dtype, **common)
-    extra = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
-    return AsymSpecPipeline.from_preset(args.preset or "auto", **common, **extra)
-
-
-def _config(args: argparse.Namespace):
-    from .decode import AsymSpecConfig
-
-    return AsymSpecConfig(
-        k=args.k, beta=args.beta, gamma=args.gamma, gate=args.gate, lam=args.lam, delta=args.delta,
-        bonus=args.bonus, drafter_view=args.drafter_view, max_new_tokens=args.max_new_tokens,
-    )
 
 
 def format_provenance(res) -> str:
@@ -94,13 +48,13 @@ def print_result(res, as_json: bool = False, out=None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    pipe = load_pipeline(args)
+    pipe = pipeline_from_args(args)
     ocr: Any = None
     if args.no_ocr:
         ocr = False
     elif args.ocr is not None:
         ocr = args.ocr
-    res = pipe.generate(args.image, args.question, caption=args.caption, ocr=ocr, method=args.method, config=_config(args))
+    res = pipe.generate(args.image, args.question, caption=args.caption, ocr=ocr, method=args.method, config=config_from_args(args))
     print_result(res, args.json)
     return 0
 
@@ -144,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-ocr", action="store_true", help="give the verifier no OCR text")
     g.add_argument("--json", action="store_true", help="print the full result (trace, stats) as JSON")
     add_model_args(g)
-    _add_decode_args(g)
+    add_decode_args(g)
     g.set_defaults(func=cmd_generate)
 
     q = sub.add_parser("quickstart", help="run a bundled example on the bundled tiny pair")

@@ -17,60 +17,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from .engines import Engine
-from .errors import UnknownOptionError
-from .gate import DELTAS, GATES, gate_step
-
-METHODS = ("asymspec", "floor", "drafter", "sd")
-BONUS_RULES = ("verifier", "gated")
-
-
-@dataclass(frozen=True)
-class AsymSpecConfig:
-    """Decoding settings. Defaults are the paper's cross-modal setting (MathVista: K=4, beta=1, gamma=0.5, CDA)."""
-
-    k: int = 4
-    beta: float = 1.0
-    gamma: float = 0.5
-    gate: str = "cda"
-    lam: float = 0.1
-    delta: str = "contrast"
-    drafter_view: str = "image+text"
-    bonus: str = "verifier"
-    max_new_tokens: int = 512
-    stop_strings: tuple[str, ...] = ()
-    trace_top: int = 3
-
-    def validated(self) -> "AsymSpecConfig":
-        """Return self after checking every option; raises :class:`UnknownOptionError` naming the bad one."""
-        from .prompts import DRAFTER_VIEWS
-
-        for name, value, allowed in (
-            ("gate", self.gate, GATES),
-            ("delta", self.delta, DELTAS),
-            ("bonus", self.bonus, BONUS_RULES),
-            ("drafter_view", self.drafter_view, DRAFTER_VIEWS),
-        ):
-            if value not in allowed:
-                raise UnknownOptionError(f"{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
-        if not isinstance(self.k, int) or self.k < 1:
-            raise UnknownOptionError(f"k={self.k!r}: the speculation depth must be an integer >= 1")
-        if not 0.0 <= self.gamma:
-            raise UnknownOptionError(f"gamma={self.gamma!r} must be >= 0")
-        if self.max_new_tokens < 1:
-            raise UnknownOptionError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
-        return self
-
-    def with_(self, **changes) -> "AsymSpecConfig":
-        return replace(self, **changes)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
+from .config import BONUS_RULES, METHODS, AsymSpecConfig  # noqa: F401 - re-exported
+from .gate import gate_step
 
 @dataclass
 class TokenEvent:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-GATES = ("cda", "fixed", "tuned")
-DELTAS = ("contrast", "raw", "scd")
+from .config import DELTAS, GATES  # noqa: F401 - re-exported
+
 LN2 = math.log(2.0)
 
 

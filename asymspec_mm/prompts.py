@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-DRAFTER_VIEWS = ("image+text", "image")
+from .config import DRAFTER_VIEWS  # noqa: F401 - re-exported
 
 
 def compressed_user_text(view_text: str, question: str) -> str:

@@ -1,0 +1,92 @@
+"""Command-line options shared by every subcommand, and the one way to load a pipeline from them.
+
+The decoding options are generated from :class:`~asymspec_mm.config.AsymSpecConfig` (names, defaults,
+choices), so the CLI, the demo, eval and bench cannot drift from the library. Torch-free at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import fields
+from typing import Any
+
+from .config import CHOICES, METHODS, AsymSpecConfig
+from .errors import AsymSpecError
+
+OCR_ENGINES = ("auto", "easyocr", "rapidocr", "none")
+DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "auto")
+
+#: Help text of each AsymSpecConfig field on the command line (fields without an entry get no option).
+DECODE_HELP: dict[str, str] = {
+    "k": "draft length K",
+    "beta": "fusion strength (0 disables fusion)",
+    "gamma": "acceptance threshold before the divergence discount",
+    "gate": "threshold rule: cda = gamma*exp(-JSD), fixed = gamma, tuned = gamma*exp(-lam*log-ratio)",
+    "lam": "lambda of the tuned gate",
+    "delta": "steering signal: contrast = a-b (the paper), raw = a, scd = t-b",
+    "drafter_view": "what the drafter's full stream reads besides the image",
+    "bonus": "token after K acceptances: verifier = argmax t_{K+1} (the paper), gated = the drafter's through the gate",
+    "max_new_tokens": "most tokens to generate",
+}
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a float that is neither NaN nor infinite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--preset`` | ``--drafter``/``--verifier``, device, dtype and OCR engine (every command that loads models)."""
+    g = p.add_argument_group("models")
+    g.add_argument("--preset", default=None, help="tiny | qwen3 | auto (default: auto unless --drafter/--verifier are given)")
+    g.add_argument("--drafter", default=None, help="Qwen3-VL drafter: hub id or local directory")
+    g.add_argument("--verifier", default=None, help="text verifier: hub id or local directory")
+    g.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: cuda when available)")
+    g.add_argument("--dtype", default=None, choices=DTYPES, help="default: bf16 on cuda, fp32 on cpu")
+    g.add_argument("--ocr-engine", default="auto", choices=OCR_ENGINES, help="[default: %(default)s]")
+
+
+def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tuple[str, ...] = ()) -> None:
+    """One option per documented :class:`AsymSpecConfig` field (``--max-new-tokens`` for ``max_new_tokens``),
+    with its default and choices, plus ``--method`` unless ``method=False``."""
+    g = p.add_argument_group("decoding")
+    if method:
+        g.add_argument("--method", default="asymspec", choices=METHODS, help="[default: %(default)s]")
+    for f in fields(AsymSpecConfig):
+        if f.name not in DECODE_HELP or f.name in skip:
+            continue
+        kind = finite_float if isinstance(f.default, float) else type(f.default)
+        g.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, choices=CHOICES.get(f.name),
+                       help=f"{DECODE_HELP[f.name]} [default: %(default)s]")
+
+
+def config_from_args(args: argparse.Namespace, base: AsymSpecConfig | None = None) -> AsymSpecConfig:
+    """The :class:`AsymSpecConfig` the decoding options of ``args`` describe (fields not on ``args`` from ``base``)."""
+    values = {f.name: getattr(args, f.name) for f in fields(AsymSpecConfig) if getattr(args, f.name, None) is not None}
+    return (base or AsymSpecConfig()).with_(**values).validated()
+
+
+def load_pipeline(preset: str | None = None, drafter: str | None = None, verifier: str | None = None, *,
+                  device: str | None = None, dtype: str | None = None, ocr_engine: str = "auto", **kwargs: Any):
+    """The pipeline of ``drafter`` + ``verifier`` when given, else of the named preset (default ``auto``)."""
+    from .pipeline import AsymSpecPipeline
+
+    if drafter or verifier:
+        if not (drafter and verifier):
+            raise AsymSpecError("give both --drafter and --verifier (or a --preset)")
+        return AsymSpecPipeline.from_pretrained(drafter, verifier, device=device, dtype=dtype, ocr=ocr_engine, **kwargs)
+    extra = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+    return AsymSpecPipeline.from_preset(preset or "auto", ocr=ocr_engine, **extra, **kwargs)
+
+
+def pipeline_from_args(args: argparse.Namespace, **kwargs: Any):
+    """:func:`load_pipeline` with the options :func:`add_model_args` registered."""
+    return load_pipeline(args.preset, args.drafter, args.verifier, device=args.device, dtype=args.dtype,
+                         ocr_engine=getattr(args, "ocr_engine", "auto"), **kwargs)
