@@ -117,7 +117,7 @@ class AsymSpecPipeline:
         drafter_comp: Any = None,
         drafter_full: Any = None,
     ):
-        from captioning.captioner import DrafterCaptioner
+        from .captioner import DrafterCaptioner
         from vision_cache.features import VisionEncoder
 
         self.drafter = drafter.eval()
