@@ -53,7 +53,7 @@ class AsymSpecPipeline:
         drafter_full: Any = None,
         engines: EngineFactory | None = None,
     ):
-        from captioning.captioner import DrafterCaptioner
+        from .captioner import DrafterCaptioner
         from vision_cache.features import VisionEncoder
 
         self.drafter = drafter.eval()
