@@ -15,7 +15,8 @@ from captioning.captioner import CAPTION_PROMPT, CaptionCache
 from vision_cache.hashing import image_content_hash
 
 from .decode import AsymSpecConfig, greedy_steps
-from .engines import VLEngine
+from .engines import PromptImages, VLEngine
+from .loading import eos_ids
 
 __all__ = ["DrafterCaptioner"]
 
@@ -45,14 +46,12 @@ class DrafterCaptioner:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         enc = self.processor(text=[text], images=[image], return_tensors="pt")
-        features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"])
-        engine = VLEngine(self.model, name="captioner")
-        ids, types = enc["input_ids"][0], enc["mm_token_type_ids"][0]
-        engine.prefill(ids[:-1], types[:-1], features)
-        eos = {self.processor.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.processor.tokenizer.eos_token_id}
+        engine = VLEngine(self.model, name="captioner", encoder=self.encoder)
+        ids = enc["input_ids"][0]
+        engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
         tokens: list[int] = []
         cfg = AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)
-        for events in greedy_steps(engine, ids[-1:].to(engine.device), cfg, {e for e in eos if e is not None}, is_verifier=False):
+        for events in greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([self.processor.tokenizer]), is_verifier=False):
             tokens.extend(ev.token_id for ev in events)
         caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         self.cache.put(key, caption)

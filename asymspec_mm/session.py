@@ -83,12 +83,12 @@ class GenerationStream(Iterator[list[TokenEvent]]):
 
     def __next__(self) -> list[TokenEvent]:
         if self._result is not None:
-            raise StopIteration
+            raise StopIteration(self._result)
         try:
             return next(self._steps)
         except StopIteration:
             self._result = self._finish()
-            raise
+            raise StopIteration(self._result) from None  # .value: the result, as a generator's return value
 
     @property
     def done(self) -> bool:
