@@ -70,6 +70,14 @@ def format_value(value: Any) -> str:
     return format(value, "g") if isinstance(value, float) else str(value)
 
 
+def _typed(field: str, value: Any) -> Any:
+    """An int written for a float field becomes that float (``beta=0`` sets 0.0, as ``beta0`` does)."""
+    default = AsymSpecConfig.__dataclass_fields__.get(field)
+    if default is not None and isinstance(default.default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def variant_name(base: str, fields: Mapping[str, Any]) -> str:
     """``base@f=v,...`` (``base`` alone without fields): the canonical name of a variant."""
     suffix = ",".join(f"{k}={format_value(v)}" for k, v in fields.items())
@@ -98,7 +106,7 @@ def parse_variant(spec: str) -> Variant:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise UnknownOptionError(f"variant {spec!r}: expected field=value, got {item!r}")
-        own[key.strip()] = parse_value(value.strip())
+        own[key.strip()] = _typed(key.strip(), parse_value(value.strip()))
     variant = Variant(variant_name(name, own), method, {**fields, **own})
     variant.apply()  # unknown fields and bad values fail here, with the field named
     return variant
