@@ -6,18 +6,20 @@
   output file (uses ``extraction``; extracts from ``response`` by rules when it is missing).
 * ``eval merge INPUT... --out DIR``: merge shard record files and write the outputs.
 * ``eval report RUN_DIR``: rewrite outputs and report from a run's ``records.jsonl``.
-
-The lead wires :func:`add_eval_parser` into the main CLI; the parser sets ``func=run_eval``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config import CHOICES
 from ..errors import AsymSpecError, UnknownOptionError
+from ..options import add_model_args, finite_float, pipeline_from_args
+from ..variants import parse_list
 
 DEFAULT_OUT = "runs/mathvista"
 
@@ -33,14 +35,15 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = m.add_argument_group("methods")
     g.add_argument("--methods", default="asymspec,floor,drafter,sd",
                    help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned, --lam), "
-                        "raw / scd (delta source), beta0 (beta=0) [default: %(default)s]")
+                        "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
+                        "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]")
     g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
     g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
     g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--lam", default=None, help="lambda of the tuned gate, comma list sweeps (variant 'tuned')")
+    g.add_argument("--lam", default=None, help="lambda of the tuned gate, comma list sweeps (variants with gate tuned)")
     g.add_argument("--max-new-tokens", type=int, default=512, help="[default: %(default)s]")
-    g.add_argument("--drafter-view", choices=["image+text", "image"], default=None, help="drafter full-stream view [pipeline default]")
-    g.add_argument("--bonus", choices=["verifier", "gated"], default=None, help="bonus-token rule [pipeline default]")
+    g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
+    g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
 
     d = m.add_argument_group("data")
     d.add_argument("--dataset", choices=["mathvista", "minivista"], default="mathvista")
@@ -76,12 +79,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--no-chart", action="store_true", help="skip accuracy.png")
     r.add_argument("--dry-run", action="store_true", help="print the selection and variants; load no model")
 
-    mo = m.add_argument_group("models")
-    mo.add_argument("--preset", default=None, help="a bundled preset (e.g. tiny) instead of --drafter/--verifier")
-    mo.add_argument("--drafter", default=None, help="drafter model id or path [pipeline default]")
-    mo.add_argument("--verifier", default=None, help="verifier model id or path [pipeline default]")
-    mo.add_argument("--device", default=None)
-    mo.add_argument("--dtype", default=None)
+    add_model_args(m)
 
     s = sub.add_parser("score", help="official MathVista scoring of an output JSON")
     s.add_argument("--input", required=True, help="output JSON keyed by pid (official format), a list, or a records JSONL")
@@ -104,17 +102,14 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _load_pipeline(args: argparse.Namespace) -> Any:
-    from .. import AsymSpecPipeline  # lazy: imports torch/transformers
-
-    if args.preset:
-        return AsymSpecPipeline.from_preset(args.preset)
-    kwargs: dict[str, Any] = {"device": args.device, "dtype": args.dtype}
-    if args.drafter:
-        kwargs["drafter"] = args.drafter
-    if args.verifier:
-        kwargs["verifier"] = args.verifier
-    return AsymSpecPipeline.from_pretrained(**kwargs)
+def _sweep_list(option: str, spec: str | None, cast: Callable[[str], Any]) -> list[Any] | None:
+    """The values of a sweep option (``--k 2,4``); a bad item, NaN and inf included, is a one-line error."""
+    try:
+        return parse_list(spec, cast)
+    except argparse.ArgumentTypeError as exc:  # finite_float's refusal
+        raise UnknownOptionError(f"--{option} {spec!r}: {exc}") from None
+    except UnknownOptionError as exc:
+        raise UnknownOptionError(f"--{option}: {exc}") from None
 
 
 def pipeline_llm(pipe: Any) -> Any:
@@ -151,10 +146,10 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         common["bonus"] = args.bonus
     variants = mv.build_variants(
         args.methods,
-        k=mv.parse_list(args.k, int),
-        beta=mv.parse_list(args.beta, float),
-        gamma=mv.parse_list(args.gamma, float),
-        lam=mv.parse_list(args.lam, float),
+        k=_sweep_list("k", args.k, int),
+        beta=_sweep_list("beta", args.beta, finite_float),
+        gamma=_sweep_list("gamma", args.gamma, finite_float),
+        lam=_sweep_list("lam", args.lam, finite_float),
         common=common,
     )
     out_dir = Path(args.out)
@@ -166,7 +161,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     if not selected:
         raise AsymSpecError("no problems selected: check --tasks/--require-caption/--limit/--shard")
     mv.check_images(selected)
-    pipe = _load_pipeline(args)
+    pipe = pipeline_from_args(args)
     llm = pipeline_llm(pipe) if args.extract in ("llm", "auto") else None
     summary = mv.run_mathvista(
         pipe, selected, variants, records_path, text=text, compressed=args.compressed, resume=args.resume,

@@ -12,14 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-TASK_SHORT: dict[str, str] = {
-    "geometry problem solving": "GPS",
-    "visual question answering": "VQA",
-    "figure question answering": "FQA",
-    "math word problem": "MWP",
-    "textbook question answering": "TQA",
-}
-_TASK_ORDER = ("GPS", "VQA", "FQA", "MWP", "TQA")
+from .mathvista.tasks import TASK_ALIASES, TASK_SHORT
+
+_TASK_ORDER = tuple(TASK_ALIASES)
 
 
 def _task_of(record: Mapping[str, Any]) -> str:

@@ -1,0 +1,143 @@
+"""MathVista (testmini) harness: data loading, the official query, the compressed view, the runner.
+
+Data (:mod:`.problems`, :mod:`.texts`, :mod:`.tasks`)
+    Problems come from the Hugging Face dataset ``AI4Math/MathVista`` (split ``testmini``; needs
+    network and ``pip install datasets``) or from a local folder: a problems JSON keyed by pid
+    (MathVista's ``data/testmini.json``) plus the images it references (``"image": "images/1.jpg"``).
+    The text parts - official queries, Bard captions, EasyOCR output - come from MathVista's own
+    JSON files (``query.json``, ``captions_bard.json``, ``ocrs_easyocr.json``); by default the
+    shared copy next to the repository (``<repo>/../shared/mathvista``) or ``$ASYMSPEC_MATHVISTA_DIR``.
+
+Query (:mod:`.query`)
+    :func:`build_query` reproduces MathVista's ``query.json`` exactly (zero-shot, shot type
+    ``solution``, no caption/OCR in the query: hint line, ``Question: ...`` with ``(Unit: u)``,
+    then ``Choices:`` with ``(A) ...`` lines, stripped). The pipeline gets this query as the
+    question and the compressed view separately.
+
+Compressed view (:mod:`.texts`)
+    ``official``: Bard caption (with MathVista's boilerplate phrases removed) and EasyOCR text in
+    MathVista's plain form ``[([x, y], 'text'), ...]``; the pipeline renders them as
+    ``Image description: ...`` / ``Image detected text: ...``. ``auto``: the pipeline makes its own
+    (``caption=None, ocr=None``). ``none``: no view at all (``caption="", ocr=False``).
+
+Runner (:mod:`.run`, :mod:`.records`, :mod:`.outputs`)
+    :func:`run_mathvista` runs method variants (:func:`build_variants`, the grammar of
+    :mod:`asymspec_mm.variants`) over problems, appending one JSON line per finished (variant, pid)
+    to a records file (flush + fsync), so an interrupt loses nothing; ``resume=True`` skips finished
+    pairs and never writes a pair twice. :func:`finalize_run` writes the official output/scores JSON
+    per variant plus a report.
+"""
+
+from __future__ import annotations
+
+from ...config import METHODS
+from ...variants import ALIASES, Variant, build_variants, parse_list, parse_variant, parse_variants
+from .outputs import finalize_run, group_by_variant, official_output, safe_name
+from .problems import (
+    HF_DATASET,
+    _find_problems_file,
+    _problems_from_obj,
+    check_images,
+    load_hf_problems,
+    load_image,
+    load_local_problems,
+    load_minivista_problems,
+    load_problems,
+    parse_shard,
+    pid_key,
+    select_problems,
+    sort_problems,
+)
+from .query import HINTS, build_query, choices_text, hint_text, official_query, question_text
+from .records import (
+    PROBLEM_FIELDS,
+    STATS_KEYS,
+    RecordStore,
+    _iter_record_files,
+    _json_default,
+    _jsonable,
+    merge_records,
+    problem_fields,
+    read_records,
+    record_key,
+    record_line,
+    records_filename,
+    stats_subset,
+)
+from .run import RunSummary, _check_config_consistency, _Progress, run_mathvista
+from .tasks import DEFAULT_TASKS, TASK_ALIASES, TASK_SHORT, resolve_tasks
+from .texts import (
+    CAPTION_BOILERPLATE,
+    COMPRESSED_MODES,
+    ENV_TEXT_DIR,
+    TextData,
+    _read_json,
+    _texts,
+    default_text_dir,
+    has_bard_caption,
+    problem_caption,
+    problem_ocr,
+    refine_caption,
+    refine_ocr,
+    text_base,
+    view_for,
+)
+
+__all__ = [
+    "ALIASES",
+    "CAPTION_BOILERPLATE",
+    "COMPRESSED_MODES",
+    "DEFAULT_TASKS",
+    "ENV_TEXT_DIR",
+    "HF_DATASET",
+    "HINTS",
+    "METHODS",
+    "PROBLEM_FIELDS",
+    "STATS_KEYS",
+    "TASK_ALIASES",
+    "TASK_SHORT",
+    "RecordStore",
+    "RunSummary",
+    "TextData",
+    "Variant",
+    "build_query",
+    "build_variants",
+    "check_images",
+    "choices_text",
+    "default_text_dir",
+    "finalize_run",
+    "group_by_variant",
+    "has_bard_caption",
+    "hint_text",
+    "load_hf_problems",
+    "load_image",
+    "load_local_problems",
+    "load_minivista_problems",
+    "load_problems",
+    "merge_records",
+    "official_output",
+    "official_query",
+    "parse_list",
+    "parse_shard",
+    "parse_variant",
+    "parse_variants",
+    "pid_key",
+    "problem_caption",
+    "problem_fields",
+    "problem_ocr",
+    "question_text",
+    "read_records",
+    "record_key",
+    "record_line",
+    "records_filename",
+    "refine_caption",
+    "refine_ocr",
+    "resolve_tasks",
+    "run_mathvista",
+    "safe_name",
+    "select_problems",
+    "sort_problems",
+    "stats_subset",
+    "text_base",
+    "view_for",
+]

@@ -1,0 +1,242 @@
+"""MathVista problems: loading (Hugging Face hub, a local copy, or MiniVista), images, and the selection.
+
+Problems come from the Hugging Face dataset ``AI4Math/MathVista`` (split ``testmini``; needs network
+and ``pip install datasets``) or from a local folder: a problems JSON keyed by pid (MathVista's
+``data/testmini.json``) plus the images it references (``"image": "images/1.jpg"``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import DatasetUnavailableError, UnknownOptionError
+from .texts import TextData, _read_json, has_bard_caption, text_base
+
+HF_DATASET = "AI4Math/MathVista"
+
+
+def pid_key(pid: Any) -> tuple[int, Any]:
+    """Sort key of a pid: numeric pids numerically, before the others as strings."""
+    s = str(pid)
+    return (0, int(s)) if s.isdigit() else (1, s)
+
+
+def sort_problems(problems: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Problems sorted by pid (numeric pids numerically, then the others as strings)."""
+    return sorted(problems, key=lambda p: pid_key(p["pid"]))
+
+
+def _problems_from_obj(obj: Any) -> list[dict[str, Any]]:
+    if isinstance(obj, Mapping):
+        out = []
+        for pid, prob in obj.items():
+            if str(pid).startswith("_") or not isinstance(prob, Mapping):
+                continue
+            p = dict(prob)
+            p.setdefault("pid", str(pid))
+            p["pid"] = str(p["pid"])
+            out.append(p)
+        return out
+    if isinstance(obj, list):
+        return [dict(p, pid=str(p["pid"])) for p in obj]
+    raise DatasetUnavailableError("the problems file must hold a dict keyed by pid or a list of problems")
+
+
+def _find_problems_file(data_dir: Path, split: str) -> Path:
+    if data_dir.is_file():
+        return data_dir
+    for p in (data_dir / f"{split}.json", data_dir / "data" / f"{split}.json", data_dir / "problems.json"):
+        if p.is_file():
+            return p
+    raise DatasetUnavailableError(
+        f"no {split}.json (or data/{split}.json, problems.json) in {data_dir}; "
+        "pass --data-dir pointing at MathVista's problems JSON or its folder"
+    )
+
+
+def load_local_problems(
+    data_dir: str | Path | None = None,
+    images_dir: str | Path | None = None,
+    *,
+    split: str = "testmini",
+    text_dir: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Problems from a local JSON, each with ``_image_path`` resolved (existence not checked here).
+
+    ``data_dir``: a problems JSON file or a folder holding ``<split>.json`` / ``data/<split>.json``;
+    without it, the shared text folder's ``testmini.json`` (text only - images must then come
+    from ``images_dir``). An image ``images/1.jpg`` is looked up as ``<images_dir>/images/1.jpg``,
+    then ``<images_dir>/1.jpg``; ``images_dir`` defaults to the problems file's folder.
+    """
+    if data_dir is None:
+        base = text_base(text_dir)
+        if base is None:
+            raise DatasetUnavailableError(
+                "no MathVista problems found: pass --data-dir (MathVista's data folder or testmini.json) and "
+                "--images-dir, or use the Hugging Face dataset (network + `pip install datasets`)"
+            )
+        data_dir = base
+    path = _find_problems_file(Path(data_dir), split)
+    problems = _problems_from_obj(_read_json(path))
+    root = Path(images_dir) if images_dir is not None else path.parent
+    for p in problems:
+        rel = p.get("image")
+        if isinstance(rel, str) and rel:
+            first, flat = root / rel, root / Path(rel).name
+            p["_image_path"] = str(flat if not first.exists() and flat.exists() else first)
+    return problems
+
+
+def load_hf_problems(split: str = "testmini", *, dataset: str = HF_DATASET, cache_dir: str | None = None) -> list[dict[str, Any]]:
+    """Problems (with ``decoded_image``) from the Hugging Face dataset; needs network and ``datasets``."""
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise DatasetUnavailableError(
+            f"the Hugging Face `datasets` package is not installed (`pip install datasets`, or "
+            f"`pip install asymspec-mm[eval]`); or pass --data-dir/--images-dir for a local copy of {dataset}"
+        ) from exc
+    try:
+        ds = datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
+    except Exception as exc:  # noqa: BLE001 - network / hub errors of any kind
+        raise DatasetUnavailableError(
+            f"could not load {dataset} (split {split}) from the Hugging Face hub: {exc}. "
+            "Provide a local copy with --data-dir (problems JSON) and --images-dir (its images/ folder)"
+        ) from exc
+    problems = []
+    for row in ds:
+        p = dict(row)
+        p["pid"] = str(p["pid"])
+        problems.append(p)
+    return problems
+
+
+def load_minivista_problems(n: int = 100, seed: int = 0) -> list[dict[str, Any]]:
+    """Synthetic MiniVista problems from :mod:`asymspec_mm.eval.minivista` (MathVista schema)."""
+    try:
+        from .. import minivista  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise DatasetUnavailableError(
+            "the MiniVista generator (asymspec_mm.eval.minivista) is not available in this install"
+        ) from exc
+    generate = getattr(minivista, "generate_problems", None) or getattr(minivista, "generate", None)
+    if generate is None:
+        raise DatasetUnavailableError("asymspec_mm.eval.minivista has no generate_problems(n, seed)")
+    problems = []
+    for i, prob in enumerate(generate(n, seed)):
+        p = dict(prob)
+        p["pid"] = str(p.get("pid", i + 1))
+        problems.append(p)
+    return problems
+
+
+def load_problems(
+    source: str = "auto",
+    *,
+    data_dir: str | Path | None = None,
+    images_dir: str | Path | None = None,
+    text_dir: str | Path | None = None,
+    split: str = "testmini",
+) -> list[dict[str, Any]]:
+    """MathVista problems from ``"hf"``, ``"local"`` or ``"auto"`` (local when a folder is given, else HF).
+
+    ``auto`` without --data-dir/--images-dir tries the hub; when that fails the error says how to
+    provide the data (local problems also need their images: see :func:`check_images`).
+    """
+    if source == "hf":
+        return load_hf_problems(split)
+    if source == "local" or data_dir is not None or images_dir is not None:
+        return load_local_problems(data_dir, images_dir, split=split, text_dir=text_dir)
+    if source != "auto":
+        raise UnknownOptionError(f"source={source!r}: expected 'auto', 'hf' or 'local'")
+    try:
+        return load_hf_problems(split)
+    except DatasetUnavailableError as exc:
+        base = text_base(text_dir)
+        if base is None or not (base / f"{split}.json").is_file():
+            raise
+        # text-only fallback: enough for selection/counting; check_images() then says how to add images
+        print(f"note: {exc}\nnote: using the text-only problems in {base / f'{split}.json'}", file=sys.stderr)
+        return load_local_problems(base, None, split=split)
+
+
+def check_images(problems: Sequence[Mapping[str, Any]]) -> None:
+    """Raise :class:`DatasetUnavailableError` naming missing images (before any model is loaded)."""
+    missing = []
+    for p in problems:
+        if p.get("decoded_image") is not None:
+            continue
+        path = p.get("_image_path")
+        if not path or not Path(path).is_file():
+            missing.append(f"pid {p.get('pid')}: {path or p.get('image') or '(no image field)'}")
+    if missing:
+        shown = "; ".join(missing[:3]) + (f"; ... ({len(missing)} in all)" if len(missing) > 3 else "")
+        raise DatasetUnavailableError(
+            f"MathVista images not found ({shown}). The shared JSON files carry no images: pass "
+            "--images-dir (the folder holding images/<pid>.jpg) with --data-dir, or load "
+            "AI4Math/MathVista from the Hugging Face hub (network + `pip install datasets`)"
+        )
+
+
+def load_image(problem: Mapping[str, Any]) -> Any:
+    """The problem's image as an RGB ``PIL.Image`` (``decoded_image``, else ``_image_path``/``image``)."""
+    from PIL import Image
+
+    img = problem.get("decoded_image")
+    if img is None:
+        path = problem.get("_image_path") or problem.get("image")
+        if not path or not Path(str(path)).is_file():
+            raise DatasetUnavailableError(f"pid {problem.get('pid')}: image {path!r} not found (see --images-dir)")
+        with Image.open(str(path)) as im:
+            img = im.copy()
+    if hasattr(img, "mode") and img.mode != "RGB":
+        img = img.convert("RGB")
+    return img
+
+
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """``"i/n"`` (0-based ``i``) -> ``(i, n)``."""
+    if spec is None or spec == "":
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m:
+        raise UnknownOptionError(f"--shard {spec!r}: expected i/n, e.g. 0/4")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or not 0 <= i < n:
+        raise UnknownOptionError(f"--shard {spec!r}: need 0 <= i < n")
+    return i, n
+
+
+def select_problems(
+    problems: Iterable[dict[str, Any]],
+    *,
+    tasks: Sequence[str] | None = None,
+    require_caption: bool = False,
+    text: TextData | None = None,
+    limit: int | None = None,
+    shard: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Filter by ``metadata.task`` and caption availability, sort by pid, cut to ``limit``, take a shard.
+
+    Shards are round-robin over the sorted (and limited) list, so the union of all ``n`` shards is
+    exactly the unsharded selection.
+    """
+    out = []
+    for p in problems:
+        task = (p.get("metadata") or {}).get("task")
+        if tasks is not None and task not in tasks:
+            continue
+        if require_caption and not has_bard_caption(p, text):
+            continue
+        out.append(p)
+    out = sort_problems(out)
+    if limit is not None and limit >= 0:
+        out = out[:limit]
+    if shard is not None:
+        i, n = shard
+        out = out[i::n]
+    return out

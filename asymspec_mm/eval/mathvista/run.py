@@ -1,0 +1,248 @@
+"""The runner: :func:`run_mathvista` runs method variants over problems, one durable record per finished pair."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...config import AsymSpecConfig
+from ...errors import DatasetUnavailableError, UnknownOptionError
+from ...variants import Variant
+from ..extraction import LLM, extract_answer_detailed
+from ..scoring import score_problem
+from .problems import load_image
+from .query import official_query
+from .records import RecordStore, _json_default, problem_fields, stats_subset
+from .texts import TextData, view_for
+
+
+class _Progress:
+    """tqdm when installed (and enabled), else a line every few percent."""
+
+    def __init__(self, total: int, initial: int, enabled: bool, desc: str = "mathvista") -> None:
+        self.total, self.n, self.enabled = total, initial, enabled
+        self._bar: Any = None
+        self._last_print = 0.0
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+            except ImportError:
+                self._bar = None
+
+    def update(self, postfix: str) -> None:
+        self.n += 1
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_postfix_str(postfix, refresh=False)
+            self._bar.update(1)
+            return
+        now = time.monotonic()
+        step = max(1, self.total // 20)
+        if self.n == self.total or self.n % step == 0 or now - self._last_print > 30:
+            self._last_print = now
+            print(f"[{self.n}/{self.total}] {postfix}", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_mathvista` did: new/skipped/failed counts and all records of the run's pairs."""
+
+    records: list[dict[str, Any]]
+    new: int = 0
+    skipped: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+
+@dataclass
+class _Tally:
+    """Accuracy, acceptance and speed over the pairs this run finished: the progress bar's postfix."""
+
+    done: int = 0
+    correct: int = 0
+    acc_sum: float = 0.0
+    acc_n: float = 0.0
+    tok: float = 0.0
+    wall: float = 0.0
+
+    def add(self, true_false: Any, stats: Mapping[str, Any], new_tokens: Any, wall_s: float) -> str:
+        """Count one finished pair; returns the postfix (``acc=...% accept=... tok/s=...``)."""
+        self.done += 1
+        self.correct += bool(true_false)
+        # floor and drafter draft nothing: their 0.0 rate would drag the mean down
+        if isinstance(stats.get("acceptance_rate"), (int, float)) and stats.get("drafted") != 0:
+            self.acc_sum += float(stats["acceptance_rate"])
+            self.acc_n += 1
+        if new_tokens:
+            self.tok += float(new_tokens)
+        self.wall += wall_s
+        parts = [f"acc={100 * self.correct / self.done:.1f}%"]
+        if self.acc_n:
+            parts.append(f"accept={self.acc_sum / self.acc_n:.2f}")
+        if self.wall > 0 and self.tok:
+            parts.append(f"tok/s={self.tok / self.wall:.1f}")
+        return " ".join(parts)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _check_config_consistency(store: RecordStore, variants: Sequence[Variant]) -> None:
+    seen: dict[str, Mapping[str, Any]] = {}
+    for (vname, _pid), rec in store.records.items():
+        seen.setdefault(vname, rec.get("config") or {})
+    for v in variants:
+        old = seen.get(v.name)
+        if old is not None and dict(old) != json.loads(json.dumps(dict(v.config), default=_json_default)):
+            raise UnknownOptionError(
+                f"variant {v.name!r} in {store.path} was run with config {dict(old)}, now {dict(v.config)}: "
+                "use the same flags to resume, or a new --out"
+            )
+
+
+def _make_record(
+    res: Any,
+    problem: Mapping[str, Any],
+    variant: Variant,
+    query: str,
+    wall_s: float,
+    *,
+    compressed: str,
+    dataset: str,
+    llm: LLM | None,
+    extract_mode: str,
+) -> dict[str, Any]:
+    """The record of one generation: response, extraction, score, stats and the problem's fields."""
+    pid = str(problem["pid"])
+    response = str(getattr(res, "text", "") or "")
+    stats = stats_subset(getattr(res, "stats", None))
+    token_ids = getattr(res, "token_ids", None)
+    new_tokens = stats.get("new_tokens")
+    if new_tokens is None and token_ids is not None:
+        try:
+            new_tokens = len(token_ids)
+        except TypeError:
+            new_tokens = None
+    fields = problem_fields(problem, query)
+    ext = extract_answer_detailed(response, fields, llm=llm, mode=extract_mode)
+    prediction, true_false = score_problem(fields, ext.answer)
+    return {
+        "pid": pid,
+        "variant": variant.name,
+        "method": variant.method,
+        "config": dict(variant.config),
+        "dataset": dataset,
+        "compressed": compressed,
+        "response": response,
+        "extraction": ext.answer,
+        "extraction_rule": ext.rule,
+        "prediction": prediction,
+        "true_false": true_false,
+        "answer": problem.get("answer"),
+        "task": (problem.get("metadata") or {}).get("task"),
+        "new_tokens": new_tokens,
+        "wall_s": round(wall_s, 4),
+        "stats": stats,
+        "problem": fields,
+        "time": _now(),
+    }
+
+
+def run_mathvista(
+    pipe: Any,
+    problems: Sequence[Mapping[str, Any]],
+    variants: Sequence[Variant],
+    records_path: str | Path,
+    *,
+    text: TextData | None = None,
+    compressed: str = "official",
+    resume: bool = False,
+    overwrite: bool = False,
+    llm: LLM | None = None,
+    extract_mode: str = "rules",
+    on_error: str = "skip",
+    progress: bool = True,
+    config_factory: Callable[..., Any] | None = None,
+    dataset: str = "mathvista",
+    image_loader: Callable[[Mapping[str, Any]], Any] = load_image,
+    log: Callable[[str], None] = print,
+) -> RunSummary:
+    """Run every variant on every problem, appending one record per finished pair to ``records_path``.
+
+    ``pipe`` needs ``generate(image, question, caption=..., ocr=..., method=..., config=...)``
+    returning an object with ``text`` and ``stats`` (and optionally ``token_ids``).
+    ``config_factory(**variant.config)`` makes the config (default: ``AsymSpecConfig``).
+    Problems are the outer loop, so one image serves all variants. ``on_error="skip"`` logs a
+    failed generation to ``errors.jsonl`` next to the records and goes on (the pair stays
+    unfinished and a resumed run retries it); ``"raise"`` stops. ``KeyboardInterrupt`` propagates
+    after everything finished so far is on disk.
+    """
+    if on_error not in ("skip", "raise"):
+        raise UnknownOptionError(f"on_error={on_error!r}: expected 'skip' or 'raise'")
+    make_config = config_factory or AsymSpecConfig
+    records_path = Path(records_path)
+    errors_path = records_path.with_name("errors.jsonl")
+    summary = RunSummary(records=[])
+    with RecordStore(records_path, resume=resume, overwrite=overwrite) as store:
+        _check_config_consistency(store, variants)
+        pairs_total = len(problems) * len(variants)
+        already = sum(1 for p in problems for v in variants if (v.name, str(p["pid"])) in store)
+        summary.skipped = already
+        if already:
+            log(f"resuming: {already}/{pairs_total} (variant, problem) pairs already in {records_path}")
+        bar = _Progress(pairs_total, already, progress)
+        tally = _Tally()
+        try:
+            for problem in problems:
+                pid = str(problem["pid"])
+                pending = [v for v in variants if (v.name, pid) not in store]
+                if not pending:
+                    continue
+                query = official_query(problem, text)
+                caption, ocr = view_for(problem, compressed, text, dataset=dataset)
+                image = image_loader(problem)
+                for variant in pending:
+                    t0 = time.perf_counter()
+                    try:
+                        res = pipe.generate(
+                            image, query, caption=caption, ocr=ocr, method=variant.method, config=make_config(**dict(variant.config))
+                        )
+                    except (KeyboardInterrupt, SystemExit, DatasetUnavailableError):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - a failed generation must not lose the run
+                        if on_error == "raise":
+                            raise
+                        err = {"pid": pid, "variant": variant.name, "error": f"{type(exc).__name__}: {exc}", "time": _now()}
+                        summary.errors.append(err)
+                        with open(errors_path, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(err, ensure_ascii=False) + "\n")
+                        log(f"error: {variant.name} pid {pid}: {err['error']} (logged to {errors_path}; --resume retries it)")
+                        bar.update("error")
+                        continue
+                    wall_s = time.perf_counter() - t0
+                    record = _make_record(res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset,
+                                          llm=llm, extract_mode=extract_mode)
+                    if store.append(record):
+                        summary.new += 1
+                    bar.update(tally.add(record["true_false"], record["stats"], record["new_tokens"], wall_s))
+        except KeyboardInterrupt:
+            bar.close()
+            log(f"\ninterrupted: {len(store)} records are safe in {records_path}; rerun with --resume to continue")
+            raise
+        bar.close()
+        wanted = {(v.name, str(p["pid"])) for p in problems for v in variants}
+        summary.records = [r for k, r in store.records.items() if k in wanted]
+    return summary

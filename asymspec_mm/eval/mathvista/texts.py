@@ -1,0 +1,197 @@
+"""MathVista's text files (official queries, Bard captions, EasyOCR output) and the compressed view they make.
+
+The Bard caption clean-up is :func:`captioning.static.refine_bard_caption` (the rule of MathVista's
+``build_query.py``), re-exported here as :func:`refine_caption`. :func:`refine_ocr` stays here: it
+turns malformed OCR into ``""`` like ``build_query.py`` does, where :mod:`captioning.ocr` raises.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # noqa: F401 - eval's name for the list
+from captioning.static import refine_bard_caption as refine_caption
+
+from ...errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
+
+ENV_TEXT_DIR = "ASYMSPEC_MATHVISTA_DIR"
+COMPRESSED_MODES: tuple[str, ...] = ("official", "auto", "none")
+
+#: The repository root (this file is asymspec_mm/eval/mathvista/texts.py).
+_REPO = Path(__file__).resolve().parents[3]
+_LITERAL_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
+_NOT_A_LITERAL = object()
+
+
+def default_text_dir() -> Path | None:
+    """``$ASYMSPEC_MATHVISTA_DIR``, else ``<repo>/../shared/mathvista`` when it exists."""
+    env = os.environ.get(ENV_TEXT_DIR)
+    if env:
+        return Path(env)
+    candidate = _REPO.parent / "shared" / "mathvista"
+    return candidate if candidate.is_dir() else None
+
+
+def text_base(text_dir: str | Path | None) -> Path | None:
+    """``text_dir`` as a path, else :func:`default_text_dir`."""
+    return Path(text_dir) if text_dir is not None else default_text_dir()
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _texts(obj: Any) -> dict[str, str]:
+    """``{"texts": {pid: str}}`` (MathVista's caption/OCR files) or a plain ``{pid: str}``."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("texts"), Mapping):
+        obj = obj["texts"]
+    return {str(k): v for k, v in obj.items()} if isinstance(obj, Mapping) else {}
+
+
+def _literal(text: str) -> Any:
+    """``ast.literal_eval(text)`` (stored OCR is data, so never ``eval``), or ``_NOT_A_LITERAL``."""
+    try:
+        return ast.literal_eval(text)
+    except _LITERAL_ERRORS:
+        return _NOT_A_LITERAL
+
+
+@dataclass
+class TextData:
+    """MathVista's text files: official queries, Bard captions (raw), EasyOCR output (raw literals)."""
+
+    queries: dict[str, str] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)
+    ocrs: dict[str, str] = field(default_factory=dict)
+    source: Path | None = None
+
+    @classmethod
+    def load(
+        cls,
+        text_dir: str | Path | None = None,
+        *,
+        query_file: str | Path | None = None,
+        caption_file: str | Path | None = None,
+        ocr_file: str | Path | None = None,
+    ) -> TextData:
+        """Read whichever of ``query.json``, ``captions_bard.json``, ``ocrs_easyocr.json`` exist.
+
+        Files are looked up in ``text_dir`` and its ``texts/`` subfolder (MathVista's ``data/`` layout).
+        """
+        base = text_base(text_dir)
+
+        def find(explicit: str | Path | None, name: str) -> Path | None:
+            if explicit is not None:
+                p = Path(explicit)
+                if not p.is_file():
+                    raise DatasetUnavailableError(f"{p} does not exist")
+                return p
+            if base is None:
+                return None
+            for p in (base / name, base / "texts" / name, base / "data" / name, base / "data" / "texts" / name):
+                if p.is_file():
+                    return p
+            return None
+
+        data = cls(source=base)
+        if (p := find(query_file, "query.json")) is not None:
+            data.queries = {str(k): str(v) for k, v in _read_json(p).items()}
+        if (p := find(caption_file, "captions_bard.json")) is not None:
+            data.captions = _texts(_read_json(p))
+        if (p := find(ocr_file, "ocrs_easyocr.json")) is not None:
+            data.ocrs = _texts(_read_json(p))
+        return data
+
+    def caption(self, pid: str) -> str:
+        """The refined Bard caption of ``pid`` (``""`` when there is none)."""
+        return refine_caption(self.captions.get(str(pid)))
+
+    def ocr(self, pid: str) -> str:
+        """The refined EasyOCR text of ``pid`` (``""`` when there is none)."""
+        return refine_ocr(self.ocrs.get(str(pid)))
+
+
+def refine_ocr(raw: Any) -> str:
+    """EasyOCR output -> MathVista's plain OCR text ``[([x, y], 'text'), ...]`` (top-left corner + text).
+
+    ``raw`` is the stored Python literal (parsed with :func:`ast.literal_eval`, never ``eval``) or
+    an already parsed list of ``(box, text, confidence)``. Empty or unparsable input gives ``""``.
+    """
+    if raw is None:
+        return ""
+    items = raw
+    if isinstance(raw, str):
+        if not raw.strip():
+            return ""
+        items = _literal(raw)
+        if items is _NOT_A_LITERAL:
+            return ""
+    try:
+        rows = []
+        for item in items:
+            box = item[0]
+            corner = box[0] if isinstance(box[0], (list, tuple)) else box  # a box of 4 points, or a point
+            rows.append(([int(corner[0]), int(corner[1])], item[1]))
+    except (TypeError, IndexError, ValueError, KeyError):
+        return ""
+    return str(rows) if rows else ""
+
+
+def problem_caption(problem: Mapping[str, Any], text: TextData | None) -> str:
+    """The official caption of a problem: its own ``caption`` field, else the Bard caption."""
+    if isinstance(problem.get("caption"), str):
+        return refine_caption(problem["caption"])
+    return text.caption(str(problem["pid"])) if text is not None else ""
+
+
+def problem_ocr(problem: Mapping[str, Any], text: TextData | None) -> str:
+    """The official OCR text of a problem: its own ``ocr`` field, else EasyOCR's."""
+    if "ocr" in problem and problem["ocr"] is not None:
+        own = problem["ocr"]
+        if isinstance(own, str):
+            parsed = _literal(own) if own.strip() else []
+            # what is not a literal list is free OCR text, kept as written
+            return refine_ocr(parsed) if isinstance(parsed, (list, tuple)) else own.strip()
+        return refine_ocr(own)
+    return text.ocr(str(problem["pid"])) if text is not None else ""
+
+
+def has_bard_caption(problem: Mapping[str, Any], text: TextData | None) -> bool:
+    """True when the problem has a caption: its own ``caption`` field, or an entry in captions_bard.json.
+
+    This is the paper's subset (587 GPS/VQA/FQA testmini problems). The entry counts even when
+    MathVista's clean-up empties it: 7 of the 587 are Bard refusals ("I can't process this file.").
+    """
+    own = problem.get("caption")
+    if isinstance(own, str):
+        return bool(own.strip())
+    if text is None:
+        return False
+    raw = text.captions.get(str(problem["pid"]))
+    return isinstance(raw, str) and bool(raw.strip())
+
+
+def view_for(problem: Mapping[str, Any], compressed: str, text: TextData | None, *, dataset: str = "mathvista") -> tuple[str | None, str | bool | None]:
+    """``(caption, ocr)`` arguments for ``pipe.generate`` under a compressed-view mode."""
+    if compressed == "auto":
+        return None, None
+    if compressed == "none":
+        return "", False
+    if compressed != "official":
+        raise UnknownOptionError(f"compressed={compressed!r}: expected one of {COMPRESSED_MODES}")
+    has_own = isinstance(problem.get("caption"), str) or problem.get("ocr") is not None
+    if not has_own and (text is None or (not text.captions and not text.ocrs)):
+        raise MissingCompressedViewError(
+            f"{dataset} pid {problem.get('pid')}: no official caption/OCR text available "
+            "(MathVista: pass --text-dir with captions_bard.json and ocrs_easyocr.json; otherwise use --compressed auto)"
+        )
+    caption = problem_caption(problem, text)
+    ocr = problem_ocr(problem, text)
+    return caption, (ocr if ocr else False)
