@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from captioning.errors import AsymSpecError
 from captioning.static import MissingStaticTextError, TextSource, load_text_table
@@ -19,6 +20,45 @@ class OCRParseError(AsymSpecError):
 
 class MissingOCRTextError(MissingStaticTextError):
     """No precomputed OCR result exists for a problem id."""
+
+
+_LITERAL_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
+NOT_A_LITERAL = object()
+
+
+def ocr_literal(text: str) -> Any:
+    """``ast.literal_eval(text)`` (stored OCR is data, so never ``eval``), or :data:`NOT_A_LITERAL`."""
+    try:
+        return ast.literal_eval(text)
+    except _LITERAL_ERRORS:
+        return NOT_A_LITERAL
+
+
+def refine_mathvista_ocr(raw: Any) -> str:
+    """EasyOCR output -> MathVista's plain OCR text ``[([x, y], 'text'), ...]`` (top-left corner + text), as
+    the official ``build_query.py`` forgives it: empty or malformed input gives ``""``.
+
+    ``raw`` is the stored literal or an already parsed list of ``(box, text[, confidence])``; a box is 4
+    points or one point. Unlike :func:`parse_ocr_literal` (which validates), nothing raises.
+    """
+    if raw is None:
+        return ""
+    items = raw
+    if isinstance(raw, str):
+        if not raw.strip():
+            return ""
+        items = ocr_literal(raw)
+        if items is NOT_A_LITERAL:
+            return ""
+    try:
+        rows = []
+        for item in items:
+            box = item[0]
+            corner = box[0] if isinstance(box[0], (list, tuple)) else box
+            rows.append(([int(corner[0]), int(corner[1])], item[1]))
+    except (TypeError, IndexError, ValueError, KeyError, OverflowError):
+        return ""
+    return str(rows) if rows else ""
 
 
 def parse_ocr_literal(text: str) -> list[OCRItem]:

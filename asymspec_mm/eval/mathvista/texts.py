@@ -18,6 +18,10 @@ from typing import Any
 from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # noqa: F401 - eval's name for the list
 from captioning.static import refine_bard_caption as refine_caption
 
+from captioning.ocr.static import NOT_A_LITERAL as _NOT_A_LITERAL
+from captioning.ocr.static import ocr_literal as _literal
+from captioning.ocr.static import refine_mathvista_ocr as refine_ocr
+
 from ...errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
 
 ENV_TEXT_DIR = "ASYMSPEC_MATHVISTA_DIR"
@@ -25,8 +29,6 @@ COMPRESSED_MODES: tuple[str, ...] = ("official", "auto", "none")
 
 #: The repository root (this file is asymspec_mm/eval/mathvista/texts.py).
 _REPO = Path(__file__).resolve().parents[3]
-_LITERAL_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
-_NOT_A_LITERAL = object()
 
 
 def default_text_dir() -> Path | None:
@@ -53,14 +55,6 @@ def _texts(obj: Any) -> dict[str, str]:
     if isinstance(obj, Mapping) and isinstance(obj.get("texts"), Mapping):
         obj = obj["texts"]
     return {str(k): v for k, v in obj.items()} if isinstance(obj, Mapping) else {}
-
-
-def _literal(text: str) -> Any:
-    """``ast.literal_eval(text)`` (stored OCR is data, so never ``eval``), or ``_NOT_A_LITERAL``."""
-    try:
-        return ast.literal_eval(text)
-    except _LITERAL_ERRORS:
-        return _NOT_A_LITERAL
 
 
 @dataclass
@@ -116,32 +110,6 @@ class TextData:
     def ocr(self, pid: str) -> str:
         """The refined EasyOCR text of ``pid`` (``""`` when there is none)."""
         return refine_ocr(self.ocrs.get(str(pid)))
-
-
-def refine_ocr(raw: Any) -> str:
-    """EasyOCR output -> MathVista's plain OCR text ``[([x, y], 'text'), ...]`` (top-left corner + text).
-
-    ``raw`` is the stored Python literal (parsed with :func:`ast.literal_eval`, never ``eval``) or
-    an already parsed list of ``(box, text, confidence)``. Empty or unparsable input gives ``""``.
-    """
-    if raw is None:
-        return ""
-    items = raw
-    if isinstance(raw, str):
-        if not raw.strip():
-            return ""
-        items = _literal(raw)
-        if items is _NOT_A_LITERAL:
-            return ""
-    try:
-        rows = []
-        for item in items:
-            box = item[0]
-            corner = box[0] if isinstance(box[0], (list, tuple)) else box  # a box of 4 points, or a point
-            rows.append(([int(corner[0]), int(corner[1])], item[1]))
-    except (TypeError, IndexError, ValueError, KeyError):
-        return ""
-    return str(rows) if rows else ""
 
 
 def problem_caption(problem: Mapping[str, Any], text: TextData | None) -> str:
