@@ -31,6 +31,10 @@
 ``--only``, ``--phase2-only`` and ``--drafter-resume-from`` continue a run from the checkpoints in
 ``DIR/_work`` (see README.md beside this file), and ``--export-from DIR/_work`` exports the latest
 checkpoints without training.
+
+This module holds the recipe (phases, weights, seeds), the drafter's shared-vision step, the workers
+and the command; the tokenizer and models are built in ``models.py``, the examples and batches in
+``data.py``, the losses in ``losses.py`` and the accuracies in ``evaluate.py`` (all importable from here).
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -47,37 +50,39 @@ from typing import Any
 import torch
 
 from ..eval import minivista as mv
-from . import IMAGE_SIZE
+from .data import (
+    GRID, N_ATTR_CLASSES, N_COLOR_CLASSES, N_PROBE_CLASSES, N_SIDE_CLASSES, PAD_LABEL, PERCEPTION_PROMPT,
+    SIDE_BOTH, SIDE_LEFT, SIDE_NONE, SIDE_RIGHT, Stream, collate, encode, encode_caption, encode_perception,
+    encode_perception_of, image_colour_targets, mixed_answer_ids, model_inputs, perception_target, token_targets,
+)  # fmt: skip
+from .evaluate import fmt_tf, greedy, greedy_accuracy, teacher_forced
+from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss
+from .models import (
+    DRAFTER_KW, VERIFIER_KW, build_models, build_tokenizer_and_processor, check_single_tokens, load_tokenizer_and_processor,
+    n_params,
+)  # fmt: skip
+
+__all__ = [
+    # the recipe, the drafter's step, the workers and the command (this module)
+    "DRAFTER_DECISIVE_WEIGHT", "DRAFTER_PHASES", "DRAFTER_WIDEN_AT", "EVAL_START", "IMAGE_COLOUR_WEIGHT",
+    "PERCEPTION_BATCH", "VERIFIER_FINAL_WEIGHT", "VERIFIER_LR", "VERIFIER_MIX", "VERIFIER_STEPS",
+    "export_pair", "lr_at", "main", "parse_families", "parse_phases", "shared_vision_step", "train_worker",
+    # re-exported from .models, .data, .losses and .evaluate (their names stay importable from here)
+    "DRAFTER_KW", "VERIFIER_KW", "build_models", "build_tokenizer_and_processor", "check_single_tokens",
+    "load_tokenizer_and_processor", "n_params",
+    "GRID", "N_ATTR_CLASSES", "N_COLOR_CLASSES", "N_PROBE_CLASSES", "N_SIDE_CLASSES", "PAD_LABEL",
+    "PERCEPTION_PROMPT", "SIDE_BOTH", "SIDE_LEFT", "SIDE_NONE", "SIDE_RIGHT", "Stream", "collate", "encode",
+    "encode_caption", "encode_perception", "encode_perception_of", "image_colour_targets", "mixed_answer_ids",
+    "model_inputs", "perception_target", "token_targets",
+    "LayerTap", "flat_loss", "image_position_loss", "lm_loss", "probe_loss",
+    "fmt_tf", "greedy", "greedy_accuracy", "teacher_forced",
+]  # fmt: skip
+
+# ---------------------------------------------------------------------------------------------
+# The recipe
+# ---------------------------------------------------------------------------------------------
 
 EVAL_START = 100_000  # monitoring slice of the held-out seed, far from the indices results.py uses
-PAD_LABEL = -100
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizer, processor, configs
-# ---------------------------------------------------------------------------------------------
-
-
-def build_tokenizer_and_processor(vocab_size: int = 768):
-    from ..checkpoints import build_processor, build_tokenizer
-
-    from captioning.captioner import CAPTION_PROMPT
-
-    texts = mv.corpus(3000, mv.TRAIN_SEED) + ["user\nassistant\n"] * 200 + [CAPTION_PROMPT] * 100
-    tok = build_tokenizer(texts, vocab_size=vocab_size)
-    proc = build_processor(tok, min_pixels=IMAGE_SIZE * IMAGE_SIZE, max_pixels=IMAGE_SIZE * IMAGE_SIZE)
-    check_single_tokens(tok)
-    return tok, proc
-
-
-def check_single_tokens(tok) -> None:
-    words = [" " + c for c in mv.COLORS] + [c.capitalize() for c in mv.COLORS] + [" " + s for s in mv.SHAPES] + [f" {i}" for i in range(181)] + list("ABCD")
-    bad = [w for w in words if len(tok(w, add_special_tokens=False)["input_ids"]) != 1]
-    if bad:
-        raise RuntimeError(f"not single tokens: {bad}")
-
-
-DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=3, vision_hidden=128, deepstack=(0,))
 DRAFTER_DECISIVE_WEIGHT = 8.0
 PERCEPTION_BATCH = 16  # auxiliary dense-description examples per drafter step (short sequences)
 IMAGE_COLOUR_WEIGHT = 0.3  # the LM head at image positions names the colour there (image_position_loss)
@@ -101,7 +106,6 @@ VERIFIER_MIX = "figure,visual,geometry,mixed,mixed"
 # it waited about two minutes with a core idle.
 DRAFTER_WIDEN_AT = 1380
 VERIFIER_FINAL_WEIGHT = 4.0  # phase 2: the final answer token (copy of the value / option lookup)
-VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
 
 def parse_families(spec: str) -> tuple[str, ...]:
@@ -138,391 +142,9 @@ def parse_phases(spec: str) -> list[tuple[int, float, tuple[str, ...], float]]:
     return phases
 
 
-def build_models(tok, seed: int = 0):
-    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
-
-    from ..checkpoints import drafter_config, verifier_config
-
-    torch.manual_seed(seed)
-    drafter = Qwen3VLForConditionalGeneration(drafter_config(tok, **DRAFTER_KW))
-    torch.manual_seed(seed + 1)
-    verifier = Qwen3ForCausalLM(verifier_config(tok, **VERIFIER_KW))
-    return drafter, verifier
-
-
-def n_params(model) -> dict[str, int]:
-    total = sum(p.numel() for p in model.parameters())
-    vis = sum(p.numel() for n, p in model.named_parameters() if ".visual." in n or n.startswith("visual.") or "model.visual" in n)
-    return {"total": total, "vision": vis, "text": total - vis}
-
-
 # ---------------------------------------------------------------------------------------------
-# Data
+# The drafter's step
 # ---------------------------------------------------------------------------------------------
-
-
-def mixed_answer_ids(tok) -> list[int]:
-    """Token ids of every answer a ``mixed`` problem can have (`` 1`` .. `` 17``, single tokens)."""
-    return [tok(f" {k}", add_special_tokens=False)["input_ids"][0] for k in mv.MIXED_ANSWERS]
-
-
-def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
-    """Token ids of the three prompts (via build_prompts) and the answer, for one problem."""
-    from ..prompts import build_prompts
-
-    pr = build_prompts(proc, tok, problem["decoded_image"], mv.view_text(problem), problem["query"], "image+text")
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ans = tok(problem["response"], add_special_tokens=False)["input_ids"] + [eos]
-    dec_idx = mv.decisive_token_index(problem, tok)
-    mixed = mv.family_of(problem) == "mixed"
-    return {
-        "full": pr.drafter_full_ids[0],
-        "comp": pr.drafter_comp_ids[0],
-        "ver": pr.verifier_ids[0],
-        "pixel_values": pr.pixel_values,
-        "grid": pr.image_grid_thw,
-        "mm": pr.mm_token_type_ids[0],
-        "ans": torch.tensor(ans, dtype=torch.long),
-        "dec_idx": dec_idx,
-        # mixed: the drafter learns the two readings (weighted like a decisive token); at the computed
-        # numbers (the result and the final answer) its target is flat over every possible answer
-        "read_idx": mv.reading_token_indices(problem, tok),
-        "flat_idx": [dec_idx, len(ans) - 3] if mixed else [],
-        "flat_ids": mixed_answer_ids(tok) if mixed else [],
-        "final_idx": len(ans) - 3,
-        "family": mv.family_of(problem),
-        "img_targets": image_colour_targets(problem, tok),
-        "tok_targets": token_targets(problem),
-        "problem": problem,
-    }
-
-
-def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
-    """The drafter's captioning task (the pipeline's DrafterCaptioner prompt -> the generator's caption)."""
-    from captioning.captioner import CAPTION_PROMPT
-
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": CAPTION_PROMPT}]}]
-    text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    enc = proc(text=[text], images=[problem["decoded_image"]], return_tensors="pt")
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ans = tok(problem["caption"], add_special_tokens=False)["input_ids"] + [eos]
-    return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
-            "mm": enc["mm_token_type_ids"][0], "ans": torch.tensor(ans, dtype=torch.long), "family": "caption",
-            "tok_targets": token_targets(problem), "problem": problem}
-
-
-PERCEPTION_PROMPT = "Describe the image."
-
-
-def perception_target(problem: dict[str, Any]) -> str:
-    """A dense description of what only the pixels show (an auxiliary drafter task: every token depends
-    on the image, so the vision path learns from every position rather than one token in sixteen)."""
-    fam, sc = mv.family_of(problem), problem["scene"]
-    if fam in mv.CHART_FAMILIES:
-        return "bars: " + ", ".join(f"{c} {v}" for c, v in zip(sc["colors"], sc["values"])) + "."
-    if fam == "visual":
-        items = sorted(zip(sc["cells"], sc["kinds"], sc["colors"]), key=lambda t: (t[0] % 4, t[0] // 4))
-        return f"{len(items)} shapes: " + ", ".join(f"{c} {k} {cell % 4}" for cell, k, c in items) + "."
-    return "angles: " + ", ".join(f"{v} {sc['angles'][v]}" for v in "ABC") + "."
-
-
-GRID = 4  # 128x128 image, patch 16, merge 2 -> 4x4 merged image tokens, raster order
-N_COLOR_CLASSES = len(mv.COLORS) + 1  # + "nothing here"
-N_ATTR_CLASSES = 9 + len(mv.SHAPES) + 1  # bar value 1..9 | shape kind | "no shape"
-# visual: a shape in the leftmost occupied column | in the rightmost | in both (all shapes in one column) |
-# neither (another shape, or an empty cell)
-SIDE_LEFT, SIDE_RIGHT, SIDE_BOTH, SIDE_NONE = range(4)
-N_SIDE_CLASSES = 4
-N_PROBE_CLASSES = N_COLOR_CLASSES + N_ATTR_CLASSES + N_SIDE_CLASSES
-
-
-def token_targets(problem: dict[str, Any]) -> torch.Tensor:
-    """What each merged image token should tell, for the vision-tower probe: ``[16, 3]`` long tensor of
-    (colour class, attribute class, side class) per token in raster order; -100 (ignored) for geometry,
-    and for the side of a chart's tokens.
-
-    figure and mixed (bar charts): every token of column c carries bar c's colour and value (so the tower gathers a whole bar
-    into each token of its column); visual: the shape in that cell (each 32-px cell is one token), and whether
-    that shape is in the leftmost or rightmost occupied column. The side is what "Which shape is furthest to
-    the left?" asks: with it in the token, the answer position finds that shape by content, as it finds the
-    shape a colour question names, rather than by comparing the columns of every shape."""
-    fam, sc = mv.family_of(problem), problem["scene"]
-    out = torch.full((GRID * GRID, 3), PAD_LABEL, dtype=torch.long)
-    colors = list(mv.COLORS)
-    if fam in mv.CHART_FAMILIES:
-        for r in range(GRID):
-            for c, (col, v) in enumerate(zip(sc["colors"], sc["values"])):
-                out[r * GRID + c, :2] = torch.tensor([colors.index(col), v - 1])
-    elif fam == "visual":
-        out[:, 0] = len(colors)
-        out[:, 1] = N_ATTR_CLASSES - 1
-        out[:, 2] = SIDE_NONE
-        xs = [cell % GRID for cell in sc["cells"]]
-        for cell, kind, col in zip(sc["cells"], sc["kinds"], sc["colors"]):
-            left, right = cell % GRID == min(xs), cell % GRID == max(xs)
-            side = SIDE_BOTH if left and right else SIDE_LEFT if left else SIDE_RIGHT if right else SIDE_NONE
-            out[cell] = torch.tensor([colors.index(col), 9 + mv.SHAPES.index(kind), side])
-    return out
-
-
-def image_colour_targets(problem: dict[str, Any], tok) -> torch.Tensor:
-    """``[16]`` token ids of the colour word each image token shows (-100 where none / geometry): the
-    target of the language-model head at the image positions (see :func:`image_position_loss`)."""
-    ids = [tok(" " + c, add_special_tokens=False)["input_ids"][0] for c in mv.COLORS]
-    cls = token_targets(problem)[:, 0]
-    out = torch.full_like(cls, PAD_LABEL)
-    for k, tid in enumerate(ids):
-        out[cls == k] = tid
-    return out
-
-
-class LayerTap:
-    """Forward hooks that keep the outputs of the drafter's text decoder layers during one forward."""
-
-    def __init__(self, model):
-        lm = model.model.language_model
-        self.model, self.out = model, []
-        self.handles = [layer.register_forward_hook(self._keep) for layer in lm.layers[:-1]]  # the last one is the logits
-
-    def _keep(self, module, args, output) -> None:
-        self.out.append(output[0] if isinstance(output, tuple) else output)
-
-    def clear(self) -> None:
-        self.out = []
-
-
-def image_position_loss(logits: torch.Tensor, batch: dict[str, Any], tap: LayerTap | None = None) -> torch.Tensor:
-    """Cross-entropy of the drafter's own LM head at the image-token positions against the colour word
-    each token shows, on the final logits and (``tap``) on every earlier layer's output read through the
-    final norm and the LM head. Those positions' logits are otherwise unused; the loss makes the text
-    model carry the colour at the image positions, from the first layers on, in the form the answer
-    needs (the word's embedding), which the answer position then only has to copy by attention.
-    Without it the text model never read colour (it read bar heights, shapes and positions)."""
-    labels = batch.get("img_labels")
-    if labels is None or not bool((labels != PAD_LABEL).any()):
-        return logits.sum() * 0.0
-    mask = labels != PAD_LABEL
-    target = labels[mask]
-    losses = [torch.nn.functional.cross_entropy(logits[mask].float(), target)]
-    if tap is not None:
-        lm = tap.model.model.language_model
-        for h in tap.out:
-            losses.append(torch.nn.functional.cross_entropy(tap.model.lm_head(lm.norm(h[mask])).float(), target))
-        tap.clear()
-    return torch.stack(losses).mean()
-
-
-def probe_loss(probe: torch.nn.Linear, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of a linear probe on merged vision tokens ``feats`` ``[N, hidden]`` against
-    ``targets`` ``[N, 3]`` (colour class, attribute class, side class; -100 ignored), summed over the three.
-    A throwaway head: it trains the tower to put colour, bar value / shape kind and the side of the scene
-    into the very token the text model attends to."""
-    logits = probe(feats)  # [N, N_PROBE_CLASSES]
-    loss = logits.sum() * 0.0
-    start = 0
-    for k, n in enumerate((N_COLOR_CLASSES, N_ATTR_CLASSES, N_SIDE_CLASSES)):
-        if bool((targets[:, k] != PAD_LABEL).any()):
-            loss = loss + torch.nn.functional.cross_entropy(logits[:, start : start + n], targets[:, k], ignore_index=PAD_LABEL)
-        start += n
-    return loss
-
-
-def _perception_answer(problem: dict[str, Any], tok) -> torch.Tensor:
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    return torch.tensor(tok(perception_target(problem), add_special_tokens=False)["input_ids"] + [eos], dtype=torch.long)
-
-
-def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PERCEPTION_PROMPT}]}]
-    text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    enc = proc(text=[text], images=[problem["decoded_image"]], return_tensors="pt")
-    return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"],
-            "mm": enc["mm_token_type_ids"][0], "ans": _perception_answer(problem, tok), "family": "perception",
-            "img_targets": image_colour_targets(problem, tok)}
-
-
-_PERCEPTION_PROMPTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def encode_perception_of(encoded: dict[str, Any], proc, tok) -> dict[str, Any]:
-    """:func:`encode_perception` for the image of an already encoded problem, without re-processing it: the
-    prompt's ids depend only on the image grid (kept per grid), and the pixels are the problem's own (the
-    step that uses this shares one vision-tower pass between the two batches)."""
-    grid = tuple(encoded["grid"].flatten().tolist())
-    if grid not in _PERCEPTION_PROMPTS:
-        e = encode_perception(encoded["problem"], proc, tok)
-        _PERCEPTION_PROMPTS[grid] = (e["full"], e["mm"])
-    ids, mm = _PERCEPTION_PROMPTS[grid]
-    return {"full": ids, "pixel_values": encoded["pixel_values"], "grid": encoded["grid"], "mm": mm,
-            "ans": _perception_answer(encoded["problem"], tok), "family": "perception", "img_targets": encoded["img_targets"]}
-
-
-def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0, final_weight: float = 1.0) -> dict[str, Any]:
-    """Right-padded batch of prompt+answer for ``view`` in {"full", "comp", "ver"}; labels on answers only.
-
-    The drafter's views (``full``, ``comp``) of a ``mixed`` problem weight the two bar readings by
-    ``dec_weight`` and have no label at the computed numbers (the result and the final answer); those
-    positions go to ``batch["flat"]`` (rows, label positions, candidate ids) for :func:`flat_loss`: the
-    drafter is taught to read the chart, and that it cannot do the sum, in both views alike. (A drafter
-    trained on the arithmetic learned it, so AsymSpec could not beat it; one never taught anything after
-    the readings disagreed with itself across views there, and delta outvoted the verifier.)"""
-    seqs = [torch.cat([e[view], e["ans"]]) for e in examples]
-    L = max(len(s) for s in seqs)
-    B = len(seqs)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    labels = torch.full((B, L), PAD_LABEL, dtype=torch.long)
-    weights = torch.ones((B, L))
-    ans_start, flat = [], ([], [], [])
-    for i, (e, s) in enumerate(zip(examples, seqs)):
-        n, p = len(s), len(e[view])
-        ids[i, :n] = s
-        mask[i, :n] = 1
-        labels[i, p:n] = e["ans"]
-        if e.get("final_idx") is not None:
-            weights[i, p + e["final_idx"]] = final_weight
-        if e.get("dec_idx") is not None:
-            weights[i, p + e["dec_idx"]] = dec_weight
-        if view != "ver" and e.get("read_idx"):
-            weights[i, [p + j for j in e["read_idx"]]] = dec_weight
-        if view != "ver" and e.get("flat_idx"):
-            for j in e["flat_idx"]:
-                labels[i, p + j] = PAD_LABEL
-                flat[0].append(i), flat[1].append(p + j), flat[2].append(e["flat_ids"])
-        ans_start.append(p)
-    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "labels": labels, "ans_start": ans_start, "weights": weights, "flat": flat}
-    if view == "full":
-        mm = torch.zeros((B, L), dtype=torch.long)
-        for i, e in enumerate(examples):
-            mm[i, : len(e["mm"])] = e["mm"]
-        batch["mm_token_type_ids"] = mm
-        img_labels = torch.full((B, L), PAD_LABEL, dtype=torch.long)
-        for i, e in enumerate(examples):
-            if e.get("img_targets") is not None:
-                pos = (e["mm"] == 1).nonzero().flatten()
-                if len(pos) == len(e["img_targets"]):
-                    img_labels[i, pos] = e["img_targets"]
-        batch["img_labels"] = img_labels
-        batch["pixel_values"] = torch.cat([e["pixel_values"] for e in examples])
-        batch["image_grid_thw"] = torch.cat([e["grid"] for e in examples])
-    return batch
-
-
-def model_inputs(batch: dict[str, Any], with_pixels: bool = True) -> dict[str, Any]:
-    """The forward's inputs; ``with_pixels=False`` when the vision features are passed in instead."""
-    keys = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
-    return {k: batch[k] for k in keys if k in batch and (with_pixels or k != "pixel_values")}
-
-
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over answer tokens; ``weights`` ([B, L], aligned with labels) reweights tokens."""
-    if weights is None:
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL)
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL, reduction="none")
-    w = weights[:, 1:].reshape(-1) * (labels[:, 1:].reshape(-1) != PAD_LABEL)
-    return (ce * w).sum() / w.sum()
-
-
-def flat_loss(logits: torch.Tensor, flat: tuple[list[int], list[int], list[list[int]]]) -> torch.Tensor:
-    """Mean KL(uniform over the candidates || model) at the label positions ``flat`` = (rows, positions,
-    candidate ids) of a batch (logits ``[B, L, V]``; the prediction for position p is read at p - 1);
-    0 where the model puts all its mass evenly on the candidates. A zero tensor when there are none."""
-    rows, pos, cand = flat
-    if not rows:
-        return logits.new_zeros((), dtype=torch.float32)
-    logp = torch.log_softmax(logits[rows, [q - 1 for q in pos]].float(), dim=-1)  # [N, V]
-    return torch.stack([-logp[n, c].mean() - math.log(len(c)) for n, c in enumerate(cand)]).mean()
-
-
-class Stream:
-    """Fresh training problems (seed TRAIN_SEED, indices ``start, start + stride, ...``), encoded on
-    demand; the n-th problem taken is of family ``mix[n % len(mix)]`` (default: every family in turn;
-    e.g. ``("figure", "figure", "visual", "geometry")`` for twice as many charts). The family follows
-    the stream's own count, not the problem index: with ``stride`` 2 an index rotation would give each
-    worker only every other family."""
-
-    def __init__(self, proc, tok, start: int = 0, stride: int = 1, mix: tuple[str, ...] | None = None):
-        self.proc, self.tok, self.i, self.stride, self.n = proc, tok, start, stride, 0
-        self.mix = tuple(mix) if mix else mv.FAMILIES
-
-    def take(self, n: int) -> list[dict[str, Any]]:
-        out = []
-        for _ in range(n):
-            fam = self.mix[self.n % len(self.mix)]
-            out.append(encode(mv.make_problem(mv.TRAIN_SEED, self.i, fam), self.proc, self.tok))
-            self.i += self.stride
-            self.n += 1
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def teacher_forced(model, examples: list[dict[str, Any]], view: str, pad_id: int, bs: int = 32) -> dict[str, dict[str, float]]:
-    """Per family: exact (greedy would reproduce the reference), dec (decisive token), final (answer token)."""
-    model.eval()
-    stats: dict[str, dict[str, list[float]]] = {}
-    for s in range(0, len(examples), bs):
-        chunk = examples[s : s + bs]
-        batch = collate(chunk, view, pad_id)
-        logits = model(**model_inputs(batch), use_cache=False).logits
-        pred = logits.argmax(-1)
-        for i, e in enumerate(chunk):
-            p0 = batch["ans_start"][i]
-            n = len(e["ans"])
-            got = pred[i, p0 - 1 : p0 - 1 + n]
-            ok = got == e["ans"]
-            st = stats.setdefault(e["family"], {"exact": [], "dec": [], "final": []})
-            st["exact"].append(float(ok.all()))
-            if e["dec_idx"] is not None:
-                st["dec"].append(float(ok[e["dec_idx"]]))
-            st["final"].append(float(ok[e["final_idx"]]))
-    model.train()
-    return {f: {k: (sum(v) / len(v) if v else float("nan")) for k, v in st.items()} for f, st in sorted(stats.items())}
-
-
-def fmt_tf(res: dict[str, dict[str, float]]) -> str:
-    return " ".join(f"{f[:3]}:ex{r['exact']:.2f}/dec{r['dec']:.2f}/fin{r['final']:.2f}" for f, r in res.items())
-
-
-@torch.no_grad()
-def greedy(model, prompt: dict[str, Any], eos_id: int, max_new: int = 32) -> list[int]:
-    """Greedy decoding of one prompt without a cache (tiny models; prompt: model inputs, batch 1)."""
-    ids = prompt["input_ids"]
-    extra = {k: v for k, v in prompt.items() if k not in ("input_ids", "mm_token_type_ids")}
-    mm = prompt.get("mm_token_type_ids")
-    out: list[int] = []
-    for _ in range(max_new):
-        kw = dict(extra, input_ids=ids, use_cache=False)
-        if mm is not None:
-            kw["mm_token_type_ids"] = torch.cat([mm, torch.zeros((1, ids.shape[1] - mm.shape[1]), dtype=mm.dtype)], 1)
-        nxt = int(model(**kw).logits[0, -1].argmax())
-        if nxt == eos_id:
-            break
-        out.append(nxt)
-        ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
-    return out
-
-
-def greedy_accuracy(model, problems: list[dict[str, Any]], view: str, proc, tok) -> dict[str, float]:
-    """Accuracy of one model alone (greedy) per family; view in {"full", "comp", "ver"}."""
-    from ..prompts import build_prompts
-
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    model.eval()
-    hits: dict[str, list[float]] = {}
-    for p in problems:
-        pr = build_prompts(proc, tok, p["decoded_image"], mv.view_text(p), p["query"], "image+text")
-        if view == "full":
-            inp = dict(input_ids=pr.drafter_full_ids, pixel_values=pr.pixel_values, image_grid_thw=pr.image_grid_thw, mm_token_type_ids=pr.mm_token_type_ids)
-        else:
-            inp = dict(input_ids=pr.drafter_comp_ids if view == "comp" else pr.verifier_ids)
-        text = tok.decode(greedy(model, inp, eos), skip_special_tokens=True)
-        hits.setdefault(mv.family_of(p), []).append(float(mv.is_correct(text, p)))
-    return {f: sum(v) / len(v) for f, v in sorted(hits.items())}
 
 
 def _image_subset(feats, n: int):
@@ -573,6 +195,7 @@ def shared_vision_step(model, probe: torch.nn.Linear, tap: LayerTap | None, ex: 
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int = 100) -> float:
+    """The learning rate at ``step`` of a phase of ``steps``: linear warmup, then cosine down to 10 % of ``lr``."""
     if step < warmup:
         return lr * (step + 1) / warmup
     t = (step - warmup) / max(1, steps - warmup)
@@ -595,15 +218,12 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
     other worker has finished) and go on with ``threads`` threads. The step is fixed rather than "as soon
     as the core is free" because the thread count changes float rounding: a fixed step keeps runs
     reproducible on any machine."""
-    from transformers import AutoTokenizer, Qwen3VLProcessor
-
     torch.set_num_threads(threads)
     if widen is not None and resume_from >= widen[0]:
         _widen(widen)
     torch.manual_seed(seed)
     log = open(log_path, "a", buffering=1)
-    tok = AutoTokenizer.from_pretrained(Path(workdir) / "tokenizer")
-    proc = Qwen3VLProcessor.from_pretrained(Path(workdir) / "processor")
+    tok, proc = load_tokenizer_and_processor(Path(workdir))
     pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
     drafter, verifier = build_models(tok, seed)
     model = drafter if role == "drafter" else verifier
@@ -677,14 +297,14 @@ def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
             done.set()
 
 
-def export_pair(work: Path, out: Path):
-    """Write ``out/drafter`` and ``out/verifier`` (save_pair) from the workers' latest checkpoints in ``work``."""
-    from transformers import AutoTokenizer, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+def export_pair(work: Path, out: Path) -> tuple[Any, Any, Any, Any]:
+    """Write ``out/drafter`` and ``out/verifier`` (save_pair) from the workers' latest checkpoints in ``work``;
+    returns (drafter, verifier, tokenizer, processor)."""
+    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     from ..checkpoints import save_pair
 
-    tok = AutoTokenizer.from_pretrained(work / "tokenizer")
-    proc = Qwen3VLProcessor.from_pretrained(work / "processor")
+    tok, proc = load_tokenizer_and_processor(work)
     drafter = Qwen3VLForConditionalGeneration.from_pretrained(work / "drafter")
     verifier = Qwen3ForCausalLM.from_pretrained(work / "verifier")
     save_pair(drafter, verifier, tok, proc, out)
@@ -692,6 +312,7 @@ def export_pair(work: Path, out: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (options: ``--help``); 0 when the pair is exported, 1 when a training worker failed."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier)")
     ap.add_argument("--verifier-steps", type=int, default=VERIFIER_STEPS[0])
@@ -736,10 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = args.log or str(work / "train.log")
     t0 = time.time()
     if (work / "tokenizer").is_dir() and (work / "processor").is_dir():  # resume: keep the run's vocabulary
-        from transformers import AutoTokenizer, Qwen3VLProcessor
-
-        tok = AutoTokenizer.from_pretrained(work / "tokenizer")
-        proc = Qwen3VLProcessor.from_pretrained(work / "processor")
+        tok, proc = load_tokenizer_and_processor(work)
     else:
         tok, proc = build_tokenizer_and_processor(args.vocab_size)
         tok.save_pretrained(work / "tokenizer")
