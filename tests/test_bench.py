@@ -18,7 +18,7 @@ FAST = dict(reps=2, warmup=0, cases=1, max_new_tokens=8, prompt_lengths=(), k_va
 
 @pytest.fixture(scope="module")
 def result(tiny_pipe):
-    return run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "drafter", "sd", "asymspec", "asymspec:bonus=gated"), **FAST)
+    return run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "drafter", "sd", "asymspec", "asymspec@bonus=gated"), **FAST)
 
 
 def test_every_run_passes_its_bookkeeping_checks(result):
@@ -197,21 +197,33 @@ def test_bench_parser_registers_a_func():
     add_bench_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--pair", "random-tiny", "--reps", "2", "--lengths", "", "--engine", "static"])
     assert args.func is bench.bench_main and args.reps == 2 and args.lengths == "" and args.engine == "static"
+    assert args.preset == "random-tiny" and args.scenarios == [(0.78, 2.6), (0.92, 4.1)]
+    assert parser.parse_args(["bench", "--preset", "real-shapes", "--scenarios", "0.5:2"]).preset == "real-shapes"
+    for bad in ("nan:2.6", "0.8:inf", "0.8"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "--scenarios", bad])
 
 
 def test_variant_parsing():
-    v = Variant.parse("asymspec:gate=fixed,beta=0.5,k=2,loop=alt")
-    assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2} and v.loop == "alt"
+    for spec in ("asymspec@gate=fixed,beta=0.5,k=2", "asymspec:gate=fixed,beta=0.5,k=2"):
+        v = Variant.parse(spec)
+        assert v.name == "asymspec@gate=fixed,beta=0.5,k=2"
+        assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2}
     from asymspec_mm import AsymSpecConfig
 
-    cfg = v.config(AsymSpecConfig())
+    cfg = v.apply(AsymSpecConfig())
     assert (cfg.gate, cfg.beta, cfg.k) == ("fixed", 0.5, 2)
     from asymspec_mm.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError):
         Variant.parse("nonsense")
     with pytest.raises(UnknownOptionError):
-        Variant.parse("asymspec:gate=bogus").config(AsymSpecConfig())
+        Variant.parse("asymspec:gate=bogus").apply(AsymSpecConfig())
+    with pytest.raises(UnknownOptionError):
+        Variant.parse("asymspec@loop=alt")  # not a config field
+    from asymspec_mm.variants import parse_variants
+
+    assert [v.name for v in parse_variants(bench.DEFAULT_VARIANTS)] == list(bench.DEFAULT_VARIANTS)  # written canonically
 
 
 def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
@@ -222,7 +234,7 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     md_file = tmp_path / "BENCHMARKS.md"
     argv = [
         "bench", "--pair", "dirs", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]),
-        "--variants", "floor;asymspec;asymspec:gate=fixed", "--reps", "1", "--warmup", "1", "--cases", "1",
+        "--variants", "floor;asymspec;asymspec@gate=fixed", "--reps", "1", "--warmup", "1", "--cases", "1",
         "--max-new-tokens", "6", "--lengths", "24,48", "--k-values", "1,2", "--out", str(out), "--stem", "b",
         "--update-benchmarks", str(md_file), "--threads", "1", "--quiet",
     ]
@@ -231,7 +243,7 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     md = (out / "b.md").read_text()
     png = (out / "b.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
-    assert set(data["main"]["variants"]) == {"floor", "asymspec", "asymspec:gate=fixed"}
+    assert set(data["main"]["variants"]) == {"floor", "asymspec", "asymspec@gate=fixed"}
     for name, s in data["main"]["variants"].items():
         assert f"| {name} |" in md
         assert f"{s['ratio_to_floor']:.2f}x" in md
@@ -245,36 +257,16 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     assert md_file.read_text().count("<!-- bench:b -->") == 1 and "replaced" in md_file.read_text()
 
 
-def test_alternative_loop_runs_side_by_side(tiny_pipe):
-    """``method:loop=alt`` runs another decode.py's loop in the same bench (here: the same file, so same tokens)."""
-    from asymspec_mm import decode
-
-    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec", "asymspec:loop=alt"), alt_decode=decode.__file__,
-                    **{**FAST, "reps": 1, "warmup": 0})
-    runs = {r["variant"]: r for r in res["main"]["runs"]}
-    cur, alt = runs["asymspec"], runs["asymspec:loop=alt"]
-    assert (alt["new_tokens"], alt["steps"], alt["accepted_per_position"]) == (cur["new_tokens"], cur["steps"], cur["accepted_per_position"])
-    assert alt["gate_calls"] >= alt["steps"] > 0 and alt["checks"]["split_sum_rel_err"] < 0.05
-    assert res["main"]["variants"]["asymspec:loop=alt"]["ratio_to_floor"] is not None
-    from asymspec_mm import pipeline
-
-    assert pipeline.asymspec_steps is decode.asymspec_steps  # restored after the run
-
-
-def test_static_cache_engines_match_dynamic_when_present(tiny_pipe):
-    """perf.patch's opt-in static-cache engines (skipped until it is applied): same tokens and decisions."""
-    from asymspec_mm import AsymSpecConfig, engines
-
-    if not hasattr(engines, "StaticTextEngine"):
-        pytest.skip("static-cache engines not present (perf.patch not applied)")
-    from asymspec_mm import pipeline
+def test_static_cache_engines_match_dynamic(tiny_pipe):
+    """The opt-in static-cache engines: same tokens and decisions as the dynamic ones."""
+    from asymspec_mm import AsymSpecConfig, engines, pipeline
 
     case = bench.bench_cases(1)[0]
     for cfg in (AsymSpecConfig(k=4, max_new_tokens=12), AsymSpecConfig(k=2, bonus="gated", gate="fixed", max_new_tokens=10)):
         for method in ("asymspec", "sd", "floor"):
             dyn = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg)
             factories = bench.engine_factories("static", headroom=64, device=torch.device("cpu"))
-            with bench._engines(factories):
+            with bench.runner._engines(factories):
                 sta = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method,
                                          config=cfg)
             assert sta.token_ids == dyn.token_ids and [e.source for e in sta.trace] == [e.source for e in dyn.trace]
