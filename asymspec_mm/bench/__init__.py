@@ -7,9 +7,9 @@ What it measures (see ``BENCHMARKS.md`` for results):
   every variant, the order rotating), and a ratio is the median over repetitions of the *paired*
   ratio ``tokens/s(variant, rep r) / tokens/s(Floor, rep r)``; a single absolute time is never the
   result (the machine is shared and noisy).
-* **Per-step time split**: every engine call goes through a timing proxy
-  (:class:`asymspec_mm.timing.TimedEngine`), the gate through a timed wrapper of
-  ``decode.gate_step``, the trace's top-k through wrappers of ``decode._trace_tops`` / ``decode._topk``:
+* **Per-step time split**: every decode-phase engine call goes through a timing proxy
+  (:class:`asymspec_mm.timing.TimedEngine`), and the loop times its gate and the trace's top-k through
+  its ``timer`` (:class:`asymspec_mm.timing.BucketTimer`):
   drafter-full forwards | drafter-comp forward | verifier forward | gate + fusion | trace top-k |
   the rest (host overhead), summing to the loop's wall time. On CUDA the clock synchronizes,
   so throughput there comes from separate un-instrumented runs.
@@ -48,14 +48,14 @@ from .cli import add_bench_parser, bench_main, main
 from .pairs import BenchPair, bench_cases, build_real_shape_pair, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop
 from .report import render_chart, render_markdown, update_section, write_outputs
-from .runner import ENGINES, _Runner, check_run, engine_factories, synthetic_prefill
-from .settings import DEFAULT_VARIANTS, PAIRS, PAPER_SCENARIOS, SPLIT_KEYS, SPLIT_LABELS, STREAMS, TIMED_LOOP_FUNCTIONS
+from .runner import ENGINES, Runner, check_run, engine_factory, synthetic_prefill
+from .settings import DEFAULT_VARIANTS, PAIRS, PAPER_SCENARIOS, SPLIT_KEYS, SPLIT_LABELS, STREAMS, TIMER_BUCKETS
 from .suite import run_bench
 
 __all__ = [
     "DEFAULT_VARIANTS", "ENGINES", "PAIRS", "PAPER_SCENARIOS", "SPLIT_KEYS", "SPLIT_LABELS", "STREAMS", "TARGETS",
-    "TIMED_LOOP_FUNCTIONS", "BenchPair", "Variant", "add_bench_parser", "bench_cases", "bench_main", "build_real_shape_pair",
-    "call_costs", "check_run", "collect_checks", "context_limit", "engine_factories", "evaluate_targets", "fits_context",
+    "TIMER_BUCKETS", "BenchPair", "Runner", "Variant", "add_bench_parser", "bench_cases", "bench_main", "build_real_shape_pair",
+    "call_costs", "check_run", "collect_checks", "context_limit", "engine_factory", "evaluate_targets", "fits_context",
     "load_pair", "main", "pad_caption", "paired_ratios", "probe_drafter_batching", "probe_loop", "project", "projection",
     "render_chart", "render_markdown", "rep_summary", "run_bench", "summarize", "synthetic_prefill", "update_section",
     "variant_summary", "write_outputs",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .settings import (FILLER, PAIRS, QWEN3_0_6B, QWEN3_32B, QWEN3_VL_2B, QWEN3_VL_2B_VISION, QWEN_VOCAB, REAL_IMAGE_SIDE,
-                       log)
+                       UNBOUNDED_CAPTION, log)
 
 if TYPE_CHECKING:
     import torch
@@ -198,21 +198,17 @@ def pad_caption(pipe: Any, case: dict[str, Any], target_tokens: int) -> str:
 
 
 def fits_context(bp: BenchPair, length: int, cfg: AsymSpecConfig, synthetic: bool, image_tokens: int) -> bool:
-    """Whether a view of ``length`` tokens plus the request fits every stream's context window."""
+    """Whether a view of ``length`` tokens plus the request fits every stream's context window (on the request
+    path: whether the pipeline sets the request up, which checks the windows before it prefills)."""
     from ..errors import ContextOverflowError
-    from ..prompts import build_prompts
 
     need = cfg.max_new_tokens + cfg.k + 1
     if synthetic:
         return length + image_tokens + need <= context_limit(bp.pipe)
     case = bench_cases(1, bp.image_side)[0]
-    caption = pad_caption(bp.pipe, case, length)
-    from captioning.view import CompressedView
-
-    view = CompressedView(caption=caption, ocr_text=case["ocr"]).render()
-    prompts = build_prompts(bp.pipe.processor, bp.pipe.verifier_tokenizer, case["image"], view, case["question"], cfg.drafter_view)
     try:
-        bp.pipe._check_context(prompts, cfg, "asymspec")
+        bp.pipe.prepare(case["image"], case["question"], caption=pad_caption(bp.pipe, case, length), ocr=case["ocr"],
+                        method="asymspec", config=cfg, max_caption_chars=UNBOUNDED_CAPTION)
     except ContextOverflowError:
         return False
     return True

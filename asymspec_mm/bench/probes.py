@@ -89,7 +89,7 @@ def probe_loop(vocab: int, k: int, steps: int, reps: int, dtype: torch.dtype, de
     events, truncation). Median per-step time over ``reps`` runs of ``steps`` steps."""
     import torch
 
-    from ..decode import AsymSpecConfig, Counters, asymspec_steps
+    from ..decode import AsymSpecConfig, Counters, steps_for
 
     gen = torch.Generator(device="cpu").manual_seed(3)
     base = torch.randn(256, vocab, generator=gen) * 3.0
@@ -102,8 +102,7 @@ def probe_loop(vocab: int, k: int, steps: int, reps: int, dtype: torch.dtype, de
         streams = {s: _FakeEngine(s, pools[s]) for s in STREAMS}
         counters = Counters(k, streams)
         pend = torch.tensor([5], device=device)
-        it = asymspec_steps(streams["drafter_full"], streams["drafter_comp"], streams["verifier"], (pend, pend, pend), cfg,
-                            set(), None, counters)
+        it = steps_for("asymspec", streams, {s: pend for s in STREAMS}, cfg, set(), counters=counters)
         next(it)  # first step allocates buffers
         t0 = clock.now()
         for _ in range(steps):

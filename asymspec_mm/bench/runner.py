@@ -1,52 +1,30 @@
 """Single benchmark runs: one request of one variant through the pipeline (or on synthetic caches),
-instrumented or plain, recorded with its bookkeeping checks."""
+instrumented or plain, recorded with its bookkeeping checks.
+
+A run goes through the pipeline's public steps: :meth:`~asymspec_mm.pipeline.AsymSpecPipeline.prepare`
+(view, prompts, prefill), then the bench swaps the session's streams for timing proxies (so the prefill
+is not in the split) and decodes with :meth:`~asymspec_mm.pipeline.AsymSpecPipeline.run` and a
+:class:`~asymspec_mm.timing.BucketTimer` for the gate and the trace.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..timing import Clock, Ledger, wrap_streams
+from ..timing import BucketTimer, Clock, Ledger, wrap_streams
 from .pairs import BenchPair
-from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN
+from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS, UNBOUNDED_CAPTION
 
 if TYPE_CHECKING:
     import torch
 
+    from ..config import AsymSpecConfig
+    from ..engines import Engine, EngineFactory
     from ..variants import Variant
 
-
-@contextlib.contextmanager
-def _caption_budget(enabled: bool) -> Iterator[None]:
-    """Lift the compressed view's caption budget (1600 chars) so a padded caption reaches the model."""
-    if not enabled:
-        yield
-        return
-    import captioning.captioner as cap
-
-    original = cap.compress
-
-    def compress(*args, **kwargs):
-        kwargs.setdefault("max_caption_chars", 10**9)
-        return original(*args, **kwargs)
-
-    cap.compress = compress
-    try:
-        yield
-    finally:
-        cap.compress = original
-
-
-@contextlib.contextmanager
-def _eos(pipe, ignore: bool) -> Iterator[None]:
-    saved = pipe.eos_ids
-    if ignore:
-        pipe.eos_ids = set()
-    try:
-        yield
-    finally:
-        pipe.eos_ids = saved
+#: The streams each method decodes with.
+METHOD_STREAMS = {"asymspec": STREAMS, "sd": ("drafter_comp", "verifier"), "floor": ("verifier",), "drafter": ("drafter_full",)}
 
 
 def rotate(items: Sequence, r: int) -> list:
@@ -61,39 +39,21 @@ def rotate(items: Sequence, r: int) -> list:
 ENGINES = ("dynamic", "static", "static-compile")
 
 
-def engine_factories(engine: str, headroom: int, device: torch.device) -> dict[str, Callable] | None:
-    """Engine constructors for ``engine`` (None: the pipeline's own): ``static`` / ``static-compile`` build
-    :mod:`asymspec_mm.engines`' static-KV-cache engines, the latter with a compiled one-token decode."""
-    from .. import engines as eng
+def engine_factory(engine: str, headroom: int, device: torch.device) -> EngineFactory | None:
+    """The engine factory ``engine`` names (None: the pipeline's own): ``static`` / ``static-compile`` build
+    :class:`asymspec_mm.engines.StaticEngines`' static-KV-cache engines, the latter with a compiled one-token decode."""
+    from ..engines import StaticEngines
     from ..errors import UnknownOptionError
 
     if engine == "dynamic":
         return None
     if engine not in ENGINES:
         raise UnknownOptionError(f"engine={engine!r}; choose one of {', '.join(ENGINES)}")
-    opts = dict(headroom=headroom, compile_decode=engine == "static-compile",
-                compile_mode="reduce-overhead" if device.type == "cuda" else "default")
-    return {"text": lambda model, name="verifier": eng.StaticTextEngine(model, name, **opts),
-            "vl": lambda model, name="drafter_full": eng.StaticVLEngine(model, name, **opts)}
+    return StaticEngines(headroom=headroom, compile_decode=engine == "static-compile",
+                         compile_mode="reduce-overhead" if device.type == "cuda" else "default")
 
 
-@contextlib.contextmanager
-def _engines(factories: dict | None) -> Iterator[None]:
-    """Let the pipeline build its streams with ``factories`` for one request."""
-    if not factories:
-        yield
-        return
-    from .. import pipeline as pl
-
-    saved = pl.TextEngine, pl.VLEngine
-    pl.TextEngine, pl.VLEngine = factories["text"], factories["vl"]
-    try:
-        yield
-    finally:
-        pl.TextEngine, pl.VLEngine = saved
-
-
-def synthetic_prefill(engine, length: int, seed: int = 0) -> None:
+def synthetic_prefill(engine: Engine, length: int, seed: int = 0) -> None:
     """Fill ``engine``'s cache with ``length`` random key/value positions (nothing forwarded): a context of that
     length for decode-cost measurements without paying its prefill."""
     import torch
@@ -115,6 +75,9 @@ def synthetic_prefill(engine, length: int, seed: int = 0) -> None:
     engine.cache = cache
     if hasattr(engine, "rope_delta"):
         engine.rope_delta = 0
+    to_static = getattr(engine, "_to_static", None)
+    if to_static is not None:  # a static-cache engine moves a filled cache into its static one itself
+        to_static()
 
 
 def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int, deferred_at_end: int = 0) -> dict[str, int]:
@@ -150,108 +113,89 @@ def check_run(run: dict[str, Any]) -> dict[str, Any]:
     return checks
 
 
-class _Runner:
-    """Runs single requests of one pair, instrumented or plain, through the pipeline or on synthetic caches."""
+class Runner:
+    """Runs single requests of one pair, instrumented or plain, through the pipeline or on synthetic caches.
 
-    def __init__(self, pair: BenchPair, *, ignore_eos: bool, image_tokens: int, sync: bool, factories: dict | None = None):
+    ``ignore_eos``: decode every request to its token budget; ``image_tokens``: image positions of the
+    full stream's synthetic context; ``sync``: the clock synchronizes the device; ``engines``: the engine
+    factory of every stream (None: the pipeline's own).
+    """
+
+    def __init__(self, pair: BenchPair, *, ignore_eos: bool, image_tokens: int, sync: bool, engines: EngineFactory | None = None):
         self.pair = pair
-        self.factories = factories
+        self.engines = engines
         self.pipe = pair.pipe
         self.ignore_eos = ignore_eos
         self.image_tokens = image_tokens
         self.clock = Clock(sync=sync)
-        self.current: Ledger | None = None
 
-    def run(self, variant: Variant, cfg, *, case: dict | None = None, caption: str | None = None, length: int | None = None,
-            instrument: bool = True, synthetic: bool = False) -> dict[str, Any]:
+    def run(self, variant: Variant, cfg: AsymSpecConfig, *, case: dict | None = None, caption: str | None = None,
+            length: int | None = None, instrument: bool = True, synthetic: bool = False) -> dict[str, Any]:
+        """One request of ``variant`` at ``cfg``: ``case`` (``caption`` in place of its own, budget lifted) or,
+        ``synthetic``, caches of ``length`` positions; ``instrument``: time every call and the gate/trace."""
         ledger = Ledger() if instrument else None
-        self.current = ledger
-        self._prefill_calls: dict[str, int] = {}
-        try:
-            with _eos(self.pipe, self.ignore_eos):
-                if synthetic:
-                    stats, loop_s, context = self._run_synthetic(variant, cfg, length or 256, ledger)
-                else:
-                    stats, loop_s, context = self._run_pipeline(variant, cfg, case or {}, caption, ledger)
-        finally:
-            self.current = None
-        return self._record(variant, cfg, stats, loop_s, context, ledger, case, synthetic)
+        if synthetic:
+            stats, loop_s, contexts, prefill_calls = self._run_synthetic(variant, cfg, length or 256, ledger)
+        else:
+            stats, loop_s, contexts, prefill_calls = self._run_pipeline(variant, cfg, case or {}, caption, ledger)
+        return self._record(variant, cfg, stats, loop_s, contexts, prefill_calls, ledger, case, synthetic)
+
+    def _take_over(self, streams: dict[str, Engine], ledger: Ledger | None) -> tuple[dict[str, int], dict[str, int]]:
+        """The prefilled ``streams``' contexts and prefill calls; instrumented, they are replaced in place by
+        timing proxies whose calls all count as decoding."""
+        contexts = {n: e.length + 1 for n, e in streams.items()}
+        prefill_calls = {n: e.forward_calls for n, e in streams.items()}
+        if ledger is not None:
+            streams.update(wrap_streams(streams, ledger, self.clock, decode=True))
+        return contexts, prefill_calls
+
+    def _timer(self, ledger: Ledger | None) -> BucketTimer | None:
+        return BucketTimer(ledger, self.clock) if ledger is not None else None
 
     # -- the request path: compress, prompts, vision cache, prefill, loop -----------------------
-    def _run_pipeline(self, variant: Variant, cfg, case: dict, caption: str | None, ledger: Ledger | None):
+    def _run_pipeline(self, variant: Variant, cfg: AsymSpecConfig, case: dict, caption: str | None, ledger: Ledger | None):
         pipe = self.pipe
-        marks: dict[str, float] = {}
-        contexts: dict[str, int] = {}
-
-        def start(method, prompts, c, image=None):
-            streams, pending = type(pipe)._start(pipe, method, prompts, c, image)
-            contexts.update({n: e.length + 1 for n, e in streams.items()})
-            self._prefill_calls = {n: e.forward_calls for n, e in streams.items()}
-            if ledger is not None:
-                streams = wrap_streams(streams, ledger, self.clock)
-                for e in streams.values():
-                    e.mark_decode()
-            marks["ready"] = self.clock.now()
-            return streams, pending
-
-        pipe._start = start  # instance attribute: shadows the method for this request only
-        try:
-            with _caption_budget(caption is not None), _engines(self.factories):
-                gen = pipe.stream(case["image"], case["question"], caption=caption if caption is not None else case["caption"],
-                                  ocr=case["ocr"], method=variant.method, config=cfg)
-                loop_s = 0.0
-                while True:
-                    t0 = self.clock.now()
-                    try:
-                        next(gen)
-                    except StopIteration as stop:
-                        result = stop.value
-                        loop_s += self.clock.now() - max(t0, marks.get("ready", t0))
-                        break
-                    loop_s += self.clock.now() - max(t0, marks.get("ready", t0))
-        finally:
-            pipe.__dict__.pop("_start", None)
-        return result.stats, loop_s, contexts
+        session = pipe.prepare(case["image"], case["question"], caption=caption if caption is not None else case["caption"],
+                               ocr=case["ocr"], method=variant.method, config=cfg, engines=self.engines,
+                               ignore_eos=self.ignore_eos, max_caption_chars=UNBOUNDED_CAPTION if caption is not None else None)
+        contexts, prefill_calls = self._take_over(session.streams, ledger)
+        t_ready = self.clock.now()
+        stream = pipe.run(session, timer=self._timer(ledger))
+        for _ in stream:
+            pass
+        loop_s = self.clock.now() - t_ready
+        return stream.result.stats, loop_s, contexts, prefill_calls
 
     # -- synthetic caches: decode cost at a given context length, no prefill ---------------------
-    def _run_synthetic(self, variant: Variant, cfg, length: int, ledger: Ledger | None):
+    def _run_synthetic(self, variant: Variant, cfg: AsymSpecConfig, length: int, ledger: Ledger | None):
         import torch
 
-        from ..decode import Counters
-        from ..engines import TextEngine, VLEngine
+        from ..decode import Counters, steps_for
 
         pipe = self.pipe
-        need = {"asymspec": STREAMS, "sd": ("drafter_comp", "verifier"), "floor": ("verifier",), "drafter": ("drafter_full",)}[variant.method]
+        factory = self.engines or pipe.engines
         streams: dict[str, Any] = {}
         pending: dict[str, torch.Tensor] = {}
-        contexts: dict[str, int] = {}
-        text_cls, vl_cls = (self.factories["text"], self.factories["vl"]) if self.factories else (TextEngine, VLEngine)
-        for i, name in enumerate(need):
-            e = text_cls(pipe.verifier, name="verifier") if name == "verifier" else vl_cls(pipe.drafter, name=name)
-            n = length + (self.image_tokens if name == "drafter_full" else 0)
-            synthetic_prefill(e, n, seed=i)
-            if hasattr(e, "_to_static"):
-                e._to_static()
+        for i, name in enumerate(METHOD_STREAMS[variant.method]):
+            e = factory.text(pipe.verifier, "verifier") if name == "verifier" else factory.vision(pipe.drafter, name)
+            synthetic_prefill(e, length + (self.image_tokens if name == "drafter_full" else 0), seed=i)
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
-            contexts[name] = n + 1
-        self._prefill_calls = {n: e.forward_calls for n, e in streams.items()}
-        if ledger is not None:
-            streams = wrap_streams(streams, ledger, self.clock)
-            for e in streams.values():
-                e.mark_decode()
+        contexts, prefill_calls = self._take_over(streams, ledger)
         counters = Counters(cfg.k, streams)
-        gen = pipe._loop(variant.method, streams, pending, cfg, None, counters)
-        loop_s = 0.0
+        steps = steps_for(variant.method, streams, pending, cfg, set() if self.ignore_eos else pipe.eos_ids, counters=counters,
+                          timer=self._timer(ledger))
         t_ready = self.clock.now()
-        for _ in gen:
+        for _ in steps:
             pass
         loop_s = self.clock.now() - t_ready
         stats = counters.as_dict()
-        stats.update(stopped_by=getattr(counters, "stopped_by", "max_new_tokens"), vision_calls=0, prefill_s=0.0)
-        return stats, loop_s, contexts
+        stats.update(vision_calls=0, prefill_s=0.0)
+        return stats, loop_s, contexts, prefill_calls
 
-    def _record(self, variant, cfg, stats, loop_s, contexts, ledger, case, synthetic) -> dict[str, Any]:
+    def _record(self, variant: Variant, cfg: AsymSpecConfig, stats: dict[str, Any], loop_s: float, contexts: dict[str, int],
+                prefill_calls: dict[str, int], ledger: Ledger | None, case: dict | None, synthetic: bool) -> dict[str, Any]:
+        """The run as the bench keeps it: counts, times, the split (instrumented) and its checks."""
         prefill = stats.get("prefill_tokens", {})
         decode_fwd = {s: n - prefill.get(s, 0) for s, n in stats["tokens_forwarded"].items()}
         run: dict[str, Any] = {
@@ -273,7 +217,7 @@ class _Runner:
             "accepted_per_position": list(stats["accepted_per_position"]) if variant.method in ("asymspec", "sd") else [],
             "decode_forwarded": decode_fwd,
             "forward_calls": dict(stats["forward_calls"]),
-            "prefill_calls": dict(getattr(self, "_prefill_calls", {})),
+            "prefill_calls": prefill_calls,
             "prefill_tokens": dict(prefill),
             "vision_calls": stats.get("vision_calls", 0),
             "vision_cache_hits": stats.get("vision_cache_hits", 0),
@@ -283,8 +227,7 @@ class _Runner:
         }
         if ledger is not None:
             split = {s: ledger.forward_seconds(s) for s in STREAMS}
-            split["gate"] = ledger.buckets.get("gate", 0.0)
-            split["trace"] = ledger.buckets.get("trace", 0.0)
+            split.update({b: ledger.buckets.get(b, 0.0) for b in TIMER_BUCKETS})
             split["other"] = loop_s - sum(split.values())
             run["loop_s"] = loop_s
             run["split"] = split

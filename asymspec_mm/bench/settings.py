@@ -28,9 +28,8 @@ SPLIT_LABELS = {
     "trace": "trace top-k",
     "other": "rest (host)",
 }
-# Loop functions timed into a bucket: the gate (+ fusion) and the trace's top-k rows. Names the loop
-# lacks are skipped (see timing.timed_functions), so a refactored loop still benches.
-TIMED_LOOP_FUNCTIONS = {"gate_step": "gate", "_topk": "trace", "_topk_logp": "trace", "_trace_tops": "trace"}
+# The blocks the decoding loops time through their ``timer``: the gate (+ fusion) and the trace's top-k rows.
+TIMER_BUCKETS = ("gate", "trace")
 
 # Published shapes (config.json of the hub checkpoints).
 QWEN3_0_6B = dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072)
@@ -41,6 +40,7 @@ QWEN3_VL_2B_VISION = dict(num_heads=16, intermediate_size=4096, num_position_emb
 QWEN_VOCAB = 151936
 REAL_IMAGE_SIDE = 448  # 448x448, patch 16, merge 2: 196 image tokens
 SYNTHETIC_PENDING_TOKEN = 17
+UNBOUNDED_CAPTION = 10**9  # max_caption_chars of a padded caption: the whole of it reaches the model
 
 FILLER = ("the chart shows a bar labelled with a value on the axis and a red circle left of a blue square "
           "next to a green triangle above the line with the title at the top and the legend at the bottom").split()

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..timing import timed_functions
 from ..variants import Variant, parse_variant, parse_variants
 from .aggregate import call_costs, collect_checks, evaluate_targets, projection, rep_summary, summarize
 from .pairs import BenchPair, bench_cases, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop
-from .runner import _Runner, engine_factories, rotate
-from .settings import DEFAULT_VARIANTS, PAPER_SCENARIOS, REAL_IMAGE_SIDE, TIMED_LOOP_FUNCTIONS, log
+from .runner import Runner, engine_factory, rotate
+from .settings import DEFAULT_VARIANTS, PAPER_SCENARIOS, REAL_IMAGE_SIDE, TIMER_BUCKETS, log
 
 if TYPE_CHECKING:
     import torch
@@ -95,8 +94,8 @@ def run_bench(
         if trace_top is not None:
             base_cfg = base_cfg.with_(trace_top=trace_top)
         vs = with_floor(parse_variants(variants))
-        factories = engine_factories(engine, headroom=max_new_tokens + 2 * max(k, *(k_values or [k])) + 8, device=dev)
-        runner = _Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda", factories=factories)
+        engines = engine_factory(engine, headroom=max_new_tokens + 2 * max(k, *(k_values or [k])) + 8, device=dev)
+        runner = Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda", engines=engines)
         base_len = prompt_lengths[0] if prompt_lengths else 256
         cells = Cells(runner, bench_cases(cases, bp.image_side, case_families), synthetic, plain_runs, base_len)
         notes = _notes(bp, synthetic=synthetic, base_len=base_len, image_tokens=image_tokens, ignore_eos=ignore_eos,
@@ -105,23 +104,15 @@ def run_bench(
                                                 base_cfg, ignore_eos, plain_runs, image_tokens,
                                                 None if synthetic else case_families), "notes": notes}
         result["meta"]["engine"] = engine
-        with timed_functions(_decode_module(), TIMED_LOOP_FUNCTIONS, lambda: runner.current, runner.clock):
-            result.update(_main_comparison(cells, vs, base_cfg, reps, warmup, say))
-            summary = result["main"]["variants"]
-            result["projection"] = projection(summary, result["call_costs"], k, scenarios, trained=bp.trained)
-            result["scaling_length"] = _length_sweep(bp, cells, base_cfg, prompt_lengths, length_variants, reps, image_tokens, say)
-            result["scaling_k"] = _k_sweep(cells, base_cfg, k_values, k_variants, reps, say)
-            if probe_batching:
-                result["probes"] = _probes(bp, runner, k, base_len + image_tokens, probe_reps, trace_top, loop_vocabs, say)
+        result.update(_main_comparison(cells, vs, base_cfg, reps, warmup, say))
+        result["projection"] = projection(result["main"]["variants"], result["call_costs"], k, scenarios, trained=bp.trained)
+        result["scaling_length"] = _length_sweep(bp, cells, base_cfg, prompt_lengths, length_variants, reps, image_tokens, say)
+        result["scaling_k"] = _k_sweep(cells, base_cfg, k_values, k_variants, reps, say)
+        if probe_batching:
+            result["probes"] = _probes(bp, runner, k, base_len + image_tokens, probe_reps, trace_top, loop_vocabs, say)
     result["targets"] = evaluate_targets(result, bp)
     result["meta"]["bench_wall_s"] = time.perf_counter() - t_start
     return result
-
-
-def _decode_module() -> Any:
-    from .. import decode
-
-    return decode
 
 
 @contextlib.contextmanager
@@ -150,7 +141,7 @@ class Cells:
     """Runs the cells of the benchmark: every case of one variant in one repetition, on the request path or on
     synthetic caches of the cell's context length, plain and instrumented when throughput is taken plain."""
 
-    runner: _Runner
+    runner: Runner
     inputs: list[dict[str, Any]]
     synthetic: bool
     plain_runs: bool
@@ -292,7 +283,7 @@ def _k_sweep(cells: Cells, base_cfg: AsymSpecConfig, k_values: Sequence[int], na
     return {"k_values": list(k_values), "by_k": summarize(per, runs_by)}
 
 
-def _probes(bp: BenchPair, runner: _Runner, k: int, context: int, reps: int, trace_top: int | None, loop_vocabs: Sequence[int],
+def _probes(bp: BenchPair, runner: Runner, k: int, context: int, reps: int, trace_top: int | None, loop_vocabs: Sequence[int],
             say: Say) -> dict[str, Any]:
     """The batching probe at ``context`` and the loop-alone probe at the pair's vocabulary (and ``loop_vocabs``, bf16)."""
     import torch
@@ -340,7 +331,7 @@ def _meta(bp: BenchPair, dev: torch.device, prefill: str, reps: int, warmup: int
         "plain_runs": plain_runs,
         "image_tokens_synthetic": image_tokens if prefill == "synthetic" else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "timed_functions": TIMED_LOOP_FUNCTIONS,
+        "timed_blocks": list(TIMER_BUCKETS),
     }
 
 
