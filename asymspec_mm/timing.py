@@ -1,9 +1,9 @@
-"""Timing helpers for the benchmark: a sync-aware clock, a timing proxy for engines, timed loop functions.
+"""Timing helpers for the benchmark: a sync-aware clock, a timing proxy for engines, a timer for the loops.
 
 :class:`TimedEngine` wraps any engine of :mod:`asymspec_mm.engines` and implements the same stream
 interface (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``prefill``,
-``extend``, ``truncate``); every call is timed and recorded. :func:`timed_functions` swaps module
-functions (the gate, the trace's top-k) for timed wrappers for the length of a ``with`` block.
+``extend``, ``truncate``); every call is timed and recorded. :class:`BucketTimer` is the ``timer`` the
+decoding loops enter around the gate and the trace's top-k (:func:`asymspec_mm.decode.steps_for`).
 
 On CUDA the clock synchronizes the device before it is read, so a time covers the kernels of the
 call and nothing queued before it. That adds syncs the plain loop does not have, which is why the
@@ -13,7 +13,7 @@ benchmark takes throughput from un-instrumented runs on CUDA (see :mod:`asymspec
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,46 +145,38 @@ class TimedEngine:
         return f"TimedEngine({self._engine!r})"
 
 
-def wrap_streams(streams: dict[str, Any], ledger: Ledger, clock: Clock | None = None) -> dict[str, TimedEngine]:
-    return {name: TimedEngine(e, ledger, clock) for name, e in streams.items()}
+def wrap_streams(streams: dict[str, Any], ledger: Ledger, clock: Clock | None = None, *, decode: bool = False) -> dict[str, TimedEngine]:
+    """A timing proxy for each stream; ``decode``: their calls count as decoding from the start (streams
+    wrapped after their prefill)."""
+    wrapped = {name: TimedEngine(e, ledger, clock) for name, e in streams.items()}
+    if decode:
+        for e in wrapped.values():
+            e.mark_decode()
+    return wrapped
 
 
-@contextmanager
-def timed_functions(module: Any, buckets: dict[str, str], ledger_ref: Callable[[], Ledger | None], clock: Clock | None = None) -> Iterator[None]:
-    """Replace ``module.<name>`` by a timed wrapper adding its time to bucket ``buckets[name]`` of the
-    ledger that ``ledger_ref()`` returns at call time (no ledger: not timed). Names the module lacks are
-    skipped, so the benchmark survives loop refactors; nested timed calls count once (the outermost).
-    Restored on exit."""
-    clock = clock or Clock()
-    saved: dict[str, Any] = {}
-    depth = [0]  # only the outermost timed call counts: a timed function calling another is not counted twice
+class BucketTimer:
+    """The decoding loops' ``timer`` (:data:`asymspec_mm.decode.Timer`): ``with timer(name):`` adds the block's
+    seconds to bucket ``name`` of ``ledger``. Only the outermost of nested blocks counts, so time inside
+    a block is never counted in two buckets."""
 
-    def make(fn: Callable, bucket: str) -> Callable:
-        def timed(*args, **kwargs):
-            ledger = ledger_ref()
-            if ledger is None or depth[0]:
-                return fn(*args, **kwargs)
-            depth[0] += 1
-            t0 = clock.now()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                ledger.add_bucket(bucket, clock.now() - t0)
-                depth[0] -= 1
+    def __init__(self, ledger: Ledger, clock: Clock | None = None):
+        self.ledger = ledger
+        self.clock = clock or Clock()
+        self._depth = 0
 
-        timed.__wrapped__ = fn  # type: ignore[attr-defined]
-        return timed
-
-    try:
-        for name, bucket in buckets.items():
-            fn = getattr(module, name, None)
-            if callable(fn):
-                saved[name] = fn
-                setattr(module, name, make(fn, bucket))
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(module, name, fn)
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self._depth:
+            yield
+            return
+        self._depth += 1
+        t0 = self.clock.now()
+        try:
+            yield
+        finally:
+            self.ledger.add_bucket(name, self.clock.now() - t0)
+            self._depth -= 1
 
 
 def median(values: list[float]) -> float:

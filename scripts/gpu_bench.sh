@@ -11,8 +11,7 @@
 # Phases (each under its own timeout, so a slow phase cannot eat the others' time):
 #   1. dynamic engines (the pipeline's, default): main comparison + prompt-length sweep (256/1k/4k view
 #      tokens, real prefill) + K sweep; tokens/s from un-instrumented runs, the split from synchronised ones.
-#   2. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs), if
-#      perf.patch is applied (asymspec_mm/engines.py has StaticTextEngine); skipped otherwise.
+#   2. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs).
 #   3. a 0.6B-verifier run (the CPU bench's pair) for a like-for-like comparison with BENCHMARKS.md's CPU tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,28 +36,24 @@ left() { echo $(( 470 - ($(date +%s) - T0) )); }   # seconds left of the ~8-minu
 COMMON=(--device cuda --dtype bf16 --prefill pipeline --ignore-eos yes --plain-runs yes --cases 1 --out "$OUTDIR" --update-benchmarks "$OUTDIR/BENCHMARKS-gpu.md")
 
 # Phase 1: ~4 min. 2B drafter + 32B verifier shapes.
-timeout 270 "$PY" -m asymspec_mm.bench --pair real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b \
-  --variants "floor;drafter;sd;asymspec;asymspec:gate=fixed;asymspec:delta=scd;asymspec:bonus=gated" \
+timeout 270 "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b \
+  --variants "floor;drafter;sd;asymspec;asymspec@gate=fixed;asymspec@delta=scd;asymspec@bonus=gated" \
   --reps 3 --warmup 1 --max-new-tokens 48 --lengths 256,1024,4096 --length-variants "floor;asymspec" \
   --k-values 2,4,6 --k-variants "asymspec;sd" --title "GPU: Qwen3-VL-2B + Qwen3-32B shapes (random weights), dynamic caches" \
   2>&1 | tee -a "$LOG"
 echo "phase 1 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 
-# Phase 2: ~2 min, only with perf.patch applied (static caches + CUDA-graph decode; UNTESTED ON GPU so far).
-if "$PY" -c "import asymspec_mm.engines as e, sys; sys.exit(0 if hasattr(e, 'StaticTextEngine') else 1)"; then
-  if [ "$(left)" -gt 100 ]; then
-    timeout $(( $(left) - 70 )) "$PY" -m asymspec_mm.bench --pair real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b-static-compile \
-      --engine static-compile --variants "floor;asymspec" --reps 3 --warmup 2 --max-new-tokens 48 --lengths "" --k-values "" \
-      --no-probe --title "GPU: 2B + 32B shapes, static caches + compiled one-token decode" 2>&1 | tee -a "$LOG"
-    echo "phase 2 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
-  fi
-else
-  echo "phase 2 skipped: perf.patch not applied (no StaticTextEngine)" | tee -a "$LOG"
+# Phase 2: ~2 min, static caches + CUDA-graph decode (UNTESTED ON GPU so far).
+if [ "$(left)" -gt 100 ]; then
+  timeout $(( $(left) - 70 )) "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b-static-compile \
+    --engine static-compile --variants "floor;asymspec" --reps 3 --warmup 2 --max-new-tokens 48 --lengths "" --k-values "" \
+    --no-probe --title "GPU: 2B + 32B shapes, static caches + compiled one-token decode" 2>&1 | tee -a "$LOG"
+  echo "phase 2 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 fi
 
 # Phase 3: whatever is left: the 0.6B-verifier pair of the CPU tables.
 if [ "$(left)" -gt 60 ]; then
-  timeout $(( $(left) - 10 )) "$PY" -m asymspec_mm.bench --pair real-shapes "${COMMON[@]}" --stem bench-gpu-0.6b \
+  timeout $(( $(left) - 10 )) "$PY" -m asymspec_mm.bench --preset real-shapes "${COMMON[@]}" --stem bench-gpu-0.6b \
     --variants "floor;drafter;sd;asymspec" --reps 3 --warmup 1 --max-new-tokens 32 --lengths 256 --k-values "" --no-probe \
     --title "GPU: Qwen3-VL-2B + Qwen3-0.6B shapes (random weights)" 2>&1 | tee -a "$LOG"
   echo "phase 3 rc=${PIPESTATUS[0]}" | tee -a "$LOG"

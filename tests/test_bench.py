@@ -11,14 +11,14 @@ import torch
 
 from asymspec_mm import bench
 from asymspec_mm.bench import Variant, add_bench_parser, paired_ratios, project, run_bench, synthetic_prefill
-from asymspec_mm.timing import Clock, Ledger, TimedEngine, median, timed_functions
+from asymspec_mm.timing import BucketTimer, Clock, Ledger, TimedEngine, median
 
 FAST = dict(reps=2, warmup=0, cases=1, max_new_tokens=8, prompt_lengths=(), k_values=(), probe_batching=False, progress=False, threads=1)
 
 
 @pytest.fixture(scope="module")
 def result(tiny_pipe):
-    return run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "drafter", "sd", "asymspec", "asymspec:bonus=gated"), **FAST)
+    return run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "drafter", "sd", "asymspec", "asymspec@bonus=gated"), **FAST)
 
 
 def test_every_run_passes_its_bookkeeping_checks(result):
@@ -63,7 +63,8 @@ def test_summaries_add_up(result):
         if s["method"] in ("asymspec", "sd"):
             assert len(s["accepted_per_position"]) == k
             bonus = sum(r["bonus_accepted"] for r in runs)
-            assert sum(s["accepted_per_position"]) + bonus == sum(r["accepted"] for r in runs)
+            assert sum(s["accepted_per_position"]) == sum(r["accepted"] for r in runs)  # the gated bonus is counted apart
+            assert bonus <= sum(r["bonus_drafted"] for r in runs)
             assert s["mean_accepted_length"] == pytest.approx(new / s["steps"])
             assert s["forwarded_per_token"]["verifier"] == pytest.approx((k + 1) * s["steps"] / new)
         fr = s["split_frac"]
@@ -94,29 +95,18 @@ def test_paired_ratio_differs_from_ratio_of_medians():
 
 def test_bench_runs_decode_the_same_tokens_as_plain_generate(tiny_pipe):
     from asymspec_mm import AsymSpecConfig
-    from asymspec_mm import decode as decode_mod
 
     case = bench.bench_cases(1)[0]
     cfg = AsymSpecConfig(k=3, max_new_tokens=10)
     plain = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
-    runner = bench._Runner(bench.BenchPair(tiny_pipe, "t", "t", trained=True), ignore_eos=False, image_tokens=0, sync=False)
-    seen = []
-    orig = tiny_pipe._loop
-
-    def spy(*args, **kwargs):  # observe the stream types the loop receives
-        seen.extend(type(e).__name__ for e in args[1].values())
-        return orig(*args, **kwargs)
-
-    tiny_pipe._loop = spy
-    try:
-        with timed_functions(decode_mod, bench.TIMED_LOOP_FUNCTIONS, lambda: runner.current):
-            run = runner.run(Variant.parse("asymspec"), cfg, case=case)
-    finally:
-        del tiny_pipe._loop
-    assert set(seen) == {"TimedEngine"}
+    runner = bench.Runner(bench.BenchPair(tiny_pipe, "t", "t", trained=True), ignore_eos=False, image_tokens=0, sync=False)
+    attributes = {name: id(value) for name, value in vars(tiny_pipe).items()}
+    run = runner.run(Variant.parse("asymspec"), cfg, case=case)
+    # The loop decoded through the timing proxies of all three streams, and timed its gate.
+    assert set(run["extend_costs"]) == {"drafter_full", "drafter_comp", "verifier"} and run["gate_calls"] >= run["steps"] > 0
     assert run["new_tokens"] == plain.stats["new_tokens"] and run["steps"] == plain.stats["steps"]
     assert run["accepted_per_position"] == plain.stats["accepted_per_position"]
-    assert "_start" not in tiny_pipe.__dict__  # the per-request override is removed
+    assert {name: id(value) for name, value in vars(tiny_pipe).items()} == attributes  # nothing on the pipeline replaced
 
 
 def test_timed_engine_has_the_stream_interface(tiny_pipe):
@@ -138,17 +128,21 @@ def test_timed_engine_has_the_stream_interface(tiny_pipe):
     assert ledger.forward_seconds("verifier") == ledger.calls["verifier"][1].seconds
 
 
-def test_timed_functions_are_restored():
-    from asymspec_mm import decode
-
-    original = decode.gate_step
+def test_bucket_timer_counts_the_outermost_block():
     ledger = Ledger()
-    with timed_functions(decode, {"gate_step": "gate", "not_there": "x"}, lambda: ledger):
-        assert decode.gate_step is not original and decode.gate_step.__wrapped__ is original
-        a = torch.randn(2, 7)
-        decode.gate_step(a, a, a, torch.tensor([1, 2]))
-    assert decode.gate_step is original
-    assert ledger.bucket_calls == {"gate": 1} and ledger.buckets["gate"] > 0
+    timer = BucketTimer(ledger)
+    with timer("gate"):
+        with timer("trace"):  # inside the gate: counted there, not twice
+            pass
+    with timer("trace"):
+        pass
+    assert ledger.bucket_calls == {"gate": 1, "trace": 1} and ledger.buckets["gate"] > 0
+    with pytest.raises(RuntimeError), timer("gate"):
+        raise RuntimeError("the block's time is added even when it raises")
+    assert ledger.bucket_calls["gate"] == 2
+    with timer("trace"):  # and the nesting depth is back to zero
+        pass
+    assert ledger.bucket_calls["trace"] == 2
 
 
 def test_synthetic_prefill_gives_a_context_of_that_length(tiny_pipe):
@@ -197,21 +191,33 @@ def test_bench_parser_registers_a_func():
     add_bench_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--pair", "random-tiny", "--reps", "2", "--lengths", "", "--engine", "static"])
     assert args.func is bench.bench_main and args.reps == 2 and args.lengths == "" and args.engine == "static"
+    assert args.preset == "random-tiny" and args.scenarios == [(0.78, 2.6), (0.92, 4.1)]
+    assert parser.parse_args(["bench", "--preset", "real-shapes", "--scenarios", "0.5:2"]).preset == "real-shapes"
+    for bad in ("nan:2.6", "0.8:inf", "0.8"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "--scenarios", bad])
 
 
 def test_variant_parsing():
-    v = Variant.parse("asymspec:gate=fixed,beta=0.5,k=2,loop=alt")
-    assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2} and v.loop == "alt"
+    for spec in ("asymspec@gate=fixed,beta=0.5,k=2", "asymspec:gate=fixed,beta=0.5,k=2"):
+        v = Variant.parse(spec)
+        assert v.name == "asymspec@gate=fixed,beta=0.5,k=2"
+        assert v.method == "asymspec" and dict(v.overrides) == {"gate": "fixed", "beta": 0.5, "k": 2}
     from asymspec_mm import AsymSpecConfig
 
-    cfg = v.config(AsymSpecConfig())
+    cfg = v.apply(AsymSpecConfig())
     assert (cfg.gate, cfg.beta, cfg.k) == ("fixed", 0.5, 2)
     from asymspec_mm.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError):
         Variant.parse("nonsense")
     with pytest.raises(UnknownOptionError):
-        Variant.parse("asymspec:gate=bogus").config(AsymSpecConfig())
+        Variant.parse("asymspec:gate=bogus").apply(AsymSpecConfig())
+    with pytest.raises(UnknownOptionError):
+        Variant.parse("asymspec@loop=alt")  # not a config field
+    from asymspec_mm.variants import parse_variants
+
+    assert [v.name for v in parse_variants(bench.DEFAULT_VARIANTS)] == list(bench.DEFAULT_VARIANTS)  # written canonically
 
 
 def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
@@ -222,7 +228,7 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     md_file = tmp_path / "BENCHMARKS.md"
     argv = [
         "bench", "--pair", "dirs", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]),
-        "--variants", "floor;asymspec;asymspec:gate=fixed", "--reps", "1", "--warmup", "1", "--cases", "1",
+        "--variants", "floor;asymspec;asymspec@gate=fixed", "--reps", "1", "--warmup", "1", "--cases", "1",
         "--max-new-tokens", "6", "--lengths", "24,48", "--k-values", "1,2", "--out", str(out), "--stem", "b",
         "--update-benchmarks", str(md_file), "--threads", "1", "--quiet",
     ]
@@ -231,7 +237,7 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     md = (out / "b.md").read_text()
     png = (out / "b.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
-    assert set(data["main"]["variants"]) == {"floor", "asymspec", "asymspec:gate=fixed"}
+    assert set(data["main"]["variants"]) == {"floor", "asymspec", "asymspec@gate=fixed"}
     for name, s in data["main"]["variants"].items():
         assert f"| {name} |" in md
         assert f"{s['ratio_to_floor']:.2f}x" in md
@@ -245,40 +251,30 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     assert md_file.read_text().count("<!-- bench:b -->") == 1 and "replaced" in md_file.read_text()
 
 
-def test_alternative_loop_runs_side_by_side(tiny_pipe):
-    """``method:loop=alt`` runs another decode.py's loop in the same bench (here: the same file, so same tokens)."""
-    from asymspec_mm import decode
-
-    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec", "asymspec:loop=alt"), alt_decode=decode.__file__,
-                    **{**FAST, "reps": 1, "warmup": 0})
-    runs = {r["variant"]: r for r in res["main"]["runs"]}
-    cur, alt = runs["asymspec"], runs["asymspec:loop=alt"]
-    assert (alt["new_tokens"], alt["steps"], alt["accepted_per_position"]) == (cur["new_tokens"], cur["steps"], cur["accepted_per_position"])
-    assert alt["gate_calls"] >= alt["steps"] > 0 and alt["checks"]["split_sum_rel_err"] < 0.05
-    assert res["main"]["variants"]["asymspec:loop=alt"]["ratio_to_floor"] is not None
-    from asymspec_mm import pipeline
-
-    assert pipeline.asymspec_steps is decode.asymspec_steps  # restored after the run
-
-
-def test_static_cache_engines_match_dynamic_when_present(tiny_pipe):
-    """perf.patch's opt-in static-cache engines (skipped until it is applied): same tokens and decisions."""
-    from asymspec_mm import AsymSpecConfig, engines
-
-    if not hasattr(engines, "StaticTextEngine"):
-        pytest.skip("static-cache engines not present (perf.patch not applied)")
-    from asymspec_mm import pipeline
+def test_static_cache_engines_match_dynamic(tiny_pipe):
+    """The opt-in static-cache engines bench's ``--engine static`` builds: same tokens and decisions as the dynamic ones."""
+    from asymspec_mm import AsymSpecConfig
+    from asymspec_mm.engines import StaticEngines
 
     case = bench.bench_cases(1)[0]
+    factory = bench.engine_factory("static", headroom=64, device=torch.device("cpu"))
+    assert isinstance(factory, StaticEngines) and bench.engine_factory("dynamic", headroom=64, device=torch.device("cpu")) is None
     for cfg in (AsymSpecConfig(k=4, max_new_tokens=12), AsymSpecConfig(k=2, bonus="gated", gate="fixed", max_new_tokens=10)):
         for method in ("asymspec", "sd", "floor"):
             dyn = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg)
-            factories = bench.engine_factories("static", headroom=64, device=torch.device("cpu"))
-            with bench._engines(factories):
-                sta = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method,
-                                         config=cfg)
+            sta = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method,
+                                     config=cfg, engines=factory)
             assert sta.token_ids == dyn.token_ids and [e.source for e in sta.trace] == [e.source for e in dyn.trace]
-    assert pipeline.TextEngine is engines.TextEngine and pipeline.VLEngine is engines.VLEngine
+
+
+def test_static_engines_on_synthetic_caches(tiny_pipe):
+    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec"), prefill="synthetic", image_tokens=5,
+                    engine="static", **{**FAST, "reps": 1})
+    assert res["meta"]["engine"] == "static"
+    for run in res["main"]["runs"]:
+        assert run["checks"]["forwarded_ok"] and run["checks"]["tokens_ok"] and run["new_tokens"] == 8
+    asym = [r for r in res["main"]["runs"] if r["method"] == "asymspec"][0]
+    assert asym["context"] == {"drafter_full": 256 + 5 + 1, "drafter_comp": 257, "verifier": 257}
 
 
 def test_bench_cases_follow_the_chosen_families():
