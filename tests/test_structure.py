@@ -79,7 +79,7 @@ def test_max_caption_chars_lifts_the_caption_budget(tiny_pipe):
     kw["caption"] = "word " * 600  # 3,000 characters, over the 1,600 budget
     short = tiny_pipe.prepare(*args, **kw)
     full = tiny_pipe.prepare(*args, max_caption_chars=10**6, **kw)
-    assert len(short.view.caption) <= 1600 < len(full.view.caption) and full.view.caption == kw["caption"].strip()
+    assert len(short.view.caption) <= 1600 < len(full.view.caption) and full.view.caption.strip() == kw["caption"].strip()
 
 
 def test_timer_wraps_gate_and_trace(tiny_pipe):
