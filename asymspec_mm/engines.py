@@ -143,6 +143,13 @@ class TextEngine:
         """Append ``ids`` ``[n]`` and return their next-token logits ``[n, V]``."""
         return self._forward(ids, keep=0)
 
+    def adopt_cache(self, cache) -> None:
+        """Take ``cache`` (a filled ``DynamicCache``) as this stream's context, as if a prompt of its length had been
+        prefilled at positions 0..n-1 (decode-cost measurements use random keys/values of a chosen length)."""
+        self.cache = cache
+        if hasattr(self, "rope_delta"):
+            self.rope_delta = 0
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached tokens."""
         drop = self.length - length
@@ -276,6 +283,10 @@ class _StaticCacheMixin:
         if self._is_static():
             return self._static_len
         return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def adopt_cache(self, cache) -> None:
+        super().adopt_cache(cache)  # type: ignore[misc]
+        self._to_static()
 
     def _to_static(self) -> None:
         from transformers import StaticCache

@@ -72,16 +72,11 @@ def synthetic_prefill(engine: Engine, length: int, seed: int = 0) -> None:
         k = torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
         v = torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
         cache.update(k, v, layer)
-    engine.cache = cache
-    if hasattr(engine, "rope_delta"):
-        engine.rope_delta = 0
-    to_static = getattr(engine, "_to_static", None)
-    if to_static is not None:  # a static-cache engine moves a filled cache into its static one itself
-        to_static()
+    engine.adopt_cache(cache)
 
 
 def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int, deferred_at_end: int = 0) -> dict[str, int]:
-    """Decode-phase tokens each stream must forward under the loop's rules (see decode.py's docstring): d_K of
+    """Decode-phase tokens each stream must forward under the loop's rules (see asymspec_mm.decode.streams): d_K of
     every step with K acceptances is forwarded once, in that step or the next, except a last one left pending."""
     if method == "asymspec":
         return {"drafter_full": steps * k + full_accept_steps - deferred_at_end, "drafter_comp": steps * (k + 1), "verifier": steps * (k + 1)}
