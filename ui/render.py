@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
-    "SOURCES",
     "METHOD_PANELS",
+    "SOURCES",
     "STEERED_HELP",
     "esc",
     "jsd_gamma_chart",
