@@ -12,7 +12,8 @@ image) and the compressed view (:class:`VLEngine` without one), each with its ow
 from __future__ import annotations
 
 import copy
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -30,11 +31,61 @@ class Engine(Protocol):
     @property
     def length(self) -> int: ...
 
-    def prefill(self, ids: torch.Tensor) -> None: ...
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Cache ``ids`` ``[L]`` (image-capable engines: ``prefill(ids, images: PromptImages | None = None)``)."""
 
     def extend(self, ids: torch.Tensor) -> torch.Tensor: ...
 
     def truncate(self, length: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """The images of a prompt in the forms both backends take: PIL images (vLLM runs its own vision tower on
+    them) and the processor's tensors (the transformers engine encodes those, through the feature cache).
+
+    mm_token_type_ids: ``[L]`` over the whole prompt, 1 at image pads; pixel_values / image_grid_thw as the
+    Qwen3-VL processor returns them.
+    """
+
+    images: list[Any]
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    mm_token_type_ids: torch.Tensor | None = None
+
+
+class EngineFactory(Protocol):
+    """How a pipeline builds its streams: a text stream and an image-capable stream of a model."""
+
+    def text(self, model, name: str) -> Engine: ...
+
+    def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> Engine: ...
+
+
+class TransformersEngines:
+    """The default factory: :class:`TextEngine` and :class:`VLEngine` on growing DynamicCaches."""
+
+    def text(self, model, name: str) -> TextEngine:
+        return TextEngine(model, name)
+
+    def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> VLEngine:
+        return VLEngine(model, name, encoder=encoder, prefix_store=prefix_store)
+
+
+@dataclass(frozen=True)
+class StaticEngines:
+    """Static KV caches (and optionally a compiled one-token decode): the opt-in GPU fast path."""
+
+    headroom: int = 1024
+    compile_decode: bool = False
+    compile_mode: str = "reduce-overhead"
+
+    def text(self, model, name: str) -> StaticTextEngine:
+        return StaticTextEngine(model, name, self.headroom, self.compile_decode, self.compile_mode)
+
+    def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> StaticVLEngine:
+        return StaticVLEngine(model, name, self.headroom, self.compile_decode, self.compile_mode, encoder=encoder,
+                              prefix_store=prefix_store)
 
 
 def _new_cache(config):
@@ -106,13 +157,28 @@ class VLEngine(TextEngine):
     is not called); without, it is a text-only stream of the same model (rope delta 0).
     """
 
-    def __init__(self, model, name: str = "drafter_full"):
+    def __init__(self, model, name: str = "drafter_full", *, encoder=None, prefix_store=None):
         super().__init__(model, name)
         self.rope_delta = 0
         self.merge = model.config.vision_config.spatial_merge_size
+        self.encoder = encoder  # a vision_cache.features.VisionEncoder: the tower runs once per distinct image
+        self.prefix_store = prefix_store
+        self.prefix_hit = False
+
+    def prefill(self, ids: torch.Tensor, images: PromptImages | None = None) -> None:
+        """Cache ``ids`` ``[L]``; with ``images`` the pads take the image's vision embeddings (encoded once per
+        distinct image by the engine's encoder) and the prefix up to the image is reused across requests
+        through the engine's ``prefix_store``."""
+        if images is None:
+            return self.prefill_features(ids)
+        if self.encoder is None:
+            raise ValueError(f"{self.name}: an image prompt needs an engine built with encoder=")
+        features, _ = self.encoder.encode(images.pixel_values, images.image_grid_thw)
+        types = images.mm_token_type_ids.reshape(-1)[: ids.numel()]
+        self.prefill_features(ids, types, features, prefix_store=self.prefix_store, prefix_key=features.key)
 
     @torch.no_grad()
-    def prefill(
+    def prefill_features(
         self,
         ids: torch.Tensor,
         mm_token_type_ids: torch.Tensor | None = None,
@@ -285,10 +351,10 @@ class StaticVLEngine(_StaticCacheMixin, VLEngine):
     """:class:`VLEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
 
     def __init__(self, model, name: str = "drafter_full", headroom: int = 1024, compile_decode: bool = False,
-                 compile_mode: str = "reduce-overhead"):
-        super().__init__(model, name)
+                 compile_mode: str = "reduce-overhead", *, encoder=None, prefix_store=None):
+        super().__init__(model, name, encoder=encoder, prefix_store=prefix_store)
         self._init_static(headroom, compile_decode, compile_mode)
 
-    def prefill(self, ids: torch.Tensor, *args, **kwargs) -> None:
-        super().prefill(ids, *args, **kwargs)
+    def prefill_features(self, ids: torch.Tensor, *args, **kwargs) -> None:
+        super().prefill_features(ids, *args, **kwargs)
         self._to_static()

@@ -2,13 +2,34 @@
 
 Every error a user can cause derives from :class:`AsymSpecError` (a ``ValueError``), and its
 message names the problem and what to do about it.
+
+The base class and the errors raised by the lower packages are defined at the bottom of the
+import order (:mod:`vision_cache.errors`, :mod:`captioning.errors`), because those packages may
+not import :mod:`asymspec_mm`; this module re-exports them under their usual names, so
+``from asymspec_mm.errors import ...`` and ``except AsymSpecError`` cover every package.
 """
 
 from __future__ import annotations
 
+from captioning.errors import (
+    DatasetUnavailableError,
+    MissingCompressedViewError,
+    OCRUnavailableError,
+    UnknownOptionError,
+)
+from vision_cache.errors import AsymSpecError, InvalidImageError
 
-class AsymSpecError(ValueError):
-    """Base class of all user-facing errors of this toolkit."""
+__all__ = [
+    "AsymSpecError",
+    "EmptyQuestionError",
+    "ContextOverflowError",
+    "VocabularyMismatchError",
+    "UnknownOptionError",
+    "MissingCompressedViewError",
+    "OCRUnavailableError",
+    "DatasetUnavailableError",
+    "InvalidImageError",
+]
 
 
 class EmptyQuestionError(AsymSpecError):
@@ -21,19 +42,3 @@ class ContextOverflowError(AsymSpecError):
 
 class VocabularyMismatchError(AsymSpecError):
     """Drafter and verifier do not share one output vocabulary."""
-
-
-class UnknownOptionError(AsymSpecError):
-    """A method, gate, delta source, bonus rule or view name that does not exist."""
-
-
-class MissingCompressedViewError(AsymSpecError):
-    """No caption/OCR text was given and none could be produced."""
-
-
-class OCRUnavailableError(AsymSpecError):
-    """No usable OCR engine (package or weights missing)."""
-
-
-class DatasetUnavailableError(AsymSpecError):
-    """A benchmark's problems or images cannot be found."""

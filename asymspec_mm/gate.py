@@ -38,14 +38,21 @@ def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
 
 
 def context_gain(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str = "contrast") -> torch.Tensor:
-    """The steering signal delta ``[P, V]``: contrast ``a - b`` (the paper), raw ``a``, or SCD ``t - b``."""
+    """The steering signal delta ``[P, V]``: contrast ``a - b`` (the paper), raw ``a``, or SCD ``t - b``.
+
+    Entries that are not finite become 0: a token masked (-inf) in one stream would otherwise give delta
+    = +-inf or NaN (-inf - -inf), and t + beta * delta would rank a masked token first or turn the row into
+    NaN. With 0 there the verifier's own logit decides, and a token the verifier masks stays -inf.
+    """
     if source == "contrast":
-        return a - b
-    if source == "raw":
-        return a
-    if source == "scd":
-        return t - b
-    raise ValueError(f"unknown delta source {source!r}; choose one of {DELTAS}")
+        delta = a - b
+    elif source == "raw":
+        delta = a
+    elif source == "scd":
+        delta = t - b
+    else:
+        raise ValueError(f"unknown delta source {source!r}; choose one of {DELTAS}")
+    return torch.where(torch.isfinite(delta), delta, torch.zeros_like(delta))
 
 
 def effective_threshold(

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,83 +12,20 @@ import torch
 
 from captioning.view import CompressedView
 
-from .decode import METHODS, AsymSpecConfig, Counters, TokenEvent, asymspec_steps, greedy_steps, sd_steps
-from .engines import TextEngine, VLEngine
-from .errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError, VocabularyMismatchError
+from .config import AsymSpecConfig, check_method
+from .decode import Counters, TokenEvent, greedy_steps, steps_for
+from .decode.loops import Timer
+from .engines import EngineFactory, PromptImages, TransformersEngines
+from .errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError
+from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, resolve_device
 from .prompts import Prompts, build_prompts
+from .session import GenerationStream, MMResult, Session
 from .vllm_engine import logit_width
-
-BACKENDS = ("transformers", "vllm")
 
 log = logging.getLogger("asymspec_mm")
 
-__all__ = ["AsymSpecPipeline", "MMResult", "Prompts", "mm_generate", "check_vocabularies", "resolve_device"]
-
-
-@dataclass
-class MMResult:
-    """One answer and its provenance: ``trace`` has one :class:`TokenEvent` per emitted token."""
-
-    text: str
-    token_ids: list[int]
-    trace: list[TokenEvent]
-    stats: dict[str, Any]
-    prompts: Prompts
-    view: CompressedView
-    method: str = "asymspec"
-    config: AsymSpecConfig = field(default_factory=AsymSpecConfig)
-
-    def as_dict(self) -> dict:
-        """JSON-ready summary (no tensors)."""
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "method": self.method,
-            "config": self.config.as_dict(),
-            "stats": self.stats,
-            "view": {"caption": self.view.caption, "ocr_text": self.view.ocr_text},
-            "trace": [ev.as_dict() for ev in self.trace],
-        }
-
-
-def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str | None) -> tuple[torch.device, torch.dtype]:
-    """Auto: cuda + bf16 when a GPU is there, else cpu + fp32."""
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-                 "fp32": torch.float32, "float32": torch.float32, "auto": None}[dtype]
-    if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, dtype
-
-
-def check_vocabularies(drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int) -> None:
-    """Drafter and verifier must share one output vocabulary: same logit width, same token at every shared id.
-
-    Raises :class:`VocabularyMismatchError` naming the first mismatching ids.
-    """
-    if drafter_logits != verifier_logits:
-        raise VocabularyMismatchError(
-            f"the drafter has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
-            "shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
-        )
-    n = min(len(drafter_tokenizer), len(verifier_tokenizer))
-    d_tokens = drafter_tokenizer.convert_ids_to_tokens(list(range(n)))
-    v_tokens = verifier_tokenizer.convert_ids_to_tokens(list(range(n)))
-    bad = [i for i, (x, y) in enumerate(zip(d_tokens, v_tokens)) if x != y]
-    if bad:
-        shown = ", ".join(f"id {i}: drafter {d_tokens[i]!r} vs verifier {v_tokens[i]!r}" for i in bad[:5])
-        raise VocabularyMismatchError(
-            f"drafter and verifier tokenizers differ at {len(bad)} of {n} shared ids (first: {shown}). "
-            "AsymSpec fuses logits id by id, so both models must use the same tokenizer."
-        )
-
-
-def _load_kwargs(dtype: torch.dtype, device: torch.device, device_map: Any, trust_remote_code: bool) -> dict:
-    kw: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
-    if device_map is not None:
-        kw["device_map"] = device_map
-    return kw
+__all__ = ["AsymSpecPipeline", "GenerationStream", "MMResult", "Prompts", "Session", "mm_generate", "check_vocabularies",
+           "resolve_device"]
 
 
 class AsymSpecPipeline:
@@ -116,8 +51,9 @@ class AsymSpecPipeline:
         check_vocab: bool = True,
         drafter_comp: Any = None,
         drafter_full: Any = None,
+        engines: EngineFactory | None = None,
     ):
-        from captioning.captioner import DrafterCaptioner
+        from .captioner import DrafterCaptioner
         from vision_cache.features import VisionEncoder
 
         self.drafter = drafter.eval()
@@ -146,7 +82,8 @@ class AsymSpecPipeline:
         self._ocr_spec = ocr
         self._ocr_engine = None if isinstance(ocr, str) else ocr
         self._lock = threading.RLock()
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
+        self.engines: EngineFactory = engines or TransformersEngines()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -184,20 +121,11 @@ class AsymSpecPipeline:
         """
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-        for opt, value in (("verifier_backend", verifier_backend), ("drafter_backend", drafter_backend)):
-            if value not in BACKENDS:
-                raise UnknownOptionError(f"{opt}={value!r} is not valid; choose one of {', '.join(BACKENDS)}")
-        if verifier_backend == "vllm" and verifier_device_map is not None:
-            raise UnknownOptionError("verifier_device_map applies to the transformers backend; with "
-                                     "verifier_backend='vllm' use vllm_kwargs={'tensor_parallel_size': N}")
-        if vllm_kwargs and verifier_backend != "vllm":
-            raise UnknownOptionError("vllm_kwargs is set but verifier_backend is not 'vllm'")
-        if drafter_vllm_kwargs and drafter_backend != "vllm":
-            raise UnknownOptionError("drafter_vllm_kwargs is set but drafter_backend is not 'vllm'")
+        check_backends(verifier_backend, drafter_backend, verifier_device_map, vllm_kwargs, drafter_vllm_kwargs)
         dev, dt = resolve_device(device, dtype)
         extra = {} if local_files_only is None else {"local_files_only": local_files_only}
         processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
-        d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **_load_kwargs(dt, dev, device_map, trust_remote_code), **extra)
+        d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **load_kwargs(dt, device_map, trust_remote_code), **extra)
         if device_map is None:
             d_model.to(dev)
         v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
@@ -207,7 +135,7 @@ class AsymSpecPipeline:
             v_kw = {"dtype": dt, **(vllm_kwargs or {})}  # a dtype in vllm_kwargs wins over the pipeline's
             v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, **extra, **v_kw)
         else:
-            v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **_load_kwargs(dt, dev, verifier_device_map, trust_remote_code), **extra)
+            v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **load_kwargs(dt, verifier_device_map, trust_remote_code), **extra)
             if verifier_device_map is None:
                 v_model.to(dev)
         comp = None
@@ -230,21 +158,6 @@ class AsymSpecPipeline:
         pipe = cls.from_pretrained(drafter=preset.drafter, verifier=preset.verifier, **opts)
         pipe.name = preset.name
         return pipe
-
-    def _eos_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for tok in (self.tokenizer, self.verifier_tokenizer):
-            for t in ("<|im_end|>", "<|endoftext|>"):
-                i = tok.convert_tokens_to_ids(t)
-                if isinstance(i, int) and i >= 0 and i != tok.unk_token_id:
-                    ids.add(i)
-            if tok.eos_token_id is not None:
-                ids.add(tok.eos_token_id)
-        for model in (self.drafter, self.verifier):
-            gen = getattr(model, "generation_config", None)
-            eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-            ids.update([eos] if isinstance(eos, int) else (eos or []))
-        return ids
 
     @property
     def ocr_engine(self):
@@ -269,16 +182,14 @@ class AsymSpecPipeline:
             )
 
     def generate(self, image, question: str, **kwargs) -> MMResult:
-        """Answer ``question`` about ``image``: ``caption``, ``ocr``, ``method``, ``config`` as in :meth:`stream`;
-        other keywords set config fields (e.g. ``k=2, bonus="gated"``)."""
-        stream = self.stream(image, question, **kwargs)
-        while True:
-            try:
-                next(stream)
-            except StopIteration as stop:
-                return stop.value
+        """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
+        return self.stream(image, question, **kwargs).result
 
-    def stream(
+    def stream(self, image, question: str, **kwargs) -> GenerationStream:
+        """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
+        return self.run(self.prepare(image, question, **kwargs))
+
+    def prepare(
         self,
         image,
         question: str,
@@ -286,66 +197,81 @@ class AsymSpecPipeline:
         ocr: str | bool | None = None,
         method: str = "asymspec",
         config: AsymSpecConfig | None = None,
+        *,
+        engines: EngineFactory | None = None,
+        ignore_eos: bool = False,
+        max_caption_chars: int | None = None,
         **overrides,
-    ) -> Iterator[list[TokenEvent]]:
-        """Answer ``question`` about ``image``, yielding the events of each step as they are committed; the
-        :class:`MMResult` is the generator's return value.
+    ) -> Session:
+        """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
 
         ``caption``/``ocr``: ``None`` produce them, a string is used as is, ``ocr=False`` skips OCR.
-        ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``.
+        ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``. ``engines``
+        builds the streams (default: the pipeline's factory); ``ignore_eos`` decodes to the token budget;
+        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters).
         """
+        from captioning.captioner import compress
         from vision_cache.image import image_content_hash, load_image
 
-        cfg = (config or AsymSpecConfig()).with_(**overrides).validated() if overrides else (config or AsymSpecConfig()).validated()
-        if method not in METHODS:
-            raise UnknownOptionError(f"method={method!r} is not valid; choose one of {', '.join(METHODS)}")
+        cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
+        cfg = cfg.validated()
+        check_method(method)
         if not isinstance(question, str) or not question.strip():
             raise EmptyQuestionError("the question is empty: ask something about the image, e.g. 'What is the largest value?'")
         t_start = time.perf_counter()
         img = load_image(image)
+        budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
         with self._lock:
             timings: dict[str, float] = {}
-            tower_before = self.encoder.tower_calls
-            hits_before = self.encoder.store.stats()["hits"]
-            from captioning.captioner import compress
-
-            view = compress(
-                img, captioner=self.captioner, ocr_engine=self.ocr_engine if ocr is None else None,
-                caption=caption, ocr=ocr, image_hash=image_content_hash(img), timings=timings,
-            )
+            tower_before, hits_before = self.encoder.tower_calls, self.encoder.store.stats()["hits"]
+            view = compress(img, captioner=self.captioner, ocr_engine=self.ocr_engine if ocr is None else None,
+                            caption=caption, ocr=ocr, image_hash=image_content_hash(img), timings=timings, **budget)
             prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
             self._check_context(prompts, cfg, method)
             t_prefill = time.perf_counter()
-            streams, steps = self._start(method, prompts, cfg, img)
+            streams, pending = self._start(method, prompts, img, engines or self.engines)
             prefill_s = time.perf_counter() - t_prefill
-            counters = Counters(cfg.k, streams)
-            stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
-            gen = self._loop(method, streams, steps, cfg, stop_fn, counters)
-            trace: list[TokenEvent] = []
-            for events in gen:
+            stats = dict(
+                vision_calls=self.encoder.tower_calls - tower_before,
+                vision_cache_hits=self.encoder.store.stats()["hits"] - hits_before,
+                prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
+                caption_s=timings.get("caption_s", 0.0), ocr_s=timings.get("ocr_s", 0.0), prefill_s=prefill_s,
+            )
+        stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
+        return Session(method, cfg, prompts, view, streams, pending, set() if ignore_eos else self.eos_ids, stop_fn,
+                       prefill_s, t_start, stats)
+
+    def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
+        """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""
+        counters = Counters(session.config.k, session.streams)
+        steps = steps_for(session.method, session.streams, session.pending, session.config, session.eos_ids,
+                          session.stop_fn, counters, timer)
+        trace: list[TokenEvent] = []
+
+        def decoded_steps():
+            while True:
+                with self._lock:  # the models are shared: one step at a time across requests
+                    events = next(steps, None)
+                if events is None:
+                    return
                 for ev in events:
                     ev.text = self.tokenizer.decode([ev.token_id])
                 trace.extend(events)
                 yield events
-            stats = counters.as_dict()
-            stats.update(
-                stopped_by=getattr(counters, "stopped_by", "max_new_tokens"),
-                vision_calls=self.encoder.tower_calls - tower_before,
-                vision_cache_hits=self.encoder.store.stats()["hits"] - hits_before,
-                prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
-                caption_s=timings.get("caption_s", 0.0),
-                ocr_s=timings.get("ocr_s", 0.0),
-                prefill_s=prefill_s,
-                wall_s=time.perf_counter() - t_start,
-                steered=sum(ev.steered for ev in trace),
-                fused=sum(ev.source == "fused" for ev in trace),
-            )
+
+        return GenerationStream(decoded_steps(), lambda: self._result(session, counters, trace))
+
+    def _result(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
+        stats = counters.as_dict()
+        stats.update(session.stats, wall_s=time.perf_counter() - session.t_start, steered=sum(ev.steered for ev in trace),
+                     fused=sum(ev.source == "fused" for ev in trace))
         token_ids = [ev.token_id for ev in trace]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        for s in cfg.stop_strings:
+        for s in session.config.stop_strings:
             if s and s in text:
                 text = text[: text.index(s)]
-        return MMResult(text=text, token_ids=token_ids, trace=trace, stats=stats, prompts=prompts, view=view, method=method, config=cfg)
+        return MMResult(text=text, token_ids=token_ids, trace=trace, stats=stats, prompts=session.prompts,
+                        view=session.view, method=session.method, config=session.config)
 
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy text completion by the verifier alone (a one-turn chat, thinking off).
@@ -388,49 +314,33 @@ class AsymSpecPipeline:
                     "or the caption/OCR text, or lower max_new_tokens."
                 )
 
-    def _start(self, method: str, p: Prompts, cfg: AsymSpecConfig, image=None):
-        """Prefill the streams the method needs (each caches ``prompt[:-1]``) and return them with their pending tokens."""
+    def _start(self, method: str, p: Prompts, image, engines: EngineFactory) -> tuple[dict, dict]:
+        """Prefill the streams ``method`` needs (each caches ``prompt[:-1]``); return them and their pending tokens."""
         streams: dict[str, Any] = {}
-        pending: dict[str, torch.Tensor] = {}
-        if method in ("asymspec", "drafter") and self.drafter_full is not None:
-            # on vLLM: the prompt carries the image itself (vLLM runs its vision tower; its prefix cache keeps the KV)
-            full = self.drafter_full.vision_engine("drafter_full")
-            full.prefill(p.drafter_full_ids[0, :-1], [image])
-            streams["drafter_full"], pending["drafter_full"] = full, p.drafter_full_ids[0, -1:].to(full.device)
-        elif method in ("asymspec", "drafter"):
-            features, _ = self.encoder.encode(p.pixel_values, p.image_grid_thw)
-            full = VLEngine(self.drafter, name="drafter_full")
-            full.prefill(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features,
-                         prefix_store=self.prefix_store, prefix_key=features.key)
-            streams["drafter_full"], pending["drafter_full"] = full, p.drafter_full_ids[0, -1:].to(full.device)
+        if method in ("asymspec", "drafter"):
+            images = PromptImages([image], p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0])
+            if self.drafter_full is not None:  # on vLLM, which runs its own tower; its prefix cache keeps the KV
+                full = self.drafter_full.vision_engine("drafter_full")
+            else:
+                full = engines.vision(self.drafter, "drafter_full", encoder=self.encoder, prefix_store=self.prefix_store)
+            full.prefill(p.drafter_full_ids[0, :-1], images)
+            streams["drafter_full"] = full
         if method in ("asymspec", "sd"):
-            comp = self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else VLEngine(self.drafter, name="drafter_comp")
+            comp = self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else engines.vision(self.drafter, "drafter_comp")
             comp.prefill(p.drafter_comp_ids[0, :-1])
-            streams["drafter_comp"], pending["drafter_comp"] = comp, p.drafter_comp_ids[0, -1:].to(comp.device)
+            streams["drafter_comp"] = comp
         if method in ("asymspec", "sd", "floor"):
-            ver = self._verifier_engine()
+            ver = self._verifier_engine(engines)
             ver.prefill(p.verifier_ids[0, :-1])
-            streams["verifier"], pending["verifier"] = ver, p.verifier_ids[0, -1:].to(ver.device)
-        return streams, pending
+            streams["verifier"] = ver
+        ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
+        return streams, {name: ids[name][0, -1:].to(e.device) for name, e in streams.items()}
 
-    def _verifier_engine(self, name: str = "verifier"):
-        """A fresh verifier stream: on vLLM when the verifier is served there, else a TextEngine."""
+    def _verifier_engine(self, engines: EngineFactory | None = None, name: str = "verifier"):
+        """A fresh verifier stream: on vLLM when the verifier is served there, else from the engine factory."""
         if hasattr(self.verifier, "engine"):
             return self.verifier.engine(name)
-        return TextEngine(self.verifier, name=name)
-
-    def _loop(self, method, streams, pending, cfg, stop_fn, counters):
-        eos = self.eos_ids
-        if method == "asymspec":
-            return asymspec_steps(streams["drafter_full"], streams["drafter_comp"], streams["verifier"],
-                                  (pending["drafter_full"], pending["drafter_comp"], pending["verifier"]),
-                                  cfg, eos, stop_fn, counters)
-        if method == "sd":
-            return sd_steps(streams["drafter_comp"], streams["verifier"], (pending["drafter_comp"], pending["verifier"]),
-                            cfg, eos, stop_fn, counters)
-        if method == "floor":
-            return greedy_steps(streams["verifier"], pending["verifier"], cfg, eos, stop_fn, counters, is_verifier=True)
-        return greedy_steps(streams["drafter_full"], pending["drafter_full"], cfg, eos, stop_fn, counters, is_verifier=False)
+        return (engines or self.engines).text(self.verifier, name)
 
     def _stop_fn(self, stop_strings: tuple[str, ...]):
         tok = self.tokenizer
@@ -443,17 +353,17 @@ class AsymSpecPipeline:
         return stop
 
 
-_DEFAULT: AsymSpecPipeline | None = None
+_DEFAULTS: dict[str, AsymSpecPipeline] = {}
 _DEFAULT_LOCK = threading.Lock()
 
 
 def mm_generate(image, question: str, *, preset: str = "auto", **kwargs) -> MMResult:
-    """Answer a question about an image with a lazily created default pipeline (``auto`` preset).
+    """Answer a question about an image with a lazily created pipeline of ``preset`` (one per preset, kept).
 
     kwargs go to :meth:`AsymSpecPipeline.generate` (caption, ocr, method, config, or config fields).
     """
-    global _DEFAULT
     with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = AsymSpecPipeline.from_preset(preset)
-    return _DEFAULT.generate(image, question, **kwargs)
+        if preset not in _DEFAULTS:
+            _DEFAULTS[preset] = AsymSpecPipeline.from_preset(preset)
+        pipe = _DEFAULTS[preset]
+    return pipe.generate(image, question, **kwargs)

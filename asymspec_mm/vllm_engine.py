@@ -428,7 +428,12 @@ class VLLMVLEngine(VLLMEngine):
         return out, runs
 
     def prefill(self, ids: torch.Tensor, images=None, uuids: list[str] | None = None) -> None:
-        """Cache the prompt ``ids`` about ``images`` (a PIL image or a list, one per pad run in ``ids``)."""
+        """Cache the prompt ``ids`` about ``images`` (a :class:`~asymspec_mm.engines.PromptImages`, a PIL image or a
+        list, one per pad run in ``ids``)."""
+        from .engines import PromptImages
+
+        if isinstance(images, PromptImages):
+            images = images.images
         given = [int(t) for t in ids.reshape(-1).tolist()]
         images = [] if images is None else ([images] if not isinstance(images, (list, tuple)) else list(images))
         head, runs = self._collapse(given)

@@ -1,20 +1,23 @@
-"""Model captioner and ``compress``: produce the compressed view for any image.
+"""The captioner interface, the caption cache and ``compress``: the compressed view of any image.
 
-By default the caption comes from the pipeline's own drafter (no extra model), prompted as
-MathVista prompted Bard for its captions, decoded greedily, and reusing the vision features the
-drafter's full stream needs anyway (no second tower pass). Captions and OCR are cached by image hash.
+A captioner turns an image into a caption (the pipeline's default,
+:class:`asymspec_mm.captioner.DrafterCaptioner`, prompts its own drafter with
+:data:`CAPTION_PROMPT`, as MathVista prompted Bard for its captions). :func:`compress` combines the
+caption with OCR into the :class:`CompressedView` the verifier reads. Captions and OCR are cached
+by image hash.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
-import torch
+from vision_cache.store import LRUCache
 
+from .errors import MissingCompressedViewError
 from .view import DEFAULT_CAPTION_CHARS, DEFAULT_OCR_CHARS, CompressedView
+
+__all__ = ["CAPTION_PROMPT", "Captioner", "CaptionCache", "compress"]
 
 CAPTION_PROMPT = (
     "Describe the fine-grained content of the image or figure, including scenes, objects, relationships, "
@@ -22,80 +25,34 @@ CAPTION_PROMPT = (
 )
 
 
-class _LRU:
-    """A small thread-safe LRU of strings/objects keyed by image hash."""
+class Captioner(Protocol):
+    """What :func:`compress` needs of a captioner."""
 
-    def __init__(self, max_entries: int = 512):
-        self.max_entries = max_entries
-        self._data: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: str) -> Any | None:
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                self.hits += 1
-                return self._data[key]
-            self.misses += 1
-            return None
-
-    def put(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+    def caption(self, image: Any, image_hash: str | None = None) -> str:
+        """The caption of ``image``; ``image_hash`` is its content hash when the caller has it."""
+        ...
 
 
-class DrafterCaptioner:
-    """Captions an image with a Qwen3-VL model (the pipeline's drafter by default).
+class CaptionCache(LRUCache[str, str]):
+    """Thread-safe LRU of captions, keyed by image hash and the captioning settings.
 
-    ``encoder`` is the pipeline's :class:`vision_cache.VisionEncoder`, so the tower runs at most once
-    per image across captioning and decoding.
+    Args:
+        max_entries: captions kept before the least recently used is evicted.
     """
 
-    def __init__(self, model, processor, encoder, prompt: str = CAPTION_PROMPT, max_new_tokens: int = 256):
-        self.model = model
-        self.processor = processor
-        self.encoder = encoder
-        self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
-        self.cache = _LRU()
-        self.name = "drafter"
+    def __init__(self, max_entries: int = 512) -> None:
+        super().__init__(max_entries=max_entries)
 
-    @torch.no_grad()
-    def caption(self, image, image_hash: str | None = None) -> str:
-        from asymspec_mm.decode import AsymSpecConfig, greedy_steps
-        from asymspec_mm.engines import VLEngine
-        from vision_cache.image import image_content_hash
-
-        key = (image_hash or image_content_hash(image)) + f"|{self.prompt}|{self.max_new_tokens}"
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
-        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        enc = self.processor(text=[text], images=[image], return_tensors="pt")
-        features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"])
-        engine = VLEngine(self.model, name="captioner")
-        ids, types = enc["input_ids"][0], enc["mm_token_type_ids"][0]
-        engine.prefill(ids[:-1], types[:-1], features)
-        eos = {self.processor.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.processor.tokenizer.eos_token_id}
-        tokens: list[int] = []
-        cfg = AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)
-        for events in greedy_steps(engine, ids[-1:].to(engine.device), cfg, {e for e in eos if e is not None}, is_verifier=False):
-            tokens.extend(ev.token_id for ev in events)
-        caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        self.cache.put(key, caption)
-        return caption
+    @staticmethod
+    def key(image_hash: str, prompt: str, max_new_tokens: int) -> str:
+        """The key of the caption of one image under one prompt and token budget."""
+        return f"{image_hash}|{prompt}|{max_new_tokens}"
 
 
 def compress(
     image,
     *,
-    captioner=None,
+    captioner: Captioner | None = None,
     ocr_engine=None,
     caption: str | None = None,
     ocr: str | bool | None = None,
@@ -110,8 +67,6 @@ def compress(
     as is, ``ocr=False`` skips OCR (``caption=""`` likewise skips the caption). Texts are truncated on
     a word boundary to the paper harness' budgets. ``timings`` receives ``caption_s`` and ``ocr_s``.
     """
-    from asymspec_mm.errors import MissingCompressedViewError
-
     from .truncate import truncate_text
 
     timings = timings if timings is not None else {}

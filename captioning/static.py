@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from asymspec_mm.errors import AsymSpecError, DatasetUnavailableError
+from captioning.errors import AsymSpecError, DatasetUnavailableError
 
 __all__ = [
     "BARD_NONSENSE_PHRASES",

@@ -26,7 +26,7 @@ def test_engines_equal_full_forward_over_random_rollbacks(tiny_pipe):
     p, ref = res.prompts, Reference(tiny_pipe, res.prompts)
     features, _ = tiny_pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
     full, comp, ver = VLEngine(tiny_pipe.drafter), VLEngine(tiny_pipe.drafter, "drafter_comp"), TextEngine(tiny_pipe.verifier)
-    full.prefill(p.drafter_full_ids[0], p.mm_token_type_ids[0], features)
+    full.prefill_features(p.drafter_full_ids[0], p.mm_token_type_ids[0], features)
     comp.prefill(p.drafter_comp_ids[0])
     ver.prefill(p.verifier_ids[0])
     rng = random.Random(0)
@@ -48,53 +48,30 @@ def test_engines_equal_full_forward_over_random_rollbacks(tiny_pipe):
 
 
 def test_loop_caches_match_no_cache_forward_after_every_step(tiny_pipe):
-    """Wrap the loop's observer: after each step, every stream's next-token logits equal a full forward."""
-    from asymspec_mm import pipeline as pl
-
+    """After each step the run yields, every stream's next-token logits equal a full forward."""
     case = make_case(4)
-    checked = []
-    pending_seen: set[int] = set()
-    original = pl.asymspec_steps
-
-    def observed(full, comp, ver, pending, cfg, eos, stop_fn, counters, observer=None):
-        def check(step, tokens):
-            if len(tokens) >= cfg.max_new_tokens or tokens[-1] in eos:
-                return
-            # Each cache holds prompt + tokens but the pending ones: tokens[-1], and on the full stream after K
-            # acceptances also d_K (tokens[-2]). Forwarding them on a probe, then rolling back, leaves state intact.
-            p = prompts_holder["p"]
-            prompt_len = {"drafter_full": p.drafter_full_ids.shape[1], "drafter_comp": p.drafter_comp_ids.shape[1],
-                          "verifier": p.verifier_ids.shape[1]}
-            for engine, fn, name in ((full, ref.drafter_full, "drafter_full"), (comp, ref.drafter_comp, "drafter_comp"),
-                                     (ver, ref.verifier, "verifier")):
-                n_pending = prompt_len[name] + len(tokens) - engine.length
-                assert n_pending in ((1, 2) if name == "drafter_full" else (1,)), (name, step, n_pending)
-                pending_seen.add(n_pending) if name == "drafter_full" else None
-                got = engine.extend(torch.tensor(tokens[-n_pending:]))[-1]
-                engine.truncate(engine.length - n_pending)
-                assert torch.allclose(got, fn(tokens)[-1], atol=1e-4), (engine.name, step)
-            checked.append(step)
-
-        return original(full, comp, ver, pending, cfg, eos, stop_fn, counters, observer=check)
-
-    prompts_holder = {}
-    orig_build = pl.build_prompts
-
-    def build(*a, **kw):
-        prompts_holder["p"] = orig_build(*a, **kw)
-        return prompts_holder["p"]
-
-    pl.asymspec_steps, pl.build_prompts = observed, build
-    try:
-        class _Ref:  # resolved lazily: prompts exist only once generate has built them
-            def __getattr__(self, name):
-                return getattr(Reference(tiny_pipe, prompts_holder["p"]), name)
-
-        ref = _Ref()
-        tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
-                           config=AsymSpecConfig(k=3, gamma=0.7, max_new_tokens=16))
-    finally:
-        pl.asymspec_steps, pl.build_prompts = original, orig_build
+    cfg = AsymSpecConfig(k=3, gamma=0.7, max_new_tokens=16)
+    session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
+    p, ref = session.prompts, Reference(tiny_pipe, session.prompts)
+    prompt_len = {"drafter_full": p.drafter_full_ids.shape[1], "drafter_comp": p.drafter_comp_ids.shape[1],
+                  "verifier": p.verifier_ids.shape[1]}
+    full_forward = {"drafter_full": ref.drafter_full, "drafter_comp": ref.drafter_comp, "verifier": ref.verifier}
+    checked, pending_seen, tokens = [], set(), []
+    for step, events in enumerate(tiny_pipe.run(session), start=1):
+        tokens += [ev.token_id for ev in events]
+        if len(tokens) >= cfg.max_new_tokens or tokens[-1] in session.eos_ids:
+            continue
+        # Each cache holds prompt + tokens but the pending ones: tokens[-1], and on the full stream after K
+        # acceptances also d_K (tokens[-2]). Forwarding them on a probe, then rolling back, leaves state intact.
+        for name, engine in session.streams.items():
+            n_pending = prompt_len[name] + len(tokens) - engine.length
+            assert n_pending in ((1, 2) if name == "drafter_full" else (1,)), (name, step, n_pending)
+            if name == "drafter_full":
+                pending_seen.add(n_pending)
+            got = engine.extend(torch.tensor(tokens[-n_pending:]))[-1]
+            engine.truncate(engine.length - n_pending)
+            assert torch.allclose(got, full_forward[name](tokens)[-1], atol=1e-4), (name, step)
+        checked.append(step)
     assert len(checked) >= 3
     assert pending_seen == {1, 2}  # both cases happened: a rejection and K acceptances (d_K carried)
 
@@ -134,7 +111,7 @@ def test_drafter_full_stream_equals_pixel_forward_every_step(tiny_pipe):
     p, ref = res.prompts, Reference(tiny_pipe, res.prompts)
     features, _ = tiny_pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
     eng = VLEngine(tiny_pipe.drafter)
-    eng.prefill(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features)
+    eng.prefill_features(p.drafter_full_ids[0, :-1], p.mm_token_type_ids[0, :-1], features)
     pending = p.drafter_full_ids[0, -1:]
     for i, tok in enumerate(res.token_ids):
         got = eng.extend(pending)[-1]
@@ -192,7 +169,7 @@ def test_prefix_kv_reuse_equals_fresh_prefill(tiny_dirs):
         p = reused.prompts
         features, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
         eng = VLEngine(pipe.drafter)
-        eng.prefill(p.drafter_full_ids[0], p.mm_token_type_ids[0], features, prefix_store=pipe.prefix_store,
+        eng.prefill_features(p.drafter_full_ids[0], p.mm_token_type_ids[0], features, prefix_store=pipe.prefix_store,
                     prefix_key=features.key)
         assert eng.prefix_hit
         got = eng.extend(torch.tensor([40, 41]))

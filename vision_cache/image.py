@@ -3,25 +3,24 @@
 :func:`load_image` is the single gate every user-supplied picture passes before it reaches the
 Qwen3-VL processor. It accepts PIL images, paths, raw bytes, numpy arrays and file-like objects;
 applies the EXIF orientation; flattens every Pillow mode to 8-bit RGB (alpha is composited on
-white, high-bit-depth data is scaled down); and rejects bad input with an
-:class:`InvalidImageError` whose message says what is wrong and what to do about it.
+white, high-bit-depth data is scaled down, see :mod:`vision_cache.rgb`); and rejects bad input
+with an :class:`InvalidImageError` whose message says what is wrong and what to do about it.
 
 Size limits are enforced from the file header *before* any pixel data is decoded, so a
 "decompression bomb" (a tiny file that claims a gigantic canvas) is refused without Pillow ever
 allocating the canvas.
 
-:func:`resize_like_qwen` reproduces the sizing of ``qwen_vl_utils.fetch_image`` so that cached
-features computed here match what the reference preprocessing would feed the model, and
-:func:`image_content_hash` gives a stable cache key for a decoded image.
+This module also re-exports the image helpers that live next to it:
+:func:`resize_like_qwen` / :func:`qwen_target_size` (:mod:`vision_cache.qwen_sizing`), which
+reproduce the sizing of ``qwen_vl_utils.fetch_image``, and :func:`image_content_hash`
+(:mod:`vision_cache.hashing`), the stable cache key for a decoded image.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
-import math
 import os
 import threading
 from collections.abc import Callable
@@ -30,7 +29,18 @@ from typing import IO, Union
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from asymspec_mm.errors import AsymSpecError
+from .errors import InvalidImageError
+# Re-exported: callers import these helpers from here.
+from .hashing import image_content_hash
+from .qwen_sizing import (
+    QWEN3_VL_FACTOR,
+    QWEN_MAX_TOKENS,
+    QWEN_MIN_TOKENS,
+    _smart_resize_fallback,
+    qwen_target_size,
+    resize_like_qwen,
+)
+from .rgb import to_rgb
 
 __all__ = [
     "DEFAULT_MAX_INPUT_PIXELS",
@@ -54,12 +64,6 @@ DEFAULT_MAX_INPUT_PIXELS: int = int(float(os.environ.get("ASYMSPEC_MAX_INPUT_PIX
 #: Longest/shortest side ratio accepted; qwen-vl-utils' ``smart_resize`` refuses anything above 200.
 DEFAULT_MAX_ASPECT_RATIO: float = 200.0
 
-#: Qwen3-VL resizes to multiples of patch_size (16) * spatial merge size (2).
-QWEN3_VL_FACTOR: int = 32
-#: Token-count bounds qwen-vl-utils uses by default (pixels = tokens * factor**2).
-QWEN_MIN_TOKENS: int = 4
-QWEN_MAX_TOKENS: int = 16384
-
 #: Everything :func:`load_image` understands.
 ImageInput = Union[Image.Image, str, "os.PathLike[str]", bytes, bytearray, memoryview, np.ndarray, IO[bytes]]
 
@@ -70,13 +74,6 @@ _REFUSED_FORMATS = frozenset({"EPS"})
 # Pillow's truncation switch is a module global; we only flip it (under this lock) in the rare
 # case another library already turned it on, so our strict decode cannot be silently relaxed.
 _TRUNCATION_LOCK = threading.Lock()
-
-_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
-_HIGH_BIT_MODES = frozenset({"I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
-
-
-class InvalidImageError(AsymSpecError):
-    """An image input that cannot be used: missing, unreadable, corrupt, too big, or wrong type."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,129 +138,6 @@ def load_image(
         "encoded image bytes, a numpy HxW/HxWxC array, or a binary file object"
     )
 
-
-def image_content_hash(img: Image.Image) -> str:
-    """Return a hex sha256 identifying ``img``'s pixels: its mode, size, palette and raw bytes.
-
-    Two images hash equal exactly when they would decode to the same pixels, independent of the
-    file they came from or their metadata, which is what a feature cache key needs.
-    """
-    if not isinstance(img, Image.Image):
-        raise InvalidImageError(f"image_content_hash expects a PIL.Image.Image, got {type(img).__name__}")
-    h = hashlib.sha256()
-    # Length-delimited header fields so that e.g. mode "L" + size can never collide with another
-    # mode/size split of the same bytes.
-    h.update(f"{img.mode}\x00{img.size[0]}x{img.size[1]}\x00".encode())
-    if img.mode in ("P", "PA"):
-        # Palette images store indices; two images with equal indices but different palettes differ.
-        palette = img.getpalette() or []
-        h.update(bytes(palette))
-        h.update(b"\x00")
-    h.update(img.tobytes())
-    return h.hexdigest()
-
-
-def qwen_target_size(
-    height: int,
-    width: int,
-    min_pixels: int | None = None,
-    max_pixels: int | None = None,
-    factor: int = QWEN3_VL_FACTOR,
-) -> tuple[int, int]:
-    """Return the ``(height, width)`` that qwen-vl-utils' ``smart_resize`` picks for an image.
-
-    Defaults follow qwen-vl-utils: ``min_pixels = 4 * factor**2`` and
-    ``max_pixels = 16384 * factor**2``. Uses the installed ``qwen_vl_utils`` implementation when
-    importable (so we track upstream exactly) and a faithful copy of it otherwise.
-
-    Raises:
-        InvalidImageError: Non-positive sizes, ``min_pixels > max_pixels``, or an aspect ratio
-            over 200 (which the Qwen preprocessing refuses too).
-    """
-    if height <= 0 or width <= 0:
-        raise InvalidImageError(f"cannot resize a {width}x{height} image: both sides must be positive")
-    if factor <= 0:
-        raise InvalidImageError(f"factor must be positive, got {factor}")
-    min_pixels = QWEN_MIN_TOKENS * factor**2 if min_pixels is None else int(min_pixels)
-    max_pixels = QWEN_MAX_TOKENS * factor**2 if max_pixels is None else int(max_pixels)
-    if max_pixels < min_pixels:
-        raise InvalidImageError(f"max_pixels ({max_pixels}) must be >= min_pixels ({min_pixels})")
-    ratio = max(height, width) / min(height, width)
-    if ratio > _QWEN_MAX_RATIO:
-        raise InvalidImageError(
-            f"image is {width}x{height} (aspect ratio {ratio:.1f}); the Qwen vision preprocessing refuses "
-            f"ratios above {_QWEN_MAX_RATIO}; crop or pad it to a less elongated shape"
-        )
-    return _smart_resize_impl()(height, width, factor, min_pixels, max_pixels)
-
-
-def resize_like_qwen(
-    img: Image.Image,
-    min_pixels: int | None = None,
-    max_pixels: int | None = None,
-    factor: int = QWEN3_VL_FACTOR,
-) -> tuple[Image.Image, tuple[int, int]]:
-    """Resize ``img`` exactly as ``qwen_vl_utils.fetch_image`` would.
-
-    The target size comes from :func:`qwen_target_size`; the image is converted to RGB (via the
-    same alpha-on-white flattening as :func:`load_image`) and resized with bicubic resampling,
-    Pillow's ``resize`` default that ``fetch_image`` relies on. For Qwen3-VL use ``factor=32``
-    (the default), which corresponds to ``fetch_image(..., image_patch_size=16)``.
-
-    Returns:
-        ``(resized_image, (height, width))``.
-    """
-    if not isinstance(img, Image.Image):
-        raise InvalidImageError(f"resize_like_qwen expects a PIL.Image.Image, got {type(img).__name__}")
-    width, height = img.size
-    target_h, target_w = qwen_target_size(height, width, min_pixels, max_pixels, factor)
-    rgb = img if img.mode == "RGB" else _to_rgb(img, "the image")
-    # Resize even when the size is unchanged: Pillow then returns a copy, as fetch_image does.
-    out = rgb.resize((target_w, target_h), resample=Image.Resampling.BICUBIC)
-    return out, (target_h, target_w)
-
-
-# --------------------------------------------------------------------------------------------
-# sizing (mirror of qwen_vl_utils.vision_process.smart_resize)
-# --------------------------------------------------------------------------------------------
-
-_QWEN_MAX_RATIO = 200
-_SmartResize = Callable[[int, int, int, int, int], tuple[int, int]]
-_smart_resize_cache: list[_SmartResize] = []
-
-
-def _smart_resize_fallback(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Line-by-line copy of qwen-vl-utils 0.0.14 ``smart_resize`` (used if it is not importable)."""
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _smart_resize_impl() -> _SmartResize:
-    """The upstream ``smart_resize`` if importable, else our copy; resolved lazily and once.
-
-    Lazy because importing qwen_vl_utils pulls in torch and torchvision, which plain image loading
-    must not pay for.
-    """
-    if not _smart_resize_cache:
-        try:
-            from qwen_vl_utils.vision_process import smart_resize as upstream
-
-            def impl(h: int, w: int, factor: int, lo: int, hi: int) -> tuple[int, int]:
-                return tuple(upstream(h, w, factor=factor, min_pixels=lo, max_pixels=hi))  # type: ignore[return-value]
-
-            _smart_resize_cache.append(impl)
-        except Exception:  # ImportError, or a broken optional dependency chain (torchvision)
-            _smart_resize_cache.append(_smart_resize_fallback)
-    return _smart_resize_cache[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,7 +340,7 @@ def _from_array(arr: np.ndarray, check: Callable[[tuple[int, int], str], None]) 
 
 
 # --------------------------------------------------------------------------------------------
-# mode conversion
+# orientation and RGB flattening
 # --------------------------------------------------------------------------------------------
 
 
@@ -478,64 +352,9 @@ def _finish(img: Image.Image, label: str) -> Image.Image:
         # Corrupt EXIF metadata should not reject pixels that decoded fine; keep the stored
         # orientation instead.
         oriented = img.copy()
-    out = _to_rgb(oriented, label)
+    out = to_rgb(oriented, label)
     if out is img:  # never hand back the caller's own object
         out = img.copy()
     # Drop metadata that no longer describes the pixels (orientation handled, alpha flattened).
     out.info = {}
     return out
-
-
-def _to_rgb(img: Image.Image, label: str) -> Image.Image:
-    """Flatten any Pillow mode to 8-bit RGB; transparency is composited on a white background."""
-    mode = img.mode
-    if mode in _HIGH_BIT_MODES:
-        img = _high_bit_to_l(img)
-        mode = img.mode
-    has_alpha = mode in _ALPHA_MODES or (mode in ("P", "L", "RGB") and "transparency" in img.info)
-    try:
-        if has_alpha:
-            rgba = img.convert("RGBA")
-            # Same flattening as qwen-vl-utils' to_rgb (paste through the alpha mask), so RGBA
-            # inputs give identical pixels whichever loader was used.
-            background = Image.new("RGB", rgba.size, (255, 255, 255))
-            background.paste(rgba, mask=rgba.getchannel("A"))
-            return background
-        if mode == "RGB":
-            return img.copy()
-        return img.convert("RGB")
-    except Exception as exc:  # e.g. a mode Pillow cannot convert to RGB (LAB without a profile)
-        raise InvalidImageError(f"{label} has pixel mode {mode!r}, which cannot be converted to RGB ({exc}); save it as RGB first") from exc
-
-
-def _high_bit_to_l(img: Image.Image) -> Image.Image:
-    """Scale 16-bit, 32-bit integer or float single-channel data to 8-bit grayscale.
-
-    Pillow's own ``convert("L")`` clips these modes at 255, turning most 16-bit images white,
-    so scale explicitly:
-      * I;16*: fixed 16-bit range (/257), like the uint16 array path.
-      * I:     values in [0, 255] are taken as 8-bit; in [0, 65535] as 16-bit (the usual source of
-               mode I is a 16-bit PNG/TIFF); anything else is min-max normalised.
-      * F:     values in [0, 1] are scaled by 255; in [0, 255] taken as is; else min-max normalised.
-    """
-    arr = np.asarray(img)
-    if img.mode.startswith("I;16"):
-        arr16 = arr.astype(np.float64)
-        out = np.round(arr16 / 257.0)
-    else:
-        values = arr.astype(np.float64)
-        finite = np.isfinite(values)
-        if not finite.all():
-            values = np.where(finite, values, 0.0)
-        lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-        if img.mode == "F" and lo >= 0.0 and hi <= 1.0:
-            out = np.round(values * 255.0)
-        elif lo >= 0.0 and hi <= 255.0:
-            out = np.round(values)
-        elif img.mode == "I" and lo >= 0.0 and hi <= 65535.0:
-            out = np.round(values / 257.0)
-        elif hi > lo:
-            out = np.round((values - lo) * (255.0 / (hi - lo)))
-        else:
-            out = np.zeros_like(values)
-    return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))

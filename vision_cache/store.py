@@ -1,4 +1,8 @@
-"""A thread-safe, byte-budgeted LRU cache for computed vision features.
+"""Thread-safe LRU caches: the generic :class:`LRUCache` and the vision feature store on it.
+
+:class:`LRUCache` is the one least-recently-used map of the toolkit, bounded by entry count
+and/or total byte size, with hit/miss/eviction counters; the OCR result cache and the caption
+cache of :mod:`captioning` build on it as well.
 
 :class:`FeatureStore` maps string keys (typically an image content hash plus preprocessing
 settings) to arbitrary values whose size is measured in bytes, by default the bytes of every
@@ -15,15 +19,17 @@ import sys
 import threading
 import types
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Generic, TypeVar, overload
 
-__all__ = ["DEFAULT_MAX_BYTES", "FeatureStore", "tensor_nbytes"]
+__all__ = ["DEFAULT_MAX_BYTES", "FeatureStore", "LRUCache", "tensor_nbytes"]
 
 #: Default byte budget: 256 MiB.
 DEFAULT_MAX_BYTES: int = 256 * 2**20
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+D = TypeVar("D")
 
 # Types that never hold tensors; skipping them keeps the size walk cheap and stops it from
 # wandering into modules, classes or functions reachable from an object's __dict__.
@@ -100,6 +106,177 @@ def tensor_nbytes(value: Any) -> int:
     return total
 
 
+def _check_limit(name: str, value: int | None) -> int | None:
+    """``value`` if it is ``None`` or a non-negative int, else a ``ValueError``."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    return value
+
+
+class LRUCache(Generic[K, V]):
+    """Thread-safe least-recently-used map bounded by entry count and/or total byte size.
+
+    Args:
+        max_entries: Entries kept; ``None`` sets no count limit, ``0`` stores nothing.
+        max_bytes: Bound on the sum of the sizes passed to :meth:`put`; ``None`` sets no byte
+            limit, ``0`` stores nothing.
+
+    When a :meth:`put` goes over either bound, least-recently-used entries are evicted until both
+    hold again. Counting: ``hits`` and ``misses`` count :meth:`get` lookups (and the outcomes
+    passed to :meth:`record`); ``evictions`` counts entries dropped to make room, not replaced
+    or discarded ones.
+    """
+
+    def __init__(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+        self._max_entries = _check_limit("max_entries", max_entries)
+        self._max_bytes = _check_limit("max_bytes", max_bytes)
+        self._lock = threading.Lock()
+        # OrderedDict order is recency: first = least recently used, last = most recent.
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+
+    @property
+    def max_entries(self) -> int | None:
+        """The entry bound this cache was created with."""
+        return self._max_entries
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte bound this cache was created with."""
+        return self._max_bytes
+
+    @property
+    def hits(self) -> int:
+        """Lookups that found a value."""
+        return self._hits
+
+    @property
+    def misses(self) -> int:
+        """Lookups that found nothing."""
+        return self._misses
+
+    @property
+    def evictions(self) -> int:
+        """Entries dropped to stay within the bounds."""
+        return self._evictions
+
+    @property
+    def nbytes(self) -> int:
+        """Sum of the sizes of the stored entries."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        """Number of stored entries."""
+        with self._lock:
+            return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is stored; does not count as a hit/miss nor refresh recency."""
+        with self._lock:
+            return key in self._entries
+
+    @overload
+    def get(self, key: K, default: None = None, *, record: bool = True) -> V | None: ...
+
+    @overload
+    def get(self, key: K, default: D, *, record: bool = True) -> V | D: ...
+
+    def get(self, key: K, default: Any = None, *, record: bool = True) -> Any:
+        """The value under ``key`` (marked most recently used), or ``default``.
+
+        ``record=False`` leaves the hit/miss counters alone, for callers that decide how to count
+        the lookup themselves (see :meth:`record`).
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                if record:
+                    self._misses += 1
+                return default
+            self._entries.move_to_end(key)
+            if record:
+                self._hits += 1
+            return entry[0]
+
+    def record(self, hit: bool) -> None:
+        """Count one lookup that was answered without :meth:`get` (e.g. by a shared computation)."""
+        with self._lock:
+            if hit:
+                self._hits += 1
+            else:
+                self._misses += 1
+
+    def put(self, key: K, value: V, nbytes: int = 0) -> bool:
+        """Store ``value`` (of size ``nbytes``) under ``key``, evicting LRU entries to stay in bounds.
+
+        Returns:
+            True if stored. False when a bound is 0 or the value alone exceeds ``max_bytes``; any
+            older value under ``key`` is then dropped, since it is stale.
+
+        Raises:
+            ValueError: ``nbytes`` is not a non-negative int.
+        """
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if self._max_entries == 0 or self._max_bytes == 0:
+                return False
+            if self._max_bytes is not None and nbytes > self._max_bytes:
+                return False
+            self._entries[key] = (value, nbytes)
+            self._bytes += nbytes
+            while self._over_bounds():
+                _, (_, evicted_size) = self._entries.popitem(last=False)
+                self._bytes -= evicted_size
+                self._evictions += 1
+            return True
+
+    def discard(self, key: K) -> bool:
+        """Remove ``key`` if stored; returns whether it was."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return False
+            self._bytes -= entry[1]
+            return True
+
+    def clear(self) -> None:
+        """Drop all entries and reset the counters."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self._hits = 0
+            self._misses = 0
+            self._evictions = 0
+
+    def stats(self) -> dict[str, int]:
+        """Snapshot of ``hits, misses, bytes, entries, evictions``."""
+        with self._lock:
+            return {
+                "hits": self._hits,
+                "misses": self._misses,
+                "bytes": self._bytes,
+                "entries": len(self._entries),
+                "evictions": self._evictions,
+            }
+
+    def _over_bounds(self) -> bool:
+        """Whether the entries exceed a bound (called with the lock held)."""
+        if self._max_entries is not None and len(self._entries) > self._max_entries:
+            return True
+        return self._max_bytes is not None and self._bytes > self._max_bytes
+
+
+# Marks "not stored" in lookups, since a stored value may itself be None.
+_MISSING: Any = object()
+
+
 class _Pending:
     """One in-flight computation that concurrent callers of the same key wait on."""
 
@@ -132,14 +309,11 @@ class FeatureStore(Generic[V]):
             raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
         self._max_bytes = max_bytes
         self._size_fn: Callable[[Any], int] = size_fn if size_fn is not None else tensor_nbytes
+        self._lru: LRUCache[str, V] = LRUCache(max_bytes=max_bytes)
+        # Guards the in-flight table together with the LRU lookups and stores that must be atomic
+        # with it; the LRU's own lock is only ever taken inside this one.
         self._lock = threading.Lock()
-        # OrderedDict order is recency: first = least recently used, last = most recent.
-        self._entries: OrderedDict[str, tuple[V, int]] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
-        self._bytes = 0
-        self._hits = 0
-        self._misses = 0
-        self._evictions = 0
 
     # -- properties ------------------------------------------------------------------------
 
@@ -150,26 +324,17 @@ class FeatureStore(Generic[V]):
 
     def __len__(self) -> int:
         """Number of stored entries."""
-        with self._lock:
-            return len(self._entries)
+        return len(self._lru)
 
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is stored; does not count as a hit/miss nor refresh recency."""
-        with self._lock:
-            return key in self._entries
+        return key in self._lru
 
     # -- core operations ---------------------------------------------------------------------
 
     def get(self, key: str) -> V | None:
         """Return the value stored under ``key`` (marking it most recently used), or ``None``."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self._misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self._hits += 1
-            return entry[0]
+        return self._lru.get(key)
 
     def put(self, key: str, value: V) -> bool:
         """Store ``value`` under ``key``, evicting LRU entries to stay within budget.
@@ -178,9 +343,7 @@ class FeatureStore(Generic[V]):
             True if stored. False when caching is disabled or the value alone exceeds
             ``max_bytes``; any older value under ``key`` is then dropped, since it is stale.
         """
-        size = self._measure(value)
-        with self._lock:
-            return self._store_locked(key, value, size)
+        return self._lru.put(key, value, self._measure(value))
 
     def get_or_compute(self, key: str, fn: Callable[[], V]) -> V:
         """Return the cached value for ``key``, or compute it with ``fn()`` and cache it.
@@ -194,30 +357,26 @@ class FeatureStore(Generic[V]):
             RuntimeError: ``fn`` itself asks for the same key (it would wait on itself forever).
             Exception: Whatever ``fn`` raises.
         """
+        if self._max_bytes == 0:
+            self._lru.record(hit=False)
+            return fn()
         me = threading.get_ident()
-        waiting: _Pending | None = None
         pending: _Pending | None = None
         with self._lock:
-            if self._max_bytes == 0:
-                self._misses += 1
+            value = self._lru.get(key, _MISSING, record=False)
+            if value is not _MISSING:
+                self._lru.record(hit=True)
+                return value  # type: ignore[no-any-return]
+            waiting = self._pending.get(key)
+            if waiting is not None:
+                if waiting.owner == me:
+                    raise RuntimeError(f"FeatureStore.get_or_compute({key!r}) called recursively from its own producer")
+                self._lru.record(hit=True)
             else:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    self._entries.move_to_end(key)
-                    self._hits += 1
-                    return entry[0]
-                waiting = self._pending.get(key)
-                if waiting is not None:
-                    if waiting.owner == me:
-                        raise RuntimeError(f"FeatureStore.get_or_compute({key!r}) called recursively from its own producer")
-                    self._hits += 1
-                else:
-                    self._misses += 1
-                    pending = _Pending(me)
-                    self._pending[key] = pending
+                self._lru.record(hit=False)
+                pending = _Pending(me)
+                self._pending[key] = pending
 
-        if self._max_bytes == 0:
-            return fn()
         if waiting is not None:
             waiting.done.wait()
             if waiting.error is not None:
@@ -237,7 +396,7 @@ class FeatureStore(Generic[V]):
         with self._lock:
             # Store before clearing the in-flight marker (both under the lock) so a new caller
             # sees either the pending computation or the stored value, never a gap to recompute.
-            self._store_locked(key, value, size)
+            self._lru.put(key, value, size)
             self._pending.pop(key, None)
         pending.value = value
         pending.done.set()
@@ -245,33 +404,15 @@ class FeatureStore(Generic[V]):
 
     def discard(self, key: str) -> bool:
         """Remove ``key`` if stored; returns whether it was."""
-        with self._lock:
-            entry = self._entries.pop(key, None)
-            if entry is None:
-                return False
-            self._bytes -= entry[1]
-            return True
+        return self._lru.discard(key)
 
     def stats(self) -> dict[str, int]:
         """Snapshot of ``hits, misses, bytes, entries, evictions, max_bytes``."""
-        with self._lock:
-            return {
-                "hits": self._hits,
-                "misses": self._misses,
-                "bytes": self._bytes,
-                "entries": len(self._entries),
-                "evictions": self._evictions,
-                "max_bytes": self._max_bytes,
-            }
+        return {**self._lru.stats(), "max_bytes": self._max_bytes}
 
     def clear(self) -> None:
         """Drop all entries and reset the counters (in-flight computations still finish)."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-            self._hits = 0
-            self._misses = 0
-            self._evictions = 0
+        self._lru.clear()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -281,18 +422,3 @@ class FeatureStore(Generic[V]):
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"size_fn must return a non-negative int, got {size!r}")
         return size
-
-    def _store_locked(self, key: str, value: V, size: int) -> bool:
-        """Insert under the held lock and evict LRU entries until within budget."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old[1]
-        if self._max_bytes == 0 or size > self._max_bytes:
-            return False
-        self._entries[key] = (value, size)
-        self._bytes += size
-        while self._bytes > self._max_bytes:
-            _, (_, evicted_size) = self._entries.popitem(last=False)
-            self._bytes -= evicted_size
-            self._evictions += 1
-        return True

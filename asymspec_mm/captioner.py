@@ -1,0 +1,58 @@
+"""The drafter as captioner: caption an image with the pipeline's own Qwen3-VL model.
+
+No extra model: the caption comes from the drafter, prompted with
+:data:`captioning.captioner.CAPTION_PROMPT`, decoded greedily, and reusing the vision features
+the drafter's full stream needs anyway (no second tower pass). It lives in :mod:`asymspec_mm`
+because it runs the decoding engines; :mod:`captioning` keeps the captioner interface, the
+caption cache and :func:`captioning.captioner.compress`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from captioning.captioner import CAPTION_PROMPT, CaptionCache
+from vision_cache.hashing import image_content_hash
+
+from .decode import AsymSpecConfig, greedy_steps
+from .engines import PromptImages, VLEngine
+from .loading import eos_ids
+
+__all__ = ["DrafterCaptioner"]
+
+
+class DrafterCaptioner:
+    """Captions an image with a Qwen3-VL model (the pipeline's drafter by default).
+
+    ``encoder`` is the pipeline's :class:`vision_cache.VisionEncoder`, so the tower runs at most once
+    per image across captioning and decoding.
+    """
+
+    def __init__(self, model, processor, encoder, prompt: str = CAPTION_PROMPT, max_new_tokens: int = 256):
+        self.model = model
+        self.processor = processor
+        self.encoder = encoder
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.cache = CaptionCache()
+        self.name = "drafter"
+
+    @torch.no_grad()
+    def caption(self, image, image_hash: str | None = None) -> str:
+        key = CaptionCache.key(image_hash or image_content_hash(image), self.prompt, self.max_new_tokens)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
+        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        enc = self.processor(text=[text], images=[image], return_tensors="pt")
+        engine = VLEngine(self.model, name="captioner", encoder=self.encoder)
+        ids = enc["input_ids"][0]
+        engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
+        tokens: list[int] = []
+        cfg = AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)
+        for events in greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([self.processor.tokenizer]), is_verifier=False):
+            tokens.extend(ev.token_id for ev in events)
+        caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        self.cache.put(key, caption)
+        return caption

@@ -1,0 +1,47 @@
+"""What the loops emit: one :class:`TokenEvent` per committed token, saying why it was emitted."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+#: Token sources and what each means (the loops set nothing else).
+SOURCES: dict[str, str] = {
+    "accepted": "a draft that passed the gate (SD: that matched the verifier's argmax)",
+    "fused": "emitted at a rejection: argmax(t + beta * delta), the drafter's steer of the verifier",
+    "bonus": "the verifier's own token after K acceptances (or, with bonus='gated', the drafter's a_{K+1} "
+             "through the gate, which is then 'accepted' or 'fused')",
+    "corrected": "symmetric SD only: the verifier's own token where it rejected a draft (no fusion)",
+    "greedy": "a baseline's token (Floor, the drafter alone)",
+}
+
+
+@dataclass
+class TokenEvent:
+    """Why one token was emitted.
+
+    source: one of :data:`SOURCES`. step: the decoding step (1-based) and position: the draft position in it.
+    p_verifier / p_base: softmax(t)[token] and softmax(b)[token] (None where that stream did not run).
+    gamma_eff / jsd: the gate's threshold and JSD(a, b) at this position (None outside the gate).
+    verifier_argmax: what the verifier alone would emit here; steered: the token differs from it.
+    draft_token: the rejected draft where the token replaced one. top_verifier / top_fused: the top
+    ``trace_top`` (token, probability) pairs of softmax(t) and of softmax(t + beta * delta).
+    """
+
+    index: int
+    token_id: int
+    text: str
+    source: str
+    step: int
+    position: int
+    p_verifier: float | None = None
+    p_base: float | None = None
+    gamma_eff: float | None = None
+    jsd: float | None = None
+    verifier_argmax: int | None = None
+    steered: bool = False
+    draft_token: int | None = None
+    top_verifier: list[tuple[int, float]] = field(default_factory=list)
+    top_fused: list[tuple[int, float]] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,88 @@
+"""Loading helpers of the pipeline: device and dtype, the shared-vocabulary check, EOS discovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import UnknownOptionError, VocabularyMismatchError
+
+BACKENDS = ("transformers", "vllm")
+DTYPE_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+               "fp32": torch.float32, "float32": torch.float32, "auto": None}
+
+
+def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str | None) -> tuple[torch.device, torch.dtype]:
+    """Auto: cuda + bf16 when a GPU is there, else cpu + fp32."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise UnknownOptionError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPE_NAMES)}")
+        dtype = DTYPE_NAMES[dtype]
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, dtype
+
+
+def check_vocabularies(drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int) -> None:
+    """Drafter and verifier must share one output vocabulary: same logit width, same token at every shared id.
+
+    Raises :class:`VocabularyMismatchError` naming the first mismatching ids.
+    """
+    if drafter_logits != verifier_logits:
+        raise VocabularyMismatchError(
+            f"the drafter has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
+            "shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
+        )
+    n = min(len(drafter_tokenizer), len(verifier_tokenizer))
+    d_tokens = drafter_tokenizer.convert_ids_to_tokens(list(range(n)))
+    v_tokens = verifier_tokenizer.convert_ids_to_tokens(list(range(n)))
+    bad = [i for i, (x, y) in enumerate(zip(d_tokens, v_tokens)) if x != y]
+    if bad:
+        shown = ", ".join(f"id {i}: drafter {d_tokens[i]!r} vs verifier {v_tokens[i]!r}" for i in bad[:5])
+        raise VocabularyMismatchError(
+            f"drafter and verifier tokenizers differ at {len(bad)} of {n} shared ids (first: {shown}). "
+            "AsymSpec fuses logits id by id, so both models must use the same tokenizer."
+        )
+
+
+def load_kwargs(dtype: torch.dtype, device_map: Any, trust_remote_code: bool) -> dict:
+    """Keyword arguments of a transformers ``from_pretrained``."""
+    kw: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    if device_map is not None:
+        kw["device_map"] = device_map
+    return kw
+
+
+def check_backends(verifier_backend: str, drafter_backend: str, verifier_device_map: Any, vllm_kwargs: dict | None,
+                   drafter_vllm_kwargs: dict | None) -> None:
+    """Refuse backend options that do not fit together, naming the fix."""
+    for opt, value in (("verifier_backend", verifier_backend), ("drafter_backend", drafter_backend)):
+        if value not in BACKENDS:
+            raise UnknownOptionError(f"{opt}={value!r} is not valid; choose one of {', '.join(BACKENDS)}")
+    if verifier_backend == "vllm" and verifier_device_map is not None:
+        raise UnknownOptionError("verifier_device_map applies to the transformers backend; with "
+                                 "verifier_backend='vllm' use vllm_kwargs={'tensor_parallel_size': N}")
+    if vllm_kwargs and verifier_backend != "vllm":
+        raise UnknownOptionError("vllm_kwargs is set but verifier_backend is not 'vllm'")
+    if drafter_vllm_kwargs and drafter_backend != "vllm":
+        raise UnknownOptionError("drafter_vllm_kwargs is set but drafter_backend is not 'vllm'")
+
+
+def eos_ids(tokenizers, models=()) -> set[int]:
+    """Every id that ends an answer: the chat end and end-of-text tokens of each tokenizer, its ``eos_token_id``,
+    and each model's ``generation_config.eos_token_id`` (an int or a list)."""
+    ids: set[int] = set()
+    for tok in tokenizers:
+        for t in ("<|im_end|>", "<|endoftext|>"):
+            i = tok.convert_tokens_to_ids(t)
+            if isinstance(i, int) and i >= 0 and i != tok.unk_token_id:
+                ids.add(i)
+        if tok.eos_token_id is not None:
+            ids.add(tok.eos_token_id)
+    for model in models:
+        gen = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids

@@ -1,0 +1,116 @@
+"""One request between set-up and answer: :class:`Session` (prepared, prefilled streams) and
+:class:`GenerationStream` (its steps as they are committed, then the :class:`MMResult`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from captioning.view import CompressedView
+
+from .config import AsymSpecConfig
+from .decode import StopFn, TokenEvent
+from .engines import Engine
+from .prompts import Prompts
+
+
+@dataclass
+class MMResult:
+    """One answer and its provenance: ``trace`` has one :class:`TokenEvent` per emitted token."""
+
+    text: str
+    token_ids: list[int]
+    trace: list[TokenEvent]
+    stats: dict[str, Any]
+    prompts: Prompts
+    view: CompressedView
+    method: str = "asymspec"
+    config: AsymSpecConfig = field(default_factory=AsymSpecConfig)
+
+    def as_dict(self) -> dict:
+        """JSON-ready summary (no tensors)."""
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "method": self.method,
+            "config": self.config.as_dict(),
+            "stats": self.stats,
+            "view": {"caption": self.view.caption, "ocr_text": self.view.ocr_text},
+            "trace": [ev.as_dict() for ev in self.trace],
+        }
+
+    def __repr__(self) -> str:
+        return (f"MMResult(text={self.text!r}, method={self.method!r}, new_tokens={len(self.token_ids)}, "
+                f"steps={self.stats.get('steps')}, acceptance_rate={self.stats.get('acceptance_rate')})")
+
+
+@dataclass
+class Session:
+    """A request set up and prefilled, ready for :meth:`AsymSpecPipeline.run`.
+
+    streams: the prefilled engines the method needs, keyed ``drafter_full`` / ``drafter_comp`` /
+    ``verifier``; each caches ``prompt[:-1]`` and ``pending[name]`` ``[1]`` is the token its first
+    forward starts with. stats: what set-up measured (caption/OCR/prefill seconds, vision calls).
+    """
+
+    method: str
+    config: AsymSpecConfig
+    prompts: Prompts
+    view: CompressedView
+    streams: dict[str, Engine]
+    pending: dict[str, torch.Tensor]
+    eos_ids: set[int]
+    stop_fn: StopFn | None
+    prefill_s: float
+    t_start: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class GenerationStream(Iterator[list[TokenEvent]]):
+    """The committed steps of one request: iterating yields each step's :class:`TokenEvent` list (their
+    ``text`` filled in); once exhausted, :attr:`result` holds the :class:`MMResult`."""
+
+    def __init__(self, steps: Iterator[list[TokenEvent]], finish: Callable[[], MMResult]):
+        self._steps = steps
+        self._finish = finish
+        self._result: MMResult | None = None
+
+    def __iter__(self) -> GenerationStream:
+        return self
+
+    def __next__(self) -> list[TokenEvent]:
+        if self._result is not None:
+            raise StopIteration(self._result)
+        try:
+            return next(self._steps)
+        except StopIteration:
+            self._result = self._finish()
+            raise StopIteration(self._result) from None  # .value: the result, as a generator's return value
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    @property
+    def result(self) -> MMResult:
+        """The answer; decodes whatever steps are left first."""
+        for _ in self:
+            pass
+        assert self._result is not None
+        return self._result
+
+    def texts(self) -> Iterator[str]:
+        """The answer's text as it grows, one piece per step (as transformers' ``TextIteratorStreamer``)."""
+        for events in self:
+            piece = "".join(ev.text for ev in events)
+            if piece:
+                yield piece
+
+    def close(self) -> None:
+        """Stop decoding early (the result is then not available)."""
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,216 @@
+"""Imports between the top-level packages go one way: vision_cache < captioning < asymspec_mm < ui.
+
+A package may import itself and the packages below it, never one above. The one exception is
+``asymspec_mm/cli.py``, the command-line composition root, which may import ``ui`` (to add the
+``demo`` command); in exchange nothing may import ``asymspec_mm.cli`` (tests aside), so the
+exception cannot leak a dependency on ``ui`` into the rest of ``asymspec_mm``.
+
+Every import counts: module-level and inside functions, absolute and relative, and
+``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The packages from the bottom of the import order to the top.
+ORDER: tuple[str, ...] = ("vision_cache", "captioning", "asymspec_mm", "ui")
+RANK = {package: rank for rank, package in enumerate(ORDER)}
+
+#: The module allowed to import every package, and which nothing may import.
+COMPOSITION_ROOT = "asymspec_mm.cli"
+
+
+def module_name(path: Path, root: Path = ROOT) -> tuple[str, bool]:
+    """``(dotted module name, is a package __init__)`` of a source file under ``root``."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    if is_package:
+        parts.pop()
+    return ".".join(parts), is_package
+
+
+def resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name ``from <level dots><name> import ...`` refers to inside ``module``."""
+    if level == 0:
+        return name or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level - 1 > len(base) - 1:
+        raise ValueError(f"relative import beyond the top-level package in {module}")
+    anchor = base[: len(base) - (level - 1)]
+    return ".".join(anchor + ([name] if name else []))
+
+
+def _literal_import_call(node: ast.Call) -> str | None:
+    """The literal module name of ``importlib.import_module("x")`` / ``__import__("x")``, if any."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if called not in ("import_module", "__import__") or not node.args:
+        return None
+    first = node.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str) and not first.value.startswith("."):
+        return first.value
+    return None
+
+
+def imports_of(source: str, module: str, is_package: bool) -> Iterator[str]:
+    """Every absolute name the source of ``module`` imports, wherever the import statement is.
+
+    ``from a.b import c`` yields ``a.b.c`` (``c`` may be a submodule), ``from a import *`` yields
+    ``a``.
+    """
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve_relative(module, is_package, node.level, node.module)
+            for alias in node.names:
+                yield base if alias.name == "*" else f"{base}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            name = _literal_import_call(node)
+            if name is not None:
+                yield name
+
+
+def project_imports(root: Path = ROOT) -> list[tuple[str, str]]:
+    """``(module, imported name)`` for every import of a project package by a project module."""
+    found = []
+    for package in ORDER:
+        for path in sorted((root / package).rglob("*.py")):
+            module, is_package = module_name(path, root)
+            for name in imports_of(path.read_text(encoding="utf-8"), module, is_package):
+                if name.split(".")[0] in RANK:
+                    found.append((module, name))
+    return found
+
+
+def upward_imports(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The imports of a package above the importer's own, minus the composition root's of ui."""
+    bad = []
+    for module, name in imports:
+        importer, imported = module.split(".")[0], name.split(".")[0]
+        if RANK[imported] <= RANK[importer]:
+            continue
+        if module == COMPOSITION_ROOT and imported == "ui":
+            continue
+        bad.append((module, name))
+    return bad
+
+
+def composition_root_imports(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The imports of the composition root by any other module."""
+    return [
+        (module, name)
+        for module, name in imports
+        if module != COMPOSITION_ROOT and (name == COMPOSITION_ROOT or name.startswith(COMPOSITION_ROOT + "."))
+    ]
+
+
+def _listing(pairs: list[tuple[str, str]]) -> str:
+    return "\n".join(f"  {module} imports {name}" for module, name in pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules, on the repository
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scanner_sees_the_project_imports() -> None:
+    imports = project_imports()
+    # Known imports of each kind: module level, function level, relative.
+    assert ("asymspec_mm.engines", "vision_cache.features.VisionFeatures") in imports
+    assert ("asymspec_mm.pipeline", "asymspec_mm.captioner.DrafterCaptioner") in imports
+    assert ("captioning.ocr.cache", "vision_cache.store.LRUCache") in imports
+
+
+def test_packages_import_only_themselves_and_packages_below() -> None:
+    bad = upward_imports(project_imports())
+    assert not bad, (
+        f"imports against the package order {' < '.join(ORDER)} "
+        f"(only {COMPOSITION_ROOT} may import ui):\n{_listing(bad)}"
+    )
+
+
+def test_nothing_imports_the_composition_root() -> None:
+    bad = composition_root_imports(project_imports())
+    assert not bad, f"{COMPOSITION_ROOT} is the composition root; nothing may import it:\n{_listing(bad)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the scanner itself, on small sources
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "is_package", "level", "name", "expected"),
+    [
+        ("asymspec_mm.eval.run", False, 1, "cli", "asymspec_mm.eval.cli"),
+        ("asymspec_mm.eval.run", False, 2, "errors", "asymspec_mm.errors"),
+        ("asymspec_mm.eval", True, 1, "run", "asymspec_mm.eval.run"),
+        ("asymspec_mm.eval", True, 2, None, "asymspec_mm"),
+        ("captioning.ocr.base", False, 1, None, "captioning.ocr"),
+        ("ui.app", False, 0, "asymspec_mm.cli", "asymspec_mm.cli"),
+    ],
+)
+def test_resolve_relative(module: str, is_package: bool, level: int, name: str | None, expected: str) -> None:
+    assert resolve_relative(module, is_package, level, name) == expected
+
+
+def test_resolve_relative_refuses_to_leave_the_package() -> None:
+    with pytest.raises(ValueError):
+        resolve_relative("ui.app", False, 3, "x")
+
+
+def test_imports_of_finds_every_kind() -> None:
+    source = (
+        "import vision_cache.store\n"
+        "from captioning import ocr as o\n"
+        "from . import cli\n"
+        "from ..errors import *\n"
+        "def f():\n"
+        "    from ui.app import main\n"
+        "    import importlib\n"
+        "    importlib.import_module('asymspec_mm.bench')\n"
+        "    __import__('gradio')\n"
+        "    importlib.import_module(name)\n"
+    )
+    # ast.walk visits breadth-first, so compare regardless of order.
+    assert sorted(imports_of(source, "asymspec_mm.eval.x", False)) == sorted(
+        [
+            "vision_cache.store",
+            "captioning.ocr",
+            "asymspec_mm.eval.cli",
+            "asymspec_mm.errors",
+            "ui.app.main",
+            "importlib",
+            "asymspec_mm.bench",
+            "gradio",
+        ]
+    )
+
+
+def test_rules_on_synthetic_imports() -> None:
+    imports = [
+        ("vision_cache.image", "vision_cache.errors.InvalidImageError"),  # itself: fine
+        ("captioning.ocr", "vision_cache.store"),  # below: fine
+        ("asymspec_mm.cli", "ui.app"),  # the composition root may import ui
+        ("vision_cache.image", "asymspec_mm.errors.AsymSpecError"),  # above: refused
+        ("asymspec_mm.bench", "ui.app"),  # ui from anywhere else: refused
+        ("ui.app", "asymspec_mm.cli.add_model_args"),  # below, but the composition root
+        ("asymspec_mm", "asymspec_mm.cli"),
+    ]
+    assert upward_imports(imports) == [
+        ("vision_cache.image", "asymspec_mm.errors.AsymSpecError"),
+        ("asymspec_mm.bench", "ui.app"),
+    ]
+    assert composition_root_imports(imports) == [
+        ("ui.app", "asymspec_mm.cli.add_model_args"),
+        ("asymspec_mm", "asymspec_mm.cli"),
+    ]
