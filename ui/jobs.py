@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from asymspec_mm.config import METHODS
 
 from .render import (
+    SPECULATIVE_SOURCES,
     jsd_gamma_chart,
     method_subtitle,
     method_title,
@@ -117,20 +118,21 @@ class _Job:
 
     def _decode(self, key: str, method: str, caption: str | None, ocr: str | bool | None) -> Any:
         """Stream one decode onto the queue under ``key``; its result, or None when cancelled or abandoned."""
+        # Checked before each step is decoded (and before the view is prepared), so a stop costs no further work.
+        if self.cancel.is_set() or self._abandoned():
+            return None
         r = self.req
-        gen = self.pipe.stream(r.image, r.question, caption=caption, ocr=ocr, method=method, **r.overrides)
+        stream = self.pipe.stream(r.image, r.question, caption=caption, ocr=ocr, method=method, **r.overrides)
         try:
-            while True:
+            for events in stream:
+                self.q.put((key, "events", events))
                 if self.cancel.is_set() or self._abandoned():
                     return None
-                try:
-                    events = next(gen)
-                except StopIteration as stop:
-                    self.q.put((key, "done", stop.value))
-                    return stop.value
-                self.q.put((key, "events", events))
+            result = stream.result
+            self.q.put((key, "done", result))
+            return result
         finally:
-            gen.close()
+            stream.close()
 
     def _abandoned(self) -> bool:
         """Whether to stop: cancelled, or the reader has left items unread for :attr:`abandon_after_s`."""
@@ -342,7 +344,7 @@ class DemoApp:
         main = results["main"]
         counts = source_counts(main.trace)
         summary = (f"Done in {time.perf_counter() - t0:.1f} s: {len(main.trace)} tokens"
-                   + ("".join(f", {counts[s]} {s}" for s in ("accepted", "fused", "bonus") if counts.get(s)))
+                   + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
                    + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else ""))
         if req.notes:
             summary += " (" + "; ".join(req.notes) + ")"

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "METHOD_PANELS",
     "SOURCES",
+    "SPECULATIVE_SOURCES",
     "STEERED_HELP",
     "esc",
     "jsd_gamma_chart",
@@ -35,8 +36,11 @@ SOURCES: dict[str, str] = {
     "accepted": "drafter token accepted by the gate",
     "fused": "emitted at a rejection: argmax of verifier + \u03b2\u00b7\u03b4 (the image's steer)",
     "bonus": "the verifier's own token after K acceptances",
+    "corrected": "symmetric SD only: the verifier's own token where it rejected a draft (no fusion)",
     "greedy": "plain greedy decoding (Floor / drafter alone)",
 }
+#: The sources a speculative method emits (counted in summaries; the rest is plain greedy decoding).
+SPECULATIVE_SOURCES = ("accepted", "fused", "corrected", "bonus")
 STEERED_HELP = "differs from the token the verifier alone would emit here"
 
 #: Panel title and subtitle of each decoding method.
@@ -241,7 +245,7 @@ def render_panel(title: str, trace: Sequence[Any], tokenizer: Any = None, *, sub
     if trace:
         c = source_counts(trace)
         parts = [f"{len(trace)} tokens"]
-        parts += [f"{c[s]} {s}" for s in ("accepted", "fused", "bonus") if c.get(s)]
+        parts += [f"{c[s]} {s}" for s in SPECULATIVE_SOURCES if c.get(s)]
         if any(_get(ev, "verifier_argmax") is not None for ev in trace) and _get(trace[0], "source") != "greedy":
             parts.append(f"{c['steered']} steered")
         if stats and done:
