@@ -175,6 +175,21 @@ def test_render_trace_html_dicts_streaming_and_empty():
     assert "AsymSpec &lt;x&gt;" in panel and "asym-legend" in panel and "1 fused" in panel and "1 steered" in panel
 
 
+@pytest.mark.parametrize("method", ["asymspec", "sd", "floor", "drafter"])
+def test_every_source_the_loops_emit_is_rendered_as_itself(tiny_pipe, method):
+    case = make_case(2)
+    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"] or "a chart",
+                             ocr=case["ocr"] or False, method=method, max_new_tokens=16)
+    toks = parse(render_trace_html(res.trace, tiny_pipe.tokenizer)).tokens
+    assert [t["attrs"]["data-source"] for t in toks] == [ev.source for ev in res.trace]
+    assert all(f"tok-{ev.source}" in t["classes"] for t, ev in zip(toks, res.trace))
+    if method == "sd":  # the verifier's corrections are counted and have a legend entry and a colour
+        n = sum(ev.source == "corrected" for ev in res.trace)
+        assert n and f"{n} corrected" in render_panel("SD", res.trace, tiny_pipe.tokenizer, legend=True)
+        assert 'class="tok tok-corrected"' in render_panel("SD", [], legend=True)
+        assert ".tok-corrected {" in ui_app.CSS
+
+
 def test_stats_html_and_chart():
     stats = {"steps": 3, "acceptance_rate": 0.5, "mean_accepted_length": 2.5, "accepted_per_position": [3, 2, 1, 0],
              "new_tokens": 8, "tokens_per_s": 12.5, "wall_s": 1.25, "vision_calls": 1, "vision_cache_hits": 2,

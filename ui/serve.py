@@ -1,0 +1,136 @@
+"""Serving the steering inspector: the safe launch defaults and the ``asymspec-mm demo`` sub-command.
+
+Torch- and Gradio-free at import (the CLI registers the sub-command on every start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from asymspec_mm.options import add_model_args, finite_float, load_pipeline, pipeline_from_args
+
+from .jobs import DEFAULT_MAX_NEW_TOKENS
+
+if TYPE_CHECKING:  # pragma: no cover
+    import gradio as gr
+
+    from asymspec_mm.pipeline import AsymSpecPipeline
+
+__all__ = ["add_demo_parser", "is_loopback", "launch", "main", "serve"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def launch(pipe_or_preset: "AsymSpecPipeline | str" = "auto", host: str = "127.0.0.1", port: int | None = 7860,
+           share: bool = False, *, drafter: str | None = None, verifier: str | None = None, device: str | None = None,
+           dtype: str | None = None, ocr_engine: str = "auto", examples: Sequence[dict] | None = None,
+           max_upload_mb: float = 10, concurrency_limit: int = 2, max_queue: int = 64,
+           default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, prevent_thread_lock: bool = False,
+           quiet: bool = False, **launch_kwargs) -> "gr.Blocks":
+    """Load the models once (unless a pipeline is given), build the app and serve it.
+
+    Binds ``127.0.0.1`` by default; any other host prints a warning (the demo has no authentication).
+    No share link unless ``share=True``. Analytics are off. Returns the running Blocks (call
+    ``.close()`` to stop; with ``prevent_thread_lock=False`` this blocks until interrupted).
+    """
+    from .app import build_app  # not at the top: ui.app re-exports this module's names
+
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    if isinstance(pipe_or_preset, str) or pipe_or_preset is None:
+        pipe = load_pipeline(pipe_or_preset, drafter, verifier, device=device, dtype=dtype, ocr_engine=ocr_engine)
+    else:
+        pipe = pipe_or_preset
+    demo = build_app(pipe, examples=examples, max_upload_mb=max_upload_mb, concurrency_limit=concurrency_limit,
+                     max_queue=max_queue, default_max_new_tokens=default_max_new_tokens)
+    return serve(demo, host=host, port=port, share=share, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
+                 **launch_kwargs)
+
+
+def serve(demo: "gr.Blocks", host: str = "127.0.0.1", port: int | None = 7860, share: bool = False, *,
+          prevent_thread_lock: bool = False, quiet: bool = False, **launch_kwargs) -> "gr.Blocks":
+    """Serve a Blocks made by :func:`build_app` with the demo's safe defaults: no share link unless asked,
+    Gradio's upload limit set to the app's ``max_upload_mb``, no SSR/monitoring/MCP/PWA extras, the bundled
+    examples' folder allowed. Extra keyword arguments go to ``Blocks.launch``."""
+    if not is_loopback(host):
+        msg = (f"serving the demo on {host}: anyone who can reach this machine on port {port} can use it "
+               "(there is no authentication). Use the default --host 127.0.0.1 to keep it local.")
+        warnings.warn(msg, stacklevel=2)
+        print(f"asymspec-mm demo: WARNING: {msg}", file=sys.stderr)
+    if share:
+        print("asymspec-mm demo: WARNING: --share creates a public link through Gradio's tunnel service.", file=sys.stderr)
+    max_mb = getattr(demo, "asymspec_max_upload_mb", 10)
+    allowed = list(launch_kwargs.pop("allowed_paths", None) or []) + list(getattr(demo, "asymspec_allowed_paths", []))
+    opts = dict(server_name=host, server_port=port, share=bool(share), max_file_size=f"{max_mb}mb",
+                show_error=True, prevent_thread_lock=prevent_thread_lock, quiet=quiet, allowed_paths=allowed,
+                inbrowser=False, ssr_mode=False, enable_monitoring=False, mcp_server=False, pwa=False,
+                footer_links=["api", "settings"])
+    opts.update(launch_kwargs)
+    demo.launch(**opts)
+    return demo
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The ``demo`` sub-command: check the extras, load the models once, serve until interrupted."""
+    import importlib.util
+
+    missing = [m for m in ("gradio", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"error: the demo needs {', '.join(missing)}: pip install 'asymspec-mm[ui]'", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    # Import Gradio while the models load (much of both is I/O), so the page is up sooner.
+    preload = threading.Thread(target=lambda: __import__("gradio"), name="import-gradio", daemon=True)
+    preload.start()
+    pipe = pipeline_from_args(args)
+    print(f"asymspec-mm demo: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    preload.join()
+    launch(pipe, host=args.host, port=args.port, share=args.share, max_upload_mb=args.max_upload_mb,
+           concurrency_limit=args.concurrency, default_max_new_tokens=args.max_new_tokens)
+    return 0
+
+
+def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``demo`` on an argparse sub-parsers object; its ``func(args)`` loads the models and serves."""
+    p = subparsers.add_parser("demo", help="the steering inspector in your browser (Gradio)",
+                              description="Serve the AsymSpec steering inspector (binds 127.0.0.1 by default).")
+    add_model_args(p)  # the same model options as `generate`
+    s = p.add_argument_group("serving")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind [default: %(default)s]; "
+                   "anything else exposes the demo to the network (a warning is printed)")
+    s.add_argument("--port", type=int, default=7860, help="[default: %(default)s]")
+    s.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    s.add_argument("--max-upload-mb", type=finite_float, default=10,
+                   help="largest upload accepted [default: %(default)s]")
+    s.add_argument("--concurrency", type=int, default=2, help="requests processed at once [default: %(default)s]")
+    s.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help="initial value of the max-new-tokens slider [default: %(default)s]")
+    p.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m ui.serve") -> int:
+    """``python -m ui.serve [demo options]``: the ``demo`` sub-command without the rest of the CLI."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_demo_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["demo", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
