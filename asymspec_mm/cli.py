@@ -8,10 +8,11 @@ import os
 import sys
 from typing import Any
 
+from .config import BONUS_RULES
 from .errors import AsymSpecError
 from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 
-SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "greedy": ""}
+SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "corrected": "!", "greedy": ""}
 
 
 def format_provenance(res) -> str:
@@ -104,14 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quickstart", help="run a bundled example on the bundled tiny pair")
     q.add_argument("--example", type=int, default=0)
     q.add_argument("--max-new-tokens", type=int, default=64)
-    q.add_argument("--bonus", default="verifier", choices=["verifier", "gated"])
+    q.add_argument("--bonus", default="verifier", choices=BONUS_RULES, help="bonus-token rule [default: %(default)s]")
     q.set_defaults(func=cmd_quickstart)
 
-    for module, adder in (("ui.app", "add_demo_parser"), ("asymspec_mm.eval.cli", "add_eval_parser"), ("asymspec_mm.bench", "add_bench_parser")):
+    for module, adder in (("ui.serve", "add_demo_parser"), ("asymspec_mm.eval.cli", "add_eval_parser"), ("asymspec_mm.bench", "add_bench_parser")):
         try:
             mod = __import__(module, fromlist=[adder])
         except ImportError as exc:  # an optional part whose extra is not installed
-            name = {"ui.app": "demo", "asymspec_mm.eval.cli": "eval", "asymspec_mm.bench": "bench"}[module]
+            name = {"ui.serve": "demo", "asymspec_mm.eval.cli": "eval", "asymspec_mm.bench": "bench"}[module]
             extra = {"demo": "ui", "eval": "eval", "bench": "eval"}[name]
             p = sub.add_parser(name, help=f"(unavailable: {exc.name} missing; pip install 'asymspec-mm[{extra}]')")
             p.set_defaults(func=lambda a, e=exc, x=extra: _missing(e, x))

@@ -248,13 +248,10 @@ def mixed_table(res: dict[str, Any]) -> list[str]:
 
 
 def load_pipeline(drafter: str | None, verifier: str | None):
-    import torch
+    """The pair in ``drafter``/``verifier`` (a retrained pair's folders), else the shipped tiny preset; no OCR."""
+    from ..options import load_pipeline as load
 
-    from ..pipeline import AsymSpecPipeline
-
-    if drafter and verifier:
-        return AsymSpecPipeline.from_pretrained(drafter=drafter, verifier=verifier, device="cpu", dtype="fp32", local_files_only=True, ocr="none")
-    return AsymSpecPipeline.from_preset("tiny", ocr="none")
+    return load("tiny", drafter, verifier, device="cpu", dtype="fp32", ocr_engine="none", local_files_only=True)
 
 
 def main(argv: list[str] | None = None) -> int:
