@@ -7,7 +7,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup quickstart test demo bench eval-minivista clean
+.PHONY: setup quickstart test lint demo bench eval-minivista clean
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,13 @@ quickstart: setup
 # 2) set up and run the whole test suite (browser tests use Debian's chromium, installed here when missing)
 test: setup
 	@[ -x /usr/bin/chromium ] || (command -v apt-get >/dev/null && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null))) || echo "chromium not installable: browser tests will be skipped"
+	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# ruff: lint and format check (pyproject.toml's [tool.ruff])
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 demo: setup
 	$(VENV)/bin/asymspec-mm demo --preset tiny

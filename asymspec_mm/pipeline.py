@@ -185,6 +185,15 @@ class AsymSpecPipeline:
         """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
         return self.stream(image, question, **kwargs).result
 
+    def generate_batch(self, requests, method: str = "asymspec", config: AsymSpecConfig | None = None,
+                       batch_size: int | None = None, **overrides) -> list[MMResult]:
+        """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
+        :class:`~asymspec_mm.batch.Request`), decoding up to ``batch_size`` of them together; results in input
+        order, each equal to :meth:`generate` of that request alone (see :mod:`asymspec_mm.batch`)."""
+        from .batch.generate import generate_batch
+
+        return generate_batch(self, requests, method, config, batch_size, **overrides)
+
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
         """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
         return self.run(self.prepare(image, question, **kwargs))
@@ -259,9 +268,10 @@ class AsymSpecPipeline:
                 trace.extend(events)
                 yield events
 
-        return GenerationStream(decoded_steps(), lambda: self._result(session, counters, trace))
+        return GenerationStream(decoded_steps(), lambda: self.result_of(session, counters, trace))
 
-    def _result(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
+    def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
+        """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's."""
         stats = counters.as_dict()
         stats.update(session.stats, wall_s=time.perf_counter() - session.t_start, steered=sum(ev.steered for ev in trace),
                      fused=sum(ev.source == "fused" for ev in trace))

@@ -119,7 +119,27 @@ def load_text_table(source: TextSource, kind: str) -> tuple[dict[str, Any], dict
     return {str(k): v for k, v in texts.items()}, metadata, origin
 
 
-class StaticCaptioner:
+class PidTable:
+    """Stored texts keyed by problem id (``self._texts``), in file order: ``pid in table``, ``len``, iteration."""
+
+    _texts: Mapping[str, Any]
+
+    @property
+    def pids(self) -> list[str]:
+        """Problem ids that have a stored text, in file order."""
+        return list(self._texts)
+
+    def __contains__(self, pid: object) -> bool:
+        return str(pid) in self._texts
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+
+class StaticCaptioner(PidTable):
     """Serves precomputed captions (MathVista ``captions_bard.json``) by problem id.
 
     Args:
@@ -137,20 +157,6 @@ class StaticCaptioner:
         self._texts, self.metadata, self.origin = load_text_table(source, "caption")
         self.fallback = fallback
         self.refine = refine
-
-    @property
-    def pids(self) -> list[str]:
-        """Problem ids that have a caption, in file order."""
-        return list(self._texts)
-
-    def __contains__(self, pid: object) -> bool:
-        return str(pid) in self._texts
-
-    def __len__(self) -> int:
-        return len(self._texts)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._texts)
 
     def raw(self, pid: str | int) -> str:
         """The caption exactly as stored (no clean-up).

@@ -146,7 +146,7 @@ def check_vl(args, work: Path, llm_kw: dict) -> dict:
         features, _ = ref.encoder.encode(p.pixel_values, p.image_grid_thw)
         ids = p.drafter_full_ids[0].to(dev)
         a, b = VLEngine(ref.drafter, name="drafter_full"), pipe.drafter_full.vision_engine()
-        a.prefill(ids[:-1], p.mm_token_type_ids[0, :-1], features)
+        a.prefill_features(ids[:-1], p.mm_token_type_ids[0, :-1], features)
         b.prefill(ids[:-1], [img])
         assert a.length == b.length, (a.length, b.length)
         pending = ids[-1:]

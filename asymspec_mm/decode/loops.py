@@ -30,11 +30,11 @@ Timer = Callable[[str], AbstractContextManager]
 Tops = list[tuple[TopPairs, TopPairs]] | None
 
 
-def _no_timer(name: str) -> AbstractContextManager:
+def no_timer(name: str) -> AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _event(step: int, i: int, token: int, source: str, p_verifier: float | None, p_base: float | None = None,
+def make_event(step: int, i: int, token: int, source: str, p_verifier: float | None, p_base: float | None = None,
            gamma_eff: float | None = None, jsd: float | None = None, verifier_argmax: int | None = None,
            draft: int | None = None, tops: tuple[TopPairs, TopPairs] | None = None) -> TokenEvent:
     ev = TokenEvent(index=0, token_id=token, text="", source=source, step=step, position=i + 1, p_verifier=p_verifier,
@@ -45,22 +45,22 @@ def _event(step: int, i: int, token: int, source: str, p_verifier: float | None,
     return ev
 
 
-def _at(tops: Tops, i: int) -> tuple[TopPairs, TopPairs] | None:
+def tops_at(tops: Tops, i: int) -> tuple[TopPairs, TopPairs] | None:
     return None if tops is None else tops[i]
 
 
 def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
     """What the gate emits at position i+1: the draft when accepted, else the fused token (replacing it)."""
     if row.accepted:
-        return _event(step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd,
+        return make_event(step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd,
                       row.verifier_argmax, tops=tops)
-    return _event(step, i, row.fused, "fused", row.p_verifier_fused, row.p_base_fused, row.gamma_eff, row.jsd,
+    return make_event(step, i, row.fused, "fused", row.p_verifier_fused, row.p_base_fused, row.gamma_eff, row.jsd,
                   row.verifier_argmax, draft=row.draft, tops=tops)
 
 
 def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
     """The verifier's own token at position K+1 (``bonus="verifier"``)."""
-    return _event(step, k, bonus.token, "bonus", bonus.p_verifier, bonus.p_base, verifier_argmax=bonus.token, tops=tops)
+    return make_event(step, k, bonus.token, "bonus", bonus.p_verifier, bonus.p_base, verifier_argmax=bonus.token, tops=tops)
 
 
 def asymspec_steps(
@@ -75,7 +75,7 @@ def asymspec_steps(
     timer: Timer | None = None,
 ) -> Iterator[list[TokenEvent]]:
     """Algorithm 1, greedy. ``pending``: each stream's last prompt token ``[1]`` (full, comp, verifier)."""
-    k, top, timer = cfg.k, cfg.trace_top, timer or _no_timer
+    k, top, timer = cfg.k, cfg.trace_top, timer or no_timer
     counters = counters or Counters(k, {"drafter_full": drafter_full, "drafter_comp": drafter_comp, "verifier": verifier})
     out = Emitter(counters, cfg.max_new_tokens, eos_ids, stop_fn)
     full, comp, ver = (Stream(e, p) for e, p in zip((drafter_full, drafter_comp, verifier), pending))
@@ -93,10 +93,10 @@ def asymspec_steps(
         bonus_id, log_t_bonus, bonus = pack_bonus(t[k:], b[k:])
         with timer("trace"):
             tops = trace_tops(g, log_t_bonus, top) if top else None
-        host = to_host(pack_gate(g, drafts), bonus, tops, top)  # the step's one device-to-host transfer
+        host = to_host(pack_gate(g, drafts), bonus, tops, top)[0]  # the step's one device-to-host transfer
         n_acc = host.accepted_prefix()
         counters.record_step(k, n_acc)
-        events = [gate_event(step, i, host.rows[i], _at(host.tops, i)) for i in range(min(n_acc + 1, k))]
+        events = [gate_event(step, i, host.rows[i], tops_at(host.tops, i)) for i in range(min(n_acc + 1, k))]
         carry = None
         if n_acc < k:  # pending + the accepted drafts stay cached; the fused token comes next
             for s in (full, comp, ver):
@@ -106,7 +106,7 @@ def asymspec_steps(
             ev, token = gated_bonus(drafter_full, drafts[k - 1:], b[k:], t[k:], step, cfg, counters, timer)
             events.append(ev)
         else:  # d_K rides in the next step's first drafting forward
-            events.append(bonus_event(step, k, host.bonus, _at(host.tops, k)))
+            events.append(bonus_event(step, k, host.bonus, tops_at(host.tops, k)))
             token, carry = bonus_id, drafts[k - 1:]
         counters.record_deferred(carry is not None)
         committed = out.commit(events)
@@ -129,10 +129,10 @@ def gated_bonus(drafter_full: Engine, d_k: torch.Tensor, b_bonus: torch.Tensor, 
                       delta=cfg.delta, lam=cfg.lam)
     with timer("trace"):
         tops = gated_tops(g, cfg.trace_top) if cfg.trace_top else None
-    host = to_host(pack_gate(g, d_bonus), None, tops, cfg.trace_top)  # the bonus decision's one transfer
+    host = to_host(pack_gate(g, d_bonus), None, tops, cfg.trace_top)[0]  # the bonus decision's one transfer
     row = host.rows[0]
     counters.record_bonus(row.accepted)
-    ev = gate_event(step, cfg.k, row, _at(host.tops, 0))
+    ev = gate_event(step, cfg.k, row, tops_at(host.tops, 0))
     return ev, (d_bonus if row.accepted else g.fused[:1])
 
 
@@ -157,7 +157,7 @@ def greedy_steps(
         step += 1
         counters.record_step(0, 0)
         tok = int(tok)
-        committed = out.commit([_event(step, 0, tok, "greedy", p_host if is_verifier else None,
+        committed = out.commit([make_event(step, 0, tok, "greedy", p_host if is_verifier else None,
                                        verifier_argmax=tok if is_verifier else None)])
         x = token
         yield committed
@@ -193,9 +193,9 @@ def sd_steps(
         while n_acc < k and host[n_acc][0] == host[n_acc][2]:
             n_acc += 1
         counters.record_step(k, n_acc)
-        events = [_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
+        events = [make_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
         r = host[n_acc]
-        events.append(_event(step, n_acc, int(r[0]), "bonus" if n_acc == k else "corrected", r[1], verifier_argmax=int(r[0]),
+        events.append(make_event(step, n_acc, int(r[0]), "bonus" if n_acc == k else "corrected", r[1], verifier_argmax=int(r[0]),
                              draft=None if n_acc == k else int(r[2])))
         carry = None
         if n_acc < k:

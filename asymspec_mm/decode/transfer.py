@@ -50,12 +50,13 @@ def pack_gate(g: GateOutput, drafts: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bonus(t_bonus: torch.Tensor, b_bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verifier's bonus token from logits ``t_bonus`` / ``b_bonus`` ``[1, V]``: (token ``[1]`` on the device,
-    log_softmax(t_bonus) ``[1, V]``, the packed :class:`BonusRow` ``[3]`` float64)."""
+    """The verifier's bonus token of R rows from logits ``t_bonus`` / ``b_bonus`` ``[R, V]``: (tokens ``[R]`` on the
+    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 3]`` float64)."""
     log_t = t_bonus.float().log_softmax(-1)
-    token = log_t[0].argmax()
-    p_base = b_bonus[0].float().log_softmax(-1)[token].exp()
-    return token.view(1), log_t, torch.stack([token.double(), log_t[0, token].exp().double(), p_base.double()])
+    token = log_t.argmax(-1)
+    p_ver = log_t.gather(-1, token[:, None])[:, 0].exp()
+    p_base = b_bonus.float().log_softmax(-1).gather(-1, token[:, None])[:, 0].exp()
+    return token, log_t, torch.stack([token.double(), p_ver.double(), p_base.double()], dim=1)
 
 
 def topk_probs(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -71,11 +72,16 @@ def topk_logprobs(log_probs: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def trace_tops(g: GateOutput, log_t_bonus: torch.Tensor, top: int) -> torch.Tensor:
-    """``[K+1, 4*top]``: per position the verifier's then the fused distribution's top tokens, read from the
-    rows the gate already computed. At the bonus position delta is 0, so its fused row *is* the verifier's
-    (``log_t_bonus`` ``[1, V]``)."""
-    top_ver = topk_logprobs(torch.cat([g.log_verifier, log_t_bonus]), top)
-    return torch.cat([top_ver, torch.cat([topk_probs(g.fused_logits, top), top_ver[-1:]])], dim=1)
+    """``[R*(K+1), 4*top]``: per row and position the verifier's then the fused distribution's top tokens, read from
+    the rows the gate already computed (``g`` over R*K positions, row-major). At the bonus position delta is 0,
+    so its fused row *is* the verifier's (``log_t_bonus`` ``[R, V]``)."""
+    r = log_t_bonus.shape[0]
+    k = g.log_verifier.shape[0] // r
+    ver = torch.cat([g.log_verifier.view(r, k, -1), log_t_bonus[:, None]], dim=1).flatten(0, 1)
+    top_ver = topk_logprobs(ver, top)  # [R*(K+1), 2*top]
+    fused = topk_probs(g.fused_logits, top).view(r, k, -1)
+    top_fused = torch.cat([fused, top_ver.view(r, k + 1, -1)[:, -1:]], dim=1).flatten(0, 1)
+    return torch.cat([top_ver, top_fused], dim=1)
 
 
 def gated_tops(g: GateOutput, top: int) -> torch.Tensor:
@@ -107,20 +113,27 @@ class StepOnHost(NamedTuple):
 
 
 def to_host(gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None,
-            top: int = 0) -> StepOnHost:
-    """One transfer of packed ``gate`` ``[P, 10]``, ``bonus`` ``[3]`` and ``tops`` ``[P', 4*top]``."""
-    parts = [gate.flatten()] + ([bonus] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
+            top: int = 0, rows: int = 1) -> list[StepOnHost]:
+    """One transfer of packed ``gate`` ``[R*P, 10]``, ``bonus`` ``[R, 3]`` and ``tops`` ``[R*P', 4*top]`` for R
+    ``rows``; returns each row's decision."""
+    parts = [gate.flatten()] + ([bonus.flatten()] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
     flat = torch.cat(parts).tolist()
-    n = gate.shape[0]
-    rows = [_gate_row(flat[i * GATE_WIDTH:(i + 1) * GATE_WIDTH]) for i in range(n)]
-    o = n * GATE_WIDTH
-    bonus_row = None
-    if bonus is not None:
-        bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2])
-        o += BONUS_WIDTH
-    host_tops = None
-    if tops is not None:
-        w = 4 * top
-        host_tops = [(_pairs(flat[o + w * i:o + w * i + 2 * top], top), _pairs(flat[o + w * i + 2 * top:o + w * (i + 1)], top))
-                     for i in range(tops.shape[0])]
-    return StepOnHost(rows, bonus_row, host_tops)
+    n = gate.shape[0] // rows
+    bonus_at = rows * n * GATE_WIDTH
+    tops_at = bonus_at + (rows * BONUS_WIDTH if bonus is not None else 0)
+    per_row_tops = tops.shape[0] // rows if tops is not None else 0
+    w = 4 * top
+    out = []
+    for r in range(rows):
+        gate_rows = [_gate_row(flat[(r * n + i) * GATE_WIDTH:(r * n + i + 1) * GATE_WIDTH]) for i in range(n)]
+        bonus_row = None
+        if bonus is not None:
+            o = bonus_at + r * BONUS_WIDTH
+            bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2])
+        host_tops = None
+        if tops is not None:
+            o = tops_at + r * per_row_tops * w
+            host_tops = [(_pairs(flat[o + w * i:o + w * i + 2 * top], top), _pairs(flat[o + w * i + 2 * top:o + w * (i + 1)], top))
+                         for i in range(per_row_tops)]
+        out.append(StepOnHost(gate_rows, bonus_row, host_tops))
+    return out

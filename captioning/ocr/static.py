@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from captioning.errors import AsymSpecError
-from captioning.static import MissingStaticTextError, TextSource, load_text_table
+from captioning.static import MissingStaticTextError, PidTable, TextSource, load_text_table
 
 from .items import OCRItem, render_text
 
@@ -102,7 +102,7 @@ def parse_ocr_literal(text: str) -> list[OCRItem]:
     return items
 
 
-class StaticOCR:
+class StaticOCR(PidTable):
     """Serves precomputed OCR strings (MathVista ``ocrs_easyocr.json``) by problem id.
 
     Args:
@@ -124,20 +124,6 @@ class StaticOCR:
         self.fallback = fallback
         self._parsed: dict[str, tuple[OCRItem, ...]] = {}
         self._lock = threading.Lock()
-
-    @property
-    def pids(self) -> list[str]:
-        """Problem ids with a stored OCR string, in file order."""
-        return list(self._texts)
-
-    def __contains__(self, pid: object) -> bool:
-        return str(pid) in self._texts
-
-    def __len__(self) -> int:
-        return len(self._texts)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._texts)
 
     def raw(self, pid: str | int) -> str:
         """The stored OCR string of ``pid`` (or the fallback when it has none).
