@@ -210,7 +210,7 @@ def save_pair(drafter_model, verifier_model, tokenizer, processor, out_dir: str 
     v_tok.save_pretrained(v_dir)
     for d in (d_dir, v_dir):  # generation defaults: greedy, stop at <|im_end|>
         (d / "generation_config.json").write_text(
-            '{"do_sample": false, "eos_token_id": %d, "pad_token_id": %d}'
-            % (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+            f'{{"do_sample": false, "eos_token_id": {tokenizer.convert_tokens_to_ids("<|im_end|>")}, '
+            f'"pad_token_id": {tokenizer.convert_tokens_to_ids("<|endoftext|>")}}}'
         )
     return d_dir, v_dir

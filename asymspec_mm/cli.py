@@ -38,13 +38,21 @@ def print_result(res, as_json: bool = False, out=None) -> None:
         print(f"provenance: {format_provenance(res)}", file=out)
         print("  (plain = drafter token accepted by the gate, [*x] = delta-fused at a rejection, [+x] = verifier bonus)", file=out)
         counts = {src: sum(ev.source == src for ev in res.trace) for src in ("accepted", "fused", "bonus")}
-        print(f"tokens: {len(res.trace)} ({counts['accepted']} accepted, {counts['fused']} fused, {counts['bonus']} bonus; "
-              f"{s.get('steered', 0)} differ from the verifier alone)", file=out)
-        print(f"acceptance rate {s['acceptance_rate']:.2f}, mean accepted length {s['mean_accepted_length']:.2f}, "
-              f"accepted per position {s['accepted_per_position']}", file=out)
-    print(f"steps {s['steps']}, new tokens {s['new_tokens']}, {s['tokens_per_s']:.1f} tok/s, wall {s['wall_s']:.2f}s, "
-          f"vision calls {s['vision_calls']} (cache hits {s['vision_cache_hits']}), tokens forwarded {s['tokens_forwarded']}",
-          file=out)
+        print(
+            f"tokens: {len(res.trace)} ({counts['accepted']} accepted, {counts['fused']} fused, {counts['bonus']} bonus; "
+            f"{s.get('steered', 0)} differ from the verifier alone)",
+            file=out,
+        )
+        print(
+            f"acceptance rate {s['acceptance_rate']:.2f}, mean accepted length {s['mean_accepted_length']:.2f}, "
+            f"accepted per position {s['accepted_per_position']}",
+            file=out,
+        )
+    print(
+        f"steps {s['steps']}, new tokens {s['new_tokens']}, {s['tokens_per_s']:.1f} tok/s, wall {s['wall_s']:.2f}s, "
+        f"vision calls {s['vision_calls']} (cache hits {s['vision_cache_hits']}), tokens forwarded {s['tokens_forwarded']}",
+        file=out,
+    )
     print(f"compressed view: caption {len(res.view.caption)} chars, OCR {len(res.view.ocr_text)} chars", file=out)
 
 
@@ -76,8 +84,15 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     print(f"image: {data / ex['image']}\nquestion: {ex['question']}")
     print(f"the verifier reads only: {ex.get('caption', '')!r} + OCR {ex.get('ocr', '')!r}\n")
     for method in ("floor", "drafter", "asymspec"):
-        res = pipe.generate(data / ex["image"], ex["question"], caption=ex.get("caption", ""), ocr=ex.get("ocr") or False,
-                            method=method, max_new_tokens=args.max_new_tokens, bonus=args.bonus)
+        res = pipe.generate(
+            data / ex["image"],
+            ex["question"],
+            caption=ex.get("caption", ""),
+            ocr=ex.get("ocr") or False,
+            method=method,
+            max_new_tokens=args.max_new_tokens,
+            bonus=args.bonus,
+        )
         label = {"floor": "verifier alone (Floor)", "drafter": "drafter alone", "asymspec": "AsymSpec"}[method]
         print(f"== {label}")
         print_result(res)
@@ -86,7 +101,9 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asymspec-mm", description="Cross-modal AsymSpec: a vision-language drafter steers a text-only verifier.")
+    parser = argparse.ArgumentParser(
+        prog="asymspec-mm", description="Cross-modal AsymSpec: a vision-language drafter steers a text-only verifier."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="{generate,quickstart,demo,eval,bench}")
     sub.required = True
@@ -108,7 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bonus", default="verifier", choices=BONUS_RULES, help="bonus-token rule [default: %(default)s]")
     q.set_defaults(func=cmd_quickstart)
 
-    for module, adder in (("ui.serve", "add_demo_parser"), ("asymspec_mm.eval.cli", "add_eval_parser"), ("asymspec_mm.bench", "add_bench_parser")):
+    for module, adder in (
+        ("ui.serve", "add_demo_parser"),
+        ("asymspec_mm.eval.cli", "add_eval_parser"),
+        ("asymspec_mm.bench", "add_bench_parser"),
+    ):
         try:
             mod = __import__(module, fromlist=[adder])
         except ImportError as exc:  # an optional part whose extra is not installed

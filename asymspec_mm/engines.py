@@ -84,8 +84,9 @@ class StaticEngines:
         return StaticTextEngine(model, name, self.headroom, self.compile_decode, self.compile_mode)
 
     def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> StaticVLEngine:
-        return StaticVLEngine(model, name, self.headroom, self.compile_decode, self.compile_mode, encoder=encoder,
-                              prefix_store=prefix_store)
+        return StaticVLEngine(
+            model, name, self.headroom, self.compile_decode, self.compile_mode, encoder=encoder, prefix_store=prefix_store
+        )
 
 
 def _new_cache(config):
@@ -317,8 +318,13 @@ class _StaticCacheMixin:
         n = ids.shape[-1]
         if self._static_len + n > self._static_max:
             raise RuntimeError(f"{self.name}: static cache full ({self._static_len} + {n} > {self._static_max}); raise headroom")
-        kwargs = dict(input_ids=ids.view(1, -1).to(self.device), position_ids=self._positions(n), cache=self.cache,
-                      use_cache=True, logits_to_keep=keep)
+        kwargs = dict(
+            input_ids=ids.view(1, -1).to(self.device),
+            position_ids=self._positions(n),
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
         model = self._decode_model(n)
         try:
             out = model(**kwargs)
@@ -348,8 +354,9 @@ class _StaticCacheMixin:
 class StaticTextEngine(_StaticCacheMixin, TextEngine):
     """:class:`TextEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
 
-    def __init__(self, model, name: str = "verifier", headroom: int = 1024, compile_decode: bool = False,
-                 compile_mode: str = "reduce-overhead"):
+    def __init__(
+        self, model, name: str = "verifier", headroom: int = 1024, compile_decode: bool = False, compile_mode: str = "reduce-overhead"
+    ):
         super().__init__(model, name)
         self._init_static(headroom, compile_decode, compile_mode)
 
@@ -361,8 +368,17 @@ class StaticTextEngine(_StaticCacheMixin, TextEngine):
 class StaticVLEngine(_StaticCacheMixin, VLEngine):
     """:class:`VLEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
 
-    def __init__(self, model, name: str = "drafter_full", headroom: int = 1024, compile_decode: bool = False,
-                 compile_mode: str = "reduce-overhead", *, encoder=None, prefix_store=None):
+    def __init__(
+        self,
+        model,
+        name: str = "drafter_full",
+        headroom: int = 1024,
+        compile_decode: bool = False,
+        compile_mode: str = "reduce-overhead",
+        *,
+        encoder=None,
+        prefix_store=None,
+    ):
         super().__init__(model, name, encoder=encoder, prefix_store=prefix_store)
         self._init_static(headroom, compile_decode, compile_mode)
 

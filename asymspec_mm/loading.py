@@ -9,8 +9,15 @@ import torch
 from .errors import UnknownOptionError, VocabularyMismatchError
 
 BACKENDS = ("transformers", "vllm")
-DTYPE_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-               "fp32": torch.float32, "float32": torch.float32, "auto": None}
+DTYPE_NAMES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "auto": None,
+}
 
 
 def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str | None) -> tuple[torch.device, torch.dtype]:
@@ -55,15 +62,18 @@ def load_kwargs(dtype: torch.dtype, device_map: Any, trust_remote_code: bool) ->
     return kw
 
 
-def check_backends(verifier_backend: str, drafter_backend: str, verifier_device_map: Any, vllm_kwargs: dict | None,
-                   drafter_vllm_kwargs: dict | None) -> None:
+def check_backends(
+    verifier_backend: str, drafter_backend: str, verifier_device_map: Any, vllm_kwargs: dict | None, drafter_vllm_kwargs: dict | None
+) -> None:
     """Refuse backend options that do not fit together, naming the fix."""
     for opt, value in (("verifier_backend", verifier_backend), ("drafter_backend", drafter_backend)):
         if value not in BACKENDS:
             raise UnknownOptionError(f"{opt}={value!r} is not valid; choose one of {', '.join(BACKENDS)}")
     if verifier_backend == "vllm" and verifier_device_map is not None:
-        raise UnknownOptionError("verifier_device_map applies to the transformers backend; with "
-                                 "verifier_backend='vllm' use vllm_kwargs={'tensor_parallel_size': N}")
+        raise UnknownOptionError(
+            "verifier_device_map applies to the transformers backend; with "
+            "verifier_backend='vllm' use vllm_kwargs={'tensor_parallel_size': N}"
+        )
     if vllm_kwargs and verifier_backend != "vllm":
         raise UnknownOptionError("vllm_kwargs is set but verifier_backend is not 'vllm'")
     if drafter_vllm_kwargs and drafter_backend != "vllm":

@@ -63,8 +63,13 @@ def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tu
         if f.name not in DECODE_HELP or f.name in skip:
             continue
         kind = finite_float if isinstance(f.default, float) else type(f.default)
-        g.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, choices=CHOICES.get(f.name),
-                       help=f"{DECODE_HELP[f.name]} [default: %(default)s]")
+        g.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=kind,
+            default=f.default,
+            choices=CHOICES.get(f.name),
+            help=f"{DECODE_HELP[f.name]} [default: %(default)s]",
+        )
 
 
 def config_from_args(args: argparse.Namespace, base: AsymSpecConfig | None = None) -> AsymSpecConfig:
@@ -73,8 +78,16 @@ def config_from_args(args: argparse.Namespace, base: AsymSpecConfig | None = Non
     return (base or AsymSpecConfig()).with_(**values).validated()
 
 
-def load_pipeline(preset: str | None = None, drafter: str | None = None, verifier: str | None = None, *,
-                  device: str | None = None, dtype: str | None = None, ocr_engine: str = "auto", **kwargs: Any):
+def load_pipeline(
+    preset: str | None = None,
+    drafter: str | None = None,
+    verifier: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    ocr_engine: str = "auto",
+    **kwargs: Any,
+):
     """The pipeline of ``drafter`` + ``verifier`` when given, else of the named preset (default ``auto``)."""
     from .pipeline import AsymSpecPipeline
 
@@ -88,5 +101,12 @@ def load_pipeline(preset: str | None = None, drafter: str | None = None, verifie
 
 def pipeline_from_args(args: argparse.Namespace, **kwargs: Any):
     """:func:`load_pipeline` with the options :func:`add_model_args` registered."""
-    return load_pipeline(args.preset, args.drafter, args.verifier, device=args.device, dtype=args.dtype,
-                         ocr_engine=getattr(args, "ocr_engine", "auto"), **kwargs)
+    return load_pipeline(
+        args.preset,
+        args.drafter,
+        args.verifier,
+        device=args.device,
+        dtype=args.dtype,
+        ocr_engine=getattr(args, "ocr_engine", "auto"),
+        **kwargs,
+    )

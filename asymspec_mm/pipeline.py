@@ -16,7 +16,7 @@ from .config import AsymSpecConfig, check_method
 from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
-from .errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError
+from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, resolve_device
 from .prompts import Prompts, build_prompts
 from .session import GenerationStream, MMResult, Session
@@ -24,8 +24,7 @@ from .vllm_engine import logit_width
 
 log = logging.getLogger("asymspec_mm")
 
-__all__ = ["AsymSpecPipeline", "GenerationStream", "MMResult", "Prompts", "Session", "mm_generate", "check_vocabularies",
-           "resolve_device"]
+__all__ = ["AsymSpecPipeline", "GenerationStream", "MMResult", "Prompts", "Session", "mm_generate", "check_vocabularies", "resolve_device"]
 
 
 class AsymSpecPipeline:
@@ -53,8 +52,9 @@ class AsymSpecPipeline:
         drafter_full: Any = None,
         engines: EngineFactory | None = None,
     ):
-        from .captioner import DrafterCaptioner
         from vision_cache.features import VisionEncoder
+
+        from .captioner import DrafterCaptioner
 
         self.drafter = drafter.eval()
         self.processor = processor
@@ -69,8 +69,10 @@ class AsymSpecPipeline:
         self.name = name
         if check_vocab:
             check_vocabularies(
-                self.tokenizer, verifier_tokenizer,
-                logit_width(drafter), logit_width(verifier),
+                self.tokenizer,
+                verifier_tokenizer,
+                logit_width(drafter),
+                logit_width(verifier),
             )
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
         from vision_cache.store import FeatureStore
@@ -103,7 +105,7 @@ class AsymSpecPipeline:
         drafter_backend: str = "transformers",
         drafter_vllm_kwargs: dict | None = None,
         **kwargs,
-    ) -> "AsymSpecPipeline":
+    ) -> AsymSpecPipeline:
         """Load both models with ``from_pretrained`` (hub id or local directory).
 
         Auto device/dtype: cuda + bf16 when available, else cpu + fp32. ``verifier_device_map``
@@ -135,7 +137,9 @@ class AsymSpecPipeline:
             v_kw = {"dtype": dt, **(vllm_kwargs or {})}  # a dtype in vllm_kwargs wins over the pipeline's
             v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, **extra, **v_kw)
         else:
-            v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **load_kwargs(dt, verifier_device_map, trust_remote_code), **extra)
+            v_model = AutoModelForCausalLM.from_pretrained(
+                str(verifier), **load_kwargs(dt, verifier_device_map, trust_remote_code), **extra
+            )
             if verifier_device_map is None:
                 v_model.to(dev)
         comp = None
@@ -145,11 +149,12 @@ class AsymSpecPipeline:
             comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
             comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)
         full = comp if comp is not None and getattr(comp, "accepts_images", False) else None
-        return cls(d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", drafter_comp=comp,
-                   drafter_full=full, **kwargs)
+        return cls(
+            d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", drafter_comp=comp, drafter_full=full, **kwargs
+        )
 
     @classmethod
-    def from_preset(cls, name: str = "tiny", **kwargs) -> "AsymSpecPipeline":
+    def from_preset(cls, name: str = "tiny", **kwargs) -> AsymSpecPipeline:
         """A named pair from :mod:`asymspec_mm.presets` (``tiny`` ships with the package and runs offline)."""
         from .presets import resolve_preset
 
@@ -169,7 +174,9 @@ class AsymSpecPipeline:
         return self._ocr_engine
 
     # ------------------------------------------------------------------ requests
-    def compressed_view(self, image, caption: str | None = None, ocr: str | bool | None = None, timings: dict | None = None) -> CompressedView:
+    def compressed_view(
+        self, image, caption: str | None = None, ocr: str | bool | None = None, timings: dict | None = None
+    ) -> CompressedView:
         """What the verifier will read about ``image`` (caption/OCR produced when ``None``)."""
         from captioning.captioner import compress
         from vision_cache.image import load_image
@@ -177,16 +184,21 @@ class AsymSpecPipeline:
         image = load_image(image)
         with self._lock:
             return compress(
-                image, captioner=self.captioner, ocr_engine=self.ocr_engine if ocr is None else None,
-                caption=caption, ocr=ocr, timings=timings,
+                image,
+                captioner=self.captioner,
+                ocr_engine=self.ocr_engine if ocr is None else None,
+                caption=caption,
+                ocr=ocr,
+                timings=timings,
             )
 
     def generate(self, image, question: str, **kwargs) -> MMResult:
         """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
         return self.stream(image, question, **kwargs).result
 
-    def generate_batch(self, requests, method: str = "asymspec", config: AsymSpecConfig | None = None,
-                       batch_size: int | None = None, **overrides) -> list[MMResult]:
+    def generate_batch(
+        self, requests, method: str = "asymspec", config: AsymSpecConfig | None = None, batch_size: int | None = None, **overrides
+    ) -> list[MMResult]:
         """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
         :class:`~asymspec_mm.batch.Request`), decoding up to ``batch_size`` of them together; results in input
         order, each equal to :meth:`generate` of that request alone (see :mod:`asymspec_mm.batch`)."""
@@ -233,8 +245,16 @@ class AsymSpecPipeline:
         with self._lock:
             timings: dict[str, float] = {}
             tower_before, hits_before = self.encoder.tower_calls, self.encoder.store.stats()["hits"]
-            view = compress(img, captioner=self.captioner, ocr_engine=self.ocr_engine if ocr is None else None,
-                            caption=caption, ocr=ocr, image_hash=image_content_hash(img), timings=timings, **budget)
+            view = compress(
+                img,
+                captioner=self.captioner,
+                ocr_engine=self.ocr_engine if ocr is None else None,
+                caption=caption,
+                ocr=ocr,
+                image_hash=image_content_hash(img),
+                timings=timings,
+                **budget,
+            )
             prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
             self._check_context(prompts, cfg, method)
             t_prefill = time.perf_counter()
@@ -244,17 +264,21 @@ class AsymSpecPipeline:
                 vision_calls=self.encoder.tower_calls - tower_before,
                 vision_cache_hits=self.encoder.store.stats()["hits"] - hits_before,
                 prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
-                caption_s=timings.get("caption_s", 0.0), ocr_s=timings.get("ocr_s", 0.0), prefill_s=prefill_s,
+                caption_s=timings.get("caption_s", 0.0),
+                ocr_s=timings.get("ocr_s", 0.0),
+                prefill_s=prefill_s,
             )
         stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
-        return Session(method, cfg, prompts, view, streams, pending, set() if ignore_eos else self.eos_ids, stop_fn,
-                       prefill_s, t_start, stats)
+        return Session(
+            method, cfg, prompts, view, streams, pending, set() if ignore_eos else self.eos_ids, stop_fn, prefill_s, t_start, stats
+        )
 
     def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
         """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""
         counters = Counters(session.config.k, session.streams)
-        steps = steps_for(session.method, session.streams, session.pending, session.config, session.eos_ids,
-                          session.stop_fn, counters, timer)
+        steps = steps_for(
+            session.method, session.streams, session.pending, session.config, session.eos_ids, session.stop_fn, counters, timer
+        )
         trace: list[TokenEvent] = []
 
         def decoded_steps():
@@ -273,15 +297,27 @@ class AsymSpecPipeline:
     def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
         """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's."""
         stats = counters.as_dict()
-        stats.update(session.stats, wall_s=time.perf_counter() - session.t_start, steered=sum(ev.steered for ev in trace),
-                     fused=sum(ev.source == "fused" for ev in trace))
+        stats.update(
+            session.stats,
+            wall_s=time.perf_counter() - session.t_start,
+            steered=sum(ev.steered for ev in trace),
+            fused=sum(ev.source == "fused" for ev in trace),
+        )
         token_ids = [ev.token_id for ev in trace]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         for s in session.config.stop_strings:
             if s and s in text:
                 text = text[: text.index(s)]
-        return MMResult(text=text, token_ids=token_ids, trace=trace, stats=stats, prompts=session.prompts,
-                        view=session.view, method=session.method, config=session.config)
+        return MMResult(
+            text=text,
+            token_ids=token_ids,
+            trace=trace,
+            stats=stats,
+            prompts=session.prompts,
+            view=session.view,
+            method=session.method,
+            config=session.config,
+        )
 
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy text completion by the verifier alone (a one-turn chat, thinking off).
@@ -310,8 +346,10 @@ class AsymSpecPipeline:
         need = cfg.max_new_tokens + cfg.k + 1
         checks = [("verifier", prompts.verifier_ids.shape[1], self.verifier.config, self.verifier)]
         d_cfg = self.drafter.config.get_text_config()
-        checks += [("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, self.drafter_full),
-                   ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg, self.drafter_comp)]
+        checks += [
+            ("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, self.drafter_full),
+            ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg, self.drafter_comp),
+        ]
         for name, length, conf, served in checks:
             limit = getattr(conf, "max_position_embeddings", None)
             served_len = getattr(served, "max_model_len", None)  # vLLM: one position goes to its sampled token
@@ -336,7 +374,9 @@ class AsymSpecPipeline:
             full.prefill(p.drafter_full_ids[0, :-1], images)
             streams["drafter_full"] = full
         if method in ("asymspec", "sd"):
-            comp = self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else engines.vision(self.drafter, "drafter_comp")
+            comp = (
+                self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else engines.vision(self.drafter, "drafter_comp")
+            )
             comp.prefill(p.drafter_comp_ids[0, :-1])
             streams["drafter_comp"] = comp
         if method in ("asymspec", "sd", "floor"):
@@ -357,7 +397,7 @@ class AsymSpecPipeline:
         longest = max(len(s) for s in stop_strings)
 
         def stop(tokens: list[int]) -> bool:
-            tail = tok.decode(tokens[-(longest + 8):], skip_special_tokens=True)
+            tail = tok.decode(tokens[-(longest + 8) :], skip_special_tokens=True)
             return any(s in tail for s in stop_strings)
 
         return stop

@@ -38,7 +38,9 @@ def tiny_preset() -> Preset:
             "`python -m asymspec_mm.tiny.train --out asymspec_mm/presets_data/tiny`"
         )
     return Preset(
-        "tiny", str(TINY_DIR / "drafter"), str(TINY_DIR / "verifier"),
+        "tiny",
+        str(TINY_DIR / "drafter"),
+        str(TINY_DIR / "verifier"),
         {"device": "cpu", "dtype": "fp32", "local_files_only": True},
         "trained tiny Qwen3-VL drafter + Qwen3 verifier (MiniVista)",
     )

@@ -43,8 +43,10 @@ class MMResult:
         }
 
     def __repr__(self) -> str:
-        return (f"MMResult(text={self.text!r}, method={self.method!r}, new_tokens={len(self.token_ids)}, "
-                f"steps={self.stats.get('steps')}, acceptance_rate={self.stats.get('acceptance_rate')})")
+        return (
+            f"MMResult(text={self.text!r}, method={self.method!r}, new_tokens={len(self.token_ids)}, "
+            f"steps={self.stats.get('steps')}, acceptance_rate={self.stats.get('acceptance_rate')})"
+        )
 
 
 @dataclass

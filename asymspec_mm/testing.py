@@ -41,8 +41,14 @@ def build_tiny_checkpoints(
     d_cfg.text_config.tie_word_embeddings = False
     if correlated is not None and verifier_kwargs is None:
         t = d_cfg.text_config
-        verifier_kwargs = dict(hidden_size=t.hidden_size, num_layers=t.num_hidden_layers, num_heads=t.num_attention_heads,
-                               num_kv_heads=t.num_key_value_heads, head_dim=t.head_dim, intermediate_size=t.intermediate_size)
+        verifier_kwargs = dict(
+            hidden_size=t.hidden_size,
+            num_layers=t.num_hidden_layers,
+            num_heads=t.num_attention_heads,
+            num_kv_heads=t.num_key_value_heads,
+            head_dim=t.head_dim,
+            intermediate_size=t.intermediate_size,
+        )
     v_cfg = verifier_config(tok, **(verifier_kwargs or {}))
     v_cfg.tie_word_embeddings = False
     d_cfg.text_config.initializer_range = init_std
@@ -80,9 +86,21 @@ def correlate_(verifier, drafter, scale: float) -> None:
                 param.copy_(base + scale * base.std().clamp_min(1e-3) * torch.randn_like(base))
 
 
-def build_text_pair(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, heads: int = 2, kv_heads: int = 1,
-                    head_dim: int = 32, inter: int = 128, vocab: int | None = None, d_hidden: int | None = None,
-                    d_layers: int | None = None, correlated: float | None = 0.03, seed: int = 0):
+def build_text_pair(
+    out_dir: str | Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    head_dim: int = 32,
+    inter: int = 128,
+    vocab: int | None = None,
+    d_hidden: int | None = None,
+    d_layers: int | None = None,
+    correlated: float | None = 0.03,
+    seed: int = 0,
+):
     """A random Qwen3 text drafter and Qwen3 verifier sharing the project's tokenizer, saved under
     ``out_dir/{drafter,verifier}`` (for text-only engines, e.g. the vLLM tests and GPU check).
 
@@ -93,10 +111,18 @@ def build_text_pair(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, h
 
     out = Path(out_dir)
     tok = build_tokenizer()
-    v_cfg = verifier_config(tok, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-                            head_dim=head_dim, intermediate_size=inter)
-    d_cfg = verifier_config(tok, hidden_size=d_hidden or hidden, num_layers=d_layers or layers, num_heads=heads,
-                            num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter)
+    v_cfg = verifier_config(
+        tok, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter
+    )
+    d_cfg = verifier_config(
+        tok,
+        hidden_size=d_hidden or hidden,
+        num_layers=d_layers or layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=inter,
+    )
     for cfg in (v_cfg, d_cfg):
         cfg.tie_word_embeddings = False  # a token should not simply predict itself
         cfg.initializer_range = 0.1 if hidden <= 128 else 0.02

@@ -16,7 +16,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Clock:
@@ -29,7 +32,7 @@ class Clock:
         self._torch = torch
 
     @classmethod
-    def for_device(cls, device: Any) -> "Clock":
+    def for_device(cls, device: Any) -> Clock:
         import torch
 
         return cls(sync=torch.device(device).type == "cuda" if device is not None else False)

@@ -85,10 +85,12 @@ def check_vllm(allow_unsupported: bool | None = None) -> str:
     if not (_MIN <= _version_tuple(version) < _MAX):
         if allow_unsupported is None:
             allow_unsupported = os.environ.get("ASYMSPEC_VLLM_ALLOW_UNSUPPORTED", "") not in ("", "0")
-        msg = (f"vLLM {version} is installed; the vLLM backend supports vllm{','.join(SUPPORTED_VLLM)} "
-               "(it hooks the model runner's execute_model, whose internals change between releases). "
-               "Install a supported release (`pip install 'asymspec-mm[vllm]'`), or set "
-               "ASYMSPEC_VLLM_ALLOW_UNSUPPORTED=1 to try anyway.")
+        msg = (
+            f"vLLM {version} is installed; the vLLM backend supports vllm{','.join(SUPPORTED_VLLM)} "
+            "(it hooks the model runner's execute_model, whose internals change between releases). "
+            "Install a supported release (`pip install 'asymspec-mm[vllm]'`), or set "
+            "ASYMSPEC_VLLM_ALLOW_UNSUPPORTED=1 to try anyway."
+        )
         if not allow_unsupported:
             raise VLLMUnavailableError(msg)
         log.warning(msg)
@@ -211,8 +213,10 @@ def vllm_llm(model: str | Path, **vllm_kwargs) -> Any:
     """
     kw = dict(vllm_kwargs)
     if kw.get("enable_prefix_caching") is False:
-        raise AsymSpecError("enable_prefix_caching=False: the vLLM engines need prefix caching (each step "
-                            "resubmits the context and relies on the cache for O(K) work); remove that option")
+        raise AsymSpecError(
+            "enable_prefix_caching=False: the vLLM engines need prefix caching (each step "
+            "resubmits the context and relies on the cache for O(K) work); remove that option"
+        )
     kw["enable_prefix_caching"] = True
     ext = kw.get("worker_extension_cls")
     if ext and ext != EXTENSION:
@@ -253,8 +257,7 @@ class VLLMEngine:
     a step's rows were all cached).
     """
 
-    def __init__(self, llm, name: str = "verifier", *, device: str | torch.device | None = None,
-                 share_prefix: bool = False):
+    def __init__(self, llm, name: str = "verifier", *, device: str | torch.device | None = None, share_prefix: bool = False):
         self.llm = llm
         self.name = name
         self.share_prefix = share_prefix
@@ -292,7 +295,8 @@ class VLLMEngine:
 
             raise ContextOverflowError(
                 f"the {self.name} stream needs {len(tokens) + 1} positions but vLLM's max_model_len is "
-                f"{self.max_model_len}: raise max_model_len in vllm_kwargs or lower max_new_tokens")
+                f"{self.max_model_len}: raise max_model_len in vllm_kwargs or lower max_new_tokens"
+            )
         key = None
         extra = None
         if wanted_from is not None:
@@ -351,8 +355,7 @@ class VLLMEngine:
                 break
             # Served from the prefix cache and not in our memory: recompute under a fresh namespace.
             self.cache_rerequests += 1
-            log.debug("%s: positions %s came from vLLM's prefix cache; re-requesting under a new cache_salt",
-                      self.name, missing)
+            log.debug("%s: positions %s came from vLLM's prefix cache; re-requesting under a new cache_salt", self.name, missing)
             self._salt = f"asymspec-{self.name}-{uuid.uuid4().hex}"
         else:
             raise RuntimeError(f"{self.name}: vLLM did not recompute positions {missing} even under a fresh cache_salt")
@@ -411,7 +414,7 @@ class VLLMVLEngine(VLLMEngine):
     def _prompt(self, tokens: list[int]) -> dict[str, Any]:
         if len(tokens) < self._prompt_len:
             raise ValueError(f"{self.name}: cannot truncate into the prompt ({len(tokens)} < {self._prompt_len} tokens)")
-        prompt: dict[str, Any] = {"prompt_token_ids": self._head + tokens[self._prompt_len:]}
+        prompt: dict[str, Any] = {"prompt_token_ids": self._head + tokens[self._prompt_len :]}
         prompt.update(self._mm)
         return prompt
 
@@ -456,12 +459,15 @@ class VLLMVLEngine(VLLMEngine):
         if runs and len(given) != len(head) and expanded != given:
             raise ValueError(
                 f"{self.name}: vLLM expanded the image pads to {len(expanded)} prompt tokens, the given prompt has "
-                f"{len(given)}: its processor settings (min/max pixels) differ from vLLM's")
+                f"{len(given)}: its processor settings (min/max pixels) differ from vLLM's"
+            )
         if len(expanded) + 1 > self.max_model_len:
             from .errors import ContextOverflowError
 
-            raise ContextOverflowError(f"the {self.name} prompt has {len(expanded)} tokens with its image(s) expanded; "
-                                       f"vLLM's max_model_len is {self.max_model_len}")
+            raise ContextOverflowError(
+                f"the {self.name} prompt has {len(expanded)} tokens with its image(s) expanded; "
+                f"vLLM's max_model_len is {self.max_model_len}"
+            )
         self.tokens_computed += len(expanded) - len(head)  # _submit counted the collapsed length
         self.tokens = expanded
         self._prompt_len = len(expanded)
@@ -482,8 +488,15 @@ class VLLMModel:
         self.generation_config = generation_config
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, trust_remote_code: bool = False, local_files_only: bool | None = None,
-                        dtype: torch.dtype | str | None = None, **vllm_kwargs) -> "VLLMModel":
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        trust_remote_code: bool = False,
+        local_files_only: bool | None = None,
+        dtype: torch.dtype | str | None = None,
+        **vllm_kwargs,
+    ) -> VLLMModel:
         """Serve ``path`` (hub id or local directory) with vLLM; ``vllm_kwargs`` as for :func:`vllm_llm`."""
         from transformers import AutoConfig, GenerationConfig
 
@@ -499,7 +512,7 @@ class VLLMModel:
             kw["dtype"] = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
         return cls(vllm_llm(path, **kw), path, config, gen)
 
-    def eval(self) -> "VLLMModel":
+    def eval(self) -> VLLMModel:
         return self
 
     @property
@@ -523,11 +536,13 @@ class VLLMModel:
             return False
         return bool(mm.get_limit_per_prompt("image"))
 
-    def vision_engine(self, name: str = "drafter_full", **kwargs) -> "VLLMVLEngine":
+    def vision_engine(self, name: str = "drafter_full", **kwargs) -> VLLMVLEngine:
         """A fresh full-view stream: prompts with images (see :class:`VLLMVLEngine`)."""
         if not self.accepts_images:
-            raise AsymSpecError(f"{self.name_or_path} is served without images (limit_mm_per_prompt image 0, or "
-                                "not a multimodal model): the full-view stream cannot run on it")
+            raise AsymSpecError(
+                f"{self.name_or_path} is served without images (limit_mm_per_prompt image 0, or "
+                "not a multimodal model): the full-view stream cannot run on it"
+            )
         return VLLMVLEngine(self.llm, name=name, **kwargs)
 
 

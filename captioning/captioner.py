@@ -19,10 +19,7 @@ from .view import DEFAULT_CAPTION_CHARS, DEFAULT_OCR_CHARS, CompressedView
 
 __all__ = ["CAPTION_PROMPT", "Captioner", "CaptionCache", "compress"]
 
-CAPTION_PROMPT = (
-    "Describe the fine-grained content of the image or figure, including scenes, objects, relationships, "
-    "and any text present."
-)
+CAPTION_PROMPT = "Describe the fine-grained content of the image or figure, including scenes, objects, relationships, and any text present."
 
 
 class Captioner(Protocol):

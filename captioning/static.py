@@ -36,8 +36,7 @@ BARD_NONSENSE_PHRASES: tuple[str, ...] = (
     "Sure, I can do that.",
     "Sorry, I can't help with images of people yet.",
     "I can't process this file.",
-    "I'm unable to help you with that, as I'm only a language model and don't have the "
-    "necessary information or abilities.",
+    "I'm unable to help you with that, as I'm only a language model and don't have the necessary information or abilities.",
     "I'm not programmed to assist with that.",
     "Please let me know if you have any other questions.",
     "I hope this is helpful!",
@@ -103,13 +102,9 @@ def load_text_table(source: TextSource, kind: str) -> tuple[dict[str, Any], dict
             with path.open(encoding="utf-8") as fh:
                 data = json.load(fh)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DatasetUnavailableError(
-                f"{kind} file {path} is not readable JSON: {exc}"
-            ) from exc
+            raise DatasetUnavailableError(f"{kind} file {path} is not readable JSON: {exc}") from exc
     if not isinstance(data, Mapping):
-        raise DatasetUnavailableError(
-            f"{kind} source {origin} must be a JSON object, got {type(data).__name__}."
-        )
+        raise DatasetUnavailableError(f"{kind} source {origin} must be a JSON object, got {type(data).__name__}.")
     if "texts" in data and isinstance(data["texts"], Mapping):
         texts = data["texts"]
         metadata = {k: v for k, v in data.items() if k != "texts"}
@@ -151,9 +146,7 @@ class StaticCaptioner(PidTable):
         refine: apply :func:`refine_bard_caption` (default ``True``, as MathVista does).
     """
 
-    def __init__(
-        self, source: TextSource, fallback: str | None = None, refine: bool = True
-    ) -> None:
+    def __init__(self, source: TextSource, fallback: str | None = None, refine: bool = True) -> None:
         self._texts, self.metadata, self.origin = load_text_table(source, "caption")
         self.fallback = fallback
         self.refine = refine
@@ -182,9 +175,7 @@ class StaticCaptioner(PidTable):
                 return self.fallback
             raise self._missing(key)
         value = self._texts[key]
-        return (
-            refine_bard_caption(value) if self.refine else (value if isinstance(value, str) else "")
-        )
+        return refine_bard_caption(value) if self.refine else (value if isinstance(value, str) else "")
 
     def _missing(self, pid: str) -> MissingCaptionError:
         return MissingCaptionError(

@@ -22,8 +22,9 @@ from captioning import StaticCaptioner, StaticOCR
 BUNDLED = Path(asymspec_mm.__file__).parent / "examples_data"
 
 parser = argparse.ArgumentParser(description="Answer with a precomputed compressed view (caption + OCR).")
-parser.add_argument("texts", nargs="?", type=Path,
-                    help="folder with captions_bard.json and ocrs_easyocr.json [default: the bundled examples]")
+parser.add_argument(
+    "texts", nargs="?", type=Path, help="folder with captions_bard.json and ocrs_easyocr.json [default: the bundled examples]"
+)
 parser.add_argument("pid", nargs="?", help="problem id [default: the first bundled example's]")
 parser.add_argument("image", nargs="?", help="the problem's image [default: the bundled example's]")
 parser.add_argument("--pid", dest="pid_option", help="problem id, as an option (for the bundled examples)")

@@ -21,7 +21,10 @@ args = parser.parse_args()
 
 try:
     pipe = AsymSpecPipeline.from_pretrained(
-        drafter=args.drafter, verifier=args.verifier, verifier_device_map="auto", ocr="auto",
+        drafter=args.drafter,
+        verifier=args.verifier,
+        verifier_device_map="auto",
+        ocr="auto",
     )
 except (OSError, AsymSpecError) as exc:  # missing checkpoints (offline, not downloaded) or a bad pair
     sys.exit(f"error: cannot load {args.drafter} + {args.verifier}: {str(exc).splitlines()[0]}")

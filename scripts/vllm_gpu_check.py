@@ -99,9 +99,15 @@ def check_equality(args, work: Path, llm_kw: dict) -> dict:
             steps = asymspec_steps(full, comp, ver, (full_p[-1:], text_p[-1:], text_p[-1:]), cfg, set())
             tokens.append([ev.token_id for s in steps for ev in s])
         loops.append(tokens[0] == tokens[1])
-    res = {"max_abs_diff": worst, "atol": args.atol, "logits_ok": worst <= args.atol,
-           "max_tokens_recomputed_per_step": max(per_step), "loop_tokens_identical": loops,
-           "engine_device": str(eng.device), "rerequests": eng.cache_rerequests}
+    res = {
+        "max_abs_diff": worst,
+        "atol": args.atol,
+        "logits_ok": worst <= args.atol,
+        "max_tokens_recomputed_per_step": max(per_step),
+        "loop_tokens_identical": loops,
+        "engine_device": str(eng.device),
+        "rerequests": eng.cache_rerequests,
+    }
     res["ok"] = res["logits_ok"] and all(loops)
     del served
     return res
@@ -122,9 +128,16 @@ def check_vl(args, work: Path, llm_kw: dict) -> dict:
     dirs = build_tiny_checkpoints(work / "tiny_vl", max_pixels=256 * 256)
     kw = dict(dtype="float32", max_model_len=2048, seed=0, **llm_kw)
     ref = AsymSpecPipeline.from_pretrained(*dirs, device=args.device, dtype="float32", ocr="none")
-    pipe = AsymSpecPipeline.from_pretrained(*dirs, device=args.device, dtype="float32", ocr="none",
-                                            verifier_backend="vllm", drafter_backend="vllm",
-                                            vllm_kwargs=kw, drafter_vllm_kwargs=kw)
+    pipe = AsymSpecPipeline.from_pretrained(
+        *dirs,
+        device=args.device,
+        dtype="float32",
+        ocr="none",
+        verifier_backend="vllm",
+        drafter_backend="vllm",
+        vllm_kwargs=kw,
+        drafter_vllm_kwargs=kw,
+    )
     rng = random.Random(0)
 
     def image(seed, size):
@@ -133,8 +146,7 @@ def check_vl(args, work: Path, llm_kw: dict) -> dict:
         d = ImageDraw.Draw(img)
         for _ in range(3):
             x0, y0 = r.randint(0, size[0] - 2), r.randint(0, size[1] - 2)
-            d.rectangle([x0, y0, r.randint(x0 + 1, size[0]), r.randint(y0 + 1, size[1])],
-                        fill=tuple(r.randint(0, 255) for _ in range(3)))
+            d.rectangle([x0, y0, r.randint(x0 + 1, size[0]), r.randint(y0 + 1, size[1])], fill=tuple(r.randint(0, 255) for _ in range(3)))
         return img
 
     dev = torch.device(args.device)
@@ -168,15 +180,32 @@ def check_vl(args, work: Path, llm_kw: dict) -> dict:
             x = ref.generate(img, "What is the largest value?", caption="bars", ocr="1 2 3", method=method, config=cfg)
             y = pipe.generate(img, "What is the largest value?", caption="bars", ocr="1 2 3", method=method, config=cfg)
             same[f"{method}/{seed}"] = x.token_ids == y.token_ids
-    res = {"full_view_max_abs_diff": worst, "atol": args.atol, "logits_ok": worst <= args.atol,
-           "max_extra_tokens_recomputed_per_step": max(per_step), "pipeline_tokens_identical": same}
+    res = {
+        "full_view_max_abs_diff": worst,
+        "atol": args.atol,
+        "logits_ok": worst <= args.atol,
+        "max_extra_tokens_recomputed_per_step": max(per_step),
+        "pipeline_tokens_identical": same,
+    }
     res["ok"] = res["logits_ok"] and all(same.values())
     return res
 
 
 def _in_subprocess(args, out: Path, only: str) -> dict:
-    cmd = [sys.executable, __file__, "--only", only, "--device", args.device, "--rounds", str(args.rounds),
-           "--atol", str(args.atol), "--out", str(out / only)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--only",
+        only,
+        "--device",
+        args.device,
+        "--rounds",
+        str(args.rounds),
+        "--atol",
+        str(args.atol),
+        "--out",
+        str(out / only),
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     path = out / only / "vllm_gpu_check.json"
@@ -192,8 +221,22 @@ def check_tp(args, work: Path) -> dict:
 
     if args.device != "cuda" or torch.cuda.device_count() < 2:
         return {"skipped": f"needs 2 GPUs, found {torch.cuda.device_count() if args.device == 'cuda' else 0}"}
-    cmd = [sys.executable, __file__, "--only", "equality", "--tp", "2", "--device", "cuda", "--rounds", str(args.rounds),
-           "--atol", str(args.atol), "--out", str(work / "tp2")]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--only",
+        "equality",
+        "--tp",
+        "2",
+        "--device",
+        "cuda",
+        "--rounds",
+        str(args.rounds),
+        "--atol",
+        str(args.atol),
+        "--out",
+        str(work / "tp2"),
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     out = work / "tp2" / "vllm_gpu_check.json"
@@ -212,8 +255,11 @@ def check_throughput(args, work: Path, llm_kw: dict) -> dict:
 
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    size = dict(hidden=2048, layers=24, heads=16, kv_heads=8, head_dim=128, inter=6144, vocab=151936,
-                d_hidden=1024, d_layers=8) if args.bench_size == "medium" else dict(hidden=64, layers=2, head_dim=32)
+    size = (
+        dict(hidden=2048, layers=24, heads=16, kv_heads=8, head_dim=128, inter=6144, vocab=151936, d_hidden=1024, d_layers=8)
+        if args.bench_size == "medium"
+        else dict(hidden=64, layers=2, head_dim=32)
+    )
     d_dir, v_dir = build_pair(work / f"bench_{args.bench_size}", correlated=False, **size)
     served = VLLMModel.from_pretrained(v_dir, dtype=str(dtype).removeprefix("torch."), max_model_len=4096, seed=0, **llm_kw)
     verifier = AutoModelForCausalLM.from_pretrained(v_dir, dtype=dtype).to(dev).eval()
@@ -252,18 +298,31 @@ def check_throughput(args, work: Path, llm_kw: dict) -> dict:
         counters = Counters(k, {"drafter_full": full, "drafter_comp": comp, "verifier": ver})
         _sync(dev)
         t0 = time.perf_counter()
-        tokens = [ev.token_id for s in asymspec_steps(full, comp, ver, (full_p[-1:], text_p[-1:], text_p[-1:]), cfg,
-                                                      set(), counters=counters) for ev in s]
+        tokens = [
+            ev.token_id
+            for s in asymspec_steps(full, comp, ver, (full_p[-1:], text_p[-1:], text_p[-1:]), cfg, set(), counters=counters)
+            for ev in s
+        ]
         _sync(dev)
         wall = time.perf_counter() - t0
         outs[name] = tokens
-        loop[name] = {"tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
-                      "acceptance_rate": counters.as_dict()["acceptance_rate"]}
+        loop[name] = {
+            "tokens": len(tokens),
+            "wall_s": wall,
+            "tokens_per_s": len(tokens) / wall,
+            "acceptance_rate": counters.as_dict()["acceptance_rate"],
+        }
     same = sum(a == b for a, b in zip(outs["transformers"], outs["vllm"]))
-    return {"size": args.bench_size, "dtype": str(dtype), "context": args.context, "k": k,
-            "verifier_step_latency": latency, "asymspec_loop": loop,
-            "tokens_agreeing": f"{same}/{len(outs['vllm'])} (bf16: kernels differ, so the greedy paths may part)",
-            "vllm_over_transformers_step_speedup": latency["transformers"]["median_ms"] / latency["vllm"]["median_ms"]}
+    return {
+        "size": args.bench_size,
+        "dtype": str(dtype),
+        "context": args.context,
+        "k": k,
+        "verifier_step_latency": latency,
+        "asymspec_loop": loop,
+        "tokens_agreeing": f"{same}/{len(outs['vllm'])} (bf16: kernels differ, so the greedy paths may part)",
+        "vllm_over_transformers_step_speedup": latency["transformers"]["median_ms"] / latency["vllm"]["median_ms"],
+    }
 
 
 def main() -> int:
@@ -288,7 +347,6 @@ def main() -> int:
         # engine core in this process: logits stay on the GPU (no pickling through the engine's IPC)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
-
     import vllm
 
     from asymspec_mm.vllm_engine import check_vllm
@@ -299,9 +357,13 @@ def main() -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"vllm": vllm.__version__, "torch": torch.__version__, "device": args.device,
-              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-              "gpus": torch.cuda.device_count() if args.device == "cuda" else 0}
+    report = {
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+        "gpus": torch.cuda.device_count() if args.device == "cuda" else 0,
+    }
     eq_kw = {"enforce_eager": True, "tensor_parallel_size": args.tp}
     if args.device == "cpu":
         eq_kw["block_size"] = 32
@@ -312,11 +374,13 @@ def main() -> int:
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for name, fn in (("equality", lambda: check_equality(args, work, eq_kw)),
-                         ("tp", lambda: check_tp(args, out)),
-                         # in a subprocess unless asked alone: a fresh process for its two more vllm.LLMs
-                         ("vl", lambda: check_vl(args, work, eq_kw) if args.only == "vl" else _in_subprocess(args, out, "vl")),
-                         ("throughput", lambda: check_throughput(args, work, bench_kw))):
+        for name, fn in (
+            ("equality", lambda: check_equality(args, work, eq_kw)),
+            ("tp", lambda: check_tp(args, out)),
+            # in a subprocess unless asked alone: a fresh process for its two more vllm.LLMs
+            ("vl", lambda: check_vl(args, work, eq_kw) if args.only == "vl" else _in_subprocess(args, out, "vl")),
+            ("throughput", lambda: check_throughput(args, work, bench_kw)),
+        ):
             if args.only and name != args.only:
                 continue
             if name == "tp" and args.tp != 1:

@@ -14,8 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
-WORDS = ("red blue green chart bar value axis circle square triangle angle degrees label title "
-         "left right top bottom count total sum largest smallest number line point area").split()
+WORDS = (
+    "red blue green chart bar value axis circle square triangle angle degrees label title "
+    "left right top bottom count total sum largest smallest number line point area"
+).split()
 
 
 @pytest.fixture(scope="session")

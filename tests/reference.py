@@ -18,9 +18,11 @@ def _probs(logits: torch.Tensor) -> torch.Tensor:
 
 def _jsd(p: torch.Tensor, q: torch.Tensor) -> float:
     m = 0.5 * (p + q)
+
     def kl(x):
         mask = x > 0
         return float((x[mask] * (x[mask].log() - m[mask].log())).sum())
+
     return 0.5 * kl(p) + 0.5 * kl(q)
 
 
@@ -35,8 +37,9 @@ class Reference:
         ids = torch.cat([self.p.drafter_full_ids[0], torch.tensor(tokens, dtype=torch.long)])
         types = torch.cat([self.p.mm_token_type_ids[0], torch.zeros(len(tokens), dtype=torch.long)])
         self.pipe.drafter.model.rope_deltas = None  # make the model recompute its positions from scratch
-        return self.pipe.drafter(input_ids=ids[None], pixel_values=self.p.pixel_values, image_grid_thw=self.p.image_grid_thw,
-                                 mm_token_type_ids=types[None]).logits[0]
+        return self.pipe.drafter(
+            input_ids=ids[None], pixel_values=self.p.pixel_values, image_grid_thw=self.p.image_grid_thw, mm_token_type_ids=types[None]
+        ).logits[0]
 
     @torch.no_grad()
     def drafter_comp(self, tokens: list[int]) -> torch.Tensor:
@@ -81,8 +84,8 @@ class Reference:
                 a_rows.append(a)
                 drafts.append(int(a.argmax()))
             y = [x for x, _ in out]
-            b = self.drafter_comp(y + drafts)[-(k + 1):]
-            t = self.verifier(y + drafts)[-(k + 1):]
+            b = self.drafter_comp(y + drafts)[-(k + 1) :]
+            t = self.verifier(y + drafts)[-(k + 1) :]
             step: list[tuple[int, str]] = []
             margins: list[float] = []
             margin = min(self._gap(r) for r in a_rows)  # every draft is an argmax
@@ -93,7 +96,9 @@ class Reference:
                 if lhs > rhs:
                     step.append((drafts[i], "accepted"))
                 else:
-                    fused_row = t[i].double() + cfg.beta * {"contrast": a_rows[i] - b[i], "raw": a_rows[i], "scd": t[i] - b[i]}[cfg.delta].double()
+                    fused_row = (
+                        t[i].double() + cfg.beta * {"contrast": a_rows[i] - b[i], "raw": a_rows[i], "scd": t[i] - b[i]}[cfg.delta].double()
+                    )
                     margin = min(margin, self._gap(fused_row))
                     step.append((self.fused(cfg, a_rows[i], b[i], t[i]), "fused"))
                 margins.append(margin)

@@ -86,8 +86,10 @@ def test_ratios_are_medians_of_paired_runs(result):
 
 def test_paired_ratio_differs_from_ratio_of_medians():
     # A slow repetition hits both variants; pairing cancels it, the ratio of medians does not.
-    per_rep = {"floor": [{"tokens_per_s": 10.0}, {"tokens_per_s": 2.0}, {"tokens_per_s": 9.0}],
-               "x": [{"tokens_per_s": 20.0}, {"tokens_per_s": 4.0}, {"tokens_per_s": 9.0}]}
+    per_rep = {
+        "floor": [{"tokens_per_s": 10.0}, {"tokens_per_s": 2.0}, {"tokens_per_s": 9.0}],
+        "x": [{"tokens_per_s": 20.0}, {"tokens_per_s": 4.0}, {"tokens_per_s": 9.0}],
+    }
     r = paired_ratios(per_rep)
     assert r["x"] == [2.0, 2.0, 1.0] and median(r["x"]) == 2.0
     assert median([20.0, 4.0, 9.0]) / median([10.0, 2.0, 9.0]) == 1.0
@@ -158,8 +160,14 @@ def test_synthetic_prefill_gives_a_context_of_that_length(tiny_pipe):
 
 
 def test_synthetic_runs_and_length_sweep(tiny_pipe):
-    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec"), prefill="synthetic", image_tokens=5,
-                    **{**FAST, "reps": 1, "warmup": 0, "prompt_lengths": (16, 48)})
+    res = run_bench(
+        "random-tiny",
+        pipeline=tiny_pipe,
+        variants=("floor", "asymspec"),
+        prefill="synthetic",
+        image_tokens=5,
+        **{**FAST, "reps": 1, "warmup": 0, "prompt_lengths": (16, 48)},
+    )
     for run in res["main"]["runs"]:
         assert run["synthetic"] and run["checks"]["forwarded_ok"] and run["checks"]["split_sum_rel_err"] < 0.05
     asym = [r for r in res["main"]["runs"] if r["method"] == "asymspec"][0]
@@ -171,10 +179,13 @@ def test_synthetic_runs_and_length_sweep(tiny_pipe):
 
 
 def test_projection_arithmetic():
-    costs = {"drafter_full": {"1": {"median_s": 0.01}}, "drafter_comp": {"5": {"median_s": 0.02}, "1": {"median_s": 0.01}},
-             "verifier": {"5": {"median_s": 0.1}}}
+    costs = {
+        "drafter_full": {"1": {"median_s": 0.01}},
+        "drafter_comp": {"5": {"median_s": 0.02}, "1": {"median_s": 0.01}},
+        "verifier": {"5": {"median_s": 0.1}},
+    }
     (row,) = project(costs, 4, floor_token_s=0.05, asym_host_step_s=0.002, sd_host_step_s=0.001, scenarios=[(0.5, 2.0)])
-    f = 0.5 ** 4
+    f = 0.5**4
     step = (4 + f) * 0.01 + 0.02 + 0.1 + 0.002
     assert row["asymspec_step_s"] == pytest.approx(step)
     assert row["asymspec_tokens_per_s"] == pytest.approx(2.0 / step)
@@ -227,10 +238,36 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     out = tmp_path / "bench"
     md_file = tmp_path / "BENCHMARKS.md"
     argv = [
-        "bench", "--pair", "dirs", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]),
-        "--variants", "floor;asymspec;asymspec@gate=fixed", "--reps", "1", "--warmup", "1", "--cases", "1",
-        "--max-new-tokens", "6", "--lengths", "24,48", "--k-values", "1,2", "--out", str(out), "--stem", "b",
-        "--update-benchmarks", str(md_file), "--threads", "1", "--quiet",
+        "bench",
+        "--pair",
+        "dirs",
+        "--drafter",
+        str(tiny_dirs[0]),
+        "--verifier",
+        str(tiny_dirs[1]),
+        "--variants",
+        "floor;asymspec;asymspec@gate=fixed",
+        "--reps",
+        "1",
+        "--warmup",
+        "1",
+        "--cases",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--lengths",
+        "24,48",
+        "--k-values",
+        "1,2",
+        "--out",
+        str(out),
+        "--stem",
+        "b",
+        "--update-benchmarks",
+        str(md_file),
+        "--threads",
+        "1",
+        "--quiet",
     ]
     assert main(argv) == 0
     data = json.loads((out / "b.json").read_text())
@@ -262,14 +299,22 @@ def test_static_cache_engines_match_dynamic(tiny_pipe):
     for cfg in (AsymSpecConfig(k=4, max_new_tokens=12), AsymSpecConfig(k=2, bonus="gated", gate="fixed", max_new_tokens=10)):
         for method in ("asymspec", "sd", "floor"):
             dyn = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg)
-            sta = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method,
-                                     config=cfg, engines=factory)
+            sta = tiny_pipe.generate(
+                case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg, engines=factory
+            )
             assert sta.token_ids == dyn.token_ids and [e.source for e in sta.trace] == [e.source for e in dyn.trace]
 
 
 def test_static_engines_on_synthetic_caches(tiny_pipe):
-    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec"), prefill="synthetic", image_tokens=5,
-                    engine="static", **{**FAST, "reps": 1})
+    res = run_bench(
+        "random-tiny",
+        pipeline=tiny_pipe,
+        variants=("floor", "asymspec"),
+        prefill="synthetic",
+        image_tokens=5,
+        engine="static",
+        **{**FAST, "reps": 1},
+    )
     assert res["meta"]["engine"] == "static"
     for run in res["main"]["runs"]:
         assert run["checks"]["forwarded_ok"] and run["checks"]["tokens_ok"] and run["new_tokens"] == 8
@@ -278,15 +323,16 @@ def test_static_engines_on_synthetic_caches(tiny_pipe):
 
 
 def test_bench_cases_follow_the_chosen_families():
-    from asymspec_mm.eval import minivista as mv
     from asymspec_mm.errors import UnknownOptionError
+    from asymspec_mm.eval import minivista as mv
 
     default = bench.bench_cases(3)
     assert [mv.family_of(mv.make_problem(mv.HELDOUT_SEED, int(c["id"]) - 1)) for c in default] == ["figure", "visual", "geometry"]
     chosen = bench.bench_cases(4, families=("figure", "visual"))
     kinds = [c["caption"].split()[1] for c in chosen]  # "A bar chart ..." / "A scene ..." style captions differ per family
     assert len(set(kinds)) == 2 and kinds[0] == kinds[2] and kinds[1] == kinds[3]
-    assert [c["question"] for c in chosen] == [mv.make_problem(mv.HELDOUT_SEED, 50_000 + i, ("figure", "visual")[i % 2])["query"]
-                                               for i in range(4)]
+    assert [c["question"] for c in chosen] == [
+        mv.make_problem(mv.HELDOUT_SEED, 50_000 + i, ("figure", "visual")[i % 2])["query"] for i in range(4)
+    ]
     with pytest.raises(UnknownOptionError, match="'charts' does not exist"):
         bench.bench_cases(2, families=("charts",))

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from conftest import make_case
+from reference import Reference
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.prompts import build_prompts
-from conftest import make_case
-from reference import Reference
 
 SETTINGS = [
     AsymSpecConfig(k=4, beta=1.0, gamma=0.5, max_new_tokens=8),
@@ -44,7 +43,8 @@ def test_fast_loop_equals_reference(tiny_pipe, setting):
             first = next(i for i, (x, y) in enumerate(zip(got + [None] * len(ref), ref + [None] * len(got))) if x != y)
             assert first < len(reference.margins) and reference.margins[first] < 1e-4, (
                 f"prompt {seed}: fast loop {got} != reference {ref} at token {first}, "
-                f"not a numerical tie (margin {reference.margins[first] if first < len(reference.margins) else None})")
+                f"not a numerical tie (margin {reference.margins[first] if first < len(reference.margins) else None})"
+            )
             ties[0] += 1
         for ev in res.trace:
             sources[ev.source] += 1
@@ -82,21 +82,29 @@ def test_sd_equals_floor_and_reference_greedy(tiny_pipe):
 def test_drafter_alone_equals_reference_greedy(tiny_pipe):
     for seed in range(4):
         case = make_case(seed)
-        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method="drafter",
-                                 config=AsymSpecConfig(max_new_tokens=12))
+        res = tiny_pipe.generate(
+            case["image"],
+            case["question"],
+            caption=case["caption"],
+            ocr=case["ocr"],
+            method="drafter",
+            config=AsymSpecConfig(max_new_tokens=12),
+        )
         assert Reference(tiny_pipe, res.prompts).greedy("drafter_full", 12, tiny_pipe.eos_ids) == res.token_ids
 
 
 def test_eos_at_first_step(tiny_pipe):
     """Make EOS the verifier's and the drafter's first choice by treating their first token as EOS."""
     case = make_case(3)
-    first = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
-                               config=AsymSpecConfig(max_new_tokens=10))
+    first = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(max_new_tokens=10)
+    )
     eos_before = set(tiny_pipe.eos_ids)
     try:
         tiny_pipe.eos_ids = eos_before | {first.token_ids[0]}
-        res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
-                                 config=AsymSpecConfig(max_new_tokens=10))
+        res = tiny_pipe.generate(
+            case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(max_new_tokens=10)
+        )
     finally:
         tiny_pipe.eos_ids = eos_before
     assert res.token_ids == first.token_ids[:1]
@@ -106,10 +114,12 @@ def test_eos_at_first_step(tiny_pipe):
 @pytest.mark.parametrize("max_new", [1, 2, 5, 7])
 def test_max_new_tokens_mid_draft(tiny_pipe, max_new):
     case = make_case(5)
-    long = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
-                              config=AsymSpecConfig(k=4, max_new_tokens=20))
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
-                             config=AsymSpecConfig(k=4, max_new_tokens=max_new))
+    long = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(k=4, max_new_tokens=20)
+    )
+    res = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(k=4, max_new_tokens=max_new)
+    )
     expect = long.token_ids[:max_new]
     assert res.token_ids == expect
     assert len(res.trace) == len(expect) and [e.index for e in res.trace] == list(range(len(expect)))

@@ -6,11 +6,11 @@ import random
 
 import pytest
 import torch
+from conftest import make_case, make_image
+from reference import Reference
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.engines import TextEngine, VLEngine
-from conftest import make_case, make_image
-from reference import Reference
 from vision_cache.positions import extension_positions, mrope_positions
 
 
@@ -21,8 +21,9 @@ def _rand_tokens(rng: random.Random, n: int, lo: int = 20, hi: int = 480) -> lis
 def test_engines_equal_full_forward_over_random_rollbacks(tiny_pipe):
     """40 rounds of extend (1..5 tokens) and rollback (0..4 tokens) on all three streams."""
     case = make_case(11)
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method="floor",
-                             config=AsymSpecConfig(max_new_tokens=1))
+    res = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method="floor", config=AsymSpecConfig(max_new_tokens=1)
+    )
     p, ref = res.prompts, Reference(tiny_pipe, res.prompts)
     features, _ = tiny_pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
     full, comp, ver = VLEngine(tiny_pipe.drafter), VLEngine(tiny_pipe.drafter, "drafter_comp"), TextEngine(tiny_pipe.verifier)
@@ -35,7 +36,7 @@ def test_engines_equal_full_forward_over_random_rollbacks(tiny_pipe):
         new = _rand_tokens(rng, rng.randint(1, 5))
         got = [e.extend(torch.tensor(new)) for e in (full, comp, ver)]
         tokens += new
-        want = [ref.drafter_full(tokens)[-len(new):], ref.drafter_comp(tokens)[-len(new):], ref.verifier(tokens)[-len(new):]]
+        want = [ref.drafter_full(tokens)[-len(new) :], ref.drafter_comp(tokens)[-len(new) :], ref.verifier(tokens)[-len(new) :]]
         for g, w in zip(got, want):
             assert torch.allclose(g, w, atol=1e-4), (g - w).abs().max()
         drop = rng.randint(0, min(4, len(tokens)))
@@ -53,8 +54,11 @@ def test_loop_caches_match_no_cache_forward_after_every_step(tiny_pipe):
     cfg = AsymSpecConfig(k=3, gamma=0.7, max_new_tokens=16)
     session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
     p, ref = session.prompts, Reference(tiny_pipe, session.prompts)
-    prompt_len = {"drafter_full": p.drafter_full_ids.shape[1], "drafter_comp": p.drafter_comp_ids.shape[1],
-                  "verifier": p.verifier_ids.shape[1]}
+    prompt_len = {
+        "drafter_full": p.drafter_full_ids.shape[1],
+        "drafter_comp": p.drafter_comp_ids.shape[1],
+        "verifier": p.verifier_ids.shape[1],
+    }
     full_forward = {"drafter_full": ref.drafter_full, "drafter_comp": ref.drafter_comp, "verifier": ref.verifier}
     checked, pending_seen, tokens = [], set(), []
     for step, events in enumerate(tiny_pipe.run(session), start=1):
@@ -84,7 +88,7 @@ def test_mrope_positions_equal_get_rope_index(tiny_pipe, combo):
     n_images = 1 + (combo % 3 == 2)
     images = [make_image(combo * 7 + i, (rng.randint(16, 300), rng.randint(16, 300))) for i in range(n_images)]
     content = []
-    for img in images:
+    for _ in images:
         content.append({"type": "text", "text": " ".join("word" for _ in range(rng.randint(0, 6)))})
         content.append({"type": "image"})
     content.append({"type": "text", "text": " ".join("tail" for _ in range(rng.randint(0, 9)))})
@@ -106,8 +110,14 @@ def test_mrope_positions_equal_get_rope_index(tiny_pipe, combo):
 def test_drafter_full_stream_equals_pixel_forward_every_step(tiny_pipe):
     """With cached features, the full stream's logits equal a plain forward with pixel_values (1e-5) at every step."""
     case = make_case(9)
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method="drafter",
-                             config=AsymSpecConfig(max_new_tokens=10))
+    res = tiny_pipe.generate(
+        case["image"],
+        case["question"],
+        caption=case["caption"],
+        ocr=case["ocr"],
+        method="drafter",
+        config=AsymSpecConfig(max_new_tokens=10),
+    )
     p, ref = res.prompts, Reference(tiny_pipe, res.prompts)
     features, _ = tiny_pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
     eng = VLEngine(tiny_pipe.drafter)
@@ -169,8 +179,9 @@ def test_prefix_kv_reuse_equals_fresh_prefill(tiny_dirs):
         p = reused.prompts
         features, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
         eng = VLEngine(pipe.drafter)
-        eng.prefill_features(p.drafter_full_ids[0], p.mm_token_type_ids[0], features, prefix_store=pipe.prefix_store,
-                    prefix_key=features.key)
+        eng.prefill_features(
+            p.drafter_full_ids[0], p.mm_token_type_ids[0], features, prefix_store=pipe.prefix_store, prefix_key=features.key
+        )
         assert eng.prefix_hit
         got = eng.extend(torch.tensor([40, 41]))
         want = Reference(pipe, p).drafter_full([40, 41])[-2:]

@@ -28,21 +28,30 @@ def make_problems(n: int = 6) -> list[dict[str, Any]]:
     problems = []
     for i in range(1, n + 1):
         mc = i % 2 == 1
-        problems.append({
-            "pid": str(i),
-            "question": f"How many red squares are in figure {i}?" if not mc else f"Which colour dominates figure {i}?",
-            "image": f"images/{i}.png",
-            "decoded_image": Image.new("RGB", (24, 16), (40 * i % 255, 90, 160)),
-            "choices": ["red", "green", "blue"] if mc else None,
-            "unit": None,
-            "precision": None,
-            "answer": ["red", "green", "blue"][i % 3] if mc else str(i % 4),
-            "question_type": "multi_choice" if mc else "free_form",
-            "answer_type": "text" if mc else "integer",
-            "metadata": {"split": "testmini", "language": "english", "source": "Synthetic", "category": "math-targeted-vqa",
-                         "task": TASKS[i % 3], "context": "synthetic scene", "grade": "elementary school",
-                         "skills": ["arithmetic reasoning"] if mc else ["arithmetic reasoning", "statistical reasoning"]},
-        })
+        problems.append(
+            {
+                "pid": str(i),
+                "question": f"How many red squares are in figure {i}?" if not mc else f"Which colour dominates figure {i}?",
+                "image": f"images/{i}.png",
+                "decoded_image": Image.new("RGB", (24, 16), (40 * i % 255, 90, 160)),
+                "choices": ["red", "green", "blue"] if mc else None,
+                "unit": None,
+                "precision": None,
+                "answer": ["red", "green", "blue"][i % 3] if mc else str(i % 4),
+                "question_type": "multi_choice" if mc else "free_form",
+                "answer_type": "text" if mc else "integer",
+                "metadata": {
+                    "split": "testmini",
+                    "language": "english",
+                    "source": "Synthetic",
+                    "category": "math-targeted-vqa",
+                    "task": TASKS[i % 3],
+                    "context": "synthetic scene",
+                    "grade": "elementary school",
+                    "skills": ["arithmetic reasoning"] if mc else ["arithmetic reasoning", "statistical reasoning"],
+                },
+            }
+        )
     return problems
 
 
@@ -62,9 +71,19 @@ class ScriptedPipe:
     fail_pids: tuple[str, ...] = ()
     calls: list[dict[str, Any]] = field(default_factory=list)
 
-    def generate(self, image: Any, question: str, caption: Any = None, ocr: Any = None, method: str = "asymspec", config: Any = None) -> Result:
-        self.calls.append({"question": question, "caption": caption, "ocr": ocr, "method": method, "config": dict(config or {}),
-                           "image_size": getattr(image, "size", None)})
+    def generate(
+        self, image: Any, question: str, caption: Any = None, ocr: Any = None, method: str = "asymspec", config: Any = None
+    ) -> Result:
+        self.calls.append(
+            {
+                "question": question,
+                "caption": caption,
+                "ocr": ocr,
+                "method": method,
+                "config": dict(config or {}),
+                "image_size": getattr(image, "size", None),
+            }
+        )
         if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
             raise self.exc()
         if any(f"figure {pid}?" in question for pid in self.fail_pids):
@@ -74,9 +93,17 @@ class ScriptedPipe:
         drafted = 0 if method in ("floor", "drafter") else 8
         accepted = 0 if not drafted else h % 9
         n_tok = 10 + h % 5
-        stats = {"steps": 3, "drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0,
-                 "mean_accepted_length": 1 + accepted / 3, "new_tokens": n_tok, "wall_s": 0.5, "tokens_per_s": n_tok / 0.5,
-                 "accepted_per_position": [1.0, 0.5]}
+        stats = {
+            "steps": 3,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_length": 1 + accepted / 3,
+            "new_tokens": n_tok,
+            "wall_s": 0.5,
+            "tokens_per_s": n_tok / 0.5,
+            "accepted_per_position": [1.0, 0.5],
+        }
         return Result(f"Let me look at the figure.\nThe answer is {answer}.", list(range(n_tok)), stats)
 
 
@@ -225,8 +252,7 @@ def test_finalize_writes_official_outputs_scores_report_and_chart(tmp_path: Path
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
     s = result["variants"]
     assert s["floor"]["acceptance_rate"] is None and s["asymspec"]["acceptance_rate"] is not None
-    assert s["asymspec"]["tokens_per_s"] == pytest.approx(
-        sum(r["stats"]["new_tokens"] for r in by_variant.values()) / (0.5 * 6))
+    assert s["asymspec"]["tokens_per_s"] == pytest.approx(sum(r["stats"]["new_tokens"] for r in by_variant.values()) / (0.5 * 6))
     if s["drafter"]["accuracy"] != s["floor"]["accuracy"]:
         assert s["floor"]["recovery"] == pytest.approx(0.0) and s["drafter"]["recovery"] == pytest.approx(1.0)
     assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["files"]["floor"]["scores"].endswith("scores_floor.json")

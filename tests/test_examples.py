@@ -24,8 +24,9 @@ def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> s
     # No GPU, so that `auto` means the bundled tiny pair and the in-process reference (on the CPU) matches.
     base.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="", PYTHONPATH=pythonpath)
     base.update(env or {})
-    return subprocess.run([sys.executable, str(REPO / "examples" / script), *args], cwd=REPO, env=base,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / script), *args], cwd=REPO, env=base, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,7 @@ def tiny():
 
 
 def test_examples_folder_is_covered():
-    assert sorted(p.name for p in (REPO / "examples").glob("*.py")) == ["precomputed_view.py", "quickstart.py",
-                                                                         "real_models.py"]
+    assert sorted(p.name for p in (REPO / "examples").glob("*.py")) == ["precomputed_view.py", "quickstart.py", "real_models.py"]
 
 
 def test_quickstart_prints_each_method_and_the_provenance(tiny):
@@ -50,8 +50,7 @@ def test_quickstart_prints_each_method_and_the_provenance(tiny):
     ex = EXAMPLES[0]
     cfg = AsymSpecConfig(max_new_tokens=64)
     for i, method in enumerate(("floor", "drafter", "asymspec")):
-        res = tiny.generate(DATA / ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False,
-                            method=method, config=cfg)
+        res = tiny.generate(DATA / ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False, method=method, config=cfg)
         assert lines[i] == f"{method:9s} {res.text!r}"
     trace_lines = lines[3:-1]
     assert len(trace_lines) == len(res.trace) > 0
@@ -86,21 +85,25 @@ def test_precomputed_view_reads_mathvista_tables(tiny, tmp_path):
     texts.mkdir()
     # MathVista's layouts: Bard captions (with the chat preface the official clean-up removes) and EasyOCR
     # results as Python literals of (box, text, confidence).
-    (texts / "captions_bard.json").write_text(json.dumps(
-        {"model": "bard", "texts": {"5": "Sure. A bar chart with four coloured bars."}}))
-    (texts / "ocrs_easyocr.json").write_text(json.dumps(
-        {"model": "easyocr", "texts": {"5": "[([[0, 0], [9, 0], [9, 9], [0, 9]], '10', 0.9),"
-                                             " ([[0, 20], [9, 20], [9, 29], [0, 29]], '5', 0.8)]"}}))
+    (texts / "captions_bard.json").write_text(json.dumps({"model": "bard", "texts": {"5": "Sure. A bar chart with four coloured bars."}}))
+    (texts / "ocrs_easyocr.json").write_text(
+        json.dumps(
+            {
+                "model": "easyocr",
+                "texts": {"5": "[([[0, 0], [9, 0], [9, 9], [0, 9]], '10', 0.9), ([[0, 20], [9, 20], [9, 29], [0, 29]], '5', 0.8)]"},
+            }
+        )
+    )
     image = DATA / EXAMPLES[0]["image"]
-    proc = run_example("precomputed_view.py", str(texts), "5", str(image), "--preset", "tiny",
-                       "--max-new-tokens", "24")
+    proc = run_example("precomputed_view.py", str(texts), "5", str(image), "--preset", "tiny", "--max-new-tokens", "24")
     assert proc.returncode == 0, proc.stderr
     from captioning import StaticOCR
 
     ocr_text = StaticOCR(texts / "ocrs_easyocr.json").text_for("5")
     assert "10" in ocr_text and "5" in ocr_text
-    res = tiny.generate(image, "What is shown in the figure?", caption="A bar chart with four coloured bars.",
-                        ocr=ocr_text, max_new_tokens=24)
+    res = tiny.generate(
+        image, "What is shown in the figure?", caption="A bar chart with four coloured bars.", ocr=ocr_text, max_new_tokens=24
+    )
     assert proc.stdout == res.text + "\n"
 
 
@@ -121,8 +124,12 @@ def test_real_models_help_names_its_arguments():
 def test_real_models_without_checkpoints_fails_in_one_line(tmp_path):
     # An empty hub cache, offline: the paper's checkpoints cannot be there, whatever this machine has cached.
     cache = tmp_path / "hf"
-    proc = run_example("real_models.py", str(DATA / EXAMPLES[0]["image"]), "Which bar is the tallest?",
-                       env={"HF_HOME": str(cache), "HF_HUB_CACHE": str(cache / "hub")})
+    proc = run_example(
+        "real_models.py",
+        str(DATA / EXAMPLES[0]["image"]),
+        "Which bar is the tallest?",
+        env={"HF_HOME": str(cache), "HF_HUB_CACHE": str(cache / "hub")},
+    )
     assert proc.returncode == 1 and proc.stdout == ""
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("error: cannot load Qwen/Qwen3-VL-2B-Instruct + Qwen/Qwen3-32B: ")

@@ -20,34 +20,65 @@ from asymspec_mm.eval.scoring import score_problem
 
 
 def mc(choices: list[str], answer: str | None = None) -> dict:
-    return {"question_type": "multi_choice", "answer_type": "text", "choices": choices, "precision": None,
-            "answer": answer if answer is not None else choices[0], "question": "q", "unit": None}
+    return {
+        "question_type": "multi_choice",
+        "answer_type": "text",
+        "choices": choices,
+        "precision": None,
+        "answer": answer if answer is not None else choices[0],
+        "question": "q",
+        "unit": None,
+    }
 
 
 def ff(answer_type: str, answer: str = "0", precision: int | None = None) -> dict:
-    return {"question_type": "free_form", "answer_type": answer_type, "choices": None, "precision": precision,
-            "answer": answer, "question": "q", "unit": None}
+    return {
+        "question_type": "free_form",
+        "answer_type": answer_type,
+        "choices": None,
+        "precision": precision,
+        "answer": answer,
+        "question": "q",
+        "unit": None,
+    }
 
 
 MULTI_CHOICE = [
     # Bard, pid 3
-    ("The correct answer is **(C) 145°**.\n\nSince the angle bisectors of angles B and C intersect at point O, "
-     "then ∠BOC = 90° + ∠A/2 = 90° + 110°/2 = **145°**.", mc(["135°", "140°", "145°", "150°"]), "C"),
+    (
+        "The correct answer is **(C) 145°**.\n\nSince the angle bisectors of angles B and C intersect at point O, "
+        "then ∠BOC = 90° + ∠A/2 = 90° + 110°/2 = **145°**.",
+        mc(["135°", "140°", "145°", "150°"]),
+        "C",
+    ),
     # Bard, pid 20
-    ("The answer is (B). No.\n\nThe largest bar is Czechia with 21.37%, while the sum of the smallest two bars, "
-     "Paraguay and Laos, is 22.7%.\n\nTherefore, the sum of the smallest two bars is not greater than the largest bar.",
-     mc(["Yes", "No"]), "B"),
+    (
+        "The answer is (B). No.\n\nThe largest bar is Czechia with 21.37%, while the sum of the smallest two bars, "
+        "Paraguay and Laos, is 22.7%.\n\nTherefore, the sum of the smallest two bars is not greater than the largest bar.",
+        mc(["Yes", "No"]),
+        "B",
+    ),
     # Bard, pid 24
-    ("Based on the image, the correct answer is **(A) yes**.\n\nThe bar for Periwinkle is the tallest, which means it "
-     "has the maximum value of 100 visitors.", mc(["yes", "no"]), "A"),
+    (
+        "Based on the image, the correct answer is **(A) yes**.\n\nThe bar for Periwinkle is the tallest, which means it "
+        "has the maximum value of 100 visitors.",
+        mc(["yes", "no"]),
+        "A",
+    ),
     # Qwen-style boxed letter after reasoning that mentions other options
-    ("Option (A) would need x = 3, option (C) x = 5.\nChecking each, only 4 works.\n\nThus, the answer is:\n\n$$\n\\boxed{B}\n$$",
-     mc(["3", "4", "5", "6"]), "B"),
+    (
+        "Option (A) would need x = 3, option (C) x = 5.\nChecking each, only 4 works.\n\nThus, the answer is:\n\n$$\n\\boxed{B}\n$$",
+        mc(["3", "4", "5", "6"]),
+        "B",
+    ),
     ("We compare the two angles, so x = 5.\n\nAnswer: C", mc(["1", "3", "5", "7"]), "C"),
     ("**Final Answer:** (D) 5cm", mc(["6cm", "7cm", "4cm", "5cm"]), "D"),
     ("Looking at the chart, Periwinkle is not the tallest.\n\nThe answer is No.", mc(["Yes", "No"]), "No"),
-    ("The hour hand is past 8 and the minute hand points to 3.\n\nSo the time is quarter past eight.",
-     mc(["half", "quarter", "o'clock", "quarter to", "quarter past"]), "quarter past"),
+    (
+        "The hour hand is past 8 and the minute hand points to 3.\n\nSo the time is quarter past eight.",
+        mc(["half", "quarter", "o'clock", "quarter to", "quarter past"]),
+        "quarter past",
+    ),
     ("Option B is correct because the slope at x=5 is steeper.", mc(["larger than", "equal to", "smaller than"]), "B"),
     ("The correct option is b.", mc(["a", "b", "c"]), "b"),
     ("B", mc(["x", "y"]), "B"),
@@ -62,12 +93,18 @@ def test_multiple_choice(response: str, problem: dict, expected: str) -> None:
 
 FREE_FORM = [
     # Bard, pid 4
-    ("There are 8 objects in the image.\n\nIf we subtract all large rubber spheres, there will be 5 objects left.\n\n"
-     "If we also subtract all big shiny cylinders, there will be 3 objects left.\n\nSo the answer is 3.\n\nI hope this helps!",
-     ff("integer"), "3"),
+    (
+        "There are 8 objects in the image.\n\nIf we subtract all large rubber spheres, there will be 5 objects left.\n\n"
+        "If we also subtract all big shiny cylinders, there will be 3 objects left.\n\nSo the answer is 3.\n\nI hope this helps!",
+        ff("integer"),
+        "3",
+    ),
     # Bard, pid 1 (float, precision 1): the last number
-    ("Solving for $d$, we get $d = 0.11$ m.\n\nTherefore, the distance the spring is compressed is 0.11 meters.",
-     ff("float", precision=1), "0.11"),
+    (
+        "Solving for $d$, we get $d = 0.11$ m.\n\nTherefore, the distance the spring is compressed is 0.11 meters.",
+        ff("float", precision=1),
+        "0.11",
+    ),
     ("The total is 1,234 dollars. The answer is 1,234.", ff("integer"), "1234"),
     ("Reading the graph at x = 0, the value is -4.3", ff("float", precision=1), "-4.3"),
     ("The fraction is the answer: $\\frac{3}{4}$", ff("float", precision=2), "0.75"),

@@ -90,6 +90,6 @@ def test_gate_step_fp32_whatever_dtype():
     full = gate_step(a, b, t, d)
     half = gate_step(a.bfloat16(), b.bfloat16(), t.bfloat16(), d)
     assert half.jsd.dtype == torch.float32 and half.gamma_eff.dtype == torch.float32
-    ref_acc = (t.softmax(-1)[range(4), d] > full.gamma_eff * b.softmax(-1)[range(4), d])
+    ref_acc = t.softmax(-1)[range(4), d] > full.gamma_eff * b.softmax(-1)[range(4), d]
     assert torch.equal(full.accepted, ref_acc)
     assert torch.equal(full.fused, (t + (a - b)).argmax(-1))

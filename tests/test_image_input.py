@@ -630,9 +630,7 @@ _BOUNDS = [
 
 @pytest.mark.parametrize(("width", "height"), _SIZES)
 @pytest.mark.parametrize(("min_pixels", "max_pixels"), _BOUNDS)
-def test_resize_like_qwen_matches_fetch_image(
-    width: int, height: int, min_pixels: int | None, max_pixels: int | None
-) -> None:
+def test_resize_like_qwen_matches_fetch_image(width: int, height: int, min_pixels: int | None, max_pixels: int | None) -> None:
     from qwen_vl_utils import vision_process as vp
 
     img = _noise(width, height, seed=width + height)

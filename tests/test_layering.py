@@ -132,10 +132,7 @@ def test_scanner_sees_the_project_imports() -> None:
 
 def test_packages_import_only_themselves_and_packages_below() -> None:
     bad = upward_imports(project_imports())
-    assert not bad, (
-        f"imports against the package order {' < '.join(ORDER)} "
-        f"(only {COMPOSITION_ROOT} may import ui):\n{_listing(bad)}"
-    )
+    assert not bad, f"imports against the package order {' < '.join(ORDER)} (only {COMPOSITION_ROOT} may import ui):\n{_listing(bad)}"
 
 
 def test_nothing_imports_the_composition_root() -> None:

@@ -146,10 +146,17 @@ def test_build_variants_names_and_configs() -> None:
     vs = mv.build_variants("asymspec,floor,tuned,beta0,sd,raw", k=[2, 4], beta=[0.5], lam=[0.1], common={"max_new_tokens": 64})
     names = [v.name for v in vs]
     assert names == [
-        "asymspec@k=2,beta=0.5", "asymspec@k=4,beta=0.5", "floor",
-        "tuned@k=2,beta=0.5,lam=0.1", "tuned@k=4,beta=0.5,lam=0.1",
-        "beta0@k=2", "beta0@k=4", "sd@k=2", "sd@k=4",
-        "raw@k=2,beta=0.5", "raw@k=4,beta=0.5",
+        "asymspec@k=2,beta=0.5",
+        "asymspec@k=4,beta=0.5",
+        "floor",
+        "tuned@k=2,beta=0.5,lam=0.1",
+        "tuned@k=4,beta=0.5,lam=0.1",
+        "beta0@k=2",
+        "beta0@k=4",
+        "sd@k=2",
+        "sd@k=4",
+        "raw@k=2,beta=0.5",
+        "raw@k=4,beta=0.5",
     ]
     by = {v.name: v for v in vs}
     assert by["floor"].method == "floor" and dict(by["floor"].config) == {"max_new_tokens": 64}
@@ -166,10 +173,30 @@ def test_local_folder_loading_and_images(tmp_path: Path) -> None:
     from PIL import Image
 
     probs = {
-        "1": {"pid": "1", "question": "How many?", "image": "images/1.png", "choices": None, "unit": None, "precision": None,
-              "answer": "3", "question_type": "free_form", "answer_type": "integer", "metadata": {"task": "figure question answering"}},
-        "2": {"pid": "2", "question": "Which?", "image": "images/2.png", "choices": ["a", "b"], "unit": None, "precision": None,
-              "answer": "a", "question_type": "multi_choice", "answer_type": "text", "metadata": {"task": "math word problem"}},
+        "1": {
+            "pid": "1",
+            "question": "How many?",
+            "image": "images/1.png",
+            "choices": None,
+            "unit": None,
+            "precision": None,
+            "answer": "3",
+            "question_type": "free_form",
+            "answer_type": "integer",
+            "metadata": {"task": "figure question answering"},
+        },
+        "2": {
+            "pid": "2",
+            "question": "Which?",
+            "image": "images/2.png",
+            "choices": ["a", "b"],
+            "unit": None,
+            "precision": None,
+            "answer": "a",
+            "question_type": "multi_choice",
+            "answer_type": "text",
+            "metadata": {"task": "math word problem"},
+        },
     }
     (tmp_path / "testmini.json").write_text(json.dumps(probs), encoding="utf-8")
     (tmp_path / "images").mkdir()

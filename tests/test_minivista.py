@@ -54,7 +54,12 @@ def test_records_follow_mathvista_schema():
         mv.validate(p)
         assert isinstance(p["pid"], str) and p["image"].endswith(".png")
         assert p["decoded_image"].size == (128, 128) and p["decoded_image"].mode == "RGB"
-        assert p["metadata"]["task"] in ("figure question answering", "visual question answering", "geometry problem solving", "math word problem")
+        assert p["metadata"]["task"] in (
+            "figure question answering",
+            "visual question answering",
+            "geometry problem solving",
+            "math word problem",
+        )
         q = p["query"]
         if p["question_type"] == "multi_choice":
             assert q.startswith(mv.HINT_CHOICE + "\nQuestion: " + p["question"] + "\nChoices:\n(A) ")
@@ -110,7 +115,9 @@ def test_compressed_views_lose_what_each_family_should_lose():
             assert all(c in p["caption"] for c in scene["colors"])  # names the bars...
             assert not re.search(r"\d", p["caption"])  # ...but no value
             if fam == "mixed":  # the two readings from the pixels, then arithmetic on them
-                m = re.fullmatch(r"([A-Z][a-z]+) is (\d), ([a-z]+) is (\d); (\d) ([+-]) (\d) = (\d+), so the answer is (\d+)\.", p["response"])
+                m = re.fullmatch(
+                    r"([A-Z][a-z]+) is (\d), ([a-z]+) is (\d); (\d) ([+-]) (\d) = (\d+), so the answer is (\d+)\.", p["response"]
+                )
                 assert m, p["response"]
                 c1, x, c2, y = m.group(1).lower(), int(m.group(2)), m.group(3), int(m.group(4))
                 vals = dict(zip(scene["colors"], scene["values"]))

@@ -56,9 +56,7 @@ def _find_font(filename: str) -> str | None:
         if candidate.is_file():
             return str(candidate)
     if shutil.which("fc-list"):
-        listing = subprocess.run(
-            ["fc-list", ":", "file"], capture_output=True, text=True, check=False
-        ).stdout
+        listing = subprocess.run(["fc-list", ":", "file"], capture_output=True, text=True, check=False).stdout
         for line in listing.splitlines():
             path = line.split(":")[0].strip()
             if path.endswith("/" + filename):
@@ -69,9 +67,7 @@ def _find_font(filename: str) -> str | None:
 def _font(filename: str, size: int) -> ImageFont.FreeTypeFont:
     path = _find_font(filename)
     if path is None:
-        pytest.skip(
-            f"font {filename} not found: install it with `apt-get install fonts-dejavu-core`"
-        )
+        pytest.skip(f"font {filename} not found: install it with `apt-get install fonts-dejavu-core`")
     return ImageFont.truetype(path, size)
 
 
@@ -121,9 +117,7 @@ def _aggregate_cer(engine, samples, squarish: bool) -> tuple[float, list[tuple[s
     pairs = []
     for lines, font_file, size in samples:
         reference = " ".join(lines)
-        hypothesis = _normalized(
-            render_plain(engine.read(render_lines(lines, font_file, size, squarish)))
-        )
+        hypothesis = _normalized(render_plain(engine.read(render_lines(lines, font_file, size, squarish))))
         pairs.append((reference, hypothesis))
         errors += levenshtein(reference, hypothesis)
         total += len(reference)
@@ -220,8 +214,7 @@ def test_render_plain_and_mathvista_known_layout() -> None:
     assert render_plain(items) == "baking dish $4.00\nice cream scoop $6.00\ndon't"
     # Same string MathVista's build_query.py uses in its few-shot example, plus repr quoting.
     assert render_mathvista(items) == (
-        "[([5, 3], 'baking dish'), ([177, 5], '$4.00'), ([7, 41], 'ice cream scoop'), "
-        "([177, 37], '$6.00'), ([9, 69], \"don't\")]"
+        "[([5, 3], 'baking dish'), ([177, 5], '$4.00'), ([7, 41], 'ice cream scoop'), ([177, 37], '$6.00'), ([9, 69], \"don't\")]"
     )
     assert render_mathvista([]) == "" and render_plain([]) == ""
 
@@ -239,9 +232,7 @@ def test_point_only_items_group_into_lines() -> None:
         ((177, 101), "$4.00"),
     ]
     items = [OCRItem(box=list(p), text=t) for p, t in points]
-    assert render_plain(items) == (
-        "baking dish $4.00\nice cream scoop $6.00\ncasserole dish $3.00\nrolling pin $4.00"
-    )
+    assert render_plain(items) == ("baking dish $4.00\nice cream scoop $6.00\ncasserole dish $3.00\nrolling pin $4.00")
 
 
 def test_render_plain_skips_blank_items() -> None:

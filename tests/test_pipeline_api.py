@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 import torch
+from conftest import make_case, make_image
 
 from asymspec_mm import AsymSpecConfig, AsymSpecPipeline, MMResult
 from asymspec_mm.errors import (
@@ -16,14 +16,14 @@ from asymspec_mm.errors import (
     UnknownOptionError,
     VocabularyMismatchError,
 )
-from conftest import make_case, make_image
 from vision_cache.image import InvalidImageError
 
 
 def test_result_shape_and_trace_fields(tiny_pipe):
     case = make_case(2)
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"],
-                             config=AsymSpecConfig(max_new_tokens=12))
+    res = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(max_new_tokens=12)
+    )
     assert isinstance(res, MMResult) and res.method == "asymspec"
     assert res.token_ids == [ev.token_id for ev in res.trace]
     assert res.text == tiny_pipe.tokenizer.decode(res.token_ids, skip_special_tokens=True)
@@ -35,8 +35,21 @@ def test_result_shape_and_trace_fields(tiny_pipe):
         if ev.source != "bonus":
             assert 0.25 - 1e-6 <= ev.gamma_eff <= 0.5 + 1e-6 and 0 <= ev.jsd <= 0.6932
         assert len(ev.top_verifier) == 3 and len(ev.top_fused) == 3
-    for key in ("steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "accepted_per_position",
-                "vision_calls", "vision_cache_hits", "tokens_forwarded", "prefill_tokens", "wall_s", "tokens_per_s", "new_tokens"):
+    for key in (
+        "steps",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "accepted_per_position",
+        "vision_calls",
+        "vision_cache_hits",
+        "tokens_forwarded",
+        "prefill_tokens",
+        "wall_s",
+        "tokens_per_s",
+        "new_tokens",
+    ):
         assert key in res.stats
     for attr in ("drafter_full_ids", "drafter_comp_ids", "verifier_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids"):
         assert getattr(res.prompts, attr) is not None
@@ -49,14 +62,18 @@ def test_tokens_forwarded_exact_counts(tiny_pipe):
     k = 3
     case = make_case(7)
     image = make_image(7007)  # an image no other test shows this pipeline: no prefix-KV reuse
-    res = tiny_pipe.generate(image, case["question"], caption=case["caption"], ocr=case["ocr"],
-                             config=AsymSpecConfig(k=k, max_new_tokens=15))
+    res = tiny_pipe.generate(
+        image, case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(k=k, max_new_tokens=15)
+    )
     s, p = res.stats, res.prompts
     assert not s["prefix_cache_hit"]
     full_steps = s["accepted_per_position"][k - 1]  # steps whose K drafts were all accepted
     assert 0 < full_steps < s["steps"]
-    assert s["prefill_tokens"] == {"drafter_full": p.drafter_full_ids.shape[1] - 1,
-                                   "drafter_comp": p.drafter_comp_ids.shape[1] - 1, "verifier": p.verifier_ids.shape[1] - 1}
+    assert s["prefill_tokens"] == {
+        "drafter_full": p.drafter_full_ids.shape[1] - 1,
+        "drafter_comp": p.drafter_comp_ids.shape[1] - 1,
+        "verifier": p.verifier_ids.shape[1] - 1,
+    }
     fw = s["tokens_forwarded"]
     assert s["deferred_draft_at_end"] in (0, 1)
     assert fw["drafter_full"] == s["prefill_tokens"]["drafter_full"] + k * s["steps"] + full_steps - s["deferred_draft_at_end"]
@@ -137,8 +154,9 @@ def test_stop_string_trims_text(tiny_pipe):
     piece = base.trace[3].text
     if not piece.strip():
         pytest.skip("token 3 is whitespace")
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], max_new_tokens=12,
-                             stop_strings=(piece,))
+    res = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], max_new_tokens=12, stop_strings=(piece,)
+    )
     assert res.stats["stopped_by"] == "stop_string" and piece not in res.text
     assert res.token_ids == base.token_ids[: len(res.token_ids)]
 
@@ -169,8 +187,24 @@ def test_cli_generate_prints_result_and_json(tiny_dirs, tmp_path, capsys):
 
     img = tmp_path / "img.png"
     make_image(3).save(img)
-    args = ["generate", "--image", str(img), "--question", "What is shown?", "--caption", "a chart", "--no-ocr",
-            "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1]), "--max-new-tokens", "8", "--ocr-engine", "none"]
+    args = [
+        "generate",
+        "--image",
+        str(img),
+        "--question",
+        "What is shown?",
+        "--caption",
+        "a chart",
+        "--no-ocr",
+        "--drafter",
+        str(tiny_dirs[0]),
+        "--verifier",
+        str(tiny_dirs[1]),
+        "--max-new-tokens",
+        "8",
+        "--ocr-engine",
+        "none",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "answer:" in out and "acceptance rate" in out and "vision calls 1" in out
@@ -184,8 +218,11 @@ def test_cli_generate_prints_result_and_json(tiny_dirs, tmp_path, capsys):
 def test_complete_is_verifier_greedy(tiny_pipe):
     out = tiny_pipe.complete("Extract the answer: The answer is 42.", max_new_tokens=6)
     text = tiny_pipe.verifier_tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Extract the answer: The answer is 42."}], tokenize=False, add_generation_prompt=True,
-        enable_thinking=False)
+        [{"role": "user", "content": "Extract the answer: The answer is 42."}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=False,
+    )
     ids = tiny_pipe.verifier_tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     want = []
     for _ in range(6):
@@ -207,8 +244,25 @@ def test_cli_generate_without_caption_or_ocr(tiny_dirs, tmp_path, capsys):
     ImageDraw.Draw(img).text((10, 30), "TOTAL 42", fill=(0, 0, 0))
     path = tmp_path / "img.png"
     img.save(path)
-    assert main(["generate", "--image", str(path), "--question", "What is the total?", "--drafter", str(tiny_dirs[0]),
-                 "--verifier", str(tiny_dirs[1]), "--max-new-tokens", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--image",
+                str(path),
+                "--question",
+                "What is the total?",
+                "--drafter",
+                str(tiny_dirs[0]),
+                "--verifier",
+                str(tiny_dirs[1]),
+                "--max-new-tokens",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["stats"]["caption_s"] > 0 and data["stats"]["ocr_s"] > 0
     assert data["view"]["caption"] is not None and isinstance(data["view"]["ocr_text"], str)

@@ -74,9 +74,22 @@ def test_score_problem_and_safe_equal() -> None:
 
 
 def _problem(pid: str, tf: bool, task: str, skills: list[str], qt: str = "free_form") -> dict:
-    return {"pid": pid, "true_false": tf, "question_type": qt, "answer_type": "integer",
-            "metadata": {"task": task, "skills": skills, "language": "english", "source": "S", "category": "c",
-                         "context": "ctx", "grade": "g", "split": "testmini"}}
+    return {
+        "pid": pid,
+        "true_false": tf,
+        "question_type": qt,
+        "answer_type": "integer",
+        "metadata": {
+            "task": task,
+            "skills": skills,
+            "language": "english",
+            "source": "S",
+            "category": "c",
+            "context": "ctx",
+            "grade": "g",
+            "split": "testmini",
+        },
+    }
 
 
 def test_compute_scores_shape_and_formatting() -> None:
@@ -154,12 +167,37 @@ def test_eval_score_cli_on_published_output(tmp_path: Path, published: dict) -> 
 def test_eval_score_cli_extracts_from_responses(tmp_path: Path) -> None:
     base = {"unit": None, "precision": None, "metadata": {"task": "math word problem", "skills": ["x"]}}
     results = {
-        "1": dict(base, pid="1", question="q", choices=["Yes", "No"], answer="No", question_type="multi_choice",
-                  answer_type="text", response="The answer is (B). No."),
-        "2": dict(base, pid="2", question="q", choices=None, answer="4", question_type="free_form",
-                  answer_type="integer", response="So there are 4 objects left.\n\nThe answer is 4."),
-        "3": dict(base, pid="3", question="q", choices=None, answer="1.2", question_type="free_form",
-                  answer_type="float", precision=1, response="The distance is 0.11 m."),
+        "1": dict(
+            base,
+            pid="1",
+            question="q",
+            choices=["Yes", "No"],
+            answer="No",
+            question_type="multi_choice",
+            answer_type="text",
+            response="The answer is (B). No.",
+        ),
+        "2": dict(
+            base,
+            pid="2",
+            question="q",
+            choices=None,
+            answer="4",
+            question_type="free_form",
+            answer_type="integer",
+            response="So there are 4 objects left.\n\nThe answer is 4.",
+        ),
+        "3": dict(
+            base,
+            pid="3",
+            question="q",
+            choices=None,
+            answer="1.2",
+            question_type="free_form",
+            answer_type="float",
+            precision=1,
+            response="The distance is 0.11 m.",
+        ),
     }
     inp = tmp_path / "out.json"
     inp.write_text(json.dumps(results), encoding="utf-8")
@@ -170,8 +208,16 @@ def test_eval_score_cli_extracts_from_responses(tmp_path: Path) -> None:
 
 def test_missing_answer_is_taken_from_ground_truth() -> None:
     res = {"7": {"pid": "7", "extraction": "B", "choices": None, "question_type": "free_form"}}
-    gt = {"7": {"answer": "quarter", "choices": ["half", "quarter"], "question_type": "multi_choice", "answer_type": "text",
-                "precision": None, "metadata": {"task": "math word problem"}}}
+    gt = {
+        "7": {
+            "answer": "quarter",
+            "choices": ["half", "quarter"],
+            "question_type": "multi_choice",
+            "answer_type": "text",
+            "precision": None,
+            "metadata": {"task": "math word problem"},
+        }
+    }
     # fields present in the output win (question_type free_form here), absent ones come from gt
     scores = sc.score_results(res, ground_truth=gt)
     assert res["7"]["answer"] == "quarter" and scores["average"]["total"] == 1

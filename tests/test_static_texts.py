@@ -52,9 +52,7 @@ def captioner() -> StaticCaptioner:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_every_mathvista_ocr_string_parses(
-    ocr_json: dict, static_ocr: StaticOCR, testmini_pids
-) -> None:
+def test_every_mathvista_ocr_string_parses(ocr_json: dict, static_ocr: StaticOCR, testmini_pids) -> None:
     texts = ocr_json["texts"]
     assert len(testmini_pids) == 1000
     assert all(pid in static_ocr for pid in testmini_pids)
@@ -82,9 +80,7 @@ def _official_refine_ocr(raw: str) -> str:
     return str([([int(e[0][0][0]), int(e[0][0][1])], e[1]) for e in entries])
 
 
-def test_mathvista_rendering_matches_official_prompt_form(
-    ocr_json: dict, static_ocr: StaticOCR, testmini_pids
-) -> None:
+def test_mathvista_rendering_matches_official_prompt_form(ocr_json: dict, static_ocr: StaticOCR, testmini_pids) -> None:
     for pid in testmini_pids:
         expected = _official_refine_ocr(ocr_json["texts"][pid])
         assert render_mathvista(static_ocr.for_pid(pid)) == expected, pid
@@ -105,11 +101,7 @@ def test_static_ocr_known_entry(static_ocr: StaticOCR, ocr_json: dict) -> None:
 
 def test_static_ocr_missing_pid_and_fallback(tmp_path: Path) -> None:
     source = tmp_path / "ocr.json"
-    source.write_text(
-        json.dumps(
-            {"model": "easyocr", "texts": {"1": "[([[1, 2], [3, 2], [3, 4], [1, 4]], 'a', 0.5)]"}}
-        )
-    )
+    source.write_text(json.dumps({"model": "easyocr", "texts": {"1": "[([[1, 2], [3, 2], [3, 4], [1, 4]], 'a', 0.5)]"}}))
     ocr = StaticOCR(source)
     with pytest.raises(MissingOCRTextError) as info:
         ocr.for_pid("999")
@@ -201,10 +193,7 @@ def test_known_caption_is_cleaned(captioner: StaticCaptioner) -> None:
 
 def test_refine_bard_caption_mirrors_official_rules() -> None:
     assert refine_bard_caption("Sure. The image shows a cat.") == "The image shows a cat."
-    assert (
-        refine_bard_caption("Sure, I can do that.\n\nThe image shows  a dog.")
-        == "The image shows a dog."
-    )
+    assert refine_bard_caption("Sure, I can do that.\n\nThe image shows  a dog.") == "The image shows a dog."
     assert refine_bard_caption("A plot. I hope this helps!") == "A plot."
     assert refine_bard_caption("I can't process this file.") == ""
     assert refine_bard_caption(None) == ""

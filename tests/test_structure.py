@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.config import METHODS
@@ -20,7 +21,6 @@ from asymspec_mm.errors import UnknownOptionError
 from asymspec_mm.gate import context_gain, gate_step
 from asymspec_mm.session import GenerationStream, Session
 from asymspec_mm.variants import build_variants, parse_variant, parse_variants
-from conftest import make_case
 
 
 def _request(seed: int) -> tuple[tuple, dict]:
@@ -35,8 +35,12 @@ def test_prepare_then_run_equals_generate(tiny_pipe, method):
     ref = tiny_pipe.generate(*args, method=method, config=cfg, **kw)
     session = tiny_pipe.prepare(*args, method=method, config=cfg, **kw)
     assert isinstance(session, Session) and session.method == method
-    need = {"asymspec": {"drafter_full", "drafter_comp", "verifier"}, "sd": {"drafter_comp", "verifier"},
-            "floor": {"verifier"}, "drafter": {"drafter_full"}}[method]
+    need = {
+        "asymspec": {"drafter_full", "drafter_comp", "verifier"},
+        "sd": {"drafter_comp", "verifier"},
+        "floor": {"verifier"},
+        "drafter": {"drafter_full"},
+    }[method]
     assert set(session.streams) == need == set(session.pending)
     for name, engine in session.streams.items():  # prefilled: prompt[:-1] cached, the last token pending
         ids = getattr(session.prompts, f"{name}_ids")
@@ -101,8 +105,9 @@ def test_steps_for_runs_a_loop_on_given_streams(tiny_pipe):
     ref = tiny_pipe.generate(*args, method="sd", config=cfg, **kw)
     session = tiny_pipe.prepare(*args, method="sd", config=cfg, **kw)
     counters = Counters(cfg.k, session.streams)
-    tokens = [ev.token_id for step in steps_for("sd", session.streams, session.pending, cfg, tiny_pipe.eos_ids,
-                                                 counters=counters) for ev in step]
+    tokens = [
+        ev.token_id for step in steps_for("sd", session.streams, session.pending, cfg, tiny_pipe.eos_ids, counters=counters) for ev in step
+    ]
     assert tokens == ref.token_ids and counters.as_dict()["steps"] == ref.stats["steps"]
     with pytest.raises(UnknownOptionError, match="method='beam'"):
         steps_for("beam", session.streams, session.pending, cfg, set())
@@ -184,14 +189,23 @@ def test_non_finite_options_refused(field, value):
 
 @pytest.mark.parametrize("flag", ["--beta", "--gamma", "--lam"])
 def test_cli_refuses_nan_before_loading_models(flag):
-    proc = subprocess.run([sys.executable, "-m", "asymspec_mm.cli", "generate", "--image", "x.png", "--question", "q",
-                           flag, "nan"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "asymspec_mm.cli", "generate", "--image", "x.png", "--question", "q", flag, "nan"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "is not a finite number" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_one_variant_grammar():
     assert [v.name for v in parse_variants("floor,asymspec@gate=fixed,beta=0;sd,asymspec:bonus=gated,fixed")] == [
-        "floor", "asymspec@gate=fixed,beta=0", "sd", "asymspec@bonus=gated", "fixed"]
+        "floor",
+        "asymspec@gate=fixed,beta=0",
+        "sd",
+        "asymspec@bonus=gated",
+        "fixed",
+    ]
     v = parse_variant("asymspec@gate=fixed,beta=0.5,k=2")
     assert (v.method, dict(v.config)) == ("asymspec", {"gate": "fixed", "beta": 0.5, "k": 2})
     assert parse_variant("asymspec@beta=0").config == parse_variant("beta0").config == {"beta": 0.0}

@@ -61,7 +61,9 @@ def test_tables_cover_every_family_and_split_mixed(pipe):
             assert v["accuracy"] == sum(c for c, p in zip(r["correct"], probs) if mv.family_of(p) == fam) / 2
         mixed = r["families"]["mixed"]
         assert mixed["readings_correct"] is not None
-        assert {k: v["readings_correct"] for k, v in r["families"].items() if v["readings_correct"] is not None} == {"mixed": mixed["readings_correct"]}
+        assert {k: v["readings_correct"] for k, v in r["families"].items() if v["readings_correct"] is not None} == {
+            "mixed": mixed["readings_correct"]
+        }
         if r["method"] == "asymspec":
             assert abs(sum(mixed["readings_source"].values()) - 1) < 1e-9
     md = results.markdown(res, 8, mv.HELDOUT_SEED, "test", ablation_n=0)

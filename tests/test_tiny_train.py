@@ -50,7 +50,9 @@ def test_each_worker_stream_sees_every_family_in_turn(tok_proc):
     verifier = train.Stream(proc, tok, start=1, stride=2).take(n)
     for taken in (drafter, verifier):
         assert [e["family"] for e in taken] == list(mv.FAMILIES) * 2
-    assert not {e["problem"]["query"] + e["problem"]["response"] for e in drafter} & {e["problem"]["query"] + e["problem"]["response"] for e in verifier}
+    assert not {e["problem"]["query"] + e["problem"]["response"] for e in drafter} & {
+        e["problem"]["query"] + e["problem"]["response"] for e in verifier
+    }
     assert [e["problem"]["pid"] for e in drafter] == [str(1 + 2 * i) for i in range(n)]
     mixed = train.Stream(proc, tok, start=0, stride=2, mix=("figure", "figure", "mixed")).take(6)
     assert [e["family"] for e in mixed] == ["figure", "figure", "mixed"] * 2
@@ -66,7 +68,10 @@ def test_shared_vision_step_equals_separate_forwards(tok_proc):
     drafter, _ = train.build_models(tok, seed=3)
     torch.manual_seed(5)
     probe = torch.nn.Linear(drafter.config.text_config.hidden_size, train.N_PROBE_CLASSES)
-    problems = [mv.make_problem(mv.TRAIN_SEED, i, fam) for i, fam in enumerate(("mixed", "visual", "geometry", "visual", "figure", "mixed", "visual", "geometry"))]
+    problems = [
+        mv.make_problem(mv.TRAIN_SEED, i, fam)
+        for i, fam in enumerate(("mixed", "visual", "geometry", "visual", "figure", "mixed", "visual", "geometry"))
+    ]
     ex = [train.encode(p, proc, tok) for p in problems]
     caps = [train.encode_caption(mv.make_problem(mv.TRAIN_SEED, 50 + j), proc, tok) for j in range(2)]
     params = list(drafter.parameters()) + list(probe.parameters())
@@ -83,8 +88,12 @@ def test_shared_vision_step_equals_separate_forwards(tok_proc):
     bf = train.collate(ex + caps, "full", pad, dec_weight=train.DRAFTER_DECISIVE_WEIGHT)
     logits = forward(bf)
     assert len(bf["flat"][0]) == 4  # two mixed problems, two computed numbers each
-    ref = 0.6 * (train.lm_loss(logits, bf["labels"], bf["weights"]) + train.flat_loss(logits, bf["flat"])) + colour * train.image_position_loss(logits, bf, tap)
-    img = proc.image_processor(images=[p["decoded_image"] for p in problems] + [c["problem"]["decoded_image"] for c in caps], return_tensors="pt")
+    ref = 0.6 * (
+        train.lm_loss(logits, bf["labels"], bf["weights"]) + train.flat_loss(logits, bf["flat"])
+    ) + colour * train.image_position_loss(logits, bf, tap)
+    img = proc.image_processor(
+        images=[p["decoded_image"] for p in problems] + [c["problem"]["decoded_image"] for c in caps], return_tensors="pt"
+    )
     feats = drafter.model.visual(img["pixel_values"], grid_thw=img["image_grid_thw"], return_dict=True).pooler_output
     ref = ref + train.probe_loss(probe, feats, torch.cat([e["tok_targets"] for e in ex + caps]))
     bp = train.collate([train.encode_perception(p, proc, tok) for p in problems[:n_perc]], "full", pad)
@@ -185,8 +194,26 @@ def test_a_failed_verifier_stops_the_run_instead_of_leaving_the_drafter_waiting(
     tok.save_pretrained(work / "tokenizer")
     proc.save_pretrained(work / "processor")
     (work / "verifier").write_text("not a folder")
-    rc = train.main(["--out", str(tmp_path / "run"), "--batch", "2", "--eval-every", "1", "--eval-n", "0", "--verifier-steps", "1",
-                     "--verifier-phase2-steps", "0", "--drafter-phases", "100000:1e-3:all:0", "--drafter-widen-at", "1"])
+    rc = train.main(
+        [
+            "--out",
+            str(tmp_path / "run"),
+            "--batch",
+            "2",
+            "--eval-every",
+            "1",
+            "--eval-n",
+            "0",
+            "--verifier-steps",
+            "1",
+            "--verifier-phase2-steps",
+            "0",
+            "--drafter-phases",
+            "100000:1e-3:all:0",
+            "--drafter-widen-at",
+            "1",
+        ]
+    )
     assert rc == 1
     assert "[drafter] done in" not in (work / "train.log").read_text()
 
@@ -264,8 +291,12 @@ def test_probe_targets_mark_the_leftmost_and_rightmost_shapes():
             if cell not in cols:
                 want = train.SIDE_NONE
             else:
-                want = {(True, True): train.SIDE_BOTH, (True, False): train.SIDE_LEFT,
-                        (False, True): train.SIDE_RIGHT, (False, False): train.SIDE_NONE}[(cols[cell] == lo, cols[cell] == hi)]
+                want = {
+                    (True, True): train.SIDE_BOTH,
+                    (True, False): train.SIDE_LEFT,
+                    (False, True): train.SIDE_RIGHT,
+                    (False, False): train.SIDE_NONE,
+                }[(cols[cell] == lo, cols[cell] == hi)]
             assert side[cell] == want, (cells, cell)
         seen.update(side)
         if p["metadata"]["kind"] == "leftmost":  # the answer is the shape the LEFT mark sits on

@@ -15,8 +15,9 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from asymspec_mm.decode import TokenEvent  # noqa: E402
 from conftest import make_case, make_image  # noqa: E402
+
+from asymspec_mm.decode import TokenEvent  # noqa: E402
 from ui import app as ui_app  # noqa: E402
 from ui.app import (  # noqa: E402
     MAX_QUESTION_CHARS,
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy ke
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
 
 class TraceParser(HTMLParser):
     """Collects the token spans of rendered HTML: their classes, data-* attributes, text and tooltip."""
@@ -89,14 +91,40 @@ class FakeTokenizer:
 
 def sample_trace() -> list[TokenEvent]:
     return [
-        TokenEvent(index=0, token_id=5, text="<script>alert(1)</script>", source="accepted", step=1, position=1,
-                   p_verifier=0.25, p_base=0.125, gamma_eff=0.4375, jsd=0.0123456789, verifier_argmax=5, steered=False,
-                   top_verifier=[(5, 0.25), (7, 0.2)], top_fused=[(5, 0.3), (9, 0.1)]),
-        TokenEvent(index=1, token_id=6, text="{{value}} ${x} `a`", source="fused", step=1, position=2,
-                   p_verifier=0.1, p_base=0.05, gamma_eff=0.3, jsd=0.2, verifier_argmax=7, steered=True, draft_token=8,
-                   top_verifier=[(7, 0.4)], top_fused=[(6, 0.5)]),
-        TokenEvent(index=2, token_id=7, text="a\x12b\n", source="bonus", step=2, position=1, p_verifier=0.9,
-                   p_base=0.8, verifier_argmax=7),
+        TokenEvent(
+            index=0,
+            token_id=5,
+            text="<script>alert(1)</script>",
+            source="accepted",
+            step=1,
+            position=1,
+            p_verifier=0.25,
+            p_base=0.125,
+            gamma_eff=0.4375,
+            jsd=0.0123456789,
+            verifier_argmax=5,
+            steered=False,
+            top_verifier=[(5, 0.25), (7, 0.2)],
+            top_fused=[(5, 0.3), (9, 0.1)],
+        ),
+        TokenEvent(
+            index=1,
+            token_id=6,
+            text="{{value}} ${x} `a`",
+            source="fused",
+            step=1,
+            position=2,
+            p_verifier=0.1,
+            p_base=0.05,
+            gamma_eff=0.3,
+            jsd=0.2,
+            verifier_argmax=7,
+            steered=True,
+            draft_token=8,
+            top_verifier=[(7, 0.4)],
+            top_fused=[(6, 0.5)],
+        ),
+        TokenEvent(index=2, token_id=7, text="a\x12b\n", source="bonus", step=2, position=1, p_verifier=0.9, p_base=0.8, verifier_argmax=7),
         TokenEvent(index=3, token_id=9, text="", source="greedy", step=3, position=1, p_verifier=0.5, verifier_argmax=9),
     ]
 
@@ -119,8 +147,12 @@ def check_spans_match(html_text: str, trace, exact_floats: bool = False) -> None
         assert int(a["data-token-id"]) == ev.token_id
         assert int(a["data-index"]) == ev.index and int(a["data-step"]) == ev.step
         assert int(a["data-position"]) == ev.position and a["data-source"] == ev.source
-        for attr, value in (("data-p-verifier", ev.p_verifier), ("data-p-base", ev.p_base), ("data-jsd", ev.jsd),
-                            ("data-gamma-eff", ev.gamma_eff)):
+        for attr, value in (
+            ("data-p-verifier", ev.p_verifier),
+            ("data-p-base", ev.p_base),
+            ("data-jsd", ev.jsd),
+            ("data-gamma-eff", ev.gamma_eff),
+        ):
             if value is None:
                 assert attr not in a
             else:
@@ -141,6 +173,7 @@ def check_spans_match(html_text: str, trace, exact_floats: bool = False) -> None
 
 
 # ------------------------------------------------------------------------------------------ pure functions
+
 
 def test_render_trace_html_classes_data_and_escaping():
     trace = sample_trace()
@@ -178,8 +211,9 @@ def test_render_trace_html_dicts_streaming_and_empty():
 @pytest.mark.parametrize("method", ["asymspec", "sd", "floor", "drafter"])
 def test_every_source_the_loops_emit_is_rendered_as_itself(tiny_pipe, method):
     case = make_case(2)
-    res = tiny_pipe.generate(case["image"], case["question"], caption=case["caption"] or "a chart",
-                             ocr=case["ocr"] or False, method=method, max_new_tokens=16)
+    res = tiny_pipe.generate(
+        case["image"], case["question"], caption=case["caption"] or "a chart", ocr=case["ocr"] or False, method=method, max_new_tokens=16
+    )
     toks = parse(render_trace_html(res.trace, tiny_pipe.tokenizer)).tokens
     assert [t["attrs"]["data-source"] for t in toks] == [ev.source for ev in res.trace]
     assert all(f"tok-{ev.source}" in t["classes"] for t, ev in zip(toks, res.trace))
@@ -191,14 +225,33 @@ def test_every_source_the_loops_emit_is_rendered_as_itself(tiny_pipe, method):
 
 
 def test_stats_html_and_chart():
-    stats = {"steps": 3, "acceptance_rate": 0.5, "mean_accepted_length": 2.5, "accepted_per_position": [3, 2, 1, 0],
-             "new_tokens": 8, "tokens_per_s": 12.5, "wall_s": 1.25, "vision_calls": 1, "vision_cache_hits": 2,
-             "caption_s": 0.5, "ocr_s": 0.0, "steered": 2, "fused": 1, "stopped_by": "eos"}
+    stats = {
+        "steps": 3,
+        "acceptance_rate": 0.5,
+        "mean_accepted_length": 2.5,
+        "accepted_per_position": [3, 2, 1, 0],
+        "new_tokens": 8,
+        "tokens_per_s": 12.5,
+        "wall_s": 1.25,
+        "vision_calls": 1,
+        "vision_cache_hits": 2,
+        "caption_s": 0.5,
+        "ocr_s": 0.0,
+        "steered": 2,
+        "fused": 1,
+        "stopped_by": "eos",
+    }
     out = render_stats_html(stats)
-    for label, value in (("acceptance rate", "0.5"), ("mean accepted length", "2.5"),
-                         ("accepted per position", "[3, 2, 1, 0]"), ("tokens/s (decode)", "12.5"),
-                         ("vision tower calls", "1"), ("vision cache hits", "2"), ("caption time (s)", "0.50"),
-                         ("OCR time (s)", "&lt; 0.01")):
+    for label, value in (
+        ("acceptance rate", "0.5"),
+        ("mean accepted length", "2.5"),
+        ("accepted per position", "[3, 2, 1, 0]"),
+        ("tokens/s (decode)", "12.5"),
+        ("vision tower calls", "1"),
+        ("vision cache hits", "2"),
+        ("caption time (s)", "0.50"),
+        ("OCR time (s)", "&lt; 0.01"),
+    ):
         assert f'data-stat="{label}">{value}<' in out, label
     assert "after a run" in render_stats_html(None)
     img = jsd_gamma_chart(sample_trace())
@@ -208,12 +261,21 @@ def test_stats_html_and_chart():
 
 def test_load_examples(tmp_path):
     make_image(1).save(tmp_path / "a.png")
-    (tmp_path / "examples.json").write_text(json.dumps([
-        {"image": "a.png", "question": "Hint: ...\nQuestion: Which bar is the tallest?\nChoices: ...", "caption": "c",
-         "ocr": "1 2", "family": "figure"},
-        {"image": "missing.png", "question": "q"},
-        {"image": "a.png", "question": ""},
-    ]))
+    (tmp_path / "examples.json").write_text(
+        json.dumps(
+            [
+                {
+                    "image": "a.png",
+                    "question": "Hint: ...\nQuestion: Which bar is the tallest?\nChoices: ...",
+                    "caption": "c",
+                    "ocr": "1 2",
+                    "family": "figure",
+                },
+                {"image": "missing.png", "question": "q"},
+                {"image": "a.png", "question": ""},
+            ]
+        )
+    )
     ex = load_examples(tmp_path / "examples.json")
     assert len(ex) == 1 and Path(ex[0]["image"]).is_file() and ex[0]["ocr"] == "1 2"
     assert ex[0]["label"] == "figure: Which bar is the tallest?"
@@ -231,10 +293,10 @@ def test_demo_parser_and_loopback():
     args = parser.parse_args(["demo"])
     assert (args.host, args.port, args.share, args.preset) == ("127.0.0.1", 7860, False, None)
     assert callable(args.func)
-    args = parser.parse_args(["demo", "--preset", "tiny", "--host", "0.0.0.0", "--port", "9000", "--share",
-                              "--drafter", "d", "--verifier", "v"])
-    assert (args.preset, args.host, args.port, args.share, args.drafter, args.verifier) == ("tiny", "0.0.0.0", 9000,
-                                                                                              True, "d", "v")
+    args = parser.parse_args(
+        ["demo", "--preset", "tiny", "--host", "0.0.0.0", "--port", "9000", "--share", "--drafter", "d", "--verifier", "v"]
+    )
+    assert (args.preset, args.host, args.port, args.share, args.drafter, args.verifier) == ("tiny", "0.0.0.0", 9000, True, "d", "v")
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.0.0.2")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
 
@@ -324,23 +386,61 @@ def test_abandoned_job_stops_and_releases_the_stream():
 
 # ------------------------------------------------------------------------------------------ the launched app
 
-RUN_DEFAULTS = dict(autofill=False, method="asymspec", k=4, beta=1.0, gamma=0.5, gate="cda", delta="contrast",
-                    bonus="verifier", max_new_tokens=10, drafter_view="image+text", compare=True)
+RUN_DEFAULTS = dict(
+    autofill=False,
+    method="asymspec",
+    k=4,
+    beta=1.0,
+    gamma=0.5,
+    gate="cda",
+    delta="contrast",
+    bonus="verifier",
+    max_new_tokens=10,
+    drafter_view="image+text",
+    compare=True,
+)
 
 
 def run_args(image_path, question, caption, ocr, **kw):
     from gradio_client import handle_file
 
     o = {**RUN_DEFAULTS, **kw}
-    return (handle_file(str(image_path)), question, caption, ocr, o["autofill"], o["method"], o["k"], o["beta"],
-            o["gamma"], o["gate"], o["delta"], o["bonus"], o["max_new_tokens"], o["drafter_view"], o["compare"])
+    return (
+        handle_file(str(image_path)),
+        question,
+        caption,
+        ocr,
+        o["autofill"],
+        o["method"],
+        o["k"],
+        o["beta"],
+        o["gamma"],
+        o["gate"],
+        o["delta"],
+        o["bonus"],
+        o["max_new_tokens"],
+        o["drafter_view"],
+        o["compare"],
+    )
 
 
 def reference(pipe, image_path, question, caption, ocr, method="asymspec", **kw):
     o = {**RUN_DEFAULTS, **kw}
-    return pipe.generate(str(image_path), question, caption=caption, ocr=ocr or False, method=method, k=o["k"],
-                         beta=o["beta"], gamma=o["gamma"], gate=o["gate"], delta=o["delta"], bonus=o["bonus"],
-                         max_new_tokens=o["max_new_tokens"], drafter_view=o["drafter_view"])
+    return pipe.generate(
+        str(image_path),
+        question,
+        caption=caption,
+        ocr=ocr or False,
+        method=method,
+        k=o["k"],
+        beta=o["beta"],
+        gamma=o["gamma"],
+        gate=o["gate"],
+        delta=o["delta"],
+        bonus=o["bonus"],
+        max_new_tokens=o["max_new_tokens"],
+        drafter_view=o["drafter_view"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -380,8 +480,7 @@ def test_api_trace_matches_pipeline_and_streams(served, case_file, tiny_pipe):
     assert out["answer_text"] == ref.text
     assert {ev.source for ev in ref.trace} <= {"accepted", "fused", "bonus"}
     for method, key in (("floor", "floor_html"), ("drafter", "drafter_html")):
-        check_spans_match(out[key], reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"],
-                                              method=method, k=2).trace)
+        check_spans_match(out[key], reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"], method=method, k=2).trace)
     payload = out["result_json"]
     assert [e["token_id"] for e in payload["main"]["trace"]] == ref.token_ids
     assert set(payload) == {"main", "floor", "drafter"}
@@ -389,8 +488,16 @@ def test_api_trace_matches_pipeline_and_streams(served, case_file, tiny_pipe):
     for key in ("steps", "drafted", "accepted", "new_tokens", "accepted_per_position", "steered", "fused"):
         assert stats[key] == ref.stats[key], key
     assert stats["acceptance_rate"] == pytest.approx(ref.stats["acceptance_rate"])
-    for label in ("acceptance rate", "mean accepted length", "accepted per position", "tokens/s (decode)",
-                  "vision tower calls", "vision cache hits", "caption time (s)", "OCR time (s)"):
+    for label in (
+        "acceptance rate",
+        "mean accepted length",
+        "accepted per position",
+        "tokens/s (decode)",
+        "vision tower calls",
+        "vision cache hits",
+        "caption time (s)",
+        "OCR time (s)",
+    ):
         assert f'data-stat="{label}"' in out["stats_html"]
     assert (out["caption"], out["ocr"]) == (case["caption"], case["ocr"])
     assert out["chart"] and Path(out["chart"]).is_file()
@@ -438,8 +545,9 @@ def test_api_bad_inputs_then_good_request(served, case_file, tiny_pipe):
     with big.open("rb") as fh:  # and the server refuses the upload itself
         assert httpx.post(demo.local_url + "gradio_api/upload", files={"files": fh}).status_code == 413
     # the server keeps serving
-    out = outputs_as_dict(client.predict(*run_args(path, case["question"], case["caption"], case["ocr"],
-                                                   max_new_tokens=4, compare=False), api_name="/run"))
+    out = outputs_as_dict(
+        client.predict(*run_args(path, case["question"], case["caption"], case["ocr"], max_new_tokens=4, compare=False), api_name="/run")
+    )
     ref = reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"], max_new_tokens=4)
     check_spans_match(out["answer_html"], ref.trace)
     assert "comparison off" in out["floor_html"]
@@ -463,8 +571,9 @@ def test_concurrent_clients_get_complete_answers(served, tiny_pipe):
         try:
             p, c = cases[i]
             client = Client(demo.local_url, verbose=False)
-            results[i] = outputs_as_dict(client.predict(*run_args(p, c["question"], c["caption"], c["ocr"],
-                                                                  max_new_tokens=6, compare=False), api_name="/run"))
+            results[i] = outputs_as_dict(
+                client.predict(*run_args(p, c["question"], c["caption"], c["ocr"], max_new_tokens=6, compare=False), api_name="/run")
+            )
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -82,8 +82,7 @@ def browser_env(request, tmp_path_factory):
     from ui.app import build_app, load_examples, serve
 
     pipe = _shipped_or_random_pair(request)
-    demo = build_app(pipe, examples=load_examples(), default_max_new_tokens=MAX_NEW, max_upload_mb=2,
-                     stream_interval=0.0)
+    demo = build_app(pipe, examples=load_examples(), default_max_new_tokens=MAX_NEW, max_upload_mb=2, stream_interval=0.0)
     serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
     tmp = tmp_path_factory.mktemp("ui_browser")
     requests: list[str] = []
@@ -129,6 +128,7 @@ TOKENS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => ({
   cls: e.className, id: Number(e.dataset.tokenId), source: e.dataset.source, steered: e.dataset.steered,
   pv: e.dataset.pVerifier === undefined ? null : Number(e.dataset.pVerifier)}))"""
 
+
 def read_answer_tokens(page, n: int) -> list[dict]:
     """The answer panel's tokens, once it shows at least ``n`` (the status and the panel are separate
     components, so the status can say done a moment before the panel's last update is rendered)."""
@@ -163,8 +163,7 @@ def test_upload_ask_and_inspect_tokens(browser_env):
     status = wait_status(page, "ok")
     assert "Done" in status
 
-    ref = env["pipe"].generate(str(img), case["question"], caption=case["caption"], ocr=case["ocr"] or False,
-                               max_new_tokens=MAX_NEW)
+    ref = env["pipe"].generate(str(img), case["question"], caption=case["caption"], ocr=case["ocr"] or False, max_new_tokens=MAX_NEW)
     toks = read_answer_tokens(page, len(ref.token_ids))
     assert [t["id"] for t in toks] == ref.token_ids
     for t, ev in zip(toks, ref.trace):
@@ -194,8 +193,7 @@ def test_upload_ask_and_inspect_tokens(browser_env):
     tok.hover()
     tip.wait_for(state="visible")
     text = tip.inner_text()
-    for word in ("step", "p_verifier", "p_base", "JSD", "gamma_eff", "verifier", "top before fusion",
-                 "top after fusion"):
+    for word in ("step", "p_verifier", "p_base", "JSD", "gamma_eff", "verifier", "top before fusion", "top after fusion"):
         assert word in text, (word, text)
     assert page.locator("#asym-stats [data-stat='acceptance rate']").inner_text().strip()
     assert page.locator("#asym-chart img").count() == 1
@@ -234,16 +232,16 @@ def test_bundled_example_fills_inputs_and_runs(browser_env):
         number.fill(str(EXAMPLE_MAX_NEW))
         number.press("Enter")
         try:
-            page.wait_for_function("v => document.querySelector('#asym-max-new input[type=range]').value === v",
-                                   arg=str(EXAMPLE_MAX_NEW), timeout=10_000)
+            page.wait_for_function(
+                "v => document.querySelector('#asym-max-new input[type=range]').value === v", arg=str(EXAMPLE_MAX_NEW), timeout=10_000
+            )
             break
         except PlaywrightTimeout:
             if attempt == 5:
                 raise
     page.locator("#asym-run").click()
     wait_status(page, "ok")
-    ref = env["pipe"].generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False,
-                               max_new_tokens=EXAMPLE_MAX_NEW)
+    ref = env["pipe"].generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"] or False, max_new_tokens=EXAMPLE_MAX_NEW)
     print("reference tokens", ref.token_ids, "stopped by", ref.stats.get("stopped_by"))  # shown on failure
     ids = read_answer_tokens(page, len(ref.token_ids)) if ref.token_ids else []
     assert [t["id"] for t in ids] == ref.token_ids, ([t["id"] for t in ids], ref.token_ids, ref.text, ref.stats.get("stopped_by"))
@@ -298,8 +296,7 @@ def test_bad_inputs_show_errors_then_good_request(browser_env):
     page.locator("#asym-run").click()
     status = wait_status(page, "ok")
     assert "Done" in status
-    ref = env["pipe"].generate(str(good), case["question"], caption=case["caption"], ocr=case["ocr"] or False,
-                               max_new_tokens=MAX_NEW)
+    ref = env["pipe"].generate(str(good), case["question"], caption=case["caption"], ocr=case["ocr"] or False, max_new_tokens=MAX_NEW)
     ids = read_answer_tokens(page, len(ref.token_ids))
     assert [t["id"] for t in ids] == ref.token_ids
     assert outside_requests(env["requests"]) == []
@@ -307,6 +304,7 @@ def test_bad_inputs_show_errors_then_good_request(browser_env):
 
 
 def test_outside_request_filter():
-    assert outside_requests(["http://127.0.0.1:7860/x", "ws://localhost:1/q", "data:image/png;base64,xx",
-                             "blob:http://127.0.0.1/abc"]) == []
+    assert (
+        outside_requests(["http://127.0.0.1:7860/x", "ws://localhost:1/q", "data:image/png;base64,xx", "blob:http://127.0.0.1/abc"]) == []
+    )
     assert outside_requests(["https://fonts.googleapis.com/css"]) == ["https://fonts.googleapis.com/css"]

@@ -36,8 +36,10 @@ from asymspec_mm.vllm_engine import SUPPORTED_VLLM, VLLMUnavailableError, check_
 
 _SKIP_REASON = ""
 if not HAVE_VLLM:
-    _SKIP_REASON = ("vLLM is not installed in this environment: run `bash scripts/vllm_venv.sh && "
-                    ".venv-vllm/bin/python -m pytest tests/test_vllm_engine.py` (CI does)")
+    _SKIP_REASON = (
+        "vLLM is not installed in this environment: run `bash scripts/vllm_venv.sh && "
+        ".venv-vllm/bin/python -m pytest tests/test_vllm_engine.py` (CI does)"
+    )
 else:
     try:
         check_vllm()
@@ -51,6 +53,7 @@ if _SKIP_REASON and os.environ.get("ASYMSPEC_REQUIRE_VLLM", "") not in ("", "0")
 
 def needs_vllm(test):
     return pytest.mark.vllm(pytest.mark.skipif(bool(_SKIP_REASON), reason=_SKIP_REASON or "vLLM available")(test))
+
 
 BLOCK = 32
 LLM_KW = dict(dtype="float32", enforce_eager=True, block_size=BLOCK, max_model_len=1024, seed=0)
@@ -83,11 +86,14 @@ def test_supported_version_passes(monkeypatch):
     assert SUPPORTED_VLLM == (">=0.31", "<0.33")
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"enable_prefix_caching": False}, "prefix caching"),
-    ({"worker_extension_cls": "my.Ext"}, "worker_extension_cls"),
-    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"enable_prefix_caching": False}, "prefix caching"),
+        ({"worker_extension_cls": "my.Ext"}, "worker_extension_cls"),
+        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size"),
+    ],
+)
 def test_options_that_break_the_engine_are_refused(kw, match):
     with pytest.raises(AsymSpecError, match=match):
         vllm_llm("unused", **kw)
@@ -97,11 +103,13 @@ def test_options_that_break_the_engine_are_refused(kw, match):
 def _fake_step(reqs, layout, hidden_size=4):
     """A scheduler output and hidden states for one step. ``reqs``: new requests
     ``(req_id, num_computed, extra or None)``; ``layout``: ``[(req_id, n_scheduled)]`` in row order."""
-    new = [types.SimpleNamespace(req_id=r, num_computed_tokens=c,
-                                 sampling_params=types.SimpleNamespace(extra_args={"asymspec": e} if e else None))
-           for r, c, e in reqs]
-    sched = types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new,
-                                  num_scheduled_tokens={r: n for r, n in layout})
+    new = [
+        types.SimpleNamespace(
+            req_id=r, num_computed_tokens=c, sampling_params=types.SimpleNamespace(extra_args={"asymspec": e} if e else None)
+        )
+        for r, c, e in reqs
+    ]
+    sched = types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new, num_scheduled_tokens={r: n for r, n in layout})
     total = sum(n for _, n in layout)
     hidden = torch.arange(total * hidden_size, dtype=torch.float32).view(total, hidden_size)
     return sched, hidden
@@ -138,8 +146,7 @@ def test_hook_maps_rows_to_positions(v2):
     assert worker.asymspec_install()["installed"] and worker.asymspec_install()["installed"]  # idempotent
     # step 1: an untracked request (3 rows) before ours; ours starts at position 64 (cache hit), wants >= 66,
     # and is chunked: 5 rows now (64..68), 3 in the next step (69..71)
-    sched, hidden = _fake_step([("other", 0, None), ("ours", 64, {"key": "k1", "from": 66})],
-                               [("other", 3), ("ours", 5)])
+    sched, hidden = _fake_step([("other", 0, None), ("ours", 64, {"key": "k1", "from": 66})], [("other", 3), ("ours", 5)])
     runner.steps.append((["other", "ours"], hidden))
     runner.execute_model(sched)
     runner.execute_model(None, dummy_run=True)  # ignored
@@ -150,7 +157,7 @@ def test_hook_maps_rows_to_positions(v2):
     runner.execute_model(sched2)
     first, positions, logits = worker.asymspec_take("k1")
     assert first == 64 and positions == list(range(66, 72))
-    expect_hidden = torch.cat([hidden[3 + 2: 3 + 5], hidden2])  # rows of positions 66..68, then 69..71
+    expect_hidden = torch.cat([hidden[3 + 2 : 3 + 5], hidden2])  # rows of positions 66..68, then 69..71
     torch.testing.assert_close(logits, torch.cat([expect_hidden, -expect_hidden], dim=-1))
     assert worker.asymspec_take("k1") is None and worker.asymspec_pending() == 0
     # a finished request is forgotten; a fully cached request leaves an entry with no rows
@@ -184,8 +191,9 @@ def pair(tmp_path_factory):
     # and shutting one down (garbage collection) tears it down for the others.
     served = VLLMModel.from_pretrained(v_dir, **LLM_KW, max_num_batched_tokens=CHUNK)
     llm_d = vllm_llm(d_dir, **LLM_KW)  # a second LLM in the same process: the drafter's compressed stream
-    return types.SimpleNamespace(drafter=drafter, verifier=verifier, served=served, llm_v=served.llm, llm_d=llm_d,
-                                 vocab=verifier.config.vocab_size, v_dir=v_dir)
+    return types.SimpleNamespace(
+        drafter=drafter, verifier=verifier, served=served, llm_v=served.llm, llm_d=llm_d, vocab=verifier.config.vocab_size, v_dir=v_dir
+    )
 
 
 def _engines(pair, name="verifier"):
@@ -346,8 +354,9 @@ def test_tensor_parallel_2_on_cpu_equals_transformers(pair):
     import subprocess
 
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.run([sys.executable, "-c", _TP_CHECK, str(pair.v_dir), str(BLOCK)], env=env,
-                          capture_output=True, text=True, timeout=560)
+    proc = subprocess.run(
+        [sys.executable, "-c", _TP_CHECK, str(pair.v_dir), str(BLOCK)], env=env, capture_output=True, text=True, timeout=560
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ASYMSPEC_TP ")]
     assert proc.returncode == 0 and lines, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     res = json.loads(lines[-1].removeprefix("ASYMSPEC_TP "))
@@ -375,8 +384,7 @@ def _run_loop(pair, method, verifier_on_vllm, comp_on_vllm, seed):
     streams = {"drafter_full": full, "drafter_comp": comp, "verifier": ver}
     counters = Counters(cfg.k, streams)
     if method == "asymspec":
-        steps = asymspec_steps(full, comp, ver, (full_prompt[-1:], text_prompt[-1:], text_prompt[-1:]), cfg, set(),
-                               counters=counters)
+        steps = asymspec_steps(full, comp, ver, (full_prompt[-1:], text_prompt[-1:], text_prompt[-1:]), cfg, set(), counters=counters)
     elif method == "sd":
         steps = sd_steps(comp, ver, (text_prompt[-1:], text_prompt[-1:]), cfg, set(), counters=counters)
     else:
@@ -386,8 +394,7 @@ def _run_loop(pair, method, verifier_on_vllm, comp_on_vllm, seed):
 
 
 def _summary(events):
-    return [(ev.token_id, ev.source, ev.step, ev.verifier_argmax, ev.draft_token, [t for t, _ in ev.top_verifier])
-            for ev in events]
+    return [(ev.token_id, ev.source, ev.step, ev.verifier_argmax, ev.draft_token, [t for t, _ in ev.top_verifier]) for ev in events]
 
 
 @needs_vllm
@@ -431,16 +438,24 @@ def vl(tmp_path_factory):
 
     dirs = build_tiny_checkpoints(tmp_path_factory.mktemp("vllm_vl"), max_pixels=VL_MAX_PIXELS)
     ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
-    pipe = AsymSpecPipeline.from_pretrained(*dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm",
-                                            vllm_kwargs=LLM_KW, drafter_vllm_kwargs=LLM_KW)
-    return types.SimpleNamespace(ref=ref, pipe=pipe, drafter=ref.drafter, served=pipe.drafter_comp,
-                                 llm=pipe.drafter_comp.llm, vocab=ref.drafter.config.text_config.vocab_size)
+    pipe = AsymSpecPipeline.from_pretrained(
+        *dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm", vllm_kwargs=LLM_KW, drafter_vllm_kwargs=LLM_KW
+    )
+    return types.SimpleNamespace(
+        ref=ref,
+        pipe=pipe,
+        drafter=ref.drafter,
+        served=pipe.drafter_comp,
+        llm=pipe.drafter_comp.llm,
+        vocab=ref.drafter.config.text_config.vocab_size,
+    )
 
 
 def _full_view(vl, seed, size=(256, 160)):
     """(prompt ids [L] with expanded image pads, mm types, vision features, PIL image) of one request."""
-    from asymspec_mm.prompts import build_prompts
     from conftest import make_case, make_image
+
+    from asymspec_mm.prompts import build_prompts
 
     case = make_case(seed)
     image = make_image(seed, size)
@@ -539,8 +554,12 @@ def _generate_both(ref, pipe, cfg, seeds=range(2), methods=("asymspec", "sd", "f
         case = make_case(seed)
         kw = dict(caption=case["caption"], ocr=case["ocr"], config=cfg)
         for method in methods:
-            yield (seed, method, ref.generate(case["image"], case["question"], method=method, **kw),
-                   pipe.generate(case["image"], case["question"], method=method, **kw))
+            yield (
+                seed,
+                method,
+                ref.generate(case["image"], case["question"], method=method, **kw),
+                pipe.generate(case["image"], case["question"], method=method, **kw),
+            )
 
 
 @needs_vllm
@@ -629,8 +648,7 @@ def test_pipeline_backend_options(request, monkeypatch):
     if reason:
         pytest.skip(reason)
     tiny_dirs = request.getfixturevalue("tiny_dirs")  # after the skip: building it needs torchvision
-    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
-    from asymspec_mm import vllm_engine
+    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline, vllm_engine
     from asymspec_mm.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError, match="verifier_backend"):
@@ -650,14 +668,20 @@ def test_pipeline_backend_options(request, monkeypatch):
 
     monkeypatch.setattr(vllm_engine.VLLMModel, "from_pretrained", staticmethod(fake_from_pretrained))
     ref = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
-    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm",
-                                            vllm_kwargs={"tensor_parallel_size": 1, "max_model_len": 2048})
+    pipe = AsymSpecPipeline.from_pretrained(
+        *tiny_dirs,
+        ocr="none",
+        verifier_backend="vllm",
+        drafter_backend="vllm",
+        vllm_kwargs={"tensor_parallel_size": 1, "max_model_len": 2048},
+    )
     assert made[0].vllm_kwargs == {"tensor_parallel_size": 1, "max_model_len": 2048}
     assert made[1].vllm_kwargs["limit_mm_per_prompt"] == {"image": 1, "video": 0}
     assert pipe.verifier is made[0] and pipe.drafter_comp is made[1] and pipe.eos_ids == ref.eos_ids
     assert pipe.drafter_full is made[1]  # the served drafter takes images: the full-view stream runs there too
-    comp_only = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", drafter_backend="vllm",
-                                                 drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}})
+    comp_only = AsymSpecPipeline.from_pretrained(
+        *tiny_dirs, ocr="none", drafter_backend="vllm", drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}}
+    )
     assert comp_only.drafter_comp is made[2] and comp_only.drafter_full is None  # full view on transformers
     cfg = AsymSpecConfig(max_new_tokens=16)
     for seed, method, a, b in _generate_both(ref, pipe, cfg):

@@ -91,9 +91,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = None, max_upload_mb: float = 10,
-              concurrency_limit: int = 2, max_queue: int = 64, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-              max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT, stream_interval: float = 0.1) -> "gr.Blocks":
+def build_app(
+    pipe: AsymSpecPipeline,
+    *,
+    examples: Sequence[dict] | None = None,
+    max_upload_mb: float = 10,
+    concurrency_limit: int = 2,
+    max_queue: int = 64,
+    default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
+    stream_interval: float = 0.1,
+) -> gr.Blocks:
     """The steering inspector for one loaded pipeline.
 
     ``examples``: dicts with image (path), question, caption, ocr; None loads the bundled
@@ -106,8 +114,7 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
 
     if examples is None:
         examples = load_examples()
-    state = DemoApp(pipe, max_upload_mb=max_upload_mb, max_new_tokens_limit=max_new_tokens_limit,
-                    stream_interval=stream_interval)
+    state = DemoApp(pipe, max_upload_mb=max_upload_mb, max_new_tokens_limit=max_new_tokens_limit, stream_interval=stream_interval)
     defaults = AsymSpecConfig()
     tok = pipe.tokenizer
 
@@ -126,39 +133,57 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=320):
-                image = gr.Image(label="Image", type="filepath", image_mode=None, sources=["upload", "clipboard"],
-                                 height=260, elem_id="asym-image")
-                question = gr.Textbox(label="Question", lines=3, max_lines=10, max_length=MAX_QUESTION_CHARS,
-                                      placeholder="e.g. Which bar is the tallest?", elem_id="asym-question")
+                image = gr.Image(
+                    label="Image", type="filepath", image_mode=None, sources=["upload", "clipboard"], height=260, elem_id="asym-image"
+                )
+                question = gr.Textbox(
+                    label="Question",
+                    lines=3,
+                    max_lines=10,
+                    max_length=MAX_QUESTION_CHARS,
+                    placeholder="e.g. Which bar is the tallest?",
+                    elem_id="asym-question",
+                )
                 with gr.Accordion("Compressed view: what the verifier reads (edit it)", open=True):
-                    caption = gr.Textbox(label="Caption", lines=3, max_lines=8, max_length=MAX_VIEW_CHARS,
-                                         placeholder="empty: the drafter writes one (if auto-fill is on)",
-                                         elem_id="asym-caption")
-                    ocr = gr.Textbox(label="OCR text", lines=2, max_lines=6, max_length=MAX_VIEW_CHARS,
-                                     placeholder="empty: OCR engine (if auto-fill is on and one is installed)",
-                                     elem_id="asym-ocr")
+                    caption = gr.Textbox(
+                        label="Caption",
+                        lines=3,
+                        max_lines=8,
+                        max_length=MAX_VIEW_CHARS,
+                        placeholder="empty: the drafter writes one (if auto-fill is on)",
+                        elem_id="asym-caption",
+                    )
+                    ocr = gr.Textbox(
+                        label="OCR text",
+                        lines=2,
+                        max_lines=6,
+                        max_length=MAX_VIEW_CHARS,
+                        placeholder="empty: OCR engine (if auto-fill is on and one is installed)",
+                        elem_id="asym-ocr",
+                    )
                     with gr.Row():
-                        autofill = gr.Checkbox(value=True, label="Auto-fill empty fields from the image",
-                                               elem_id="asym-autofill")
+                        autofill = gr.Checkbox(value=True, label="Auto-fill empty fields from the image", elem_id="asym-autofill")
                         describe_btn = gr.Button("Describe image", size="sm", elem_id="asym-describe")
                 with gr.Accordion("Advanced settings", open=False):
-                    method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)",
-                                         elem_id="asym-method")
+                    method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)", elem_id="asym-method")
                     k = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")
-                    beta = gr.Slider(0.0, 4.0, value=defaults.beta, step=0.05, label="beta (fusion strength)",
-                                     elem_id="asym-beta")
-                    gamma = gr.Slider(0.0, 1.0, value=defaults.gamma, step=0.01, label="gamma (acceptance threshold)",
-                                      elem_id="asym-gamma")
+                    beta = gr.Slider(0.0, 4.0, value=defaults.beta, step=0.05, label="beta (fusion strength)", elem_id="asym-beta")
+                    gamma = gr.Slider(0.0, 1.0, value=defaults.gamma, step=0.01, label="gamma (acceptance threshold)", elem_id="asym-gamma")
                     gate = gr.Dropdown(list(GATES), value=defaults.gate, label="Gate", elem_id="asym-gate")
                     delta = gr.Dropdown(list(DELTAS), value=defaults.delta, label="Delta source", elem_id="asym-delta")
-                    bonus = gr.Dropdown(list(BONUS_RULES), value=defaults.bonus, label="Bonus token",
-                                        elem_id="asym-bonus")
-                    max_new = gr.Slider(1, max_new_tokens_limit, value=min(default_max_new_tokens, max_new_tokens_limit),
-                                        step=1, label="Max new tokens", elem_id="asym-max-new")
-                    drafter_view = gr.Dropdown(list(DRAFTER_VIEWS), value=defaults.drafter_view, label="Drafter view",
-                                               elem_id="asym-drafter-view")
-                    compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone",
-                                          elem_id="asym-compare")
+                    bonus = gr.Dropdown(list(BONUS_RULES), value=defaults.bonus, label="Bonus token", elem_id="asym-bonus")
+                    max_new = gr.Slider(
+                        1,
+                        max_new_tokens_limit,
+                        value=min(default_max_new_tokens, max_new_tokens_limit),
+                        step=1,
+                        label="Max new tokens",
+                        elem_id="asym-max-new",
+                    )
+                    drafter_view = gr.Dropdown(
+                        list(DRAFTER_VIEWS), value=defaults.drafter_view, label="Drafter view", elem_id="asym-drafter-view"
+                    )
+                    compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="asym-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="asym-stop")
@@ -172,35 +197,54 @@ def build_app(pipe: "AsymSpecPipeline", *, examples: Sequence[dict] | None = Non
                         examples_per_page=8,
                     )
             with gr.Column(scale=3, min_width=420):
-                status = gr.HTML(status_html("idle", "Upload an image, ask a question, press Run."), js_on_load=None,
-                                 elem_id="asym-status")
-                answer_html = gr.HTML(empty_panel("asymspec", legend=True,
-                                                  empty="The answer appears here, token by token."),
-                                      js_on_load=None, elem_id="asym-answer")
-                answer_text = gr.Textbox(label="Answer (plain text)", lines=2, interactive=False,
-                                         elem_id="asym-answer-text")
+                status = gr.HTML(status_html("idle", "Upload an image, ask a question, press Run."), js_on_load=None, elem_id="asym-status")
+                answer_html = gr.HTML(
+                    empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
+                    js_on_load=None,
+                    elem_id="asym-answer",
+                )
+                answer_text = gr.Textbox(label="Answer (plain text)", lines=2, interactive=False, elem_id="asym-answer-text")
                 with gr.Row(equal_height=False):
                     floor_html = gr.HTML(empty_panel("floor"), js_on_load=None, elem_id="asym-floor")
                     drafter_html = gr.HTML(empty_panel("drafter"), js_on_load=None, elem_id="asym-drafter")
                 stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats")
-                chart = gr.Image(label="JSD and gamma_eff per emitted token", show_label=False, type="pil",
-                                 interactive=False, format="png", elem_id="asym-chart", height=280,
-                                 buttons=["download"])
+                chart = gr.Image(
+                    label="JSD and gamma_eff per emitted token",
+                    show_label=False,
+                    type="pil",
+                    interactive=False,
+                    format="png",
+                    elem_id="asym-chart",
+                    height=280,
+                    buttons=["download"],
+                )
                 with gr.Accordion("Raw result (JSON: trace, stats, view)", open=False):
                     result_json = gr.JSON(label="result", elem_id="asym-json")
 
-        inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new,
-                  drafter_view, compare]
-        outputs = [status, answer_html, answer_text, floor_html, drafter_html, stats_html, chart, caption, ocr,
-                   result_json]
+        inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
+        outputs = [status, answer_html, answer_text, floor_html, drafter_html, stats_html, chart, caption, ocr, result_json]
         # show_progress="hidden": the status line reports progress and errors, so a refused request does not
         # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
-        run_event = run_btn.click(state.run, inputs, outputs, api_name="run", preprocess=False,
-                                  concurrency_limit=concurrency_limit, concurrency_id="models", show_progress="hidden")
-        stop_btn.click(lambda: status_html("idle", "Stopped."), None, [status], cancels=[run_event], queue=False,
-                       api_visibility="private")
-        describe_btn.click(state.describe, [image, caption, ocr], [caption, ocr], api_name="describe",
-                           preprocess=False, concurrency_limit=concurrency_limit, concurrency_id="models")
+        run_event = run_btn.click(
+            state.run,
+            inputs,
+            outputs,
+            api_name="run",
+            preprocess=False,
+            concurrency_limit=concurrency_limit,
+            concurrency_id="models",
+            show_progress="hidden",
+        )
+        stop_btn.click(lambda: status_html("idle", "Stopped."), None, [status], cancels=[run_event], queue=False, api_visibility="private")
+        describe_btn.click(
+            state.describe,
+            [image, caption, ocr],
+            [caption, ocr],
+            api_name="describe",
+            preprocess=False,
+            concurrency_limit=concurrency_limit,
+            concurrency_id="models",
+        )
 
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_queue)
     demo.asymspec = state  # type: ignore[attr-defined]

@@ -27,8 +27,15 @@ def load_examples(path: str | Path | None = None) -> list[dict]:
         img = (index.parent / str(ex["image"])).resolve()
         if not img.is_file():
             continue
-        out.append({"image": str(img), "question": str(ex["question"]), "caption": str(ex.get("caption") or ""),
-                    "ocr": str(ex.get("ocr") or ""), "label": example_label(ex)})
+        out.append(
+            {
+                "image": str(img),
+                "question": str(ex["question"]),
+                "caption": str(ex.get("caption") or ""),
+                "ocr": str(ex.get("ocr") or ""),
+                "label": example_label(ex),
+            }
+        )
     return out
 
 

@@ -53,8 +53,7 @@ MAX_NEW_TOKENS_LIMIT = 1024
 MAX_K = 16
 
 #: Output order of the ``/run`` endpoint (also the keys of :func:`outputs_as_dict`).
-RUN_OUTPUTS = ("status", "answer_html", "answer_text", "floor_html", "drafter_html", "stats_html", "chart",
-               "caption", "ocr", "result_json")
+RUN_OUTPUTS = ("status", "answer_html", "answer_text", "floor_html", "drafter_html", "stats_html", "chart", "caption", "ocr", "result_json")
 
 
 def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
@@ -102,7 +101,7 @@ class _Job:
     #: without Gradio closing the handler), so an abandoned request does not hold the models.
     abandon_after_s = 30.0
 
-    def __init__(self, pipe: "AsymSpecPipeline", req: _Request) -> None:
+    def __init__(self, pipe: AsymSpecPipeline, req: _Request) -> None:
         self.pipe = pipe
         self.req = req
         self.q: queue.Queue = queue.Queue()
@@ -111,7 +110,7 @@ class _Job:
         self.reader_waiting = False
         self.thread = threading.Thread(target=self._run, name="asymspec-ui-job", daemon=True)
 
-    def start(self) -> "_Job":
+    def start(self) -> _Job:
         """Start the worker thread; returns self."""
         self.thread.start()
         return self
@@ -170,8 +169,14 @@ class _Job:
 class DemoApp:
     """State and handlers behind the Blocks (one loaded pipeline, shared by all sessions)."""
 
-    def __init__(self, pipe: "AsymSpecPipeline", *, max_upload_mb: float = 10, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
-                 stream_interval: float = 0.1) -> None:
+    def __init__(
+        self,
+        pipe: AsymSpecPipeline,
+        *,
+        max_upload_mb: float = 10,
+        max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
+        stream_interval: float = 0.1,
+    ) -> None:
         self.pipe = pipe
         self.max_upload_bytes = int(max_upload_mb * 2**20)
         self.max_upload_mb = max_upload_mb
@@ -214,8 +219,9 @@ class DemoApp:
             return False
         return None
 
-    def prepare(self, image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus,
-                max_new_tokens, drafter_view, compare) -> _Request:
+    def prepare(
+        self, image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
+    ) -> _Request:
         """Check the page's inputs (a :class:`DemoInputError` for the first bad one) and load the image."""
         question = "" if question is None else str(question)
         caption = "" if caption is None else str(caption)
@@ -233,8 +239,16 @@ class DemoApp:
         try:
             max_new = int(max_new_tokens)
             k_int = int(k)
-            overrides = dict(k=k_int, beta=float(beta), gamma=float(gamma), gate=str(gate), delta=str(delta),
-                             bonus=str(bonus), max_new_tokens=max_new, drafter_view=str(drafter_view))
+            overrides = dict(
+                k=k_int,
+                beta=float(beta),
+                gamma=float(gamma),
+                gate=str(gate),
+                delta=str(delta),
+                bonus=str(bonus),
+                max_new_tokens=max_new,
+                drafter_view=str(drafter_view),
+            )
         except (TypeError, ValueError) as exc:
             raise DemoInputError(f"bad setting: {exc}") from None
         if not 1 <= max_new <= self.max_new_tokens_limit:
@@ -260,9 +274,24 @@ class DemoApp:
             raise _gr_error(exc, "Cannot describe this image") from None
         return view.caption, view.ocr_text
 
-    def run(self, image, question, caption, ocr, autofill=False, method="asymspec", k=4, beta=1.0, gamma=0.5,
-            gate="cda", delta="contrast", bonus="verifier", max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
-            drafter_view="image+text", compare=True) -> Iterator[tuple]:
+    def run(
+        self,
+        image,
+        question,
+        caption,
+        ocr,
+        autofill=False,
+        method="asymspec",
+        k=4,
+        beta=1.0,
+        gamma=0.5,
+        gate="cda",
+        delta="contrast",
+        bonus="verifier",
+        max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
+        drafter_view="image+text",
+        compare=True,
+    ) -> Iterator[tuple]:
         """The ``/run`` endpoint: a generator of :data:`RUN_OUTPUTS` tuples (streams as tokens commit)."""
         import gradio as gr
 
@@ -274,8 +303,9 @@ class DemoApp:
 
         t0 = time.perf_counter()
         try:
-            req = self.prepare(image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus,
-                               max_new_tokens, drafter_view, compare)
+            req = self.prepare(
+                image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
+            )
         except Exception as exc:
             yield error_update(f"Error: {_error_text(exc)}")
             raise _gr_error(exc, "Cannot run this request") from None
@@ -290,21 +320,34 @@ class DemoApp:
         def panel(key: str) -> str:
             if key != "main" and key not in req.compare:
                 if key == req.method and "main" in results:
-                    return render_panel(titles[key], traces["main"], tok, subtitle=subtitles[key],
-                                        stats=results["main"].stats)
+                    return render_panel(titles[key], traces["main"], tok, subtitle=subtitles[key], stats=results["main"].stats)
                 return render_panel(titles[key], [], tok, subtitle=subtitles[key], empty="(comparison off)")
             done = key in results
             running = current[0] == key
-            return render_panel(titles[key], traces[key], tok, subtitle=subtitles[key], done=not running,
-                                stats=results[key].stats if done else None, legend=(key == "main"),
-                                empty="waiting for the models..." if not done else "(no tokens)")
+            return render_panel(
+                titles[key],
+                traces[key],
+                tok,
+                subtitle=subtitles[key],
+                done=not running,
+                stats=results[key].stats if done else None,
+                legend=(key == "main"),
+                empty="waiting for the models..." if not done else "(no tokens)",
+            )
 
         current = ["main"]
         job = _Job(self.pipe, req).start()
         last_yield = time.perf_counter()
         try:
-            yield (status_html("run", f"Running {titles['main']}..."), panel("main"), "", panel("floor"),
-                   panel("drafter"), render_stats_html(None), None) + (skip,) * 3
+            yield (
+                status_html("run", f"Running {titles['main']}..."),
+                panel("main"),
+                "",
+                panel("floor"),
+                panel("drafter"),
+                render_stats_html(None),
+                None,
+            ) + (skip,) * 3
             while True:
                 key, kind, payload = job.get()
                 if kind == "events":
@@ -332,8 +375,7 @@ class DemoApp:
                     cur = current[0]
                     where = {"main": titles["main"], "floor": "Floor", "drafter": "the drafter alone"}.get(cur, "")
                     text = "".join(ev.text for ev in traces["main"])
-                    status = status_html("run", f"Running {where}... {len(traces[cur])} tokens so far" if where
-                                         else "Finishing...")
+                    status = status_html("run", f"Running {where}... {len(traces[cur])} tokens so far" if where else "Finishing...")
                     yield (status, panel("main"), text, panel("floor"), panel("drafter")) + (skip,) * 5
         finally:
             job.cancel.set()
@@ -343,9 +385,11 @@ class DemoApp:
             raise _gr_error("the request was stopped before it finished", "Stopped")
         main = results["main"]
         counts = source_counts(main.trace)
-        summary = (f"Done in {time.perf_counter() - t0:.1f} s: {len(main.trace)} tokens"
-                   + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
-                   + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else ""))
+        summary = (
+            f"Done in {time.perf_counter() - t0:.1f} s: {len(main.trace)} tokens"
+            + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
+            + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else "")
+        )
         if req.notes:
             summary += " (" + "; ".join(req.notes) + ")"
         payload = {"main": main.as_dict()}
@@ -354,8 +398,18 @@ class DemoApp:
                 payload[m] = results[m].as_dict()
         current[0] = ""
         chart = jsd_gamma_chart(main.trace)
-        yield (status_html("ok", summary), panel("main"), main.text, panel("floor"), panel("drafter"),
-               render_stats_html(main.stats, req.method), chart, main.view.caption, main.view.ocr_text, payload)
+        yield (
+            status_html("ok", summary),
+            panel("main"),
+            main.text,
+            panel("floor"),
+            panel("drafter"),
+            render_stats_html(main.stats, req.method),
+            chart,
+            main.view.caption,
+            main.view.ocr_text,
+            payload,
+        )
 
 
 def _is_user_error(exc: BaseException) -> bool:

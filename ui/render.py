@@ -54,8 +54,7 @@ METHOD_PANELS: dict[str, tuple[str, str]] = {
 
 def esc(text: str) -> str:
     """HTML-escape, plus the characters Gradio's HTML templating could interpret (``{ } $ ```)."""
-    return (html.escape(str(text), quote=True)
-            .replace("{", "&#123;").replace("}", "&#125;").replace("$", "&#36;").replace("`", "&#96;"))
+    return html.escape(str(text), quote=True).replace("{", "&#123;").replace("}", "&#125;").replace("$", "&#36;").replace("`", "&#96;")
 
 
 def visible_text(text: str) -> str:
@@ -196,12 +195,12 @@ def render_token(ev: Any, dec: _Decoder) -> str:
         attrs.append(("data-top-fused", _tops_attr(top_f, dec)))
     attr_html = " ".join(f'{k}="{esc(v)}"' for k, v in attrs if v is not None)
     tip = esc(_tooltip(ev, dec))
-    return (f'<span {attr_html}><span class="tok-text">{esc(visible_text(text))}</span>'
-            f'<span class="tok-tip" role="tooltip">{tip}</span></span>')
+    return (
+        f'<span {attr_html}><span class="tok-text">{esc(visible_text(text))}</span><span class="tok-tip" role="tooltip">{tip}</span></span>'
+    )
 
 
-def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool = True,
-                      empty: str = "No tokens yet.") -> str:
+def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool = True, empty: str = "No tokens yet.") -> str:
     """The answer as HTML: one ``span.tok.tok-<source>`` per emitted token (``tok-steered`` added where the
     token differs from the verifier's own argmax), with the hover data as ``data-*`` attributes and a
     CSS tooltip (shown on hover, focus or tap). Token text is HTML-escaped.
@@ -216,8 +215,7 @@ def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool
     if not spans:
         body = f'<span class="asym-empty">{esc(empty)}</span>' if done else ""
     cursor = "" if done else '<span class="tok-cursor">&nbsp;</span>'
-    return (f'<div class="asym-trace" data-tokens="{len(spans)}" data-done="{1 if done else 0}">'
-            f"{body}{cursor}</div>")
+    return f'<div class="asym-trace" data-tokens="{len(spans)}" data-done="{1 if done else 0}">{body}{cursor}</div>'
 
 
 def source_counts(trace: Sequence[Any]) -> dict[str, int]:
@@ -233,13 +231,21 @@ def source_counts(trace: Sequence[Any]) -> dict[str, int]:
 def render_legend() -> str:
     """The colour key: one sample token per source, and the steered underline."""
     items = [f'<span class="tok tok-{s}" title="{esc(h)}">{s}</span> <span>{esc(h)}</span>' for s, h in SOURCES.items()]
-    items.append(f'<span class="tok tok-greedy tok-steered" title="{esc(STEERED_HELP)}">steered</span> '
-                 f"<span>{esc(STEERED_HELP)}</span>")
+    items.append(f'<span class="tok tok-greedy tok-steered" title="{esc(STEERED_HELP)}">steered</span> <span>{esc(STEERED_HELP)}</span>')
     return '<div class="asym-legend">' + "".join(f"<span>{i}</span>" for i in items) + "</div>"
 
 
-def render_panel(title: str, trace: Sequence[Any], tokenizer: Any = None, *, subtitle: str = "", done: bool = True,
-                 stats: dict | None = None, empty: str = "No tokens yet.", legend: bool = False) -> str:
+def render_panel(
+    title: str,
+    trace: Sequence[Any],
+    tokenizer: Any = None,
+    *,
+    subtitle: str = "",
+    done: bool = True,
+    stats: dict | None = None,
+    empty: str = "No tokens yet.",
+    legend: bool = False,
+) -> str:
     """A titled panel around :func:`render_trace_html` with a one-line summary under it."""
     foot = ""
     if trace:
@@ -253,9 +259,11 @@ def render_panel(title: str, trace: Sequence[Any], tokenizer: Any = None, *, sub
         sep = " \u00b7 "
         foot = f'<div class="asym-panel-foot">{esc(sep.join(parts))}</div>'
     sub = f' <span class="asym-panel-sub">{esc(subtitle)}</span>' if subtitle else ""
-    return (f'<div class="asym-panel"><div class="asym-panel-title">{esc(title)}{sub}</div>'
-            f'{render_legend() if legend else ""}'
-            f"{render_trace_html(trace, tokenizer, done=done, empty=empty)}{foot}</div>")
+    return (
+        f'<div class="asym-panel"><div class="asym-panel-title">{esc(title)}{sub}</div>'
+        f"{render_legend() if legend else ''}"
+        f"{render_trace_html(trace, tokenizer, done=done, empty=empty)}{foot}</div>"
+    )
 
 
 def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
@@ -280,8 +288,7 @@ def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
         ("wall time (s)", sec(stats.get("wall_s"))),
         ("vision tower calls", stats.get("vision_calls")),
         ("vision cache hits", stats.get("vision_cache_hits")),
-        ("prefix KV cache hit", None if "prefix_cache_hit" not in stats
-         else "yes" if stats["prefix_cache_hit"] else "no"),
+        ("prefix KV cache hit", None if "prefix_cache_hit" not in stats else "yes" if stats["prefix_cache_hit"] else "no"),
         ("caption time (s)", sec(stats.get("caption_s"))),
         ("OCR time (s)", sec(stats.get("ocr_s"))),
         ("steered tokens", stats.get("steered")),
@@ -289,9 +296,11 @@ def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
         ("stopped by", stats.get("stopped_by")),
     ]
     rows = [(k, v) for k, v in rows if not (k == "prefix KV cache hit" and v is None)]
-    cells = "".join(f'<div class="asym-stat"><div class="asym-stat-k">{esc(k)}</div>'
-                    f'<div class="asym-stat-v" data-stat="{esc(k)}">{esc("" if v is None else v)}</div></div>'
-                    for k, v in rows)
+    cells = "".join(
+        f'<div class="asym-stat"><div class="asym-stat-k">{esc(k)}</div>'
+        f'<div class="asym-stat-v" data-stat="{esc(k)}">{esc("" if v is None else v)}</div></div>'
+        for k, v in rows
+    )
     return f'<div class="asym-stats"><div class="asym-stats-grid">{cells}</div></div>'
 
 
@@ -332,7 +341,6 @@ def jsd_gamma_chart(trace: Sequence[Any]) -> Any:
 def status_html(kind: str, text: str) -> str:
     """The status line: ``kind`` is idle, run, ok or error (styled by ``.asym-status-<kind>``)."""
     return f'<div class="asym-status asym-status-{kind}" data-status="{kind}">{esc(text)}</div>'
-
 
 
 def method_title(method: str) -> str:

@@ -37,12 +37,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def launch(pipe_or_preset: "AsymSpecPipeline | str" = "auto", host: str = "127.0.0.1", port: int | None = 7860,
-           share: bool = False, *, drafter: str | None = None, verifier: str | None = None, device: str | None = None,
-           dtype: str | None = None, ocr_engine: str = "auto", examples: Sequence[dict] | None = None,
-           max_upload_mb: float = 10, concurrency_limit: int = 2, max_queue: int = 64,
-           default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, prevent_thread_lock: bool = False,
-           quiet: bool = False, **launch_kwargs) -> "gr.Blocks":
+def launch(
+    pipe_or_preset: AsymSpecPipeline | str = "auto",
+    host: str = "127.0.0.1",
+    port: int | None = 7860,
+    share: bool = False,
+    *,
+    drafter: str | None = None,
+    verifier: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    ocr_engine: str = "auto",
+    examples: Sequence[dict] | None = None,
+    max_upload_mb: float = 10,
+    concurrency_limit: int = 2,
+    max_queue: int = 64,
+    default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    prevent_thread_lock: bool = False,
+    quiet: bool = False,
+    **launch_kwargs,
+) -> gr.Blocks:
     """Load the models once (unless a pipeline is given), build the app and serve it.
 
     Binds ``127.0.0.1`` by default; any other host prints a warning (the demo has no authentication).
@@ -56,30 +70,57 @@ def launch(pipe_or_preset: "AsymSpecPipeline | str" = "auto", host: str = "127.0
         pipe = load_pipeline(pipe_or_preset, drafter, verifier, device=device, dtype=dtype, ocr_engine=ocr_engine)
     else:
         pipe = pipe_or_preset
-    demo = build_app(pipe, examples=examples, max_upload_mb=max_upload_mb, concurrency_limit=concurrency_limit,
-                     max_queue=max_queue, default_max_new_tokens=default_max_new_tokens)
-    return serve(demo, host=host, port=port, share=share, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
-                 **launch_kwargs)
+    demo = build_app(
+        pipe,
+        examples=examples,
+        max_upload_mb=max_upload_mb,
+        concurrency_limit=concurrency_limit,
+        max_queue=max_queue,
+        default_max_new_tokens=default_max_new_tokens,
+    )
+    return serve(demo, host=host, port=port, share=share, prevent_thread_lock=prevent_thread_lock, quiet=quiet, **launch_kwargs)
 
 
-def serve(demo: "gr.Blocks", host: str = "127.0.0.1", port: int | None = 7860, share: bool = False, *,
-          prevent_thread_lock: bool = False, quiet: bool = False, **launch_kwargs) -> "gr.Blocks":
+def serve(
+    demo: gr.Blocks,
+    host: str = "127.0.0.1",
+    port: int | None = 7860,
+    share: bool = False,
+    *,
+    prevent_thread_lock: bool = False,
+    quiet: bool = False,
+    **launch_kwargs,
+) -> gr.Blocks:
     """Serve a Blocks made by :func:`build_app` with the demo's safe defaults: no share link unless asked,
     Gradio's upload limit set to the app's ``max_upload_mb``, no SSR/monitoring/MCP/PWA extras, the bundled
     examples' folder allowed. Extra keyword arguments go to ``Blocks.launch``."""
     if not is_loopback(host):
-        msg = (f"serving the demo on {host}: anyone who can reach this machine on port {port} can use it "
-               "(there is no authentication). Use the default --host 127.0.0.1 to keep it local.")
+        msg = (
+            f"serving the demo on {host}: anyone who can reach this machine on port {port} can use it "
+            "(there is no authentication). Use the default --host 127.0.0.1 to keep it local."
+        )
         warnings.warn(msg, stacklevel=2)
         print(f"asymspec-mm demo: WARNING: {msg}", file=sys.stderr)
     if share:
         print("asymspec-mm demo: WARNING: --share creates a public link through Gradio's tunnel service.", file=sys.stderr)
     max_mb = getattr(demo, "asymspec_max_upload_mb", 10)
     allowed = list(launch_kwargs.pop("allowed_paths", None) or []) + list(getattr(demo, "asymspec_allowed_paths", []))
-    opts = dict(server_name=host, server_port=port, share=bool(share), max_file_size=f"{max_mb}mb",
-                show_error=True, prevent_thread_lock=prevent_thread_lock, quiet=quiet, allowed_paths=allowed,
-                inbrowser=False, ssr_mode=False, enable_monitoring=False, mcp_server=False, pwa=False,
-                footer_links=["api", "settings"])
+    opts = dict(
+        server_name=host,
+        server_port=port,
+        share=bool(share),
+        max_file_size=f"{max_mb}mb",
+        show_error=True,
+        prevent_thread_lock=prevent_thread_lock,
+        quiet=quiet,
+        allowed_paths=allowed,
+        inbrowser=False,
+        ssr_mode=False,
+        enable_monitoring=False,
+        mcp_server=False,
+        pwa=False,
+        footer_links=["api", "settings"],
+    )
     opts.update(launch_kwargs)
     demo.launch(**opts)
     return demo
@@ -100,26 +141,42 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     pipe = pipeline_from_args(args)
     print(f"asymspec-mm demo: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     preload.join()
-    launch(pipe, host=args.host, port=args.port, share=args.share, max_upload_mb=args.max_upload_mb,
-           concurrency_limit=args.concurrency, default_max_new_tokens=args.max_new_tokens)
+    launch(
+        pipe,
+        host=args.host,
+        port=args.port,
+        share=args.share,
+        max_upload_mb=args.max_upload_mb,
+        concurrency_limit=args.concurrency,
+        default_max_new_tokens=args.max_new_tokens,
+    )
     return 0
 
 
 def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``demo`` on an argparse sub-parsers object; its ``func(args)`` loads the models and serves."""
-    p = subparsers.add_parser("demo", help="the steering inspector in your browser (Gradio)",
-                              description="Serve the AsymSpec steering inspector (binds 127.0.0.1 by default).")
+    p = subparsers.add_parser(
+        "demo",
+        help="the steering inspector in your browser (Gradio)",
+        description="Serve the AsymSpec steering inspector (binds 127.0.0.1 by default).",
+    )
     add_model_args(p)  # the same model options as `generate`
     s = p.add_argument_group("serving")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind [default: %(default)s]; "
-                   "anything else exposes the demo to the network (a warning is printed)")
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind [default: %(default)s]; anything else exposes the demo to the network (a warning is printed)",
+    )
     s.add_argument("--port", type=int, default=7860, help="[default: %(default)s]")
     s.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
-    s.add_argument("--max-upload-mb", type=finite_float, default=10,
-                   help="largest upload accepted [default: %(default)s]")
+    s.add_argument("--max-upload-mb", type=finite_float, default=10, help="largest upload accepted [default: %(default)s]")
     s.add_argument("--concurrency", type=int, default=2, help="requests processed at once [default: %(default)s]")
-    s.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                   help="initial value of the max-new-tokens slider [default: %(default)s]")
+    s.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help="initial value of the max-new-tokens slider [default: %(default)s]",
+    )
     p.set_defaults(func=_cmd_demo)
     return p
 

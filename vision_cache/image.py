@@ -30,13 +30,13 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from .errors import InvalidImageError
+
 # Re-exported: callers import these helpers from here.
 from .hashing import image_content_hash
 from .qwen_sizing import (
     QWEN3_VL_FACTOR,
     QWEN_MAX_TOKENS,
     QWEN_MIN_TOKENS,
-    _smart_resize_fallback,
     qwen_target_size,
     resize_like_qwen,
 )
@@ -139,7 +139,6 @@ def load_image(
     )
 
 
-
 # --------------------------------------------------------------------------------------------
 # input kinds
 # --------------------------------------------------------------------------------------------
@@ -159,9 +158,7 @@ def _from_path_like(x: str | os.PathLike[str], check: Callable[[tuple[int, int],
         if stripped.startswith("data:"):
             head, sep, payload = stripped.partition(",")
             if not sep or ";base64" not in head:
-                raise InvalidImageError(
-                    "unsupported data URI; only base64 data URIs like 'data:image/png;base64,...' are accepted"
-                )
+                raise InvalidImageError("unsupported data URI; only base64 data URIs like 'data:image/png;base64,...' are accepted")
             try:
                 data = base64.b64decode(payload, validate=False)
             except (binascii.Error, ValueError) as exc:
@@ -170,9 +167,7 @@ def _from_path_like(x: str | os.PathLike[str], check: Callable[[tuple[int, int],
                 raise InvalidImageError("the data URI holds no bytes; re-encode the image")
             return _open_and_decode(lambda: io.BytesIO(data), "the data-URI image", check)
         if stripped.startswith(("http://", "https://")):
-            raise InvalidImageError(
-                f"image URLs are not fetched ({_short(stripped)}); download the file and pass its path or bytes"
-            )
+            raise InvalidImageError(f"image URLs are not fetched ({_short(stripped)}); download the file and pass its path or bytes")
         if stripped.startswith("file://"):
             x = stripped[len("file://") :]
     path = os.fspath(x)
@@ -183,7 +178,9 @@ def _from_path_like(x: str | os.PathLike[str], check: Callable[[tuple[int, int],
     except (OSError, ValueError):  # embedded NUL, name too long, ...
         exists = False
     if not exists:
-        raise InvalidImageError(f"image file not found: {_short(path)!r}; check the path (relative paths use the current directory {os.getcwd()!r})")
+        raise InvalidImageError(
+            f"image file not found: {_short(path)!r}; check the path (relative paths use the current directory {os.getcwd()!r})"
+        )
     if os.path.isdir(path):
         raise InvalidImageError(f"image path {_short(path)!r} is a directory; pass the path of an image file inside it")
     label = f"image file {_short(path)!r}"
@@ -214,8 +211,7 @@ def _open_and_decode(
             img = Image.open(fp)
         except UnidentifiedImageError as exc:
             raise InvalidImageError(
-                f"{label} is not a recognised image (no supported format matched its bytes); "
-                "pass a PNG, JPEG, GIF, WebP, BMP or TIFF file"
+                f"{label} is not a recognised image (no supported format matched its bytes); pass a PNG, JPEG, GIF, WebP, BMP or TIFF file"
             ) from exc
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
             # Pillow's own guard (Image.MAX_IMAGE_PIXELS) fired while parsing the header; the
@@ -236,8 +232,7 @@ def _open_and_decode(
         with img:
             if img.format in _REFUSED_FORMATS:
                 raise InvalidImageError(
-                    f"{label} is {img.format}, which is refused because decoding it runs an external interpreter; "
-                    "convert it to PNG first"
+                    f"{label} is {img.format}, which is refused because decoding it runs an external interpreter; convert it to PNG first"
                 )
             check(img.size, label)
             _strict_load(img, label)
@@ -312,13 +307,10 @@ def _array_to_uint8(arr: np.ndarray, label: str) -> np.ndarray:
         lo, hi = float(arr.min()), float(arr.max())
         if lo < 0.0 or hi > 1.0:
             raise InvalidImageError(
-                f"{label} is float with values in [{lo:g}, {hi:g}]; float images must lie in [0, 1] "
-                "(divide by 255 or convert to uint8)"
+                f"{label} is float with values in [{lo:g}, {hi:g}]; float images must lie in [0, 1] (divide by 255 or convert to uint8)"
             )
         return np.round(arr.astype(np.float64) * 255.0).astype(np.uint8)
-    raise InvalidImageError(
-        f"{label} has unsupported dtype {arr.dtype}; use uint8, uint16, bool, or float in [0, 1]"
-    )
+    raise InvalidImageError(f"{label} has unsupported dtype {arr.dtype}; use uint8, uint16, bool, or float in [0, 1]")
 
 
 def _from_array(arr: np.ndarray, check: Callable[[tuple[int, int], str], None]) -> Image.Image:
@@ -328,9 +320,7 @@ def _from_array(arr: np.ndarray, check: Callable[[tuple[int, int], str], None]) 
         arr = arr[:, :, 0]
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (2, 3, 4)):
         hint = " (channels-first? transpose to HxWxC)" if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) else ""
-        raise InvalidImageError(
-            f"{label} is not an image layout{hint}; pass HxW, HxWx1, HxWx3 or HxWx4"
-        )
+        raise InvalidImageError(f"{label} is not an image layout{hint}; pass HxW, HxWx1, HxWx3 or HxWx4")
     height, width = int(arr.shape[0]), int(arr.shape[1])
     check((width, height), label)
     data = np.ascontiguousarray(_array_to_uint8(arr, label))

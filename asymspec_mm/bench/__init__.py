@@ -42,8 +42,18 @@ a decode-cost measurement, labelled as such).
 from __future__ import annotations
 
 from ..variants import Variant
-from .aggregate import (TARGETS, call_costs, collect_checks, evaluate_targets, paired_ratios, project, projection, rep_summary,
-                        summarize, variant_summary)
+from .aggregate import (
+    TARGETS,
+    call_costs,
+    collect_checks,
+    evaluate_targets,
+    paired_ratios,
+    project,
+    projection,
+    rep_summary,
+    summarize,
+    variant_summary,
+)
 from .cli import add_bench_parser, bench_main, main
 from .pairs import BenchPair, bench_cases, build_real_shape_pair, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop
@@ -53,10 +63,44 @@ from .settings import DEFAULT_VARIANTS, PAIRS, PAPER_SCENARIOS, SPLIT_KEYS, SPLI
 from .suite import run_bench
 
 __all__ = [
-    "DEFAULT_VARIANTS", "ENGINES", "PAIRS", "PAPER_SCENARIOS", "SPLIT_KEYS", "SPLIT_LABELS", "STREAMS", "TARGETS",
-    "TIMER_BUCKETS", "BenchPair", "Runner", "Variant", "add_bench_parser", "bench_cases", "bench_main", "build_real_shape_pair",
-    "call_costs", "check_run", "collect_checks", "context_limit", "engine_factory", "evaluate_targets", "fits_context",
-    "load_pair", "main", "pad_caption", "paired_ratios", "probe_drafter_batching", "probe_loop", "project", "projection",
-    "render_chart", "render_markdown", "rep_summary", "run_bench", "summarize", "synthetic_prefill", "update_section",
-    "variant_summary", "write_outputs",
+    "DEFAULT_VARIANTS",
+    "ENGINES",
+    "PAIRS",
+    "PAPER_SCENARIOS",
+    "SPLIT_KEYS",
+    "SPLIT_LABELS",
+    "STREAMS",
+    "TARGETS",
+    "TIMER_BUCKETS",
+    "BenchPair",
+    "Runner",
+    "Variant",
+    "add_bench_parser",
+    "bench_cases",
+    "bench_main",
+    "build_real_shape_pair",
+    "call_costs",
+    "check_run",
+    "collect_checks",
+    "context_limit",
+    "engine_factory",
+    "evaluate_targets",
+    "fits_context",
+    "load_pair",
+    "main",
+    "pad_caption",
+    "paired_ratios",
+    "probe_drafter_batching",
+    "probe_loop",
+    "project",
+    "projection",
+    "render_chart",
+    "render_markdown",
+    "rep_summary",
+    "run_bench",
+    "summarize",
+    "synthetic_prefill",
+    "update_section",
+    "variant_summary",
+    "write_outputs",
 ]

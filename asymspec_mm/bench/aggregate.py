@@ -19,10 +19,14 @@ def _sum(runs: list[dict], key: str) -> float:
 def rep_summary(runs: list[dict]) -> dict[str, Any]:
     """One repetition of one variant (its runs over the cases) -> tokens/s, per-step and per-token times, split."""
     new, steps, dec = _sum(runs, "new_tokens"), _sum(runs, "steps"), _sum(runs, "decode_s")
-    out: dict[str, Any] = {"new_tokens": new, "steps": steps, "decode_s": dec,
-                           "tokens_per_s": new / dec if dec > 0 else 0.0,
-                           "step_s": dec / steps if steps else float("nan"),
-                           "token_s": dec / new if new else float("nan")}
+    out: dict[str, Any] = {
+        "new_tokens": new,
+        "steps": steps,
+        "decode_s": dec,
+        "tokens_per_s": new / dec if dec > 0 else 0.0,
+        "step_s": dec / steps if steps else float("nan"),
+        "token_s": dec / new if new else float("nan"),
+    }
     inst = [r for r in runs if r.get("split")]
     if inst:
         isteps = sum(r["steps"] for r in inst)
@@ -83,7 +87,9 @@ def variant_summary(runs: list[dict], reps: list[dict], ratios: list[float] | No
         out["split_step_s"] = {k2: median([r["split_step_s"][k2] for r in split_reps]) for k2 in SPLIT_KEYS}
         out["split_frac"] = {k2: median([r["split_frac"][k2] for r in split_reps]) for k2 in SPLIT_KEYS}
         out["loop_step_s"] = median([r["loop_step_s"] for r in split_reps])
-        out["host_overhead_frac"] = median([r["split_frac"]["gate"] + r["split_frac"]["trace"] + r["split_frac"]["other"] for r in split_reps])
+        out["host_overhead_frac"] = median(
+            [r["split_frac"]["gate"] + r["split_frac"]["trace"] + r["split_frac"]["other"] for r in split_reps]
+        )
         out["gate_frac"] = out["split_frac"]["gate"]
     return out
 
@@ -101,12 +107,21 @@ def call_costs(runs: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
         for s, d in r.get("extend_costs", {}).items():
             for n, ts in d.items():
                 pooled.setdefault(s, {}).setdefault(n, []).extend(ts)
-    return {s: {n: {"median_s": median(ts), "calls": len(ts)} for n, ts in sorted(d.items(), key=lambda x: int(x[0]))}
-            for s, d in pooled.items()}
+    return {
+        s: {n: {"median_s": median(ts), "calls": len(ts)} for n, ts in sorted(d.items(), key=lambda x: int(x[0]))}
+        for s, d in pooled.items()
+    }
 
 
-def project(costs: dict, k: int, *, floor_token_s: float, asym_host_step_s: float, sd_host_step_s: float | None,
-            scenarios: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
+def project(
+    costs: dict,
+    k: int,
+    *,
+    floor_token_s: float,
+    asym_host_step_s: float,
+    sd_host_step_s: float | None,
+    scenarios: Sequence[tuple[float, float]],
+) -> list[dict[str, Any]]:
     """PROJECTED tokens/s from measured per-call costs for given (acceptance rate, mean accepted length).
 
     AsymSpec step = (K - f) * c(drafter_full, 1 token) + f * c(drafter_full, 2 tokens) + c(drafter_comp, K+1)
@@ -116,6 +131,7 @@ def project(costs: dict, k: int, *, floor_token_s: float, asym_host_step_s: floa
     compressed stream drafting.
     Floor is measured (its cost does not depend on acceptance).
     """
+
     def cost(stream: str, n: int) -> float | None:
         c = costs.get(stream, {}).get(str(n))
         return c["median_s"] if c else None
@@ -128,16 +144,25 @@ def project(costs: dict, k: int, *, floor_token_s: float, asym_host_step_s: floa
 
     rows = []
     for ar, mal in scenarios:
-        f = ar ** k
-        row: dict[str, Any] = {"acceptance_rate": ar, "mean_accepted_length": mal, "full_accept_fraction": f,
-                               "floor_tokens_per_s": 1.0 / floor_token_s if floor_token_s else None}
+        f = ar**k
+        row: dict[str, Any] = {
+            "acceptance_rate": ar,
+            "mean_accepted_length": mal,
+            "full_accept_fraction": f,
+            "floor_tokens_per_s": 1.0 / floor_token_s if floor_token_s else None,
+        }
         if None not in (full1, comp_k1, ver_k1):
             step = drafting(full1, full2, f) + comp_k1 + ver_k1 + asym_host_step_s
-            row.update(asymspec_step_s=step, asymspec_tokens_per_s=mal / step,
-                       asymspec_ratio_to_floor=(mal / step) * floor_token_s if floor_token_s else None)
+            row.update(
+                asymspec_step_s=step,
+                asymspec_tokens_per_s=mal / step,
+                asymspec_ratio_to_floor=(mal / step) * floor_token_s if floor_token_s else None,
+            )
         if None not in (comp1, ver_k1) and sd_host_step_s is not None:
             step = drafting(comp1, comp2, f) + ver_k1 + sd_host_step_s
-            row.update(sd_step_s=step, sd_tokens_per_s=mal / step, sd_ratio_to_floor=(mal / step) * floor_token_s if floor_token_s else None)
+            row.update(
+                sd_step_s=step, sd_tokens_per_s=mal / step, sd_ratio_to_floor=(mal / step) * floor_token_s if floor_token_s else None
+            )
         rows.append(row)
     return rows
 
@@ -150,36 +175,51 @@ def host_step_s(summary: dict | None) -> float | None:
     return s["gate"] + s["trace"] + s["other"]
 
 
-def projection(summary: dict[str, dict], costs: dict, k: int, scenarios: Sequence[tuple[float, float]], *,
-               trained: bool) -> dict[str, Any]:
+def projection(summary: dict[str, dict], costs: dict, k: int, scenarios: Sequence[tuple[float, float]], *, trained: bool) -> dict[str, Any]:
     """The ``projection`` section: :func:`project` at ``scenarios`` from the main comparison's costs and host
     overhead; on a trained pair also at its own measured acceptance, beside its measured tokens/s (a model check)."""
     floor_token_s = summary["floor"]["token_s"]
     asym = summary.get("asymspec")
     proj: dict[str, Any] = {"label": "PROJECTION from measured per-call costs, not a measured throughput", "k": k}
     if asym and host_step_s(asym) is not None:
-        proj["scenarios"] = project(costs, k, floor_token_s=floor_token_s, asym_host_step_s=host_step_s(asym),
-                                    sd_host_step_s=host_step_s(summary.get("sd")), scenarios=scenarios)
+        proj["scenarios"] = project(
+            costs,
+            k,
+            floor_token_s=floor_token_s,
+            asym_host_step_s=host_step_s(asym),
+            sd_host_step_s=host_step_s(summary.get("sd")),
+            scenarios=scenarios,
+        )
         if trained and asym["acceptance_rate"] is not None:
             f_meas = asym["full_accept_fraction"] or 0.0
             ar_equiv = f_meas ** (1.0 / k) if f_meas > 0 else 0.0
-            check = project(costs, k, floor_token_s=floor_token_s, asym_host_step_s=host_step_s(asym), sd_host_step_s=None,
-                            scenarios=[(ar_equiv, asym["mean_accepted_length"])])[0]
-            proj["model_check"] = {"measured_tokens_per_s": asym["tokens_per_s"],
-                                   "projected_tokens_per_s": check.get("asymspec_tokens_per_s"),
-                                   "measured_acceptance": {"mal": asym["mean_accepted_length"], "full_accept_fraction": f_meas}}
+            check = project(
+                costs,
+                k,
+                floor_token_s=floor_token_s,
+                asym_host_step_s=host_step_s(asym),
+                sd_host_step_s=None,
+                scenarios=[(ar_equiv, asym["mean_accepted_length"])],
+            )[0]
+            proj["model_check"] = {
+                "measured_tokens_per_s": asym["tokens_per_s"],
+                "projected_tokens_per_s": check.get("asymspec_tokens_per_s"),
+                "measured_acceptance": {"mal": asym["mean_accepted_length"], "full_accept_fraction": f_meas},
+            }
     return proj
 
 
 def collect_checks(runs: list[dict]) -> dict[str, Any]:
     """The bookkeeping checks over all ``runs``: each must hold in every run; the worst split-sum error."""
     errs = [r["checks"].get("split_sum_rel_err", 0.0) for r in runs]
-    return {"runs": len(runs),
-            "forwarded_ok": all(r["checks"]["forwarded_ok"] for r in runs),
-            "tokens_ok": all(r["checks"]["tokens_ok"] for r in runs),
-            "per_position_monotone": all(r["checks"]["per_position_monotone"] for r in runs),
-            "split_nonnegative": all(r["checks"].get("split_nonnegative", True) for r in runs),
-            "split_sum_max_rel_err": max(errs) if errs else 0.0}
+    return {
+        "runs": len(runs),
+        "forwarded_ok": all(r["checks"]["forwarded_ok"] for r in runs),
+        "tokens_ok": all(r["checks"]["tokens_ok"] for r in runs),
+        "per_position_monotone": all(r["checks"]["per_position_monotone"] for r in runs),
+        "split_nonnegative": all(r["checks"].get("split_nonnegative", True) for r in runs),
+        "split_sum_max_rel_err": max(errs) if errs else 0.0,
+    }
 
 
 TARGETS = {
@@ -195,19 +235,45 @@ def evaluate_targets(result: dict[str, Any], bp: BenchPair) -> list[dict[str, An
     rows = []
     asym = result.get("main", {}).get("variants", {}).get("asymspec")
     if asym and "host_overhead_frac" in asym:
-        rows.append({"target": "loop_overhead", "text": TARGETS["loop_overhead"][0], "measured": asym["host_overhead_frac"],
-                     "met": asym["host_overhead_frac"] <= TARGETS["loop_overhead"][1]})
-        rows.append({"target": "gate_fusion", "text": TARGETS["gate_fusion"][0], "measured": asym["gate_frac"],
-                     "met": asym["gate_frac"] <= TARGETS["gate_fusion"][1]})
+        rows.append(
+            {
+                "target": "loop_overhead",
+                "text": TARGETS["loop_overhead"][0],
+                "measured": asym["host_overhead_frac"],
+                "met": asym["host_overhead_frac"] <= TARGETS["loop_overhead"][1],
+            }
+        )
+        rows.append(
+            {
+                "target": "gate_fusion",
+                "text": TARGETS["gate_fusion"][0],
+                "measured": asym["gate_frac"],
+                "met": asym["gate_frac"] <= TARGETS["gate_fusion"][1],
+            }
+        )
     if asym and bp.name.startswith("tiny") and asym.get("ratio_to_floor") is not None:
-        rows.append({"target": "tiny_speedup", "text": TARGETS["tiny_speedup"][0], "measured": asym["ratio_to_floor"],
-                     "met": asym["ratio_to_floor"] >= TARGETS["tiny_speedup"][1],
-                     "note": None if bp.trained else "random tiny fallback: acceptance is not the trained pair's"})
+        rows.append(
+            {
+                "target": "tiny_speedup",
+                "text": TARGETS["tiny_speedup"][0],
+                "measured": asym["ratio_to_floor"],
+                "met": asym["ratio_to_floor"] >= TARGETS["tiny_speedup"][1],
+                "note": None if bp.trained else "random tiny fallback: acceptance is not the trained pair's",
+            }
+        )
     sl = result.get("scaling_length", {})
     key = "growth_ratio_asymspec_vs_floor" if bp.trained else "growth_ratio_asymspec_step_vs_floor"
     g = sl.get(key)
     if g is not None:
-        rows.append({"target": "length_growth", "text": TARGETS["length_growth"][0], "measured": g, "met": g <= TARGETS["length_growth"][1],
-                     "note": None if bp.trained else "random weights: AsymSpec per-step time (per-token time at fixed acceptance) vs Floor per-token"})
+        rows.append(
+            {
+                "target": "length_growth",
+                "text": TARGETS["length_growth"][0],
+                "measured": g,
+                "met": g <= TARGETS["length_growth"][1],
+                "note": None
+                if bp.trained
+                else "random weights: AsymSpec per-step time (per-token time at fixed acceptance) vs Floor per-token",
+            }
+        )
     return rows
-

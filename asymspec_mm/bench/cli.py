@@ -35,50 +35,94 @@ def scenarios_arg(text: str) -> list[tuple[float, float]]:
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on a subparsers object (``func`` = :func:`bench_main`)."""
-    p = subparsers.add_parser("bench", help="side-by-side speed benchmark: methods interleaved, medians and ratios",
-                              description=sys.modules[__package__].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", "--pair", dest="preset", default="tiny", choices=PAIRS, metavar="PAIR",
-                   help=f"the pair to benchmark: {' | '.join(PAIRS)} (--pair is the same option) [default: %(default)s]")
+    p = subparsers.add_parser(
+        "bench",
+        help="side-by-side speed benchmark: methods interleaved, medians and ratios",
+        description=sys.modules[__package__].__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--preset",
+        "--pair",
+        dest="preset",
+        default="tiny",
+        choices=PAIRS,
+        metavar="PAIR",
+        help=f"the pair to benchmark: {' | '.join(PAIRS)} (--pair is the same option) [default: %(default)s]",
+    )
     p.add_argument("--drafter", default=None, help="drafter checkpoint directory (pair 'dirs')")
     p.add_argument("--verifier", default=None, help="verifier checkpoint directory (pair 'dirs')")
-    p.add_argument("--variants", default=";".join(DEFAULT_VARIANTS),
-                   help=f"the main comparison's variants, {VARIANT_GRAMMAR} [default: %(default)s]")
+    p.add_argument(
+        "--variants", default=";".join(DEFAULT_VARIANTS), help=f"the main comparison's variants, {VARIANT_GRAMMAR} [default: %(default)s]"
+    )
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions [default: %(default)s]")
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds (every variant, 2 tokens) before timing [default: %(default)s]")
     p.add_argument("--cases", type=int, default=2, help="requests per cell (MiniVista held-out problems) [default: %(default)s]")
-    p.add_argument("--case-families", default="", help="MiniVista families the cases rotate through, e.g. figure,visual [default: all four]")
+    p.add_argument(
+        "--case-families", default="", help="MiniVista families the cases rotate through, e.g. figure,visual [default: all four]"
+    )
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request [default: %(default)s]")
     p.add_argument("--k", type=int, default=4, help="draft length K outside the K sweep [default: %(default)s]")
     p.add_argument("--trace-top", type=int, default=None, help="trace top-k per token [library default]")
-    p.add_argument("--lengths", default="256,1024,4096",
-                   help="compressed-view lengths of the length sweep; the first is also the synthetic context ('' skips) [default: %(default)s]")
-    p.add_argument("--length-variants", default="floor;asymspec", help=f"the length sweep's variants, {VARIANT_GRAMMAR} [default: %(default)s]")
+    p.add_argument(
+        "--lengths",
+        default="256,1024,4096",
+        help="compressed-view lengths of the length sweep; the first is also the synthetic context ('' skips) [default: %(default)s]",
+    )
+    p.add_argument(
+        "--length-variants", default="floor;asymspec", help=f"the length sweep's variants, {VARIANT_GRAMMAR} [default: %(default)s]"
+    )
     p.add_argument("--k-values", default="1,2,4,8", help="K sweep ('' skips) [default: %(default)s]")
     p.add_argument("--k-variants", default="asymspec", help=f"the K sweep's variants, {VARIANT_GRAMMAR} [default: %(default)s]")
-    p.add_argument("--scenarios", type=scenarios_arg, default="0.78:2.6,0.92:4.1",
-                   help="acceptance-rate:mean-accepted-length pairs for the projection [default: %(default)s]")
-    p.add_argument("--prefill", choices=["auto", "pipeline", "synthetic"], default="auto",
-                   help="pipeline: the real request path; synthetic: caches of random keys/values, decode cost only; "
-                        "auto: synthetic for real-shape pairs on CPU [default: %(default)s]")
+    p.add_argument(
+        "--scenarios",
+        type=scenarios_arg,
+        default="0.78:2.6,0.92:4.1",
+        help="acceptance-rate:mean-accepted-length pairs for the projection [default: %(default)s]",
+    )
+    p.add_argument(
+        "--prefill",
+        choices=["auto", "pipeline", "synthetic"],
+        default="auto",
+        help="pipeline: the real request path; synthetic: caches of random keys/values, decode cost only; "
+        "auto: synthetic for real-shape pairs on CPU [default: %(default)s]",
+    )
     p.add_argument("--image-tokens", type=int, default=None, help="synthetic prefill: image positions on the full stream")
-    p.add_argument("--ignore-eos", choices=["auto", "yes", "no"], default="auto",
-                   help="decode exactly --max-new-tokens tokens; auto: yes for random weights [default: %(default)s]")
+    p.add_argument(
+        "--ignore-eos",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="decode exactly --max-new-tokens tokens; auto: yes for random weights [default: %(default)s]",
+    )
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: cpu for the tiny pairs, else cuda when available)")
-    p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: fp32 for the tiny pairs, bf16 for real shapes, the pipeline's for dirs)")
-    p.add_argument("--plain-runs", choices=["auto", "yes", "no"], default="auto",
-                   help="tokens/s from separate un-instrumented runs; auto: yes on CUDA, where the timing clocks synchronize "
-                        "[default: %(default)s]")
+    p.add_argument(
+        "--dtype", default=None, help="bf16 | fp16 | fp32 (default: fp32 for the tiny pairs, bf16 for real shapes, the pipeline's for dirs)"
+    )
+    p.add_argument(
+        "--plain-runs",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="tokens/s from separate un-instrumented runs; auto: yes on CUDA, where the timing clocks synchronize [default: %(default)s]",
+    )
     p.add_argument("--no-probe", action="store_true", help="skip the probes (batching, loop alone)")
     p.add_argument("--loop-vocabs", default="", help="extra vocab sizes for the loop-alone probe, e.g. 151936")
     p.add_argument("--out", default="runs/bench", help="output folder for bench.json / bench.md / bench.png [default: %(default)s]")
     p.add_argument("--stem", default=None, help="output file stem [default: bench-<pair>]")
-    p.add_argument("--update-benchmarks", default=None, metavar="MD",
-                   help="also write the tables into this Markdown file, in the section named after --stem (else the pair)")
+    p.add_argument(
+        "--update-benchmarks",
+        default=None,
+        metavar="MD",
+        help="also write the tables into this Markdown file, in the section named after --stem (else the pair)",
+    )
     p.add_argument("--title", default=None, help="the Markdown section's title [default: Benchmark: <pair>]")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads during the bench [default: torch's]")
-    p.add_argument("--engine", choices=list(ENGINES), default="dynamic",
-                   help="stream engines: the pipeline's (dynamic) or the static-KV-cache ones, optionally with a compiled "
-                        "one-token decode (untested on GPU) [default: %(default)s]")
+    p.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="dynamic",
+        help="stream engines: the pipeline's (dynamic) or the static-KV-cache ones, optionally with a compiled "
+        "one-token decode (untested on GPU) [default: %(default)s]",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=bench_main)
     return p
@@ -95,13 +139,34 @@ def bench_main(args: argparse.Namespace) -> int:
 
     try:
         res = run_bench(
-            args.preset, drafter=args.drafter, verifier=args.verifier, variants=args.variants, reps=args.reps, warmup=args.warmup,
-            cases=args.cases, case_families=[f.strip() for f in args.case_families.split(",") if f.strip()] or None,
-            max_new_tokens=args.max_new_tokens, k=args.k, trace_top=args.trace_top, prompt_lengths=_ints(args.lengths),
-            length_variants=args.length_variants, k_values=_ints(args.k_values), k_variants=args.k_variants,
-            scenarios=args.scenarios, prefill=args.prefill, image_tokens=args.image_tokens, ignore_eos=_tri(args.ignore_eos),
-            device=args.device, dtype=args.dtype, plain_runs=_tri(args.plain_runs), probe_batching=not args.no_probe,
-            workdir=args.out, threads=args.threads, engine=args.engine, loop_vocabs=_ints(args.loop_vocabs), progress=not args.quiet,
+            args.preset,
+            drafter=args.drafter,
+            verifier=args.verifier,
+            variants=args.variants,
+            reps=args.reps,
+            warmup=args.warmup,
+            cases=args.cases,
+            case_families=[f.strip() for f in args.case_families.split(",") if f.strip()] or None,
+            max_new_tokens=args.max_new_tokens,
+            k=args.k,
+            trace_top=args.trace_top,
+            prompt_lengths=_ints(args.lengths),
+            length_variants=args.length_variants,
+            k_values=_ints(args.k_values),
+            k_variants=args.k_variants,
+            scenarios=args.scenarios,
+            prefill=args.prefill,
+            image_tokens=args.image_tokens,
+            ignore_eos=_tri(args.ignore_eos),
+            device=args.device,
+            dtype=args.dtype,
+            plain_runs=_tri(args.plain_runs),
+            probe_batching=not args.no_probe,
+            workdir=args.out,
+            threads=args.threads,
+            engine=args.engine,
+            loop_vocabs=_ints(args.loop_vocabs),
+            progress=not args.quiet,
         )
     except AsymSpecError as e:
         print(f"asymspec-mm bench: {e}", file=sys.stderr)

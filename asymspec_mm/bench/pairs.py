@@ -9,8 +9,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .settings import (FILLER, PAIRS, QWEN3_0_6B, QWEN3_32B, QWEN3_VL_2B, QWEN3_VL_2B_VISION, QWEN_VOCAB, REAL_IMAGE_SIDE,
-                       UNBOUNDED_CAPTION, log)
+from .settings import (
+    FILLER,
+    PAIRS,
+    QWEN3_0_6B,
+    QWEN3_32B,
+    QWEN3_VL_2B,
+    QWEN3_VL_2B_VISION,
+    QWEN_VOCAB,
+    REAL_IMAGE_SIDE,
+    UNBOUNDED_CAPTION,
+    log,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -67,15 +77,15 @@ def _random_model(cls: type, config: Any, dtype: torch.dtype, device: torch.devi
     return model.eval()
 
 
-def build_real_shape_pair(verifier_shape: str = "0.6b", device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                          image_side: int = REAL_IMAGE_SIDE):
+def build_real_shape_pair(
+    verifier_shape: str = "0.6b", device: str | torch.device = "cpu", dtype: torch.dtype | None = None, image_side: int = REAL_IMAGE_SIDE
+):
     """Random-weight models with the published shapes, built in memory: a Qwen3-VL-2B-shaped drafter and a
     Qwen3-0.6B-shaped (or 32B-shaped) verifier, vocabulary 151936, with the small Qwen-format tokenizer.
 
     Returns ``(drafter, processor, verifier, tokenizer)``.
     """
     import torch
-
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     from ..checkpoints import build_processor, build_tokenizer, drafter_config, verifier_config
@@ -103,11 +113,17 @@ def build_real_shape_pair(verifier_shape: str = "0.6b", device: str | torch.devi
     return drafter, proc, verifier, tok
 
 
-def load_pair(pair: str = "tiny", *, drafter: str | None = None, verifier: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None, workdir: str | Path | None = None) -> BenchPair:
+def load_pair(
+    pair: str = "tiny",
+    *,
+    drafter: str | None = None,
+    verifier: str | None = None,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    workdir: str | Path | None = None,
+) -> BenchPair:
     """Load (or build) the pair to benchmark. ``tiny`` falls back to random tiny checkpoints when the bundled
     trained pair is missing, and records that in ``notes``."""
-    import torch
 
     from ..errors import UnknownOptionError
     from ..pipeline import AsymSpecPipeline, resolve_device
@@ -117,14 +133,27 @@ def load_pair(pair: str = "tiny", *, drafter: str | None = None, verifier: str |
         from ..presets import TINY_DIR
 
         if (TINY_DIR / "drafter").is_dir() and (TINY_DIR / "verifier").is_dir():
-            pipe = AsymSpecPipeline.from_pretrained(TINY_DIR / "drafter", TINY_DIR / "verifier", device=device or "cpu",
-                                                    dtype=dtype or "fp32", ocr="none", local_files_only=True)
+            pipe = AsymSpecPipeline.from_pretrained(
+                TINY_DIR / "drafter",
+                TINY_DIR / "verifier",
+                device=device or "cpu",
+                dtype=dtype or "fp32",
+                ocr="none",
+                local_files_only=True,
+            )
             return BenchPair(pipe, "tiny", "bundled trained tiny pair (asymspec_mm/presets_data/tiny)", trained=True)
         d_dir, v_dir = _build_random_tiny(workdir / "ckpt-random-tiny")
         pipe = AsymSpecPipeline.from_pretrained(d_dir, v_dir, device=device or "cpu", dtype=dtype or "fp32", ocr="none")
-        return BenchPair(pipe, "tiny (fallback: random-tiny)", "random tiny checkpoints (correlated drafter/verifier)", trained=False,
-                         notes=[f"the bundled tiny pair is missing from {TINY_DIR}: FELL BACK to random tiny checkpoints "
-                                "(random weights: acceptance statistics and AsymSpec/SD tokens/s carry no meaning)"])
+        return BenchPair(
+            pipe,
+            "tiny (fallback: random-tiny)",
+            "random tiny checkpoints (correlated drafter/verifier)",
+            trained=False,
+            notes=[
+                f"the bundled tiny pair is missing from {TINY_DIR}: FELL BACK to random tiny checkpoints "
+                "(random weights: acceptance statistics and AsymSpec/SD tokens/s carry no meaning)"
+            ],
+        )
     if pair == "random-tiny":
         d_dir, v_dir = _build_random_tiny(workdir / "ckpt-random-tiny")
         pipe = AsymSpecPipeline.from_pretrained(d_dir, v_dir, device=device or "cpu", dtype=dtype or "fp32", ocr="none")
@@ -139,14 +168,25 @@ def load_pair(pair: str = "tiny", *, drafter: str | None = None, verifier: str |
         v_desc = "Qwen3-0.6B-shaped verifier stand-in" if shape == "0.6b" else "Qwen3-32B-shaped verifier"
         n_d = sum(p.numel() for p in d_model.parameters()) / 1e9
         n_v = sum(p.numel() for p in v_model.parameters()) / 1e9
-        return BenchPair(pipe, pair, f"RANDOM weights, published shapes: Qwen3-VL-2B-shaped drafter ({n_d:.2f}B) + {v_desc} ({n_v:.2f}B), "
-                         f"vocab {QWEN_VOCAB}, {str(dt).replace('torch.', '')}", trained=False, image_side=REAL_IMAGE_SIDE)
+        return BenchPair(
+            pipe,
+            pair,
+            f"RANDOM weights, published shapes: Qwen3-VL-2B-shaped drafter ({n_d:.2f}B) + {v_desc} ({n_v:.2f}B), "
+            f"vocab {QWEN_VOCAB}, {str(dt).replace('torch.', '')}",
+            trained=False,
+            image_side=REAL_IMAGE_SIDE,
+        )
     if pair == "dirs":
         if not (drafter and verifier):
             raise UnknownOptionError("pair 'dirs' needs --drafter and --verifier checkpoint directories")
         pipe = AsymSpecPipeline.from_pretrained(drafter, verifier, device=device, dtype=dtype, ocr="none")
-        return BenchPair(pipe, "dirs", f"{drafter} + {verifier}", trained=True,
-                         notes=["checkpoints given by path: assumed trained (acceptance statistics reported as measured)"])
+        return BenchPair(
+            pipe,
+            "dirs",
+            f"{drafter} + {verifier}",
+            trained=True,
+            notes=["checkpoints given by path: assumed trained (acceptance statistics reported as measured)"],
+        )
     raise UnknownOptionError(f"unknown bench pair {pair!r}; choose one of {', '.join(PAIRS)}")
 
 
@@ -207,8 +247,15 @@ def fits_context(bp: BenchPair, length: int, cfg: AsymSpecConfig, synthetic: boo
         return length + image_tokens + need <= context_limit(bp.pipe)
     case = bench_cases(1, bp.image_side)[0]
     try:
-        bp.pipe.prepare(case["image"], case["question"], caption=pad_caption(bp.pipe, case, length), ocr=case["ocr"],
-                        method="asymspec", config=cfg, max_caption_chars=UNBOUNDED_CAPTION)
+        bp.pipe.prepare(
+            case["image"],
+            case["question"],
+            caption=pad_caption(bp.pipe, case, length),
+            ocr=case["ocr"],
+            method="asymspec",
+            config=cfg,
+            max_caption_chars=UNBOUNDED_CAPTION,
+        )
     except ContextOverflowError:
         return False
     return True
@@ -216,9 +263,9 @@ def fits_context(bp: BenchPair, length: int, cfg: AsymSpecConfig, synthetic: boo
 
 def context_limit(pipe: Any) -> int:
     """The smallest context window of the pair's models (a large number when neither states one)."""
-    lim = [getattr(pipe.verifier.config, "max_position_embeddings", None),
-           getattr(pipe.drafter.config.get_text_config(), "max_position_embeddings", None)]
+    lim = [
+        getattr(pipe.verifier.config, "max_position_embeddings", None),
+        getattr(pipe.drafter.config.get_text_config(), "max_position_embeddings", None),
+    ]
     lim = [x for x in lim if x]
     return min(lim) if lim else 1 << 30
-
-

@@ -38,7 +38,7 @@ def _probe_batching(bp: BenchPair, k: int, length: int, reps: int, clock: Clock)
     e.truncate(base)
     sep, bat = [], []
     for r in range(reps):
-        for mode in (("sep", "bat") if r % 2 == 0 else ("bat", "sep")):
+        for mode in ("sep", "bat") if r % 2 == 0 else ("bat", "sep"):
             t0 = clock.now()
             if mode == "sep":
                 e.extend(tok[:1])
@@ -49,9 +49,16 @@ def _probe_batching(bp: BenchPair, k: int, length: int, reps: int, clock: Clock)
             e.truncate(base)
             (sep if mode == "sep" else bat).append(dt)
     s, b = median(sep), median(bat)
-    return {"context": length, "k": k, "separate_s": s, "batched_s": b, "saving_frac": (s - b) / s if s else None,
-            "separate_reps": sep, "batched_reps": bat,
-            "label": "one (K+2)-token forward vs a 1-token + a (K+1)-token forward of the drafter (upper bound of a two-stream batch)"}
+    return {
+        "context": length,
+        "k": k,
+        "separate_s": s,
+        "batched_s": b,
+        "saving_frac": (s - b) / s if s else None,
+        "separate_reps": sep,
+        "batched_reps": bat,
+        "label": "one (K+2)-token forward vs a 1-token + a (K+1)-token forward of the drafter (upper bound of a two-stream batch)",
+    }
 
 
 class _FakeEngine:
@@ -76,14 +83,15 @@ class _FakeEngine:
         self._len += n
         self.tokens_forwarded += n
         self.forward_calls += 1
-        return self.pool[self._at:self._at + n]
+        return self.pool[self._at : self._at + n]
 
     def truncate(self, length: int) -> None:
         self._len = min(self._len, length)
 
 
-def probe_loop(vocab: int, k: int, steps: int, reps: int, dtype: torch.dtype, device: torch.device, clock: Clock,
-               trace_top: int | None = None) -> dict[str, Any]:
+def probe_loop(
+    vocab: int, k: int, steps: int, reps: int, dtype: torch.dtype, device: torch.device, clock: Clock, trace_top: int | None = None
+) -> dict[str, Any]:
     """Host cost of one AsymSpec step with the models taken out: the three streams are zero-cost fakes returning
     precomputed ``[n, vocab]`` logits, so what remains is the loop itself (gate, trace, packing, transfers,
     events, truncation). Median per-step time over ``reps`` runs of ``steps`` steps."""
@@ -108,6 +116,13 @@ def probe_loop(vocab: int, k: int, steps: int, reps: int, dtype: torch.dtype, de
         for _ in range(steps):
             next(it)
         per.append((clock.now() - t0) / steps)
-    return {"vocab": vocab, "k": k, "steps": steps, "dtype": str(dtype).replace("torch.", ""), "trace_top": cfg.trace_top,
-            "step_s": median(per), "reps_s": per,
-            "label": "AsymSpec loop with zero-cost fake engines (models removed): host cost per step"}
+    return {
+        "vocab": vocab,
+        "k": k,
+        "steps": steps,
+        "dtype": str(dtype).replace("torch.", ""),
+        "trace_top": cfg.trace_top,
+        "step_s": median(per),
+        "reps_s": per,
+        "label": "AsymSpec loop with zero-cost fake engines (models removed): host cost per step",
+    }

@@ -23,22 +23,26 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
     m = res["meta"]
     trained = m["trained"]
     lines = [f"## {title or 'Benchmark: ' + m['pair']}", ""]
-    lines += [f"- pair: **{m['pair']}**: {m['pair_description']}",
-              f"- device: {m['device']} ({m['device_name']}), dtype {m['dtype']}, {m['threads']} torch threads, "
-              f"torch {m['torch']}, transformers {m['transformers']}",
-              f"- settings: K={m['k']}, max_new_tokens={m['max_new_tokens']}, {m['reps']} interleaved repetitions "
-              f"(+{m['warmup']} warm-up), {m['cases']} request(s) per cell ({'/'.join(m.get('case_families', []))}), prefill={m['prefill']}, trace_top={m['config']['trace_top']}",
-              f"- {m['date']}, bench wall {m.get('bench_wall_s', 0):.0f}s",
-              "- every number is a median over repetitions; a ratio is the median of per-repetition ratios of runs made side "
-              "by side (variant vs Floor in the same repetition)."]
+    lines += [
+        f"- pair: **{m['pair']}**: {m['pair_description']}",
+        f"- device: {m['device']} ({m['device_name']}), dtype {m['dtype']}, {m['threads']} torch threads, "
+        f"torch {m['torch']}, transformers {m['transformers']}",
+        f"- settings: K={m['k']}, max_new_tokens={m['max_new_tokens']}, {m['reps']} interleaved repetitions "
+        f"(+{m['warmup']} warm-up), {m['cases']} request(s) per cell ({'/'.join(m.get('case_families', []))}), prefill={m['prefill']}, trace_top={m['config']['trace_top']}",
+        f"- {m['date']}, bench wall {m.get('bench_wall_s', 0):.0f}s",
+        "- every number is a median over repetitions; a ratio is the median of per-repetition ratios of runs made side "
+        "by side (variant vs Floor in the same repetition).",
+    ]
     for n in res.get("notes", []):
         lines.append(f"- **note:** {n}")
     lines.append("")
     main = res.get("main", {}).get("variants", {})
     if main:
         lines += ["### Throughput and acceptance", ""]
-        lines.append("| variant | tokens/s (median) | ratio to Floor | MAL (tok/step) | accept rate | accepted per position | "
-                     "fwd tokens / emitted token (full, comp, ver) | vision tower calls |")
+        lines.append(
+            "| variant | tokens/s (median) | ratio to Floor | MAL (tok/step) | accept rate | accepted per position | "
+            "fwd tokens / emitted token (full, comp, ver) | vision tower calls |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|")
         for name, s in main.items():
             meaningless = (not trained) and s["method"] in ("asymspec", "sd")
@@ -47,49 +51,75 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
             fwd = s["forwarded_per_token"]
             fwd_s = ", ".join(_f(fwd.get(st), "{:.2f}") for st in STREAMS)
             app = "/".join(_f(x, "{:.2f}") for x in s["accepted_per_position_rate"]) or "–"
-            lines.append(f"| {name} | {tps} | {ratio} | {_f(s['mean_accepted_length'])} | {_f(s['acceptance_rate'])} | {app} | {fwd_s} | "
-                         f"{s['vision_calls']} tower / {s['vision_cache_hits']} cached / {s['requests']} req |")
+            lines.append(
+                f"| {name} | {tps} | {ratio} | {_f(s['mean_accepted_length'])} | {_f(s['acceptance_rate'])} | {app} | {fwd_s} | "
+                f"{s['vision_calls']} tower / {s['vision_cache_hits']} cached / {s['requests']} req |"
+            )
         if not trained:
             lines.append("\n\\* random weights: acceptance (hence AsymSpec/SD tokens/s) is not meaningful; see the projection.")
         lines.append("")
         lines += ["### Per-step time split (instrumented runs)", ""]
-        lines.append("| variant | step (ms, median) | " + " | ".join(SPLIT_LABELS[k2] for k2 in SPLIT_KEYS) + " | host overhead (gate+trace+rest) |")
+        lines.append(
+            "| variant | step (ms, median) | " + " | ".join(SPLIT_LABELS[k2] for k2 in SPLIT_KEYS) + " | host overhead (gate+trace+rest) |"
+        )
         lines.append("|---|---|" + "---|" * (len(SPLIT_KEYS) + 1))
         for name, s in main.items():
             if "split_frac" not in s:
                 continue
             cells = [f"{_f(s['split_step_s'][k2], '{:.1f}', 1e3)} ({_f(s['split_frac'][k2], '{:.1f}%', 100)})" for k2 in SPLIT_KEYS]
-            lines.append(f"| {name} | {_f(s['loop_step_s'], '{:.1f}', 1e3)} | " + " | ".join(cells) + f" | {_f(s['host_overhead_frac'], '{:.1f}%', 100)} |")
+            lines.append(
+                f"| {name} | {_f(s['loop_step_s'], '{:.1f}', 1e3)} | "
+                + " | ".join(cells)
+                + f" | {_f(s['host_overhead_frac'], '{:.1f}%', 100)} |"
+            )
         lines.append("")
     costs = res.get("call_costs", {})
     if costs:
-        lines += ["### Per-call forward costs (decode phase, AsymSpec and SD runs)", "", "| stream | tokens per call | median ms | calls |", "|---|---|---|---|"]
+        lines += [
+            "### Per-call forward costs (decode phase, AsymSpec and SD runs)",
+            "",
+            "| stream | tokens per call | median ms | calls |",
+            "|---|---|---|---|",
+        ]
         for st, d in costs.items():
             for n, c in d.items():
                 lines.append(f"| {st} | {n} | {_f(c['median_s'], '{:.1f}', 1e3)} | {c['calls']} |")
         lines.append("")
     proj = res.get("projection", {})
     if proj.get("scenarios"):
-        lines += [f"### {proj['label']}", "",
-                  "AsymSpec step = (K - AR^K) x c(full, 1 tok) + AR^K x c(full, 2 tok) (d_K carried) + c(comp, K+1) + c(verifier, K+1) "
-                  "+ measured host overhead per step; "
-                  "tokens/s = MAL / step. Floor measured.", "",
-                  "| AR | MAL | P(all K accepted) | Floor tok/s (measured) | AsymSpec tok/s (projected) | ratio | SD tok/s (projected) | ratio |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {proj['label']}",
+            "",
+            "AsymSpec step = (K - AR^K) x c(full, 1 tok) + AR^K x c(full, 2 tok) (d_K carried) + c(comp, K+1) + c(verifier, K+1) "
+            "+ measured host overhead per step; "
+            "tokens/s = MAL / step. Floor measured.",
+            "",
+            "| AR | MAL | P(all K accepted) | Floor tok/s (measured) | AsymSpec tok/s (projected) | ratio | SD tok/s (projected) | ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in proj["scenarios"]:
-            lines.append(f"| {r['acceptance_rate']:.2f} | {r['mean_accepted_length']:.1f} | {r['full_accept_fraction']:.2f} | "
-                         f"{_f(r['floor_tokens_per_s'])} | {_f(r.get('asymspec_tokens_per_s'))} | {_f(r.get('asymspec_ratio_to_floor'), '{:.2f}x')} | "
-                         f"{_f(r.get('sd_tokens_per_s'))} | {_f(r.get('sd_ratio_to_floor'), '{:.2f}x')} |")
+            lines.append(
+                f"| {r['acceptance_rate']:.2f} | {r['mean_accepted_length']:.1f} | {r['full_accept_fraction']:.2f} | "
+                f"{_f(r['floor_tokens_per_s'])} | {_f(r.get('asymspec_tokens_per_s'))} | {_f(r.get('asymspec_ratio_to_floor'), '{:.2f}x')} | "
+                f"{_f(r.get('sd_tokens_per_s'))} | {_f(r.get('sd_ratio_to_floor'), '{:.2f}x')} |"
+            )
         if proj.get("model_check"):
             mc = proj["model_check"]
-            lines.append(f"\nModel check on this trained pair: measured AsymSpec {_f(mc['measured_tokens_per_s'])} tok/s, projected from "
-                         f"its own acceptance {_f(mc['projected_tokens_per_s'])} tok/s.")
+            lines.append(
+                f"\nModel check on this trained pair: measured AsymSpec {_f(mc['measured_tokens_per_s'])} tok/s, projected from "
+                f"its own acceptance {_f(mc['projected_tokens_per_s'])} tok/s."
+            )
         lines.append("")
     sl = res.get("scaling_length", {})
     if sl.get("by_length"):
-        lines += ["### Scaling with the compressed-view length", "",
-                  "| view tokens (target) | contexts (full/comp/ver) | " + " | ".join(f"{n} ms/token" for n in next(iter(sl["by_length"].values()))) +
-                  " | asymspec ms/step | asymspec ratio to Floor |", "|---|---|" + "---|" * (len(next(iter(sl["by_length"].values()))) + 2)]
+        lines += [
+            "### Scaling with the compressed-view length",
+            "",
+            "| view tokens (target) | contexts (full/comp/ver) | "
+            + " | ".join(f"{n} ms/token" for n in next(iter(sl["by_length"].values())))
+            + " | asymspec ms/step | asymspec ratio to Floor |",
+            "|---|---|" + "---|" * (len(next(iter(sl["by_length"].values()))) + 2),
+        ]
         for L, row in sl["by_length"].items():
             ctx = row.get("asymspec", row.get("floor", {})).get("context", {})
             ctx_s = "/".join(str(ctx.get(s, "–")) for s in STREAMS)
@@ -98,30 +128,48 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
             lines.append(f"| {L} | {ctx_s} | {cells} | {_f(a.get('step_s'), '{:.1f}', 1e3)} | {_f(a.get('ratio_to_floor'), '{:.2f}x')} |")
         if sl.get("growth"):
             g = sl["growth"]
-            lines.append("\nGrowth from the shortest to the longest view (per-token time): " +
-                         ", ".join(f"{n} {_f(v['token_s'], '{:.2f}x')}" for n, v in g.items()) +
-                         f"; AsymSpec growth / Floor growth = **{_f(sl.get('growth_ratio_asymspec_vs_floor'), '{:.2f}')}**"
-                         f" (per-step: {_f(sl.get('growth_ratio_asymspec_step_vs_floor'), '{:.2f}')}).")
+            lines.append(
+                "\nGrowth from the shortest to the longest view (per-token time): "
+                + ", ".join(f"{n} {_f(v['token_s'], '{:.2f}x')}" for n, v in g.items())
+                + f"; AsymSpec growth / Floor growth = **{_f(sl.get('growth_ratio_asymspec_vs_floor'), '{:.2f}')}**"
+                f" (per-step: {_f(sl.get('growth_ratio_asymspec_step_vs_floor'), '{:.2f}')})."
+            )
         if sl.get("skipped"):
             lines.append(f"\nSkipped lengths {sl['skipped']}: beyond the models' context window ({sl['context_limit']}).")
         lines.append("")
     sk = res.get("scaling_k", {})
     if sk.get("by_k"):
-        lines += ["### Scaling with K", "", "| variant | tokens/s | ratio to Floor | MAL | accept rate | step ms |", "|---|---|---|---|---|---|"]
+        lines += [
+            "### Scaling with K",
+            "",
+            "| variant | tokens/s | ratio to Floor | MAL | accept rate | step ms |",
+            "|---|---|---|---|---|---|",
+        ]
         for label, s in sk["by_k"].items():
-            lines.append(f"| {label} | {_f(s['tokens_per_s'])} | {_f(s['ratio_to_floor'], '{:.2f}x')} | {_f(s['mean_accepted_length'])} | "
-                         f"{_f(s['acceptance_rate'])} | {_f(s['step_s'], '{:.1f}', 1e3)} |")
+            lines.append(
+                f"| {label} | {_f(s['tokens_per_s'])} | {_f(s['ratio_to_floor'], '{:.2f}x')} | {_f(s['mean_accepted_length'])} | "
+                f"{_f(s['acceptance_rate'])} | {_f(s['step_s'], '{:.1f}', 1e3)} |"
+            )
         lines.append("")
     pb = res.get("probes", {}).get("batching")
     if pb:
-        lines += ["### Probe: batching the drafter's two streams in one forward", "",
-                  f"{pb['label']}, context {pb['context']}: separate {_f(pb['separate_s'], '{:.1f}', 1e3)} ms, one forward "
-                  f"{_f(pb['batched_s'], '{:.1f}', 1e3)} ms, saving **{_f(pb['saving_frac'], '{:.0f}%', 100)}** of those two forwards.", ""]
+        lines += [
+            "### Probe: batching the drafter's two streams in one forward",
+            "",
+            f"{pb['label']}, context {pb['context']}: separate {_f(pb['separate_s'], '{:.1f}', 1e3)} ms, one forward "
+            f"{_f(pb['batched_s'], '{:.1f}', 1e3)} ms, saving **{_f(pb['saving_frac'], '{:.0f}%', 100)}** of those two forwards.",
+            "",
+        ]
     probes_loop = res.get("probes", {}).get("loop") or []
     if probes_loop:
-        lines += ["### Probe: the loop alone (models replaced by zero-cost fakes)", "",
-                  f"{probes_loop[0]['label']}; K={probes_loop[0]['k']}, trace_top={probes_loop[0]['trace_top']}; medians over reps.", "",
-                  "| vocab | dtype | ms/step |", "|---|---|---|"]
+        lines += [
+            "### Probe: the loop alone (models replaced by zero-cost fakes)",
+            "",
+            f"{probes_loop[0]['label']}; K={probes_loop[0]['k']}, trace_top={probes_loop[0]['trace_top']}; medians over reps.",
+            "",
+            "| vocab | dtype | ms/step |",
+            "|---|---|---|",
+        ]
         for pl in probes_loop:
             lines.append(f"| {pl['vocab']} | {pl['dtype']} | {_f(pl['step_s'], '{:.2f}', 1e3)} |")
         lines.append("")
@@ -129,15 +177,20 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
     if tg:
         lines += ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
         for t in tg:
-            meas = _f(t["measured"], "{:.2f}x") if t["target"] == "tiny_speedup" else (
-                _f(t["measured"], "{:.2f}") if t["target"] == "length_growth" else _f(t["measured"], "{:.2f}%", 100))
+            meas = (
+                _f(t["measured"], "{:.2f}x")
+                if t["target"] == "tiny_speedup"
+                else (_f(t["measured"], "{:.2f}") if t["target"] == "length_growth" else _f(t["measured"], "{:.2f}%", 100))
+            )
             lines.append(f"| {t['text']} | {meas} | {'yes' if t['met'] else '**no**'}{(' (' + t['note'] + ')') if t.get('note') else ''} |")
         lines.append("")
     ch = res.get("checks")
     if ch:
-        lines.append(f"Bookkeeping checks over {ch['runs']} runs: forwarded counts {'ok' if ch['forwarded_ok'] else 'MISMATCH'}, "
-                     f"token bounds {'ok' if ch['tokens_ok'] else 'MISMATCH'}, split sums to the step time within "
-                     f"{ch['split_sum_max_rel_err'] * 100:.2f}%.")
+        lines.append(
+            f"Bookkeeping checks over {ch['runs']} runs: forwarded counts {'ok' if ch['forwarded_ok'] else 'MISMATCH'}, "
+            f"token bounds {'ok' if ch['tokens_ok'] else 'MISMATCH'}, split sums to the step time within "
+            f"{ch['split_sum_max_rel_err'] * 100:.2f}%."
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -163,7 +216,14 @@ def render_chart(res: dict[str, Any], path: str | Path) -> Path:
     ax1.invert_yaxis()
     split_names = [n for n in names if "split_frac" in main[n]]
     left = [0.0] * len(split_names)
-    colors = {"drafter_full": "#4c72b0", "drafter_comp": "#55a868", "verifier": "#c44e52", "gate": "#8172b2", "trace": "#ccb974", "other": "#999"}
+    colors = {
+        "drafter_full": "#4c72b0",
+        "drafter_comp": "#55a868",
+        "verifier": "#c44e52",
+        "gate": "#8172b2",
+        "trace": "#ccb974",
+        "other": "#999",
+    }
     for key in SPLIT_KEYS:
         vals = [main[n]["split_frac"][key] * 100 for n in split_names]
         ax2.barh(split_names, vals, left=left, color=colors[key], label=SPLIT_LABELS[key])
@@ -236,4 +296,3 @@ def update_section(path: str | Path, key: str, markdown: str, header: str = "# B
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
     return path
-

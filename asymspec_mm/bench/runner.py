@@ -49,15 +49,15 @@ def engine_factory(engine: str, headroom: int, device: torch.device) -> EngineFa
         return None
     if engine not in ENGINES:
         raise UnknownOptionError(f"engine={engine!r}; choose one of {', '.join(ENGINES)}")
-    return StaticEngines(headroom=headroom, compile_decode=engine == "static-compile",
-                         compile_mode="reduce-overhead" if device.type == "cuda" else "default")
+    return StaticEngines(
+        headroom=headroom, compile_decode=engine == "static-compile", compile_mode="reduce-overhead" if device.type == "cuda" else "default"
+    )
 
 
 def synthetic_prefill(engine: Engine, length: int, seed: int = 0) -> None:
     """Fill ``engine``'s cache with ``length`` random key/value positions (nothing forwarded): a context of that
     length for decode-cost measurements without paying its prefill."""
     import torch
-
     from transformers import DynamicCache
 
     cfg = engine.model.config
@@ -79,7 +79,11 @@ def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int,
     """Decode-phase tokens each stream must forward under the loop's rules (see asymspec_mm.decode.streams): d_K of
     every step with K acceptances is forwarded once, in that step or the next, except a last one left pending."""
     if method == "asymspec":
-        return {"drafter_full": steps * k + full_accept_steps - deferred_at_end, "drafter_comp": steps * (k + 1), "verifier": steps * (k + 1)}
+        return {
+            "drafter_full": steps * k + full_accept_steps - deferred_at_end,
+            "drafter_comp": steps * (k + 1),
+            "verifier": steps * (k + 1),
+        }
     if method == "sd":
         return {"drafter_comp": steps * k + full_accept_steps - deferred_at_end, "verifier": steps * (k + 1)}
     if method == "floor":
@@ -99,8 +103,12 @@ def check_run(run: dict[str, Any]) -> dict[str, Any]:
     accepted_k = sum(app) if spec else 0
     tokens_ok = (accepted_k + steps - (k + 1 if spec else 1) < run["new_tokens"] <= accepted_k + steps) if steps else run["new_tokens"] == 0
     monotone = all(app[i] >= app[i + 1] for i in range(len(app) - 1))
-    checks: dict[str, Any] = {"forwarded_ok": forwarded_ok, "expected_forwarded": expected, "tokens_ok": tokens_ok,
-                              "per_position_monotone": monotone}
+    checks: dict[str, Any] = {
+        "forwarded_ok": forwarded_ok,
+        "expected_forwarded": expected,
+        "tokens_ok": tokens_ok,
+        "per_position_monotone": monotone,
+    }
     if run.get("split"):
         total = sum(run["split"].values())
         checks["split_sum_rel_err"] = abs(total - run["decode_s"]) / run["decode_s"] if run["decode_s"] > 0 else 0.0
@@ -124,8 +132,17 @@ class Runner:
         self.image_tokens = image_tokens
         self.clock = Clock(sync=sync)
 
-    def run(self, variant: Variant, cfg: AsymSpecConfig, *, case: dict | None = None, caption: str | None = None,
-            length: int | None = None, instrument: bool = True, synthetic: bool = False) -> dict[str, Any]:
+    def run(
+        self,
+        variant: Variant,
+        cfg: AsymSpecConfig,
+        *,
+        case: dict | None = None,
+        caption: str | None = None,
+        length: int | None = None,
+        instrument: bool = True,
+        synthetic: bool = False,
+    ) -> dict[str, Any]:
         """One request of ``variant`` at ``cfg``: ``case`` (``caption`` in place of its own, budget lifted) or,
         ``synthetic``, caches of ``length`` positions; ``instrument``: time every call and the gate/trace."""
         ledger = Ledger() if instrument else None
@@ -150,9 +167,17 @@ class Runner:
     # -- the request path: compress, prompts, vision cache, prefill, loop -----------------------
     def _run_pipeline(self, variant: Variant, cfg: AsymSpecConfig, case: dict, caption: str | None, ledger: Ledger | None):
         pipe = self.pipe
-        session = pipe.prepare(case["image"], case["question"], caption=caption if caption is not None else case["caption"],
-                               ocr=case["ocr"], method=variant.method, config=cfg, engines=self.engines,
-                               ignore_eos=self.ignore_eos, max_caption_chars=UNBOUNDED_CAPTION if caption is not None else None)
+        session = pipe.prepare(
+            case["image"],
+            case["question"],
+            caption=caption if caption is not None else case["caption"],
+            ocr=case["ocr"],
+            method=variant.method,
+            config=cfg,
+            engines=self.engines,
+            ignore_eos=self.ignore_eos,
+            max_caption_chars=UNBOUNDED_CAPTION if caption is not None else None,
+        )
         contexts, prefill_calls = self._take_over(session.streams, ledger)
         t_ready = self.clock.now()
         stream = pipe.run(session, timer=self._timer(ledger))
@@ -178,8 +203,9 @@ class Runner:
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
         contexts, prefill_calls = self._take_over(streams, ledger)
         counters = Counters(cfg.k, streams)
-        steps = steps_for(variant.method, streams, pending, cfg, set() if self.ignore_eos else pipe.eos_ids, counters=counters,
-                          timer=self._timer(ledger))
+        steps = steps_for(
+            variant.method, streams, pending, cfg, set() if self.ignore_eos else pipe.eos_ids, counters=counters, timer=self._timer(ledger)
+        )
         t_ready = self.clock.now()
         for _ in steps:
             pass
@@ -188,8 +214,18 @@ class Runner:
         stats.update(vision_calls=0, prefill_s=0.0)
         return stats, loop_s, contexts, prefill_calls
 
-    def _record(self, variant: Variant, cfg: AsymSpecConfig, stats: dict[str, Any], loop_s: float, contexts: dict[str, int],
-                prefill_calls: dict[str, int], ledger: Ledger | None, case: dict | None, synthetic: bool) -> dict[str, Any]:
+    def _record(
+        self,
+        variant: Variant,
+        cfg: AsymSpecConfig,
+        stats: dict[str, Any],
+        loop_s: float,
+        contexts: dict[str, int],
+        prefill_calls: dict[str, int],
+        ledger: Ledger | None,
+        case: dict | None,
+        synthetic: bool,
+    ) -> dict[str, Any]:
         """The run as the bench keeps it: counts, times, the split (instrumented) and its checks."""
         prefill = stats.get("prefill_tokens", {})
         decode_fwd = {s: n - prefill.get(s, 0) for s, n in stats["tokens_forwarded"].items()}
@@ -231,4 +267,3 @@ class Runner:
             run["extend_costs"] = {s: {str(n): ts for n, ts in d.items()} for s, d in ledger.extend_costs().items()}
         run["checks"] = check_run(run)
         return run
-

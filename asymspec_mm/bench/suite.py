@@ -98,11 +98,33 @@ def run_bench(
         runner = Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda", engines=engines)
         base_len = prompt_lengths[0] if prompt_lengths else 256
         cells = Cells(runner, bench_cases(cases, bp.image_side, case_families), synthetic, plain_runs, base_len)
-        notes = _notes(bp, synthetic=synthetic, base_len=base_len, image_tokens=image_tokens, ignore_eos=ignore_eos,
-                       engine=engine, plain_runs=plain_runs)
-        result: dict[str, Any] = {"meta": _meta(bp, dev, prefill, reps, warmup, cases if not synthetic else 1, max_new_tokens, k,
-                                                base_cfg, ignore_eos, plain_runs, image_tokens,
-                                                None if synthetic else case_families), "notes": notes}
+        notes = _notes(
+            bp,
+            synthetic=synthetic,
+            base_len=base_len,
+            image_tokens=image_tokens,
+            ignore_eos=ignore_eos,
+            engine=engine,
+            plain_runs=plain_runs,
+        )
+        result: dict[str, Any] = {
+            "meta": _meta(
+                bp,
+                dev,
+                prefill,
+                reps,
+                warmup,
+                cases if not synthetic else 1,
+                max_new_tokens,
+                k,
+                base_cfg,
+                ignore_eos,
+                plain_runs,
+                image_tokens,
+                None if synthetic else case_families,
+            ),
+            "notes": notes,
+        }
         result["meta"]["engine"] = engine
         result.update(_main_comparison(cells, vs, base_cfg, reps, warmup, say))
         result["projection"] = projection(result["main"]["variants"], result["call_costs"], k, scenarios, trained=bp.trained)
@@ -147,8 +169,16 @@ class Cells:
     plain_runs: bool
     base_len: int
 
-    def one(self, v: Variant, cfg: AsymSpecConfig, *, case: dict | None = None, caption: str | None = None,
-            length: int | None = None, instrument: bool = True) -> dict[str, Any]:
+    def one(
+        self,
+        v: Variant,
+        cfg: AsymSpecConfig,
+        *,
+        case: dict | None = None,
+        caption: str | None = None,
+        length: int | None = None,
+        instrument: bool = True,
+    ) -> dict[str, Any]:
         """One request: ``case`` (with ``caption`` in place of its own) or, synthetic, a context of ``length``."""
         if self.synthetic:
             return self.runner.run(v, cfg, length=length or self.base_len, instrument=instrument, synthetic=True)
@@ -157,7 +187,7 @@ class Cells:
     def cell(self, v: Variant, cfg: AsymSpecConfig, *, length: int | None = None, padded: bool = False) -> list[dict[str, Any]]:
         """All cases of one variant in one repetition; ``padded``: captions padded to a view of ``length`` tokens."""
         out = []
-        for case in (self.inputs if not self.synthetic else self.inputs[:1]):
+        for case in self.inputs if not self.synthetic else self.inputs[:1]:
             caption = pad_caption(self.runner.pipe, case, length) if (padded and length and not self.synthetic) else None
             if self.plain_runs:
                 plain = self.one(v, cfg, case=case, caption=caption, length=length, instrument=False)
@@ -171,23 +201,30 @@ class Cells:
         return out
 
 
-def _notes(bp: BenchPair, *, synthetic: bool, base_len: int, image_tokens: int, ignore_eos: bool, engine: str,
-           plain_runs: bool) -> list[str]:
+def _notes(
+    bp: BenchPair, *, synthetic: bool, base_len: int, image_tokens: int, ignore_eos: bool, engine: str, plain_runs: bool
+) -> list[str]:
     """What a reader must know to read the numbers (random weights, synthetic prefill, EOS, engines, timing)."""
     notes = list(bp.notes)
     if not bp.trained:
-        notes.append("RANDOM weights: acceptance rate, mean accepted length and the measured AsymSpec/SD tokens/s mean nothing; "
-                     "read the per-step costs and the PROJECTION (labelled) instead. Floor and drafter-alone tokens/s do not "
-                     "depend on acceptance and are measured.")
+        notes.append(
+            "RANDOM weights: acceptance rate, mean accepted length and the measured AsymSpec/SD tokens/s mean nothing; "
+            "read the per-step costs and the PROJECTION (labelled) instead. Floor and drafter-alone tokens/s do not "
+            "depend on acceptance and are measured."
+        )
     if synthetic:
-        notes.append(f"SYNTHETIC prefill: caches filled with random keys/values ({base_len} tokens of compressed view, "
-                     f"+{image_tokens} image positions on the drafter's full stream); no prompt is forwarded, the vision "
-                     "tower is not run (vision calls 0). Decode costs at that context length are real.")
+        notes.append(
+            f"SYNTHETIC prefill: caches filled with random keys/values ({base_len} tokens of compressed view, "
+            f"+{image_tokens} image positions on the drafter's full stream); no prompt is forwarded, the vision "
+            "tower is not run (vision calls 0). Decode costs at that context length are real."
+        )
     if ignore_eos:
         notes.append("EOS ignored: every request decodes exactly max_new_tokens tokens.")
     if engine != "dynamic":
-        notes.append(f"engines: {engine} (opt-in static KV caches{' + compiled one-token decode' if 'compile' in engine else ''}; "
-                     "UNTESTED ON GPU unless this run is on one).")
+        notes.append(
+            f"engines: {engine} (opt-in static KV caches{' + compiled one-token decode' if 'compile' in engine else ''}; "
+            "UNTESTED ON GPU unless this run is on one)."
+        )
     if plain_runs:
         notes.append("tokens/s from un-instrumented runs; the split from separate instrumented runs (synchronizing clocks).")
     else:
@@ -195,8 +232,7 @@ def _notes(bp: BenchPair, *, synthetic: bool, base_len: int, image_tokens: int, 
     return notes
 
 
-def _main_comparison(cells: Cells, vs: list[Variant], base_cfg: AsymSpecConfig, reps: int, warmup: int,
-                     say: Say) -> dict[str, Any]:
+def _main_comparison(cells: Cells, vs: list[Variant], base_cfg: AsymSpecConfig, reps: int, warmup: int, say: Say) -> dict[str, Any]:
     """Every variant at the base context, interleaved: the ``main`` section, per-call costs and the checks."""
     for w in range(warmup):
         say(f"warm-up {w + 1}/{warmup}")
@@ -215,14 +251,28 @@ def _main_comparison(cells: Cells, vs: list[Variant], base_cfg: AsymSpecConfig, 
             per_rep[v.name].append(rep_summary(runs))
             say(f"rep {r + 1}/{reps} {v.name}: {per_rep[v.name][-1]['tokens_per_s']:.2f} tok/s ({time.perf_counter() - t0:.1f}s)")
     all_runs = [run for runs in runs_by.values() for run in runs]
-    return {"main": {"variants": summarize(per_rep, runs_by), "per_rep": per_rep, "runs": all_runs,
-                     "context": cells.base_len if cells.synthetic else "natural"},
-            "call_costs": call_costs([run for run in all_runs if run["method"] in ("asymspec", "sd")]),
-            "checks": collect_checks(all_runs)}
+    return {
+        "main": {
+            "variants": summarize(per_rep, runs_by),
+            "per_rep": per_rep,
+            "runs": all_runs,
+            "context": cells.base_len if cells.synthetic else "natural",
+        },
+        "call_costs": call_costs([run for run in all_runs if run["method"] in ("asymspec", "sd")]),
+        "checks": collect_checks(all_runs),
+    }
 
 
-def _length_sweep(bp: BenchPair, cells: Cells, base_cfg: AsymSpecConfig, lengths: Sequence[int], names: str | Sequence[str],
-                  reps: int, image_tokens: int, say: Say) -> dict[str, Any]:
+def _length_sweep(
+    bp: BenchPair,
+    cells: Cells,
+    base_cfg: AsymSpecConfig,
+    lengths: Sequence[int],
+    names: str | Sequence[str],
+    reps: int,
+    image_tokens: int,
+    say: Say,
+) -> dict[str, Any]:
     """Per-token time against the compressed view's length (captions padded; synthetic: caches of that length)."""
     if not lengths or not names:
         return {}
@@ -238,7 +288,9 @@ def _length_sweep(bp: BenchPair, cells: Cells, base_cfg: AsymSpecConfig, lengths
                 runs = cells.cell(v, v.apply(base_cfg), length=L, padded=True)
                 runs_at[L][v.name].extend(runs)
                 rows[L][v.name].append(rep_summary(runs))
-            say(f"length sweep rep {r + 1}/{reps} L={L}: " + ", ".join(f"{n} {rows[L][n][-1]['token_s'] * 1e3:.1f} ms/tok" for n in rows[L]))
+            say(
+                f"length sweep rep {r + 1}/{reps} L={L}: " + ", ".join(f"{n} {rows[L][n][-1]['token_s'] * 1e3:.1f} ms/tok" for n in rows[L])
+            )
     out: dict[str, Any] = {"lengths": usable, "skipped": skipped, "context_limit": limit, "by_length": {}}
     for L in usable:
         out["by_length"][str(L)] = summarize(rows[L], runs_at[L])
@@ -247,8 +299,10 @@ def _length_sweep(bp: BenchPair, cells: Cells, base_cfg: AsymSpecConfig, lengths
         growth = {}
         for n in rows[usable[0]]:
             a, b = out["by_length"][lo][n], out["by_length"][hi][n]
-            growth[n] = {"token_s": b["token_s"] / a["token_s"] if a["token_s"] else None,
-                         "step_s": b["step_s"] / a["step_s"] if a["step_s"] else None}
+            growth[n] = {
+                "token_s": b["token_s"] / a["token_s"] if a["token_s"] else None,
+                "step_s": b["step_s"] / a["step_s"] if a["step_s"] else None,
+            }
         out["growth"] = growth
         if "floor" in growth and "asymspec" in growth and growth["floor"]["token_s"]:
             out["growth_ratio_asymspec_vs_floor"] = growth["asymspec"]["token_s"] / growth["floor"]["token_s"]
@@ -261,8 +315,9 @@ def k_label(name: str, k: int) -> str:
     return f"{name},k={k}" if "@" in name else f"{name}@k={k}"
 
 
-def _k_sweep(cells: Cells, base_cfg: AsymSpecConfig, k_values: Sequence[int], names: str | Sequence[str], reps: int,
-             say: Say) -> dict[str, Any]:
+def _k_sweep(
+    cells: Cells, base_cfg: AsymSpecConfig, k_values: Sequence[int], names: str | Sequence[str], reps: int, say: Say
+) -> dict[str, Any]:
     """Tokens/s against K, each variant at each K paired against Floor in the same repetition."""
     if not k_values or not names:
         return {}
@@ -283,8 +338,9 @@ def _k_sweep(cells: Cells, base_cfg: AsymSpecConfig, k_values: Sequence[int], na
     return {"k_values": list(k_values), "by_k": summarize(per, runs_by)}
 
 
-def _probes(bp: BenchPair, runner: Runner, k: int, context: int, reps: int, trace_top: int | None, loop_vocabs: Sequence[int],
-            say: Say) -> dict[str, Any]:
+def _probes(
+    bp: BenchPair, runner: Runner, k: int, context: int, reps: int, trace_top: int | None, loop_vocabs: Sequence[int], say: Say
+) -> dict[str, Any]:
     """The batching probe at ``context`` and the loop-alone probe at the pair's vocabulary (and ``loop_vocabs``, bf16)."""
     import torch
 
@@ -298,12 +354,23 @@ def _probes(bp: BenchPair, runner: Runner, k: int, context: int, reps: int, trac
     return out
 
 
-def _meta(bp: BenchPair, dev: torch.device, prefill: str, reps: int, warmup: int, cases: int, max_new: int, k: int,
-          cfg: AsymSpecConfig, ignore_eos: bool, plain_runs: bool, image_tokens: int,
-          case_families: Sequence[str] | None = None) -> dict[str, Any]:
+def _meta(
+    bp: BenchPair,
+    dev: torch.device,
+    prefill: str,
+    reps: int,
+    warmup: int,
+    cases: int,
+    max_new: int,
+    k: int,
+    cfg: AsymSpecConfig,
+    ignore_eos: bool,
+    plain_runs: bool,
+    image_tokens: int,
+    case_families: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The run's settings and environment, as the report's header shows them."""
     import torch
-
     import transformers
 
     from ..eval.minivista import FAMILIES
@@ -333,5 +400,3 @@ def _meta(bp: BenchPair, dev: torch.device, prefill: str, reps: int, warmup: int
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "timed_blocks": list(TIMER_BUCKETS),
     }
-
-

@@ -11,5 +11,20 @@ from .loops import Timer, asymspec_steps, greedy_steps, sd_steps, steps_for
 from .stats import Counters
 from .streams import Emitter, StopFn, Stream, draft_greedy
 
-__all__ = ["AsymSpecConfig", "BONUS_RULES", "Counters", "Emitter", "METHODS", "SOURCES", "StopFn", "Stream", "Timer",
-           "TokenEvent", "asymspec_steps", "draft_greedy", "greedy_steps", "sd_steps", "steps_for"]
+__all__ = [
+    "AsymSpecConfig",
+    "BONUS_RULES",
+    "Counters",
+    "Emitter",
+    "METHODS",
+    "SOURCES",
+    "StopFn",
+    "Stream",
+    "Timer",
+    "TokenEvent",
+    "asymspec_steps",
+    "draft_greedy",
+    "greedy_steps",
+    "sd_steps",
+    "steps_for",
+]

@@ -9,7 +9,7 @@ SOURCES: dict[str, str] = {
     "accepted": "a draft that passed the gate (SD: that matched the verifier's argmax)",
     "fused": "emitted at a rejection: argmax(t + beta * delta), the drafter's steer of the verifier",
     "bonus": "the verifier's own token after K acceptances (or, with bonus='gated', the drafter's a_{K+1} "
-             "through the gate, which is then 'accepted' or 'fused')",
+    "through the gate, which is then 'accepted' or 'fused')",
     "corrected": "symmetric SD only: the verifier's own token where it rejected a draft (no fusion)",
     "greedy": "a baseline's token (Floor, the drafter alone)",
 }

@@ -34,12 +34,34 @@ def no_timer(name: str) -> AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def make_event(step: int, i: int, token: int, source: str, p_verifier: float | None, p_base: float | None = None,
-           gamma_eff: float | None = None, jsd: float | None = None, verifier_argmax: int | None = None,
-           draft: int | None = None, tops: tuple[TopPairs, TopPairs] | None = None) -> TokenEvent:
-    ev = TokenEvent(index=0, token_id=token, text="", source=source, step=step, position=i + 1, p_verifier=p_verifier,
-                    p_base=p_base, gamma_eff=gamma_eff, jsd=jsd, verifier_argmax=verifier_argmax,
-                    steered=verifier_argmax is not None and token != verifier_argmax, draft_token=draft)
+def make_event(
+    step: int,
+    i: int,
+    token: int,
+    source: str,
+    p_verifier: float | None,
+    p_base: float | None = None,
+    gamma_eff: float | None = None,
+    jsd: float | None = None,
+    verifier_argmax: int | None = None,
+    draft: int | None = None,
+    tops: tuple[TopPairs, TopPairs] | None = None,
+) -> TokenEvent:
+    ev = TokenEvent(
+        index=0,
+        token_id=token,
+        text="",
+        source=source,
+        step=step,
+        position=i + 1,
+        p_verifier=p_verifier,
+        p_base=p_base,
+        gamma_eff=gamma_eff,
+        jsd=jsd,
+        verifier_argmax=verifier_argmax,
+        steered=verifier_argmax is not None and token != verifier_argmax,
+        draft_token=draft,
+    )
     if tops is not None:
         ev.top_verifier, ev.top_fused = tops
     return ev
@@ -52,10 +74,22 @@ def tops_at(tops: Tops, i: int) -> tuple[TopPairs, TopPairs] | None:
 def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
     """What the gate emits at position i+1: the draft when accepted, else the fused token (replacing it)."""
     if row.accepted:
-        return make_event(step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd,
-                      row.verifier_argmax, tops=tops)
-    return make_event(step, i, row.fused, "fused", row.p_verifier_fused, row.p_base_fused, row.gamma_eff, row.jsd,
-                  row.verifier_argmax, draft=row.draft, tops=tops)
+        return make_event(
+            step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd, row.verifier_argmax, tops=tops
+        )
+    return make_event(
+        step,
+        i,
+        row.fused,
+        "fused",
+        row.p_verifier_fused,
+        row.p_base_fused,
+        row.gamma_eff,
+        row.jsd,
+        row.verifier_argmax,
+        draft=row.draft,
+        tops=tops,
+    )
 
 
 def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
@@ -101,13 +135,13 @@ def asymspec_steps(
         if n_acc < k:  # pending + the accepted drafts stay cached; the fused token comes next
             for s in (full, comp, ver):
                 s.rollback(n_acc)
-            token = g.fused[n_acc:n_acc + 1]
+            token = g.fused[n_acc : n_acc + 1]
         elif cfg.bonus == "gated":  # a_{K+1} is needed now, so d_K is forwarded now
-            ev, token = gated_bonus(drafter_full, drafts[k - 1:], b[k:], t[k:], step, cfg, counters, timer)
+            ev, token = gated_bonus(drafter_full, drafts[k - 1 :], b[k:], t[k:], step, cfg, counters, timer)
             events.append(ev)
         else:  # d_K rides in the next step's first drafting forward
             events.append(bonus_event(step, k, host.bonus, tops_at(host.tops, k)))
-            token, carry = bonus_id, drafts[k - 1:]
+            token, carry = bonus_id, drafts[k - 1 :]
         counters.record_deferred(carry is not None)
         committed = out.commit(events)
         if committed:
@@ -118,15 +152,22 @@ def asymspec_steps(
         yield committed
 
 
-def gated_bonus(drafter_full: Engine, d_k: torch.Tensor, b_bonus: torch.Tensor, t_bonus: torch.Tensor, step: int,
-                cfg: AsymSpecConfig, counters: Counters, timer: Timer) -> tuple[TokenEvent, torch.Tensor]:
+def gated_bonus(
+    drafter_full: Engine,
+    d_k: torch.Tensor,
+    b_bonus: torch.Tensor,
+    t_bonus: torch.Tensor,
+    step: int,
+    cfg: AsymSpecConfig,
+    counters: Counters,
+    timer: Timer,
+) -> tuple[TokenEvent, torch.Tensor]:
     """``bonus="gated"``: forward d_K ``[1]`` for a_{K+1}, put its argmax to the gate against ``b_bonus`` /
     ``t_bonus`` ``[1, V]``; returns the event and the emitted token ``[1]`` on the device."""
     a_bonus = drafter_full.extend(d_k)[-1:]  # a_{K+1} [1, V]
     d_bonus = a_bonus.argmax(-1)
     with timer("gate"):
-        g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate,
-                      delta=cfg.delta, lam=cfg.lam)
+        g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
     with timer("trace"):
         tops = gated_tops(g, cfg.trace_top) if cfg.trace_top else None
     host = to_host(pack_gate(g, d_bonus), None, tops, cfg.trace_top)[0]  # the bonus decision's one transfer
@@ -157,8 +198,9 @@ def greedy_steps(
         step += 1
         counters.record_step(0, 0)
         tok = int(tok)
-        committed = out.commit([make_event(step, 0, tok, "greedy", p_host if is_verifier else None,
-                                       verifier_argmax=tok if is_verifier else None)])
+        committed = out.commit(
+            [make_event(step, 0, tok, "greedy", p_host if is_verifier else None, verifier_argmax=tok if is_verifier else None)]
+        )
         x = token
         yield committed
 
@@ -195,34 +237,50 @@ def sd_steps(
         counters.record_step(k, n_acc)
         events = [make_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
         r = host[n_acc]
-        events.append(make_event(step, n_acc, int(r[0]), "bonus" if n_acc == k else "corrected", r[1], verifier_argmax=int(r[0]),
-                             draft=None if n_acc == k else int(r[2])))
+        events.append(
+            make_event(
+                step,
+                n_acc,
+                int(r[0]),
+                "bonus" if n_acc == k else "corrected",
+                r[1],
+                verifier_argmax=int(r[0]),
+                draft=None if n_acc == k else int(r[2]),
+            )
+        )
         carry = None
         if n_acc < k:
             comp.rollback(n_acc)
             ver.rollback(n_acc)
         else:
-            carry = drafts[k - 1:]  # d_K rides in the next step's first drafting forward
+            carry = drafts[k - 1 :]  # d_K rides in the next step's first drafting forward
         counters.record_deferred(carry is not None)
         committed = out.commit(events)
         if committed:
-            token = out.next_token(committed, events, v_ids[n_acc:n_acc + 1].to(drafts.device))
+            token = out.next_token(committed, events, v_ids[n_acc : n_acc + 1].to(drafts.device))
             ver.advance(token)
             comp.advance(token, carry)
         yield committed
 
 
-def steps_for(method: str, streams: dict[str, Engine], pending: dict[str, torch.Tensor], cfg: AsymSpecConfig,
-              eos_ids: set[int], stop_fn: StopFn | None = None, counters: Counters | None = None,
-              timer: Timer | None = None) -> Iterator[list[TokenEvent]]:
+def steps_for(
+    method: str,
+    streams: dict[str, Engine],
+    pending: dict[str, torch.Tensor],
+    cfg: AsymSpecConfig,
+    eos_ids: set[int],
+    stop_fn: StopFn | None = None,
+    counters: Counters | None = None,
+    timer: Timer | None = None,
+) -> Iterator[list[TokenEvent]]:
     """The step iterator of ``method`` over prefilled ``streams`` (keyed drafter_full / drafter_comp / verifier)."""
     check_method(method)
     if method == "asymspec":
         names = ("drafter_full", "drafter_comp", "verifier")
-        return asymspec_steps(*(streams[n] for n in names), tuple(pending[n] for n in names), cfg, eos_ids, stop_fn,
-                              counters, timer)
+        return asymspec_steps(*(streams[n] for n in names), tuple(pending[n] for n in names), cfg, eos_ids, stop_fn, counters, timer)
     if method == "sd":
-        return sd_steps(streams["drafter_comp"], streams["verifier"], (pending["drafter_comp"], pending["verifier"]),
-                        cfg, eos_ids, stop_fn, counters)
+        return sd_steps(
+            streams["drafter_comp"], streams["verifier"], (pending["drafter_comp"], pending["verifier"]), cfg, eos_ids, stop_fn, counters
+        )
     name = "verifier" if method == "floor" else "drafter_full"
     return greedy_steps(streams[name], pending[name], cfg, eos_ids, stop_fn, counters, is_verifier=method == "floor")

@@ -45,8 +45,9 @@ class Stream:
         self.pending = token if carry is None else torch.cat([carry, token])
 
 
-def draft_greedy(stream: Stream, k: int, rows_out: torch.Tensor | None = None,
-                 keep_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def draft_greedy(
+    stream: Stream, k: int, rows_out: torch.Tensor | None = None, keep_rows: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward the stream's pending tokens, then k-1 of its own drafts one at a time: drafts ``[k]`` and
     their logits ``[k, V]`` float32.
 

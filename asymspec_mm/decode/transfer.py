@@ -44,8 +44,7 @@ TopPairs = list[tuple[int, float]]
 
 def pack_gate(g: GateOutput, drafts: torch.Tensor) -> torch.Tensor:
     """``[P, 10]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``."""
-    cols = (g.accepted, g.gamma_eff, g.jsd, g.p_verifier, g.p_base, g.fused, g.verifier_argmax,
-            g.p_verifier_fused, g.p_base_fused, drafts)
+    cols = (g.accepted, g.gamma_eff, g.jsd, g.p_verifier, g.p_base, g.fused, g.verifier_argmax, g.p_verifier_fused, g.p_base_fused, drafts)
     return torch.stack([c.double() for c in cols], dim=1)
 
 
@@ -112,8 +111,9 @@ class StepOnHost(NamedTuple):
         return n
 
 
-def to_host(gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None,
-            top: int = 0, rows: int = 1) -> list[StepOnHost]:
+def to_host(
+    gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
+) -> list[StepOnHost]:
     """One transfer of packed ``gate`` ``[R*P, 10]``, ``bonus`` ``[R, 3]`` and ``tops`` ``[R*P', 4*top]`` for R
     ``rows``; returns each row's decision."""
     parts = [gate.flatten()] + ([bonus.flatten()] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
@@ -125,7 +125,7 @@ def to_host(gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.T
     w = 4 * top
     out = []
     for r in range(rows):
-        gate_rows = [_gate_row(flat[(r * n + i) * GATE_WIDTH:(r * n + i + 1) * GATE_WIDTH]) for i in range(n)]
+        gate_rows = [_gate_row(flat[(r * n + i) * GATE_WIDTH : (r * n + i + 1) * GATE_WIDTH]) for i in range(n)]
         bonus_row = None
         if bonus is not None:
             o = bonus_at + r * BONUS_WIDTH
@@ -133,7 +133,9 @@ def to_host(gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.T
         host_tops = None
         if tops is not None:
             o = tops_at + r * per_row_tops * w
-            host_tops = [(_pairs(flat[o + w * i:o + w * i + 2 * top], top), _pairs(flat[o + w * i + 2 * top:o + w * (i + 1)], top))
-                         for i in range(per_row_tops)]
+            host_tops = [
+                (_pairs(flat[o + w * i : o + w * i + 2 * top], top), _pairs(flat[o + w * i + 2 * top : o + w * (i + 1)], top))
+                for i in range(per_row_tops)
+            ]
         out.append(StepOnHost(gate_rows, bonus_row, host_tops))
     return out

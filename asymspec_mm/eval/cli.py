@@ -26,17 +26,24 @@ DEFAULT_OUT = "runs/mathvista"
 
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` (with ``mathvista``, ``score``, ``merge``, ``report``) on a subparsers object."""
-    p = subparsers.add_parser("eval", help="benchmarks: run MathVista, score outputs, merge shards", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "eval",
+        help="benchmarks: run MathVista, score outputs, merge shards",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="eval_command", metavar="{mathvista,score,merge,report}")
     sub.required = True
 
     m = sub.add_parser("mathvista", help="run method variants on MathVista testmini (or MiniVista)")
     g = m.add_argument_group("methods")
-    g.add_argument("--methods", default="asymspec,floor,drafter,sd",
-                   help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned, --lam), "
-                        "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
-                        "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]")
+    g.add_argument(
+        "--methods",
+        default="asymspec,floor,drafter,sd",
+        help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned, --lam), "
+        "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
+        "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]",
+    )
     g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
     g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
     g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
@@ -47,34 +54,57 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     d = m.add_argument_group("data")
     d.add_argument("--dataset", choices=["mathvista", "minivista"], default="mathvista")
-    d.add_argument("--source", choices=["auto", "hf", "local"], default="auto",
-                   help="MathVista problems: Hugging Face AI4Math/MathVista (hf), a local copy (local), or local when "
-                        "--data-dir/--images-dir is given else hf (auto) [default: %(default)s]")
+    d.add_argument(
+        "--source",
+        choices=["auto", "hf", "local"],
+        default="auto",
+        help="MathVista problems: Hugging Face AI4Math/MathVista (hf), a local copy (local), or local when "
+        "--data-dir/--images-dir is given else hf (auto) [default: %(default)s]",
+    )
     d.add_argument("--data-dir", default=None, help="MathVista problems JSON (testmini.json) or the folder holding it")
     d.add_argument("--images-dir", default=None, help="folder holding the images/ referenced by the problems")
-    d.add_argument("--text-dir", default=None, help="folder with query.json, captions_bard.json, ocrs_easyocr.json "
-                                                    "[default: $ASYMSPEC_MATHVISTA_DIR or <repo>/../shared/mathvista]")
+    d.add_argument(
+        "--text-dir",
+        default=None,
+        help="folder with query.json, captions_bard.json, ocrs_easyocr.json "
+        "[default: $ASYMSPEC_MATHVISTA_DIR or <repo>/../shared/mathvista]",
+    )
     d.add_argument("--split", default="testmini")
-    d.add_argument("--tasks", default=None, help="comma list of GPS, VQA, FQA, MWP, TQA or 'all' "
-                                                 "[default: GPS,VQA,FQA for MathVista, all for MiniVista]")
+    d.add_argument(
+        "--tasks",
+        default=None,
+        help="comma list of GPS, VQA, FQA, MWP, TQA or 'all' [default: GPS,VQA,FQA for MathVista, all for MiniVista]",
+    )
     d.add_argument("--require-caption", action="store_true", help="only problems with a Bard caption (the paper's 587-problem subset)")
     d.add_argument("--limit", type=int, default=None, help="first N problems (by pid) after filtering")
     d.add_argument("--shard", default=None, help="i/n: this process runs every n-th problem starting at i (0-based)")
     d.add_argument("--minivista-n", type=int, default=200, help="MiniVista problems to generate [default: %(default)s]")
     d.add_argument("--seed", type=int, default=0, help="MiniVista seed [default: %(default)s]")
-    d.add_argument("--compressed", choices=["official", "auto", "none"], default="official",
-                   help="verifier's view: MathVista's Bard caption + EasyOCR text (official), made by the pipeline (auto), "
-                        "or nothing (none) [default: %(default)s]")
+    d.add_argument(
+        "--compressed",
+        choices=["official", "auto", "none"],
+        default="official",
+        help="verifier's view: MathVista's Bard caption + EasyOCR text (official), made by the pipeline (auto), "
+        "or nothing (none) [default: %(default)s]",
+    )
 
     r = m.add_argument_group("run")
     r.add_argument("--out", default=DEFAULT_OUT, help="output folder [default: %(default)s]")
     r.add_argument("--resume", action="store_true", help="continue the records in --out, skipping finished (variant, pid) pairs")
     r.add_argument("--overwrite", action="store_true", help="discard existing records in --out")
-    r.add_argument("--extract", choices=["rules", "llm", "auto"], default="rules",
-                   help="answer extraction: rules, MathVista's LLM prompt on the pipeline's verifier, or rules then LLM "
-                        "when no anchored answer (auto) [default: %(default)s]")
-    r.add_argument("--on-error", choices=["skip", "raise"], default="skip",
-                   help="a failed generation: log to errors.jsonl and go on (retried by --resume), or stop [default: %(default)s]")
+    r.add_argument(
+        "--extract",
+        choices=["rules", "llm", "auto"],
+        default="rules",
+        help="answer extraction: rules, MathVista's LLM prompt on the pipeline's verifier, or rules then LLM "
+        "when no anchored answer (auto) [default: %(default)s]",
+    )
+    r.add_argument(
+        "--on-error",
+        choices=["skip", "raise"],
+        default="skip",
+        help="a failed generation: log to errors.jsonl and go on (retried by --resume), or stop [default: %(default)s]",
+    )
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--no-chart", action="store_true", help="skip accuracy.png")
     r.add_argument("--dry-run", action="store_true", help="print the selection and variants; load no model")
@@ -131,14 +161,14 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     shard = mv.parse_shard(args.shard)
     text = mv.TextData.load(args.text_dir) if args.dataset == "mathvista" else None
     if args.dataset == "mathvista":
-        problems = mv.load_problems(args.source, data_dir=args.data_dir, images_dir=args.images_dir,
-                                    text_dir=args.text_dir, split=args.split)
+        problems = mv.load_problems(
+            args.source, data_dir=args.data_dir, images_dir=args.images_dir, text_dir=args.text_dir, split=args.split
+        )
     else:
         problems = mv.load_minivista_problems(args.minivista_n, args.seed)
     if args.require_caption and text is not None and not text.captions and args.dataset == "mathvista":
         raise AsymSpecError("--require-caption needs captions_bard.json (see --text-dir)")
-    selected = mv.select_problems(problems, tasks=tasks, require_caption=args.require_caption, text=text,
-                                  limit=args.limit, shard=shard)
+    selected = mv.select_problems(problems, tasks=tasks, require_caption=args.require_caption, text=text, limit=args.limit, shard=shard)
     common: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.drafter_view:
         common["drafter_view"] = args.drafter_view
@@ -154,8 +184,10 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     )
     out_dir = Path(args.out)
     records_path = out_dir / mv.records_filename(shard)
-    print(f"{len(selected)} problems ({args.dataset}, tasks={tasks_spec or 'all'}, require_caption={args.require_caption}"
-          f"{', shard ' + args.shard if shard else ''}) x {len(variants)} variants: {', '.join(v.name for v in variants)}")
+    print(
+        f"{len(selected)} problems ({args.dataset}, tasks={tasks_spec or 'all'}, require_caption={args.require_caption}"
+        f"{', shard ' + args.shard if shard else ''}) x {len(variants)} variants: {', '.join(v.name for v in variants)}"
+    )
     if args.dry_run:
         return 0
     if not selected:
@@ -164,9 +196,19 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     pipe = pipeline_from_args(args)
     llm = pipeline_llm(pipe) if args.extract in ("llm", "auto") else None
     summary = mv.run_mathvista(
-        pipe, selected, variants, records_path, text=text, compressed=args.compressed, resume=args.resume,
-        overwrite=args.overwrite, llm=llm, extract_mode=args.extract, on_error=args.on_error,
-        progress=not args.no_progress, dataset=args.dataset,
+        pipe,
+        selected,
+        variants,
+        records_path,
+        text=text,
+        compressed=args.compressed,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        llm=llm,
+        extract_mode=args.extract,
+        on_error=args.on_error,
+        progress=not args.no_progress,
+        dataset=args.dataset,
     )
     print(f"{summary.new} new records, {summary.skipped} already done, {len(summary.errors)} failed -> {records_path}")
     if shard is not None:
@@ -176,13 +218,16 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     result = mv.finalize_run(summary.records, out_dir, variant_order=[v.name for v in variants], chart=not args.no_chart)
     print((out_dir / "report.md").read_text(encoding="utf-8"))
     if summary.errors:
-        print(f"warning: {len(summary.errors)} generations failed (see {records_path.with_name('errors.jsonl')}); "
-              "rerun with --resume to retry them", file=sys.stderr)
+        print(
+            f"warning: {len(summary.errors)} generations failed (see {records_path.with_name('errors.jsonl')}); "
+            "rerun with --resume to retry them",
+            file=sys.stderr,
+        )
     return 0 if result else 1
 
 
 def _default_scores_path(inp: Path) -> Path:
-    stem = inp.stem[len("output_"):] if inp.stem.startswith("output_") else inp.stem
+    stem = inp.stem[len("output_") :] if inp.stem.startswith("output_") else inp.stem
     return inp.with_name(f"scores_{stem}.json")
 
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from typing import Any
 
 # the scene constants are part of this module's API (colours and shapes in choice order, option letters)
-from .minivista_scenes import BAR_SLOT, BUILDERS, COLORS, IMAGE_SIZE, LETTERS, SHAPES
+from .minivista_scenes import BAR_SLOT, BUILDERS, COLORS, IMAGE_SIZE, LETTERS, SHAPES  # noqa: F401 - re-exported: tiny.data and the tests read them here
 
 FAMILIES = ("figure", "visual", "geometry", "mixed")
 FAMILY_TASK = {

@@ -55,8 +55,8 @@ class _Canvas:
         self.texts: list[tuple[float, float, str]] = []
 
     def text(self, x: float, y: float, s: str, anchor_center: bool = True) -> None:
-        l, t, r, b = _font().getbbox(s)
-        w, h = r - l, b - t
+        left, top, right, bottom = _font().getbbox(s)
+        w, h = right - left, bottom - top
         x0, y0 = (x - w / 2, y - h / 2) if anchor_center else (x, y)
         x0 = min(max(0, x0), IMAGE_SIZE - w)
         y0 = min(max(0, y0), IMAGE_SIZE - h)
@@ -214,7 +214,12 @@ def _visual(rng: random.Random) -> dict[str, Any]:
         response = f"The {target} is the {kind} shape, so the answer is ({LETTERS[choices.index(target)]})."
         rec = dict(question=question, choices=choices, answer=target, question_type="multi_choice", answer_type="text")
         decisive = target
-    meta = dict(context="synthetic scene", category="general-vqa", skills=["numeric commonsense" if kind == "count" else "logical reasoning"], kind=kind)
+    meta = dict(
+        context="synthetic scene",
+        category="general-vqa",
+        skills=["numeric commonsense" if kind == "count" else "logical reasoning"],
+        kind=kind,
+    )
     return dict(rec, image_obj=cv.image, caption=caption, ocr="", response=response, decisive=decisive, meta=meta,
                 scene=dict(cells=cells, kinds=kinds, colors=cols))  # fmt: skip
 
@@ -255,11 +260,18 @@ def _geometry(rng: random.Random) -> dict[str, Any]:
     response = f"{work}, so the answer is {r}."
     rec = dict(question=question, choices=None, answer=str(r), question_type="free_form", answer_type="integer")
     caption = "A triangle ABC with two marked angles."
-    meta = dict(context="geometry diagram", category="math-targeted-vqa", skills=["geometry reasoning", "arithmetic reasoning"], kind="angle")
+    meta = dict(
+        context="geometry diagram", category="math-targeted-vqa", skills=["geometry reasoning", "arithmetic reasoning"], kind="angle"
+    )
     return dict(rec, image_obj=cv.image, caption=caption, ocr=ocr, response=response, decisive=str(r), meta=meta,
                 scene=dict(angles=angles, unknown=unknown))  # fmt: skip
 
 
 # family -> builder: ``builder(rng)`` gives the raw problem (question, choices, answer, types, image_obj,
 # caption, ocr, response, decisive, meta, scene)
-BUILDERS: dict[str, Callable[[random.Random], dict[str, Any]]] = {"figure": _figure, "visual": _visual, "geometry": _geometry, "mixed": _mixed}
+BUILDERS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "figure": _figure,
+    "visual": _visual,
+    "geometry": _geometry,
+    "mixed": _mixed,
+}

@@ -157,10 +157,12 @@ def _flat_value(problem: Mapping[str, Any], key: str) -> Any:
 
 
 def _percent(correct: int, total: int) -> str:
-    return "{:.2f}".format(correct / total * 100)
+    return f"{correct / total * 100:.2f}"
 
 
-def compute_scores(results: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]], keys: Sequence[str] = SCORE_KEYS) -> dict[str, Any]:
+def compute_scores(
+    results: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]], keys: Sequence[str] = SCORE_KEYS
+) -> dict[str, Any]:
     """Scores JSON (official shape) from problems that already carry ``true_false``.
 
     ``results`` is a dict keyed by pid (the official output file) or an iterable of problems.

@@ -25,7 +25,12 @@ def _image_prompt(problem: dict[str, Any], proc, prompt: str) -> dict[str, Any]:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
     text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     enc = proc(text=[text], images=[problem["decoded_image"]], return_tensors="pt")
-    return {"full": enc["input_ids"][0], "pixel_values": enc["pixel_values"], "grid": enc["image_grid_thw"], "mm": enc["mm_token_type_ids"][0]}
+    return {
+        "full": enc["input_ids"][0],
+        "pixel_values": enc["pixel_values"],
+        "grid": enc["image_grid_thw"],
+        "mm": enc["mm_token_type_ids"][0],
+    }
 
 
 def mixed_answer_ids(tok) -> list[int]:
@@ -67,8 +72,13 @@ def encode_caption(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     """The drafter's captioning task (the pipeline's DrafterCaptioner prompt -> the generator's caption)."""
     from captioning.captioner import CAPTION_PROMPT
 
-    return {**_image_prompt(problem, proc, CAPTION_PROMPT), "ans": answer_ids(problem["caption"], tok), "family": "caption",
-            "tok_targets": token_targets(problem), "problem": problem}
+    return {
+        **_image_prompt(problem, proc, CAPTION_PROMPT),
+        "ans": answer_ids(problem["caption"], tok),
+        "family": "caption",
+        "tok_targets": token_targets(problem),
+        "problem": problem,
+    }
 
 
 PERCEPTION_PROMPT = "Describe the image."
@@ -139,8 +149,12 @@ def image_colour_targets(problem: dict[str, Any], tok) -> torch.Tensor:
 def encode_perception(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     """The drafter's description task (:data:`PERCEPTION_PROMPT` -> :func:`perception_target`), with the
     colour words at the image positions as targets."""
-    return {**_image_prompt(problem, proc, PERCEPTION_PROMPT), "ans": answer_ids(perception_target(problem), tok), "family": "perception",
-            "img_targets": image_colour_targets(problem, tok)}
+    return {
+        **_image_prompt(problem, proc, PERCEPTION_PROMPT),
+        "ans": answer_ids(perception_target(problem), tok),
+        "family": "perception",
+        "img_targets": image_colour_targets(problem, tok),
+    }
 
 
 _PERCEPTION_PROMPTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -155,8 +169,15 @@ def encode_perception_of(encoded: dict[str, Any], proc, tok) -> dict[str, Any]:
         e = encode_perception(encoded["problem"], proc, tok)
         _PERCEPTION_PROMPTS[grid] = (e["full"], e["mm"])
     ids, mm = _PERCEPTION_PROMPTS[grid]
-    return {"full": ids, "pixel_values": encoded["pixel_values"], "grid": encoded["grid"], "mm": mm,
-            "ans": answer_ids(perception_target(encoded["problem"]), tok), "family": "perception", "img_targets": encoded["img_targets"]}
+    return {
+        "full": ids,
+        "pixel_values": encoded["pixel_values"],
+        "grid": encoded["grid"],
+        "mm": mm,
+        "ans": answer_ids(perception_target(encoded["problem"]), tok),
+        "family": "perception",
+        "img_targets": encoded["img_targets"],
+    }
 
 
 def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: float = 1.0, final_weight: float = 1.0) -> dict[str, Any]:
@@ -192,7 +213,14 @@ def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: 
                 labels[i, p + j] = PAD_LABEL
                 flat[0].append(i), flat[1].append(p + j), flat[2].append(e["flat_ids"])
         ans_start.append(p)
-    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "labels": labels, "ans_start": ans_start, "weights": weights, "flat": flat}
+    batch: dict[str, Any] = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "ans_start": ans_start,
+        "weights": weights,
+        "flat": flat,
+    }
     if view == "full":
         mm = torch.zeros((B, L), dtype=torch.long)
         for i, e in enumerate(examples):

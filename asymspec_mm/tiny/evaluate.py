@@ -69,7 +69,12 @@ def greedy_accuracy(model, problems: list[dict[str, Any]], view: str, proc, tok)
     for p in problems:
         pr = build_prompts(proc, tok, p["decoded_image"], mv.view_text(p), p["query"], "image+text")
         if view == "full":
-            inp = dict(input_ids=pr.drafter_full_ids, pixel_values=pr.pixel_values, image_grid_thw=pr.image_grid_thw, mm_token_type_ids=pr.mm_token_type_ids)
+            inp = dict(
+                input_ids=pr.drafter_full_ids,
+                pixel_values=pr.pixel_values,
+                image_grid_thw=pr.image_grid_thw,
+                mm_token_type_ids=pr.mm_token_type_ids,
+            )
         else:
             inp = dict(input_ids=pr.drafter_comp_ids if view == "comp" else pr.verifier_ids)
         text = tok.decode(greedy(model, inp, eos), skip_special_tokens=True)

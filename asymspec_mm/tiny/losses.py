@@ -69,8 +69,12 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | 
     """Mean cross-entropy over answer tokens (logits ``[B, L, V]``, labels ``[B, L]``, -100 off the answer;
     the prediction for position p is read at p - 1); ``weights`` ([B, L], aligned with labels) reweights tokens."""
     if weights is None:
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL)
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL, reduction="none")
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL
+        )
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=PAD_LABEL, reduction="none"
+    )
     w = weights[:, 1:].reshape(-1) * (labels[:, 1:].reshape(-1) != PAD_LABEL)
     return (ce * w).sum() / w.sum()
 

@@ -13,7 +13,9 @@ from . import IMAGE_SIZE
 
 # text and vision sizes (checkpoints.drafter_config / verifier_config); the verifier has about 3x the
 # drafter's text parameters
-DRAFTER_KW = dict(hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=3, vision_hidden=128, deepstack=(0,))
+DRAFTER_KW = dict(
+    hidden_size=96, num_layers=4, num_heads=3, head_dim=32, intermediate_size=256, vision_depth=3, vision_hidden=128, deepstack=(0,)
+)
 VERIFIER_KW = dict(hidden_size=160, num_layers=4, num_heads=5, head_dim=32, intermediate_size=448)
 
 
@@ -21,9 +23,9 @@ def build_tokenizer_and_processor(vocab_size: int = 768) -> tuple[Any, Any]:
     """A byte-level BPE tokenizer trained on the MiniVista training corpus (plus the chat roles and the
     captioner's prompt) and a processor that resizes every image to about ``IMAGE_SIZE`` squared pixels.
     Raises RuntimeError when a word the answers need is not a single token (:func:`check_single_tokens`)."""
-    from ..checkpoints import build_processor, build_tokenizer
-
     from captioning.captioner import CAPTION_PROMPT
+
+    from ..checkpoints import build_processor, build_tokenizer
 
     texts = mv.corpus(3000, mv.TRAIN_SEED) + ["user\nassistant\n"] * 200 + [CAPTION_PROMPT] * 100
     tok = build_tokenizer(texts, vocab_size=vocab_size)
@@ -35,7 +37,13 @@ def build_tokenizer_and_processor(vocab_size: int = 768) -> tuple[Any, Any]:
 def check_single_tokens(tok) -> None:
     """Raise RuntimeError unless every colour (also capitalised), shape, number 0..180 and option letter
     is one token: the decisive-token weights and the flat target address single positions."""
-    words = [" " + c for c in mv.COLORS] + [c.capitalize() for c in mv.COLORS] + [" " + s for s in mv.SHAPES] + [f" {i}" for i in range(181)] + list("ABCD")
+    words = (
+        [" " + c for c in mv.COLORS]
+        + [c.capitalize() for c in mv.COLORS]
+        + [" " + s for s in mv.SHAPES]
+        + [f" {i}" for i in range(181)]
+        + list("ABCD")
+    )
     bad = [w for w in words if len(tok(w, add_special_tokens=False)["input_ids"]) != 1]
     if bad:
         raise RuntimeError(f"not single tokens: {bad}")

@@ -71,8 +71,9 @@ def reading_events(result, problem: dict[str, Any], tokenizer) -> tuple[list[Any
 MAIN_ROWS = 4  # Floor, drafter and AsymSpec in both bonus modes run on all problems; SD and the ablations on --ablation-n
 
 
-def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablation_n: int | None = None,
-             part: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+def evaluate(
+    pipe, problems: list[dict[str, Any]], progress: bool = True, ablation_n: int | None = None, part: tuple[int, int] = (0, 1)
+) -> dict[str, Any]:
     from ..decode import AsymSpecConfig
 
     tok = pipe.tokenizer
@@ -90,7 +91,13 @@ def evaluate(pipe, problems: list[dict[str, Any]], progress: bool = True, ablati
         for p in probs:
             res = pipe.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], method=method, config=cfg)
             fam = mv.family_of(p)
-            r = rows.setdefault(fam, {k: [] for k in ("acc", "acc_rate", "mal", "tok", "wall", "dec_jsd", "dec_src", "dec_ok", "read_ok", "read_right", "read_src")})
+            r = rows.setdefault(
+                fam,
+                {
+                    k: []
+                    for k in ("acc", "acc_rate", "mal", "tok", "wall", "dec_jsd", "dec_src", "dec_ok", "read_ok", "read_right", "read_src")
+                },
+            )
             r["acc"].append(float(mv.is_correct(res.text, p)))
             correct.append(int(r["acc"][-1]))
             st = res.stats
@@ -194,7 +201,10 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
         ]
         for label, r in sorted(res.items(), key=lambda kv: kv[1]["row"]):
             v = r["families"][fam]
-            f_sub, d_sub = _subset_acc(res, "Floor (verifier alone)", fam, v["n"]), _subset_acc(res, "Drafter alone (full view)", fam, v["n"])
+            f_sub, d_sub = (
+                _subset_acc(res, "Floor (verifier alone)", fam, v["n"]),
+                _subset_acc(res, "Drafter alone (full view)", fam, v["n"]),
+            )
             rec = recovery_cell(v["accuracy"], f_sub, d_sub) if r["method"] in ("asymspec", "sd") else "–"
             lines.append(
                 f"| {label} | {v['n']} | {v['accuracy'] * 100:.1f} | {rec} | {_f(v['acceptance_rate'], '{:.2f}')} | "
@@ -217,7 +227,9 @@ def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int 
             v = r["families"][fam]
             if r["method"] != "asymspec" and label not in ("Floor (verifier alone)", "Drafter alone (full view)"):
                 continue
-            lines.append(f"| {label} | {fam} | {v['n']} | {v['decisive_correct'] * 100:.1f} | {_f(v['decisive_jsd'], '{:.3f}')} | {_source_cells(v['decisive_source'])} |")
+            lines.append(
+                f"| {label} | {fam} | {v['n']} | {v['decisive_correct'] * 100:.1f} | {_f(v['decisive_jsd'], '{:.3f}')} | {_source_cells(v['decisive_source'])} |"
+            )
     lines.append("")
     if "mixed" in fams:
         lines += mixed_table(res)

@@ -51,14 +51,38 @@ import torch
 
 from ..eval import minivista as mv
 from .data import (
-    GRID, N_ATTR_CLASSES, N_COLOR_CLASSES, N_PROBE_CLASSES, N_SIDE_CLASSES, PAD_LABEL, PERCEPTION_PROMPT,
-    SIDE_BOTH, SIDE_LEFT, SIDE_NONE, SIDE_RIGHT, Stream, collate, encode, encode_caption, encode_perception,
-    encode_perception_of, image_colour_targets, mixed_answer_ids, model_inputs, perception_target, token_targets,
+    GRID,
+    N_ATTR_CLASSES,
+    N_COLOR_CLASSES,
+    N_PROBE_CLASSES,
+    N_SIDE_CLASSES,
+    PAD_LABEL,
+    PERCEPTION_PROMPT,
+    SIDE_BOTH,
+    SIDE_LEFT,
+    SIDE_NONE,
+    SIDE_RIGHT,
+    Stream,
+    collate,
+    encode,
+    encode_caption,
+    encode_perception,
+    encode_perception_of,
+    image_colour_targets,
+    mixed_answer_ids,
+    model_inputs,
+    perception_target,
+    token_targets,
 )  # fmt: skip
 from .evaluate import fmt_tf, greedy, greedy_accuracy, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss
 from .models import (
-    DRAFTER_KW, VERIFIER_KW, build_models, build_tokenizer_and_processor, check_single_tokens, load_tokenizer_and_processor,
+    DRAFTER_KW,
+    VERIFIER_KW,
+    build_models,
+    build_tokenizer_and_processor,
+    check_single_tokens,
+    load_tokenizer_and_processor,
     n_params,
 )  # fmt: skip
 
@@ -115,7 +139,9 @@ def parse_families(spec: str) -> tuple[str, ...]:
     fams = tuple(f.strip() for f in spec.split(","))
     bad = [f for f in fams if f not in mv.FAMILIES]
     if bad:
-        raise ValueError(f"unknown famil{'ies' if len(bad) > 1 else 'y'} {', '.join(map(repr, bad))}; choose among {', '.join(mv.FAMILIES)} or 'all'")
+        raise ValueError(
+            f"unknown famil{'ies' if len(bad) > 1 else 'y'} {', '.join(map(repr, bad))}; choose among {', '.join(mv.FAMILIES)} or 'all'"
+        )
     return fams
 
 
@@ -156,8 +182,18 @@ def _image_subset(feats, n: int):
     return sub
 
 
-def shared_vision_step(model, probe: torch.nn.Linear, tap: LayerTap | None, ex: list[dict[str, Any]], caps: list[dict[str, Any]],
-                       proc, tok, pad_id: int, colour_weight: float, n_perception: int) -> tuple[torch.Tensor, dict[str, float]]:
+def shared_vision_step(
+    model,
+    probe: torch.nn.Linear,
+    tap: LayerTap | None,
+    ex: list[dict[str, Any]],
+    caps: list[dict[str, Any]],
+    proc,
+    tok,
+    pad_id: int,
+    colour_weight: float,
+    n_perception: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The drafter's losses with one vision-tower pass: the full-view batch (``ex`` + ``caps``), the dense
     descriptions of the first ``n_perception`` of the same images, and the token probe all read the same
     merged tokens (gradients from all three meet in the tower). Returns (loss, parts); the caller steps.
@@ -178,7 +214,9 @@ def shared_vision_step(model, probe: torch.nn.Linear, tap: LayerTap | None, ex: 
         bp = collate([encode_perception_of(e, proc, tok) for e in ex[:n_perception]], "full", pad_id)
         if tap is not None:
             tap.clear()
-        logits = model(**model_inputs(bp, with_pixels=False), mm_encoder_outputs={"image": _image_subset(feats, n_perception)}, use_cache=False).logits
+        logits = model(
+            **model_inputs(bp, with_pixels=False), mm_encoder_outputs={"image": _image_subset(feats, n_perception)}, use_cache=False
+        ).logits
         lp = lm_loss(logits, bp["labels"])
         loss = loss + 0.5 * lp + colour_weight * image_position_loss(logits, bp, tap)
         parts["perc"] = lp.item()
@@ -208,9 +246,21 @@ def _widen(widen: tuple[int, int, Any]) -> None:
     torch.set_num_threads(widen[1])
 
 
-def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, seed: int, eval_every: int, threads: int, log_path: str,
-                 resume_from: int = 0, mix: tuple[str, ...] | None = None, image_colour_weight: float = 0.0,
-                 widen: tuple[int, int, Any] | None = None) -> None:
+def train_worker(
+    role: str,
+    workdir: str,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    eval_every: int,
+    threads: int,
+    log_path: str,
+    resume_from: int = 0,
+    mix: tuple[str, ...] | None = None,
+    image_colour_weight: float = 0.0,
+    widen: tuple[int, int, Any] | None = None,
+) -> None:
     """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``.
 
     ``resume_from`` > 0 continues from the saved checkpoint (a later phase: fresh problems, schedule and
@@ -257,28 +307,51 @@ def train_worker(role: str, workdir: str, steps: int, batch: int, lr: float, see
         else:
             ex = stream.take(batch)
             caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 10_000_000 + step * 2 + j), proc, tok) for j in range(2)]
-            loss, parts = shared_vision_step(model, probe, tap, ex, caps, proc, tok, pad_id, image_colour_weight, min(PERCEPTION_BATCH, len(ex)))
+            loss, parts = shared_vision_step(
+                model, probe, tap, ex, caps, proc, tok, pad_id, image_colour_weight, min(PERCEPTION_BATCH, len(ex))
+            )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 25 == 0:
-            print(f"[{role}] step {resume_from + step} t={time.time() - t0:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in parts.items()), file=log)
+            print(
+                f"[{role}] step {resume_from + step} t={time.time() - t0:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in parts.items()),
+                file=log,
+            )
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             views = ["ver"] if role == "verifier" else ["full", "comp"]
             for v in views:
-                print(f"[{role}] EVAL step {resume_from + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(teacher_forced(model, evals, v, pad_id))}", file=log)
+                print(
+                    f"[{role}] EVAL step {resume_from + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(teacher_forced(model, evals, v, pad_id))}",
+                    file=log,
+                )
             model.save_pretrained(Path(workdir) / role)
     model.save_pretrained(Path(workdir) / role)
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 
-def _drafter_phases(work: str, args, log_path: str, phases: list[tuple[int, float, tuple[str, ...], float]], start: int, widen=None) -> None:
+def _drafter_phases(
+    work: str, args, log_path: str, phases: list[tuple[int, float, tuple[str, ...], float]], start: int, widen=None
+) -> None:
     """Each phase in turn, the first from scratch (or, ``start`` > 0, from the checkpoint trained that many
     steps), the others from the previous phase's checkpoint."""
     for steps, lr, mix, colour in phases:
-        train_worker("drafter", work, steps, args.batch, lr, args.seed, args.eval_every, 1, log_path,
-                     resume_from=start, mix=mix or None, image_colour_weight=colour, widen=widen)
+        train_worker(
+            "drafter",
+            work,
+            steps,
+            args.batch,
+            lr,
+            args.seed,
+            args.eval_every,
+            1,
+            log_path,
+            resume_from=start,
+            mix=mix or None,
+            image_colour_weight=colour,
+            widen=widen,
+        )
         start += steps
 
 
@@ -287,11 +360,32 @@ def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
     then takes the freed core)."""
     try:
         if not args.phase2_only:
-            train_worker("verifier", work, args.verifier_steps, args.batch, args.verifier_lr, args.seed, args.eval_every, 1, log_path,
-                         mix=args.verifier_mix)
+            train_worker(
+                "verifier",
+                work,
+                args.verifier_steps,
+                args.batch,
+                args.verifier_lr,
+                args.seed,
+                args.eval_every,
+                1,
+                log_path,
+                mix=args.verifier_mix,
+            )
         if args.verifier_phase2_steps:
-            train_worker("verifier", work, args.verifier_phase2_steps, args.batch, args.verifier_phase2_lr, args.seed, args.eval_every, 1, log_path,
-                         resume_from=args.verifier_steps, mix=args.verifier_mix)
+            train_worker(
+                "verifier",
+                work,
+                args.verifier_phase2_steps,
+                args.batch,
+                args.verifier_phase2_lr,
+                args.seed,
+                args.eval_every,
+                1,
+                log_path,
+                resume_from=args.verifier_steps,
+                mix=args.verifier_mix,
+            )
     finally:  # also on failure: the drafter must not wait for ever (main stops it)
         if done is not None:
             done.set()
@@ -318,25 +412,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-steps", type=int, default=VERIFIER_STEPS[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--verifier-lr", type=float, default=VERIFIER_LR[0])
-    ap.add_argument("--verifier-mix", default=VERIFIER_MIX, help="families the verifier's problems cycle through ('all': each in turn) [default: %(default)s]")
+    ap.add_argument(
+        "--verifier-mix",
+        default=VERIFIER_MIX,
+        help="families the verifier's problems cycle through ('all': each in turn) [default: %(default)s]",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=768)
     ap.add_argument("--eval-every", type=int, default=250, help="steps between teacher-forced evaluations and checkpoints")
     ap.add_argument("--eval-n", type=int, default=90, help="greedy evaluation problems at the end (0: skip)")
     ap.add_argument("--log", default=None, help="log file (default: stdout only)")
-    ap.add_argument("--verifier-phase2-steps", type=int, default=VERIFIER_STEPS[1], help="second verifier phase (fresh schedule, final token weighted)")
+    ap.add_argument(
+        "--verifier-phase2-steps", type=int, default=VERIFIER_STEPS[1], help="second verifier phase (fresh schedule, final token weighted)"
+    )
     ap.add_argument("--verifier-phase2-lr", type=float, default=VERIFIER_LR[1])
-    ap.add_argument("--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)")
-    ap.add_argument("--drafter-phases", default=DRAFTER_PHASES,
-                    help="the drafter's phases, 'steps:lr:families[:colour weight];...' (colour weight of the loss at the image "
-                         f"positions, default {IMAGE_COLOUR_WEIGHT}; families 'all': the generator's rotation) [default: %(default)s]")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads in all: one for the verifier, the rest for the drafter [default: %(default)s]")
-    ap.add_argument("--drafter-widen-at", type=int, default=DRAFTER_WIDEN_AT,
-                    help="drafter step from which it waits for the verifier to finish and then takes all --threads (a fixed step, so "
-                         "that runs are reproducible) [default: %(default)s]")
-    ap.add_argument("--drafter-resume-from", type=int, default=0,
-                    help="start the drafter from its checkpoint in DIR/_work trained this many steps, then run --drafter-phases")
-    ap.add_argument("--only", choices=("drafter", "verifier"), default=None, help="train one model (the other's checkpoint must already be in DIR/_work)")
+    ap.add_argument(
+        "--phase2-only", action="store_true", help="run only the verifier's second phase (its phase-1 checkpoint is in DIR/_work)"
+    )
+    ap.add_argument(
+        "--drafter-phases",
+        default=DRAFTER_PHASES,
+        help="the drafter's phases, 'steps:lr:families[:colour weight];...' (colour weight of the loss at the image "
+        f"positions, default {IMAGE_COLOUR_WEIGHT}; families 'all': the generator's rotation) [default: %(default)s]",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=2, help="CPU threads in all: one for the verifier, the rest for the drafter [default: %(default)s]"
+    )
+    ap.add_argument(
+        "--drafter-widen-at",
+        type=int,
+        default=DRAFTER_WIDEN_AT,
+        help="drafter step from which it waits for the verifier to finish and then takes all --threads (a fixed step, so "
+        "that runs are reproducible) [default: %(default)s]",
+    )
+    ap.add_argument(
+        "--drafter-resume-from",
+        type=int,
+        default=0,
+        help="start the drafter from its checkpoint in DIR/_work trained this many steps, then run --drafter-phases",
+    )
+    ap.add_argument(
+        "--only",
+        choices=("drafter", "verifier"),
+        default=None,
+        help="train one model (the other's checkpoint must already be in DIR/_work)",
+    )
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.drafter_widen_at < 0:

@@ -21,6 +21,7 @@ Every public name is re-exported here, so ``from captioning.ocr import X`` works
 from __future__ import annotations
 
 from vision_cache.hashing import image_content_hash
+
 # The OCR path's RGB conversion is the vision path's; kept under its old private name here.
 from vision_cache.rgb import to_rgb as _to_rgb
 

@@ -24,6 +24,7 @@ from .items import OCRItem
 
 __all__ = ["EasyOCREngine"]
 
+
 class EasyOCREngine(OCREngine):
     """EasyOCR (the engine behind MathVista's ``ocrs_easyocr.json``).
 
@@ -75,11 +76,7 @@ class EasyOCREngine(OCREngine):
                 self.model_dir = default_easyocr_model_dir()
             else:
                 folder = default_easyocr_model_dir()
-                problems = (
-                    check_easyocr_weights(folder, self.languages)
-                    if folder.is_dir()
-                    else [f"{folder} does not exist"]
-                )
+                problems = check_easyocr_weights(folder, self.languages) if folder.is_dir() else [f"{folder} does not exist"]
                 raise OCRUnavailableError(self._missing_message(required, folder, problems))
         self._reader: Any = None
         self._lock = threading.Lock()
@@ -125,9 +122,7 @@ class EasyOCREngine(OCREngine):
                         )
                     except FileNotFoundError as exc:
                         raise OCRUnavailableError(
-                            self._missing_message(
-                                easyocr_required_weights(self.languages), self.model_dir, [str(exc)]
-                            )
+                            self._missing_message(easyocr_required_weights(self.languages), self.model_dir, [str(exc)])
                         ) from exc
         return self._reader
 

@@ -27,6 +27,7 @@ __all__ = [
     "find_easyocr_weights",
 ]
 
+
 def _easyocr_config() -> Any:
     """``easyocr.config`` (model file names and MD5 sums), or an actionable error."""
     if importlib.util.find_spec("easyocr") is None:
@@ -65,9 +66,7 @@ def _recognition_model_name(languages: Sequence[str], config: Any) -> str:
     return "latin_g2"
 
 
-def easyocr_required_weights(
-    languages: Sequence[str] = ("en",), detect_network: str = "craft"
-) -> dict[str, str]:
+def easyocr_required_weights(languages: Sequence[str] = ("en",), detect_network: str = "craft") -> dict[str, str]:
     """``{file name: md5}`` of the weight files EasyOCR needs for ``languages``.
 
     Names and checksums come from EasyOCR's own ``config.py``, so they always match the
@@ -81,14 +80,10 @@ def easyocr_required_weights(
     unknown = sorted(set(languages) - set(config.all_lang_list))
     if unknown or not languages:
         raise UnknownOptionError(
-            f"EasyOCR does not support languages {unknown or list(languages)}; "
-            f"choose from {sorted(config.all_lang_list)}."
+            f"EasyOCR does not support languages {unknown or list(languages)}; choose from {sorted(config.all_lang_list)}."
         )
     if detect_network not in config.detection_models:
-        raise UnknownOptionError(
-            f"Unknown EasyOCR detector {detect_network!r}; choose from "
-            f"{sorted(config.detection_models)}."
-        )
+        raise UnknownOptionError(f"Unknown EasyOCR detector {detect_network!r}; choose from {sorted(config.detection_models)}.")
     recog_name = _recognition_model_name(languages, config)
     recog = None
     for generation in config.recognition_models.values():
@@ -102,11 +97,7 @@ def easyocr_required_weights(
 
 def default_easyocr_model_dir() -> Path:
     """Where EasyOCR looks for weights by default (same rule as ``easyocr.config``)."""
-    base = (
-        os.environ.get("EASYOCR_MODULE_PATH")
-        or os.environ.get("MODULE_PATH")
-        or os.path.expanduser("~/.EasyOCR/")
-    )
+    base = os.environ.get("EASYOCR_MODULE_PATH") or os.environ.get("MODULE_PATH") or os.path.expanduser("~/.EasyOCR/")
     return Path(base) / "model"
 
 
@@ -144,9 +135,7 @@ def _file_md5(path: Path) -> str:
     return value
 
 
-def check_easyocr_weights(
-    directory: str | os.PathLike[str], languages: Sequence[str] = ("en",)
-) -> list[str]:
+def check_easyocr_weights(directory: str | os.PathLike[str], languages: Sequence[str] = ("en",)) -> list[str]:
     """Problems with the EasyOCR weights in ``directory``; an empty list means usable.
 
     Each problem is a sentence naming the file and what is wrong (missing, or MD5 mismatch

@@ -17,6 +17,7 @@ from .items import OCRItem
 
 __all__ = ["RapidOCREngine"]
 
+
 def _rapidocr_problems() -> list[str]:
     """Why RapidOCR cannot run offline here (empty list: it can)."""
     problems = []
@@ -70,9 +71,7 @@ class RapidOCREngine(OCREngine):
 
     def _read_unordered(self, image: Image.Image) -> list[OCRItem]:
         engine = self._get_engine()
-        with (
-            self._lock
-        ):  # RapidOCR.__call__ updates instance state (update_params); keep calls apart
+        with self._lock:  # RapidOCR.__call__ updates instance state (update_params); keep calls apart
             output = engine(image)
         boxes = getattr(output, "boxes", None)
         texts = getattr(output, "txts", None)
@@ -81,7 +80,4 @@ class RapidOCREngine(OCREngine):
             return []
         if scores is None:
             scores = [1.0] * len(texts)
-        return [
-            OCRItem(box=box.tolist(), text=text, confidence=score)
-            for box, text, score in zip(boxes, texts, scores, strict=True)
-        ]
+        return [OCRItem(box=box.tolist(), text=text, confidence=score) for box, text, score in zip(boxes, texts, scores, strict=True)]

@@ -54,15 +54,10 @@ def get_ocr_engine(
     if key in _ENGINE_CLASSES:
         return _ENGINE_CLASSES[key](**kwargs)
     if key != "auto":
-        raise UnknownOptionError(
-            f"Unknown OCR engine {name!r}; choose 'auto', 'easyocr', 'rapidocr' or 'none'."
-        )
+        raise UnknownOptionError(f"Unknown OCR engine {name!r}; choose 'auto', 'easyocr', 'rapidocr' or 'none'.")
     unknown = [c for c in candidates if c not in _ENGINE_CLASSES]
     if unknown or not candidates:
-        raise UnknownOptionError(
-            f"Unknown OCR candidates {unknown or list(candidates)}; choose from "
-            f"{sorted(_ENGINE_CLASSES)}."
-        )
+        raise UnknownOptionError(f"Unknown OCR candidates {unknown or list(candidates)}; choose from {sorted(_ENGINE_CLASSES)}.")
     reasons = []
     for candidate in candidates:
         cls = _ENGINE_CLASSES[candidate]
@@ -70,6 +65,4 @@ def get_ocr_engine(
             return cls(**_accepted_kwargs(cls, kwargs))
         except OCRUnavailableError as exc:
             reasons.append(f"{candidate}: {exc}")
-    raise OCRUnavailableError(
-        "No usable OCR engine. " + " | ".join(reasons) + f" To get one: {OCR_INSTALL_HINT}."
-    )
+    raise OCRUnavailableError("No usable OCR engine. " + " | ".join(reasons) + f" To get one: {OCR_INSTALL_HINT}.")

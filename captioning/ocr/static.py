@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from captioning.errors import AsymSpecError
@@ -13,6 +12,7 @@ from captioning.static import MissingStaticTextError, PidTable, TextSource, load
 from .items import OCRItem, render_text
 
 __all__ = ["OCRParseError", "MissingOCRTextError", "parse_ocr_literal", "StaticOCR"]
+
 
 class OCRParseError(AsymSpecError):
     """A stored OCR string is not a literal list of ``(box, text[, confidence])`` entries."""
@@ -78,13 +78,9 @@ def parse_ocr_literal(text: str) -> list[OCRItem]:
     try:
         value = ast.literal_eval(text.strip())
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
-        raise OCRParseError(
-            f"OCR string is not a Python literal list ({type(exc).__name__}: {exc}): {text[:80]!r}"
-        ) from exc
+        raise OCRParseError(f"OCR string is not a Python literal list ({type(exc).__name__}: {exc}): {text[:80]!r}") from exc
     if not isinstance(value, (list, tuple)):
-        raise OCRParseError(
-            f"OCR string must hold a list, got {type(value).__name__}: {text[:80]!r}"
-        )
+        raise OCRParseError(f"OCR string must hold a list, got {type(value).__name__}: {text[:80]!r}")
     items = []
     for entry in value:
         if not isinstance(entry, (list, tuple)) or len(entry) not in (2, 3):

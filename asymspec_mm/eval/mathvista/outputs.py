@@ -69,4 +69,3 @@ def finalize_run(
     summary = {"variants": summaries, "files": files, "report": {k: str(v) for k, v in paths.items()}}
     write_json(summary, out_dir / "summary.json")
     return summary
-

@@ -120,9 +120,7 @@ def load_minivista_problems(n: int = 100, seed: int = 0) -> list[dict[str, Any]]
     try:
         from .. import minivista  # type: ignore[attr-defined]
     except ImportError as exc:
-        raise DatasetUnavailableError(
-            "the MiniVista generator (asymspec_mm.eval.minivista) is not available in this install"
-        ) from exc
+        raise DatasetUnavailableError("the MiniVista generator (asymspec_mm.eval.minivista) is not available in this install") from exc
     generate = getattr(minivista, "generate_problems", None) or getattr(minivista, "generate", None)
     if generate is None:
         raise DatasetUnavailableError("asymspec_mm.eval.minivista has no generate_problems(n, seed)")

@@ -223,4 +223,3 @@ def merge_records(inputs: Sequence[str | Path], out_path: str | Path) -> tuple[l
         os.fsync(f.fileno())
     tmp.replace(out_path)
     return records, dups, conflicts
-

@@ -65,7 +65,6 @@ class RunSummary:
     errors: list[dict[str, Any]] = field(default_factory=list)
 
 
-
 @dataclass
 class _Tally:
     """Accuracy, acceptance and speed over the pairs this run finished: the progress bar's postfix."""
@@ -233,8 +232,9 @@ def run_mathvista(
                         bar.update("error")
                         continue
                     wall_s = time.perf_counter() - t0
-                    record = _make_record(res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset,
-                                          llm=llm, extract_mode=extract_mode)
+                    record = _make_record(
+                        res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset, llm=llm, extract_mode=extract_mode
+                    )
                     if store.append(record):
                         summary.new += 1
                     bar.update(tally.add(record["true_false"], record["stats"], record["new_tokens"], wall_s))

@@ -7,7 +7,6 @@ turns malformed OCR into ``""`` like ``build_query.py`` does, where :mod:`captio
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 from collections.abc import Mapping
@@ -15,12 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # noqa: F401 - eval's name for the list
-from captioning.static import refine_bard_caption as refine_caption
-
-from captioning.ocr.static import NOT_A_LITERAL as _NOT_A_LITERAL
 from captioning.ocr.static import ocr_literal as _literal
 from captioning.ocr.static import refine_mathvista_ocr as refine_ocr
+from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # noqa: F401 - eval's name for the list
+from captioning.static import refine_bard_caption as refine_caption
 
 from ...errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
 
@@ -146,7 +143,9 @@ def has_bard_caption(problem: Mapping[str, Any], text: TextData | None) -> bool:
     return isinstance(raw, str) and bool(raw.strip())
 
 
-def view_for(problem: Mapping[str, Any], compressed: str, text: TextData | None, *, dataset: str = "mathvista") -> tuple[str | None, str | bool | None]:
+def view_for(
+    problem: Mapping[str, Any], compressed: str, text: TextData | None, *, dataset: str = "mathvista"
+) -> tuple[str | None, str | bool | None]:
     """``(caption, ocr)`` arguments for ``pipe.generate`` under a compressed-view mode."""
     if compressed == "auto":
         return None, None

@@ -1,0 +1,80 @@
+"""``pipe.generate_batch``: many requests through one :class:`BatchDecoder`, continuously refilled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..config import AsymSpecConfig, check_method
+from ..errors import UnknownOptionError
+from .decoder import BatchDecoder
+
+if TYPE_CHECKING:
+    from ..pipeline import AsymSpecPipeline
+    from ..session import MMResult
+
+DEFAULT_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Request:
+    """One question about one image; ``caption`` / ``ocr`` as in :meth:`AsymSpecPipeline.prepare`."""
+
+    image: Any
+    question: str
+    caption: str | None = None
+    ocr: str | bool | None = None
+
+
+def as_request(item: Request | Mapping[str, Any], index: int) -> Request:
+    """A :class:`Request` from a request or a dict with ``image``, ``question`` and optional ``caption``, ``ocr``."""
+    if isinstance(item, Request):
+        return item
+    if not isinstance(item, Mapping) or "image" not in item or "question" not in item:
+        raise UnknownOptionError(f"request {index}: expected a Request or a dict with 'image' and 'question'")
+    unknown = sorted(set(item) - {"image", "question", "caption", "ocr"})
+    if unknown:
+        raise UnknownOptionError(f"request {index}: unknown field(s) {', '.join(unknown)}; use image, question, caption, ocr")
+    return Request(item["image"], item["question"], item.get("caption"), item.get("ocr"))
+
+
+def generate_batch(
+    pipe: AsymSpecPipeline,
+    requests: Iterable[Request | Mapping[str, Any]],
+    method: str = "asymspec",
+    config: AsymSpecConfig | None = None,
+    batch_size: int | None = None,
+    **overrides,
+) -> list[MMResult]:
+    """Answer every request; results in input order, each equal to ``pipe.generate`` of that request alone.
+
+    Up to ``batch_size`` rows decode together; a finished row's place goes to the next request at once.
+    Each result's ``stats["batch_size"]`` is the most rows that shared a step with it.
+    """
+    check_method(method)
+    cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
+    cfg = cfg.validated()
+    size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise UnknownOptionError(f"batch_size={batch_size!r} must be an integer >= 1")
+    todo = [as_request(r, i) for i, r in enumerate(requests)]
+    results: list[MMResult | None] = [None] * len(todo)
+    decoder = BatchDecoder(pipe, method, cfg)
+    upcoming = iter(enumerate(todo))
+
+    def refill() -> None:
+        while len(decoder.rows) < size:
+            nxt = next(upcoming, None)
+            if nxt is None:
+                return
+            i, req = nxt
+            decoder.add(i, pipe.prepare(req.image, req.question, caption=req.caption, ocr=req.ocr, method=method, config=cfg))
+
+    refill()
+    while decoder.rows:
+        for row, _ in decoder.step():
+            if row.result is not None:
+                results[row.id] = row.result
+        refill()
+    return [r for r in results if r is not None]

@@ -1,0 +1,238 @@
+"""Continuous batching for concurrent callers: ``sched = pipe.scheduler(max_batch_size=16)``.
+
+Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. One worker thread owns
+the batches: at every step boundary it admits waiting requests (set-up and prefill, one at a time) while
+fewer than ``max_batch_size`` rows are live, steps one batch, hands each row's committed events to its
+handle and retires finished or cancelled rows at once. Requests whose method or settings differ (see
+:func:`~asymspec_mm.batch.decoder.batch_key`) go to separate batches, stepped in turn. A failing request
+fails only its own handle; a failing step fails the rows of that batch and the worker goes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections import deque
+from concurrent.futures import CancelledError
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..config import AsymSpecConfig, check_method
+from ..errors import AsymSpecError, UnknownOptionError
+from .decoder import BatchDecoder, batch_key
+
+if TYPE_CHECKING:
+    from ..decode import TokenEvent
+    from ..pipeline import AsymSpecPipeline
+    from ..session import MMResult
+
+_END = object()
+
+
+class QueueFullError(AsymSpecError):
+    """The scheduler's queue of waiting requests is full."""
+
+
+class Handle:
+    """One submitted request. Iterate it for each step's committed :class:`TokenEvent` list; :meth:`result`
+    waits for the :class:`MMResult`; :meth:`cancel` frees its row."""
+
+    def __init__(self, scheduler: Scheduler, rid: int):
+        self.id = rid
+        self._scheduler = scheduler
+        self._events: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._result: MMResult | None = None
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    def __iter__(self):
+        while True:
+            item = self._events.get()
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> MMResult:
+        """The answer, once decoded; raises the request's error, :class:`CancelledError`, or ``TimeoutError``."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Stop decoding this request; its row leaves at the next step boundary."""
+        self.cancelled = True
+        self._scheduler._wake()
+
+    def _step(self, events: list[TokenEvent]) -> None:
+        self._events.put(events)
+
+    def _finish(self, result: MMResult | None = None, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self._result, self._error = result, error
+        self._done.set()
+        self._events.put(_END)
+
+
+@dataclass
+class _Waiting:
+    handle: Handle
+    image: Any
+    question: str
+    caption: str | None
+    ocr: str | bool | None
+    method: str
+    config: AsymSpecConfig
+    key: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = batch_key(self.method, self.config)
+
+
+class Scheduler:
+    """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
+
+    def __init__(self, pipe: AsymSpecPipeline, max_batch_size: int = 16, max_queue: int | None = None):
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
+        self.pipe, self.max_batch_size, self.max_queue = pipe, max_batch_size, max_queue
+        self._waiting: deque[_Waiting] = deque()
+        self._handles: dict[int, Handle] = {}
+        self._decoders: dict[tuple, BatchDecoder] = {}
+        self._turn = itertools.count()
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._closing = False
+        self.steps = 0
+        self.rows_stepped = 0  # sum over steps of the rows in the step (occupancy = rows_stepped / steps)
+        self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
+        self._worker.start()
+
+    # ---------------------------------------------------------------- callers
+    def submit(
+        self,
+        image,
+        question: str,
+        *,
+        caption: str | None = None,
+        ocr: str | bool | None = None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        **overrides,
+    ) -> Handle:
+        """Queue a request; bad options raise here, in the caller's thread. Returns its :class:`Handle`."""
+        check_method(method)
+        cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
+        cfg = cfg.validated()
+        with self._cond:
+            if self._closing:
+                raise AsymSpecError("the scheduler is closed: create a new one with pipe.scheduler()")
+            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
+                raise QueueFullError(
+                    f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); retry later or raise max_queue"
+                )
+            handle = Handle(self, next(self._ids))
+            self._handles[handle.id] = handle
+            self._waiting.append(_Waiting(handle, image, question, caption, ocr, method, cfg))
+            self._cond.notify()
+        return handle
+
+    @property
+    def live_rows(self) -> int:
+        return sum(len(d.rows) for d in self._decoders.values())
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the rows being decoded and the waiting requests, then stop the worker."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._worker.join(timeout)
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- the worker
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self.live_rows and not self._closing:
+                    self._cond.wait()
+                if self._closing and not self._waiting and not self.live_rows:
+                    return
+            self._retire_cancelled()
+            self._admit()
+            self._step_one()
+
+    def _admit(self) -> None:
+        """Set up waiting requests while rows are free (each fails alone: a bad image errors only its handle)."""
+        while self.live_rows < self.max_batch_size:
+            with self._cond:
+                if not self._waiting:
+                    return
+                w = self._waiting.popleft()
+            if w.handle.cancelled:
+                self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+                continue
+            try:
+                session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
+                decoder = self._decoders.get(w.key)
+                if decoder is None:
+                    decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config)
+                decoder.add(w.handle.id, session)
+            except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
+                self._drop(w.handle, exc)
+
+    def _step_one(self) -> None:
+        """Step the next batch with live rows (batches of different settings take turns)."""
+        live = [d for d in self._decoders.values() if d.rows]
+        if not live:
+            return
+        decoder = live[next(self._turn) % len(live)]
+        n = len(decoder.rows)
+        try:
+            out = decoder.step()
+        except Exception as exc:  # noqa: BLE001 - fail this batch's rows, keep serving the others
+            for rid in list(decoder.rows):
+                decoder.remove(rid)
+                self._drop(self._handles[rid], exc)
+            return
+        self.steps += 1
+        self.rows_stepped += n
+        for row, events in out:
+            handle = self._handles[row.id]
+            if events:
+                handle._step(events)
+            if row.result is not None:
+                self._handles.pop(row.id, None)
+                handle._finish(row.result)
+
+    def _retire_cancelled(self) -> None:
+        for decoder in self._decoders.values():
+            for rid in [r for r in decoder.rows if self._handles[r].cancelled]:
+                decoder.remove(rid)
+                self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
+
+    def _drop(self, handle: Handle, error: BaseException) -> None:
+        self._handles.pop(handle.id, None)
+        handle._finish(error=error)
