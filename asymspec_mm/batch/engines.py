@@ -1,0 +1,344 @@
+"""Batched KV-cached streams: many rows (independent requests) of one model decoded with one forward per step.
+
+A :class:`BatchEngine` holds the rows of one model (the verifier, or one view of the drafter) in one
+transformers ``DynamicCache`` of shape ``[B, H, T, D]`` per layer. Slot ``t`` of row ``b`` is either live (a token
+of that row's context) or a *hole* (a token that was rolled back, a padding slot of a ragged extend, a slot a
+shorter row never filled). Each row keeps the list of its live slots in order; its logical length is that list's
+length and its next positions follow from it, never from the slot count.
+
+Holes are masked through the 2D ``attention_mask`` ``[B, T + n]`` that transformers turns into the 4D causal mask
+(``create_causal_mask``: causality over slot indices AND the 2D mask, for SDPA and eager alike). RoPE is already
+in the cached keys, so a live key's slot index plays no part in its attention: gathering each row's live slots
+left-aligned (*compaction*) changes nothing but the cost, and runs when the reclaimable slots exceed a fraction of
+the time dimension. Rolling back at the tail of the cache, when no row has a live slot there, just crops.
+
+Prefill stays single-row: a row joins by adopting the cache of a prefilled :class:`~asymspec_mm.engines.TextEngine`
+or :class:`~asymspec_mm.engines.VLEngine` (so the vision feature cache and the prefix-KV reuse are those engines'
+own code); the batch copies its keys/values and leaves the engine untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engines import model_device
+
+
+def _new_cache(config):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
+
+
+def _set_layer(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Install ``keys`` / ``values`` ``[B, H, T, D]`` in a DynamicLayer without copying them."""
+    if not layer.is_initialized:
+        layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+
+
+def _layer_kv(cache, i: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``length`` positions of layer ``i`` of a single-row cache (dynamic, or static up to its length)."""
+    layer = cache.layers[i]
+    return layer.keys[..., :length, :], layer.values[..., :length, :]
+
+
+class BatchEngine:
+    """Rows (independent streams of one model) in one batched KV cache.
+
+    A row joins by adopting the cache of a prefilled single-row engine (a :class:`TextEngine` / :class:`VLEngine`,
+    or anything with ``.cache``, ``.length`` and optionally ``.rope_delta``), so prefill, the vision feature cache
+    and the prefix-KV reuse stay exactly the single-row code. Decode forwards are batched: :meth:`extend` appends
+    ``n_r`` tokens to each given row in ONE model forward (rows right-padded to ``max n_r``; padding slots, and the
+    slots of rows not given, become holes). Each row has its own logical length and positions; slots of rolled-back
+    or padding tokens are holes, masked in attention through a 2D ``attention_mask``, and reclaimed by compaction
+    (each row's live slots gathered left-aligned in order; RoPE is already in the keys, so attention is unchanged)
+    when the reclaimable slots exceed ``compact_at`` of the time dimension.
+
+    vision: Qwen3-VL text positions (3D ``[3, B, n]`` = length + i + rope_delta on every axis); default: detected
+    from ``model.config`` (a ``vision_config``).
+    """
+
+    def __init__(self, model, name: str, *, vision: bool | None = None, compact_at: float = 0.5):
+        if not 0.0 <= compact_at <= 1.0:
+            raise ValueError(f"compact_at must be in [0, 1], got {compact_at}")
+        self.model = model
+        self.name = name
+        self.vision = hasattr(model.config, "vision_config") if vision is None else vision
+        self.compact_at = compact_at
+        self.device: torch.device = model_device(model)
+        self.cache = None  # DynamicCache [B, H, T, D] per layer; None while there are no rows
+        self.tokens_forwarded: dict[int, int] = {}
+        self.forward_calls: dict[int, int] = {}
+        self.compactions = 0  # how many times the cache was compacted
+        self.batch_forwards = 0  # model forwards this engine ran
+        self._rows: list[int] = []  # batch order
+        self._slots: dict[int, list[int]] = {}  # row -> its live slot indices, ascending (logical order)
+        self._delta: dict[int, int] = {}  # row -> rope delta (VL rows; 0 for text)
+        self._live = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, T]: live slots
+        self._T = 0
+        text = model.config.get_text_config(decoder=True)
+        self._n_layers = text.num_hidden_layers
+        self._kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        self._head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self._dtype = model.get_input_embeddings().weight.dtype
+        # where each layer's keys live (a model spread over GPUs by a device_map keeps them on its layer's device)
+        self._layer_devices = [self.device] * self._n_layers
+        for module in model.modules():
+            if hasattr(module, "layer_idx") and hasattr(module, "k_proj") and module.layer_idx < self._n_layers:
+                self._layer_devices[module.layer_idx] = module.k_proj.weight.device
+        types = getattr(text, "layer_types", None) or ()
+        if any(t != "full_attention" for t in types):
+            raise NotImplementedError(f"{name}: BatchEngine needs full-attention layers only (got {set(types)})")
+
+    # ------------------------------------------------------------------ rows
+    @property
+    def rows(self) -> list[int]:
+        """Live row ids, in batch order."""
+        return list(self._rows)
+
+    def length(self, row: int) -> int:
+        """Logical cached tokens of ``row``."""
+        return len(self._slots[row])
+
+    @property
+    def slots(self) -> int:
+        """The time dimension ``T`` of the batched cache (live slots and holes)."""
+        return self._T
+
+    def holes(self) -> int:
+        """Hole slots over all rows (``B * T`` minus the live ones)."""
+        return len(self._rows) * self._T - sum(len(s) for s in self._slots.values())
+
+    def _index(self, row: int) -> int:
+        try:
+            return self._rows.index(row)
+        except ValueError:
+            raise KeyError(f"{self.name}: no live row {row}") from None
+
+    def _empty_kv(self, batch: int, time: int, layer: int) -> torch.Tensor:
+        return torch.zeros(batch, self._kv_heads, time, self._head_dim, dtype=self._dtype, device=self._layer_devices[layer])
+
+    @torch.no_grad()
+    def join(self, row: int, engine) -> None:
+        """Add ``row`` with the context of a prefilled single-row ``engine`` (its cache is copied, not changed).
+
+        The row's keys/values go to slots ``0 .. L-1``; the time dimension grows with hole slots if ``L`` exceeds
+        it, and a shorter row's remaining slots are holes.
+        """
+        if row in self._slots:
+            raise ValueError(f"{self.name}: row {row} is already live")
+        length = int(engine.length)
+        src = engine.cache
+        if length and (src is None or src.layers[0].keys.shape[0] != 1):
+            raise ValueError(f"{self.name}: join needs a single-row engine with a filled cache")
+        grow = max(0, length - self._T)
+        new_T = self._T + grow
+        B = len(self._rows)
+        if self.cache is None:
+            self.cache = _new_cache(self.model.config)
+        for i in range(self._n_layers):
+            # one new tensor per layer (the batch owns it: never a view of the engine's, which a static engine
+            # writes in place); hole slots are zeros, so a masked key never carries a NaN into attention
+            ks = []
+            for part in (0, 1):
+                buf = self._empty_kv(B + 1, new_T, i)
+                if B:
+                    old = self.cache.layers[i].keys if part == 0 else self.cache.layers[i].values
+                    buf[:B, :, : self._T] = old
+                if length:
+                    buf[B, :, :length] = _layer_kv(src, i, length)[part][0].to(buf.device, self._dtype)
+                ks.append(buf)
+            _set_layer(self.cache.layers[i], ks[0], ks[1])
+        live = torch.zeros(B + 1, new_T, dtype=torch.bool, device=self.device)
+        live[:B, : self._T] = self._live
+        live[B, :length] = True
+        self._live, self._T = live, new_T
+        self._rows.append(row)
+        self._slots[row] = list(range(length))
+        self._delta[row] = int(getattr(engine, "rope_delta", 0) or 0)
+        self.tokens_forwarded[row] = int(getattr(engine, "tokens_forwarded", 0))
+        self.forward_calls[row] = int(getattr(engine, "forward_calls", 0))
+
+    @torch.no_grad()
+    def leave(self, row: int) -> None:
+        """Free ``row``: its batch index is removed at once (the batch dimension shrinks); its counters stay."""
+        b = self._index(row)
+        self._rows.pop(b)
+        del self._slots[row], self._delta[row]
+        if not self._rows:
+            self.cache, self._T = None, 0
+            self._live = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+            return
+        keep = torch.tensor([i for i in range(len(self._rows) + 1) if i != b])
+        for layer in self.cache.layers:
+            k = keep.to(layer.keys.device)
+            _set_layer(layer, layer.keys.index_select(0, k), layer.values.index_select(0, k))
+        self._live = self._live.index_select(0, keep.to(self.device))
+        self._trim_tail()
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep the first ``length`` logical tokens of ``row``; its later slots become holes (no other row changes)."""
+        slots = self._slots[row]
+        if not 0 <= length <= len(slots):
+            raise ValueError(f"{self.name}: row {row} has {len(slots)} tokens, cannot keep {length}")
+        if length == len(slots):
+            return
+        dropped = slots[length:]
+        del slots[length:]
+        b = self._index(row)
+        if dropped[0] >= self._T - len(dropped):  # a contiguous tail run (the usual rollback): one slice
+            self._live[b, dropped[0]:] = False
+        else:
+            self._live[b, torch.tensor(dropped, device=self.device)] = False
+        self._trim_tail()
+
+    def _trim_tail(self) -> None:
+        """Crop trailing slots that no row holds (the time dimension shrinks, nothing is copied)."""
+        end = max((s[-1] + 1 for s in self._slots.values() if s), default=0)
+        if end < self._T and self.cache is not None:
+            self.cache.crop(-(self._T - end))
+            self._live = self._live[:, :end]
+            self._T = end
+
+    # ------------------------------------------------------------------ compaction
+    def reclaimable(self) -> int:
+        """Slots per row that compaction would free: ``T - max length``."""
+        return self._T - max((len(s) for s in self._slots.values()), default=0)
+
+    def maybe_compact(self) -> bool:
+        """Compact when the reclaimable share of the time dimension exceeds ``compact_at``; True if it did."""
+        if self._T and self.reclaimable() > self.compact_at * self._T:
+            self.compact()
+            return True
+        return False
+
+    @torch.no_grad()
+    def compact(self) -> None:
+        """Gather each row's live slots left-aligned, in order; the time dimension becomes the longest row."""
+        if self.cache is None:
+            return
+        lengths = [len(self._slots[r]) for r in self._rows]
+        T = max(lengths, default=0)
+        index = torch.zeros(len(self._rows), T, dtype=torch.long)
+        for b, r in enumerate(self._rows):
+            if lengths[b]:
+                index[b, : lengths[b]] = torch.tensor(self._slots[r])
+        for layer in self.cache.layers:
+            B, H, _, D = layer.keys.shape
+            idx = index.to(layer.keys.device).view(B, 1, T, 1).expand(B, H, T, D)
+            _set_layer(layer, layer.keys.gather(2, idx), layer.values.gather(2, idx))
+        self._live = torch.arange(T, device=self.device).unsqueeze(0) < torch.tensor(lengths, device=self.device).unsqueeze(1)
+        for r, n in zip(self._rows, lengths):
+            self._slots[r] = list(range(n))
+        self._T = T
+        self.compactions += 1
+
+    # ------------------------------------------------------------------ decoding
+    @torch.no_grad()
+    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; return ``{row: logits
+        [n_r, V]}``. Rows not given keep their context (they only get hole slots)."""
+        if not ids:
+            return {}
+        for row, t in ids.items():
+            if row not in self._slots:
+                raise KeyError(f"{self.name}: no live row {row}")
+            if t.numel() < 1:
+                raise ValueError(f"{self.name}: row {row}: extend needs at least one token")
+        self.maybe_compact()
+        B, T = len(self._rows), self._T
+        n = {r: int(t.numel()) for r, t in ids.items()}
+        n_max = max(n.values())
+        none = torch.zeros(0, dtype=torch.long, device=self.device)
+        # ids stay where they are (drafts on the GPU: no host sync); pads are token 0
+        input_ids = torch.nn.utils.rnn.pad_sequence(
+            [ids[r].reshape(-1).to(self.device, torch.long) if r in ids else none for r in self._rows], batch_first=True)
+        starts = torch.tensor([len(self._slots[r]) + self._delta[r] for r in self._rows])
+        # real tokens of row b at slots T .. T+n_r-1, positions length_r + i (+ rope delta); pads continue the count
+        positions = (starts.unsqueeze(1) + torch.arange(n_max)).to(self.device)
+        if self.vision:
+            positions = positions.unsqueeze(0).expand(3, B, n_max)
+        # The new columns are all visible in this forward: causality over slots keeps a real token from seeing the
+        # pads after it, and a pad query always sees itself (never a fully masked row, whose NaN would be cached).
+        # Without holes (one row, or rows of one length in step) the plain causal mask is the same thing.
+        mask = None
+        if self.holes():
+            mask = torch.cat([self._live, torch.ones(B, n_max, dtype=torch.bool, device=self.device)], dim=1)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=0,
+        )
+        self.batch_forwards += 1
+        new_live = torch.zeros(B, n_max, dtype=torch.bool)
+        result: dict[int, torch.Tensor] = {}
+        for b, r in enumerate(self._rows):
+            if r in ids:
+                new_live[b, : n[r]] = True
+                self._slots[r].extend(range(T, T + n[r]))
+                self.tokens_forwarded[r] += n[r]
+                self.forward_calls[r] += 1
+                result[r] = out.logits[b, : n[r]]
+        self._live = torch.cat([self._live, new_live.to(self.device)], dim=1)
+        self._T = T + n_max
+        self._trim_tail()
+        return {r: result[r] for r in ids}
+
+    # ------------------------------------------------------------------ memory
+    def _slot_bytes(self) -> int:
+        """Bytes of one slot of one row over all layers (keys and values)."""
+        return self._n_layers * 2 * self._kv_heads * self._head_dim * torch.empty((), dtype=self._dtype).element_size()
+
+    def kv_bytes(self, row: int | None = None) -> int:
+        """KV memory held by ``row``'s live slots; ``None``: the whole cache, holes included."""
+        if row is not None:
+            return self.length(row) * self._slot_bytes()
+        if self.cache is None:
+            return 0
+        return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                   for layer in self.cache.layers)
+
+    def view(self, row: int) -> RowView:
+        return RowView(self, row)
+
+
+class RowView:
+    """One row of a :class:`BatchEngine` with the single-row engine attributes the stats code reads (name, length,
+    tokens_forwarded, forward_calls, device); ``extend`` / ``truncate`` act on that row alone (a one-row forward)."""
+
+    def __init__(self, batch: BatchEngine, row: int):
+        self.batch = batch
+        self.row = row
+
+    @property
+    def name(self) -> str:
+        return self.batch.name
+
+    @property
+    def device(self) -> torch.device:
+        return self.batch.device
+
+    @property
+    def length(self) -> int:
+        return self.batch.length(self.row)
+
+    @property
+    def tokens_forwarded(self) -> int:
+        return self.batch.tokens_forwarded[self.row]
+
+    @property
+    def forward_calls(self) -> int:
+        return self.batch.forward_calls[self.row]
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.batch.extend({self.row: ids})[self.row]
+
+    def truncate(self, length: int) -> None:
+        self.batch.truncate(self.row, length)
+
+    def __repr__(self) -> str:
+        return f"RowView({self.name!r}, row={self.row}, length={self.length})"
