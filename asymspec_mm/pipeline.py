@@ -206,6 +206,13 @@ class AsymSpecPipeline:
 
         return generate_batch(self, requests, method, config, batch_size, **overrides)
 
+    def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None):
+        """A continuous-batching :class:`~asymspec_mm.batch.Scheduler` for concurrent callers of this pipeline:
+        ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``."""
+        from .batch.scheduler import Scheduler
+
+        return Scheduler(self, max_batch_size=max_batch_size, max_queue=max_queue)
+
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
         """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
         return self.run(self.prepare(image, question, **kwargs))

@@ -131,8 +131,11 @@ def test_rollback_of_one_row_leaves_the_others_equal_to_a_no_cache_forward(tiny_
     rng = random.Random(3)
     sessions = [_session(tiny_pipe, 20 + i) for i in range(5)]
     refs = [Reference(tiny_pipe, s.prompts) for s in sessions]
-    full_forward = {"drafter_full": lambda i, t: refs[i].drafter_full(t), "drafter_comp": lambda i, t: refs[i].drafter_comp(t),
-                    "verifier": lambda i, t: refs[i].verifier(t)}
+    full_forward = {
+        "drafter_full": lambda i, t: refs[i].drafter_full(t),
+        "drafter_comp": lambda i, t: refs[i].drafter_comp(t),
+        "verifier": lambda i, t: refs[i].verifier(t),
+    }
     for name in STREAMS:
         batch = BatchEngine(_model(tiny_pipe, name), name)
         for row, s in enumerate(sessions):
@@ -151,7 +154,7 @@ def test_rollback_of_one_row_leaves_the_others_equal_to_a_no_cache_forward(tiny_
             got = batch.extend({r: torch.tensor(t) for r, t in new.items()})
             for r, t in new.items():
                 fed[r] += t
-                want = full_forward[name](r, fed[r][1:])[-len(t):]
+                want = full_forward[name](r, fed[r][1:])[-len(t) :]
                 _close(got[r], want, (name, step, r))
                 assert batch.length(r) == sessions[r].streams[name].length + len(fed[r])
         assert batch.compactions >= 1
@@ -215,7 +218,12 @@ def test_counters_per_row_are_exact(tiny_pipe):
         assert batch.batch_forwards == len(plan)
         for r, v in views.items():
             assert (v.name, v.length, v.tokens_forwarded, v.forward_calls, v.device) == (
-                name, batch.length(r), want_tok[r], want_calls[r], batch.device)
+                name,
+                batch.length(r),
+                want_tok[r],
+                want_calls[r],
+                batch.device,
+            )
         got = views[1].extend(torch.tensor([44, 45]))  # a one-row forward through the view
         assert got.shape[0] == 2 and views[1].tokens_forwarded == want_tok[1] + 2 and views[1].forward_calls == want_calls[1] + 1
         views[1].truncate(views[1].length - 2)

@@ -37,6 +37,7 @@ from .qwen_sizing import (
     QWEN3_VL_FACTOR,
     QWEN_MAX_TOKENS,
     QWEN_MIN_TOKENS,
+    _smart_resize_fallback,  # noqa: F401 - the tests check it against qwen-vl-utils here
     qwen_target_size,
     resize_like_qwen,
 )

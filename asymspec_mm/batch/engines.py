@@ -188,7 +188,7 @@ class BatchEngine:
         del slots[length:]
         b = self._index(row)
         if dropped[0] >= self._T - len(dropped):  # a contiguous tail run (the usual rollback): one slice
-            self._live[b, dropped[0]:] = False
+            self._live[b, dropped[0] :] = False
         else:
             self._live[b, torch.tensor(dropped, device=self.device)] = False
         self._trim_tail()
@@ -253,7 +253,8 @@ class BatchEngine:
         none = torch.zeros(0, dtype=torch.long, device=self.device)
         # ids stay where they are (drafts on the GPU: no host sync); pads are token 0
         input_ids = torch.nn.utils.rnn.pad_sequence(
-            [ids[r].reshape(-1).to(self.device, torch.long) if r in ids else none for r in self._rows], batch_first=True)
+            [ids[r].reshape(-1).to(self.device, torch.long) if r in ids else none for r in self._rows], batch_first=True
+        )
         starts = torch.tensor([len(self._slots[r]) + self._delta[r] for r in self._rows])
         # real tokens of row b at slots T .. T+n_r-1, positions length_r + i (+ rope delta); pads continue the count
         positions = (starts.unsqueeze(1) + torch.arange(n_max)).to(self.device)
@@ -299,8 +300,10 @@ class BatchEngine:
             return self.length(row) * self._slot_bytes()
         if self.cache is None:
             return 0
-        return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-                   for layer in self.cache.layers)
+        return sum(
+            layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+            for layer in self.cache.layers
+        )
 
     def view(self, row: int) -> RowView:
         return RowView(self, row)

@@ -105,7 +105,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="skip",
         help="a failed generation: log to errors.jsonl and go on (retried by --resume), or stop [default: %(default)s]",
     )
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="problems of one variant decoded together (records identical to --batch-size 1) [default: %(default)s]",
+    )
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-chart", action="store_true", help="skip accuracy.png")
     r.add_argument("--dry-run", action="store_true", help="print the selection and variants; load no model")
 
@@ -152,6 +158,8 @@ def pipeline_llm(pipe: Any) -> Any:
 
 
 def _cmd_mathvista(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise AsymSpecError(f"--batch-size {args.batch_size}: give 1 (one problem at a time) or more")
     from . import mathvista as mv
 
     tasks_spec = args.tasks
@@ -208,6 +216,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         extract_mode=args.extract,
         on_error=args.on_error,
         progress=not args.no_progress,
+        batch_size=args.batch_size,
         dataset=args.dataset,
     )
     print(f"{summary.new} new records, {summary.skipped} already done, {len(summary.errors)} failed -> {records_path}")

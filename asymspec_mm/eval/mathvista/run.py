@@ -160,6 +160,27 @@ def _make_record(
     }
 
 
+def _batch_results(pipe: Any, chunk: list[tuple], variants: Sequence[Variant], make_config: Callable[..., Any]) -> dict:
+    """``{(variant, pid): result}`` of one chunk of problems, each variant's pending problems in one
+    ``generate_batch`` call. A chunk whose batch fails is left out, so its problems run one by one and each
+    failure is recorded against its own problem, exactly as in a sequential run."""
+    out: dict[tuple[str, str], Any] = {}
+    for variant in variants:
+        rows = [(str(p["pid"]), q, c, o, img) for p, pending, q, c, o, img in chunk if variant in pending]
+        if not rows:
+            continue
+        requests = [{"image": img, "question": q, "caption": c, "ocr": o} for _, q, c, o, img in rows]
+        try:
+            results = pipe.generate_batch(requests, method=variant.method, config=make_config(**dict(variant.config)),
+                                          batch_size=len(rows))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception:  # noqa: BLE001 - retried one by one, where each error is logged against its problem
+            continue
+        out.update({(variant.name, pid): res for (pid, *_), res in zip(rows, results)})
+    return out
+
+
 def run_mathvista(
     pipe: Any,
     problems: Sequence[Mapping[str, Any]],
@@ -178,6 +199,7 @@ def run_mathvista(
     dataset: str = "mathvista",
     image_loader: Callable[[Mapping[str, Any]], Any] = load_image,
     log: Callable[[str], None] = print,
+    batch_size: int = 1,
 ) -> RunSummary:
     """Run every variant on every problem, appending one record per finished pair to ``records_path``.
 
@@ -187,7 +209,9 @@ def run_mathvista(
     Problems are the outer loop, so one image serves all variants. ``on_error="skip"`` logs a
     failed generation to ``errors.jsonl`` next to the records and goes on (the pair stays
     unfinished and a resumed run retries it); ``"raise"`` stops. ``KeyboardInterrupt`` propagates
-    after everything finished so far is on disk.
+    after everything finished so far is on disk. ``batch_size`` > 1 (with a pipeline that has
+    ``generate_batch``) decodes that many problems of one variant together; the records are the same,
+    appended in the same order.
     """
     if on_error not in ("skip", "raise"):
         raise UnknownOptionError(f"on_error={on_error!r}: expected 'skip' or 'raise'")
@@ -205,39 +229,46 @@ def run_mathvista(
         bar = _Progress(pairs_total, already, progress)
         tally = _Tally()
         try:
-            for problem in problems:
-                pid = str(problem["pid"])
-                pending = [v for v in variants if (v.name, pid) not in store]
-                if not pending:
-                    continue
-                query = official_query(problem, text)
-                caption, ocr = view_for(problem, compressed, text, dataset=dataset)
-                image = image_loader(problem)
-                for variant in pending:
-                    t0 = time.perf_counter()
-                    try:
-                        res = pipe.generate(
-                            image, query, caption=caption, ocr=ocr, method=variant.method, config=make_config(**dict(variant.config))
-                        )
-                    except (KeyboardInterrupt, SystemExit, DatasetUnavailableError):
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - a failed generation must not lose the run
-                        if on_error == "raise":
+            batched = batch_size > 1 and callable(getattr(pipe, "generate_batch", None))
+            for start in range(0, len(problems), batch_size if batched else 1):
+                chunk = []
+                for problem in problems[start:start + (batch_size if batched else 1)]:
+                    pid = str(problem["pid"])
+                    pending = [v for v in variants if (v.name, pid) not in store]
+                    if pending:
+                        query = official_query(problem, text)
+                        caption, ocr = view_for(problem, compressed, text, dataset=dataset)
+                        chunk.append((problem, pending, query, caption, ocr, image_loader(problem)))
+                done = _batch_results(pipe, chunk, variants, make_config) if batched else {}
+                for problem, pending, query, caption, ocr, image in chunk:
+                    pid = str(problem["pid"])
+                    for variant in pending:
+                        t0 = time.perf_counter()
+                        try:
+                            res = done.get((variant.name, pid))
+                            if res is None:
+                                res = pipe.generate(image, query, caption=caption, ocr=ocr, method=variant.method,
+                                                    config=make_config(**dict(variant.config)))
+                        except (KeyboardInterrupt, SystemExit, DatasetUnavailableError):
                             raise
-                        err = {"pid": pid, "variant": variant.name, "error": f"{type(exc).__name__}: {exc}", "time": _now()}
-                        summary.errors.append(err)
-                        with open(errors_path, "a", encoding="utf-8") as f:
-                            f.write(json.dumps(err, ensure_ascii=False) + "\n")
-                        log(f"error: {variant.name} pid {pid}: {err['error']} (logged to {errors_path}; --resume retries it)")
-                        bar.update("error")
-                        continue
-                    wall_s = time.perf_counter() - t0
-                    record = _make_record(
-                        res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset, llm=llm, extract_mode=extract_mode
-                    )
-                    if store.append(record):
-                        summary.new += 1
-                    bar.update(tally.add(record["true_false"], record["stats"], record["new_tokens"], wall_s))
+                        except Exception as exc:  # noqa: BLE001 - a failed generation must not lose the run
+                            if on_error == "raise":
+                                raise
+                            err = {"pid": pid, "variant": variant.name, "error": f"{type(exc).__name__}: {exc}", "time": _now()}
+                            summary.errors.append(err)
+                            with open(errors_path, "a", encoding="utf-8") as f:
+                                f.write(json.dumps(err, ensure_ascii=False) + "\n")
+                            log(f"error: {variant.name} pid {pid}: {err['error']} (logged to {errors_path}; --resume retries it)")
+                            bar.update("error")
+                            continue
+                        wall_s = res.stats.get("wall_s", 0.0) if (variant.name, pid) in done else time.perf_counter() - t0
+                        record = _make_record(
+                            res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset, llm=llm,
+                            extract_mode=extract_mode
+                        )
+                        if store.append(record):
+                            summary.new += 1
+                        bar.update(tally.add(record["true_false"], record["stats"], record["new_tokens"], wall_s))
         except KeyboardInterrupt:
             bar.close()
             log(f"\ninterrupted: {len(store)} records are safe in {records_path}; rerun with --resume to continue")
