@@ -171,8 +171,7 @@ def _batch_results(pipe: Any, chunk: list[tuple], variants: Sequence[Variant], m
             continue
         requests = [{"image": img, "question": q, "caption": c, "ocr": o} for _, q, c, o, img in rows]
         try:
-            results = pipe.generate_batch(requests, method=variant.method, config=make_config(**dict(variant.config)),
-                                          batch_size=len(rows))
+            results = pipe.generate_batch(requests, method=variant.method, config=make_config(**dict(variant.config)), batch_size=len(rows))
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception:  # noqa: BLE001 - retried one by one, where each error is logged against its problem
@@ -232,7 +231,7 @@ def run_mathvista(
             batched = batch_size > 1 and callable(getattr(pipe, "generate_batch", None))
             for start in range(0, len(problems), batch_size if batched else 1):
                 chunk = []
-                for problem in problems[start:start + (batch_size if batched else 1)]:
+                for problem in problems[start : start + (batch_size if batched else 1)]:
                     pid = str(problem["pid"])
                     pending = [v for v in variants if (v.name, pid) not in store]
                     if pending:
@@ -247,8 +246,14 @@ def run_mathvista(
                         try:
                             res = done.get((variant.name, pid))
                             if res is None:
-                                res = pipe.generate(image, query, caption=caption, ocr=ocr, method=variant.method,
-                                                    config=make_config(**dict(variant.config)))
+                                res = pipe.generate(
+                                    image,
+                                    query,
+                                    caption=caption,
+                                    ocr=ocr,
+                                    method=variant.method,
+                                    config=make_config(**dict(variant.config)),
+                                )
                         except (KeyboardInterrupt, SystemExit, DatasetUnavailableError):
                             raise
                         except Exception as exc:  # noqa: BLE001 - a failed generation must not lose the run
@@ -263,8 +268,7 @@ def run_mathvista(
                             continue
                         wall_s = res.stats.get("wall_s", 0.0) if (variant.name, pid) in done else time.perf_counter() - t0
                         record = _make_record(
-                            res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset, llm=llm,
-                            extract_mode=extract_mode
+                            res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset, llm=llm, extract_mode=extract_mode
                         )
                         if store.append(record):
                             summary.new += 1
