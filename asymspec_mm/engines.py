@@ -151,6 +151,10 @@ class TextEngine:
         if hasattr(self, "rope_delta"):
             self.rope_delta = 0
 
+    def release(self) -> None:
+        """Drop the cache (its tokens now live elsewhere, e.g. in a batch); the engine is empty afterwards."""
+        self.cache = None
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached tokens."""
         drop = self.length - length

@@ -197,21 +197,29 @@ class AsymSpecPipeline:
         return self.stream(image, question, **kwargs).result
 
     def generate_batch(
-        self, requests, method: str = "asymspec", config: AsymSpecConfig | None = None, batch_size: int | None = None, **overrides
+        self,
+        requests,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        batch_size: int | None = None,
+        *,
+        kv_budget_bytes: int | None = None,
+        **overrides,
     ) -> list[MMResult]:
         """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
         :class:`~asymspec_mm.batch.Request`), decoding up to ``batch_size`` of them together; results in input
-        order, each equal to :meth:`generate` of that request alone (see :mod:`asymspec_mm.batch`)."""
+        order, each equal to :meth:`generate` of that request alone; ``kv_budget_bytes`` bounds the rows by the
+        KV memory they may reach (see :mod:`asymspec_mm.batch`)."""
         from .batch.generate import generate_batch
 
-        return generate_batch(self, requests, method, config, batch_size, **overrides)
+        return generate_batch(self, requests, method, config, batch_size, kv_budget_bytes=kv_budget_bytes, **overrides)
 
-    def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None):
+    def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None):
         """A continuous-batching :class:`~asymspec_mm.batch.Scheduler` for concurrent callers of this pipeline:
         ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``."""
         from .batch.scheduler import Scheduler
 
-        return Scheduler(self, max_batch_size=max_batch_size, max_queue=max_queue)
+        return Scheduler(self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes)
 
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
         """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""

@@ -54,6 +54,7 @@ class Row:
     counters: Counters
     emitter: Emitter
     trace: list[TokenEvent]
+    kv_need: int = 0
     step: int = 0
     max_batch: int = 0
     result: MMResult | None = None
@@ -70,19 +71,21 @@ class BatchDecoder:
         self.rows: dict[int, Row] = {}
 
     def add(self, rid: int, session: Session) -> Row:
-        """Let a prepared request join (its prefilled single-row streams are adopted, then released)."""
+        """Let a prepared request join: the batch copies its prefilled single-row streams' KV and releases them."""
         if batch_key(session.method, session.config) != self.key:
             raise UnknownOptionError(
                 f"request {rid}: method/config differ from this batch's ({self.method}); "
                 "rows of one batch share every setting but max_new_tokens and stop_strings"
             )
+        need = self.kv_need(session)
         for name, engine in self.engines.items():
             engine.join(rid, session.streams[name])
+            session.streams[name].release()  # the batch holds its own copy of the row's KV now
         views = {name: RowView(engine, rid) for name, engine in self.engines.items()}
         counters = Counters(self.cfg.k, views)
         emitter = Emitter(counters, session.config.max_new_tokens, session.eos_ids, session.stop_fn)
         streams = {name: Stream(views[name], session.pending[name]) for name in views}
-        row = Row(rid, session, streams, counters, emitter, [])
+        row = Row(rid, session, streams, counters, emitter, [], kv_need=need)
         self.rows[rid] = row
         return row
 
@@ -124,9 +127,21 @@ class BatchDecoder:
             engine.leave(rid)
         del self.rows[rid]
 
+    def kv_need(self, session: Session) -> int:
+        """The most KV bytes ``session`` can hold in this batch: its prompts plus its token budget and one step's
+        speculative positions, on every stream (what a memory budget reserves for it)."""
+        extra = session.config.max_new_tokens + self.cfg.k + 2
+        return sum(engine.slot_bytes() * (session.streams[name].length + extra) for name, engine in self.engines.items())
+
+    @property
+    def kv_reserved(self) -> int:
+        """:meth:`kv_need` summed over the live rows (each reserved when it joined)."""
+        return sum(row.kv_need for row in self.rows.values())
+
     def _finish(self, row: Row) -> None:
         row.result = self.pipe.result_of(row.session, row.counters, row.trace)
         row.result.stats["batch_size"] = row.max_batch
+        row.result.stats["kv_bytes"] = {name: engine.kv_bytes(row.id) for name, engine in self.engines.items()}
         for engine in self.engines.values():
             engine.leave(row.id)
         del self.rows[row.id]

@@ -290,14 +290,14 @@ class BatchEngine:
         return {r: result[r] for r in ids}
 
     # ------------------------------------------------------------------ memory
-    def _slot_bytes(self) -> int:
+    def slot_bytes(self) -> int:
         """Bytes of one slot of one row over all layers (keys and values)."""
         return self._n_layers * 2 * self._kv_heads * self._head_dim * torch.empty((), dtype=self._dtype).element_size()
 
     def kv_bytes(self, row: int | None = None) -> int:
         """KV memory held by ``row``'s live slots; ``None``: the whole cache, holes included."""
         if row is not None:
-            return self.length(row) * self._slot_bytes()
+            return self.length(row) * self.slot_bytes()
         if self.cache is None:
             return 0
         return sum(

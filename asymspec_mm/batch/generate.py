@@ -45,12 +45,17 @@ def generate_batch(
     method: str = "asymspec",
     config: AsymSpecConfig | None = None,
     batch_size: int | None = None,
+    *,
+    kv_budget_bytes: int | None = None,
     **overrides,
 ) -> list[MMResult]:
     """Answer every request; results in input order, each equal to ``pipe.generate`` of that request alone.
 
     Up to ``batch_size`` rows decode together; a finished row's place goes to the next request at once.
-    Each result's ``stats["batch_size"]`` is the most rows that shared a step with it.
+    ``kv_budget_bytes`` bounds the rows further: a request joins only while the live rows' reserved KV
+    (:meth:`BatchDecoder.kv_need`: prompt + token budget, every stream) fits, and always when no row is live.
+    Each result's ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]``
+    the KV bytes it held per stream when it finished.
     """
     check_method(method)
     cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
@@ -63,13 +68,22 @@ def generate_batch(
     decoder = BatchDecoder(pipe, method, cfg)
     upcoming = iter(enumerate(todo))
 
+    waiting: list = []  # a prepared request that did not fit the KV budget yet
+
     def refill() -> None:
         while len(decoder.rows) < size:
-            nxt = next(upcoming, None)
-            if nxt is None:
+            if not waiting:
+                nxt = next(upcoming, None)
+                if nxt is None:
+                    return
+                i, req = nxt
+                prepared = pipe.prepare(req.image, req.question, caption=req.caption, ocr=req.ocr, method=method, config=cfg)
+                waiting.append((i, prepared))
+            i, session = waiting[0]
+            if decoder.rows and kv_budget_bytes is not None and decoder.kv_reserved + decoder.kv_need(session) > kv_budget_bytes:
                 return
-            i, req = nxt
-            decoder.add(i, pipe.prepare(req.image, req.question, caption=req.caption, ocr=req.ocr, method=method, config=cfg))
+            waiting.pop(0)
+            decoder.add(i, session)
 
     refill()
     while decoder.rows:

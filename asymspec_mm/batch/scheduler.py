@@ -102,10 +102,11 @@ class _Waiting:
 class Scheduler:
     """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
 
-    def __init__(self, pipe: AsymSpecPipeline, max_batch_size: int = 16, max_queue: int | None = None):
+    def __init__(self, pipe: AsymSpecPipeline, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
-        self.pipe, self.max_batch_size, self.max_queue = pipe, max_batch_size, max_queue
+        self.pipe, self.max_batch_size, self.max_queue, self.max_kv_bytes = pipe, max_batch_size, max_queue, max_kv_bytes
+        self._held: tuple | None = None  # a prepared request waiting for KV room
         self._waiting: deque[_Waiting] = deque()
         self._handles: dict[int, Handle] = {}
         self._decoders: dict[tuple, BatchDecoder] = {}
@@ -153,7 +154,7 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + (self._held is not None)
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the rows being decoded and the waiting requests, then stop the worker."""
@@ -176,31 +177,47 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self.live_rows and not self._closing:
+                while not self._waiting and not self.live_rows and self._held is None and not self._closing:
                     self._cond.wait()
-                if self._closing and not self._waiting and not self.live_rows:
+                if self._closing and not self._waiting and not self.live_rows and self._held is None:
                     return
             self._retire_cancelled()
             self._admit()
             self._step_one()
 
     def _admit(self) -> None:
-        """Set up waiting requests while rows are free (each fails alone: a bad image errors only its handle)."""
+        """Set up waiting requests while rows are free and their KV fits ``max_kv_bytes`` (one always fits when no
+        row is live). Each fails alone: a bad image errors only its own handle."""
         while self.live_rows < self.max_batch_size:
-            with self._cond:
-                if not self._waiting:
-                    return
-                w = self._waiting.popleft()
+            if self._held is None:
+                with self._cond:
+                    if not self._waiting:
+                        return
+                    w = self._waiting.popleft()
+                if w.handle.cancelled:
+                    self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+                    continue
+                try:
+                    session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
+                    decoder = self._decoders.get(w.key)
+                    if decoder is None:
+                        decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config)
+                except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
+                    self._drop(w.handle, exc)
+                    continue
+                self._held = (w, session, decoder)
+            w, session, decoder = self._held
             if w.handle.cancelled:
+                self._held = None
                 self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
                 continue
+            reserved = sum(d.kv_reserved for d in self._decoders.values())
+            if self.live_rows and self.max_kv_bytes is not None and reserved + decoder.kv_need(session) > self.max_kv_bytes:
+                return
+            self._held = None
             try:
-                session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
-                decoder = self._decoders.get(w.key)
-                if decoder is None:
-                    decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config)
                 decoder.add(w.handle.id, session)
-            except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
+            except Exception as exc:  # noqa: BLE001
                 self._drop(w.handle, exc)
 
     def _step_one(self) -> None:
