@@ -36,18 +36,25 @@ def _requests(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def _row_config(cfg: AsymSpecConfig, r: dict) -> AsymSpecConfig:
+    return cfg.with_(max_new_tokens=r["max_new_tokens"], stop_strings=tuple(r.get("stop", ())))
+
+
 def _alone(pipe, reqs, method, cfg):
     return [
-        pipe.generate(
-            r["image"],
-            r["question"],
-            caption=r["caption"],
-            ocr=r["ocr"],
-            method=method,
-            config=cfg.with_(max_new_tokens=r["max_new_tokens"]),
-        )
+        pipe.generate(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method=method, config=_row_config(cfg, r))
         for r in reqs
     ]
+
+
+def _with_stop_strings(pipe, reqs, method, cfg):
+    """Every third request also stops at a string its answer alone reaches half-way (rows stop by stop string)."""
+    plain = _alone(pipe, reqs, method, cfg)
+    for i, (r, res) in enumerate(zip(reqs, plain)):
+        piece = res.trace[len(res.trace) // 2].text.strip() if res.trace else ""
+        if i % 3 == 0 and piece:
+            r["stop"] = (piece,)
+    return _alone(pipe, reqs, method, cfg)
 
 
 def _same(batched, alone) -> None:
@@ -77,7 +84,7 @@ def _batched(pipe, reqs, method, cfg, batch_size):
                     caption=r["caption"],
                     ocr=r["ocr"],
                     method=method,
-                    config=cfg.with_(max_new_tokens=r["max_new_tokens"]),
+                    config=_row_config(cfg, r),
                 ),
             )
         live_max = max(live_max, len(decoder.rows))
@@ -99,9 +106,10 @@ CASES = [
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=["asymspec", "asymspec-gated", "sd", "floor", "drafter"])
 def test_batched_rows_equal_each_request_alone(tiny_pipe, method, cfg):
-    n = N_REQUESTS if method == "asymspec" else 12
-    reqs = _requests(n, seed=len(method))
-    alone = _alone(tiny_pipe, reqs, method, cfg)
+    reqs = _requests(N_REQUESTS, seed=len(method))
+    alone = _with_stop_strings(tiny_pipe, reqs, method, cfg)
+    assert any(a.stats["stopped_by"] == "stop_string" for a in alone)
+    assert len({len(a.token_ids) for a in alone}) > 3  # rows stop at different points
     for batch_size in (2, 5, 8):
         _same(_batched(tiny_pipe, reqs, method, cfg, batch_size), alone)
 
