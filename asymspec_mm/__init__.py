@@ -15,7 +15,10 @@ _LAZY = {
     "mm_generate": "asymspec_mm.pipeline",
     "MMResult": "asymspec_mm.pipeline",
     "Prompts": "asymspec_mm.pipeline",
-    "AsymSpecConfig": "asymspec_mm.decode",
+    "AsymSpecConfig": "asymspec_mm.config",
+    "GenerationStream": "asymspec_mm.session",
+    "Session": "asymspec_mm.session",
+    "Request": "asymspec_mm.batch",
     "TokenEvent": "asymspec_mm.decode",
 }
 
@@ -32,5 +35,8 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .decode import AsymSpecConfig, TokenEvent
+    from .batch import Request
+    from .config import AsymSpecConfig
+    from .decode import TokenEvent
     from .pipeline import AsymSpecPipeline, MMResult, Prompts, mm_generate
+    from .session import GenerationStream, Session
