@@ -2,17 +2,15 @@
 
 vLLM is not modified. Three public pieces of it are used:
 
-* ``worker_extension_cls``: :class:`AsymSpecWorkerExtension` is mixed into vLLM's worker. Its
-  ``asymspec_install`` wraps the worker's model runner's ``execute_model`` *on that instance*: after
-  each forward it reads the final hidden states of the tokens computed in the step (the runner's
-  ``execute_model_state.hidden_states``, the tensor vLLM itself samples from), keeps the rows an
-  engine asked for and applies the model's own ``compute_logits`` to them (a collective over the
-  tensor-parallel group, so every rank runs it, as vLLM's sampler does).
-* ``collective_rpc``: the engine collects those logits after each request (``asymspec_take``).
+* ``worker_extension_cls``: :class:`~asymspec_mm.vllm_worker.AsymSpecWorkerExtension` (re-exported here, the
+  name vLLM loads) is mixed into vLLM's worker; it captures, after each forward, the logits of the rows a
+  request asked for (see :mod:`asymspec_mm.vllm_worker`).
+* ``collective_rpc``: the engines collect those logits after each call (``asymspec_take_many``).
 * prefix caching: every ``extend`` submits the stream's whole context (prompt + committed tokens +
   the new ones) as one ``max_tokens=1`` request; vLLM reuses the cached full blocks, so a step
   recomputes only the last partial block and the new tokens (at most ``block_size - 1 + n`` tokens,
-  O(K) per step, never the prompt).
+  O(K) per step, never the prompt). :func:`run_requests` / :func:`extend_many` submit the requests of
+  several streams in one ``LLM.generate`` call (what :class:`asymspec_mm.batch.vllm.VLLMBatchEngine` does).
 
 A requested row may have been served from the prefix cache and not recomputed (the same tokens at
 the same positions were computed before, e.g. after a rollback the loop re-proposes the same
@@ -42,6 +40,7 @@ from typing import Any
 import torch
 
 from .errors import AsymSpecError
+from .vllm_worker import ARG, AsymSpecWorkerExtension  # noqa: F401 - re-exported: vLLM loads EXTENSION by this name
 
 log = logging.getLogger("asymspec_mm.vllm")
 
@@ -52,7 +51,6 @@ SUPPORTED_VLLM = (">=0.31", "<0.33")
 _MIN, _MAX = (0, 31), (0, 33)
 
 EXTENSION = "asymspec_mm.vllm_engine.AsymSpecWorkerExtension"
-_ARG = "asymspec"  # key in SamplingParams.extra_args
 
 
 class VLLMUnavailableError(AsymSpecError):
@@ -97,112 +95,6 @@ def check_vllm(allow_unsupported: bool | None = None) -> str:
     return version
 
 
-# ---------------------------------------------------------------------------------------- worker side
-class AsymSpecWorkerExtension:
-    """Mixed into vLLM's GPU/CPU worker (``worker_extension_cls``); methods are called via ``collective_rpc``.
-
-    The worker's ``__init__`` does not run ours, so state is created by :meth:`asymspec_install`.
-    """
-
-    def asymspec_install(self) -> dict:
-        """Wrap this worker's ``model_runner.execute_model`` (idempotent). Returns what was hooked."""
-        runner = self.model_runner
-        if getattr(runner, "_asymspec_store", None) is not None:
-            return {"installed": True, "runner": type(runner).__module__}
-        store: dict[str, dict] = {}  # key -> {"first": first computed position, "rows": {pos: logits}}
-        tracked: dict[str, list] = {}  # vLLM req id -> [key, wanted_from, next position]
-        original = runner.execute_model
-
-        def execute_model(scheduler_output, *args, **kwargs):
-            out = original(scheduler_output, *args, **kwargs)
-            if kwargs.get("dummy_run") or scheduler_output is None:  # profiling / DP padding runs
-                return out
-            try:
-                _capture(runner, scheduler_output, store, tracked)
-            except Exception as exc:  # never break vLLM's step; the engine raises with this message
-                log.exception("asymspec: capturing hidden states failed")
-                for rid in scheduler_output.num_scheduled_tokens:
-                    if rid in tracked and tracked[rid][0] in store:
-                        store[tracked[rid][0]]["error"] = f"{type(exc).__name__}: {exc}"
-            return out
-
-        runner.execute_model = execute_model
-        runner._asymspec_store = store
-        runner._asymspec_tracked = tracked
-        return {"installed": True, "runner": type(runner).__module__}
-
-    def asymspec_take(self, key: str, to_cpu: bool = True):
-        """Pop the rows captured for ``key``: ``(first_computed_position, positions [m], logits [m, V])``.
-
-        ``logits`` is None on ranks that do not hold the gathered logits (TP rank > 0).
-        """
-        entry = self.model_runner._asymspec_store.pop(key, None)
-        if entry is None:
-            return None
-        if "error" in entry:
-            raise RuntimeError(f"capturing the hidden states in vLLM's worker failed: {entry['error']}")
-        rows = entry["rows"]
-        positions = sorted(rows)
-        logits = None
-        if positions and rows[positions[0]] is not None:
-            logits = torch.stack([rows[p] for p in positions])
-            if to_cpu:
-                logits = logits.cpu()
-        return entry["first"], positions, logits
-
-    def asymspec_pending(self) -> int:
-        """Number of captured, not yet taken entries (tests check nothing leaks)."""
-        return len(self.model_runner._asymspec_store)
-
-
-def _batch_order(runner, state) -> list[str]:
-    """Request ids in the row order of the step's hidden states (V2: state.input_batch, V1: runner.input_batch)."""
-    batch = getattr(state, "input_batch", None)
-    if batch is None:
-        batch = runner.input_batch
-    return [r for r in list(batch.req_ids)[: batch.num_reqs] if r is not None]
-
-
-@torch.inference_mode()
-def _capture(runner, scheduler_output, store: dict, tracked: dict) -> None:
-    for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
-        tracked.pop(rid, None)
-    for new in scheduler_output.scheduled_new_reqs:
-        sp = new.sampling_params
-        extra = (sp.extra_args or {}).get(_ARG) if sp is not None else None
-        if extra:
-            tracked[new.req_id] = [extra["key"], int(extra["from"]), int(new.num_computed_tokens)]
-            store.setdefault(extra["key"], {"first": int(new.num_computed_tokens), "rows": {}})
-    if not tracked:
-        return
-    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)  # continuing (chunked, resumed) requests
-    if cached is not None:  # their computed count at the start of this step
-        for rid, done in zip(getattr(cached, "req_ids", ()) or (), getattr(cached, "num_computed_tokens", ()) or ()):
-            if rid in tracked:
-                tracked[rid][2] = int(done)
-    num_sched = scheduler_output.num_scheduled_tokens
-    if not any(rid in tracked for rid in num_sched):
-        return
-    state = getattr(runner, "execute_model_state", None)
-    hidden = getattr(state, "hidden_states", None) if state is not None else None
-    if not isinstance(hidden, torch.Tensor):
-        raise RuntimeError("no hidden states after the step (pipeline parallelism or a pooling model?)")
-    offset = 0
-    for rid in _batch_order(runner, state):
-        n = int(num_sched.get(rid, 0))
-        t = tracked.get(rid)
-        if t is not None and n:
-            key, wanted, start = t
-            lo = max(wanted - start, 0)
-            if lo < n:
-                logits = runner.model.compute_logits(hidden[offset + lo : offset + n])
-                entry = store[key]
-                for i in range(n - lo):
-                    entry["rows"][start + lo + i] = None if logits is None else logits[i].float()
-            t[2] = start + n
-        offset += n
-
-
 # ---------------------------------------------------------------------------------------- engine side
 def vllm_llm(model: str | Path, **vllm_kwargs) -> Any:
     """Create a ``vllm.LLM`` for AsymSpec streams: prefix caching on, the worker extension installed.
@@ -242,6 +134,103 @@ def _in_process(llm) -> bool:
     return type(client).__name__ == "InprocClient" and backend in ("uni", None)
 
 
+def run_requests(llm, requests: list[tuple[VLLMEngine, list[int], int | None, int]]) -> list[tuple[Any, Any]]:
+    """Submit requests of engines on one ``llm`` in ONE ``LLM.generate`` call and collect their captured rows in
+    one RPC. Each request is ``(engine, context tokens, first wanted position or None, max_tokens)``; returns
+    ``(vLLM's RequestOutput, captured (first, positions, logits) or None)`` per request, in order.
+
+    Every request is checked against the context window before anything is submitted; each engine's
+    ``tokens_computed`` and ``forward_calls`` (+1) are updated.
+    """
+    from vllm import SamplingParams
+
+    prompts, params, keys = [], [], []
+    for engine, tokens, wanted_from, max_tokens in requests:
+        if len(tokens) + max_tokens > engine.max_model_len:
+            from .errors import ContextOverflowError
+
+            raise ContextOverflowError(
+                f"the {engine.name} stream needs {len(tokens) + max_tokens} positions but vLLM's max_model_len is "
+                f"{engine.max_model_len}: raise max_model_len in vllm_kwargs or lower max_new_tokens"
+            )
+        key = extra = None
+        if wanted_from is not None:
+            key = uuid.uuid4().hex
+            extra = {ARG: {"key": key, "from": wanted_from}}
+        # ignore_eos: a request decoding several tokens (drafting) must not stop at an EOS
+        params.append(SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True, extra_args=extra))
+        prompt = engine._prompt(tokens)
+        if engine._salt is not None:
+            prompt["cache_salt"] = engine._salt
+        prompts.append(prompt)
+        keys.append(key)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for (engine, tokens, _, _), out in zip(requests, outs):
+        engine._last_output = out
+        generated = len(out.outputs[0].token_ids) if out.outputs else 1
+        engine.tokens_computed += len(tokens) - (out.num_cached_tokens or 0) + max(generated - 1, 0)
+        engine.forward_calls += 1
+    wanted = [k for k in keys if k is not None]
+    got: dict[str, Any] = {}
+    if wanted:
+        inproc = all(engine._inproc for engine, *_ in requests)
+        got = dict(zip(wanted, llm.collective_rpc("asymspec_take_many", args=(wanted, not inproc))[0]))
+    return [(out, got.get(k) if k is not None else None) for out, k in zip(outs, keys)]
+
+
+def captured_rows(engine: VLLMEngine, got) -> dict[int, torch.Tensor]:
+    """``{position: logits [V]}`` of one request's captured rows."""
+    if got is None:
+        raise RuntimeError(f"{engine.name}: vLLM returned no captured rows (is the worker extension installed?)")
+    _, positions, logits = got
+    if logits is None and positions:
+        raise RuntimeError(f"{engine.name}: rank 0 holds no logits (pipeline parallelism is not supported)")
+    return {p: logits[i] for i, p in enumerate(positions)} if positions else {}
+
+
+def extend_many(llm, items: list[tuple[VLLMEngine, list[int]]]) -> tuple[list[torch.Tensor], int]:
+    """Append ``new`` tokens to each engine of ``items`` (``(engine, new)``; engines of one ``llm``, each at most
+    once) with ONE ``LLM.generate`` call for all of them; returns (logits ``[n, V]`` per item, generate calls).
+
+    Rows vLLM served from its prefix cache come from the engine's previous call when it computed them over the
+    same tokens; the items still missing rows are re-requested together under fresh salts (a second call)."""
+    tokens = [engine.tokens + new for engine, new in items]
+    starts = [len(engine.tokens) for engine, _ in items]
+    rows: list[dict[int, torch.Tensor]] = [{} for _ in items]
+    todo, calls = list(range(len(items))), 0
+    for _attempt in range(2):
+        results = run_requests(llm, [(items[i][0], tokens[i], starts[i], 1) for i in todo])
+        calls += 1
+        again = []
+        for i, (_, got) in zip(todo, results):
+            engine = items[i][0]
+            wanted = range(starts[i], len(tokens[i]))
+            rows[i] = captured_rows(engine, got)
+            missing = [p for p in wanted if p not in rows[i]]
+            if missing:
+                rows[i].update(engine._from_memory(tokens[i], missing))
+                missing = [p for p in wanted if p not in rows[i]]
+            if missing:  # served from the prefix cache and not in our memory: recompute under a fresh namespace
+                engine.cache_rerequests += 1
+                log.debug("%s: positions %s came from vLLM's prefix cache; re-requesting under a new cache_salt", engine.name, missing)
+                engine._salt = f"asymspec-{engine.name}-{uuid.uuid4().hex}"
+                again.append(i)
+        todo = again
+        if not todo:
+            break
+    else:
+        names = sorted({items[i][0].name for i in todo})
+        raise RuntimeError(f"{names}: vLLM did not recompute the requested positions even under a fresh cache_salt")
+    out = []
+    for i, (engine, new) in enumerate(items):
+        wanted = range(starts[i], len(tokens[i]))
+        engine._memory = (tokens[i], {p: rows[i][p] for p in wanted})
+        engine.tokens = tokens[i]
+        engine.tokens_forwarded += len(new)
+        out.append(torch.stack([rows[i][p] for p in wanted]).to(engine.device))
+    return out, calls
+
+
 class VLLMEngine:
     """One KV-cached text stream on a ``vllm.LLM`` (the verifier, the drafter's compressed view).
 
@@ -249,6 +238,7 @@ class VLLMEngine:
     returns full-vocabulary logits ``[n, V]`` for the new positions, ``truncate`` rolls back (only the
     token list: vLLM's cache keeps the blocks and reuses those that still match). Several engines may
     share one ``LLM`` (each has its own prefix-cache namespace); calls must not interleave from threads.
+    :class:`asymspec_mm.batch.vllm.VLLMBatchEngine` serves many such streams with one call per step.
 
     ``tokens_forwarded`` counts tokens the stream asked for (as TextEngine does); ``tokens_computed``
     counts the tokens vLLM actually ran (the last partial cache block is recomputed each step).
@@ -287,32 +277,6 @@ class VLLMEngine:
     def length(self) -> int:
         return len(self.tokens)
 
-    def _submit(self, tokens: list[int], wanted_from: int | None) -> str | None:
-        from vllm import SamplingParams
-
-        if len(tokens) + 1 > self.max_model_len:
-            from .errors import ContextOverflowError
-
-            raise ContextOverflowError(
-                f"the {self.name} stream needs {len(tokens) + 1} positions but vLLM's max_model_len is "
-                f"{self.max_model_len}: raise max_model_len in vllm_kwargs or lower max_new_tokens"
-            )
-        key = None
-        extra = None
-        if wanted_from is not None:
-            key = uuid.uuid4().hex
-            extra = {_ARG: {"key": key, "from": wanted_from}}
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args=extra)
-        prompt = self._prompt(tokens)
-        if self._salt is not None:
-            prompt["cache_salt"] = self._salt
-        out = self.llm.generate([prompt], params, use_tqdm=False)
-        self._last_output = out[0]
-        cached = out[0].num_cached_tokens or 0
-        self.tokens_computed += len(tokens) - cached
-        self.forward_calls += 1
-        return key
-
     def _prompt(self, tokens: list[int]) -> dict[str, Any]:
         """The vLLM prompt for the stream's context ``tokens`` (text streams: the ids themselves)."""
         return {"prompt_token_ids": tokens}
@@ -323,47 +287,15 @@ class VLLMEngine:
         self._salt = self._new_salt()
         self._memory = ([], {})
         if self.tokens:
-            self._submit(self.tokens, None)
+            run_requests(self.llm, [(self, self.tokens, None, 1)])
             self.tokens_forwarded += len(self.tokens)
-
-    def _take(self, key: str):
-        results = self.llm.collective_rpc("asymspec_take", args=(key, not self._inproc))
-        return results[0]
 
     def extend(self, ids: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` ``[n]`` and return their next-token logits ``[n, V]``."""
         new = [int(t) for t in ids.reshape(-1).tolist()]
         if not new:
             raise ValueError("extend() needs at least one token")
-        start = len(self.tokens)
-        tokens = self.tokens + new
-        wanted = range(start, len(tokens))
-        rows: dict[int, torch.Tensor] = {}
-        for _attempt in range(2):
-            got = self._take(self._submit(tokens, start))
-            if got is None:
-                raise RuntimeError(f"{self.name}: vLLM returned no captured rows (is the worker extension installed?)")
-            _, positions, logits = got
-            if logits is None and positions:
-                raise RuntimeError(f"{self.name}: rank 0 holds no logits (pipeline parallelism is not supported)")
-            rows = {p: logits[i] for i, p in enumerate(positions)} if positions else {}
-            missing = [p for p in wanted if p not in rows]
-            if missing:
-                rows.update(self._from_memory(tokens, missing))
-                missing = [p for p in wanted if p not in rows]
-            if not missing:
-                break
-            # Served from the prefix cache and not in our memory: recompute under a fresh namespace.
-            self.cache_rerequests += 1
-            log.debug("%s: positions %s came from vLLM's prefix cache; re-requesting under a new cache_salt", self.name, missing)
-            self._salt = f"asymspec-{self.name}-{uuid.uuid4().hex}"
-        else:
-            raise RuntimeError(f"{self.name}: vLLM did not recompute positions {missing} even under a fresh cache_salt")
-        out = torch.stack([rows[p] for p in wanted])
-        self._memory = (tokens, {p: rows[p] for p in wanted})
-        self.tokens = tokens
-        self.tokens_forwarded += len(new)
-        return out.to(self.device)
+        return extend_many(self.llm, [(self, new)])[0][0]
 
     def _from_memory(self, tokens: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
         """Rows the previous call computed over the same tokens (a row at p depends on tokens[:p+1])."""
@@ -379,6 +311,11 @@ class VLLMEngine:
         """Keep the first ``length`` tokens (vLLM's cached blocks stay; matching ones are reused)."""
         if length < len(self.tokens):
             self.tokens = self.tokens[:length]  # a new list: the row memory keeps the old one
+
+    def release(self) -> None:
+        """Forget the stream (its state now lives elsewhere, e.g. in a batch); vLLM's cached blocks stay."""
+        self.tokens = []
+        self._memory = ([], {})
 
 
 def image_uuid(image) -> str:
@@ -454,7 +391,7 @@ class VLLMVLEngine(VLLMEngine):
             return
         # vLLM expands the pads; its expanded prompt defines the stream's positions.
         self._prompt_len = len(head)  # provisional: _prompt() submits exactly `head`
-        self._submit(head, None)
+        run_requests(self.llm, [(self, head, None, 1)])
         expanded = list(self._last_output.prompt_token_ids or [])
         if runs and len(given) != len(head) and expanded != given:
             raise ValueError(
@@ -468,7 +405,7 @@ class VLLMVLEngine(VLLMEngine):
                 f"the {self.name} prompt has {len(expanded)} tokens with its image(s) expanded; "
                 f"vLLM's max_model_len is {self.max_model_len}"
             )
-        self.tokens_computed += len(expanded) - len(head)  # _submit counted the collapsed length
+        self.tokens_computed += len(expanded) - len(head)  # run_requests counted the collapsed length
         self.tokens = expanded
         self._prompt_len = len(expanded)
         self.tokens_forwarded += len(expanded)

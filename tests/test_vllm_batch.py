@@ -1,0 +1,484 @@
+"""Batched vLLM streams: :class:`asymspec_mm.batch.vllm.VLLMBatchEngine` against single vLLM engines and transformers.
+
+Runs in the vLLM venv (``.venv-vllm``, see VLLM.md), real forwards of tiny random fp32 models (the text pair the
+vLLM engine tests build, and the tiny Qwen3-VL drafter for the image stream); elsewhere it is skipped, and
+``ASYMSPEC_REQUIRE_VLLM=1`` turns the skip into a failure. Every row of a batch engine must give the logits (allclose
+1e-4) and greedy tokens of the same stream alone, on a single ``VLLMEngine`` and on transformers (``TextEngine`` /
+``BatchEngine`` / ``VLEngine``), over random accept/reject rounds with ragged extends, per-row rollbacks, rows
+joining and leaving; each ``extend`` is ONE ``LLM.generate`` call whatever the number of rows, and ``draft`` (k greedy
+tokens per row in one call) equals k extends.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import random
+import types
+
+import pytest
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if HAVE_VLLM:  # vLLM's CPU build: a small KV cache, the engine in this process, one OpenMP thread (before vLLM loads)
+    for _k, _v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("OMP_NUM_THREADS", "1")):
+        os.environ.setdefault(_k, _v)
+
+import torch  # noqa: E402
+
+from asymspec_mm.testing import build_text_pair  # noqa: E402
+from asymspec_mm.vllm_engine import VLLMUnavailableError, check_vllm  # noqa: E402
+
+_SKIP = "" if HAVE_VLLM else "vLLM is not installed here: run it in .venv-vllm (bash scripts/vllm_venv.sh, see VLLM.md)"
+if HAVE_VLLM:
+    try:
+        check_vllm()
+    except VLLMUnavailableError as exc:
+        _SKIP = str(exc)
+if _SKIP and os.environ.get("ASYMSPEC_REQUIRE_VLLM", "") not in ("", "0"):
+    raise RuntimeError(f"ASYMSPEC_REQUIRE_VLLM is set but vLLM is unusable: {_SKIP}")
+
+needs_vllm = pytest.mark.skipif(bool(_SKIP), reason=_SKIP or "vLLM available")
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32
+LLM_KW = dict(dtype="float32", enforce_eager=True, block_size=BLOCK, max_model_len=1024, seed=0)
+ATOL = RTOL = 1e-4
+CHUNK = 64  # the verifier LLM's max_num_batched_tokens: a batched call spans several vLLM steps
+
+
+def _close(got, want, what):
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"{what}: {m}")
+    assert torch.equal(got.argmax(-1), want.argmax(-1)), f"{what}: greedy tokens differ"
+
+
+def _rand(rng, vocab, n):
+    return torch.tensor([rng.randrange(vocab) for _ in range(n)])
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    if _SKIP:
+        pytest.skip(_SKIP)
+    from asymspec_mm.vllm_engine import VLLMModel
+
+    _, verifier, (_, v_dir) = build_text_pair(tmp_path_factory.mktemp("vllm_batch_pair"))
+    served = VLLMModel.from_pretrained(v_dir, **LLM_KW, max_num_batched_tokens=CHUNK)
+    return types.SimpleNamespace(verifier=verifier, served=served, llm=served.llm, vocab=verifier.config.vocab_size)
+
+
+def test_take_many_collects_every_key_in_one_rpc():
+    """The worker's asymspec_take_many (what the engines call once per batched call), on a stand-in V1 runner: the
+    rows of several requests of one step, an uncaptured key, and a failed capture that still frees every key."""
+    from test_vllm_engine import _fake_step, _FakeRunner
+
+    from asymspec_mm.vllm_engine import AsymSpecWorkerExtension
+
+    worker = AsymSpecWorkerExtension()
+    worker.model_runner = runner = _FakeRunner(v2=False)
+    worker.asymspec_install()
+    sched, hidden = _fake_step([("a", 32, {"key": "ka", "from": 33}), ("b", 0, {"key": "kb", "from": 1})], [("a", 3), ("b", 2)])
+    runner.steps.append((["a", "b"], hidden))
+    runner.execute_model(sched)
+    (fa, pa, la), (fb, pb, lb), none = worker.asymspec_take_many(["ka", "kb", "nothing"])
+    assert (fa, pa, fb, pb, none) == (32, [33, 34], 0, [1], None)
+    torch.testing.assert_close(la, torch.cat([hidden[1:3], -hidden[1:3]], dim=-1))
+    torch.testing.assert_close(lb, torch.cat([hidden[4:5], -hidden[4:5]], dim=-1))
+    sched, hidden = _fake_step([("c", 0, {"key": "kc", "from": 0}), ("d", 0, {"key": "kd", "from": 0})], [("c", 1), ("d", 1)])
+    runner.steps.append((["c", "d"], hidden))
+    runner.model.compute_logits = lambda h: 1 / 0
+    runner.execute_model(sched)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        worker.asymspec_take_many(["kc", "kd"])
+    assert worker.asymspec_pending() == 0  # both entries were popped
+
+
+class _Rows:
+    """The same rows on a VLLMBatchEngine and on references: single VLLMEngines, TextEngines, a transformers BatchEngine
+    (each prefilled on its own, so every vLLM stream has its own prefix-cache namespace)."""
+
+    def __init__(self, pair):
+        from asymspec_mm.batch import BatchEngine
+        from asymspec_mm.batch.vllm import VLLMBatchEngine
+
+        self.pair = pair
+        self.batch = VLLMBatchEngine(pair.served, "verifier")
+        self.tbatch = BatchEngine(pair.verifier, "verifier")
+        self.single, self.text = {}, {}
+
+    def join(self, row, prompt):
+        from asymspec_mm.engines import TextEngine
+
+        eng = self.pair.served.engine("verifier")
+        eng.prefill(prompt)
+        before = (list(eng.tokens), eng._salt)
+        self.batch.join(row, eng)
+        assert (eng.tokens, eng._salt) == before  # the engine is copied, not changed
+        self.single[row] = self.pair.served.engine("verifier")
+        self.single[row].prefill(prompt)
+        t = TextEngine(self.pair.verifier)
+        t.prefill(prompt)
+        self.tbatch.join(row, t)
+        self.text[row] = TextEngine(self.pair.verifier)
+        self.text[row].prefill(prompt)
+
+    def leave(self, row):
+        self.batch.leave(row)
+        self.tbatch.leave(row)
+        del self.single[row], self.text[row]
+
+    def truncate(self, row, length):
+        for eng in (self.single[row], self.text[row]):
+            eng.truncate(length)
+        self.batch.truncate(row, length)
+        self.tbatch.truncate(row, length)
+
+
+@needs_vllm
+def test_rows_equal_single_engines_and_transformers_one_call_per_extend(pair):
+    """Random accept/reject rounds over up to 8 rows (joining, leaving), ragged extends of random row subsets,
+    per-row rollbacks: every row's logits and greedy tokens equal those of its stream alone (single VLLMEngine,
+    TextEngine) and of the transformers BatchEngine; each extend is one LLM.generate call; O(K) work per row."""
+    rng = random.Random(0)
+    rows = _Rows(pair)
+    nxt = 0
+    for _ in range(2):
+        rows.join(nxt, _rand(rng, pair.vocab, rng.randint(20, 100)))
+        nxt += 1
+    sizes = set()
+    for step in range(30):
+        if step % 4 == 1 and len(rows.single) < 8:  # a new request joins between steps
+            rows.join(nxt, _rand(rng, pair.vocab, rng.randint(10, 120)))
+            nxt += 1
+        if step == 17:  # one finishes
+            rows.leave(rows.batch.rows[1])
+        live = rows.batch.rows
+        assert set(live) == set(rows.single) and rows.tbatch.rows == live
+        given = sorted(rng.sample(live, rng.randint(1, len(live))))
+        ids = {r: _rand(rng, pair.vocab, rng.randint(1, 7)) for r in given}
+        sizes.add(len(ids))
+        base = {r: rows.batch.length(r) for r in live}
+        computed = dict(rows.batch.tokens_computed)
+        calls = rows.batch.generate_calls
+        got = rows.batch.extend(ids)
+        assert rows.batch.generate_calls == calls + 1  # ONE engine call for all the given rows
+        want_t = rows.tbatch.extend(ids)
+        assert list(got) == given
+        for r, x in ids.items():
+            assert got[r].shape == (x.numel(), pair.vocab) and got[r].dtype == torch.float32
+            _close(got[r], rows.single[r].extend(x), f"step {step} row {r} vs VLLMEngine")
+            _close(got[r], rows.text[r].extend(x), f"step {step} row {r} vs TextEngine")
+            _close(got[r], want_t[r], f"step {step} row {r} vs BatchEngine")
+            assert rows.batch.tokens_computed[r] - computed[r] <= BLOCK - 1 + x.numel()  # never the prompt again
+            assert rows.batch.tokens_forwarded[r] == rows.single[r].tokens_forwarded
+            assert rows.batch.forward_calls[r] == rows.single[r].forward_calls
+        for r in live:
+            if r not in ids:
+                assert rows.batch.length(r) == base[r]  # rows not given are not touched
+            elif rng.random() < 0.7:  # reject: keep the pending token and some drafts
+                rows.truncate(r, base[r] + rng.randint(1, ids[r].numel()))
+            assert rows.batch.length(r) == rows.single[r].length == rows.text[r].length == rows.tbatch.length(r)
+    assert max(sizes) >= 5 and 1 in sizes
+    assert all(s.cache_rerequests == 0 for s in rows.batch._rows.values())
+    assert rows.batch.kv_bytes() == sum(rows.batch.kv_bytes(r) for r in rows.batch.rows) > 0
+    cfg = pair.verifier.config
+    assert rows.batch.slot_bytes() == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4  # fp32 K and V
+    assert pair.llm.collective_rpc("asymspec_pending") == [0]
+
+
+def _draft_by_extends(batch, pend, k):
+    """What BatchDecoder does without ``draft``: k extends of all rows (pending, then each draft)."""
+    x, drafts, logits = dict(pend), [], []
+    for _ in range(k):
+        out = batch.extend(x)
+        last = torch.stack([out[r][-1] for r in x])
+        logits.append(last.float())
+        d = last.argmax(-1)
+        drafts.append(d)
+        x = {r: d[j : j + 1] for j, r in enumerate(x)}
+    return torch.stack(drafts, dim=1), torch.stack(logits, dim=1)
+
+
+def _text_draft(eng, pend, k):
+    x, drafts, logits = pend, [], []
+    for _ in range(k):
+        last = eng.extend(x)[-1]
+        logits.append(last)
+        x = last.argmax(-1).reshape(1)
+        drafts.append(x)
+    return torch.cat(drafts), torch.stack(logits)
+
+
+@needs_vllm
+def test_draft_equals_k_extends(pair):
+    """draft(ids, k): one LLM.generate call (max_tokens=k) per drafting phase for all rows, the same drafts, logits,
+    lengths and counters as k extends (on another batch engine) and as TextEngines, over rounds of random k,
+    pending runs of 1 or 2 tokens (correction / carry + bonus) and per-row acceptance."""
+    from asymspec_mm.batch.vllm import VLLMBatchEngine
+    from asymspec_mm.engines import TextEngine
+
+    rng = random.Random(1)
+    fast, slow = VLLMBatchEngine(pair.served, "drafter"), VLLMBatchEngine(pair.llm, "drafter")
+    text = {}
+    for r in range(5):
+        prompt = _rand(rng, pair.vocab, rng.randint(15, 110))
+        for batch in (fast, slow):
+            eng = pair.served.engine(f"drafter{r}")
+            eng.prefill(prompt)
+            batch.join(r, eng)
+        text[r] = TextEngine(pair.verifier)
+        text[r].prefill(prompt)
+    pend = {r: _rand(rng, pair.vocab, 1) for r in text}
+    for step in range(12):
+        k = 1 if step == 0 else rng.randint(2, 5)
+        base = {r: fast.length(r) for r in pend}
+        calls_fast, calls_slow, computed = fast.generate_calls, slow.generate_calls, dict(fast.tokens_computed)
+        drafts, logits = fast.draft(pend, k)
+        assert fast.generate_calls == calls_fast + 1
+        ref_drafts, ref_logits = _draft_by_extends(slow, pend, k)
+        assert slow.generate_calls == calls_slow + k
+        assert drafts.shape == (len(pend), k) and logits.shape == (len(pend), k, pair.vocab) and logits.dtype == torch.float32
+        assert torch.equal(drafts, ref_drafts), f"step {step}"
+        _close(logits, ref_logits, f"step {step} draft vs k extends")
+        for j, r in enumerate(pend):
+            t_drafts, t_logits = _text_draft(text[r], pend[r], k)
+            assert torch.equal(drafts[j], t_drafts), f"step {step} row {r}"
+            _close(logits[j], t_logits, f"step {step} row {r} vs TextEngine")
+            assert fast.length(r) == slow.length(r) == text[r].length == base[r] + pend[r].numel() + k - 1
+            assert fast._rows[r].tokens == slow._rows[r].tokens
+            assert fast.tokens_forwarded[r] == slow.tokens_forwarded[r] and fast.forward_calls[r] == slow.forward_calls[r]
+            assert fast.tokens_computed[r] - computed[r] <= BLOCK - 1 + pend[r].numel() + k - 1
+        assert fast.draft_argmax_mismatches == 0
+        new_pend = {}
+        for j, r in enumerate(pend):  # each row accepts its own number of drafts
+            n_acc = rng.randint(0, k)
+            if n_acc < k:
+                keep = base[r] + pend[r].numel() + n_acc
+                for eng in (fast, slow):
+                    eng.truncate(r, keep)
+                text[r].truncate(keep)
+                new_pend[r] = _rand(rng, pair.vocab, 1)  # the correction
+            else:
+                new_pend[r] = torch.cat([drafts[j, k - 1 :], _rand(rng, pair.vocab, 1)])  # d_K carried + the bonus
+        pend = new_pend
+        if step == 6:  # the batch need not hold the same rows each phase
+            del pend[2]
+    assert pair.llm.collective_rpc("asymspec_pending") == [0]
+    assert all(s.cache_rerequests == 0 for b in (fast, slow) for s in b._rows.values())
+
+
+@needs_vllm
+def test_cached_rows_recovered_per_row(pair):
+    """A row re-extending tokens its stream computed before (served from vLLM's prefix cache): from the row's memory
+    in the same single call, else that row alone is re-requested under a fresh salt (a second call); the other rows
+    of the call are unaffected."""
+    from asymspec_mm.batch.vllm import VLLMBatchEngine
+    from asymspec_mm.engines import TextEngine
+
+    rng = random.Random(2)
+    batch = VLLMBatchEngine(pair.served, "verifier")
+    refs = {}
+    for r in range(2):
+        prompt = _rand(rng, pair.vocab, 50)
+        eng = pair.served.engine("verifier")
+        eng.prefill(prompt)
+        batch.join(r, eng)
+        refs[r] = TextEngine(pair.verifier)
+        refs[r].prefill(prompt)
+    x = _rand(rng, pair.vocab, 40)  # spans a whole cache block
+    want0 = refs[0].extend(x)
+    got = batch.extend({0: x, 1: x[:3]})
+    _close(got[0], want0, "first")
+    _close(got[1], refs[1].extend(x[:3]), "first, row 1")
+    batch.truncate(0, 50)
+    calls = batch.generate_calls
+    y = _rand(rng, pair.vocab, 2)
+    got = batch.extend({0: x, 1: y})  # row 0: the same tokens again
+    assert batch.generate_calls == calls + 1 and batch._rows[0].rows_reused > 0
+    _close(got[0], want0, "from memory")
+    _close(got[1], refs[1].extend(y), "beside it")
+    batch.truncate(0, 50)
+    batch._rows[0]._memory = ([], {})  # nothing to reuse: row 0 must be re-requested
+    fwd1 = batch.forward_calls[1]
+    got = batch.extend({0: x, 1: y})
+    assert batch.generate_calls == calls + 3  # this extend: the batched call + row 0's re-request
+    assert batch._rows[0].cache_rerequests == 1 and batch._rows[1].cache_rerequests == 0
+    assert batch.forward_calls[1] == fwd1 + 1  # row 1 was not submitted again
+    _close(got[0], want0, "re-requested")
+    _close(got[1], refs[1].extend(y), "beside the re-request")
+    assert pair.llm.collective_rpc("asymspec_pending") == [0]
+
+
+@needs_vllm
+def test_errors_leave_every_row_as_it_was(pair):
+    from asymspec_mm.batch.vllm import VLLMBatchEngine
+    from asymspec_mm.engines import TextEngine
+    from asymspec_mm.errors import ContextOverflowError
+
+    batch = VLLMBatchEngine(pair.served, "verifier")
+    short, full = pair.served.engine("verifier"), pair.served.engine("verifier")
+    short.prefill(torch.arange(10))
+    full.prefill(torch.zeros(1020, dtype=torch.long))
+    batch.join(0, short)
+    batch.join(1, full)
+    with pytest.raises(ValueError, match="already live"):
+        batch.join(0, short)
+    with pytest.raises(TypeError, match="VLLMEngine"):
+        batch.join(2, TextEngine(pair.verifier))
+    other = copy.copy(short)
+    other.llm = object()
+    with pytest.raises(ValueError, match="another vllm.LLM"):
+        batch.join(2, other)
+    calls = batch.generate_calls
+    with pytest.raises(ContextOverflowError, match="max_model_len"):
+        batch.extend({0: torch.arange(3), 1: torch.zeros(5, dtype=torch.long)})
+    with pytest.raises(ContextOverflowError, match="max_model_len"):
+        batch.draft({0: torch.arange(1), 1: torch.zeros(1, dtype=torch.long)}, 4)
+    assert batch.generate_calls == calls and batch.length(0) == 10 and batch.length(1) == 1020  # nothing was submitted
+    with pytest.raises(ValueError, match="at least one token"):
+        batch.extend({0: torch.zeros(0, dtype=torch.long)})
+    with pytest.raises(ValueError, match="cannot keep"):
+        batch.truncate(0, 11)
+    with pytest.raises(KeyError, match="no live row 7"):
+        batch.extend({7: torch.arange(2)})
+    batch.leave(1)
+    assert batch.rows == [0] and batch.forward_calls[1] == 1  # counters stay after leaving
+    assert batch.extend({}) == {}
+    assert batch.view(0).length == 10 and batch.view(0).extend(torch.arange(2)).shape == (2, pair.vocab)
+
+
+# ------------------------------------------------------------------ the image stream (Qwen3-VL) as rows
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    if _SKIP:
+        pytest.skip(_SKIP)
+    from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.testing import build_tiny_checkpoints
+    from asymspec_mm.vllm_engine import VLLMModel
+
+    dirs = build_tiny_checkpoints(tmp_path_factory.mktemp("vllm_batch_vl"), max_pixels=256 * 256)
+    ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
+    pipe = AsymSpecPipeline.from_pretrained(
+        *dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm", vllm_kwargs=LLM_KW, drafter_vllm_kwargs=LLM_KW
+    )
+    assert isinstance(pipe.drafter_full, VLLMModel) and pipe.drafter_comp is pipe.drafter_full
+    return types.SimpleNamespace(ref=ref, pipe=pipe, served=pipe.drafter_full, vocab=ref.drafter.config.text_config.vocab_size)
+
+
+@needs_vllm
+def test_image_rows_draft_and_extend_equal_vlengine(vl):
+    """Rows adopted from prefilled VLLMVLEngines (images in every request, M-RoPE positions) and a text row of the
+    same LLM, in one batch: draft and extend equal VLEngine with the transformers drafter's vision features."""
+    from conftest import make_case, make_image
+
+    from asymspec_mm.batch.vllm import VLLMBatchEngine
+    from asymspec_mm.engines import VLEngine
+    from asymspec_mm.prompts import build_prompts
+
+    batch = VLLMBatchEngine(vl.served, "drafter_full")
+    refs, pend = {}, {}
+    for r, (seed, size) in enumerate(((0, (256, 160)), (1, (72, 136)), (2, (128, 128)))):
+        case = make_case(seed)
+        p = build_prompts(vl.ref.processor, vl.ref.verifier_tokenizer, make_image(seed, size), case["caption"], case["question"])
+        features, _ = vl.ref.encoder.encode(p.pixel_values, p.image_grid_thw)
+        ids, mm = p.drafter_full_ids[0], p.mm_token_type_ids[0]
+        eng = vl.served.vision_engine()
+        eng.prefill(ids[:-1], [make_image(seed, size)])
+        batch.join(r, eng)
+        refs[r] = VLEngine(vl.ref.drafter, name="drafter_full")
+        refs[r].prefill_features(ids[:-1], mm[:-1], features)
+        pend[r] = ids[-1:]
+    rng = random.Random(3)
+    text_prompt = _rand(rng, vl.vocab, 60)
+    comp = vl.served.engine("drafter_comp")
+    comp.prefill(text_prompt[:-1])
+    batch.join(3, comp)
+    refs[3] = VLEngine(vl.ref.drafter, name="drafter_comp")
+    refs[3].prefill(text_prompt[:-1])
+    pend[3] = text_prompt[-1:]
+    for step in range(8):
+        k = rng.randint(2, 4)
+        base = {r: batch.length(r) for r in pend}
+        calls = batch.generate_calls
+        drafts, logits = batch.draft(pend, k)
+        for j, r in enumerate(pend):
+            t_drafts, t_logits = _text_draft(refs[r], pend[r], k)
+            assert torch.equal(drafts[j], t_drafts), f"step {step} row {r}"
+            _close(logits[j], t_logits, f"step {step} row {r} draft")
+        scored = {r: torch.cat([pend[r], _rand(rng, vl.vocab, k)]) for r in pend}  # a scoring-like extend
+        got = batch.extend(scored)
+        assert batch.generate_calls == calls + 2
+        for r, x in scored.items():
+            _close(got[r], refs[r].extend(x), f"step {step} row {r} extend")
+            keep = base[r] + rng.randint(1, pend[r].numel() + k)
+            batch.truncate(r, keep)
+            refs[r].truncate(keep)
+            assert batch.length(r) == refs[r].length
+        pend = {r: _rand(rng, vl.vocab, rng.randint(1, 2)) for r in pend}
+    assert batch.draft_argmax_mismatches == 0
+    assert all(s.cache_rerequests == 0 for s in batch._rows.values())
+    assert vl.served.llm.collective_rpc("asymspec_pending") == [0]
+
+
+# ------------------------------------------------------------------ the batched loop on vLLM
+def _vllm_decoder(pipe, method, config):
+    """A BatchDecoder whose streams are VLLMBatchEngines and whose drafting phase is one ``draft`` call: the wiring
+    VLLM.md ("Batched decoding") proposes for asymspec_mm/batch/decoder.py, done here by subclassing."""
+    from asymspec_mm.batch import BatchDecoder
+    from asymspec_mm.batch.decoder import STREAMS_OF, batch_key
+    from asymspec_mm.batch.vllm import VLLMBatchEngine
+
+    class VLLMDecoder(BatchDecoder):
+        def __init__(self, pipe, method, config):
+            self.pipe, self.method, self.cfg = pipe, method, config.validated()
+            self.key = batch_key(method, self.cfg)
+            models = {"drafter_full": pipe.drafter_full, "drafter_comp": pipe.drafter_comp, "verifier": pipe.verifier}
+            self.engines = {name: VLLMBatchEngine(models[name], name) for name in STREAMS_OF[method]}
+            self.rows = {}
+
+        def _draft(self, rows, k):
+            name = self._drafting
+            return self.engines[name].draft({row.id: row.streams[name].pending for row in rows}, k)
+
+    return VLLMDecoder(pipe, method, config)
+
+
+@needs_vllm
+@pytest.mark.parametrize("method", ["asymspec", "sd", "floor", "drafter"])
+def test_batched_loop_on_vllm_equals_transformers_alone(vl, method):
+    """Every stream on vLLM, 6 requests batched (refilled to 4 live rows): each row emits the tokens (and accept
+    counts) of the transformers pipeline on that request alone, with a constant number of engine calls a step
+    whatever the batch size: asymspec 3 (draft, compressed-view scoring, verifier), sd 2, floor / drafter 1."""
+    from conftest import make_case
+
+    from asymspec_mm import AsymSpecConfig
+
+    cfg = AsymSpecConfig(k=3, gamma=1.0)
+    rng = random.Random(len(method))
+    reqs = [dict(make_case(200 + i), max_new_tokens=rng.randint(4, 14)) for i in range(6)]
+    kw = [dict(caption=r["caption"], ocr=r["ocr"], method=method, config=cfg.with_(max_new_tokens=r["max_new_tokens"])) for r in reqs]
+    alone = [vl.ref.generate(r["image"], r["question"], **k) for r, k in zip(reqs, kw)]
+    decoder = _vllm_decoder(vl.pipe, method, cfg)
+    results, todo, per_step, live = {}, list(range(len(reqs))), set(), set()
+    while todo or decoder.rows:
+        while todo and len(decoder.rows) < 4:
+            i = todo.pop(0)
+            decoder.add(i, vl.pipe.prepare(reqs[i]["image"], reqs[i]["question"], **kw[i]))
+        live.add(len(decoder.rows))
+        before = sum(e.generate_calls for e in decoder.engines.values())
+        for row, _ in decoder.step():
+            if row.result is not None:
+                results[row.id] = row.result
+        per_step.add(sum(e.generate_calls for e in decoder.engines.values()) - before)
+    assert per_step == {{"asymspec": 3, "sd": 2}.get(method, 1)}, per_step
+    assert max(live) == 4 and min(live) < 4
+    for i, ref in enumerate(alone):
+        got = results[i]
+        assert got.token_ids == ref.token_ids, (method, i)
+        assert got.stats["accepted"] == ref.stats["accepted"] and got.stats["steps"] == ref.stats["steps"], (method, i)
+    sources = {ev.source for r in results.values() for ev in r.trace}
+    if method in ("asymspec", "sd"):  # drafts were accepted and rejected
+        assert {"accepted", "fused" if method == "asymspec" else "corrected"} <= sources, sources
+    assert all(e.draft_argmax_mismatches == 0 for e in decoder.engines.values())
+    for llm in {vl.pipe.verifier.llm, vl.served.llm}:
+        assert llm.collective_rpc("asymspec_pending") == [0]
