@@ -421,28 +421,6 @@ def test_image_rows_draft_and_extend_equal_vlengine(vl):
 
 
 # ------------------------------------------------------------------ the batched loop on vLLM
-def _vllm_decoder(pipe, method, config):
-    """A BatchDecoder whose streams are VLLMBatchEngines and whose drafting phase is one ``draft`` call: the wiring
-    VLLM.md ("Batched decoding") proposes for asymspec_mm/batch/decoder.py, done here by subclassing."""
-    from asymspec_mm.batch import BatchDecoder
-    from asymspec_mm.batch.decoder import STREAMS_OF, batch_key
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
-
-    class VLLMDecoder(BatchDecoder):
-        def __init__(self, pipe, method, config):
-            self.pipe, self.method, self.cfg = pipe, method, config.validated()
-            self.key = batch_key(method, self.cfg)
-            models = {"drafter_full": pipe.drafter_full, "drafter_comp": pipe.drafter_comp, "verifier": pipe.verifier}
-            self.engines = {name: VLLMBatchEngine(models[name], name) for name in STREAMS_OF[method]}
-            self.rows = {}
-
-        def _draft(self, rows, k):
-            name = self._drafting
-            return self.engines[name].draft({row.id: row.streams[name].pending for row in rows}, k)
-
-    return VLLMDecoder(pipe, method, config)
-
-
 @needs_vllm
 @pytest.mark.parametrize("method", ["asymspec", "sd", "floor", "drafter"])
 def test_batched_loop_on_vllm_equals_transformers_alone(vl, method):
@@ -458,7 +436,11 @@ def test_batched_loop_on_vllm_equals_transformers_alone(vl, method):
     reqs = [dict(make_case(200 + i), max_new_tokens=rng.randint(4, 14)) for i in range(6)]
     kw = [dict(caption=r["caption"], ocr=r["ocr"], method=method, config=cfg.with_(max_new_tokens=r["max_new_tokens"])) for r in reqs]
     alone = [vl.ref.generate(r["image"], r["question"], **k) for r, k in zip(reqs, kw)]
-    decoder = _vllm_decoder(vl.pipe, method, cfg)
+    from asymspec_mm.batch import BatchDecoder
+    from asymspec_mm.batch.vllm import VLLMBatchEngine
+
+    decoder = BatchDecoder(vl.pipe, method, cfg)
+    assert all(isinstance(e, VLLMBatchEngine) for e in decoder.engines.values())
     results, todo, per_step, live = {}, list(range(len(reqs))), set(), set()
     while todo or decoder.rows:
         while todo and len(decoder.rows) < 4:

@@ -39,6 +39,17 @@ STREAMS_OF = {
 }
 
 
+def batch_engine(model, name: str):
+    """The batched engine of one stream: on vLLM when ``model`` is served there, else on transformers."""
+    from ..vllm_engine import VLLMModel
+
+    if isinstance(model, VLLMModel):
+        from .vllm import VLLMBatchEngine
+
+        return VLLMBatchEngine(model, name)
+    return BatchEngine(model, name)
+
+
 def batch_key(method: str, cfg: AsymSpecConfig) -> tuple:
     """What rows of one batch must share: the method and every setting but :data:`ROW_FIELDS`."""
     return (method,) + tuple(getattr(cfg, f.name) for f in fields(AsymSpecConfig) if f.name not in ROW_FIELDS)
@@ -66,8 +77,12 @@ class BatchDecoder:
     def __init__(self, pipe: AsymSpecPipeline, method: str, config: AsymSpecConfig):
         self.pipe, self.method, self.cfg = pipe, method, config.validated()
         self.key = batch_key(method, self.cfg)
-        models = {"drafter_full": pipe.drafter, "drafter_comp": pipe.drafter, "verifier": pipe.verifier}
-        self.engines = {name: BatchEngine(models[name], name) for name in STREAMS_OF[method]}
+        models = {
+            "drafter_full": pipe.drafter_full or pipe.drafter,
+            "drafter_comp": pipe.drafter_comp or pipe.drafter,
+            "verifier": pipe.verifier,
+        }
+        self.engines = {name: batch_engine(models[name], name) for name in STREAMS_OF[method]}
         self.rows: dict[int, Row] = {}
 
     def add(self, rid: int, session: Session) -> Row:
@@ -152,9 +167,12 @@ class BatchDecoder:
         return torch.stack([out[r] for r in ids])
 
     def _draft(self, rows: list[Row], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K drafting forwards of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32."""
+        """K greedy drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32. An engine that
+        drafts by itself (vLLM decodes the K tokens in one call) does; else K batched forwards."""
         name = self._drafting
         x = {row.id: row.streams[name].pending for row in rows}
+        if hasattr(self.engines[name], "draft"):
+            return self.engines[name].draft(x, k)
         drafts, logits = [], []
         for _ in range(k):
             out = self.engines[name].extend(x)
