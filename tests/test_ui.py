@@ -292,7 +292,13 @@ def test_demo_parser_and_loopback():
     add_demo_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["demo"])
     assert (args.host, args.port, args.share, args.preset) == ("127.0.0.1", 7860, False, None)
+    assert (args.max_batch_size, args.concurrency) == (8, None)  # concurrency None: the max batch size
     assert callable(args.func)
+    args = parser.parse_args(["demo", "--max-batch-size", "16", "--concurrency", "4"])
+    assert (args.max_batch_size, args.concurrency) == (16, 4)
+    for bad in (["--max-batch-size", "0"], ["--concurrency", "-1"], ["--max-batch-size", "x"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["demo", *bad])
     args = parser.parse_args(
         ["demo", "--preset", "tiny", "--host", "0.0.0.0", "--port", "9000", "--share", "--drafter", "d", "--verifier", "v"]
     )
@@ -350,38 +356,114 @@ def test_upload_limit_enforced_by_the_handler(tmp_path):
         state._load_image(None)
 
 
-class EndlessPipe:
-    """A pipeline stand-in whose stream never ends by itself (records whether it was closed)."""
+class EndlessHandle:
+    """A scheduler handle stand-in whose row never finishes by itself (one event every ``delay`` s)."""
 
-    def __init__(self):
-        self.closed = threading.Event()
+    def __init__(self, method: str, delay: float = 0.01):
+        self.method, self.delay = method, delay
+        self.cancelled = False
+        self.released = threading.Event()  # its row left the batch (after a cancel)
 
-    def stream(self, image, question, caption=None, ocr=None, method="asymspec", **kw):
+    def __iter__(self):
         import time
+        from concurrent.futures import CancelledError
 
-        try:
-            i = 0
-            while True:
-                time.sleep(0.01)
-                yield [TokenEvent(index=i, token_id=1, text="x", source="greedy", step=i + 1, position=1)]
-                i += 1
-        finally:
-            self.closed.set()
+        i = 0
+        while not self.cancelled:
+            time.sleep(self.delay)
+            yield [TokenEvent(index=i, token_id=1, text="x", source="greedy", step=i + 1, position=1)]
+            i += 1
+        self.released.set()
+        raise CancelledError("cancelled")
+
+    def result(self, timeout=None):
+        from concurrent.futures import CancelledError
+
+        raise CancelledError("cancelled")
+
+    def cancel(self):
+        self.cancelled = True
 
 
-def test_abandoned_job_stops_and_releases_the_stream():
-    pipe = EndlessPipe()
-    req = ui_app._Request(image=None, question="q", caption="c", ocr=False, method="floor", overrides={}, compare=())
-    job = ui_app._Job(pipe, req)
+class EndlessScheduler:
+    """A scheduler stand-in: every submitted row is an :class:`EndlessHandle`."""
+
+    waiting = 0
+
+    def __init__(self, delay: float = 0.01):
+        self.delay = delay
+        self.handles: list[EndlessHandle] = []
+
+    def submit(self, image, question, *, caption=None, ocr=None, method="asymspec", config=None, **overrides):
+        self.handles.append(EndlessHandle(method, self.delay))
+        return self.handles[-1]
+
+    @property
+    def live_rows(self):
+        return sum(not h.released.is_set() for h in self.handles)
+
+    def close(self, timeout=None):
+        pass
+
+
+def test_abandoned_job_stops_and_releases_the_rows():
+    sched = EndlessScheduler()
+    req = ui_app._Request(image=None, question="q", caption="c", ocr=False, method="asymspec", overrides={}, compare=("floor", "drafter"))
+    job = ui_app._Job(sched, req)
     job.abandon_after_s = 0.2
     job.start()
+    assert [h.method for h in sched.handles] == ["asymspec", "floor", "drafter"]  # one row per panel, submitted at once
     assert job.get()[1] == "events"  # a reader took one item, then went away
-    job.thread.join(timeout=10)
-    assert not job.thread.is_alive() and job.cancel.is_set() and pipe.closed.is_set()
+    for t in job.threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in job.threads) and job.cancel.is_set()
+    assert all(h.cancelled and h.released.is_set() for h in sched.handles) and sched.live_rows == 0
     items = []
     while not job.q.empty():
-        items.append(job.q.get()[1])
-    assert items[-1] == "end" and "error" not in items
+        items.append(job.q.get())
+    assert sorted(k for k, kind in items if kind == "stopped") == ["drafter", "floor", "main"]
+    assert not any(kind == "error" for _, kind in items) and job.settled()
+
+
+def test_closed_handler_cancels_its_rows_and_status_shows_the_queue(tmp_path):
+    """Gradio closes the /run generator when the client cancels: its rows are cancelled at once."""
+    from types import SimpleNamespace
+
+    make_image(5).save(tmp_path / "q.png")
+    sched = EndlessScheduler(delay=0.5)
+    sched.waiting = 4
+    state = ui_app.DemoApp(SimpleNamespace(tokenizer=None), scheduler=sched, stream_interval=0.0)
+    gen = state.run({"path": str(tmp_path / "q.png")}, "q?", "a chart", "", session="s")
+    first = outputs_as_dict(next(gen))
+    assert "waiting for the models (4 decodes queued for a place in the batch)" in first["status"]
+    assert "AsymSpec, Floor and the drafter alone" in first["status"]
+    assert all(panel_state(first[k]) == "running" for k in ("answer_html", "floor_html", "drafter_html"))
+    assert first["result_json"] is None and len(sched.handles) == 3
+    gen.close()
+    assert all(h.cancelled for h in sched.handles)
+    for h in sched.handles:
+        assert h.released.wait(5)
+    # the page's Stop then shows the stopped panels (Gradio has closed the handler first)
+    out = outputs_as_dict(state.stop("s"))
+    assert "Stopped." in out["status"] and all(panel_state(out[k]) == "stopped" for k in ("answer_html", "floor_html", "drafter_html"))
+    assert state._sessions == {} and not state._live
+
+
+def test_render_panel_states():
+    trace = sample_trace()
+    assert 'data-state="done"' in render_panel("A", trace, FakeTokenizer())
+    running = render_panel("A", [], None, done=False, empty="waiting for the models...")
+    assert 'data-state="running"' in running and "waiting for the models..." in running and "tok-cursor" in running
+    stopped = render_panel("A", trace[:2], FakeTokenizer(), state="stopped", stats={"tokens_per_s": 3.0})
+    assert 'data-state="stopped"' in stopped and "tok-cursor" not in stopped and 'data-done="1"' in stopped
+    assert "2 tokens" in stopped and "stopped" in stopped and "tok/s" not in stopped  # no speed for a stopped row
+    assert len(parse(stopped).tokens) == 2
+    failed = render_panel("A", [], None, state="error", empty="failed: no <room>")
+    assert 'data-state="error"' in failed and "failed: no &lt;room&gt;" in failed
+    with pytest.raises(ValueError, match="state="):
+        render_panel("A", [], None, state="nope")
+    assert 'data-stat="rows per decoding step (max)">3<' in render_stats_html({"batch_size": 3})
+    assert "rows per decoding step" not in render_stats_html({"steps": 1})
 
 
 # ------------------------------------------------------------------------------------------ the launched app
@@ -441,6 +523,165 @@ def reference(pipe, image_path, question, caption, ocr, method="asymspec", **kw)
         max_new_tokens=o["max_new_tokens"],
         drafter_view=o["drafter_view"],
     )
+
+
+# ------------------------------------------------------------------------------------------ batched runs (DemoApp)
+
+
+def demo_args(path, case, **kw):
+    o = {**RUN_DEFAULTS, **kw}
+    return (
+        {"path": str(path)},
+        case["question"],
+        case["caption"],
+        case["ocr"],
+        o["autofill"],
+        o["method"],
+        o["k"],
+        o["beta"],
+        o["gamma"],
+        o["gate"],
+        o["delta"],
+        o["bonus"],
+        o["max_new_tokens"],
+        o["drafter_view"],
+        o["compare"],
+    )
+
+
+def panel_state(html_text: str) -> str:
+    import re
+
+    return re.search(r'class="asym-panel" data-state="(\w+)"', html_text).group(1)
+
+
+def test_concurrent_runs_share_decoding_steps_and_equal_generate(tiny_pipe, tmp_path):
+    """Six runs at once (threads, as Gradio's workers): their 18 rows share the scheduler's steps, and every
+    panel shows exactly the tokens of ``pipe.generate`` of that request alone."""
+    state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0, max_batch_size=8)
+    runs = []
+    for i in range(6):
+        case = make_case(40 + i)
+        path = tmp_path / f"run_{i}.png"
+        case["image"].save(path)
+        runs.append((path, case, dict(max_new_tokens=8 + 3 * i, k=2 if i == 5 else 4)))  # one in batches of its own K
+    barrier = threading.Barrier(len(runs))
+    outputs: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def worker(i):
+        try:
+            path, case, kw = runs[i]
+            barrier.wait(timeout=60)
+            outputs[i] = list(state.run(*demo_args(path, case, **kw), session=f"session-{i}"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(runs))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        sched = state.scheduler
+        assert sched.rows_stepped > sched.steps, (sched.rows_stepped, sched.steps)  # rows shared steps
+        assert sched.live_rows == 0 and sched.waiting == 0
+        shared = 0
+        for i, (path, case, kw) in enumerate(runs):
+            out = outputs_as_dict(outputs[i][-1])
+            assert 'data-status="ok"' in out["status"] and "Done" in out["status"], out["status"]
+            refs = {
+                m: reference(tiny_pipe, path, case["question"], case["caption"], case["ocr"], method=m, **kw)
+                for m in ("asymspec", "floor", "drafter")
+            }
+            check_spans_match(out["answer_html"], refs["asymspec"].trace)
+            check_spans_match(out["floor_html"], refs["floor"].trace)
+            check_spans_match(out["drafter_html"], refs["drafter"].trace)
+            assert all(panel_state(out[k]) == "done" for k in ("answer_html", "floor_html", "drafter_html"))
+            assert out["answer_text"] == refs["asymspec"].text
+            payload = out["result_json"]
+            for key, m in (("main", "asymspec"), ("floor", "floor"), ("drafter", "drafter")):
+                assert payload[key]["token_ids"] == refs[m].token_ids, (i, key)
+            shared = max(shared, payload["main"]["stats"]["batch_size"])
+            # streamed: the main panel grew before the final answer
+            counts = [len(parse(o[1]).tokens) for o in outputs[i] if isinstance(o[1], str) and "asym-trace" in o[1]]
+            assert counts == sorted(counts) and counts[-1] == len(refs["asymspec"].trace)
+        assert shared > 1
+        assert 'data-stat="rows per decoding step (max)"' in outputs_as_dict(outputs[0][-1])["stats_html"]
+        assert state._sessions == {} and state._live == set()  # finished runs are not kept
+    finally:
+        state.close()
+
+
+def test_stop_cancels_the_rows_and_every_panel_says_stopped(tiny_pipe, tmp_path):
+    import gradio as gr
+
+    from asymspec_mm.errors import AsymSpecError
+
+    state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0, max_batch_size=8)
+    sched = state.scheduler
+    runs = []
+    for i, seed in enumerate((32, 35)):  # the random pair answers these at length (no early EOS)
+        case = make_case(seed)
+        path = tmp_path / f"stop_{i}.png"
+        case["image"].save(path)
+        runs.append((path, case))
+    outputs: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def worker(i):
+        try:
+            path, case = runs[i]
+            outputs[i] = list(state.run(*demo_args(path, case, max_new_tokens=1024), session=f"stop-{i}"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(runs))]
+    try:
+        for t in threads:
+            t.start()
+        import time
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # every run has committed tokens in every panel
+            jobs = [j for i in range(len(runs)) for j in state._sessions.get(f"stop-{i}", [])]
+            if len(jobs) == len(runs) and all(all(j.traces[k] for k in j.keys) for j in jobs):
+                break
+            time.sleep(0.01)
+        assert sched.live_rows == 6
+        stops = [outputs_as_dict(state.stop(f"stop-{i}")) for i in range(len(runs))]
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        deadline = time.monotonic() + 30
+        while (sched.live_rows or sched.waiting) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sched.live_rows == 0 and sched.waiting == 0  # the rows left the batches
+        for i, out in enumerate(stops):
+            assert 'data-status="idle"' in out["status"] and "Stopped." in out["status"]
+            for key in ("answer_html", "floor_html", "drafter_html"):
+                assert panel_state(out[key]) == "stopped", (i, key)
+                toks = parse(out[key]).tokens
+                assert 0 < len(toks) < 1024 and "stopped" in out[key]
+            assert out["result_json"] is None
+            # the handler ended with the same page as Stop showed (whichever reaches the browser last)
+            assert outputs[i][-1][:5] == state_tuple(out)[:5]
+        # a Stop with nothing running (or after a finished run) leaves every output as it was
+        assert state.stop("stop-0") == (gr.skip(),) * len(RUN_OUTPUTS)
+        path, case = runs[0]
+        done = list(state.run(*demo_args(path, case, max_new_tokens=4), session="stop-0"))
+        assert "Done" in outputs_as_dict(done[-1])["status"]
+        assert state.stop("stop-0") == (gr.skip(),) * len(RUN_OUTPUTS)
+        assert state.stop(None) == (gr.skip(),) * len(RUN_OUTPUTS)
+    finally:
+        state.close()
+    with pytest.raises(AsymSpecError, match="closed"):  # the app closed its scheduler
+        sched.submit(runs[0][1]["image"], "q?")
+
+
+def state_tuple(out: dict) -> tuple:
+    return tuple(out[k] for k in RUN_OUTPUTS)
 
 
 @pytest.fixture(scope="module")
@@ -589,3 +830,43 @@ def test_concurrent_clients_get_complete_answers(served, tiny_pipe):
         check_spans_match(results[i]["answer_html"], ref.trace)
         assert results[i]["answer_text"] == ref.text
         assert 'data-status="ok"' in results[i]["status"]
+
+
+def test_cancelled_client_run_frees_its_rows(served, tiny_pipe):
+    """A client that cancels (Gradio closes the /run handler) leaves no rows in the app's scheduler."""
+    import time
+
+    from gradio_client import Client
+
+    demo, _, tmp = served
+    state = demo.asymspec
+    case = make_case(32)  # the random pair answers it at length
+    path = tmp / "cancelled.png"
+    case["image"].save(path)
+    client = Client(demo.local_url, verbose=False)
+    job = client.submit(*run_args(path, case["question"], case["caption"], case["ocr"], max_new_tokens=1024), api_name="/run")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and state.scheduler.live_rows < 3:
+        time.sleep(0.01)
+    assert state.scheduler.live_rows == 3  # the run's three rows are decoding
+    job.cancel()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (state.scheduler.live_rows or state._live):
+        time.sleep(0.05)
+    assert state.scheduler.live_rows == 0 and state.scheduler.waiting == 0 and not state._live
+    stopped = [j for jobs in state._sessions.values() for j in jobs if j.cancel.is_set() and not j.final_shown]
+    assert len(stopped) == 1 and len(stopped[0].traces["main"]) < 1024  # stopped, not finished
+
+
+def test_app_close_closes_its_scheduler(tiny_pipe):
+    pytest.importorskip("gradio")
+    from asymspec_mm.errors import AsymSpecError
+
+    demo = ui_app.build_app(tiny_pipe, examples=[], max_batch_size=3)
+    sched = demo.asymspec.scheduler
+    assert sched.max_batch_size == 3 and demo.asymspec.scheduler is sched  # one per app
+    with pytest.raises(ValueError, match="concurrency_limit"):
+        ui_app.build_app(tiny_pipe, examples=[], concurrency_limit=0)
+    demo.close()
+    with pytest.raises(AsymSpecError, match="closed"):
+        sched.submit(make_image(1), "q?")

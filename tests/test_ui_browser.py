@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -202,6 +205,15 @@ def test_upload_ask_and_inspect_tokens(browser_env):
     shot = ARTIFACTS / "inspector.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
+
+    # every panel finished; a Stop after the run changes nothing (the answer and "Done" stay)
+    for sel in ("#asym-answer", "#asym-floor", "#asym-drafter"):
+        assert page.locator(f"{sel} .asym-panel").get_attribute("data-state") == "done", sel
+    page.locator("#asym-stop").click()
+    page.wait_for_timeout(1500)
+    assert page.locator('#asym-status [data-status="ok"]').count() == 1
+    assert "Done" in page.locator("#asym-status").inner_text() and status == page.locator("#asym-status").inner_text()
+    assert [t["id"] for t in page.evaluate(TOKENS_JS, "#asym-answer .asym-trace .tok")] == ref.token_ids
     assert outside_requests(env["requests"]) == []
     page.close()
 
@@ -308,3 +320,99 @@ def test_outside_request_filter():
         outside_requests(["http://127.0.0.1:7860/x", "ws://localhost:1/q", "data:image/png;base64,xx", "blob:http://127.0.0.1/abc"]) == []
     )
     assert outside_requests(["https://fonts.googleapis.com/css"]) == ["https://fonts.googleapis.com/css"]
+
+
+class EndlessHandle:
+    """A scheduler row that never finishes by itself: one token every ``delay`` s until cancelled."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+        self.cancelled = False
+        self.released = threading.Event()
+
+    def __iter__(self):
+        from asymspec_mm.decode import TokenEvent
+
+        i = 0
+        while not self.cancelled:
+            time.sleep(self.delay)
+            yield [TokenEvent(index=i, token_id=100 + i % 50, text=f"w{i} ", source="greedy", step=i + 1, position=1)]
+            i += 1
+        self.released.set()
+        raise CancelledError("cancelled")
+
+    def result(self, timeout=None):
+        raise CancelledError("cancelled")
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class EndlessScheduler:
+    """The app's scheduler replaced by one whose rows run until they are cancelled (a Stop is always mid-run)."""
+
+    waiting = 0
+
+    def __init__(self, delay: float = 0.05):
+        self.delay = delay
+        self.handles: list[EndlessHandle] = []
+
+    def submit(self, image, question, **kw):
+        self.handles.append(EndlessHandle(self.delay))
+        return self.handles[-1]
+
+    @property
+    def live_rows(self) -> int:
+        return sum(not h.released.is_set() for h in self.handles)
+
+    def close(self, timeout=None):
+        for h in self.handles:
+            h.cancel()
+
+
+def test_stop_mid_run_marks_every_panel_stopped(browser_env):
+    from ui.app import build_app, serve
+
+    env = browser_env
+    sched = EndlessScheduler()
+    demo = build_app(env["pipe"], examples=[], scheduler=sched, stream_interval=0.0)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        case = make_case(9)
+        img = env["tmp"] / "endless.png"
+        case["image"].save(img)
+        page = env["context"].new_page()
+        page.set_default_timeout(60_000)
+        page.goto(demo.local_url, wait_until="domcontentloaded")
+        page.wait_for_selector("#asym-run")
+        page.wait_for_selector("#asym-image input[type=file]", state="attached")
+        fill(page, img, case["question"], "a chart", "")
+        page.locator("#asym-run").click()
+        page.wait_for_function(
+            "() => ['#asym-answer', '#asym-floor', '#asym-drafter'].every(s => document.querySelectorAll(s + ' .asym-trace .tok').length >= 3)",
+            timeout=TIMEOUT_MS,
+        )
+        assert page.locator('#asym-status [data-status="run"]').count() == 1
+        assert len(sched.handles) == 3 and sched.live_rows == 3  # the run's three rows decode at once
+        page.locator("#asym-stop").click()
+        page.wait_for_selector('#asym-status [data-status="idle"]', timeout=TIMEOUT_MS)
+        assert "Stopped." in page.locator("#asym-status").inner_text()
+        for sel in ("#asym-answer", "#asym-floor", "#asym-drafter"):
+            page.wait_for_selector(f'{sel} .asym-panel[data-state="stopped"]', timeout=10_000)
+            assert "stopped" in page.locator(f"{sel} .asym-panel-foot").inner_text(), sel
+            assert page.locator(f"{sel} .tok-cursor").count() == 0, sel
+        deadline = time.monotonic() + 10
+        while sched.live_rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sched.live_rows == 0 and all(h.cancelled for h in sched.handles)  # Stop cancelled the rows
+        shown = {sel: page.locator(f"{sel} .asym-trace .tok").count() for sel in ("#asym-answer", "#asym-floor", "#asym-drafter")}
+        assert all(n >= 3 for n in shown.values()), shown
+        page.wait_for_timeout(1000)  # nothing changes after the Stop
+        assert {sel: page.locator(f"{sel} .asym-trace .tok").count() for sel in shown} == shown
+        assert "Stopped." in page.locator("#asym-status").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "inspector_stopped.png"), full_page=True)
+        assert outside_requests(env["requests"]) == []
+        page.close()
+    finally:
+        demo.close()

@@ -19,7 +19,7 @@ time, so ``asymspec-mm --help`` stays fast.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 
 from .examples import EXAMPLES_DIR, example_label, load_examples  # noqa: F401 - re-exported
 from .jobs import (  # noqa: F401 - re-exported
+    DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
     MAX_K,
     MAX_NEW_TOKENS_LIMIT,
@@ -41,6 +42,7 @@ from .jobs import (  # noqa: F401 - re-exported
     outputs_as_dict,
 )
 from .render import (  # noqa: F401 - re-exported
+    PANEL_STATES,
     SOURCES,
     STEERED_HELP,
     esc,
@@ -96,25 +98,41 @@ def build_app(
     *,
     examples: Sequence[dict] | None = None,
     max_upload_mb: float = 10,
-    concurrency_limit: int = 2,
+    concurrency_limit: int | None = None,
     max_queue: int = 64,
     default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
     stream_interval: float = 0.1,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    scheduler: Any = None,
 ) -> gr.Blocks:
     """The steering inspector for one loaded pipeline.
 
     ``examples``: dicts with image (path), question, caption, ocr; None loads the bundled
     ``examples.json`` when present, [] shows none. ``max_upload_mb`` is enforced by :func:`launch`
-    (Gradio's ``max_file_size``) and again by the handlers. ``concurrency_limit``: model requests run at
-    once (the pipeline serialises decoding; the rest wait in a queue of at most ``max_queue``).
+    (Gradio's ``max_file_size``) and again by the handlers. Every run decodes its method and the
+    comparisons as rows of one scheduler per app (``pipe.scheduler(max_batch_size=max_batch_size)``,
+    or ``scheduler``; closed with the app), so concurrent runs share decoding steps.
+    ``concurrency_limit``: runs handled at once (default ``max_batch_size``; rows beyond the batch wait
+    in the scheduler, and the page says so), the rest wait in Gradio's queue of at most ``max_queue``.
     Endpoints: ``/run`` (see :data:`RUN_OUTPUTS`) and ``/describe``.
     """
     import gradio as gr
 
     if examples is None:
         examples = load_examples()
-    state = DemoApp(pipe, max_upload_mb=max_upload_mb, max_new_tokens_limit=max_new_tokens_limit, stream_interval=stream_interval)
+    if concurrency_limit is None:
+        concurrency_limit = max_batch_size
+    if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1:
+        raise ValueError(f"concurrency_limit={concurrency_limit!r} must be an integer >= 1")
+    state = DemoApp(
+        pipe,
+        max_upload_mb=max_upload_mb,
+        max_new_tokens_limit=max_new_tokens_limit,
+        stream_interval=stream_interval,
+        max_batch_size=max_batch_size,
+        scheduler=scheduler,
+    )
     defaults = AsymSpecConfig()
     tok = pipe.tokenizer
 
@@ -223,34 +241,109 @@ def build_app(
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
         outputs = [status, answer_html, answer_text, floor_html, drafter_html, stats_html, chart, caption, ocr, result_json]
+        run, stop, forget = _session_handlers(state, gr.Request)
         # show_progress="hidden": the status line reports progress and errors, so a refused request does not
         # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
         run_event = run_btn.click(
-            state.run,
+            run,
             inputs,
             outputs,
             api_name="run",
             preprocess=False,
             concurrency_limit=concurrency_limit,
-            concurrency_id="models",
+            concurrency_id="runs",
             show_progress="hidden",
         )
-        stop_btn.click(lambda: status_html("idle", "Stopped."), None, [status], cancels=[run_event], queue=False, api_visibility="private")
+        # Gradio closes the session's /run handler; Stop itself cancels its rows and shows every unfinished
+        # panel stopped (the handler's own last outputs are the same); after a finished run it changes nothing.
+        stop_btn.click(stop, None, outputs, cancels=[run_event], queue=False, api_visibility="private", show_progress="hidden")
+        # The caption is written by the drafter under the pipeline's lock (decoding steps wait): few at once.
         describe_btn.click(
             state.describe,
             [image, caption, ocr],
             [caption, ocr],
             api_name="describe",
             preprocess=False,
-            concurrency_limit=concurrency_limit,
-            concurrency_id="models",
+            concurrency_limit=min(2, concurrency_limit),
+            concurrency_id="describe",
         )
+        demo.unload(forget)  # the page went away: stop its run
 
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_queue)
+    blocks_close = demo.close
+
+    def close(verbose: bool = True) -> None:
+        """Close the server, then stop the runs and close the app's scheduler."""
+        try:
+            blocks_close(verbose)
+        finally:
+            state.close()
+
+    demo.close = close  # type: ignore[method-assign]
     demo.asymspec = state  # type: ignore[attr-defined]
     demo.asymspec_max_upload_mb = max_upload_mb  # type: ignore[attr-defined]
     demo.asymspec_allowed_paths = sorted({str(Path(e["image"]).resolve().parent) for e in examples})  # type: ignore[attr-defined]
     return demo
+
+
+def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Callable, Callable]:
+    """The /run, Stop and unload handlers with Gradio's request (for its session hash) injected.
+
+    Gradio finds the request parameter by its annotation; this module's annotations are strings that it
+    cannot resolve (Gradio is not imported here at import time), so the real type is set on each function.
+    """
+
+    def run(
+        image,
+        question,
+        caption,
+        ocr,
+        autofill=False,
+        method="asymspec",
+        k=4,
+        beta=1.0,
+        gamma=0.5,
+        gate="cda",
+        delta="contrast",
+        bonus="verifier",
+        max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
+        drafter_view="image+text",
+        compare=True,
+        request=None,
+    ):
+        yield from state.run(
+            image,
+            question,
+            caption,
+            ocr,
+            autofill,
+            method,
+            k,
+            beta,
+            gamma,
+            gate,
+            delta,
+            bonus,
+            max_new_tokens,
+            drafter_view,
+            compare,
+            session=_session_of(request),
+        )
+
+    def stop(request=None):
+        return state.stop(_session_of(request))
+
+    def forget(request=None):
+        state.forget(_session_of(request))
+
+    for fn in (run, stop, forget):
+        fn.__annotations__ = {"request": request_type}
+    run.__doc__ = DemoApp.run.__doc__
+    return run, stop, forget
+
+
+def _session_of(request: Any) -> str | None:
+    return getattr(request, "session_hash", None) if request is not None else None
 
 
 def _model_label(pipe: Any) -> str:

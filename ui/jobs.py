@@ -1,5 +1,6 @@
-"""Request handling of the steering inspector: input checks, the decoding worker, and the ``/run`` and
-``/describe`` handlers (:class:`DemoApp`). Gradio is imported only inside the handlers.
+"""Request handling of the steering inspector: input checks, the rows of a run in the app's batching scheduler
+(:class:`_Job`), and the ``/run``, ``/describe`` and Stop handlers (:class:`DemoApp`). Gradio is imported only
+inside the handlers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("asymspec_mm.ui")
 
 __all__ = [
+    "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MAX_NEW_TOKENS",
     "MAX_K",
     "MAX_NEW_TOKENS_LIMIT",
@@ -51,6 +54,10 @@ DEFAULT_MAX_NEW_TOKENS = 64
 MAX_NEW_TOKENS_LIMIT = 1024
 #: Largest draft length K the page offers and accepts.
 MAX_K = 16
+#: Rows the app's scheduler decodes in shared steps (``asymspec-mm demo --max-batch-size``).
+DEFAULT_MAX_BATCH_SIZE = 8
+#: A running handler yields at least this often (Gradio can close a stopped handler only between two yields).
+HEARTBEAT_S = 0.5
 
 #: Output order of the ``/run`` endpoint (also the keys of :func:`outputs_as_dict`).
 RUN_OUTPUTS = ("status", "answer_html", "answer_text", "floor_html", "drafter_html", "stats_html", "chart", "caption", "ocr", "result_json")
@@ -94,80 +101,153 @@ def _file_path(payload: Any) -> str | None:
 
 
 class _Job:
-    """Runs the requested decodes in one worker thread (the pipeline's lock must be taken and released by the
-    same thread, and Gradio may resume a generator on any thread) and hands events over a queue."""
+    """One request of the page: its rows in the app's scheduler (the main method, then the comparisons, submitted
+    together so that they and other users' rows share decoding steps), one thread per row that records each
+    step's committed events and wakes the handler through :attr:`q`, and what has been decoded so far (read by
+    the handler and by Stop). The handler may run on any thread; nothing here holds the pipeline's lock."""
 
     #: Stop decoding when the page has not collected committed tokens for this long (the client went away
-    #: without Gradio closing the handler), so an abandoned request does not hold the models.
+    #: without Gradio closing the handler), so an abandoned request does not hold rows of the batch.
     abandon_after_s = 30.0
 
-    def __init__(self, pipe: AsymSpecPipeline, req: _Request) -> None:
-        self.pipe = pipe
+    def __init__(self, scheduler: Any, req: _Request, session: str | None = None) -> None:
+        self.scheduler = scheduler
         self.req = req
+        self.session = session
+        #: Panel keys, in submission order: "main", then the comparison methods.
+        self.keys: tuple[str, ...] = ("main", *req.compare)
+        self.methods = {"main": req.method, **{m: m for m in req.compare}}
+        self.handles: dict[str, Any] = {}
+        self.traces: dict[str, list] = {k: [] for k in self.keys}
+        self.results: dict[str, Any] = {}
+        self.errors: dict[str, BaseException] = {}
+        self.stopped: set[str] = set()  # rows cancelled before they finished
+        self.lock = threading.Lock()
+        self.cancel = threading.Event()  # Stop, the client went away, or the app closes
+        self.frozen: _Snapshot | None = None  # what a stopped job shows (taken once, when it is stopped)
+        self.final_shown = False  # the handler showed the final answer or an error: Stop leaves the page alone
+        self.ended_at: float | None = None  # when the handler ended (monotonic)
+        self.ended = threading.Event()
+        self.t0 = time.perf_counter()
+        self.t_end: float | None = None
         self.q: queue.Queue = queue.Queue()
-        self.cancel = threading.Event()
         self.last_read = time.monotonic()
         self.reader_waiting = False
-        self.thread = threading.Thread(target=self._run, name="asymspec-ui-job", daemon=True)
+        self.threads: list[threading.Thread] = []
 
     def start(self) -> _Job:
-        """Start the worker thread; returns self."""
-        self.thread.start()
+        """Submit every row (bad settings raise here; rows already submitted are then cancelled) and start
+        the threads that collect their events; returns self."""
+        r = self.req
+        try:
+            for key in self.keys:
+                self.handles[key] = self.scheduler.submit(
+                    r.image, r.question, caption=r.caption, ocr=r.ocr, method=self.methods[key], **r.overrides
+                )
+        except BaseException:
+            self.stop()
+            raise
+        for key, handle in self.handles.items():
+            t = threading.Thread(target=self._collect, args=(key, handle), name=f"asymspec-ui-{key}", daemon=True)
+            self.threads.append(t)
+            t.start()
         return self
 
-    def _decode(self, key: str, method: str, caption: str | None, ocr: str | bool | None) -> Any:
-        """Stream one decode onto the queue under ``key``; its result, or None when cancelled or abandoned."""
-        # Checked before each step is decoded (and before the view is prepared), so a stop costs no further work.
-        if self.cancel.is_set() or self._abandoned():
-            return None
-        r = self.req
-        stream = self.pipe.stream(r.image, r.question, caption=caption, ocr=ocr, method=method, **r.overrides)
-        try:
-            for events in stream:
-                self.q.put((key, "events", events))
-                if self.cancel.is_set() or self._abandoned():
-                    return None
-            result = stream.result
-            self.q.put((key, "done", result))
-            return result
-        finally:
-            stream.close()
-
-    def _abandoned(self) -> bool:
-        """Whether to stop: cancelled, or the reader has left items unread for :attr:`abandon_after_s`."""
-        idle = time.monotonic() - self.last_read
-        if not self.reader_waiting and not self.q.empty() and idle > self.abandon_after_s:
-            log.warning("the client stopped reading; abandoning the request")
+    def stop(self) -> None:
+        """Cancel every row (each leaves the batch at the next step boundary) and freeze what the page shows."""
+        with self.lock:
+            if self.frozen is None:
+                self.frozen = self._snapshot()
+                self.t_end = self.t_end or time.perf_counter()
             self.cancel.set()
-        return self.cancel.is_set()
+        for handle in list(self.handles.values()):
+            handle.cancel()
 
-    def get(self) -> tuple[str | None, str, Any]:
-        """The next (key, kind, payload) item, for the handler (the reader)."""
+    def _collect(self, key: str, handle: Any) -> None:
+        """One row's thread: its events, then its result, its error or its cancellation."""
+        try:
+            for events in handle:
+                with self.lock:
+                    self.traces[key].extend(events)
+                self.q.put((key, "events"))
+                self._check_abandoned()
+            result = handle.result(0)
+            with self.lock:
+                self.results[key] = result
+            kind = "done"
+        except CancelledError:
+            with self.lock:
+                self.stopped.add(key)
+            kind = "stopped"
+        except BaseException as exc:  # reported to the page; the server keeps serving
+            with self.lock:
+                self.errors[key] = exc
+            kind = "error"
+        self.q.put((key, kind))
+
+    def _check_abandoned(self) -> None:
+        """Stop when the reader has left items unread for :attr:`abandon_after_s`."""
+        idle = time.monotonic() - self.last_read
+        if not self.cancel.is_set() and not self.reader_waiting and not self.q.empty() and idle > self.abandon_after_s:
+            log.warning("the client stopped reading; abandoning the request")
+            self.stop()
+
+    def get(self, timeout: float | None = None) -> tuple[str, str] | None:
+        """The next (key, kind) item for the handler (the reader); None after ``timeout`` seconds without one."""
         self.reader_waiting = True
         try:
-            return self.q.get()
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
         finally:
             self.reader_waiting = False
             self.last_read = time.monotonic()
 
-    def _run(self) -> None:
-        """The worker: the main decode, then the comparisons on the view the main one used."""
-        try:
-            r = self.req
-            main = self._decode("main", r.method, r.caption, r.ocr)
-            if main is not None:
-                caption, ocr = main.view.caption, (main.view.ocr_text or False)
-                for m in r.compare:
-                    if self.cancel.is_set() or self._decode(m, m, caption, ocr) is None:
-                        break
-        except BaseException as exc:  # reported to the page; the server keeps serving
-            self.q.put((None, "error", exc))
-        finally:
-            self.q.put((None, "end", None))
+    def settled(self) -> bool:
+        """Whether every row has finished, failed or been cancelled."""
+        with self.lock:
+            return all(k in self.results or k in self.errors or k in self.stopped for k in self.keys)
+
+    def _snapshot(self) -> _Snapshot:
+        return _Snapshot({k: list(v) for k, v in self.traces.items()}, dict(self.results), dict(self.errors), set(self.stopped))
+
+    def snapshot(self) -> _Snapshot:
+        """What the page shows: the frozen state of a stopped job, else the rows as decoded so far."""
+        with self.lock:
+            return self.frozen if self.frozen is not None else self._snapshot()
+
+    def elapsed(self) -> float:
+        return (self.t_end or time.perf_counter()) - self.t0
+
+
+@dataclass
+class _Snapshot:
+    """A job's rows at one moment: traces, results, errors and the rows cancelled before they finished."""
+
+    traces: dict[str, list]
+    results: dict[str, Any]
+    errors: dict[str, BaseException]
+    stopped: set[str]
+
+    def state(self, key: str, stopping: bool) -> str:
+        """done, error, stopped (cancelled, or unfinished when the job was stopped) or running."""
+        if key in self.results:
+            return "done"
+        if key in self.errors:
+            return "error"
+        if key in self.stopped or stopping:
+            return "stopped"
+        return "running"
 
 
 class DemoApp:
-    """State and handlers behind the Blocks (one loaded pipeline, shared by all sessions)."""
+    """State and handlers behind the Blocks: one loaded pipeline and one batching scheduler, shared by all
+    sessions (every run's rows decode in the scheduler's shared steps)."""
+
+    #: A stopped job is kept this long after its handler ended, for the Stop button to show it.
+    keep_stopped_s = 600.0
+    #: Stop waits at most this long for a starting run to submit its rows, then for its handler to end.
+    stop_wait_s = 5.0
 
     def __init__(
         self,
@@ -176,12 +256,103 @@ class DemoApp:
         max_upload_mb: float = 10,
         max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
         stream_interval: float = 0.1,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        scheduler: Any = None,
     ) -> None:
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe = pipe
         self.max_upload_bytes = int(max_upload_mb * 2**20)
         self.max_upload_mb = max_upload_mb
         self.max_new_tokens_limit = max_new_tokens_limit
         self.stream_interval = stream_interval
+        self.max_batch_size = max_batch_size
+        self._scheduler = scheduler
+        self._own_scheduler = scheduler is None
+        self._lock = threading.Lock()
+        self._live: set[_Job] = set()  # jobs whose handler is running
+        self._sessions: dict[str, list[_Job]] = {}  # each session's unfinished jobs, oldest first (for Stop)
+        self._starting: dict[str, threading.Event] = {}  # sessions whose run is submitting its rows
+
+    @property
+    def scheduler(self) -> Any:
+        """The app's scheduler (``pipe.scheduler(max_batch_size=...)``, created on first use)."""
+        with self._lock:
+            if self._scheduler is None:
+                self._scheduler = self.pipe.scheduler(max_batch_size=self.max_batch_size)
+                self._own_scheduler = True
+            return self._scheduler
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop every job and close the scheduler this app created (a later run creates a new one)."""
+        with self._lock:
+            jobs = self._live.union(*self._sessions.values())
+            self._live.clear()
+            self._sessions.clear()
+            sched, own = self._scheduler, self._own_scheduler
+            if own:
+                self._scheduler = None
+        for job in jobs:
+            job.stop()
+        if sched is not None and own:
+            sched.close(timeout)
+
+    def forget(self, session: str | None) -> None:
+        """The session's page went away: stop its job."""
+        with self._lock:
+            jobs = self._sessions.pop(session, []) if session else []
+        for job in jobs:
+            job.stop()
+
+    def _starting_run(self, session: str | None) -> threading.Event | None:
+        """A run of ``session`` begins (Stop waits for it to submit its rows)."""
+        if not session:
+            return None
+        event = threading.Event()
+        with self._lock:
+            self._starting[session] = event
+        return event
+
+    def _started(self, session: str | None, event: threading.Event | None) -> None:
+        if event is None:
+            return
+        with self._lock:
+            if self._starting.get(session) is event:
+                del self._starting[session]
+        event.set()
+
+    def _register(self, job: _Job) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._live.add(job)
+            for session, jobs in list(self._sessions.items()):  # stopped jobs no Stop came for
+                jobs[:] = [j for j in jobs if j.ended_at is None or now - j.ended_at <= self.keep_stopped_s]
+                if not jobs:
+                    del self._sessions[session]
+            if job.session:
+                self._sessions.setdefault(job.session, []).append(job)
+
+    def _unregister(self, job: _Job) -> None:
+        with self._lock:
+            jobs = self._sessions.get(job.session or "", [])
+            if job in jobs:
+                jobs.remove(job)
+                if not jobs:
+                    del self._sessions[job.session]
+
+    def _finished(self, job: _Job) -> None:
+        """The handler showed the job's final answer or error."""
+        job.final_shown = True
+        self._unregister(job)
+
+    def _ended(self, job: _Job) -> None:
+        """The handler ended (finished, failed, stopped, or closed by Gradio)."""
+        if not job.final_shown:
+            job.stop()
+        job.ended_at = time.monotonic()
+        with self._lock:
+            self._live.discard(job)
+        job.ended.set()
 
     # ---------------------------------------------------------------- inputs
     def _load_image(self, payload: Any) -> Any:
@@ -274,6 +445,31 @@ class DemoApp:
             raise _gr_error(exc, "Cannot describe this image") from None
         return view.caption, view.ocr_text
 
+    def stop(self, session: str | None) -> tuple:
+        """The Stop button of a session: cancel its running job's rows and show what each panel had decoded,
+        marked stopped (the same outputs the job's own handler ends with). All :data:`RUN_OUTPUTS` as they
+        were when the session has no unfinished job (a Stop after a finished run keeps its answer)."""
+        import gradio as gr
+
+        if not session:
+            return (gr.skip(),) * len(RUN_OUTPUTS)
+        with self._lock:
+            starting = self._starting.get(session)
+        if starting is not None:  # a run of this session is submitting its rows
+            starting.wait(self.stop_wait_s)
+        with self._lock:
+            jobs = [j for j in self._sessions.get(session, []) if not j.final_shown]
+        if not jobs:
+            return (gr.skip(),) * len(RUN_OUTPUTS)
+        for job in jobs:  # Gradio cancels every /run of the session, too
+            job.stop()
+        deadline = time.monotonic() + self.stop_wait_s
+        for job in jobs:
+            # Gradio closes the handler (or it sees the stop): its last outputs are then sent before these.
+            job.ended.wait(max(0.0, deadline - time.monotonic()))
+            self._unregister(job)
+        return self._final_outputs(jobs[-1])
+
     def run(
         self,
         image,
@@ -291,8 +487,14 @@ class DemoApp:
         max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
         drafter_view="image+text",
         compare=True,
+        *,
+        session: str | None = None,
     ) -> Iterator[tuple]:
-        """The ``/run`` endpoint: a generator of :data:`RUN_OUTPUTS` tuples (streams as tokens commit)."""
+        """The ``/run`` endpoint: a generator of :data:`RUN_OUTPUTS` tuples (streams as tokens commit).
+
+        The main method and the comparisons are rows of the app's scheduler, decoded at once (and with other
+        sessions' rows). ``session`` (Gradio's session hash) lets :meth:`stop` find this run.
+        """
         import gradio as gr
 
         skip = gr.skip()
@@ -301,115 +503,177 @@ class DemoApp:
             # gr.skip() keeps the other outputs as they were: a failed request does not blank the last answer.
             return (status_html("error", text),) + (skip,) * (len(RUN_OUTPUTS) - 1)
 
-        t0 = time.perf_counter()
+        starting = self._starting_run(session)
         try:
             req = self.prepare(
                 image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
             )
+            job = _Job(self.scheduler, req, session)
+            job.start()
         except Exception as exc:
+            self._started(session, starting)
             yield error_update(f"Error: {_error_text(exc)}")
             raise _gr_error(exc, "Cannot run this request") from None
 
-        tok = self.pipe.tokenizer
-        traces: dict[str, list] = {"main": [], "floor": [], "drafter": []}
-        results: dict[str, Any] = {}
-        panel_methods = {"main": req.method, "floor": "floor", "drafter": "drafter"}
-        titles = {key: method_title(m) for key, m in panel_methods.items()}
-        subtitles = {key: method_subtitle(m) for key, m in panel_methods.items()}
-
-        def panel(key: str) -> str:
-            if key != "main" and key not in req.compare:
-                if key == req.method and "main" in results:
-                    return render_panel(titles[key], traces["main"], tok, subtitle=subtitles[key], stats=results["main"].stats)
-                return render_panel(titles[key], [], tok, subtitle=subtitles[key], empty="(comparison off)")
-            done = key in results
-            running = current[0] == key
-            return render_panel(
-                titles[key],
-                traces[key],
-                tok,
-                subtitle=subtitles[key],
-                done=not running,
-                stats=results[key].stats if done else None,
-                legend=(key == "main"),
-                empty="waiting for the models..." if not done else "(no tokens)",
-            )
-
-        current = ["main"]
-        job = _Job(self.pipe, req).start()
-        last_yield = time.perf_counter()
+        self._register(job)
+        self._started(session, starting)
         try:
-            yield (
-                status_html("run", f"Running {titles['main']}..."),
-                panel("main"),
-                "",
-                panel("floor"),
-                panel("drafter"),
-                render_stats_html(None),
-                None,
-            ) + (skip,) * 3
-            while True:
-                key, kind, payload = job.get()
-                if kind == "events":
-                    traces[key].extend(payload)
-                elif kind == "done":
-                    results[key] = payload
-                    if key == "main":
-                        current[0] = req.compare[0] if req.compare else ""
-                    else:
-                        i = req.compare.index(key)
-                        current[0] = req.compare[i + 1] if i + 1 < len(req.compare) else ""
-                elif kind == "error":
-                    msg = _error_text(payload)
-                    if not isinstance(payload, Exception) or not _is_user_error(payload):
-                        log.error("request failed", exc_info=payload)
-                    yield error_update(f"Error: {msg}")
-                    raise _gr_error(payload, "The request failed")
-                elif kind == "end":
+            if not job.cancel.is_set():
+                yield self._progress_outputs(job, first=True)
+            last_yield, shown = time.perf_counter(), None
+            while not job.cancel.is_set():
+                item = job.get(timeout=HEARTBEAT_S)
+                if job.cancel.is_set():
+                    break
+                if "main" in job.errors:
+                    job.stop()  # the comparisons go too
+                    exc = job.errors["main"]
+                    if not _is_user_error(exc):
+                        log.error("request failed", exc_info=exc)
+                    self._finished(job)
+                    yield self._error_outputs(job, f"Error: {_error_text(exc)}")
+                    raise _gr_error(exc, "The request failed")
+                if job.settled():
                     break
                 now = time.perf_counter()
-                n_main = len(traces["main"])
-                interval = self.stream_interval + n_main / 2000.0
-                if kind == "done" or now - last_yield >= interval:
+                n = sum(len(t) for t in job.traces.values())
+                if item is None:
+                    # A heartbeat (Gradio closes a stopped handler only between two yields): the status may
+                    # show the scheduler's queue; nothing is sent when nothing changed.
+                    progress = self._progress_outputs(job)
+                    yield progress if progress[:5] != shown else (skip,) * len(RUN_OUTPUTS)
+                    shown = progress[:5]
+                elif item[1] != "events" or now - last_yield >= self.stream_interval + n / 2000.0:
                     last_yield = now
-                    cur = current[0]
-                    where = {"main": titles["main"], "floor": "Floor", "drafter": "the drafter alone"}.get(cur, "")
-                    text = "".join(ev.text for ev in traces["main"])
-                    status = status_html("run", f"Running {where}... {len(traces[cur])} tokens so far" if where else "Finishing...")
-                    yield (status, panel("main"), text, panel("floor"), panel("drafter")) + (skip,) * 5
+                    progress = self._progress_outputs(job)
+                    shown = progress[:5]
+                    yield progress
+            if job.settled():
+                with job.lock:
+                    job.t_end = job.t_end or time.perf_counter()
+            out = self._final_outputs(job)
+            if not job.cancel.is_set():
+                self._finished(job)
+            yield out
         finally:
-            job.cancel.set()
+            self._ended(job)
 
-        if "main" not in results:
-            yield error_update("Stopped.")
-            raise _gr_error("the request was stopped before it finished", "Stopped")
-        main = results["main"]
-        counts = source_counts(main.trace)
-        summary = (
-            f"Done in {time.perf_counter() - t0:.1f} s: {len(main.trace)} tokens"
-            + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
-            + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else "")
-        )
-        if req.notes:
-            summary += " (" + "; ".join(req.notes) + ")"
+    # ---------------------------------------------------------------- outputs
+    def _panel(self, job: _Job, snap: _Snapshot, key: str) -> str:
+        """One panel: its tokens and state (running, done, stopped, failed, or comparison off)."""
+        req, tok = job.req, self.pipe.tokenizer
+        method = req.method if key == "main" else key
+        title, subtitle = method_title(method), method_subtitle(method)
+        row = key if key in job.keys else "main" if key == req.method else None  # the main panel runs this method
+        if row is None:
+            return render_panel(title, [], tok, subtitle=subtitle, empty="(comparison off)", state="off")
+        state = snap.state(row, job.cancel.is_set())
+        legend = key == "main"
+        if state == "done":
+            res = snap.results[row]
+            return render_panel(title, res.trace, tok, subtitle=subtitle, stats=res.stats, legend=legend, empty="(no tokens)")
+        if state == "error":
+            text = f"failed: {_error_text(snap.errors[row])}"
+            return render_panel(title, snap.traces[row], tok, subtitle=subtitle, legend=legend, state="error", empty=text)
+        if state == "stopped":
+            return render_panel(
+                title, snap.traces[row], tok, subtitle=subtitle, legend=legend, state="stopped", empty="stopped before its first token"
+            )
+        return render_panel(title, snap.traces[row], tok, subtitle=subtitle, done=False, legend=legend, empty="waiting for the models...")
+
+    def _panels(self, job: _Job, snap: _Snapshot) -> tuple[str, str, str]:
+        return self._panel(job, snap, "main"), self._panel(job, snap, "floor"), self._panel(job, snap, "drafter")
+
+    def _progress_text(self, job: _Job, snap: _Snapshot) -> str:
+        names = {"main": method_title(job.req.method), "floor": "Floor", "drafter": "the drafter alone"}
+        if not any(snap.traces[k] for k in job.keys):
+            waiting = getattr(job.scheduler, "waiting", 0)
+            queued = f" ({waiting} decode{'s' if waiting != 1 else ''} queued for a place in the batch)" if waiting else ""
+            return f"Running {_join(names[k] for k in job.keys)}: waiting for the models{queued}..."
+        parts = []
+        for k in job.keys:
+            n, state = len(snap.traces[k]), snap.state(k, False)
+            parts.append(f"{names[k]} {n} token{'s' if n != 1 else ''}" + ("" if state == "running" else f" ({state})"))
+        return "Running " + ", ".join(parts) + "..."
+
+    def _progress_outputs(self, job: _Job, first: bool = False) -> tuple:
+        """A streamed update: the status and the three panels (the first one also clears the last run's results)."""
+        import gradio as gr
+
+        skip = gr.skip()
+        snap = job.snapshot()
+        main, floor, drafter = self._panels(job, snap)
+        text = "".join(ev.text for ev in snap.traces["main"])
+        head = (status_html("run", self._progress_text(job, snap)), main, text, floor, drafter)
+        if first:
+            return head + (render_stats_html(None), None, skip, skip, None)
+        return head + (skip,) * 5
+
+    def _error_outputs(self, job: _Job, text: str) -> tuple:
+        """The main row failed: the error in the status and the main panel, the comparisons stopped."""
+        import gradio as gr
+
+        skip = gr.skip()
+        main, floor, drafter = self._panels(job, job.snapshot())
+        return (status_html("error", text), main, skip, floor, drafter) + (skip,) * 5
+
+    def _final_outputs(self, job: _Job) -> tuple:
+        """The job's last outputs: the answer ("Done") when every row finished, else what each panel had
+        decoded with the unfinished ones marked stopped ("Stopped.")."""
+        import gradio as gr
+
+        skip = gr.skip()
+        snap = job.snapshot()
+        req = job.req
+        main = snap.results.get("main")
+        panels = self._panels(job, snap)
+        unfinished = [k for k in job.keys if k not in snap.results and k not in snap.errors]
+        notes = list(req.notes)
+        for k in job.keys:
+            if k != "main" and k in snap.errors:
+                notes.append(f"{method_title(k)} failed: {_error_text(snap.errors[k])}")
+            elif main is not None and k in snap.results and snap.results[k].view.render() != main.view.render():
+                notes.append(f"{method_title(k)} read a different compressed view")
+        if "main" in snap.errors:
+            status = status_html("error", f"Error: {_error_text(snap.errors['main'])}")
+        elif unfinished or main is None:
+            status = "Stopped." + (f" {method_title(req.method)} had finished: {len(main.trace)} tokens." if main is not None else "")
+            status = status_html("idle", status)
+        else:
+            counts = source_counts(main.trace)
+            summary = (
+                f"Done in {job.elapsed():.1f} s: {len(main.trace)} tokens"
+                + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
+                + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else "")
+            )
+            if notes:
+                summary += " (" + "; ".join(notes) + ")"
+            status = status_html("ok", summary)
+        if main is None:
+            text = "".join(ev.text for ev in snap.traces["main"])
+            return (status, panels[0], text, panels[1], panels[2], render_stats_html(None), None, skip, skip, None)
         payload = {"main": main.as_dict()}
         for m in ("floor", "drafter"):
-            if m in results:
-                payload[m] = results[m].as_dict()
-        current[0] = ""
-        chart = jsd_gamma_chart(main.trace)
-        yield (
-            status_html("ok", summary),
-            panel("main"),
+            if m in snap.results:
+                payload[m] = snap.results[m].as_dict()
+        return (
+            status,
+            panels[0],
             main.text,
-            panel("floor"),
-            panel("drafter"),
+            panels[1],
+            panels[2],
             render_stats_html(main.stats, req.method),
-            chart,
+            jsd_gamma_chart(main.trace),
             main.view.caption,
             main.view.ocr_text,
             payload,
         )
+
+
+def _join(items: Iterable[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) < 2 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _is_user_error(exc: BaseException) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "METHOD_PANELS",
+    "PANEL_STATES",
     "SOURCES",
     "SPECULATIVE_SOURCES",
     "STEERED_HELP",
@@ -39,6 +40,8 @@ SOURCES: dict[str, str] = {
     "corrected": "symmetric SD only: the verifier's own token where it rejected a draft (no fusion)",
     "greedy": "plain greedy decoding (Floor / drafter alone)",
 }
+#: What a panel's ``data-state`` can say (see :func:`render_panel`).
+PANEL_STATES = ("running", "done", "stopped", "error", "off")
 #: The sources a speculative method emits (counted in summaries; the rest is plain greedy decoding).
 SPECULATIVE_SOURCES = ("accepted", "fused", "corrected", "bonus")
 STEERED_HELP = "differs from the token the verifier alone would emit here"
@@ -207,13 +210,13 @@ def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool
 
     ``trace``: :class:`~asymspec_mm.decode.TokenEvent` objects or their ``as_dict()``. ``tokenizer``
     (optional) decodes the verifier's argmax, the rejected draft and the top alternatives.
-    ``done=False`` adds a blinking cursor (streaming).
+    ``done=False`` adds a blinking cursor (streaming). ``empty`` is shown while there are no tokens.
     """
     dec = _Decoder(tokenizer)
     spans = [render_token(ev, dec) for ev in trace]
     body = "".join(spans)
-    if not spans:
-        body = f'<span class="asym-empty">{esc(empty)}</span>' if done else ""
+    if not spans and empty:
+        body = f'<span class="asym-empty">{esc(empty)}</span>'
     cursor = "" if done else '<span class="tok-cursor">&nbsp;</span>'
     return f'<div class="asym-trace" data-tokens="{len(spans)}" data-done="{1 if done else 0}">{body}{cursor}</div>'
 
@@ -245,22 +248,37 @@ def render_panel(
     stats: dict | None = None,
     empty: str = "No tokens yet.",
     legend: bool = False,
+    state: str | None = None,
 ) -> str:
-    """A titled panel around :func:`render_trace_html` with a one-line summary under it."""
-    foot = ""
+    """A titled panel around :func:`render_trace_html` with a one-line summary under it.
+
+    ``state`` (the panel's ``data-state``): ``running`` or ``done`` (the default, from ``done``), ``stopped``
+    (decoding was stopped: the tokens so far, the summary says stopped), ``error`` (``empty`` says why when
+    there are no tokens) or ``off``; the last three have no cursor.
+    """
+    if state is None:
+        state = "done" if done else "running"
+    if state not in PANEL_STATES:
+        raise ValueError(f"state={state!r}: expected one of {', '.join(PANEL_STATES)}")
+    done = state != "running"
+    parts = []
     if trace:
         c = source_counts(trace)
         parts = [f"{len(trace)} tokens"]
         parts += [f"{c[s]} {s}" for s in SPECULATIVE_SOURCES if c.get(s)]
         if any(_get(ev, "verifier_argmax") is not None for ev in trace) and _get(trace[0], "source") != "greedy":
             parts.append(f"{c['steered']} steered")
-        if stats and done:
+        if stats and state == "done":
             parts.append(f"{stats.get('tokens_per_s', 0.0):.1f} tok/s")
-        sep = " \u00b7 "
-        foot = f'<div class="asym-panel-foot">{esc(sep.join(parts))}</div>'
+    if state == "stopped":
+        parts.append("stopped")
+    elif state == "error":
+        parts.append("failed")
+    sep = " \u00b7 "
+    foot = f'<div class="asym-panel-foot">{esc(sep.join(parts))}</div>' if parts else ""
     sub = f' <span class="asym-panel-sub">{esc(subtitle)}</span>' if subtitle else ""
     return (
-        f'<div class="asym-panel"><div class="asym-panel-title">{esc(title)}{sub}</div>'
+        f'<div class="asym-panel" data-state="{state}"><div class="asym-panel-title">{esc(title)}{sub}</div>'
         f"{render_legend() if legend else ''}"
         f"{render_trace_html(trace, tokenizer, done=done, empty=empty)}{foot}</div>"
     )
@@ -294,8 +312,10 @@ def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
         ("steered tokens", stats.get("steered")),
         ("fused tokens", stats.get("fused")),
         ("stopped by", stats.get("stopped_by")),
+        ("rows per decoding step (max)", stats.get("batch_size")),
     ]
-    rows = [(k, v) for k, v in rows if not (k == "prefix KV cache hit" and v is None)]
+    optional = ("prefix KV cache hit", "rows per decoding step (max)")
+    rows = [(k, v) for k, v in rows if not (k in optional and v is None)]
     cells = "".join(
         f'<div class="asym-stat"><div class="asym-stat-k">{esc(k)}</div>'
         f'<div class="asym-stat-v" data-stat="{esc(k)}">{esc("" if v is None else v)}</div></div>'

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.options import add_model_args, finite_float, load_pipeline, pipeline_from_args
 
-from .jobs import DEFAULT_MAX_NEW_TOKENS
+from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -50,9 +50,10 @@ def launch(
     ocr_engine: str = "auto",
     examples: Sequence[dict] | None = None,
     max_upload_mb: float = 10,
-    concurrency_limit: int = 2,
+    concurrency_limit: int | None = None,
     max_queue: int = 64,
     default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
     **launch_kwargs,
@@ -62,6 +63,8 @@ def launch(
     Binds ``127.0.0.1`` by default; any other host prints a warning (the demo has no authentication).
     No share link unless ``share=True``. Analytics are off. Returns the running Blocks (call
     ``.close()`` to stop; with ``prevent_thread_lock=False`` this blocks until interrupted).
+    Concurrent runs share decoding steps (up to ``max_batch_size`` rows); ``concurrency_limit`` runs are
+    handled at once (default ``max_batch_size``), see :func:`ui.app.build_app`.
     """
     from .app import build_app  # not at the top: ui.app re-exports this module's names
 
@@ -77,6 +80,7 @@ def launch(
         concurrency_limit=concurrency_limit,
         max_queue=max_queue,
         default_max_new_tokens=default_max_new_tokens,
+        max_batch_size=max_batch_size,
     )
     return serve(demo, host=host, port=port, share=share, prevent_thread_lock=prevent_thread_lock, quiet=quiet, **launch_kwargs)
 
@@ -126,6 +130,17 @@ def serve(
     return demo
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The ``demo`` sub-command: check the extras, load the models once, serve until interrupted."""
     import importlib.util
@@ -149,6 +164,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         max_upload_mb=args.max_upload_mb,
         concurrency_limit=args.concurrency,
         default_max_new_tokens=args.max_new_tokens,
+        max_batch_size=args.max_batch_size,
     )
     return 0
 
@@ -170,7 +186,19 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=7860, help="[default: %(default)s]")
     s.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
     s.add_argument("--max-upload-mb", type=finite_float, default=10, help="largest upload accepted [default: %(default)s]")
-    s.add_argument("--concurrency", type=int, default=2, help="requests processed at once [default: %(default)s]")
+    s.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=DEFAULT_MAX_BATCH_SIZE,
+        help="rows decoded together in shared steps; each run is up to 3 rows (its method, Floor, the drafter alone) "
+        "[default: %(default)s]",
+    )
+    s.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        help="runs handled at once (their rows wait for a free row of the batch; further runs queue) [default: the max batch size]",
+    )
     s.add_argument(
         "--max-new-tokens",
         type=int,
