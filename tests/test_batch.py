@@ -275,3 +275,22 @@ def test_scheduler_kv_budget(tiny_pipe):
         got = [h.result(timeout=120) for h in handles]
     assert [g.token_ids for g in got] == [f.token_ids for f in free]
     assert max(g.stats["batch_size"] for g in got) <= 2
+
+
+def test_floor_rows_with_other_settings_share_a_batch(tiny_pipe):
+    """Settings a method does not read do not split its batch: Floor rows with different K and gates decode together
+    and each equals its request alone (statistics included)."""
+    reqs = _requests(4, seed=13)
+    cfgs = [AsymSpecConfig(k=k, gate=g, max_new_tokens=6) for k, g in ((2, "cda"), (4, "fixed"), (3, "tuned"), (1, "cda"))]
+    decoder = BatchDecoder(tiny_pipe, "floor", cfgs[0])
+    for i, (r, c) in enumerate(zip(reqs, cfgs)):
+        decoder.add(i, tiny_pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method="floor", config=c))
+    results = {}
+    while decoder.rows:
+        results.update({row.id: row.result for row, _ in decoder.step() if row.result is not None})
+    for i, (r, c) in enumerate(zip(reqs, cfgs)):
+        ref = tiny_pipe.generate(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method="floor", config=c)
+        assert results[i].token_ids == ref.token_ids and results[i].stats["accepted_per_position"] == ref.stats["accepted_per_position"]
+        assert results[i].stats["batch_size"] == 4
+    with pytest.raises(UnknownOptionError, match="differ"):  # AsymSpec rows share every decoding setting
+        BatchDecoder(tiny_pipe, "asymspec", cfgs[0]).add(0, tiny_pipe.prepare(reqs[0]["image"], "q", caption="", ocr=False, config=cfgs[1]))

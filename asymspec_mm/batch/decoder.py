@@ -50,9 +50,16 @@ def batch_engine(model, name: str):
     return BatchEngine(model, name)
 
 
+#: The settings each method's loop reads (the rest cannot change its tokens, so rows may differ there).
+_USED_BY = {"asymspec": None, "sd": ("k", "trace_top"), "floor": ("trace_top",), "drafter": ("trace_top",)}
+
+
 def batch_key(method: str, cfg: AsymSpecConfig) -> tuple:
-    """What rows of one batch must share: the method and every setting but :data:`ROW_FIELDS`."""
-    return (method,) + tuple(getattr(cfg, f.name) for f in fields(AsymSpecConfig) if f.name not in ROW_FIELDS)
+    """What rows of one batch must share: the method and the settings its loop reads, but :data:`ROW_FIELDS`
+    (Floor rows with different K or gates share a batch; AsymSpec rows share every decoding setting)."""
+    used = _USED_BY[method]
+    names = [f.name for f in fields(AsymSpecConfig) if f.name not in ROW_FIELDS and (used is None or f.name in used)]
+    return (method,) + tuple(getattr(cfg, n) for n in names)
 
 
 @dataclass
@@ -97,7 +104,7 @@ class BatchDecoder:
             engine.join(rid, session.streams[name])
             session.streams[name].release()  # the batch holds its own copy of the row's KV now
         views = {name: RowView(engine, rid) for name, engine in self.engines.items()}
-        counters = Counters(self.cfg.k, views)
+        counters = Counters(session.config.k, views)
         emitter = Emitter(counters, session.config.max_new_tokens, session.eos_ids, session.stop_fn)
         streams = {name: Stream(views[name], session.pending[name]) for name in views}
         row = Row(rid, session, streams, counters, emitter, [], kv_need=need)
@@ -145,7 +152,7 @@ class BatchDecoder:
     def kv_need(self, session: Session) -> int:
         """The most KV bytes ``session`` can hold in this batch: its prompts plus its token budget and one step's
         speculative positions, on every stream (what a memory budget reserves for it)."""
-        extra = session.config.max_new_tokens + self.cfg.k + 2
+        extra = session.config.max_new_tokens + session.config.k + 2
         return sum(engine.slot_bytes() * (session.streams[name].length + extra) for name, engine in self.engines.items())
 
     @property

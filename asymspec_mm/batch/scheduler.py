@@ -245,6 +245,12 @@ class Scheduler:
                 handle._finish(row.result)
 
     def _retire_cancelled(self) -> None:
+        with self._cond:
+            gone = [w for w in self._waiting if w.handle.cancelled]
+            for w in gone:
+                self._waiting.remove(w)
+        for w in gone:
+            self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
         for decoder in self._decoders.values():
             for rid in [r for r in decoder.rows if self._handles[r].cancelled]:
                 decoder.remove(rid)
