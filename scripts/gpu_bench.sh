@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-shape benchmark on one GPU, in under 8 minutes (prepared on CPU; NOT YET RUN ON A GPU).
+# Real-shape benchmark on one GPU, in under 9 minutes (prepared on CPU; NOT YET RUN ON A GPU).
 #
 #   scripts/gpu_bench.sh            # outputs in $OUT (when set, e.g. on the device machine) or runs/gpu-bench
 #
@@ -11,8 +11,12 @@
 # Phases (each under its own timeout, so a slow phase cannot eat the others' time):
 #   1. dynamic engines (the pipeline's, default): main comparison + prompt-length sweep (256/1k/4k view
 #      tokens, real prefill) + K sweep; tokens/s from un-instrumented runs, the split from synchronised ones.
-#   2. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs).
-#   3. a 0.6B-verifier run (the CPU bench's pair) for a like-for-like comparison with BENCHMARKS.md's CPU tables.
+#   2. batched decoding (issue #19): generate_batch at B = 8 and 32 against the sequential loop (B = 1: pipe.generate
+#      one request after another) over 32 requests, Floor and AsymSpec, 2B/32B shapes, real prefill: tokens/s,
+#      ratio to B = 1, time per decoder step, KV bytes per row.
+#   3. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs).
+#   4. a 0.6B-verifier run (the CPU bench's pair) for a like-for-like comparison with BENCHMARKS.md's CPU tables.
+# Phases 3 and 4 run only when enough of the budget is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -24,7 +28,7 @@ mkdir -p "$OUTDIR"
 LOG="$OUTDIR/gpu_bench.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 MPLBACKEND=Agg
 T0=$(date +%s)
-left() { echo $(( 470 - ($(date +%s) - T0) )); }   # seconds left of the ~8-minute budget (with margin)
+left() { echo $(( 530 - ($(date +%s) - T0) )); }   # seconds left of the ~9-minute budget (one device command: <= 10 min)
 
 {
   echo "== gpu_bench.sh $(date -u +%FT%TZ)"
@@ -43,20 +47,30 @@ timeout 270 "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" -
   2>&1 | tee -a "$LOG"
 echo "phase 1 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 
-# Phase 2: ~2 min, static caches + CUDA-graph decode (UNTESTED ON GPU so far).
+# Phase 2: ~3 min, batched decoding at 2B/32B shapes (B = 1 sequential, 8, 32; 32 requests; one repetition).
+# --variants '' skips the main comparison (phase 1 has it); the models are built again (random init, seconds on a GPU).
+if [ "$(left)" -gt 120 ]; then
+  timeout $(( $(left) < 220 ? $(left) - 20 : 200 )) "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b-batch \
+    --variants "" --lengths "" --k-values "" --no-probe --batch-sizes 1,8,32 --batch-cases 32 --batch-variants "floor;asymspec" \
+    --reps 1 --warmup 1 --max-new-tokens 32 --title "GPU: batched decoding, Qwen3-VL-2B + Qwen3-32B shapes (random weights)" \
+    2>&1 | tee -a "$LOG"
+  echo "phase 2 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+fi
+
+# Phase 3: ~2 min, static caches + CUDA-graph decode (UNTESTED ON GPU so far).
 if [ "$(left)" -gt 100 ]; then
   timeout $(( $(left) - 70 )) "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b-static-compile \
     --engine static-compile --variants "floor;asymspec" --reps 3 --warmup 2 --max-new-tokens 48 --lengths "" --k-values "" \
     --no-probe --title "GPU: 2B + 32B shapes, static caches + compiled one-token decode" 2>&1 | tee -a "$LOG"
-  echo "phase 2 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+  echo "phase 3 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 fi
 
-# Phase 3: whatever is left: the 0.6B-verifier pair of the CPU tables.
+# Phase 4: whatever is left: the 0.6B-verifier pair of the CPU tables.
 if [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 10 )) "$PY" -m asymspec_mm.bench --preset real-shapes "${COMMON[@]}" --stem bench-gpu-0.6b \
     --variants "floor;drafter;sd;asymspec" --reps 3 --warmup 1 --max-new-tokens 32 --lengths 256 --k-values "" --no-probe \
     --title "GPU: Qwen3-VL-2B + Qwen3-0.6B shapes (random weights)" 2>&1 | tee -a "$LOG"
-  echo "phase 3 rc=${PIPESTATUS[0]}" | tee -a "$LOG"
+  echo "phase 4 rc=${PIPESTATUS[0]}" | tee -a "$LOG"
 fi
 echo "== done in $(( $(date +%s) - T0 ))s; outputs in $OUTDIR" | tee -a "$LOG"
 ls -la "$OUTDIR" | tee -a "$LOG"

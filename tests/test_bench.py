@@ -281,6 +281,7 @@ def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     assert data["scaling_length"]["lengths"] == [24, 48]
     assert set(data["scaling_k"]["by_k"]) == {"floor", "asymspec@k=1", "asymspec@k=2"}
     assert {t["target"] for t in data["targets"]} >= {"loop_overhead", "gate_fusion", "length_growth"}
+    assert "batching" not in data and "### Batched decoding" not in md  # no --batch-sizes: the sweep is skipped
     section = md_file.read_text()
     assert section.count("<!-- bench:b -->") == 1 and "### Per-step time split" in section
     # Re-running replaces the pair's section instead of appending a second one.
@@ -336,3 +337,104 @@ def test_bench_cases_follow_the_chosen_families():
     ]
     with pytest.raises(UnknownOptionError, match="'charts' does not exist"):
         bench.bench_cases(2, families=("charts",))
+
+
+def _kv_per_token(ckpt_dir) -> int:
+    """layers x 2 x KV heads x head dim x dtype size of a saved checkpoint's (text) config, read from its config.json."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    heads = text.get("num_key_value_heads") or text["num_attention_heads"]
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.get("dtype") or text.get("dtype") or "float32"]
+    return text["num_hidden_layers"] * 2 * heads * head_dim * size
+
+
+def test_batch_sweep_through_the_cli_writes_consistent_outputs(tmp_path):
+    """``bench --batch-sizes`` on the random tiny pair: the same tokens at every B, KV bytes per row as the cache
+    shapes say, ratios paired with the sequential loop (no timing thresholds)."""
+    from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.cli import main
+
+    out = tmp_path / "batch"
+    argv = ["bench", "--pair", "random-tiny", "--variants", "", "--lengths", "", "--k-values", "", "--no-probe"]
+    argv += ["--batch-sizes", "1,3", "--batch-cases", "4", "--batch-variants", "floor;asymspec", "--reps", "2", "--warmup", "1"]
+    argv += ["--max-new-tokens", "5", "--out", str(out), "--stem", "b", "--threads", "1", "--quiet"]
+    assert main(argv) == 0
+    data = json.loads((out / "b.json").read_text())
+    md = (out / "b.md").read_text()
+    assert (out / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "main" not in data  # --variants '': the main comparison is skipped
+    bt = data["batching"]
+    assert bt["mode"] == "pipeline" and bt["sizes"] == [1, 3] and bt["cases"] == 4 and bt["variants"] == ["floor", "asymspec"]
+    assert bt["checks"] == {"same_tokens_as_sequential": True, "stepped_same_as_generate_batch": True, "sequential_steps_ok": True}
+    ckpt = out / "ckpt-random-tiny"
+    per_token = {"drafter_full": _kv_per_token(ckpt / "drafter"), "verifier": _kv_per_token(ckpt / "verifier")}
+    per_token["drafter_comp"] = per_token["drafter_full"]
+    pipe = AsymSpecPipeline.from_pretrained(ckpt / "drafter", ckpt / "verifier", ocr="none")
+    case = bench.bench_cases(1)[0]
+    for name, streams in (("floor", {"verifier"}), ("asymspec", {"drafter_full", "drafter_comp", "verifier"})):
+        per = bt["by_variant"][name]
+        counts = per["1"]["tokens_per_case"]
+        assert len(counts) == 4 and all(n > 0 for n in counts)
+        for b in ("1", "3"):
+            s = per[b]
+            assert s["tokens_per_case"] == counts and s["new_tokens"] == sum(counts) and s["same_tokens_as_sequential"]
+            for rep in bt["per_rep"][name][b]:  # every repetition decoded the same tokens
+                assert rep["tokens_per_case"] == counts and rep["new_tokens"] == sum(counts)
+            # KV bytes per row right after join: layers x 2 x kv_heads x head_dim x dtype size x cached prompt, over streams
+            assert [r["case"] for r in s["kv_rows"]] == [0, 1, 2, 3]
+            for row in s["kv_rows"]:
+                assert set(row["lengths"]) == streams
+                expected = sum(n * per_token[st] for st, n in row["lengths"].items())
+                assert row["bytes"] == row["formula_bytes"] == expected > 0
+            assert s["kv_bytes_per_row"] == pytest.approx(sum(r["bytes"] for r in s["kv_rows"]) / 4)
+        assert per["1"]["kv_rows"] == per["3"]["kv_rows"]  # same requests, same prompts: same cache per row at any B
+        session = pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=name)
+        assert per["1"]["kv_rows"][0]["lengths"] == {st: e.length for st, e in session.streams.items()}
+        assert per["3"]["max_batch_stat"] == 3 and per["3"]["full_rows"] == 3 and per["1"]["rows_per_step"] == 1.0
+        seq, bat = bt["per_rep"][name]["1"], bt["per_rep"][name]["3"]
+        assert per["3"]["ratio_to_seq_reps"] == pytest.approx([c["tokens_per_s"] / s["tokens_per_s"] for c, s in zip(bat, seq)])
+        assert per["3"]["step_ratio_reps"] == pytest.approx([c["step_s"] / s["step_s"] for c, s in zip(bat, seq)])
+        assert per["1"]["ratio_to_seq"] == pytest.approx(1.0) and per["1"]["step_ratio"] == pytest.approx(1.0)
+        for c in seq + bat:
+            assert c["tokens_per_s"] == pytest.approx(c["new_tokens"] / c.get("api_wall_s", c["wall_s"]))
+            assert c["decode_tokens_per_s"] == pytest.approx(c["new_tokens"] / (c["wall_s"] - c["setup_s"]))
+            sp = c["split_step_s"]
+            assert sum(sp.values()) == pytest.approx(c["full_step_s_mean"]) and min(sp[st] for st in streams) > 0
+        assert f"| {name} | 1 (sequential) |" in md and f"| {name} | 3 |" in md
+    assert "### Batched decoding" in md and not [t for t in data["targets"] if t["target"].startswith("batch")]  # no B=8 here
+
+
+def test_batch_sweep_on_synthetic_caches_and_its_targets(tiny_pipe):
+    """Synthetic caches (the real-shape CPU mode): both loops decode the same prefilled sessions; B=8 answers the
+    step-time target, with a cause exactly when it is missed."""
+    res = run_bench(
+        "real-shapes",  # a label only: the pipeline given is the tiny one
+        pipeline=tiny_pipe,
+        variants="",
+        prefill="synthetic",
+        image_tokens=5,
+        batch_sizes=(8,),
+        batch_cases=8,
+        **{**FAST, "reps": 1, "warmup": 0, "max_new_tokens": 6},
+    )
+    bt = res["batching"]
+    assert bt["mode"] == "synthetic" and bt["sizes"] == [1, 8] and bt["checks"]["same_tokens_as_sequential"]
+    for name in ("floor", "asymspec"):
+        per = bt["by_variant"][name]
+        assert per["1"]["tokens_per_s"] is None and per["1"]["tokens_per_case"] == per["8"]["tokens_per_case"] == [6] * 8
+        lengths = [r["lengths"]["verifier"] for r in per["8"]["kv_rows"]]
+        assert lengths == [256 + bench.batching.SYNTHETIC_STAGGER * i for i in range(8)]  # ragged rows
+    (floor_t,) = [t for t in res["targets"] if t["target"] == "batch_step" and t["variant"] == "floor"]
+    assert floor_t["measured"] == bt["by_variant"]["floor"]["8"]["step_ratio"]
+    assert floor_t["met"] == (floor_t["measured"] <= 3.0) and (floor_t["cause"] is None) == floor_t["met"]
+
+
+def test_batch_options_are_checked_before_anything_runs(tiny_pipe):
+    from asymspec_mm.errors import UnknownOptionError
+
+    with pytest.raises(UnknownOptionError, match="batch size 0"):
+        run_bench("random-tiny", pipeline=tiny_pipe, batch_sizes=(0, 4), **FAST)
+    with pytest.raises(UnknownOptionError):
+        run_bench("random-tiny", pipeline=tiny_pipe, batch_sizes=(4,), batch_variants="nonsense", **FAST)
+    assert bench.batching.parse_sizes([8, 4, 8]) == [1, 4, 8]

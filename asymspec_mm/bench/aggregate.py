@@ -227,6 +227,9 @@ TARGETS = {
     "gate_fusion": ("gate + fusion <= 1% of AsymSpec step time", 0.01),
     "tiny_speedup": ("tiny pair: AsymSpec tokens/s >= 1.3x Floor (paired)", 1.3),
     "length_growth": ("per-token time growth with prompt length: AsymSpec / Floor <= 1.2", 1.2),
+    # issue #19 (batched decoding; evaluated by asymspec_mm.bench.batching.batch_targets)
+    "batch_speedup": ("tiny pair, CPU: generate_batch(batch_size=8) over 16 problems >= 3x the sequential loop's tokens/s", 3.0),
+    "batch_step": ("real shapes: per-step time at B=8 <= 3x the sequential (B=1) step", 3.0),
 }
 
 

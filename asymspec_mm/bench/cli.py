@@ -53,7 +53,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None, help="drafter checkpoint directory (pair 'dirs')")
     p.add_argument("--verifier", default=None, help="verifier checkpoint directory (pair 'dirs')")
     p.add_argument(
-        "--variants", default=";".join(DEFAULT_VARIANTS), help=f"the main comparison's variants, {VARIANT_GRAMMAR} [default: %(default)s]"
+        "--variants",
+        default=";".join(DEFAULT_VARIANTS),
+        help=f"the main comparison's variants, {VARIANT_GRAMMAR} ('' skips the main comparison) [default: %(default)s]",
     )
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions [default: %(default)s]")
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds (every variant, 2 tokens) before timing [default: %(default)s]")
@@ -106,6 +108,16 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-probe", action="store_true", help="skip the probes (batching, loop alone)")
     p.add_argument("--loop-vocabs", default="", help="extra vocab sizes for the loop-alone probe, e.g. 151936")
+    p.add_argument(
+        "--batch-sizes",
+        default="",
+        help="batch sweep: generate_batch at these batch sizes against the sequential loop (B=1: pipe.generate one "
+        "request after another), e.g. 1,4,8,16 ('' skips) [default: skipped]",
+    )
+    p.add_argument("--batch-cases", type=int, default=16, help="batch sweep: requests (MiniVista held-out problems) [default: %(default)s]")
+    p.add_argument(
+        "--batch-variants", default="floor;asymspec", help=f"batch sweep: the variants, {VARIANT_GRAMMAR} [default: %(default)s]"
+    )
     p.add_argument("--out", default="runs/bench", help="output folder for bench.json / bench.md / bench.png [default: %(default)s]")
     p.add_argument("--stem", default=None, help="output file stem [default: bench-<pair>]")
     p.add_argument(
@@ -166,6 +178,9 @@ def bench_main(args: argparse.Namespace) -> int:
             threads=args.threads,
             engine=args.engine,
             loop_vocabs=_ints(args.loop_vocabs),
+            batch_sizes=_ints(args.batch_sizes),
+            batch_cases=args.batch_cases,
+            batch_variants=args.batch_variants,
             progress=not args.quiet,
         )
     except AsymSpecError as e:
@@ -178,7 +193,9 @@ def bench_main(args: argparse.Namespace) -> int:
     for kind, pth in paths.items():
         print(f"{kind}: {pth}")
     for t in res["targets"]:
-        print(f"target {t['target']}: measured {t['measured']:.4f} -> {'met' if t['met'] else 'NOT met'}")
+        which = f" ({t['variant']})" if t.get("variant") else ""
+        line = f"target {t['target']}{which}: measured {t['measured']:.4f} -> {'met' if t['met'] else 'NOT met'}"
+        print(line + (f"; cause: {t['cause']}" if t.get("cause") else ""))
     return 0
 
 

@@ -173,19 +173,20 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         for pl in probes_loop:
             lines.append(f"| {pl['vocab']} | {pl['dtype']} | {_f(pl['step_s'], '{:.2f}', 1e3)} |")
         lines.append("")
+    lines += batch_markdown(res.get("batching"), m["dtype"])
     tg = res.get("targets", [])
     if tg:
         lines += ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
         for t in tg:
-            meas = (
-                _f(t["measured"], "{:.2f}x")
-                if t["target"] == "tiny_speedup"
-                else (_f(t["measured"], "{:.2f}") if t["target"] == "length_growth" else _f(t["measured"], "{:.2f}%", 100))
-            )
-            lines.append(f"| {t['text']} | {meas} | {'yes' if t['met'] else '**no**'}{(' (' + t['note'] + ')') if t.get('note') else ''} |")
+            if t["target"] in ("tiny_speedup", "batch_speedup", "batch_step"):
+                meas = _f(t["measured"], "{:.2f}x")
+            else:
+                meas = _f(t["measured"], "{:.2f}") if t["target"] == "length_growth" else _f(t["measured"], "{:.2f}%", 100)
+            extra = [x for x in (t.get("note"), ("measured cause: " + t["cause"]) if t.get("cause") else None) if x]
+            lines.append(f"| {t['text']} | {meas} | {'yes' if t['met'] else '**no**'}{(' (' + '; '.join(extra) + ')') if extra else ''} |")
         lines.append("")
     ch = res.get("checks")
-    if ch:
+    if ch and ch["runs"]:
         lines.append(
             f"Bookkeeping checks over {ch['runs']} runs: forwarded counts {'ok' if ch['forwarded_ok'] else 'MISMATCH'}, "
             f"token bounds {'ok' if ch['tokens_ok'] else 'MISMATCH'}, split sums to the step time within "
@@ -195,8 +196,135 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _bytes(n: float | None) -> str:
+    """A byte count in KiB / MiB."""
+    if n is None:
+        return "–"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[str]:
+    """The batch sweep's tables: tokens/s per batch size and ratio to the sequential loop, step times, KV per row."""
+    if not bt:
+        return []
+    synthetic = bt["mode"] == "synthetic"
+    lines = ["### Batched decoding: generate_batch vs the sequential loop", ""]
+    lines.append(
+        f"{bt['cases']} requests per cell (the same ones at every B), {bt['max_new_tokens']} new tokens at most, K={bt['k']}, "
+        f"{bt['reps']} interleaved repetition(s) (+{bt['warmup']} warm-up). B=1 is the SEQUENTIAL loop (pipe.generate one "
+        "request after another); B>1 is generate_batch(batch_size=B), continuously refilled. Ratios to B=1 are medians of "
+        "per-repetition ratios; min-max over repetitions in brackets."
+    )
+    if synthetic:
+        sc = bt["synthetic_context"]
+        lines.append(
+            f"\n**Synthetic caches** (the request path's prefill is minutes per request here): row i holds {sc['base']} + "
+            f"{sc['stagger']}*i positions (+{sc['image_tokens']} image positions on the full stream), EOS ignored; generate_batch "
+            "cannot run on them (it prefills), so both loops decode the same prefilled sessions (pipe.run one after another; a "
+            "BatchDecoder stepped as generate_batch steps it) and tokens/s is decode-only."
+        )
+    else:
+        lines.append(
+            "\ntokens/s: the whole call (set-up + decoding) of generate_batch, or of the sequential loop; decode tokens/s leaves "
+            "the set-up (prompts, vision, prefill: one request at a time in both) out, from a BatchDecoder stepped as "
+            "generate_batch steps it (each step timed; its tokens are generate_batch's). EOS ends a request, as in "
+            "pipe.generate and generate_batch."
+        )
+    lines.append(
+        "Step: median wall time of a decoder step with the batch full (B rows, or all the requests when fewer); KV/row: "
+        "BatchEngine.kv_bytes(row) summed over the row's streams right after it joins (end of prefill); batch cache/row: "
+        "the batched caches' peak bytes (holes included) over the rows then live."
+    )
+    lines += [
+        "",
+        "| variant | B | tokens/s | ratio to B=1 | decode tokens/s | decode ratio | step ms | step ratio to B=1 | rows/step | "
+        "KV/row | batch cache/row (peak) | tokens = sequential |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, per in bt["by_variant"].items():
+        for b, s in per.items():
+            tps = "–" if s["tokens_per_s"] is None else f"{_f(s['tokens_per_s'])} [{_f(s['tokens_per_s_min'])}-{_f(s['tokens_per_s_max'])}]"
+            dtps = f"{_f(s['decode_tokens_per_s'])} [{_f(s['decode_tokens_per_s_min'])}-{_f(s['decode_tokens_per_s_max'])}]"
+
+            def rr(key: str, s: dict = s) -> str:
+                reps = s.get(key + "_reps") or []
+                main = _f(s.get(key), "{:.2f}x")
+                return main if len(reps) < 2 or s["sequential"] else f"{main} [{min(reps):.2f}-{max(reps):.2f}]"
+
+            label = "1 (sequential)" if s["sequential"] else b
+            lines.append(
+                f"| {name} | {label} | {tps} | {rr('ratio_to_seq') if s['tokens_per_s'] is not None else '–'} | {dtps} | "
+                f"{rr('decode_ratio_to_seq')} | {_f(s['step_s'], '{:.1f}', 1e3)} | {rr('step_ratio')} | {_f(s['rows_per_step'], '{:.1f}')} | "
+                f"{_bytes(s['kv_bytes_per_row'])} | {_bytes(s.get('cache_bytes_per_row_peak'))} | "
+                f"{'yes' if s['same_tokens_as_sequential'] else '**no**'} |"
+            )
+    split_rows = [(n, b, s) for n, per in bt["by_variant"].items() for b, s in per.items() if s.get("split_step_s")]
+    if split_rows:
+        lines += [
+            "",
+            "Per-step split (ms per step, mean over the steps with the batch full, as the step column; forwards timed around "
+            "each batched forward):",
+            "",
+            "| variant | B | step (mean) | "
+            + " | ".join(SPLIT_LABELS[k] for k in SPLIT_KEYS)
+            + " | forwards / single-row step's | host / single-row step's |",
+            "|---|---|---|" + "---|" * (len(SPLIT_KEYS) + 2),
+        ]
+        for name, b, s in split_rows:
+            sp = s["split_step_s"]
+            seq = bt["by_variant"][name]["1"].get("split_step_s")
+            fwd = sum(sp[k] for k in STREAMS)
+            host = sp["gate"] + sp["trace"] + sp["other"]
+            f_ratio = fwd / sum(seq[k] for k in STREAMS) if seq and sum(seq[k] for k in STREAMS) else None
+            h_seq = (seq["gate"] + seq["trace"] + seq["other"]) if seq else None
+            lines.append(
+                f"| {name} | {b} | {_f(sum(sp.values()), '{:.1f}', 1e3)} | "
+                + " | ".join(_f(sp[k], "{:.2f}", 1e3) for k in SPLIT_KEYS)
+                + f" | {_f(f_ratio, '{:.2f}x')} | {_f(host / h_seq if h_seq else None, '{:.2f}x')} |"
+            )
+    ch = bt["checks"]
+    if not ch["same_tokens_as_sequential"] and dtype != "float32":
+        lines.append(
+            f"\nTokens not identical to the sequential loop's in {dtype}: a batched forward's reductions have other shapes "
+            "than a single row's, so rounding differs and near-tied greedy choices can flip (random weights make ties "
+            "common); in float32 every row equals its request alone (tests/test_batch.py). Different tokens also mean "
+            "different acceptance, so compare step times, not step counts."
+        )
+    lines.append(
+        f"\nChecks: every B's tokens equal the sequential loop's: {'yes' if ch['same_tokens_as_sequential'] else '**no**'}"
+        + (
+            ""
+            if synthetic
+            else f"; the stepped decoder's tokens equal generate_batch's: {'yes' if ch['stepped_same_as_generate_batch'] else '**no**'}"
+        )
+        + "."
+    )
+    lines.append("")
+    return lines
+
+
+def _batch_panels(bt: dict[str, Any], ax_rate: Any, ax_step: Any) -> None:
+    """The batch sweep: tokens/s ratio to the sequential loop, and step-time ratio, against B."""
+    key = "decode_ratio_to_seq" if bt["mode"] == "synthetic" else "ratio_to_seq"
+    for name, per in bt["by_variant"].items():
+        bs = [int(b) for b in per]
+        ax_rate.plot(bs, [per[str(b)][key] or 0 for b in bs], marker="o", label=name)
+        ax_step.plot(bs, [per[str(b)]["step_ratio"] or 0 for b in bs], marker="o", label=name)
+    top = max(bt["sizes"])
+    ax_rate.plot([1, top], [1, top], color="#bbb", lw=0.8, ls="--", label="B x")
+    ax_rate.set_xlabel("batch size B")
+    ax_rate.set_ylabel(("decode " if key.startswith("decode") else "") + "tokens/s ratio to the sequential loop")
+    ax_rate.set_title("Batched decoding: throughput", fontsize=10)
+    ax_rate.legend(fontsize=8)
+    ax_step.set_xlabel("batch size B")
+    ax_step.set_ylabel("step time / sequential step")
+    ax_step.set_title("Batched decoding: time per step", fontsize=10)
+    ax_step.legend(fontsize=8)
+
+
 def render_chart(res: dict[str, Any], path: str | Path) -> Path:
-    """A PNG with up to four panels: ratio to Floor, step split, per-token time vs view length, ratio vs K."""
+    """A PNG with up to six panels: ratio to Floor, step split, per-token time vs view length, ratio vs K, and the batch
+    sweep's tokens/s and step-time ratios against B (those two alone when nothing else ran)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,33 +333,45 @@ def render_chart(res: dict[str, Any], path: str | Path) -> Path:
     main = res.get("main", {}).get("variants", {})
     sl = res.get("scaling_length", {})
     sk = res.get("scaling_k", {})
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    (ax1, ax2), (ax3, ax4) = axes
+    bt = res.get("batching")
+    title = f"asymspec-mm bench: {res['meta']['pair']} ({res['meta']['device']}, {res['meta']['dtype']})"
+    if bt and not main and not sl.get("by_length") and not sk.get("by_k"):  # the batch sweep alone
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+        _batch_panels(bt, left, right)
+        return _save(fig, title, path)
+    fig, axes = plt.subplots(3 if bt else 2, 2, figsize=(13, 13.5 if bt else 9))
+    (ax1, ax2), (ax3, ax4) = axes[0], axes[1]
+    if bt:
+        _batch_panels(bt, axes[2][0], axes[2][1])
     names = list(main)
-    ratios = [main[n]["ratio_to_floor"] or 0 for n in names]
-    ax1.barh(names, ratios, color=["#888" if main[n]["method"] == "floor" else "#3a7" for n in names])
-    ax1.axvline(1.0, color="k", lw=0.8)
-    ax1.set_xlabel("tokens/s ratio to Floor (median of paired reps)")
-    ax1.set_title("Throughput" + ("" if res["meta"]["trained"] else " (random weights: AsymSpec/SD not meaningful)"), fontsize=10)
-    ax1.invert_yaxis()
-    split_names = [n for n in names if "split_frac" in main[n]]
-    left = [0.0] * len(split_names)
-    colors = {
-        "drafter_full": "#4c72b0",
-        "drafter_comp": "#55a868",
-        "verifier": "#c44e52",
-        "gate": "#8172b2",
-        "trace": "#ccb974",
-        "other": "#999",
-    }
-    for key in SPLIT_KEYS:
-        vals = [main[n]["split_frac"][key] * 100 for n in split_names]
-        ax2.barh(split_names, vals, left=left, color=colors[key], label=SPLIT_LABELS[key])
-        left = [a + b for a, b in zip(left, vals)]
-    ax2.set_xlabel("% of step time")
-    ax2.set_title("Per-step time split", fontsize=10)
-    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
-    ax2.invert_yaxis()
+    if names:
+        ratios = [main[n]["ratio_to_floor"] or 0 for n in names]
+        ax1.barh(names, ratios, color=["#888" if main[n]["method"] == "floor" else "#3a7" for n in names])
+        ax1.axvline(1.0, color="k", lw=0.8)
+        ax1.set_xlabel("tokens/s ratio to Floor (median of paired reps)")
+        ax1.set_title("Throughput" + ("" if res["meta"]["trained"] else " (random weights: AsymSpec/SD not meaningful)"), fontsize=10)
+        ax1.invert_yaxis()
+        split_names = [n for n in names if "split_frac" in main[n]]
+        left = [0.0] * len(split_names)
+        colors = {
+            "drafter_full": "#4c72b0",
+            "drafter_comp": "#55a868",
+            "verifier": "#c44e52",
+            "gate": "#8172b2",
+            "trace": "#ccb974",
+            "other": "#999",
+        }
+        for key in SPLIT_KEYS:
+            vals = [main[n]["split_frac"][key] * 100 for n in split_names]
+            ax2.barh(split_names, vals, left=left, color=colors[key], label=SPLIT_LABELS[key])
+            left = [a + b for a, b in zip(left, vals)]
+        ax2.set_xlabel("% of step time")
+        ax2.set_title("Per-step time split", fontsize=10)
+        ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+        ax2.invert_yaxis()
+    else:  # the main comparison was skipped
+        ax1.axis("off")
+        ax2.axis("off")
     if sl.get("by_length"):
         Ls = [int(L) for L in sl["by_length"]]
         for n in next(iter(sl["by_length"].values())):
@@ -252,7 +392,13 @@ def render_chart(res: dict[str, Any], path: str | Path) -> Path:
         ax4.tick_params(axis="x", labelsize=7, rotation=30)
     else:
         ax4.axis("off")
-    fig.suptitle(f"asymspec-mm bench: {res['meta']['pair']} ({res['meta']['device']}, {res['meta']['dtype']})", fontsize=11)
+    return _save(fig, title, path)
+
+
+def _save(fig: Any, title: str, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=90)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..variants import Variant, parse_variant, parse_variants
+from ..variants import Variant, parse_variant, parse_variants, split_variants
 from .aggregate import call_costs, collect_checks, evaluate_targets, projection, rep_summary, summarize
+from .batching import batch_sweep, batch_targets, parse_sizes
 from .pairs import BenchPair, bench_cases, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop
 from .runner import Runner, engine_factory, rotate
@@ -58,13 +59,16 @@ def run_bench(
     threads: int | None = None,
     engine: str = "dynamic",
     loop_vocabs: Sequence[int] = (),
+    batch_sizes: Sequence[int] = (),
+    batch_cases: int = 16,
+    batch_variants: str | Sequence[str] = ("floor", "asymspec"),
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and return its results (JSON-ready). See the package docstring.
 
     ``variants`` / ``length_variants`` / ``k_variants``: variant lists in :mod:`asymspec_mm.variants`' grammar
     (``method@field=value,...``; a string or a sequence of specs); Floor is added where missing, since every
-    ratio is paired against it.
+    ratio is paired against it; an empty ``variants`` skips the main comparison (and the projection).
     ``pipeline``: reuse a loaded :class:`AsymSpecPipeline` (``pair`` is then only its label).
     ``prefill``: ``pipeline`` | ``synthetic`` | ``auto`` (synthetic for real-shape pairs on CPU).
     ``plain_runs``: time throughput in separate un-instrumented runs (default: on CUDA only).
@@ -72,11 +76,20 @@ def run_bench(
     (restored after); on a loaded machine 1 thread is often faster for tiny models (no OpenMP barrier waits).
     ``engine``: ``dynamic`` (the engines the pipeline uses), ``static`` / ``static-compile`` (the opt-in
     static-KV-cache engines, the latter with a compiled one-token decode; untested on GPU).
+    ``batch_sizes``: the batch sweep (:mod:`asymspec_mm.bench.batching`; empty: skipped): ``generate_batch`` at each
+    size against the sequential loop over ``batch_cases`` requests for each of ``batch_variants``.
     """
     from ..config import AsymSpecConfig
 
     say = log if progress else (lambda _msg: None)
     t_start = time.perf_counter()
+    # the batch sweep's options are checked before anything runs
+    b_sizes = parse_sizes(batch_sizes) if batch_sizes else []
+    b_variants = parse_variants(batch_variants) if b_sizes else []
+    if b_sizes and batch_cases < 1:
+        from ..errors import UnknownOptionError
+
+        raise UnknownOptionError(f"batch_cases={batch_cases} must be >= 1")
     with _torch_threads(threads):
         if pipeline is not None:
             bp = BenchPair(pipeline, pair, getattr(pipeline, "name", pair), trained=pair not in ("random-tiny",) and "random" not in pair)
@@ -93,7 +106,7 @@ def run_bench(
         base_cfg = AsymSpecConfig(k=k, max_new_tokens=max_new_tokens)
         if trace_top is not None:
             base_cfg = base_cfg.with_(trace_top=trace_top)
-        vs = with_floor(parse_variants(variants))
+        vs = with_floor(parse_variants(variants)) if split_variants(variants) else []
         engines = engine_factory(engine, headroom=max_new_tokens + 2 * max(k, *(k_values or [k])) + 8, device=dev)
         runner = Runner(bp, ignore_eos=ignore_eos, image_tokens=image_tokens, sync=dev.type == "cuda", engines=engines)
         base_len = prompt_lengths[0] if prompt_lengths else 256
@@ -126,13 +139,34 @@ def run_bench(
             "notes": notes,
         }
         result["meta"]["engine"] = engine
-        result.update(_main_comparison(cells, vs, base_cfg, reps, warmup, say))
-        result["projection"] = projection(result["main"]["variants"], result["call_costs"], k, scenarios, trained=bp.trained)
+        if not vs:
+            notes.append("main comparison skipped (no --variants): its settings above do not apply; see the sections below")
+        if vs:
+            result.update(_main_comparison(cells, vs, base_cfg, reps, warmup, say))
+            result["projection"] = projection(result["main"]["variants"], result["call_costs"], k, scenarios, trained=bp.trained)
+        else:
+            say("main comparison skipped (no variants)")
         result["scaling_length"] = _length_sweep(bp, cells, base_cfg, prompt_lengths, length_variants, reps, image_tokens, say)
         result["scaling_k"] = _k_sweep(cells, base_cfg, k_values, k_variants, reps, say)
         if probe_batching:
             result["probes"] = _probes(bp, runner, k, base_len + image_tokens, probe_reps, trace_top, loop_vocabs, say)
-    result["targets"] = evaluate_targets(result, bp)
+        if b_sizes:
+            result["batching"] = batch_sweep(
+                bp,
+                bench_cases(batch_cases, bp.image_side, case_families),
+                sizes=b_sizes,
+                variants=b_variants,
+                base_cfg=base_cfg,
+                reps=reps,
+                warmup=warmup,
+                synthetic=synthetic,
+                base_len=base_len,
+                image_tokens=image_tokens,
+                clock=runner.clock,
+                instrument=not plain_runs,
+                say=say,
+            )
+    result["targets"] = evaluate_targets(result, bp) + batch_targets(result.get("batching", {}), bp)
     result["meta"]["bench_wall_s"] = time.perf_counter() - t_start
     return result
 
