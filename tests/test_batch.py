@@ -125,6 +125,8 @@ def test_generate_batch_api(tiny_pipe):
     got = tiny_pipe.generate_batch(as_input, config=cfg, batch_size=3)
     assert [g.token_ids for g in got] == [a.token_ids for a in alone]  # input order
     assert max(g.stats["batch_size"] for g in got) == 3 and min(g.stats["batch_size"] for g in got) >= 1
+    for g in got:  # K drafting forwards + one scoring forward on each other stream, + 1 a step with a gated bonus
+        assert g.stats["engine_calls"] == (cfg.k + 2) * g.stats["steps"] and g.stats["engine_calls_per_step"] == cfg.k + 2
     with pytest.raises(UnknownOptionError, match="batch_size"):
         tiny_pipe.generate_batch(as_input, batch_size=0)
     with pytest.raises(UnknownOptionError, match="request 0"):

@@ -73,6 +73,7 @@ class Row:
     emitter: Emitter
     trace: list[TokenEvent]
     kv_need: int = 0
+    engine_calls: int = 0
     step: int = 0
     max_batch: int = 0
     result: MMResult | None = None
@@ -121,9 +122,13 @@ class BatchDecoder:
             row.max_batch = max(row.max_batch, len(rows))
             for s in row.streams.values():
                 s.begin_step()
+        calls = self.engine_calls
         with self.pipe._lock:  # the models are shared with single requests
             step = {"asymspec": self._asymspec, "sd": self._sd}.get(self.method, self._greedy)
             emitted = step(rows, timer or no_timer)
+        calls = self.engine_calls - calls
+        for row in rows:
+            row.engine_calls += calls
         out = []
         for row, (events, token, carry) in zip(rows, emitted):
             committed = row.emitter.commit(events)
@@ -138,6 +143,11 @@ class BatchDecoder:
             if row.emitter.done:
                 self._finish(row)
         return out
+
+    @property
+    def engine_calls(self) -> int:
+        """Model calls made so far by the batch's engines (transformers forwards or ``LLM.generate`` calls)."""
+        return sum(engine.engine_calls for engine in self.engines.values())
 
     @property
     def _drafting(self) -> str:
@@ -164,6 +174,9 @@ class BatchDecoder:
         row.result = self.pipe.result_of(row.session, row.counters, row.trace)
         row.result.stats["batch_size"] = row.max_batch
         row.result.stats["kv_bytes"] = {name: engine.kv_bytes(row.id) for name, engine in self.engines.items()}
+        # the calls of the steps this row took part in, shared with the rows beside it
+        row.result.stats["engine_calls"] = row.engine_calls
+        row.result.stats["engine_calls_per_step"] = row.engine_calls / row.step if row.step else 0.0
         for engine in self.engines.values():
             engine.leave(row.id)
         del self.rows[row.id]

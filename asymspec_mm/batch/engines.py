@@ -294,6 +294,11 @@ class BatchEngine:
         """Bytes of one slot of one row over all layers (keys and values)."""
         return self._n_layers * 2 * self._kv_heads * self._head_dim * torch.empty((), dtype=self._dtype).element_size()
 
+    @property
+    def engine_calls(self) -> int:
+        """Model calls this engine made (one batched forward each), the unit of per-step cost in ``stats``."""
+        return self.batch_forwards
+
     def kv_bytes(self, row: int | None = None) -> int:
         """KV memory held by ``row``'s live slots; ``None``: the whole cache, holes included."""
         if row is not None:

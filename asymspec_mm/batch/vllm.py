@@ -167,6 +167,11 @@ class VLLMBatchEngine:
         layers = mc.get_num_layers(cfg.parallel_config)
         return layers * 2 * mc.get_total_num_kv_heads() * mc.get_head_size() * torch.empty((), dtype=mc.dtype).element_size()
 
+    @property
+    def engine_calls(self) -> int:
+        """``LLM.generate`` calls this engine made, the unit of per-step cost in ``stats``."""
+        return self.generate_calls
+
     def kv_bytes(self, row: int | None = None) -> int:
         """KV bytes ``row``'s context takes (``None``: all live rows). vLLM holds them in its own block pool,
         allocated up front (``gpu_memory_utilization``), in whole blocks, shared with its prefix cache."""
