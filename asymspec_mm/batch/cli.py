@@ -1,0 +1,553 @@
+"""``asymspec-mm batch``: answer a JSONL file of questions, one durable answer line per finished row.
+
+Input: one JSON object a line, ``{"id", "image", "question", "caption"?, "ocr"?}``. ``image`` is a file path
+(relative paths are resolved against ``--images-dir``, else the input file's folder; URLs are never fetched);
+``caption`` / ``ocr`` as in :meth:`AsymSpecPipeline.prepare` (absent or null: produced by the toolkit; a string:
+used as is; ``"ocr": false``: no OCR text). Ids are strings or integers, compared as text, unique in the file.
+
+Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, appended, flushed and fsynced
+as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "stats", "view": {"caption",
+"ocr_text"}, "method", "config"}`` plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
+effective config, dtype, OCR engine, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
+skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (invalid
+JSON, a missing or mistyped field, a URL, a missing or unreadable image) are reported on stderr with their
+line number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures); the run goes on and
+exits with 1 at the end, or stops at the first one with ``--on-error raise``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import AsymSpecError
+from ..options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
+
+FORMAT = "asymspec-mm batch"
+FORMAT_VERSION = 1
+DEFAULT_BATCH_SIZE = 8
+FIELDS = ("id", "image", "question", "caption", "ocr")
+REQUIRED = ("id", "image", "question")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://|^(data):", re.IGNORECASE)
+_MAX_ECHO = 1000  # characters of a bad input line kept in the errors file
+
+
+def meta_path(output: Path) -> Path:
+    """``ANSWERS.jsonl.meta.json``: the run's identity."""
+    return output.with_name(output.name + ".meta.json")
+
+
+def errors_path(output: Path) -> Path:
+    """``ANSWERS.jsonl.errors.jsonl``: one line per input line that failed in the latest run."""
+    return output.with_name(output.name + ".errors.jsonl")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One valid input line: its line number, id (as given and as text) and request."""
+
+    line: int
+    id: Any
+    key: str
+    image: Path
+    question: str
+    caption: str | None
+    ocr: str | bool | None
+
+
+@dataclass
+class LineError:
+    """A failed input line: its number, id when known, the reason and (for unparsable lines) its text."""
+
+    line: int
+    id: Any
+    message: str
+    stage: str = "input"
+    text: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        out = {"line": self.line, "id": self.id, "error": self.message, "stage": self.stage}
+        if self.text is not None:
+            out["input"] = self.text[:_MAX_ECHO]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- input
+
+
+def _check_image(value: Any, base: Path) -> Path:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("'image' must be a non-empty string: the image file's path")
+    m = _URL.match(value)
+    if m:
+        scheme = (m.group(1) or m.group(2)).lower()
+        if scheme in ("http", "https"):
+            raise ValueError(f"'image' is a remote URL ({value[:80]}): URLs are never fetched; download the image and give its path")
+        raise ValueError(f"'image' must be a file path, not a {scheme}: URL")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise ValueError(f"image not found: {path}")
+    return path
+
+
+def _parse_line(n: int, text: str, base: Path) -> Item:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object with {', '.join(REQUIRED)}, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(map(repr, unknown))}; a line has {', '.join(FIELDS)}")
+    missing = [f for f in REQUIRED if f not in obj]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(map(repr, missing))}")
+    rid = obj["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise ValueError("'id' must be a non-empty string or an integer")
+    question = obj["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("'question' must be a non-empty string")
+    caption = obj.get("caption")
+    if caption is not None and not isinstance(caption, str):
+        raise ValueError("'caption' must be a string or null (null: generated by the drafter)")
+    ocr = obj.get("ocr")
+    if ocr is not None and not isinstance(ocr, str) and ocr is not False:
+        raise ValueError("'ocr' must be a string, false (no OCR text) or null (run the OCR engine)")
+    image = _check_image(obj["image"], base)
+    return Item(n, rid, str(rid), image, question, caption, ocr)
+
+
+def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
+    """``(line number, text)`` of every non-blank line; non-UTF-8 input is an error naming the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise AsymSpecError(f"cannot read the input {path}: {exc.strerror or exc}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    for n, chunk in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise AsymSpecError(
+                f"{path}:{n}: not UTF-8 text (byte 0x{chunk[exc.start]:02x} at column {exc.start + 1}); save the input as UTF-8"
+            ) from None
+        text = text.rstrip("\r")
+        if text.strip():
+            yield n, text
+
+
+def read_input(path: Path, images_dir: Path | None = None) -> tuple[list[Item], list[LineError]]:
+    """The valid lines of ``path`` and the bad ones. A repeated id is an error for the whole file (naming both lines)."""
+    base = images_dir if images_dir is not None else path.parent
+    items: list[Item] = []
+    errors: list[LineError] = []
+    first_line: dict[str, int] = {}
+    for n, text in _decoded_lines(path):
+        try:
+            item = _parse_line(n, text, base)
+        except ValueError as exc:
+            rid = _id_of(text)
+            errors.append(LineError(n, rid, str(exc), text=text))
+            if rid is not None:
+                _note_id(path, first_line, str(rid), n)
+            continue
+        _note_id(path, first_line, item.key, n)
+        items.append(item)
+    return items, errors
+
+
+def _id_of(text: str) -> Any:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+
+
+def _note_id(path: Path, first_line: dict[str, int], key: str, n: int) -> None:
+    if key in first_line:
+        raise AsymSpecError(f"{path}:{n}: duplicate id {key!r} (first on line {first_line[key]}); ids must be unique")
+    first_line[key] = n
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON: tensors and numpy values to lists/numbers, non-finite floats to null."""
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple, dict, str)):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+class TokenTexts:
+    """Token id -> text, cached (the trace names every token by its text too)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.cache = tokenizer, {}
+
+    def __call__(self, token_id: int | None) -> str | None:
+        if token_id is None:
+            return None
+        if token_id not in self.cache:
+            self.cache[token_id] = self.tokenizer.decode([int(token_id)])
+        return self.cache[token_id]
+
+
+def trace_entry(ev: Any, text_of: TokenTexts) -> dict[str, Any]:
+    """One :class:`TokenEvent` as JSON, with the texts of the verifier's own token, the rejected draft and the top tokens."""
+    d = ev.as_dict()
+    d["verifier_text"] = text_of(ev.verifier_argmax)
+    d["draft_text"] = text_of(ev.draft_token)
+    for name in ("top_verifier", "top_fused"):
+        d[name] = [[int(t), text_of(int(t)), p] for t, p in getattr(ev, name)]
+    return jsonable(d)
+
+
+def answer_record(item: Item, res: Any, text_of: TokenTexts | None = None) -> dict[str, Any]:
+    """The output line of one answered request (``trace`` when ``text_of`` is given)."""
+    rec = {
+        "id": item.id,
+        "answer": res.text,
+        "stats": jsonable(res.stats),
+        "view": {"caption": res.view.caption, "ocr_text": res.view.ocr_text},
+        "method": res.method,
+        "config": jsonable(res.config.as_dict()),
+    }
+    if text_of is not None:
+        rec["trace"] = [trace_entry(ev, text_of) for ev in res.trace]
+    return rec
+
+
+class JsonlAppender:
+    """Append-only JSONL: each line written, flushed and fsynced before :meth:`write` returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+        self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def answered_ids(path: Path, warn: TextIO | None = None) -> set[str]:
+    """Ids (as text) already in an output file; a partial last line (a write cut short by a kill) is cut off."""
+    warn = warn if warn is not None else sys.stderr
+    if not path.exists():
+        return set()
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        cut = raw.rfind(b"\n") + 1
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
+        raw = raw[:cut]
+        print(f"warning: {path}: dropped a partial last line (a write cut short); that row is answered again", file=warn)
+    done: set[str] = set()
+    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rid = json.loads(line)["id"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            print(f"warning: {path}:{n}: not an answer line; ignored", file=warn)
+            continue
+        done.add(str(rid))
+    return done
+
+
+# ------------------------------------------------------------------------------------------- identity
+
+
+def _model_ref(name: str) -> str:
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else name
+
+
+def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], str | None]:
+    """What must not change between a run and its ``--resume``, and the preset name to load (None: a pair).
+
+    Computed without loading a model: the pair (preset name, or both paths/ids), the dtype they load in,
+    method, the effective config, the OCR engine, whether traces are written and the package version.
+    """
+    from .. import __version__
+    from ..loading import resolve_device
+
+    if args.drafter or args.verifier:
+        if not (args.drafter and args.verifier):
+            raise AsymSpecError("give both --drafter and --verifier (or a --preset)")
+        models: dict[str, Any] = {"drafter": _model_ref(args.drafter), "verifier": _model_ref(args.verifier)}
+        defaults: dict[str, Any] = {}
+        preset_name = None
+    else:
+        from ..presets import resolve_preset
+
+        preset = resolve_preset(args.preset or "auto")  # "auto" decides here, once
+        models = {"preset": preset.name}
+        defaults = preset.pipeline_kwargs
+        preset_name = preset.name
+    _, dtype = resolve_device(args.device or defaults.get("device"), args.dtype or defaults.get("dtype"))
+    identity = {
+        "models": models,
+        "dtype": str(dtype).replace("torch.", ""),
+        "method": args.method,
+        "config": jsonable(cfg.as_dict()),
+        "ocr_engine": args.ocr_engine,
+        "trace": bool(args.trace),
+        "version": __version__,
+    }
+    return identity, preset_name
+
+
+def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``"key (old -> new)"`` for every differing key; config fields are named by themselves (``k``, ``beta``)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if key == "config" and isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += [f"{f} ({a.get(f)!r} -> {b.get(f)!r})" for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+        elif a != b:
+            out.append(f"{key} ({a!r} -> {b!r})")
+    return out
+
+
+def write_meta(path: Path, identity: Mapping[str, Any], input_path: Path) -> None:
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "identity": dict(identity),
+        "input": str(input_path.resolve()),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def check_resume(output: Path, identity: Mapping[str, Any]) -> None:
+    """Refuse to continue ``output`` when its sidecar is missing or names another run."""
+    mp = meta_path(output)
+    if not mp.exists():
+        raise AsymSpecError(f"{output} has no {mp.name}, so this run cannot be checked against it: --overwrite to start over")
+    try:
+        old = json.loads(mp.read_text(encoding="utf-8"))["identity"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        raise AsymSpecError(f"{mp} is not a batch run's identity file: --overwrite to start over") from None
+    diff = identity_diff(old, identity)
+    if diff:
+        raise AsymSpecError(
+            f"--resume: {output} was written by a different run; differing: {', '.join(diff)}. "
+            "Resume with the same options, or --overwrite / a new --output"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+class _Progress:
+    """tqdm on stderr (a no-op when disabled or tqdm is missing); :meth:`write` prints above the bar."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar: Any = None
+        if enabled and total:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc="batch", unit="q", file=sys.stderr, dynamic_ncols=True)
+            except ImportError:  # pragma: no cover - tqdm comes with transformers
+                self.bar = None
+
+    def update(self, postfix: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def load_batch_pipeline(args: argparse.Namespace, preset_name: str | None):
+    """The pipeline of the run (the preset already resolved, so ``auto`` is decided once)."""
+    ns = argparse.Namespace(**vars(args))
+    if preset_name is not None:
+        ns.preset = preset_name
+    return pipeline_from_args(ns)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    """Answer every line of ``--input``; 0 when all were answered, 1 when some failed."""
+    from .decoder import BatchDecoder
+
+    inp, output = Path(args.input), Path(args.output)
+    if args.batch_size < 1:
+        raise AsymSpecError(f"--batch-size {args.batch_size}: must be >= 1")
+    if inp.resolve() == output.resolve():
+        raise AsymSpecError("--output must differ from --input")
+    images_dir = Path(args.images_dir).expanduser() if args.images_dir else None
+    if images_dir is not None and not images_dir.is_dir():
+        raise AsymSpecError(f"--images-dir {images_dir} is not a folder")
+    if not inp.is_file():
+        raise AsymSpecError(f"--input {inp} is not a file")
+    cfg = config_from_args(args)
+    identity, preset_name = run_identity(args, cfg)
+
+    started = output.exists() and output.stat().st_size > 0
+    if started and not (args.resume or args.overwrite):
+        raise AsymSpecError(f"{output} already holds answers: pass --resume to continue it or --overwrite to start over")
+    resuming = started and args.resume
+    if resuming:
+        check_resume(output, identity)
+    items, line_errors = read_input(inp, images_dir)  # non-UTF-8 input and repeated ids stop here
+    if line_errors and args.on_error == "raise":
+        e = line_errors[0]
+        raise AsymSpecError(f"{inp}:{e.line}: {e.message}")
+
+    # every check passed: now the files change
+    output.parent.mkdir(parents=True, exist_ok=True)
+    done = answered_ids(output) if resuming else set()
+    if not resuming:
+        output.write_bytes(b"")
+        write_meta(meta_path(output), identity, inp)
+    err_file = errors_path(output)
+    err_file.unlink(missing_ok=True)  # the errors file holds the latest run's failures
+    todo = [it for it in items if it.key not in done]
+    skipped = len(items) - len(todo)
+
+    answers, errors = JsonlAppender(output), JsonlAppender(err_file)
+    progress = _Progress(0, False)  # the bar starts once the models are loaded
+    failed = 0
+    answered = 0
+
+    def fail(err: LineError) -> None:
+        nonlocal failed
+        failed += 1
+        errors.write(err.record())
+        progress.write(f"{inp}:{err.line}: {err.message}")
+        if args.on_error == "raise":
+            raise AsymSpecError(f"{inp}:{err.line}: {err.message}")
+
+    try:
+        for err in line_errors:
+            fail(err)
+        if todo:
+            pipe = load_batch_pipeline(args, preset_name)
+            progress = _Progress(len(todo), not args.no_progress)
+            text_of = TokenTexts(pipe.tokenizer) if args.trace else None
+            decoder = BatchDecoder(pipe, args.method, cfg)
+            upcoming = iter(enumerate(todo))
+            acc_sum = acc_n = 0.0
+
+            def refill() -> None:
+                while len(decoder.rows) < args.batch_size:
+                    nxt = next(upcoming, None)
+                    if nxt is None:
+                        return
+                    rid, item = nxt
+                    try:
+                        session = pipe.prepare(
+                            str(item.image), item.question, caption=item.caption, ocr=item.ocr, method=args.method, config=cfg
+                        )
+                    except (ValueError, OSError) as exc:  # AsymSpecError is a ValueError: bad image, context overflow, no OCR
+                        fail(LineError(item.line, item.id, str(exc) or type(exc).__name__, stage="prepare"))
+                        progress.update(f"failed={failed}")
+                        continue
+                    decoder.add(rid, session)
+
+            refill()
+            while decoder.rows:
+                for row, _ in decoder.step():
+                    res = row.result
+                    if res is None:
+                        continue
+                    answers.write(answer_record(todo[row.id], res, text_of))
+                    answered += 1
+                    if res.stats.get("drafted"):
+                        acc_sum += float(res.stats.get("acceptance_rate") or 0.0)
+                        acc_n += 1
+                    postfix = f"accept={acc_sum / acc_n:.2f}" if acc_n else ""
+                    progress.update(f"{postfix} failed={failed}".strip())
+                refill()
+    finally:
+        progress.close()
+        answers.close()
+        errors.close()
+
+    parts = [f"{answered} answered"]
+    if skipped:
+        parts.append(f"{skipped} already answered")
+    if failed:
+        parts.append(f"{failed} failed (see {err_file})")
+    print(f"asymspec-mm batch: {', '.join(parts)} -> {output}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``batch`` on a subparsers object."""
+    p = subparsers.add_parser(
+        "batch",
+        help="answer a JSONL file of questions (continuous batching, resumable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    io = p.add_argument_group("files")
+    io.add_argument("--input", required=True, metavar="QUESTIONS.jsonl", help='one {"id", "image", "question", "caption"?, "ocr"?} a line')
+    io.add_argument("--output", required=True, metavar="ANSWERS.jsonl", help="answers, appended as rows finish")
+    io.add_argument("--images-dir", default=None, help="folder relative image paths are resolved against [default: the input's folder]")
+    mode = io.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="skip the ids already in --output (refused if the run's identity differs)")
+    mode.add_argument("--overwrite", action="store_true", help="start --output over")
+    run = p.add_argument_group("run")
+    run.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows decoded together [default: %(default)s]")
+    run.add_argument("--trace", action="store_true", help="write each answer's per-token provenance (with token texts)")
+    run.add_argument(
+        "--on-error",
+        choices=("continue", "raise"),
+        default="continue",
+        help="a bad line: report it and go on (exit 1 at the end), or stop [default: %(default)s]",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_model_args(p)
+    add_decode_args(p)
+    p.set_defaults(func=cmd_batch)
+    return p
