@@ -215,3 +215,10 @@ def test_one_variant_grammar():
     for bad in ("nonsense", "asymspec@gate=bogus", "asymspec@beta=nan", "asymspec@unknown=1", "asymspec@k"):
         with pytest.raises(UnknownOptionError):
             parse_variant(bad)
+
+
+def test_cli_parser_imports_no_torch():
+    """`asymspec-mm --help` stays fast: building every subcommand's parser imports no torch (nor gradio)."""
+    code = "import sys, asymspec_mm.cli as c; c.build_parser(); print(sorted(m for m in ('torch', 'gradio') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
