@@ -1,4 +1,4 @@
-"""``asymspec-mm``: generate, quickstart, batch, demo, eval, bench."""
+"""``asymspec-mm``: generate, quickstart, batch, demo, eval, bench, serve."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asymspec-mm", description="Cross-modal AsymSpec: a vision-language drafter steers a text-only verifier."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and tracebacks")
-    sub = parser.add_subparsers(dest="command", metavar="{generate,quickstart,batch,demo,eval,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{generate,quickstart,batch,demo,eval,bench,serve}")
     sub.required = True
 
     g = sub.add_parser("generate", help="answer a question about an image")
@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("ui.serve", "add_demo_parser"),
         ("asymspec_mm.eval.cli", "add_eval_parser"),
         ("asymspec_mm.bench", "add_bench_parser"),
+        ("asymspec_mm.serve.cli", "add_serve_parser"),
     ):
         try:
             mod = __import__(module, fromlist=[adder])
@@ -139,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "ui.serve": "demo",
                 "asymspec_mm.eval.cli": "eval",
                 "asymspec_mm.bench": "bench",
+                "asymspec_mm.serve.cli": "serve",
             }[module]
-            extra = {"batch": "eval", "demo": "ui", "eval": "eval", "bench": "eval"}[name]
+            extra = {"batch": "eval", "demo": "ui", "eval": "eval", "bench": "eval", "serve": "serve"}[name]
             p = sub.add_parser(name, help=f"(unavailable: {exc.name} missing; pip install 'asymspec-mm[{extra}]')")
             p.set_defaults(func=lambda a, e=exc, x=extra: _missing(e, x))
             continue

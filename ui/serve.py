@@ -6,7 +6,6 @@ Torch- and Gradio-free at import (the CLI registers the sub-command on every sta
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 import threading
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.options import add_model_args, finite_float, load_pipeline, pipeline_from_args
+from asymspec_mm.serve.net import is_loopback
 
 from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS
 
@@ -25,16 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline import AsymSpecPipeline
 
 __all__ = ["add_demo_parser", "is_loopback", "launch", "main", "serve"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def launch(

@@ -1,0 +1,527 @@
+"""The OpenAI-compatible HTTP app: :func:`create_app` (FastAPI) on one pipeline's batching scheduler.
+
+Endpoints: ``POST /v1/chat/completions`` (see :mod:`asymspec_mm.serve.schema` for what a request may hold),
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text). Every
+request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
+decoding steps; each answer equals ``pipe.generate`` of that request alone. A client that disconnects, while
+its answer streams or while it waits for it, cancels its row. Errors are OpenAI's JSON error object with a
+one-line message naming the field; the server goes on serving after each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import CancelledError
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from ..errors import AsymSpecError
+from .errors import RequestError
+from .metrics import Metrics
+from .schema import ChatRequest, parse_chat_request, parse_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..pipeline import AsymSpecPipeline
+    from ..session import MMResult
+
+log = logging.getLogger("asymspec_mm.serve")
+
+DEFAULT_MAX_BATCH_SIZE = 16
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_REQUEST_MB = 20.0
+#: Seconds a client refused for a full queue is told to wait (``Retry-After``).
+RETRY_AFTER_S = 1
+
+
+def dumps(obj: Any) -> bytes:
+    """Strict JSON (non-finite floats become null, so a statistic can never break a response)."""
+    return json.dumps(_finite(obj), allow_nan=False, separators=(",", ":")).encode()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------- responses
+def finish_reason(res: MMResult) -> str:
+    """``length`` when the token budget ended decoding, else ``stop`` (EOS or a stop string)."""
+    return "length" if res.stats.get("stopped_by") == "max_new_tokens" else "stop"
+
+
+def usage(res: MMResult) -> dict[str, int]:
+    """OpenAI's usage object; ``prompt_tokens`` is the length of the verifier's prompt."""
+    prompt = int(res.prompts.verifier_ids.shape[1])
+    return {"prompt_tokens": prompt, "completion_tokens": len(res.token_ids), "total_tokens": prompt + len(res.token_ids)}
+
+
+def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
+    """One token's provenance; ``verifier_argmax`` is the verifier's own token as text."""
+    argmax = ev.verifier_argmax
+    return {
+        "index": ev.index,
+        "token_id": ev.token_id,
+        "text": ev.text,
+        "source": ev.source,
+        "step": ev.step,
+        "position": ev.position,
+        "p_verifier": ev.p_verifier,
+        "p_base": ev.p_base,
+        "jsd": ev.jsd,
+        "gamma_eff": ev.gamma_eff,
+        "verifier_argmax": None if argmax is None else tokenizer.decode([argmax]),
+        "verifier_argmax_id": argmax,
+        "steered": ev.steered,
+    }
+
+
+def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[str, Any]:
+    """The ``"asymspec"`` object of a response: method, settings, stats, the compressed view, the trace."""
+    out = {
+        "method": res.method,
+        "config": res.config.as_dict(),
+        "stats": res.stats,
+        "view": {"caption": res.view.caption, "ocr_text": res.view.ocr_text},
+    }
+    if return_trace:
+        out["trace"] = [trace_entry(ev, tokenizer) for ev in res.trace]
+    return out
+
+
+def _stop_truncated(text: str, stop_strings: tuple[str, ...]) -> str:
+    """``text`` cut at its stop strings exactly as :meth:`AsymSpecPipeline.result_of` cuts the answer."""
+    for s in stop_strings:
+        if s and s in text:
+            text = text[: text.index(s)]
+    return text
+
+
+class TextDeltas:
+    """The answer's text as it grows, in pieces whose concatenation is the final ``MMResult.text``: the
+    committed tokens are decoded as a whole (special tokens skipped, cut at stop strings), and an unfinished
+    UTF-8 character or a possible start of a stop string is held back until the next step tells."""
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...] = ()):
+        self.tokenizer, self.stop_strings = tokenizer, stop_strings
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, token_ids: list[int]) -> str:
+        self.ids.extend(token_ids)
+        text = _stop_truncated(self.tokenizer.decode(self.ids, skip_special_tokens=True), self.stop_strings)
+        text = text.rstrip("\ufffd")
+        hold = max((n for s in self.stop_strings for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])), default=0)
+        return self._advance(text[: len(text) - hold])
+
+    def finish(self, final_text: str) -> str:
+        return self._advance(final_text)
+
+    def _advance(self, text: str) -> str:
+        if not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+
+# ---------------------------------------------------------------------------------------------- handles
+class _Reader:
+    """A scheduler handle read on its own thread into the event loop: ``("events", [TokenEvent])`` per step,
+    then ``("result", MMResult)`` or ``("error", exception)``; records the outcome in the metrics."""
+
+    def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, on_end: Callable[[], None]):
+        self.handle, self.loop, self.metrics, self.on_end = handle, loop, metrics, on_end
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.thread = threading.Thread(target=self._pump, name=f"asymspec-serve-{handle.id}", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        outcome, result = "error", None
+        try:
+            for events in self.handle:
+                self._put(("events", events))
+            result = self.handle.result()
+            outcome = "ok"
+            self._put(("result", result))
+        except CancelledError as exc:
+            outcome = "cancelled"
+            self._put(("error", exc))
+        except BaseException as exc:  # noqa: BLE001 - handed to the request's coroutine
+            self._put(("error", exc))
+        finally:
+            self.metrics.finished(outcome, result)
+            self.on_end()
+
+    def _put(self, item: tuple) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def get(self, gone: asyncio.Future) -> tuple | None:
+        """The next item, or ``None`` once the client has gone (``gone`` done)."""
+        getter = asyncio.ensure_future(self.queue.get())
+        done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        return None
+
+
+async def _until_disconnected(receive: Callable) -> None:
+    """Return once the client has disconnected (the request body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def error_of(exc: BaseException) -> RequestError:
+    """The HTTP error of a request that failed in the scheduler (set-up or a step)."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, CancelledError):
+        return RequestError(503, "the request was cancelled (the server is shutting down); retry", code="cancelled")
+    if isinstance(exc, AsymSpecError):
+        return RequestError(400, str(exc).replace("\n", " "), code=type(exc).__name__)
+    log.error("request failed", exc_info=exc)
+    return RequestError(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "), code="internal_error")
+
+
+# ---------------------------------------------------------------------------------------------- the app
+@dataclass
+class ServerState:
+    """What the endpoints share: the pipeline, its scheduler, the limits and the counters."""
+
+    pipe: Any
+    scheduler: Any
+    model: str
+    api_key: str | None = None
+    allow_local_images: Path | None = None
+    max_request_bytes: int = int(DEFAULT_MAX_REQUEST_MB * 2**20)
+    own_scheduler: bool = True
+    metrics: Metrics = field(default_factory=Metrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+    handles: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def create_app(
+    pipe: AsymSpecPipeline,
+    *,
+    scheduler: Any = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_queue: int | None = DEFAULT_MAX_QUEUE,
+    max_kv_bytes: int | None = None,
+    api_key: str | None = None,
+    allow_local_images: str | Path | None = None,
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
+    model_name: str | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``pipe`` (see the module docstring).
+
+    scheduler: a ``pipe.scheduler(...)`` to use (default: one made here with ``max_batch_size``, ``max_queue``
+    and ``max_kv_bytes``, closed when the app shuts down). api_key: bearer key every ``/v1`` and ``/metrics``
+    request must send (``/health`` stays open). allow_local_images: the folder local image paths may point
+    into (default: none, only data URLs). max_request_mb: largest request body (413 beyond).
+    model_name: the id ``/v1/models`` lists (default ``pipe.name``).
+    """
+    if not (isinstance(max_request_mb, (int, float)) and math.isfinite(max_request_mb) and max_request_mb > 0):
+        raise AsymSpecError(f"max_request_mb={max_request_mb!r} must be a positive number")
+    allowed = None
+    if allow_local_images is not None:
+        allowed = Path(allow_local_images).expanduser().resolve()
+        if not allowed.is_dir():
+            raise AsymSpecError(f"--allow-local-images {str(allow_local_images)!r} is not a directory")
+    own = scheduler is None
+    if own:
+        scheduler = pipe.scheduler(max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes)
+    state = ServerState(
+        pipe=pipe,
+        scheduler=scheduler,
+        model=model_name or getattr(pipe, "name", "asymspec"),
+        api_key=api_key or None,
+        allow_local_images=allowed,
+        max_request_bytes=int(max_request_mb * 2**20),
+        own_scheduler=own,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        with state.lock:
+            live = list(state.handles)
+        for handle in live:  # the clients are gone with the server
+            handle.cancel()
+        if state.own_scheduler:
+            await asyncio.to_thread(state.scheduler.close, 30)
+
+    app = FastAPI(title="asymspec-mm", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.asymspec = state
+
+    def json_response(body: Any, status: int = 200, headers: dict | None = None) -> Response:
+        return Response(dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> Response:
+        state.metrics.refused(exc.status)
+        return json_response(exc.body(), exc.status, exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        state.metrics.refused(exc.status_code)
+        message = {404: f"no endpoint {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        err = RequestError(
+            exc.status_code, message.get(exc.status_code, str(exc.detail)), code="not_found" if exc.status_code == 404 else None
+        )
+        return json_response(err.body(), exc.status_code, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        err = error_of(exc)
+        state.metrics.refused(err.status)
+        return json_response(err.body(), err.status)
+
+    def authorize(request: Request) -> None:
+        if state.api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+            raise RequestError(
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer <key>' (the key the server was started with)",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    async def read_body(request: Request) -> bytes:
+        limit = state.max_request_bytes
+        too_big = RequestError(
+            413,
+            f"the request body is over the server's limit of {limit / 2**20:g} MB (--max-request-mb); send a smaller image",
+            code="request_too_large",
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                if int(declared) > limit:
+                    raise too_big
+            except ValueError:
+                raise RequestError(400, "the Content-Length header is not an integer") from None
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise RequestError(400, "the client disconnected while sending the request body", code="client_disconnected") from None
+        return b"".join(chunks)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok", "model": state.model})
+
+    def model_card() -> dict:
+        return {"id": state.model, "object": "model", "created": state.created, "owned_by": "asymspec-mm"}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return json_response({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        authorize(request)
+        if model_id != state.model:
+            raise RequestError(
+                404, f"model {model_id!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found"
+            )
+        return json_response(model_card())
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        authorize(request)
+        text = await asyncio.to_thread(_retrying, lambda: state.metrics.render(state.scheduler, state.model))
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        body = await read_body(request)
+        req: ChatRequest = await asyncio.to_thread(
+            lambda: parse_chat_request(parse_json(body), allow_local_images=state.allow_local_images)
+        )
+        handle = submit(req)
+        loop = asyncio.get_running_loop()
+        reader = _Reader(handle, loop, state.metrics, lambda: _forget(handle))
+        gone = asyncio.ensure_future(_until_disconnected(request.receive))
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            first = await reader.get(gone)  # set-up errors (e.g. a prompt over the context window) still get a status
+            if first is None or first[0] == "error":
+                gone.cancel()
+                handle.cancel()
+                if first is None:
+                    return Response(status_code=499)
+                raise error_of(first[1])
+            return _SSEResponse(stream_chunks(req, reader, first, gone, cid, created), on_close=lambda: _end(handle, gone))
+        try:
+            while True:
+                item = await reader.get(gone)
+                if item is None:  # the client went away: free the row
+                    handle.cancel()
+                    return Response(status_code=499)
+                kind, value = item
+                if kind == "error":
+                    raise error_of(value)
+                if kind == "result":
+                    return json_response(completion(value, req, cid, created))
+        finally:
+            gone.cancel()
+
+    def submit(req: ChatRequest) -> Any:
+        from ..batch.scheduler import QueueFullError
+
+        try:
+            handle = state.scheduler.submit(req.image, req.question, caption=req.caption, ocr=req.ocr, method=req.method, config=req.config)
+        except QueueFullError as exc:
+            raise RequestError(
+                429,
+                f"the server is busy: {exc}",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
+        except AsymSpecError as exc:
+            raise error_of(exc) from None
+        state.metrics.started()
+        with state.lock:
+            state.handles.add(handle)
+        return handle
+
+    def _forget(handle: Any) -> None:
+        with state.lock:
+            state.handles.discard(handle)
+
+    def _end(handle: Any, gone: asyncio.Future) -> None:
+        gone.cancel()
+        if not handle.done():
+            handle.cancel()
+
+    def completion(res: MMResult, req: ChatRequest, cid: str, created: int) -> dict:
+        return {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": state.model,
+            "system_fingerprint": None,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None, "finish_reason": finish_reason(res)}
+            ],
+            "usage": usage(res),
+            "asymspec": asymspec_object(res, state.pipe.tokenizer, req.return_trace),
+        }
+
+    async def stream_chunks(req: ChatRequest, reader: _Reader, first: tuple, gone: asyncio.Future, cid: str, created: int):
+        """The server-sent events of a streamed answer: the role, a chunk per committed step (with that step's
+        provenance under ``asymspec.trace`` when asked), the finish reason with stats and view, usage, [DONE]."""
+        tok = state.pipe.tokenizer
+        deltas = TextDeltas(tok, req.config.stop_strings)
+
+        def chunk(delta: dict, finish: str | None = None, **extra: Any) -> bytes:
+            body = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": state.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                **extra,
+            }
+            return b"data: " + dumps(body) + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        item: tuple | None = first
+        while item is not None:
+            kind, value = item
+            if kind == "events":
+                piece = deltas.push([ev.token_id for ev in value])
+                if piece or req.return_trace:
+                    extra = {"asymspec": {"trace": [trace_entry(ev, tok) for ev in value]}} if req.return_trace else {}
+                    yield chunk({"content": piece}, **extra)
+            elif kind == "result":
+                piece = deltas.finish(value.text)
+                if piece:
+                    yield chunk({"content": piece})
+                info = asymspec_object(value, tok, False)
+                yield chunk({}, finish_reason(value), asymspec=info)
+                if req.include_usage:
+                    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": state.model, "choices": []}
+                    yield b"data: " + dumps({**body, "usage": usage(value)}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+            else:
+                if isinstance(value, CancelledError):
+                    return
+                yield b"data: " + dumps(error_of(value).body()) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+            item = await reader.get(gone)
+        # the client disconnected: _SSEResponse's on_close cancels the row
+
+    return app
+
+
+def _retrying(fn: Callable[[], Any], tries: int = 5) -> Any:
+    """``fn()``, retried when the scheduler's worker changed a dict while it was read from another thread."""
+    for i in range(tries):
+        try:
+            return fn()
+        except RuntimeError:
+            if i == tries - 1:
+                raise
+            time.sleep(0.001)
+    return None  # pragma: no cover
+
+
+class _SSEResponse(Response):
+    """Server-sent events from an async iterator of encoded ``data:`` lines; ``on_close`` runs however the
+    stream ends (finished, failed, or the client disconnected)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None]):
+        self.status_code, self.background = 200, None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})  # no body attribute: no content-length
+        self.chunks, self.on_close = chunks, on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for data in self.chunks:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away mid-stream
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await self.chunks.aclose()  # type: ignore[attr-defined]
+            self.on_close()

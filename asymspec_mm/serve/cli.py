@@ -1,0 +1,120 @@
+"""The ``asymspec-mm serve`` sub-command. Stdlib-only at import (the CLI registers it on every start)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from ..errors import AsymSpecError
+from ..options import add_model_args, finite_float
+
+DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0}  # as asymspec_mm.serve.app's DEFAULT_*
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``serve`` on an argparse sub-parsers object; its ``func(args)`` loads the models and serves."""
+    p = subparsers.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (POST /v1/chat/completions)",
+        description="Serve the pair behind OpenAI's chat completions API, decoding concurrent requests in shared steps. "
+        "Binds 127.0.0.1 by default; never fetches remote image URLs.",
+    )
+    add_model_args(p)
+    s = p.add_argument_group("serving")
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind [default: %(default)s]; anything else exposes the server (a warning is printed)",
+    )
+    s.add_argument("--port", type=int, default=8000, help="[default: %(default)s; 0 = any free port]")
+    s.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=DEFAULTS["max_batch_size"],
+        help="rows decoded together in shared steps [default: %(default)s]",
+    )
+    s.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=DEFAULTS["max_queue"],
+        help="requests waiting for a row before further ones get 429 [default: %(default)s]",
+    )
+    s.add_argument(
+        "--max-request-mb",
+        type=positive_float,
+        default=DEFAULTS["max_request_mb"],
+        help="largest request body, image included (413 beyond) [default: %(default)s]",
+    )
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("ASYMSPEC_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on /v1 and /metrics [default: $ASYMSPEC_API_KEY, else no key]",
+    )
+    s.add_argument(
+        "--allow-local-images",
+        metavar="DIR",
+        default=None,
+        help="let requests name image files under DIR (a path or file:// URL); by default only data: URLs are read",
+    )
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Check the stack, bind the port (before the models load, so a busy port fails at once), load, serve."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"error: serve needs {', '.join(missing)}: pip install 'asymspec-mm[serve]'",
+            file=sys.stderr,
+        )
+        return 2
+    if args.allow_local_images is not None and not os.path.isdir(args.allow_local_images):
+        raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
+    from ..options import pipeline_from_args
+    from .app import create_app
+    from .server import bind_socket, serve, url_of, warn_if_exposed
+
+    sock = bind_socket(args.host, args.port)
+    try:
+        warn_if_exposed(args.host, sock.getsockname()[1], args.api_key)
+        t0 = time.perf_counter()
+        pipe = pipeline_from_args(args)
+        print(f"asymspec-mm serve: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        app = create_app(
+            pipe,
+            max_batch_size=args.max_batch_size,
+            max_queue=args.max_queue,
+            api_key=args.api_key,
+            allow_local_images=args.allow_local_images,
+            max_request_mb=args.max_request_mb,
+        )
+        print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
+        serve(app, sock, log_level=args.log_level)
+    finally:
+        sock.close()
+    return 0

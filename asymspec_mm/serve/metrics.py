@@ -1,0 +1,101 @@
+"""The server's counters, rendered in Prometheus' text exposition format (``GET /metrics``)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+OUTCOMES = ("ok", "cancelled", "error")
+
+
+class Metrics:
+    """Thread-safe request and token counters; the scheduler's step counts are read when rendered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()  # finished chat requests by outcome
+        self.http_errors: Counter[int] = Counter()  # refused requests by status
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.in_flight = 0
+
+    def started(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def finished(self, outcome: str, result: Any = None) -> None:
+        """A submitted request ended (``ok`` with its :class:`MMResult`, ``cancelled`` or ``error``)."""
+        with self._lock:
+            self.in_flight -= 1
+            self.requests[outcome] += 1
+            if result is not None:
+                self.prompt_tokens += int(result.prompts.verifier_ids.shape[1])
+                self.completion_tokens += len(result.token_ids)
+                self.drafted += int(result.stats.get("drafted", 0))
+                self.accepted += int(result.stats.get("accepted", 0))
+
+    def refused(self, status: int) -> None:
+        with self._lock:
+            self.http_errors[status] += 1
+
+    def render(self, scheduler: Any, model: str) -> str:
+        """The Prometheus text of the counters and of ``scheduler``'s steps, rows and queue."""
+        with self._lock:
+            steps, rows = scheduler.steps, scheduler.rows_stepped
+            label = model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+            out: list[str] = []
+
+            def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+                out.append(f"# HELP {name} {help_}")
+                out.append(f"# TYPE {name} {kind}")
+                for labels, value in samples:
+                    out.append(f"{name}{{{labels}}} {value:g}" if labels else f"{name} {value:g}")
+
+            metric("asymspec_model_info", "gauge", "The served drafter + verifier pair.", [(f'model="{label}"', 1)])
+            metric(
+                "asymspec_requests_total",
+                "counter",
+                "Chat completion requests decoded, by outcome.",
+                [(f'outcome="{o}"', self.requests[o]) for o in OUTCOMES],
+            )
+            metric(
+                "asymspec_refused_requests_total",
+                "counter",
+                "Requests answered with an error status, by HTTP status.",
+                [(f'status="{s}"', n) for s, n in sorted(self.http_errors.items())],
+            )
+            metric("asymspec_requests_in_flight", "gauge", "Chat requests submitted and not yet finished.", [("", self.in_flight)])
+            metric("asymspec_prompt_tokens_total", "counter", "Verifier prompt tokens of finished requests.", [("", self.prompt_tokens)])
+            metric("asymspec_completion_tokens_total", "counter", "Tokens generated for finished requests.", [("", self.completion_tokens)])
+            metric("asymspec_drafted_tokens_total", "counter", "Draft tokens put to the gate.", [("", self.drafted)])
+            metric("asymspec_accepted_tokens_total", "counter", "Draft tokens the gate accepted.", [("", self.accepted)])
+            metric(
+                "asymspec_acceptance_rate",
+                "gauge",
+                "Accepted / drafted tokens over finished requests.",
+                [("", self.accepted / self.drafted if self.drafted else 0.0)],
+            )
+            metric("asymspec_scheduler_steps_total", "counter", "Batched decoding steps.", [("", steps)])
+            metric("asymspec_scheduler_rows_stepped_total", "counter", "Rows summed over the batched steps.", [("", rows)])
+            metric(
+                "asymspec_batch_occupancy",
+                "gauge",
+                "Mean rows per decoding step (rows_stepped / steps).",
+                [("", rows / steps if steps else 0.0)],
+            )
+            metric("asymspec_live_rows", "gauge", "Rows being decoded now.", [("", scheduler.live_rows)])
+            metric("asymspec_waiting_requests", "gauge", "Requests waiting for a row.", [("", scheduler.waiting)])
+        return "\n".join(out) + "\n"
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``{"name{labels}": value}`` of a Prometheus text (for tests and quick checks)."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return values
