@@ -6,7 +6,10 @@ vLLM engine tests build, and the tiny Qwen3-VL drafter for the image stream); el
 1e-4) and greedy tokens of the same stream alone, on a single ``VLLMEngine`` and on transformers (``TextEngine`` /
 ``BatchEngine`` / ``VLEngine``), over random accept/reject rounds with ragged extends, per-row rollbacks, rows
 joining and leaving; each ``extend`` is ONE ``LLM.generate`` call whatever the number of rows, and ``draft`` (k greedy
-tokens per row in one call) equals k extends.
+tokens per row in one call) equals k extends. The batched loop (``BatchDecoder`` with every stream on vLLM) emits,
+for every method and bonus rule, 30 requests refilled at B = 2, 5, 8, the transformers pipeline's tokens for each
+request alone with a constant number of engine calls a step. ``build_vl_pipes`` is also the pair of
+``scripts/vllm_batch_bench.py``.
 """
 
 from __future__ import annotations
@@ -348,21 +351,28 @@ def test_errors_leave_every_row_as_it_was(pair):
 
 
 # ------------------------------------------------------------------ the image stream (Qwen3-VL) as rows
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory):
-    if _SKIP:
-        pytest.skip(_SKIP)
+def build_vl_pipes(out_dir):
+    """The tiny random Qwen3-VL drafter and its correlated Qwen3 verifier (fp32), twice: the transformers pipeline
+    (the reference) and the same checkpoints with every stream on vLLM (the settings above). Also what
+    ``scripts/vllm_batch_bench.py`` benchmarks."""
     from asymspec_mm import AsymSpecPipeline
     from asymspec_mm.testing import build_tiny_checkpoints
     from asymspec_mm.vllm_engine import VLLMModel
 
-    dirs = build_tiny_checkpoints(tmp_path_factory.mktemp("vllm_batch_vl"), max_pixels=256 * 256)
+    dirs = build_tiny_checkpoints(out_dir, max_pixels=256 * 256)
     ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
     pipe = AsymSpecPipeline.from_pretrained(
         *dirs, ocr="none", verifier_backend="vllm", drafter_backend="vllm", vllm_kwargs=LLM_KW, drafter_vllm_kwargs=LLM_KW
     )
     assert isinstance(pipe.drafter_full, VLLMModel) and pipe.drafter_comp is pipe.drafter_full
     return types.SimpleNamespace(ref=ref, pipe=pipe, served=pipe.drafter_full, vocab=ref.drafter.config.text_config.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    if _SKIP:
+        pytest.skip(_SKIP)
+    return build_vl_pipes(tmp_path_factory.mktemp("vllm_batch_vl"))
 
 
 @needs_vllm
@@ -421,46 +431,92 @@ def test_image_rows_draft_and_extend_equal_vlengine(vl):
 
 
 # ------------------------------------------------------------------ the batched loop on vLLM
-@needs_vllm
-@pytest.mark.parametrize("method", ["asymspec", "sd", "floor", "drafter"])
-def test_batched_loop_on_vllm_equals_transformers_alone(vl, method):
-    """Every stream on vLLM, 6 requests batched (refilled to 4 live rows): each row emits the tokens (and accept
-    counts) of the transformers pipeline on that request alone, with a constant number of engine calls a step
-    whatever the batch size: asymspec 3 (draft, compressed-view scoring, verifier), sd 2, floor / drafter 1."""
-    from conftest import make_case
+#: (method, config): every method and bonus rule, with the configs of tests/test_batch.py
+LOOP_CASES = [
+    ("asymspec", dict(k=3, gamma=0.5)),
+    ("asymspec", dict(k=2, gamma=0.3, bonus="gated")),
+    ("sd", dict(k=3)),
+    ("floor", {}),
+    ("drafter", {}),
+]
+LOOP_REQUESTS = 30
+LOOP_BATCH_SIZES = (2, 5, 8)
 
-    from asymspec_mm import AsymSpecConfig
 
-    cfg = AsymSpecConfig(k=3, gamma=1.0)
-    rng = random.Random(len(method))
-    reqs = [dict(make_case(200 + i), max_new_tokens=rng.randint(4, 14)) for i in range(6)]
-    kw = [dict(caption=r["caption"], ocr=r["ocr"], method=method, config=cfg.with_(max_new_tokens=r["max_new_tokens"])) for r in reqs]
-    alone = [vl.ref.generate(r["image"], r["question"], **k) for r, k in zip(reqs, kw)]
+def _calls_expected(method: str, bonus: str, gated_step: bool) -> int:
+    """LLM.generate calls of one batched step, whatever the number of rows: AsymSpec drafts on the full view (one
+    call for the K drafts), scores on the compressed view and on the verifier (+1 on the full view for a gated bonus
+    when a row accepted all K drafts); SD drafts and verifies; Floor / drafter alone one greedy call."""
+    if method == "asymspec":
+        return 3 + int(bonus == "gated" and gated_step)
+    return 2 if method == "sd" else 1
+
+
+def _batched_on_vllm(pipe, reqs, method, cfg, batch_size):
+    """The requests through one vLLM BatchDecoder refilled up to ``batch_size`` live rows (each with its own token
+    budget and stop strings): the results in input order and, per step, (engine calls, the rows stepped, whether
+    a row put a gated bonus to the gate)."""
+    from test_batch import _row_config
+
     from asymspec_mm.batch import BatchDecoder
     from asymspec_mm.batch.vllm import VLLMBatchEngine
 
-    decoder = BatchDecoder(vl.pipe, method, cfg)
+    decoder = BatchDecoder(pipe, method, cfg)
     assert all(isinstance(e, VLLMBatchEngine) for e in decoder.engines.values())
-    results, todo, per_step, live = {}, list(range(len(reqs))), set(), set()
+    results, todo, steps = [None] * len(reqs), list(range(len(reqs))), []
     while todo or decoder.rows:
-        while todo and len(decoder.rows) < 4:
+        while todo and len(decoder.rows) < batch_size:
             i = todo.pop(0)
-            decoder.add(i, vl.pipe.prepare(reqs[i]["image"], reqs[i]["question"], **kw[i]))
-        live.add(len(decoder.rows))
-        before = sum(e.generate_calls for e in decoder.engines.values())
+            r = reqs[i]
+            session = pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method=method, config=_row_config(cfg, r))
+            decoder.add(i, session)
+        rows = list(decoder.rows.values())
+        bonus = {row.id: row.counters.bonus_drafted for row in rows}
+        before = decoder.engine_calls
         for row, _ in decoder.step():
             if row.result is not None:
                 results[row.id] = row.result
-        per_step.add(sum(e.generate_calls for e in decoder.engines.values()) - before)
-    assert per_step == {{"asymspec": 3, "sd": 2}.get(method, 1)}, per_step
-    assert max(live) == 4 and min(live) < 4
-    for i, ref in enumerate(alone):
-        got = results[i]
-        assert got.token_ids == ref.token_ids, (method, i)
-        assert got.stats["accepted"] == ref.stats["accepted"] and got.stats["steps"] == ref.stats["steps"], (method, i)
-    sources = {ev.source for r in results.values() for ev in r.trace}
+        gated = any(row.counters.bonus_drafted > bonus[row.id] for row in rows)
+        steps.append((decoder.engine_calls - before, [row.id for row in rows], gated))
+    assert all(e.draft_argmax_mismatches == 0 for e in decoder.engines.values())
+    return results, steps
+
+
+@needs_vllm
+@pytest.mark.parametrize("method,cfg_kw", LOOP_CASES, ids=["asymspec", "asymspec-gated", "sd", "floor", "drafter"])
+def test_batched_loop_on_vllm_equals_transformers_alone(vl, method, cfg_kw):
+    """Every stream on vLLM, 30 requests (different images, prompt lengths, token budgets; every third stops at
+    a string its answer reaches) refilled at B = 2, 5, 8: each row emits the tokens, trace sources and accept counts
+    of the TRANSFORMERS pipeline on that request alone, and every step makes the same number of engine calls
+    whatever the batch size (asymspec 3, +1 with a gated bonus; sd 2; floor / drafter 1), which each result's
+    ``stats["engine_calls"]`` / ``["engine_calls_per_step"]`` report exactly."""
+    from test_batch import _requests, _same, _with_stop_strings
+
+    from asymspec_mm import AsymSpecConfig
+
+    cfg, n = AsymSpecConfig(**cfg_kw), LOOP_REQUESTS
+    reqs = _requests(n, seed=len(method))
+    alone = _with_stop_strings(vl.ref, reqs, method, cfg)
+    assert any(a.stats["stopped_by"] == "stop_string" for a in alone)
+    assert len({len(a.token_ids) for a in alone}) > 3  # rows stop at different points
+    gated_steps = 0
+    for batch_size in LOOP_BATCH_SIZES:
+        results, steps = _batched_on_vllm(vl.pipe, reqs, method, cfg, batch_size)
+        _same(results, alone)
+        assert max(len(ids) for _, ids, _ in steps) == min(batch_size, n) and min(len(ids) for _, ids, _ in steps) < batch_size
+        for calls, ids, gated in steps:
+            assert calls == _calls_expected(method, cfg.bonus, gated), (batch_size, calls, len(ids), gated)
+        gated_steps += sum(g for _, _, g in steps)
+        for i, res in enumerate(results):
+            mine = [calls for calls, ids, _ in steps if i in ids]
+            assert res.stats["steps"] == len(mine) and res.stats["engine_calls"] == sum(mine), (batch_size, i)
+            assert res.stats["engine_calls_per_step"] == sum(mine) / len(mine)
+            if cfg.bonus != "gated":
+                assert res.stats["engine_calls_per_step"] == _calls_expected(method, cfg.bonus, False)
+    if cfg.bonus == "gated" and method == "asymspec":  # both kinds of step occurred
+        assert 0 < gated_steps and any(a.stats["bonus_drafted"] for a in alone)
+    sources = {ev.source for r in alone for ev in r.trace}
     if method in ("asymspec", "sd"):  # drafts were accepted and rejected
         assert {"accepted", "fused" if method == "asymspec" else "corrected"} <= sources, sources
-    assert all(e.draft_argmax_mismatches == 0 for e in decoder.engines.values())
     for llm in {vl.pipe.verifier.llm, vl.served.llm}:
         assert llm.collective_rpc("asymspec_pending") == [0]
