@@ -76,6 +76,12 @@ class AsymSpecConfig:
         return asdict(self)
 
 
+def resolve_config(config: AsymSpecConfig | None, overrides: dict) -> AsymSpecConfig:
+    """``config`` (default: the library's defaults) with ``overrides`` applied, validated."""
+    cfg = config or AsymSpecConfig()
+    return (cfg.with_(**overrides) if overrides else cfg).validated()
+
+
 def check_method(method: str) -> str:
     """``method`` itself if it is one of :data:`METHODS`, else an :class:`UnknownOptionError`."""
     if method not in METHODS:

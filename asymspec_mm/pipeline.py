@@ -12,7 +12,7 @@ import torch
 
 from captioning.view import CompressedView
 
-from .config import AsymSpecConfig, check_method
+from .config import AsymSpecConfig, check_method, resolve_config
 from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
@@ -249,8 +249,7 @@ class AsymSpecPipeline:
         from captioning.captioner import compress
         from vision_cache.image import image_content_hash, load_image
 
-        cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
-        cfg = cfg.validated()
+        cfg = resolve_config(config, overrides)
         check_method(method)
         if not isinstance(question, str) or not question.strip():
             raise EmptyQuestionError("the question is empty: ask something about the image, e.g. 'What is the largest value?'")

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.options import add_model_args, finite_float, load_pipeline, pipeline_from_args
+from asymspec_mm.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int
 from asymspec_mm.serve.net import is_loopback
 
 from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS
@@ -118,17 +118,6 @@ def serve(
     opts.update(launch_kwargs)
     demo.launch(**opts)
     return demo
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import torch
 
 from ..config import AsymSpecConfig
 from ..decode import Counters, Emitter, Stream, TokenEvent
-from ..decode.loops import Timer, bonus_event, gate_event, make_event, no_timer, tops_at
+from ..decode.loops import Timer, bonus_event, gate_event, make_event, no_timer, sd_events, tops_at
 from ..decode.transfer import gated_tops, pack_bonus, pack_gate, to_host, trace_tops
 from ..errors import UnknownOptionError
 from ..gate import gate_step
@@ -276,23 +276,8 @@ class BatchDecoder:
         host = torch.stack([v_ids.double(), p_v.double(), padded.double()], dim=2).tolist()  # the step's one transfer
         emitted = []
         for j, (row, h) in enumerate(zip(rows, host)):
-            n_acc = 0
-            while n_acc < k and h[n_acc][0] == h[n_acc][2]:
-                n_acc += 1
+            events, n_acc = sd_events(row.step, k, h)
             row.counters.record_step(k, n_acc)
-            events = [make_event(row.step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(h[:n_acc])]
-            r = h[n_acc]
-            events.append(
-                make_event(
-                    row.step,
-                    n_acc,
-                    int(r[0]),
-                    "bonus" if n_acc == k else "corrected",
-                    r[1],
-                    verifier_argmax=int(r[0]),
-                    draft=None if n_acc == k else int(r[2]),
-                )
-            )
             carry = None
             if n_acc < k:
                 for s in row.streams.values():

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config import AsymSpecConfig, check_method
+from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import UnknownOptionError
 from .decoder import BatchDecoder
 
@@ -58,8 +58,7 @@ def generate_batch(
     the KV bytes it held per stream when it finished.
     """
     check_method(method)
-    cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
-    cfg = cfg.validated()
+    cfg = resolve_config(config, overrides)
     size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise UnknownOptionError(f"batch_size={batch_size!r} must be an integer >= 1")

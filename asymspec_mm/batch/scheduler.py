@@ -18,7 +18,7 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config import AsymSpecConfig, check_method
+from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
 from .decoder import BatchDecoder, batch_key
 
@@ -133,8 +133,7 @@ class Scheduler:
     ) -> Handle:
         """Queue a request; bad options raise here, in the caller's thread. Returns its :class:`Handle`."""
         check_method(method)
-        cfg = (config or AsymSpecConfig()).with_(**overrides) if overrides else (config or AsymSpecConfig())
-        cfg = cfg.validated()
+        cfg = resolve_config(config, overrides)
         with self._cond:
             if self._closing:
                 raise AsymSpecError("the scheduler is closed: create a new one with pipe.scheduler()")

@@ -97,6 +97,20 @@ def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPai
     return make_event(step, k, bonus.token, "bonus", bonus.p_verifier, bonus.p_base, verifier_argmax=bonus.token, tops=tops)
 
 
+def sd_events(step: int, k: int, host: list[list[float]]) -> tuple[list[TokenEvent], int]:
+    """SD's decision on the host: ``host`` ``[K+1]`` rows (verifier argmax, its probability, draft; the last draft
+    is padding) -> the accepted drafts that match the verifier, then its own token (``corrected`` at the first
+    mismatch, ``bonus`` after K matches), and the number accepted."""
+    n_acc = 0
+    while n_acc < k and host[n_acc][0] == host[n_acc][2]:
+        n_acc += 1
+    events = [make_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
+    r = host[n_acc]
+    source, draft = ("bonus", None) if n_acc == k else ("corrected", int(r[2]))
+    events.append(make_event(step, n_acc, int(r[0]), source, r[1], verifier_argmax=int(r[0]), draft=draft))
+    return events, n_acc
+
+
 def asymspec_steps(
     drafter_full: Engine,
     drafter_comp: Engine,
@@ -231,23 +245,8 @@ def sd_steps(
         p_v = t.log_softmax(-1).gather(-1, v_ids[:, None])[:, 0].exp()
         drafts_v = drafts.to(v_ids.device)  # the verifier may live on another GPU
         host = torch.stack([v_ids.double(), p_v.double(), torch.cat([drafts_v, drafts_v[:1]]).double()], dim=1).tolist()
-        n_acc = 0
-        while n_acc < k and host[n_acc][0] == host[n_acc][2]:
-            n_acc += 1
+        events, n_acc = sd_events(step, k, host)
         counters.record_step(k, n_acc)
-        events = [make_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
-        r = host[n_acc]
-        events.append(
-            make_event(
-                step,
-                n_acc,
-                int(r[0]),
-                "bonus" if n_acc == k else "corrected",
-                r[1],
-                verifier_argmax=int(r[0]),
-                draft=None if n_acc == k else int(r[2]),
-            )
-        )
         carry = None
         if n_acc < k:
             comp.rollback(n_acc)

@@ -9,27 +9,9 @@ import time
 from typing import Any
 
 from ..errors import AsymSpecError
-from ..options import add_model_args, finite_float
+from ..options import add_model_args, positive_float, positive_int
 
 DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0}  # as asymspec_mm.serve.app's DEFAULT_*
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
