@@ -33,6 +33,7 @@ from starlette.responses import Response
 from ..errors import AsymSpecError
 from .errors import RequestError
 from .metrics import Metrics
+from .responses import TextDeltas, asymspec_object, finish_reason, trace_entry, usage  # noqa: F401 - TextDeltas: tests
 from .schema import ChatRequest, parse_chat_request, parse_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,86 +62,6 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
-
-
-# ---------------------------------------------------------------------------------------------- responses
-def finish_reason(res: MMResult) -> str:
-    """``length`` when the token budget ended decoding, else ``stop`` (EOS or a stop string)."""
-    return "length" if res.stats.get("stopped_by") == "max_new_tokens" else "stop"
-
-
-def usage(res: MMResult) -> dict[str, int]:
-    """OpenAI's usage object; ``prompt_tokens`` is the length of the verifier's prompt."""
-    prompt = int(res.prompts.verifier_ids.shape[1])
-    return {"prompt_tokens": prompt, "completion_tokens": len(res.token_ids), "total_tokens": prompt + len(res.token_ids)}
-
-
-def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
-    """One token's provenance; ``verifier_argmax`` is the verifier's own token as text."""
-    argmax = ev.verifier_argmax
-    return {
-        "index": ev.index,
-        "token_id": ev.token_id,
-        "text": ev.text,
-        "source": ev.source,
-        "step": ev.step,
-        "position": ev.position,
-        "p_verifier": ev.p_verifier,
-        "p_base": ev.p_base,
-        "jsd": ev.jsd,
-        "gamma_eff": ev.gamma_eff,
-        "verifier_argmax": None if argmax is None else tokenizer.decode([argmax]),
-        "verifier_argmax_id": argmax,
-        "steered": ev.steered,
-    }
-
-
-def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[str, Any]:
-    """The ``"asymspec"`` object of a response: method, settings, stats, the compressed view, the trace."""
-    out = {
-        "method": res.method,
-        "config": res.config.as_dict(),
-        "stats": res.stats,
-        "view": {"caption": res.view.caption, "ocr_text": res.view.ocr_text},
-    }
-    if return_trace:
-        out["trace"] = [trace_entry(ev, tokenizer) for ev in res.trace]
-    return out
-
-
-def _stop_truncated(text: str, stop_strings: tuple[str, ...]) -> str:
-    """``text`` cut at its stop strings exactly as :meth:`AsymSpecPipeline.result_of` cuts the answer."""
-    for s in stop_strings:
-        if s and s in text:
-            text = text[: text.index(s)]
-    return text
-
-
-class TextDeltas:
-    """The answer's text as it grows, in pieces whose concatenation is the final ``MMResult.text``: the
-    committed tokens are decoded as a whole (special tokens skipped, cut at stop strings), and an unfinished
-    UTF-8 character or a possible start of a stop string is held back until the next step tells."""
-
-    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...] = ()):
-        self.tokenizer, self.stop_strings = tokenizer, stop_strings
-        self.ids: list[int] = []
-        self.sent = ""
-
-    def push(self, token_ids: list[int]) -> str:
-        self.ids.extend(token_ids)
-        text = _stop_truncated(self.tokenizer.decode(self.ids, skip_special_tokens=True), self.stop_strings)
-        text = text.rstrip("\ufffd")
-        hold = max((n for s in self.stop_strings for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])), default=0)
-        return self._advance(text[: len(text) - hold])
-
-    def finish(self, final_text: str) -> str:
-        return self._advance(final_text)
-
-    def _advance(self, text: str) -> str:
-        if not text.startswith(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
-        return delta
 
 
 # ---------------------------------------------------------------------------------------------- handles
