@@ -5,20 +5,17 @@ inside the handlers.
 
 from __future__ import annotations
 
-import html
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.config import METHODS
 
+from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .render import (
     SPECULATIVE_SOURCES,
     jsd_gamma_chart,
@@ -29,6 +26,7 @@ from .render import (
     source_counts,
     status_html,
 )
+from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
 
 if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline import AsymSpecPipeline
@@ -66,178 +64,6 @@ RUN_OUTPUTS = ("status", "answer_html", "answer_text", "floor_html", "drafter_ht
 def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
     """Name the ``/run`` endpoint's outputs (e.g. a gradio_client result tuple)."""
     return dict(zip(RUN_OUTPUTS, outputs))
-
-
-class DemoInputError(Exception):
-    """A request the page refuses before it reaches the models (message is shown to the user)."""
-
-
-@dataclass
-class _Request:
-    """A checked request: the loaded image, the view arguments for ``pipe.stream`` and the comparison runs."""
-
-    image: Any
-    question: str
-    caption: str | None
-    ocr: str | bool | None
-    method: str
-    overrides: dict
-    compare: tuple[str, ...]
-    notes: list[str] = field(default_factory=list)
-
-
-def _file_path(payload: Any) -> str | None:
-    """The server-side path of an uploaded file payload (Gradio FileData dict) or None."""
-    if payload is None:
-        return None
-    if isinstance(payload, dict):
-        return payload.get("path")
-    if isinstance(payload, (str, os.PathLike)):
-        return str(payload)
-    path = getattr(payload, "path", None)
-    if path:
-        return str(path)
-    raise DemoInputError("the image input is not a file upload")
-
-
-class _Job:
-    """One request of the page: its rows in the app's scheduler (the main method, then the comparisons, submitted
-    together so that they and other users' rows share decoding steps), one thread per row that records each
-    step's committed events and wakes the handler through :attr:`q`, and what has been decoded so far (read by
-    the handler and by Stop). The handler may run on any thread; nothing here holds the pipeline's lock."""
-
-    #: Stop decoding when the page has not collected committed tokens for this long (the client went away
-    #: without Gradio closing the handler), so an abandoned request does not hold rows of the batch.
-    abandon_after_s = 30.0
-
-    def __init__(self, scheduler: Any, req: _Request, session: str | None = None) -> None:
-        self.scheduler = scheduler
-        self.req = req
-        self.session = session
-        #: Panel keys, in submission order: "main", then the comparison methods.
-        self.keys: tuple[str, ...] = ("main", *req.compare)
-        self.methods = {"main": req.method, **{m: m for m in req.compare}}
-        self.handles: dict[str, Any] = {}
-        self.traces: dict[str, list] = {k: [] for k in self.keys}
-        self.results: dict[str, Any] = {}
-        self.errors: dict[str, BaseException] = {}
-        self.stopped: set[str] = set()  # rows cancelled before they finished
-        self.lock = threading.Lock()
-        self.cancel = threading.Event()  # Stop, the client went away, or the app closes
-        self.frozen: _Snapshot | None = None  # what a stopped job shows (taken once, when it is stopped)
-        self.final_shown = False  # the handler showed the final answer or an error: Stop leaves the page alone
-        self.ended_at: float | None = None  # when the handler ended (monotonic)
-        self.ended = threading.Event()
-        self.t0 = time.perf_counter()
-        self.t_end: float | None = None
-        self.q: queue.Queue = queue.Queue()
-        self.last_read = time.monotonic()
-        self.reader_waiting = False
-        self.threads: list[threading.Thread] = []
-
-    def start(self) -> _Job:
-        """Submit every row (bad settings raise here; rows already submitted are then cancelled) and start
-        the threads that collect their events; returns self."""
-        r = self.req
-        try:
-            for key in self.keys:
-                self.handles[key] = self.scheduler.submit(
-                    r.image, r.question, caption=r.caption, ocr=r.ocr, method=self.methods[key], **r.overrides
-                )
-        except BaseException:
-            self.stop()
-            raise
-        for key, handle in self.handles.items():
-            t = threading.Thread(target=self._collect, args=(key, handle), name=f"asymspec-ui-{key}", daemon=True)
-            self.threads.append(t)
-            t.start()
-        return self
-
-    def stop(self) -> None:
-        """Cancel every row (each leaves the batch at the next step boundary) and freeze what the page shows."""
-        with self.lock:
-            if self.frozen is None:
-                self.frozen = self._snapshot()
-                self.t_end = self.t_end or time.perf_counter()
-            self.cancel.set()
-        for handle in list(self.handles.values()):
-            handle.cancel()
-
-    def _collect(self, key: str, handle: Any) -> None:
-        """One row's thread: its events, then its result, its error or its cancellation."""
-        try:
-            for events in handle:
-                with self.lock:
-                    self.traces[key].extend(events)
-                self.q.put((key, "events"))
-                self._check_abandoned()
-            result = handle.result(0)
-            with self.lock:
-                self.results[key] = result
-            kind = "done"
-        except CancelledError:
-            with self.lock:
-                self.stopped.add(key)
-            kind = "stopped"
-        except BaseException as exc:  # reported to the page; the server keeps serving
-            with self.lock:
-                self.errors[key] = exc
-            kind = "error"
-        self.q.put((key, kind))
-
-    def _check_abandoned(self) -> None:
-        """Stop when the reader has left items unread for :attr:`abandon_after_s`."""
-        idle = time.monotonic() - self.last_read
-        if not self.cancel.is_set() and not self.reader_waiting and not self.q.empty() and idle > self.abandon_after_s:
-            log.warning("the client stopped reading; abandoning the request")
-            self.stop()
-
-    def get(self, timeout: float | None = None) -> tuple[str, str] | None:
-        """The next (key, kind) item for the handler (the reader); None after ``timeout`` seconds without one."""
-        self.reader_waiting = True
-        try:
-            return self.q.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        finally:
-            self.reader_waiting = False
-            self.last_read = time.monotonic()
-
-    def settled(self) -> bool:
-        """Whether every row has finished, failed or been cancelled."""
-        with self.lock:
-            return all(k in self.results or k in self.errors or k in self.stopped for k in self.keys)
-
-    def _snapshot(self) -> _Snapshot:
-        return _Snapshot({k: list(v) for k, v in self.traces.items()}, dict(self.results), dict(self.errors), set(self.stopped))
-
-    def snapshot(self) -> _Snapshot:
-        """What the page shows: the frozen state of a stopped job, else the rows as decoded so far."""
-        with self.lock:
-            return self.frozen if self.frozen is not None else self._snapshot()
-
-    def elapsed(self) -> float:
-        return (self.t_end or time.perf_counter()) - self.t0
-
-
-@dataclass
-class _Snapshot:
-    """A job's rows at one moment: traces, results, errors and the rows cancelled before they finished."""
-
-    traces: dict[str, list]
-    results: dict[str, Any]
-    errors: dict[str, BaseException]
-    stopped: set[str]
-
-    def state(self, key: str, stopping: bool) -> str:
-        """done, error, stopped (cancelled, or unfinished when the job was stopped) or running."""
-        if key in self.results:
-            return "done"
-        if key in self.errors:
-            return "error"
-        if key in self.stopped or stopping:
-            return "stopped"
-        return "running"
 
 
 class DemoApp:
@@ -674,26 +500,3 @@ def _join(items: Iterable[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     items = list(items)
     return items[0] if len(items) < 2 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _is_user_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is the user's to fix (a bad input or option), not a failure of the app."""
-    from asymspec_mm.errors import AsymSpecError
-
-    return isinstance(exc, (AsymSpecError, DemoInputError))
-
-
-def _gr_error(exc_or_msg: BaseException | str, title: str) -> Exception:
-    """A ``gr.Error`` for the page (its message is rendered as HTML, so it is escaped)."""
-    import gradio as gr
-
-    msg = exc_or_msg if isinstance(exc_or_msg, str) else _error_text(exc_or_msg)
-    user = isinstance(exc_or_msg, str) or _is_user_error(exc_or_msg)
-    return gr.Error(html.escape(msg, quote=False), title=title, print_exception=not user)
-
-
-def _error_text(exc: BaseException) -> str:
-    """The message shown for an error: a user error's own text, anything else with its type."""
-    if _is_user_error(exc):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"

@@ -57,7 +57,8 @@ from .aggregate import (
     summarize,
     variant_summary,
 )
-from .batching import BatchSweep, batch_sweep, batch_targets, kv_bytes_per_token
+from .batch_targets import batch_targets
+from .batching import BatchSweep, batch_sweep, kv_bytes_per_token
 from .cli import add_bench_parser, bench_main, main
 from .pairs import BenchPair, bench_cases, build_real_shape_pair, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..variants import Variant, parse_variant, parse_variants, split_variants
 from .aggregate import call_costs, collect_checks, evaluate_targets, projection, rep_summary, summarize
-from .batching import batch_sweep, batch_targets, parse_sizes
+from .batch_targets import batch_targets
+from .batching import batch_sweep, parse_sizes
 from .pairs import BenchPair, bench_cases, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop
 from .runner import Runner, engine_factory, rotate
