@@ -204,6 +204,7 @@ class AsymSpecPipeline:
         batch_size: int | None = None,
         *,
         kv_budget_bytes: int | None = None,
+        on_step=None,
         **overrides,
     ) -> list[MMResult]:
         """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
@@ -212,7 +213,7 @@ class AsymSpecPipeline:
         KV memory they may reach (see :mod:`asymspec_mm.batch`)."""
         from .batch.generate import generate_batch
 
-        return generate_batch(self, requests, method, config, batch_size, kv_budget_bytes=kv_budget_bytes, **overrides)
+        return generate_batch(self, requests, method, config, batch_size, kv_budget_bytes=kv_budget_bytes, on_step=on_step, **overrides)
 
     def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None):
         """A continuous-batching :class:`~asymspec_mm.batch.Scheduler` for concurrent callers of this pipeline:

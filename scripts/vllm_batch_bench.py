@@ -36,9 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -143,79 +141,43 @@ class Meter:
         return {k: b[k] - a[k] for k in b}
 
 
-class SetupClock:
-    """Wraps ``pipe.prepare`` (what ``pipe.generate`` and ``generate_batch`` call per request): its time and the
-    ``LLM.generate`` calls it makes (the prefills)."""
-
-    def __init__(self, pipe, meter: Meter):
-        self.s, self.calls = 0.0, 0
-        inner = pipe.prepare
-
-        def prepare(*args, **kwargs):
-            t0, c0 = time.perf_counter(), meter.generate_calls
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.s += time.perf_counter() - t0
-                self.calls += meter.generate_calls - c0
-
-        pipe.prepare = prepare
-
-    def take(self) -> tuple[float, int]:
-        out = (self.s, self.calls)
-        self.s, self.calls = 0.0, 0
-        return out
-
-
-@contextmanager
-def stepped_decoders(log: list):
-    """``generate_batch``'s decoder, recording per step: (rows, engine calls, wall s)."""
-    from asymspec_mm.batch import generate as gen
-    from asymspec_mm.batch.decoder import BatchDecoder
-
-    class Recorded(BatchDecoder):
-        def step(self, timer=None):
-            rows, calls, t0 = len(self.rows), self.engine_calls, time.perf_counter()
-            out = super().step(timer)
-            log.append((rows, self.engine_calls - calls, time.perf_counter() - t0))
-            return out
-
-    with mock.patch.object(gen, "BatchDecoder", Recorded):
-        yield
-
-
 # ------------------------------------------------------------------ the two loops
 def sequential(pipe, reqs, method, cfg):
     return [pipe.generate(*(r[f] for f in FIELDS[:2]), caption=r["caption"], ocr=r["ocr"], method=method, config=cfg) for r in reqs]
 
 
-def batched(pipe, reqs, method, cfg, size):
-    return pipe.generate_batch([{f: r[f] for f in FIELDS} for r in reqs], method=method, config=cfg, batch_size=size)
+def batched(pipe, reqs, method, cfg, size, log):
+    on_step = lambda rows, calls, s: log.append((rows, calls, s))  # noqa: E731
+    return pipe.generate_batch([{f: r[f] for f in FIELDS} for r in reqs], method=method, config=cfg, batch_size=size, on_step=on_step)
 
 
-def run_cell(pipe, meter, setup, reqs, method, cfg, mode, size):
+def setup_seconds(results) -> float:
+    """Per-request set-up (caption, OCR, prefill) as each result's stats measured it."""
+    return sum(r.stats.get("caption_s", 0.0) + r.stats.get("ocr_s", 0.0) + r.stats.get("prefill_s", 0.0) for r in results)
+
+
+def run_cell(pipe, meter, reqs, method, cfg, mode, size):
     log: list = []
-    setup.take()
     before = meter.snap()
     t0 = time.perf_counter()
     if mode == "sequential":
         results = sequential(pipe, reqs, method, cfg)
     else:
-        with stepped_decoders(log):
-            results = batched(pipe, reqs, method, cfg, size)
+        results = batched(pipe, reqs, method, cfg, size, log)
     wall = time.perf_counter() - t0
     used = Meter.diff(before, meter.snap())
-    setup_s, setup_calls = setup.take()
+    setup_s = setup_seconds(results)
     tokens = sum(len(r.token_ids) for r in results)
-    decode_calls = used["generate_calls"] - setup_calls
     if mode == "sequential":
         steps = sum(r.stats["steps"] for r in results)
         rows_per_step = 1.0
-        stats_calls = sum(sum(r.stats["forward_calls"].values()) - sum(v > 0 for v in r.stats["prefill_tokens"].values()) for r in results)
+        # decode-phase calls of each request: its forward calls less one prefill call per stream it prefilled
+        decode_calls = sum(sum(r.stats["forward_calls"].values()) - sum(v > 0 for v in r.stats["prefill_tokens"].values()) for r in results)
     else:
         steps = len(log)
         rows_per_step = sum(rows for rows, _, _ in log) / steps
-        stats_calls = sum(c for _, c, _ in log)
+        decode_calls = sum(c for _, c, _ in log)
+    setup_calls = used["generate_calls"] - decode_calls
     model_s = used["execute_s"] + used["sample_s"]
     return {
         "mode": mode,
@@ -227,7 +189,6 @@ def run_cell(pipe, meter, setup, reqs, method, cfg, mode, size):
         "rows_per_step": rows_per_step,
         "decode_calls": decode_calls,
         "calls_per_step": decode_calls / steps,
-        "calls_per_step_stats": stats_calls / steps,  # from the results' stats / the decoder's own counter
         "per_row_engine_calls_per_step": sorted({r.stats["engine_calls_per_step"] for r in results}) if mode != "sequential" else None,
         "setup_s": setup_s,
         "setup_calls": setup_calls,
@@ -438,18 +399,17 @@ def main(argv=None) -> int:
         vl = tvb.build_vl_pipes(Path(tmp))
         pipe = vl.pipe
         meter = Meter({"verifier": pipe.verifier.llm, "drafter": vl.served.llm})
-        setup = SetupClock(pipe, meter)
         cfg = AsymSpecConfig(k=args.k, max_new_tokens=args.max_new_tokens)
         reqs = [make_case(300 + i) for i in range(args.requests)]
         methods = [m for m in args.methods.split(",") if m]
         cells_spec = [(m, mode) for m in methods for mode in ("sequential", "batched")]
         for m, mode in cells_spec:  # warm-up, untimed
-            run_cell(pipe, meter, setup, reqs[:3], m, cfg, mode, args.batch_size)
+            run_cell(pipe, meter, reqs[:3], m, cfg, mode, args.batch_size)
         cells = []
         for rep in range(args.reps):
             shift = rep % max(len(cells_spec), 1)
             for m, mode in cells_spec[shift:] + cells_spec[:shift]:
-                c = run_cell(pipe, meter, setup, reqs, m, cfg, mode, args.batch_size)
+                c = run_cell(pipe, meter, reqs, m, cfg, mode, args.batch_size)
                 c.update(method=m, rep=rep)
                 cells.append(c)
                 print(f"rep {rep} {m:9s} {mode:10s} {c['tokens_per_s']:8.1f} tok/s  {c['calls_per_step']:.2f} calls/step", flush=True)

@@ -127,6 +127,11 @@ def test_generate_batch_api(tiny_pipe):
     assert max(g.stats["batch_size"] for g in got) == 3 and min(g.stats["batch_size"] for g in got) >= 1
     for g in got:  # K drafting forwards + one scoring forward on each other stream, + 1 a step with a gated bonus
         assert g.stats["engine_calls"] == (cfg.k + 2) * g.stats["steps"] and g.stats["engine_calls_per_step"] == cfg.k + 2
+    steps: list[tuple[int, int, float]] = []
+    again = tiny_pipe.generate_batch(as_input, config=cfg, batch_size=3, on_step=lambda *s: steps.append(s))
+    assert [g.token_ids for g in again] == [a.token_ids for a in alone]
+    assert max(r for r, _, _ in steps) == 3 and all(c == cfg.k + 2 for _, c, _ in steps) and all(t > 0 for _, _, t in steps)
+    assert len(steps) >= max(g.stats["steps"] for g in again)
     with pytest.raises(UnknownOptionError, match="batch_size"):
         tiny_pipe.generate_batch(as_input, batch_size=0)
     with pytest.raises(UnknownOptionError, match="request 0"):

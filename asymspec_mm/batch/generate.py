@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ def generate_batch(
     batch_size: int | None = None,
     *,
     kv_budget_bytes: int | None = None,
+    on_step: Callable[[int, int, float], None] | None = None,
     **overrides,
 ) -> list[MMResult]:
     """Answer every request; results in input order, each equal to ``pipe.generate`` of that request alone.
@@ -54,6 +56,7 @@ def generate_batch(
     Up to ``batch_size`` rows decode together; a finished row's place goes to the next request at once.
     ``kv_budget_bytes`` bounds the rows further: a request joins only while the live rows' reserved KV
     (:meth:`BatchDecoder.kv_need`: prompt + token budget, every stream) fits, and always when no row is live.
+    ``on_step(rows, engine_calls, seconds)`` is told of every step (benchmarks read the step time from it).
     Each result's ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]``
     the KV bytes it held per stream when it finished.
     """
@@ -86,7 +89,11 @@ def generate_batch(
 
     refill()
     while decoder.rows:
-        for row, _ in decoder.step():
+        rows, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
+        out = decoder.step()
+        if on_step is not None:
+            on_step(rows, decoder.engine_calls - calls, time.perf_counter() - t0)
+        for row, _ in out:
             if row.result is not None:
                 results[row.id] = row.result
         refill()
