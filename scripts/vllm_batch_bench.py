@@ -17,7 +17,8 @@ requests (different images, questions, captions) two ways, side by side, the ord
 
 tokens/s is the call's tokens over its wall time (set-up included, as a caller sees it); the ratio is the median
 over repetitions of batched / sequential in the same repetition (min-max in brackets). Where the time goes is
-measured in the same runs: set-up (``pipe.prepare``: prompts and the prefill calls), the time inside
+measured in the same runs: set-up (caption, OCR and prefill seconds from each result's stats; set-up calls are
+the ``LLM.generate`` calls beyond the decode steps' own), the time inside
 ``LLM.generate`` and inside the worker's model runner (``execute_model`` + ``sample_tokens``: the forwards, our
 logits capture and vLLM's sampling), and the ``collective_rpc`` that collects the logits; the difference between
 ``LLM.generate`` and the model runner is vLLM's per-call overhead (request processing, scheduling, detokenizer-free
