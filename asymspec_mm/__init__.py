@@ -20,6 +20,7 @@ _LAZY = {
     "Session": "asymspec_mm.session",
     "Request": "asymspec_mm.batch",
     "TokenEvent": "asymspec_mm.decode",
+    "mathvista_question": "asymspec_mm.questions",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -39,4 +40,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import AsymSpecConfig
     from .decode import TokenEvent
     from .pipeline import AsymSpecPipeline, MMResult, Prompts, mm_generate
+    from .questions import mathvista_question
     from .session import GenerationStream, Session

@@ -8,63 +8,63 @@ import os
 import sys
 from typing import Any
 
+from .cli_output import Progress, config_line, format_provenance, print_result  # noqa: F401 - format_provenance: re-exported
 from .config import BONUS_RULES
-from .errors import AsymSpecError
+from .errors import AsymSpecError, UnknownOptionError
 from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
+from .questions import check_question, mathvista_question
 
-SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "corrected": "!", "greedy": ""}
-
-
-def format_provenance(res) -> str:
-    """The answer with each token tagged: plain = accepted draft, [*x] = fused at a rejection, [+x] = verifier bonus."""
-    parts = []
-    for ev in res.trace:
-        if ev.source in ("fused", "bonus"):
-            parts.append(f"[{SOURCE_MARK[ev.source]}{ev.text}]")
-        else:
-            parts.append(ev.text)
-    return "".join(parts)
+ANSWER_TYPES = ("integer", "float1", "float2", "list")  # mathvista_question's answer types
 
 
-def print_result(res, as_json: bool = False, out=None) -> None:
-    out = out if out is not None else sys.stdout  # resolved per call: sys.stdout may be swapped
-    if as_json:
-        json.dump(res.as_dict(), out, indent=1)
-        out.write("\n")
-        return
-    s = res.stats
-    print(f"answer: {res.text}", file=out)
-    if res.method == "asymspec":
-        print(f"provenance: {format_provenance(res)}", file=out)
-        print("  (plain = drafter token accepted by the gate, [*x] = delta-fused at a rejection, [+x] = verifier bonus)", file=out)
-        counts = {src: sum(ev.source == src for ev in res.trace) for src in ("accepted", "fused", "bonus")}
-        print(
-            f"tokens: {len(res.trace)} ({counts['accepted']} accepted, {counts['fused']} fused, {counts['bonus']} bonus; "
-            f"{s.get('steered', 0)} differ from the verifier alone)",
-            file=out,
-        )
-        print(
-            f"acceptance rate {s['acceptance_rate']:.2f}, mean accepted length {s['mean_accepted_length']:.2f}, "
-            f"accepted per position {s['accepted_per_position']}",
-            file=out,
-        )
-    print(
-        f"steps {s['steps']}, new tokens {s['new_tokens']}, {s['tokens_per_s']:.1f} tok/s, wall {s['wall_s']:.2f}s, "
-        f"vision calls {s['vision_calls']} (cache hits {s['vision_cache_hits']}), tokens forwarded {s['tokens_forwarded']}",
-        file=out,
-    )
-    print(f"compressed view: caption {len(res.view.caption)} chars, OCR {len(res.view.ocr_text)} chars", file=out)
+def compose_question(question: str, choices: list[str] | None, answer_type: str | None) -> str:
+    """The question as given, or, with ``--choices`` / ``--answer-type``, in MathVista's layout."""
+    question = check_question(question)
+    if not choices and not answer_type:
+        return question
+    if choices and answer_type:
+        raise UnknownOptionError("give --choices (multiple choice) or --answer-type (free form), not both")
+    return mathvista_question(question, choices, answer_type)
+
+
+def image_size(path: str) -> tuple[int, int] | None:
+    """The image's (width, height) from its header, or ``None`` when unreadable (loading reports why, later)."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return im.size
+    except Exception:
+        return None
+
+
+def warn_out_of_domain(question: str, image: str) -> None:
+    from .tiny.domain import domain_warning
+
+    warning = domain_warning(question, image_size(image))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    question = compose_question(args.question, args.choices, args.answer_type)
+    cfg = config_from_args(args)
+    if args.preset == "tiny":  # before loading: the answer would be meaningless
+        warn_out_of_domain(question, args.image)
+    progress = Progress(enabled=not args.quiet)
+    progress(f"loading the models ({args.preset or 'auto'})" if not args.drafter else "loading the models")
     pipe = pipeline_from_args(args)
+    if pipe.name == "tiny" and args.preset != "tiny":
+        warn_out_of_domain(question, args.image)
     ocr: Any = None
     if args.no_ocr:
         ocr = False
     elif args.ocr is not None:
         ocr = args.ocr
-    res = pipe.generate(args.image, args.question, caption=args.caption, ocr=ocr, method=args.method, config=config_from_args(args))
-    print_result(res, args.json)
+    session = pipe.prepare(args.image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress)
+    progress(f"decoding ({config_line(args.method, cfg)})")
+    res = pipe.run(session).result
+    print_result(res, pipe.tokenizer, args.json)
     return 0
 
 
@@ -95,7 +95,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         )
         label = {"floor": "verifier alone (Floor)", "drafter": "drafter alone", "asymspec": "AsymSpec"}[method]
         print(f"== {label}")
-        print_result(res)
+        print_result(res, pipe.tokenizer)
         print()
     return 0
 
@@ -110,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="answer a question about an image")
     g.add_argument("--image", required=True, help="image file")
-    g.add_argument("--question", required=True)
+    g.add_argument("--question", required=True, help="the question (with --choices/--answer-type: the bare question)")
+    g.add_argument(
+        "--choices", nargs="+", default=None, metavar="CHOICE", help="answer options: asks in MathVista's multiple-choice layout"
+    )
+    g.add_argument("--answer-type", default=None, choices=ANSWER_TYPES, help="asks in MathVista's free-form layout with this hint")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     g.add_argument("--caption", default=None, help="caption for the verifier (default: generated by the drafter)")
     g.add_argument("--ocr", default=None, help="OCR text for the verifier (default: produced by the OCR engine)")
     g.add_argument("--no-ocr", action="store_true", help="give the verifier no OCR text")

@@ -22,6 +22,7 @@ from vision_cache.errors import AsymSpecError, InvalidImageError
 __all__ = [
     "AsymSpecError",
     "EmptyQuestionError",
+    "InvalidQuestionError",
     "ContextOverflowError",
     "VocabularyMismatchError",
     "UnknownOptionError",
@@ -34,6 +35,10 @@ __all__ = [
 
 class EmptyQuestionError(AsymSpecError):
     """The question is empty or only whitespace."""
+
+
+class InvalidQuestionError(AsymSpecError):
+    """The question is not text, or not valid UTF-8."""
 
 
 class ContextOverflowError(AsymSpecError):

@@ -22,7 +22,11 @@ DTYPE_NAMES = {
 
 def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str | None) -> tuple[torch.device, torch.dtype]:
     """Auto: cuda + bf16 when a GPU is there, else cpu + fp32."""
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    except RuntimeError:
+        raise UnknownOptionError(f"device={device!r} is not a torch device: use 'cpu', 'cuda' or 'cuda:N'") from None
+    check_device_available(dev)
     if isinstance(dtype, str):
         if dtype not in DTYPE_NAMES:
             raise UnknownOptionError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPE_NAMES)}")
@@ -30,6 +34,19 @@ def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str |
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     return dev, dtype
+
+
+def check_device_available(dev: torch.device) -> None:
+    """Refuse a device this machine does not have, before any weights are read."""
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise UnknownOptionError(f"device={str(dev)!r} but {why}: use --device cpu, or leave --device unset to pick one")
+        if dev.index is not None and dev.index >= count:
+            raise UnknownOptionError(f"device={str(dev)!r} but only {count} CUDA GPU(s) are visible: use cuda:0..cuda:{count - 1}")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UnknownOptionError(f"device={str(dev)!r} but MPS is not available here: use --device cpu")
 
 
 def check_vocabularies(drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int) -> None:

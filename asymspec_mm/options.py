@@ -69,7 +69,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--verifier", default=None, help="text verifier: hub id or local directory")
     g.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: cuda when available)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="default: bf16 on cuda, fp32 on cpu")
-    g.add_argument("--ocr-engine", default="auto", choices=OCR_ENGINES, help="[default: %(default)s]")
+    g.add_argument(
+        "--ocr-engine",
+        default=None,
+        choices=OCR_ENGINES,
+        help="[default: the preset's: rapidocr for tiny (reads its 128px renders), auto (EasyOCR, else RapidOCR) otherwise]",
+    )
 
 
 def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tuple[str, ...] = ()) -> None:
@@ -104,18 +109,20 @@ def load_pipeline(
     *,
     device: str | None = None,
     dtype: str | None = None,
-    ocr_engine: str = "auto",
+    ocr_engine: str | None = None,
     **kwargs: Any,
 ):
-    """The pipeline of ``drafter`` + ``verifier`` when given, else of the named preset (default ``auto``)."""
+    """The pipeline of ``drafter`` + ``verifier`` when given, else of the named preset (default ``auto``).
+
+    ``ocr_engine=None`` keeps the preset's OCR engine (``auto`` for a drafter/verifier pair)."""
     from .pipeline import AsymSpecPipeline
 
     if drafter or verifier:
         if not (drafter and verifier):
             raise AsymSpecError("give both --drafter and --verifier (or a --preset)")
-        return AsymSpecPipeline.from_pretrained(drafter, verifier, device=device, dtype=dtype, ocr=ocr_engine, **kwargs)
-    extra = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
-    return AsymSpecPipeline.from_preset(preset or "auto", ocr=ocr_engine, **extra, **kwargs)
+        return AsymSpecPipeline.from_pretrained(drafter, verifier, device=device, dtype=dtype, ocr=ocr_engine or "auto", **kwargs)
+    extra = {k: v for k, v in (("device", device), ("dtype", dtype), ("ocr", ocr_engine)) if v is not None}
+    return AsymSpecPipeline.from_preset(preset or "auto", **extra, **kwargs)
 
 
 def pipeline_from_args(args: argparse.Namespace, **kwargs: Any):
@@ -126,6 +133,6 @@ def pipeline_from_args(args: argparse.Namespace, **kwargs: Any):
         args.verifier,
         device=args.device,
         dtype=args.dtype,
-        ocr_engine=getattr(args, "ocr_engine", "auto"),
+        ocr_engine=getattr(args, "ocr_engine", None),
         **kwargs,
     )

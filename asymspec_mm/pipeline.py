@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, resolve_device
 from .prompts import Prompts, build_prompts
+from .questions import check_question
 from .session import GenerationStream, MMResult, Session
 from .vllm_engine import logit_width
 
@@ -238,6 +240,7 @@ class AsymSpecPipeline:
         engines: EngineFactory | None = None,
         ignore_eos: bool = False,
         max_caption_chars: int | None = None,
+        on_phase: Callable[[str], None] | None = None,
         **overrides,
     ) -> Session:
         """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
@@ -246,32 +249,39 @@ class AsymSpecPipeline:
         ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``. ``engines``
         builds the streams (default: the pipeline's factory); ``ignore_eos`` decodes to the token budget;
         ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters).
+        ``on_phase(name)`` is called as each long part of the set-up starts: ``"ocr_engine"`` (first use),
+        ``"caption"``, ``"ocr"``, ``"prefill"``.
         """
         from captioning.captioner import compress
         from vision_cache.image import image_content_hash, load_image
 
         cfg = resolve_config(config, overrides)
         check_method(method)
-        if not isinstance(question, str) or not question.strip():
-            raise EmptyQuestionError("the question is empty: ask something about the image, e.g. 'What is the largest value?'")
+        question = check_question(question)
         t_start = time.perf_counter()
         img = load_image(image)
         budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
         with self._lock:
             timings: dict[str, float] = {}
             tower_before, hits_before = self.encoder.tower_calls, self.encoder.store.stats()["hits"]
+            if ocr is None and self._ocr_engine is None and on_phase is not None:
+                on_phase("ocr_engine")
+            ocr_engine = self.ocr_engine if ocr is None else None
             view = compress(
                 img,
                 captioner=self.captioner,
-                ocr_engine=self.ocr_engine if ocr is None else None,
+                ocr_engine=ocr_engine,
                 caption=caption,
                 ocr=ocr,
                 image_hash=image_content_hash(img),
                 timings=timings,
+                on_phase=on_phase,
                 **budget,
             )
             prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
             self._check_context(prompts, cfg, method)
+            if on_phase is not None:
+                on_phase("prefill")
             t_prefill = time.perf_counter()
             streams, pending = self._start(method, prompts, img, engines or self.engines)
             prefill_s = time.perf_counter() - t_prefill
@@ -281,6 +291,7 @@ class AsymSpecPipeline:
                 prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
                 caption_s=timings.get("caption_s", 0.0),
                 ocr_s=timings.get("ocr_s", 0.0),
+                ocr_engine=getattr(ocr_engine, "name", "given") if ocr is None or isinstance(ocr, str) else "off",
                 prefill_s=prefill_s,
             )
         stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None

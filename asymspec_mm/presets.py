@@ -31,6 +31,14 @@ class Preset:
     description: str = ""
 
 
+def tiny_ocr_engine() -> str:
+    """RapidOCR when it can run offline: it reads the tick labels of MiniVista's 128px renders, which
+    EasyOCR misses (and it starts in a fraction of EasyOCR's time); else ``auto``."""
+    from captioning.ocr.rapidocr_engine import rapidocr_problems
+
+    return "rapidocr" if not rapidocr_problems() else "auto"
+
+
 def tiny_preset() -> Preset:
     if not (TINY_DIR / "drafter").is_dir() or not (TINY_DIR / "verifier").is_dir():
         raise UnknownOptionError(
@@ -41,7 +49,7 @@ def tiny_preset() -> Preset:
         "tiny",
         str(TINY_DIR / "drafter"),
         str(TINY_DIR / "verifier"),
-        {"device": "cpu", "dtype": "fp32", "local_files_only": True},
+        {"device": "cpu", "dtype": "fp32", "local_files_only": True, "ocr": tiny_ocr_engine()},
         "trained tiny Qwen3-VL drafter + Qwen3 verifier (MiniVista)",
     )
 

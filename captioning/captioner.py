@@ -10,6 +10,7 @@ by image hash.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from vision_cache.store import LRUCache
@@ -57,12 +58,15 @@ def compress(
     max_ocr_chars: int = DEFAULT_OCR_CHARS,
     image_hash: str | None = None,
     timings: dict | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> CompressedView:
     """The compressed view of ``image``.
 
     ``caption``/``ocr``: ``None`` produce it (with ``captioner`` / ``ocr_engine``), a string is used
     as is, ``ocr=False`` skips OCR (``caption=""`` likewise skips the caption). Texts are truncated on
     a word boundary to the paper harness' budgets. ``timings`` receives ``caption_s`` and ``ocr_s``.
+    ``on_phase("caption")`` / ``on_phase("ocr")`` is called before a caption or OCR text is produced
+    (a command line shows what a long set-up is doing).
     """
     from .truncate import truncate_text
 
@@ -74,6 +78,8 @@ def compress(
                 "no caption was given and no captioner is configured: pass caption='...' or build the pipeline "
                 "with a captioner (the default uses the drafter)"
             )
+        if on_phase is not None:
+            on_phase("caption")
         caption = captioner.caption(image, image_hash=image_hash)
     timings["caption_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -86,6 +92,8 @@ def compress(
             )
         from .ocr import render_plain
 
+        if on_phase is not None:
+            on_phase("ocr")
         found = ocr_engine.read_cached(image) if hasattr(ocr_engine, "read_cached") else ocr_engine.read(image)
         items = tuple(found)
         ocr_text = render_plain(found)

@@ -78,7 +78,7 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
         "dtype": str(dtype).replace("torch.", ""),
         "method": args.method,
         "config": jsonable(cfg.as_dict()),
-        "ocr_engine": args.ocr_engine,
+        "ocr_engine": args.ocr_engine or defaults.get("ocr", "auto"),
         "trace": bool(args.trace),
         "version": __version__,
     }

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import AsymSpecError
+from ..trace_json import TokenTexts, jsonable, trace_entry  # noqa: F401 - re-exported for batch.cli
 
 FORMAT = "asymspec-mm batch"
 FORMAT_VERSION = 1
@@ -169,45 +169,6 @@ def _note_id(path: Path, first_line: dict[str, int], key: str, n: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------- output
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON: tensors and numpy values to lists/numbers, non-finite floats to null."""
-    if hasattr(value, "tolist") and not isinstance(value, (list, tuple, dict, str)):
-        value = value.tolist()
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    return str(value)
-
-
-class TokenTexts:
-    """Token id -> text, cached (the trace names every token by its text too)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.cache = tokenizer, {}
-
-    def __call__(self, token_id: int | None) -> str | None:
-        if token_id is None:
-            return None
-        if token_id not in self.cache:
-            self.cache[token_id] = self.tokenizer.decode([int(token_id)])
-        return self.cache[token_id]
-
-
-def trace_entry(ev: Any, text_of: TokenTexts) -> dict[str, Any]:
-    """One :class:`TokenEvent` as JSON, with the texts of the verifier's own token, the rejected draft and the top tokens."""
-    d = ev.as_dict()
-    d["verifier_text"] = text_of(ev.verifier_argmax)
-    d["draft_text"] = text_of(ev.draft_token)
-    for name in ("top_verifier", "top_fused"):
-        d[name] = [[int(t), text_of(int(t)), p] for t, p in getattr(ev, name)]
-    return jsonable(d)
 
 
 def answer_record(item: Item, res: Any, text_of: TokenTexts | None = None) -> dict[str, Any]:

@@ -23,7 +23,8 @@ class TokenEvent:
     p_verifier / p_base: softmax(t)[token] and softmax(b)[token] (None where that stream did not run).
     gamma_eff / jsd: the gate's threshold and JSD(a, b) at this position (None outside the gate).
     verifier_argmax: what the verifier alone would emit here; steered: the token differs from it.
-    draft_token: the rejected draft where the token replaced one. top_verifier / top_fused: the top
+    draft_token: the rejected draft where the token replaced one, and draft_p_verifier / draft_p_base its
+    softmax(t) / softmax(b) probabilities (what the gate compared, Eq. 4). top_verifier / top_fused: the top
     ``trace_top`` (token, probability) pairs of softmax(t) and of softmax(t + beta * delta).
     """
 
@@ -40,6 +41,8 @@ class TokenEvent:
     verifier_argmax: int | None = None
     steered: bool = False
     draft_token: int | None = None
+    draft_p_verifier: float | None = None
+    draft_p_base: float | None = None
     top_verifier: list[tuple[int, float]] = field(default_factory=list)
     top_fused: list[tuple[int, float]] = field(default_factory=list)
 

@@ -77,7 +77,7 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
         return make_event(
             step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd, row.verifier_argmax, tops=tops
         )
-    return make_event(
+    ev = make_event(
         step,
         i,
         row.fused,
@@ -90,6 +90,8 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
         draft=row.draft,
         tops=tops,
     )
+    ev.draft_p_verifier, ev.draft_p_base = row.p_verifier, row.p_base
+    return ev
 
 
 def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:

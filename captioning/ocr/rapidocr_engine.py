@@ -18,7 +18,7 @@ from .items import OCRItem
 __all__ = ["RapidOCREngine"]
 
 
-def _rapidocr_problems() -> list[str]:
+def rapidocr_problems() -> list[str]:
     """Why RapidOCR cannot run offline here (empty list: it can)."""
     problems = []
     spec = importlib.util.find_spec("rapidocr")
@@ -49,7 +49,7 @@ class RapidOCREngine(OCREngine):
     name = "rapidocr"
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
-        problems = _rapidocr_problems()
+        problems = rapidocr_problems()
         if problems:
             raise OCRUnavailableError(
                 f"RapidOCR is not usable: {'; '.join(problems)}. Install it with "

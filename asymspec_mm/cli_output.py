@@ -1,0 +1,145 @@
+"""What ``asymspec-mm generate`` prints: the answer, where each token came from, which tokens the image
+steered away from the verifier's own choice, the effective settings and where the time went."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from .config import AsymSpecConfig
+from .trace_json import TokenTexts, result_json
+
+SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "corrected": "!", "greedy": ""}
+MARK_LEGEND = "plain = drafter token accepted by the gate, [*x] = delta-fused at a rejection, [+x] = verifier bonus"
+
+
+def format_provenance(res, special_ids: frozenset[int] = frozenset()) -> str:
+    """The answer with each token tagged: plain = accepted draft, [*x] = fused at a rejection, [+x] = verifier bonus.
+
+    Tokens in ``special_ids`` (the end-of-turn token the answer stopped at) are left out, as in ``res.text``."""
+    parts = []
+    for ev in res.trace:
+        if ev.token_id in special_ids:
+            continue
+        if ev.source in ("fused", "bonus"):
+            parts.append(f"[{SOURCE_MARK[ev.source]}{ev.text}]")
+        else:
+            parts.append(ev.text)
+    return "".join(parts)
+
+
+def gate_decision(ev) -> str | None:
+    """The gate's comparison (Eq. 4) with its numbers, or ``None`` where no gate ran.
+
+    Accepted: ``p_v = 0.31 > gamma_eff * p_base = 0.49 * 0.62 = 0.30 -> accepted``. Fused: the same comparison
+    for the rejected draft (``draft_p_verifier`` / ``draft_p_base``), which is what the gate compared.
+    """
+    if ev.gamma_eff is None:
+        return None
+    if ev.source == "accepted":
+        p_v, p_b, verdict = ev.p_verifier, ev.p_base, ("accepted", ">")
+    elif ev.source == "fused" and ev.draft_p_verifier is not None:
+        p_v, p_b, verdict = ev.draft_p_verifier, ev.draft_p_base, ("draft rejected", "<=")
+    else:
+        return None
+    if p_v is None or p_b is None:
+        return None
+    return f"p_v = {p_v:.3g} {verdict[1]} gamma_eff * p_base = {ev.gamma_eff:.3g} * {p_b:.3g} = {ev.gamma_eff * p_b:.3g} -> {verdict[0]}"
+
+
+def steered_lines(res, text_of: TokenTexts) -> list[str]:
+    """One line per token that differs from what the verifier alone would have emitted at that point."""
+    lines = []
+    for ev in res.trace:
+        if not ev.steered:
+            continue
+        alone = text_of(ev.verifier_argmax)
+        if ev.source == "fused":
+            how = f"fused at a rejection (draft {text_of(ev.draft_token)!r} rejected)" if ev.draft_token is not None else "fused"
+        elif ev.source == "accepted":
+            how = "drafter's token, accepted by the gate"
+        else:
+            how = ev.source
+        decision = gate_decision(ev)
+        lines.append(f"  #{ev.index} {ev.text!r}: {how}; verifier alone: {alone!r}" + (f" [{decision}]" if decision else ""))
+    return lines
+
+
+def config_line(method: str, cfg: AsymSpecConfig) -> str:
+    """The effective settings of a run, as the options that reproduce it."""
+    fields = cfg.as_dict()
+    shown = " ".join(f"{k}={v}" for k, v in fields.items() if k != "trace_top" and (k != "stop_strings" or v))
+    return f"method={method} {shown}"
+
+
+def print_result(res, tokenizer: Any = None, as_json: bool = False, out: TextIO | None = None) -> None:
+    """The answer with its provenance (or, with ``as_json``, the whole result with token texts)."""
+    out = out if out is not None else sys.stdout  # resolved per call: sys.stdout may be swapped
+    if as_json:
+        json.dump(result_json(res, tokenizer) if tokenizer is not None else res.as_dict(), out, indent=1)
+        out.write("\n")
+        return
+    s = res.stats
+    print(f"answer: {res.text}", file=out)
+    if res.method == "asymspec":
+        special = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
+        print(f"provenance: {format_provenance(res, special)}", file=out)
+        print(f"  ({MARK_LEGEND})", file=out)
+        counts = {src: sum(ev.source == src for ev in res.trace) for src in ("accepted", "fused", "bonus")}
+        same = sum(ev.source == "fused" and not ev.steered for ev in res.trace)
+        print(
+            f"tokens: {len(res.trace)} ({counts['accepted']} accepted, {counts['fused']} fused, {counts['bonus']} bonus); "
+            f"{s.get('steered', 0)} differ from the verifier alone" + (f", {same} fused to the verifier's own token" if same else ""),
+            file=out,
+        )
+        if tokenizer is not None:
+            for line in steered_lines(res, TokenTexts(tokenizer)):
+                print(line, file=out)
+        print(
+            f"acceptance rate {s['acceptance_rate']:.2f}, mean accepted length {s['mean_accepted_length']:.2f}, "
+            f"accepted per position {s['accepted_per_position']}",
+            file=out,
+        )
+    print(
+        f"steps {s['steps']}, new tokens {s['new_tokens']}, {s['tokens_per_s']:.1f} tok/s, wall {s['wall_s']:.2f}s, "
+        f"vision calls {s['vision_calls']} (cache hits {s['vision_cache_hits']}), tokens forwarded {s['tokens_forwarded']}",
+        file=out,
+    )
+    print(view_line(res), file=out)
+    print(f"settings: {config_line(res.method, res.config)}", file=out)
+
+
+def view_line(res) -> str:
+    """What the verifier read and what producing it cost."""
+    s = res.stats
+    caption = f"caption {len(res.view.caption)} chars"
+    if s.get("caption_s"):
+        caption += f" (drafter, {s['caption_s']:.2f} s)"
+    engine = s.get("ocr_engine")
+    ocr = f"OCR {len(res.view.ocr_text)} chars"
+    if engine in ("given", "off"):
+        ocr += " (given)" if engine == "given" else " (off)"
+    elif engine:
+        ocr += f" ({engine}, {s.get('ocr_s', 0.0):.2f} s)"
+    return f"compressed view: {caption}, {ocr}"
+
+
+class Progress:
+    """``[  3.1s] captioning with the drafter`` lines on stderr as each long phase starts."""
+
+    PHASES = {
+        "ocr_engine": "starting the OCR engine",
+        "caption": "captioning the image with the drafter",
+        "ocr": "reading text in the image (OCR)",
+        "prefill": "prefilling the prompts",
+    }
+
+    def __init__(self, enabled: bool = True, out: TextIO | None = None) -> None:
+        self.enabled, self.out, self.t0 = enabled, out, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        if self.enabled:
+            text = self.PHASES.get(phase, phase)
+            print(f"[{time.perf_counter() - self.t0:6.1f}s] {text}", file=self.out if self.out is not None else sys.stderr, flush=True)

@@ -1,0 +1,213 @@
+"""``asymspec-mm generate`` as a new user meets it: one-line errors before any model loads, a warning when the
+tiny pair is asked what it never learned, provenance that names every steered token, JSON with token texts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asymspec_mm.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
+from asymspec_mm.questions import check_question, mathvista_question
+from asymspec_mm.tiny.domain import QUESTION_FORMS, domain_problems, domain_warning
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "examples" / "chart.png"
+
+
+def cli(*args: str | bytes, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO), **(extra_env or {}))
+    return subprocess.run([sys.executable, "-m", "asymspec_mm.cli", *args], cwd=REPO, env=env, capture_output=True, timeout=300)
+
+
+# ----------------------------------------------------------------------------------------- the question
+
+
+def test_check_question_accepts_text_and_utf8_bytes():
+    assert check_question("Which bar?") == "Which bar?"
+    assert check_question("Quelle barre est la plus élevée ?".encode()) == "Quelle barre est la plus élevée ?"
+
+
+@pytest.mark.parametrize(
+    "bad, error, words",
+    [
+        (b"caf\xe9?", InvalidQuestionError, "byte 0xe9 at offset 3"),
+        ("caf\udce9?", InvalidQuestionError, "0xe9 at character 3"),
+        ("\ud800", InvalidQuestionError, "U+D800 at character 0"),
+        (42, InvalidQuestionError, "not int"),
+        (None, InvalidQuestionError, "not NoneType"),
+        ("  \n", EmptyQuestionError, "empty"),
+    ],
+)
+def test_check_question_refuses_with_the_reason(bad, error, words):
+    with pytest.raises(error) as info:
+        check_question(bad)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_mathvista_question_equals_minivista_queries():
+    """Two implementations of MathVista's layout (ours for users, MiniVista's generator) agree on 80 problems."""
+    from asymspec_mm.eval.minivista import make_problem
+
+    for i in range(80):
+        p = make_problem(5, i)
+        if p["question_type"] == "multi_choice":
+            ours = mathvista_question(p["question"], choices=p["choices"], unit=p["unit"])
+        else:
+            kind = {"integer": "integer", "list": "list"}.get(p["answer_type"]) or f"float{p['precision']}"
+            ours = mathvista_question(p["question"], answer_type=kind, unit=p["unit"])
+        assert ours == p["query"], p["pid"]
+
+
+def test_mathvista_question_needs_exactly_one_form():
+    for kwargs in ({}, {"choices": ["a"], "answer_type": "integer"}):
+        with pytest.raises(UnknownOptionError):
+            mathvista_question("How many?", **kwargs)
+    with pytest.raises(UnknownOptionError, match="answer_type='int'"):
+        mathvista_question("How many?", answer_type="int")
+
+
+# ----------------------------------------------------------------------------------------- the tiny pair's domain
+
+
+def test_every_minivista_problem_is_in_the_domain():
+    from asymspec_mm.eval.minivista import make_problem
+
+    kinds = set()
+    for seed in (0, 1):
+        for i in range(120):
+            p = make_problem(seed, i)
+            assert domain_problems(p["query"], p["decoded_image"].size) == [], p["query"]
+            kinds.add(p["metadata"]["kind"])
+    assert len(kinds) >= len(QUESTION_FORMS)  # every form was drawn
+
+
+@pytest.mark.parametrize(
+    "question, size, words",
+    [
+        ("Which bar is the tallest?", (128, 128), "not in MathVista's layout"),
+        (mathvista_question("What is the capital of France?", choices=["Paris", "Rome"]), (128, 128), "not one of MiniVista's"),
+        (mathvista_question("Which bar is the tallest?", choices=["red", "blue"]), (640, 480), "640x480"),
+    ],
+)
+def test_out_of_domain_requests_are_named(question, size, words):
+    warning = domain_warning(question, size)
+    assert warning is not None and words in warning and "--preset qwen3" in warning and "\n" not in warning
+
+
+# ----------------------------------------------------------------------------------------- errors before loading
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    err = proc.stderr.decode()
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_non_utf8_question_is_one_line_before_loading():
+    proc = cli("generate", "--image", str(CHART), "--question", b"caf\xe9?", "--preset", "tiny")
+    line = one_error_line(proc)
+    assert "not valid UTF-8 (0xe9 at character 3)" in line
+    assert b"loading the models" not in proc.stderr  # refused before any model loads
+
+
+def test_cuda_without_a_gpu_is_one_line():
+    proc = cli("generate", "--image", str(CHART), "--question", "x", "--preset", "tiny", "--device", "cuda", "-q")
+    assert "device='cuda' but" in one_error_line(proc) and "--device cpu" in proc.stderr.decode()
+
+
+def test_device_errors_name_the_fix():
+    from asymspec_mm.loading import resolve_device
+
+    with pytest.raises(UnknownOptionError, match="not a torch device"):
+        resolve_device("gpu0", None)
+    if not __import__("torch").cuda.is_available():
+        with pytest.raises(UnknownOptionError, match="--device cpu"):
+            resolve_device("cuda:1", None)
+
+
+def test_unknown_dtype_lists_the_choices():
+    proc = cli("generate", "--image", str(CHART), "--question", "x", "--dtype", "int4")
+    assert proc.returncode == 2 and "invalid choice: 'int4'" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+
+
+# ----------------------------------------------------------------------------------------- what it prints
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from asymspec_mm import AsymSpecPipeline
+
+    return AsymSpecPipeline.from_preset("tiny", device="cpu")
+
+
+def test_generate_warns_out_of_domain_and_answers(tiny):
+    proc = cli("generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", "--ocr", "")
+    assert proc.returncode == 0
+    err = proc.stderr.decode()
+    assert "warning: the tiny pair answers only MiniVista questions" in err and "not in MathVista's layout" in err
+    expected = tiny.generate(CHART, "Which bar is the tallest?", ocr="").text
+    assert f"answer: {expected}\n" in proc.stdout.decode()
+
+
+def test_provenance_names_each_steered_token_and_the_gate(tiny):
+    from asymspec_mm.cli_output import gate_decision, print_result
+
+    ex = json.loads((REPO / "asymspec_mm" / "examples_data" / "examples.json").read_text())
+    steered_seen = 0
+    for e in ex[:6]:
+        res = tiny.generate(REPO / "asymspec_mm" / "examples_data" / e["image"], e["question"], caption=e["caption"], ocr=e["ocr"] or False)
+        out = io.StringIO()
+        print_result(res, tiny.tokenizer, out=out)
+        text = out.getvalue()
+        assert "<|im_end|>" not in text.split("provenance: ", 1)[1].splitlines()[0]
+        steered = [ev for ev in res.trace if ev.steered]
+        steered_seen += len(steered)
+        assert f"{len(steered)} differ from the verifier alone" in text
+        for ev in steered:
+            alone = tiny.tokenizer.decode([ev.verifier_argmax])
+            assert f"  #{ev.index} {ev.text!r}: " in text and f"verifier alone: {alone!r}" in text
+        for ev in res.trace:
+            decision = gate_decision(ev)
+            if ev.source == "accepted":  # the numbers really satisfy Eq. 4
+                assert ev.p_verifier > ev.gamma_eff * ev.p_base and decision.endswith("-> accepted")
+            elif ev.source == "fused":
+                assert ev.draft_p_verifier <= ev.gamma_eff * ev.draft_p_base and decision.endswith("-> draft rejected")
+            else:
+                assert decision is None
+        assert f"settings: method=asymspec k={res.config.k} beta={res.config.beta}" in text
+        assert "OCR" in text and ("(given)" in text or "(off)" in text)
+    assert steered_seen > 0  # the examples do exercise the steered lines
+
+
+def test_json_names_every_token(tiny):
+    from asymspec_mm.cli_output import print_result
+
+    ex = json.loads((REPO / "asymspec_mm" / "examples_data" / "examples.json").read_text())[0]
+    res = tiny.generate(REPO / "asymspec_mm" / "examples_data" / ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"])
+    out = io.StringIO()
+    print_result(res, tiny.tokenizer, as_json=True, out=out)
+    data = json.loads(out.getvalue())
+    dec = lambda i: None if i is None else tiny.tokenizer.decode([i])  # noqa: E731
+    assert len(data["trace"]) == len(res.trace)
+    for entry, ev in zip(data["trace"], res.trace):
+        assert entry["verifier_text"] == dec(ev.verifier_argmax) and entry["draft_text"] == dec(ev.draft_token)
+        assert [t[:2] for t in entry["top_verifier"]] == [[i, dec(i)] for i, _ in ev.top_verifier]
+        assert [t[:2] for t in entry["top_fused"]] == [[i, dec(i)] for i, _ in ev.top_fused]
+    assert data["config"] == res.config.as_dict() | {"stop_strings": []}
+
+
+def test_stats_name_the_ocr_engine(tiny):
+    from asymspec_mm.presets import tiny_ocr_engine
+
+    res = tiny.generate(CHART, mathvista_question("Which bar is the tallest?", choices=["red", "green"]), max_new_tokens=2)
+    assert res.stats["ocr_engine"] == tiny_ocr_engine() and res.stats["ocr_s"] > 0
+    assert tiny.generate(CHART, "x?", ocr="10 8", max_new_tokens=1).stats["ocr_engine"] == "given"
+    assert tiny.generate(CHART, "x?", ocr=False, max_new_tokens=1).stats["ocr_engine"] == "off"

@@ -1,0 +1,176 @@
+"""The README's examples run as written, on bundled files, and print what the library computes.
+
+Blocks are read from README.md itself, so an edit that breaks an example breaks this test. Commands run
+in a scratch folder that sees the checkout's ``examples/`` and ``asymspec_mm/`` (the paths the README uses),
+with the checkout's ``asymspec-mm`` first on PATH; the serving examples run against a live
+``asymspec-mm serve --preset tiny`` (on a free port instead of 8000, so parallel runs cannot collide).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+TIMEOUT_S = 300
+CHART_QUESTION = ("Which bar is the tallest?", ["red", "green", "blue", "yellow"])
+
+
+def blocks(lang: str) -> list[str]:
+    """The README's fenced blocks of ``lang``, in order."""
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def block_with(lang: str, marker: str) -> str:
+    found = [b for b in blocks(lang) if marker in b]
+    assert len(found) == 1, f"expected one {lang} block containing {marker!r}, found {len(found)}"
+    return found[0]
+
+
+def env() -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    pythonpath = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH", "")) if p)
+    bindir = str(Path(sys.executable).parent)
+    base.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        GRADIO_ANALYTICS_ENABLED="False",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=pythonpath,
+        PATH=bindir + os.pathsep + base.get("PATH", ""),
+    )
+    return base
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A scratch folder laid out like the checkout for the README's relative paths."""
+    d = tmp_path_factory.mktemp("readme")
+    for name in ("examples", "asymspec_mm"):
+        (d / name).symlink_to(REPO / name)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from asymspec_mm import AsymSpecPipeline
+
+    return AsymSpecPipeline.from_preset("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def chart_answer(tiny) -> str:
+    from asymspec_mm import mathvista_question
+
+    return tiny.generate(REPO / "examples" / "chart.png", mathvista_question(CHART_QUESTION[0], choices=CHART_QUESTION[1])).text
+
+
+def sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command, shell=True, cwd=cwd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def test_the_python_example_runs_and_answers_as_the_library(workdir, chart_answer):
+    code = block_with("python", "AsymSpecPipeline.from_preset(\"tiny\")")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == chart_answer
+    assert f"# {chart_answer}" in code  # the comment in the README shows the real answer
+
+
+def test_every_command_line_example_runs(workdir, tiny, chart_answer):
+    lines = [ln for ln in block_with("bash", "--choices red green blue yellow --preset tiny\n").splitlines() if ln.strip()]
+    assert len(lines) == 3
+    text = sh(lines[0], workdir)
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert f"answer: {chart_answer}\n" in text.stdout
+    assert "warning" not in text.stderr  # a MiniVista question about a MiniVista image
+    assert "settings: method=asymspec k=4 beta=1.0 gamma=0.5 gate=cda" in text.stdout
+    as_json = sh(lines[1], workdir)
+    assert as_json.returncode == 0, as_json.stderr[-3000:]
+    result = json.loads(as_json.stdout)
+    assert result["method"] == "floor" and result["trace"] and all(e["verifier_text"] == e["text"] for e in result["trace"])
+    batch = sh(lines[2], workdir)
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    answers = {r["id"]: r["answer"] for r in map(json.loads, (workdir / "answers.jsonl").read_text().splitlines())}
+    assert answers["tallest"] == chart_answer and set(answers) == {"tallest", "green-value", "angle"}
+
+
+def test_the_batch_section_example_runs(workdir, chart_answer):
+    line = next(ln for ln in block_with("bash", "--batch-size 8 --trace").splitlines() if ln.strip())
+    proc = sh(line, workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(r) for r in (workdir / "answers.jsonl").read_text().splitlines()]
+    assert {r["id"] for r in rows} == {"tallest", "green-value", "angle"} and all(r["trace"] for r in rows)
+    assert next(r for r in rows if r["id"] == "tallest")["answer"] == chart_answer
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    """``asymspec-mm serve --preset tiny`` as the README starts it, on a free port; yields its base URL."""
+    import httpx
+
+    cmd = shlex.split(next(ln for ln in block_with("bash", "asymspec-mm serve --preset tiny").splitlines() if "--preset tiny" in ln))
+    cmd = [c for c in cmd if not c.startswith("#")][: cmd.index("--preset") + 2] + ["--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    url, seen, deadline = None, [], time.monotonic() + 180
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "serving" in line and " on http://" in line:
+            url = line.split(" on ", 1)[1].split()[0].removesuffix("/v1")
+    assert url is not None, "".join(seen)
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    for _ in range(120):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    yield url
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_the_openai_client_example_runs(server, workdir, tiny):
+    code = block_with("python", "from openai import OpenAI").replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from asymspec_mm import mathvista_question
+
+    expected = tiny.generate(REPO / "examples" / "chart.png", mathvista_question(*CHART_QUESTION[:1], choices=CHART_QUESTION[1]), max_new_tokens=64)
+    assert proc.stdout.startswith(expected.text + " ")
+
+
+def test_the_curl_example_streams_the_answer(server, workdir, tiny):
+    command = block_with("bash", "curl -s").replace("http://127.0.0.1:8000", server)
+    proc = sh(command, workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chunks = [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("data: {")]
+    assert proc.stdout.rstrip().endswith("data: [DONE]") and chunks
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    from asymspec_mm import mathvista_question
+
+    expected = tiny.generate(
+        REPO / "examples" / "chart.png",
+        mathvista_question(CHART_QUESTION[0], choices=CHART_QUESTION[1]),
+        caption="A bar chart with yellow, red, green and blue bars.",
+        ocr=False,
+        max_new_tokens=64,
+    )
+    assert text == expected.text
