@@ -80,7 +80,7 @@ def sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_python_example_runs_and_answers_as_the_library(workdir, chart_answer):
-    code = block_with("python", "AsymSpecPipeline.from_preset(\"tiny\")")
+    code = block_with("python", 'AsymSpecPipeline.from_preset("tiny")')
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == chart_answer
@@ -153,7 +153,9 @@ def test_the_openai_client_example_runs(server, workdir, tiny):
     assert proc.returncode == 0, proc.stderr[-3000:]
     from asymspec_mm import mathvista_question
 
-    expected = tiny.generate(REPO / "examples" / "chart.png", mathvista_question(*CHART_QUESTION[:1], choices=CHART_QUESTION[1]), max_new_tokens=64)
+    expected = tiny.generate(
+        REPO / "examples" / "chart.png", mathvista_question(*CHART_QUESTION[:1], choices=CHART_QUESTION[1]), max_new_tokens=64
+    )
     assert proc.stdout.startswith(expected.text + " ")
 
 
