@@ -177,7 +177,7 @@ def test_tiny_pair_size_and_single_token_vocabulary():
     assert total <= 30 * 2**20
     from transformers import AutoTokenizer
 
-    from asymspec_mm.tiny.train import check_single_tokens
+    from asymspec_mm.tiny.models import check_single_tokens
 
     for sub in ("drafter", "verifier"):
         check_single_tokens(AutoTokenizer.from_pretrained(TINY / sub))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asymspec_mm.eval import minivista as mv
-from asymspec_mm.tiny import train
+from asymspec_mm.tiny import data, losses, models, train
 
 TINY = Path(__file__).resolve().parents[1] / "asymspec_mm" / "presets_data" / "tiny"
 needs_tiny = pytest.mark.skipif(not (TINY / "drafter").is_dir(), reason="tiny pair not shipped")
@@ -46,15 +46,15 @@ def test_each_worker_stream_sees_every_family_in_turn(tok_proc):
     geometry), on disjoint problems; a mix cycles in its own order."""
     tok, proc = tok_proc
     n = 2 * len(mv.FAMILIES)
-    drafter = train.Stream(proc, tok, start=0, stride=2).take(n)
-    verifier = train.Stream(proc, tok, start=1, stride=2).take(n)
+    drafter = data.Stream(proc, tok, start=0, stride=2).take(n)
+    verifier = data.Stream(proc, tok, start=1, stride=2).take(n)
     for taken in (drafter, verifier):
         assert [e["family"] for e in taken] == list(mv.FAMILIES) * 2
     assert not {e["problem"]["query"] + e["problem"]["response"] for e in drafter} & {
         e["problem"]["query"] + e["problem"]["response"] for e in verifier
     }
     assert [e["problem"]["pid"] for e in drafter] == [str(1 + 2 * i) for i in range(n)]
-    mixed = train.Stream(proc, tok, start=0, stride=2, mix=("figure", "figure", "mixed")).take(6)
+    mixed = data.Stream(proc, tok, start=0, stride=2, mix=("figure", "figure", "mixed")).take(6)
     assert [e["family"] for e in mixed] == ["figure", "figure", "mixed"] * 2
 
 
@@ -65,44 +65,44 @@ def test_shared_vision_step_equals_separate_forwards(tok_proc):
     descriptions' prompts built by the processor from each image), the probe on a separate tower pass."""
     tok, proc = tok_proc
     pad = tok.convert_tokens_to_ids("<|endoftext|>")
-    drafter, _ = train.build_models(tok, seed=3)
+    drafter, _ = models.build_models(tok, seed=3)
     torch.manual_seed(5)
-    probe = torch.nn.Linear(drafter.config.text_config.hidden_size, train.N_PROBE_CLASSES)
+    probe = torch.nn.Linear(drafter.config.text_config.hidden_size, data.N_PROBE_CLASSES)
     problems = [
         mv.make_problem(mv.TRAIN_SEED, i, fam)
         for i, fam in enumerate(("mixed", "visual", "geometry", "visual", "figure", "mixed", "visual", "geometry"))
     ]
-    ex = [train.encode(p, proc, tok) for p in problems]
-    caps = [train.encode_caption(mv.make_problem(mv.TRAIN_SEED, 50 + j), proc, tok) for j in range(2)]
+    ex = [data.encode(p, proc, tok) for p in problems]
+    caps = [data.encode_caption(mv.make_problem(mv.TRAIN_SEED, 50 + j), proc, tok) for j in range(2)]
     params = list(drafter.parameters()) + list(probe.parameters())
     colour, n_perc = 0.3, 5
 
-    tap = train.LayerTap(drafter)
+    tap = losses.LayerTap(drafter)
     loss, parts = train.shared_vision_step(drafter, probe, tap, ex, caps, proc, tok, pad, colour, n_perc)
     grads = torch.autograd.grad(loss, params)
 
     def forward(batch):
         tap.clear()
-        return drafter(**train.model_inputs(batch), use_cache=False).logits
+        return drafter(**data.model_inputs(batch), use_cache=False).logits
 
-    bf = train.collate(ex + caps, "full", pad, dec_weight=train.DRAFTER_DECISIVE_WEIGHT)
+    bf = data.collate(ex + caps, "full", pad, dec_weight=train.DRAFTER_DECISIVE_WEIGHT)
     logits = forward(bf)
     assert len(bf["flat"][0]) == 4  # two mixed problems, two computed numbers each
     ref = 0.6 * (
-        train.lm_loss(logits, bf["labels"], bf["weights"]) + train.flat_loss(logits, bf["flat"])
-    ) + colour * train.image_position_loss(logits, bf, tap)
+        losses.lm_loss(logits, bf["labels"], bf["weights"]) + losses.flat_loss(logits, bf["flat"])
+    ) + colour * losses.image_position_loss(logits, bf, tap)
     img = proc.image_processor(
         images=[p["decoded_image"] for p in problems] + [c["problem"]["decoded_image"] for c in caps], return_tensors="pt"
     )
     feats = drafter.model.visual(img["pixel_values"], grid_thw=img["image_grid_thw"], return_dict=True).pooler_output
-    ref = ref + train.probe_loss(probe, feats, torch.cat([e["tok_targets"] for e in ex + caps]))
-    bp = train.collate([train.encode_perception(p, proc, tok) for p in problems[:n_perc]], "full", pad)
+    ref = ref + losses.probe_loss(probe, feats, torch.cat([e["tok_targets"] for e in ex + caps]))
+    bp = data.collate([data.encode_perception(p, proc, tok) for p in problems[:n_perc]], "full", pad)
     logits = forward(bp)
-    ref = ref + 0.5 * train.lm_loss(logits, bp["labels"]) + colour * train.image_position_loss(logits, bp, tap)
-    bc = train.collate(ex[: len(ex) // 4], "comp", pad)
+    ref = ref + 0.5 * losses.lm_loss(logits, bp["labels"]) + colour * losses.image_position_loss(logits, bp, tap)
+    bc = data.collate(ex[: len(ex) // 4], "comp", pad)
     logits = forward(bc)
     assert len(bc["flat"][0]) == 2  # the compressed view of the first (mixed) problem
-    ref = ref + 0.4 * (train.lm_loss(logits, bc["labels"]) + train.flat_loss(logits, bc["flat"]))
+    ref = ref + 0.4 * (losses.lm_loss(logits, bc["labels"]) + losses.flat_loss(logits, bc["flat"]))
     ref_grads = torch.autograd.grad(ref, params)
 
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
@@ -239,7 +239,7 @@ def test_drafter_is_taught_mixed_readings_not_the_sum_and_the_verifier_the_whole
     result and the final answer), which go to the flat loss with every possible answer as candidates;
     the readings weighted. The verifier: the whole answer, nothing flat. Other families: unchanged."""
     tok, proc = tok_proc
-    mixed, figure = train.encode(mv.make_problem(0, 3, "mixed"), proc, tok), train.encode(mv.make_problem(0, 0, "figure"), proc, tok)
+    mixed, figure = data.encode(mv.make_problem(0, 3, "mixed"), proc, tok), data.encode(mv.make_problem(0, 0, "figure"), proc, tok)
     scene, answer = mixed["problem"]["scene"], mixed["problem"]["answer"]
     values = [str(scene["values"][scene["colors"].index(c)]) for c in scene["asked"]]
     assert [tok.decode([int(mixed["ans"][i])]).strip() for i in mixed["read_idx"]] == values
@@ -248,18 +248,18 @@ def test_drafter_is_taught_mixed_readings_not_the_sum_and_the_verifier_the_whole
     assert mixed["flat_idx"] == computed and len(computed) == 2  # "... = r, so the answer is r."
     assert [tok.decode([t]) for t in mixed["flat_ids"]] == [f" {k}" for k in range(1, 18)]
     for view in ("full", "comp"):
-        b = train.collate([mixed, figure], view, 0, dec_weight=8.0)
+        b = data.collate([mixed, figure], view, 0, dec_weight=8.0)
         p = b["ans_start"][0]
         kept = [i for i in range(len(ans)) if i not in computed]
-        assert (b["labels"][0][p : p + len(ans)] != train.PAD_LABEL).nonzero().flatten().tolist() == kept
+        assert (b["labels"][0][p : p + len(ans)] != data.PAD_LABEL).nonzero().flatten().tolist() == kept
         assert b["labels"][0][p : p + len(ans)][kept].tolist() == [ans[i] for i in kept]
-        weighted = (b["weights"][0][p : p + len(ans)] == 8.0) & (b["labels"][0][p : p + len(ans)] != train.PAD_LABEL)
+        weighted = (b["weights"][0][p : p + len(ans)] == 8.0) & (b["labels"][0][p : p + len(ans)] != data.PAD_LABEL)
         assert weighted.nonzero().flatten().tolist() == mixed["read_idx"]  # the readings, of the labelled tokens
         assert b["flat"] == ([0, 0], [p + i for i in computed], [mixed["flat_ids"]] * 2)
         # the other families keep their whole answer
-        assert tok.decode(b["labels"][1][b["labels"][1] != train.PAD_LABEL]) == figure["problem"]["response"] + "<|im_end|>"
-    v = train.collate([mixed], "ver", 0)
-    assert tok.decode(v["labels"][0][v["labels"][0] != train.PAD_LABEL]) == mixed["problem"]["response"] + "<|im_end|>"
+        assert tok.decode(b["labels"][1][b["labels"][1] != data.PAD_LABEL]) == figure["problem"]["response"] + "<|im_end|>"
+    v = data.collate([mixed], "ver", 0)
+    assert tok.decode(v["labels"][0][v["labels"][0] != data.PAD_LABEL]) == mixed["problem"]["response"] + "<|im_end|>"
     assert v["flat"] == ([], [], [])
 
 
@@ -271,12 +271,12 @@ def test_flat_loss_is_the_kl_from_uniform_over_the_candidates():
     for r, q, cand in zip(*flat):  # the prediction for position q is read at q - 1
         p = torch.softmax(logits[r, q - 1].double(), dim=-1)
         expected.append(sum((1 / len(cand)) * torch.log((1 / len(cand)) / p[c]) for c in cand))
-    assert torch.allclose(train.flat_loss(logits, flat).double(), torch.stack(expected).mean(), atol=1e-5)
+    assert torch.allclose(losses.flat_loss(logits, flat).double(), torch.stack(expected).mean(), atol=1e-5)
     even = torch.full((1, 4, 11), -30.0)
     even[0, 1, [2, 5, 9]] = 4.0
-    assert train.flat_loss(even, ([0], [2], [[2, 5, 9]])).item() < 1e-6  # all mass evenly on the candidates
-    assert train.flat_loss(even, ([0], [2], [[2, 5]])).item() > 0.2  # mass left on a non-candidate
-    assert train.flat_loss(logits, ([], [], [])).item() == 0.0
+    assert losses.flat_loss(even, ([0], [2], [[2, 5, 9]])).item() < 1e-6  # all mass evenly on the candidates
+    assert losses.flat_loss(even, ([0], [2], [[2, 5]])).item() > 0.2  # mass left on a non-candidate
+    assert losses.flat_loss(logits, ([], [], [])).item() == 0.0
 
 
 def test_probe_targets_mark_the_leftmost_and_rightmost_shapes():
@@ -284,45 +284,45 @@ def test_probe_targets_mark_the_leftmost_and_rightmost_shapes():
     for i in range(40):
         p = mv.make_problem(mv.TRAIN_SEED, i, "visual")
         cells = p["scene"]["cells"]
-        side = train.token_targets(p)[:, 2].tolist()
+        side = data.token_targets(p)[:, 2].tolist()
         cols = {c: c % 4 for c in cells}
         lo, hi = min(cols.values()), max(cols.values())
         for cell in range(16):
             if cell not in cols:
-                want = train.SIDE_NONE
+                want = data.SIDE_NONE
             else:
                 want = {
-                    (True, True): train.SIDE_BOTH,
-                    (True, False): train.SIDE_LEFT,
-                    (False, True): train.SIDE_RIGHT,
-                    (False, False): train.SIDE_NONE,
+                    (True, True): data.SIDE_BOTH,
+                    (True, False): data.SIDE_LEFT,
+                    (False, True): data.SIDE_RIGHT,
+                    (False, False): data.SIDE_NONE,
                 }[(cols[cell] == lo, cols[cell] == hi)]
             assert side[cell] == want, (cells, cell)
         seen.update(side)
         if p["metadata"]["kind"] == "leftmost":  # the answer is the shape the LEFT mark sits on
-            left = [k for c, k in zip(cells, p["scene"]["kinds"]) if side[c] == train.SIDE_LEFT]
+            left = [k for c, k in zip(cells, p["scene"]["kinds"]) if side[c] == data.SIDE_LEFT]
             assert left == [p["answer"]]
-    assert {train.SIDE_LEFT, train.SIDE_RIGHT, train.SIDE_NONE} <= seen
+    assert {data.SIDE_LEFT, data.SIDE_RIGHT, data.SIDE_NONE} <= seen
     for fam in ("figure", "mixed", "geometry"):  # no side for charts and triangles
-        assert (train.token_targets(mv.make_problem(mv.TRAIN_SEED, 0, fam))[:, 2] == train.PAD_LABEL).all()
+        assert (data.token_targets(mv.make_problem(mv.TRAIN_SEED, 0, fam))[:, 2] == data.PAD_LABEL).all()
 
 
 def test_probe_loss_sums_the_cross_entropies_of_the_labelled_columns():
     torch.manual_seed(0)
-    probe = torch.nn.Linear(8, train.N_PROBE_CLASSES)
+    probe = torch.nn.Linear(8, data.N_PROBE_CLASSES)
     feats = torch.randn(32, 8)
-    chart = train.token_targets(mv.make_problem(mv.TRAIN_SEED, 0, "figure"))
-    scene = train.token_targets(mv.make_problem(mv.TRAIN_SEED, 1, "visual"))
+    chart = data.token_targets(mv.make_problem(mv.TRAIN_SEED, 0, "figure"))
+    scene = data.token_targets(mv.make_problem(mv.TRAIN_SEED, 1, "visual"))
     targets = torch.cat([chart, scene])
     logits = probe(feats)
-    bounds = [0, train.N_COLOR_CLASSES, train.N_COLOR_CLASSES + train.N_ATTR_CLASSES, train.N_PROBE_CLASSES]
+    bounds = [0, data.N_COLOR_CLASSES, data.N_COLOR_CLASSES + data.N_ATTR_CLASSES, data.N_PROBE_CLASSES]
     expected = 0.0
     for k in range(3):  # mean over the rows that carry column k
-        rows = (targets[:, k] != train.PAD_LABEL).nonzero().flatten()
+        rows = (targets[:, k] != data.PAD_LABEL).nonzero().flatten()
         expected += torch.stack([-torch.log_softmax(logits[r, bounds[k] : bounds[k + 1]], -1)[targets[r, k]] for r in rows]).mean()
-    assert torch.allclose(train.probe_loss(probe, feats, targets), expected, atol=1e-5)
+    assert torch.allclose(losses.probe_loss(probe, feats, targets), expected, atol=1e-5)
     # charts alone: no side labels at all, and the loss stays finite (the side term is left out)
-    only_chart = train.probe_loss(probe, feats[:16], chart)
+    only_chart = losses.probe_loss(probe, feats[:16], chart)
     assert torch.isfinite(only_chart) and only_chart.item() > 0
-    geometry = train.token_targets(mv.make_problem(mv.TRAIN_SEED, 2, "geometry"))
-    assert train.probe_loss(probe, feats[:16], geometry).item() == 0.0
+    geometry = data.token_targets(mv.make_problem(mv.TRAIN_SEED, 2, "geometry"))
+    assert losses.probe_loss(probe, feats[:16], geometry).item() == 0.0

@@ -34,7 +34,7 @@ checkpoints without training.
 
 This module holds the recipe (phases, weights, seeds), the drafter's shared-vision step, the workers
 and the command; the tokenizer and models are built in ``models.py``, the examples and batches in
-``data.py``, the losses in ``losses.py`` and the accuracies in ``evaluate.py`` (all importable from here).
+``data.py``, the losses in ``losses.py`` and the accuracies in ``evaluate.py``.
 """
 
 from __future__ import annotations
@@ -50,57 +50,10 @@ from typing import Any
 import torch
 
 from ..eval import minivista as mv
-from .data import (
-    GRID,
-    N_ATTR_CLASSES,
-    N_COLOR_CLASSES,
-    N_PROBE_CLASSES,
-    N_SIDE_CLASSES,
-    PAD_LABEL,
-    PERCEPTION_PROMPT,
-    SIDE_BOTH,
-    SIDE_LEFT,
-    SIDE_NONE,
-    SIDE_RIGHT,
-    Stream,
-    collate,
-    encode,
-    encode_caption,
-    encode_perception,
-    encode_perception_of,
-    image_colour_targets,
-    mixed_answer_ids,
-    model_inputs,
-    perception_target,
-    token_targets,
-)  # fmt: skip
-from .evaluate import fmt_tf, greedy, greedy_accuracy, teacher_forced
+from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, encode_perception_of, model_inputs
+from .evaluate import fmt_tf, greedy_accuracy, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss
-from .models import (
-    DRAFTER_KW,
-    VERIFIER_KW,
-    build_models,
-    build_tokenizer_and_processor,
-    check_single_tokens,
-    load_tokenizer_and_processor,
-    n_params,
-)  # fmt: skip
-
-__all__ = [
-    # the recipe, the drafter's step, the workers and the command (this module)
-    "DRAFTER_DECISIVE_WEIGHT", "DRAFTER_PHASES", "DRAFTER_WIDEN_AT", "EVAL_START", "IMAGE_COLOUR_WEIGHT",
-    "PERCEPTION_BATCH", "VERIFIER_FINAL_WEIGHT", "VERIFIER_LR", "VERIFIER_MIX", "VERIFIER_STEPS",
-    "export_pair", "lr_at", "main", "parse_families", "parse_phases", "shared_vision_step", "train_worker",
-    # re-exported from .models, .data, .losses and .evaluate (their names stay importable from here)
-    "DRAFTER_KW", "VERIFIER_KW", "build_models", "build_tokenizer_and_processor", "check_single_tokens",
-    "load_tokenizer_and_processor", "n_params",
-    "GRID", "N_ATTR_CLASSES", "N_COLOR_CLASSES", "N_PROBE_CLASSES", "N_SIDE_CLASSES", "PAD_LABEL",
-    "PERCEPTION_PROMPT", "SIDE_BOTH", "SIDE_LEFT", "SIDE_NONE", "SIDE_RIGHT", "Stream", "collate", "encode",
-    "encode_caption", "encode_perception", "encode_perception_of", "image_colour_targets", "mixed_answer_ids",
-    "model_inputs", "perception_target", "token_targets",
-    "LayerTap", "flat_loss", "image_position_loss", "lm_loss", "probe_loss",
-    "fmt_tf", "greedy", "greedy_accuracy", "teacher_forced",
-]  # fmt: skip
+from .models import build_models, build_tokenizer_and_processor, load_tokenizer_and_processor, n_params
 
 # ---------------------------------------------------------------------------------------------
 # The recipe
