@@ -107,6 +107,11 @@ def test_resume_with_a_changed_variant_config_is_refused(run_copy: Path, capsys,
     assert rc == 2 and ": compressed 'official' -> 'none'; " in err
 
 
+def test_existing_records_without_resume_or_overwrite_are_refused_before_loading(run_copy: Path, capsys, no_model) -> None:
+    rc, _, err = eval_cli_run(capsys, "--methods", "floor", "--out", str(run_copy))
+    assert rc == 2 and err.count("\n") == 1 and "already holds results: pass --resume" in err and "--overwrite" in err
+
+
 def test_resume_without_an_identity_is_refused(run_copy: Path, capsys, no_model) -> None:
     (run_copy / "run.json").unlink()
     rc, _, err = eval_cli_run(capsys, "--methods", "floor", "--out", str(run_copy), "--resume")
@@ -245,3 +250,19 @@ def test_checkpoint_hashes(tmp_path: Path) -> None:
     assert checkpoint_identity("no-such-org/no-such-model") == {"id": "no-such-org/no-such-model", "revision": None}
     assert identity_diff({"a": {"b": 1}}, {"a": {"b": 2}, "c": 3}) == [("a.b", 1, 2), ("c", "(absent)", 3)]
     assert show_value("sha256:" + "ab" * 32) == "sha256:abababababab..."
+
+
+def test_mathvista_dataset_identity_hashes_the_problems_file_and_texts(tmp_path: Path) -> None:
+    problems = make_problems(3)
+    data = tmp_path / "testmini.json"
+    data.write_text(json.dumps({p["pid"]: {k: v for k, v in p.items() if k != "decoded_image"} for p in problems}), encoding="utf-8")
+    args = argparse.Namespace(dataset="mathvista", source="auto", split="testmini", data_dir=str(tmp_path), images_dir=None)
+    text = mv.TextData(captions={"1": "A chart."})
+    ident = run_id.dataset_identity(args, problems, text)
+    assert ident["source"] == "local" and ident["split"] == "testmini"
+    assert ident["data_file"] == {"path": str(data.resolve()), "sha256": "sha256:" + hashlib.sha256(data.read_bytes()).hexdigest()}
+    other = run_id.dataset_identity(args, problems, mv.TextData(captions={"1": "A table."}))
+    assert other["texts_sha256"] != ident["texts_sha256"] and other["problems_sha256"] == ident["problems_sha256"]
+    changed = [dict(p) for p in problems]
+    changed[0]["answer"] = "something else"
+    assert run_id.dataset_identity(args, changed, text)["problems_sha256"] != ident["problems_sha256"]

@@ -168,10 +168,13 @@ def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: 
     from ..identity import models_identity
     from .mathvista.identity import check_resume, eval_identity
 
+    started = records_path.is_file() and records_path.stat().st_size > 0
+    if started and not (args.resume or args.overwrite):
+        raise FileExistsError(f"{records_path} already holds results: pass --resume to continue it or --overwrite to start over")
     models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype)
     identity = eval_identity(args, models=models, **run)
     pending = any(isinstance(m, dict) and "files" not in m for m in models.values())
-    if args.resume and records_path.is_file() and records_path.stat().st_size > 0:
+    if args.resume and started:
         check_resume(records_path, identity, ignore=("models",) if pending else ())
     pipe = pipeline_from_args(argparse.Namespace(**{**vars(args), "preset": preset_name or args.preset}))
     if pending:  # downloaded by the load: now named by revision and file hashes

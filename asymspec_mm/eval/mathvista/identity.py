@@ -76,7 +76,8 @@ def dataset_identity(args: Any, problems: Sequence[Mapping[str, Any]], text: Any
     if args.dataset == "minivista":
         out: dict[str, Any] = {"name": "minivista", "seed": args.seed, "n": args.minivista_n}
     else:
-        out = {"name": args.dataset, "source": args.source, "split": args.split}
+        source = args.source if args.source != "auto" else ("local" if args.data_dir or args.images_dir else "hf")
+        out = {"name": args.dataset, "source": source, "split": args.split}
         if args.data_dir:
             from .problems import _find_problems_file
 
