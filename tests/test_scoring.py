@@ -223,3 +223,44 @@ def test_missing_answer_is_taken_from_ground_truth() -> None:
     assert res["7"]["answer"] == "quarter" and scores["average"]["total"] == 1
     with pytest.raises(KeyError):
         sc.score_results({"8": {"pid": "8", "extraction": "1"}})
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        (
+            "out.json",
+            '{\n "1": {"response": "A"},\n "2": {oops}\n}\n',
+            "out.json: invalid JSON (Expecting property name enclosed in double quotes at line 3, column 8); fix the file",
+        ),
+        ("out.json", "", "out.json: invalid JSON (Expecting value at line 1, column 1)"),
+        ("out.json", '["a", "b"]', "out.json: a list of problems needs a 'pid' in every item"),
+        ("out.json", '{"1": "A"}', "out.json: expected an output JSON keyed by pid"),
+        (
+            "records.jsonl",
+            '{"pid": "1", "variant": "floor"}\n{"pid": "2", "variant": \n',
+            "records.jsonl:2: invalid JSON (Expecting value at column 25)",
+        ),
+        ("records.jsonl", '{"pid": "1"}\n[1, 2]\n', "records.jsonl:2: not a record (a JSON object with a 'pid')"),
+    ],
+)
+def test_eval_score_on_a_broken_file_is_one_line_naming_it(tmp_path: Path, capsys, name: str, content: str, message: str) -> None:
+    inp = tmp_path / name
+    inp.write_text(content, encoding="utf-8")
+    assert cli_main(["eval", "score", "--input", str(inp), "--out", str(tmp_path / "s.json"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / message}"), err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_eval_score_on_a_broken_ground_truth_names_it(tmp_path: Path, capsys) -> None:
+    inp = tmp_path / "out.json"
+    inp.write_text(json.dumps({"1": {"pid": "1", "extraction": "3"}}), encoding="utf-8")
+    gt = tmp_path / "testmini.json"
+    gt.write_bytes(b'{"1": {"answer": "3"},}')
+    assert cli_main(["eval", "score", "--input", str(inp), "--gt", str(gt), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{gt}: invalid JSON (" in err and "line 1, column 23" in err, err
+    gt.write_bytes(b'{"1": "\xff"}')
+    assert cli_main(["eval", "score", "--input", str(inp), "--gt", str(gt), "--quiet"]) == 2
+    assert f"{gt}: not UTF-8 text" in capsys.readouterr().err

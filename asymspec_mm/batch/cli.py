@@ -18,14 +18,14 @@ exits with 1 at the end, or stops at the first one with ``--on-error raise``.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import AsymSpecError
+from ..identity import identity_diff as shared_identity_diff
+from ..identity import models_identity, read_identity_file, show_value, write_identity_file
 from ..options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from .files import (
     DEFAULT_BATCH_SIZE,
@@ -45,11 +45,6 @@ from .files import (
 # ------------------------------------------------------------------------------------------- identity
 
 
-def _model_ref(name: str) -> str:
-    p = Path(name).expanduser()
-    return str(p.resolve()) if p.exists() else name
-
-
 def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], str | None]:
     """What must not change between a run and its ``--resume``, and the preset name to load (None: a pair).
 
@@ -57,25 +52,11 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
     method, the effective config, the OCR engine, whether traces are written and the package version.
     """
     from .. import __version__
-    from ..loading import resolve_device
 
-    if args.drafter or args.verifier:
-        if not (args.drafter and args.verifier):
-            raise AsymSpecError("give both --drafter and --verifier (or a --preset)")
-        models: dict[str, Any] = {"drafter": _model_ref(args.drafter), "verifier": _model_ref(args.verifier)}
-        defaults: dict[str, Any] = {}
-        preset_name = None
-    else:
-        from ..presets import resolve_preset
-
-        preset = resolve_preset(args.preset or "auto")  # "auto" decides here, once
-        models = {"preset": preset.name}
-        defaults = preset.pipeline_kwargs
-        preset_name = preset.name
-    _, dtype = resolve_device(args.device or defaults.get("device"), args.dtype or defaults.get("dtype"))
+    models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype, hashes=False)
     identity = {
-        "models": models,
-        "dtype": str(dtype).replace("torch.", ""),
+        "models": {k: v for k, v in models.items() if k != "dtype"},
+        "dtype": models["dtype"],
         "method": args.method,
         "config": jsonable(cfg.as_dict()),
         "ocr_engine": args.ocr_engine or defaults.get("ocr", "auto"),
@@ -87,38 +68,19 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
 
 def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"key (old -> new)"`` for every differing key; config fields are named by themselves (``k``, ``beta``)."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if key == "config" and isinstance(a, Mapping) and isinstance(b, Mapping):
-            out += [f"{f} ({a.get(f)!r} -> {b.get(f)!r})" for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
-        elif a != b:
-            out.append(f"{key} ({a!r} -> {b!r})")
-    return out
+    return [f"{key.removeprefix('config.')} ({show_value(a)} -> {show_value(b)})" for key, a, b in shared_identity_diff(old, new)]
 
 
 def write_meta(path: Path, identity: Mapping[str, Any], input_path: Path) -> None:
-    meta = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "identity": dict(identity),
-        "input": str(input_path.resolve()),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_identity_file(path, FORMAT, FORMAT_VERSION, identity, input=str(input_path.resolve()))
 
 
 def check_resume(output: Path, identity: Mapping[str, Any]) -> None:
     """Refuse to continue ``output`` when its sidecar is missing or names another run."""
     mp = meta_path(output)
-    if not mp.exists():
+    old = read_identity_file(mp, FORMAT, "--overwrite to start over")
+    if old is None:
         raise AsymSpecError(f"{output} has no {mp.name}, so this run cannot be checked against it: --overwrite to start over")
-    try:
-        old = json.loads(mp.read_text(encoding="utf-8"))["identity"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-        raise AsymSpecError(f"{mp} is not a batch run's identity file: --overwrite to start over") from None
     diff = identity_diff(old, identity)
     if diff:
         raise AsymSpecError(

@@ -90,7 +90,12 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     r = m.add_argument_group("run")
     r.add_argument("--out", default=DEFAULT_OUT, help="output folder [default: %(default)s]")
-    r.add_argument("--resume", action="store_true", help="continue the records in --out, skipping finished (variant, pid) pairs")
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the records in --out, skipping finished (variant, pid) pairs; refused when the run differs "
+        "from the one in --out/run.json (new variants and a changed selection are allowed)",
+    )
     r.add_argument("--overwrite", action="store_true", help="discard existing records in --out")
     r.add_argument(
         "--extract",
@@ -157,6 +162,26 @@ def pipeline_llm(pipe: Any) -> Any:
     raise UnknownOptionError("this pipeline offers no text completion (complete(prompt) -> str); use --extract rules")
 
 
+def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: Any) -> tuple[dict[str, Any], Any]:
+    """The run's identity (:mod:`.mathvista.identity`) and its pipeline; a ``--resume`` of other records is
+    refused before any model loads (models named by hub id alone, not yet downloaded, are checked after)."""
+    from ..identity import models_identity
+    from .mathvista.identity import check_resume, eval_identity
+
+    started = records_path.is_file() and records_path.stat().st_size > 0
+    if started and not (args.resume or args.overwrite):
+        raise FileExistsError(f"{records_path} already holds results: pass --resume to continue it or --overwrite to start over")
+    models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype)
+    identity = eval_identity(args, models=models, **run)
+    pending = any(isinstance(m, dict) and "files" not in m for m in models.values())
+    if args.resume and started:
+        check_resume(records_path, identity, ignore=("models",) if pending else ())
+    pipe = pipeline_from_args(argparse.Namespace(**{**vars(args), "preset": preset_name or args.preset}))
+    if pending:  # downloaded by the load: now named by revision and file hashes
+        identity["models"] = models_identity(preset_name, args.drafter, args.verifier, args.device, args.dtype)[0]
+    return identity, pipe
+
+
 def _cmd_mathvista(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise AsymSpecError(f"--batch-size {args.batch_size}: give 1 (one problem at a time) or more")
@@ -201,7 +226,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     if not selected:
         raise AsymSpecError("no problems selected: check --tasks/--require-caption/--limit/--shard")
     mv.check_images(selected)
-    pipe = pipeline_from_args(args)
+    identity, pipe = _identity_and_pipeline(args, records_path, problems=problems, variants=variants, text=text, tasks=tasks)
     llm = pipeline_llm(pipe) if args.extract in ("llm", "auto") else None
     summary = mv.run_mathvista(
         pipe,
@@ -218,6 +243,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         batch_size=args.batch_size,
         dataset=args.dataset,
+        identity=identity,
     )
     print(f"{summary.new} new records, {summary.skipped} already done, {len(summary.errors)} failed -> {records_path}")
     if shard is not None:
@@ -245,16 +271,14 @@ def _cmd_score(args: argparse.Namespace) -> int:
     from .scoring import format_scores, load_output, score_results, write_json
 
     inp = Path(args.input)
-    try:
-        results = load_output(inp, variant=args.variant)
-    except ValueError as exc:
-        raise AsymSpecError(str(exc)) from exc
-    gt = None
     gt_path = Path(args.gt) if args.gt else None
     if gt_path is None and (base := mv.default_text_dir()) is not None and (base / "testmini.json").is_file():
         gt_path = base / "testmini.json"
-    if gt_path is not None:
-        gt = {str(k): v for k, v in mv._read_json(gt_path).items()}
+    try:  # a broken file is one line naming it, the line and the column
+        results = load_output(inp, variant=args.variant)
+        gt = load_output(gt_path) if gt_path is not None else None
+    except ValueError as exc:
+        raise AsymSpecError(str(exc)) from None
     # records JSONL rows keep the problem under "problem"
     for pid, entry in list(results.items()):
         if "problem" in entry and isinstance(entry["problem"], dict):
@@ -274,13 +298,18 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 def _finalize_from(records_files: list[Path], out_dir: Path, chart: bool) -> int:
     from . import mathvista as mv
+    from .mathvista.identity import merged_identity, write_run_file
 
+    # records of different runs are refused before anything is written
+    identity = merged_identity(list(mv._iter_record_files(records_files)))
     records, dups, conflicts = mv.merge_records(records_files, out_dir / "records.jsonl")
     if dups:
         print(f"merge: {dups} duplicate (variant, pid) records dropped ({conflicts} with differing responses)")
     if not records:
         raise AsymSpecError("no records found")
-    mv.finalize_run(records, out_dir, chart=chart)
+    if identity is not None:
+        write_run_file(out_dir / "records.jsonl", identity)
+    mv.finalize_run(records, out_dir, chart=chart, identity=identity)
     print((out_dir / "report.md").read_text(encoding="utf-8"))
     return 0
 

@@ -1,8 +1,9 @@
-"""Per-variant summaries, a Markdown table in the style of the paper's Table 3, and a bar chart.
+"""Per-variant summaries and a Markdown table in the style of the paper's Table 3 (the chart: :mod:`.report_chart`).
 
-Columns: accuracy per task (short names GPS/VQA/FQA/...), overall accuracy, *recovery* =
-(variant - floor) / (drafter - floor) on overall accuracy when both a ``floor`` and a ``drafter``
-variant are present, acceptance rate (accepted / drafted tokens), mean accepted length and
+Columns: accuracy per task (short names GPS/VQA/FQA/...) and overall, each with its 95% bootstrap confidence
+interval (:func:`bootstrap_ci`) and n; *recovery* = (variant - Floor) / (drafter - Floor) on overall accuracy
+under the rule of :func:`recovery` (needs a ``floor`` and a ``drafter`` variant); acceptance rate (accepted /
+drafted tokens) and mean accepted length for speculative methods only (Floor and the drafter draft nothing);
 tokens/s (new tokens / wall seconds, summed over problems).
 """
 
@@ -15,6 +16,68 @@ from typing import Any
 from .mathvista.tasks import TASK_ALIASES, TASK_SHORT
 
 _TASK_ORDER = tuple(TASK_ALIASES)
+#: Methods that draft nothing: no acceptance rate, no mean accepted length.
+NON_SPECULATIVE = ("floor", "drafter")
+#: Recovery is reported only where the drafter leads Floor by at least this many accuracy points.
+MIN_RECOVERY_GAP = 2.0
+#: Bootstrap settings of every confidence interval in the report.
+CI_LEVEL, CI_RESAMPLES, CI_SEED = 0.95, 1000, 0
+DATASET_NAMES = {"mathvista": "MathVista", "minivista": "MiniVista"}
+
+
+def bootstrap_ci(
+    outcomes: Sequence[bool], *, resamples: int = CI_RESAMPLES, seed: int = CI_SEED, level: float = CI_LEVEL
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the accuracy (in %) of ``outcomes`` (one bool per problem).
+
+    ``resamples`` resamples of the n problems with replacement (numpy's generator seeded with ``seed``, so
+    the interval is the same on every call); the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    quantiles of their accuracies. None for no problems.
+    """
+    import numpy as np
+
+    n = len(outcomes)
+    if n == 0:
+        return None
+    x = np.asarray([bool(o) for o in outcomes], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, n, size=(resamples, n))].mean(axis=1) * 100.0
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def recovery(acc: float, floor: float, drafter: float, min_gap: float = MIN_RECOVERY_GAP) -> tuple[float | None, str]:
+    """``((acc - floor) / (drafter - floor), cell text)`` where the gap is meaningful, else ``(None, why not)``.
+
+    Accuracies in points. The ratio is reported only when the drafter leads Floor by ``min_gap`` points or
+    more ("drafter not above Floor" / "gap < 2 pts" otherwise); above the drafter it reads "above drafter"
+    (a ratio over 100% would only measure how small the drafter's lead is).
+    """
+    gap = drafter - floor
+    if gap <= 1e-9:
+        return None, "drafter not above Floor"
+    if gap < min_gap - 1e-9:
+        return None, f"gap < {min_gap:g} pts"
+    ratio = (acc - floor) / gap
+    return ratio, "above drafter" if acc > drafter + 1e-9 else f"{100 * ratio:.0f}%"
+
+
+def dataset_label(identity: Mapping[str, Any] | None, records: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The dataset actually run (``MiniVista``, ``MathVista testmini``), from the run's identity or its records."""
+    ds = (identity or {}).get("dataset") or {}
+    name = ds.get("name") if isinstance(ds, Mapping) else None
+    if name is None:
+        names = sorted({str(r["dataset"]) for r in records if r.get("dataset")})
+        name = names[0] if len(names) == 1 else None
+    if name is None:
+        return "MathVista-format"
+    label = DATASET_NAMES.get(name, name)
+    if name == "mathvista" and isinstance(ds, Mapping) and ds.get("split"):
+        label += f" {ds['split']}"
+    protocol = (identity or {}).get("protocol")
+    if protocol and protocol != "mathvista":
+        label += f" ({protocol} protocol)"
+    return label
 
 
 def _task_of(record: Mapping[str, Any]) -> str:
@@ -29,24 +92,18 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Accuracy (overall and per task, in percent), acceptance, accepted length and speed of one variant."""
-    n = len(records)
-    correct = sum(1 for r in records if r.get("true_false") is True)
-    tasks: dict[str, list[int]] = {}
-    for r in records:
-        c = tasks.setdefault(_task_of(r), [0, 0])
-        c[0] += r.get("true_false") is True
-        c[1] += 1
-    order = [t for t in _TASK_ORDER if t in tasks] + sorted(t for t in tasks if t not in _TASK_ORDER)
-    per_task = {t: {"accuracy": 100.0 * tasks[t][0] / tasks[t][1], "correct": tasks[t][0], "total": tasks[t][1]} for t in order}
+def _cell(outcomes: list[bool]) -> dict[str, Any]:
+    n, correct = len(outcomes), sum(outcomes)
+    return {"accuracy": 100.0 * correct / n if n else 0.0, "correct": correct, "total": n, "ci95": bootstrap_ci(outcomes)}
 
+
+def _speculation(records: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """(acceptance rate, mean accepted length) over the records: token-weighted where counts are there."""
     drafted = accepted = 0.0
     have_counts = False
     rates: list[float] = []
     mal_w = mal_steps = 0.0
     mals: list[float] = []
-    tok = wall = 0.0
     for r in records:
         st = r.get("stats") or {}
         d, a = _num(st.get("drafted")), _num(st.get("accepted"))
@@ -62,29 +119,44 @@ def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if steps:
                 mal_w += mal * steps
                 mal_steps += steps
+    if drafted > 0:
+        acceptance: float | None = accepted / drafted
+    elif have_counts:
+        acceptance = None  # nothing was drafted
+    else:
+        acceptance = sum(rates) / len(rates) if rates else None
+    mean_len = mal_w / mal_steps if mal_steps > 0 else (sum(mals) / len(mals) if mals else None)
+    return acceptance, mean_len
+
+
+def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Accuracy (overall and per task, in percent, with n and a 95% bootstrap CI), acceptance, accepted length
+    (None for methods that draft nothing) and speed of one variant."""
+    outcomes = [r.get("true_false") is True for r in records]
+    by_task: dict[str, list[bool]] = {}
+    for r, ok in zip(records, outcomes):
+        by_task.setdefault(_task_of(r), []).append(ok)
+    order = [t for t in _TASK_ORDER if t in by_task] + sorted(t for t in by_task if t not in _TASK_ORDER)
+    first = records[0] if records else {}
+    speculative = first.get("method") not in NON_SPECULATIVE
+    acceptance, mean_len = _speculation(records) if speculative else (None, None)
+    tok = wall = 0.0
+    for r in records:
+        st = r.get("stats") or {}
         nt = _num(r.get("new_tokens")) if r.get("new_tokens") is not None else _num(st.get("new_tokens"))
         ws = _num(st.get("wall_s")) if _num(st.get("wall_s")) else _num(r.get("wall_s"))
         if nt is not None and ws:
             tok += nt
             wall += ws
-    if drafted > 0:
-        acceptance: float | None = accepted / drafted
-    elif have_counts:
-        acceptance = None  # nothing was drafted (floor / drafter-only methods)
-    else:
-        acceptance = sum(rates) / len(rates) if rates else None
-    if mal_steps > 0:
-        mean_len: float | None = mal_w / mal_steps
-    else:
-        mean_len = sum(mals) / len(mals) if mals else None
-    first = records[0] if records else {}
+    overall = _cell(outcomes)
     return {
         "method": first.get("method"),
         "config": first.get("config"),
-        "n": n,
-        "correct": correct,
-        "accuracy": 100.0 * correct / n if n else 0.0,
-        "tasks": per_task,
+        "n": overall["total"],
+        "correct": overall["correct"],
+        "accuracy": overall["accuracy"],
+        "ci95": overall["ci95"],
+        "tasks": {t: _cell(by_task[t]) for t in order},
         "acceptance_rate": acceptance,
         "mean_accepted_length": mean_len,
         "tokens_per_s": tok / wall if wall > 0 else None,
@@ -92,80 +164,82 @@ def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def summarize_variants(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """:func:`summarize_records` per variant plus ``recovery`` (``None`` without floor and drafter)."""
+    """:func:`summarize_records` per variant plus ``recovery`` and ``recovery_cell`` (:func:`recovery`; both
+    None without a floor and a drafter variant)."""
     summaries = {name: summarize_records(recs) for name, recs in groups.items()}
     floor = next((s for s in summaries.values() if s["method"] == "floor"), None)
     drafter = next((s for s in summaries.values() if s["method"] == "drafter"), None)
     for s in summaries.values():
-        s["recovery"] = None
+        s["recovery"], s["recovery_cell"] = None, None
         if floor is not None and drafter is not None:
-            gap = drafter["accuracy"] - floor["accuracy"]
-            if abs(gap) > 1e-12:
-                s["recovery"] = (s["accuracy"] - floor["accuracy"]) / gap
+            s["recovery"], s["recovery_cell"] = recovery(s["accuracy"], floor["accuracy"], drafter["accuracy"])
     return summaries
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
+    return "" if x is None else format(x, spec)
+
+
+def _columns(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    tasks: list[str] = []
+    for s in summaries.values():
+        tasks += [t for t in s["tasks"] if t not in tasks]
+    return [t for t in _TASK_ORDER if t in tasks] + [t for t in tasks if t not in _TASK_ORDER]
+
+
+def _acc_cell(cell: Mapping[str, Any] | None, with_n: bool) -> str:
+    if cell is None:
+        return "n/a"
+    text = f"{cell['accuracy']:.1f}"
+    if cell.get("ci95") is not None:
+        lo, hi = cell["ci95"]
+        text += f" [{lo:.1f}, {hi:.1f}]"
+    return text + (f" (n={cell['total']})" if with_n else "")
 
 
 def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
-    """Table 3-style Markdown: one row per variant."""
-    tasks: list[str] = []
-    for s in summaries.values():
-        for t in s["tasks"]:
-            if t not in tasks:
-                tasks.append(t)
-    tasks = [t for t in _TASK_ORDER if t in tasks] + [t for t in tasks if t not in _TASK_ORDER]
-    header = ["Method", "n"] + tasks + ["All", "Recovery", "Accept.", "Mean acc. len", "Tok/s"]
+    """Table 3-style Markdown: one row per variant. A column's n is in its header when every variant has the
+    same, else in each cell; "n/a": the variant has no problem of that task."""
+    tasks = _columns(summaries)
+    cells = {
+        name: {**{t: s["tasks"].get(t) for t in tasks}, "All": {"accuracy": s["accuracy"], "total": s["n"], "ci95": s.get("ci95")}}
+        for name, s in summaries.items()
+    }
+    cols = tasks + ["All"]
+    ns = {c: {cells[name][c]["total"] for name in cells if cells[name][c] is not None} for c in cols}
+    uniform = {c: len(ns[c]) == 1 for c in cols}
+    show_recovery = any(s.get("recovery_cell") is not None for s in summaries.values())
+    header = ["Method", "n"] + [f"{c} (n={next(iter(ns[c]))})" if uniform[c] else c for c in cols]
+    header += (["Recovery"] if show_recovery else []) + ["Accept.", "Mean acc. len", "Tok/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for name, s in summaries.items():
-        row = [name.replace("|", "\\|"), str(s["n"])]
-        row += [_fmt(s["tasks"][t]["accuracy"], ".1f") if t in s["tasks"] else "—" for t in tasks]
-        row += [
-            _fmt(s["accuracy"], ".1f"),
-            _fmt(None if s.get("recovery") is None else 100.0 * s["recovery"], ".0f") + ("%" if s.get("recovery") is not None else ""),
-            _fmt(s["acceptance_rate"], ".3f"),
-            _fmt(s["mean_accepted_length"], ".2f"),
-            _fmt(s["tokens_per_s"], ".1f"),
-        ]
+        row = [name.replace("|", "\\|"), str(s["n"])] + [_acc_cell(cells[name][c], not uniform[c]) for c in cols]
+        row += [s["recovery_cell"] or ""] if show_recovery else []
+        row += [_fmt(s["acceptance_rate"], ".3f"), _fmt(s["mean_accepted_length"], ".2f"), _fmt(s["tokens_per_s"], ".1f")]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def accuracy_chart(summaries: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "MathVista accuracy") -> Path:
-    """Grouped bar chart (PNG) of accuracy per task and overall, one bar per variant."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    names = list(summaries)
-    tasks: list[str] = []
-    for s in summaries.values():
-        tasks += [t for t in s["tasks"] if t not in tasks]
-    tasks = [t for t in _TASK_ORDER if t in tasks] + [t for t in tasks if t not in _TASK_ORDER]
-    groups = tasks + ["All"]
-    width = 0.8 / max(1, len(names))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(names)) * 0.5 + 3), 4.5))
-    for i, name in enumerate(names):
-        s = summaries[name]
-        vals = [s["tasks"][t]["accuracy"] if t in s["tasks"] else 0.0 for t in tasks] + [s["accuracy"]]
-        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, vals, width=width, label=name)
-    ax.set_xticks(list(range(len(groups))))
-    ax.set_xticklabels(groups)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title)
-    ax.legend(fontsize="small", ncol=max(1, len(names) // 6 + 1))
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def report_notes(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """The rules behind the table's numbers, as Markdown bullet points."""
+    lines = [
+        f"- Accuracy in %, with its {CI_LEVEL:.0%} bootstrap confidence interval in brackets "
+        f"({CI_RESAMPLES} resamples of the problems with replacement, seed {CI_SEED}); n: problems.",
+    ]
+    floor = next((s for s in summaries.values() if s["method"] == "floor"), None)
+    drafter = next((s for s in summaries.values() if s["method"] == "drafter"), None)
+    rule = (
+        f"- Recovery = (method - Floor) / (drafter - Floor) on overall accuracy, reported only where the drafter "
+        f'leads Floor by at least {MIN_RECOVERY_GAP:g} points; "above drafter" where the method beats the drafter.'
+    )
+    if floor is not None and drafter is not None:
+        gap = drafter["accuracy"] - floor["accuracy"]
+        why = recovery(0.0, floor["accuracy"], drafter["accuracy"])[0] is None
+        lines.append(rule + f" Here drafter - Floor = {gap:+.1f} points" + (": not reported." if why else "."))
+    else:
+        lines.append("- Recovery needs a floor and a drafter variant: not reported.")
+    lines.append("- Accept. and Mean acc. len: speculative methods only (Floor and the drafter draft nothing).")
+    return "\n".join(lines) + "\n"
 
 
 def write_report(
@@ -173,18 +247,22 @@ def write_report(
     out_dir: str | Path,
     *,
     chart: bool = True,
+    dataset: str = "MathVista",
     log: Callable[[str], None] = print,
 ) -> dict[str, Path]:
-    """Write ``report.md`` (and ``accuracy.png`` unless ``chart=False`` or matplotlib is missing)."""
+    """Write ``report.md`` (and ``accuracy.png`` unless ``chart=False`` or matplotlib is missing); ``dataset``
+    names the data actually run in the titles."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     md = out_dir / "report.md"
-    md.write_text("# MathVista results\n\n" + markdown_table(summaries), encoding="utf-8")
+    md.write_text(f"# {dataset} results\n\n" + markdown_table(summaries) + "\n" + report_notes(summaries), encoding="utf-8")
     paths["markdown"] = md
     if chart and summaries:
+        from .report_chart import accuracy_chart
+
         try:
-            paths["chart"] = accuracy_chart(summaries, out_dir / "accuracy.png")
+            paths["chart"] = accuracy_chart(summaries, out_dir / "accuracy.png", title=f"{dataset} accuracy")
         except ImportError:
             log("note: matplotlib is not installed; skipping accuracy.png (pip install matplotlib)")
     return paths

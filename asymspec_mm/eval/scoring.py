@@ -230,9 +230,18 @@ def load_output(path: str | Path, variant: str | None = None) -> dict[str, dict[
     holding several variants needs ``variant`` to pick one.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                row = _parse_json(line, path, n)
+                if not isinstance(row, Mapping) or "pid" not in row:
+                    raise ValueError(f"{path}:{n}: not a record (a JSON object with a 'pid'); give a records JSONL or an output JSON")
+                rows.append(row)
         names = list(dict.fromkeys(str(r.get("variant")) for r in rows if "variant" in r))
         if variant is not None:
             rows = [r for r in rows if str(r.get("variant")) == variant]
@@ -244,12 +253,27 @@ def load_output(path: str | Path, variant: str | None = None) -> dict[str, dict[
         for r in rows:
             out.setdefault(str(r["pid"]), r)
         return out
-    data = json.loads(text)
+    data = _parse_json(text, path)
     if isinstance(data, Mapping) and "results" in data and isinstance(data["results"], Mapping):
         data = data["results"]
     if isinstance(data, list):
-        return {str(item["pid"]): item for item in data}
+        if not all(isinstance(item, Mapping) and "pid" in item for item in data):
+            raise ValueError(f"{path}: a list of problems needs a 'pid' in every item")
+        return {str(item["pid"]): dict(item) for item in data}
+    if not isinstance(data, Mapping) or not all(isinstance(v, Mapping) for k, v in data.items() if not str(k).startswith("_")):
+        raise ValueError(f'{path}: expected an output JSON keyed by pid ({{"1": {{"response": ...}}, ...}}) or a list of problems')
     return {str(k): v for k, v in data.items() if not str(k).startswith("_")}
+
+
+def _parse_json(text: str, path: Path, line: int | None = None) -> Any:
+    """``json.loads(text)``; invalid JSON is a ``ValueError`` naming the file, the line and the column
+    (``line``: the JSONL line ``text`` is)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"{path}:{line}" if line is not None else str(path)
+        at = f"column {exc.colno}" if line is not None else f"line {exc.lineno}, column {exc.colno}"
+        raise ValueError(f"{where}: invalid JSON ({exc.msg} at {at}); fix the file or give MathVista's output JSON") from None
 
 
 def write_json(obj: Any, path: str | Path) -> Path:

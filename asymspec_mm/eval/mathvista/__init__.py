@@ -26,6 +26,11 @@ Runner (:mod:`.run`, :mod:`.records`, :mod:`.outputs`)
     to a records file (flush + fsync), so an interrupt loses nothing; ``resume=True`` skips finished
     pairs and never writes a pair twice. :func:`finalize_run` writes the official output/scores JSON
     per variant plus a report.
+
+Identity (:mod:`.identity`)
+    ``run.json`` next to the records names the run (models and their file hashes, dataset, view,
+    extraction, every variant's effective config, version, selection); a resume or a merge of records
+    of another run is refused, naming the differing keys.
 """
 
 from __future__ import annotations

@@ -47,12 +47,20 @@ def finalize_run(
     variant_order: Sequence[str] | None = None,
     chart: bool = True,
     log: Callable[[str], None] = print,
+    identity: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``output_<variant>.json``, ``scores_<variant>.json``, ``summary.json``, ``report.md`` and
-    ``accuracy.png`` (when matplotlib is installed) under ``out_dir``; return the summary."""
-    from ..report import summarize_variants, write_report
+    ``accuracy.png`` (when matplotlib is installed) under ``out_dir``; return the summary.
+
+    ``identity``: the run's (default: ``out_dir/run.json`` when there is one); it names the dataset in the
+    report's titles and is stored in ``summary.json`` under ``"run"``."""
+    from ..report import dataset_label, summarize_variants, write_report
+    from .identity import stored_identity
 
     out_dir = Path(out_dir)
+    records = list(records)
+    if identity is None:
+        identity = stored_identity(out_dir / "records.jsonl")
     groups = group_by_variant(records)
     if variant_order:
         order = [v for v in variant_order if v in groups] + [v for v in groups if v not in variant_order]
@@ -65,7 +73,7 @@ def finalize_run(
         s = write_json(scores, out_dir / f"scores_{safe_name(name)}.json")
         files[name] = {"output": str(o), "scores": str(s)}
     summaries = summarize_variants(groups)
-    paths = write_report(summaries, out_dir, chart=chart, log=log)
-    summary = {"variants": summaries, "files": files, "report": {k: str(v) for k, v in paths.items()}}
+    paths = write_report(summaries, out_dir, chart=chart, dataset=dataset_label(identity, records), log=log)
+    summary = {"run": identity, "variants": summaries, "files": files, "report": {k: str(v) for k, v in paths.items()}}
     write_json(summary, out_dir / "summary.json")
     return summary

@@ -15,6 +15,7 @@ from ...errors import DatasetUnavailableError, UnknownOptionError
 from ...variants import Variant
 from ..extraction import LLM, extract_answer_detailed
 from ..scoring import score_problem
+from .identity import bind_identity
 from .problems import load_image
 from .query import official_query
 from .records import RecordStore, _json_default, problem_fields, stats_subset
@@ -67,19 +68,20 @@ class RunSummary:
 
 @dataclass
 class _Tally:
-    """Accuracy, acceptance and speed over the pairs this run finished: the progress bar's postfix."""
+    """Each variant's running accuracy, plus acceptance and speed, over the pairs this run finished: the
+    progress bar's postfix (a variant's accuracy is its own: methods differ, so one number would mislead)."""
 
-    done: int = 0
-    correct: int = 0
+    per_variant: dict[str, list[int]] = field(default_factory=dict)
     acc_sum: float = 0.0
     acc_n: float = 0.0
     tok: float = 0.0
     wall: float = 0.0
 
-    def add(self, true_false: Any, stats: Mapping[str, Any], new_tokens: Any, wall_s: float) -> str:
-        """Count one finished pair; returns the postfix (``acc=...% accept=... tok/s=...``)."""
-        self.done += 1
-        self.correct += bool(true_false)
+    def add(self, variant: str, true_false: Any, stats: Mapping[str, Any], new_tokens: Any, wall_s: float) -> str:
+        """Count one finished pair; returns the postfix (``floor 40.0% asymspec 55.0% | accept=... tok/s=...``)."""
+        counts = self.per_variant.setdefault(variant, [0, 0])
+        counts[0] += bool(true_false)
+        counts[1] += 1
         # floor and drafter draft nothing: their 0.0 rate would drag the mean down
         if isinstance(stats.get("acceptance_rate"), (int, float)) and stats.get("drafted") != 0:
             self.acc_sum += float(stats["acceptance_rate"])
@@ -87,12 +89,15 @@ class _Tally:
         if new_tokens:
             self.tok += float(new_tokens)
         self.wall += wall_s
-        parts = [f"acc={100 * self.correct / self.done:.1f}%"]
+        return self.postfix()
+
+    def postfix(self) -> str:
+        parts = [" ".join(f"{name} {100 * c / n:.1f}%" for name, (c, n) in self.per_variant.items())]
         if self.acc_n:
             parts.append(f"accept={self.acc_sum / self.acc_n:.2f}")
         if self.wall > 0 and self.tok:
             parts.append(f"tok/s={self.tok / self.wall:.1f}")
-        return " ".join(parts)
+        return " | ".join(parts)
 
 
 def _now() -> str:
@@ -199,6 +204,7 @@ def run_mathvista(
     image_loader: Callable[[Mapping[str, Any]], Any] = load_image,
     log: Callable[[str], None] = print,
     batch_size: int = 1,
+    identity: Mapping[str, Any] | None = None,
 ) -> RunSummary:
     """Run every variant on every problem, appending one record per finished pair to ``records_path``.
 
@@ -210,7 +216,8 @@ def run_mathvista(
     unfinished and a resumed run retries it); ``"raise"`` stops. ``KeyboardInterrupt`` propagates
     after everything finished so far is on disk. ``batch_size`` > 1 (with a pipeline that has
     ``generate_batch``) decodes that many problems of one variant together; the records are the same,
-    appended in the same order.
+    appended in the same order. ``identity`` (see :mod:`.identity`) is checked against the stored one when
+    resuming existing records (a different run is refused, naming the keys) and written to ``run.json``.
     """
     if on_error not in ("skip", "raise"):
         raise UnknownOptionError(f"on_error={on_error!r}: expected 'skip' or 'raise'")
@@ -220,6 +227,8 @@ def run_mathvista(
     summary = RunSummary(records=[])
     with RecordStore(records_path, resume=resume, overwrite=overwrite) as store:
         _check_config_consistency(store, variants)
+        if identity is not None:
+            bind_identity(records_path, identity, resuming=bool(store.records), log=log)
         pairs_total = len(problems) * len(variants)
         already = sum(1 for p in problems for v in variants if (v.name, str(p["pid"])) in store)
         summary.skipped = already
@@ -272,7 +281,7 @@ def run_mathvista(
                         )
                         if store.append(record):
                             summary.new += 1
-                        bar.update(tally.add(record["true_false"], record["stats"], record["new_tokens"], wall_s))
+                        bar.update(tally.add(variant.name, record["true_false"], record["stats"], record["new_tokens"], wall_s))
         except KeyboardInterrupt:
             bar.close()
             log(f"\ninterrupted: {len(store)} records are safe in {records_path}; rerun with --resume to continue")
