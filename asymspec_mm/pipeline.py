@@ -18,7 +18,7 @@ from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, resolve_device
-from .prompts import Prompts, build_prompts
+from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .session import GenerationStream, MMResult, Session
 from .vllm_engine import logit_width
 
@@ -51,6 +51,7 @@ class AsymSpecPipeline:
         drafter_comp: Any = None,
         drafter_full: Any = None,
         engines: EngineFactory | None = None,
+        prompt_style: PromptStyle | None = None,
     ):
         from vision_cache.features import VisionEncoder
 
@@ -86,6 +87,8 @@ class AsymSpecPipeline:
         self._lock = threading.RLock()
         self.eos_ids = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
         self.engines: EngineFactory = engines or TransformersEngines()
+        # how (view, question) become the prompts' texts; a request may bring its own (prepare(prompt_style=...))
+        self.prompt_style: PromptStyle = prompt_style or DEFAULT_STYLE
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -238,6 +241,7 @@ class AsymSpecPipeline:
         engines: EngineFactory | None = None,
         ignore_eos: bool = False,
         max_caption_chars: int | None = None,
+        prompt_style: PromptStyle | None = None,
         **overrides,
     ) -> Session:
         """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
@@ -245,7 +249,8 @@ class AsymSpecPipeline:
         ``caption``/``ocr``: ``None`` produce them, a string is used as is, ``ocr=False`` skips OCR.
         ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``. ``engines``
         builds the streams (default: the pipeline's factory); ``ignore_eos`` decodes to the token budget;
-        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters).
+        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters);
+        ``prompt_style`` the pipeline's layout of the prompt texts (:class:`~asymspec_mm.prompts.PromptStyle`).
         """
         from captioning.captioner import compress
         from vision_cache.image import image_content_hash, load_image
@@ -270,7 +275,9 @@ class AsymSpecPipeline:
                 timings=timings,
                 **budget,
             )
-            prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
+            style = prompt_style or self.prompt_style
+            texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
+            prompts = render_prompts(self.processor, self.verifier_tokenizer, img, texts, style.drafter_thinking_off)
             self._check_context(prompts, cfg, method)
             t_prefill = time.perf_counter()
             streams, pending = self._start(method, prompts, img, engines or self.engines)

@@ -174,13 +174,15 @@ def write_report(
     *,
     chart: bool = True,
     log: Callable[[str], None] = print,
+    sections: Sequence[str] = (),
 ) -> dict[str, Path]:
-    """Write ``report.md`` (and ``accuracy.png`` unless ``chart=False`` or matplotlib is missing)."""
+    """Write ``report.md`` (and ``accuracy.png`` unless ``chart=False`` or matplotlib is missing); ``sections``
+    (Markdown) follow the table."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     md = out_dir / "report.md"
-    md.write_text("# MathVista results\n\n" + markdown_table(summaries), encoding="utf-8")
+    md.write_text("# MathVista results\n\n" + markdown_table(summaries) + "".join("\n" + x for x in sections), encoding="utf-8")
     paths["markdown"] = md
     if chart and summaries:
         try:

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 from ...config import METHODS
 from ...variants import ALIASES, Variant, build_variants, parse_list, parse_variant, parse_variants
+from .dump import load_verifier_tokenizer, problem_view, prompt_rows, style_for, write_prompt_rows
 from .outputs import finalize_run, group_by_variant, official_output, safe_name
+from .paper_prompts import PAPER_STYLE, PROTOCOLS, PaperPromptStyle, check_protocol, in_paper_subset, paper_user_texts, paper_view
 from .problems import (
     HF_DATASET,
     _find_problems_file,
@@ -92,6 +94,9 @@ __all__ = [
     "HF_DATASET",
     "HINTS",
     "METHODS",
+    "PAPER_STYLE",
+    "PROTOCOLS",
+    "PaperPromptStyle",
     "PROBLEM_FIELDS",
     "STATS_KEYS",
     "TASK_ALIASES",
@@ -102,6 +107,7 @@ __all__ = [
     "Variant",
     "build_query",
     "build_variants",
+    "check_protocol",
     "check_images",
     "choices_text",
     "default_text_dir",
@@ -109,14 +115,18 @@ __all__ = [
     "group_by_variant",
     "has_bard_caption",
     "hint_text",
+    "in_paper_subset",
     "load_hf_problems",
     "load_image",
     "load_local_problems",
     "load_minivista_problems",
     "load_problems",
+    "load_verifier_tokenizer",
     "merge_records",
     "official_output",
     "official_query",
+    "paper_user_texts",
+    "paper_view",
     "parse_list",
     "parse_shard",
     "parse_variant",
@@ -125,6 +135,8 @@ __all__ = [
     "problem_caption",
     "problem_fields",
     "problem_ocr",
+    "problem_view",
+    "prompt_rows",
     "question_text",
     "read_records",
     "record_key",
@@ -138,6 +150,8 @@ __all__ = [
     "select_problems",
     "sort_problems",
     "stats_subset",
+    "style_for",
     "text_base",
     "view_for",
+    "write_prompt_rows",
 ]

@@ -26,14 +26,18 @@ def group_by_variant(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dic
 
 def official_output(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """MathVista's output JSON for one variant: pid -> problem fields + query + response + extraction
-    + prediction + true_false (rescored here), plus ``stats``."""
+    + prediction + true_false (rescored here by MathVista's rules; kept as recorded for records scored by
+    the paper's), plus ``stats``."""
     out: dict[str, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: pid_key(r["pid"])):
         entry = dict(r.get("problem") or {})
         entry.setdefault("pid", str(r["pid"]))
         entry["response"] = r.get("response", "")
         entry["extraction"] = r.get("extraction", "")
-        entry["prediction"], entry["true_false"] = score_problem(entry, entry["extraction"])
+        if r.get("scoring") == "paper":  # scored by the paper's rules when recorded, which MathVista's would change
+            entry["prediction"], entry["true_false"] = r.get("prediction"), r.get("true_false")
+        else:
+            entry["prediction"], entry["true_false"] = score_problem(entry, entry["extraction"])
         if r.get("stats"):
             entry["stats"] = r["stats"]
         out[str(r["pid"])] = entry
@@ -51,6 +55,7 @@ def finalize_run(
     """Write ``output_<variant>.json``, ``scores_<variant>.json``, ``summary.json``, ``report.md`` and
     ``accuracy.png`` (when matplotlib is installed) under ``out_dir``; return the summary."""
     from ..report import summarize_variants, write_report
+    from ..table3 import table3_section
 
     out_dir = Path(out_dir)
     groups = group_by_variant(records)
@@ -65,7 +70,10 @@ def finalize_run(
         s = write_json(scores, out_dir / f"scores_{safe_name(name)}.json")
         files[name] = {"output": str(o), "scores": str(s)}
     summaries = summarize_variants(groups)
-    paths = write_report(summaries, out_dir, chart=chart, log=log)
+    table3, table3_rows = table3_section(groups, summaries)  # only for the paper protocol on the paper's subset
+    paths = write_report(summaries, out_dir, chart=chart, log=log, sections=[table3] if table3 else ())
     summary = {"variants": summaries, "files": files, "report": {k: str(v) for k, v in paths.items()}}
+    if table3_rows:
+        summary["table3"] = table3_rows
     write_json(summary, out_dir / "summary.json")
     return summary
