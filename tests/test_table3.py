@@ -130,15 +130,22 @@ def test_paper_protocol_end_to_end_on_the_tiny_pair(tiny_dirs, tmp_path: Path) -
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (40, 30), (60 * i, 120, 200)).save(path)
     (data / "testmini.json").write_text(json.dumps(chosen), encoding="utf-8")
-    out = tmp_path / "run"
     drafter, verifier = tiny_dirs
-    rc = cli_main(
-        ["eval", "mathvista", "--protocol", "paper", "--data-dir", str(data), "--text-dir", str(SHARED_MV), "--require-caption"]
-        + ["--methods", "drafter,asymspec", "--max-new-tokens", "6", "--out", str(out), "--no-progress", "--no-chart"]
-        + ["--drafter", str(drafter), "--verifier", str(verifier), "--device", "cpu", "--ocr-engine", "none"]
-    )
-    assert rc == 0
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text(encoding="utf-8").splitlines()]
+
+    def run(out: Path, *extra: str) -> list[dict]:
+        rc = cli_main(
+            ["eval", "mathvista", "--protocol", "paper", "--data-dir", str(data), "--text-dir", str(SHARED_MV), "--require-caption"]
+            + ["--methods", "drafter,asymspec", "--max-new-tokens", "6", "--out", str(out), "--no-progress", "--no-chart", *extra]
+            + ["--drafter", str(drafter), "--verifier", str(verifier), "--device", "cpu", "--ocr-engine", "none"]
+        )
+        assert rc == 0
+        return [json.loads(line) for line in (out / "records.jsonl").read_text(encoding="utf-8").splitlines()]
+
+    out = tmp_path / "run"
+    records = run(out)
+    batched = run(tmp_path / "batched", "--batch-size", "3")  # generate_batch prepares with the pipeline's style too
+    keep = ("variant", "pid", "response", "extraction", "true_false", "new_tokens", "protocol", "scoring")
+    assert [{k: r[k] for k in keep} for r in batched] == [{k: r[k] for k in keep} for r in records]
     assert sorted((r["variant"], r["pid"]) for r in records) == sorted((v, p) for v in ("drafter", "asymspec") for p in chosen)
     for r in records:
         assert (r["protocol"], r["scoring"], r["paper_subset"]) == ("paper", "paper", True)
