@@ -20,6 +20,14 @@ Compressed view (:mod:`.texts`)
     ``Image description: ...`` / ``Image detected text: ...``. ``auto``: the pipeline makes its own
     (``caption=None, ocr=None``). ``none``: no view at all (``caption="", ocr=False``).
 
+Paper protocol (:mod:`.paper_prompts`, :mod:`.dump`)
+    ``--protocol paper`` reproduces the authors' released harness behind Table 3: the raw Bard caption
+    (1,600 characters) and the EasyOCR texts joined by spaces (800) as ``Image caption:`` / ``OCR text
+    from image:``, the query plus a step-by-step suffix, laid out by :data:`PAPER_STYLE` (a
+    :class:`~asymspec_mm.prompts.PromptStyle` the pipeline is built with), and the regex extraction and
+    scoring of :mod:`asymspec_mm.eval.paper_extraction`. :func:`prompt_rows` gives each problem's texts
+    with no model (``--dump-prompts``).
+
 Runner (:mod:`.run`, :mod:`.records`, :mod:`.outputs`)
     :func:`run_mathvista` runs method variants (:func:`build_variants`, the grammar of
     :mod:`asymspec_mm.variants`) over problems, appending one JSON line per finished (variant, pid)
