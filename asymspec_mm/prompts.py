@@ -115,7 +115,9 @@ def chat_texts(processor, verifier_tokenizer, texts: UserTexts, drafter_thinking
     """``(verifier, drafter_comp, drafter_full)`` prompt strings: each user text through its model's chat template
     (the verifier's with thinking disabled, the drafter's too with ``drafter_thinking_off``; the full view's with
     the image first)."""
-    extra = {"enable_thinking": False} if drafter_thinking_off else {}
+    # only to a template that reads the switch: transformers hands other keywords to the processor (and warns)
+    reads_switch = "enable_thinking" in str(getattr(processor, "chat_template", None) or "")
+    extra = {"enable_thinking": False} if drafter_thinking_off and reads_switch else {}
     v_text = verifier_chat_text(verifier_tokenizer, texts.verifier)
     comp = [{"role": "user", "content": [{"type": "text", "text": texts.drafter_comp}]}]
     full = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": texts.drafter_full}]}]

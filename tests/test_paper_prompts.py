@@ -258,3 +258,33 @@ def test_resume_under_another_protocol_is_refused(tmp_path: Path) -> None:
         f"{tmp_path / 'records.jsonl'} holds records of --protocol mathvista, now --protocol paper: "
         "use the same protocol to resume, or a new --out"
     )
+
+
+def test_drafter_thinking_switch_reaches_templates_that_read_it() -> None:
+    """The paper style turns thinking off in the drafter's templates too (as the harness does): a Qwen3-format
+    template with the switch closes an empty think block; the Qwen3-VL Instruct format (no switch) is unchanged."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from asymspec_mm.checkpoints import VERIFIER_CHAT_TEMPLATE
+    from asymspec_mm.prompts import UserTexts, chat_texts
+
+    drafter_dir = TINY_VERIFIER.parent / "drafter"
+    tok = AutoTokenizer.from_pretrained(TINY_VERIFIER)
+    texts = UserTexts("v", "c", "f")
+    plain = AutoProcessor.from_pretrained(drafter_dir)
+    assert "enable_thinking" not in plain.chat_template
+    head = "<|im_start|>user\n"
+    for off in (False, True):
+        v, c, f = chat_texts(plain, tok, texts, drafter_thinking_off=off)
+        assert v == tiny_template("v")
+        assert (c, f) == (
+            f"{head}c<|im_end|>\n<|im_start|>assistant\n",
+            f"{head}<|vision_start|><|image_pad|><|vision_end|>f<|im_end|>\n<|im_start|>assistant\n",
+        )
+    switched = AutoProcessor.from_pretrained(drafter_dir, chat_template=VERIFIER_CHAT_TEMPLATE)
+    _, c, f = chat_texts(switched, tok, texts, drafter_thinking_off=True)
+    assert c == f"{head}c<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" and f.endswith(
+        "f<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    _, c, _ = chat_texts(switched, tok, texts, drafter_thinking_off=False)
+    assert c == f"{head}c<|im_end|>\n<|im_start|>assistant\n"
