@@ -45,6 +45,7 @@ def records_of(
                 "variant": name or method,
                 "method": method,
                 "config": config or {"max_new_tokens": 1024},
+                "compressed": "official",
                 "protocol": protocol,
                 "scoring": "paper" if protocol == "paper" else "mathvista",
                 "paper_subset": True,
@@ -91,7 +92,7 @@ def test_table3_beside_a_paper_run(tmp_path: Path) -> None:
     assert sum(e["true_false"] for e in out.values()) == 318
 
 
-@pytest.mark.parametrize("case", ["mathvista_protocol", "one_problem_short", "mathvista_scoring", "not_in_subset"])
+@pytest.mark.parametrize("case", ["mathvista_protocol", "one_problem_short", "mathvista_scoring", "not_in_subset", "own_captions"])
 def test_table3_left_out_unless_the_paper_setting(tmp_path: Path, case: str) -> None:
     problems = subset()
     protocol = "mathvista" if case == "mathvista_protocol" else "paper"
@@ -100,6 +101,8 @@ def test_table3_left_out_unless_the_paper_setting(tmp_path: Path, case: str) -> 
         records = [r for r in records if r["pid"] != problems[-1]["pid"]]
     if case == "mathvista_scoring":  # --protocol paper with --extract rules
         records = [{**r, "scoring": "mathvista"} for r in records]
+    if case == "own_captions":  # --compressed auto: the pipeline's captions, not Bard's
+        records = [{**r, "compressed": "auto"} for r in records]
     if case == "not_in_subset":
         records[0]["paper_subset"] = False
         records[587]["paper_subset"] = False

@@ -1,7 +1,7 @@
 """The paper's Table 3 (MathVista, Qwen3-VL-2B drafter + Qwen3-32B verifier) beside a run's accuracies.
 
 Shown only when the run reproduces the table's setting: every compared variant ran the paper protocol
-(``--protocol paper``, scored by the paper's rules) on exactly the paper's subset - the 587 GPS, VQA and
+(``--protocol paper``, the official texts, scored by the paper's rules) on exactly the paper's subset - the 587 GPS, VQA and
 FQA testmini problems that have a Bard caption. A variant is matched to a row by its method (``drafter``:
 "VL drafter alone", ``floor``, ``sd``, ``asymspec``); a variant whose decoding settings are not the
 table's (K=4, beta=1, gamma=0.5, CDA, 1,024 new tokens) is listed with the settings that differ.
@@ -38,13 +38,19 @@ COLUMNS: tuple[str, ...] = (*DEFAULT_TASKS, "All")
 
 
 def is_paper_run(records: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether one variant's records are the paper's setting: paper protocol and scoring, and the 587
-    problems of the paper's subset, each once."""
+    """Whether one variant's records are the paper's setting: paper protocol and scoring on the official
+    texts (Bard captions, EasyOCR), and the 587 problems of the paper's subset, each once."""
     pids = {str(r.get("pid")) for r in records}
     return (
         len(records) == PAPER_SUBSET_SIZE
         and len(pids) == PAPER_SUBSET_SIZE
-        and all(r.get("protocol") == "paper" and r.get("scoring") == "paper" and r.get("paper_subset") is True for r in records)
+        and all(
+            r.get("protocol") == "paper"
+            and r.get("scoring") == "paper"
+            and r.get("compressed") == "official"
+            and r.get("paper_subset") is True
+            for r in records
+        )
     )
 
 
