@@ -134,6 +134,17 @@ def models_identity(
     return models, preset_name
 
 
+def ocr_engine_of(ocr_engine: str | None, preset_name: str | None) -> str:
+    """The OCR engine a run uses: the one asked for, else the preset's (``tiny``: RapidOCR), else ``auto``."""
+    if ocr_engine:
+        return ocr_engine
+    if preset_name:
+        from .presets import resolve_preset
+
+        return str(resolve_preset(preset_name).pipeline_kwargs.get("ocr", "auto"))
+    return "auto"
+
+
 def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
     """``(dotted key, old, new)`` for every leaf that differs (nested dicts are walked; a key only one side has
     shows :data:`MISSING` on the other)."""

@@ -19,7 +19,7 @@ from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, resolve_device
-from .prompts import Prompts, build_prompts
+from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .questions import check_question
 from .session import GenerationStream, MMResult, Session
 from .vllm_engine import logit_width
@@ -53,6 +53,7 @@ class AsymSpecPipeline:
         drafter_comp: Any = None,
         drafter_full: Any = None,
         engines: EngineFactory | None = None,
+        prompt_style: PromptStyle | None = None,
     ):
         from vision_cache.features import VisionEncoder
 
@@ -88,6 +89,8 @@ class AsymSpecPipeline:
         self._lock = threading.RLock()
         self.eos_ids = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
         self.engines: EngineFactory = engines or TransformersEngines()
+        # how (view, question) become the prompts' texts; a request may bring its own (prepare(prompt_style=...))
+        self.prompt_style: PromptStyle = prompt_style or DEFAULT_STYLE
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -241,6 +244,7 @@ class AsymSpecPipeline:
         ignore_eos: bool = False,
         max_caption_chars: int | None = None,
         on_phase: Callable[[str], None] | None = None,
+        prompt_style: PromptStyle | None = None,
         **overrides,
     ) -> Session:
         """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
@@ -248,7 +252,8 @@ class AsymSpecPipeline:
         ``caption``/``ocr``: ``None`` produce them, a string is used as is, ``ocr=False`` skips OCR.
         ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``. ``engines``
         builds the streams (default: the pipeline's factory); ``ignore_eos`` decodes to the token budget;
-        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters).
+        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters);
+        ``prompt_style`` the pipeline's layout of the prompt texts (:class:`~asymspec_mm.prompts.PromptStyle`).
         ``on_phase(name)`` is called as each long part of the set-up starts: ``"ocr_engine"`` (first use),
         ``"caption"``, ``"ocr"``, ``"prefill"``.
         """
@@ -278,7 +283,9 @@ class AsymSpecPipeline:
                 on_phase=on_phase,
                 **budget,
             )
-            prompts = build_prompts(self.processor, self.verifier_tokenizer, img, view.render(), question.strip(), cfg.drafter_view)
+            style = prompt_style or self.prompt_style
+            texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
+            prompts = render_prompts(self.processor, self.verifier_tokenizer, img, texts, style.drafter_thinking_off)
             self._check_context(prompts, cfg, method)
             if on_phase is not None:
                 on_phase("prefill")

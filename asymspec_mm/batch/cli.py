@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import AsymSpecError
 from ..identity import identity_diff as shared_identity_diff
-from ..identity import models_identity, read_identity_file, show_value, write_identity_file
+from ..identity import models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from .files import (
     DEFAULT_BATCH_SIZE,
@@ -59,7 +59,7 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
         "dtype": models["dtype"],
         "method": args.method,
         "config": jsonable(cfg.as_dict()),
-        "ocr_engine": args.ocr_engine or defaults.get("ocr", "auto"),
+        "ocr_engine": ocr_engine_of(args.ocr_engine, preset_name),
         "trace": bool(args.trace),
         "version": __version__,
     }

@@ -48,11 +48,19 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
     g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
     g.add_argument("--lam", default=None, help="lambda of the tuned gate, comma list sweeps (variants with gate tuned)")
-    g.add_argument("--max-new-tokens", type=int, default=512, help="[default: %(default)s]")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="[default: 1024 with --protocol paper, else 512]")
     g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
     g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
 
     d = m.add_argument_group("data")
+    d.add_argument(
+        "--protocol",
+        choices=["mathvista", "paper"],
+        default="mathvista",
+        help="mathvista: MathVista's own (official query, 'Image description:' view, its extraction and scores); "
+        "paper: the paper's released harness behind Table 3 (raw caption + OCR, step-by-step suffix, regex "
+        "extraction and scoring, 1024 new tokens) [default: %(default)s]",
+    )
     d.add_argument("--dataset", choices=["mathvista", "minivista"], default="mathvista")
     d.add_argument(
         "--source",
@@ -99,10 +107,11 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--overwrite", action="store_true", help="discard existing records in --out")
     r.add_argument(
         "--extract",
-        choices=["rules", "llm", "auto"],
-        default="rules",
-        help="answer extraction: rules, MathVista's LLM prompt on the pipeline's verifier, or rules then LLM "
-        "when no anchored answer (auto) [default: %(default)s]",
+        choices=["paper", "rules", "rule", "llm", "auto"],
+        default=None,
+        help="answer extraction: the paper harness' regular expressions and scoring (paper), MathVista's rules "
+        "(rules), MathVista's LLM prompt on the pipeline's verifier (llm), or rules then LLM when no anchored answer "
+        "(auto); rules/llm/auto score by MathVista's rules [default: paper with --protocol paper, else rules]",
     )
     r.add_argument(
         "--on-error",
@@ -119,6 +128,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-chart", action="store_true", help="skip accuracy.png")
     r.add_argument("--dry-run", action="store_true", help="print the selection and variants; load no model")
+    r.add_argument(
+        "--dump-prompts",
+        default=None,
+        metavar="FILE",
+        help="write each selected problem's prompt texts under --protocol as JSON lines and exit; loads no model "
+        "(only the verifier's tokenizer, for its chat template)",
+    )
 
     add_model_args(m)
 
@@ -166,6 +182,7 @@ def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: 
     """The run's identity (:mod:`.mathvista.identity`) and its pipeline; a ``--resume`` of other records is
     refused before any model loads (models named by hub id alone, not yet downloaded, are checked after)."""
     from ..identity import models_identity
+    from . import mathvista as mv
     from .mathvista.identity import check_resume, eval_identity
 
     started = records_path.is_file() and records_path.stat().st_size > 0
@@ -176,7 +193,9 @@ def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: 
     pending = any(isinstance(m, dict) and "files" not in m for m in models.values())
     if args.resume and started:
         check_resume(records_path, identity, ignore=("models",) if pending else ())
-    pipe = pipeline_from_args(argparse.Namespace(**{**vars(args), "preset": preset_name or args.preset}))
+    pipe = pipeline_from_args(
+        argparse.Namespace(**{**vars(args), "preset": preset_name or args.preset}), prompt_style=mv.style_for(args.protocol)
+    )
     if pending:  # downloaded by the load: now named by revision and file hashes
         identity["models"] = models_identity(preset_name, args.drafter, args.verifier, args.device, args.dtype)[0]
     return identity, pipe
@@ -193,15 +212,23 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     tasks = mv.resolve_tasks(tasks_spec)
     shard = mv.parse_shard(args.shard)
     text = mv.TextData.load(args.text_dir) if args.dataset == "mathvista" else None
+    source = args.source
+    if args.dump_prompts and source == "auto" and args.data_dir is None and args.images_dir is None:
+        source, args.data_dir = "local", mv.text_base(args.text_dir)  # prompts need no images: the shared text data
     if args.dataset == "mathvista":
-        problems = mv.load_problems(
-            args.source, data_dir=args.data_dir, images_dir=args.images_dir, text_dir=args.text_dir, split=args.split
-        )
+        problems = mv.load_problems(source, data_dir=args.data_dir, images_dir=args.images_dir, text_dir=args.text_dir, split=args.split)
     else:
         problems = mv.load_minivista_problems(args.minivista_n, args.seed)
     if args.require_caption and text is not None and not text.captions and args.dataset == "mathvista":
         raise AsymSpecError("--require-caption needs captions_bard.json (see --text-dir)")
     selected = mv.select_problems(problems, tasks=tasks, require_caption=args.require_caption, text=text, limit=args.limit, shard=shard)
+    if args.extract is None:
+        args.extract = "paper" if args.protocol == "paper" else "rules"
+    args.extract = "rules" if args.extract == "rule" else args.extract
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 1024 if args.protocol == "paper" else 512
+    if args.dump_prompts:
+        return _dump_prompts(args, selected, text)
     common: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.drafter_view:
         common["drafter_view"] = args.drafter_view
@@ -244,6 +271,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         dataset=args.dataset,
         identity=identity,
+        protocol=args.protocol,
     )
     print(f"{summary.new} new records, {summary.skipped} already done, {len(summary.errors)} failed -> {records_path}")
     if shard is not None:
@@ -259,6 +287,25 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0 if result else 1
+
+
+def _dump_prompts(args: argparse.Namespace, selected: list, text: Any) -> int:
+    """``--dump-prompts FILE``: the selected problems' prompt texts, no model loaded."""
+    from . import mathvista as mv
+
+    tokenizer = mv.load_verifier_tokenizer(args.preset, args.verifier)
+    rows = mv.prompt_rows(
+        selected,
+        tokenizer,
+        protocol=args.protocol,
+        compressed=args.compressed,
+        text=text,
+        drafter_view=args.drafter_view or "image+text",
+        dataset=args.dataset,
+    )
+    n = mv.write_prompt_rows(rows, args.dump_prompts)
+    print(f"{n} prompts ({args.protocol} protocol) -> {args.dump_prompts}")
+    return 0
 
 
 def _default_scores_path(inp: Path) -> Path:

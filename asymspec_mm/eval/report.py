@@ -249,14 +249,18 @@ def write_report(
     chart: bool = True,
     dataset: str = "MathVista",
     log: Callable[[str], None] = print,
+    sections: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write ``report.md`` (and ``accuracy.png`` unless ``chart=False`` or matplotlib is missing); ``dataset``
-    names the data actually run in the titles."""
+    names the data actually run in the titles; ``sections`` (Markdown) follow the table and its notes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     md = out_dir / "report.md"
-    md.write_text(f"# {dataset} results\n\n" + markdown_table(summaries) + "\n" + report_notes(summaries), encoding="utf-8")
+    md.write_text(
+        f"# {dataset} results\n\n" + markdown_table(summaries) + "\n" + report_notes(summaries) + "".join("\n" + x for x in sections),
+        encoding="utf-8",
+    )
     paths["markdown"] = md
     if chart and summaries:
         from .report_chart import accuracy_chart

@@ -20,6 +20,14 @@ Compressed view (:mod:`.texts`)
     ``Image description: ...`` / ``Image detected text: ...``. ``auto``: the pipeline makes its own
     (``caption=None, ocr=None``). ``none``: no view at all (``caption="", ocr=False``).
 
+Paper protocol (:mod:`.paper_prompts`, :mod:`.dump`)
+    ``--protocol paper`` reproduces the authors' released harness behind Table 3: the raw Bard caption
+    (1,600 characters) and the EasyOCR texts joined by spaces (800) as ``Image caption:`` / ``OCR text
+    from image:``, the query plus a step-by-step suffix, laid out by :data:`PAPER_STYLE` (a
+    :class:`~asymspec_mm.prompts.PromptStyle` the pipeline is built with), and the regex extraction and
+    scoring of :mod:`asymspec_mm.eval.paper_extraction`. :func:`prompt_rows` gives each problem's texts
+    with no model (``--dump-prompts``).
+
 Runner (:mod:`.run`, :mod:`.records`, :mod:`.outputs`)
     :func:`run_mathvista` runs method variants (:func:`build_variants`, the grammar of
     :mod:`asymspec_mm.variants`) over problems, appending one JSON line per finished (variant, pid)
@@ -37,7 +45,9 @@ from __future__ import annotations
 
 from ...config import METHODS
 from ...variants import ALIASES, Variant, build_variants, parse_list, parse_variant, parse_variants
+from .dump import load_verifier_tokenizer, problem_view, prompt_rows, style_for, write_prompt_rows
 from .outputs import finalize_run, group_by_variant, official_output, safe_name
+from .paper_prompts import PAPER_STYLE, PROTOCOLS, PaperPromptStyle, check_protocol, in_paper_subset, paper_user_texts, paper_view
 from .problems import (
     HF_DATASET,
     _find_problems_file,
@@ -97,6 +107,9 @@ __all__ = [
     "HF_DATASET",
     "HINTS",
     "METHODS",
+    "PAPER_STYLE",
+    "PROTOCOLS",
+    "PaperPromptStyle",
     "PROBLEM_FIELDS",
     "STATS_KEYS",
     "TASK_ALIASES",
@@ -107,6 +120,7 @@ __all__ = [
     "Variant",
     "build_query",
     "build_variants",
+    "check_protocol",
     "check_images",
     "choices_text",
     "default_text_dir",
@@ -114,14 +128,18 @@ __all__ = [
     "group_by_variant",
     "has_bard_caption",
     "hint_text",
+    "in_paper_subset",
     "load_hf_problems",
     "load_image",
     "load_local_problems",
     "load_minivista_problems",
     "load_problems",
+    "load_verifier_tokenizer",
     "merge_records",
     "official_output",
     "official_query",
+    "paper_user_texts",
+    "paper_view",
     "parse_list",
     "parse_shard",
     "parse_variant",
@@ -130,6 +148,8 @@ __all__ = [
     "problem_caption",
     "problem_fields",
     "problem_ocr",
+    "problem_view",
+    "prompt_rows",
     "question_text",
     "read_records",
     "record_key",
@@ -143,6 +163,8 @@ __all__ = [
     "select_problems",
     "sort_problems",
     "stats_subset",
+    "style_for",
     "text_base",
     "view_for",
+    "write_prompt_rows",
 ]

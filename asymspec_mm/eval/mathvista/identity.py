@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import AsymSpecError
-from ...identity import file_sha256, identity_diff, read_identity_file, show_value, write_identity_file
+from ...identity import file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from .records import PROBLEM_FIELDS, _json_default
 
 FORMAT = "asymspec-mm eval"
@@ -106,6 +106,7 @@ def eval_identity(
     identity.update(
         dataset=dataset_identity(args, problems, text),
         compressed=args.compressed,
+        ocr_engine=ocr_engine_of(getattr(args, "ocr_engine", None), (models or {}).get("preset")),
         extract=args.extract,
         max_new_tokens=args.max_new_tokens,
         variants=variants_identity(variants),

@@ -26,14 +26,18 @@ def group_by_variant(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dic
 
 def official_output(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """MathVista's output JSON for one variant: pid -> problem fields + query + response + extraction
-    + prediction + true_false (rescored here), plus ``stats``."""
+    + prediction + true_false (rescored here by MathVista's rules; kept as recorded for records scored by
+    the paper's), plus ``stats``."""
     out: dict[str, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: pid_key(r["pid"])):
         entry = dict(r.get("problem") or {})
         entry.setdefault("pid", str(r["pid"]))
         entry["response"] = r.get("response", "")
         entry["extraction"] = r.get("extraction", "")
-        entry["prediction"], entry["true_false"] = score_problem(entry, entry["extraction"])
+        if r.get("scoring") == "paper":  # scored by the paper's rules when recorded, which MathVista's would change
+            entry["prediction"], entry["true_false"] = r.get("prediction"), r.get("true_false")
+        else:
+            entry["prediction"], entry["true_false"] = score_problem(entry, entry["extraction"])
         if r.get("stats"):
             entry["stats"] = r["stats"]
         out[str(r["pid"])] = entry
@@ -55,6 +59,7 @@ def finalize_run(
     ``identity``: the run's (default: ``out_dir/run.json`` when there is one); it names the dataset in the
     report's titles and is stored in ``summary.json`` under ``"run"``."""
     from ..report import dataset_label, summarize_variants, write_report
+    from ..table3 import table3_section
     from .identity import stored_identity
 
     out_dir = Path(out_dir)
@@ -73,7 +78,12 @@ def finalize_run(
         s = write_json(scores, out_dir / f"scores_{safe_name(name)}.json")
         files[name] = {"output": str(o), "scores": str(s)}
     summaries = summarize_variants(groups)
-    paths = write_report(summaries, out_dir, chart=chart, dataset=dataset_label(identity, records), log=log)
+    table3, table3_rows = table3_section(groups, summaries)  # only for the paper protocol on the paper's subset
+    paths = write_report(
+        summaries, out_dir, chart=chart, dataset=dataset_label(identity, records), log=log, sections=[table3] if table3 else ()
+    )
     summary = {"run": identity, "variants": summaries, "files": files, "report": {k: str(v) for k, v in paths.items()}}
+    if table3_rows:
+        summary["table3"] = table3_rows
     write_json(summary, out_dir / "summary.json")
     return summary

@@ -14,8 +14,10 @@ from ...config import AsymSpecConfig
 from ...errors import DatasetUnavailableError, UnknownOptionError
 from ...variants import Variant
 from ..extraction import LLM, extract_answer_detailed
+from ..paper_extraction import paper_score
 from ..scoring import score_problem
 from .identity import bind_identity
+from .paper_prompts import check_protocol, check_records_protocol, paper_view, record_marks
 from .problems import load_image
 from .query import official_query
 from .records import RecordStore, _json_default, problem_fields, stats_subset
@@ -129,7 +131,8 @@ def _make_record(
     llm: LLM | None,
     extract_mode: str,
 ) -> dict[str, Any]:
-    """The record of one generation: response, extraction, score, stats and the problem's fields."""
+    """The record of one generation: response, extraction, score, stats and the problem's fields
+    (``extract_mode="paper"``: the paper's extraction and scoring, else MathVista's)."""
     pid = str(problem["pid"])
     response = str(getattr(res, "text", "") or "")
     stats = stats_subset(getattr(res, "stats", None))
@@ -141,8 +144,12 @@ def _make_record(
         except TypeError:
             new_tokens = None
     fields = problem_fields(problem, query)
-    ext = extract_answer_detailed(response, fields, llm=llm, mode=extract_mode)
-    prediction, true_false = score_problem(fields, ext.answer)
+    if extract_mode == "paper":
+        ext, true_false = paper_score(response, fields)
+        prediction = ext.answer
+    else:
+        ext = extract_answer_detailed(response, fields, llm=llm, mode=extract_mode)
+        prediction, true_false = score_problem(fields, ext.answer)
     return {
         "pid": pid,
         "variant": variant.name,
@@ -205,6 +212,7 @@ def run_mathvista(
     log: Callable[[str], None] = print,
     batch_size: int = 1,
     identity: Mapping[str, Any] | None = None,
+    protocol: str = "mathvista",
 ) -> RunSummary:
     """Run every variant on every problem, appending one record per finished pair to ``records_path``.
 
@@ -218,9 +226,13 @@ def run_mathvista(
     ``generate_batch``) decodes that many problems of one variant together; the records are the same,
     appended in the same order. ``identity`` (see :mod:`.identity`) is checked against the stored one when
     resuming existing records (a different run is refused, naming the keys) and written to ``run.json``.
+    ``protocol="paper"`` gives every problem the paper's caption/OCR texts
+    (:func:`~.paper_prompts.paper_view`, with ``compressed="official"``) and needs a pipeline built with
+    ``prompt_style=PAPER_STYLE``; ``extract_mode="paper"`` the paper's extraction and scoring.
     """
     if on_error not in ("skip", "raise"):
         raise UnknownOptionError(f"on_error={on_error!r}: expected 'skip' or 'raise'")
+    check_protocol(protocol, pipe)
     make_config = config_factory or AsymSpecConfig
     records_path = Path(records_path)
     errors_path = records_path.with_name("errors.jsonl")
@@ -229,6 +241,7 @@ def run_mathvista(
         _check_config_consistency(store, variants)
         if identity is not None:
             bind_identity(records_path, identity, resuming=bool(store.records), log=log)
+        check_records_protocol(store.records.values(), protocol, store.path)
         pairs_total = len(problems) * len(variants)
         already = sum(1 for p in problems for v in variants if (v.name, str(p["pid"])) in store)
         summary.skipped = already
@@ -245,7 +258,10 @@ def run_mathvista(
                     pending = [v for v in variants if (v.name, pid) not in store]
                     if pending:
                         query = official_query(problem, text)
-                        caption, ocr = view_for(problem, compressed, text, dataset=dataset)
+                        if protocol == "paper" and compressed == "official":
+                            caption, ocr = paper_view(problem, text)
+                        else:
+                            caption, ocr = view_for(problem, compressed, text, dataset=dataset)
                         chunk.append((problem, pending, query, caption, ocr, image_loader(problem)))
                 done = _batch_results(pipe, chunk, variants, make_config) if batched else {}
                 for problem, pending, query, caption, ocr, image in chunk:
@@ -279,6 +295,7 @@ def run_mathvista(
                         record = _make_record(
                             res, problem, variant, query, wall_s, compressed=compressed, dataset=dataset, llm=llm, extract_mode=extract_mode
                         )
+                        record.update(record_marks(protocol, extract_mode, problem, text, dataset))
                         if store.append(record):
                             summary.new += 1
                         bar.update(tally.add(variant.name, record["true_false"], record["stats"], record["new_tokens"], wall_s))
