@@ -138,10 +138,10 @@ def ocr_engine_of(ocr_engine: str | None, preset_name: str | None) -> str:
     """The OCR engine a run uses: the one asked for, else the preset's (``tiny``: RapidOCR), else ``auto``."""
     if ocr_engine:
         return ocr_engine
-    if preset_name:
-        from .presets import resolve_preset
+    from .presets import PRESETS
 
-        return str(resolve_preset(preset_name).pipeline_kwargs.get("ocr", "auto"))
+    if preset_name in PRESETS:
+        return str(PRESETS[preset_name]().pipeline_kwargs.get("ocr", "auto"))
     return "auto"
 
 

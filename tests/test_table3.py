@@ -109,7 +109,8 @@ def test_table3_left_out_unless_the_paper_setting(tmp_path: Path, case: str) -> 
     summary = mv.finalize_run(records, tmp_path, chart=False, log=lambda s: None)
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "Table 3" not in report.replace("in the style of the paper's Table 3", "") and "table3" not in summary
-    assert report.startswith("# MathVista results\n\n| Method |")
+    title = "MathVista-format" + ("" if protocol == "mathvista" else " (paper protocol)")  # the records name no dataset
+    assert report.startswith(f"# {title} results\n\n| Method |")
 
 
 def test_only_the_variants_on_the_paper_setting_are_compared(tmp_path: Path) -> None:

@@ -69,12 +69,13 @@ def dataset_label(identity: Mapping[str, Any] | None, records: Sequence[Mapping[
     if name is None:
         names = sorted({str(r["dataset"]) for r in records if r.get("dataset")})
         name = names[0] if len(names) == 1 else None
-    if name is None:
-        return "MathVista-format"
-    label = DATASET_NAMES.get(name, name)
+    label = "MathVista-format" if name is None else DATASET_NAMES.get(name, name)
     if name == "mathvista" and isinstance(ds, Mapping) and ds.get("split"):
         label += f" {ds['split']}"
     protocol = (identity or {}).get("protocol")
+    if protocol is None:
+        protocols = {str(r["protocol"]) for r in records if r.get("protocol")}
+        protocol = protocols.pop() if len(protocols) == 1 else None
     if protocol and protocol != "mathvista":
         label += f" ({protocol} protocol)"
     return label
