@@ -72,6 +72,8 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
         models = {"preset": preset.name}
         defaults = preset.pipeline_kwargs
         preset_name = preset.name
+    if getattr(args, "sd_drafter", None) and args.method == "sd":  # another SD drafter makes other tokens
+        models["sd_drafter"] = _model_ref(args.sd_drafter)
     _, dtype = resolve_device(args.device or defaults.get("device"), args.dtype or defaults.get("dtype"))
     identity = {
         "models": models,

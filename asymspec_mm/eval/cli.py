@@ -40,14 +40,15 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument(
         "--methods",
         default="asymspec,floor,drafter,sd",
-        help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned, --lam), "
+        help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned: the paper "
+        "text's lambda gate, --lam), tuned_kl (the released code's lambda*KL gate, --lam), kl (Table 14's KL gate), "
         "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
         "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]",
     )
     g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
     g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
     g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--lam", default=None, help="lambda of the tuned gate, comma list sweeps (variants with gate tuned)")
+    g.add_argument("--lam", default=None, help="lambda of the tuned gates, comma list sweeps (variants with gate tuned or tuned_kl)")
     g.add_argument("--max-new-tokens", type=int, default=512, help="[default: %(default)s]")
     g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
     g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
