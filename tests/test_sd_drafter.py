@@ -175,3 +175,21 @@ def test_bench_runs_sd_with_the_text_drafter(sd_pipe, sd_dir, prefill):
         assert run["checks"]["forwarded_ok"], run["checks"]
     sd_prefill = runs["sd"]["prefill_tokens"]
     assert sd_prefill["drafter_comp"] == sd_prefill["verifier"]  # the text drafter read the verifier's prompt (or its length)
+
+
+def test_batch_resume_identity_names_the_sd_drafter(tiny_dirs, sd_dir):
+    """A batch run's identity (what --resume must find unchanged) holds the SD drafter when method is sd."""
+    import argparse
+
+    from asymspec_mm.batch.cli import identity_diff, run_identity
+
+    base = dict(
+        drafter=str(tiny_dirs[0]), verifier=str(tiny_dirs[1]), preset=None, device="cpu", dtype="fp32", ocr_engine="none", trace=False
+    )
+    cfg = AsymSpecConfig()
+    with_sd, _ = run_identity(argparse.Namespace(**base, method="sd", sd_drafter=str(sd_dir)), cfg)
+    without, _ = run_identity(argparse.Namespace(**base, method="sd", sd_drafter=None), cfg)
+    assert with_sd["models"]["sd_drafter"] == str(sd_dir.resolve())
+    assert identity_diff(without, with_sd) == [f"models ({without['models']!r} -> {with_sd['models']!r})"]
+    floor, _ = run_identity(argparse.Namespace(**base, method="floor", sd_drafter=str(sd_dir)), cfg)
+    assert "sd_drafter" not in floor["models"]  # Floor's tokens do not depend on it
