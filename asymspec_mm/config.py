@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from .errors import UnknownOptionError
 
 METHODS = ("asymspec", "floor", "drafter", "sd")
-GATES = ("cda", "fixed", "tuned")
+GATES = ("cda", "fixed", "tuned", "tuned_kl", "kl")
 DELTAS = ("contrast", "raw", "scd")
 BONUS_RULES = ("verifier", "gated")
 DRAFTER_VIEWS = ("image+text", "image")
@@ -25,8 +25,10 @@ class AsymSpecConfig:
     """Decoding settings. Defaults are the paper's cross-modal setting (MathVista: K=4, beta=1, gamma=0.5, CDA).
 
     k: drafts per step. beta: fusion strength (0 disables fusion). gamma: acceptance threshold before the
-    divergence discount. gate: how gamma is discounted (``cda``: gamma*exp(-JSD); ``fixed``; ``tuned``:
-    gamma*exp(-lam*log-ratio at the draft)). delta: the steering signal (``contrast`` a-b, ``raw`` a, ``scd``
+    divergence discount. gate: how gamma is discounted (``cda``: gamma*exp(-JSD), the paper; ``fixed``: gamma;
+    ``tuned``: gamma*exp(-lam*log-ratio at the draft), the paper text's Appendix B reading; ``tuned_kl``:
+    gamma*exp(-lam*KL(p_a||p_b)), the released code's tuned gate; ``kl``: gamma*exp(-KL(p_a||p_b)), Table 14).
+    lam: lambda of the tuned gates. delta: the steering signal (``contrast`` a-b, ``raw`` a, ``scd``
     t-b). drafter_view: what the drafter's full stream reads besides the image. bonus: the token after K
     acceptances (``verifier``: argmax t_{K+1}, the paper; ``gated``: the drafter's a_{K+1} through the gate).
     stop_strings: decoding stops once the text contains one. trace_top: top tokens kept per trace event.

@@ -7,8 +7,10 @@ bf16 run takes the same decisions as an fp32 one up to the logits themselves.
 
 Paper (section 3): delta = a - b (Eq. 1); fused = argmax(t + beta * delta) (Eq. 2);
 gamma_eff = gamma * exp(-JSD(softmax a || softmax b)) (Eq. 3); accept d iff
-softmax(t)[d] > gamma_eff * softmax(b)[d] (Eq. 4). Ablations: a fixed gamma, the "tuned" lambda
-gate of Appendix B, and delta sources raw (a) and SCD (t - b).
+softmax(t)[d] > gamma_eff * softmax(b)[d] (Eq. 4). Ablations: a fixed gamma; the tuned lambda gate
+as the paper's Appendix B text reads (``tuned``: the log-ratio at the draft) and as the released code
+computes it (``tuned_kl``: lambda * KL over the whole distribution); KL in place of JSD (``kl``,
+Table 14); and delta sources raw (a) and SCD (t - b).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 from .config import DELTAS, GATES  # noqa: F401 - re-exported
 
 LN2 = math.log(2.0)
+#: The gates whose divergence is KL(p_a || p_b) rather than the JSD.
+KL_GATES = ("kl", "tuned_kl")
 
 
 def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -35,6 +39,18 @@ def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     kl_pm = torch.where(p > 0, p * (log_p - log_m), torch.zeros_like(p)).sum(-1)
     kl_qm = torch.where(q > 0, q * (log_q - log_m), torch.zeros_like(q)).sum(-1)
     return (0.5 * (kl_pm + kl_qm)).clamp(0.0, LN2)
+
+
+def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) in nats between rows of two log-distributions ``[P, V]`` -> ``[P]`` (unbounded, >= 0).
+
+    From log-probabilities: tokens with p == 0 (masked, -inf, or underflowing) contribute exactly 0, and a
+    token with p > 0 that q masks makes the divergence +inf (never NaN).
+    """
+    p = log_p.exp()
+    # where p == 0 the term is 0 even if log_q is -inf (0 * inf would be NaN); torch.where avoids it
+    terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))
+    return terms.sum(-1).clamp_min(0.0)  # rounding can leave a tiny negative for equal rows
 
 
 def context_gain(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str = "contrast") -> torch.Tensor:
@@ -64,8 +80,11 @@ def effective_threshold(
 ) -> torch.Tensor:
     """Per-position acceptance threshold ``[P]``.
 
-    cda: ``gamma * exp(-JSD)`` in [gamma/2, gamma]; fixed: ``gamma``;
-    tuned: ``gamma * exp(-lam * (log_softmax a - log_softmax b)[d])`` (``log_ratio`` at the draft).
+    cda: ``gamma * exp(-JSD)`` in [gamma/2, gamma] (``divergence`` is the JSD); fixed: ``gamma``;
+    tuned: ``gamma * exp(-lam * (log_softmax a - log_softmax b)[d])`` (``log_ratio`` at the draft, the paper
+    text's reading); tuned_kl: ``gamma * exp(-lam * KL(p_a || p_b))`` (the released code's tuned gate) and
+    kl: ``gamma * exp(-KL(p_a || p_b))`` (Table 14), both with ``divergence`` the KL (possibly +inf: then
+    the threshold is 0, and with lam = 0 it stays gamma).
     """
     if gate == "cda":
         return gamma * torch.exp(-divergence)
@@ -75,6 +94,14 @@ def effective_threshold(
         if log_ratio is None:
             raise ValueError("the tuned gate needs log_ratio (log p_a - log p_b at the draft)")
         return gamma * torch.exp(-lam * log_ratio)
+    if gate == "kl":
+        return gamma * torch.exp(-divergence)
+    if gate == "tuned_kl":
+        if lam == 0:  # lambda 0 switches the discount off, even where KL is infinite
+            return torch.full_like(divergence, gamma)
+        # an infinite KL scales to +-inf by lambda's sign itself: lam * inf in float32 is NaN once lam underflows
+        scaled = torch.where(torch.isinf(divergence), torch.full_like(divergence, math.copysign(math.inf, lam)), lam * divergence)
+        return gamma * torch.exp(-scaled)
     raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
 
 
@@ -105,7 +132,7 @@ class GateOutput:
 
     accepted: torch.Tensor
     gamma_eff: torch.Tensor
-    jsd: torch.Tensor
+    jsd: torch.Tensor  # JSD(a, b) whatever the gate (the trace's divergence)
     p_verifier: torch.Tensor
     p_base: torch.Tensor
     fused: torch.Tensor
@@ -138,7 +165,8 @@ def gate_step(
     rows = torch.arange(drafts.shape[0], device=drafts.device)
     divergence = jsd(log_a, log_b)
     log_ratio = (log_a[rows, drafts] - log_b[rows, drafts]) if gate == "tuned" else None
-    gamma_eff = effective_threshold(gamma, gate, divergence, log_ratio, lam)
+    gate_divergence = kl(log_a, log_b) if gate in KL_GATES else divergence
+    gamma_eff = effective_threshold(gamma, gate, gate_divergence, log_ratio, lam)
     p_verifier = log_t[rows, drafts].exp()
     p_base = log_b[rows, drafts].exp()
     steered = fusion_logits(t, context_gain(a, b, t, delta), beta)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,14 +50,17 @@ def check_device_available(dev: torch.device) -> None:
         raise UnknownOptionError(f"device={str(dev)!r} but MPS is not available here: use --device cpu")
 
 
-def check_vocabularies(drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int) -> None:
+def check_vocabularies(
+    drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int, drafter_name: str = "drafter"
+) -> None:
     """Drafter and verifier must share one output vocabulary: same logit width, same token at every shared id.
 
-    Raises :class:`VocabularyMismatchError` naming the first mismatching ids.
+    Raises :class:`VocabularyMismatchError` naming the first mismatching ids; ``drafter_name`` is the model
+    the message names (``"SD drafter"`` for :func:`load_sd_drafter`'s check).
     """
     if drafter_logits != verifier_logits:
         raise VocabularyMismatchError(
-            f"the drafter has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
+            f"the {drafter_name} has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
             "shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
         )
     n = min(len(drafter_tokenizer), len(verifier_tokenizer))
@@ -64,11 +68,33 @@ def check_vocabularies(drafter_tokenizer, verifier_tokenizer, drafter_logits: in
     v_tokens = verifier_tokenizer.convert_ids_to_tokens(list(range(n)))
     bad = [i for i, (x, y) in enumerate(zip(d_tokens, v_tokens)) if x != y]
     if bad:
-        shown = ", ".join(f"id {i}: drafter {d_tokens[i]!r} vs verifier {v_tokens[i]!r}" for i in bad[:5])
+        shown = ", ".join(f"id {i}: {drafter_name} {d_tokens[i]!r} vs verifier {v_tokens[i]!r}" for i in bad[:5])
         raise VocabularyMismatchError(
-            f"drafter and verifier tokenizers differ at {len(bad)} of {n} shared ids (first: {shown}). "
+            f"{drafter_name} and verifier tokenizers differ at {len(bad)} of {n} shared ids (first: {shown}). "
             "AsymSpec fuses logits id by id, so both models must use the same tokenizer."
         )
+
+
+def load_sd_drafter(
+    name: str | Path, dtype: torch.dtype, device: torch.device, device_map: Any, trust_remote_code: bool, extra: dict
+) -> tuple[Any, Any]:
+    """The SD baseline's separate text drafter (any causal LM sharing the verifier's vocabulary) and its
+    tokenizer, loaded as the drafter is (dtype; ``device_map`` or else ``device``). A checkpoint that is not a
+    causal LM, or is missing, is one :class:`UnknownOptionError` line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(name), trust_remote_code=trust_remote_code, **extra)
+        model = AutoModelForCausalLM.from_pretrained(str(name), **load_kwargs(dtype, device_map, trust_remote_code), **extra)
+    except (OSError, ValueError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UnknownOptionError(
+            f"sd_drafter={str(name)!r} could not be loaded as a text causal LM ({first}); give a hub id or local "
+            "directory of one that shares the verifier's vocabulary, e.g. Qwen/Qwen3-1.7B"
+        ) from None
+    if device_map is None:
+        model.to(device)
+    return model.eval(), tok
 
 
 def load_kwargs(dtype: torch.dtype, device_map: Any, trust_remote_code: bool) -> dict:

@@ -22,8 +22,10 @@ DECODE_HELP: dict[str, str] = {
     "k": "draft length K",
     "beta": "fusion strength (0 disables fusion)",
     "gamma": "acceptance threshold before the divergence discount",
-    "gate": "threshold rule: cda = gamma*exp(-JSD), fixed = gamma, tuned = gamma*exp(-lam*log-ratio)",
-    "lam": "lambda of the tuned gate",
+    "gate": "threshold rule: cda = gamma*exp(-JSD) (the paper), fixed = gamma, tuned = gamma*exp(-lam*log-ratio at the "
+    "draft) (Appendix B's text), tuned_kl = gamma*exp(-lam*KL(a||b)) (the released code's tuned gate), "
+    "kl = gamma*exp(-KL(a||b)) (Table 14)",
+    "lam": "lambda of the tuned gates (tuned, tuned_kl)",
     "delta": "steering signal: contrast = a-b (the paper), raw = a, scd = t-b",
     "drafter_view": "what the drafter's full stream reads besides the image",
     "bonus": "token after K acceptances: verifier = argmax t_{K+1} (the paper), gated = the drafter's through the gate",
@@ -74,6 +76,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         choices=OCR_ENGINES,
         help="[default: the preset's: rapidocr for tiny (reads its 128px renders), auto (EasyOCR, else RapidOCR) otherwise]",
+    )
+    add_sd_drafter_arg(g)
+
+
+def add_sd_drafter_arg(g: Any) -> None:
+    """``--sd-drafter ID``: the SD baseline's own text drafter (every command whose methods include sd)."""
+    g.add_argument(
+        "--sd-drafter",
+        default=None,
+        metavar="ID",
+        help="method sd drafts with this text causal LM (hub id or local directory, sharing the verifier's vocabulary; "
+        "it reads the verifier's prompt), e.g. Qwen/Qwen3-1.7B as in the paper's SD baseline "
+        "[default: the VL drafter on the compressed view]",
     )
 
 
@@ -127,6 +142,8 @@ def load_pipeline(
 
 def pipeline_from_args(args: argparse.Namespace, **kwargs: Any):
     """:func:`load_pipeline` with the options :func:`add_model_args` registered."""
+    if getattr(args, "sd_drafter", None):
+        kwargs.setdefault("sd_drafter", args.sd_drafter)
     return load_pipeline(
         args.preset,
         args.drafter,

@@ -18,7 +18,7 @@ from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
-from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, resolve_device
+from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, load_sd_drafter, resolve_device
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .questions import check_question
 from .session import GenerationStream, MMResult, Session
@@ -54,6 +54,8 @@ class AsymSpecPipeline:
         drafter_full: Any = None,
         engines: EngineFactory | None = None,
         prompt_style: PromptStyle | None = None,
+        sd_drafter: Any = None,
+        sd_drafter_tokenizer: Any = None,
     ):
         from vision_cache.features import VisionEncoder
 
@@ -67,6 +69,9 @@ class AsymSpecPipeline:
         self.drafter_comp = drafter_comp
         # optional: a model serving the full-view (image) stream (a VLLMModel that takes images); default the drafter
         self.drafter_full = drafter_full
+        # optional: the SD baseline's own text drafter (a causal LM sharing the verifier's vocabulary and reading
+        # the verifier's prompt); default: the VL drafter on the compressed view
+        self.sd_drafter = sd_drafter.eval() if sd_drafter is not None else None
         self.tokenizer = processor.tokenizer
         self.device = device or next(drafter.parameters()).device
         self.name = name
@@ -77,6 +82,9 @@ class AsymSpecPipeline:
                 logit_width(drafter),
                 logit_width(verifier),
             )
+            if sd_drafter is not None:
+                sd_tok = sd_drafter_tokenizer or verifier_tokenizer
+                check_vocabularies(sd_tok, verifier_tokenizer, logit_width(sd_drafter), logit_width(verifier), "SD drafter")
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
         from vision_cache.store import FeatureStore
 
@@ -109,6 +117,7 @@ class AsymSpecPipeline:
         vllm_kwargs: dict | None = None,
         drafter_backend: str = "transformers",
         drafter_vllm_kwargs: dict | None = None,
+        sd_drafter: str | Path | None = None,
         **kwargs,
     ) -> AsymSpecPipeline:
         """Load both models with ``from_pretrained`` (hub id or local directory).
@@ -125,6 +134,11 @@ class AsymSpecPipeline:
         prompt carries the image (vLLM runs its own vision tower); with
         ``drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}}`` only the compressed
         stream. Captions (and their vision-feature cache) stay on the transformers drafter.
+
+        ``sd_drafter`` (hub id or local directory of a text causal LM sharing the verifier's vocabulary, e.g.
+        ``Qwen/Qwen3-1.7B``, the paper's SD baseline) drafts for ``method="sd"`` instead of the VL drafter on
+        the compressed view: on transformers, with the drafter's dtype and device rules, reading the
+        verifier's prompt (the same user text and chat template).
         """
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
@@ -154,13 +168,27 @@ class AsymSpecPipeline:
             comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
             comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)
         full = comp if comp is not None and getattr(comp, "accepts_images", False) else None
+        sd_model, sd_tok = (None, None)
+        if sd_drafter is not None:
+            sd_model, sd_tok = load_sd_drafter(sd_drafter, dt, dev, device_map, trust_remote_code, extra)
         return cls(
-            d_model, processor, v_model, v_tok, device=dev, name=f"{drafter} + {verifier}", drafter_comp=comp, drafter_full=full, **kwargs
+            d_model,
+            processor,
+            v_model,
+            v_tok,
+            device=dev,
+            name=f"{drafter} + {verifier}",
+            drafter_comp=comp,
+            drafter_full=full,
+            sd_drafter=sd_model,
+            sd_drafter_tokenizer=sd_tok,
+            **kwargs,
         )
 
     @classmethod
     def from_preset(cls, name: str = "tiny", **kwargs) -> AsymSpecPipeline:
-        """A named pair from :mod:`asymspec_mm.presets` (``tiny`` ships with the package and runs offline)."""
+        """A named pair from :mod:`asymspec_mm.presets` (``tiny`` ships with the package and runs offline);
+        ``kwargs`` go to :meth:`from_pretrained` (e.g. ``sd_drafter="Qwen/Qwen3-1.7B"`` with ``qwen3``)."""
         from .presets import resolve_preset
 
         preset = resolve_preset(name)
@@ -168,6 +196,13 @@ class AsymSpecPipeline:
         pipe = cls.from_pretrained(drafter=preset.drafter, verifier=preset.verifier, **opts)
         pipe.name = preset.name
         return pipe
+
+    @property
+    def sd_drafter_name(self) -> str:
+        """Which model drafts for SD: the separate text drafter's name or path, else the VL drafter's view."""
+        if self.sd_drafter is None:
+            return "drafter (compressed view)"
+        return str(getattr(self.sd_drafter, "name_or_path", "") or "custom text drafter")
 
     @property
     def ocr_engine(self):
@@ -336,6 +371,8 @@ class AsymSpecPipeline:
             steered=sum(ev.steered for ev in trace),
             fused=sum(ev.source == "fused" for ev in trace),
         )
+        if session.method == "sd":
+            stats["sd_drafter"] = self.sd_drafter_name
         token_ids = [ev.token_id for ev in trace]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         for s in session.config.stop_strings:
@@ -383,6 +420,8 @@ class AsymSpecPipeline:
             ("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, self.drafter_full),
             ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg, self.drafter_comp),
         ]
+        if method == "sd" and self.sd_drafter is not None:  # it reads the verifier's prompt
+            checks.append(("SD drafter", prompts.verifier_ids.shape[1], self.sd_drafter.config, None))
         for name, length, conf, served in checks:
             limit = getattr(conf, "max_position_embeddings", None)
             served_len = getattr(served, "max_model_len", None)  # vLLM: one position goes to its sampled token
@@ -406,17 +445,21 @@ class AsymSpecPipeline:
                 full = engines.vision(self.drafter, "drafter_full", encoder=self.encoder, prefix_store=self.prefix_store)
             full.prefill(p.drafter_full_ids[0, :-1], images)
             streams["drafter_full"] = full
-        if method in ("asymspec", "sd"):
+        ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
+        if method == "sd" and self.sd_drafter is not None:  # the text drafter shares the verifier's tokenizer and prompt
+            ids["drafter_comp"] = p.verifier_ids
+            comp = engines.text(self.sd_drafter, "drafter_comp")
+        elif method in ("asymspec", "sd"):
             comp = (
                 self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else engines.vision(self.drafter, "drafter_comp")
             )
-            comp.prefill(p.drafter_comp_ids[0, :-1])
+        if method in ("asymspec", "sd"):
+            comp.prefill(ids["drafter_comp"][0, :-1])
             streams["drafter_comp"] = comp
         if method in ("asymspec", "sd", "floor"):
             ver = self._verifier_engine(engines)
             ver.prefill(p.verifier_ids[0, :-1])
             streams["verifier"] = ver
-        ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
         return streams, {name: ids[name][0, -1:].to(e.device) for name, e in streams.items()}
 
     def _verifier_engine(self, engines: EngineFactory | None = None, name: str = "verifier"):

@@ -18,16 +18,23 @@ from typing import Any
 from .config import METHODS, AsymSpecConfig
 from .errors import UnknownOptionError
 
-#: Ablation names -> (method, the config fields they set).
+#: Ablation names -> (method, the config fields they set). The gates: ``fixed`` (no divergence discount,
+#: Tables 12/15/18), ``tuned`` (the tuned lambda gate as the paper's Appendix B text reads it: the log-ratio at
+#: the draft), ``tuned_kl`` (the tuned gate as the released code computes it: lambda * KL over the whole
+#: distribution, the "tuned lambda" rows of Tables 11-12 and 18-21), ``kl`` (CDA with KL in place of JSD, Table 14).
 ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "fixed": ("asymspec", {"gate": "fixed"}),
     "tuned": ("asymspec", {"gate": "tuned"}),
+    "tuned_kl": ("asymspec", {"gate": "tuned_kl"}),
+    "kl": ("asymspec", {"gate": "kl"}),
     "raw": ("asymspec", {"delta": "raw"}),
     "scd": ("asymspec", {"delta": "scd"}),
     "beta0": ("asymspec", {"beta": 0.0}),
 }
 NAMES = METHODS + tuple(ALIASES)
 SWEEPABLE = ("k", "beta", "gamma", "lam")
+#: The gates that read ``lam``.
+LAMBDA_GATES = ("tuned", "tuned_kl")
 
 
 @dataclass(frozen=True)
@@ -143,14 +150,14 @@ def _extend_name(name: str, fields: Mapping[str, Any]) -> str:
 
 def _sweep_applies(param: str, variant: Variant) -> bool:
     """Whether a sweep of ``param`` multiplies ``variant``: the param must matter to its method and not be
-    fixed by the variant itself (``beta0`` keeps beta=0; ``lam`` only matters to the tuned gate)."""
+    fixed by the variant itself (``beta0`` keeps beta=0; ``lam`` only matters to the tuned gates)."""
     if param in variant.config:
         return False
     if param == "k":
         return variant.method in ("asymspec", "sd")
     if param in ("beta", "gamma"):
         return variant.method == "asymspec"
-    return variant.method == "asymspec" and variant.config.get("gate") == "tuned"
+    return variant.method == "asymspec" and variant.config.get("gate") in LAMBDA_GATES
 
 
 def build_variants(

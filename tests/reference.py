@@ -26,6 +26,16 @@ def _jsd(p: torch.Tensor, q: torch.Tensor) -> float:
     return 0.5 * kl(p) + 0.5 * kl(q)
 
 
+def _kl(p: torch.Tensor, q: torch.Tensor) -> float:
+    """KL(p || q) of two float64 distributions over the whole vocabulary: terms with p = 0 are 0, a token
+    with p > 0 and q = 0 makes it infinite."""
+    total = 0.0
+    for x, y in zip(p.tolist(), q.tolist()):
+        if x > 0:
+            total += math.inf if y == 0 else x * (math.log(x) - math.log(y))
+    return total
+
+
 class Reference:
     def __init__(self, pipe, prompts):
         self.pipe = pipe
@@ -59,6 +69,10 @@ class Reference:
             return cfg.gamma * math.exp(-div), div
         if cfg.gate == "fixed":
             return cfg.gamma, div
+        if cfg.gate == "kl":
+            return cfg.gamma * math.exp(-_kl(pa, pb)), div
+        if cfg.gate == "tuned_kl":
+            return cfg.gamma * math.exp(-cfg.lam * _kl(pa, pb)), div
         return cfg.gamma * math.exp(-cfg.lam * (math.log(pa[d]) - math.log(pb[d]))), div
 
     def fused(self, cfg, a_row, b_row, t_row) -> int:

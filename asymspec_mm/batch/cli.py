@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import AsymSpecError
 from ..identity import identity_diff as shared_identity_diff
-from ..identity import models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
+from ..identity import model_ref, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from .files import (
     DEFAULT_BATCH_SIZE,
@@ -54,6 +54,8 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
     from .. import __version__
 
     models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype, hashes=False)
+    if getattr(args, "sd_drafter", None) and args.method == "sd":  # another SD drafter makes other tokens
+        models["sd_drafter"] = model_ref(args.sd_drafter)
     identity = {
         "models": {k: v for k, v in models.items() if k != "dtype"},
         "dtype": models["dtype"],

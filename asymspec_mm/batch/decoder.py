@@ -90,6 +90,8 @@ class BatchDecoder:
             "drafter_comp": pipe.drafter_comp or pipe.drafter,
             "verifier": pipe.verifier,
         }
+        if method == "sd" and getattr(pipe, "sd_drafter", None) is not None:  # SD's own text drafter (see prepare)
+            models["drafter_comp"] = pipe.sd_drafter
         self.engines = {name: batch_engine(models[name], name) for name in STREAMS_OF[method]}
         self.rows: dict[int, Row] = {}
 

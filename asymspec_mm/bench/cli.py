@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..options import finite_float
+from ..options import add_sd_drafter_arg, finite_float
+from ..variants import build_variants, parse_list
 from .report import render_markdown, update_section, write_outputs
 from .runner import ENGINES
 from .settings import DEFAULT_VARIANTS, PAIRS
@@ -31,6 +32,25 @@ def scenarios_arg(text: str) -> list[tuple[float, float]]:
             raise argparse.ArgumentTypeError(f"{item!r} is not AR:MAL")
         out.append((finite_float(ar), finite_float(mal)))
     return out
+
+
+def sweep_values(option: str, spec: str | None) -> list[float] | None:
+    """The values of ``--beta`` / ``--gamma`` (a comma list of finite numbers; None when not given)."""
+    from ..errors import UnknownOptionError
+
+    try:
+        return parse_list(spec, finite_float)
+    except (argparse.ArgumentTypeError, UnknownOptionError) as exc:
+        raise UnknownOptionError(f"--{option} {spec!r}: {exc}") from None
+
+
+def main_variants(spec: str, beta: str | None = None, gamma: str | None = None) -> str | list[str]:
+    """``--variants`` multiplied by the ``--beta`` / ``--gamma`` sweeps, as eval's (the values enter the names,
+    e.g. ``asymspec@gamma=0.4``); ``spec`` itself when neither is given."""
+    betas, gammas = sweep_values("beta", beta), sweep_values("gamma", gamma)
+    if (betas is None and gammas is None) or not spec.strip():
+        return spec
+    return [v.name for v in build_variants(spec, beta=betas, gamma=gammas)]
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -57,6 +77,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=";".join(DEFAULT_VARIANTS),
         help=f"the main comparison's variants, {VARIANT_GRAMMAR} ('' skips the main comparison) [default: %(default)s]",
     )
+    p.add_argument("--beta", default=None, help="beta value(s): a comma list sweeps the main comparison's asymspec variants")
+    p.add_argument(
+        "--gamma", default=None, help="gamma value(s): a comma list sweeps the main comparison's asymspec variants, e.g. 0.4,0.5,0.6,0.7"
+    )
+    add_sd_drafter_arg(p)
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions [default: %(default)s]")
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds (every variant, 2 tokens) before timing [default: %(default)s]")
     p.add_argument("--cases", type=int, default=2, help="requests per cell (MiniVista held-out problems) [default: %(default)s]")
@@ -154,7 +179,8 @@ def bench_main(args: argparse.Namespace) -> int:
             args.preset,
             drafter=args.drafter,
             verifier=args.verifier,
-            variants=args.variants,
+            sd_drafter=args.sd_drafter,
+            variants=main_variants(args.variants, args.beta, args.gamma),
             reps=args.reps,
             warmup=args.warmup,
             cases=args.cases,

@@ -121,14 +121,19 @@ def load_pair(
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
     workdir: str | Path | None = None,
+    sd_drafter: str | Path | None = None,
 ) -> BenchPair:
     """Load (or build) the pair to benchmark. ``tiny`` falls back to random tiny checkpoints when the bundled
-    trained pair is missing, and records that in ``notes``."""
+    trained pair is missing, and records that in ``notes``. ``sd_drafter``: SD's own text drafter (see
+    :meth:`AsymSpecPipeline.from_pretrained`; not for the real-shape pairs, which are built, not loaded)."""
 
     from ..errors import UnknownOptionError
     from ..pipeline import AsymSpecPipeline, resolve_device
 
     workdir = Path(workdir) if workdir is not None else Path("runs/bench")
+    sd = {"sd_drafter": sd_drafter} if sd_drafter is not None else {}
+    if sd and pair.startswith("real-shapes"):
+        raise UnknownOptionError(f"--sd-drafter needs a loaded pair (tiny, random-tiny, dirs), not {pair!r}")
     if pair == "tiny":
         from ..presets import TINY_DIR
 
@@ -140,10 +145,11 @@ def load_pair(
                 dtype=dtype or "fp32",
                 ocr="none",
                 local_files_only=True,
+                **sd,
             )
             return BenchPair(pipe, "tiny", "bundled trained tiny pair (asymspec_mm/presets_data/tiny)", trained=True)
         d_dir, v_dir = _build_random_tiny(workdir / "ckpt-random-tiny")
-        pipe = AsymSpecPipeline.from_pretrained(d_dir, v_dir, device=device or "cpu", dtype=dtype or "fp32", ocr="none")
+        pipe = AsymSpecPipeline.from_pretrained(d_dir, v_dir, device=device or "cpu", dtype=dtype or "fp32", ocr="none", **sd)
         return BenchPair(
             pipe,
             "tiny (fallback: random-tiny)",
@@ -156,7 +162,7 @@ def load_pair(
         )
     if pair == "random-tiny":
         d_dir, v_dir = _build_random_tiny(workdir / "ckpt-random-tiny")
-        pipe = AsymSpecPipeline.from_pretrained(d_dir, v_dir, device=device or "cpu", dtype=dtype or "fp32", ocr="none")
+        pipe = AsymSpecPipeline.from_pretrained(d_dir, v_dir, device=device or "cpu", dtype=dtype or "fp32", ocr="none", **sd)
         return BenchPair(pipe, "random-tiny", "random tiny checkpoints (correlated drafter/verifier)", trained=False)
     if pair in ("real-shapes", "real-shapes-32b"):
         dev, dt = resolve_device(device, dtype or "bf16")
@@ -179,7 +185,7 @@ def load_pair(
     if pair == "dirs":
         if not (drafter and verifier):
             raise UnknownOptionError("pair 'dirs' needs --drafter and --verifier checkpoint directories")
-        pipe = AsymSpecPipeline.from_pretrained(drafter, verifier, device=device, dtype=dtype, ocr="none")
+        pipe = AsymSpecPipeline.from_pretrained(drafter, verifier, device=device, dtype=dtype, ocr="none", **sd)
         return BenchPair(
             pipe,
             "dirs",

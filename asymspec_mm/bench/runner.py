@@ -197,7 +197,12 @@ class Runner:
         streams: dict[str, Any] = {}
         pending: dict[str, torch.Tensor] = {}
         for i, name in enumerate(METHOD_STREAMS[variant.method]):
-            e = factory.text(pipe.verifier, "verifier") if name == "verifier" else factory.vision(pipe.drafter, name)
+            if name == "verifier":
+                e = factory.text(pipe.verifier, "verifier")
+            elif variant.method == "sd" and getattr(pipe, "sd_drafter", None) is not None:  # SD's own text drafter
+                e = factory.text(pipe.sd_drafter, name)
+            else:
+                e = factory.vision(pipe.drafter, name)
             synthetic_prefill(e, length + (self.image_tokens if name == "drafter_full" else 0), seed=i)
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)

@@ -35,6 +35,7 @@ def run_bench(
     pipeline: Any = None,
     drafter: str | None = None,
     verifier: str | None = None,
+    sd_drafter: str | None = None,
     variants: str | Sequence[str] = DEFAULT_VARIANTS,
     reps: int = 3,
     warmup: int = 1,
@@ -71,6 +72,7 @@ def run_bench(
     (``method@field=value,...``; a string or a sequence of specs); Floor is added where missing, since every
     ratio is paired against it; an empty ``variants`` skips the main comparison (and the projection).
     ``pipeline``: reuse a loaded :class:`AsymSpecPipeline` (``pair`` is then only its label).
+    ``sd_drafter``: SD's own text drafter (``--sd-drafter``; default the VL drafter on the compressed view).
     ``prefill``: ``pipeline`` | ``synthetic`` | ``auto`` (synthetic for real-shape pairs on CPU).
     ``plain_runs``: time throughput in separate un-instrumented runs (default: on CUDA only).
     Empty ``prompt_lengths`` / ``k_values`` skip those sweeps. ``threads``: torch CPU threads for the run
@@ -95,7 +97,7 @@ def run_bench(
         if pipeline is not None:
             bp = BenchPair(pipeline, pair, getattr(pipeline, "name", pair), trained=pair not in ("random-tiny",) and "random" not in pair)
         else:
-            bp = load_pair(pair, drafter=drafter, verifier=verifier, device=device, dtype=dtype, workdir=workdir)
+            bp = load_pair(pair, drafter=drafter, verifier=verifier, device=device, dtype=dtype, workdir=workdir, sd_drafter=sd_drafter)
         dev = bp.device
         real = pair.startswith("real-shapes")
         if prefill == "auto":
@@ -432,6 +434,7 @@ def _meta(
         "ignore_eos": ignore_eos,
         "plain_runs": plain_runs,
         "image_tokens_synthetic": image_tokens if prefill == "synthetic" else None,
+        "sd_drafter": getattr(bp.pipe, "sd_drafter_name", None),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "timed_blocks": list(TIMER_BUCKETS),
     }

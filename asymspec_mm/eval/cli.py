@@ -40,14 +40,15 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument(
         "--methods",
         default="asymspec,floor,drafter,sd",
-        help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned, --lam), "
+        help="comma list of asymspec, floor, drafter, sd and ablations fixed (gate fixed), tuned (gate tuned: the paper "
+        "text's lambda gate, --lam), tuned_kl (the released code's lambda*KL gate, --lam), kl (Table 14's KL gate), "
         "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
         "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]",
     )
     g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
     g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
     g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--lam", default=None, help="lambda of the tuned gate, comma list sweeps (variants with gate tuned)")
+    g.add_argument("--lam", default=None, help="lambda of the tuned gates, comma list sweeps (variants with gate tuned or tuned_kl)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="[default: 1024 with --protocol paper, else 512]")
     g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
     g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
@@ -181,7 +182,7 @@ def pipeline_llm(pipe: Any) -> Any:
 def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: Any) -> tuple[dict[str, Any], Any]:
     """The run's identity (:mod:`.mathvista.identity`) and its pipeline; a ``--resume`` of other records is
     refused before any model loads (models named by hub id alone, not yet downloaded, are checked after)."""
-    from ..identity import models_identity
+    from ..identity import checkpoint_identity, models_identity
     from . import mathvista as mv
     from .mathvista.identity import check_resume, eval_identity
 
@@ -189,6 +190,8 @@ def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: 
     if started and not (args.resume or args.overwrite):
         raise FileExistsError(f"{records_path} already holds results: pass --resume to continue it or --overwrite to start over")
     models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype)
+    if getattr(args, "sd_drafter", None) and any(v.method == "sd" for v in run["variants"]):  # other SD tokens
+        models["sd_drafter"] = checkpoint_identity(args.sd_drafter)
     identity = eval_identity(args, models=models, **run)
     pending = any(isinstance(m, dict) and "files" not in m for m in models.values())
     if args.resume and started:
@@ -197,7 +200,8 @@ def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: 
         argparse.Namespace(**{**vars(args), "preset": preset_name or args.preset}), prompt_style=mv.style_for(args.protocol)
     )
     if pending:  # downloaded by the load: now named by revision and file hashes
-        identity["models"] = models_identity(preset_name, args.drafter, args.verifier, args.device, args.dtype)[0]
+        sd = {"sd_drafter": checkpoint_identity(args.sd_drafter)} if "sd_drafter" in models else {}
+        identity["models"] = models_identity(preset_name, args.drafter, args.verifier, args.device, args.dtype)[0] | sd
     return identity, pipe
 
 
