@@ -190,6 +190,6 @@ def test_batch_resume_identity_names_the_sd_drafter(tiny_dirs, sd_dir):
     with_sd, _ = run_identity(argparse.Namespace(**base, method="sd", sd_drafter=str(sd_dir)), cfg)
     without, _ = run_identity(argparse.Namespace(**base, method="sd", sd_drafter=None), cfg)
     assert with_sd["models"]["sd_drafter"] == str(sd_dir.resolve())
-    assert identity_diff(without, with_sd) == [f"models ({without['models']!r} -> {with_sd['models']!r})"]
+    assert identity_diff(without, with_sd) == [f"models.sd_drafter ((absent) -> {str(sd_dir.resolve())!r})"]
     floor, _ = run_identity(argparse.Namespace(**base, method="floor", sd_drafter=str(sd_dir)), cfg)
     assert "sd_drafter" not in floor["models"]  # Floor's tokens do not depend on it
