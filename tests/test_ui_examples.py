@@ -4,14 +4,24 @@ answers its label claims."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 
 import pytest
 
 from asymspec_mm.eval.extraction import rule_extract
 from asymspec_mm.eval.minivista import make_problem
 from asymspec_mm.eval.scoring import score_problem
-from ui.examples import EXAMPLES_DIR, TINY_PAIR_ANSWERS, TINY_PAIR_MAX_NEW_TOKENS, load_examples, outcome_text
+from ui.examples import (
+    EXAMPLES_DIR,
+    LABEL_CHARS,
+    TINY_PAIR_ANSWERS,
+    TINY_PAIR_MAX_NEW_TOKENS,
+    load_examples,
+    outcome_text,
+    render_examples_table,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +41,14 @@ def test_every_shown_example_is_recorded_and_labelled_with_its_answer():
     for ex in shown:
         answer = raw[ex["pid"]]["answer"]
         assert ex["answer"] == answer and ex["tiny_pair"] == TINY_PAIR_ANSWERS[ex["pid"]]
-        assert f"\u2192 answer: {answer}; {outcome_text(answer, ex['tiny_pair'])}" in ex["label"]
+        assert ex["label"].endswith(f" \u2192 {answer}") and len(ex["label"]) <= LABEL_CHARS  # Gradio cuts longer ones
+    table = render_examples_table(shown)
+    for ex in shown:
+        row = re.search(rf'<tr data-pid="{ex["pid"]}">(.*?)</tr>', table).group(1)
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        claims = ex["tiny_pair"]
+        expect = [html.escape(ex["label"]), ex["answer"], claims["asymspec"], claims["floor"], claims["drafter"]]
+        assert cells == expect + [html.escape(outcome_text(ex["answer"], claims))]
         assert ex["ocr"], "an example without OCR text would have its view filled by the demo's OCR engine"
 
 

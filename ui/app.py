@@ -7,9 +7,12 @@ verifier alone (Floor) and the drafter alone beside it.
 
 This module lays the page out and wires it (:func:`build_app`); the rest of the package:
 
-- :mod:`ui.render` - pure HTML and chart rendering (:func:`render_trace_html`, :func:`render_panel`, ...).
-- :mod:`ui.examples` - the bundled examples (:func:`load_examples`).
-- :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`).
+- :mod:`ui.render` - pure HTML and chart rendering (:func:`render_trace_html`, :func:`render_panel`, ...), with
+  :mod:`ui.provenance` (the hover box's gate and fusion lines) and :mod:`ui.align` (the token alignment).
+- :mod:`ui.examples` - the bundled examples (:func:`load_examples`) and what the tiny pair answers on them.
+- :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`); :mod:`ui.outputs` - what the
+  page shows for a run (:data:`RUN_OUTPUTS`); :mod:`ui.trace_files` - the JSON/CSV downloads.
+- :mod:`ui.page_js` - the script that keeps hover boxes inside the viewport.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
 
@@ -27,7 +30,7 @@ from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHOD
 from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
-from .examples import EXAMPLES_DIR, example_label, load_examples  # noqa: F401 - re-exported
+from .examples import EXAMPLES_DIR, example_label, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -198,10 +201,14 @@ def build_app(
                         examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
                         inputs=[image, question, caption, ocr],
                         example_labels=[e.get("label") or example_label(e) for e in examples],
-                        label="Bundled examples (MiniVista): the expected answer, and what the shipped tiny pair answers with each method",
+                        label="Bundled examples (MiniVista), with the expected answer",
                         cache_examples=False,
                         examples_per_page=8,
                     )
+                    table = render_examples_table(list(examples))
+                    if table:
+                        with gr.Accordion("What the shipped tiny pair answers on these examples", open=False):
+                            gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
                 with gr.Accordion("Advanced settings", open=False):
                     method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)", elem_id="asym-method")
                     k = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")

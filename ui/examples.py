@@ -1,8 +1,8 @@
 """The bundled examples of the steering inspector (``asymspec_mm/examples_data/examples.json``).
 
 Only the examples whose outcome with the shipped tiny pair is recorded in :data:`TINY_PAIR_ANSWERS` are shown,
-each labelled with its expected answer and with what AsymSpec, Floor and the drafter alone answer
-(tests/test_ui_examples.py runs each one and checks these answers).
+each labelled with its expected answer; a table under them says what AsymSpec, Floor and the drafter alone
+answer (tests/test_ui_examples.py runs each one and checks these answers).
 """
 
 from __future__ import annotations
@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["EXAMPLES_DIR", "TINY_PAIR_ANSWERS", "TINY_PAIR_MAX_NEW_TOKENS", "example_label", "load_examples", "outcome_text"]
+__all__ = [
+    "EXAMPLES_DIR",
+    "TINY_PAIR_ANSWERS",
+    "TINY_PAIR_MAX_NEW_TOKENS",
+    "example_label",
+    "load_examples",
+    "outcome_text",
+    "render_examples_table",
+]
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "asymspec_mm" / "examples_data"
 
@@ -88,20 +96,49 @@ def load_examples(path: str | Path | None = None) -> list[dict]:
     return out
 
 
+#: Gradio cuts an example's label after this many characters.
+LABEL_CHARS = 60
+
+
 def example_label(ex: dict) -> str:
-    """A button label: the family and the question line of a MiniVista prompt (cut to 70 characters), then the
-    expected answer and, where recorded, what the tiny pair's methods do with it."""
+    """A button label of at most :data:`LABEL_CHARS` characters: the family and the question line of a MiniVista
+    prompt, then the expected answer (``figure: Which bar is the tallest? -> green``), the question cut to fit."""
     q = str(ex.get("question", ""))
     for line in q.splitlines():
         if line.lower().startswith("question:"):
             q = line.split(":", 1)[1].strip()
             break
     fam = ex.get("family")
-    label = f"{fam}: {q}" if fam else q
-    label = label if len(label) <= 70 else label[:67] + "..."
-    if ex.get("answer") is not None:
+    head = f"{fam}: " if fam else ""
+    tail = f" \u2192 {ex['answer']}" if ex.get("answer") is not None else ""
+    room = LABEL_CHARS - len(head) - len(tail)
+    if len(q) > room:
+        q = q[: max(0, room - 3)].rstrip() + "..."
+    return head + q + tail
+
+
+def render_examples_table(examples: list[dict]) -> str:
+    """The examples' expected answers and what the shipped tiny pair answers with each method, as an HTML table
+    (``data-pid`` per row; "" when no example has recorded answers)."""
+    import html
+
+    rows = []
+    for ex in examples:
+        claims = ex.get("tiny_pair")
+        if not claims or ex.get("answer") is None:
+            continue
         answer = str(ex["answer"])
-        label += f" \u2192 answer: {answer}"
-        if ex.get("tiny_pair"):
-            label += f"; {outcome_text(answer, ex['tiny_pair'])}"
-    return label
+        cells = "".join(
+            f'<td class="{"ex-right" if claims[m] == answer else "ex-wrong"}">{html.escape(claims[m])}</td>'
+            for m in ("asymspec", "floor", "drafter")
+        )
+        rows.append(
+            f'<tr data-pid="{html.escape(str(ex.get("pid", "")))}"><td>{html.escape(example_label(ex))}</td>'
+            f"<td>{html.escape(answer)}</td>{cells}<td>{html.escape(outcome_text(answer, claims))}</td></tr>"
+        )
+    if not rows:
+        return ""
+    return (
+        '<div class="asym-examples"><table><thead><tr><th>example</th><th>expected</th><th>AsymSpec</th><th>Floor</th>'
+        f"<th>drafter</th><th>with the shipped tiny pair</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
