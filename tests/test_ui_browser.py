@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts"
 MAX_NEW = 12
 EXAMPLE_MAX_NEW = 24
-TIMEOUT_MS = 180_000
+TIMEOUT_MS = int(os.environ.get("ASYM_TIMEOUT_MS", "180000"))
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
 
@@ -642,4 +642,51 @@ def test_stop_while_the_comparisons_wait_marks_every_panel_stopped(browser_env):
         assert "Stopped." in page.locator("#asym-status").inner_text()
         page.close()
     finally:
+        demo.close()
+
+
+def test_runs_waiting_in_the_servers_queue_show_their_place(browser_env):
+    """More runs than the server handles at once: a run waiting in Gradio's queue says so, with its place."""
+    from ui.app import build_app, serve
+
+    env = browser_env
+    sched = EndlessScheduler()
+    demo = build_app(env["pipe"], examples=[], scheduler=sched, concurrency_limit=1, stream_interval=0.0)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    case = make_case(13)
+    img = env["tmp"] / "gradio_queue.png"
+    case["image"].save(img)
+    pages, contexts = [], []
+    try:
+        for _ in range(3):
+            # one browser context per user: in one, the pages' open streams would use up Chromium's six
+            # connections to the host, and a click's request would wait for one
+            contexts.append(env["context"].browser.new_context(viewport={"width": 1280, "height": 900}))
+            page = contexts[-1].new_page()
+            page.set_default_timeout(60_000)
+            page.goto(demo.local_url, wait_until="domcontentloaded")
+            page.wait_for_selector("#asym-image input[type=file]", state="attached")
+            fill(page, img, case["question"], "a chart", "")
+            pages.append(page)
+        first, second, third = pages
+        first.locator("#asym-run").click()
+        first.wait_for_function("() => /Running/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
+        second.locator("#asym-run").click()
+        second.wait_for_function("() => /Queued/.test(document.querySelector('#asym-status').innerText)")
+        third.locator("#asym-run").click()
+        third.wait_for_function("() => /Queued/.test(document.querySelector('#asym-status').innerText)")
+        text2, text3 = (p.locator("#asym-status").inner_text() for p in (second, third))
+        assert "1st in line for the server, which handles 1 run at once (0 queued ahead of this one); waiting since" in text2, text2
+        assert "2nd in line for the server, which handles 1 run at once (1 queued ahead of this one)" in text3, text3
+        assert second.locator("#asym-status").is_visible()
+        first.locator("#asym-stop").click()  # the next run in line starts
+        second.wait_for_function("() => /Running/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
+        third.locator("#asym-stop").click()  # a run stopped while it waits in line
+        third.wait_for_function("() => /Stopped before the run started/.test(document.querySelector('#asym-status').innerText)")
+        second.locator("#asym-stop").click()
+        second.wait_for_selector('#asym-status [data-status="idle"]', timeout=TIMEOUT_MS)
+        assert len(sched.handles) == 6  # the stopped waiting run never submitted rows
+    finally:
+        for context in contexts:
+            context.close()
         demo.close()

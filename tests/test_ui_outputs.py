@@ -24,6 +24,7 @@ from ui.render import _Decoder, _tooltip, plain_text, render_trace_html
 from ui.trace_files import CSV_COLUMNS, trace_csv, trace_json
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio's queue
 
 
 @pytest.fixture(scope="module")

@@ -141,6 +141,7 @@ def build_app(
         stream_interval=stream_interval,
         max_batch_size=max_batch_size,
         scheduler=scheduler,
+        concurrency_limit=concurrency_limit,
     )
     defaults = AsymSpecConfig()
     tok = pipe.tokenizer
@@ -290,10 +291,11 @@ def build_app(
             result_json=result_json,
         )
         outputs = [named[name] for name in RUN_OUTPUTS]
-        run, stop, stopped, forget = _session_handlers(state, gr.Request)
+        run, enqueue, stop, stopped, forget = _session_handlers(state, gr.Request)
         # show_progress="hidden": the status line reports progress and errors, so a refused request does not
         # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
-        run_event = run_btn.click(
+        # First, at once, the status says whether the run starts or waits in Gradio's queue (and where); then the run.
+        run_event = run_btn.click(enqueue, None, [status], queue=False, api_visibility="private", show_progress="hidden").then(
             run,
             inputs,
             outputs,
@@ -338,8 +340,8 @@ def build_app(
     return demo
 
 
-def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Callable, Callable, Callable]:
-    """The /run, Stop, after-Stop and unload handlers with Gradio's request (for its session hash) injected.
+def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Callable, Callable, Callable, Callable]:
+    """The /run, before-run, Stop, after-Stop and unload handlers with Gradio's request (for its session hash) injected.
 
     Gradio finds the request parameter by its annotation; this module's annotations are strings that it
     cannot resolve (Gradio is not imported here at import time), so the real type is set on each function.
@@ -382,6 +384,9 @@ def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Cal
             session=_session_of(request),
         )
 
+    def enqueue(request=None):
+        return state.enqueue(_session_of(request))
+
     def stop(request=None):
         return state.stop(_session_of(request))
 
@@ -391,10 +396,10 @@ def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Cal
     def forget(request=None):
         state.forget(_session_of(request))
 
-    for fn in (run, stop, stopped, forget):
+    for fn in (run, enqueue, stop, stopped, forget):
         fn.__annotations__ = {"request": request_type}
     run.__doc__ = DemoApp.run.__doc__
-    return run, stop, stopped, forget
+    return run, enqueue, stop, stopped, forget
 
 
 def _session_of(request: Any) -> str | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from asymspec_mm.config import METHODS
 
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
-from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
+from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, _ordinal, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
 from .render import status_html
 from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
 
@@ -68,6 +68,7 @@ class DemoApp:
         stream_interval: float = 0.1,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         scheduler: Any = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
@@ -85,6 +86,9 @@ class DemoApp:
         self._sessions: dict[str, list[_Job]] = {}  # each session's unfinished jobs, oldest first (for Stop)
         self._starting: dict[str, threading.Event] = {}  # sessions whose run is submitting its rows
         self._stopped: dict[str, _Job] = {}  # the job each session's last Stop stopped (shown again after it)
+        #: Runs the page has handed to Gradio's queue whose handler has not started, in queue order (by session).
+        self._queued: list[str] = []
+        self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
     @property
     def scheduler(self) -> Any:
@@ -115,6 +119,7 @@ class DemoApp:
         with self._lock:
             jobs = self._sessions.pop(session, []) if session else []
             self._stopped.pop(session or "", None)
+            self._queued = [q for q in self._queued if q != session]
         for job in jobs:
             job.stop()
 
@@ -248,6 +253,24 @@ class DemoApp:
         return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes)
 
     # ---------------------------------------------------------------- handlers
+    def enqueue(self, session: str | None) -> str:
+        """The status as the page hands a run to Gradio's queue: its place in line when the server already
+        handles :attr:`concurrency_limit` runs (the run's own handler then replaces it as it starts)."""
+        with self._lock:
+            ahead = len(self._queued)
+            if session:
+                self._queued.append(session)
+            running = len(self._live)
+        limit = self.concurrency_limit
+        if limit is None or running + ahead < limit:
+            return status_html("run", "Starting the run...")
+        since = time.strftime("%H:%M:%S UTC", time.gmtime())
+        return status_html(
+            "run",
+            f"Queued: {_ordinal(ahead + 1)} in line for the server, which handles {limit} run{'s' if limit != 1 else ''} at once "
+            f"({ahead} queued ahead of this one); waiting since {since}.",
+        )
+
     def describe(self, image: Any, caption: str, ocr: str) -> tuple[str, str]:
         """Fill the compressed view from the image (drafter caption; OCR when an engine is available)."""
         try:
@@ -269,11 +292,15 @@ class DemoApp:
             return (gr.skip(),) * len(RUN_OUTPUTS)
         with self._lock:
             starting = self._starting.get(session)
+            was_queued = session in self._queued
+            self._queued = [q for q in self._queued if q != session]  # Gradio drops its queued runs
         if starting is not None:  # a run of this session is submitting its rows
             starting.wait(self.stop_wait_s)
         with self._lock:
             jobs = [j for j in self._sessions.get(session, []) if not j.final_shown]
         if not jobs:
+            if was_queued:  # the run had not started: the status said queued
+                return (status_html("idle", "Stopped before the run started."),) + (gr.skip(),) * (len(RUN_OUTPUTS) - 1)
             return (gr.skip(),) * len(RUN_OUTPUTS)
         for job in jobs:  # Gradio cancels every /run of the session, too
             job.stop()
@@ -329,6 +356,9 @@ class DemoApp:
             # gr.skip() keeps the other outputs as they were: a failed request does not blank the last answer.
             return (status_html("error", text),) + (skip,) * (len(RUN_OUTPUTS) - 1)
 
+        with self._lock:
+            if session in self._queued:  # out of Gradio's queue
+                self._queued.remove(session)
         starting = self._starting_run(session)
         try:
             req = self.prepare(
