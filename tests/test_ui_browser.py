@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts"
 MAX_NEW = 12
 EXAMPLE_MAX_NEW = 24
-TIMEOUT_MS = 180_000
+TIMEOUT_MS = int(os.environ.get("ASYM_TIMEOUT_MS", "180000"))
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
 
@@ -415,4 +415,278 @@ def test_stop_mid_run_marks_every_panel_stopped(browser_env):
         assert outside_requests(env["requests"]) == []
         page.close()
     finally:
+        demo.close()
+
+
+# ------------------------------------------------------------------------------------- issue 21: the demo as read
+
+
+def _fonts_of(page, selector: str) -> list[str]:
+    """The fonts Chromium rendered the text of ``selector`` with (DevTools: CSS.getPlatformFontsForNode)."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        cdp.send("DOM.enable")
+        cdp.send("CSS.enable")
+        root = cdp.send("DOM.getDocument", {"depth": -1, "pierce": True})["root"]["nodeId"]
+        node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+        return [f["familyName"] for f in cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]]
+    finally:
+        cdp.detach()
+
+
+def _tip_box_in_viewport(page, selector: str = "#asym-answer .asym-trace .tok") -> tuple[dict, dict, float]:
+    """Hover the token furthest right and return its box, its hover box's box and the viewport width."""
+    toks = page.locator(selector)
+    boxes = [toks.nth(i).bounding_box() for i in range(toks.count())]
+    pick = max(range(len(boxes)), key=lambda i: boxes[i]["x"] + boxes[i]["width"])
+    tok = toks.nth(pick)
+    tok.scroll_into_view_if_needed()
+    tok.hover()
+    tip = tok.locator(".tok-tip")
+    tip.wait_for(state="visible")
+    page.wait_for_timeout(100)
+    width = page.evaluate("() => document.documentElement.clientWidth")
+    return tok.bounding_box(), tip.bounding_box(), width
+
+
+def test_first_screen_tooltip_alignment_downloads_and_titles(browser_env):
+    import csv
+    import io
+    import json
+    import re
+
+    from ui.app import load_examples
+    from ui.provenance import num
+
+    examples = load_examples()
+    if not examples:
+        pytest.skip("no bundled examples in this checkout")
+    env = browser_env
+    page = open_page(env)
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.wait_for_timeout(300)
+    # At 1280x720 Run is in the first screen and no empty chart (nor empty download) stands anywhere.
+    run_box = page.locator("#asym-run").bounding_box()
+    assert run_box["y"] >= 0 and run_box["y"] + run_box["height"] <= 720, run_box
+    assert not page.locator("#asym-chart").is_visible() and not page.locator("#asym-trace-json").is_visible()
+    page.get_by_text("What the shipped tiny pair answers on these examples").click()
+    page.wait_for_selector("#asym-examples-table tr[data-pid]")
+    pids = page.evaluate("() => Array.from(document.querySelectorAll('#asym-examples-table tr[data-pid]')).map(r => r.dataset.pid)")
+    assert pids == [e["pid"] for e in examples]
+    # The titles render in one font (the first "A" used to come from another one).
+    assert len(set(_fonts_of(page, ".asym-header h1"))) == 1, _fonts_of(page, ".asym-header h1")
+    assert len(set(_fonts_of(page, "#asym-answer .asym-panel-title"))) == 1
+
+    ex = examples[0]  # AsymSpec, Floor and the drafter answer it differently
+    page.get_by_text(ex["label"], exact=True).first.click()
+    page.wait_for_function("q => document.querySelector('#asym-question textarea').value === q", arg=ex["question"])
+    page.wait_for_selector("#asym-image img", state="attached")
+    page.locator("#asym-run").click()
+    wait_status(page, "ok")
+    pipe = env["pipe"]
+    refs = {
+        m: pipe.generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"], method=m, max_new_tokens=MAX_NEW)
+        for m in ("asymspec", "floor", "drafter")
+    }
+    read_answer_tokens(page, len(refs["asymspec"].trace))
+    assert page.locator("#asym-chart img").count() == 1 and page.locator("#asym-chart").is_visible()
+
+    # the alignment marks exactly the positions where the three outputs differ
+    traces = [refs[m].token_ids for m in ("asymspec", "floor", "drafter")]
+    width = max(len(t) for t in traces)
+    differ = [len({t[i] if i < len(t) else None for t in traces}) > 1 for i in range(width)]
+    assert any(differ)
+    page.wait_for_function("n => document.querySelector('#asym-align .asym-align')?.dataset.columns == n", arg=str(width))
+    marks = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#asym-align thead th[data-differ]')).map(e => e.dataset.differ === '1')"
+    )
+    assert marks == differ
+    rows = page.evaluate("""() => Array.from(document.querySelectorAll('#asym-align tbody tr')).map(r => ({name: r.dataset.output,
+        ids: Array.from(r.querySelectorAll('td')).map(c => c.dataset.tokenId ? Number(c.dataset.tokenId) : null),
+        diff: Array.from(r.querySelectorAll('td')).map(c => c.classList.contains('al-diff'))}))""")
+    assert [r["name"] for r in rows] == ["AsymSpec", "Floor: verifier alone", "Drafter alone"]
+    for r, ids in zip(rows, traces):
+        assert r["ids"] == ids + [None] * (width - len(ids))
+    for r in rows[1:]:
+        assert r["diff"] == [x is not None and x != (traces[0][i] if i < len(traces[0]) else None) for i, x in enumerate(r["ids"])]
+    marked_bg = page.evaluate("() => getComputedStyle(document.querySelector('#asym-align td.al-diff')).backgroundColor")
+    plain_bg = page.evaluate("() => getComputedStyle(document.querySelector('#asym-align tbody td:not(.al-differ)')).backgroundColor")
+    assert marked_bg != plain_bg
+
+    # the hover box of the token furthest right stays inside the viewport, and spells out the gate
+    tok_box, tip_box, vw = _tip_box_in_viewport(page)
+    assert tok_box["x"] + tip_box["width"] > vw  # placed at the token, it would stick out: the test means something
+    assert tip_box["x"] >= 0 and tip_box["x"] + tip_box["width"] <= vw, (tip_box, vw)
+    ev = next(e for e in refs["asymspec"].trace if e.source == "accepted")
+    i = refs["asymspec"].trace.index(ev)
+    page.locator("#asym-answer .asym-trace .tok").nth(i).hover()
+    text = page.locator("#asym-answer .asym-trace .tok").nth(i).locator(".tok-tip").inner_text()
+    bound = ev.gamma_eff * ev.p_base
+    assert (
+        f"gate: p_v = {num(ev.p_verifier)} > gamma_eff * p_base = {num(ev.gamma_eff)} * {num(ev.p_base)} = {num(bound)} -> accepted" in text
+    )
+    assert re.search(r"p_v = [\d.e+-]+ > gamma_eff \* p_base = [\d.e+-]+ \* [\d.e+-]+ = [\d.e+-]+ -> accepted", text)
+
+    # the trace downloads: JSON and CSV, one row per token of each output
+    files = {}
+    for key in ("json", "csv"):
+        link = page.locator(f"#asym-trace-{key} a").first
+        link.wait_for(state="attached")
+        files[key] = page.request.get(link.get_attribute("href")).text()
+    data = json.loads(files["json"])
+    assert {m: [e["token_id"] for e in v["trace"]] for m, v in data["methods"].items()} == {m: r.token_ids for m, r in refs.items()}
+    rows_csv = list(csv.DictReader(io.StringIO(files["csv"])))
+    assert len(rows_csv) == sum(len(r.trace) for r in refs.values())
+    assert [(r["method"], int(r["token_id"]), r["source"]) for r in rows_csv] == [
+        (m, e.token_id, e.source) for m, r in refs.items() for e in r.trace
+    ]
+    assert {"text", "p_verifier", "p_base", "gamma_eff", "jsd"} <= set(rows_csv[0])
+
+    # on a phone's width the hover box fits too
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(300)
+    tok_box, tip_box, vw = _tip_box_in_viewport(page)
+    assert vw <= 390 and tip_box["x"] >= 0 and tip_box["x"] + tip_box["width"] <= vw, (tip_box, vw)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "inspector_mobile_tooltip.png"))
+    assert outside_requests(env["requests"]) == []
+    page.close()
+
+
+def test_a_queued_run_shows_its_place_in_line(browser_env):
+    """More requests than rows in the batch: the page says where its rows stand and how long they have waited."""
+    import re
+
+    from ui.app import build_app, serve
+
+    env = browser_env
+    pipe = env["pipe"]
+    demo = build_app(pipe, examples=[], max_batch_size=1, stream_interval=0.0, default_max_new_tokens=MAX_NEW)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    sched = demo.asymspec.scheduler
+    case = make_case(11)
+    img = env["tmp"] / "queued.png"
+    case["image"].save(img)
+    held = False
+    try:
+        page = env["context"].new_page()
+        page.set_default_timeout(60_000)
+        page.goto(demo.local_url, wait_until="domcontentloaded")
+        page.wait_for_selector("#asym-image input[type=file]", state="attached")
+        fill(page, img, case["question"], "a chart", "")
+        pipe._lock.acquire()  # the scheduler sets requests up and decodes under this lock: the line stands still
+        held = True
+        ahead = [sched.submit(case["image"], case["question"], caption="a chart", ocr=False, max_new_tokens=4) for _ in range(3)]
+        page.locator("#asym-run").click()
+        page.wait_for_function("() => /in line/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
+        page.wait_for_function("() => /waiting [1-9]/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
+        status = page.locator("#asym-status").inner_text()
+        m = re.search(
+            r"AsymSpec (\d+)\w\w in line, Floor (\d+)\w\w in line, the drafter alone (\d+)\w\w in line \((\d+) requests ahead, (\d+) waiting\); waiting (\d+\.\d) s",
+            status,
+        )
+        assert m, status
+        # the worker took the first request; two of the ones submitted before are ahead of this run's rows
+        assert [int(g) for g in m.groups()[:5]] == [3, 4, 5, 2, 5], status
+        assert "queued: 4th in line" in page.locator("#asym-floor").inner_text()
+        pipe._lock.release()
+        held = False
+        wait_status(page, "ok")
+        for h in ahead:
+            h.result(timeout=120)
+        ref = pipe.generate(str(img), case["question"], caption="a chart", ocr=False, max_new_tokens=MAX_NEW)
+        assert [t["id"] for t in read_answer_tokens(page, len(ref.token_ids))] == ref.token_ids
+        page.close()
+    finally:
+        if held:
+            pipe._lock.release()
+        demo.close()
+
+
+class SilentComparisonsScheduler(EndlessScheduler):
+    """Rows of the main method stream tokens until cancelled; Floor's and the drafter's wait and never start."""
+
+    def submit(self, image, question, **kw):
+        handle = EndlessHandle(self.delay if kw.get("method", "asymspec") == "asymspec" else 3600.0)
+        self.handles.append(handle)
+        return handle
+
+
+def test_stop_while_the_comparisons_wait_marks_every_panel_stopped(browser_env):
+    from ui.app import build_app, serve
+
+    env = browser_env
+    sched = SilentComparisonsScheduler()
+    demo = build_app(env["pipe"], examples=[], scheduler=sched, stream_interval=0.0)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        case = make_case(12)
+        img = env["tmp"] / "silent.png"
+        case["image"].save(img)
+        page = env["context"].new_page()
+        page.set_default_timeout(60_000)
+        page.goto(demo.local_url, wait_until="domcontentloaded")
+        page.wait_for_selector("#asym-image input[type=file]", state="attached")
+        fill(page, img, case["question"], "a chart", "")
+        page.locator("#asym-run").click()
+        page.wait_for_function("() => document.querySelectorAll('#asym-answer .asym-trace .tok').length >= 3", timeout=TIMEOUT_MS)
+        assert "waiting for the models" in page.locator("#asym-floor").inner_text()
+        page.locator("#asym-stop").click()
+        page.wait_for_selector('#asym-status [data-status="idle"]', timeout=TIMEOUT_MS)
+        page.wait_for_timeout(1500)  # whatever the cancelled handler had sent has arrived
+        for sel in ("#asym-answer", "#asym-floor", "#asym-drafter"):
+            assert page.locator(f"{sel} .asym-panel").get_attribute("data-state") == "stopped", sel
+            assert "waiting for the models" not in page.locator(sel).inner_text(), sel
+        for sel in ("#asym-floor", "#asym-drafter"):
+            assert "stopped before its first token" in page.locator(sel).inner_text(), sel
+        assert "Stopped." in page.locator("#asym-status").inner_text()
+        page.close()
+    finally:
+        demo.close()
+
+
+def test_runs_waiting_in_the_servers_queue_show_their_place(browser_env):
+    """More runs than the server handles at once: a run waiting in Gradio's queue says so, with its place."""
+    from ui.app import build_app, serve
+
+    env = browser_env
+    sched = EndlessScheduler()
+    demo = build_app(env["pipe"], examples=[], scheduler=sched, concurrency_limit=1, stream_interval=0.0)
+    serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    case = make_case(13)
+    img = env["tmp"] / "gradio_queue.png"
+    case["image"].save(img)
+    pages, contexts = [], []
+    try:
+        for _ in range(3):
+            # one browser context per user: in one, the pages' open streams would use up Chromium's six
+            # connections to the host, and a click's request would wait for one
+            contexts.append(env["context"].browser.new_context(viewport={"width": 1280, "height": 900}))
+            page = contexts[-1].new_page()
+            page.set_default_timeout(60_000)
+            page.goto(demo.local_url, wait_until="domcontentloaded")
+            page.wait_for_selector("#asym-image input[type=file]", state="attached")
+            fill(page, img, case["question"], "a chart", "")
+            pages.append(page)
+        first, second, third = pages
+        first.locator("#asym-run").click()
+        first.wait_for_function("() => /Running/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
+        second.locator("#asym-run").click()
+        second.wait_for_function("() => /Queued/.test(document.querySelector('#asym-status').innerText)")
+        third.locator("#asym-run").click()
+        third.wait_for_function("() => /Queued/.test(document.querySelector('#asym-status').innerText)")
+        text2, text3 = (p.locator("#asym-status").inner_text() for p in (second, third))
+        assert "1st in line for the server, which handles 1 run at once (0 queued ahead of this one); waiting since" in text2, text2
+        assert "2nd in line for the server, which handles 1 run at once (1 queued ahead of this one)" in text3, text3
+        assert second.locator("#asym-status").is_visible()
+        first.locator("#asym-stop").click()  # the next run in line starts
+        second.wait_for_function("() => /Running/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
+        third.locator("#asym-stop").click()  # a run stopped while it waits in line
+        third.wait_for_function("() => /Stopped before the run started/.test(document.querySelector('#asym-status').innerText)")
+        second.locator("#asym-stop").click()
+        second.wait_for_selector('#asym-status [data-status="idle"]', timeout=TIMEOUT_MS)
+        assert len(sched.handles) == 6  # the stopped waiting run never submitted rows
+    finally:
+        for context in contexts:
+            context.close()
         demo.close()

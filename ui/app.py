@@ -7,9 +7,12 @@ verifier alone (Floor) and the drafter alone beside it.
 
 This module lays the page out and wires it (:func:`build_app`); the rest of the package:
 
-- :mod:`ui.render` - pure HTML and chart rendering (:func:`render_trace_html`, :func:`render_panel`, ...).
-- :mod:`ui.examples` - the bundled examples (:func:`load_examples`).
-- :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`).
+- :mod:`ui.render` - pure HTML and chart rendering (:func:`render_trace_html`, :func:`render_panel`, ...), with
+  :mod:`ui.provenance` (the hover box's gate and fusion lines) and :mod:`ui.align` (the token alignment).
+- :mod:`ui.examples` - the bundled examples (:func:`load_examples`) and what the tiny pair answers on them.
+- :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`); :mod:`ui.outputs` - what the
+  page shows for a run (:data:`RUN_OUTPUTS`); :mod:`ui.trace_files` - the JSON/CSV downloads.
+- :mod:`ui.page_js` - the script that keeps hover boxes inside the viewport.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
 
@@ -26,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, AsymSpecConfig
 from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 
-from .examples import EXAMPLES_DIR, example_label, load_examples  # noqa: F401 - re-exported
+from .align import render_alignment_html  # noqa: F401 - re-exported
+from .examples import EXAMPLES_DIR, example_label, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -41,6 +45,7 @@ from .jobs import (  # noqa: F401 - re-exported
     _Request,
     outputs_as_dict,
 )
+from .page_js import TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
     PANEL_STATES,
     SOURCES,
@@ -79,6 +84,9 @@ __all__ = [
 ]
 
 STYLESHEET = Path(__file__).with_name("style.css")
+#: Runs handled at once by default, per row of the batch (beyond the batch, rows wait in the scheduler and
+#: the page shows their place in line), and at most.
+CONCURRENCY_PER_ROW, MAX_DEFAULT_CONCURRENCY = 4, 32
 
 
 def stylesheet() -> str:
@@ -113,16 +121,17 @@ def build_app(
     (Gradio's ``max_file_size``) and again by the handlers. Every run decodes its method and the
     comparisons as rows of one scheduler per app (``pipe.scheduler(max_batch_size=max_batch_size)``,
     or ``scheduler``; closed with the app), so concurrent runs share decoding steps.
-    ``concurrency_limit``: runs handled at once (default ``max_batch_size``; rows beyond the batch wait
-    in the scheduler, and the page says so), the rest wait in Gradio's queue of at most ``max_queue``.
-    Endpoints: ``/run`` (see :data:`RUN_OUTPUTS`) and ``/describe``.
+    ``concurrency_limit``: runs handled at once (default ``4 * max_batch_size``, at most 32; rows beyond the
+    batch wait in the scheduler, and the page shows each row's place in line and its waiting time), the rest
+    wait in Gradio's queue of at most ``max_queue``. Endpoints: ``/run`` (its outputs are named as in
+    :data:`RUN_OUTPUTS`) and ``/describe``.
     """
     import gradio as gr
 
     if examples is None:
         examples = load_examples()
     if concurrency_limit is None:
-        concurrency_limit = max_batch_size
+        concurrency_limit = max(1, min(MAX_DEFAULT_CONCURRENCY, CONCURRENCY_PER_ROW * max_batch_size))
     if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1:
         raise ValueError(f"concurrency_limit={concurrency_limit!r} must be an integer >= 1")
     state = DemoApp(
@@ -132,6 +141,7 @@ def build_app(
         stream_interval=stream_interval,
         max_batch_size=max_batch_size,
         scheduler=scheduler,
+        concurrency_limit=concurrency_limit,
     )
     defaults = AsymSpecConfig()
     tok = pipe.tokenizer
@@ -147,25 +157,30 @@ def build_app(
             f"reads only the compressed view (caption + OCR). Watch, token by token, how the drafter steers the "
             f"verifier. Models: <code>{esc(_model_label(pipe))}</code>. Hover or tap a token for "
             f"its provenance.</p></div>",
-            js_on_load=None,
+            js_on_load=TOOLTIP_JS,
+            label="header",
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=320):
                 image = gr.Image(
-                    label="Image", type="filepath", image_mode=None, sources=["upload", "clipboard"], height=260, elem_id="asym-image"
+                    label="Image", type="filepath", image_mode=None, sources=["upload", "clipboard"], height=220, elem_id="asym-image"
                 )
                 question = gr.Textbox(
                     label="Question",
-                    lines=3,
+                    lines=2,
                     max_lines=10,
                     max_length=MAX_QUESTION_CHARS,
                     placeholder="e.g. Which bar is the tallest?",
                     elem_id="asym-question",
                 )
+                # Run and the examples come before the longer settings, so that they are in the first screen.
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="asym-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="asym-stop")
                 with gr.Accordion("Compressed view: what the verifier reads (edit it)", open=True):
                     caption = gr.Textbox(
                         label="Caption",
-                        lines=3,
+                        lines=2,
                         max_lines=8,
                         max_length=MAX_VIEW_CHARS,
                         placeholder="empty: the drafter writes one (if auto-fill is on)",
@@ -173,7 +188,7 @@ def build_app(
                     )
                     ocr = gr.Textbox(
                         label="OCR text",
-                        lines=2,
+                        lines=1,
                         max_lines=6,
                         max_length=MAX_VIEW_CHARS,
                         placeholder="empty: OCR engine (if auto-fill is on and one is installed)",
@@ -182,6 +197,19 @@ def build_app(
                     with gr.Row():
                         autofill = gr.Checkbox(value=True, label="Auto-fill empty fields from the image", elem_id="asym-autofill")
                         describe_btn = gr.Button("Describe image", size="sm", elem_id="asym-describe")
+                if examples:
+                    gr.Examples(
+                        examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
+                        inputs=[image, question, caption, ocr],
+                        example_labels=[e.get("label") or example_label(e) for e in examples],
+                        label="Bundled examples (MiniVista), with the expected answer",
+                        cache_examples=False,
+                        examples_per_page=8,
+                    )
+                    table = render_examples_table(list(examples))
+                    if table:
+                        with gr.Accordion("What the shipped tiny pair answers on these examples", open=False):
+                            gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
                 with gr.Accordion("Advanced settings", open=False):
                     method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)", elem_id="asym-method")
                     k = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")
@@ -202,32 +230,36 @@ def build_app(
                         list(DRAFTER_VIEWS), value=defaults.drafter_view, label="Drafter view", elem_id="asym-drafter-view"
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="asym-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="asym-stop")
-                if examples:
-                    gr.Examples(
-                        examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
-                        inputs=[image, question, caption, ocr],
-                        example_labels=[e.get("label") or example_label(e) for e in examples],
-                        label="Bundled examples (MiniVista; they work with the shipped tiny pair)",
-                        cache_examples=False,
-                        examples_per_page=8,
-                    )
             with gr.Column(scale=3, min_width=420):
-                status = gr.HTML(status_html("idle", "Upload an image, ask a question, press Run."), js_on_load=None, elem_id="asym-status")
+                status = gr.HTML(
+                    status_html("idle", "Upload an image, ask a question, press Run."),
+                    js_on_load=None,
+                    elem_id="asym-status",
+                    label="status",
+                )
                 answer_html = gr.HTML(
                     empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
                     js_on_load=None,
                     elem_id="asym-answer",
+                    label="answer_html",
                 )
-                answer_text = gr.Textbox(label="Answer (plain text)", lines=2, interactive=False, elem_id="asym-answer-text")
+                answer_text = gr.Textbox(
+                    label="answer_text",
+                    show_label=False,
+                    lines=2,
+                    interactive=False,
+                    elem_id="asym-answer-text",
+                    placeholder="The answer as plain text.",
+                )
                 with gr.Row(equal_height=False):
-                    floor_html = gr.HTML(empty_panel("floor"), js_on_load=None, elem_id="asym-floor")
-                    drafter_html = gr.HTML(empty_panel("drafter"), js_on_load=None, elem_id="asym-drafter")
-                stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats")
+                    floor_html = gr.HTML(empty_panel("floor"), js_on_load=None, elem_id="asym-floor", label="floor_html")
+                    drafter_html = gr.HTML(empty_panel("drafter"), js_on_load=None, elem_id="asym-drafter", label="drafter_html")
+                alignment_html = gr.HTML(
+                    render_alignment_html([("AsymSpec", []), ("Floor", [])]), js_on_load=None, elem_id="asym-align", label="alignment_html"
+                )
+                stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
-                    label="JSD and gamma_eff per emitted token",
+                    label="chart",
                     show_label=False,
                     type="pil",
                     interactive=False,
@@ -236,15 +268,34 @@ def build_app(
                     height=280,
                     buttons=["download"],
                 )
+                with gr.Row():
+                    trace_json = gr.File(label="trace_json", interactive=False, elem_id="asym-trace-json")
+                    trace_csv = gr.File(label="trace_csv", interactive=False, elem_id="asym-trace-csv")
                 with gr.Accordion("Raw result (JSON: trace, stats, view)", open=False):
-                    result_json = gr.JSON(label="result", elem_id="asym-json")
+                    result_json = gr.JSON(label="result_json", elem_id="asym-json")
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
-        outputs = [status, answer_html, answer_text, floor_html, drafter_html, stats_html, chart, caption, ocr, result_json]
-        run, stop, forget = _session_handlers(state, gr.Request)
+        named = dict(
+            status=status,
+            answer_html=answer_html,
+            answer_text=answer_text,
+            floor_html=floor_html,
+            drafter_html=drafter_html,
+            alignment_html=alignment_html,
+            stats_html=stats_html,
+            chart=chart,
+            caption=caption,
+            ocr=ocr,
+            trace_json=trace_json,
+            trace_csv=trace_csv,
+            result_json=result_json,
+        )
+        outputs = [named[name] for name in RUN_OUTPUTS]
+        run, enqueue, stop, stopped, forget = _session_handlers(state, gr.Request)
         # show_progress="hidden": the status line reports progress and errors, so a refused request does not
         # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
-        run_event = run_btn.click(
+        # First, at once, the status says whether the run starts or waits in Gradio's queue (and where); then the run.
+        run_event = run_btn.click(enqueue, None, [status], queue=False, api_visibility="private", show_progress="hidden").then(
             run,
             inputs,
             outputs,
@@ -255,8 +306,11 @@ def build_app(
             show_progress="hidden",
         )
         # Gradio closes the session's /run handler; Stop itself cancels its rows and shows every unfinished
-        # panel stopped (the handler's own last outputs are the same); after a finished run it changes nothing.
-        stop_btn.click(stop, None, outputs, cancels=[run_event], queue=False, api_visibility="private", show_progress="hidden")
+        # panel stopped; after a finished run it changes nothing. The same outputs come once more through the
+        # queue, after whatever the cancelled handler had sent.
+        stop_btn.click(stop, None, outputs, cancels=[run_event], queue=False, api_visibility="private", show_progress="hidden").then(
+            stopped, None, outputs, api_visibility="private", show_progress="hidden", concurrency_id="stopped", concurrency_limit=None
+        )
         # The caption is written by the drafter under the pipeline's lock (decoding steps wait): few at once.
         describe_btn.click(
             state.describe,
@@ -286,8 +340,8 @@ def build_app(
     return demo
 
 
-def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Callable, Callable]:
-    """The /run, Stop and unload handlers with Gradio's request (for its session hash) injected.
+def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Callable, Callable, Callable, Callable]:
+    """The /run, before-run, Stop, after-Stop and unload handlers with Gradio's request (for its session hash) injected.
 
     Gradio finds the request parameter by its annotation; this module's annotations are strings that it
     cannot resolve (Gradio is not imported here at import time), so the real type is set on each function.
@@ -330,16 +384,22 @@ def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Cal
             session=_session_of(request),
         )
 
+    def enqueue(request=None):
+        return state.enqueue(_session_of(request))
+
     def stop(request=None):
         return state.stop(_session_of(request))
+
+    def stopped(request=None):
+        return state.stopped(_session_of(request))
 
     def forget(request=None):
         state.forget(_session_of(request))
 
-    for fn in (run, stop, forget):
+    for fn in (run, enqueue, stop, stopped, forget):
         fn.__annotations__ = {"request": request_type}
     run.__doc__ = DemoApp.run.__doc__
-    return run, stop, forget
+    return run, enqueue, stop, stopped, forget
 
 
 def _session_of(request: Any) -> str | None:

@@ -1,9 +1,12 @@
 """How the steering inspector reports errors: user errors (bad input or option) as their own one-line text,
-anything else with its type; on the page as a ``gr.Error`` whose message is escaped."""
+anything else with its type; on the page and through the API as a ``gr.Error``."""
 
 from __future__ import annotations
 
-import html
+import re
+
+#: A ``<`` that HTML would read as the start of a tag, comment or end tag.
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
 
 
 class DemoInputError(Exception):
@@ -18,12 +21,14 @@ def _is_user_error(exc: BaseException) -> bool:
 
 
 def _gr_error(exc_or_msg: BaseException | str, title: str) -> Exception:
-    """A ``gr.Error`` for the page (its message is rendered as HTML, so it is escaped)."""
+    """A ``gr.Error`` for the page and the API: the message as it is (``gamma=-1.0 must be >= 0``, not ``&gt;=``,
+    which the API would pass on), except a ``<`` that could open a tag (the page's toast reads it as sanitised
+    HTML): that one becomes ``&lt;``."""
     import gradio as gr
 
     msg = exc_or_msg if isinstance(exc_or_msg, str) else _error_text(exc_or_msg)
     user = isinstance(exc_or_msg, str) or _is_user_error(exc_or_msg)
-    return gr.Error(html.escape(msg, quote=False), title=title, print_exception=not user)
+    return gr.Error(_TAG_OPEN.sub("&lt;", msg), title=title, print_exception=not user)
 
 
 def _error_text(exc: BaseException) -> str:

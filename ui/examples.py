@@ -1,18 +1,65 @@
-"""The bundled examples of the steering inspector (``asymspec_mm/examples_data/examples.json``)."""
+"""The bundled examples of the steering inspector (``asymspec_mm/examples_data/examples.json``).
+
+Only the examples whose outcome with the shipped tiny pair is recorded in :data:`TINY_PAIR_ANSWERS` are shown,
+each labelled with its expected answer; a table under them says what AsymSpec, Floor and the drafter alone
+answer (tests/test_ui_examples.py runs each one and checks these answers).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-__all__ = ["EXAMPLES_DIR", "example_label", "load_examples"]
+__all__ = [
+    "EXAMPLES_DIR",
+    "TINY_PAIR_ANSWERS",
+    "TINY_PAIR_MAX_NEW_TOKENS",
+    "example_label",
+    "load_examples",
+    "outcome_text",
+    "render_examples_table",
+]
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "asymspec_mm" / "examples_data"
 
+#: The max new tokens the recorded answers were decoded with (the demo's default).
+TINY_PAIR_MAX_NEW_TOKENS = 64
+#: pid -> the answer each method gives with the shipped tiny pair (default settings, the example's caption and
+#: OCR as the compressed view), after MiniVista's answer extraction. Examples the tiny pair gets wrong with
+#: every method, or whose view the demo would fill from the image (no OCR text), are not listed.
+TINY_PAIR_ANSWERS: dict[str, dict[str, str]] = {
+    "4": {"asymspec": "5", "floor": "11", "drafter": "14"},
+    "12": {"asymspec": "4", "floor": "5", "drafter": "3"},
+    "1": {"asymspec": "green", "floor": "blue", "drafter": "green"},
+    "17": {"asymspec": "2", "floor": "7", "drafter": "2"},
+    "3": {"asymspec": "30", "floor": "30", "drafter": "30"},
+    "13": {"asymspec": "blue", "floor": "blue", "drafter": "blue"},
+}
+_NAMES = {"asymspec": "AsymSpec", "floor": "Floor", "drafter": "the drafter"}
+
+
+def outcome_text(answer: str, answers: dict[str, str]) -> str:
+    """What the methods' ``answers`` do with the expected ``answer``, e.g. ``only AsymSpec answers it (Floor: 11,
+    the drafter: 14)``."""
+    right = [m for m in ("asymspec", "floor", "drafter") if answers.get(m) == answer]
+    wrong = [m for m in ("asymspec", "floor", "drafter") if m in answers and answers[m] != answer]
+    missed = ", ".join(f"{_NAMES[m]}: {answers[m]}" for m in wrong)
+    if not wrong:
+        return "all three answer it"
+    if not right:
+        return f"all three miss it ({missed})"
+    names = " and ".join(_NAMES[m] for m in right)
+    if len(right) == 1:
+        names = "only " + names
+    return f"{names} {'answers' if len(right) == 1 else 'answer'} it ({missed})"
+
 
 def load_examples(path: str | Path | None = None) -> list[dict]:
-    """Bundled examples from ``examples.json`` (a list of {image, question, caption, ocr}; ``image`` relative
-    to the JSON's folder). Entries whose image is missing are skipped; no file (or a bad one) gives []."""
+    """Examples from ``examples.json`` (a list of {image, question, caption, ocr, answer, ...}; ``image`` relative
+    to the JSON's folder). Entries whose image is missing are skipped; no file (or a bad one) gives [].
+    The bundled file (``path=None``) gives only the examples of :data:`TINY_PAIR_ANSWERS`, in its order, each with
+    ``tiny_pair`` (those answers)."""
+    bundled = path is None
     index = Path(path) if path is not None else EXAMPLES_DIR / "examples.json"
     if index.is_dir():
         index = index / "examples.json"
@@ -27,25 +74,71 @@ def load_examples(path: str | Path | None = None) -> list[dict]:
         img = (index.parent / str(ex["image"])).resolve()
         if not img.is_file():
             continue
-        out.append(
-            {
-                "image": str(img),
-                "question": str(ex["question"]),
-                "caption": str(ex.get("caption") or ""),
-                "ocr": str(ex.get("ocr") or ""),
-                "label": example_label(ex),
-            }
-        )
+        claims = TINY_PAIR_ANSWERS.get(str(ex.get("pid"))) if bundled else None
+        if bundled and claims is None:
+            continue
+        item = {
+            "image": str(img),
+            "question": str(ex["question"]),
+            "caption": str(ex.get("caption") or ""),
+            "ocr": str(ex.get("ocr") or ""),
+        }
+        for key in ("answer", "pid", "family", "seed"):
+            if ex.get(key) is not None:
+                item[key] = ex[key]
+        if claims is not None:
+            item["tiny_pair"] = dict(claims)
+        item["label"] = example_label(item)
+        out.append(item)
+    if bundled:
+        order = list(TINY_PAIR_ANSWERS)
+        out.sort(key=lambda e: order.index(str(e["pid"])))
     return out
 
 
+#: Gradio cuts an example's label after this many characters.
+LABEL_CHARS = 60
+
+
 def example_label(ex: dict) -> str:
-    """A short button label: the family and the question line of a MiniVista prompt, cut to 70 characters."""
+    """A button label of at most :data:`LABEL_CHARS` characters: the family and the question line of a MiniVista
+    prompt, then the expected answer (``figure: Which bar is the tallest? -> green``), the question cut to fit."""
     q = str(ex.get("question", ""))
     for line in q.splitlines():
         if line.lower().startswith("question:"):
             q = line.split(":", 1)[1].strip()
             break
     fam = ex.get("family")
-    label = f"{fam}: {q}" if fam else q
-    return label if len(label) <= 70 else label[:67] + "..."
+    head = f"{fam}: " if fam else ""
+    tail = f" \u2192 {ex['answer']}" if ex.get("answer") is not None else ""
+    room = LABEL_CHARS - len(head) - len(tail)
+    if len(q) > room:
+        q = q[: max(0, room - 3)].rstrip() + "..."
+    return head + q + tail
+
+
+def render_examples_table(examples: list[dict]) -> str:
+    """The examples' expected answers and what the shipped tiny pair answers with each method, as an HTML table
+    (``data-pid`` per row; "" when no example has recorded answers)."""
+    import html
+
+    rows = []
+    for ex in examples:
+        claims = ex.get("tiny_pair")
+        if not claims or ex.get("answer") is None:
+            continue
+        answer = str(ex["answer"])
+        cells = "".join(
+            f'<td class="{"ex-right" if claims[m] == answer else "ex-wrong"}">{html.escape(claims[m])}</td>'
+            for m in ("asymspec", "floor", "drafter")
+        )
+        rows.append(
+            f'<tr data-pid="{html.escape(str(ex.get("pid", "")))}"><td>{html.escape(example_label(ex))}</td>'
+            f"<td>{html.escape(answer)}</td>{cells}<td>{html.escape(outcome_text(answer, claims))}</td></tr>"
+        )
+    if not rows:
+        return ""
+    return (
+        '<div class="asym-examples"><table><thead><tr><th>example</th><th>expected</th><th>AsymSpec</th><th>Floor</th>'
+        f"<th>drafter</th><th>with the shipped tiny pair</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )

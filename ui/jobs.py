@@ -9,23 +9,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.config import METHODS
 
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
-from .render import (
-    SPECULATIVE_SOURCES,
-    jsd_gamma_chart,
-    method_subtitle,
-    method_title,
-    render_panel,
-    render_stats_html,
-    source_counts,
-    status_html,
-)
+from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, _ordinal, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
+from .render import status_html
 from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,14 +49,6 @@ DEFAULT_MAX_BATCH_SIZE = 8
 #: A running handler yields at least this often (Gradio can close a stopped handler only between two yields).
 HEARTBEAT_S = 0.5
 
-#: Output order of the ``/run`` endpoint (also the keys of :func:`outputs_as_dict`).
-RUN_OUTPUTS = ("status", "answer_html", "answer_text", "floor_html", "drafter_html", "stats_html", "chart", "caption", "ocr", "result_json")
-
-
-def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
-    """Name the ``/run`` endpoint's outputs (e.g. a gradio_client result tuple)."""
-    return dict(zip(RUN_OUTPUTS, outputs))
-
 
 class DemoApp:
     """State and handlers behind the Blocks: one loaded pipeline and one batching scheduler, shared by all
@@ -84,10 +68,12 @@ class DemoApp:
         stream_interval: float = 0.1,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         scheduler: Any = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe = pipe
+        self.outputs = RunOutputs(getattr(pipe, "tokenizer", None))
         self.max_upload_bytes = int(max_upload_mb * 2**20)
         self.max_upload_mb = max_upload_mb
         self.max_new_tokens_limit = max_new_tokens_limit
@@ -99,6 +85,10 @@ class DemoApp:
         self._live: set[_Job] = set()  # jobs whose handler is running
         self._sessions: dict[str, list[_Job]] = {}  # each session's unfinished jobs, oldest first (for Stop)
         self._starting: dict[str, threading.Event] = {}  # sessions whose run is submitting its rows
+        self._stopped: dict[str, _Job] = {}  # the job each session's last Stop stopped (shown again after it)
+        #: Runs the page has handed to Gradio's queue whose handler has not started, in queue order (by session).
+        self._queued: list[str] = []
+        self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
     @property
     def scheduler(self) -> Any:
@@ -115,6 +105,7 @@ class DemoApp:
             jobs = self._live.union(*self._sessions.values())
             self._live.clear()
             self._sessions.clear()
+            self._stopped.clear()
             sched, own = self._scheduler, self._own_scheduler
             if own:
                 self._scheduler = None
@@ -127,6 +118,8 @@ class DemoApp:
         """The session's page went away: stop its job."""
         with self._lock:
             jobs = self._sessions.pop(session, []) if session else []
+            self._stopped.pop(session or "", None)
+            self._queued = [q for q in self._queued if q != session]
         for job in jobs:
             job.stop()
 
@@ -260,6 +253,24 @@ class DemoApp:
         return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes)
 
     # ---------------------------------------------------------------- handlers
+    def enqueue(self, session: str | None) -> str:
+        """The status as the page hands a run to Gradio's queue: its place in line when the server already
+        handles :attr:`concurrency_limit` runs (the run's own handler then replaces it as it starts)."""
+        with self._lock:
+            ahead = len(self._queued)
+            if session:
+                self._queued.append(session)
+            running = len(self._live)
+        limit = self.concurrency_limit
+        if limit is None or running + ahead < limit:
+            return status_html("run", "Starting the run...")
+        since = time.strftime("%H:%M:%S UTC", time.gmtime())
+        return status_html(
+            "run",
+            f"Queued: {_ordinal(ahead + 1)} in line for the server, which handles {limit} run{'s' if limit != 1 else ''} at once "
+            f"({ahead} queued ahead of this one); waiting since {since}.",
+        )
+
     def describe(self, image: Any, caption: str, ocr: str) -> tuple[str, str]:
         """Fill the compressed view from the image (drafter caption; OCR when an engine is available)."""
         try:
@@ -281,11 +292,15 @@ class DemoApp:
             return (gr.skip(),) * len(RUN_OUTPUTS)
         with self._lock:
             starting = self._starting.get(session)
+            was_queued = session in self._queued
+            self._queued = [q for q in self._queued if q != session]  # Gradio drops its queued runs
         if starting is not None:  # a run of this session is submitting its rows
             starting.wait(self.stop_wait_s)
         with self._lock:
             jobs = [j for j in self._sessions.get(session, []) if not j.final_shown]
         if not jobs:
+            if was_queued:  # the run had not started: the status said queued
+                return (status_html("idle", "Stopped before the run started."),) + (gr.skip(),) * (len(RUN_OUTPUTS) - 1)
             return (gr.skip(),) * len(RUN_OUTPUTS)
         for job in jobs:  # Gradio cancels every /run of the session, too
             job.stop()
@@ -294,7 +309,19 @@ class DemoApp:
             # Gradio closes the handler (or it sees the stop): its last outputs are then sent before these.
             job.ended.wait(max(0.0, deadline - time.monotonic()))
             self._unregister(job)
-        return self._final_outputs(jobs[-1])
+        with self._lock:
+            self._stopped[session] = jobs[-1]
+        return self.outputs.final(jobs[-1])
+
+    def stopped(self, session: str | None) -> tuple:
+        """The outputs of the job that the session's last Stop stopped, once more (all skipped when there is
+        none). The page asks for them through the queue after Stop, so that they come after any update the
+        cancelled handler had sent: every panel then says stopped."""
+        import gradio as gr
+
+        with self._lock:
+            job = self._stopped.pop(session, None) if session else None
+        return self.outputs.final(job) if job is not None else (gr.skip(),) * len(RUN_OUTPUTS)
 
     def run(
         self,
@@ -329,6 +356,9 @@ class DemoApp:
             # gr.skip() keeps the other outputs as they were: a failed request does not blank the last answer.
             return (status_html("error", text),) + (skip,) * (len(RUN_OUTPUTS) - 1)
 
+        with self._lock:
+            if session in self._queued:  # out of Gradio's queue
+                self._queued.remove(session)
         starting = self._starting_run(session)
         try:
             req = self.prepare(
@@ -345,7 +375,7 @@ class DemoApp:
         self._started(session, starting)
         try:
             if not job.cancel.is_set():
-                yield self._progress_outputs(job, first=True)
+                yield self.outputs.progress(job, first=True)
             last_yield, shown = time.perf_counter(), None
             while not job.cancel.is_set():
                 item = job.get(timeout=HEARTBEAT_S)
@@ -357,7 +387,7 @@ class DemoApp:
                     if not _is_user_error(exc):
                         log.error("request failed", exc_info=exc)
                     self._finished(job)
-                    yield self._error_outputs(job, f"Error: {_error_text(exc)}")
+                    yield self.outputs.error(job, f"Error: {_error_text(exc)}")
                     raise _gr_error(exc, "The request failed")
                 if job.settled():
                     break
@@ -366,137 +396,20 @@ class DemoApp:
                 if item is None:
                     # A heartbeat (Gradio closes a stopped handler only between two yields): the status may
                     # show the scheduler's queue; nothing is sent when nothing changed.
-                    progress = self._progress_outputs(job)
-                    yield progress if progress[:5] != shown else (skip,) * len(RUN_OUTPUTS)
-                    shown = progress[:5]
+                    progress = self.outputs.progress(job)
+                    yield progress if progress[:STREAMED] != shown else (skip,) * len(RUN_OUTPUTS)
+                    shown = progress[:STREAMED]
                 elif item[1] != "events" or now - last_yield >= self.stream_interval + n / 2000.0:
                     last_yield = now
-                    progress = self._progress_outputs(job)
-                    shown = progress[:5]
+                    progress = self.outputs.progress(job)
+                    shown = progress[:STREAMED]
                     yield progress
             if job.settled():
                 with job.lock:
                     job.t_end = job.t_end or time.perf_counter()
-            out = self._final_outputs(job)
+            out = self.outputs.final(job)
             if not job.cancel.is_set():
                 self._finished(job)
             yield out
         finally:
             self._ended(job)
-
-    # ---------------------------------------------------------------- outputs
-    def _panel(self, job: _Job, snap: _Snapshot, key: str) -> str:
-        """One panel: its tokens and state (running, done, stopped, failed, or comparison off)."""
-        req, tok = job.req, self.pipe.tokenizer
-        method = req.method if key == "main" else key
-        title, subtitle = method_title(method), method_subtitle(method)
-        row = key if key in job.keys else "main" if key == req.method else None  # the main panel runs this method
-        if row is None:
-            return render_panel(title, [], tok, subtitle=subtitle, empty="(comparison off)", state="off")
-        state = snap.state(row, job.cancel.is_set())
-        legend = key == "main"
-        if state == "done":
-            res = snap.results[row]
-            return render_panel(title, res.trace, tok, subtitle=subtitle, stats=res.stats, legend=legend, empty="(no tokens)")
-        if state == "error":
-            text = f"failed: {_error_text(snap.errors[row])}"
-            return render_panel(title, snap.traces[row], tok, subtitle=subtitle, legend=legend, state="error", empty=text)
-        if state == "stopped":
-            return render_panel(
-                title, snap.traces[row], tok, subtitle=subtitle, legend=legend, state="stopped", empty="stopped before its first token"
-            )
-        return render_panel(title, snap.traces[row], tok, subtitle=subtitle, done=False, legend=legend, empty="waiting for the models...")
-
-    def _panels(self, job: _Job, snap: _Snapshot) -> tuple[str, str, str]:
-        return self._panel(job, snap, "main"), self._panel(job, snap, "floor"), self._panel(job, snap, "drafter")
-
-    def _progress_text(self, job: _Job, snap: _Snapshot) -> str:
-        names = {"main": method_title(job.req.method), "floor": "Floor", "drafter": "the drafter alone"}
-        if not any(snap.traces[k] for k in job.keys):
-            waiting = getattr(job.scheduler, "waiting", 0)
-            queued = f" ({waiting} decode{'s' if waiting != 1 else ''} queued for a place in the batch)" if waiting else ""
-            return f"Running {_join(names[k] for k in job.keys)}: waiting for the models{queued}..."
-        parts = []
-        for k in job.keys:
-            n, state = len(snap.traces[k]), snap.state(k, False)
-            parts.append(f"{names[k]} {n} token{'s' if n != 1 else ''}" + ("" if state == "running" else f" ({state})"))
-        return "Running " + ", ".join(parts) + "..."
-
-    def _progress_outputs(self, job: _Job, first: bool = False) -> tuple:
-        """A streamed update: the status and the three panels (the first one also clears the last run's results)."""
-        import gradio as gr
-
-        skip = gr.skip()
-        snap = job.snapshot()
-        main, floor, drafter = self._panels(job, snap)
-        text = "".join(ev.text for ev in snap.traces["main"])
-        head = (status_html("run", self._progress_text(job, snap)), main, text, floor, drafter)
-        if first:
-            return head + (render_stats_html(None), None, skip, skip, None)
-        return head + (skip,) * 5
-
-    def _error_outputs(self, job: _Job, text: str) -> tuple:
-        """The main row failed: the error in the status and the main panel, the comparisons stopped."""
-        import gradio as gr
-
-        skip = gr.skip()
-        main, floor, drafter = self._panels(job, job.snapshot())
-        return (status_html("error", text), main, skip, floor, drafter) + (skip,) * 5
-
-    def _final_outputs(self, job: _Job) -> tuple:
-        """The job's last outputs: the answer ("Done") when every row finished, else what each panel had
-        decoded with the unfinished ones marked stopped ("Stopped.")."""
-        import gradio as gr
-
-        skip = gr.skip()
-        snap = job.snapshot()
-        req = job.req
-        main = snap.results.get("main")
-        panels = self._panels(job, snap)
-        unfinished = [k for k in job.keys if k not in snap.results and k not in snap.errors]
-        notes = list(req.notes)
-        for k in job.keys:
-            if k != "main" and k in snap.errors:
-                notes.append(f"{method_title(k)} failed: {_error_text(snap.errors[k])}")
-            elif main is not None and k in snap.results and snap.results[k].view.render() != main.view.render():
-                notes.append(f"{method_title(k)} read a different compressed view")
-        if "main" in snap.errors:
-            status = status_html("error", f"Error: {_error_text(snap.errors['main'])}")
-        elif unfinished or main is None:
-            status = "Stopped." + (f" {method_title(req.method)} had finished: {len(main.trace)} tokens." if main is not None else "")
-            status = status_html("idle", status)
-        else:
-            counts = source_counts(main.trace)
-            summary = (
-                f"Done in {job.elapsed():.1f} s: {len(main.trace)} tokens"
-                + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
-                + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else "")
-            )
-            if notes:
-                summary += " (" + "; ".join(notes) + ")"
-            status = status_html("ok", summary)
-        if main is None:
-            text = "".join(ev.text for ev in snap.traces["main"])
-            return (status, panels[0], text, panels[1], panels[2], render_stats_html(None), None, skip, skip, None)
-        payload = {"main": main.as_dict()}
-        for m in ("floor", "drafter"):
-            if m in snap.results:
-                payload[m] = snap.results[m].as_dict()
-        return (
-            status,
-            panels[0],
-            main.text,
-            panels[1],
-            panels[2],
-            render_stats_html(main.stats, req.method),
-            jsd_gamma_chart(main.trace),
-            main.view.caption,
-            main.view.ocr_text,
-            payload,
-        )
-
-
-def _join(items: Iterable[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    items = list(items)
-    return items[0] if len(items) < 2 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -12,6 +12,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .provenance import fusion_kind, fusion_line, gate_line
+
 __all__ = [
     "METHOD_PANELS",
     "PANEL_STATES",
@@ -22,6 +24,7 @@ __all__ = [
     "jsd_gamma_chart",
     "method_subtitle",
     "method_title",
+    "plain_text",
     "render_legend",
     "render_panel",
     "render_stats_html",
@@ -35,7 +38,7 @@ __all__ = [
 #: Token sources, in legend order, with what each means.
 SOURCES: dict[str, str] = {
     "accepted": "drafter token accepted by the gate",
-    "fused": "emitted at a rejection: argmax of verifier + \u03b2\u00b7\u03b4 (the image's steer)",
+    "fused": "emitted at a rejection: argmax of verifier + \u03b2\u00b7\u03b4 (underlined where it changed the verifier's token)",
     "bonus": "the verifier's own token after K acceptances",
     "corrected": "symmetric SD only: the verifier's own token where it rejected a draft (no fusion)",
     "greedy": "plain greedy decoding (Floor / drafter alone)",
@@ -148,6 +151,12 @@ def _tooltip(ev: Any, dec: _Decoder) -> str:
         lines.append(f"verifier  {visible_text(dec(vmax))!r} (id {int(vmax)}){mark}")
     if draft is not None:
         lines.append(f"draft     {visible_text(dec(draft))!r} (id {int(draft)}) rejected")
+    gate = gate_line(ev, visible_text(dec(draft)) if draft is not None else "")
+    if gate:
+        lines.append(gate)
+    fusion = fusion_line(ev, visible_text(dec(vmax)) if vmax is not None else "")
+    if fusion:
+        lines.append(fusion)
     lines.append(f"p_verifier {_fmt(_get(ev, 'p_verifier'))}   p_base {_fmt(_get(ev, 'p_base'))}")
     lines.append(f"JSD        {_fmt(_get(ev, 'jsd'))}   gamma_eff {_fmt(_get(ev, 'gamma_eff'))}")
     top_v = _get(ev, "top_verifier") or []
@@ -179,6 +188,7 @@ def render_token(ev: Any, dec: _Decoder) -> str:
         ("data-step", str(_get(ev, "step", 0))),
         ("data-position", str(_get(ev, "position", 0))),
         ("data-steered", "1" if steered else "0"),
+        ("data-fusion", fusion_kind(ev)),
         ("data-p-verifier", _num_attr(_get(ev, "p_verifier"))),
         ("data-p-base", _num_attr(_get(ev, "p_base"))),
         ("data-jsd", _num_attr(_get(ev, "jsd"))),
@@ -219,6 +229,13 @@ def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool
         body = f'<span class="asym-empty">{esc(empty)}</span>'
     cursor = "" if done else '<span class="tok-cursor">&nbsp;</span>'
     return f'<div class="asym-trace" data-tokens="{len(spans)}" data-done="{1 if done else 0}">{body}{cursor}</div>'
+
+
+def plain_text(trace: Sequence[Any], special_ids: Iterable[int] = ()) -> str:
+    """The answer's text from its events, without special tokens (``<|im_end|>``, ...: ``special_ids``), as the
+    finished answer's text reads, so that a streamed answer never shows them."""
+    special = {int(i) for i in special_ids}
+    return "".join(_get(ev, "text") or "" for ev in trace if int(_get(ev, "token_id")) not in special)
 
 
 def source_counts(trace: Sequence[Any]) -> dict[str, int]:
@@ -265,7 +282,7 @@ def render_panel(
     if trace:
         c = source_counts(trace)
         parts = [f"{len(trace)} tokens"]
-        parts += [f"{c[s]} {s}" for s in SPECULATIVE_SOURCES if c.get(s)]
+        parts += [f"{c[s]} {s}" + (_fused_note(trace) if s == "fused" else "") for s in SPECULATIVE_SOURCES if c.get(s)]
         if any(_get(ev, "verifier_argmax") is not None for ev in trace) and _get(trace[0], "source") != "greedy":
             parts.append(f"{c['steered']} steered")
         if stats and state == "done":
@@ -282,6 +299,12 @@ def render_panel(
         f"{render_legend() if legend else ''}"
         f"{render_trace_html(trace, tokenizer, done=done, empty=empty)}{foot}</div>"
     )
+
+
+def _fused_note(trace: Sequence[Any]) -> str:
+    """`` (n changed the verifier's token)`` for a panel's fused count."""
+    changed = sum(fusion_kind(ev) == "changed" for ev in trace)
+    return f" ({changed} changed the verifier's token)"
 
 
 def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:

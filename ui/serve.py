@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import threading
 import time
@@ -24,7 +25,22 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from asymspec_mm.pipeline import AsymSpecPipeline
 
-__all__ = ["add_demo_parser", "is_loopback", "launch", "main", "serve"]
+__all__ = ["add_demo_parser", "is_loopback", "launch", "main", "port_in_use_error", "serve"]
+
+
+def port_in_use_error(host: str, port: int | None) -> str | None:
+    """The one-line error when ``host:port`` cannot be bound (another server uses it), else None. Checked before
+    the models load; ``port`` None or 0 lets Gradio pick a free one."""
+    if not port:
+        return None
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: a port in TIME_WAIT is free
+            s.bind((host, port))
+    except OSError as exc:
+        why = "is already in use" if exc.errno in (98, 48, 10048) else f"cannot be bound ({exc.strerror or exc})"
+        return f"port {port} on {host} {why}: stop the other server or pick another port with --port N"
+    return None
 
 
 def launch(
@@ -128,6 +144,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if missing:
         print(f"error: the demo needs {', '.join(missing)}: pip install 'asymspec-mm[ui]'", file=sys.stderr)
         return 2
+    busy = port_in_use_error(args.host, args.port)
+    if busy:  # before the models load, so the user learns it at once
+        print(f"error: {busy}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     # Import Gradio while the models load (much of both is I/O), so the page is up sooner.
     preload = threading.Thread(target=lambda: __import__("gradio"), name="import-gradio", daemon=True)
@@ -176,7 +196,8 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--concurrency",
         type=positive_int,
         default=None,
-        help="runs handled at once (their rows wait for a free row of the batch; further runs queue) [default: the max batch size]",
+        help="runs handled at once (their rows wait for a free row of the batch, the page shows their place in line; "
+        "further runs queue) [default: 4 x the max batch size, at most 32]",
     )
     s.add_argument(
         "--max-new-tokens",

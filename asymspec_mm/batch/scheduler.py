@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections import deque
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -36,10 +37,15 @@ class QueueFullError(AsymSpecError):
 
 class Handle:
     """One submitted request. Iterate it for each step's committed :class:`TokenEvent` list; :meth:`result`
-    waits for the :class:`MMResult`; :meth:`cancel` frees its row."""
+    waits for the :class:`MMResult`; :meth:`cancel` frees its row. :attr:`position` and :meth:`waited` say
+    where it stands in the line for a row while it waits."""
 
     def __init__(self, scheduler: Scheduler, rid: int):
         self.id = rid
+        #: When it was submitted (``time.monotonic()``).
+        self.submitted_at = time.monotonic()
+        #: When it left the line (admitted, or dropped), else None.
+        self.left_line_at: float | None = None
         self._scheduler = scheduler
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
@@ -67,6 +73,16 @@ class Handle:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def position(self) -> int | None:
+        """Requests ahead of this one in the line for a row: 0 = next to be set up; None once it has left
+        the line (being set up, decoding, or finished)."""
+        return self._scheduler._position(self)
+
+    def waited(self) -> float:
+        """Seconds it has waited in the line (up to now while it still waits)."""
+        return (self.left_line_at or time.monotonic()) - self.submitted_at
 
     def cancel(self) -> None:
         """Stop decoding this request; its row leaves at the next step boundary."""
@@ -153,7 +169,22 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
+        """Requests waiting for a row (the one held for KV room included)."""
         return len(self._waiting) + (self._held is not None)
+
+    def _position(self, handle: Handle) -> int | None:
+        """``handle``'s place in the line: the request held for KV room first, then the queue in order (cancelled
+        requests, which leave at the next step boundary, count for nothing)."""
+        if handle.cancelled:
+            return None
+        with self._cond:
+            line = ([self._held[0]] if self._held is not None else []) + list(self._waiting)
+        ahead = 0
+        for w in line:
+            if w.handle is handle:
+                return ahead
+            ahead += not w.handle.cancelled
+        return None
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the rows being decoded and the waiting requests, then stop the worker."""
@@ -193,6 +224,7 @@ class Scheduler:
                     if not self._waiting:
                         return
                     w = self._waiting.popleft()
+                    w.handle.left_line_at = time.monotonic()
                 if w.handle.cancelled:
                     self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
                     continue
@@ -204,7 +236,9 @@ class Scheduler:
                 except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                     self._drop(w.handle, exc)
                     continue
-                self._held = (w, session, decoder)
+                with self._cond:  # back in line (first) until its KV fits
+                    self._held = (w, session, decoder)
+                    w.handle.left_line_at = None
             w, session, decoder = self._held
             if w.handle.cancelled:
                 self._held = None
@@ -213,7 +247,9 @@ class Scheduler:
             reserved = sum(d.kv_reserved for d in self._decoders.values())
             if self.live_rows and self.max_kv_bytes is not None and reserved + decoder.kv_need(session) > self.max_kv_bytes:
                 return
-            self._held = None
+            with self._cond:
+                self._held = None
+                w.handle.left_line_at = time.monotonic()
             try:
                 decoder.add(w.handle.id, session)
             except Exception as exc:  # noqa: BLE001
@@ -256,5 +292,6 @@ class Scheduler:
                 self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
 
     def _drop(self, handle: Handle, error: BaseException) -> None:
+        handle.left_line_at = handle.left_line_at or time.monotonic()
         self._handles.pop(handle.id, None)
         handle._finish(error=error)

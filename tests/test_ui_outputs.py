@@ -1,0 +1,287 @@
+"""What the demo shows for a run, checked on real runs of the tiny pair: the hover box's gate decision and what
+fusion did, the token alignment of the three outputs, the trace downloads, the plain answer while streaming,
+method=floor, the API's output names and errors, and the demo's check of its port."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_case
+
+from ui.align import alignment_columns, render_alignment_html
+from ui.outputs import RUN_OUTPUTS, outputs_as_dict
+from ui.provenance import fusion_line, gate_line, num
+from ui.render import _Decoder, _tooltip, plain_text, render_trace_html
+from ui.trace_files import CSV_COLUMNS, trace_csv, trace_json
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio's queue
+
+
+@pytest.fixture(scope="module")
+def shipped_pipe():
+    from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.presets import TINY_DIR
+
+    if not (TINY_DIR / "drafter" / "config.json").is_file():
+        pytest.skip("the shipped tiny pair is not in this checkout")
+    return AsymSpecPipeline.from_preset("tiny", ocr="none")
+
+
+@pytest.fixture(scope="module")
+def example_runs(shipped_pipe):
+    """The first bundled example (AsymSpec recovers it) decoded by the three methods, plus a run with a larger beta
+    and a fixed gate, so that fused tokens both change and keep the verifier's token."""
+    from ui.examples import load_examples
+
+    ex = load_examples()[0]
+    args = (ex["image"], ex["question"])
+    kw = dict(caption=ex["caption"], ocr=ex["ocr"], max_new_tokens=64)
+    runs = {m: shipped_pipe.generate(*args, method=m, **kw) for m in ("asymspec", "floor", "drafter")}
+    runs["low_gamma"] = shipped_pipe.generate(*args, gamma=0.05, **kw)
+    runs["high_gamma"] = shipped_pipe.generate(*args, gamma=1.0, gate="fixed", **kw)
+    return ex, runs
+
+
+def test_tooltip_spells_out_the_gate_with_the_event_values(shipped_pipe, example_runs):
+    _, runs = example_runs
+    dec = _Decoder(shipped_pipe.tokenizer)
+    events = [ev for r in runs.values() for ev in r.trace]
+    accepted = [ev for ev in events if ev.source == "accepted"]
+    fused = [ev for ev in events if ev.source == "fused"]
+    assert accepted and fused
+    for ev in accepted:
+        bound = ev.gamma_eff * ev.p_base
+        assert ev.p_verifier > bound  # the gate's rule (Eq. 4) held for every accepted draft
+        line = f"gate: p_v = {num(ev.p_verifier)} > gamma_eff * p_base = {num(ev.gamma_eff)} * {num(ev.p_base)} = {num(bound)} -> accepted"
+        assert gate_line(ev) == line and line in _tooltip(ev, dec)
+        assert re.fullmatch(r"gate: p_v = \S+ > gamma_eff \* p_base = \S+ \* \S+ = \S+ -> accepted", line)
+    for ev in fused:
+        tip = _tooltip(ev, dec)
+        assert f"rejected: p_v(draft) <= gamma_eff * p_base(draft), gamma_eff = {num(ev.gamma_eff)}" in tip
+        assert f"fused token: p_v = {num(ev.p_verifier)}, p_base = {num(ev.p_base)}" in tip
+    bonus = [ev for ev in events if ev.source == "bonus"]
+    for ev in bonus:
+        assert "no gate: the verifier's own token" in _tooltip(ev, dec)
+    greedy = runs["floor"].trace[0]
+    assert gate_line(greedy) is None and "gate:" not in _tooltip(greedy, dec)
+
+
+def test_fused_tokens_say_whether_fusion_changed_the_verifiers_token(shipped_pipe, example_runs):
+    _, runs = example_runs
+    dec = _Decoder(shipped_pipe.tokenizer)
+    fused = [ev for r in runs.values() for ev in r.trace if ev.source == "fused"]
+    changed = [ev for ev in fused if ev.token_id != ev.verifier_argmax]
+    same = [ev for ev in fused if ev.token_id == ev.verifier_argmax]
+    assert changed and same, "the runs should have fused tokens of both kinds"
+    for ev in changed:
+        verifier = dec(ev.verifier_argmax)
+        assert fusion_line(ev, verifier) == f"fused, changed the verifier's token (verifier alone: {verifier!r}): the image's steer"
+        html_text = render_trace_html([ev], shipped_pipe.tokenizer)
+        assert 'data-fusion="changed"' in html_text and "tok-steered" in html_text
+    for ev in same:
+        line = fusion_line(ev, dec(ev.verifier_argmax))
+        assert line == "fused, same token as the verifier alone: fusion changed nothing here"
+        assert "the image's steer" not in _tooltip(ev, dec)
+        html_text = render_trace_html([ev], shipped_pipe.tokenizer)
+        assert 'data-fusion="same"' in html_text and "tok-steered" not in html_text
+    for ev in (e for r in runs.values() for e in r.trace if e.source != "fused"):
+        assert fusion_line(ev) is None
+
+
+def test_alignment_marks_the_positions_where_the_outputs_differ(example_runs):
+    _, runs = example_runs
+    traces = [runs[m].trace for m in ("asymspec", "floor", "drafter")]
+    cols = alignment_columns(traces)
+    width = max(len(t) for t in traces)
+    assert len(cols) == width
+    for i, (ids, differ) in enumerate(cols):
+        expect = [t[i].token_id if i < len(t) else None for t in traces]
+        assert ids == expect and differ == (len(set(expect)) > 1)
+    assert any(d for _, d in cols) and not all(d for _, d in cols)  # they agree at first, then differ
+    html_text = render_alignment_html([("AsymSpec", traces[0]), ("Floor", traces[1]), ("Drafter alone", traces[2])])
+    heads = re.findall(r'<th class="[^"]*" data-differ="(\d)">(\d+)</th>', html_text)
+    assert [(int(d), int(i)) for d, i in heads] == [(int(d), i) for i, (_, d) in enumerate(cols)]
+    n_diff = sum(d for _, d in cols)
+    first = next(i for i, (_, d) in enumerate(cols) if d)
+    assert f'data-differing="{n_diff}"' in html_text and f"first difference at token #{first}" in html_text
+    rows = re.findall(r'<tr data-output="([^"]+)">(.*?)</tr>', html_text)
+    assert [r[0] for r in rows] == ["AsymSpec", "Floor", "Drafter alone"]
+    for (_, cells), trace in zip(rows[1:], traces[1:]):  # a cell is marked where it differs from AsymSpec's token
+        marked = ["al-diff" in c.split() for c in re.findall(r'<td class="([^"]*)"', cells)]
+        assert marked == [i < len(trace) and (i >= len(traces[0]) or trace[i].token_id != traces[0][i].token_id) for i in range(width)]
+    assert 'data-columns="0"' in render_alignment_html([("AsymSpec", traces[0])])
+
+
+def test_trace_downloads_have_one_row_per_token(shipped_pipe, example_runs):
+    ex, runs = example_runs
+    results = {m: runs[m] for m in ("asymspec", "floor", "drafter")}
+    rows = list(csv.DictReader(io.StringIO(trace_csv(results, shipped_pipe.tokenizer))))
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert len(rows) == sum(len(r.trace) for r in results.values())
+    i = 0
+    for method, res in results.items():
+        for ev in res.trace:
+            row = rows[i]
+            i += 1
+            assert (row["method"], int(row["index"]), int(row["token_id"]), row["text"], row["source"]) == (
+                method,
+                ev.index,
+                ev.token_id,
+                ev.text,
+                ev.source,
+            )
+            for key in ("p_verifier", "p_base", "gamma_eff", "jsd"):
+                value = getattr(ev, key)
+                assert (row[key] == "") if value is None else float(row[key]) == value, key
+            assert row["steered"] == str(ev.steered)
+            if ev.verifier_argmax is not None:
+                assert row["verifier_argmax_text"] == shipped_pipe.tokenizer.decode([ev.verifier_argmax])
+    data = json.loads(trace_json(results, shipped_pipe.tokenizer, question=ex["question"], settings={"k": 4}))
+    assert data["question"] == ex["question"] and data["settings"] == {"k": 4}
+    for method, res in results.items():
+        got = data["methods"][method]
+        assert got["text"] == res.text and [e["token_id"] for e in got["trace"]] == res.token_ids
+        assert [e["jsd"] for e in got["trace"]] == [ev.jsd for ev in res.trace]
+        assert got["view"] == {"caption": ex["caption"], "ocr": ex["ocr"]}
+
+
+def demo_args(ex, method="asymspec", compare=True, max_new_tokens=64):
+    return (
+        {"path": ex["image"]},
+        ex["question"],
+        ex["caption"],
+        ex["ocr"],
+        False,
+        method,
+        4,
+        1.0,
+        0.5,
+        "cda",
+        "contrast",
+        "verifier",
+        max_new_tokens,
+        "image+text",
+        compare,
+    )
+
+
+def test_streamed_plain_answer_never_shows_special_tokens(shipped_pipe, example_runs):
+    from ui.jobs import DemoApp
+
+    ex, runs = example_runs
+    ref = runs["asymspec"]
+    assert ref.trace[-1].text == "<|im_end|>"  # the answer ends with the special token, which the text drops
+    state = DemoApp(shipped_pipe, stream_interval=0.0)
+    try:
+        outs = [outputs_as_dict(o) for o in state.run(*demo_args(ex), session="stream")]
+    finally:
+        state.close()
+    texts = [o["answer_text"] for o in outs if isinstance(o["answer_text"], str)]
+    assert len(texts) > 2 and texts[-1] == ref.text
+    assert all("<|" not in t for t in texts) and all(ref.text.startswith(t) for t in texts)
+    assert plain_text(ref.trace, shipped_pipe.tokenizer.all_special_ids) == ref.text
+
+
+def test_method_floor_shows_floor_once_and_no_empty_chart(shipped_pipe, example_runs):
+    from ui.jobs import DemoApp
+
+    ex, runs = example_runs
+    state = DemoApp(shipped_pipe, stream_interval=0.0)
+    try:
+        out = outputs_as_dict(list(state.run(*demo_args(ex, method="floor"), session="floor"))[-1])
+    finally:
+        state.close()
+    assert "Floor: verifier alone" in out["answer_html"] and 'data-state="done"' in out["answer_html"]
+    assert 'data-state="off"' in out["floor_html"] and "shown in the panel above" in out["floor_html"]
+    assert 'class="tok ' not in out["floor_html"]  # not the same tokens twice
+    assert out["chart"] is None  # no JSD / gamma_eff: no chart (the page hides the empty one)
+    assert 'data-output="Floor: verifier alone"' in out["alignment_html"] and 'data-output="Drafter alone"' in out["alignment_html"]
+    assert out["answer_text"] == runs["floor"].text
+
+
+@pytest.fixture(scope="module")
+def served_client(tiny_pipe):
+    pytest.importorskip("gradio_client")
+    from gradio_client import Client
+
+    import ui.app as ui_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo = ui_app.build_app(tiny_pipe, examples=[], stream_interval=0.0)
+    ui_app.serve(demo, port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield Client(demo.local_url, verbose=False)
+    finally:
+        demo.close()
+
+
+def test_api_outputs_have_names(served_client):
+    info = served_client.view_api(print_info=False, return_format="dict")
+    returns = [r["label"] for r in info["named_endpoints"]["/run"]["returns"]]
+    # the named components; caption and OCR are the page's input boxes, under their own labels
+    assert returns == [{"caption": "Caption", "ocr": "OCR text"}.get(name, name) for name in RUN_OUTPUTS]
+    assert not any(r.startswith("value_") for r in returns)
+
+
+def test_api_errors_are_not_html_escaped(served_client, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    path = tmp_path / "x.png"
+    make_case(1)["image"].save(path)
+    args = [
+        handle_file(str(path)),
+        "What is shown?",
+        "a chart",
+        "",
+        False,
+        "asymspec",
+        4,
+        1.0,
+        -1.0,
+        "cda",
+        "contrast",
+        "verifier",
+        8,
+        "image+text",
+        True,
+    ]
+    with pytest.raises(AppError) as err:
+        served_client.predict(*args, api_name="/run")
+    assert "gamma=-1.0 must be >= 0" in str(err.value) and "&gt;" not in str(err.value)
+
+
+def test_demo_port_in_use_is_one_line_before_models_load():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "asymspec_mm.cli", "demo", "--preset", "tiny", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env={**__import__("os").environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+        )
+        elapsed = time.perf_counter() - t0
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        == f"error: port {port} on 127.0.0.1 is already in use: stop the other server or pick another port with --port N"
+    )
+    assert "loaded" not in proc.stderr + proc.stdout and "Loading" not in proc.stderr + proc.stdout
+    assert elapsed < 30, elapsed
