@@ -9,6 +9,7 @@ import time
 from typing import Any, TextIO
 
 from .config import AsymSpecConfig
+from .explain import gate_decision
 from .trace_json import TokenTexts, result_json
 
 SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "corrected": "!", "greedy": ""}
@@ -30,25 +31,6 @@ def format_provenance(res, special_ids: frozenset[int] = frozenset()) -> str:
     return "".join(parts)
 
 
-def gate_decision(ev) -> str | None:
-    """The gate's comparison (Eq. 4) with its numbers, or ``None`` where no gate ran.
-
-    Accepted: ``p_v = 0.31 > gamma_eff * p_base = 0.49 * 0.62 = 0.30 -> accepted``. Fused: the same comparison
-    for the rejected draft (``draft_p_verifier`` / ``draft_p_base``), which is what the gate compared.
-    """
-    if ev.gamma_eff is None:
-        return None
-    if ev.source == "accepted":
-        p_v, p_b, verdict = ev.p_verifier, ev.p_base, ("accepted", ">")
-    elif ev.source == "fused" and ev.draft_p_verifier is not None:
-        p_v, p_b, verdict = ev.draft_p_verifier, ev.draft_p_base, ("draft rejected", "<=")
-    else:
-        return None
-    if p_v is None or p_b is None:
-        return None
-    return f"p_v = {p_v:.3g} {verdict[1]} gamma_eff * p_base = {ev.gamma_eff:.3g} * {p_b:.3g} = {ev.gamma_eff * p_b:.3g} -> {verdict[0]}"
-
-
 def steered_lines(res, text_of: TokenTexts) -> list[str]:
     """One line per token that differs from what the verifier alone would have emitted at that point."""
     lines = []
@@ -62,7 +44,7 @@ def steered_lines(res, text_of: TokenTexts) -> list[str]:
             how = "drafter's token, accepted by the gate"
         else:
             how = ev.source
-        decision = gate_decision(ev)
+        decision = gate_decision(ev, text_of(ev.draft_token) or "")
         lines.append(f"  #{ev.index} {ev.text!r}: {how}; verifier alone: {alone!r}" + (f" [{decision}]" if decision else ""))
     return lines
 

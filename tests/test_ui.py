@@ -240,6 +240,7 @@ def test_stats_html_and_chart():
         "steered": 2,
         "fused": 1,
         "stopped_by": "eos",
+        "ocr_engine": "rapidocr",
     }
     out = render_stats_html(stats)
     for label, value in (
@@ -251,6 +252,7 @@ def test_stats_html_and_chart():
         ("vision cache hits", "2"),
         ("caption time (s)", "0.50"),
         ("OCR time (s)", "&lt; 0.01"),
+        ("OCR engine", "rapidocr"),
     ):
         assert f'data-stat="{label}">{value}<' in out, label
     assert "after a run" in render_stats_html(None)

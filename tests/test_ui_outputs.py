@@ -67,8 +67,10 @@ def test_tooltip_spells_out_the_gate_with_the_event_values(shipped_pipe, example
         assert re.fullmatch(r"gate: p_v = \S+ > gamma_eff \* p_base = \S+ \* \S+ = \S+ -> accepted", line)
     for ev in fused:
         tip = _tooltip(ev, dec)
-        assert f"rejected: p_v(draft) <= gamma_eff * p_base(draft), gamma_eff = {num(ev.gamma_eff)}" in tip
-        assert f"fused token: p_v = {num(ev.p_verifier)}, p_base = {num(ev.p_base)}" in tip
+        bound = ev.gamma_eff * ev.draft_p_base
+        assert ev.draft_p_verifier <= bound  # the rejected draft failed Eq. 4, with the numbers shown
+        numbers = f" = {num(ev.draft_p_verifier)} <= gamma_eff * p_base = {num(ev.gamma_eff)} * {num(ev.draft_p_base)} = {num(bound)}"
+        assert re.search(r"gate: p_v\(draft '[^']*'\)" + re.escape(numbers) + " -> draft rejected", tip), tip
     bonus = [ev for ev in events if ev.source == "bonus"]
     for ev in bonus:
         assert "no gate: the verifier's own token" in _tooltip(ev, dec)
@@ -285,3 +287,19 @@ def test_demo_port_in_use_is_one_line_before_models_load():
     )
     assert "loaded" not in proc.stderr + proc.stdout and "Loading" not in proc.stderr + proc.stdout
     assert elapsed < 30, elapsed
+
+
+def test_the_tiny_pair_warns_when_asked_outside_minivista(shipped_pipe, example_runs):
+    """A plain question (not MiniVista's layout) is answered, and the status says the answer means nothing."""
+    from ui.jobs import DemoApp
+
+    ex, _ = example_runs
+    state = DemoApp(shipped_pipe, stream_interval=0.0)
+    try:
+        plain = outputs_as_dict(list(state.run(*demo_args({**ex, "question": "Which bar is the tallest?"}), session="plain"))[-1])
+        fine = outputs_as_dict(list(state.run(*demo_args(ex), session="fine"))[-1])
+    finally:
+        state.close()
+    assert "Done in" in plain["status"] and "Warning: the tiny pair answers only MiniVista questions" in plain["status"]
+    assert "not in MathVista&#x27;s layout" in plain["status"] or "not in MathVista's layout" in plain["status"]
+    assert "Done in" in fine["status"] and "Warning" not in fine["status"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.config import METHODS
+from asymspec_mm.tiny.domain import domain_warning
 
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, _ordinal, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
@@ -250,7 +251,8 @@ class DemoApp:
         cap_arg = caption if caption.strip() else (None if autofill else "")
         ocr_arg = self._ocr_arg(ocr, bool(autofill), notes)
         others = tuple(m for m in ("floor", "drafter") if m != method) if compare else ()
-        return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes)
+        warning = domain_warning(question, img.size) if getattr(self.pipe, "name", None) == "tiny" else None
+        return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes, warning)
 
     # ---------------------------------------------------------------- handlers
     def enqueue(self, session: str | None) -> str:

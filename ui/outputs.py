@@ -80,6 +80,11 @@ def queue_text(names: dict[str, str], handles: dict[str, Any], waiting_total: in
     return text + "."
 
 
+def warned(text: str, req) -> str:
+    """The status text followed by the request's warning (e.g. a question the tiny pair never learned)."""
+    return f"{text} Warning: {req.warning}" if getattr(req, "warning", None) else text
+
+
 class RunOutputs:
     """The outputs of a job, rendered with the pipeline's tokenizer (see :data:`RUN_OUTPUTS`)."""
 
@@ -155,7 +160,8 @@ class RunOutputs:
         snap = job.snapshot()
         main, floor, drafter = self.panels(job, snap)
         text = plain_text(snap.traces["main"], self.special_ids)
-        head = (status_html("run", self.progress_text(job, snap)), main, text, floor, drafter, self.alignment(job, snap))
+        status = status_html("run", warned(self.progress_text(job, snap), job.req))
+        head = (status, main, text, floor, drafter, self.alignment(job, snap))
         if first:
             return head + (render_stats_html(None), None, skip, skip, None, None, None)
         return head + (skip,) * (len(RUN_OUTPUTS) - STREAMED)
@@ -201,7 +207,7 @@ class RunOutputs:
             )
             if notes:
                 summary += " (" + "; ".join(notes) + ")"
-            status = status_html("ok", summary)
+            status = status_html("ok", warned(summary, req))
         if main is None:
             text = plain_text(snap.traces["main"], self.special_ids)
             return (status, panels[0], text, panels[1], panels[2], align, render_stats_html(None), None, skip, skip, None, None, None)

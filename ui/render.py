@@ -332,6 +332,7 @@ def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
         ("prefix KV cache hit", None if "prefix_cache_hit" not in stats else "yes" if stats["prefix_cache_hit"] else "no"),
         ("caption time (s)", sec(stats.get("caption_s"))),
         ("OCR time (s)", sec(stats.get("ocr_s"))),
+        ("OCR engine", stats.get("ocr_engine")),
         ("steered tokens", stats.get("steered")),
         ("fused tokens", stats.get("fused")),
         ("stopped by", stats.get("stopped_by")),

@@ -32,6 +32,7 @@ class _Request:
     overrides: dict
     compare: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
+    warning: str | None = None  # the request is outside what the loaded pair can answer (the tiny pair)
 
 
 def _file_path(payload: Any) -> str | None:

@@ -53,7 +53,7 @@ def launch(
     verifier: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
-    ocr_engine: str = "auto",
+    ocr_engine: str | None = None,
     examples: Sequence[dict] | None = None,
     max_upload_mb: float = 10,
     concurrency_limit: int | None = None,
