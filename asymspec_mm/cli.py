@@ -81,7 +81,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     examples = json.loads(index.read_text())
     ex = examples[args.example % len(examples)]
     pipe = AsymSpecPipeline.from_preset("tiny", ocr="none")
-    print(f"image: {data / ex['image']}\nquestion: {ex['question']}")
+    print(f"image: {data / ex['image']}\nquestion: {ex['question']}\nexpected answer: {ex['answer']}")
     print(f"the verifier reads only: {ex.get('caption', '')!r} + OCR {ex.get('ocr', '')!r}\n")
     for method in ("floor", "drafter", "asymspec"):
         res = pipe.generate(
