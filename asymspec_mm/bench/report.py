@@ -243,7 +243,7 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
         f"{bt['cases']} requests per cell (the same ones at every B), {bt['max_new_tokens']} new tokens at most, K={bt['k']}, "
         f"{bt['reps']} interleaved repetition(s) (+{bt['warmup']} warm-up). B=1 is the SEQUENTIAL loop (pipe.generate one "
         "request after another); B>1 is generate_batch(batch_size=B), continuously refilled. Ratios to B=1 are medians of "
-        "per-repetition ratios; min-max over repetitions in brackets."
+        "per-repetition ratios; each median is shown with its spread, median (min-max, n=repetitions)."
     )
     if synthetic:
         sc = bt["synthetic_context"]
@@ -273,18 +273,16 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
     ]
     for name, per in bt["by_variant"].items():
         for b, s in per.items():
-            tps = "–" if s["tokens_per_s"] is None else f"{_f(s['tokens_per_s'])} [{_f(s['tokens_per_s_min'])}-{_f(s['tokens_per_s_max'])}]"
-            dtps = f"{_f(s['decode_tokens_per_s'])} [{_f(s['decode_tokens_per_s_min'])}-{_f(s['decode_tokens_per_s_max'])}]"
+            tps = "–" if s["tokens_per_s"] is None else _med(s, "tokens_per_s")
+            dtps = _med(s, "decode_tokens_per_s")
 
             def rr(key: str, s: dict = s) -> str:
-                reps = s.get(key + "_reps") or []
-                main = _f(s.get(key), "{:.2f}x")
-                return main if len(reps) < 2 or s["sequential"] else f"{main} [{min(reps):.2f}-{max(reps):.2f}]"
+                return "1.00x" if s["sequential"] else _med(s, key, "{:.2f}x")
 
             label = "1 (sequential)" if s["sequential"] else b
             lines.append(
                 f"| {name} | {label} | {tps} | {rr('ratio_to_seq') if s['tokens_per_s'] is not None else '–'} | {dtps} | "
-                f"{rr('decode_ratio_to_seq')} | {_f(s['step_s'], '{:.1f}', 1e3)} | {rr('step_ratio')} | {_f(s['rows_per_step'], '{:.1f}')} | "
+                f"{rr('decode_ratio_to_seq')} | {_med(s, 'step_s', '{:.1f}', 1e3)} | {rr('step_ratio')} | {_f(s['rows_per_step'], '{:.1f}')} | "
                 f"{_bytes(s['kv_bytes_per_row'])} | {_bytes(s.get('cache_bytes_per_row_peak'))} | "
                 f"{'yes' if s['same_tokens_as_sequential'] else '**no**'} |"
             )
