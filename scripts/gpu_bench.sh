@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Real-shape benchmark on one GPU, in under 9 minutes (prepared on CPU; NOT YET RUN ON A GPU).
 #
-#   scripts/gpu_bench.sh            # outputs in $OUT (when set, e.g. on the device machine) or runs/gpu-bench
+#   scripts/gpu_bench.sh [--paper-slice | --paper-slice-only | --no-paper-slice] [--dry-run] [-- SLICE OPTIONS]
+#                                   # outputs in $OUT (when set, e.g. on the device machine) or runs/gpu-bench
+#
+# Phase 0, the paper slice (scripts/gpu_paper_slice.sh: 30 MathVista problems, the paper's protocol, the REAL pair
+# Qwen3-VL-2B + Qwen3-32B): by default it runs when both models are in the local Hugging Face cache, with
+# PAPER_SLICE_S seconds (default 300) of the budget, and the shape phases share what is left; --paper-slice runs it
+# whatever the cache says (it then fails in seconds when a model is missing), --paper-slice-only gives it the whole
+# budget, --no-paper-slice skips it. Options after -- go to the slice (e.g. -- --images-dir DIR --limit 20).
+# --dry-run: no GPU needed; the slice's dry run (its eval selection, no model) and the phases that would run.
 #
 # Needs: a CUDA build of torch, transformers 5.x and matplotlib in $PYTHON (default: .venv/bin/python if present,
 # else python3). No network: the models are RANDOM-weight, built in memory with the published shapes
@@ -23,12 +31,38 @@ PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
 fi
+SLICE=auto DRY=0 SLICE_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --paper-slice) SLICE=yes; shift ;;
+    --paper-slice-only) SLICE=only; shift ;;
+    --no-paper-slice) SLICE=no; shift ;;
+    --dry-run) DRY=1; shift ;;
+    --) shift; SLICE_ARGS=("$@"); break ;;
+    *) echo "gpu_bench.sh: unknown option $1 (--paper-slice | --paper-slice-only | --no-paper-slice | --dry-run | -- SLICE OPTIONS)" >&2; exit 2 ;;
+  esac
+done
+BUDGET=530   # seconds for everything (one device command: <= 10 min)
+if [ "$SLICE" = auto ]; then
+  # both real models cached (the device has no network): then the slice runs
+  if "$PY" -c "import sys; from huggingface_hub import try_to_load_from_cache as c; sys.exit(0 if all(isinstance(c(m, 'config.json'), str) for m in ('Qwen/Qwen3-VL-2B-Instruct', 'Qwen/Qwen3-32B')) else 1)" 2>/dev/null; then
+    SLICE=yes
+  else
+    SLICE=no; echo "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache"
+  fi
+fi
+SLICE_S=$([ "$SLICE" = only ] && echo $(( BUDGET - 20 )) || echo "${PAPER_SLICE_S:-300}")
+if [ "$DRY" = 1 ]; then
+  echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1-4 in the time left")"
+  [ "$SLICE" = no ] || PYTHON="$PY" scripts/gpu_paper_slice.sh --dry-run --budget "$SLICE_S" "${SLICE_ARGS[@]}"
+  exit $?
+fi
 OUTDIR="${OUT:-runs/gpu-bench}"
 mkdir -p "$OUTDIR"
 LOG="$OUTDIR/gpu_bench.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 MPLBACKEND=Agg
 T0=$(date +%s)
-left() { echo $(( 530 - ($(date +%s) - T0) )); }   # seconds left of the ~9-minute budget (one device command: <= 10 min)
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }   # seconds left of the ~9-minute budget
 
 {
   echo "== gpu_bench.sh $(date -u +%FT%TZ)"
@@ -37,10 +71,17 @@ left() { echo $(( 530 - ($(date +%s) - T0) )); }   # seconds left of the ~9-minu
 } 2>&1 | tee "$LOG"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "no CUDA device: stop" | tee -a "$LOG"; exit 2; }
 
+# Phase 0: the paper slice with the real pair (its own time limit inside; records kept when it ends).
+if [ "$SLICE" != no ]; then
+  OUT="$OUTDIR" PYTHON="$PY" scripts/gpu_paper_slice.sh --budget "$SLICE_S" "${SLICE_ARGS[@]}" 2>&1 | tee -a "$LOG"
+  echo "phase 0 (paper slice) rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+  [ "$SLICE" = only ] && { echo "== done in $(( $(date +%s) - T0 ))s; outputs in $OUTDIR" | tee -a "$LOG"; exit 0; }
+fi
+
 COMMON=(--device cuda --dtype bf16 --prefill pipeline --ignore-eos yes --plain-runs yes --cases 1 --out "$OUTDIR" --update-benchmarks "$OUTDIR/BENCHMARKS-gpu.md")
 
-# Phase 1: ~4 min. 2B drafter + 32B verifier shapes.
-timeout 270 "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b \
+# Phase 1: ~4 min (less after the paper slice). 2B drafter + 32B verifier shapes.
+[ "$(left)" -gt 90 ] && timeout $(( $(left) < 290 ? $(left) - 20 : 270 )) "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b \
   --variants "floor;drafter;sd;asymspec;asymspec@gate=fixed;asymspec@delta=scd;asymspec@bonus=gated" \
   --reps 3 --warmup 1 --max-new-tokens 48 --lengths 256,1024,4096 --length-variants "floor;asymspec" \
   --k-values 2,4,6 --k-variants "asymspec;sd" --title "GPU: Qwen3-VL-2B + Qwen3-32B shapes (random weights), dynamic caches" \

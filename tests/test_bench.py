@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 import torch
@@ -438,3 +439,65 @@ def test_batch_options_are_checked_before_anything_runs(tiny_pipe):
     with pytest.raises(UnknownOptionError):
         run_bench("random-tiny", pipeline=tiny_pipe, batch_sizes=(4,), batch_variants="nonsense", **FAST)
     assert bench.batching.parse_sizes([8, 4, 8]) == [1, 4, 8]
+
+
+def test_spread_is_median_min_max_and_count_of_the_finite_values():
+    from asymspec_mm.bench.spread import spread
+
+    assert spread([1.4, None, 1.1, float("nan"), 1.23, float("inf")]) == {"median": 1.23, "min": 1.1, "max": 1.4, "n": 3}
+    assert spread([4.0, 1.0, 3.0, 2.0]) == {"median": 2.5, "min": 1.0, "max": 4.0, "n": 4}
+    empty = spread([None, float("nan")])
+    assert empty["n"] == 0 and all(math.isnan(empty[k]) for k in ("median", "min", "max"))
+
+
+def test_spread_formatting_exact_strings():
+    from asymspec_mm.bench.spread import format_spread, spread_phrase
+
+    assert format_spread([1.1, 1.4, 1.23], "{:.2f}x") == "1.23x (1.10x-1.40x, n=3)"
+    assert format_spread([0.0502, 0.041, 0.0719, 0.06, 0.055], "{:.1f}%", 100) == "5.5% (4.1%-7.2%, n=5)"
+    assert format_spread([0.0123], "{:.1f}", 1e3) == "12.3 (n=1)"
+    assert format_spread([None, float("nan")]) == "–"
+    assert spread_phrase([0.07, 0.05, 0.06]) == "median 0.0600 (min 0.0500, max 0.0700, n=3)"
+    assert spread_phrase([]) == "no measurement"
+
+
+def test_target_rows_show_their_spread_and_whether_it_crosses_the_target():
+    from asymspec_mm.bench.cli import target_line
+    from asymspec_mm.bench.report import range_crosses_target, target_measured
+
+    over = {"target": "loop_overhead", "measured": 0.055, "reps": [0.041, 0.0719, 0.055], "met": False}
+    assert target_measured(over) == "5.50% (4.10%-7.19%, n=3)"
+    assert range_crosses_target(over)  # 4.1% < 5% < 7.19%
+    assert target_line(over) == "target loop_overhead: median 0.0550 (min 0.0410, max 0.0719, n=3) -> NOT met"
+    speed = {"target": "tiny_speedup", "measured": 0.66, "reps": [0.6, 0.66, 0.7], "met": False}
+    assert target_measured(speed) == "0.66x (0.60x-0.70x, n=3)" and not range_crosses_target(speed)
+    growth = {"target": "length_growth", "measured": 1.27, "met": False}  # a ratio of medians: no repetitions
+    assert target_measured(growth) == "1.27" and not range_crosses_target(growth)
+    assert target_line(growth) == "target length_growth: measured 1.2700 -> NOT met"
+
+
+def test_summaries_keep_each_repetition_and_the_tables_show_the_spread(result):
+    from asymspec_mm.bench.report import render_markdown
+    from asymspec_mm.bench.spread import format_spread
+
+    per_rep = result["main"]["per_rep"]
+    md = render_markdown(result)
+    for name, s in result["main"]["variants"].items():
+        reps = per_rep[name]
+        assert len(reps) == result["meta"]["reps"] == 2
+        assert s["tokens_per_s_reps"] == [r["tokens_per_s"] for r in reps]
+        assert s["step_s_reps"] == [r["step_s"] for r in reps]
+        overhead = [r["split_frac"]["gate"] + r["split_frac"]["trace"] + r["split_frac"]["other"] for r in reps]
+        assert s["host_overhead_frac_reps"] == pytest.approx(overhead)
+        assert s["host_overhead_frac"] == pytest.approx(median(overhead))
+        assert s["gate_frac_reps"] == [r["split_frac"]["gate"] for r in reps]
+        (row,) = [line.split(" | ") for line in md.splitlines() if line.startswith(f"| {name} | ") and "tower" in line]
+        assert row[1].removesuffix(" (random weights: not a result)") == format_spread(s["tokens_per_s_reps"])  # median (min-max, n=2)
+        assert row[2].removesuffix(" *") == ("1.00x" if name == "floor" else format_spread(s["ratio_to_floor_reps"], "{:.2f}x"))
+        split_row = next(
+            line for line in md.splitlines() if line.startswith(f"| {name} | {format_spread(s['loop_step_s_reps'], '{:.1f}', 1e3)} |")
+        )
+        assert split_row.endswith(f"| {format_spread(s['host_overhead_frac_reps'], '{:.1f}%', 100)} |")
+    (over,) = [t for t in result["targets"] if t["target"] == "loop_overhead"]
+    assert over["reps"] == result["main"]["variants"]["asymspec"]["host_overhead_frac_reps"]
+    assert f"| {format_spread(over['reps'], '{:.2f}%', 100)} |" in md

@@ -65,10 +65,13 @@ def variant_summary(runs: list[dict], reps: list[dict], ratios: list[float] | No
         "tokens_per_s": median(tps),
         "tokens_per_s_min": min(tps) if tps else float("nan"),
         "tokens_per_s_max": max(tps) if tps else float("nan"),
+        "tokens_per_s_reps": tps,
         "ratio_to_floor": median(ratios) if ratios else None,
         "ratio_to_floor_reps": ratios,
         "step_s": median([r["step_s"] for r in reps]),
+        "step_s_reps": [r["step_s"] for r in reps],
         "token_s": median([r["token_s"] for r in reps]),
+        "token_s_reps": [r["token_s"] for r in reps],
         "new_tokens": new,
         "steps": steps,
         "acceptance_rate": accepted / drafted if drafted else None,
@@ -86,10 +89,11 @@ def variant_summary(runs: list[dict], reps: list[dict], ratios: list[float] | No
     if split_reps:
         out["split_step_s"] = {k2: median([r["split_step_s"][k2] for r in split_reps]) for k2 in SPLIT_KEYS}
         out["split_frac"] = {k2: median([r["split_frac"][k2] for r in split_reps]) for k2 in SPLIT_KEYS}
-        out["loop_step_s"] = median([r["loop_step_s"] for r in split_reps])
-        out["host_overhead_frac"] = median(
-            [r["split_frac"]["gate"] + r["split_frac"]["trace"] + r["split_frac"]["other"] for r in split_reps]
-        )
+        out["loop_step_s_reps"] = [r["loop_step_s"] for r in split_reps]
+        out["loop_step_s"] = median(out["loop_step_s_reps"])
+        out["host_overhead_frac_reps"] = [r["split_frac"]["gate"] + r["split_frac"]["trace"] + r["split_frac"]["other"] for r in split_reps]
+        out["host_overhead_frac"] = median(out["host_overhead_frac_reps"])
+        out["gate_frac_reps"] = [r["split_frac"]["gate"] for r in split_reps]
         out["gate_frac"] = out["split_frac"]["gate"]
     return out
 
@@ -243,6 +247,7 @@ def evaluate_targets(result: dict[str, Any], bp: BenchPair) -> list[dict[str, An
                 "target": "loop_overhead",
                 "text": TARGETS["loop_overhead"][0],
                 "measured": asym["host_overhead_frac"],
+                "reps": asym["host_overhead_frac_reps"],
                 "met": asym["host_overhead_frac"] <= TARGETS["loop_overhead"][1],
             }
         )
@@ -251,6 +256,7 @@ def evaluate_targets(result: dict[str, Any], bp: BenchPair) -> list[dict[str, An
                 "target": "gate_fusion",
                 "text": TARGETS["gate_fusion"][0],
                 "measured": asym["gate_frac"],
+                "reps": asym["gate_frac_reps"],
                 "met": asym["gate_frac"] <= TARGETS["gate_fusion"][1],
             }
         )
@@ -260,6 +266,7 @@ def evaluate_targets(result: dict[str, Any], bp: BenchPair) -> list[dict[str, An
                 "target": "tiny_speedup",
                 "text": TARGETS["tiny_speedup"][0],
                 "measured": asym["ratio_to_floor"],
+                "reps": asym["ratio_to_floor_reps"],
                 "met": asym["ratio_to_floor"] >= TARGETS["tiny_speedup"][1],
                 "note": None if bp.trained else "random tiny fallback: acceptance is not the trained pair's",
             }

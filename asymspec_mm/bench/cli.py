@@ -13,6 +13,7 @@ from ..variants import build_variants, parse_list
 from .report import render_markdown, update_section, write_outputs
 from .runner import ENGINES
 from .settings import DEFAULT_VARIANTS, PAIRS
+from .spread import spread_phrase
 from .suite import run_bench
 
 VARIANT_GRAMMAR = "method[@field=value,...] items separated by ';' or ','"
@@ -219,10 +220,17 @@ def bench_main(args: argparse.Namespace) -> int:
     for kind, pth in paths.items():
         print(f"{kind}: {pth}")
     for t in res["targets"]:
-        which = f" ({t['variant']})" if t.get("variant") else ""
-        line = f"target {t['target']}{which}: measured {t['measured']:.4f} -> {'met' if t['met'] else 'NOT met'}"
-        print(line + (f"; cause: {t['cause']}" if t.get("cause") else ""))
+        print(target_line(t))
     return 0
+
+
+def target_line(t: dict[str, Any]) -> str:
+    """One target of the result as the console prints it: its median with the spread over repetitions, the verdict
+    (by the median) and, when missed, the measured cause."""
+    which = f" ({t['variant']})" if t.get("variant") else ""
+    measured = spread_phrase(t["reps"]) if t.get("reps") else f"measured {t['measured']:.4f}"
+    line = f"target {t['target']}{which}: {measured} -> {'met' if t['met'] else 'NOT met'}"
+    return line + (f"; cause: {t['cause']}" if t.get("cause") else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

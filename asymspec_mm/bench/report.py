@@ -8,7 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .aggregate import TARGETS
 from .settings import SPLIT_KEYS, SPLIT_LABELS, STREAMS
+from .spread import format_spread, spread
 
 
 def _f(x: Any, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
@@ -16,6 +18,17 @@ def _f(x: Any, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
     return fmt.format(x * scale)
+
+
+def _med(s: dict[str, Any], key: str, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
+    """A summary's median ``key`` with its spread over repetitions (``key + "_reps"``) when those were recorded."""
+    reps = s.get(key + "_reps")
+    return format_spread(reps, fmt, scale) if reps else _f(s.get(key), fmt, scale)
+
+
+def _ratio(name: str, s: dict[str, Any]) -> str:
+    """Ratio to Floor with its spread; Floor's own is 1 by definition (no spread to show)."""
+    return "1.00x" if name == "floor" else _med(s, "ratio_to_floor", "{:.2f}x")
 
 
 def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
@@ -30,8 +43,9 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         f"- settings: K={m['k']}, max_new_tokens={m['max_new_tokens']}, {m['reps']} interleaved repetitions "
         f"(+{m['warmup']} warm-up), {m['cases']} request(s) per cell ({'/'.join(m.get('case_families', []))}), prefill={m['prefill']}, trace_top={m['config']['trace_top']}",
         f"- {m['date']}, bench wall {m.get('bench_wall_s', 0):.0f}s",
-        "- every number is a median over repetitions; a ratio is the median of per-repetition ratios of runs made side "
-        "by side (variant vs Floor in the same repetition).",
+        "- every number is a median over repetitions, shown as `median (min-max, n=repetitions)` where the spread was "
+        "recorded; a ratio is the median of per-repetition ratios of runs made side by side (variant vs Floor in the "
+        "same repetition).",
     ]
     for n in res.get("notes", []):
         lines.append(f"- **note:** {n}")
@@ -46,8 +60,8 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         lines.append("|---|---|---|---|---|---|---|---|")
         for name, s in main.items():
             meaningless = (not trained) and s["method"] in ("asymspec", "sd")
-            tps = _f(s["tokens_per_s"]) + (" (random weights: not a result)" if meaningless else "")
-            ratio = _f(s["ratio_to_floor"], "{:.2f}x") + (" *" if meaningless else "")
+            tps = _med(s, "tokens_per_s") + (" (random weights: not a result)" if meaningless else "")
+            ratio = _ratio(name, s) + (" *" if meaningless else "")
             fwd = s["forwarded_per_token"]
             fwd_s = ", ".join(_f(fwd.get(st), "{:.2f}") for st in STREAMS)
             app = "/".join(_f(x, "{:.2f}") for x in s["accepted_per_position_rate"]) or "–"
@@ -60,7 +74,9 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         lines.append("")
         lines += ["### Per-step time split (instrumented runs)", ""]
         lines.append(
-            "| variant | step (ms, median) | " + " | ".join(SPLIT_LABELS[k2] for k2 in SPLIT_KEYS) + " | host overhead (gate+trace+rest) |"
+            "| variant | step (ms, median) | "
+            + " | ".join(SPLIT_LABELS[k2] + " (median)" for k2 in SPLIT_KEYS)
+            + " | host overhead (gate+trace+rest) |"
         )
         lines.append("|---|---|" + "---|" * (len(SPLIT_KEYS) + 1))
         for name, s in main.items():
@@ -68,9 +84,9 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
                 continue
             cells = [f"{_f(s['split_step_s'][k2], '{:.1f}', 1e3)} ({_f(s['split_frac'][k2], '{:.1f}%', 100)})" for k2 in SPLIT_KEYS]
             lines.append(
-                f"| {name} | {_f(s['loop_step_s'], '{:.1f}', 1e3)} | "
+                f"| {name} | {_med(s, 'loop_step_s', '{:.1f}', 1e3)} | "
                 + " | ".join(cells)
-                + f" | {_f(s['host_overhead_frac'], '{:.1f}%', 100)} |"
+                + f" | {_med(s, 'host_overhead_frac', '{:.1f}%', 100)} |"
             )
         lines.append("")
     costs = res.get("call_costs", {})
@@ -123,9 +139,9 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         for L, row in sl["by_length"].items():
             ctx = row.get("asymspec", row.get("floor", {})).get("context", {})
             ctx_s = "/".join(str(ctx.get(s, "–")) for s in STREAMS)
-            cells = " | ".join(_f(s["token_s"], "{:.1f}", 1e3) for s in row.values())
+            cells = " | ".join(_med(s, "token_s", "{:.1f}", 1e3) for s in row.values())
             a = row.get("asymspec", {})
-            lines.append(f"| {L} | {ctx_s} | {cells} | {_f(a.get('step_s'), '{:.1f}', 1e3)} | {_f(a.get('ratio_to_floor'), '{:.2f}x')} |")
+            lines.append(f"| {L} | {ctx_s} | {cells} | {_med(a, 'step_s', '{:.1f}', 1e3)} | {_med(a, 'ratio_to_floor', '{:.2f}x')} |")
         if sl.get("growth"):
             g = sl["growth"]
             lines.append(
@@ -147,8 +163,8 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         ]
         for label, s in sk["by_k"].items():
             lines.append(
-                f"| {label} | {_f(s['tokens_per_s'])} | {_f(s['ratio_to_floor'], '{:.2f}x')} | {_f(s['mean_accepted_length'])} | "
-                f"{_f(s['acceptance_rate'])} | {_f(s['step_s'], '{:.1f}', 1e3)} |"
+                f"| {label} | {_med(s, 'tokens_per_s')} | {_ratio(label, s)} | {_f(s['mean_accepted_length'])} | "
+                f"{_f(s['acceptance_rate'])} | {_med(s, 'step_s', '{:.1f}', 1e3)} |"
             )
         lines.append("")
     pb = res.get("probes", {}).get("batching")
@@ -176,13 +192,11 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
     lines += batch_markdown(res.get("batching"), m["dtype"])
     tg = res.get("targets", [])
     if tg:
-        lines += ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
+        lines += ["### Targets", "", "| target | measured: median (min-max, n=repetitions) | met (by the median) |", "|---|---|---|"]
         for t in tg:
-            if t["target"] in ("tiny_speedup", "batch_speedup", "batch_step"):
-                meas = _f(t["measured"], "{:.2f}x")
-            else:
-                meas = _f(t["measured"], "{:.2f}") if t["target"] == "length_growth" else _f(t["measured"], "{:.2f}%", 100)
-            extra = [x for x in (t.get("note"), ("measured cause: " + t["cause"]) if t.get("cause") else None) if x]
+            meas = target_measured(t)
+            crosses = "the range over repetitions crosses the target" if range_crosses_target(t) else None
+            extra = [x for x in (crosses, t.get("note"), ("measured cause: " + t["cause"]) if t.get("cause") else None) if x]
             lines.append(f"| {t['text']} | {meas} | {'yes' if t['met'] else '**no**'}{(' (' + '; '.join(extra) + ')') if extra else ''} |")
         lines.append("")
     ch = res.get("checks")
@@ -194,6 +208,22 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
         )
         lines.append("")
     return "\n".join(lines)
+
+
+def target_measured(t: dict[str, Any]) -> str:
+    """A target row's measured median in its unit, with its spread over repetitions when the row carries them."""
+    fmt, scale = {"tiny_speedup": ("{:.2f}x", 1.0), "batch_speedup": ("{:.2f}x", 1.0), "batch_step": ("{:.2f}x", 1.0)}.get(
+        t["target"], ("{:.2f}", 1.0) if t["target"] == "length_growth" else ("{:.2f}%", 100.0)
+    )
+    reps = t.get("reps")
+    return format_spread(reps, fmt, scale) if reps else _f(t["measured"], fmt, scale)
+
+
+def range_crosses_target(t: dict[str, Any]) -> bool:
+    """Whether a target row's repetitions fall on both sides of its threshold (the verdict then rests on the median)."""
+    reps = spread(t.get("reps") or [])
+    threshold = TARGETS.get(t["target"], (None, None))[1]
+    return bool(reps["n"] >= 2 and threshold is not None and reps["min"] < threshold < reps["max"])
 
 
 def _bytes(n: float | None) -> str:
@@ -213,7 +243,7 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
         f"{bt['cases']} requests per cell (the same ones at every B), {bt['max_new_tokens']} new tokens at most, K={bt['k']}, "
         f"{bt['reps']} interleaved repetition(s) (+{bt['warmup']} warm-up). B=1 is the SEQUENTIAL loop (pipe.generate one "
         "request after another); B>1 is generate_batch(batch_size=B), continuously refilled. Ratios to B=1 are medians of "
-        "per-repetition ratios; min-max over repetitions in brackets."
+        "per-repetition ratios; each median is shown with its spread, median (min-max, n=repetitions)."
     )
     if synthetic:
         sc = bt["synthetic_context"]
@@ -243,18 +273,16 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
     ]
     for name, per in bt["by_variant"].items():
         for b, s in per.items():
-            tps = "–" if s["tokens_per_s"] is None else f"{_f(s['tokens_per_s'])} [{_f(s['tokens_per_s_min'])}-{_f(s['tokens_per_s_max'])}]"
-            dtps = f"{_f(s['decode_tokens_per_s'])} [{_f(s['decode_tokens_per_s_min'])}-{_f(s['decode_tokens_per_s_max'])}]"
+            tps = "–" if s["tokens_per_s"] is None else _med(s, "tokens_per_s")
+            dtps = _med(s, "decode_tokens_per_s")
 
             def rr(key: str, s: dict = s) -> str:
-                reps = s.get(key + "_reps") or []
-                main = _f(s.get(key), "{:.2f}x")
-                return main if len(reps) < 2 or s["sequential"] else f"{main} [{min(reps):.2f}-{max(reps):.2f}]"
+                return "1.00x" if s["sequential"] else _med(s, key, "{:.2f}x")
 
             label = "1 (sequential)" if s["sequential"] else b
             lines.append(
                 f"| {name} | {label} | {tps} | {rr('ratio_to_seq') if s['tokens_per_s'] is not None else '–'} | {dtps} | "
-                f"{rr('decode_ratio_to_seq')} | {_f(s['step_s'], '{:.1f}', 1e3)} | {rr('step_ratio')} | {_f(s['rows_per_step'], '{:.1f}')} | "
+                f"{rr('decode_ratio_to_seq')} | {_med(s, 'step_s', '{:.1f}', 1e3)} | {rr('step_ratio')} | {_f(s['rows_per_step'], '{:.1f}')} | "
                 f"{_bytes(s['kv_bytes_per_row'])} | {_bytes(s.get('cache_bytes_per_row_peak'))} | "
                 f"{'yes' if s['same_tokens_as_sequential'] else '**no**'} |"
             )

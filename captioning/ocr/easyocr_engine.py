@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,32 @@ from .easyocr_weights import (
 from .items import OCRItem
 
 __all__ = ["EasyOCREngine"]
+
+# What torch warns about while EasyOCR runs, all of it about EasyOCR's own calls into torch:
+# - set-up: EasyOCR calls the deprecated torch.quantization.quantize_dynamic on the detector (always:
+#   its Reader stores ``quantize`` as a one-element tuple, so even quantize=False quantizes it) and,
+#   when quantize is on, on the recognizer, whose dynamic int8 LSTM makes its weights with the
+#   deprecated torch.quantize_per_tensor;
+# - reading: the recognizer's DataLoader asks for pinned memory on a machine without an accelerator.
+_EASYOCR_TORCH_WARNINGS = (
+    (DeprecationWarning, r"torch\.ao\.quantization is deprecated"),
+    (UserWarning, r"torch\.quantize_per_tensor, torch\.quantize_per_channel .* are deprecated"),
+    (UserWarning, r"'pin_memory' argument is set as true but no accelerator is found"),
+)
+
+
+@contextmanager
+def _easyocr_torch_warnings_silenced() -> Iterator[None]:
+    """Hide only the warnings of :data:`_EASYOCR_TORCH_WARNINGS` around a call into EasyOCR.
+
+    A caller of this package can neither fix nor avoid them; every other warning passes.
+    (``catch_warnings`` swaps the process-wide filters for the block's duration and restores them
+    after: a thread warning meanwhile also sees these filters.)
+    """
+    with warnings.catch_warnings():
+        for category, message in _EASYOCR_TORCH_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield
 
 
 class EasyOCREngine(OCREngine):
@@ -112,14 +140,15 @@ class EasyOCREngine(OCREngine):
                     import easyocr
 
                     try:
-                        self._reader = easyocr.Reader(
-                            list(self.languages),
-                            gpu=self.gpu,
-                            model_storage_directory=str(self.model_dir),
-                            download_enabled=self.download_enabled,
-                            verbose=False,
-                            quantize=self.quantize,
-                        )
+                        with _easyocr_torch_warnings_silenced():
+                            self._reader = easyocr.Reader(
+                                list(self.languages),
+                                gpu=self.gpu,
+                                model_storage_directory=str(self.model_dir),
+                                download_enabled=self.download_enabled,
+                                verbose=False,
+                                quantize=self.quantize,
+                            )
                     except FileNotFoundError as exc:
                         raise OCRUnavailableError(
                             self._missing_message(easyocr_required_weights(self.languages), self.model_dir, [str(exc)])
@@ -133,7 +162,7 @@ class EasyOCREngine(OCREngine):
         # RGB and the recognizer the luma grey image. Passing an array to readtext() would
         # treat it as BGR and swap red and blue in the grey image.
         grey = np.asarray(image.convert("L"))
-        with self._lock:  # one inference at a time: the Reader holds mutable torch state
+        with self._lock, _easyocr_torch_warnings_silenced():  # one inference at a time: the Reader holds mutable torch state
             horizontal, free = reader.detect(rgb, reformat=False)
             results = reader.recognize(grey, horizontal[0], free[0], reformat=False)
         return [OCRItem(box=box, text=text, confidence=conf) for box, text, conf in results]

@@ -1,0 +1,166 @@
+"""The GPU scripts on a machine without a GPU: they parse, their dry runs load no model, and the paper slice's
+summary (what the device run prints) is exact on hand-made records."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asymspec_mm.bench.paper_slice import main as slice_main
+from asymspec_mm.bench.paper_slice import slice_table, summarize_slice
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("scripts/gpu_bench.sh", "scripts/gpu_paper_slice.sh")
+NO_PROTOCOL = "gpu_paper_slice.sh: this checkout's 'asymspec-mm eval mathvista' has no --protocol (issue #22 item 1): nothing to run"
+
+
+def _text_dir() -> Path:
+    for d in (os.environ.get("ASYMSPEC_MATHVISTA_DIR"), ROOT.parent / "shared" / "mathvista", Path("/work/shared/mathvista")):
+        if d and (Path(d) / "captions_bard.json").is_file():
+            return Path(d)
+    pytest.skip("MathVista text data (captions_bard.json) not found: set ASYMSPEC_MATHVISTA_DIR")
+
+
+def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(tmp_path / "empty-hf-cache"),  # no model is cached here
+        "OUT": str(tmp_path / "out"),
+    }
+    return subprocess.run(["bash", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def _help_has_protocol() -> bool:
+    out = subprocess.run(
+        [sys.executable, "-m", "asymspec_mm.cli", "eval", "mathvista", "--help"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return "--protocol" in out.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_gpu_scripts_parse(script):
+    proc = subprocess.run(["bash", "-n", script], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_paper_slice_command_is_the_papers_protocol(tmp_path):
+    text = _text_dir()
+    proc = _run(["scripts/gpu_paper_slice.sh", "--print-command", "--text-dir", str(text)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cmd = shlex.split(proc.stdout)
+    assert cmd[:5] == [sys.executable, "-m", "asymspec_mm.cli", "eval", "mathvista"]
+    flags = " ".join(cmd[5:])
+    for part in (
+        "--protocol paper --dataset mathvista --tasks GPS,VQA,FQA --require-caption --limit 30",
+        "--methods drafter,floor,sd,asymspec --max-new-tokens 1024",
+        "--drafter Qwen/Qwen3-VL-2B-Instruct --verifier Qwen/Qwen3-32B --device cuda --dtype bf16",
+        f"--text-dir {text} --batch-size 10 --out {tmp_path / 'out' / 'paper-slice'} --resume",
+        "--source hf",
+    ):
+        assert part in flags
+    local = _run(
+        ["scripts/gpu_paper_slice.sh", "--print-command", "--text-dir", str(text), "--images-dir", "/data/mv", "--limit", "12"], tmp_path
+    )
+    assert f"--source local --data-dir {text}/testmini.json --images-dir /data/mv" in " ".join(shlex.split(local.stdout))
+    assert "--limit 12 " in " ".join(shlex.split(local.stdout))
+
+
+def test_paper_slice_dry_run_loads_no_model(tmp_path):
+    text = _text_dir()
+    proc = _run(["scripts/gpu_paper_slice.sh", "--dry-run", "--text-dir", str(text)], tmp_path)
+    if not _help_has_protocol():  # before issue #22's --protocol lands, the script says so and stops
+        assert proc.returncode == 2 and proc.stderr.strip() == NO_PROTOCOL
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert "30 problems (mathvista, tasks=GPS,VQA,FQA, require_caption=True) x 4 variants: " in proc.stdout
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_paper_slice_refuses_bad_options(tmp_path):
+    proc = _run(["scripts/gpu_paper_slice.sh", "--limit", "x"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gpu_paper_slice.sh: 'x' is not a whole number (--limit/--budget/--batch-size/--max-new-tokens)"
+    proc = _run(["scripts/gpu_paper_slice.sh", "--text-dir", str(tmp_path)], tmp_path)
+    assert proc.returncode == 2 and "no MathVista text data (captions_bard.json)" in proc.stderr
+
+
+def test_gpu_bench_dry_run_plans_the_phases(tmp_path):
+    proc = _run(["scripts/gpu_bench.sh", "--dry-run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache",
+        "dry run: paper slice: no (300s); shape phases: 1-4 in the time left",
+    ]
+    text = _text_dir()
+    only = _run(["scripts/gpu_bench.sh", "--dry-run", "--paper-slice-only", "--", "--text-dir", str(text), "--limit", "12"], tmp_path)
+    assert only.stdout.splitlines()[0] == "dry run: paper slice: only (510s); shape phases: none"
+    if _help_has_protocol():
+        assert only.returncode == 0, only.stderr
+        assert "12 problems (mathvista, tasks=GPS,VQA,FQA, require_caption=True)" in only.stdout
+    else:
+        assert only.returncode == 2 and only.stderr.strip() == NO_PROTOCOL
+    bad = _run(["scripts/gpu_bench.sh", "--bogus"], tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("gpu_bench.sh: unknown option --bogus")
+
+
+def _record(variant: str, task: str, ok: bool, tokens: int, seconds: float, **stats) -> dict:
+    return {"variant": variant, "task": task, "true_false": ok, "new_tokens": tokens, "wall_s": seconds, "stats": stats}
+
+
+RECORDS = [
+    _record("floor", "geometry problem solving", True, 100, 4.0, drafted=0, accepted=0, steps=100),
+    _record("floor", "figure question answering", False, 60, 2.0, drafted=0, accepted=0, steps=60),
+    _record("asymspec", "geometry problem solving", True, 100, 2.0, drafted=160, accepted=60, steps=40),
+    _record("asymspec", "figure question answering", True, 60, 1.0, drafted=96, accepted=36, steps=24),
+    _record("asymspec", "visual question answering", False, 40, 2.0, drafted=64, accepted=24, steps=16),
+]
+
+
+def test_slice_summary_counts_and_rates():
+    s = summarize_slice(RECORDS)
+    assert list(s) == ["floor", "asymspec"]
+    assert s["floor"] == {
+        "n": 2,
+        "correct": 1,
+        "tasks": {"GPS": [1, 1], "FQA": [0, 1]},
+        "acceptance": None,
+        "mal": None,
+        "tokens_per_s": 160 / 6.0,
+        "new_tokens": 160,
+    }
+    a = s["asymspec"]
+    assert (a["n"], a["correct"], a["tasks"]) == (3, 2, {"GPS": [1, 1], "FQA": [1, 1], "VQA": [0, 1]})
+    assert a["acceptance"] == 120 / 320 and a["mal"] == 200 / 80 and a["tokens_per_s"] == 200 / 5.0
+
+
+def test_slice_table_exact():
+    assert slice_table(summarize_slice(RECORDS)) == (
+        "| variant | problems | GPS | VQA | FQA | overall | acceptance | MAL | tokens/s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| floor | 2 | 100.0 (1/1) | – | 0.0 (0/1) | 50.0 (1/2) | – | – | 26.7 |\n"
+        "| asymspec | 3 | 100.0 (1/1) | 0.0 (0/1) | 100.0 (1/1) | 66.7 (2/3) | 0.38 | 2.50 | 40.0 |"
+    )
+
+
+def test_slice_summary_of_a_run_cut_short(tmp_path, capsys):
+    lines = [json.dumps(r) for r in RECORDS[:3]] + ['{"variant": "asymspec", "task": "vis']  # killed mid-write
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert slice_main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == (tmp_path / "slice_summary.md").read_text().strip()
+    assert printed.splitlines()[-1] == "| asymspec | 1 | 100.0 (1/1) | – | – | 100.0 (1/1) | 0.38 | 2.50 | 50.0 |"
+    assert slice_main([str(tmp_path / "missing")]) == 1
