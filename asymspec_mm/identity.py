@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,19 @@ def ocr_engine_of(ocr_engine: str | None, preset_name: str | None) -> str:
     if preset_name in PRESETS:
         return str(PRESETS[preset_name]().pipeline_kwargs.get("ocr", "auto"))
     return "auto"
+
+
+def comparable(identity: Mapping[str, Any], skip: Iterable[str] = ()) -> dict[str, Any]:
+    """The keys a resume compares: ``skip`` left out, and a model's folder path where its files are hashed
+    (the same checkpoint moved or reinstalled elsewhere is the same model)."""
+    skip = set(skip)
+    out = {k: v for k, v in identity.items() if k not in skip}
+    if isinstance(out.get("models"), Mapping):
+        out["models"] = {
+            k: ({f: x for f, x in m.items() if f != "path"} if isinstance(m, Mapping) and "files" in m else m)
+            for k, m in out["models"].items()
+        }
+    return out
 
 
 def identity_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -121,7 +121,8 @@ def test_end_to_end_each_answer_equals_generate_alone(full_run, refs):
     assert max(r["stats"]["batch_size"] for r in records) > 1  # rows really shared steps
     meta = json.loads((out.parent / "answers.jsonl.meta.json").read_text())
     ident = meta["identity"]
-    assert ident["models"] == {"preset": "tiny"} and ident["method"] == "asymspec" and ident["trace"] is True
+    assert ident["models"]["preset"] == "tiny" and ident["method"] == "asymspec" and ident["trace"] is True
+    assert ident["models"]["drafter"]["files"]["model.safetensors"].startswith("sha256:")
     assert ident["config"]["k"] == 4 and ident["dtype"] == "float32" and ident["version"]
     assert not (out.parent / "answers.jsonl.errors.jsonl").exists()
     assert f"{N}/{N}" in err  # the progress bar, on stderr
@@ -317,6 +318,21 @@ def test_any_pair_through_drafter_and_verifier(tiny_dirs, tiny_pipe, tmp_path):
         for i, c in enumerate(cases)
     }
     meta = json.loads((tmp_path / "a.jsonl.meta.json").read_text())
-    assert meta["identity"]["models"] == {"drafter": str(Path(tiny_dirs[0]).resolve()), "verifier": str(Path(tiny_dirs[1]).resolve())}
+    models = meta["identity"]["models"]
+    assert [models[k]["path"] for k in ("drafter", "verifier")] == [str(Path(d).resolve()) for d in tiny_dirs]
+    assert set(models["verifier"]["files"]) >= {"config.json", "model.safetensors"}
     rc, err = run_cli(argv + ["--max-new-tokens", 16, "--resume"])
     assert rc == 2 and "max_new_tokens (12 -> 16)" in err
+    # models are named by their files: the same checkpoint in another folder resumes, an edited one does not
+    import shutil
+
+    moved, edited = tmp_path / "moved_verifier", tmp_path / "edited_verifier"
+    shutil.copytree(tiny_dirs[1], moved)
+    shutil.copytree(tiny_dirs[1], edited)
+    cfg_file = edited / "config.json"
+    cfg_file.write_text(cfg_file.read_text(encoding="utf-8").replace("{", '{"_edited": true, ', 1), encoding="utf-8")
+    with_verifier = lambda d: [d if a == tiny_dirs[1] else a for a in argv] + ["--max-new-tokens", 12, "--resume", "--no-progress"]  # noqa: E731
+    rc, err = run_cli(with_verifier(moved))
+    assert rc == 0, err
+    rc, err = run_cli(with_verifier(edited))
+    assert rc == 2 and "models.verifier.files.config.json (sha256:" in err, err

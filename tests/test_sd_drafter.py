@@ -189,7 +189,8 @@ def test_batch_resume_identity_names_the_sd_drafter(tiny_dirs, sd_dir):
     cfg = AsymSpecConfig()
     with_sd, _ = run_identity(argparse.Namespace(**base, method="sd", sd_drafter=str(sd_dir)), cfg)
     without, _ = run_identity(argparse.Namespace(**base, method="sd", sd_drafter=None), cfg)
-    assert with_sd["models"]["sd_drafter"] == str(sd_dir.resolve())
-    assert identity_diff(without, with_sd) == [f"models.sd_drafter ((absent) -> {str(sd_dir.resolve())!r})"]
+    assert with_sd["models"]["sd_drafter"]["path"] == str(sd_dir.resolve()) and with_sd["models"]["sd_drafter"]["files"]
+    (diff,) = identity_diff(without, with_sd)
+    assert diff.startswith("models.sd_drafter ((absent) -> ") and str(sd_dir.resolve()) in diff
     floor, _ = run_identity(argparse.Namespace(**base, method="floor", sd_drafter=str(sd_dir)), cfg)
     assert "sd_drafter" not in floor["models"]  # Floor's tokens do not depend on it

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AsymSpecError
+from ..identity import checkpoint_identity, comparable, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..identity import identity_diff as shared_identity_diff
-from ..identity import model_ref, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from .files import (
     DEFAULT_BATCH_SIZE,
@@ -48,14 +48,15 @@ from .files import (
 def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], str | None]:
     """What must not change between a run and its ``--resume``, and the preset name to load (None: a pair).
 
-    Computed without loading a model: the pair (preset name, or both paths/ids), the dtype they load in,
+    Computed without loading a model: the pair (preset name; each checkpoint by path or id, revision and a hash of
+    each file, as eval names them), the dtype they load in,
     method, the effective config, the OCR engine, whether traces are written and the package version.
     """
     from .. import __version__
 
-    models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype, hashes=False)
+    models, preset_name = models_identity(args.preset, args.drafter, args.verifier, args.device, args.dtype)
     if getattr(args, "sd_drafter", None) and args.method == "sd":  # another SD drafter makes other tokens
-        models["sd_drafter"] = model_ref(args.sd_drafter)
+        models["sd_drafter"] = checkpoint_identity(args.sd_drafter)
     identity = {
         "models": {k: v for k, v in models.items() if k != "dtype"},
         "dtype": models["dtype"],
@@ -83,7 +84,7 @@ def check_resume(output: Path, identity: Mapping[str, Any]) -> None:
     old = read_identity_file(mp, FORMAT, "--overwrite to start over")
     if old is None:
         raise AsymSpecError(f"{output} has no {mp.name}, so this run cannot be checked against it: --overwrite to start over")
-    diff = identity_diff(old, identity)
+    diff = identity_diff(comparable(old), comparable(identity))
     if diff:
         raise AsymSpecError(
             f"--resume: {output} was written by a different run; differing: {', '.join(diff)}. "

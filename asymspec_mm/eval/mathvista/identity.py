@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import AsymSpecError
-from ...identity import file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
+from ...identity import comparable, file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from .records import PROBLEM_FIELDS, _json_default
 
 FORMAT = "asymspec-mm eval"
@@ -121,22 +121,10 @@ def eval_identity(
     return identity
 
 
-def _compared(identity: Mapping[str, Any], skip: set[str]) -> dict[str, Any]:
-    """The keys a resume compares: ``skip`` left out, and a model's folder path where its files are hashed
-    (the same checkpoint moved or reinstalled elsewhere is the same model)."""
-    out = {k: v for k, v in identity.items() if k not in skip}
-    if isinstance(out.get("models"), Mapping):
-        out["models"] = {
-            k: ({f: x for f, x in m.items() if f != "path"} if isinstance(m, Mapping) and "files" in m else m)
-            for k, m in out["models"].items()
-        }
-    return out
-
-
 def resume_conflicts(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
     """``"dataset.seed 0 -> 3"`` for every key that must agree but does not (see the module's rules)."""
     skip = set(FREE_KEYS) | {"variants"} | set(ignore)
-    diffs = identity_diff(_compared(old, skip), _compared(new, skip))
+    diffs = identity_diff(comparable(old, skip), comparable(new, skip))
     old_v, new_v = old.get("variants") or {}, new.get("variants") or {}
     for name in old_v:
         if name in new_v:
