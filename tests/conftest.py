@@ -58,3 +58,48 @@ def make_case(seed: int) -> dict:
         "caption": " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 12))),
         "ocr": " ".join(str(rng.randint(0, 99)) for _ in range(rng.randint(0, 5))),
     }
+
+
+def start_serve(cmd: list[str], cwd, env: dict[str, str], timeout: float = 180.0):
+    """Start ``asymspec-mm serve ... --port 0`` as a subprocess; return ``(proc, base_url)`` once it answers
+    ``/health`` (the URL is read from its "serving ... on http://..." line on stderr, which stays drained)."""
+    import subprocess
+    import threading
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    url, seen, deadline = None, [], time.monotonic() + timeout
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "serving" in line and " on http://" in line:
+            url = line.split(" on ", 1)[1].split()[0].removesuffix("/v1")
+    if url is None:
+        proc.kill()
+        raise AssertionError("the server did not start:\n" + "".join(seen))
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"{url}/health did not answer")
+
+
+def stop_serve(proc) -> None:
+    """SIGINT, then kill after 30 s."""
+    import subprocess
+
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)

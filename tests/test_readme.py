@@ -14,11 +14,10 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from conftest import start_serve, stop_serve
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -117,34 +116,11 @@ def test_the_batch_section_example_runs(workdir, chart_answer):
 @pytest.fixture(scope="module")
 def server(workdir):
     """``asymspec-mm serve --preset tiny`` as the README starts it, on a free port; yields its base URL."""
-    import httpx
-
     cmd = shlex.split(next(ln for ln in block_with("bash", "asymspec-mm serve --preset tiny").splitlines() if "--preset tiny" in ln))
     cmd = [c for c in cmd if not c.startswith("#")][: cmd.index("--preset") + 2] + ["--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    url, seen, deadline = None, [], time.monotonic() + 180
-    while url is None and time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "serving" in line and " on http://" in line:
-            url = line.split(" on ", 1)[1].split()[0].removesuffix("/v1")
-    assert url is not None, "".join(seen)
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
-    for _ in range(120):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    proc, url = start_serve(cmd, workdir, env())
     yield url
-    proc.send_signal(2)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_serve(proc)
 
 
 def test_the_openai_client_example_runs(server, workdir, tiny):

@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_case
+from conftest import make_case, start_serve, stop_serve
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -683,21 +682,9 @@ def test_serve_command_end_to_end(tiny_dirs, pipe):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1])]
     cmd += ["--ocr-engine", "none", "--port", "0", "--max-batch-size", "4", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc, url = start_serve(cmd, ROOT, env)
     try:
-        url = None
-        deadline = time.monotonic() + 180
-        lines = []
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "serving" in line and " on http://" in line:
-                url = line.split(" on ", 1)[1].split()[0].removesuffix("/v1")
-        assert url is not None and url.startswith("http://127.0.0.1:"), "".join(lines)
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-        wait_for(lambda: _up(url), timeout=60, what="the server")
+        assert url.startswith("http://127.0.0.1:")
         case = make_case(13)
         ref = reference(pipe, case, max_new_tokens=5)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -709,17 +696,5 @@ def test_serve_command_end_to_end(tiny_dirs, pipe):
         )
         assert resp.choices[0].message.content == ref.text
     finally:
-        proc.send_signal(2)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_serve(proc)
     assert proc.returncode in (0, 130)
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
