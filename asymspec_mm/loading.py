@@ -37,6 +37,32 @@ def resolve_device(device: str | torch.device | None, dtype: torch.dtype | str |
     return dev, dtype
 
 
+def check_checkpoint(ref: str | Path, role: str) -> None:
+    """Refuse a checkpoint that cannot load here, before any model is read: a local path that does not exist, or
+    (with ``HF_HUB_OFFLINE=1``) a hub id that is not in the local cache. ``role`` names it (``drafter``, ...)."""
+    import os
+
+    text = str(ref)
+    path = Path(text).expanduser()
+    if path.exists():
+        return
+    looks_local = text.startswith(("/", ".", "~")) or text.count("/") > 1 or os.sep != "/" and os.sep in text
+    if looks_local:
+        raise UnknownOptionError(
+            f"the {role} checkpoint {text!r} does not exist: give an existing folder or a hub id such as Qwen/Qwen3-32B"
+        )
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        try:
+            from huggingface_hub import snapshot_download
+
+            snapshot_download(text, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not in the cache, or not a valid id
+            raise UnknownOptionError(
+                f"the {role} {text!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1: download it first "
+                f"(huggingface-cli download {text}) or give a local folder"
+            ) from None
+
+
 def check_device_available(dev: torch.device) -> None:
     """Refuse a device this machine does not have, before any weights are read."""
     if dev.type == "cuda":

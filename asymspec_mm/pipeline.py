@@ -18,7 +18,7 @@ from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
-from .loading import check_backends, check_vocabularies, eos_ids, load_kwargs, load_sd_drafter, resolve_device
+from .loading import check_backends, check_checkpoint, check_vocabularies, eos_ids, load_kwargs, load_sd_drafter, resolve_device
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .questions import check_question
 from .session import GenerationStream, MMResult, Session
@@ -143,6 +143,9 @@ class AsymSpecPipeline:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
         check_backends(verifier_backend, drafter_backend, verifier_device_map, vllm_kwargs, drafter_vllm_kwargs)
+        for ref, role in ((drafter, "drafter"), (verifier, "verifier"), (sd_drafter, "SD drafter")):
+            if ref is not None and isinstance(ref, (str, Path)):
+                check_checkpoint(ref, role)
         dev, dt = resolve_device(device, dtype)
         extra = {} if local_files_only is None else {"local_files_only": local_files_only}
         processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)

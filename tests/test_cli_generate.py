@@ -211,3 +211,15 @@ def test_stats_name_the_ocr_engine(tiny):
     assert res.stats["ocr_engine"] == tiny_ocr_engine() and res.stats["ocr_s"] > 0
     assert tiny.generate(CHART, "x?", ocr="10 8", max_new_tokens=1).stats["ocr_engine"] == "given"
     assert tiny.generate(CHART, "x?", ocr=False, max_new_tokens=1).stats["ocr_engine"] == "off"
+
+
+@pytest.mark.parametrize(
+    "drafter, words",
+    [
+        ("./no-such-folder", "the drafter checkpoint './no-such-folder' does not exist"),
+        ("Example-Org/not-downloaded-model", "is not in the local Hugging Face cache and HF_HUB_OFFLINE=1"),
+    ],
+)
+def test_a_checkpoint_that_cannot_load_is_one_line(drafter, words):
+    proc = cli("generate", "--image", str(CHART), "--question", "x", "--drafter", drafter, "--verifier", drafter, "-q")
+    assert words in one_error_line(proc)

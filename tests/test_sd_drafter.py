@@ -129,7 +129,7 @@ def test_missing_sd_drafter_is_one_line(tiny_dirs, tmp_path):
     with pytest.raises(UnknownOptionError) as err:
         AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", sd_drafter=tmp_path / "nothing-here")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"sd_drafter={str(tmp_path / 'nothing-here')!r} could not be loaded")
+    assert "\n" not in msg and msg.startswith(f"the SD drafter checkpoint {str(tmp_path / 'nothing-here')!r} does not exist")
 
 
 @pytest.mark.parametrize("command", [["generate"], ["eval", "mathvista"], ["bench"], ["batch"], ["serve"]])
