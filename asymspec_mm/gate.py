@@ -86,7 +86,7 @@ def effective_threshold(
     kl: ``gamma * exp(-KL(p_a || p_b))`` (Table 14), both with ``divergence`` the KL (possibly +inf: then
     the threshold is 0, and with lam = 0 it stays gamma).
     """
-    if gate == "cda":
+    if gate in ("cda", "kl"):  # the same discount of two divergences (the caller passes the JSD or the KL)
         return gamma * torch.exp(-divergence)
     if gate == "fixed":
         return torch.full_like(divergence, gamma)
@@ -94,8 +94,6 @@ def effective_threshold(
         if log_ratio is None:
             raise ValueError("the tuned gate needs log_ratio (log p_a - log p_b at the draft)")
         return gamma * torch.exp(-lam * log_ratio)
-    if gate == "kl":
-        return gamma * torch.exp(-divergence)
     if gate == "tuned_kl":
         if lam == 0:  # lambda 0 switches the discount off, even where KL is infinite
             return torch.full_like(divergence, gamma)

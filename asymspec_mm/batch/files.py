@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import AsymSpecError
+from ..jsonl import complete_lines
 from ..trace_json import TokenTexts, jsonable, trace_entry  # noqa: F401 - re-exported for batch.cli
 
 FORMAT = "asymspec-mm batch"
@@ -210,19 +211,11 @@ class JsonlAppender:
 def answered_ids(path: Path, warn: TextIO | None = None) -> set[str]:
     """Ids (as text) already in an output file; a partial last line (a write cut short by a kill) is cut off."""
     warn = warn if warn is not None else sys.stderr
-    if not path.exists():
-        return set()
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        cut = raw.rfind(b"\n") + 1
-        with open(path, "r+b") as f:
-            f.truncate(cut)
-            f.flush()
-            os.fsync(f.fileno())
-        raw = raw[:cut]
+    text, partial = complete_lines(path, repair=True)
+    if partial:
         print(f"warning: {path}: dropped a partial last line (a write cut short); that row is answered again", file=warn)
     done: set[str] = set()
-    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

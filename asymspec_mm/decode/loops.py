@@ -46,6 +46,7 @@ def make_event(
     verifier_argmax: int | None = None,
     draft: int | None = None,
     tops: tuple[TopPairs, TopPairs] | None = None,
+    draft_p: tuple[float, float] | None = None,
 ) -> TokenEvent:
     ev = TokenEvent(
         index=0,
@@ -61,6 +62,8 @@ def make_event(
         verifier_argmax=verifier_argmax,
         steered=verifier_argmax is not None and token != verifier_argmax,
         draft_token=draft,
+        draft_p_verifier=None if draft_p is None else draft_p[0],
+        draft_p_base=None if draft_p is None else draft_p[1],
     )
     if tops is not None:
         ev.top_verifier, ev.top_fused = tops
@@ -77,7 +80,7 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
         return make_event(
             step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd, row.verifier_argmax, tops=tops
         )
-    ev = make_event(
+    return make_event(
         step,
         i,
         row.fused,
@@ -89,9 +92,8 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
         row.verifier_argmax,
         draft=row.draft,
         tops=tops,
+        draft_p=(row.p_verifier, row.p_base),
     )
-    ev.draft_p_verifier, ev.draft_p_base = row.p_verifier, row.p_base
-    return ev
 
 
 def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ...jsonl import complete_lines
 from .problems import pid_key
 
 #: Problem fields kept in records and official outputs (MathVista's schema, images excluded).
@@ -48,18 +49,9 @@ def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, An
     appends start on a fresh line.
     """
     path = Path(path)
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    if repair and raw and not raw.endswith(b"\n"):
-        cut = raw.rfind(b"\n") + 1
-        with open(path, "r+b") as f:
-            f.truncate(cut)
-            f.flush()
-            os.fsync(f.fileno())
-        raw = raw[:cut]
+    text, _ = complete_lines(path, repair=repair)
     records: dict[tuple[str, str], dict[str, Any]] = {}
-    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
