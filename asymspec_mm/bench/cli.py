@@ -171,45 +171,49 @@ def _tri(x: str) -> bool | None:
     return None if x == "auto" else x == "yes"
 
 
+def bench_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`run_bench` keywords the parsed options describe (the pair's name is ``args.preset``)."""
+    return dict(
+        drafter=args.drafter,
+        verifier=args.verifier,
+        sd_drafter=args.sd_drafter,
+        variants=main_variants(args.variants, args.beta, args.gamma),
+        reps=args.reps,
+        warmup=args.warmup,
+        cases=args.cases,
+        case_families=[f.strip() for f in args.case_families.split(",") if f.strip()] or None,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        trace_top=args.trace_top,
+        prompt_lengths=_ints(args.lengths),
+        length_variants=args.length_variants,
+        k_values=_ints(args.k_values),
+        k_variants=args.k_variants,
+        scenarios=args.scenarios,
+        prefill=args.prefill,
+        image_tokens=args.image_tokens,
+        ignore_eos=_tri(args.ignore_eos),
+        device=args.device,
+        dtype=args.dtype,
+        plain_runs=_tri(args.plain_runs),
+        probe_batching=not args.no_probe,
+        workdir=args.out,
+        threads=args.threads,
+        engine=args.engine,
+        loop_vocabs=_ints(args.loop_vocabs),
+        batch_sizes=_ints(args.batch_sizes),
+        batch_cases=args.batch_cases,
+        batch_variants=args.batch_variants,
+        progress=not args.quiet,
+    )
+
+
 def bench_main(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe, write its outputs and print where; 2 on a bad option."""
     from ..errors import AsymSpecError
 
     try:
-        res = run_bench(
-            args.preset,
-            drafter=args.drafter,
-            verifier=args.verifier,
-            sd_drafter=args.sd_drafter,
-            variants=main_variants(args.variants, args.beta, args.gamma),
-            reps=args.reps,
-            warmup=args.warmup,
-            cases=args.cases,
-            case_families=[f.strip() for f in args.case_families.split(",") if f.strip()] or None,
-            max_new_tokens=args.max_new_tokens,
-            k=args.k,
-            trace_top=args.trace_top,
-            prompt_lengths=_ints(args.lengths),
-            length_variants=args.length_variants,
-            k_values=_ints(args.k_values),
-            k_variants=args.k_variants,
-            scenarios=args.scenarios,
-            prefill=args.prefill,
-            image_tokens=args.image_tokens,
-            ignore_eos=_tri(args.ignore_eos),
-            device=args.device,
-            dtype=args.dtype,
-            plain_runs=_tri(args.plain_runs),
-            probe_batching=not args.no_probe,
-            workdir=args.out,
-            threads=args.threads,
-            engine=args.engine,
-            loop_vocabs=_ints(args.loop_vocabs),
-            batch_sizes=_ints(args.batch_sizes),
-            batch_cases=args.batch_cases,
-            batch_variants=args.batch_variants,
-            progress=not args.quiet,
-        )
+        res = run_bench(args.preset, **bench_options(args))
     except AsymSpecError as e:
         print(f"asymspec-mm bench: {e}", file=sys.stderr)
         return 2
