@@ -1,7 +1,7 @@
 """Build Qwen-format checkpoints from scratch: tokenizer, chat templates, processor, configs.
 
 Real Qwen3-VL / Qwen3 weights come from the hub; this module makes *small* checkpoints with
-the same architecture classes, the same special tokens and Qwen-format chat templates, so the
+the same architecture classes, Qwen's special tokens and the real Qwen chat templates, so the
 real loading path (``from_pretrained`` on a local directory) can be exercised offline. The tests
 use random weights; the bundled ``tiny`` preset trains a pair built here.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+
+from .qwen_files import DRAFTER, VERIFIER, chat_template
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -23,26 +25,9 @@ SPECIAL_TOKENS = (
     "</think>",
 )
 
-# Qwen-format templates. The drafter's follows Qwen3-VL (content may be a list with image items);
-# the verifier's follows Qwen3 (string content; `enable_thinking=False` adds an empty think block).
-_MESSAGE_BODY = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{ '<|im_end|>\n' }}"
-    "{%- endfor -%}"
-)
-DRAFTER_CHAT_TEMPLATE = _MESSAGE_BODY + "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
-VERIFIER_CHAT_TEMPLATE = (
-    _MESSAGE_BODY
-    + "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}"
-    + "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\n\n</think>\n\n' }}{%- endif -%}"
-    + "{%- endif -%}"
-)
+# The real templates (Qwen3-VL-2B-Instruct's for the drafter, Qwen3-32B's for the verifier), byte for byte
+DRAFTER_CHAT_TEMPLATE = chat_template(DRAFTER)
+VERIFIER_CHAT_TEMPLATE = chat_template(VERIFIER)
 
 DEFAULT_CORPUS = (
     "The chart shows five bars labelled A B C D E with values 12 30 7 45 and 21. "

@@ -79,26 +79,45 @@ def check_device_available(dev: torch.device) -> None:
 def check_vocabularies(
     drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int, drafter_name: str = "drafter"
 ) -> None:
-    """Drafter and verifier must share one output vocabulary: same logit width, same token at every shared id.
+    """Drafter and verifier must share one output vocabulary: the same logit width, the same number of tokens,
+    the same added tokens (content and whether each is special) and the same token at every id.
 
-    Raises :class:`VocabularyMismatchError` naming the first mismatching ids; ``drafter_name`` is the model
-    the message names (``"SD drafter"`` for :func:`load_sd_drafter`'s check).
+    Raises :class:`VocabularyMismatchError` naming the first difference; ``drafter_name`` is the model the
+    message names (``"SD drafter"`` for :func:`load_sd_drafter`'s check).
     """
     if drafter_logits != verifier_logits:
         raise VocabularyMismatchError(
             f"the {drafter_name} has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
             "shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
         )
-    n = min(len(drafter_tokenizer), len(verifier_tokenizer))
+    why = vocabulary_difference(drafter_tokenizer, verifier_tokenizer, drafter_name)
+    if why:
+        raise VocabularyMismatchError(
+            f"the {drafter_name} and verifier tokenizers differ: {why}. AsymSpec fuses logits id by id, so both models "
+            "must use the same tokenizer."
+        )
+
+
+def vocabulary_difference(drafter_tokenizer, verifier_tokenizer, drafter_name: str = "drafter") -> str | None:
+    """The first way two tokenizers differ (size, added tokens, then the token at each id), or ``None``."""
+    d_added = {i: (t.content, bool(t.special)) for i, t in drafter_tokenizer.added_tokens_decoder.items()}
+    v_added = {i: (t.content, bool(t.special)) for i, t in verifier_tokenizer.added_tokens_decoder.items()}
+    show = lambda t: "absent" if t is None else f"{t[0]!r} ({'special' if t[1] else 'not special'})"  # noqa: E731
+    for i in sorted(set(d_added) | set(v_added)):
+        if d_added.get(i) != v_added.get(i):
+            return f"added token id {i}: {drafter_name} {show(d_added.get(i))} vs verifier {show(v_added.get(i))}"
+    n_d, n_v = len(drafter_tokenizer), len(verifier_tokenizer)
+    n = min(n_d, n_v)
     d_tokens = drafter_tokenizer.convert_ids_to_tokens(list(range(n)))
     v_tokens = verifier_tokenizer.convert_ids_to_tokens(list(range(n)))
     bad = [i for i, (x, y) in enumerate(zip(d_tokens, v_tokens)) if x != y]
     if bad:
         shown = ", ".join(f"id {i}: {drafter_name} {d_tokens[i]!r} vs verifier {v_tokens[i]!r}" for i in bad[:5])
-        raise VocabularyMismatchError(
-            f"{drafter_name} and verifier tokenizers differ at {len(bad)} of {n} shared ids (first: {shown}). "
-            "AsymSpec fuses logits id by id, so both models must use the same tokenizer."
-        )
+        return f"{len(bad)} of {n} shared ids hold different tokens (first: {shown})"
+    if n_d != n_v:
+        longer, name = (drafter_tokenizer, drafter_name) if n_d > n_v else (verifier_tokenizer, "verifier")
+        return f"the {drafter_name} has {n_d} tokens and the verifier {n_v} (id {n}, {longer.convert_ids_to_tokens(n)!r}, only in the {name}'s)"
+    return None
 
 
 def load_sd_drafter(

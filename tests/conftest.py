@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 WORDS = (
     "red blue green chart bar value axis circle square triangle angle degrees label title "
@@ -33,6 +30,21 @@ def tiny_pipe(tiny_dirs):
     from asymspec_mm import AsymSpecPipeline
 
     return AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
+
+
+@pytest.fixture(scope="session")
+def standin_dirs(tmp_path_factory):
+    """(drafter_dir, verifier_dir): real-layout Qwen3-VL-2B / Qwen3-32B stand-ins (real hub files, small random weights)."""
+    from asymspec_mm.standins import build_standin_pair
+
+    return build_standin_pair(tmp_path_factory.mktemp("standins"))
+
+
+@pytest.fixture(scope="session")
+def standin_pipe(standin_dirs):
+    from asymspec_mm import AsymSpecPipeline
+
+    return AsymSpecPipeline.from_pretrained(*standin_dirs, ocr="none")
 
 
 def make_image(seed: int, size: tuple[int, int] | None = None):

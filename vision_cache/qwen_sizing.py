@@ -7,7 +7,8 @@ features computed here match what the reference preprocessing would feed the mod
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from PIL import Image
 
@@ -20,6 +21,7 @@ __all__ = [
     "QWEN_MAX_TOKENS",
     "qwen_target_size",
     "resize_like_qwen",
+    "image_token_count",
 ]
 
 #: Qwen3-VL resizes to multiples of patch_size (16) * spatial merge size (2).
@@ -87,6 +89,19 @@ def resize_like_qwen(
     # Resize even when the size is unchanged: Pillow then returns a copy, as fetch_image does.
     out = rgb.resize((target_w, target_h), resample=Image.Resampling.BICUBIC)
     return out, (target_h, target_w)
+
+
+def image_token_count(height: int, width: int, preprocessor: Mapping[str, Any]) -> int:
+    """How many ``<|image_pad|>`` tokens a Qwen3-VL processor gives a ``height x width`` image, from its
+    ``preprocessor_config.json`` alone (no pixels): the size :func:`qwen_target_size` picks between
+    ``size.shortest_edge`` and ``size.longest_edge`` (pixel counts, as Qwen's processors read them; or
+    ``min_pixels``/``max_pixels``), in ``patch_size`` patches of which ``merge_size**2`` become one token."""
+    patch, merge = int(preprocessor["patch_size"]), int(preprocessor["merge_size"])
+    size = preprocessor.get("size") or {}
+    lo = size.get("shortest_edge", preprocessor.get("min_pixels"))
+    hi = size.get("longest_edge", preprocessor.get("max_pixels"))
+    h, w = qwen_target_size(height, width, lo, hi, factor=patch * merge)
+    return (h // patch) * (w // patch) // (merge * merge)
 
 
 # --------------------------------------------------------------------------------------------
