@@ -262,10 +262,10 @@ def test_resume_under_another_protocol_is_refused(tmp_path: Path) -> None:
 
 def test_drafter_thinking_switch_reaches_templates_that_read_it() -> None:
     """The paper style turns thinking off in the drafter's templates too (as the harness does): a Qwen3-format
-    template with the switch closes an empty think block; the Qwen3-VL Instruct format (no switch) is unchanged."""
+    template with the switch closes an empty think block; the Qwen3-VL Instruct template (no switch) is unchanged."""
     from transformers import AutoProcessor, AutoTokenizer
 
-    from asymspec_mm.checkpoints import VERIFIER_CHAT_TEMPLATE
+    from asymspec_mm.checkpoints import DRAFTER_CHAT_TEMPLATE
     from asymspec_mm.prompts import UserTexts, chat_texts
 
     drafter_dir = TINY_VERIFIER.parent / "drafter"
@@ -281,7 +281,13 @@ def test_drafter_thinking_switch_reaches_templates_that_read_it() -> None:
             f"{head}c<|im_end|>\n<|im_start|>assistant\n",
             f"{head}<|vision_start|><|image_pad|><|vision_end|>f<|im_end|>\n<|im_start|>assistant\n",
         )
-    switched = AutoProcessor.from_pretrained(drafter_dir, chat_template=VERIFIER_CHAT_TEMPLATE)
+    # the real Qwen3-VL template with Qwen3's thinking switch in its generation prompt
+    gen = "{{- '<|im_start|>assistant\\n' }}"
+    assert gen in DRAFTER_CHAT_TEMPLATE
+    with_switch = DRAFTER_CHAT_TEMPLATE.replace(
+        gen, gen + "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    )
+    switched = AutoProcessor.from_pretrained(drafter_dir, chat_template=with_switch)
     _, c, f = chat_texts(switched, tok, texts, drafter_thinking_off=True)
     assert c == f"{head}c<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" and f.endswith(
         "f<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
