@@ -2,7 +2,9 @@
 
 Shapes: ``a``, ``b``, ``t`` are logits ``[P, V]`` for P positions (K drafts, or K+1 with the bonus
 position) from the drafter on the full view, the drafter on the compressed view and the verifier.
-``drafts`` is ``[P]`` token ids. Everything is computed in float32 whatever the models' dtype, so a
+``drafts`` is ``[P]`` token ids. ``gamma``, ``beta`` and ``lam`` are a float for every position or a
+float32 tensor ``[P]`` (:data:`Setting`), so rows of a batch with different settings share one call; a
+position's result is the same either way. Everything is computed in float32 whatever the models' dtype, so a
 bf16 run takes the same decisions as an fp32 one up to the logits themselves.
 
 Paper (section 3): delta = a - b (Eq. 1); fused = argmax(t + beta * delta) (Eq. 2);
@@ -25,6 +27,13 @@ from .config import DELTAS, GATES  # noqa: F401 - re-exported
 LN2 = math.log(2.0)
 #: The gates whose divergence is KL(p_a || p_b) rather than the JSD.
 KL_GATES = ("kl", "tuned_kl")
+#: A gate setting: one value for every position, or one per position ``[P]``.
+Setting = float | torch.Tensor
+
+
+def per_position(value: Setting, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a float32 tensor shaped like ``like`` ``[P]`` (a float broadcast, a ``[P]`` tensor moved there)."""
+    return torch.as_tensor(value, dtype=torch.float32, device=like.device).expand_as(like)
 
 
 def jsd(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -72,11 +81,11 @@ def context_gain(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, source: str 
 
 
 def effective_threshold(
-    gamma: float,
+    gamma: Setting,
     gate: str,
     divergence: torch.Tensor,
     log_ratio: torch.Tensor | None = None,
-    lam: float = 0.1,
+    lam: Setting = 0.1,
 ) -> torch.Tensor:
     """Per-position acceptance threshold ``[P]``.
 
@@ -89,17 +98,23 @@ def effective_threshold(
     if gate in ("cda", "kl"):  # the same discount of two divergences (the caller passes the JSD or the KL)
         return gamma * torch.exp(-divergence)
     if gate == "fixed":
-        return torch.full_like(divergence, gamma)
+        return per_position(gamma, divergence).clone()
     if gate == "tuned":
         if log_ratio is None:
             raise ValueError("the tuned gate needs log_ratio (log p_a - log p_b at the draft)")
         return gamma * torch.exp(-lam * log_ratio)
     if gate == "tuned_kl":
-        if lam == 0:  # lambda 0 switches the discount off, even where KL is infinite
-            return torch.full_like(divergence, gamma)
-        # an infinite KL scales to +-inf by lambda's sign itself: lam * inf in float32 is NaN once lam underflows
-        scaled = torch.where(torch.isinf(divergence), torch.full_like(divergence, math.copysign(math.inf, lam)), lam * divergence)
-        return gamma * torch.exp(-scaled)
+        # lambda 0 switches the discount off, even where KL is infinite; an infinite KL scales to +-inf by lambda's
+        # sign itself (lam * inf in float32 is NaN once lam underflows). A float lam is judged before any cast.
+        if not isinstance(lam, torch.Tensor):
+            if lam == 0:
+                return per_position(gamma, divergence).clone()
+            signed_inf = torch.full_like(divergence, math.copysign(math.inf, lam))
+            return gamma * torch.exp(-torch.where(torch.isinf(divergence), signed_inf, lam * divergence))
+        lam_p = per_position(lam, divergence)
+        signed_inf = torch.where(lam_p < 0, -math.inf, math.inf)
+        scaled = torch.where(torch.isinf(divergence), signed_inf, lam_p * divergence)
+        return gamma * torch.exp(-torch.where(lam_p == 0, torch.zeros_like(scaled), scaled))
     raise ValueError(f"unknown gate {gate!r}; choose one of {GATES}")
 
 
@@ -108,12 +123,15 @@ def accept(p_verifier: torch.Tensor, p_base: torch.Tensor, gamma_eff: torch.Tens
     return p_verifier > gamma_eff * p_base
 
 
-def fusion_logits(t: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
-    """The steered logits ``t + beta * delta`` ``[P, V]`` (``t`` itself when beta = 0)."""
+def fusion_logits(t: torch.Tensor, delta: torch.Tensor, beta: Setting) -> torch.Tensor:
+    """The steered logits ``t + beta * delta`` ``[P, V]`` (``t`` itself where beta = 0)."""
+    if isinstance(beta, torch.Tensor):
+        beta = beta.to(t.device, torch.float32)[:, None]
+        return torch.where(beta == 0, t, t + beta * delta)
     return t if beta == 0.0 else t + beta * delta
 
 
-def fuse(t: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
+def fuse(t: torch.Tensor, delta: torch.Tensor, beta: Setting) -> torch.Tensor:
     """Eq. 2: ``argmax(t + beta * delta)`` per row ``[P, V]`` -> ``[P]``; beta = 0 is the verifier's argmax."""
     return fusion_logits(t, delta, beta).argmax(-1)
 
@@ -147,11 +165,11 @@ def gate_step(
     t: torch.Tensor,
     drafts: torch.Tensor,
     *,
-    gamma: float = 0.5,
-    beta: float = 1.0,
+    gamma: Setting = 0.5,
+    beta: Setting = 1.0,
     gate: str = "cda",
     delta: str = "contrast",
-    lam: float = 0.1,
+    lam: Setting = 0.1,
 ) -> GateOutput:
     """Gate every drafted position and precompute the fused token for each (no host sync).
 
@@ -164,6 +182,8 @@ def gate_step(
     divergence = jsd(log_a, log_b)
     log_ratio = (log_a[rows, drafts] - log_b[rows, drafts]) if gate == "tuned" else None
     gate_divergence = kl(log_a, log_b) if gate in KL_GATES else divergence
+    if isinstance(gamma, torch.Tensor):
+        gamma = gamma.to(a.device, torch.float32)
     gamma_eff = effective_threshold(gamma, gate, gate_divergence, log_ratio, lam)
     p_verifier = log_t[rows, drafts].exp()
     p_base = log_b[rows, drafts].exp()

@@ -258,12 +258,13 @@ class AsymSpecPipeline:
 
         return generate_batch(self, requests, method, config, batch_size, kv_budget_bytes=kv_budget_bytes, on_step=on_step, **overrides)
 
-    def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None):
+    def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None, *, batch_engines=None):
         """A continuous-batching :class:`~asymspec_mm.batch.Scheduler` for concurrent callers of this pipeline:
-        ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``."""
+        ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``.
+        ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows)."""
         from .batch.scheduler import Scheduler
 
-        return Scheduler(self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes)
+        return Scheduler(self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, batch_engines=batch_engines)
 
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
         """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""

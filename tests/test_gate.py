@@ -202,3 +202,21 @@ def test_kl_and_jsd_gates_differ():
     la, lb = a.log_softmax(-1), b.log_softmax(-1)
     assert float(effective_threshold(0.5, "cda", jsd(la, lb))) >= 0.25
     assert float(effective_threshold(0.5, "kl", kl(la, lb))) < 0.25
+
+
+@pytest.mark.parametrize("gate", ["cda", "fixed", "tuned", "tuned_kl", "kl"])
+def test_per_position_settings_equal_the_scalar_gate_position_by_position(gate):
+    """gamma, beta and lam as ``[P]`` tensors (rows of a batch with their own settings) give, at each position,
+    exactly what the scalar settings give there (lam 0 and negative lam included, beta 0 included)."""
+    torch.manual_seed(7)
+    P, V = 6, 40
+    a, b, t = torch.randn(P, V) * 3, torch.randn(P, V) * 3, torch.randn(P, V) * 3
+    a[0, 5] = -math.inf  # a masked token: delta 0 there, KL infinite
+    drafts = torch.randint(0, V, (P,))
+    gammas, betas, lams = [0.5, 0.1, 0.9, 0.3, 0.5, 0.0], [1.0, 0.0, 2.5, -1.0, 0.3, 1.0], [0.1, 0.0, 2.0, -0.5, 0.1, 1.0]
+    g = gate_step(a, b, t, drafts, gamma=torch.tensor(gammas), beta=torch.tensor(betas), lam=torch.tensor(lams), gate=gate)
+    for i in range(P):
+        one = gate_step(a[i : i + 1], b[i : i + 1], t[i : i + 1], drafts[i : i + 1], gamma=gammas[i], beta=betas[i], lam=lams[i], gate=gate)
+        for name in ("accepted", "gamma_eff", "fused", "p_verifier_fused", "p_base_fused"):
+            assert torch.equal(getattr(g, name)[i : i + 1], getattr(one, name)), (gate, i, name)
+        assert torch.equal(g.fused_logits[i : i + 1], one.fused_logits)

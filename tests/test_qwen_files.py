@@ -192,7 +192,8 @@ def test_vocabulary_check_passes_the_real_pair_and_names_the_first_difference(sn
     vocab["Hello"], vocab["world"] = vocab["world"], vocab["Hello"]
     (swapped / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     with pytest.raises(
-        VocabularyMismatchError, match=r"2 of 151669 shared ids hold different tokens \(first: id 9707: drafter 'world' vs verifier 'Hello', id 14615"
+        VocabularyMismatchError,
+        match=r"2 of 151669 shared ids hold different tokens \(first: id 9707: drafter 'world' vs verifier 'Hello', id 14615",
     ):
         check_vocabularies(AutoTokenizer.from_pretrained(swapped), real_tok, 151936, 151936)
     # added tokens: one more, and one whose special flag differs

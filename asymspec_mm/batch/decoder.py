@@ -7,11 +7,14 @@ of R rows, one scoring forward of R rows on each other stream, the gate over ``[
 device-to-host transfer for the whole batch. Rows accept different numbers of drafts, roll back alone, stop
 alone (EOS, budget, stop strings) and leave at once; new rows join between steps.
 
-Rows of one decoder share the method and every decoding setting except :data:`ROW_FIELDS`.
+Rows of one decoder share the method and every decoding setting except :data:`ROW_FIELDS`: K, the gate, the delta
+source and the bonus rule shape the step, while gamma, beta and lam enter the gate as per-row values
+(``[R*K]`` tensors) and the token budget and stop strings are each row's emitter's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +32,11 @@ if TYPE_CHECKING:
     from ..pipeline import AsymSpecPipeline
     from ..session import MMResult, Session
 
-#: Settings that may differ between the rows of one batch (each row's emitter applies its own).
-ROW_FIELDS = ("max_new_tokens", "stop_strings")
+#: Settings that may differ between the rows of one batch: each row's emitter applies its own budget and stop
+#: strings, and the gate takes each row's gamma, beta and lam.
+ROW_FIELDS = ("max_new_tokens", "stop_strings", "gamma", "beta", "lam")
+#: The per-row gate settings among :data:`ROW_FIELDS`.
+GATE_ROW_FIELDS = ("gamma", "beta", "lam")
 STREAMS_OF = {
     "asymspec": ("drafter_full", "drafter_comp", "verifier"),
     "sd": ("drafter_comp", "verifier"),
@@ -50,6 +56,9 @@ def batch_engine(model, name: str):
     return BatchEngine(model, name)
 
 
+#: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`batch_engine`).
+BatchEngineFactory = Callable[[Any, str], Any]
+
 #: The settings each method's loop reads (the rest cannot change its tokens, so rows may differ there).
 _USED_BY = {"asymspec": None, "sd": ("k", "trace_top"), "floor": ("trace_top",), "drafter": ("trace_top",)}
 
@@ -60,6 +69,17 @@ def batch_key(method: str, cfg: AsymSpecConfig) -> tuple:
     used = _USED_BY[method]
     names = [f.name for f in fields(AsymSpecConfig) if f.name not in ROW_FIELDS and (used is None or f.name in used)]
     return (method,) + tuple(getattr(cfg, n) for n in names)
+
+
+def gate_settings(configs: list[AsymSpecConfig], per_row: int, device: torch.device) -> dict[str, float | torch.Tensor]:
+    """The gate's ``gamma``/``beta``/``lam`` for rows with ``configs``, each repeated ``per_row`` times (the row's
+    positions): a float where every row agrees, else a float32 tensor ``[len(configs) * per_row]``."""
+    out: dict[str, float | torch.Tensor] = {}
+    for name in GATE_ROW_FIELDS:
+        values = [float(getattr(c, name)) for c in configs]
+        same = all(v == values[0] for v in values)
+        out[name] = values[0] if same else torch.tensor(values, dtype=torch.float32, device=device).repeat_interleave(per_row)
+    return out
 
 
 @dataclass
@@ -82,7 +102,7 @@ class Row:
 class BatchDecoder:
     """Rows of one method and one batch key, stepped together on one :class:`BatchEngine` per stream."""
 
-    def __init__(self, pipe: AsymSpecPipeline, method: str, config: AsymSpecConfig):
+    def __init__(self, pipe: AsymSpecPipeline, method: str, config: AsymSpecConfig, *, engines: BatchEngineFactory | None = None):
         self.pipe, self.method, self.cfg = pipe, method, config.validated()
         self.key = batch_key(method, self.cfg)
         models = {
@@ -92,19 +112,29 @@ class BatchDecoder:
         }
         if method == "sd" and getattr(pipe, "sd_drafter", None) is not None:  # SD's own text drafter (see prepare)
             models["drafter_comp"] = pipe.sd_drafter
-        self.engines = {name: batch_engine(models[name], name) for name in STREAMS_OF[method]}
+        make = engines or batch_engine
+        self.engines = {name: make(models[name], name) for name in STREAMS_OF[method]}
         self.rows: dict[int, Row] = {}
 
     def add(self, rid: int, session: Session) -> Row:
-        """Let a prepared request join: the batch copies its prefilled single-row streams' KV and releases them."""
+        """Let a prepared request join: the batch copies its prefilled single-row streams' KV and releases them.
+        All or nothing: if any stream's join fails, the streams it joined already leave again and it raises."""
         if batch_key(session.method, session.config) != self.key:
             raise UnknownOptionError(
                 f"request {rid}: method/config differ from this batch's ({self.method}); "
-                "rows of one batch share every setting but max_new_tokens and stop_strings"
+                f"rows of one batch share every setting but {', '.join(ROW_FIELDS)}"
             )
         need = self.kv_need(session)
-        for name, engine in self.engines.items():
-            engine.join(rid, session.streams[name])
+        joined = []
+        try:
+            for name, engine in self.engines.items():
+                engine.join(rid, session.streams[name])
+                joined.append(engine)
+        except BaseException:
+            for engine in joined:
+                engine.leave(rid)
+            raise
+        for name in self.engines:
             session.streams[name].release()  # the batch holds its own copy of the row's KV now
         views = {name: RowView(engine, rid) for name, engine in self.engines.items()}
         counters = Counters(session.config.k, views)
@@ -213,8 +243,8 @@ class BatchDecoder:
 
     def _asymspec(self, rows: list[Row], timer: Timer) -> list[tuple[list[TokenEvent], torch.Tensor, Any]]:
         cfg, k, top = self.cfg, self.cfg.k, self.cfg.trace_top
-        gate_kw = dict(gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
         drafts, a = self._draft(rows, k)  # [R, K], [R, K, V]
+        gate_kw = dict(gate=cfg.gate, delta=cfg.delta, **gate_settings([r.session.config for r in rows], k, a.device))
         b = self._score("drafter_comp", rows, drafts)  # [R, K+1, V]
         t = self._score("verifier", rows, drafts).to(a.device)
         with timer("gate"):
@@ -256,8 +286,9 @@ class BatchDecoder:
         cfg = self.cfg
         a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1].float()
         d_bonus = a_bonus.argmax(-1)
+        settings = gate_settings([r.session.config for r in rows], 1, a_bonus.device)
         with timer("gate"):
-            g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
+            g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, **settings)
         with timer("trace"):
             tops = gated_tops(g, cfg.trace_top) if cfg.trace_top else None
         hosts = to_host(pack_gate(g, d_bonus), None, tops, cfg.trace_top, rows=len(rows))

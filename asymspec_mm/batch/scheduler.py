@@ -4,8 +4,11 @@ Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle
 the batches: at every step boundary it admits waiting requests (set-up and prefill, one at a time) while
 fewer than ``max_batch_size`` rows are live, steps one batch, hands each row's committed events to its
 handle and retires finished or cancelled rows at once. Requests whose method or settings differ (see
-:func:`~asymspec_mm.batch.decoder.batch_key`) go to separate batches, stepped in turn. A failing request
-fails only its own handle; a failing step fails the rows of that batch and the worker goes on.
+:func:`~asymspec_mm.batch.decoder.batch_key`; gamma, beta and lam may differ within a batch) go to separate
+batches, stepped in turn, and a batch left empty is dropped. A failing request fails only its own handle; a
+failing step fails the rows of that batch and the worker goes on. Should the worker itself stop on an error,
+every waiting and live handle raises :class:`SchedulerStoppedError` at once (no caller waits forever),
+:attr:`Scheduler.error` says why and :meth:`Scheduler.submit` refuses new requests with it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
-from .decoder import BatchDecoder, batch_key
+from .decoder import BatchDecoder, BatchEngineFactory, batch_key
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
@@ -33,6 +36,14 @@ _END = object()
 
 class QueueFullError(AsymSpecError):
     """The scheduler's queue of waiting requests is full."""
+
+
+class KVBudgetError(AsymSpecError):
+    """A request needs more KV cache than the scheduler's whole ``max_kv_bytes``: it could never be admitted."""
+
+
+class SchedulerStoppedError(AsymSpecError):
+    """The scheduler's worker stopped on an error: its requests cannot finish (create a new scheduler)."""
 
 
 class Handle:
@@ -118,10 +129,21 @@ class _Waiting:
 class Scheduler:
     """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
 
-    def __init__(self, pipe: AsymSpecPipeline, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None):
+    def __init__(
+        self,
+        pipe: AsymSpecPipeline,
+        max_batch_size: int = 16,
+        max_queue: int | None = None,
+        max_kv_bytes: int | None = None,
+        *,
+        batch_engines: BatchEngineFactory | None = None,
+    ):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe, self.max_batch_size, self.max_queue, self.max_kv_bytes = pipe, max_batch_size, max_queue, max_kv_bytes
+        self.batch_engines = batch_engines
+        #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
+        self.error: SchedulerStoppedError | None = None
         self._held: tuple | None = None  # a prepared request waiting for KV room
         self._waiting: deque[_Waiting] = deque()
         self._handles: dict[int, Handle] = {}
@@ -151,6 +173,8 @@ class Scheduler:
         check_method(method)
         cfg = resolve_config(config, overrides)
         with self._cond:
+            if self.error is not None:
+                raise SchedulerStoppedError(str(self.error))
             if self._closing:
                 raise AsymSpecError("the scheduler is closed: create a new one with pipe.scheduler()")
             if self.max_queue is not None and len(self._waiting) >= self.max_queue:
@@ -205,15 +229,35 @@ class Scheduler:
             self._cond.notify()
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._waiting and not self.live_rows and self._held is None and not self._closing:
-                    self._cond.wait()
-                if self._closing and not self._waiting and not self.live_rows and self._held is None:
-                    return
-            self._retire_cancelled()
-            self._admit()
-            self._step_one()
+        try:
+            while True:
+                with self._cond:
+                    while not self._waiting and not self.live_rows and self._held is None and not self._closing:
+                        self._cond.wait()
+                    if self._closing and not self._waiting and not self.live_rows and self._held is None:
+                        return
+                self._retire_cancelled()
+                self._admit()
+                self._step_one()
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
+            self._stop_on(exc)
+
+    def _stop_on(self, exc: BaseException) -> None:
+        """The worker stopped on ``exc``: every waiting, held and live request fails with one
+        :class:`SchedulerStoppedError`, and new requests are refused with it."""
+        error = SchedulerStoppedError(
+            f"the scheduler's worker stopped on {type(exc).__name__}: {exc}".rstrip(": ") + "; create a new scheduler"
+        )
+        error.__cause__ = exc
+        with self._cond:
+            self.error, self._closing = error, True
+            self._waiting.clear()
+            self._held = None
+            handles = list(self._handles.values())
+            self._handles.clear()
+            self._decoders.clear()
+        for handle in handles:
+            handle._finish(error=error)
 
     def _admit(self) -> None:
         """Set up waiting requests while rows are free and their KV fits ``max_kv_bytes`` (one always fits when no
@@ -232,7 +276,7 @@ class Scheduler:
                     session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
                     decoder = self._decoders.get(w.key)
                     if decoder is None:
-                        decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config)
+                        decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config, engines=self.batch_engines)
                 except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                     self._drop(w.handle, exc)
                     continue
@@ -244,8 +288,19 @@ class Scheduler:
                 self._held = None
                 self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
                 continue
+            try:
+                need = decoder.kv_need(session)
+                if self.max_kv_bytes is not None and need > self.max_kv_bytes:
+                    raise KVBudgetError(
+                        f"request {w.handle.id} needs up to {need:,} bytes of KV cache (prompts plus max_new_tokens) but "
+                        f"max_kv_bytes is {self.max_kv_bytes:,}: lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
+                    )
+            except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
+                self._held = None
+                self._drop(w.handle, exc)
+                continue
             reserved = sum(d.kv_reserved for d in self._decoders.values())
-            if self.live_rows and self.max_kv_bytes is not None and reserved + decoder.kv_need(session) > self.max_kv_bytes:
+            if self.live_rows and self.max_kv_bytes is not None and reserved + need > self.max_kv_bytes:
                 return
             with self._cond:
                 self._held = None
@@ -256,7 +311,10 @@ class Scheduler:
                 self._drop(w.handle, exc)
 
     def _step_one(self) -> None:
-        """Step the next batch with live rows (batches of different settings take turns)."""
+        """Step the next batch with live rows (batches of different settings take turns); drop empty batches."""
+        held = self._held[2] if self._held is not None else None
+        for key in [k for k, d in self._decoders.items() if not d.rows and d is not held]:
+            del self._decoders[key]
         live = [d for d in self._decoders.values() if d.rows]
         if not live:
             return

@@ -1,0 +1,157 @@
+"""Per-row gate settings in one batch, and fault isolation of the batch decoder and the scheduler (real forwards;
+faults come in through the public ``batch_engines`` factory, the way a custom engine would bring them)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_case
+
+from asymspec_mm import AsymSpecConfig
+from asymspec_mm.batch import BatchDecoder
+from asymspec_mm.batch.decoder import batch_key, gate_settings
+from asymspec_mm.batch.engines import BatchEngine
+from asymspec_mm.batch.scheduler import KVBudgetError, SchedulerStoppedError
+
+
+def _case_kwargs(seed: int) -> dict:
+    c = make_case(seed)
+    return {"image": c["image"], "question": c["question"], "caption": c["caption"], "ocr": c["ocr"]}
+
+
+def _decode_all(decoder: BatchDecoder) -> dict:
+    results = {}
+    while decoder.rows:
+        results.update({row.id: row.result for row, _ in decoder.step() if row.result is not None})
+    return results
+
+
+def test_gate_settings_are_floats_when_rows_agree_and_tensors_when_not():
+    same = gate_settings([AsymSpecConfig(gamma=0.3), AsymSpecConfig(gamma=0.3)], 4, "cpu")
+    assert same == {"gamma": 0.3, "beta": 1.0, "lam": 0.1}
+    mixed = gate_settings([AsymSpecConfig(gamma=0.3), AsymSpecConfig(gamma=0.7, beta=0.0)], 2, "cpu")
+    assert mixed["gamma"].tolist() == pytest.approx([0.3, 0.3, 0.7, 0.7]) and mixed["beta"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert mixed["lam"] == 0.1
+    assert batch_key("asymspec", AsymSpecConfig(gamma=0.2, beta=3.0, lam=0.5)) == batch_key("asymspec", AsymSpecConfig())
+    assert batch_key("asymspec", AsymSpecConfig(k=3)) != batch_key("asymspec", AsymSpecConfig())
+
+
+@pytest.mark.parametrize("gate", ["cda", "tuned_kl"])
+def test_rows_differing_in_gamma_beta_lam_share_a_batch_and_each_equals_its_request_alone(tiny_pipe, gate):
+    settings = [dict(gamma=0.5, beta=1.0, lam=0.1), dict(gamma=0.05, beta=0.0, lam=0.0), dict(gamma=0.9, beta=2.5, lam=2.0)]
+    settings += [dict(gamma=0.3, beta=-1.0, lam=-0.5), dict(gamma=0.5, beta=1.0, lam=0.1)]
+    cfgs = [AsymSpecConfig(gate=gate, max_new_tokens=14, **s) for s in settings]
+    decoder = BatchDecoder(tiny_pipe, "asymspec", cfgs[0])
+    cases = [_case_kwargs(300 + i) for i in range(len(cfgs))]
+    for i, (case, cfg) in enumerate(zip(cases, cfgs)):
+        decoder.add(i, tiny_pipe.prepare(**case, config=cfg))
+    results = _decode_all(decoder)
+    fused = 0
+    for i, (case, cfg) in enumerate(zip(cases, cfgs)):
+        ref = tiny_pipe.generate(**case, config=cfg)
+        got = results[i]
+        assert got.token_ids == ref.token_ids and [e.source for e in got.trace] == [e.source for e in ref.trace], settings[i]
+        # each row's own gamma (batched forwards round the logits a little differently, hence approx)
+        # (bonus tokens have no gamma_eff)
+        gammas = lambda res: [e.gamma_eff for e in res.trace if e.gamma_eff is not None]  # noqa: E731
+        assert gammas(got) == pytest.approx(gammas(ref), rel=1e-5) and len(gammas(got)) == len(gammas(ref))
+        assert got.stats["batch_size"] == len(cfgs)
+        fused += ref.stats["fused"]
+    assert fused > 0  # beta mattered somewhere
+
+
+def test_scheduler_puts_rows_with_other_gamma_and_beta_in_one_batch(tiny_pipe):
+    cases = [_case_kwargs(320 + i) for i in range(3)]
+    cfgs = [AsymSpecConfig(max_new_tokens=10, gamma=g, beta=b) for g, b in ((0.5, 1.0), (0.2, 0.0), (0.8, 2.0))]
+    with tiny_pipe.scheduler(max_batch_size=3) as sched:
+        handles = [sched.submit(**c, config=cfg) for c, cfg in zip(cases, cfgs)]
+        got = [h.result(timeout=120) for h in handles]
+        assert len(sched._decoders) <= 1  # one batch for all three, dropped once empty
+    for c, cfg, res in zip(cases, cfgs, got):
+        assert res.token_ids == tiny_pipe.generate(**c, config=cfg).token_ids
+    assert max(r.stats["batch_size"] for r in got) >= 2
+
+
+class FailingForward(BatchEngine):
+    """A batched engine whose ``fail_on``-th forward raises ``error``."""
+
+    def __init__(self, model, name, error: BaseException, fail_on: int = 2):
+        super().__init__(model, name)
+        self.error, self.fail_on, self.calls = error, fail_on, 0
+
+    def extend(self, ids):
+        self.calls += 1
+        if self.calls >= self.fail_on:
+            raise self.error
+        return super().extend(ids)
+
+
+def test_a_failing_forward_fails_only_the_rows_of_its_batch(tiny_pipe):
+    """The drafter_full forward of the AsymSpec batch raises: that request fails with the error, the Floor request
+    beside it (another batch, no drafter_full) finishes equal to its request alone, and the scheduler goes on."""
+    boom = RuntimeError("boom in the drafter_full forward")
+    factory = lambda model, name: FailingForward(model, name, boom) if name == "drafter_full" else BatchEngine(model, name)  # noqa: E731
+    cfg = AsymSpecConfig(max_new_tokens=12)
+    a, f, later = _case_kwargs(340), _case_kwargs(341), _case_kwargs(342)
+    with tiny_pipe.scheduler(max_batch_size=4, batch_engines=factory) as sched:
+        h_asym = sched.submit(**a, config=cfg)
+        h_floor = sched.submit(**f, method="floor", config=cfg)
+        with pytest.raises(RuntimeError, match="boom in the drafter_full forward"):
+            h_asym.result(timeout=120)
+        assert h_floor.result(timeout=120).token_ids == tiny_pipe.generate(**f, method="floor", config=cfg).token_ids
+        assert sched.submit(**later, method="floor", config=cfg).result(timeout=120).token_ids == (
+            tiny_pipe.generate(**later, method="floor", config=cfg).token_ids
+        )
+        assert sched.error is None
+
+
+class FailingJoin(BatchEngine):
+    def __init__(self, model, name):
+        super().__init__(model, name)
+        self.fail_next = True
+
+    def join(self, row, engine):
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("join refused")
+        super().join(row, engine)
+
+
+def test_add_is_all_or_nothing(tiny_pipe):
+    factory = lambda model, name: FailingJoin(model, name) if name == "verifier" else BatchEngine(model, name)  # noqa: E731
+    cfg = AsymSpecConfig(max_new_tokens=8)
+    decoder = BatchDecoder(tiny_pipe, "asymspec", cfg, engines=factory)
+    case = _case_kwargs(350)
+    with pytest.raises(RuntimeError, match="join refused"):
+        decoder.add(0, tiny_pipe.prepare(**case, config=cfg))
+    assert decoder.rows == {} and all(engine.rows == [] for engine in decoder.engines.values())  # no ghost row anywhere
+    decoder.add(1, tiny_pipe.prepare(**case, config=cfg))
+    assert _decode_all(decoder)[1].token_ids == tiny_pipe.generate(**case, config=cfg).token_ids
+
+
+def test_a_request_that_can_never_fit_is_refused_with_the_numbers(tiny_pipe):
+    with tiny_pipe.scheduler(max_batch_size=2, max_kv_bytes=1000) as sched:
+        h = sched.submit(**_case_kwargs(360), config=AsymSpecConfig(max_new_tokens=8))
+        with pytest.raises(KVBudgetError, match=r"needs up to [\d,]+ bytes of KV cache .* max_kv_bytes is 1,000: lower max_new_tokens"):
+            h.result(timeout=120)
+        assert sched.error is None
+
+
+class WorkerKilled(BaseException):
+    """Not an Exception: no per-request guard catches it, as with a bug that escapes them."""
+
+
+def test_a_dead_worker_fails_every_waiting_and_live_handle_at_once(tiny_pipe):
+    factory = lambda model, name: FailingForward(model, name, WorkerKilled("the worker was killed"), fail_on=3)  # noqa: E731
+    sched = tiny_pipe.scheduler(max_batch_size=1, batch_engines=factory)
+    cfg = AsymSpecConfig(max_new_tokens=30)
+    handles = [sched.submit(**_case_kwargs(370 + i), config=cfg) for i in range(3)]  # one live, two waiting
+    for h in handles:
+        with pytest.raises(SchedulerStoppedError, match="worker stopped on WorkerKilled: the worker was killed; create a new scheduler"):
+            h.result(timeout=120)  # an error, not a TimeoutError
+        with pytest.raises(SchedulerStoppedError):
+            list(h)
+    assert isinstance(sched.error, SchedulerStoppedError) and isinstance(sched.error.__cause__, WorkerKilled)
+    with pytest.raises(SchedulerStoppedError, match="WorkerKilled"):
+        sched.submit(**_case_kwargs(380), config=cfg)
+    sched.close(timeout=30)
+    assert not sched._worker.is_alive()
