@@ -444,7 +444,8 @@ class AsymSpecPipeline:
                 raise ContextOverflowError(
                     f"the {name} prompt has {length} tokens; with max_new_tokens={cfg.max_new_tokens} and K={cfg.k} it "
                     f"needs {length + need} positions but the model's context window is {limit}. Shorten the question "
-                    "or the caption/OCR text, or lower max_new_tokens."
+                    "or the caption/OCR text, or lower max_new_tokens.",
+                    too_long="max_new_tokens" if length + cfg.k + 2 <= limit else "prompt",
                 )
 
     def _start(self, method: str, p: Prompts, image, engines: EngineFactory) -> tuple[dict, dict]:
