@@ -42,7 +42,15 @@ class InvalidQuestionError(AsymSpecError):
 
 
 class ContextOverflowError(AsymSpecError):
-    """A prompt plus the requested new tokens does not fit a model's context window."""
+    """A prompt plus the requested new tokens does not fit a model's context window.
+
+    ``too_long`` says what to shorten: ``"prompt"`` (the question or the caption/OCR text: the prompt does not
+    fit even with one new token) or ``"max_new_tokens"`` (the prompt fits; the new-token budget does not).
+    """
+
+    def __init__(self, message: str = "", *, too_long: str = "prompt") -> None:
+        super().__init__(message)
+        self.too_long = too_long
 
 
 class VocabularyMismatchError(AsymSpecError):

@@ -47,6 +47,7 @@ class AsymSpecPipeline:
         vision_cache_bytes: int = 256 * 2**20,
         prefix_cache_bytes: int = 256 * 2**20,
         ocr: str | Any = "auto",
+        ocr_layout: str = "plain",
         captioner: str | Any = "drafter",
         name: str = "custom",
         check_vocab: bool = True,
@@ -94,6 +95,10 @@ class AsymSpecPipeline:
         self.captioner = DrafterCaptioner(drafter, processor, self.encoder) if captioner == "drafter" else captioner
         self._ocr_spec = ocr
         self._ocr_engine = None if isinstance(ocr, str) else ocr
+        from captioning.ocr.items import check_ocr_layout
+
+        # how the engine's items become the OCR text (the tiny preset: one line, as MiniVista trained it)
+        self.ocr_layout = check_ocr_layout(ocr_layout)
         self._lock = threading.RLock()
         self.eos_ids = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
         self.engines: EngineFactory = engines or TransformersEngines()
@@ -143,6 +148,9 @@ class AsymSpecPipeline:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
         check_backends(verifier_backend, drafter_backend, verifier_device_map, vllm_kwargs, drafter_vllm_kwargs)
+        from captioning.ocr.items import check_ocr_layout
+
+        check_ocr_layout(kwargs.get("ocr_layout", "plain"))  # before any model loads
         for ref, role in ((drafter, "drafter"), (verifier, "verifier"), (sd_drafter, "SD drafter")):
             if ref is not None and isinstance(ref, (str, Path)):
                 check_checkpoint(ref, role)
@@ -232,6 +240,7 @@ class AsymSpecPipeline:
                 ocr_engine=self.ocr_engine if ocr is None else None,
                 caption=caption,
                 ocr=ocr,
+                ocr_layout=self.ocr_layout,
                 timings=timings,
             )
 
@@ -317,6 +326,7 @@ class AsymSpecPipeline:
                 ocr_engine=ocr_engine,
                 caption=caption,
                 ocr=ocr,
+                ocr_layout=self.ocr_layout,
                 image_hash=image_content_hash(img),
                 timings=timings,
                 on_phase=on_phase,
@@ -435,7 +445,8 @@ class AsymSpecPipeline:
                 raise ContextOverflowError(
                     f"the {name} prompt has {length} tokens; with max_new_tokens={cfg.max_new_tokens} and K={cfg.k} it "
                     f"needs {length + need} positions but the model's context window is {limit}. Shorten the question "
-                    "or the caption/OCR text, or lower max_new_tokens."
+                    "or the caption/OCR text, or lower max_new_tokens.",
+                    too_long="max_new_tokens" if length + cfg.k + 2 <= limit else "prompt",
                 )
 
     def _start(self, method: str, p: Prompts, image, engines: EngineFactory) -> tuple[dict, dict]:

@@ -1,6 +1,7 @@
 """Named drafter/verifier pairs.
 
-- ``tiny``: the trained tiny pair shipped inside the package (offline, CPU, seconds).
+- ``tiny``: the trained tiny pair shipped inside the package (offline, CPU, seconds); its OCR text is
+  one line (``ocr_layout="inline"``), the layout of the MiniVista texts it was trained on.
 - ``qwen3``: Qwen/Qwen3-VL-2B-Instruct + Qwen/Qwen3-32B, the paper's cross-modal pair.
 - ``auto``: ``qwen3`` when a CUDA device is present and both checkpoints are already on disk, else ``tiny``.
 """
@@ -39,6 +40,12 @@ def tiny_ocr_engine() -> str:
     return "rapidocr" if not rapidocr_problems() else "auto"
 
 
+# MiniVista writes a figure's texts on one line in reading order ("10 8 6 4 2 0"): the OCR text the tiny
+# pair was trained on. The engine's default layout (one text line per line) puts each tick label on a
+# line of its own, which the tiny verifier never saw and which derails it.
+TINY_OCR_LAYOUT = "inline"
+
+
 def tiny_preset() -> Preset:
     if not (TINY_DIR / "drafter").is_dir() or not (TINY_DIR / "verifier").is_dir():
         raise UnknownOptionError(
@@ -49,7 +56,7 @@ def tiny_preset() -> Preset:
         "tiny",
         str(TINY_DIR / "drafter"),
         str(TINY_DIR / "verifier"),
-        {"device": "cpu", "dtype": "fp32", "local_files_only": True, "ocr": tiny_ocr_engine()},
+        {"device": "cpu", "dtype": "fp32", "local_files_only": True, "ocr": tiny_ocr_engine(), "ocr_layout": TINY_OCR_LAYOUT},
         "trained tiny Qwen3-VL drafter + Qwen3 verifier (MiniVista)",
     )
 
@@ -58,6 +65,13 @@ PRESETS = {
     "qwen3": lambda: Preset("qwen3", QWEN3_DRAFTER, QWEN3_VERIFIER, {}, "Qwen3-VL-2B-Instruct drafter + Qwen3-32B verifier"),
     "tiny": tiny_preset,
 }
+
+
+def ocr_layout_of(preset_name: str | None) -> str:
+    """The OCR text layout a run uses: the preset's (``tiny``: ``inline``), else ``plain`` (the engine's lines)."""
+    if preset_name in PRESETS:
+        return str(PRESETS[preset_name]().pipeline_kwargs.get("ocr_layout", "plain"))
+    return "plain"
 
 
 def _on_disk(repo_id: str) -> bool:

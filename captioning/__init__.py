@@ -25,6 +25,7 @@ _LAZY = {
     "StaticCaptioner": "captioning.static",
     "get_ocr_engine": "captioning.ocr",
     "render_plain": "captioning.ocr",
+    "render_inline": "captioning.ocr",
     "render_mathvista": "captioning.ocr",
     "truncate_text": "captioning.truncate",
 }
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
         RapidOCREngine,
         StaticOCR,
         get_ocr_engine,
+        render_inline,
         render_mathvista,
         render_plain,
     )

@@ -56,6 +56,7 @@ def compress(
     ocr: str | bool | None = None,
     max_caption_chars: int = DEFAULT_CAPTION_CHARS,
     max_ocr_chars: int = DEFAULT_OCR_CHARS,
+    ocr_layout: str = "plain",
     image_hash: str | None = None,
     timings: dict | None = None,
     on_phase: Callable[[str], None] | None = None,
@@ -64,7 +65,9 @@ def compress(
 
     ``caption``/``ocr``: ``None`` produce it (with ``captioner`` / ``ocr_engine``), a string is used
     as is, ``ocr=False`` skips OCR (``caption=""`` likewise skips the caption). Texts are truncated on
-    a word boundary to the paper harness' budgets. ``timings`` receives ``caption_s`` and ``ocr_s``.
+    a word boundary to the paper harness' budgets. ``ocr_layout`` is the text layout of the engine's items
+    (:data:`captioning.ocr.OCR_LAYOUTS`: ``"plain"``, one text line per line; ``"inline"``, all on one
+    line, as MiniVista writes it). ``timings`` receives ``caption_s`` and ``ocr_s``.
     ``on_phase("caption")`` / ``on_phase("ocr")`` is called before a caption or OCR text is produced
     (a command line shows what a long set-up is doing).
     """
@@ -90,13 +93,13 @@ def compress(
                 "no OCR text was given and no OCR engine is configured: pass ocr='...' (or ocr=False to skip OCR), "
                 "or install one: pip install 'asymspec-mm[ocr]'"
             )
-        from .ocr import render_plain
+        from .ocr import render_text
 
         if on_phase is not None:
             on_phase("ocr")
         found = ocr_engine.read_cached(image) if hasattr(ocr_engine, "read_cached") else ocr_engine.read(image)
         items = tuple(found)
-        ocr_text = render_plain(found)
+        ocr_text = render_text(found, ocr_layout)
     elif ocr is False:
         ocr_text = ""
     else:

@@ -1,8 +1,9 @@
 """``asymspec-mm batch``: real forwards on the bundled tiny pair over MiniVista problems saved as PNG files.
 
 Each answer equals ``pipe.generate`` of that request alone; a run killed mid-way and resumed ends with every
-id once and the same answers as an uninterrupted run; a changed configuration, an existing output, repeated
-ids and non-UTF-8 input are refused; bad lines are reported with their line numbers while good ones are answered.
+id once and the same answers as an uninterrupted run, and Ctrl-C says how to resume; a changed configuration, an
+existing output and non-UTF-8 input are refused; bad lines (a repeated id among them) are reported with their line
+numbers while good ones are answered.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +126,7 @@ def test_end_to_end_each_answer_equals_generate_alone(full_run, refs):
     assert ident["models"]["preset"] == "tiny" and ident["method"] == "asymspec" and ident["trace"] is True
     assert ident["models"]["drafter"]["files"]["model.safetensors"].startswith("sha256:")
     assert ident["config"]["k"] == 4 and ident["dtype"] == "float32" and ident["version"]
+    assert ident["ocr_engine"] == "none" and ident["ocr_layout"] == "inline"  # the tiny preset's OCR text layout
     assert not (out.parent / "answers.jsonl.errors.jsonl").exists()
     assert f"{N}/{N}" in err  # the progress bar, on stderr
     assert f"{N} answered" in err
@@ -277,20 +280,66 @@ def test_bad_lines_reported_with_line_numbers_good_ones_answered(vista, refs, tm
     ]
 
 
-def test_duplicate_ids_and_non_utf8_input_refused(vista, tmp_path, shared_pipe):
+def test_a_duplicate_id_is_a_bad_line_and_the_run_goes_on(vista, refs, tmp_path, shared_pipe):
     root, lines = vista
     good = [json.dumps({**x, "image": str(root / x["image"])}) for x in lines[:2]]
     inp = tmp_path / "dup.jsonl"
     inp.write_text("\n".join([good[0], good[1], good[0]]) + "\n", encoding="utf-8")
-    rc, err = run_cli(batch_args(inp, tmp_path / "a.jsonl"))
-    assert rc == 2 and f"dup.jsonl:3: duplicate id '{lines[0]['id']}' (first on line 1)" in err and err.count("\n") == 1
-    assert not (tmp_path / "a.jsonl").exists()
+    out = tmp_path / "a.jsonl"
+    rc, err = run_cli(batch_args(inp, out, "--no-progress"))
+    assert rc == 1, err
+    message = f"duplicate id '{lines[0]['id']}' (first on line 1); ids must be unique, this line is skipped"
+    assert f"dup.jsonl:3: {message}\n" in err
+    assert read_jsonl(tmp_path / "a.jsonl.errors.jsonl") == [
+        {"line": 3, "id": lines[0]["id"], "error": message, "stage": "input", "input": good[0]}
+    ]
+    assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {x["id"]: refs[x["id"]].text for x in lines[:2]}
+    assert "2 answered, 1 failed" in err
 
+
+def test_non_utf8_input_refused(vista, tmp_path, shared_pipe):
+    root, lines = vista
+    good = json.dumps({**lines[0], "image": str(root / lines[0]["image"])})
     inp = tmp_path / "latin1.jsonl"
-    inp.write_bytes(good[0].encode() + b"\n" + '{"id": "x", "image": "a.png", "question": "caf\u00e9?"}'.encode("latin-1") + b"\n")
+    inp.write_bytes(good.encode() + b"\n" + '{"id": "x", "image": "a.png", "question": "caf\u00e9?"}'.encode("latin-1") + b"\n")
     rc, err = run_cli(batch_args(inp, tmp_path / "b.jsonl"))
     assert rc == 2 and "latin1.jsonl:2: not UTF-8 text" in err and err.count("\n") == 1
     assert not shared_pipe  # refused before any model was loaded
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, shared_pipe):
+    root, _ = vista
+    out = tmp_path / "answers.jsonl"
+    out.write_text('{"id": "stale"}\n', encoding="utf-8")  # started over with --overwrite
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    argv = batch_args(root / "questions.jsonl", out, "--batch-size", 2, "--no-progress")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asymspec_mm.cli", *map(str, argv), "--overwrite"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and out.read_bytes().count(b"\n") < 2:
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    kept = read_jsonl(out)
+    assert proc.returncode == 130 and 2 <= len(kept) < N
+    assert stderr.decode().splitlines()[-1] == (
+        f"asymspec-mm batch: interrupted; {len(kept)} answers kept in {out}, {N - len(kept)} not answered; "
+        "to continue, run the same command with --resume in place of --overwrite"
+    )
+    rc, err = run_cli([*argv, "--resume"])  # what the line says
+    assert rc == 0 and f"{N - len(kept)} answered, {len(kept)} already answered" in err, err
+    _, uninterrupted, _ = full_run
+    assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {r["id"]: r["answer"] for r in uninterrupted}
 
 
 def test_any_pair_through_drafter_and_verifier(tiny_dirs, tiny_pipe, tmp_path):
@@ -321,6 +370,7 @@ def test_any_pair_through_drafter_and_verifier(tiny_dirs, tiny_pipe, tmp_path):
     models = meta["identity"]["models"]
     assert [models[k]["path"] for k in ("drafter", "verifier")] == [str(Path(d).resolve()) for d in tiny_dirs]
     assert set(models["verifier"]["files"]) >= {"config.json", "model.safetensors"}
+    assert meta["identity"]["ocr_layout"] == "plain"  # any other pair: one text line per line
     rc, err = run_cli(argv + ["--max-new-tokens", 16, "--resume"])
     assert rc == 2 and "max_new_tokens (12 -> 16)" in err
     # models are named by their files: the same checkpoint in another folder resumes, an edited one does not

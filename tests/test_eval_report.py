@@ -103,6 +103,18 @@ def test_accepted_length_and_acceptance_only_for_speculative_methods() -> None:
     assert s["tasks"]["GPS"]["ci95"] == bootstrap_ci(outcomes[:4]) and s["ci95"] == bootstrap_ci(outcomes)
 
 
+def test_minivista_mixed_family_is_labelled_by_its_name_not_mwp() -> None:
+    from asymspec_mm.eval import minivista as mv
+
+    tasks = [mv.FAMILY_TASK[f] for f in mv.FAMILIES]  # figure, visual, geometry, mixed
+    s = summarize_records(records("asymspec", [True] * 4, tasks))
+    assert list(s["tasks"]) == ["GPS", "VQA", "FQA", "mixed"]
+    header = markdown_table({"asymspec": s}).splitlines()[0]
+    assert "| mixed (n=1) |" in header and "MWP" not in header
+    # MathVista's own math word problems keep the paper's short name
+    assert list(summarize_records(records("asymspec", [True], ["math word problem"], dataset="mathvista"))["tasks"]) == ["MWP"]
+
+
 def test_table_names_n_ci_recovery_and_the_rules(tmp_path: Path) -> None:
     groups = {
         "floor": records("floor", [True] * 4 + [False] * 6, TASKS),

@@ -74,6 +74,20 @@ def chart_answer(tiny) -> str:
     return tiny.generate(REPO / "examples" / "chart.png", mathvista_question(CHART_QUESTION[0], choices=CHART_QUESTION[1])).text
 
 
+def minivista_chart_is_answered(answer: str) -> bool:
+    """Whether ``answer`` is right about ``examples/chart.png`` (MiniVista's first bundled problem) and
+    reads as MiniVista's reference answer (which bar, not some shape)."""
+    from asymspec_mm.eval import minivista as mv
+
+    problem = mv.example_problems()[0]
+    from PIL import Image
+
+    with Image.open(REPO / "examples" / "chart.png") as chart:  # chart.png is this problem's image
+        assert chart.convert("RGB").tobytes() == problem["decoded_image"].convert("RGB").tobytes()
+    assert (problem["question"], problem["choices"]) == CHART_QUESTION
+    return mv.is_correct(answer, problem) and answer == problem["response"]
+
+
 def sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, shell=True, cwd=cwd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
 
@@ -84,6 +98,7 @@ def test_the_python_example_runs_and_answers_as_the_library(workdir, chart_answe
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == chart_answer
     assert f"# {chart_answer}" in code  # the comment in the README shows the real answer
+    assert minivista_chart_is_answered(chart_answer)  # with the OCR text in the layout the pair was trained on
 
 
 def test_every_command_line_example_runs(workdir, tiny, chart_answer):
@@ -133,10 +148,12 @@ def test_the_openai_client_example_runs(server, workdir, tiny):
         REPO / "examples" / "chart.png", mathvista_question(*CHART_QUESTION[:1], choices=CHART_QUESTION[1]), max_new_tokens=64
     )
     assert proc.stdout.startswith(expected.text + " ")
+    assert minivista_chart_is_answered(expected.text)
 
 
 def test_the_curl_example_streams_the_answer(server, workdir, tiny):
     command = block_with("bash", "curl -s").replace("http://127.0.0.1:8000", server)
+    given = json.loads(re.search(r'"asymspec": (\{.*?\})\}', command).group(1))  # the view the example passes
     proc = sh(command, workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     chunks = [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("data: {")]
@@ -147,8 +164,9 @@ def test_the_curl_example_streams_the_answer(server, workdir, tiny):
     expected = tiny.generate(
         REPO / "examples" / "chart.png",
         mathvista_question(CHART_QUESTION[0], choices=CHART_QUESTION[1]),
-        caption="A bar chart with yellow, red, green and blue bars.",
-        ocr=False,
+        caption=given["caption"],
+        ocr=given["ocr"],
         max_new_tokens=64,
     )
     assert text == expected.text
+    assert minivista_chart_is_answered(text)  # the text MiniVista renders: the pair reads it right

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from asymspec_mm.errors import AsymSpecError
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
 from asymspec_mm.serve.app import TextDeltas
 from asymspec_mm.serve.metrics import parse_prometheus
+from asymspec_mm.serve.schema import field_value
 from asymspec_mm.serve.server import warn_if_exposed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -423,6 +425,14 @@ def _text_part(text: str = "What is the largest value?") -> dict:
 
 
 _PNG = png_bytes(make_case(9)["image"])
+_TOOL = {  # an ordinary agent's tool: its JSON is far longer than a message should echo
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a given location",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
+    },
+}
 _NAN_BODY = json.dumps(body_of(make_case(9), max_tokens=4, beta=123.0)).replace("123.0", "NaN")
 _INF_BODY = json.dumps(body_of(make_case(9), max_tokens=4, gamma=123.0)).replace("123.0", "Infinity")
 
@@ -478,7 +488,13 @@ BAD_REQUESTS = {
     "no_messages": (_case_body(messages=[]), "non-empty list", "messages"),
     "invalid_json": (_raw('{"messages": [}'), "not valid JSON", None),
     "not_an_object": (_raw("[1, 2]"), "must be a JSON object", None),
-    "context_overflow": (_case_body(max_tokens=100000), "context window", None),
+    "context_overflow": (_case_body(max_tokens=100000), "context window", "max_tokens"),
+    "prompt_overflow": (
+        _with_content(_text_part("red " * 6000), _image_part(data_url(make_case(9)["image"]))),
+        "context window",
+        "messages",
+    ),
+    "long_tools": (_case_body(tools=[_TOOL]), "tools (a list of 1 item) is not supported; it must be absent or empty", "tools"),
 }
 
 
@@ -501,7 +517,25 @@ def test_bad_requests_get_400_and_the_server_goes_on(server, name, stream):
     assert fragment in err["message"] and "\n" not in err["message"], err
     if param is not None:
         assert err["param"] is not None and err["param"].endswith(param) or err["param"] == param, err
+    assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", err["code"]), err  # every code snake_case, as OpenAI's
     good_request(server.url)
+
+
+@pytest.mark.parametrize("name,param", [("context_overflow", "max_tokens"), ("prompt_overflow", "messages")])
+def test_a_context_overflow_is_openai_context_length_exceeded_naming_what_to_shorten(server, name, param):
+    r = httpx.post(server.url + CHAT, json=BAD_REQUESTS[name][0], timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and (err["code"], err["param"]) == ("context_length_exceeded", param), err
+
+
+def test_a_long_value_is_named_not_cut_mid_word():
+    assert field_value("top_p", 2) == "top_p=2"
+    assert field_value("tools", [_TOOL]) == "tools (a list of 1 item)"
+    assert (
+        field_value("response_format", {"type": "json_schema", "json_schema": {"name": "x" * 80}})
+        == "response_format (an object with 2 keys)"
+    )
+    assert field_value("user", "u" * 100) == "user (a string of 100 characters)"
 
 
 def test_openai_client_raises_on_refusals(client, server):

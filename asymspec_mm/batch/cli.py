@@ -3,16 +3,18 @@
 Input: one JSON object a line, ``{"id", "image", "question", "caption"?, "ocr"?}``. ``image`` is a file path
 (relative paths are resolved against ``--images-dir``, else the input file's folder; URLs are never fetched);
 ``caption`` / ``ocr`` as in :meth:`AsymSpecPipeline.prepare` (absent or null: produced by the toolkit; a string:
-used as is; ``"ocr": false``: no OCR text). Ids are strings or integers, compared as text, unique in the file.
+used as is; ``"ocr": false``: no OCR text). Ids are strings or integers, compared as text, unique in the file
+(a line repeating an earlier id is a bad line).
 
 Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, appended, flushed and fsynced
 as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "stats", "view": {"caption",
 "ocr_text"}, "method", "config"}`` plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
-effective config, dtype, OCR engine, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
+effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
 skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (invalid
-JSON, a missing or mistyped field, a URL, a missing or unreadable image) are reported on stderr with their
+JSON, a missing or mistyped field, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their
 line number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures); the run goes on and
-exits with 1 at the end, or stops at the first one with ``--on-error raise``.
+exits with 1 at the end, or stops at the first one with ``--on-error raise``. Ctrl-C stops the run (exit 130)
+with one line saying how many answers are kept and that ``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..errors import AsymSpecError
 from ..identity import checkpoint_identity, comparable, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..identity import identity_diff as shared_identity_diff
 from ..options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
+from ..presets import ocr_layout_of
 from .files import (
     DEFAULT_BATCH_SIZE,
     FORMAT,
@@ -50,7 +53,7 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
 
     Computed without loading a model: the pair (preset name; each checkpoint by path or id, revision and a hash of
     each file, as eval names them), the dtype they load in,
-    method, the effective config, the OCR engine, whether traces are written and the package version.
+    method, the effective config, the OCR engine and text layout, whether traces are written and the package version.
     """
     from .. import __version__
 
@@ -63,6 +66,7 @@ def run_identity(args: argparse.Namespace, cfg: Any) -> tuple[dict[str, Any], st
         "method": args.method,
         "config": jsonable(cfg.as_dict()),
         "ocr_engine": ocr_engine_of(args.ocr_engine, preset_name),
+        "ocr_layout": ocr_layout_of(preset_name),
         "trace": bool(args.trace),
         "version": __version__,
     }
@@ -155,7 +159,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     resuming = started and args.resume
     if resuming:
         check_resume(output, identity)
-    items, line_errors = read_input(inp, images_dir)  # non-UTF-8 input and repeated ids stop here
+    items, line_errors = read_input(inp, images_dir)  # non-UTF-8 input stops here
     if line_errors and args.on_error == "raise":
         e = line_errors[0]
         raise AsymSpecError(f"{inp}:{e.line}: {e.message}")
@@ -175,6 +179,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     progress = _Progress(0, False)  # the bar starts once the models are loaded
     failed = 0
     answered = 0
+    interrupted = False
 
     def fail(err: LineError) -> None:
         nonlocal failed
@@ -225,10 +230,16 @@ def cmd_batch(args: argparse.Namespace) -> int:
                     postfix = f"accept={acc_sum / acc_n:.2f}" if acc_n else ""
                     progress.update(f"{postfix} failed={failed}".strip())
                 refill()
+    except KeyboardInterrupt:  # Ctrl-C: every finished row is already durable, so say how to go on
+        interrupted = True
     finally:
         progress.close()
         answers.close()
         errors.close()
+
+    if interrupted:
+        print(interrupted_message(output, skipped + answered, len(todo) - answered, bool(args.overwrite)), file=sys.stderr)
+        return 130
 
     parts = [f"{answered} answered"]
     if skipped:
@@ -237,6 +248,12 @@ def cmd_batch(args: argparse.Namespace) -> int:
         parts.append(f"{failed} failed (see {err_file})")
     print(f"asymspec-mm batch: {', '.join(parts)} -> {output}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def interrupted_message(output: Path, kept: int, left: int, overwrite: bool) -> str:
+    """The line a Ctrl-C'd run ends with: what it kept and how to continue it."""
+    how = "the same command with --resume" + (" in place of --overwrite" if overwrite else "")
+    return f"asymspec-mm batch: interrupted; {kept} answers kept in {output}, {left} not answered; to continue, run {how}"
 
 
 def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -135,7 +135,8 @@ def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
 
 
 def read_input(path: Path, images_dir: Path | None = None) -> tuple[list[Item], list[LineError]]:
-    """The valid lines of ``path`` and the bad ones. A repeated id is an error for the whole file (naming both lines)."""
+    """The valid lines of ``path`` and the bad ones. A line repeating an earlier line's id is a bad line (naming
+    the first), so the first keeps the id and the run goes on."""
     base = images_dir if images_dir is not None else path.parent
     items: list[Item] = []
     errors: list[LineError] = []
@@ -147,9 +148,12 @@ def read_input(path: Path, images_dir: Path | None = None) -> tuple[list[Item], 
             rid = _id_of(text)
             errors.append(LineError(n, rid, str(exc), text=text))
             if rid is not None:
-                _note_id(path, first_line, str(rid), n)
+                first_line.setdefault(str(rid), n)
             continue
-        _note_id(path, first_line, item.key, n)
+        if item.key in first_line:
+            errors.append(LineError(n, item.id, duplicate_id_message(item.key, first_line[item.key]), text=text))
+            continue
+        first_line[item.key] = n
         items.append(item)
     return items, errors
 
@@ -163,10 +167,9 @@ def _id_of(text: str) -> Any:
     return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
 
 
-def _note_id(path: Path, first_line: dict[str, int], key: str, n: int) -> None:
-    if key in first_line:
-        raise AsymSpecError(f"{path}:{n}: duplicate id {key!r} (first on line {first_line[key]}); ids must be unique")
-    first_line[key] = n
+def duplicate_id_message(key: str, first: int) -> str:
+    """Why a line whose id an earlier line has is not answered."""
+    return f"duplicate id {key!r} (first on line {first}); ids must be unique, this line is skipped"
 
 
 # --------------------------------------------------------------------------------------------- output

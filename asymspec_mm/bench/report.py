@@ -1,4 +1,4 @@
-"""The benchmark's outputs: Markdown tables, a PNG chart, the JSON of everything, and a section of a
+"""The benchmark's outputs: Markdown tables, a PNG chart (:mod:`.chart`), the JSON of everything, and a section of a
 Markdown file (``BENCHMARKS.md``) rewritten in place."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .aggregate import TARGETS
+from .chart import render_chart
 from .settings import SPLIT_KEYS, SPLIT_LABELS, STREAMS
 from .spread import format_spread, spread
 
@@ -329,109 +330,6 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
     )
     lines.append("")
     return lines
-
-
-def _batch_panels(bt: dict[str, Any], ax_rate: Any, ax_step: Any) -> None:
-    """The batch sweep: tokens/s ratio to the sequential loop, and step-time ratio, against B."""
-    key = "decode_ratio_to_seq" if bt["mode"] == "synthetic" else "ratio_to_seq"
-    for name, per in bt["by_variant"].items():
-        bs = [int(b) for b in per]
-        ax_rate.plot(bs, [per[str(b)][key] or 0 for b in bs], marker="o", label=name)
-        ax_step.plot(bs, [per[str(b)]["step_ratio"] or 0 for b in bs], marker="o", label=name)
-    top = max(bt["sizes"])
-    ax_rate.plot([1, top], [1, top], color="#bbb", lw=0.8, ls="--", label="B x")
-    ax_rate.set_xlabel("batch size B")
-    ax_rate.set_ylabel(("decode " if key.startswith("decode") else "") + "tokens/s ratio to the sequential loop")
-    ax_rate.set_title("Batched decoding: throughput", fontsize=10)
-    ax_rate.legend(fontsize=8)
-    ax_step.set_xlabel("batch size B")
-    ax_step.set_ylabel("step time / sequential step")
-    ax_step.set_title("Batched decoding: time per step", fontsize=10)
-    ax_step.legend(fontsize=8)
-
-
-def render_chart(res: dict[str, Any], path: str | Path) -> Path:
-    """A PNG with up to six panels: ratio to Floor, step split, per-token time vs view length, ratio vs K, and the batch
-    sweep's tokens/s and step-time ratios against B (those two alone when nothing else ran)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    main = res.get("main", {}).get("variants", {})
-    sl = res.get("scaling_length", {})
-    sk = res.get("scaling_k", {})
-    bt = res.get("batching")
-    title = f"asymspec-mm bench: {res['meta']['pair']} ({res['meta']['device']}, {res['meta']['dtype']})"
-    if bt and not main and not sl.get("by_length") and not sk.get("by_k"):  # the batch sweep alone
-        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-        _batch_panels(bt, left, right)
-        return _save(fig, title, path)
-    fig, axes = plt.subplots(3 if bt else 2, 2, figsize=(13, 13.5 if bt else 9))
-    (ax1, ax2), (ax3, ax4) = axes[0], axes[1]
-    if bt:
-        _batch_panels(bt, axes[2][0], axes[2][1])
-    names = list(main)
-    if names:
-        ratios = [main[n]["ratio_to_floor"] or 0 for n in names]
-        ax1.barh(names, ratios, color=["#888" if main[n]["method"] == "floor" else "#3a7" for n in names])
-        ax1.axvline(1.0, color="k", lw=0.8)
-        ax1.set_xlabel("tokens/s ratio to Floor (median of paired reps)")
-        ax1.set_title("Throughput" + ("" if res["meta"]["trained"] else " (random weights: AsymSpec/SD not meaningful)"), fontsize=10)
-        ax1.invert_yaxis()
-        split_names = [n for n in names if "split_frac" in main[n]]
-        left = [0.0] * len(split_names)
-        colors = {
-            "drafter_full": "#4c72b0",
-            "drafter_comp": "#55a868",
-            "verifier": "#c44e52",
-            "gate": "#8172b2",
-            "trace": "#ccb974",
-            "other": "#999",
-        }
-        for key in SPLIT_KEYS:
-            vals = [main[n]["split_frac"][key] * 100 for n in split_names]
-            ax2.barh(split_names, vals, left=left, color=colors[key], label=SPLIT_LABELS[key])
-            left = [a + b for a, b in zip(left, vals)]
-        ax2.set_xlabel("% of step time")
-        ax2.set_title("Per-step time split", fontsize=10)
-        ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
-        ax2.invert_yaxis()
-    else:  # the main comparison was skipped
-        ax1.axis("off")
-        ax2.axis("off")
-    if sl.get("by_length"):
-        Ls = [int(L) for L in sl["by_length"]]
-        for n in next(iter(sl["by_length"].values())):
-            ax3.plot(Ls, [sl["by_length"][str(L)][n]["token_s"] * 1e3 for L in Ls], marker="o", label=n)
-        ax3.set_xscale("log", base=2)
-        ax3.set_xlabel("compressed-view tokens")
-        ax3.set_ylabel("ms per emitted token (median)")
-        ax3.legend(fontsize=8)
-        ax3.set_title("Per-token time vs prompt length", fontsize=10)
-    else:
-        ax3.axis("off")
-    if sk.get("by_k"):
-        labels = [lab for lab in sk["by_k"] if lab != "floor"]
-        ax4.bar(labels, [sk["by_k"][lab]["ratio_to_floor"] or 0 for lab in labels], color="#3a7")
-        ax4.axhline(1.0, color="k", lw=0.8)
-        ax4.set_ylabel("tokens/s ratio to Floor")
-        ax4.set_title("Scaling with K", fontsize=10)
-        ax4.tick_params(axis="x", labelsize=7, rotation=30)
-    else:
-        ax4.axis("off")
-    return _save(fig, title, path)
-
-
-def _save(fig: Any, title: str, path: str | Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
 
 
 def _jsonable(x: Any) -> Any:

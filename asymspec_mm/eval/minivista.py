@@ -48,6 +48,9 @@ FAMILY_TASK = {
     "mixed": "math word problem",
 }
 TASK_FAMILY = {v: k for k, v in FAMILY_TASK.items()}
+# a report's column of a MiniVista task where MathVista's short name would misname the family: `mixed` is
+# arithmetic on a chart's bars, not a word problem ("MWP"); the other families are what their task says
+REPORT_LABELS = {FAMILY_TASK["mixed"]: "mixed"}
 CHART_FAMILIES = ("figure", "mixed")  # drawn by the same bar-chart painter
 # every answer a `mixed` problem can have: two distinct bar values 1..9 give sums 3..17, differences 1..8
 MIXED_ANSWERS = tuple(range(1, 18))

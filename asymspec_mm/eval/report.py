@@ -1,6 +1,6 @@
 """Per-variant summaries and a Markdown table in the style of the paper's Table 3 (the chart: :mod:`.report_chart`).
 
-Columns: accuracy per task (short names GPS/VQA/FQA/...) and overall, each with its 95% bootstrap confidence
+Columns: accuracy per task (short names GPS/VQA/FQA/...; MiniVista's ``mixed`` family by its name) and overall, each with its 95% bootstrap confidence
 interval (:func:`bootstrap_ci`) and n; *recovery* = (variant - Floor) / (drafter - Floor) on overall accuracy
 under the rule of :func:`recovery` (needs a ``floor`` and a ``drafter`` variant); acceptance rate (accepted /
 drafted tokens) and mean accepted length for speculative methods only (Floor and the drafter draft nothing);
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .mathvista.tasks import TASK_ALIASES, TASK_SHORT
+from .minivista import REPORT_LABELS as MINIVISTA_LABELS
 
 _TASK_ORDER = tuple(TASK_ALIASES)
 #: Methods that draft nothing: no acceptance rate, no mean accepted length.
@@ -82,10 +83,14 @@ def dataset_label(identity: Mapping[str, Any] | None, records: Sequence[Mapping[
 
 
 def _task_of(record: Mapping[str, Any]) -> str:
+    """The record's column: MathVista's short task name (GPS, FQA, ...), a MiniVista family by its own name
+    where that name would misname it (``mixed``, not MWP), else the task as written."""
     task = record.get("task")
     if task is None:
         task = ((record.get("problem") or {}).get("metadata") or {}).get("task")
     task = str(task) if task is not None else "unknown"
+    if record.get("dataset") == "minivista" and task in MINIVISTA_LABELS:
+        return MINIVISTA_LABELS[task]
     return TASK_SHORT.get(task, task)
 
 

@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -30,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..errors import AsymSpecError
+from ..errors import AsymSpecError, ContextOverflowError
 from .errors import RequestError
 from .metrics import Metrics
 from .responses import TextDeltas, asymspec_object, finish_reason, trace_entry, usage  # noqa: F401 - TextDeltas: tests
@@ -114,6 +115,25 @@ async def _until_disconnected(receive: Callable) -> None:
             return
 
 
+def error_code(exc: AsymSpecError) -> str:
+    """The snake_case ``code`` of a library error, as every other code of the server: OpenAI's
+    ``context_length_exceeded`` for a context overflow, else the class name's words (``InvalidImageError`` ->
+    ``invalid_image``, ``OCRUnavailableError`` -> ``ocr_unavailable``; the base class: ``invalid_request``)."""
+    if isinstance(exc, ContextOverflowError):
+        return "context_length_exceeded"
+    if type(exc) is AsymSpecError:
+        return "invalid_request"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", type(exc).__name__.removesuffix("Error")).lower()
+
+
+def error_param(exc: AsymSpecError) -> str | None:
+    """The request field a library error is about, where one is: a context overflow's ``max_tokens`` when
+    the prompt fits and the budget does not, else ``messages`` (the question or its caption/OCR text)."""
+    if isinstance(exc, ContextOverflowError):
+        return "max_tokens" if exc.too_long == "max_new_tokens" else "messages"
+    return None
+
+
 def error_of(exc: BaseException) -> RequestError:
     """The HTTP error of a request that failed in the scheduler (set-up or a step)."""
     if isinstance(exc, RequestError):
@@ -121,7 +141,7 @@ def error_of(exc: BaseException) -> RequestError:
     if isinstance(exc, CancelledError):
         return RequestError(503, "the request was cancelled (the server is shutting down); retry", code="cancelled")
     if isinstance(exc, AsymSpecError):
-        return RequestError(400, str(exc).replace("\n", " "), code=type(exc).__name__)
+        return RequestError(400, str(exc).replace("\n", " "), param=error_param(exc), code=error_code(exc))
     log.error("request failed", exc_info=exc)
     return RequestError(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "), code="internal_error")
 

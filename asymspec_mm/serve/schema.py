@@ -83,6 +83,23 @@ def _positive_int(v: Any, param: str) -> int:
     return v
 
 
+def field_value(name: str, v: Any, limit: int = 60) -> str:
+    """``name=<v as JSON>`` when that JSON is at most ``limit`` characters, else ``name`` and what ``v`` is
+    (``tools (a list of 3 items)``): a message never shows JSON cut in the middle of a word."""
+    text = json.dumps(v)
+    if len(text) <= limit:
+        return f"{name}={text}"
+    if isinstance(v, list):
+        what = f"a list of {len(v)} item{'s' if len(v) != 1 else ''}"
+    elif isinstance(v, dict):
+        what = f"an object with {len(v)} key{'s' if len(v) != 1 else ''}"
+    elif isinstance(v, str):
+        what = f"a string of {len(v)} characters"
+    else:
+        what = f"{len(text)} characters of JSON"
+    return f"{name} ({what})"
+
+
 def parse_json(body: bytes) -> dict:
     """The request body as a JSON object (NaN and infinities parse, to be refused by the field they are in)."""
     try:
@@ -235,7 +252,7 @@ def parse_chat_request(data: dict, *, allow_local_images: Path | None = None, ba
         )
     for name, (ok, why) in _NEUTRAL.items():
         if data.get(name) is not None and not ok(data[name]):
-            raise bad_request(f"{name}={json.dumps(data[name])[:60]} is not supported; it must be absent or {why}", name, "unsupported")
+            raise bad_request(f"{field_value(name, data[name])} is not supported; it must be absent or {why}", name, "unsupported")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")

@@ -4,8 +4,8 @@ The text-only verifier never sees the image; whatever text the image contains re
 through OCR. The package is split by responsibility:
 
 * :mod:`.items`: :class:`OCRItem` (one detected text region: box, text, confidence), reading
-  order (:func:`group_lines`, :func:`order_items`) and the two text forms of a result,
-  :func:`render_plain` / :func:`render_mathvista`;
+  order (:func:`group_lines`, :func:`order_items`) and the text layouts of a result,
+  :func:`render_plain` / :func:`render_inline` / :func:`render_mathvista` (:data:`OCR_LAYOUTS`);
 * :mod:`.cache`: :class:`OCRCache`, a thread-safe result cache keyed by image content;
 * :mod:`.base`: :class:`OCREngine`, the engine interface, and :class:`NoOCREngine`;
 * :mod:`.easyocr_weights` and :mod:`.easyocr_engine`: :class:`EasyOCREngine` (what MathVista
@@ -38,11 +38,14 @@ from .easyocr_weights import (
 )
 from .items import (
     NOMINAL_LINE_HEIGHT,
+    OCR_LAYOUTS,
     Box,
     OCRItem,
     Point,
+    check_ocr_layout,
     group_lines,
     order_items,
+    render_inline,
     render_mathvista,
     render_plain,
     render_text,
@@ -68,8 +71,11 @@ __all__ = [
     "group_lines",
     "order_items",
     "render_plain",
+    "render_inline",
     "render_mathvista",
     "render_text",
+    "check_ocr_layout",
+    "OCR_LAYOUTS",
     "parse_ocr_literal",
     "image_content_hash",
     "easyocr_required_weights",

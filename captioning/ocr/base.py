@@ -48,7 +48,7 @@ class OCREngine(abc.ABC):
         return (cache if cache is not None else DEFAULT_OCR_CACHE).read(self, image)
 
     def read_text(self, image: Image.Image, style: str = "plain") -> str:
-        """The OCR text of ``image`` as ``"plain"`` or ``"mathvista"`` text."""
+        """The OCR text of ``image`` in the layout ``style`` (``"plain"``, ``"inline"`` or ``"mathvista"``)."""
         return render_text(self.read(image), style)
 
     @abc.abstractmethod
