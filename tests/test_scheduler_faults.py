@@ -155,3 +155,29 @@ def test_a_dead_worker_fails_every_waiting_and_live_handle_at_once(tiny_pipe):
         sched.submit(**_case_kwargs(380), config=cfg)
     sched.close(timeout=30)
     assert not sched._worker.is_alive()
+
+
+def test_server_answers_503_and_health_says_so_when_the_worker_stops(tiny_pipe):
+    import httpx
+    import openai
+    from test_serve import data_url, user_message
+
+    from asymspec_mm.serve import ServerThread, create_app
+
+    factory = lambda model, name: FailingForward(model, name, WorkerKilled("the worker was killed"), fail_on=2)  # noqa: E731
+    sched = tiny_pipe.scheduler(max_batch_size=2, batch_engines=factory)
+    app = create_app(tiny_pipe, scheduler=sched)
+    case = make_case(390)
+    with ServerThread(app) as srv:
+        assert httpx.get(srv.url + "/health", timeout=30).json()["status"] == "ok"
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        body = dict(model="tiny", messages=[user_message(case["question"], data_url(case["image"]))], max_tokens=8)
+        body["extra_body"] = {"asymspec": {"caption": case["caption"], "ocr": case["ocr"]}}
+        for _ in range(2):  # the request that met the fault, then one after it: both 503, the server keeps answering
+            with pytest.raises(openai.APIStatusError) as info:
+                client.chat.completions.create(**body)
+            assert info.value.status_code == 503 and info.value.body["code"] == "scheduler_stopped"
+            assert "worker stopped on WorkerKilled" in info.value.body["message"]
+        health = httpx.get(srv.url + "/health", timeout=30)
+        assert health.status_code == 503 and health.json()["status"] == "error" and "WorkerKilled" in health.json()["error"]
+    sched.close(timeout=30)

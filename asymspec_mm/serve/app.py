@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from ..batch.scheduler import SchedulerStoppedError
 from ..errors import AsymSpecError, ContextOverflowError
 from .errors import RequestError
 from .metrics import Metrics
@@ -140,6 +141,8 @@ def error_of(exc: BaseException) -> RequestError:
         return exc
     if isinstance(exc, CancelledError):
         return RequestError(503, "the request was cancelled (the server is shutting down); retry", code="cancelled")
+    if isinstance(exc, SchedulerStoppedError):  # the server cannot decode any more: restart it
+        return RequestError(503, f"the server cannot decode: {exc}; restart it".replace("\n", " "), code="scheduler_stopped")
     if isinstance(exc, AsymSpecError):
         return RequestError(400, str(exc).replace("\n", " "), param=error_param(exc), code=error_code(exc))
     log.error("request failed", exc_info=exc)
@@ -279,6 +282,9 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
+        error = getattr(state.scheduler, "error", None)
+        if error is not None:  # the decoding worker stopped: load balancers should take this server out
+            return json_response({"status": "error", "model": state.model, "error": str(error)}, status=503)
         return json_response({"status": "ok", "model": state.model})
 
     def model_card() -> dict:
