@@ -1,13 +1,15 @@
-"""The decoding loops (Algorithm 1 and the baselines) and what they emit and count.
+"""The one decoder (Algorithm 1 and the baselines, over rows) and what it emits and counts.
 
-``config`` the settings, :mod:`.events` the per-token provenance, :mod:`.stats` the step statistics,
-:mod:`.streams` the pending-token and commit helpers, :mod:`.transfer` the one host transfer a step,
-:mod:`.loops` the loops themselves.
+``config`` the settings, :mod:`.rows` the decoder (:class:`RowDecoder`, the :class:`RowEngine` protocol,
+:class:`SoloEngine`), :mod:`.loops` one request's step iterator on it, :mod:`.events` the per-token
+provenance, :mod:`.step_events` the events a step emits, :mod:`.stats` the step statistics,
+:mod:`.streams` the pending-token and commit helpers, :mod:`.transfer` the one host transfer a step.
 """
 
 from ..config import BONUS_RULES, METHODS, AsymSpecConfig
 from .events import SOURCES, TokenEvent
 from .loops import Timer, asymspec_steps, greedy_steps, sd_steps, steps_for
+from .rows import RowDecoder, RowEngine, SoloEngine
 from .stats import Counters
 from .streams import Emitter, StopFn, Stream, draft_greedy
 
@@ -17,7 +19,10 @@ __all__ = [
     "Counters",
     "Emitter",
     "METHODS",
+    "RowDecoder",
+    "RowEngine",
     "SOURCES",
+    "SoloEngine",
     "StopFn",
     "Stream",
     "Timer",

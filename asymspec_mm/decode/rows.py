@@ -1,0 +1,396 @@
+"""Algorithm 1 (greedy) and its baselines, written once, over rows: one request is a batch of one.
+
+Terms, as in the paper: ``a`` the drafter's logits on the full view (image), ``b`` the same drafter's on the
+compressed view (caption + OCR), ``t`` the verifier's on the compressed view; ``d_1..d_K`` the drafts. A *row*
+is one request's streams; R rows step together. Each step forwards K tokens one at a time on the drafting
+stream (or lets an engine draft them itself) and K+1 in one forward on each scoring stream, for all rows; the
+gate runs over ``[R*K, V]``; one device-to-host transfer carries every row's decision. Rows accept different
+numbers of drafts, roll back alone (see :mod:`.streams` for the pending-token convention), stop alone and
+leave at once; new rows join between steps.
+
+Where a row's KV lives is the :class:`RowEngine`'s business: :class:`SoloEngine` adopts one prefilled
+single-row engine (a single request, the static-cache GPU path, any custom engine), the batched engines of
+:mod:`asymspec_mm.batch` hold many rows in one cache (transformers) or one ``LLM.generate`` call (vLLM).
+Rows of one decoder share K, the gate, the delta source and the bonus rule (they shape the step); gamma,
+beta and lam are per row in the gate, the token budget and stop strings per row in its emitter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..config import AsymSpecConfig, check_method
+from ..engines import Engine
+from ..gate import gate_step
+from .events import TokenEvent
+from .stats import Counters
+from .step_events import Timer, bonus_event, gate_event, make_event, no_timer, sd_events, tops_at
+from .streams import Emitter, StopFn, Stream
+from .transfer import gated_tops, pack_bonus, pack_gate, to_host, trace_tops
+
+#: The streams each method decodes with.
+STREAMS_OF = {
+    "asymspec": ("drafter_full", "drafter_comp", "verifier"),
+    "sd": ("drafter_comp", "verifier"),
+    "floor": ("verifier",),
+    "drafter": ("drafter_full",),
+}
+#: The per-row gate settings.
+GATE_ROW_FIELDS = ("gamma", "beta", "lam")
+
+
+class RowEngine(Protocol):
+    """Rows of one model, each an independent KV-cached context (the one interface the decoder steps).
+
+    ``join(row, engine)`` adds a row with the context of a prefilled single-row :class:`~asymspec_mm.engines.Engine`
+    (copied, so the caller may release it, unless the storage ``adopts`` it); ``leave(row)`` frees it;
+    ``extend({row: ids [n_r]}) -> {row: logits [n_r, V]}`` appends tokens to the given rows in one call;
+    ``truncate(row, length)`` rolls a row back; ``length(row)`` its cached tokens; ``view(row)`` the row as a
+    single-row engine (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``extend``,
+    ``truncate``) for the statistics; ``engine_calls`` the model calls made. Optionally ``draft({row: pending},
+    k) -> (drafts [R, k], logits [R, k, V] float32)`` drafts k greedy tokens per row in one call.
+    """
+
+    name: str
+    device: torch.device
+    adopts: bool
+
+    def join(self, row: int, engine: Engine) -> None: ...
+
+    def leave(self, row: int) -> None: ...
+
+    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]: ...
+
+    def truncate(self, row: int, length: int) -> None: ...
+
+    def length(self, row: int) -> int: ...
+
+    def view(self, row: int) -> Any: ...
+
+    @property
+    def engine_calls(self) -> int: ...
+
+
+class SoloEngine:
+    """Row storage of one row: it adopts the prefilled single-row engine itself (no copy), so a single request
+    runs on exactly the engine it was prefilled on (dynamic or static cache, transformers or vLLM)."""
+
+    adopts = True
+
+    def __init__(self, name: str):
+        self.name = name
+        self.row: int | None = None
+        self.engine: Engine | None = None
+
+    def _engine(self, row: int) -> Engine:
+        if row != self.row or self.engine is None:
+            raise KeyError(f"{self.name}: no live row {row}")
+        return self.engine
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    @property
+    def rows(self) -> list[int]:
+        return [] if self.row is None else [self.row]
+
+    def join(self, row: int, engine: Engine) -> None:
+        if self.row is not None:
+            raise ValueError(f"{self.name}: a SoloEngine holds one row (row {self.row} is live)")
+        self.row, self.engine = row, engine
+
+    def leave(self, row: int) -> None:
+        self._engine(row)
+        self.row = self.engine = None
+
+    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return {row: self._engine(row).extend(x) for row, x in ids.items()}
+
+    def truncate(self, row: int, length: int) -> None:
+        self._engine(row).truncate(length)
+
+    def length(self, row: int) -> int:
+        return self._engine(row).length
+
+    def view(self, row: int) -> Engine:
+        return self._engine(row)
+
+    @property
+    def engine_calls(self) -> int:
+        return 0 if self.engine is None else self.engine.forward_calls
+
+
+def gate_settings(configs: list[AsymSpecConfig], per_row: int, device: torch.device | str) -> dict[str, float | torch.Tensor]:
+    """The gate's ``gamma``/``beta``/``lam`` for rows with ``configs``, each repeated ``per_row`` times (the row's
+    positions): a float where every row agrees, else a float32 tensor ``[len(configs) * per_row]``."""
+    out: dict[str, float | torch.Tensor] = {}
+    for name in GATE_ROW_FIELDS:
+        values = [float(getattr(c, name)) for c in configs]
+        same = all(v == values[0] for v in values)
+        out[name] = values[0] if same else torch.tensor(values, dtype=torch.float32, device=device).repeat_interleave(per_row)
+    return out
+
+
+@dataclass
+class Row:
+    """One request being decoded: its streams (pending tokens), settings, statistics and trace."""
+
+    id: int
+    config: AsymSpecConfig
+    streams: dict[str, Stream]
+    counters: Counters
+    emitter: Emitter
+    trace: list[TokenEvent] = field(default_factory=list)
+    session: Any = None  # the pipeline's Session, for rows that came from one
+    kv_need: int = 0
+    engine_calls: int = 0
+    step: int = 0
+    max_batch: int = 0
+    result: Any = None
+
+
+Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
+
+
+class RowDecoder:
+    """Rows of one method, stepped together on one :class:`RowEngine` per stream.
+
+    ``lock`` (a context manager) is held around each step's model calls; ``decode_token(id) -> str`` fills
+    each committed event's ``text``.
+    """
+
+    def __init__(self, method: str, config: AsymSpecConfig, engines: dict[str, RowEngine], *, lock=None, decode_token=None):
+        check_method(method)
+        self.method, self.cfg = method, config.validated()
+        missing = [name for name in STREAMS_OF[method] if name not in engines]
+        if missing:
+            raise ValueError(f"method {method!r} needs the streams {STREAMS_OF[method]}; missing {missing}")
+        self.engines = {name: engines[name] for name in STREAMS_OF[method]}
+        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self.decode_token = decode_token
+        self.rows: dict[int, Row] = {}
+
+    def join(
+        self,
+        rid: int,
+        streams: dict[str, Engine],
+        pending: dict[str, torch.Tensor],
+        config: AsymSpecConfig,
+        eos_ids: set[int],
+        stop_fn: StopFn | None = None,
+        counters: Counters | None = None,
+    ) -> Row:
+        """Add a row from its prefilled single-row ``streams`` and their pending tokens. All or nothing: if any
+        stream's join fails, the ones it joined already leave again and it raises."""
+        joined = []
+        try:
+            for name, engine in self.engines.items():
+                engine.join(rid, streams[name])
+                joined.append(engine)
+        except BaseException:
+            for engine in joined:
+                engine.leave(rid)
+            raise
+        for name, engine in self.engines.items():
+            if not getattr(engine, "adopts", False):
+                streams[name].release()  # the storage holds its own copy of the row's KV now
+        views = {name: engine.view(rid) for name, engine in self.engines.items()}
+        counters = counters or Counters(config.k, views)
+        emitter = Emitter(counters, config.max_new_tokens, eos_ids, stop_fn)
+        row = Row(rid, config, {name: Stream(views[name], pending[name]) for name in views}, counters, emitter)
+        self.rows[rid] = row
+        return row
+
+    def remove(self, rid: int) -> None:
+        """Drop a row before it finishes (a cancelled request): its slots are freed, no result is made."""
+        for engine in self.engines.values():
+            engine.leave(rid)
+        del self.rows[rid]
+
+    @property
+    def engine_calls(self) -> int:
+        """Model calls made so far by the engines (transformers forwards or ``LLM.generate`` calls)."""
+        return sum(engine.engine_calls for engine in self.engines.values())
+
+    @property
+    def drafting(self) -> str:
+        """The stream that drafts: the drafter on the compressed view for SD, on the full view otherwise."""
+        return "drafter_comp" if self.method == "sd" else "drafter_full"
+
+    def step(self, timer: Timer | None = None) -> list[tuple[Row, list[TokenEvent]]]:
+        """One step of every live row; rows that finish leave (see :meth:`finish`). Returns (row, committed events)."""
+        rows = list(self.rows.values())
+        if not rows:
+            return []
+        for row in rows:
+            row.step += 1
+            row.max_batch = max(row.max_batch, len(rows))
+            for s in row.streams.values():
+                s.begin_step()
+        calls = self.engine_calls
+        with self.lock:
+            step = {"asymspec": self._asymspec, "sd": self._sd}.get(self.method, self._greedy)
+            emitted = step(rows, timer or no_timer)
+        calls = self.engine_calls - calls
+        out = []
+        for row, (events, token, carry) in zip(rows, emitted):
+            row.engine_calls += calls
+            committed = row.emitter.commit(events)
+            if self.decode_token is not None:
+                for ev in committed:
+                    ev.text = self.decode_token(ev.token_id)
+            row.trace.extend(committed)
+            if committed:
+                token = row.emitter.next_token(committed, events, token)
+                for name, s in row.streams.items():
+                    s.advance(token, carry if name == self.drafting else None)
+            out.append((row, committed))
+            if row.emitter.done:
+                self.finish(row)
+        return out
+
+    def finish(self, row: Row) -> None:
+        """A row is done: its slots are freed (subclasses make its result first)."""
+        for engine in self.engines.values():
+            engine.leave(row.id)
+        del self.rows[row.id]
+
+    # ------------------------------------------------------------------ the step of each method
+    def _extend(self, name: str, ids: dict[int, torch.Tensor]) -> torch.Tensor:
+        """One call of ``name`` where every row forwards n tokens: logits ``[R, n, V]`` in ``ids`` order."""
+        out = self.engines[name].extend(ids)
+        return torch.stack([out[r] for r in ids])
+
+    def _draft(self, rows: list[Row], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K greedy drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32. An engine that
+        drafts by itself (vLLM decodes the K tokens in one call) does; else K forwards of all rows."""
+        name = self.drafting
+        x = {row.id: row.streams[name].pending for row in rows}
+        if hasattr(self.engines[name], "draft"):
+            return self.engines[name].draft(x, k)
+        drafts, logits = [], []
+        for _ in range(k):
+            out = self.engines[name].extend(x)
+            last = torch.stack([out[r][-1] for r in x])  # [R, V]
+            logits.append(last.float())
+            d = last.argmax(-1)
+            drafts.append(d)
+            x = {r: d[j : j + 1] for j, r in enumerate(x)}
+        return torch.stack(drafts, dim=1), torch.stack(logits, dim=1)
+
+    def _score(self, name: str, rows: list[Row], drafts: torch.Tensor) -> torch.Tensor:
+        """Pending + drafts of every row in one call: logits ``[R, n + K, V]``."""
+        eng = self.engines[name]
+        ids = {row.id: torch.cat([row.streams[name].pending.to(drafts.device), drafts[j]]).to(eng.device) for j, row in enumerate(rows)}
+        return self._extend(name, ids)
+
+    def _asymspec(self, rows: list[Row], timer: Timer) -> list[Emitted]:
+        """Algorithm 1: draft on a, score with b and t, gate and fuse, commit the accepted prefix."""
+        cfg, k, top = self.cfg, self.cfg.k, self.cfg.trace_top
+        drafts, a = self._draft(rows, k)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
+        b = self._score("drafter_comp", rows, drafts)  # b_1..b_{K+1} [R, K+1, V]
+        t = self._score("verifier", rows, drafts).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
+        settings = gate_settings([r.config for r in rows], k, a.device)
+        with timer("gate"):
+            g = gate_step(
+                a.flatten(0, 1),
+                b[:, :k].flatten(0, 1),
+                t[:, :k].flatten(0, 1),
+                drafts.flatten(),
+                gate=cfg.gate,
+                delta=cfg.delta,
+                **settings,
+            )
+        bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k])
+        with timer("trace"):
+            tops = trace_tops(g, log_t_bonus, top) if top else None
+        hosts = to_host(pack_gate(g, drafts.flatten()), bonus, tops, top, rows=len(rows))  # the step's one transfer
+        emitted: list[list] = []
+        gated: list[int] = []
+        for j, (row, host) in enumerate(zip(rows, hosts)):
+            n_acc = host.accepted_prefix()
+            row.counters.record_step(k, n_acc)
+            events = [gate_event(row.step, i, host.rows[i], tops_at(host.tops, i)) for i in range(min(n_acc + 1, k))]
+            carry = None
+            if n_acc < k:  # pending + the accepted drafts stay cached; the fused token comes next
+                for s in row.streams.values():
+                    s.rollback(n_acc)
+                token = g.fused[j * k + n_acc : j * k + n_acc + 1]
+            elif cfg.bonus == "gated":  # a_{K+1} is needed now, so d_K is forwarded now
+                gated.append(j)
+                token = None
+            else:  # the verifier's t_{K+1}; d_K rides in the next step's first drafting forward
+                events.append(bonus_event(row.step, k, host.bonus, tops_at(host.tops, k)))
+                token, carry = bonus_ids[j : j + 1], drafts[j, k - 1 :]
+            row.counters.record_deferred(carry is not None)
+            emitted.append([events, token, carry])
+        if gated:
+            self._gated_bonus(
+                [rows[j] for j in gated], drafts[gated, k - 1 :], b[gated, k], t[gated, k], [emitted[j] for j in gated], timer
+            )
+        return [tuple(e) for e in emitted]
+
+    def _gated_bonus(
+        self, rows: list[Row], d_k: torch.Tensor, b_bonus: torch.Tensor, t_bonus: torch.Tensor, emitted: list[list], timer: Timer
+    ) -> None:
+        """``bonus="gated"`` for the rows with K acceptances: d_K ``[G, 1]`` forwarded for a_{K+1}, gated against
+        ``b_bonus`` / ``t_bonus`` ``[G, V]`` in one forward, one gate call and one transfer."""
+        cfg = self.cfg
+        a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1].float()  # a_{K+1} [G, V]
+        d_bonus = a_bonus.argmax(-1)
+        settings = gate_settings([r.config for r in rows], 1, a_bonus.device)
+        with timer("gate"):
+            g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, **settings)
+        with timer("trace"):
+            tops = gated_tops(g, cfg.trace_top) if cfg.trace_top else None
+        hosts = to_host(pack_gate(g, d_bonus), None, tops, cfg.trace_top, rows=len(rows))  # the bonus decision's one transfer
+        for j, (row, host, slot) in enumerate(zip(rows, hosts, emitted)):
+            bonus_row = host.rows[0]
+            row.counters.record_bonus(bonus_row.accepted)
+            slot[0].append(gate_event(row.step, cfg.k, bonus_row, tops_at(host.tops, 0)))
+            slot[1] = d_bonus[j : j + 1] if bonus_row.accepted else g.fused[j : j + 1]
+
+    def _sd(self, rows: list[Row], timer: Timer) -> list[Emitted]:
+        """Symmetric greedy SD: keep the drafts that match the verifier's argmax, then its own token. Equals Floor."""
+        k = self.cfg.k
+        drafts, _ = self._draft(rows, k)
+        t = self._score("verifier", rows, drafts).float()  # [R, K+1, V]
+        v_ids = t.argmax(-1)  # [R, K+1]
+        p_v = t.log_softmax(-1).gather(-1, v_ids[..., None])[..., 0].exp()
+        drafts_v = drafts.to(v_ids.device)  # the verifier may live on another GPU
+        padded = torch.cat([drafts_v, drafts_v[:, :1]], dim=1)
+        host = torch.stack([v_ids.double(), p_v.double(), padded.double()], dim=2).tolist()  # the step's one transfer
+        emitted = []
+        for j, (row, h) in enumerate(zip(rows, host)):
+            events, n_acc = sd_events(row.step, k, h)
+            row.counters.record_step(k, n_acc)
+            carry = None
+            if n_acc < k:
+                for s in row.streams.values():
+                    s.rollback(n_acc)
+            else:
+                carry = drafts[j, k - 1 :]  # d_K rides in the next step's first drafting forward
+            row.counters.record_deferred(carry is not None)
+            emitted.append((events, v_ids[j, n_acc : n_acc + 1].to(drafts.device), carry))
+        return emitted
+
+    def _greedy(self, rows: list[Row], timer: Timer) -> list[Emitted]:
+        """Plain greedy decoding of one stream (Floor: the verifier; ``drafter``: the drafter on the full view)."""
+        name = STREAMS_OF[self.method][0]
+        logits = self._extend(name, {row.id: row.streams[name].pending for row in rows})[:, -1].float()  # [R, V]
+        tokens = logits.argmax(-1)
+        p = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].exp()
+        host = torch.stack([tokens.double(), p.double()], dim=1).tolist()  # the step's one transfer
+        verifier = self.method == "floor"
+        emitted = []
+        for j, (row, (tok, p_host)) in enumerate(zip(rows, host)):
+            row.counters.record_step(0, 0)
+            tok = int(tok)
+            events = [make_event(row.step, 0, tok, "greedy", p_host if verifier else None, verifier_argmax=tok if verifier else None)]
+            emitted.append((events, tokens[j : j + 1], None))
+        return emitted

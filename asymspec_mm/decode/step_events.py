@@ -1,0 +1,102 @@
+"""What a decoding step emits: the :class:`TokenEvent` of each committed position, built from the host rows.
+
+``Timer`` is the optional context-manager factory the decoder enters around the gate and the trace's
+top-k (names ``"gate"`` and ``"trace"``), for the benchmark's breakdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from .events import TokenEvent
+from .transfer import BonusRow, GateRow, TopPairs
+
+Timer = Callable[[str], AbstractContextManager]
+Tops = list[tuple[TopPairs, TopPairs]] | None
+
+
+def no_timer(name: str) -> AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def make_event(
+    step: int,
+    i: int,
+    token: int,
+    source: str,
+    p_verifier: float | None,
+    p_base: float | None = None,
+    gamma_eff: float | None = None,
+    jsd: float | None = None,
+    verifier_argmax: int | None = None,
+    draft: int | None = None,
+    tops: tuple[TopPairs, TopPairs] | None = None,
+    draft_p: tuple[float, float] | None = None,
+) -> TokenEvent:
+    ev = TokenEvent(
+        index=0,
+        token_id=token,
+        text="",
+        source=source,
+        step=step,
+        position=i + 1,
+        p_verifier=p_verifier,
+        p_base=p_base,
+        gamma_eff=gamma_eff,
+        jsd=jsd,
+        verifier_argmax=verifier_argmax,
+        steered=verifier_argmax is not None and token != verifier_argmax,
+        draft_token=draft,
+        draft_p_verifier=None if draft_p is None else draft_p[0],
+        draft_p_base=None if draft_p is None else draft_p[1],
+    )
+    if tops is not None:
+        ev.top_verifier, ev.top_fused = tops
+    return ev
+
+
+def tops_at(tops: Tops, i: int) -> tuple[TopPairs, TopPairs] | None:
+    return None if tops is None else tops[i]
+
+
+def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
+    """What the gate emits at position i+1: the draft when accepted, else the fused token (replacing it)."""
+    if row.accepted:
+        return make_event(
+            step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd, row.verifier_argmax, tops=tops
+        )
+    return make_event(
+        step,
+        i,
+        row.fused,
+        "fused",
+        row.p_verifier_fused,
+        row.p_base_fused,
+        row.gamma_eff,
+        row.jsd,
+        row.verifier_argmax,
+        draft=row.draft,
+        tops=tops,
+        draft_p=(row.p_verifier, row.p_base),
+    )
+
+
+def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
+    """The verifier's own token at position K+1 (``bonus="verifier"``)."""
+    return make_event(step, k, bonus.token, "bonus", bonus.p_verifier, bonus.p_base, verifier_argmax=bonus.token, tops=tops)
+
+
+def sd_events(step: int, k: int, host: list[list[float]]) -> tuple[list[TokenEvent], int]:
+    """SD's decision on the host: ``host`` ``[K+1]`` rows (verifier argmax, its probability, draft; the last draft
+    is padding) -> the accepted drafts that match the verifier, then its own token (``corrected`` at the first
+    mismatch, ``bonus`` after K matches), and the number accepted."""
+    n_acc = 0
+    while n_acc < k and host[n_acc][0] == host[n_acc][2]:
+        n_acc += 1
+    events = [make_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
+    r = host[n_acc]
+    source, draft = ("bonus", None) if n_acc == k else ("corrected", int(r[2]))
+    events.append(make_event(step, n_acc, int(r[0]), source, r[1], verifier_argmax=int(r[0]), draft=draft))
+    return events, n_acc
