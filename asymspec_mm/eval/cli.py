@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import CHOICES
+from ..config import CHOICES, RANGES
 from ..errors import AsymSpecError, UnknownOptionError
-from ..options import add_model_args, finite_float, pipeline_from_args
+from ..options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
 from ..variants import parse_list
 
 DEFAULT_OUT = "runs/mathvista"
@@ -45,11 +45,20 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
         "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]",
     )
-    g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
-    g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--lam", default=None, help="lambda of the tuned gates, comma list sweeps (variants with gate tuned or tuned_kl)")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="[default: 1024 with --protocol paper, else 512]")
+    g.add_argument("--k", default=None, help=f"draft length(s), {RANGES['k'].text()}; a comma list sweeps (asymspec variants and sd)")
+    g.add_argument("--beta", default=None, help=f"beta value(s), {RANGES['beta'].text()}; a comma list sweeps (asymspec variants)")
+    g.add_argument("--gamma", default=None, help=f"gamma value(s), {RANGES['gamma'].text()}; a comma list sweeps (asymspec variants)")
+    g.add_argument(
+        "--lam",
+        default=None,
+        help=f"lambda of the tuned gates, {RANGES['lam'].text()}; a comma list sweeps (variants with gate tuned or tuned_kl)",
+    )
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"{RANGES['max_new_tokens'].text()} [default: 1024 with --protocol paper, else 512]",
+    )
     g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
     g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
 
@@ -176,13 +185,17 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _sweep_list(option: str, spec: str | None, cast: Callable[[str], Any]) -> list[Any] | None:
-    """The values of a sweep option (``--k 2,4``); a bad item, NaN and inf included, is a one-line error."""
+    """The values of a sweep option (``--k 2,4``); a bad item, NaN and inf included, or one out of the option's
+    range (:data:`~asymspec_mm.config.RANGES`) is a one-line error."""
     try:
-        return parse_list(spec, cast)
+        values = parse_list(spec, cast)
     except argparse.ArgumentTypeError as exc:  # finite_float's refusal
         raise UnknownOptionError(f"--{option} {spec!r}: {exc}") from None
     except UnknownOptionError as exc:
         raise UnknownOptionError(f"--{option}: {exc}") from None
+    for value in values or ():
+        check_option_ranges({option: value})
+    return values
 
 
 def pipeline_llm(pipe: Any) -> Any:
@@ -247,6 +260,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     args.extract = "rules" if args.extract == "rule" else args.extract
     if args.max_new_tokens is None:
         args.max_new_tokens = 1024 if args.protocol == "paper" else 512
+    check_option_ranges({"max_new_tokens": args.max_new_tokens})
     if args.dump_prompts:
         return _dump_prompts(args, selected, text)
     common: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
