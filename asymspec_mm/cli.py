@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -28,20 +29,50 @@ def compose_question(question: str, choices: list[str] | None, answer_type: str 
 
 
 def image_size(path: str) -> tuple[int, int] | None:
-    """The image's (width, height) from its header, or ``None`` when unreadable (loading reports why, later)."""
+    """The image's (width, height) from its header, or ``None`` when unreadable (:func:`read_image` says why)."""
+    import warnings
+
     try:
         from PIL import Image
 
-        with Image.open(path) as im:
-            return im.size
+        with warnings.catch_warnings():  # the size is judged by size_error, against the library's own limit
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                return im.size
     except Exception:
         return None
 
 
-def warn_out_of_domain(question: str, image: str) -> None:
+def size_error(path: str, size: tuple[int, int] | None, limit: int) -> str | None:
+    """The one-line refusal of an image over ``limit`` pixels (from its header), naming the variable that raises the
+    limit; ``None`` when it fits or its size is unknown."""
+    if size is None or size[0] * size[1] <= limit:
+        return None
+    side = math.isqrt(limit)
+    return (
+        f"--image {path} is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, over the limit of {limit:,} pixels: "
+        f"downscale it (e.g. to fit {side}x{side}), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
+    )
+
+
+def read_image(path: str) -> Any:
+    """The ``--image`` file decoded to RGB before any model loads; a missing, empty, corrupt or oversized file is
+    one :class:`AsymSpecError` line naming ``--image`` and the fix."""
+    from vision_cache.errors import InvalidImageError
+    from vision_cache.image import DEFAULT_MAX_INPUT_PIXELS, load_image
+
+    if (problem := size_error(path, image_size(path), DEFAULT_MAX_INPUT_PIXELS)) is not None:
+        raise AsymSpecError(problem)
+    try:
+        return load_image(path)
+    except InvalidImageError as exc:
+        raise AsymSpecError(f"--image: {exc}") from None
+
+
+def warn_out_of_domain(question: str, size: tuple[int, int]) -> None:
     from .tiny.domain import domain_warning
 
-    warning = domain_warning(question, image_size(image))
+    warning = domain_warning(question, size)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
 
@@ -49,19 +80,20 @@ def warn_out_of_domain(question: str, image: str) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     question = compose_question(args.question, args.choices, args.answer_type)
     cfg = config_from_args(args)
+    image = read_image(args.image)  # before the domain warning and the models: a bad file is refused at once
     if args.preset == "tiny":  # before loading: the answer would be meaningless
-        warn_out_of_domain(question, args.image)
+        warn_out_of_domain(question, image.size)
     progress = Progress(enabled=not args.quiet)
     progress(f"loading the models ({args.preset or 'auto'})" if not args.drafter else "loading the models")
     pipe = pipeline_from_args(args)
     if pipe.name == "tiny" and args.preset != "tiny":
-        warn_out_of_domain(question, args.image)
+        warn_out_of_domain(question, image.size)
     ocr: Any = None
     if args.no_ocr:
         ocr = False
     elif args.ocr is not None:
         ocr = args.ocr
-    session = pipe.prepare(args.image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress)
+    session = pipe.prepare(image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress)
     progress(f"decoding ({config_line(args.method, cfg)})")
     res = pipe.run(session).result
     print_result(res, pipe.tokenizer, args.json)

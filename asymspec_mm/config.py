@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from .errors import UnknownOptionError
 
@@ -21,10 +22,68 @@ CHOICES: dict[str, tuple[str, ...]] = {"gate": GATES, "delta": DELTAS, "bonus": 
 
 
 @dataclass(frozen=True)
+class Range:
+    """The values a numeric :class:`AsymSpecConfig` field may take, both ends included (``high=None``: no upper end)."""
+
+    low: float
+    high: float | None
+    integer: bool = False
+
+    def bounds(self) -> tuple[float, float | None]:
+        """``(low, high)``, e.g. a slider's minimum and maximum."""
+        return self.low, self.high
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` (a number) lies in the range."""
+        return self.low <= value and (self.high is None or value <= self.high)
+
+    def text(self) -> str:
+        """``"1 to 16"`` (``"1 or more"`` without an upper end): the range as the help and the README show it."""
+        return f"{self.low:g} or more" if self.high is None else f"{self.low:g} to {self.high:g}"
+
+    def bound_text(self) -> str:
+        """``">= 1 and <= 16"`` (``">= 1"``): the range as a refusal states it."""
+        return f">= {self.low:g}" if self.high is None else f">= {self.low:g} and <= {self.high:g}"
+
+
+#: The one range of each numeric field, read by the library, the command line (``--k`` ...), the server's request
+#: fields and the demo's sliders. K: the demo's slider (16 drafts already cost more than a rejection saves);
+#: beta and gamma: the demo's sliders (gamma is a threshold on p_v / p_base, the paper sweeps 0.4-0.7); lam:
+#: the tuned gates' lambda (the paper's 0.1, a decade either way and more); max_new_tokens: no upper end here,
+#: the verifier's context window bounds it per request (the pipeline says how many fit); trace_top: top tokens
+#: kept per trace event.
+RANGES: dict[str, Range] = {
+    "k": Range(1, 16, integer=True),
+    "beta": Range(0.0, 4.0),
+    "gamma": Range(0.0, 1.0),
+    "lam": Range(0.0, 10.0),
+    "max_new_tokens": Range(1, None, integer=True),
+    "trace_top": Range(0, 20, integer=True),
+}
+
+
+def range_error(name: str, value: Any, label: str | None = None) -> str | None:
+    """The one-line refusal of ``value`` for the field ``name`` (``label`` names it, default ``name=value``), or
+    ``None`` when :data:`RANGES` holds it: ``"k=100 must be an integer >= 1 and <= 16"``."""
+    rng = RANGES[name]
+    label = label if label is not None else f"{name}={value!r}"
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if rng.integer:
+        if not (isinstance(value, int) and is_number and rng.holds(value)):
+            return f"{label} must be an integer {rng.bound_text()}"
+        return None
+    if not is_number or not math.isfinite(value):
+        return f"{label} must be a finite number {rng.bound_text()}"
+    if not rng.holds(value):
+        return f"{label} must be {rng.bound_text()}"
+    return None
+
+
+@dataclass(frozen=True)
 class AsymSpecConfig:
     """Decoding settings. Defaults are the paper's cross-modal setting (MathVista: K=4, beta=1, gamma=0.5, CDA).
 
-    k: drafts per step. beta: fusion strength (0 disables fusion). gamma: acceptance threshold before the
+    The numeric fields' ranges are :data:`RANGES`. k: drafts per step. beta: fusion strength (0 disables fusion). gamma: acceptance threshold before the
     divergence discount. gate: how gamma is discounted (``cda``: gamma*exp(-JSD), the paper; ``fixed``: gamma;
     ``tuned``: gamma*exp(-lam*log-ratio at the draft), the paper text's Appendix B reading; ``tuned_kl``:
     gamma*exp(-lam*KL(p_a||p_b)), the released code's tuned gate; ``kl``: gamma*exp(-KL(p_a||p_b)), Table 14).
@@ -52,17 +111,9 @@ class AsymSpecConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise UnknownOptionError(f"{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
-        for name in ("beta", "gamma", "lam"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise UnknownOptionError(f"{name}={value!r} must be a finite number")
-        for name, low in (("k", 1), ("max_new_tokens", 1), ("trace_top", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                what = "the speculation depth " if name == "k" else ""
-                raise UnknownOptionError(f"{name}={value!r}: {what}must be an integer >= {low}")
-        if self.gamma < 0:
-            raise UnknownOptionError(f"gamma={self.gamma!r} must be >= 0")
+        for name in RANGES:
+            if (problem := range_error(name, getattr(self, name))) is not None:
+                raise UnknownOptionError(problem)
         if not isinstance(self.stop_strings, tuple) or not all(isinstance(s, str) for s in self.stop_strings):
             raise UnknownOptionError(f"stop_strings={self.stop_strings!r} must be a tuple of strings")
         return self

@@ -11,8 +11,8 @@ import math
 from dataclasses import fields
 from typing import Any
 
-from .config import CHOICES, METHODS, AsymSpecConfig
-from .errors import AsymSpecError
+from .config import CHOICES, METHODS, RANGES, AsymSpecConfig, range_error
+from .errors import AsymSpecError, UnknownOptionError
 
 OCR_ENGINES = ("auto", "easyocr", "rapidocr", "none")
 DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "auto")
@@ -94,7 +94,7 @@ def add_sd_drafter_arg(g: Any) -> None:
 
 def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tuple[str, ...] = ()) -> None:
     """One option per documented :class:`AsymSpecConfig` field (``--max-new-tokens`` for ``max_new_tokens``),
-    with its default and choices, plus ``--method`` unless ``method=False``."""
+    with its default, choices and range (:data:`~asymspec_mm.config.RANGES`), plus ``--method`` unless ``method=False``."""
     g = p.add_argument_group("decoding")
     if method:
         g.add_argument("--method", default="asymspec", choices=METHODS, help="[default: %(default)s]")
@@ -102,18 +102,33 @@ def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tu
         if f.name not in DECODE_HELP or f.name in skip:
             continue
         kind = finite_float if isinstance(f.default, float) else type(f.default)
+        span = f", {RANGES[f.name].text()}" if f.name in RANGES else ""
         g.add_argument(
-            f"--{f.name.replace('_', '-')}",
+            option_name(f.name),
             type=kind,
             default=f.default,
             choices=CHOICES.get(f.name),
-            help=f"{DECODE_HELP[f.name]} [default: %(default)s]",
+            help=f"{DECODE_HELP[f.name]}{span} [default: %(default)s]",
         )
+
+
+def option_name(field: str) -> str:
+    """The command-line option of an :class:`AsymSpecConfig` field: ``max_new_tokens`` -> ``--max-new-tokens``."""
+    return f"--{field.replace('_', '-')}"
+
+
+def check_option_ranges(values: dict[str, Any]) -> None:
+    """Refuse the first value out of its :data:`~asymspec_mm.config.RANGES` entry in one line naming the option:
+    ``--k 100 must be an integer >= 1 and <= 16``."""
+    for name, value in values.items():
+        if name in RANGES and (problem := range_error(name, value, f"{option_name(name)} {value}")) is not None:
+            raise UnknownOptionError(problem)
 
 
 def config_from_args(args: argparse.Namespace, base: AsymSpecConfig | None = None) -> AsymSpecConfig:
     """The :class:`AsymSpecConfig` the decoding options of ``args`` describe (fields not on ``args`` from ``base``)."""
     values = {f.name: getattr(args, f.name) for f in fields(AsymSpecConfig) if getattr(args, f.name, None) is not None}
+    check_option_ranges(values)
     return (base or AsymSpecConfig()).with_(**values).validated()
 
 

@@ -3,12 +3,13 @@ instead of generating them.
 
     python examples/precomputed_view.py                                # a bundled example's stored view
     python examples/precomputed_view.py --pid 13 --preset tiny
-    python examples/precomputed_view.py ../shared/mathvista 5 path/to/images/5.jpg
+    python examples/precomputed_view.py asymspec_mm/eval/mathvista/data 5 path/to/images/5.jpg
 
-With a folder (MathVista's ``data/texts/``), the view comes from its ``captions_bard.json`` and
-``ocrs_easyocr.json`` through :class:`captioning.StaticCaptioner` and :class:`captioning.StaticOCR`;
-without one, from the caption and OCR text stored with the bundled MiniVista examples
-(``asymspec_mm/examples_data/examples.json``), chosen by pid.
+With a folder (the MathVista text data shipped with the package, as above, or MathVista's own
+``data/texts/``), the view comes from its ``captions_bard.json`` and ``ocrs_easyocr.json`` through
+:class:`captioning.StaticCaptioner` and :class:`captioning.StaticOCR`; without one, from the caption and
+OCR text stored with the bundled MiniVista examples (``asymspec_mm/examples_data/examples.json``), chosen
+by pid. The images are not shipped: they come with the Hugging Face dataset ``AI4Math/MathVista``.
 """
 
 import argparse

@@ -118,6 +118,89 @@ def test_non_utf8_question_is_one_line_before_loading():
     assert b"loading the models" not in proc.stderr  # refused before any model loads
 
 
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG claiming ``width`` x ``height`` with 100 bytes of pixel data: its size reads from the header, decoding
+    it fails."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(100))) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("missing", "--image: image file not found: '{path}'"),
+        ("empty", "--image: image file '{path}' is not a recognised image"),
+        ("corrupt", "--image: image file '{path}' is not a recognised image"),
+        ("truncated", "--image: image file '{path}' could not be decoded"),
+        ("folder", "--image: image path '{path}' is a directory"),
+    ],
+)
+def test_a_bad_image_is_one_line_before_loading(kind, words, tmp_path):
+    path = tmp_path / "image.png"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "corrupt":
+        path.write_bytes(b"not an image at all")
+    elif kind == "truncated":
+        path.write_bytes(CHART.read_bytes()[:200])
+    elif kind == "folder":
+        path.mkdir()
+    proc = cli("generate", "--image", str(path), "--question", "Which bar is the tallest?", "--preset", "tiny")
+    assert words.format(path=path) in one_error_line(proc)
+    assert b"loading the models" not in proc.stderr and b"warning:" not in proc.stderr
+
+
+def test_an_oversized_image_is_refused_first_naming_a_real_setting(tmp_path):
+    """12000x12000: refused from its header before the tiny pair's domain warning and the models, naming the
+    variable that raises the limit (no option of the library's API); with the variable raised, the same file gets
+    past the size check (and fails on its missing pixels instead)."""
+    path = tmp_path / "huge.png"
+    path.write_bytes(_png_header(12000, 12000))
+    proc = cli("generate", "--image", str(path), "--question", "Which bar is the tallest?", "--preset", "tiny")
+    assert one_error_line(proc) == (
+        f"error: --image {path} is 12000x12000 = 144,000,000 pixels, over the limit of 67,108,864 pixels: downscale it "
+        "(e.g. to fit 8192x8192), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
+    )
+    assert b"warning:" not in proc.stderr and b"loading the models" not in proc.stderr
+    raised = cli("generate", "--image", str(path), "--question", "q", "--preset", "tiny", extra_env={"ASYMSPEC_MAX_INPUT_PIXELS": "2e8"})
+    line = one_error_line(raised)
+    assert "could not be decoded" in line and "pixels" not in line and b"loading the models" not in raised.stderr
+
+
+@pytest.mark.parametrize(
+    "option, line",
+    [
+        (["--k", "100"], "error: --k 100 must be an integer >= 1 and <= 16"),
+        (["--k", "0"], "error: --k 0 must be an integer >= 1 and <= 16"),
+        (["--gamma", "2"], "error: --gamma 2.0 must be >= 0 and <= 1"),
+        (["--beta", "-0.5"], "error: --beta -0.5 must be >= 0 and <= 4"),
+        (["--lam", "11"], "error: --lam 11.0 must be >= 0 and <= 10"),
+        (["--max-new-tokens", "0"], "error: --max-new-tokens 0 must be an integer >= 1"),
+    ],
+)
+def test_an_option_out_of_its_range_is_one_line_before_loading(option, line):
+    proc = cli("generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", *option)
+    assert one_error_line(proc) == line and b"loading the models" not in proc.stderr
+
+
+def test_help_shows_each_range():
+    out = cli("generate", "--help").stdout.decode()
+    flat = " ".join(out.split())
+    for words in (
+        "draft length K, 1 to 16 [default: 4]",
+        "(0 disables fusion), 0 to 4 [default: 1.0]",
+        "tuned_kl), 0 to 10 [default: 0.1]",
+    ):
+        assert words in flat, words
+    assert "divergence discount, 0 to 1 [default: 0.5]" in flat and "most tokens to generate, 1 or more [default: 512]" in flat
+
+
 def test_cuda_without_a_gpu_is_one_line():
     proc = cli("generate", "--image", str(CHART), "--question", "x", "--preset", "tiny", "--device", "cuda", "-q")
     assert "device='cuda' but" in one_error_line(proc) and "--device cpu" in proc.stderr.decode()

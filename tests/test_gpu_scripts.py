@@ -14,6 +14,7 @@ import pytest
 
 from asymspec_mm.bench.paper_slice import main as slice_main
 from asymspec_mm.bench.paper_slice import slice_table, summarize_slice
+from asymspec_mm.eval.mathvista import SHIPPED_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("scripts/gpu_bench.sh", "scripts/gpu_paper_slice.sh")
@@ -21,10 +22,7 @@ NO_PROTOCOL = "gpu_paper_slice.sh: this checkout's 'asymspec-mm eval mathvista' 
 
 
 def _text_dir() -> Path:
-    for d in (os.environ.get("ASYMSPEC_MATHVISTA_DIR"), ROOT.parent / "shared" / "mathvista", Path("/work/shared/mathvista")):
-        if d and (Path(d) / "captions_bard.json").is_file():
-            return Path(d)
-    pytest.skip("MathVista text data (captions_bard.json) not found: set ASYMSPEC_MATHVISTA_DIR")
+    return SHIPPED_DIR  # the MathVista text data shipped with the package
 
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

@@ -10,21 +10,19 @@ import pytest
 from asymspec_mm.errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
 from asymspec_mm.eval import mathvista as mv
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "mathvista"
-needs_shared = pytest.mark.skipif(not (SHARED / "testmini.json").is_file(), reason=f"MathVista text data not found at {SHARED}")
+MV_DATA = mv.SHIPPED_DIR
 
 
 @pytest.fixture(scope="module")
 def testmini() -> dict:
-    return json.loads((SHARED / "testmini.json").read_text(encoding="utf-8"))
+    return json.loads((MV_DATA / "testmini.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
 def text() -> mv.TextData:
-    return mv.TextData.load(SHARED)
+    return mv.TextData.load(MV_DATA)
 
 
-@needs_shared
 def test_build_query_reproduces_official_query_json(testmini: dict, text: mv.TextData) -> None:
     assert len(testmini) == 1000
     mismatched = [pid for pid, prob in testmini.items() if mv.build_query(prob) != text.queries[pid]]
@@ -34,7 +32,6 @@ def test_build_query_reproduces_official_query_json(testmini: dict, text: mv.Tex
     assert mv.official_query(prob, None) == text.queries["5"]
 
 
-@needs_shared
 def test_query_layout_details(testmini: dict) -> None:
     q = mv.build_query(testmini["5"])
     assert q.splitlines() == [
@@ -83,7 +80,6 @@ def test_refine_caption_and_ocr() -> None:
     assert mv.refine_ocr("__import__('os').system('echo hacked')") == ""
 
 
-@needs_shared
 def test_official_view_for_a_problem(testmini: dict, text: mv.TextData) -> None:
     prob = testmini["1"]
     caption, ocr = mv.view_for(prob, "official", text)
@@ -100,9 +96,8 @@ def test_official_view_for_a_problem(testmini: dict, text: mv.TextData) -> None:
         mv.view_for(prob, "bogus", text)
 
 
-@needs_shared
 def test_paper_subset_counts(testmini: dict, text: mv.TextData) -> None:
-    problems = mv.load_local_problems(SHARED)
+    problems = mv.load_local_problems(MV_DATA)
     assert len(problems) == 1000
     tasks = mv.resolve_tasks("GPS,VQA,FQA")
     assert tasks == mv.resolve_tasks(list(mv.DEFAULT_TASKS))
@@ -117,9 +112,8 @@ def test_paper_subset_counts(testmini: dict, text: mv.TextData) -> None:
     assert sum(by_task.values()) == 587
 
 
-@needs_shared
 def test_limit_and_shards_partition_the_selection(text: mv.TextData) -> None:
-    problems = mv.load_local_problems(SHARED)
+    problems = mv.load_local_problems(MV_DATA)
     tasks = mv.resolve_tasks("GPS,VQA,FQA")
     full = mv.select_problems(problems, tasks=tasks, require_caption=True, text=text, limit=50)
     assert len(full) == 50
@@ -241,11 +235,10 @@ def test_minivista_loader() -> None:
         assert mv.build_query(p) if "question_type" in p else True
 
 
-@needs_shared
 def test_cli_dry_run_counts_the_paper_subset(capsys: pytest.CaptureFixture[str]) -> None:
     from asymspec_mm.eval.cli import main
 
-    args = ["eval", "mathvista", "--source", "local", "--data-dir", str(SHARED), "--text-dir", str(SHARED), "--dry-run"]
+    args = ["eval", "mathvista", "--source", "local", "--data-dir", str(MV_DATA), "--text-dir", str(MV_DATA), "--dry-run"]
     assert main(args + ["--require-caption"]) == 0
     assert capsys.readouterr().out.startswith("587 problems (mathvista, tasks=GPS,VQA,FQA, require_caption=True) x 4 variants")
     assert main(args + ["--tasks", "all", "--methods", "asymspec,floor", "--k", "2,4"]) == 0

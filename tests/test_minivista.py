@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from asymspec_mm.eval import minivista as mv
+from asymspec_mm.eval.mathvista import SHIPPED_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-MATHVISTA = ROOT.parent / "shared" / "mathvista"
+MATHVISTA = SHIPPED_DIR  # the MathVista text data shipped with the package
 EXAMPLES = ROOT / "asymspec_mm" / "examples_data"
 TINY = ROOT / "asymspec_mm" / "presets_data" / "tiny"
 
@@ -79,7 +80,6 @@ def test_validate_rejects_broken_records():
         mv.validate({k: v for k, v in p.items() if k != "answer_type"})
 
 
-@pytest.mark.skipif(not (MATHVISTA / "query.json").exists(), reason="shared/mathvista not present")
 def test_build_query_matches_mathvista_official_queries():
     data = json.loads((MATHVISTA / "testmini.json").read_text())
     queries = json.loads((MATHVISTA / "query.json").read_text())

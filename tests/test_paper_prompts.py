@@ -1,4 +1,4 @@
-"""The paper protocol's prompts (``--protocol paper``, ``--dump-prompts``) on the shared MathVista text data.
+"""The paper protocol's prompts (``--protocol paper``, ``--dump-prompts``) on the MathVista text data shipped with the package.
 
 Expected texts are written from the protocol's rules (issue #22): ``Image caption: {raw caption[:1600]}``,
 ``OCR text from image: {texts joined by spaces[:800]}`` only when not blank, ``{query}`` + the step-by-step
@@ -21,10 +21,7 @@ from asymspec_mm.errors import UnknownOptionError
 from asymspec_mm.eval import mathvista as mv
 from asymspec_mm.eval.cli import main as cli_main
 
-SHARED_MV = Path(__file__).resolve().parents[1].parent / "shared" / "mathvista"
-if not (SHARED_MV / "testmini.json").is_file():
-    SHARED_MV = Path("/work/shared/mathvista")
-pytestmark = pytest.mark.skipif(not (SHARED_MV / "captions_bard.json").is_file(), reason="needs the shared MathVista text data")
+MV_DATA = mv.SHIPPED_DIR
 
 SUFFIX = "\nLet's think step by step, then give the final answer."
 MC_HINT = "Hint: Please answer the question and provide the correct option letter, e.g., A, B, C, D, at the end.\n"
@@ -88,7 +85,7 @@ def paper_dump(tmp_path_factory) -> dict[str, dict[str, str]]:
     """The paper protocol's dump of the paper's subset, through the CLI, read back by pid."""
     out = tmp_path_factory.mktemp("dump") / "prompts.jsonl"
     rc = cli_main(
-        ["eval", "mathvista", "--protocol", "paper", "--require-caption", "--text-dir", str(SHARED_MV)]
+        ["eval", "mathvista", "--protocol", "paper", "--require-caption", "--text-dir", str(MV_DATA)]
         + ["--dump-prompts", str(out), "--verifier", str(TINY_VERIFIER)]
     )
     assert rc == 0
@@ -97,7 +94,7 @@ def paper_dump(tmp_path_factory) -> dict[str, dict[str, str]]:
 
 
 def raw(name: str) -> dict:
-    return json.loads((SHARED_MV / name).read_text(encoding="utf-8"))
+    return json.loads((MV_DATA / name).read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("pid", sorted(EXPECTED))
@@ -157,7 +154,7 @@ def test_mathvista_protocol_dump_keeps_mathvistas_labels(tmp_path: Path) -> None
     """The default protocol: MathVista's labels, cleaned caption, plain OCR, no suffix; its drafter alone reads the same."""
     out = tmp_path / "p.jsonl"
     rc = cli_main(
-        ["eval", "mathvista", "--text-dir", str(SHARED_MV), "--tasks", "VQA", "--dump-prompts", str(out), "--verifier", str(TINY_VERIFIER)]
+        ["eval", "mathvista", "--text-dir", str(MV_DATA), "--tasks", "VQA", "--dump-prompts", str(out), "--verifier", str(TINY_VERIFIER)]
     )
     assert rc == 0
     rows = {r["pid"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
@@ -183,7 +180,7 @@ def test_dump_prompts_loads_no_model(tmp_path: Path) -> None:
     out = tmp_path / "prompts.jsonl"
     code = (
         "import sys\nfrom asymspec_mm.eval.cli import main\n"
-        f"rc = main(['eval', 'mathvista', '--protocol', 'paper', '--require-caption', '--text-dir', {str(SHARED_MV)!r}, "
+        f"rc = main(['eval', 'mathvista', '--protocol', 'paper', '--require-caption', '--text-dir', {str(MV_DATA)!r}, "
         f"'--dump-prompts', {str(out)!r}, '--verifier', {str(tok_dir)!r}, '--drafter', '/nonexistent/drafter'])\n"
         "bad = sorted(m for m in sys.modules if '.modeling_qwen' in m or m.startswith(('asymspec_mm.pipeline', 'asymspec_mm.engines', 'vision_cache.features')))\n"
         "print(rc, bad)\n"
@@ -197,7 +194,7 @@ def test_dump_prompts_loads_no_model(tmp_path: Path) -> None:
 
 def test_dump_prompts_refuses_auto_captions(tmp_path: Path, capsys) -> None:
     rc = cli_main(
-        ["eval", "mathvista", "--compressed", "auto", "--text-dir", str(SHARED_MV), "--limit", "2"]
+        ["eval", "mathvista", "--compressed", "auto", "--text-dir", str(MV_DATA), "--limit", "2"]
         + ["--dump-prompts", str(tmp_path / "x.jsonl"), "--verifier", str(TINY_VERIFIER)]
     )
     err = capsys.readouterr().err.strip()
@@ -212,7 +209,7 @@ def test_pipeline_builds_the_dumped_prompts(tiny_pipe, paper_dump) -> None:
     text (the drafter alone: the query and suffix only); the templates' thinking switch as the models have it."""
     from PIL import Image
 
-    texts = mv.TextData.load(SHARED_MV)
+    texts = mv.TextData.load(MV_DATA)
     problem = {**raw("testmini.json")["499"], "pid": "499"}
     query = mv.official_query(problem, texts)
     caption, ocr = mv.paper_view(problem, texts)

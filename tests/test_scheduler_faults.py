@@ -38,7 +38,7 @@ def test_gate_settings_are_floats_when_rows_agree_and_tensors_when_not():
 @pytest.mark.parametrize("gate", ["cda", "tuned_kl"])
 def test_rows_differing_in_gamma_beta_lam_share_a_batch_and_each_equals_its_request_alone(tiny_pipe, gate):
     settings = [dict(gamma=0.5, beta=1.0, lam=0.1), dict(gamma=0.05, beta=0.0, lam=0.0), dict(gamma=0.9, beta=2.5, lam=2.0)]
-    settings += [dict(gamma=0.3, beta=-1.0, lam=-0.5), dict(gamma=0.5, beta=1.0, lam=0.1)]
+    settings += [dict(gamma=0.3, beta=0.4, lam=6.0), dict(gamma=0.5, beta=1.0, lam=0.1)]
     cfgs = [AsymSpecConfig(gate=gate, max_new_tokens=14, **s) for s in settings]
     decoder = BatchDecoder(tiny_pipe, "asymspec", cfgs[0])
     cases = [_case_kwargs(300 + i) for i in range(len(cfgs))]

@@ -9,42 +9,36 @@ from pathlib import Path
 import pytest
 
 from asymspec_mm.errors import AsymSpecError, DatasetUnavailableError
+from asymspec_mm.eval.mathvista import SHIPPED_DIR as MV_DATA
 from captioning import StaticCaptioner, StaticOCR, render_mathvista, render_plain
 from captioning.ocr import MissingOCRTextError, OCRParseError, parse_ocr_literal
 from captioning.static import MissingCaptionError, refine_bard_caption
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "mathvista"
-OCR_FILE = SHARED / "ocrs_easyocr.json"
-CAPTION_FILE = SHARED / "captions_bard.json"
-TESTMINI_FILE = SHARED / "testmini.json"
-
-
-def _require(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"MathVista text data not found at {path} (expected next to the repository)")
-    return path
+OCR_FILE = MV_DATA / "ocrs_easyocr.json"
+CAPTION_FILE = MV_DATA / "captions_bard.json"
+TESTMINI_FILE = MV_DATA / "testmini.json"
 
 
 @pytest.fixture(scope="module")
 def testmini_pids() -> list[str]:
-    with _require(TESTMINI_FILE).open(encoding="utf-8") as fh:
+    with TESTMINI_FILE.open(encoding="utf-8") as fh:
         return list(json.load(fh))
 
 
 @pytest.fixture(scope="module")
 def ocr_json() -> dict:
-    with _require(OCR_FILE).open(encoding="utf-8") as fh:
+    with OCR_FILE.open(encoding="utf-8") as fh:
         return json.load(fh)
 
 
 @pytest.fixture(scope="module")
 def static_ocr() -> StaticOCR:
-    return StaticOCR(_require(OCR_FILE))
+    return StaticOCR(OCR_FILE)
 
 
 @pytest.fixture(scope="module")
 def captioner() -> StaticCaptioner:
-    return StaticCaptioner(_require(CAPTION_FILE))
+    return StaticCaptioner(CAPTION_FILE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +201,7 @@ def test_missing_caption_error_and_fallback(captioner: StaticCaptioner, testmini
         captioner.caption_for(missing)
     assert isinstance(info.value, KeyError) and isinstance(info.value, AsymSpecError)
     assert repr(missing) in str(info.value) and str(CAPTION_FILE) in str(info.value)
-    lenient = StaticCaptioner(_require(CAPTION_FILE), fallback="")
+    lenient = StaticCaptioner(CAPTION_FILE, fallback="")
     assert lenient.caption_for(missing) == ""
     assert StaticCaptioner({"texts": {"1": "Sure. A"}}, fallback="n/a").caption_for("2") == "n/a"
 

@@ -13,10 +13,7 @@ from asymspec_mm.eval import mathvista as mv
 from asymspec_mm.eval.cli import main as cli_main
 from asymspec_mm.eval.paper_extraction import paper_extract, paper_is_correct
 
-SHARED_MV = Path(__file__).resolve().parents[1].parent / "shared" / "mathvista"
-if not (SHARED_MV / "testmini.json").is_file():
-    SHARED_MV = Path("/work/shared/mathvista")
-pytestmark = pytest.mark.skipif(not (SHARED_MV / "captions_bard.json").is_file(), reason="needs the shared MathVista text data")
+SHARED_MV = mv.SHIPPED_DIR  # the MathVista text data shipped with the package
 
 SHORT = {"geometry problem solving": "GPS", "visual question answering": "VQA", "figure question answering": "FQA"}
 # correct answers per task of each method: GPS has 208 problems, VQA 110, FQA 269

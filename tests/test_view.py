@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from asymspec_mm.eval.mathvista import SHIPPED_DIR as MV_DATA
 from captioning import CompressedView, StaticCaptioner, StaticOCR, truncate_text
 from captioning.truncate import ELLIPSIS, truncate_caption, truncate_ocr_text, truncate_tokens
 from captioning.view import CAPTION_LABEL, DEFAULT_CAPTION_CHARS, DEFAULT_OCR_CHARS, OCR_LABEL
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "mathvista"
 
 
 def test_render_labels_and_empty_parts() -> None:
@@ -73,9 +70,7 @@ def test_token_truncation_with_a_real_tokenizer() -> None:
 
 
 def test_view_from_mathvista_static_sources() -> None:
-    ocr_file, caption_file = SHARED / "ocrs_easyocr.json", SHARED / "captions_bard.json"
-    if not (ocr_file.is_file() and caption_file.is_file()):
-        pytest.skip(f"MathVista text data not found in {SHARED}")
+    ocr_file, caption_file = MV_DATA / "ocrs_easyocr.json", MV_DATA / "captions_bard.json"
     ocr, captions = StaticOCR(ocr_file), StaticCaptioner(caption_file)
     items = ocr.for_pid("1")
     view = CompressedView(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, AsymSpecConfig
+from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
 from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
@@ -212,9 +212,17 @@ def build_app(
                             gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
                 with gr.Accordion("Advanced settings", open=False):
                     method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)", elem_id="asym-method")
-                    k = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")
-                    beta = gr.Slider(0.0, 4.0, value=defaults.beta, step=0.05, label="beta (fusion strength)", elem_id="asym-beta")
-                    gamma = gr.Slider(0.0, 1.0, value=defaults.gamma, step=0.01, label="gamma (acceptance threshold)", elem_id="asym-gamma")
+                    k = gr.Slider(*RANGES["k"].bounds(), value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")
+                    beta = gr.Slider(
+                        *RANGES["beta"].bounds(), value=defaults.beta, step=0.05, label="beta (fusion strength)", elem_id="asym-beta"
+                    )
+                    gamma = gr.Slider(
+                        *RANGES["gamma"].bounds(),
+                        value=defaults.gamma,
+                        step=0.01,
+                        label="gamma (acceptance threshold)",
+                        elem_id="asym-gamma",
+                    )
                     gate = gr.Dropdown(list(GATES), value=defaults.gate, label="Gate", elem_id="asym-gate")
                     delta = gr.Dropdown(list(DELTAS), value=defaults.delta, label="Delta source", elem_id="asym-delta")
                     bonus = gr.Dropdown(list(BONUS_RULES), value=defaults.bonus, label="Bonus token", elem_id="asym-bonus")

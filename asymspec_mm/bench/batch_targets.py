@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .aggregate import TARGETS
+from .aggregate import TARGETS, judged
 from .batching import _ratio
 from .pairs import BenchPair
 from .settings import STREAMS
@@ -75,7 +75,6 @@ def batch_targets(sweep: dict[str, Any], bp: BenchPair) -> list[dict[str, Any]]:
             measured = b["decode_ratio_to_seq"] if synthetic else b["ratio_to_seq"]
             if measured is None:
                 continue
-            met = measured >= TARGETS["batch_speedup"][1]
             notes = []
             if sweep["cases"] != 16:
                 notes.append(f"over {sweep['cases']} problems, not 16")
@@ -85,30 +84,27 @@ def batch_targets(sweep: dict[str, Any], bp: BenchPair) -> list[dict[str, Any]]:
                 notes.append("random tiny fallback")
             if synthetic:
                 notes.append("synthetic caches: decode tokens/s")
-            rows.append(
+            row = judged(
                 {
                     "target": "batch_speedup",
                     "variant": name,
                     "text": f"{TARGETS['batch_speedup'][0]}: {name}",
                     "measured": measured,
                     "reps": b.get(("decode_ratio_to_seq" if synthetic else "ratio_to_seq") + "_reps"),
-                    "met": met,
                     "note": "; ".join(notes) or None,
-                    "cause": None if met else _throughput_cause(byv, 8, synthetic),
                 }
             )
+            rows.append({**row, "cause": None if row["met"] else _throughput_cause(byv, 8, synthetic)})
         if bp.name.startswith("real-shapes") and b["step_ratio"] is not None:
-            met = b["step_ratio"] <= TARGETS["batch_step"][1]
-            rows.append(
+            row = judged(
                 {
                     "target": "batch_step",
                     "variant": name,
                     "text": f"{TARGETS['batch_step'][0]}: {name}",
                     "measured": b["step_ratio"],
                     "reps": b.get("step_ratio_reps"),
-                    "met": met,
                     "note": "random weights: per-step cost only (acceptance means nothing)",
-                    "cause": None if met else _step_parts(8, b, byv["1"]),
                 }
             )
+            rows.append({**row, "cause": None if row["met"] else _step_parts(8, b, byv["1"])})
     return rows

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..options import add_sd_drafter_arg, finite_float
 from ..variants import build_variants, parse_list
+from .aggregate import target_verdict
 from .report import render_markdown, update_section, write_outputs
 from .runner import ENGINES
 from .settings import DEFAULT_VARIANTS, PAIRS
@@ -230,10 +231,11 @@ def bench_main(args: argparse.Namespace) -> int:
 
 def target_line(t: dict[str, Any]) -> str:
     """One target of the result as the console prints it: its median with the spread over repetitions, the verdict
-    (by the median) and, when missed, the measured cause."""
+    by every repetition (:func:`~asymspec_mm.bench.aggregate.target_verdict`: met, NOT met or inconclusive) and,
+    when not met, the measured cause."""
     which = f" ({t['variant']})" if t.get("variant") else ""
     measured = spread_phrase(t["reps"]) if t.get("reps") else f"measured {t['measured']:.4f}"
-    line = f"target {t['target']}{which}: {measured} -> {'met' if t['met'] else 'NOT met'}"
+    line = f"target {t['target']}{which}: {measured} -> {target_verdict(t)}"
     return line + (f"; cause: {t['cause']}" if t.get("cause") else "")
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .aggregate import TARGETS
+from .aggregate import TARGETS, target_verdict
 from .chart import render_chart
 from .settings import SPLIT_KEYS, SPLIT_LABELS, STREAMS
 from .spread import format_spread, spread
@@ -193,12 +193,13 @@ def render_markdown(res: dict[str, Any], title: str | None = None) -> str:
     lines += batch_markdown(res.get("batching"), m["dtype"])
     tg = res.get("targets", [])
     if tg:
-        lines += ["### Targets", "", "| target | measured: median (min-max, n=repetitions) | met (by the median) |", "|---|---|---|"]
+        lines += ["### Targets", "", "| target | measured: median (min-max, n=repetitions) | verdict (all of n >= 3) |", "|---|---|---|"]
         for t in tg:
             meas = target_measured(t)
             crosses = "the range over repetitions crosses the target" if range_crosses_target(t) else None
             extra = [x for x in (crosses, t.get("note"), ("measured cause: " + t["cause"]) if t.get("cause") else None) if x]
-            lines.append(f"| {t['text']} | {meas} | {'yes' if t['met'] else '**no**'}{(' (' + '; '.join(extra) + ')') if extra else ''} |")
+            v = target_verdict(t)
+            lines.append(f"| {t['text']} | {meas} | {v if v == 'met' else f'**{v}**'}{(' (' + '; '.join(extra) + ')') if extra else ''} |")
         lines.append("")
     ch = res.get("checks")
     if ch and ch["runs"]:

@@ -46,3 +46,26 @@ def spread_phrase(values: Iterable[Any], fmt: str = "{:.4f}", scale: float = 1.0
         return "no measurement"
     f = lambda x: fmt.format(x * scale)  # noqa: E731 - one formatter for the four numbers
     return f"median {f(s['median'])} (min {f(s['min'])}, max {f(s['max'])}, n={s['n']})"
+
+
+#: Repetitions a verdict needs: with fewer, one noisy repetition could decide it.
+MIN_REPS = 3
+
+
+def verdict(values: Iterable[Any], threshold: float, *, at_most: bool, fmt: str = "{:.4f}", min_reps: int = MIN_REPS) -> str:
+    """A target's verdict from its repetitions: ``"met"`` when at least ``min_reps`` finite values all lie on the
+    target's side of ``threshold`` (``<=`` it when ``at_most``, else ``>=``), ``"NOT met"`` when they all lie past
+    it, else ``"inconclusive (n=2, range 0.9200-1.6104)"`` (``"inconclusive (no repetitions)"`` without any).
+
+    ``verdict([1.58, 1.64], 1.3, at_most=False)`` is ``"inconclusive (n=2, range 1.5800-1.6400)"``: two
+    repetitions on a loaded machine do not show a speed-up; the median alone would have said met.
+    """
+    xs = finite(values)
+    if not xs:
+        return "inconclusive (no repetitions)"
+    inside = [x <= threshold if at_most else x >= threshold for x in xs]
+    if len(xs) >= min_reps and all(inside):
+        return "met"
+    if len(xs) >= min_reps and not any(inside):
+        return "NOT met"
+    return f"inconclusive (n={len(xs)}, range {fmt.format(min(xs))}-{fmt.format(max(xs))})"

@@ -344,6 +344,18 @@ def _length_sweep(
         if "floor" in growth and "asymspec" in growth and growth["floor"]["token_s"]:
             out["growth_ratio_asymspec_vs_floor"] = growth["asymspec"]["token_s"] / growth["floor"]["token_s"]
             out["growth_ratio_asymspec_step_vs_floor"] = growth["asymspec"]["step_s"] / growth["floor"]["token_s"]
+            for name, key in (("growth_ratio_asymspec_vs_floor", "token_s"), ("growth_ratio_asymspec_step_vs_floor", "step_s")):
+                out[name + "_reps"] = growth_ratio_reps(rows[usable[0]], rows[usable[-1]], key)
+    return out
+
+
+def growth_ratio_reps(short: dict[str, list[dict]], long: dict[str, list[dict]], key: str) -> list[float | None]:
+    """Per repetition: AsymSpec's ``key`` growth from the shortest to the longest prompt over Floor's per-token
+    growth (``None`` where a time is missing), so the growth target is judged by its spread like the others."""
+    out: list[float | None] = []
+    for a_lo, a_hi, f_lo, f_hi in zip(short["asymspec"], long["asymspec"], short["floor"], long["floor"]):
+        ok = a_lo[key] and f_lo["token_s"] and f_hi["token_s"] / f_lo["token_s"]
+        out.append(a_hi[key] / a_lo[key] / (f_hi["token_s"] / f_lo["token_s"]) if ok else None)
     return out
 
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import CHOICES
+from ..config import CHOICES, RANGES
 from ..errors import AsymSpecError, UnknownOptionError
-from ..options import add_model_args, finite_float, pipeline_from_args
+from ..options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
 from ..variants import parse_list
 
 DEFAULT_OUT = "runs/mathvista"
@@ -45,11 +45,20 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "raw / scd (delta source), beta0 (beta=0); NAME@field=value,... sets config fields, e.g. "
         "'floor,asymspec@gate=fixed,beta=0,sd' is three variants [default: %(default)s]",
     )
-    g.add_argument("--k", default=None, help="draft length(s), comma list sweeps (asymspec variants and sd)")
-    g.add_argument("--beta", default=None, help="beta value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--gamma", default=None, help="gamma value(s), comma list sweeps (asymspec variants)")
-    g.add_argument("--lam", default=None, help="lambda of the tuned gates, comma list sweeps (variants with gate tuned or tuned_kl)")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="[default: 1024 with --protocol paper, else 512]")
+    g.add_argument("--k", default=None, help=f"draft length(s), {RANGES['k'].text()}; a comma list sweeps (asymspec variants and sd)")
+    g.add_argument("--beta", default=None, help=f"beta value(s), {RANGES['beta'].text()}; a comma list sweeps (asymspec variants)")
+    g.add_argument("--gamma", default=None, help=f"gamma value(s), {RANGES['gamma'].text()}; a comma list sweeps (asymspec variants)")
+    g.add_argument(
+        "--lam",
+        default=None,
+        help=f"lambda of the tuned gates, {RANGES['lam'].text()}; a comma list sweeps (variants with gate tuned or tuned_kl)",
+    )
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"{RANGES['max_new_tokens'].text()} [default: 1024 with --protocol paper, else 512]",
+    )
     g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
     g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
 
@@ -70,13 +79,18 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="MathVista problems: Hugging Face AI4Math/MathVista (hf), a local copy (local), or local when "
         "--data-dir/--images-dir is given else hf (auto) [default: %(default)s]",
     )
-    d.add_argument("--data-dir", default=None, help="MathVista problems JSON (testmini.json) or the folder holding it")
+    d.add_argument(
+        "--data-dir",
+        default=None,
+        help="MathVista problems JSON (testmini.json) or the folder holding it; without --text-dir, that folder's "
+        "query.json, captions_bard.json, ocrs_easyocr.json too, when it holds them [default: the text folder's testmini.json]",
+    )
     d.add_argument("--images-dir", default=None, help="folder holding the images/ referenced by the problems")
     d.add_argument(
         "--text-dir",
         default=None,
-        help="folder with query.json, captions_bard.json, ocrs_easyocr.json "
-        "[default: $ASYMSPEC_MATHVISTA_DIR or <repo>/../shared/mathvista]",
+        help="folder holding query.json, captions_bard.json, ocrs_easyocr.json (or its texts/) [default: --data-dir's "
+        "folder when it holds them, else $ASYMSPEC_MATHVISTA_DIR, else the testmini copy shipped with the package]",
     )
     d.add_argument("--split", default="testmini")
     d.add_argument(
@@ -140,9 +154,19 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_model_args(m)
 
     s = sub.add_parser("score", help="official MathVista scoring of an output JSON")
-    s.add_argument("--input", required=True, help="output JSON keyed by pid (official format), a list, or a records JSONL")
+    s.add_argument(
+        "--input",
+        required=True,
+        help="output JSON keyed by pid (official format, e.g. the output_asymspec.json an eval mathvista run writes), "
+        "a list, or a records JSONL",
+    )
     s.add_argument("--out", default=None, help="scores JSON [default: scores_<name>.json next to the input]")
-    s.add_argument("--gt", default=None, help="problems JSON for missing answers/fields [default: the shared testmini.json]")
+    s.add_argument(
+        "--gt",
+        default=None,
+        help="problems JSON for missing answers/fields [default: testmini.json of $ASYMSPEC_MATHVISTA_DIR, else the "
+        "copy shipped with the package]",
+    )
     s.add_argument("--write-output", default=None, help="also save the output with prediction/true_false added")
     s.add_argument("--variant", default=None, help="with a records JSONL of several variants: the one to score")
     s.add_argument("--quiet", action="store_true")
@@ -161,13 +185,17 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _sweep_list(option: str, spec: str | None, cast: Callable[[str], Any]) -> list[Any] | None:
-    """The values of a sweep option (``--k 2,4``); a bad item, NaN and inf included, is a one-line error."""
+    """The values of a sweep option (``--k 2,4``); a bad item, NaN and inf included, or one out of the option's
+    range (:data:`~asymspec_mm.config.RANGES`) is a one-line error."""
     try:
-        return parse_list(spec, cast)
+        values = parse_list(spec, cast)
     except argparse.ArgumentTypeError as exc:  # finite_float's refusal
         raise UnknownOptionError(f"--{option} {spec!r}: {exc}") from None
     except UnknownOptionError as exc:
         raise UnknownOptionError(f"--{option}: {exc}") from None
+    for value in values or ():
+        check_option_ranges({option: value})
+    return values
 
 
 def pipeline_llm(pipe: Any) -> Any:
@@ -215,22 +243,24 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         tasks_spec = ",".join(mv.DEFAULT_TASKS)
     tasks = mv.resolve_tasks(tasks_spec)
     shard = mv.parse_shard(args.shard)
-    text = mv.TextData.load(args.text_dir) if args.dataset == "mathvista" else None
+    text_dir = mv.text_dir_for(args.text_dir, args.data_dir)
+    text = mv.TextData.load(text_dir) if args.dataset == "mathvista" else None
     source = args.source
     if args.dump_prompts and source == "auto" and args.data_dir is None and args.images_dir is None:
-        source, args.data_dir = "local", mv.text_base(args.text_dir)  # prompts need no images: the shared text data
+        source = "local"  # prompts need no images: the problems of the text folder
     if args.dataset == "mathvista":
-        problems = mv.load_problems(source, data_dir=args.data_dir, images_dir=args.images_dir, text_dir=args.text_dir, split=args.split)
+        problems = mv.load_problems(source, data_dir=args.data_dir, images_dir=args.images_dir, text_dir=text_dir, split=args.split)
     else:
         problems = mv.load_minivista_problems(args.minivista_n, args.seed)
-    if args.require_caption and text is not None and not text.captions and args.dataset == "mathvista":
-        raise AsymSpecError("--require-caption needs captions_bard.json (see --text-dir)")
+    if args.require_caption and text is not None and not text.captions:
+        raise AsymSpecError(f"--require-caption needs captions_bard.json, which {text.source} (nor its texts/) does not hold: {mv.WHERE}")
     selected = mv.select_problems(problems, tasks=tasks, require_caption=args.require_caption, text=text, limit=args.limit, shard=shard)
     if args.extract is None:
         args.extract = "paper" if args.protocol == "paper" else "rules"
     args.extract = "rules" if args.extract == "rule" else args.extract
     if args.max_new_tokens is None:
         args.max_new_tokens = 1024 if args.protocol == "paper" else 512
+    check_option_ranges({"max_new_tokens": args.max_new_tokens})
     if args.dump_prompts:
         return _dump_prompts(args, selected, text)
     common: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
@@ -312,6 +342,13 @@ def _dump_prompts(args: argparse.Namespace, selected: list, text: Any) -> int:
     return 0
 
 
+def check_input_file(option: str, path: Path, what: str) -> None:
+    """One line naming ``option``, the path and what to give instead, when ``path`` is no file."""
+    if not path.is_file():
+        problem = "is a folder" if path.is_dir() else "does not exist"
+        raise AsymSpecError(f"{option} {path} {problem}: give {what}")
+
+
 def _default_scores_path(inp: Path) -> Path:
     stem = inp.stem[len("output_") :] if inp.stem.startswith("output_") else inp.stem
     return inp.with_name(f"scores_{stem}.json")
@@ -323,8 +360,11 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
     inp = Path(args.input)
     gt_path = Path(args.gt) if args.gt else None
-    if gt_path is None and (base := mv.default_text_dir()) is not None and (base / "testmini.json").is_file():
-        gt_path = base / "testmini.json"
+    check_input_file("--input", inp, "an output JSON an eval mathvista run wrote (e.g. runs/mathvista/output_asymspec.json)")
+    if gt_path is not None:
+        check_input_file("--gt", gt_path, "a problems JSON keyed by pid (MathVista's testmini.json)")
+    elif (mv.default_text_dir() / "testmini.json").is_file():
+        gt_path = mv.default_text_dir() / "testmini.json"
     try:  # a broken file is one line naming it, the line and the column
         results = load_output(inp, variant=args.variant)
         gt = load_output(gt_path) if gt_path is not None else None
@@ -357,7 +397,8 @@ def _finalize_from(records_files: list[Path], out_dir: Path, chart: bool) -> int
     if dups:
         print(f"merge: {dups} duplicate (variant, pid) records dropped ({conflicts} with differing responses)")
     if not records:
-        raise AsymSpecError("no records found")
+        named = ", ".join(str(p) for p in records_files)
+        raise AsymSpecError(f"no records found in {named}: give records*.jsonl files or the --out folders of eval mathvista runs")
     if identity is not None:
         write_run_file(out_dir / "records.jsonl", identity)
     mv.finalize_run(records, out_dir, chart=chart, identity=identity)

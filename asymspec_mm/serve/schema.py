@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import CHOICES, METHODS, AsymSpecConfig
+from ..config import CHOICES, METHODS, AsymSpecConfig, range_error
 from ..errors import UnknownOptionError
 from .errors import bad_request
 from .images import load_request_image
@@ -98,6 +98,14 @@ def field_value(name: str, v: Any, limit: int = 60) -> str:
     else:
         what = f"{len(text)} characters of JSON"
     return f"{name} ({what})"
+
+
+def _in_range(name: str, v: Any, param: str) -> Any:
+    """``v`` when the config field ``name``'s range (:data:`~asymspec_mm.config.RANGES`) holds it, else a 400 naming
+    ``param``, the value and the range."""
+    if (problem := range_error(name, v, field_value(param, v))) is not None:
+        raise bad_request(problem, param)
+    return v
 
 
 def parse_json(body: bytes) -> dict:
@@ -203,17 +211,15 @@ def _asymspec_options(raw: Any) -> tuple[str, dict, dict]:
             continue  # null: the default
         if name == "method":
             if v not in METHODS:
-                raise bad_request(f"{p}={json.dumps(v)[:40]} is not valid; choose one of {', '.join(METHODS)}", p)
+                raise bad_request(f"{field_value(p, v)} is not valid; choose one of {', '.join(METHODS)}", p)
             method = v
         elif name == "k":
-            cfg["k"] = _positive_int(v, p)
+            cfg["k"] = _in_range("k", _positive_int(v, p), p)
         elif name in ("beta", "gamma"):
-            cfg[name] = _finite(v, p)
-            if name == "gamma" and cfg[name] < 0:
-                raise bad_request(f"{p}={v} must be >= 0", p)
+            cfg[name] = _in_range(name, _finite(v, p), p)
         elif name in CHOICES:
             if v not in CHOICES[name]:
-                raise bad_request(f"{p}={json.dumps(v)[:40]} is not valid; choose one of {', '.join(CHOICES[name])}", p)
+                raise bad_request(f"{field_value(p, v)} is not valid; choose one of {', '.join(CHOICES[name])}", p)
             cfg[name] = v
         elif name == "caption":
             if v is not None and not isinstance(v, str):
@@ -281,7 +287,7 @@ def parse_chat_request(data: dict, *, allow_local_images: Path | None = None, ba
     fields: dict[str, Any] = {}
     for name in ("max_completion_tokens", "max_tokens"):
         if data.get(name) is not None:
-            fields["max_new_tokens"] = _positive_int(data[name], name)
+            fields["max_new_tokens"] = _in_range("max_new_tokens", _positive_int(data[name], name), name)
             break
     fields["stop_strings"] = _stop_strings(data.get("stop"))
     method, cfg_fields, other = _asymspec_options(data.get("asymspec"))

@@ -5,8 +5,9 @@ Data (:mod:`.problems`, :mod:`.texts`, :mod:`.tasks`)
     network and ``pip install datasets``) or from a local folder: a problems JSON keyed by pid
     (MathVista's ``data/testmini.json``) plus the images it references (``"image": "images/1.jpg"``).
     The text parts - official queries, Bard captions, EasyOCR output - come from MathVista's own
-    JSON files (``query.json``, ``captions_bard.json``, ``ocrs_easyocr.json``); by default the
-    shared copy next to the repository (``<repo>/../shared/mathvista``) or ``$ASYMSPEC_MATHVISTA_DIR``.
+    JSON files (``query.json``, ``captions_bard.json``, ``ocrs_easyocr.json``) and testmini's problems
+    (``testmini.json``): by default the copy shipped with the package (:mod:`.shipped`, CC BY-SA 4.0, see
+    ``data/NOTICE.md``), else ``--text-dir`` / ``--data-dir`` / ``$ASYMSPEC_MATHVISTA_DIR``.
 
 Query (:mod:`.query`)
     :func:`build_query` reproduces MathVista's ``query.json`` exactly (zero-shot, shot type
@@ -80,11 +81,14 @@ from .records import (
     stats_subset,
 )
 from .run import RunSummary, _check_config_consistency, _Progress, run_mathvista
+from .shipped import SHA256, SHIPPED_DIR, check_shipped
 from .tasks import DEFAULT_TASKS, TASK_ALIASES, TASK_SHORT, resolve_tasks
 from .texts import (
     CAPTION_BOILERPLATE,
     COMPRESSED_MODES,
     ENV_TEXT_DIR,
+    TEXT_FILES,
+    WHERE,
     TextData,
     _read_json,
     _texts,
@@ -95,6 +99,7 @@ from .texts import (
     refine_caption,
     refine_ocr,
     text_base,
+    text_dir_for,
     view_for,
 )
 
@@ -115,13 +120,18 @@ __all__ = [
     "TASK_ALIASES",
     "TASK_SHORT",
     "RecordStore",
+    "SHA256",
+    "SHIPPED_DIR",
+    "TEXT_FILES",
     "RunSummary",
     "TextData",
     "Variant",
+    "WHERE",
     "build_query",
     "build_variants",
     "check_protocol",
     "check_images",
+    "check_shipped",
     "choices_text",
     "default_text_dir",
     "finalize_run",
@@ -165,6 +175,7 @@ __all__ = [
     "stats_subset",
     "style_for",
     "text_base",
+    "text_dir_for",
     "view_for",
     "write_prompt_rows",
 ]

@@ -87,7 +87,7 @@ PAPER_STYLE = PaperPromptStyle()
 def paper_view(problem: Mapping[str, Any], text: TextData | None) -> tuple[str, str | bool]:
     """``(caption, ocr)`` for ``pipe.generate`` under the paper protocol: the problem's own ``caption`` /
     ``ocr`` fields when present (an ``ocr`` string that is no entry list is plain text, as MiniVista's),
-    else the shared Bard caption and EasyOCR output; ``ocr=False`` when empty."""
+    else MathVista's Bard caption and EasyOCR output; ``ocr=False`` when empty."""
     pid = str(problem["pid"])
     raw_caption = problem["caption"] if isinstance(problem.get("caption"), str) else (text.captions.get(pid) if text else None)
     own = problem.get("ocr")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DatasetUnavailableError, UnknownOptionError
-from .texts import TextData, _read_json, has_bard_caption, text_base
+from .texts import ENV_TEXT_DIR, TextData, _read_json, has_bard_caption, origin_of, text_base
 
 HF_DATASET = "AI4Math/MathVista"
 
@@ -46,15 +46,18 @@ def _problems_from_obj(obj: Any) -> list[dict[str, Any]]:
     raise DatasetUnavailableError("the problems file must hold a dict keyed by pid or a list of problems")
 
 
-def _find_problems_file(data_dir: Path, split: str) -> Path:
+def _find_problems_file(data_dir: Path, split: str, origin: str = "") -> Path:
+    """The problems JSON ``data_dir`` names (the file itself, or ``<split>.json`` in it or its ``data/``)."""
     if data_dir.is_file():
         return data_dir
     for p in (data_dir / f"{split}.json", data_dir / "data" / f"{split}.json", data_dir / "problems.json"):
         if p.is_file():
             return p
+    where = "not found" if not data_dir.exists() else f"holds no {split}.json (nor data/{split}.json, problems.json)"
     raise DatasetUnavailableError(
-        f"no {split}.json (or data/{split}.json, problems.json) in {data_dir}; "
-        "pass --data-dir pointing at MathVista's problems JSON or its folder"
+        f"MathVista problems: {data_dir}{origin} {where}; pass --data-dir MathVista's {split}.json or the folder holding it "
+        f"(or --text-dir / ${ENV_TEXT_DIR} a folder holding {split}.json); with none of them, eval reads the testmini "
+        "copy shipped with the package"
     )
 
 
@@ -68,19 +71,14 @@ def load_local_problems(
     """Problems from a local JSON, each with ``_image_path`` resolved (existence not checked here).
 
     ``data_dir``: a problems JSON file or a folder holding ``<split>.json`` / ``data/<split>.json``;
-    without it, the shared text folder's ``testmini.json`` (text only - images must then come
-    from ``images_dir``). An image ``images/1.jpg`` is looked up as ``<images_dir>/images/1.jpg``,
+    without it, the text folder's ``testmini.json`` (``text_dir``, default :func:`.texts.default_text_dir`:
+    text only - images must then come from ``images_dir``). An image ``images/1.jpg`` is looked up as ``<images_dir>/images/1.jpg``,
     then ``<images_dir>/1.jpg``; ``images_dir`` defaults to the problems file's folder.
     """
+    origin = ""
     if data_dir is None:
-        base = text_base(text_dir)
-        if base is None:
-            raise DatasetUnavailableError(
-                "no MathVista problems found: pass --data-dir (MathVista's data folder or testmini.json) and "
-                "--images-dir, or use the Hugging Face dataset (network + `pip install datasets`)"
-            )
-        data_dir = base
-    path = _find_problems_file(Path(data_dir), split)
+        data_dir, origin = text_base(text_dir), origin_of(text_dir)
+    path = _find_problems_file(Path(data_dir), split, origin)
     problems = _problems_from_obj(_read_json(path))
     root = Path(images_dir) if images_dir is not None else path.parent
     for p in problems:
@@ -155,7 +153,7 @@ def load_problems(
         return load_hf_problems(split)
     except DatasetUnavailableError as exc:
         base = text_base(text_dir)
-        if base is None or not (base / f"{split}.json").is_file():
+        if not (base / f"{split}.json").is_file():
             raise
         # text-only fallback: enough for selection/counting; check_images() then says how to add images
         print(f"note: {exc}\nnote: using the text-only problems in {base / f'{split}.json'}", file=sys.stderr)
@@ -174,7 +172,7 @@ def check_images(problems: Sequence[Mapping[str, Any]]) -> None:
     if missing:
         shown = "; ".join(missing[:3]) + (f"; ... ({len(missing)} in all)" if len(missing) > 3 else "")
         raise DatasetUnavailableError(
-            f"MathVista images not found ({shown}). The shared JSON files carry no images: pass "
+            f"MathVista images not found ({shown}). The problems JSON carries no images: pass "
             "--images-dir (the folder holding images/<pid>.jpg) with --data-dir, or load "
             "AI4Math/MathVista from the Hugging Face hub (network + `pip install datasets`)"
         )

@@ -185,7 +185,7 @@ def _iter_record_files(inputs: Sequence[str | Path]) -> Iterator[Path]:
         elif p.is_file():
             yield p
         else:
-            raise FileNotFoundError(f"{p} does not exist")
+            raise FileNotFoundError(f"{p} does not exist: give records*.jsonl files or the --out folders of eval mathvista runs")
 
 
 def merge_records(inputs: Sequence[str | Path], out_path: str | Path) -> tuple[list[dict[str, Any]], int, int]:

@@ -20,26 +20,49 @@ from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # no
 from captioning.static import refine_bard_caption as refine_caption
 
 from ...errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
+from .shipped import SHIPPED_DIR
 
 ENV_TEXT_DIR = "ASYMSPEC_MATHVISTA_DIR"
 COMPRESSED_MODES: tuple[str, ...] = ("official", "auto", "none")
 
-#: The repository root (this file is asymspec_mm/eval/mathvista/texts.py).
-_REPO = Path(__file__).resolve().parents[3]
+#: The MathVista text files eval reads, each looked up in a text folder and its ``texts/`` subfolder.
+TEXT_FILES: tuple[str, ...] = ("query.json", "captions_bard.json", "ocrs_easyocr.json")
+
+#: The fix every "not found" message of the text data names: the options, the variable, the default.
+WHERE = (
+    f"pass --text-dir (or --data-dir) the folder that holds them, or set ${ENV_TEXT_DIR} to it; "
+    "with neither, eval reads the copy shipped with the package"
+)
 
 
-def default_text_dir() -> Path | None:
-    """``$ASYMSPEC_MATHVISTA_DIR``, else ``<repo>/../shared/mathvista`` when it exists."""
+def default_text_dir() -> Path:
+    """``$ASYMSPEC_MATHVISTA_DIR`` when set, else the copy shipped with the package (:data:`.shipped.SHIPPED_DIR`)."""
     env = os.environ.get(ENV_TEXT_DIR)
-    if env:
-        return Path(env)
-    candidate = _REPO.parent / "shared" / "mathvista"
-    return candidate if candidate.is_dir() else None
+    return Path(env) if env else SHIPPED_DIR
 
 
-def text_base(text_dir: str | Path | None) -> Path | None:
+def text_base(text_dir: str | Path | None) -> Path:
     """``text_dir`` as a path, else :func:`default_text_dir`."""
     return Path(text_dir) if text_dir is not None else default_text_dir()
+
+
+def find_text_file(base: Path, name: str) -> Path | None:
+    """``name`` in ``base``, its ``texts/``, ``data/`` or ``data/texts/`` (MathVista's own layout), or ``None``."""
+    for p in (base / name, base / "texts" / name, base / "data" / name, base / "data" / "texts" / name):
+        if p.is_file():
+            return p
+    return None
+
+
+def text_dir_for(text_dir: str | Path | None, data_dir: str | Path | None) -> Path | None:
+    """The text folder of the ``eval mathvista`` options: ``--text-dir`` when given, else ``--data-dir``'s folder (a
+    problems JSON's folder) when it holds any of :data:`TEXT_FILES`, else ``None`` (:func:`default_text_dir`)."""
+    if text_dir is not None:
+        return Path(text_dir)
+    if data_dir is None:
+        return None
+    folder = Path(data_dir) if Path(data_dir).is_dir() else Path(data_dir).parent
+    return folder if any(find_text_file(folder, name) for name in TEXT_FILES) else None
 
 
 def _read_json(path: Path) -> Any:
@@ -52,6 +75,20 @@ def _texts(obj: Any) -> dict[str, str]:
     if isinstance(obj, Mapping) and isinstance(obj.get("texts"), Mapping):
         obj = obj["texts"]
     return {str(k): v for k, v in obj.items()} if isinstance(obj, Mapping) else {}
+
+
+def check_text_dir(base: Path, origin: str = "") -> None:
+    """Refuse a text folder that is missing or holds none of :data:`TEXT_FILES`, naming the options and the variable
+    (``origin``: where ``base`` came from, e.g. ``" (from $ASYMSPEC_MATHVISTA_DIR)"``)."""
+    if not base.is_dir():
+        raise DatasetUnavailableError(f"MathVista text folder {base}{origin} not found: {WHERE}")
+    if not any(find_text_file(base, name) for name in TEXT_FILES):
+        raise DatasetUnavailableError(f"no query.json, captions_bard.json or ocrs_easyocr.json in {base}{origin} (nor its texts/): {WHERE}")
+
+
+def origin_of(text_dir: str | Path | None) -> str:
+    """``" (from $ASYMSPEC_MATHVISTA_DIR)"`` when the text folder comes from the variable, else ``""``."""
+    return f" (from ${ENV_TEXT_DIR})" if text_dir is None and os.environ.get(ENV_TEXT_DIR) else ""
 
 
 @dataclass
@@ -74,29 +111,28 @@ class TextData:
     ) -> TextData:
         """Read whichever of ``query.json``, ``captions_bard.json``, ``ocrs_easyocr.json`` exist.
 
-        Files are looked up in ``text_dir`` and its ``texts/`` subfolder (MathVista's ``data/`` layout).
+        Files are looked up in ``text_dir`` (default :func:`default_text_dir`) and its ``texts/`` subfolder
+        (MathVista's ``data/`` layout); a folder that is missing or holds none of them is an error naming the fix.
         """
         base = text_base(text_dir)
+        explicit = {"query.json": query_file, "captions_bard.json": caption_file, "ocrs_easyocr.json": ocr_file}
+        if not all(explicit.values()):
+            check_text_dir(base, origin_of(text_dir))
 
-        def find(explicit: str | Path | None, name: str) -> Path | None:
-            if explicit is not None:
-                p = Path(explicit)
-                if not p.is_file():
-                    raise DatasetUnavailableError(f"{p} does not exist")
-                return p
-            if base is None:
-                return None
-            for p in (base / name, base / "texts" / name, base / "data" / name, base / "data" / "texts" / name):
-                if p.is_file():
-                    return p
-            return None
+        def find(name: str) -> Path | None:
+            given = explicit[name]
+            if given is None:
+                return find_text_file(base, name)
+            if not Path(given).is_file():
+                raise DatasetUnavailableError(f"{given} does not exist: give the path of MathVista's {name}")
+            return Path(given)
 
         data = cls(source=base)
-        if (p := find(query_file, "query.json")) is not None:
+        if (p := find("query.json")) is not None:
             data.queries = {str(k): str(v) for k, v in _read_json(p).items()}
-        if (p := find(caption_file, "captions_bard.json")) is not None:
+        if (p := find("captions_bard.json")) is not None:
             data.captions = _texts(_read_json(p))
-        if (p := find(ocr_file, "ocrs_easyocr.json")) is not None:
+        if (p := find("ocrs_easyocr.json")) is not None:
             data.ocrs = _texts(_read_json(p))
         return data
 
