@@ -103,7 +103,7 @@ def test_the_wheel_carries_the_data(tmp_path):
 
 
 def test_the_issue_command_runs_from_a_copy_of_the_package(tmp_path):
-    """The package copied away from any checkout (no ``../shared`` beside it), no variable set, no --text-dir:
+    """The package copied away from any checkout (no shared data folder beside it), no variable set, no --text-dir:
     ``--protocol paper --require-caption --dump-prompts`` writes the paper's 587 prompts."""
     install = tmp_path / "site"
     ignore = shutil.ignore_patterns("__pycache__", "presets_data", "examples_data")

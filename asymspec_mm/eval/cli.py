@@ -324,7 +324,8 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
 
 
 def _dump_prompts(args: argparse.Namespace, selected: list, text: Any) -> int:
-    """``--dump-prompts FILE``: the selected problems' prompt texts, no model loaded."""
+    """``--dump-prompts FILE``: the selected problems' prompt texts and token lengths, no model loaded (with
+    ``--drafter DIR``, its processor files count the full view's tokens, the image's from its recorded size)."""
     from . import mathvista as mv
 
     tokenizer = mv.load_verifier_tokenizer(args.preset, args.verifier)
@@ -337,8 +338,13 @@ def _dump_prompts(args: argparse.Namespace, selected: list, text: Any) -> int:
         drafter_view=args.drafter_view or "image+text",
         dataset=args.dataset,
     )
+    from .mathvista.prompt_lengths import DrafterCounter, add_lengths, length_summary
+
+    rows = list(rows)
+    add_lengths(rows, selected, tokenizer, DrafterCounter(args.drafter) if args.drafter else None)
     n = mv.write_prompt_rows(rows, args.dump_prompts)
     print(f"{n} prompts ({args.protocol} protocol) -> {args.dump_prompts}")
+    print(length_summary(rows))
     return 0
 
 

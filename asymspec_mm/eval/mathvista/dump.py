@@ -2,8 +2,8 @@
 
 One JSON line per problem: ``pid``, ``verifier_user_text``, ``drafter_full_user_text`` (AsymSpec's full
 view), ``drafter_alone_user_text`` (method ``drafter``) - the user messages before any chat template -
-and ``verifier_prompt``, the verifier's user text through its chat template (``enable_thinking=False``).
-Only a tokenizer is read (for its chat template); the texts come from MathVista's text data
+and ``verifier_prompt``, the verifier's user text through its chat template (``enable_thinking=False``); the
+command adds each prompt's token lengths (:mod:`.prompt_lengths`). Only a tokenizer is read (for its chat template); the texts come from MathVista's text data
 (by default the copy shipped with the package, :mod:`.shipped`).
 """
 

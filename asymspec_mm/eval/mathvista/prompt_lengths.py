@@ -44,6 +44,19 @@ def verifier_tokens(tokenizer: Any, prompt: str) -> int:
     return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
+def add_lengths(
+    rows: Sequence[dict[str, Any]], problems: Sequence[Mapping[str, Any]], verifier_tokenizer: Any, drafter: DrafterCounter | None = None
+) -> None:
+    """Add ``verifier_prompt_tokens`` to each dumped row (in place; ``rows[i]`` is ``problems[i]``'s), and with a
+    ``drafter`` also ``image_tokens`` and ``drafter_full_tokens`` (``None`` where the problem records no image size)."""
+    for row, problem in zip(rows, problems, strict=True):
+        row["verifier_prompt_tokens"] = verifier_tokens(verifier_tokenizer, row["verifier_prompt"])
+        if drafter is not None:
+            image = drafter.image_tokens(problem)
+            row["image_tokens"] = image
+            row["drafter_full_tokens"] = None if image is None else drafter.full_view_tokens(row["drafter_full_user_text"], image)
+
+
 def longest_and_median(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[int, str, float] | None:
     """``(longest, its pid, median)`` of ``rows[key]`` over the rows that have it, or ``None``."""
     have = [(int(r[key]), str(r["pid"])) for r in rows if r.get(key) is not None]
