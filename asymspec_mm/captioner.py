@@ -9,6 +9,8 @@ caption cache and :func:`captioning.captioner.compress`.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from captioning.captioner import CAPTION_PROMPT, CaptionCache
@@ -25,10 +27,13 @@ class DrafterCaptioner:
     """Captions an image with a Qwen3-VL model (the pipeline's drafter by default).
 
     ``encoder`` is the pipeline's :class:`vision_cache.VisionEncoder`, so the tower runs at most once
-    per image across captioning and decoding.
+    per image across captioning and decoding. ``lock`` (the pipeline's models lock) is held around each
+    model call only (the prefill, then each token's step), so a caption being written on a set-up thread
+    lets the rows being decoded on another thread step in between.
     """
 
-    def __init__(self, model, processor, encoder, prompt: str = CAPTION_PROMPT, max_new_tokens: int = 256):
+    def __init__(self, model, processor, encoder, prompt: str = CAPTION_PROMPT, max_new_tokens: int = 256, lock=None):
+        self.lock = lock if lock is not None else threading.RLock()
         self.model = model
         self.processor = processor
         self.encoder = encoder
@@ -48,10 +53,16 @@ class DrafterCaptioner:
         enc = self.processor(text=[text], images=[image], return_tensors="pt")
         engine = VLEngine(self.model, name="captioner", encoder=self.encoder)
         ids = enc["input_ids"][0]
-        engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
+        with self.lock:
+            engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
         tokens: list[int] = []
         cfg = AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)
-        for events in greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([self.processor.tokenizer]), is_verifier=False):
+        steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([self.processor.tokenizer]), is_verifier=False)
+        while True:
+            with self.lock:  # one token's step at a time
+                events = next(steps, None)
+            if events is None:
+                break
             tokens.extend(ev.token_id for ev in events)
         caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         self.cache.put(key, caption)

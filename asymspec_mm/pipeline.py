@@ -92,14 +92,15 @@ class AsymSpecPipeline:
         # KV cache of the drafter's full-view prompt up to and including the image, reused across
         # questions about the same image (0 disables).
         self.prefix_store = FeatureStore(max_bytes=prefix_cache_bytes)
-        self.captioner = DrafterCaptioner(drafter, processor, self.encoder) if captioner == "drafter" else captioner
+        self.captioner = DrafterCaptioner(drafter, processor, self.encoder, lock=self._lock) if captioner == "drafter" else captioner
         self._ocr_spec = ocr
         self._ocr_engine = None if isinstance(ocr, str) else ocr
         from captioning.ocr.items import check_ocr_layout
 
         # how the engine's items become the OCR text (the tiny preset: one line, as MiniVista trained it)
         self.ocr_layout = check_ocr_layout(ocr_layout)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the models: one model call at a time across threads
+        self._ocr_start = threading.Lock()  # the OCR engine is created once, on first use
         self.eos_ids = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
         self.engines: EngineFactory = engines or TransformersEngines()
         # how (view, question) become the prompts' texts; a request may bring its own (prepare(prompt_style=...))
@@ -233,16 +234,10 @@ class AsymSpecPipeline:
         from vision_cache.image import load_image
 
         image = load_image(image)
-        with self._lock:
-            return compress(
-                image,
-                captioner=self.captioner,
-                ocr_engine=self.ocr_engine if ocr is None else None,
-                caption=caption,
-                ocr=ocr,
-                ocr_layout=self.ocr_layout,
-                timings=timings,
-            )
+        with self._ocr_start:
+            ocr_engine = self.ocr_engine if ocr is None else None
+        # the captioner takes the models' lock per model call itself
+        return compress(image, captioner=self.captioner, ocr_engine=ocr_engine, caption=caption, ocr=ocr, ocr_layout=self.ocr_layout, timings=timings)
 
     def generate(self, image, question: str, **kwargs) -> MMResult:
         """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
@@ -314,42 +309,46 @@ class AsymSpecPipeline:
         t_start = time.perf_counter()
         img = load_image(image)
         budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
-        with self._lock:
-            timings: dict[str, float] = {}
-            tower_before, hits_before = self.encoder.tower_calls, self.encoder.store.stats()["hits"]
-            if ocr is None and self._ocr_engine is None and on_phase is not None:
-                on_phase("ocr_engine")
+        # The models' lock is held around each model call only (each caption token, the prefills), never across
+        # OCR or tokenizing, so a request set up on one thread lets rows decoding on another step in between.
+        timings: dict[str, float] = {}
+        tower_before, hits_before = self.encoder.thread_counts()
+        if ocr is None and self._ocr_engine is None and on_phase is not None:
+            on_phase("ocr_engine")
+        with self._ocr_start:
             ocr_engine = self.ocr_engine if ocr is None else None
-            view = compress(
-                img,
-                captioner=self.captioner,
-                ocr_engine=ocr_engine,
-                caption=caption,
-                ocr=ocr,
-                ocr_layout=self.ocr_layout,
-                image_hash=image_content_hash(img),
-                timings=timings,
-                on_phase=on_phase,
-                **budget,
-            )
-            style = prompt_style or self.prompt_style
-            texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
-            prompts = render_prompts(self.processor, self.verifier_tokenizer, img, texts, style.drafter_thinking_off)
-            self._check_context(prompts, cfg, method)
-            if on_phase is not None:
-                on_phase("prefill")
-            t_prefill = time.perf_counter()
+        view = compress(
+            img,
+            captioner=self.captioner,
+            ocr_engine=ocr_engine,
+            caption=caption,
+            ocr=ocr,
+            ocr_layout=self.ocr_layout,
+            image_hash=image_content_hash(img),
+            timings=timings,
+            on_phase=on_phase,
+            **budget,
+        )
+        style = prompt_style or self.prompt_style
+        texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
+        prompts = render_prompts(self.processor, self.verifier_tokenizer, img, texts, style.drafter_thinking_off)
+        self._check_context(prompts, cfg, method)
+        if on_phase is not None:
+            on_phase("prefill")
+        t_prefill = time.perf_counter()
+        with self._lock:
             streams, pending = self._start(method, prompts, img, engines or self.engines)
-            prefill_s = time.perf_counter() - t_prefill
-            stats = dict(
-                vision_calls=self.encoder.tower_calls - tower_before,
-                vision_cache_hits=self.encoder.store.stats()["hits"] - hits_before,
-                prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
-                caption_s=timings.get("caption_s", 0.0),
-                ocr_s=timings.get("ocr_s", 0.0),
-                ocr_engine=getattr(ocr_engine, "name", "given") if ocr is None or isinstance(ocr, str) else "off",
-                prefill_s=prefill_s,
-            )
+        prefill_s = time.perf_counter() - t_prefill
+        tower_after, hits_after = self.encoder.thread_counts()
+        stats = dict(
+            vision_calls=tower_after - tower_before,
+            vision_cache_hits=hits_after - hits_before,
+            prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
+            caption_s=timings.get("caption_s", 0.0),
+            ocr_s=timings.get("ocr_s", 0.0),
+            ocr_engine=getattr(ocr_engine, "name", "given") if ocr is None or isinstance(ocr, str) else "off",
+            prefill_s=prefill_s,
+        )
         stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
         return Session(
             method, cfg, prompts, view, streams, pending, set() if ignore_eos else self.eos_ids, stop_fn, prefill_s, t_start, stats

@@ -49,7 +49,8 @@ class VisionEncoder:
     """Runs a Qwen3-VL model's vision tower, with a cross-request cache of its outputs.
 
     Thread-safe: the underlying :class:`FeatureStore` computes each key once even when several
-    requests ask for the same image at the same time.
+    requests ask for the same image at the same time. :meth:`thread_counts` are the tower passes and cache
+    hits of the calling thread alone, so a request set up on one thread counts its own while others run.
     """
 
     def __init__(self, model, cache_bytes: int = DEFAULT_CACHE_BYTES, model_key: str = ""):
@@ -57,7 +58,12 @@ class VisionEncoder:
         self.store = FeatureStore(max_bytes=cache_bytes)
         self.model_key = model_key
         self._lock = threading.Lock()
+        self._local = threading.local()
         self.tower_calls = 0
+
+    def thread_counts(self) -> tuple[int, int]:
+        """``(tower passes, cache hits)`` made by the calling thread so far."""
+        return getattr(self._local, "tower", 0), getattr(self._local, "hits", 0)
 
     def key(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> str:
         """Content key: the preprocessed pixels already encode the image and the processor settings."""
@@ -73,6 +79,7 @@ class VisionEncoder:
         """One pass of the vision tower (counted in ``tower_calls``)."""
         with self._lock:
             self.tower_calls += 1
+        self._local.tower = getattr(self._local, "tower", 0) + 1
         device = self.model.model.visual.device if hasattr(self.model.model.visual, "device") else None
         out = self.model.model.get_image_features(
             pixel_values.to(device) if device is not None else pixel_values,
@@ -87,11 +94,13 @@ class VisionEncoder:
 
     def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[VisionFeatures, bool]:
         """Features for these pixels, and whether they came from the cache."""
-        before = self.store.stats()["hits"]
+        before = self.thread_counts()[0]
         key = self.key(pixel_values, image_grid_thw)
         feats = self.store.get_or_compute(key, lambda: self.encode_uncached(pixel_values, image_grid_thw))
         feats.key = key
-        hit = self.store.stats()["hits"] > before
+        hit = self.thread_counts()[0] == before  # no tower pass on this thread: cached (or computed by another)
+        if hit:
+            self._local.hits = getattr(self._local, "hits", 0) + 1
         return feats, hit
 
     def stats(self) -> dict:

@@ -8,6 +8,7 @@ reading order.
 from __future__ import annotations
 
 import abc
+import threading
 
 from PIL import Image
 
@@ -29,7 +30,9 @@ class OCREngine(abc.ABC):
     """An OCR engine: ``read(image)`` returns items in reading order.
 
     Subclasses implement :meth:`_read_unordered`; the base class converts the image to RGB and
-    orders the result, so every engine yields the same ordering.
+    orders the result, so every engine yields the same ordering. An engine reads one image at a time
+    (EasyOCR's and RapidOCR's readers are not thread-safe): requests set up on several threads queue here,
+    not on the models' lock.
     """
 
     name: str = "ocr"
@@ -41,7 +44,9 @@ class OCREngine(abc.ABC):
 
     def read(self, image: Image.Image) -> list[OCRItem]:
         """Detect and recognize text in ``image``; items ordered top-to-bottom, left-to-right."""
-        return order_items(self._read_unordered(to_rgb(image)))
+        lock = self.__dict__.setdefault("_read_lock", threading.Lock())  # per engine; setdefault is atomic
+        with lock:
+            return order_items(self._read_unordered(to_rgb(image)))
 
     def read_cached(self, image: Image.Image, cache: OCRCache | None = None) -> list[OCRItem]:
         """:meth:`read` through ``cache`` (default: the process-wide :data:`DEFAULT_OCR_CACHE`)."""
