@@ -54,8 +54,9 @@ class TraceParser(HTMLParser):
         role = None
         if tag == "div" and "asym-trace" in classes:
             self.traces.append(a)
-        if tag == "span" and "tok" in classes and "data-token-id" in a:
-            self.tokens.append({"classes": set(classes), "attrs": a, "text": "", "tip": ""})
+        if tag == "span" and ("tok" in classes or "tok-end" in classes) and "data-token-id" in a:
+            # a special token is drawn as the answer's end mark (span.tok-end), not as a token
+            self.tokens.append({"classes": set(classes), "attrs": a, "text": "", "tip": "", "end": "tok-end" in classes})
             role = "tok"
         elif tag == "span" and "tok-text" in classes:
             role = "text"
@@ -142,6 +143,10 @@ def check_spans_match(html_text: str, trace, exact_floats: bool = False) -> None
     approx = (lambda x: x) if exact_floats else (lambda x: pytest.approx(x, rel=1e-5, abs=1e-7))
     for tok, ev in zip(toks, trace):
         a = tok["attrs"]
+        assert int(a["data-token-id"]) == ev.token_id and a["data-source"] == ev.source
+        if tok["end"]:  # the end mark: no source colour, no hover box
+            assert not tok["classes"] & {f"tok-{s}" for s in SOURCES} and tok["tip"] == "" and tok["text"] == ""
+            continue
         assert tok["classes"] & {f"tok-{s}" for s in SOURCES} == {f"tok-{ev.source}"}
         assert ("tok-steered" in tok["classes"]) == bool(ev.steered)
         assert int(a["data-token-id"]) == ev.token_id
@@ -216,7 +221,9 @@ def test_every_source_the_loops_emit_is_rendered_as_itself(tiny_pipe, method):
     )
     toks = parse(render_trace_html(res.trace, tiny_pipe.tokenizer)).tokens
     assert [t["attrs"]["data-source"] for t in toks] == [ev.source for ev in res.trace]
-    assert all(f"tok-{ev.source}" in t["classes"] for t, ev in zip(toks, res.trace))
+    special = set(tiny_pipe.tokenizer.all_special_ids)
+    assert all(t["end"] == (ev.token_id in special) for t, ev in zip(toks, res.trace))
+    assert all(t["end"] or f"tok-{ev.source}" in t["classes"] for t, ev in zip(toks, res.trace))
     if method == "sd":  # the verifier's corrections are counted and have a legend entry and a colour
         n = sum(ev.source == "corrected" for ev in res.trace)
         assert n and f"{n} corrected" in render_panel("SD", res.trace, tiny_pipe.tokenizer, legend=True)
@@ -437,7 +444,7 @@ def test_closed_handler_cancels_its_rows_and_status_shows_the_queue(tmp_path):
     state = ui_app.DemoApp(SimpleNamespace(tokenizer=None), scheduler=sched, stream_interval=0.0)
     gen = state.run({"path": str(tmp_path / "q.png")}, "q?", "a chart", "", session="s")
     first = outputs_as_dict(next(gen))
-    assert "waiting for the models (4 decodes queued for a place in the batch)" in first["status"]
+    assert "waiting for the models (4 rows waiting for a place in the batch)" in first["status"]
     assert "AsymSpec, Floor and the drafter alone" in first["status"]
     assert all(panel_state(first[k]) == "running" for k in ("answer_html", "floor_html", "drafter_html"))
     assert first["result_json"] is None and len(sched.handles) == 3
@@ -872,3 +879,107 @@ def test_app_close_closes_its_scheduler(tiny_pipe):
     demo.close()
     with pytest.raises(AsymSpecError, match="closed"):
         sched.submit(make_image(1), "q?")
+
+
+# ------------------------------------------------------------------------------------------ issue 27: the demo as tried
+
+
+def test_counts_read_as_english():
+    from ui.align import alignment_summary
+    from ui.outputs import done_summary
+
+    trace = sample_trace()  # one steered token
+    assert done_summary(1.0, trace, "asymspec").endswith("; 1 token differs from the verifier alone")
+    assert "2 tokens differ" in done_summary(1.0, trace + trace[1:2], "asymspec")
+    assert "differ" not in done_summary(1.0, trace, "floor")
+    assert alignment_summary(1, 20, 3) == "1 of 20 positions differs; first difference at token #3"
+    assert alignment_summary(3, 20, 3) == "3 of 20 positions differ; first difference at token #3"
+    assert "1 token \u00b7" in render_panel("A", trace[:1], FakeTokenizer()) and "1 tokens" not in render_panel("A", trace[:1])
+
+
+def test_set_up_status_of_a_lone_user_says_what_happens(tiny_pipe, tmp_path):
+    """A lone user's run: while its first row is set up (the drafter writes the caption) its other rows wait behind
+    it, which the status says in those words, not as a queue of other users."""
+    case = make_case(60)
+    path = tmp_path / "alone.png"
+    case["image"].save(path)
+    state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
+    sched = state.scheduler
+    tiny_pipe._lock.acquire()  # the scheduler sets rows up under this lock: the first row's set-up stands still
+    held = True
+    try:
+        gen = state.run(*demo_args(path, {**case, "caption": ""}, autofill=True), session="alone")
+        first = outputs_as_dict(next(gen))
+        import time
+
+        deadline = time.monotonic() + 30
+        while sched.waiting != 2 and time.monotonic() < deadline:  # the worker took the first row
+            time.sleep(0.01)
+        out = outputs_as_dict(next(gen))  # a heartbeat: the status as the rows now stand
+        status = out["status"] if isinstance(out["status"], str) else first["status"]
+        assert "Setting up AsymSpec: writing the caption, then prefill." in status, status
+        assert "Floor and the drafter alone follow: rows are set up one at a time." in status, status
+        assert "in line" not in status and "Queued" not in status and "waiting" not in status
+        assert "next: rows are set up one at a time" in out["floor_html"]
+        assert "setting up: writing the caption, then prefill" in out["answer_html"]
+        tiny_pipe._lock.release()
+        held = False
+        last = outputs_as_dict(list(gen)[-1])
+        assert "Done" in last["status"]
+    finally:
+        if held:
+            tiny_pipe._lock.release()
+        state.close()
+
+
+def test_progress_text_tells_own_rows_from_other_users_rows():
+    from ui.progress import Row, panel_wait_text, progress_text, setup_steps
+
+    steps = setup_steps(caption=False, ocr=True)
+    assert steps == "reading the text (OCR), then prefill" and setup_steps(False, False) == "prefill"
+    behind = [Row("AsymSpec", 0, "running", 2, waited=1.25), Row("Floor", 0, "running", 3), Row("the drafter alone", 0, "running", 4)]
+    assert progress_text(behind) == (
+        "AsymSpec, Floor and the drafter alone wait behind 2 rows of other users for a place in the batch "
+        "(3rd, 4th and 5th in line); waiting 1.2 s."
+    )
+    assert panel_wait_text(behind[1], behind) == "waiting behind 2 rows of other users (4th in line)"
+    full = [Row("AsymSpec", 0, "running", 0), Row("Floor", 0, "running", 1)]
+    assert (
+        progress_text(full, live_rows=8, max_batch_size=8) == "AsymSpec and Floor wait for a free row: the batch is full (8 rows decoding)."
+    )
+    assert progress_text(full, live_rows=3, max_batch_size=8) == "AsymSpec and Floor are next to be set up."
+    mixed = [Row("AsymSpec", 5, "running"), Row("Floor", 12, "done"), Row("the drafter alone", 0, "running", 0)]
+    assert progress_text(mixed) == "Running AsymSpec 5 tokens, Floor 12 tokens (done). The drafter alone is next to be set up."
+    unknown = [Row("AsymSpec", 0, "running", known=False)]
+    assert progress_text(unknown, waiting_total=1) == "Running AsymSpec: waiting for the models (1 row waiting for a place in the batch)..."
+
+
+def test_generated_view_is_marked_and_a_new_image_empties_it(tiny_pipe, tmp_path):
+    """A run that fills the caption: the field is the app's (marked) until the user edits it; a new image empties
+    it while the user's own OCR text stays."""
+    case = make_case(61)
+    path = tmp_path / "view.png"
+    case["image"].save(path)
+    state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
+    try:
+        out = outputs_as_dict(list(state.run(*demo_args(path, {**case, "caption": "", "ocr": "12 34"}, autofill=True), session="v"))[-1])
+        written = tiny_pipe.compressed_view(str(path), caption=None, ocr=False).caption
+        assert out["caption"] == written and written and out["ocr"] == "12 34"
+        cap, ocr = state.view_marks(out["caption"], out["ocr"], "v")
+        assert cap["elem_classes"] == ["asym-generated"] and "Written by the drafter" in cap["info"]
+        assert ocr["elem_classes"] == [] and ocr["info"] is None  # typed by the user
+        # the same caption sent back unchanged stays the app's; an edited one becomes the user's
+        again = outputs_as_dict(list(state.run(*demo_args(path, {**case, "caption": written, "ocr": "12 34"}), session="v"))[-1])
+        assert state.view_marks(again["caption"], again["ocr"], "v")[0]["elem_classes"] == ["asym-generated"]
+        cap, ocr = state.image_changed(written, "12 34", "v")
+        assert cap["value"] == "" and "value" not in ocr  # the generated caption goes, the typed OCR stays
+        assert state.views.get("v") == {}
+        # an edited caption survives a new image
+        list(state.run(*demo_args(path, {**case, "caption": ""}, autofill=True), session="w"))
+        import gradio as gr
+
+        assert state.view_edited(written + " (mine)", "", "w")[0]["elem_classes"] == []
+        assert state.view_edited(written + " (mine)!", "", "w") == (gr.skip(), gr.skip())
+        assert "value" not in state.image_changed(written + " (mine)!", "", "w")[0]
+    finally:
+        state.close()

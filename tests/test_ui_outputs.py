@@ -231,8 +231,18 @@ def served_client(tiny_pipe):
 def test_api_outputs_have_names(served_client):
     info = served_client.view_api(print_info=False, return_format="dict")
     returns = [r["label"] for r in info["named_endpoints"]["/run"]["returns"]]
-    # the named components; caption and OCR are the page's input boxes, under their own labels
-    assert returns == [{"caption": "Caption", "ocr": "OCR text"}.get(name, name) for name in RUN_OUTPUTS]
+    # the named components: the page's HTML parts by their names in RUN_OUTPUTS, the others under the labels the page
+    # shows (no internal names on the page)
+    shown = {
+        "answer_text": "Answer (plain text)",
+        "chart": "JSD and gamma_eff per token",
+        "caption": "Caption",
+        "ocr": "OCR text",
+        "trace_json": "Trace (JSON)",
+        "trace_csv": "Trace (CSV, one row per token)",
+        "result_json": "Raw result",
+    }
+    assert returns == [shown.get(name, name) for name in RUN_OUTPUTS]
     assert not any(r.startswith("value_") for r in returns)
 
 
@@ -289,16 +299,56 @@ def test_demo_port_in_use_is_one_line_before_models_load(tmp_path):
 
 
 def test_the_tiny_pair_warns_when_asked_outside_minivista(shipped_pipe, example_runs):
-    """A plain question (not MiniVista's layout) is answered, and the status says the answer means nothing."""
+    """A plain question (not MiniVista's layout) is answered; from the run's first update on, a box of its own above
+    the status says the answer means nothing, in the page's terms (no command-line flags); the green "Done" line
+    holds only the outcome."""
     from ui.jobs import DemoApp
 
     ex, _ = example_runs
     state = DemoApp(shipped_pipe, stream_interval=0.0)
     try:
-        plain = outputs_as_dict(list(state.run(*demo_args({**ex, "question": "Which bar is the tallest?"}), session="plain"))[-1])
+        plain = [outputs_as_dict(o) for o in state.run(*demo_args({**ex, "question": "Which bar is the tallest?"}), session="plain")]
         fine = outputs_as_dict(list(state.run(*demo_args(ex), session="fine"))[-1])
+        early = state.enqueue("early", {"path": ex["image"]}, "Which bar is the tallest?")
     finally:
         state.close()
-    assert "Done in" in plain["status"] and "Warning: the tiny pair answers only MiniVista questions" in plain["status"]
-    assert "not in MathVista&#x27;s layout" in plain["status"] or "not in MathVista's layout" in plain["status"]
-    assert "Done in" in fine["status"] and "Warning" not in fine["status"]
+    box = re.compile(
+        r'^<div class="asym-status asym-status-(\w+)"[^>]*>(.*?)</div><div class="asym-warning" data-warning="1" role="note">(.*)</div>$'
+    )
+    first, last = box.match(plain[0]["status"]), box.match(plain[-1]["status"])
+    assert first and first.group(1) == "run" and 'data-tokens="0"' in plain[0]["answer_html"]  # before any token
+    assert last and last.group(1) == "ok" and last.group(2).startswith("Done in")
+    warning = last.group(3)
+    assert "Outside what these models learned" in warning and "MiniVista" in warning
+    assert "not in MathVista&#x27;s layout" in warning and "bundled examples on this page" in warning
+    assert "--" not in warning and "asymspec-mm" not in warning  # no command line on a web page
+    assert "MiniVista" not in last.group(2) and "Warning" not in last.group(2)
+    assert "Done in" in fine["status"] and "asym-warning" not in fine["status"]
+    assert box.match(early) and "Starting the run" in early  # as the page hands the run over: before the run
+
+
+def test_special_tokens_are_not_drawn_as_answer_tokens(shipped_pipe, example_runs):
+    """The answer ends with <|im_end|>: the panels draw it as a neutral end mark and the alignment says "end"."""
+    from ui.jobs import DemoApp
+
+    ex, runs = example_runs
+    ref = runs["asymspec"]
+    assert ref.trace[-1].text == "<|im_end|>"
+    html_text = render_trace_html(ref.trace, shipped_pipe.tokenizer)
+    assert html_text.count('class="tok-end"') == 1 and f'data-tokens="{len(ref.trace) - 1}"' in html_text
+    assert re.search(
+        r'<span class="tok-end" data-token-id="2" data-source="\w+" title="end of the answer: [^"]*">end</span></div>$', html_text
+    )
+    assert len(re.findall(r'<span class="tok tok-', html_text)) == len(ref.trace) - 1
+    state = DemoApp(shipped_pipe, stream_interval=0.0)
+    try:
+        out = outputs_as_dict(list(state.run(*demo_args(ex), session="eos"))[-1])
+    finally:
+        state.close()
+    for key in ("answer_html", "floor_html", "drafter_html"):  # the drawn texts (a hover box may name it as an alternative)
+        drawn = re.findall(r'<span class="tok-text">([^<]*)</span>', out[key])
+        assert drawn and not any("im_end" in t for t in drawn), key
+        assert out[key].count('class="tok-end"') == 1, key  # each of the three answers ended with it
+    cells = re.findall(r"<td [^>]*>([^<]*)</td>", out["alignment_html"])
+    assert not any("im_end" in c for c in cells) and "end" in cells
+    assert 'class="al-tok al-eos' in out["alignment_html"]

@@ -8,12 +8,12 @@ Pure functions of traces (``TokenEvent`` objects or their ``as_dict()``), no Gra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .render import esc, visible_text
+from .render import esc, plural, visible_text
 
-__all__ = ["alignment_columns", "render_alignment_html"]
+__all__ = ["alignment_columns", "alignment_summary", "render_alignment_html"]
 
 
 def _get(ev: Any, name: str) -> Any:
@@ -30,10 +30,21 @@ def alignment_columns(traces: Sequence[Sequence[Any]]) -> list[tuple[list[int | 
     return cols
 
 
-def render_alignment_html(rows: Sequence[tuple[str, Sequence[Any]]], *, note: str = "") -> str:
+def alignment_summary(n_diff: int, width: int, first: int | None) -> str:
+    """``3 of 20 positions differ; first difference at token #4``, ``1 of 20 positions differs; ...``, or
+    ``all 20 positions agree`` (``first``: the first differing position, None when none differs)."""
+    if first is None:
+        return "the one position agrees" if width == 1 else f"all {width} positions agree"
+    of = f"{n_diff} of {plural(width, 'position')}" if width == 1 else f"{n_diff} of {width} positions"
+    return f"{of} {'differs' if n_diff == 1 else 'differ'}; first difference at token #{first}"
+
+
+def render_alignment_html(rows: Sequence[tuple[str, Sequence[Any]]], *, note: str = "", special_ids: Iterable[int] = ()) -> str:
     """A table with one row per output (``rows``: (title, trace), the first is the reference) and one column per
     token position; differing columns carry ``data-differ="1"`` and class ``al-differ``, a cell that differs
-    from the reference row's token class ``al-diff``. ``note`` replaces the table when no output has tokens."""
+    from the reference row's token class ``al-diff``. ``note`` replaces the table when no output has tokens.
+    A special token (``special_ids``: ``<|im_end|>``, ...) reads ``end`` (class ``al-eos``), not as answer text."""
+    special = {int(i) for i in special_ids}
     traces = [list(t) for _, t in rows]
     cols = alignment_columns(traces)
     if len(rows) < 2:
@@ -42,11 +53,7 @@ def render_alignment_html(rows: Sequence[tuple[str, Sequence[Any]]], *, note: st
         return f'<div class="asym-align" data-columns="0"><span class="asym-empty">{esc(note or "The aligned outputs appear here.")}</span></div>'
     n_diff = sum(d for _, d in cols)
     first = next((i for i, (_, d) in enumerate(cols) if d), None)
-    summary = (
-        f"{n_diff} of {len(cols)} positions differ; first difference at token #{first}"
-        if first is not None
-        else f"all {len(cols)} positions agree"
-    )
+    summary = alignment_summary(n_diff, len(cols), first)
     head = "".join(f'<th class="{"al-differ" if d else ""}" data-differ="{int(d)}">{i}</th>' for i, (_, d) in enumerate(cols))
     body = []
     for r, (title, trace) in enumerate(rows):
@@ -55,11 +62,15 @@ def render_alignment_html(rows: Sequence[tuple[str, Sequence[Any]]], *, note: st
             if i >= len(trace):
                 cells.append(f'<td class="al-end{" al-differ" if differ else ""}" data-differ="{int(differ)}">\u2205</td>')
                 continue
-            text = _get(trace[i], "text") or f"<{ids[r]}>"
-            classes = ["al-tok"] + (["al-differ"] if differ else []) + (["al-diff"] if r and ids[r] != ids[0] else [])
-            cells.append(
-                f'<td class="{" ".join(classes)}" data-differ="{int(differ)}" data-token-id="{ids[r]}">{esc(visible_text(text))}</td>'
+            eos = ids[r] in special
+            text = "end" if eos else visible_text(_get(trace[i], "text") or f"<{ids[r]}>")
+            classes = (
+                ["al-tok"]
+                + (["al-eos"] if eos else [])
+                + (["al-differ"] if differ else [])
+                + (["al-diff"] if r and ids[r] != ids[0] else [])
             )
+            cells.append(f'<td class="{" ".join(classes)}" data-differ="{int(differ)}" data-token-id="{ids[r]}">{esc(text)}</td>')
         body.append(f'<tr data-output="{esc(title)}"><th class="al-name">{esc(title)}</th>{"".join(cells)}</tr>')
     return (
         f'<div class="asym-align" data-columns="{len(cols)}" data-differing="{n_diff}">'

@@ -11,8 +11,10 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
   :mod:`ui.provenance` (the hover box's gate and fusion lines) and :mod:`ui.align` (the token alignment).
 - :mod:`ui.examples` - the bundled examples (:func:`load_examples`) and what the tiny pair answers on them.
 - :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`); :mod:`ui.outputs` - what the
-  page shows for a run (:data:`RUN_OUTPUTS`); :mod:`ui.trace_files` - the JSON/CSV downloads.
-- :mod:`ui.page_js` - the script that keeps hover boxes inside the viewport.
+  page shows for a run (:data:`RUN_OUTPUTS`), with :mod:`ui.progress` (the status while rows are set up, wait
+  or decode); :mod:`ui.trace_files` - the JSON/CSV downloads.
+- :mod:`ui.view_marks` - whose text the caption and OCR fields hold (generated text goes with its image).
+- :mod:`ui.page_js` - the script that opens one hover box at a time, inside the viewport.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
 from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
@@ -84,6 +86,9 @@ __all__ = [
 ]
 
 STYLESHEET = Path(__file__).with_name("style.css")
+#: The Stop button while the session has no run (off, not red) and while it has one.
+STOP_IDLE: dict[str, Any] = {"interactive": False, "variant": "secondary"}
+STOP_ACTIVE: dict[str, Any] = {"interactive": True, "variant": "stop"}
 #: Runs handled at once by default, per row of the batch (beyond the batch, rows wait in the scheduler and
 #: the page shows their place in line), and at most.
 CONCURRENCY_PER_ROW, MAX_DEFAULT_CONCURRENCY = 4, 32
@@ -173,10 +178,17 @@ def build_app(
                     placeholder="e.g. Which bar is the tallest?",
                     elem_id="asym-question",
                 )
-                # Run and the examples come before the longer settings, so that they are in the first screen.
+                # Run and the examples come before the longer settings, so that they are in the first screen; the
+                # status right under Run, so that a run's progress shows where it was started (on a phone too).
                 with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="asym-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="asym-stop")
+                    run_btn = gr.Button("Run", variant="primary", elem_id="asym-run", min_width=100)
+                    stop_btn = gr.Button("Stop", elem_id="asym-stop", min_width=100, **STOP_IDLE)
+                status = gr.HTML(
+                    status_html("idle", "Upload an image, ask a question, press Run."),
+                    js_on_load=None,
+                    elem_id="asym-status",
+                    label="status",
+                )
                 with gr.Accordion("Compressed view: what the verifier reads (edit it)", open=True):
                     caption = gr.Textbox(
                         label="Caption",
@@ -239,12 +251,6 @@ def build_app(
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
             with gr.Column(scale=3, min_width=420):
-                status = gr.HTML(
-                    status_html("idle", "Upload an image, ask a question, press Run."),
-                    js_on_load=None,
-                    elem_id="asym-status",
-                    label="status",
-                )
                 answer_html = gr.HTML(
                     empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
                     js_on_load=None,
@@ -252,7 +258,7 @@ def build_app(
                     label="answer_html",
                 )
                 answer_text = gr.Textbox(
-                    label="answer_text",
+                    label="Answer (plain text)",
                     show_label=False,
                     lines=2,
                     interactive=False,
@@ -267,7 +273,7 @@ def build_app(
                 )
                 stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
-                    label="chart",
+                    label="JSD and gamma_eff per token",
                     show_label=False,
                     type="pil",
                     interactive=False,
@@ -277,10 +283,10 @@ def build_app(
                     buttons=["download"],
                 )
                 with gr.Row():
-                    trace_json = gr.File(label="trace_json", interactive=False, elem_id="asym-trace-json")
-                    trace_csv = gr.File(label="trace_csv", interactive=False, elem_id="asym-trace-csv")
+                    trace_json = gr.File(label="Trace (JSON)", interactive=False, elem_id="asym-trace-json")
+                    trace_csv = gr.File(label="Trace (CSV, one row per token)", interactive=False, elem_id="asym-trace-csv")
                 with gr.Accordion("Raw result (JSON: trace, stats, view)", open=False):
-                    result_json = gr.JSON(label="result_json", elem_id="asym-json")
+                    result_json = gr.JSON(label="Raw result", elem_id="asym-json")
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
         named = dict(
@@ -299,12 +305,14 @@ def build_app(
             result_json=result_json,
         )
         outputs = [named[name] for name in RUN_OUTPUTS]
-        run, enqueue, stop, stopped, forget = _session_handlers(state, gr.Request)
+        h = _session_handlers(state, gr.Request)
+        quiet = dict(api_visibility="private", show_progress="hidden")
         # show_progress="hidden": the status line reports progress and errors, so a refused request does not
         # cover the inputs (caption/OCR are outputs too) with error badges; gr.Error still raises a toast.
-        # First, at once, the status says whether the run starts or waits in Gradio's queue (and where); then the run.
-        run_event = run_btn.click(enqueue, None, [status], queue=False, api_visibility="private", show_progress="hidden").then(
-            run,
+        # First, at once, the status says whether the run starts or waits in Gradio's queue (and where), under the
+        # request's warning when the models cannot answer it, and Stop turns on; then the run.
+        run_event = run_btn.click(h.enqueue, [image, question], [status, stop_btn], queue=False, preprocess=False, **quiet).then(
+            h.run,
             inputs,
             outputs,
             api_name="run",
@@ -313,23 +321,31 @@ def build_app(
             concurrency_id="runs",
             show_progress="hidden",
         )
+        # After a run: the fields that hold the view the app wrote are marked, and Stop turns off.
+        settle = dict(fn=h.settle, inputs=[caption, ocr], outputs=[caption, ocr, stop_btn], queue=False, **quiet)
+        run_event.then(**settle)
         # Gradio closes the session's /run handler; Stop itself cancels its rows and shows every unfinished
         # panel stopped; after a finished run it changes nothing. The same outputs come once more through the
         # queue, after whatever the cancelled handler had sent.
-        stop_btn.click(stop, None, outputs, cancels=[run_event], queue=False, api_visibility="private", show_progress="hidden").then(
-            stopped, None, outputs, api_visibility="private", show_progress="hidden", concurrency_id="stopped", concurrency_limit=None
-        )
+        stop_btn.click(h.stop, None, outputs, cancels=[run_event], queue=False, **quiet).then(
+            h.stopped, None, outputs, concurrency_id="stopped", concurrency_limit=None, **quiet
+        ).then(**settle)
         # The caption is written by the drafter under the pipeline's lock (decoding steps wait): few at once.
         describe_btn.click(
-            state.describe,
+            h.describe,
             [image, caption, ocr],
             [caption, ocr],
             api_name="describe",
             preprocess=False,
             concurrency_limit=min(2, concurrency_limit),
             concurrency_id="describe",
-        )
-        demo.unload(forget)  # the page went away: stop its run
+        ).then(**settle)
+        # A new image (or none) empties the fields that hold the old image's generated text; typing makes a
+        # field the user's.
+        image.change(h.image_changed, [caption, ocr], [caption, ocr], queue=False, **quiet)
+        for box in (caption, ocr):
+            box.input(h.view_edited, [caption, ocr], [caption, ocr], queue=False, **quiet)
+        demo.unload(h.forget)  # the page went away: stop its run
 
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_queue)
     blocks_close = demo.close
@@ -348,12 +364,25 @@ def build_app(
     return demo
 
 
-def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Callable, Callable, Callable, Callable]:
-    """The /run, before-run, Stop, after-Stop and unload handlers with Gradio's request (for its session hash) injected.
+class _SessionHandlers(NamedTuple):
+    run: Callable
+    enqueue: Callable
+    stop: Callable
+    stopped: Callable
+    settle: Callable
+    describe: Callable
+    image_changed: Callable
+    view_edited: Callable
+    forget: Callable
+
+
+def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
+    """The page's handlers with Gradio's request (for its session hash) injected.
 
     Gradio finds the request parameter by its annotation; this module's annotations are strings that it
     cannot resolve (Gradio is not imported here at import time), so the real type is set on each function.
     """
+    import gradio as gr
 
     def run(
         image,
@@ -392,8 +421,8 @@ def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Cal
             session=_session_of(request),
         )
 
-    def enqueue(request=None):
-        return state.enqueue(_session_of(request))
+    def enqueue(image=None, question=None, request=None):
+        return state.enqueue(_session_of(request), image, question), gr.update(**STOP_ACTIVE)
 
     def stop(request=None):
         return state.stop(_session_of(request))
@@ -401,13 +430,28 @@ def _session_handlers(state: DemoApp, request_type: type) -> tuple[Callable, Cal
     def stopped(request=None):
         return state.stopped(_session_of(request))
 
+    def settle(caption="", ocr="", request=None):
+        session = _session_of(request)
+        return *state.view_marks(caption, ocr, session), gr.update(**(STOP_ACTIVE if state.busy(session) else STOP_IDLE))
+
+    def describe(image, caption="", ocr="", request=None):
+        return state.describe(image, caption, ocr, session=_session_of(request))
+
+    def image_changed(caption="", ocr="", request=None):
+        return state.image_changed(caption, ocr, _session_of(request))
+
+    def view_edited(caption="", ocr="", request=None):
+        return state.view_edited(caption, ocr, _session_of(request))
+
     def forget(request=None):
         state.forget(_session_of(request))
 
-    for fn in (run, enqueue, stop, stopped, forget):
+    handlers = _SessionHandlers(run, enqueue, stop, stopped, settle, describe, image_changed, view_edited, forget)
+    for fn in handlers:
         fn.__annotations__ = {"request": request_type}
     run.__doc__ = DemoApp.run.__doc__
-    return run, enqueue, stop, stopped, forget
+    describe.__doc__ = DemoApp.describe.__doc__
+    return handlers
 
 
 def _session_of(request: Any) -> str | None:

@@ -18,6 +18,7 @@ __all__ = [
     "load_examples",
     "outcome_text",
     "render_examples_table",
+    "tiny_pair_warning",
 ]
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "asymspec_mm" / "examples_data"
@@ -141,4 +142,21 @@ def render_examples_table(examples: list[dict]) -> str:
     return (
         '<div class="asym-examples"><table><thead><tr><th>example</th><th>expected</th><th>AsymSpec</th><th>Floor</th>'
         f"<th>drafter</th><th>with the shipped tiny pair</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def tiny_pair_warning(question: str, image_size: tuple[int, int] | None = None) -> str | None:
+    """What the page says before the tiny pair answers a request outside MiniVista (None inside it): why, in the
+    page's own terms (the bundled examples, the question box), where the command line names its flags."""
+    from asymspec_mm.tiny.domain import domain_problems
+
+    problems = domain_problems(question, image_size)
+    if not problems:
+        return None
+    return (
+        "Expect a meaningless answer: the tiny models of this demo learned only MiniVista (128x128 bar charts, coloured "
+        "shapes and triangles, asked one of eight questions in MathVista's layout), and "
+        + "; ".join(problems)
+        + ". Pick one of the bundled examples on this page, or ask one of their questions in the same layout; other "
+        "questions need the full-size models."
     )

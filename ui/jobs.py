@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.config import METHODS
-from asymspec_mm.tiny.domain import domain_warning
 
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
-from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, _ordinal, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
-from .render import status_html
+from .examples import tiny_pair_warning
+from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
+from .progress import ordinal, setup_steps
+from .render import plural, status_html
 from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
+from .view_marks import FIELDS, GeneratedViews, field_update, generated_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline import AsymSpecPipeline
@@ -89,6 +91,8 @@ class DemoApp:
         self._stopped: dict[str, _Job] = {}  # the job each session's last Stop stopped (shown again after it)
         #: Runs the page has handed to Gradio's queue whose handler has not started, in queue order (by session).
         self._queued: list[str] = []
+        #: The caption and OCR text the app wrote into each session's fields (auto-fill, Describe image).
+        self.views = GeneratedViews()
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
     @property
@@ -121,8 +125,20 @@ class DemoApp:
             jobs = self._sessions.pop(session, []) if session else []
             self._stopped.pop(session or "", None)
             self._queued = [q for q in self._queued if q != session]
+        self.views.forget(session)
         for job in jobs:
             job.stop()
+
+    def busy(self, session: str | None) -> bool:
+        """Whether the session has a run in Gradio's queue, starting, or not finished (Stop has something to stop)."""
+        if not session:
+            return False
+        with self._lock:
+            return (
+                session in self._queued
+                or session in self._starting
+                or any(not j.final_shown and j.ended_at is None for j in self._sessions.get(session, []))
+            )
 
     def _starting_run(self, session: str | None) -> threading.Event | None:
         """A run of ``session`` begins (Stop waits for it to submit its rows)."""
@@ -173,6 +189,12 @@ class DemoApp:
         with self._lock:
             self._live.discard(job)
         job.ended.set()
+
+    def _remember_view(self, job: _Job) -> None:
+        """The caption and OCR text a job's answer shows in the page's fields: the app's where it filled them."""
+        main = job.snapshot().results.get("main")
+        if main is not None:
+            self.views.ran(job.session, job.req.caption, job.req.ocr, main.view.caption, main.view.ocr_text)
 
     # ---------------------------------------------------------------- inputs
     def _load_image(self, payload: Any) -> Any:
@@ -251,13 +273,42 @@ class DemoApp:
         cap_arg = caption if caption.strip() else (None if autofill else "")
         ocr_arg = self._ocr_arg(ocr, bool(autofill), notes)
         others = tuple(m for m in ("floor", "drafter") if m != method) if compare else ()
-        warning = domain_warning(question, img.size) if getattr(self.pipe, "name", None) == "tiny" else None
-        return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes, warning)
+        warning = self.warning(question, img.size)
+        # the "none" engine reads nothing: no OCR to speak of while the run is set up
+        reads = ocr_arg is None and getattr(self.pipe.ocr_engine, "name", None) != "none"
+        setup = setup_steps(caption=cap_arg is None, ocr=reads)
+        return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes, warning, setup)
+
+    def warning(self, question: str, image_size: tuple[int, int] | None) -> str | None:
+        """The page's warning for a request the loaded pair cannot answer (the bundled tiny pair outside
+        MiniVista), else None."""
+        if getattr(self.pipe, "name", None) != "tiny":
+            return None
+        return tiny_pair_warning(question, image_size)
+
+    def early_warning(self, image: Any, question: Any) -> str | None:
+        """:meth:`warning` as the page hands the run over, before its image is checked (None when there is no
+        question yet; the image's size when its header reads)."""
+        if not question or not str(question).strip():
+            return None
+        size = None
+        try:
+            from PIL import Image
+
+            path = _file_path(image)
+            if path and os.path.getsize(path) <= self.max_upload_bytes:
+                with Image.open(path) as im:
+                    size = im.size
+        except Exception:  # the run itself reports a bad image
+            size = None
+        return self.warning(str(question), size)
 
     # ---------------------------------------------------------------- handlers
-    def enqueue(self, session: str | None) -> str:
+    def enqueue(self, session: str | None, image: Any = None, question: Any = None) -> str:
         """The status as the page hands a run to Gradio's queue: its place in line when the server already
-        handles :attr:`concurrency_limit` runs (the run's own handler then replaces it as it starts)."""
+        handles :attr:`concurrency_limit` runs (the run's own handler then replaces it as it starts), under the
+        request's warning when the loaded pair cannot answer it (shown before the run, as the CLI does)."""
+        warning = self.early_warning(image, question)
         with self._lock:
             ahead = len(self._queued)
             if session:
@@ -265,16 +316,18 @@ class DemoApp:
             running = len(self._live)
         limit = self.concurrency_limit
         if limit is None or running + ahead < limit:
-            return status_html("run", "Starting the run...")
+            return status_html("run", "Starting the run...", warning=warning)
         since = time.strftime("%H:%M:%S UTC", time.gmtime())
         return status_html(
             "run",
-            f"Queued: {_ordinal(ahead + 1)} in line for the server, which handles {limit} run{'s' if limit != 1 else ''} at once "
+            f"Queued: {ordinal(ahead + 1)} in line for the server, which handles {plural(limit, 'run')} at once "
             f"({ahead} queued ahead of this one); waiting since {since}.",
+            warning=warning,
         )
 
-    def describe(self, image: Any, caption: str, ocr: str) -> tuple[str, str]:
-        """Fill the compressed view from the image (drafter caption; OCR when an engine is available)."""
+    def describe(self, image: Any, caption: str, ocr: str, session: str | None = None) -> tuple[str, str]:
+        """Fill the compressed view from the image (drafter caption; OCR when an engine is available); both are
+        then the app's text (:attr:`views`), which a new image replaces."""
         try:
             img = self._load_image(image)
             notes: list[str] = []
@@ -282,7 +335,29 @@ class DemoApp:
             view = self.pipe.compressed_view(img, caption=None, ocr=ocr_arg)
         except Exception as exc:
             raise _gr_error(exc, "Cannot describe this image") from None
+        self.views.wrote(session, caption=view.caption, ocr=view.ocr_text if ocr_arg is None else None)
         return view.caption, view.ocr_text
+
+    # ---------------------------------------------------------------- the compressed view's fields
+    def view_marks(self, caption: str, ocr: str, session: str | None = None) -> tuple:
+        """Caption and OCR updates after a run or Describe image: the fields that hold the app's text are marked."""
+        generated = generated_fields(self.views.get(session), {"caption": caption, "ocr": ocr})
+        return tuple(field_update(f, f in generated) for f in FIELDS)
+
+    def view_edited(self, caption: str, ocr: str, session: str | None = None) -> tuple:
+        """The user typed in a field: an edited generated field becomes theirs (its mark goes); else nothing changes."""
+        import gradio as gr
+
+        gone = self.views.edited(session, {"caption": caption, "ocr": ocr})
+        return tuple(field_update(f, False) if f in gone else gr.skip() for f in FIELDS)
+
+    def image_changed(self, caption: str, ocr: str, session: str | None = None) -> tuple:
+        """A new image, or none: the fields that still hold the old image's generated text are emptied (the next run
+        fills them from the new image); the user's own text stays."""
+        import gradio as gr
+
+        stale = self.views.image_changed(session, {"caption": caption, "ocr": ocr})
+        return tuple(gr.update(value="", elem_classes=[], info=None) if f in stale else field_update(f, False) for f in FIELDS)
 
     def stop(self, session: str | None) -> tuple:
         """The Stop button of a session: cancel its running job's rows and show what each panel had decoded,
@@ -313,6 +388,7 @@ class DemoApp:
             self._unregister(job)
         with self._lock:
             self._stopped[session] = jobs[-1]
+        self._remember_view(jobs[-1])
         return self.outputs.final(jobs[-1])
 
     def stopped(self, session: str | None) -> tuple:
@@ -412,6 +488,7 @@ class DemoApp:
             out = self.outputs.final(job)
             if not job.cancel.is_set():
                 self._finished(job)
+            self._remember_view(job)
             yield out
         finally:
             self._ended(job)

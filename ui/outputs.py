@@ -3,26 +3,29 @@ wait, stream, fail, stop or finish (:class:`RunOutputs`). Gradio is imported onl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .align import render_alignment_html
 from .errors import _error_text
+from .progress import Row, panel_wait_text, progress_text
 from .render import (
     SPECULATIVE_SOURCES,
     jsd_gamma_chart,
     method_subtitle,
     method_title,
     plain_text,
+    plural,
     render_panel,
     render_stats_html,
     source_counts,
+    special_ids,
     status_html,
 )
 from .runs import _Job, _Snapshot
 from .trace_files import write_trace_files
 
-__all__ = ["RUN_OUTPUTS", "STREAMED", "RunOutputs", "outputs_as_dict", "queue_text"]
+__all__ = ["RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
 
 #: Output order of the ``/run`` endpoint (also the keys of :func:`outputs_as_dict` and the API's output names).
 RUN_OUTPUTS = (
@@ -51,38 +54,17 @@ def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(RUN_OUTPUTS, outputs))
 
 
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def _join(items: Iterable[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    items = list(items)
-    return items[0] if len(items) < 2 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def queue_text(names: dict[str, str], handles: dict[str, Any], waiting_total: int) -> str | None:
-    """The status while rows wait for a place in the batch, e.g. ``Queued for a place in the batch: AsymSpec
-    3rd in line, Floor 4th (2 requests ahead, 5 waiting); waiting 2.1 s.`` None when no row waits (or the
-    scheduler does not say where its requests stand)."""
-    places = {k: getattr(h, "position", None) for k, h in handles.items()}
-    places = {k: p for k, p in places.items() if isinstance(p, int)}
-    if not places:
-        return None
-    first = min(places.values())
-    waited = max((h.waited() for k, h in handles.items() if k in places and callable(getattr(h, "waited", None))), default=None)
-    parts = [f"{names[k]} {_ordinal(p + 1)} in line" for k, p in places.items()]
-    ahead = f"{first} request{'s' if first != 1 else ''} ahead" if first else "next in line"
-    text = f"Queued for a place in the batch: {', '.join(parts)} ({ahead}, {waiting_total} waiting)"
-    if waited is not None:
-        text += f"; waiting {waited:.1f} s"
-    return text + "."
-
-
-def warned(text: str, req) -> str:
-    """The status text followed by the request's warning (e.g. a question the tiny pair never learned)."""
-    return f"{text} Warning: {req.warning}" if getattr(req, "warning", None) else text
+def done_summary(seconds: float, trace: Sequence[Any], method: str, notes: Sequence[str] = ()) -> str:
+    """The status of a finished run, e.g. ``Done in 1.2 s: 7 tokens, 4 accepted, 3 fused; 1 token differs from the
+    verifier alone`` (the last part for AsymSpec only), then the run's ``notes`` in parentheses."""
+    counts = source_counts(trace)
+    text = f"Done in {seconds:.1f} s: {plural(len(trace), 'token')}" + "".join(
+        f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)
+    )
+    if method == "asymspec":
+        n = counts["steered"]
+        text += f"; {plural(n, 'token')} {'differs' if n == 1 else 'differ'} from the verifier alone"
+    return text + (" (" + "; ".join(notes) + ")" if notes else "")
 
 
 class RunOutputs:
@@ -90,7 +72,7 @@ class RunOutputs:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
-        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+        self.special_ids = special_ids(tokenizer)
 
     # ---------------------------------------------------------------- panels
     def panel(self, job: _Job, snap: _Snapshot, key: str) -> str:
@@ -114,12 +96,8 @@ class RunOutputs:
             return render_panel(
                 title, snap.traces[key], tok, subtitle=subtitle, legend=legend, state="stopped", empty="stopped before its first token"
             )
-        position = getattr(job.handles.get(key), "position", None)
-        empty = (
-            f"queued: {_ordinal(position + 1)} in line for a place in the batch"
-            if isinstance(position, int)
-            else "waiting for the models..."
-        )
+        rows = self.rows(job, snap)
+        empty = panel_wait_text(rows[job.keys.index(key)], rows)
         return render_panel(title, snap.traces[key], tok, subtitle=subtitle, done=False, legend=legend, empty=empty)
 
     def panels(self, job: _Job, snap: _Snapshot) -> tuple[str, str, str]:
@@ -131,24 +109,38 @@ class RunOutputs:
         for key in job.keys:
             res = snap.results.get(key)
             rows.append((method_title(job.methods[key]), res.trace if res is not None else snap.traces[key]))
-        return render_alignment_html(rows)
+        return render_alignment_html(rows, special_ids=self.special_ids)
 
     # ---------------------------------------------------------------- status
-    def progress_text(self, job: _Job, snap: _Snapshot) -> str:
+    def rows(self, job: _Job, snap: _Snapshot) -> list[Row]:
+        """The job's rows as the status reads them (:class:`~ui.progress.Row`), in :attr:`_Job.keys` order."""
         names = {"main": method_title(job.req.method), **ROW_NAMES}
-        waiting = [k for k in job.keys if not snap.traces[k] and snap.state(k, False) == "running"]
-        total = getattr(job.scheduler, "waiting", 0)
-        queued = queue_text(names, {k: job.handles[k] for k in waiting if k in job.handles}, total)
-        if not any(snap.traces[k] for k in job.keys):
-            if queued:
-                return queued
-            more = f" ({total} decode{'s' if total != 1 else ''} queued for a place in the batch)" if total else ""
-            return f"Running {_join(names[k] for k in job.keys)}: waiting for the models{more}..."
-        parts = []
+        out = []
         for k in job.keys:
-            n, state = len(snap.traces[k]), snap.state(k, False)
-            parts.append(f"{names[k]} {n} token{'s' if n != 1 else ''}" + ("" if state == "running" else f" ({state})"))
-        return "Running " + ", ".join(parts) + "..." + (f" {queued}" if queued else "")
+            handle = job.handles.get(k)
+            waited = getattr(handle, "waited", None)
+            out.append(
+                Row(
+                    name=names[k],
+                    tokens=len(snap.traces[k]),
+                    state=snap.state(k, False),
+                    position=getattr(handle, "position", None),
+                    known=hasattr(handle, "position"),
+                    waited=waited() if callable(waited) else None,
+                    # the view is made once per image (then cached): only the first row writes the caption
+                    setup=job.req.setup if k == "main" else "prefill",
+                )
+            )
+        return out
+
+    def progress_text(self, job: _Job, snap: _Snapshot) -> str:
+        sched = job.scheduler
+        return progress_text(
+            self.rows(job, snap),
+            waiting_total=getattr(sched, "waiting", 0),
+            live_rows=getattr(sched, "live_rows", 0),
+            max_batch_size=getattr(sched, "max_batch_size", None),
+        )
 
     # ---------------------------------------------------------------- updates
     def progress(self, job: _Job, first: bool = False) -> tuple:
@@ -160,7 +152,7 @@ class RunOutputs:
         snap = job.snapshot()
         main, floor, drafter = self.panels(job, snap)
         text = plain_text(snap.traces["main"], self.special_ids)
-        status = status_html("run", warned(self.progress_text(job, snap), job.req))
+        status = status_html("run", self.progress_text(job, snap), warning=job.req.warning)
         head = (status, main, text, floor, drafter, self.alignment(job, snap))
         if first:
             return head + (render_stats_html(None), None, skip, skip, None, None, None)
@@ -173,7 +165,9 @@ class RunOutputs:
         skip = gr.skip()
         snap = job.snapshot()
         main, floor, drafter = self.panels(job, snap)
-        return (status_html("error", text), main, skip, floor, drafter, self.alignment(job, snap)) + (skip,) * (len(RUN_OUTPUTS) - STREAMED)
+        return (status_html("error", text, warning=job.req.warning), main, skip, floor, drafter, self.alignment(job, snap)) + (skip,) * (
+            len(RUN_OUTPUTS) - STREAMED
+        )
 
     def final(self, job: _Job) -> tuple:
         """The job's last outputs: the answer ("Done") when every row finished, else what each panel had
@@ -194,20 +188,14 @@ class RunOutputs:
             elif main is not None and k in snap.results and snap.results[k].view.render() != main.view.render():
                 notes.append(f"{method_title(k)} read a different compressed view")
         if "main" in snap.errors:
-            status = status_html("error", f"Error: {_error_text(snap.errors['main'])}")
+            status = status_html("error", f"Error: {_error_text(snap.errors['main'])}", warning=req.warning)
         elif unfinished or main is None:
-            status = "Stopped." + (f" {method_title(req.method)} had finished: {len(main.trace)} tokens." if main is not None else "")
-            status = status_html("idle", status)
-        else:
-            counts = source_counts(main.trace)
-            summary = (
-                f"Done in {job.elapsed():.1f} s: {len(main.trace)} tokens"
-                + ("".join(f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)))
-                + (f"; {counts['steered']} differ from the verifier alone" if req.method == "asymspec" else "")
+            status = "Stopped." + (
+                f" {method_title(req.method)} had finished: {plural(len(main.trace), 'token')}." if main is not None else ""
             )
-            if notes:
-                summary += " (" + "; ".join(notes) + ")"
-            status = status_html("ok", warned(summary, req))
+            status = status_html("idle", status, warning=req.warning)
+        else:
+            status = status_html("ok", done_summary(job.elapsed(), main.trace, req.method, notes), warning=req.warning)
         if main is None:
             text = plain_text(snap.traces["main"], self.special_ids)
             return (status, panels[0], text, panels[1], panels[2], align, render_stats_html(None), None, skip, skip, None, None, None)

@@ -1,4 +1,9 @@
-"""The page's script: keeps each token's hover box inside the viewport (run once, on the header's load)."""
+"""The page's script (run once, on the header's load): one token's hover box open at a time, inside the viewport.
+
+A box opens on hover (a mouse), on keyboard focus, or on a tap or click, which keep it open; opening one closes any
+other, and a tap or click anywhere else (or Escape) closes it. CSS alone cannot do this on a phone: a tapped
+token keeps both ``:hover`` and ``:focus``, so boxes tapped one after another stayed open over each other.
+"""
 
 TOOLTIP_JS = r"""
 if (!window.__asymTooltips) {
@@ -23,12 +28,45 @@ if (!window.__asymTooltips) {
       tip.style.bottom = (t.height + 4) + 'px';
     }
   };
-  const onEvent = (e) => {
-    const tok = e.target && e.target.closest ? e.target.closest('.asym-panel .tok') : null;
-    if (tok) place(tok);
+  const tokenOf = (el) => {
+    const tok = el && el.closest ? el.closest('.asym-panel .tok') : null;
+    return tok && tok.querySelector(':scope > .tok-tip') ? tok : null;
   };
-  document.addEventListener('mouseover', onEvent, true);
-  document.addEventListener('focusin', onEvent, true);
-  document.addEventListener('click', onEvent, true);
+  const closeAll = (except) => {
+    document.querySelectorAll('.asym-panel .tok.tok-open').forEach((t) => {
+      if (t !== except) t.classList.remove('tok-open', 'tok-pinned');
+    });
+  };
+  const open = (tok, pinned) => {
+    closeAll(tok);
+    tok.classList.add('tok-open');
+    if (pinned) tok.classList.add('tok-pinned');
+    place(tok);
+  };
+  // Hovering opens a box only where the main pointer hovers (a mouse): a phone also sends mouse events after a
+  // tap, and again where its last touch was whenever the page moves, which would open a second box.
+  const hovers = window.matchMedia('(hover: hover)');
+  document.addEventListener('mouseover', (e) => {
+    const tok = hovers.matches ? tokenOf(e.target) : null;
+    if (tok && !tok.classList.contains('tok-open')) open(tok, false);
+  }, true);
+  document.addEventListener('mouseout', (e) => {
+    const tok = hovers.matches ? tokenOf(e.target) : null;
+    if (tok && !tok.contains(e.relatedTarget) && !tok.classList.contains('tok-pinned')) tok.classList.remove('tok-open');
+  }, true);
+  document.addEventListener('click', (e) => {
+    const tok = tokenOf(e.target);
+    if (tok) open(tok, true);
+    else closeAll(null);
+  }, true);
+  document.addEventListener('focusin', (e) => {
+    const tok = tokenOf(e.target);
+    if (tok) open(tok, true);
+  }, true);
+  document.addEventListener('focusout', (e) => {
+    const tok = tokenOf(e.target);
+    if (tok && !tokenOf(e.relatedTarget)) tok.classList.remove('tok-open', 'tok-pinned');
+  }, true);
+  document.addEventListener('keydown', (e) => { if (e.key === 'Escape') closeAll(null); }, true);
 }
 """

@@ -25,12 +25,15 @@ __all__ = [
     "method_subtitle",
     "method_title",
     "plain_text",
+    "plural",
+    "render_end",
     "render_legend",
     "render_panel",
     "render_stats_html",
     "render_token",
     "render_trace_html",
     "source_counts",
+    "special_ids",
     "status_html",
     "visible_text",
 ]
@@ -56,6 +59,11 @@ METHOD_PANELS: dict[str, tuple[str, str]] = {
     "drafter": ("Drafter alone", "the small VLM reads the image, no verifier"),
     "sd": ("Symmetric speculative decoding", "drafter on the compressed view, lossless w.r.t. Floor"),
 }
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 token``, ``2 tokens`` (``many``: the plural when it is not ``word + "s"``)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def esc(text: str) -> str:
@@ -87,11 +95,13 @@ def _get(ev: Any, name: str, default: Any = None) -> Any:
 
 
 class _Decoder:
-    """Token id -> text, cached per render (``tokenizer`` may be None: ids are shown instead)."""
+    """Token id -> text, cached per render (``tokenizer`` may be None: ids are shown instead), and which ids are
+    the tokenizer's special tokens (``<|im_end|>``, ...: drawn as the end of the answer, not as answer text)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
         self.cache: dict[int, str] = {}
+        self.special = special_ids(tokenizer)
 
     def __call__(self, token_id: int | None) -> str:
         if token_id is None:
@@ -106,6 +116,11 @@ class _Decoder:
                     pass
             self.cache[token_id] = text
         return self.cache[token_id]
+
+
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids of ``tokenizer``'s special tokens (none without a tokenizer)."""
+    return frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", None) or ())
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -168,12 +183,24 @@ def _tooltip(ev: Any, dec: _Decoder) -> str:
     return "\n".join(lines)
 
 
+def render_end(ev: Any, dec: _Decoder) -> str:
+    """A special token (the end of the answer) as a neutral ``span.tok-end`` mark, not as answer text: no source
+    colour, no hover box; its title names the token and what emitted it."""
+    token = int(_get(ev, "token_id"))
+    source = str(_get(ev, "source", "greedy"))
+    title = f"end of the answer: {_get(ev, 'text') or dec(token)} (id {token}, {source})"
+    return f'<span class="tok-end" data-token-id="{token}" data-source="{esc(source)}" title="{esc(title)}">end</span>'
+
+
 def render_token(ev: Any, dec: _Decoder) -> str:
-    """One token as ``<span class="tok tok-SOURCE [tok-steered]" data-...>text<span class="tok-tip">...</span></span>``."""
+    """One token as ``<span class="tok tok-SOURCE [tok-steered]" data-...>text<span class="tok-tip">...</span></span>``;
+    a special token as :func:`render_end`."""
     source = str(_get(ev, "source", "greedy"))
     if source not in SOURCES:
         source = "greedy"
     token = int(_get(ev, "token_id"))
+    if token in dec.special:
+        return render_end(ev, dec)
     text = _get(ev, "text")
     if not text:
         text = dec(token)
@@ -216,7 +243,9 @@ def render_token(ev: Any, dec: _Decoder) -> str:
 def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool = True, empty: str = "No tokens yet.") -> str:
     """The answer as HTML: one ``span.tok.tok-<source>`` per emitted token (``tok-steered`` added where the
     token differs from the verifier's own argmax), with the hover data as ``data-*`` attributes and a
-    CSS tooltip (shown on hover, focus or tap). Token text is HTML-escaped.
+    hover box (shown on hover, keyboard focus or tap, one at a time: ``ui.page_js``). Token text is HTML-escaped.
+    The tokenizer's special tokens (``<|im_end|>``, ...) are drawn as a neutral end mark (``span.tok-end``), not as
+    answer tokens; ``data-tokens`` counts the answer tokens.
 
     ``trace``: :class:`~asymspec_mm.decode.TokenEvent` objects or their ``as_dict()``. ``tokenizer``
     (optional) decodes the verifier's argmax, the rejected draft and the top alternatives.
@@ -228,7 +257,8 @@ def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool
     if not spans and empty:
         body = f'<span class="asym-empty">{esc(empty)}</span>'
     cursor = "" if done else '<span class="tok-cursor">&nbsp;</span>'
-    return f'<div class="asym-trace" data-tokens="{len(spans)}" data-done="{1 if done else 0}">{body}{cursor}</div>'
+    n = sum(int(_get(ev, "token_id")) not in dec.special for ev in trace)
+    return f'<div class="asym-trace" data-tokens="{n}" data-done="{1 if done else 0}">{body}{cursor}</div>'
 
 
 def plain_text(trace: Sequence[Any], special_ids: Iterable[int] = ()) -> str:
@@ -281,7 +311,7 @@ def render_panel(
     parts = []
     if trace:
         c = source_counts(trace)
-        parts = [f"{len(trace)} tokens"]
+        parts = [plural(len(trace), "token")]
         parts += [f"{c[s]} {s}" + (_fused_note(trace) if s == "fused" else "") for s in SPECULATIVE_SOURCES if c.get(s)]
         if any(_get(ev, "verifier_argmax") is not None for ev in trace) and _get(trace[0], "source") != "greedy":
             parts.append(f"{c['steered']} steered")
@@ -382,9 +412,16 @@ def jsd_gamma_chart(trace: Sequence[Any]) -> Any:
     return Image.open(buf).convert("RGB")
 
 
-def status_html(kind: str, text: str) -> str:
-    """The status line: ``kind`` is idle, run, ok or error (styled by ``.asym-status-<kind>``)."""
-    return f'<div class="asym-status asym-status-{kind}" data-status="{kind}">{esc(text)}</div>'
+def status_html(kind: str, text: str, warning: str | None = None) -> str:
+    """The status line: ``kind`` is idle, run, ok or error (styled by ``.asym-status-<kind>``). A ``warning`` (the
+    request is outside what the loaded models can answer) stands in a box of its own under it, from the moment the
+    run starts, apart from the outcome (the status line stays next to Run, where a phone shows it)."""
+    box = (
+        f'<div class="asym-warning" data-warning="1" role="note"><strong>\u26a0 Outside what these models learned.</strong> {esc(warning)}</div>'
+        if warning
+        else ""
+    )
+    return f'<div class="asym-status asym-status-{kind}" data-status="{kind}">{esc(text)}</div>{box}'
 
 
 def method_title(method: str) -> str:

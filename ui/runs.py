@@ -33,6 +33,7 @@ class _Request:
     compare: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
     warning: str | None = None  # the request is outside what the loaded pair can answer (the tiny pair)
+    setup: str = "prefill"  # what setting its first row up does, for the status (ui.progress.setup_steps)
 
 
 def _file_path(payload: Any) -> str | None:
