@@ -19,6 +19,7 @@ from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_checkpoint, check_vocabularies, eos_ids, load_kwargs, load_sd_drafter, resolve_device
+from .locks import FairRLock
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .questions import check_question
 from .session import GenerationStream, MMResult, Session
@@ -86,6 +87,8 @@ class AsymSpecPipeline:
             if sd_drafter is not None:
                 sd_tok = sd_drafter_tokenizer or verifier_tokenizer
                 check_vocabularies(sd_tok, verifier_tokenizer, logit_width(sd_drafter), logit_width(verifier), "SD drafter")
+        self._lock = FairRLock()  # the models: one model call at a time across threads, in arrival order
+        self._ocr_start = threading.Lock()  # the OCR engine is created once, on first use
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
         from vision_cache.store import FeatureStore
 
@@ -99,8 +102,6 @@ class AsymSpecPipeline:
 
         # how the engine's items become the OCR text (the tiny preset: one line, as MiniVista trained it)
         self.ocr_layout = check_ocr_layout(ocr_layout)
-        self._lock = threading.RLock()  # the models: one model call at a time across threads
-        self._ocr_start = threading.Lock()  # the OCR engine is created once, on first use
         self.eos_ids = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
         self.engines: EngineFactory = engines or TransformersEngines()
         # how (view, question) become the prompts' texts; a request may bring its own (prepare(prompt_style=...))
@@ -237,7 +238,9 @@ class AsymSpecPipeline:
         with self._ocr_start:
             ocr_engine = self.ocr_engine if ocr is None else None
         # the captioner takes the models' lock per model call itself
-        return compress(image, captioner=self.captioner, ocr_engine=ocr_engine, caption=caption, ocr=ocr, ocr_layout=self.ocr_layout, timings=timings)
+        return compress(
+            image, captioner=self.captioner, ocr_engine=ocr_engine, caption=caption, ocr=ocr, ocr_layout=self.ocr_layout, timings=timings
+        )
 
     def generate(self, image, question: str, **kwargs) -> MMResult:
         """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""

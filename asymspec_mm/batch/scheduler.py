@@ -1,9 +1,12 @@
 """Continuous batching for concurrent callers: ``sched = pipe.scheduler(max_batch_size=16)``.
 
-Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. One worker thread owns
-the batches: at every step boundary it admits waiting requests (set-up and prefill, one at a time) while
-fewer than ``max_batch_size`` rows are live, steps one batch, hands each row's committed events to its
-handle and retires finished or cancelled rows at once. Requests whose method or settings differ (see
+Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. A set-up thread prepares
+waiting requests (image, caption, OCR, prompts, prefill: :meth:`AsymSpecPipeline.prepare`, one at a time) while
+fewer than ``max_batch_size`` rows are live or ready; it takes the models' lock only for each model call (a
+caption token, a prefill), so it never holds up the rows being decoded for longer than one such call. One
+decode thread owns the batches: at every step boundary it lets prepared requests join while their KV fits,
+steps one batch, hands each row's committed events to its handle and retires finished or cancelled rows at
+once. Requests whose method or settings differ (see
 :func:`~asymspec_mm.batch.decoder.batch_key`; gamma, beta and lam may differ within a batch) go to separate
 batches, stepped in turn, and a batch left empty is dropped. A failing request fails only its own handle; a
 failing step fails the rows of that batch and the worker goes on. Should the worker itself stop on an error,
@@ -29,7 +32,7 @@ from .decoder import BatchDecoder, BatchEngineFactory, batch_key
 if TYPE_CHECKING:
     from ..decode import TokenEvent
     from ..pipeline import AsymSpecPipeline
-    from ..session import MMResult
+    from ..session import MMResult, Session
 
 _END = object()
 
@@ -144,8 +147,10 @@ class Scheduler:
         self.batch_engines = batch_engines
         #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
         self.error: SchedulerStoppedError | None = None
-        self._held: tuple | None = None  # a prepared request waiting for KV room
-        self._waiting: deque[_Waiting] = deque()
+        self._waiting: deque[_Waiting] = deque()  # not set up yet
+        self._preparing: _Waiting | None = None  # being set up on the set-up thread
+        self._ready: deque[tuple[_Waiting, Session]] = deque()  # set up, waiting to join (first: for KV room)
+        self._n_live = 0  # rows being decoded (kept by the decode thread, read by any)
         self._handles: dict[int, Handle] = {}
         self._decoders: dict[tuple, BatchDecoder] = {}
         self._turn = itertools.count()
@@ -155,7 +160,9 @@ class Scheduler:
         self.steps = 0
         self.rows_stepped = 0  # sum over steps of the rows in the step (occupancy = rows_stepped / steps)
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
+        self._setup = threading.Thread(target=self._prepare_loop, name="asymspec-setup", daemon=True)
         self._worker.start()
+        self._setup.start()
 
     # ---------------------------------------------------------------- callers
     def submit(
@@ -184,25 +191,26 @@ class Scheduler:
             handle = Handle(self, next(self._ids))
             self._handles[handle.id] = handle
             self._waiting.append(_Waiting(handle, image, question, caption, ocr, method, cfg))
-            self._cond.notify()
+            self._cond.notify_all()
         return handle
 
     @property
     def live_rows(self) -> int:
-        return sum(len(d.rows) for d in self._decoders.values())
+        """Rows being decoded."""
+        return self._n_live
 
     @property
     def waiting(self) -> int:
-        """Requests waiting for a row (the one held for KV room included)."""
-        return len(self._waiting) + (self._held is not None)
+        """Requests waiting for a row: not set up yet, or set up and waiting to join."""
+        return len(self._waiting) + len(self._ready)
 
     def _position(self, handle: Handle) -> int | None:
-        """``handle``'s place in the line: the request held for KV room first, then the queue in order (cancelled
+        """``handle``'s place in the line: set-up requests held for KV room first, then the queue in order (cancelled
         requests, which leave at the next step boundary, count for nothing)."""
         if handle.cancelled:
             return None
         with self._cond:
-            line = ([self._held[0]] if self._held is not None else []) + list(self._waiting)
+            line = [w for w, _ in self._ready if w.handle.left_line_at is None] + list(self._waiting)
         ahead = 0
         for w in line:
             if w.handle is handle:
@@ -211,10 +219,11 @@ class Scheduler:
         return None
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish the rows being decoded and the waiting requests, then stop the worker."""
+        """Finish the rows being decoded and the waiting requests, then stop the worker threads."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            self._cond.notify_all()
+        self._setup.join(timeout)
         self._worker.join(timeout)
 
     def __enter__(self) -> Scheduler:
@@ -223,72 +232,101 @@ class Scheduler:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---------------------------------------------------------------- the worker
+    # ---------------------------------------------------------------- the worker threads
     def _wake(self) -> None:
         with self._cond:
-            self._cond.notify()
+            self._cond.notify_all()
+
+    def _finished(self) -> bool:
+        """Closing, and nothing is left to set up or decode (called with ``_cond`` held)."""
+        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self._n_live
+
+    def _room(self) -> bool:
+        """Whether the set-up thread may prepare one more request (called with ``_cond`` held): prepared requests
+        hold their prefilled KV until they join, so only as many as there are free rows."""
+        return self._n_live + len(self._ready) < self.max_batch_size
+
+    def _prepare_loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while self.error is None and not (self._waiting and self._room()) and not (self._closing and not self._waiting):
+                        self._cond.wait()
+                    if self.error is not None or not self._waiting:
+                        return
+                    w = self._preparing = self._waiting.popleft()
+                    w.handle.left_line_at = time.monotonic()
+                self._prepare(w)
+        except BaseException as exc:  # noqa: BLE001 - a dead thread must not leave callers waiting forever
+            self._stop_on(exc)
+
+    def _prepare(self, w: _Waiting) -> None:
+        """Set one request up; it joins the ready line, or fails its own handle (a bad image, a context overflow)."""
+        session = None
+        if w.handle.cancelled:
+            self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+        else:
+            try:
+                session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
+            except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
+                self._drop(w.handle, exc)
+        with self._cond:
+            self._preparing = None
+            if session is not None:
+                self._ready.append((w, session))
+            self._cond.notify_all()
 
     def _run(self) -> None:
         try:
             while True:
                 with self._cond:
-                    while not self._waiting and not self.live_rows and self._held is None and not self._closing:
+                    while not self._ready and not self._n_live and not self._finished() and self.error is None:
                         self._cond.wait()
-                    if self._closing and not self._waiting and not self.live_rows and self._held is None:
+                    if self._finished() or self.error is not None:
                         return
                 self._retire_cancelled()
                 self._admit()
                 self._step_one()
+                with self._cond:
+                    self._n_live = sum(len(d.rows) for d in self._decoders.values())
+                    self._cond.notify_all()  # rows may have freed: the set-up thread may go on
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
 
     def _stop_on(self, exc: BaseException) -> None:
-        """The worker stopped on ``exc``: every waiting, held and live request fails with one
+        """A worker thread stopped on ``exc``: every waiting, ready and live request fails with one
         :class:`SchedulerStoppedError`, and new requests are refused with it."""
         error = SchedulerStoppedError(
             f"the scheduler's worker stopped on {type(exc).__name__}: {exc}".rstrip(": ") + "; create a new scheduler"
         )
         error.__cause__ = exc
         with self._cond:
+            if self.error is not None:  # the other thread stopped first
+                return
             self.error, self._closing = error, True
             self._waiting.clear()
-            self._held = None
+            self._ready.clear()
+            self._n_live = 0
             handles = list(self._handles.values())
             self._handles.clear()
             self._decoders.clear()
+            self._cond.notify_all()
         for handle in handles:
             handle._finish(error=error)
 
     def _admit(self) -> None:
-        """Set up waiting requests while rows are free and their KV fits ``max_kv_bytes`` (one always fits when no
-        row is live). Each fails alone: a bad image errors only its own handle."""
-        while self.live_rows < self.max_batch_size:
-            if self._held is None:
-                with self._cond:
-                    if not self._waiting:
-                        return
-                    w = self._waiting.popleft()
-                    w.handle.left_line_at = time.monotonic()
-                if w.handle.cancelled:
-                    self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
-                    continue
-                try:
-                    session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
-                    decoder = self._decoders.get(w.key)
-                    if decoder is None:
-                        decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config, engines=self.batch_engines)
-                except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
-                    self._drop(w.handle, exc)
-                    continue
-                with self._cond:  # back in line (first) until its KV fits
-                    self._held = (w, session, decoder)
-                    w.handle.left_line_at = None
-            w, session, decoder = self._held
+        """Let set-up requests join while rows are free and their KV fits ``max_kv_bytes`` (one always fits when no
+        row is live; one that could never fit is refused). Each fails alone: only its own handle errors."""
+        while self._ready and sum(len(d.rows) for d in self._decoders.values()) < self.max_batch_size:
+            w, session = self._ready[0]
             if w.handle.cancelled:
-                self._held = None
+                self._pop_ready()
                 self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
                 continue
             try:
+                decoder = self._decoders.get(w.key)
+                if decoder is None:
+                    decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config, engines=self.batch_engines)
                 need = decoder.kv_need(session)
                 if self.max_kv_bytes is not None and need > self.max_kv_bytes:
                     raise KVBudgetError(
@@ -296,24 +334,31 @@ class Scheduler:
                         f"max_kv_bytes is {self.max_kv_bytes:,}: lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
                     )
             except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
-                self._held = None
+                self._pop_ready()
                 self._drop(w.handle, exc)
                 continue
             reserved = sum(d.kv_reserved for d in self._decoders.values())
-            if self.live_rows and self.max_kv_bytes is not None and reserved + need > self.max_kv_bytes:
+            live = sum(len(d.rows) for d in self._decoders.values())
+            if live and self.max_kv_bytes is not None and reserved + need > self.max_kv_bytes:
+                with self._cond:  # back in line (first) until its KV fits
+                    w.handle.left_line_at = None
                 return
+            self._pop_ready()
             with self._cond:
-                self._held = None
-                w.handle.left_line_at = time.monotonic()
+                w.handle.left_line_at = w.handle.left_line_at or time.monotonic()
             try:
                 decoder.add(w.handle.id, session)
             except Exception as exc:  # noqa: BLE001
                 self._drop(w.handle, exc)
 
+    def _pop_ready(self) -> None:
+        with self._cond:
+            self._ready.popleft()
+            self._cond.notify_all()
+
     def _step_one(self) -> None:
         """Step the next batch with live rows (batches of different settings take turns); drop empty batches."""
-        held = self._held[2] if self._held is not None else None
-        for key in [k for k, d in self._decoders.items() if not d.rows and d is not held]:
+        for key in [k for k, d in self._decoders.items() if not d.rows]:
             del self._decoders[key]
         live = [d for d in self._decoders.values() if d.rows]
         if not live:
@@ -342,6 +387,8 @@ class Scheduler:
             gone = [w for w in self._waiting if w.handle.cancelled]
             for w in gone:
                 self._waiting.remove(w)
+            gone += [w for w, _ in self._ready if w.handle.cancelled]
+            self._ready = deque((w, s) for w, s in self._ready if not w.handle.cancelled)
         for w in gone:
             self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
         for decoder in self._decoders.values():
