@@ -227,3 +227,54 @@ def test_a_live_row_keeps_stepping_while_new_requests_are_captioned(tiny_pipe):
     assert caption_tokens >= 600, caption_tokens  # the captions were really written, token by token: longer than the row
     # every step the live row had left happened while the four were still being set up (turn by turn at the models)
     assert steps_in_window == len(stamps) - 3 == 297, (steps_in_window, caption_tokens)
+
+
+def test_listen_hands_over_the_backlog_then_every_update_in_order(tiny_pipe):
+    case = _case_kwargs(420)
+    cfg = AsymSpecConfig(max_new_tokens=12)
+    ref = tiny_pipe.generate(**case, config=cfg)
+    got: list = []
+    with tiny_pipe.scheduler(max_batch_size=2) as sched:
+        h = sched.submit(**case, config=cfg)
+        first = next(iter(h))  # one step read by iteration
+        h.listen(lambda kind, value: got.append((kind, value)))
+        h.result(timeout=120)
+    kinds = [k for k, _ in got]
+    assert kinds[-1] == "result" and set(kinds[:-1]) <= {"events"} and got[-1][1].token_ids == ref.token_ids
+    tokens = [ev.token_id for ev in first] + [ev.token_id for k, evs in got[:-1] for ev in evs]
+    assert tokens == ref.token_ids  # nothing lost, nothing twice, in order
+
+
+def test_the_server_follows_requests_without_a_thread_each(tiny_pipe):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    from test_serve import data_url, user_message
+
+    from asymspec_mm.serve import ServerThread, create_app
+
+    cases = [make_case(430 + i) for i in range(6)]
+    refs = [
+        tiny_pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], config=AsymSpecConfig(max_new_tokens=16))
+        for c in cases
+    ]
+    seen_threads: set[str] = set()
+    with ServerThread(create_app(tiny_pipe, max_batch_size=8)) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(c):
+            body = {"asymspec": {"caption": c["caption"], "ocr": c["ocr"]}}
+            stream = client.chat.completions.create(
+                model="tiny", messages=[user_message(c["question"], data_url(c["image"]))], max_tokens=16, stream=True, extra_body=body
+            )
+            text = ""
+            for chunk in stream:
+                seen_threads.update(t.name for t in threading.enumerate())
+                text += chunk.choices[0].delta.content or "" if chunk.choices else ""
+            return text
+
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(ask, cases))
+    assert texts == [r.text for r in refs]
+    assert not [name for name in seen_threads if name.startswith("asymspec-serve-")]

@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,10 +50,16 @@ class SchedulerStoppedError(AsymSpecError):
     """The scheduler's worker stopped on an error: its requests cannot finish (create a new scheduler)."""
 
 
+#: What a handle's listener receives: ``("events", [TokenEvent])`` per step, then ``("result", MMResult)`` or
+#: ``("error", exception)`` once.
+Listener = Callable[[str, Any], None]
+
+
 class Handle:
     """One submitted request. Iterate it for each step's committed :class:`TokenEvent` list; :meth:`result`
     waits for the :class:`MMResult`; :meth:`cancel` frees its row. :attr:`position` and :meth:`waited` say
-    where it stands in the line for a row while it waits."""
+    where it stands in the line for a row while it waits. :meth:`listen` hands the same updates to a
+    callback instead (an event loop needs no thread per request to follow one)."""
 
     def __init__(self, scheduler: Scheduler, rid: int):
         self.id = rid
@@ -65,6 +72,8 @@ class Handle:
         self._done = threading.Event()
         self._result: MMResult | None = None
         self._error: BaseException | None = None
+        self._listener: Listener | None = None
+        self._deliver = threading.Lock()  # keeps a listener's updates in order with the backlog
         self.cancelled = False
 
     def __iter__(self):
@@ -103,15 +112,41 @@ class Handle:
         self.cancelled = True
         self._scheduler._wake()
 
+    def listen(self, listener: Listener) -> None:
+        """Call ``listener(kind, value)`` with every update from now on, on the scheduler's threads, after the
+        updates already waiting (which iteration then no longer sees): ``("events", [TokenEvent])`` per step,
+        then ``("result", MMResult)`` or ``("error", exception)``. It must return quickly (hand the update on)."""
+        with self._deliver:
+            backlog = []
+            while not self._events.empty():
+                backlog.append(self._events.get_nowait())
+            self._listener = listener
+            for item in backlog:
+                self._tell(item)
+
+    def _tell(self, item: Any) -> None:
+        """Hand one queued item to the listener (called with ``_deliver`` held)."""
+        if item is _END:
+            self._listener(*(("error", self._error) if self._error is not None else ("result", self._result)))
+        else:
+            self._listener("events", item)
+
+    def _put(self, item: Any) -> None:
+        with self._deliver:
+            if self._listener is not None:
+                self._tell(item)
+            else:
+                self._events.put(item)
+
     def _step(self, events: list[TokenEvent]) -> None:
-        self._events.put(events)
+        self._put(events)
 
     def _finish(self, result: MMResult | None = None, error: BaseException | None = None) -> None:
         if self._done.is_set():
             return
         self._result, self._error = result, error
         self._done.set()
-        self._events.put(_END)
+        self._put(_END)
 
 
 @dataclass
@@ -150,7 +185,6 @@ class Scheduler:
         self._waiting: deque[_Waiting] = deque()  # not set up yet
         self._preparing: _Waiting | None = None  # being set up on the set-up thread
         self._ready: deque[tuple[_Waiting, Session]] = deque()  # set up, waiting to join (first: for KV room)
-        self._n_live = 0  # rows being decoded (kept by the decode thread, read by any)
         self._handles: dict[int, Handle] = {}
         self._decoders: dict[tuple, BatchDecoder] = {}
         self._turn = itertools.count()
@@ -196,8 +230,8 @@ class Scheduler:
 
     @property
     def live_rows(self) -> int:
-        """Rows being decoded."""
-        return self._n_live
+        """Rows being decoded (read from any thread: ``list`` takes the decoders in one step)."""
+        return sum(len(d.rows) for d in list(self._decoders.values()))
 
     @property
     def waiting(self) -> int:
@@ -239,12 +273,12 @@ class Scheduler:
 
     def _finished(self) -> bool:
         """Closing, and nothing is left to set up or decode (called with ``_cond`` held)."""
-        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self._n_live
+        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self.live_rows
 
     def _room(self) -> bool:
         """Whether the set-up thread may prepare one more request (called with ``_cond`` held): prepared requests
         hold their prefilled KV until they join, so only as many as there are free rows."""
-        return self._n_live + len(self._ready) < self.max_batch_size
+        return self.live_rows + len(self._ready) < self.max_batch_size
 
     def _prepare_loop(self) -> None:
         try:
@@ -280,7 +314,7 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._ready and not self._n_live and not self._finished() and self.error is None:
+                    while not self._ready and not self.live_rows and not self._finished() and self.error is None:
                         self._cond.wait()
                     if self._finished() or self.error is not None:
                         return
@@ -288,7 +322,6 @@ class Scheduler:
                 self._admit()
                 self._step_one()
                 with self._cond:
-                    self._n_live = sum(len(d.rows) for d in self._decoders.values())
                     self._cond.notify_all()  # rows may have freed: the set-up thread may go on
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
@@ -306,7 +339,6 @@ class Scheduler:
             self.error, self._closing = error, True
             self._waiting.clear()
             self._ready.clear()
-            self._n_live = 0
             handles = list(self._handles.values())
             self._handles.clear()
             self._decoders.clear()
@@ -317,7 +349,7 @@ class Scheduler:
     def _admit(self) -> None:
         """Let set-up requests join while rows are free and their KV fits ``max_kv_bytes`` (one always fits when no
         row is live; one that could never fit is refused). Each fails alone: only its own handle errors."""
-        while self._ready and sum(len(d.rows) for d in self._decoders.values()) < self.max_batch_size:
+        while self._ready and self.live_rows < self.max_batch_size:
             w, session = self._ready[0]
             if w.handle.cancelled:
                 self._pop_ready()
@@ -338,8 +370,7 @@ class Scheduler:
                 self._drop(w.handle, exc)
                 continue
             reserved = sum(d.kv_reserved for d in self._decoders.values())
-            live = sum(len(d.rows) for d in self._decoders.values())
-            if live and self.max_kv_bytes is not None and reserved + need > self.max_kv_bytes:
+            if self.live_rows and self.max_kv_bytes is not None and reserved + need > self.max_kv_bytes:
                 with self._cond:  # back in line (first) until its KV fits
                     w.handle.left_line_at = None
                 return

@@ -68,30 +68,20 @@ def _finite(obj: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------- handles
 class _Reader:
-    """A scheduler handle read on its own thread into the event loop: ``("events", [TokenEvent])`` per step,
-    then ``("result", MMResult)`` or ``("error", exception)``; records the outcome in the metrics."""
+    """A scheduler handle followed from the event loop: the handle's listener (called on the scheduler's threads)
+    puts ``("events", [TokenEvent])`` per step, then ``("result", MMResult)`` or ``("error", exception)`` on an
+    asyncio queue, and records the outcome in the metrics. No thread per request."""
 
     def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, on_end: Callable[[], None]):
         self.handle, self.loop, self.metrics, self.on_end = handle, loop, metrics, on_end
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.thread = threading.Thread(target=self._pump, name=f"asymspec-serve-{handle.id}", daemon=True)
-        self.thread.start()
+        handle.listen(self._update)
 
-    def _pump(self) -> None:
-        outcome, result = "error", None
-        try:
-            for events in self.handle:
-                self._put(("events", events))
-            result = self.handle.result()
-            outcome = "ok"
-            self._put(("result", result))
-        except CancelledError as exc:
-            outcome = "cancelled"
-            self._put(("error", exc))
-        except BaseException as exc:  # noqa: BLE001 - handed to the request's coroutine
-            self._put(("error", exc))
-        finally:
-            self.metrics.finished(outcome, result)
+    def _update(self, kind: str, value: Any) -> None:
+        self._put((kind, value))
+        if kind != "events":
+            outcome = "ok" if kind == "result" else "cancelled" if isinstance(value, CancelledError) else "error"
+            self.metrics.finished(outcome, value if kind == "result" else None)
             self.on_end()
 
     def _put(self, item: tuple) -> None:
