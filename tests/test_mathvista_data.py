@@ -116,7 +116,10 @@ def test_the_issue_command_runs_from_a_copy_of_the_package(tmp_path):
     env = {**_env_without_variable(), "PYTHONPATH": str(install)}
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "587 prompts (paper protocol) -> prompts.jsonl"
+    assert proc.stdout.strip().splitlines() == [
+        "587 prompts (paper protocol) -> prompts.jsonl",
+        "verifier prompt: longest 1,950 tokens (pid 340), median 770, 0 over 32,704",  # the tiny pair's 728-token tokenizer
+    ]
     assert len(_dumped_pids(work / "prompts.jsonl")) == 587
 
 

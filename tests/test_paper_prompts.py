@@ -101,7 +101,14 @@ def raw(name: str) -> dict:
 def test_paper_prompts_of_hand_checked_pids(paper_dump, pid: str) -> None:
     verifier, alone = EXPECTED[pid]
     row = paper_dump[pid]
-    assert set(row) == {"pid", "verifier_user_text", "drafter_full_user_text", "drafter_alone_user_text", "verifier_prompt"}
+    assert set(row) == {
+        "pid",
+        "verifier_user_text",
+        "drafter_full_user_text",
+        "drafter_alone_user_text",
+        "verifier_prompt",
+        "verifier_prompt_tokens",
+    }
     assert row["verifier_user_text"] == verifier
     assert row["drafter_full_user_text"] == verifier  # AsymSpec's full view: the image, then the verifier's text
     assert row["drafter_alone_user_text"] == alone

@@ -189,7 +189,7 @@ def test_a_live_row_keeps_stepping_while_new_requests_are_captioned(tiny_pipe):
     all four set-ups (the old scheduler made 0 steps in that window). Counted in steps, not seconds."""
     import time
 
-    live_case = make_case(407)  # Floor decodes it for its whole 300-token budget
+    live_case = make_case(407)
     cfg = AsymSpecConfig(max_new_tokens=300)
     stamps: list[float] = []
     first_event: dict[int, float] = {}
@@ -278,3 +278,12 @@ def test_the_server_follows_requests_without_a_thread_each(tiny_pipe):
             texts = list(pool.map(ask, cases))
     assert texts == [r.text for r in refs]
     assert not [name for name in seen_threads if name.startswith("asymspec-serve-")]
+
+
+def test_stall_figures_from_step_times():
+    from asymspec_mm.bench.admission import stall_figures
+
+    stamps = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4, 1.5]  # steps every 0.1 s, then a 1.0 s gap while set-up runs in [0.35, 1.45]
+    got = stall_figures(stamps, (0.35, 1.45))
+    assert got["median_step_s"] == pytest.approx(0.1) and got["longest_gap_s"] == pytest.approx(1.0)
+    assert got["stall"] == pytest.approx(10.0) and got["steps_during_setup"] == 2

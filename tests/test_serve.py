@@ -368,7 +368,9 @@ def test_sixteen_concurrent_clients_share_steps(pipe):
                 assert [t["token_id"] for t in got[i].model_extra["asymspec"]["trace"]] == ref.token_ids, i
         m = metrics_of(srv.url)
         sched = app.state.asymspec.scheduler
-        assert m["asymspec_batch_occupancy"] == pytest.approx(sched.rows_stepped / sched.steps, rel=1e-5) and m["asymspec_batch_occupancy"] > 1
+        assert (
+            m["asymspec_batch_occupancy"] == pytest.approx(sched.rows_stepped / sched.steps, rel=1e-5) and m["asymspec_batch_occupancy"] > 1
+        )
         assert m['asymspec_requests_total{outcome="ok"}'] == 16 and m["asymspec_requests_in_flight"] == 0
 
 

@@ -158,6 +158,7 @@ class _Waiting:
     ocr: str | bool | None
     method: str
     config: AsymSpecConfig
+    ignore_eos: bool = False
     key: tuple = field(init=False)
 
     def __post_init__(self) -> None:
@@ -208,9 +209,11 @@ class Scheduler:
         ocr: str | bool | None = None,
         method: str = "asymspec",
         config: AsymSpecConfig | None = None,
+        ignore_eos: bool = False,
         **overrides,
     ) -> Handle:
-        """Queue a request; bad options raise here, in the caller's thread. Returns its :class:`Handle`."""
+        """Queue a request; bad options raise here, in the caller's thread. Returns its :class:`Handle`.
+        ``ignore_eos`` decodes to the token budget (as :meth:`AsymSpecPipeline.prepare`'s)."""
         check_method(method)
         cfg = resolve_config(config, overrides)
         with self._cond:
@@ -224,7 +227,7 @@ class Scheduler:
                 )
             handle = Handle(self, next(self._ids))
             self._handles[handle.id] = handle
-            self._waiting.append(_Waiting(handle, image, question, caption, ocr, method, cfg))
+            self._waiting.append(_Waiting(handle, image, question, caption, ocr, method, cfg, ignore_eos))
             self._cond.notify_all()
         return handle
 
@@ -301,7 +304,9 @@ class Scheduler:
             self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
         else:
             try:
-                session = self.pipe.prepare(w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config)
+                session = self.pipe.prepare(
+                    w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config, ignore_eos=w.ignore_eos
+                )
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                 self._drop(w.handle, exc)
         with self._cond:

@@ -341,7 +341,14 @@ def _dump_prompts(args: argparse.Namespace, selected: list, text: Any) -> int:
     from .mathvista.prompt_lengths import DrafterCounter, add_lengths, length_summary
 
     rows = list(rows)
-    add_lengths(rows, selected, tokenizer, DrafterCounter(args.drafter) if args.drafter else None)
+    counter = None
+    if args.drafter:
+        try:
+            counter = DrafterCounter(args.drafter)
+        except (OSError, ValueError) as exc:  # a hub id not in the cache, a missing folder: the texts still dump
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"note: drafter full-view lengths not counted: cannot read {args.drafter}'s processor files ({why})", file=sys.stderr)
+    add_lengths(rows, selected, tokenizer, counter)
     n = mv.write_prompt_rows(rows, args.dump_prompts)
     print(f"{n} prompts ({args.protocol} protocol) -> {args.dump_prompts}")
     print(length_summary(rows))

@@ -1,0 +1,109 @@
+"""Admission stall: how long a decoding row waits between its steps while new requests are set up.
+
+One live row decodes a long answer through the scheduler; once it has stepped a few times, ``n_new``
+requests with an automatic caption (and OCR, when the pipeline has an engine) are submitted. Reported: the
+live row's median gap between steps before they arrive, its longest gap while they are set up, their ratio
+(the stall), and how many steps it made during their set-up. ``python -m asymspec_mm.bench.admission``
+prints a run on random tiny checkpoints (the live row: Floor, 300 tokens); :func:`measure_stall` takes any
+pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+from ..config import AsymSpecConfig
+
+
+def stall_figures(live_stamps: list[float], window: tuple[float, float]) -> dict[str, Any]:
+    """The live row's gaps from its step times (monotonic seconds, in order) and the set-up ``window``:
+    ``median_step_s`` before the window, ``longest_gap_s`` of the gaps that overlap it, their ratio
+    ``stall``, and ``steps_during_setup``."""
+    start, end = window
+    gaps = [(a, b - a) for a, b in zip(live_stamps, live_stamps[1:])]
+    before = [g for t, g in gaps if t + g <= start]
+    during = [g for t, g in gaps if t < end and t + g > start]
+    median = statistics.median(before) if before else float("nan")
+    longest = max(during) if during else 0.0
+    return {
+        "median_step_s": median,
+        "longest_gap_s": longest,
+        "stall": longest / median if before and median > 0 else float("nan"),
+        "steps_during_setup": sum(start <= t <= end for t in live_stamps),
+    }
+
+
+def measure_stall(pipe, live: dict, new: list[dict], *, live_method: str = "floor", live_tokens: int = 300, warm_steps: int = 20) -> dict:
+    """Run the scenario once on ``pipe``'s scheduler. ``live`` / ``new[i]``: ``image``, ``question`` and optional
+    ``caption``/``ocr`` (``None`` makes them). Returns :func:`stall_figures` plus the set-up window's length."""
+    stamps: list[float] = []
+    joined: dict[int, float] = {}
+    with pipe.scheduler(max_batch_size=len(new) + 1) as sched:
+        cfg = AsymSpecConfig(max_new_tokens=live_tokens)
+        # the live row decodes its whole budget (random weights could stop it early: its length is the scenario)
+        h = sched.submit(
+            live["image"],
+            live["question"],
+            caption=live.get("caption"),
+            ocr=live.get("ocr"),
+            method=live_method,
+            config=cfg,
+            ignore_eos=True,
+        )
+        steps = iter(h)
+        for _ in range(warm_steps):
+            next(steps)
+            stamps.append(time.monotonic())
+        handles = [
+            sched.submit(r["image"], r["question"], caption=r.get("caption"), ocr=r.get("ocr"), config=AsymSpecConfig(max_new_tokens=4))
+            for r in new
+        ]
+
+        def first_step(handle) -> None:
+            for _ in handle:
+                joined.setdefault(handle.id, time.monotonic())
+
+        watchers = [threading.Thread(target=first_step, args=(x,), daemon=True) for x in handles]
+        for w in watchers:
+            w.start()
+        for _ in steps:
+            stamps.append(time.monotonic())
+        for x in handles:
+            x.result(timeout=600)
+        for w in watchers:
+            w.join(60)
+    window = (min(x.submitted_at for x in handles), max(joined.values()))
+    return {**stall_figures(stamps, window), "setup_window_s": window[1] - window[0], "live_steps": len(stamps)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.admission", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="runs/admission_ckpt", help="where the random tiny checkpoints are built (reused)")
+    ap.add_argument("--new", type=int, default=4, help="requests set up while the live row decodes")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    from ..pipeline import AsymSpecPipeline
+    from ..testing import build_tiny_checkpoints
+    from .pairs import bench_cases
+
+    pipe = AsymSpecPipeline.from_pretrained(*build_tiny_checkpoints(args.dir), ocr="none")
+    cases = bench_cases(1 + args.new)
+    live = {**cases[0], "caption": "a chart", "ocr": ""}
+    new = [{**c, "caption": None, "ocr": False} for c in cases[1:]]
+    runs = [measure_stall(pipe, live, new, live_method="floor") for _ in range(args.reps)]
+    for r in runs:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+    stalls = sorted(r["stall"] for r in runs)
+    print(
+        f"stall (longest gap during set-up / median step): median {statistics.median(stalls):.2f}x (min {stalls[0]:.2f}, max {stalls[-1]:.2f}, n={len(stalls)})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
