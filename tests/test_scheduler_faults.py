@@ -283,7 +283,9 @@ def test_the_server_follows_requests_without_a_thread_each(tiny_pipe):
 def test_stall_figures_from_step_times():
     from asymspec_mm.bench.admission import stall_figures
 
-    stamps = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4, 1.5]  # steps every 0.1 s, then a 1.0 s gap while set-up runs in [0.35, 1.45]
-    got = stall_figures(stamps, (0.35, 1.45))
-    assert got["median_step_s"] == pytest.approx(0.1) and got["longest_gap_s"] == pytest.approx(1.0)
-    assert got["stall"] == pytest.approx(10.0) and got["steps_during_setup"] == 2
+    # steps every 0.1 s, a 1.0 s gap while set-up runs in [0.35, 1.45], then 0.2 s steps with every row decoding
+    stamps = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4, 1.6, 1.8, 2.0]
+    got = stall_figures(stamps, (0.35, 1.45), after_steps=3)
+    assert got["median_step_s"] == pytest.approx(0.1) and got["median_step_all_s"] == pytest.approx(0.2)
+    assert got["longest_gap_s"] == pytest.approx(1.0) and got["stall"] == pytest.approx(10.0) and got["stall_all"] == pytest.approx(5.0)
+    assert got["steps_during_setup"] == 2
