@@ -211,6 +211,12 @@ class AsymSpecPipeline:
         return pipe
 
     @property
+    def models_lock(self) -> FairRLock:
+        """The lock held around every model call (re-entrant, first come first served): whoever decodes on this
+        pipeline's models from another thread holds it around each call."""
+        return self._lock
+
+    @property
     def sd_drafter_name(self) -> str:
         """Which model drafts for SD: the separate text drafter's name or path, else the VL drafter's view."""
         if self.sd_drafter is None:

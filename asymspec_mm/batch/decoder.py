@@ -77,7 +77,7 @@ class BatchDecoder(RowDecoder):
     def __init__(self, pipe: AsymSpecPipeline, method: str, config: AsymSpecConfig, *, engines: BatchEngineFactory | None = None):
         make = engines or batch_engine
         built = {name: make(model, name) for name, model in stream_models(pipe, method).items()}
-        super().__init__(method, config, built, lock=pipe._lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
+        super().__init__(method, config, built, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
         self.pipe = pipe
         self.key = batch_key(method, self.cfg)
 
