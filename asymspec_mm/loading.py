@@ -184,3 +184,63 @@ def eos_ids(tokenizers, models=()) -> set[int]:
         eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         ids.update([eos] if isinstance(eos, int) else (eos or []))
     return ids
+
+
+def load_models(
+    drafter: str | Path,
+    verifier: str | Path,
+    device: str | torch.device | None,
+    dtype: torch.dtype | str | None,
+    *,
+    device_map: Any,
+    verifier_device_map: Any,
+    trust_remote_code: bool,
+    local_files_only: bool | None,
+    verifier_backend: str,
+    vllm_kwargs: dict | None,
+    drafter_backend: str,
+    drafter_vllm_kwargs: dict | None,
+    sd_drafter: str | Path | None,
+) -> dict[str, Any]:
+    """Load a pair with ``from_pretrained`` (see :meth:`AsymSpecPipeline.from_pretrained` for the options): the
+    keyword arguments of :class:`AsymSpecPipeline` for its models, tokenizers, device and name."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    dev, dt = resolve_device(device, dtype)
+    extra = {} if local_files_only is None else {"local_files_only": local_files_only}
+    processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
+    d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **load_kwargs(dt, device_map, trust_remote_code), **extra)
+    if device_map is None:
+        d_model.to(dev)
+    v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
+    if verifier_backend == "vllm":
+        from .vllm_engine import VLLMModel
+
+        v_kw = {"dtype": dt, **(vllm_kwargs or {})}  # a dtype in vllm_kwargs wins over the pipeline's
+        v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, **extra, **v_kw)
+    else:
+        v_model = AutoModelForCausalLM.from_pretrained(str(verifier), **load_kwargs(dt, verifier_device_map, trust_remote_code), **extra)
+        if verifier_device_map is None:
+            v_model.to(dev)
+    comp = None
+    if drafter_backend == "vllm":
+        from .vllm_engine import VLLMModel
+
+        comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
+        comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)
+    full = comp if comp is not None and getattr(comp, "accepts_images", False) else None
+    sd_model, sd_tok = (None, None)
+    if sd_drafter is not None:
+        sd_model, sd_tok = load_sd_drafter(sd_drafter, dt, dev, device_map, trust_remote_code, extra)
+    return dict(
+        drafter=d_model,
+        processor=processor,
+        verifier=v_model,
+        verifier_tokenizer=v_tok,
+        device=dev,
+        name=f"{drafter} + {verifier}",
+        drafter_comp=comp,
+        drafter_full=full,
+        sd_drafter=sd_model,
+        sd_drafter_tokenizer=sd_tok,
+    )

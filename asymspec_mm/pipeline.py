@@ -18,7 +18,7 @@ from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .engines import EngineFactory, PromptImages, TransformersEngines
 from .errors import ContextOverflowError, EmptyQuestionError
-from .loading import check_backends, check_checkpoint, check_vocabularies, eos_ids, load_kwargs, load_sd_drafter, resolve_device
+from .loading import check_backends, check_checkpoint, check_vocabularies, eos_ids, load_models, resolve_device
 from .locks import FairRLock
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .questions import check_question
@@ -147,8 +147,6 @@ class AsymSpecPipeline:
         the compressed view: on transformers, with the drafter's dtype and device rules, reading the
         verifier's prompt (the same user text and chat template).
         """
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
-
         check_backends(verifier_backend, drafter_backend, verifier_device_map, vllm_kwargs, drafter_vllm_kwargs)
         from captioning.ocr.items import check_ocr_layout
 
@@ -156,47 +154,22 @@ class AsymSpecPipeline:
         for ref, role in ((drafter, "drafter"), (verifier, "verifier"), (sd_drafter, "SD drafter")):
             if ref is not None and isinstance(ref, (str, Path)):
                 check_checkpoint(ref, role)
-        dev, dt = resolve_device(device, dtype)
-        extra = {} if local_files_only is None else {"local_files_only": local_files_only}
-        processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
-        d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **load_kwargs(dt, device_map, trust_remote_code), **extra)
-        if device_map is None:
-            d_model.to(dev)
-        v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
-        if verifier_backend == "vllm":
-            from .vllm_engine import VLLMModel
-
-            v_kw = {"dtype": dt, **(vllm_kwargs or {})}  # a dtype in vllm_kwargs wins over the pipeline's
-            v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, **extra, **v_kw)
-        else:
-            v_model = AutoModelForCausalLM.from_pretrained(
-                str(verifier), **load_kwargs(dt, verifier_device_map, trust_remote_code), **extra
-            )
-            if verifier_device_map is None:
-                v_model.to(dev)
-        comp = None
-        if drafter_backend == "vllm":
-            from .vllm_engine import VLLMModel
-
-            comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
-            comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)
-        full = comp if comp is not None and getattr(comp, "accepts_images", False) else None
-        sd_model, sd_tok = (None, None)
-        if sd_drafter is not None:
-            sd_model, sd_tok = load_sd_drafter(sd_drafter, dt, dev, device_map, trust_remote_code, extra)
-        return cls(
-            d_model,
-            processor,
-            v_model,
-            v_tok,
-            device=dev,
-            name=f"{drafter} + {verifier}",
-            drafter_comp=comp,
-            drafter_full=full,
-            sd_drafter=sd_model,
-            sd_drafter_tokenizer=sd_tok,
-            **kwargs,
+        models = load_models(
+            drafter,
+            verifier,
+            device,
+            dtype,
+            device_map=device_map,
+            verifier_device_map=verifier_device_map,
+            trust_remote_code=trust_remote_code,
+            local_files_only=local_files_only,
+            verifier_backend=verifier_backend,
+            vllm_kwargs=vllm_kwargs,
+            drafter_backend=drafter_backend,
+            drafter_vllm_kwargs=drafter_vllm_kwargs,
+            sd_drafter=sd_drafter,
         )
+        return cls(**models, **kwargs)
 
     @classmethod
     def from_preset(cls, name: str = "tiny", **kwargs) -> AsymSpecPipeline:
