@@ -289,3 +289,23 @@ def test_stall_figures_from_step_times():
     assert got["median_step_s"] == pytest.approx(0.1) and got["median_step_all_s"] == pytest.approx(0.2)
     assert got["longest_gap_s"] == pytest.approx(1.0) and got["stall"] == pytest.approx(10.0) and got["stall_all"] == pytest.approx(5.0)
     assert got["steps_during_setup"] == 2
+
+
+def test_generate_batch_sets_requests_up_ahead_and_raises_a_bad_one_at_its_turn(tiny_pipe):
+    """Set-up runs ahead on its own thread: results stay in input order and equal each request alone; a request
+    whose image is broken raises its own error from generate_batch (after the rows before it were decoded), and
+    the set-up thread does not outlive the call."""
+    import threading
+
+    from asymspec_mm.errors import InvalidImageError
+
+    cfg = AsymSpecConfig(max_new_tokens=6)
+    good = [_case_kwargs(440 + i) for i in range(5)]
+    got = tiny_pipe.generate_batch(good, config=cfg, batch_size=2)
+    assert [r.token_ids for r in got] == [tiny_pipe.generate(**c, config=cfg).token_ids for c in good]
+    steps = []
+    bad = good[:3] + [{**good[3], "image": b"not an image"}] + good[4:]
+    with pytest.raises(InvalidImageError):
+        tiny_pipe.generate_batch(bad, config=cfg, batch_size=2, on_step=lambda *a: steps.append(a))
+    assert steps  # the rows set up before the broken one were decoding when its error came
+    assert not [t for t in threading.enumerate() if t.name == "asymspec-batch-setup"]

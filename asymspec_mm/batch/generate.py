@@ -1,7 +1,13 @@
-"""``pipe.generate_batch``: many requests through one :class:`BatchDecoder`, continuously refilled."""
+"""``pipe.generate_batch``: many requests through one :class:`BatchDecoder`, continuously refilled.
+
+Requests are set up in input order on a set-up thread, up to ``batch_size`` ahead, while the decoder steps the
+rows already joined (the pipeline takes the models' lock per model call, so set-up and decoding take turns).
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -40,6 +46,52 @@ def as_request(item: Request | Mapping[str, Any], index: int) -> Request:
     return Request(item["image"], item["question"], item.get("caption"), item.get("ocr"))
 
 
+class _SetUp:
+    """Prepares requests in input order on its own thread, at most ``ahead`` waiting; :meth:`next` hands them over
+    in order: ``(index, session)``, ``None`` at the end, or raises the error a request's set-up raised."""
+
+    _END = object()
+
+    def __init__(self, pipe: AsymSpecPipeline, requests: list[Request], method: str, cfg: AsymSpecConfig, ahead: int):
+        self._out: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pipe, requests, method, cfg), name="asymspec-batch-setup", daemon=True)
+        self._thread.start()
+
+    def _run(self, pipe, requests: list[Request], method: str, cfg: AsymSpecConfig) -> None:
+        for i, req in enumerate(requests):
+            if self._stop.is_set():
+                return
+            try:
+                item: Any = (i, pipe.prepare(req.image, req.question, caption=req.caption, ocr=req.ocr, method=method, config=cfg))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread, at this request's turn
+                item = exc
+            if not self._put(item) or isinstance(item, BaseException):
+                return
+        self._put(self._END)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> tuple[int, Any] | None:
+        item = self._out.get()
+        if item is self._END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
 def generate_batch(
     pipe: AsymSpecPipeline,
     requests: Iterable[Request | Mapping[str, Any]],
@@ -68,33 +120,36 @@ def generate_batch(
     todo = [as_request(r, i) for i, r in enumerate(requests)]
     results: list[MMResult | None] = [None] * len(todo)
     decoder = BatchDecoder(pipe, method, cfg)
-    upcoming = iter(enumerate(todo))
-
+    setup = _SetUp(pipe, todo, method, cfg, ahead=size)
     waiting: list = []  # a prepared request that did not fit the KV budget yet
+    exhausted = False
 
     def refill() -> None:
+        nonlocal exhausted
         while len(decoder.rows) < size:
             if not waiting:
-                nxt = next(upcoming, None)
+                nxt = None if exhausted else setup.next()
                 if nxt is None:
+                    exhausted = True
                     return
-                i, req = nxt
-                prepared = pipe.prepare(req.image, req.question, caption=req.caption, ocr=req.ocr, method=method, config=cfg)
-                waiting.append((i, prepared))
+                waiting.append(nxt)
             i, session = waiting[0]
             if decoder.rows and kv_budget_bytes is not None and decoder.kv_reserved + decoder.kv_need(session) > kv_budget_bytes:
                 return
             waiting.pop(0)
             decoder.add(i, session)
 
-    refill()
-    while decoder.rows:
-        rows, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
-        out = decoder.step()
-        if on_step is not None:
-            on_step(rows, decoder.engine_calls - calls, time.perf_counter() - t0)
-        for row, _ in out:
-            if row.result is not None:
-                results[row.id] = row.result
+    try:
         refill()
+        while decoder.rows:
+            rows, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
+            out = decoder.step()
+            if on_step is not None:
+                on_step(rows, decoder.engine_calls - calls, time.perf_counter() - t0)
+            for row, _ in out:
+                if row.result is not None:
+                    results[row.id] = row.result
+            refill()
+    finally:
+        setup.close()
     return [r for r in results if r is not None]
