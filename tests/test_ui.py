@@ -905,7 +905,7 @@ def test_set_up_status_of_a_lone_user_says_what_happens(tiny_pipe, tmp_path):
     case["image"].save(path)
     state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
     sched = state.scheduler
-    tiny_pipe._lock.acquire()  # the scheduler sets rows up under this lock: the first row's set-up stands still
+    tiny_pipe.models_lock.acquire()  # the scheduler sets rows up under this lock: the first row's set-up stands still
     held = True
     try:
         gen = state.run(*demo_args(path, {**case, "caption": ""}, autofill=True), session="alone")
@@ -922,13 +922,13 @@ def test_set_up_status_of_a_lone_user_says_what_happens(tiny_pipe, tmp_path):
         assert "in line" not in status and "Queued" not in status and "waiting" not in status
         assert "next: rows are set up one at a time" in out["floor_html"]
         assert "setting up: writing the caption, then prefill" in out["answer_html"]
-        tiny_pipe._lock.release()
+        tiny_pipe.models_lock.release()
         held = False
         last = outputs_as_dict(list(gen)[-1])
         assert "Done" in last["status"]
     finally:
         if held:
-            tiny_pipe._lock.release()
+            tiny_pipe.models_lock.release()
         state.close()
 
 

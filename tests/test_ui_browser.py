@@ -585,7 +585,7 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
         page.goto(demo.local_url, wait_until="domcontentloaded")
         page.wait_for_selector("#asym-image input[type=file]", state="attached")
         fill(page, img, case["question"], "a chart", "")
-        pipe._lock.acquire()  # the scheduler sets requests up and decodes under this lock: the line stands still
+        pipe.models_lock.acquire()  # the scheduler sets requests up and decodes under this lock: the line stands still
         held = True
         ahead = [sched.submit(case["image"], case["question"], caption="a chart", ocr=False, max_new_tokens=4) for _ in range(3)]
         page.locator("#asym-run").click()
@@ -601,7 +601,7 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
         # the worker took the first request; two of the ones submitted before are ahead of this run's rows
         assert [int(g) for g in m.groups()[:4]] == [2, 3, 4, 5], status
         assert "waiting behind 2 rows of other users (4th in line)" in page.locator("#asym-floor").inner_text()
-        pipe._lock.release()
+        pipe.models_lock.release()
         held = False
         wait_status(page, "ok")
         for h in ahead:
@@ -611,7 +611,7 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
         page.close()
     finally:
         if held:
-            pipe._lock.release()
+            pipe.models_lock.release()
         demo.close()
 
 
@@ -808,7 +808,7 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
     page = _new_page(env, env["url"], viewport)
     fill(page, chart["image"], "Which bar is the tallest?", chart["caption"], chart["ocr"])
     page.evaluate("() => window.scrollTo(0, 0)")
-    pipe._lock.acquire()  # the run's rows are set up and decoded under this lock: the answer waits
+    pipe.models_lock.acquire()  # the run's rows are set up and decoded under this lock: the answer waits
     held = True
     try:
         before = page.locator("#asym-run").bounding_box()
@@ -826,7 +826,7 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
         assert page.locator("#asym-status .asym-warning").evaluate("e => getComputedStyle(e).backgroundColor") != page.locator(
             '#asym-status [data-status="run"]'
         ).evaluate("e => getComputedStyle(e).backgroundColor")
-        pipe._lock.release()
+        pipe.models_lock.release()
         held = False
         page.wait_for_selector('#asym-status [data-status="ok"]', timeout=TIMEOUT_MS)
         done = page.locator('#asym-status [data-status="ok"]').inner_text()
@@ -836,7 +836,7 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
         page.screenshot(path=str(ARTIFACTS / f"inspector_warning_{viewport['width']}.png"))
     finally:
         if held:
-            pipe._lock.release()
+            pipe.models_lock.release()
         page.context.close()
 
 
@@ -859,7 +859,7 @@ def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
         assert stop.is_disabled() and "stop" not in stop.get_attribute("class").split()
         idle_colour = stop.evaluate("e => getComputedStyle(e).backgroundColor")
         fill(page, img, case["question"], "", "")  # the drafter writes the caption
-        pipe._lock.acquire()  # the first row's set-up waits here
+        pipe.models_lock.acquire()  # the first row's set-up waits here
         held = True
         page.locator("#asym-run").click()
         page.wait_for_function("() => /Setting up/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
@@ -871,14 +871,14 @@ def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
         assert "next: rows are set up one at a time" in page.locator("#asym-floor").inner_text()
         assert not stop.is_disabled() and "stop" in stop.get_attribute("class").split()
         assert stop.evaluate("e => getComputedStyle(e).backgroundColor") != idle_colour
-        pipe._lock.release()
+        pipe.models_lock.release()
         held = False
         wait_status(page, "ok")
         page.wait_for_function("() => document.querySelector('#asym-stop').disabled")
         assert "stop" not in stop.get_attribute("class").split()
     finally:
         if held:
-            pipe._lock.release()
+            pipe.models_lock.release()
         if page is not None:
             page.context.close()
         demo.close()
