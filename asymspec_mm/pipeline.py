@@ -318,8 +318,7 @@ class AsymSpecPipeline:
         if on_phase is not None:
             on_phase("prefill")
         t_prefill = time.perf_counter()
-        with self._lock:
-            streams, pending = self._start(method, prompts, img, engines or self.engines)
+        streams, pending = self._start(method, prompts, img, engines or self.engines)
         prefill_s = time.perf_counter() - t_prefill
         tower_after, hits_after = self.encoder.thread_counts()
         stats = dict(
@@ -431,7 +430,10 @@ class AsymSpecPipeline:
                 )
 
     def _start(self, method: str, p: Prompts, image, engines: EngineFactory) -> tuple[dict, dict]:
-        """Prefill the streams ``method`` needs (each caches ``prompt[:-1]``); return them and their pending tokens."""
+        """Prefill the streams ``method`` needs (each caches ``prompt[:-1]``); return them and their pending tokens.
+
+        Each stream's prefill takes the models' lock on its own, so rows decoding on another thread step between
+        them rather than after the whole set-up."""
         streams: dict[str, Any] = {}
         if method in ("asymspec", "drafter"):
             images = PromptImages([image], p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0])
@@ -439,7 +441,8 @@ class AsymSpecPipeline:
                 full = self.drafter_full.vision_engine("drafter_full")
             else:
                 full = engines.vision(self.drafter, "drafter_full", encoder=self.encoder, prefix_store=self.prefix_store)
-            full.prefill(p.drafter_full_ids[0, :-1], images)
+            with self._lock:
+                full.prefill(p.drafter_full_ids[0, :-1], images)
             streams["drafter_full"] = full
         ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
         if method == "sd" and self.sd_drafter is not None:  # the text drafter shares the verifier's tokenizer and prompt
@@ -450,11 +453,13 @@ class AsymSpecPipeline:
                 self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else engines.vision(self.drafter, "drafter_comp")
             )
         if method in ("asymspec", "sd"):
-            comp.prefill(ids["drafter_comp"][0, :-1])
+            with self._lock:
+                comp.prefill(ids["drafter_comp"][0, :-1])
             streams["drafter_comp"] = comp
         if method in ("asymspec", "sd", "floor"):
             ver = self._verifier_engine(engines)
-            ver.prefill(p.verifier_ids[0, :-1])
+            with self._lock:
+                ver.prefill(p.verifier_ids[0, :-1])
             streams["verifier"] = ver
         return streams, {name: ids[name][0, -1:].to(e.device) for name, e in streams.items()}
 
