@@ -52,9 +52,10 @@ PY="${PYTHON:-}"
 if [ -z "$PY" ]; then if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 MPLBACKEND=Agg
 
-# The MathVista text data (query.json, captions_bard.json, ocrs_easyocr.json, testmini.json).
+# The MathVista text data (query.json, captions_bard.json, ocrs_easyocr.json, testmini.json): the copy shipped
+# with the package unless --text-dir or $ASYMSPEC_MATHVISTA_DIR names another.
 if [ -z "$TEXT_DIR" ]; then
-  for d in "${ASYMSPEC_MATHVISTA_DIR:-}" shared/mathvista ../shared/mathvista; do
+  for d in "${ASYMSPEC_MATHVISTA_DIR:-}" asymspec_mm/eval/mathvista/data; do
     if [ -n "$d" ] && [ -f "$d/captions_bard.json" ]; then TEXT_DIR="$d"; break; fi
   done
 fi

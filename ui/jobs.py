@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.config import METHODS
+from asymspec_mm.config import METHODS, RANGES
 
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .examples import tiny_pair_warning
@@ -45,8 +45,8 @@ MAX_QUESTION_CHARS = 4000
 MAX_VIEW_CHARS = 8000
 DEFAULT_MAX_NEW_TOKENS = 64
 MAX_NEW_TOKENS_LIMIT = 1024
-#: Largest draft length K the page offers and accepts.
-MAX_K = 16
+#: Largest draft length K the page offers and accepts (the one range of ``k``).
+MAX_K = int(RANGES["k"].high)
 #: Rows the app's scheduler decodes in shared steps (``asymspec-mm demo --max-batch-size``).
 DEFAULT_MAX_BATCH_SIZE = 8
 #: A running handler yields at least this often (Gradio can close a stopped handler only between two yields).
