@@ -188,47 +188,16 @@ def test_server_answers_503_and_health_says_so_when_the_worker_stops(tiny_pipe):
 def test_a_live_row_keeps_stepping_while_new_requests_are_captioned(tiny_pipe):
     """Set-up runs on its own thread and takes the models' lock per model call: while four requests have their
     captions written (one drafter step per caption token), the live row steps in between, instead of waiting for
-    all four set-ups (the old scheduler made 0 steps in that window). Counted in steps, not seconds."""
-    import time
+    all four set-ups (the old scheduler made 2 steps in that window). Counted in steps, not seconds."""
+    from asymspec_mm.bench.admission import measure_stall
 
-    live_case = make_case(407)
-    cfg = AsymSpecConfig(max_new_tokens=300)
-    stamps: list[float] = []
-    first_event: dict[int, float] = {}
-    with tiny_pipe.scheduler(max_batch_size=8) as sched:
-        live = sched.submit(
-            live_case["image"], live_case["question"], caption=live_case["caption"], ocr=live_case["ocr"], method="floor", config=cfg
-        )
-        it = iter(live)
-        for _ in range(3):  # decoding has begun
-            next(it)
-            stamps.append(time.monotonic())
-        new = [
-            sched.submit(make_case(410 + i)["image"], f"Question {i}?", caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4))
-            for i in range(4)
-        ]
-        import threading
-
-        def watch(h):
-            for _ in h:
-                first_event.setdefault(h.id, time.monotonic())
-
-        watchers = [threading.Thread(target=watch, args=(h,)) for h in new]
-        for w in watchers:
-            w.start()
-        for _ in it:
-            stamps.append(time.monotonic())
-        results = [h.result(timeout=300) for h in new]
-        for w in watchers:
-            w.join(60)
-        assert len(live.result(timeout=60).token_ids) == 300
-    start = min(h.left_line_at for h in new)
-    end = max(first_event[h.id] for h in new)
-    caption_tokens = sum(len(tiny_pipe.tokenizer(r.view.caption, add_special_tokens=False)["input_ids"]) for r in results)
-    steps_in_window = sum(start <= t <= end for t in stamps)
-    assert caption_tokens >= 600, caption_tokens  # the captions were really written, token by token: longer than the row
+    live = make_case(407)
+    new = [{"image": make_case(410 + i)["image"], "question": f"Question {i}?", "caption": None, "ocr": False} for i in range(4)]
+    got = measure_stall(tiny_pipe, live, new, live_tokens=300, warm_steps=3, new_tokens=4)
+    assert got["live_steps"] == 300
+    assert got["caption_tokens"] >= 600, got  # the captions were really written, token by token: longer than the row
     # every step the live row had left happened while the four were still being set up (turn by turn at the models)
-    assert steps_in_window == len(stamps) - 3 == 297, (steps_in_window, caption_tokens)
+    assert got["steps_during_setup"] == 297, got
 
 
 def test_listen_hands_over_the_backlog_then_every_update_in_order(tiny_pipe):

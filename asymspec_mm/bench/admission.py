@@ -43,14 +43,17 @@ def stall_figures(live_stamps: list[float], window: tuple[float, float], after_s
     }
 
 
-def measure_stall(pipe, live: dict, new: list[dict], *, live_method: str = "floor", live_tokens: int = 300, warm_steps: int = 20) -> dict:
+def measure_stall(
+    pipe, live: dict, new: list[dict], *, live_method: str = "floor", live_tokens: int = 300, warm_steps: int = 20, new_tokens: int = 40
+) -> dict:
     """Run the scenario once on ``pipe``'s scheduler. ``live`` / ``new[i]``: ``image``, ``question`` and optional
-    ``caption``/``ocr`` (``None`` makes them). Returns :func:`stall_figures` plus the set-up window's length."""
+    ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
+    stop it early, and the lengths are the scenario). Returns :func:`stall_figures` plus the set-up window's length,
+    the live row's steps, the longest prefill, and the new requests' caption seconds and tokens."""
     stamps: list[float] = []
     joined: dict[int, float] = {}
     with pipe.scheduler(max_batch_size=len(new) + 1) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
-        # the live row decodes its whole budget (random weights could stop it early: its length is the scenario)
         h = sched.submit(
             live["image"],
             live["question"],
@@ -64,8 +67,9 @@ def measure_stall(pipe, live: dict, new: list[dict], *, live_method: str = "floo
         for _ in range(warm_steps):
             next(steps)
             stamps.append(time.monotonic())
+        new_cfg = AsymSpecConfig(max_new_tokens=new_tokens)  # they decode a while beside the live row (the step with all rows)
         handles = [
-            sched.submit(r["image"], r["question"], caption=r.get("caption"), ocr=r.get("ocr"), config=AsymSpecConfig(max_new_tokens=4))
+            sched.submit(r["image"], r["question"], caption=r.get("caption"), ocr=r.get("ocr"), config=new_cfg, ignore_eos=True)
             for r in new
         ]
 
@@ -88,6 +92,7 @@ def measure_stall(pipe, live: dict, new: list[dict], *, live_method: str = "floo
         "live_steps": len(stamps),
         "longest_prefill_s": max(r.stats["prefill_s"] for r in results),  # one call under the models' lock
         "caption_s": sum(r.stats["caption_s"] for r in results),
+        "caption_tokens": sum(len(pipe.tokenizer(r.view.caption, add_special_tokens=False)["input_ids"]) for r in results),
     }
 
 

@@ -157,6 +157,11 @@ class Row:
 Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
 
 
+def stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``rows`` stacked on a new first dim; one row is a view (a single request copies no logits)."""
+    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+
+
 class RowDecoder:
     """Rows of one method, stepped together on one :class:`RowEngine` per stream.
 
@@ -174,6 +179,15 @@ class RowDecoder:
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.decode_token = decode_token
         self.rows: dict[int, Row] = {}
+        self._settings: dict[int, tuple[tuple, dict]] = {}  # per positions a row: (its rows' key, their gate settings)
+
+    def _gate_settings(self, rows: list[Row], per_row: int, device: torch.device) -> dict[str, float | torch.Tensor]:
+        """:func:`gate_settings` of ``rows``, reused while the same rows step (no host-to-device copy a step)."""
+        key = (str(device), tuple((r.id, r.config.gamma, r.config.beta, r.config.lam) for r in rows))
+        cached = self._settings.get(per_row)
+        if cached is None or cached[0] != key:
+            cached = self._settings[per_row] = (key, gate_settings([r.config for r in rows], per_row, device))
+        return cached[1]
 
     def join(
         self,
@@ -264,7 +278,7 @@ class RowDecoder:
     def _extend(self, name: str, ids: dict[int, torch.Tensor]) -> torch.Tensor:
         """One call of ``name`` where every row forwards n tokens: logits ``[R, n, V]`` in ``ids`` order."""
         out = self.engines[name].extend(ids)
-        return torch.stack([out[r] for r in ids])
+        return stack_rows([out[r] for r in ids])
 
     def _draft(self, rows: list[Row], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K greedy drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32. An engine that
@@ -276,7 +290,7 @@ class RowDecoder:
         drafts, logits = [], []
         for _ in range(k):
             out = self.engines[name].extend(x)
-            last = torch.stack([out[r][-1] for r in x])  # [R, V]
+            last = stack_rows([out[r][-1] for r in x])  # [R, V]
             logits.append(last.float())
             d = last.argmax(-1)
             drafts.append(d)
@@ -295,7 +309,7 @@ class RowDecoder:
         drafts, a = self._draft(rows, k)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
         b = self._score("drafter_comp", rows, drafts)  # b_1..b_{K+1} [R, K+1, V]
         t = self._score("verifier", rows, drafts).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
-        settings = gate_settings([r.config for r in rows], k, a.device)
+        settings = self._gate_settings(rows, k, a.device)
         with timer("gate"):
             g = gate_step(
                 a.flatten(0, 1),
@@ -343,7 +357,7 @@ class RowDecoder:
         cfg = self.cfg
         a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1].float()  # a_{K+1} [G, V]
         d_bonus = a_bonus.argmax(-1)
-        settings = gate_settings([r.config for r in rows], 1, a_bonus.device)
+        settings = self._gate_settings(rows, 1, a_bonus.device)
         with timer("gate"):
             g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, **settings)
         with timer("trace"):
