@@ -100,6 +100,18 @@ def model_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
+def prefix_split(mm_token_type_ids: torch.Tensor, length: int) -> int:
+    """How many tokens of a full-view prompt of ``length`` the prefix store keeps: through the last image and its
+    ``<|vision_end|>`` (0 without an image). ``mm_token_type_ids``: ``[>= length]``, 1 at image pads."""
+    image_at = (mm_token_type_ids.reshape(-1)[:length] == 1).nonzero()
+    return min(length, int(image_at[-1]) + 2) if image_at.numel() else 0
+
+
+def prefix_store_key(features_key: str, ids: torch.Tensor, split: int) -> str:
+    """The prefix store's key of ``ids[:split]`` about the images of ``features_key``."""
+    return f"{features_key}|{hash(tuple(ids.reshape(-1)[:split].tolist()))}|{split}"
+
+
 class TextEngine:
     """A causal LM over text (Qwen3 and any ``AutoModelForCausalLM``) with a DynamicCache."""
 
@@ -214,11 +226,8 @@ class VLEngine(TextEngine):
             return
         types = mm_token_type_ids.view(-1)
         positions, self.rope_delta = mrope_positions(types, features.image_grid_thw, self.merge)
-        split = ids.numel()
-        if prefix_store is not None:
-            image_at = (types == 1).nonzero()
-            split = min(ids.numel(), int(image_at[-1]) + 2) if image_at.numel() else 0
-        key = f"{prefix_key}|{hash(tuple(ids[:split].tolist()))}|{split}"
+        split = prefix_split(types, ids.numel()) if prefix_store is not None else ids.numel()
+        key = prefix_store_key(prefix_key, ids, split)
         snapshot = prefix_store.get(key) if prefix_store is not None and split else None
         if snapshot is not None:
             self.cache = copy.deepcopy(snapshot)

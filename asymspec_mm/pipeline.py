@@ -16,7 +16,8 @@ from captioning.view import CompressedView
 from .config import AsymSpecConfig, check_method, resolve_config
 from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
-from .engines import EngineFactory, PromptImages, TransformersEngines
+from .decode.rows import STREAMS_OF
+from .engines import EngineFactory, PromptImages, TransformersEngines, model_device
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_checkpoint, check_vocabularies, eos_ids, load_models, resolve_device
 from .locks import FairRLock
@@ -234,6 +235,7 @@ class AsymSpecPipeline:
         *,
         kv_budget_bytes: int | None = None,
         on_step=None,
+        prefill_chunk_tokens: int | None = None,
         **overrides,
     ) -> list[MMResult]:
         """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
@@ -242,15 +244,30 @@ class AsymSpecPipeline:
         KV memory they may reach (see :mod:`asymspec_mm.batch`)."""
         from .batch.generate import generate_batch
 
-        return generate_batch(self, requests, method, config, batch_size, kv_budget_bytes=kv_budget_bytes, on_step=on_step, **overrides)
+        return generate_batch(
+            self,
+            requests,
+            method,
+            config,
+            batch_size,
+            kv_budget_bytes=kv_budget_bytes,
+            on_step=on_step,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            **overrides,
+        )
 
-    def scheduler(self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None, *, batch_engines=None):
+    def scheduler(
+        self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None, *, batch_engines=None, **options
+    ):
         """A continuous-batching :class:`~asymspec_mm.batch.Scheduler` for concurrent callers of this pipeline:
         ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``.
-        ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows)."""
+        ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows);
+        ``options``: ``prefill_chunk_tokens`` (prompt tokens per batched prefill forward), ``on_step``."""
         from .batch.scheduler import Scheduler
 
-        return Scheduler(self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, batch_engines=batch_engines)
+        return Scheduler(
+            self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, batch_engines=batch_engines, **options
+        )
 
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
         """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
@@ -270,6 +287,7 @@ class AsymSpecPipeline:
         max_caption_chars: int | None = None,
         on_phase: Callable[[str], None] | None = None,
         prompt_style: PromptStyle | None = None,
+        prefill: bool = True,
         **overrides,
     ) -> Session:
         """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
@@ -280,7 +298,10 @@ class AsymSpecPipeline:
         ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters);
         ``prompt_style`` the pipeline's layout of the prompt texts (:class:`~asymspec_mm.prompts.PromptStyle`).
         ``on_phase(name)`` is called as each long part of the set-up starts: ``"ocr_engine"`` (first use),
-        ``"caption"``, ``"ocr"``, ``"prefill"``.
+        ``"caption"``, ``"ocr"``, ``"prefill"``. ``prefill=False`` stops before prefill where a stream's model is a
+        transformers one: the session's ``to_prefill`` holds those streams' prompts (vision features encoded) for
+        the batched, chunked prefill of :mod:`asymspec_mm.batch.prefill`; streams served elsewhere (vLLM) are
+        prefilled as usual.
         """
         from captioning.captioner import compress
         from vision_cache.image import image_content_hash, load_image
@@ -318,7 +339,9 @@ class AsymSpecPipeline:
         if on_phase is not None:
             on_phase("prefill")
         t_prefill = time.perf_counter()
-        streams, pending = self._start(method, prompts, img, engines or self.engines)
+        staged = self.staged_streams(method) if not prefill else ()
+        streams, pending = self._start(method, prompts, img, engines or self.engines, skip=staged)
+        to_prefill = self._stream_prompts(method, prompts, staged)
         prefill_s = time.perf_counter() - t_prefill
         tower_after, hits_after = self.encoder.thread_counts()
         stats = dict(
@@ -332,7 +355,18 @@ class AsymSpecPipeline:
         )
         stop_fn = self._stop_fn(cfg.stop_strings) if cfg.stop_strings else None
         return Session(
-            method, cfg, prompts, view, streams, pending, set() if ignore_eos else self.eos_ids, stop_fn, prefill_s, t_start, stats
+            method,
+            cfg,
+            prompts,
+            view,
+            streams,
+            pending,
+            set() if ignore_eos else self.eos_ids,
+            stop_fn,
+            prefill_s,
+            t_start,
+            stats,
+            to_prefill,
         )
 
     def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
@@ -429,39 +463,77 @@ class AsymSpecPipeline:
                     too_long="max_new_tokens" if length + cfg.k + 2 <= limit else "prompt",
                 )
 
-    def _start(self, method: str, p: Prompts, image, engines: EngineFactory) -> tuple[dict, dict]:
-        """Prefill the streams ``method`` needs (each caches ``prompt[:-1]``); return them and their pending tokens.
+    def stream_models(self, method: str) -> dict[str, Any]:
+        """Which model serves each of ``method``'s streams (the one place that decides it): the drafter on both views
+        unless a served model replaces a view, the verifier, and for SD the pipeline's own text drafter if it has one."""
+        models = {
+            "drafter_full": self.drafter_full or self.drafter,
+            "drafter_comp": self.drafter_comp or self.drafter,
+            "verifier": self.verifier,
+        }
+        if method == "sd" and self.sd_drafter is not None:
+            models["drafter_comp"] = self.sd_drafter
+        return {name: models[name] for name in STREAMS_OF[method]}
+
+    def stream_ids(self, method: str, p: Prompts) -> dict[str, torch.Tensor]:
+        """Each of ``method``'s streams' prompt ids ``[1, L]`` (the SD text drafter reads the verifier's prompt)."""
+        ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
+        if method == "sd" and self.sd_drafter is not None:
+            ids["drafter_comp"] = p.verifier_ids
+        return {name: ids[name] for name in STREAMS_OF[method]}
+
+    def staged_streams(self, method: str) -> tuple[str, ...]:
+        """The streams of ``method`` that batched chunked prefill can fill: those on a transformers model."""
+        return tuple(name for name, model in self.stream_models(method).items() if isinstance(model, torch.nn.Module))
+
+    def _stream_prompts(self, method: str, p: Prompts, names: tuple[str, ...]) -> dict[str, Any]:
+        """The :class:`~asymspec_mm.batch.prefill.StreamPrompt` of each stream in ``names`` (each ``prompt[:-1]``); the
+        full view's image goes through the vision cache now (the tower runs on the set-up thread)."""
+        if not names:
+            return {}
+        from .batch.prefill import image_prompt, text_prompt
+
+        ids = self.stream_ids(method, p)
+        out = {name: text_prompt(ids[name][0, :-1]) for name in names if name != "drafter_full"}
+        if "drafter_full" in names:
+            with self._lock:
+                features, _ = self.encoder.encode(p.pixel_values, p.image_grid_thw)
+            merge = self.drafter.config.vision_config.spatial_merge_size
+            reuse = self.prefix_store is not None
+            out["drafter_full"] = image_prompt(ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, reuse=reuse)
+        return out
+
+    def _start(self, method: str, p: Prompts, image, engines: EngineFactory, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
+        """Prefill the streams ``method`` needs but ``skip`` (each caches ``prompt[:-1]``); return them and every
+        stream's pending token.
 
         Each stream's prefill takes the models' lock on its own, so rows decoding on another thread step between
         them rather than after the whole set-up."""
+        models, ids = self.stream_models(method), self.stream_ids(method, p)
         streams: dict[str, Any] = {}
-        if method in ("asymspec", "drafter"):
-            images = PromptImages([image], p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0])
-            if self.drafter_full is not None:  # on vLLM, which runs its own tower; its prefix cache keeps the KV
-                full = self.drafter_full.vision_engine("drafter_full")
+        for name, model in models.items():
+            if name in skip:
+                continue
+            args: tuple = (ids[name][0, :-1],)
+            if name == "drafter_full":
+                if self.drafter_full is not None:  # on vLLM, which runs its own tower; its prefix cache keeps the KV
+                    engine = self.drafter_full.vision_engine(name)
+                else:
+                    engine = engines.vision(model, name, encoder=self.encoder, prefix_store=self.prefix_store)
+                args += (PromptImages([image], p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0]),)
+            elif name == "verifier":
+                engine = self._verifier_engine(engines)
+            elif hasattr(model, "engine"):  # a served model (vLLM)
+                engine = model.engine(name)
+            elif model is self.drafter:
+                engine = engines.vision(model, name)  # the drafter's text-only stream (rope delta 0)
             else:
-                full = engines.vision(self.drafter, "drafter_full", encoder=self.encoder, prefix_store=self.prefix_store)
+                engine = engines.text(model, name)
             with self._lock:
-                full.prefill(p.drafter_full_ids[0, :-1], images)
-            streams["drafter_full"] = full
-        ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
-        if method == "sd" and self.sd_drafter is not None:  # the text drafter shares the verifier's tokenizer and prompt
-            ids["drafter_comp"] = p.verifier_ids
-            comp = engines.text(self.sd_drafter, "drafter_comp")
-        elif method in ("asymspec", "sd"):
-            comp = (
-                self.drafter_comp.engine("drafter_comp") if self.drafter_comp is not None else engines.vision(self.drafter, "drafter_comp")
-            )
-        if method in ("asymspec", "sd"):
-            with self._lock:
-                comp.prefill(ids["drafter_comp"][0, :-1])
-            streams["drafter_comp"] = comp
-        if method in ("asymspec", "sd", "floor"):
-            ver = self._verifier_engine(engines)
-            with self._lock:
-                ver.prefill(p.verifier_ids[0, :-1])
-            streams["verifier"] = ver
-        return streams, {name: ids[name][0, -1:].to(e.device) for name, e in streams.items()}
+                engine.prefill(*args)
+            streams[name] = engine
+        devices = {name: streams[name].device if name in streams else model_device(m) for name, m in models.items()}
+        return streams, {name: ids[name][0, -1:].to(devices[name]) for name in models}
 
     def _verifier_engine(self, engines: EngineFactory | None = None, name: str = "verifier"):
         """A fresh verifier stream: on vLLM when the verifier is served there, else from the engine factory."""

@@ -55,7 +55,7 @@ class Session:
 
     streams: the prefilled engines the method needs, keyed ``drafter_full`` / ``drafter_comp`` /
     ``verifier``; each caches ``prompt[:-1]`` and ``pending[name]`` ``[1]`` is the token its first
-    forward starts with. stats: what set-up measured (caption/OCR/prefill seconds, vision calls).
+    forward starts with (also for the streams in ``to_prefill``). stats: what set-up measured (caption/OCR/prefill seconds, vision calls).
     """
 
     method: str
@@ -69,6 +69,9 @@ class Session:
     prefill_s: float
     t_start: float
     stats: dict[str, Any] = field(default_factory=dict)
+    #: streams set up but not prefilled (``prepare(..., prefill=False)``): their prompts, for batched chunked
+    #: prefill (:class:`~asymspec_mm.batch.prefill.ChunkedPrefill`); ``streams`` holds the others
+    to_prefill: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationStream(Iterator[list[TokenEvent]]):

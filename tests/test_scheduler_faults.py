@@ -263,9 +263,9 @@ def test_stall_figures_from_step_times():
 
 
 def test_generate_batch_sets_requests_up_ahead_and_raises_a_bad_one_at_its_turn(tiny_pipe):
-    """Set-up runs ahead on its own thread: results stay in input order and equal each request alone; a request
-    whose image is broken raises its own error from generate_batch (after the rows before it were decoded), and
-    the set-up thread does not outlive the call."""
+    """generate_batch runs on a scheduler (set-up on its own thread): results stay in input order and equal each
+    request alone; a request whose image is broken raises its own error from generate_batch (after the rows before
+    it were decoded), and the scheduler's threads do not outlive the call."""
     import threading
 
     from asymspec_mm.errors import InvalidImageError
@@ -279,4 +279,4 @@ def test_generate_batch_sets_requests_up_ahead_and_raises_a_bad_one_at_its_turn(
     with pytest.raises(InvalidImageError):
         tiny_pipe.generate_batch(bad, config=cfg, batch_size=2, on_step=lambda *a: steps.append(a))
     assert steps  # the rows set up before the broken one were decoding when its error came
-    assert not [t for t in threading.enumerate() if t.name == "asymspec-batch-setup"]
+    assert not [t for t in threading.enumerate() if t.name in ("asymspec-setup", "asymspec-scheduler")]

@@ -1,11 +1,12 @@
 """Pipeline requests decoded together: the one decoder (:class:`~asymspec_mm.decode.rows.RowDecoder`) over rows
 that are prepared :class:`~asymspec_mm.session.Session` objects, on batched engines.
 
-A request is set up and prefilled alone (:meth:`AsymSpecPipeline.prepare`: the same prompts, vision cache and
-prefix reuse as a single request), then its streams join the decoder's batched engines (their KV is copied and
-the single-row streams released). Every step is Algorithm 1 over all live rows at once: K drafting forwards of
-R rows, one scoring forward of R rows on each other stream, the gate over ``[R*K, V]``, and one device-to-host
-transfer for the whole batch.
+A request arrives either prefilled alone (:meth:`AsymSpecPipeline.prepare`: its streams join the batched engines,
+their KV copied and the single-row streams released) or set up without prefill (``prepare(..., prefill=False)``,
+what the scheduler and ``generate_batch`` do): then its prompts wait in the decoder's batched, chunked prefill
+(:mod:`.prefill`) and it joins once they are in. Every step is Algorithm 1 over all live rows at once: K drafting
+forwards of R rows, one scoring forward of R rows on each other stream, the gate over ``[R*K, V]``, and one
+device-to-host transfer for the whole batch.
 
 Rows of one decoder share the method and every decoding setting except :data:`ROW_FIELDS`: K, the gate, the delta
 source and the bonus rule shape the step, while gamma, beta and lam enter the gate as per-row values
@@ -14,6 +15,7 @@ source and the bonus rule shape the step, while gamma, beta and lam enter the ga
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,7 @@ from ..config import AsymSpecConfig
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
 from ..errors import UnknownOptionError
 from .engines import BatchEngine
+from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
 
 if TYPE_CHECKING:
     from ..pipeline import AsymSpecPipeline
@@ -58,51 +61,92 @@ def batch_key(method: str, cfg: AsymSpecConfig) -> tuple:
     return (method,) + tuple(getattr(cfg, n) for n in names)
 
 
-def stream_models(pipe: AsymSpecPipeline, method: str) -> dict[str, Any]:
-    """Which model serves each of ``method``'s streams (SD drafts with its own text drafter when the pipeline has one)."""
-    models = {
-        "drafter_full": pipe.drafter_full or pipe.drafter,
-        "drafter_comp": pipe.drafter_comp or pipe.drafter,
-        "verifier": pipe.verifier,
-    }
-    if method == "sd" and getattr(pipe, "sd_drafter", None) is not None:
-        models["drafter_comp"] = pipe.sd_drafter
-    return {name: models[name] for name in STREAMS_OF[method]}
-
-
 class BatchDecoder(RowDecoder):
     """Rows of one method and one batch key (pipeline sessions), stepped together on one batched engine per stream
-    (``engines(model, stream_name)`` builds them; default :func:`batch_engine`)."""
+    (``engines(model, stream_name)`` builds them; default :func:`batch_engine`).
 
-    def __init__(self, pipe: AsymSpecPipeline, method: str, config: AsymSpecConfig, *, engines: BatchEngineFactory | None = None):
+    A session set up without prefill (``pipe.prepare(..., prefill=False)``) first waits in the decoder's
+    :class:`~asymspec_mm.batch.prefill.ChunkedPrefill`: :meth:`prefill_step` runs one batched forward per stream of
+    at most ``prefill_chunk_tokens`` prompt tokens and lets the rows whose prompts are in join the decoding rows.
+    """
+
+    def __init__(
+        self,
+        pipe: AsymSpecPipeline,
+        method: str,
+        config: AsymSpecConfig,
+        *,
+        engines: BatchEngineFactory | None = None,
+        prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ):
         make = engines or batch_engine
-        built = {name: make(model, name) for name, model in stream_models(pipe, method).items()}
+        models = pipe.stream_models(method)
+        built = {name: make(model, name) for name, model in models.items()}
         super().__init__(method, config, built, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
         self.pipe = pipe
         self.key = batch_key(method, self.cfg)
+        self.arriving = ChunkedPrefill(models, chunk_tokens=prefill_chunk_tokens, prefix_store=pipe.prefix_store, lock=pipe.models_lock)
 
-    def add(self, rid: int, session: Session) -> Row:
-        """Let a prepared request join (all or nothing, see :meth:`RowDecoder.join`)."""
+    def add(self, rid: int, session: Session) -> Row | None:
+        """Let a prepared request join (all or nothing, see :meth:`RowDecoder.join`); a session with streams still to
+        prefill waits for :meth:`prefill_step` instead (returns ``None``)."""
         if batch_key(session.method, session.config) != self.key:
             raise UnknownOptionError(
                 f"request {rid}: method/config differ from this batch's ({self.method}); "
                 f"rows of one batch share every setting but {', '.join(ROW_FIELDS)}"
             )
         need = self.kv_need(session)
-        row = self.join(rid, session.streams, session.pending, session.config, session.eos_ids, session.stop_fn)
+        if session.to_prefill:
+            if rid in self.rows:
+                raise ValueError(f"row {rid} is already live")
+            self.arriving.add(rid, session.to_prefill, streams=session.streams, extra=(session, need, time.perf_counter()))
+            return None
+        return self._join_session(rid, session, session.streams, need)
+
+    def _join_session(self, rid: int, session: Session, streams: dict[str, Any], need: int) -> Row:
+        row = self.join(rid, streams, session.pending, session.config, session.eos_ids, session.stop_fn)
         row.session, row.kv_need = session, need
         return row
+
+    def prefill_step(self) -> list[Row]:
+        """One batched prefill forward per stream with prompt tokens waiting; returns the rows that joined."""
+        if not self.arriving:
+            return []
+        joined = []
+        for rid in self.arriving.step():
+            streams, hit, (session, need, t0) = self.arriving.take(rid)
+            session.stats.update(prefix_cache_hit=hit or session.stats.get("prefix_cache_hit", False))
+            session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
+            joined.append(self._join_session(rid, session, streams, need))
+        return joined
+
+    @property
+    def waiting_rows(self) -> list[int]:
+        """Rows still being prefilled."""
+        return list(self.arriving.rows)
+
+    def remove(self, rid: int) -> None:
+        """Drop a row being prefilled or decoded (a cancelled request): its slots are freed, no result is made."""
+        if rid in self.arriving.rows:
+            self.arriving.remove(rid)
+        else:
+            super().remove(rid)
 
     def kv_need(self, session: Session) -> int:
         """The most KV bytes ``session`` can hold in this batch: its prompts plus its token budget and one step's
         speculative positions, on every stream (what a memory budget reserves for it)."""
         extra = session.config.max_new_tokens + session.config.k + 2
-        return sum(engine.slot_bytes() * (session.streams[name].length + extra) for name, engine in self.engines.items())
+        total = 0
+        for name, engine in self.engines.items():
+            staged = session.to_prefill.get(name)
+            length = int(staged.ids.numel()) if staged is not None else session.streams[name].length
+            total += engine.slot_bytes() * (length + extra)
+        return total
 
     @property
     def kv_reserved(self) -> int:
-        """:meth:`kv_need` summed over the live rows (each reserved when it joined)."""
-        return sum(row.kv_need for row in self.rows.values())
+        """:meth:`kv_need` summed over the live rows and the rows being prefilled (each reserved when it came)."""
+        return sum(row.kv_need for row in self.rows.values()) + sum(self.arriving.extra(r)[1] for r in self.arriving.rows)
 
     def finish(self, row: Row) -> None:
         """The row's :class:`MMResult` (with the batch's statistics), then its slots are freed."""

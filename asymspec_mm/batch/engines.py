@@ -12,12 +12,17 @@ in the cached keys, so a live key's slot index plays no part in its attention: g
 left-aligned (*compaction*) changes nothing but the cost, and runs when the reclaimable slots exceed a fraction of
 the time dimension. Rolling back at the tail of the cache, when no row has a live slot there, just crops.
 
-Prefill stays single-row: a row joins by adopting the cache of a prefilled :class:`~asymspec_mm.engines.TextEngine`
-or :class:`~asymspec_mm.engines.VLEngine` (so the vision feature cache and the prefix-KV reuse are those engines'
-own code); the batch copies its keys/values and leaves the engine untouched.
+A row joins with the context of a prefilled single-row engine (a :class:`~asymspec_mm.engines.TextEngine` or
+:class:`~asymspec_mm.engines.VLEngine`, or a :class:`RowContext` another storage :meth:`~BatchEngine.detach`-ed); the
+batch copies its keys/values and leaves the source untouched. :meth:`BatchEngine.prefill` appends prompt pieces of
+several rows in one ragged forward (image embeddings and M-RoPE positions per row): the batched, chunked prefill of
+:mod:`asymspec_mm.batch.prefill` runs on it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,6 +46,50 @@ def _layer_kv(cache, i: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``length`` positions of layer ``i`` of a single-row cache (dynamic, or static up to its length)."""
     layer = cache.layers[i]
     return layer.keys[..., :length, :], layer.values[..., :length, :]
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """A piece of one row's prompt for :meth:`BatchEngine.prefill`.
+
+    ids: ``[n]``; positions: ``[3, n]`` M-RoPE positions (a piece of a prompt with an image), ``None``: the row's
+    length + i + rope delta, as :meth:`BatchEngine.extend`; image_embeds ``[m, hidden]`` and deepstack (one ``[m,
+    hidden]`` per deepstack layer): the vision embeddings of the ``m`` image pads among ``ids``, in order.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    deepstack: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass
+class RowContext:
+    """One row's KV outside any batch: ``cache`` (a ``DynamicCache`` of ``[1, H, length, D]`` per layer, ``None`` when
+    empty), its rope delta and counters. What :meth:`BatchEngine.join` (and any row storage) takes from a
+    single-row engine."""
+
+    cache: Any
+    length: int
+    rope_delta: int = 0
+    tokens_forwarded: int = 0
+    forward_calls: int = 0
+
+    def release(self) -> None:
+        self.cache = None
+
+
+def _vision_inputs(chunks: list[PrefillChunk]) -> dict[str, Any]:
+    """``mm_encoder_outputs`` for the image pads of ``chunks`` (in batch order: the model fills the pads of the
+    flattened batch in order); empty when no chunk has any."""
+    with_images = [c for c in chunks if c.image_embeds is not None and c.image_embeds.shape[0]]
+    if not with_images:
+        return {}
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+    out = BaseModelOutputWithDeepstackFeatures(pooler_output=(torch.cat([c.image_embeds for c in with_images]),))
+    out.deepstack_features = [(torch.cat(layer),) for layer in zip(*(c.deepstack for c in with_images))]
+    return {"mm_encoder_outputs": {"image": out}}
 
 
 class BatchEngine:
@@ -87,6 +136,8 @@ class BatchEngine:
         for module in model.modules():
             if hasattr(module, "layer_idx") and hasattr(module, "k_proj") and module.layer_idx < self._n_layers:
                 self._layer_devices[module.layer_idx] = module.k_proj.weight.device
+        # ragged rows are padded with a token that is never an image pad (the model scatters image embeddings there)
+        self._pad_id = 1 if getattr(model.config, "image_token_id", None) == 0 else 0
         types = getattr(text, "layer_types", None) or ()
         if any(t != "full_attention" for t in types):
             raise NotImplementedError(f"{name}: BatchEngine needs full-attention layers only (got {set(types)})")
@@ -235,31 +286,49 @@ class BatchEngine:
         self.compactions += 1
 
     # ------------------------------------------------------------------ decoding
-    @torch.no_grad()
     def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; return ``{row: logits
         [n_r, V]}``. Rows not given keep their context (they only get hole slots)."""
         if not ids:
             return {}
-        for row, t in ids.items():
+        return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0)
+
+    def prefill(self, chunks: dict[int, PrefillChunk]) -> None:
+        """Append a piece of each given row's prompt in one forward (rows of different lengths, images and explicit
+        M-RoPE positions side by side: batched, chunked prefill); no logits are kept."""
+        if chunks:
+            self._forward(chunks, keep=1)
+
+    @torch.no_grad()
+    def _forward(self, chunks: dict[int, PrefillChunk], keep: int) -> dict[int, torch.Tensor]:
+        """One forward appending ``chunks[row].ids`` ``[n_r]`` to each given row; ``keep=0``: ``{row: logits [n_r, V]}``,
+        ``keep=1``: only each padded row's last column is computed (prefill: nothing is returned)."""
+        for row, c in chunks.items():
             if row not in self._slots:
                 raise KeyError(f"{self.name}: no live row {row}")
-            if t.numel() < 1:
+            if c.ids.numel() < 1:
                 raise ValueError(f"{self.name}: row {row}: extend needs at least one token")
         self.maybe_compact()
         B, T = len(self._rows), self._T
-        n = {r: int(t.numel()) for r, t in ids.items()}
+        n = {r: int(c.ids.numel()) for r, c in chunks.items()}
         n_max = max(n.values())
         none = torch.zeros(0, dtype=torch.long, device=self.device)
-        # ids stay where they are (drafts on the GPU: no host sync); pads are token 0
+        # ids stay where they are (drafts on the GPU: no host sync); pads are a token that is never an image pad
         input_ids = torch.nn.utils.rnn.pad_sequence(
-            [ids[r].reshape(-1).to(self.device, torch.long) if r in ids else none for r in self._rows], batch_first=True
+            [chunks[r].ids.reshape(-1).to(self.device, torch.long) if r in chunks else none for r in self._rows],
+            batch_first=True,
+            padding_value=self._pad_id,
         )
         starts = torch.tensor([len(self._slots[r]) + self._delta[r] for r in self._rows])
         # real tokens of row b at slots T .. T+n_r-1, positions length_r + i (+ rope delta); pads continue the count
         positions = (starts.unsqueeze(1) + torch.arange(n_max)).to(self.device)
         if self.vision:
             positions = positions.unsqueeze(0).expand(3, B, n_max)
+            given = [(b, r) for b, r in enumerate(self._rows) if r in chunks and chunks[r].positions is not None]
+            if given:  # a prompt piece with an image: its own M-RoPE positions
+                positions = positions.clone()
+                for b, r in given:
+                    positions[:, b, : n[r]] = chunks[r].positions.to(self.device)
         # The new columns are all visible in this forward: causality over slots keeps a real token from seeing the
         # pads after it, and a pad query always sees itself (never a fully masked row, whose NaN would be cached).
         # Without holes (one row, or rows of one length in step) the plain causal mask is the same thing.
@@ -272,22 +341,35 @@ class BatchEngine:
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
-            logits_to_keep=0,
+            logits_to_keep=keep,
+            **_vision_inputs([chunks[r] for r in self._rows if r in chunks]),
         )
         self.batch_forwards += 1
         new_live = torch.zeros(B, n_max, dtype=torch.bool)
         result: dict[int, torch.Tensor] = {}
         for b, r in enumerate(self._rows):
-            if r in ids:
+            if r in chunks:
                 new_live[b, : n[r]] = True
                 self._slots[r].extend(range(T, T + n[r]))
                 self.tokens_forwarded[r] += n[r]
                 self.forward_calls[r] += 1
-                result[r] = out.logits[b, : n[r]]
+                if not keep:
+                    result[r] = out.logits[b, : n[r]]
         self._live = torch.cat([self._live, new_live.to(self.device)], dim=1)
         self._T = T + n_max
         self._trim_tail()
-        return {r: result[r] for r in ids}
+        return {r: result[r] for r in chunks} if not keep else {}
+
+    @torch.no_grad()
+    def detach(self, row: int) -> RowContext:
+        """``row``'s context as a single-row cache (its live slots gathered in order), ready to :meth:`join` another
+        storage; the row stays here (:meth:`leave` frees it)."""
+        b, slots = self._index(row), self._slots[row]
+        cache = _new_cache(self.model.config)
+        for i, layer in enumerate(self.cache.layers if self.cache is not None and slots else ()):
+            index = torch.tensor(slots, device=layer.keys.device)
+            _set_layer(cache.layers[i], layer.keys[b : b + 1].index_select(2, index), layer.values[b : b + 1].index_select(2, index))
+        return RowContext(cache if slots else None, len(slots), self._delta[row], self.tokens_forwarded[row], self.forward_calls[row])
 
     # ------------------------------------------------------------------ memory
     def slot_bytes(self) -> int:

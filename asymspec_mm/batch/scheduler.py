@@ -1,12 +1,14 @@
 """Continuous batching for concurrent callers: ``sched = pipe.scheduler(max_batch_size=16)``.
 
 Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. A set-up thread prepares
-waiting requests (image, caption, OCR, prompts, prefill: :meth:`AsymSpecPipeline.prepare`, one at a time) while
-fewer than ``max_batch_size`` rows are live or ready; it takes the models' lock only for each model call (a
-caption token, a prefill), so it never holds up the rows being decoded for longer than one such call. One
-decode thread owns the batches: at every step boundary it lets prepared requests join while their KV fits,
-steps one batch, hands each row's committed events to its handle and retires finished or cancelled rows at
-once. Requests whose method or settings differ (see
+waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
+``prefill=False``, one at a time) while fewer than ``max_batch_size`` rows are live or ready; it takes the models'
+lock only for each model call (a caption token, the vision tower), so it never holds up the rows being decoded for
+longer than one such call. One decode thread owns the batches. Each turn it lets prepared requests in while their
+KV fits, runs one batched prefill forward per stream over the arriving prompts (at most ``prefill_chunk_tokens``
+tokens each: a long prompt takes several turns, see :mod:`.prefill`), steps one batch, hands each row's committed
+events to its handle and retires finished or cancelled rows at once. So a decoding row waits at most one bounded
+prefill forward per stream between two of its steps, whatever arrives. Requests whose method or settings differ (see
 :func:`~asymspec_mm.batch.decoder.batch_key`; gamma, beta and lam may differ within a batch) go to separate
 batches, stepped in turn, and a batch left empty is dropped. A failing request fails only its own handle; a
 failing step fails the rows of that batch and the worker goes on. Should the worker itself stop on an error,
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
 from .decoder import BatchDecoder, BatchEngineFactory, batch_key
+from .prefill import DEFAULT_CHUNK_TOKENS
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
@@ -176,11 +179,17 @@ class Scheduler:
         max_kv_bytes: int | None = None,
         *,
         batch_engines: BatchEngineFactory | None = None,
+        prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        on_step: Callable[[int, int, float], None] | None = None,
     ):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe, self.max_batch_size, self.max_queue, self.max_kv_bytes = pipe, max_batch_size, max_queue, max_kv_bytes
         self.batch_engines = batch_engines
+        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
+            raise UnknownOptionError(f"prefill_chunk_tokens={prefill_chunk_tokens!r} must be an integer >= 1")
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.on_step = on_step
         #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
         self.error: SchedulerStoppedError | None = None
         self._waiting: deque[_Waiting] = deque()  # not set up yet
@@ -233,8 +242,8 @@ class Scheduler:
 
     @property
     def live_rows(self) -> int:
-        """Rows being decoded (read from any thread: ``list`` takes the decoders in one step)."""
-        return sum(len(d.rows) for d in list(self._decoders.values()))
+        """Rows being prefilled or decoded (read from any thread: ``list`` takes the decoders in one step)."""
+        return sum(len(d.rows) + len(d.arriving) for d in list(self._decoders.values()))
 
     @property
     def waiting(self) -> int:
@@ -305,7 +314,14 @@ class Scheduler:
         else:
             try:
                 session = self.pipe.prepare(
-                    w.image, w.question, caption=w.caption, ocr=w.ocr, method=w.method, config=w.config, ignore_eos=w.ignore_eos
+                    w.image,
+                    w.question,
+                    caption=w.caption,
+                    ocr=w.ocr,
+                    method=w.method,
+                    config=w.config,
+                    ignore_eos=w.ignore_eos,
+                    prefill=False,
                 )
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                 self._drop(w.handle, exc)
@@ -325,6 +341,7 @@ class Scheduler:
                         return
                 self._retire_cancelled()
                 self._admit()
+                self._prefill()
                 self._step_one()
                 with self._cond:
                     self._cond.notify_all()  # rows may have freed: the set-up thread may go on
@@ -363,7 +380,9 @@ class Scheduler:
             try:
                 decoder = self._decoders.get(w.key)
                 if decoder is None:
-                    decoder = self._decoders[w.key] = BatchDecoder(self.pipe, w.method, w.config, engines=self.batch_engines)
+                    decoder = self._decoders[w.key] = BatchDecoder(
+                        self.pipe, w.method, w.config, engines=self.batch_engines, prefill_chunk_tokens=self.prefill_chunk_tokens
+                    )
                 need = decoder.kv_need(session)
                 if self.max_kv_bytes is not None and need > self.max_kv_bytes:
                     raise KVBudgetError(
@@ -392,15 +411,29 @@ class Scheduler:
             self._ready.popleft()
             self._cond.notify_all()
 
+    def _prefill(self) -> None:
+        """One batched prefill forward per stream of each batch with rows arriving (at most ``prefill_chunk_tokens``
+        prompt tokens each); rows whose prompts are in decode from the next step on. A failing forward fails the
+        rows being prefilled in that batch."""
+        for decoder in list(self._decoders.values()):
+            if not decoder.arriving:
+                continue
+            try:
+                decoder.prefill_step()
+            except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on
+                for rid in decoder.waiting_rows:
+                    decoder.remove(rid)
+                    self._drop(self._handles[rid], exc)
+
     def _step_one(self) -> None:
         """Step the next batch with live rows (batches of different settings take turns); drop empty batches."""
-        for key in [k for k, d in self._decoders.items() if not d.rows]:
+        for key in [k for k, d in self._decoders.items() if not d.rows and not d.arriving]:
             del self._decoders[key]
         live = [d for d in self._decoders.values() if d.rows]
         if not live:
             return
         decoder = live[next(self._turn) % len(live)]
-        n = len(decoder.rows)
+        n, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
         try:
             out = decoder.step()
         except Exception as exc:  # noqa: BLE001 - fail this batch's rows, keep serving the others
@@ -408,6 +441,8 @@ class Scheduler:
                 decoder.remove(rid)
                 self._drop(self._handles[rid], exc)
             return
+        if self.on_step is not None:
+            self.on_step(n, decoder.engine_calls - calls, time.perf_counter() - t0)
         self.steps += 1
         self.rows_stepped += n
         for row, events in out:
@@ -428,7 +463,7 @@ class Scheduler:
         for w in gone:
             self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
         for decoder in self._decoders.values():
-            for rid in [r for r in decoder.rows if self._handles[r].cancelled]:
+            for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._handles[r].cancelled]:
                 decoder.remove(rid)
                 self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
 
