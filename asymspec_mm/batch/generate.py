@@ -55,9 +55,9 @@ def generate_batch(
 
     The requests go through a :class:`~asymspec_mm.batch.Scheduler` of ``batch_size`` rows (the serving path: set-up
     on its own thread, batched chunked prefill between decode steps, a finished row's place to the next request at
-    once). ``kv_budget_bytes`` bounds the rows further: a request joins only while the live rows' reserved KV
-    (:meth:`BatchDecoder.kv_need`: prompt + token budget, every stream) fits, and one that alone exceeds the budget
-    raises :class:`~asymspec_mm.batch.KVBudgetError`. ``on_step(rows, engine_calls, seconds)`` is told of every
+    once). ``kv_budget_bytes`` bounds the rows further: a request joins only while the batch's KV bound with it
+    (:meth:`BatchDecoder.kv_bound`: every row at prompt + token budget, with the storage's padding, holes and
+    transients) fits, and one whose bound alone exceeds the budget raises :class:`~asymspec_mm.batch.KVBudgetError`. ``on_step(rows, engine_calls, seconds)`` is told of every
     decode step (benchmarks read the step time from it). A request that fails raises its error here, the first in
     input order, once the requests before it have finished; the rest are cancelled. Each result's
     ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]`` the KV bytes it held

@@ -167,6 +167,15 @@ class VLLMBatchEngine:
         layers = mc.get_num_layers(cfg.parallel_config)
         return layers * 2 * mc.get_total_num_kv_heads() * mc.get_head_size() * torch.empty((), dtype=mc.dtype).element_size()
 
+    def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
+        """The most KV bytes rows that reach ``lengths`` tokens take in vLLM's block pool: whole blocks per row (each
+        step's speculative positions included). The pool itself is allocated up front by vLLM."""
+        block = self._block_size()
+        return sum(-(-(n + step_tokens) // block) * block for n in lengths) * self.slot_bytes()
+
+    def _block_size(self) -> int:
+        return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+
     @property
     def engine_calls(self) -> int:
         """``LLM.generate`` calls this engine made, the unit of per-step cost in ``stats``."""

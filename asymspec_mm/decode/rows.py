@@ -147,7 +147,7 @@ class Row:
     emitter: Emitter
     trace: list[TokenEvent] = field(default_factory=list)
     session: Any = None  # the pipeline's Session, for rows that came from one
-    kv_need: int = 0
+    final_lengths: dict[str, int] = field(default_factory=dict)  # each stream's most tokens (for a KV bound)
     engine_calls: int = 0
     step: int = 0
     max_batch: int = 0
