@@ -180,6 +180,20 @@ def test_decoder_on_static_rows_gives_the_same_tokens(tiny_pipe, method):
     assert all(len(t) > 0 for t in got.values())
 
 
+def test_scheduler_takes_the_static_factory(tiny_pipe):
+    """``pipe.scheduler(batch_engines=static_batch_engines(...))``: concurrent requests give the tokens of each
+    request alone."""
+    cfg = AsymSpecConfig(k=3, max_new_tokens=8)
+    cases = [make_case(800 + i) for i in range(4)]
+    alone = [tiny_pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], config=cfg).token_ids for c in cases]
+    sched = tiny_pipe.scheduler(max_batch_size=3, batch_engines=static_batch_engines(max_rows=3, max_len=160))
+    try:
+        handles = [sched.submit(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], config=cfg) for c in cases]
+        assert [h.result(timeout=300).token_ids for h in handles] == alone
+    finally:
+        sched.close(timeout=60)
+
+
 def test_full_slots_and_columns_are_refused_in_one_line(tiny_pipe):
     """A fourth row in three slots, a prompt longer than max_len, and an extend past max_len even after compaction:
     one-line errors naming the setting to raise; the engine stays usable after each."""
