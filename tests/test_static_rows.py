@@ -244,3 +244,19 @@ def test_compiled_decode_equals_eager(tiny_pipe):
             eager.truncate(rnd % 3, eager.length(rnd % 3) - 1)
             compiled.truncate(rnd % 3, compiled.length(rnd % 3) - 1)
     assert compiled.compile_decode and compiled._compiled is not None
+
+
+def test_bench_batch_sweep_on_static_rows(tiny_pipe):
+    """``run_bench(batch_engine="static")``: the stepped decoder on static slots decodes the sequential loop's tokens;
+    the Markdown names the row storage."""
+    from asymspec_mm.bench import run_bench
+    from asymspec_mm.bench.report import batch_markdown
+
+    fast = dict(reps=1, warmup=0, cases=1, max_new_tokens=5, prompt_lengths=(), k_values=(), probe_batching=False, progress=False)
+    res = run_bench("random-tiny", pipeline=tiny_pipe, variants="", batch_sizes=(3,), batch_cases=4, batch_engine="static", **fast)
+    bt = res["batching"]
+    assert bt["batch_engine"] == "static" and bt["checks"]["same_tokens_as_sequential"]
+    for name in ("floor", "asymspec"):
+        per = bt["by_variant"][name]
+        assert per["3"]["tokens_per_s"] is None and per["3"]["decode_tokens_per_s"] > 0 and per["3"]["full_rows"] == 3
+    assert "Row storage: static" in "\n".join(batch_markdown(bt))
