@@ -273,6 +273,11 @@ class StaticBatchEngine:
         if not compiled:
             return self.model(**kwargs)
         if self._compiled is None:
+            import torch._dynamo.config as dynamo_config
+
+            # one graph per (batch, tokens) shape of each model: the drafter alone has 4 token counts (1, 2, K+1, K+2)
+            # per batch size, so dynamo's default of 8 recompiles would silently fall back to eager at a second size
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             self._compiled = torch.compile(self.model, mode=self.compile_mode, dynamic=False)
         mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
         if mark is not None:  # each call is a new inference step: earlier graph outputs were copied already
