@@ -120,9 +120,9 @@ class StaticBatchEngine:
         self._dtype = model.get_input_embeddings().weight.dtype
         self._compiled = None
         self.cache = Cache(layers=[SlotLayer(max_len) for _ in range(self._n_layers)])
-        for i, layer in enumerate(self.cache.layers):
+        for layer, device in zip(self.cache.layers, layer_devices(model)):
             # zeros [max_rows, H, max_len, D] on the layer's device (a device_map spreads them), static addresses
-            empty = torch.empty(max_rows, self._kv_heads, 0, self._head_dim, dtype=self._dtype, device=layer_devices(model)[i])
+            empty = torch.empty(max_rows, self._kv_heads, 0, self._head_dim, dtype=self._dtype, device=device)
             layer.lazy_initialization(empty, empty)
         self._rows: list[int] = []  # join order
         self._slots: dict[int, list[int]] = {}  # row -> its live columns, ascending (logical order)
