@@ -260,3 +260,17 @@ def test_bench_batch_sweep_on_static_rows(tiny_pipe):
         per = bt["by_variant"][name]
         assert per["3"]["tokens_per_s"] is None and per["3"]["decode_tokens_per_s"] > 0 and per["3"]["full_rows"] == 3
     assert "Row storage: static" in "\n".join(batch_markdown(bt))
+
+
+def test_a_compile_failure_falls_back_to_eager_once(tiny_pipe):
+    """A compile that fails (here an unknown mode) warns once and the forward runs eager, with the eager logits."""
+    s = _session(tiny_pipe, 900)
+    eager = StaticBatchEngine(tiny_pipe.verifier, "verifier", max_rows=2, max_len=128)
+    broken = StaticBatchEngine(tiny_pipe.verifier, "verifier", max_rows=2, max_len=128, compile_decode=True, compile_mode="no-such-mode")
+    eager.join(0, s.streams["verifier"])
+    broken.join(0, s.streams["verifier"])
+    with pytest.warns(UserWarning, match="compiled decode failed"):
+        got = broken.extend({0: torch.tensor([30])})
+    _close(got[0], eager.extend({0: torch.tensor([30])})[0], "fallback")
+    assert not broken.compile_decode and broken.length(0) == eager.length(0)
+    _close(broken.extend({0: torch.tensor([31, 32])})[0], eager.extend({0: torch.tensor([31, 32])})[0], "after")
