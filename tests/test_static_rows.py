@@ -274,3 +274,18 @@ def test_a_compile_failure_falls_back_to_eager_once(tiny_pipe):
     _close(got[0], eager.extend({0: torch.tensor([30])})[0], "fallback")
     assert not broken.compile_decode and broken.length(0) == eager.length(0)
     _close(broken.extend({0: torch.tensor([31, 32])})[0], eager.extend({0: torch.tensor([31, 32])})[0], "after")
+
+
+def test_generate_batch_on_static_rows_with_batched_prefill(tiny_pipe):
+    """generate_batch takes the static factory too: the rows arrive through the batched, chunked prefill (RowContext
+    joins) and each equals its request alone; a batch size above the storage's rows is refused in one line."""
+    from asymspec_mm.errors import UnknownOptionError
+
+    cases = [make_case(470 + i) for i in range(4)]
+    reqs = [{k: c[k] for k in ("image", "question", "caption", "ocr")} for c in cases]
+    factory = static_batch_engines(max_rows=4, max_len=1024)
+    got = tiny_pipe.generate_batch(reqs, config=CFG, batch_size=4, batch_engines=factory, prefill_chunk_tokens=32)
+    assert [g.token_ids for g in got] == [tiny_pipe.generate(**r, config=CFG).token_ids for r in reqs]
+    assert max(g.stats["batch_size"] for g in got) > 1
+    with pytest.raises(UnknownOptionError, match="max_rows=4: lower max_batch_size or raise max_rows"):
+        tiny_pipe.generate_batch(reqs, config=CFG, batch_size=8, batch_engines=factory)

@@ -186,6 +186,11 @@ class Scheduler:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe, self.max_batch_size, self.max_queue, self.max_kv_bytes = pipe, max_batch_size, max_queue, max_kv_bytes
         self.batch_engines = batch_engines
+        rows_cap = getattr(batch_engines, "max_rows", None)  # a storage of fixed rows (static slots) holds no more
+        if rows_cap is not None and rows_cap < max_batch_size:
+            raise UnknownOptionError(
+                f"max_batch_size={max_batch_size} exceeds the row storage's max_rows={rows_cap}: lower max_batch_size or raise max_rows"
+            )
         if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
             raise UnknownOptionError(f"prefill_chunk_tokens={prefill_chunk_tokens!r} must be an integer >= 1")
         self.prefill_chunk_tokens = prefill_chunk_tokens

@@ -364,6 +364,10 @@ class StaticBatchEngine:
         """Model calls this engine made (one batched forward each), the unit of per-step cost in ``stats``."""
         return self.batch_forwards
 
+    def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
+        """The buffers are allocated once, whatever the rows: ``max_rows * max_len`` slots (refused beyond that)."""
+        return self.max_rows * self.max_len * self.slot_bytes()
+
     def kv_bytes(self, row: int | None = None) -> int:
         """KV memory held by ``row``'s live columns; ``None``: the whole preallocated buffers."""
         if row is not None:
