@@ -151,7 +151,8 @@ class BatchSweep:
         return {"case": i, "lengths": dict(lengths), "bytes": formula if measured is None else measured, "formula_bytes": formula}
 
     def row_storage(self, size: int) -> Any:
-        """The stepped decoder's engine factory at batch ``size``: None (the default) or static slots, one per row."""
+        """The row storage factory at batch ``size`` (generate_batch's and the stepped decoder's): None (the default)
+        or static slots, one per row."""
         if self.batch_engine == "dynamic":
             return None
         from ..batch.static_rows import static_batch_engines
@@ -196,7 +197,7 @@ class BatchSweep:
         """``pipe.generate_batch(batch_size=size)`` over the requests, timed as one call."""
         reqs = [{k: self.inputs[i][k] for k in ("image", "question", "caption", "ocr")} for i in idx]
         t0 = self.clock.now()
-        results = self.pipe.generate_batch(reqs, method=v.method, config=cfg, batch_size=size)
+        results = self.pipe.generate_batch(reqs, method=v.method, config=cfg, batch_size=size, batch_engines=self.row_storage(size))
         wall = self.clock.now() - t0
         return {
             "wall_s": wall,
@@ -310,8 +311,7 @@ class BatchSweep:
             out = self.sequential(v, cfg, idx)
             out["tokens_per_s"] = None if self.synthetic else out["new_tokens"] / out["wall_s"]
             return out
-        # generate_batch decodes on the default storage: with another one only the stepped decoder runs
-        api = None if self.synthetic or self.batch_engine != "dynamic" else self.generate_batch(v, cfg, idx, size)
+        api = None if self.synthetic else self.generate_batch(v, cfg, idx, size)
         out = self.stepped(v, cfg, idx, size)
         if api is None:
             out["tokens_per_s"] = None

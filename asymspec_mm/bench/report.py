@@ -250,8 +250,8 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
     if bt.get("batch_engine", "dynamic") != "dynamic":
         lines.append(
             f"\n**Row storage: {bt['batch_engine']}** at B>1 (StaticBatchEngine: preallocated slots, max_rows = B"
-            f"{', compiled fixed-shape forwards' if 'compile' in bt['batch_engine'] else ''}); generate_batch takes no "
-            "storage choice, so B>1 is the stepped BatchDecoder only (decode tokens/s; no whole-call tokens/s)."
+            f"{', compiled fixed-shape forwards' if 'compile' in bt['batch_engine'] else ''}), for generate_batch and "
+            "the stepped BatchDecoder alike."
         )
     if synthetic:
         sc = bt["synthetic_context"]
