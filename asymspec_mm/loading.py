@@ -214,7 +214,7 @@ def load_models(
         d_model.to(dev)
     v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
     if verifier_backend == "vllm":
-        from .vllm_engine import VLLMModel
+        from .engines.vllm import VLLMModel
 
         v_kw = {"dtype": dt, **(vllm_kwargs or {})}  # a dtype in vllm_kwargs wins over the pipeline's
         v_model = VLLMModel.from_pretrained(verifier, trust_remote_code=trust_remote_code, **extra, **v_kw)
@@ -224,7 +224,7 @@ def load_models(
             v_model.to(dev)
     comp = None
     if drafter_backend == "vllm":
-        from .vllm_engine import VLLMModel
+        from .engines.vllm import VLLMModel
 
         comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
         comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)

@@ -18,13 +18,13 @@ from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .decode.rows import STREAMS_OF
 from .engines import EngineFactory, PromptImages, TransformersEngines, model_device
+from .engines.vllm import logit_width
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_checkpoint, check_vocabularies, eos_ids, load_models, resolve_device
 from .locks import FairRLock
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
 from .questions import check_question
 from .session import GenerationStream, MMResult, Session
-from .vllm_engine import logit_width
 
 log = logging.getLogger("asymspec_mm")
 

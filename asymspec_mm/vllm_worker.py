@@ -1,6 +1,6 @@
 """vLLM's side of the backend: the worker extension that captures the logits rows the engines ask for.
 
-vLLM loads it by qualified name (``worker_extension_cls``, :data:`asymspec_mm.vllm_engine.EXTENSION`, which
+vLLM loads it by qualified name (``worker_extension_cls``, :data:`asymspec_mm.engines.vllm.EXTENSION`, which
 re-exports :class:`AsymSpecWorkerExtension`); it runs in vLLM's worker processes (every tensor-parallel rank).
 ``asymspec_install`` wraps the worker's model runner's ``execute_model`` *on that instance*: after each forward it
 reads the final hidden states of the tokens computed in the step (the runner's
@@ -8,7 +8,7 @@ reads the final hidden states of the tokens computed in the step (the runner's
 (its ``SamplingParams.extra_args["asymspec"]``: a key and the first wanted position) and applies the model's own
 ``compute_logits`` to them. The engines collect them with ``collective_rpc("asymspec_take_many", ...)``. Rows of
 every step of a request are kept, so a request that prefills in chunks or decodes several tokens
-(``max_tokens > 1``: :meth:`asymspec_mm.batch.vllm.VLLMBatchEngine.draft`) returns the rows of all its steps.
+(``max_tokens > 1``: :meth:`asymspec_mm.engines.vllm_rows.VLLMBatchEngine.draft`) returns the rows of all its steps.
 """
 
 from __future__ import annotations

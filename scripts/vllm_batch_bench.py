@@ -231,7 +231,7 @@ def probe(pipe, meter, reqs, cfg, size, reps):
     1 and K + 1 tokens, and one drafting call of K tokens (``draft``)."""
     import torch
 
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
+    from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
     k = cfg.k
     sessions = [pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], config=cfg) for r in reqs[:size]]

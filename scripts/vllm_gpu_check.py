@@ -57,7 +57,7 @@ def check_equality(args, work: Path, llm_kw: dict) -> dict:
 
     from asymspec_mm.decode import AsymSpecConfig, asymspec_steps
     from asymspec_mm.engines import TextEngine
-    from asymspec_mm.vllm_engine import VLLMModel
+    from asymspec_mm.engines.vllm import VLLMModel
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -251,7 +251,7 @@ def check_throughput(args, work: Path, llm_kw: dict) -> dict:
 
     from asymspec_mm.decode import AsymSpecConfig, Counters, asymspec_steps
     from asymspec_mm.engines import TextEngine
-    from asymspec_mm.vllm_engine import VLLMModel
+    from asymspec_mm.engines.vllm import VLLMModel
 
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -349,7 +349,7 @@ def main() -> int:
     import torch
     import vllm
 
-    from asymspec_mm.vllm_engine import check_vllm
+    from asymspec_mm.engines.vllm import check_vllm
 
     check_vllm()
     if args.device == "cuda" and not torch.cuda.is_available():

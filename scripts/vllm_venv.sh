@@ -67,7 +67,7 @@ pwd > "$SITE/asymspec_mm_checkout.pth"
 import torch, torchvision, transformers, vllm
 from torchvision.ops import nms  # a torchvision built for another torch fails here ("torchvision::nms does not exist")
 nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
-import asymspec_mm.vllm_engine as ve
+import asymspec_mm.engines.vllm as ve
 ve.check_vllm()
 print(f"vllm venv: vllm {vllm.__version__}, torch {torch.__version__}, torchvision {torchvision.__version__}, "
       f"transformers {transformers.__version__}")

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from asymspec_mm.batch.engines import BatchEngine, dynamic_kv_bound
 from asymspec_mm.engines import TextEngine
+from asymspec_mm.engines.rows import BatchEngine, dynamic_kv_bound
 
 
 def _prefilled(model, n: int, rng: random.Random) -> TextEngine:

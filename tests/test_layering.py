@@ -125,7 +125,7 @@ def _listing(pairs: list[tuple[str, str]]) -> str:
 def test_scanner_sees_the_project_imports() -> None:
     imports = project_imports()
     # Known imports of each kind: module level, function level, relative.
-    assert ("asymspec_mm.engines", "vision_cache.features.VisionFeatures") in imports
+    assert ("asymspec_mm.engines.single", "vision_cache.features.VisionFeatures") in imports
     assert ("asymspec_mm.pipeline", "asymspec_mm.captioner.DrafterCaptioner") in imports
     assert ("captioning.ocr.cache", "vision_cache.store.LRUCache") in imports
 

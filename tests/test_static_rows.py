@@ -14,7 +14,7 @@ from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.batch import BatchDecoder, BatchEngine
-from asymspec_mm.batch.static_rows import StaticBatchEngine, StaticRowsFullError, static_batch_engines
+from asymspec_mm.engines.static_rows import StaticBatchEngine, StaticRowsFullError, static_batch_engines
 
 STREAMS = ("drafter_full", "drafter_comp", "verifier")
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)

@@ -1,4 +1,4 @@
-"""Batched vLLM streams: :class:`asymspec_mm.batch.vllm.VLLMBatchEngine` against single vLLM engines and transformers.
+"""Batched vLLM streams: :class:`asymspec_mm.engines.vllm_rows.VLLMBatchEngine` against single vLLM engines and transformers.
 
 Runs in the vLLM venv (``.venv-vllm``, see VLLM.md), real forwards of tiny random fp32 models (the text pair the
 vLLM engine tests build, and the tiny Qwen3-VL drafter for the image stream); elsewhere it is skipped, and
@@ -29,8 +29,8 @@ if HAVE_VLLM:  # vLLM's CPU build: a small KV cache, the engine in this process,
 
 import torch  # noqa: E402
 
+from asymspec_mm.engines.vllm import VLLMUnavailableError, check_vllm  # noqa: E402
 from asymspec_mm.testing import build_text_pair  # noqa: E402
-from asymspec_mm.vllm_engine import VLLMUnavailableError, check_vllm  # noqa: E402
 
 _SKIP = "" if HAVE_VLLM else "vLLM is not installed here: run it in .venv-vllm (bash scripts/vllm_venv.sh, see VLLM.md)"
 if HAVE_VLLM:
@@ -63,7 +63,7 @@ def _rand(rng, vocab, n):
 def pair(tmp_path_factory):
     if _SKIP:
         pytest.skip(_SKIP)
-    from asymspec_mm.vllm_engine import VLLMModel
+    from asymspec_mm.engines.vllm import VLLMModel
 
     _, verifier, (_, v_dir) = build_text_pair(tmp_path_factory.mktemp("vllm_batch_pair"))
     served = VLLMModel.from_pretrained(v_dir, **LLM_KW, max_num_batched_tokens=CHUNK)
@@ -75,7 +75,7 @@ def test_take_many_collects_every_key_in_one_rpc():
     rows of several requests of one step, an uncaptured key, and a failed capture that still frees every key."""
     from test_vllm_engine import _fake_step, _FakeRunner
 
-    from asymspec_mm.vllm_engine import AsymSpecWorkerExtension
+    from asymspec_mm.engines.vllm import AsymSpecWorkerExtension
 
     worker = AsymSpecWorkerExtension()
     worker.model_runner = runner = _FakeRunner(v2=False)
@@ -102,7 +102,7 @@ class _Rows:
 
     def __init__(self, pair):
         from asymspec_mm.batch import BatchEngine
-        from asymspec_mm.batch.vllm import VLLMBatchEngine
+        from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
         self.pair = pair
         self.batch = VLLMBatchEngine(pair.served, "verifier")
@@ -217,8 +217,8 @@ def test_draft_equals_k_extends(pair):
     """draft(ids, k): one LLM.generate call (max_tokens=k) per drafting phase for all rows, the same drafts, logits,
     lengths and counters as k extends (on another batch engine) and as TextEngines, over rounds of random k,
     pending runs of 1 or 2 tokens (correction / carry + bonus) and per-row acceptance."""
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
     from asymspec_mm.engines import TextEngine
+    from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
     rng = random.Random(1)
     fast, slow = VLLMBatchEngine(pair.served, "drafter"), VLLMBatchEngine(pair.llm, "drafter")
@@ -275,8 +275,8 @@ def test_cached_rows_recovered_per_row(pair):
     """A row re-extending tokens its stream computed before (served from vLLM's prefix cache): from the row's memory
     in the same single call, else that row alone is re-requested under a fresh salt (a second call); the other rows
     of the call are unaffected."""
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
     from asymspec_mm.engines import TextEngine
+    from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
     rng = random.Random(2)
     batch = VLLMBatchEngine(pair.served, "verifier")
@@ -314,8 +314,8 @@ def test_cached_rows_recovered_per_row(pair):
 
 @needs_vllm
 def test_errors_leave_every_row_as_it_was(pair):
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
     from asymspec_mm.engines import TextEngine
+    from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
     from asymspec_mm.errors import ContextOverflowError
 
     batch = VLLMBatchEngine(pair.served, "verifier")
@@ -356,8 +356,8 @@ def build_vl_pipes(out_dir):
     (the reference) and the same checkpoints with every stream on vLLM (the settings above). Also what
     ``scripts/vllm_batch_bench.py`` benchmarks."""
     from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.engines.vllm import VLLMModel
     from asymspec_mm.testing import build_tiny_checkpoints
-    from asymspec_mm.vllm_engine import VLLMModel
 
     dirs = build_tiny_checkpoints(out_dir, max_pixels=256 * 256)
     ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
@@ -381,8 +381,8 @@ def test_image_rows_draft_and_extend_equal_vlengine(vl):
     same LLM, in one batch: draft and extend equal VLEngine with the transformers drafter's vision features."""
     from conftest import make_case, make_image
 
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
     from asymspec_mm.engines import VLEngine
+    from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
     from asymspec_mm.prompts import build_prompts
 
     batch = VLLMBatchEngine(vl.served, "drafter_full")
@@ -459,7 +459,7 @@ def _batched_on_vllm(pipe, reqs, method, cfg, batch_size):
     from test_batch import _row_config
 
     from asymspec_mm.batch import BatchDecoder
-    from asymspec_mm.batch.vllm import VLLMBatchEngine
+    from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
     decoder = BatchDecoder(pipe, method, cfg)
     assert all(isinstance(e, VLLMBatchEngine) for e in decoder.engines.values())

@@ -1,4 +1,4 @@
-"""The vLLM backend: :class:`asymspec_mm.vllm_engine.VLLMEngine` against the transformers engines.
+"""The vLLM backend: :class:`asymspec_mm.engines.vllm.VLLMEngine` against the transformers engines.
 
 The vLLM tests need vLLM, which lives in its own venv (vLLM's CPU build pins a CPU torch):
 
@@ -30,9 +30,9 @@ if HAVE_VLLM:
 
 import torch  # noqa: E402
 
+from asymspec_mm.engines.vllm import SUPPORTED_VLLM, VLLMUnavailableError, check_vllm, vllm_llm  # noqa: E402
 from asymspec_mm.errors import AsymSpecError  # noqa: E402
 from asymspec_mm.testing import build_text_pair  # noqa: E402
-from asymspec_mm.vllm_engine import SUPPORTED_VLLM, VLLMUnavailableError, check_vllm, vllm_llm  # noqa: E402
 
 _SKIP_REASON = ""
 if not HAVE_VLLM:
@@ -139,7 +139,7 @@ class _FakeRunner:
 
 @pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
 def test_hook_maps_rows_to_positions(v2):
-    from asymspec_mm.vllm_engine import AsymSpecWorkerExtension
+    from asymspec_mm.engines.vllm import AsymSpecWorkerExtension
 
     worker = AsymSpecWorkerExtension()
     worker.model_runner = runner = _FakeRunner(v2)
@@ -183,7 +183,7 @@ def pair(tmp_path_factory):
     if _SKIP_REASON:
         pytest.skip(_SKIP_REASON)
     drafter, verifier, (d_dir, v_dir) = build_text_pair(tmp_path_factory.mktemp("vllm_pair"))
-    from asymspec_mm.vllm_engine import VLLMModel
+    from asymspec_mm.engines.vllm import VLLMModel
 
     # What the pipeline creates for verifier_backend="vllm"; a small per-step token budget, so that long
     # prefills and extends are split over several vLLM steps (chunked prefill) in every test below.
@@ -198,7 +198,7 @@ def pair(tmp_path_factory):
 
 def _engines(pair, name="verifier"):
     from asymspec_mm.engines import TextEngine
-    from asymspec_mm.vllm_engine import VLLMEngine
+    from asymspec_mm.engines.vllm import VLLMEngine
 
     return TextEngine(pair.verifier, name=name), VLLMEngine(pair.llm_v, name=name)
 
@@ -206,7 +206,7 @@ def _engines(pair, name="verifier"):
 # ------------------------------------------------------------------ engine equality
 @needs_vllm
 def test_served_model_stands_in_for_the_transformers_verifier(pair):
-    from asymspec_mm.vllm_engine import VLLMEngine, logit_width
+    from asymspec_mm.engines.vllm import VLLMEngine, logit_width
 
     served = pair.served
     assert served.eval() is served
@@ -284,7 +284,7 @@ def test_rows_served_from_the_prefix_cache_are_recovered(pair):
 def test_extend_split_over_several_vllm_steps(pair):
     """An extend longer than vLLM's token budget per step is prefilled in chunks; rows of every chunk come back."""
     from asymspec_mm.engines import TextEngine
-    from asymspec_mm.vllm_engine import VLLMEngine
+    from asymspec_mm.engines.vllm import VLLMEngine
 
     assert pair.llm_v.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens == CHUNK
     rng = random.Random(3)
@@ -315,7 +315,7 @@ import json, random, sys
 import torch
 from transformers import AutoModelForCausalLM
 from asymspec_mm.engines import TextEngine
-from asymspec_mm.vllm_engine import VLLMEngine, vllm_llm
+from asymspec_mm.engines.vllm import VLLMEngine, vllm_llm
 
 v_dir, block = sys.argv[1], int(sys.argv[2])
 llm = vllm_llm(v_dir, dtype="float32", enforce_eager=True, block_size=block, max_model_len=1024, seed=0,
@@ -369,7 +369,7 @@ def test_tensor_parallel_2_on_cpu_equals_transformers(pair):
 def _run_loop(pair, method, verifier_on_vllm, comp_on_vllm, seed):
     from asymspec_mm.decode import AsymSpecConfig, Counters, asymspec_steps, greedy_steps, sd_steps
     from asymspec_mm.engines import TextEngine
-    from asymspec_mm.vllm_engine import VLLMEngine
+    from asymspec_mm.engines.vllm import VLLMEngine
 
     rng = random.Random(100 + seed)
     full_prompt = torch.tensor([rng.randrange(pair.vocab) for _ in range(rng.randint(40, 90))])
@@ -485,7 +485,7 @@ def _accept_reject_rounds(ref, eng, pending, vocab, rounds, rng):
 def test_drafter_comp_stream_on_vllm_equals_transformers(vl):
     """The Qwen3-VL drafter's text-only stream: vLLM (text positions on all three M-RoPE axes) vs VLEngine."""
     from asymspec_mm.engines import VLEngine
-    from asymspec_mm.vllm_engine import VLLMEngine
+    from asymspec_mm.engines.vllm import VLLMEngine
 
     assert vl.served.logit_width == vl.vocab and vl.served.accepts_images
     rng = random.Random(5)
@@ -503,7 +503,7 @@ def test_drafter_full_view_on_vllm_equals_transformers(vl):
     """The image stream: vLLM's own processor, vision tower and M-RoPE positions vs VLEngine with the
     transformers drafter's cached vision features, over 40 accept/reject rounds per image."""
     from asymspec_mm.engines import VLEngine
-    from asymspec_mm.vllm_engine import VLLMVLEngine
+    from asymspec_mm.engines.vllm import VLLMVLEngine
 
     image_id = vl.drafter.config.image_token_id
     for seed, size in ((1, (72, 136)), (0, (256, 160))):  # the last one is used below
@@ -567,7 +567,7 @@ def test_pipeline_with_every_stream_on_vllm_emits_identical_tokens(vl):
     """AsymSpecPipeline.from_pretrained(verifier_backend="vllm", drafter_backend="vllm"): the verifier and both
     drafter streams on vLLM, the same tokens as the transformers pipeline for every method."""
     from asymspec_mm import AsymSpecConfig
-    from asymspec_mm.vllm_engine import VLLMModel
+    from asymspec_mm.engines.vllm import VLLMModel
 
     pipe, ref = vl.pipe, vl.ref
     assert isinstance(pipe.verifier, VLLMModel) and pipe.drafter_full is pipe.drafter_comp
@@ -648,7 +648,8 @@ def test_pipeline_backend_options(request, monkeypatch):
     if reason:
         pytest.skip(reason)
     tiny_dirs = request.getfixturevalue("tiny_dirs")  # after the skip: building it needs torchvision
-    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline, vllm_engine
+    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+    from asymspec_mm.engines import vllm as vllm_engine
     from asymspec_mm.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError, match="verifier_backend"):

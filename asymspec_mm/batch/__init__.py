@@ -1,7 +1,7 @@
 """Batched decoding: many requests decoded together, one forward per stream per step for all rows.
 
-:mod:`.engines` rows of one model in one KV cache (:mod:`.static_rows` in preallocated slots, :mod:`.vllm` the
-same on vLLM), :mod:`.decoder` the loops over many rows, :mod:`.generate` ``pipe.generate_batch``, :mod:`.scheduler` continuous batching for concurrent
+:mod:`.decoder` the one decoder over pipeline sessions on row storage (:mod:`asymspec_mm.engines`: ``rows``,
+``static_rows``, ``vllm_rows``), :mod:`.prefill` the batched, chunked prefill of arriving rows, :mod:`.generate` ``pipe.generate_batch``, :mod:`.scheduler` continuous batching for concurrent
 callers, :mod:`.cli` the ``asymspec-mm batch`` command.
 """
 
@@ -14,10 +14,10 @@ _LAZY = {
     "BatchDecoder": "decoder",
     "Row": "decoder",
     "batch_key": "decoder",
-    "BatchEngine": "engines",
-    "RowView": "engines",
-    "StaticBatchEngine": "static_rows",
-    "static_batch_engines": "static_rows",
+    "BatchEngine": "..engines.rows",
+    "RowView": "..engines.rows",
+    "StaticBatchEngine": "..engines.static_rows",
+    "static_batch_engines": "..engines.static_rows",
     "Request": "generate",
     "generate_batch": "generate",
     "Handle": "scheduler",
@@ -33,13 +33,16 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        module = _LAZY[name]
+        return getattr(
+            importlib.import_module(module, __name__) if module.startswith(".") else importlib.import_module(f"{__name__}.{module}"), name
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..engines.rows import BatchEngine, RowView
+    from ..engines.static_rows import StaticBatchEngine, static_batch_engines
     from .decoder import ROW_FIELDS, BatchDecoder, Row, batch_key
-    from .engines import BatchEngine, RowView
     from .generate import Request, generate_batch
     from .scheduler import Handle, QueueFullError, Scheduler
-    from .static_rows import StaticBatchEngine, static_batch_engines

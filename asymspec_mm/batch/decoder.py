@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
+from ..engines import default_row_storage
 from ..errors import UnknownOptionError
-from .engines import BatchEngine
 from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
 
 if TYPE_CHECKING:
@@ -34,19 +34,8 @@ if TYPE_CHECKING:
 #: strings, and the gate takes each row's gamma, beta and lam.
 ROW_FIELDS = ("max_new_tokens", "stop_strings", *GATE_ROW_FIELDS)
 
-#: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`batch_engine`).
+#: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`~asymspec_mm.engines.default_row_storage`).
 BatchEngineFactory = Callable[[Any, str], Any]
-
-
-def batch_engine(model, name: str):
-    """The batched engine of one stream: on vLLM when ``model`` is served there, else on transformers."""
-    from ..vllm_engine import VLLMModel
-
-    if isinstance(model, VLLMModel):
-        from .vllm import VLLMBatchEngine
-
-        return VLLMBatchEngine(model, name)
-    return BatchEngine(model, name)
 
 
 #: The settings each method's loop reads (the rest cannot change its tokens, so rows may differ there).
@@ -63,7 +52,7 @@ def batch_key(method: str, cfg: AsymSpecConfig) -> tuple:
 
 class BatchDecoder(RowDecoder):
     """Rows of one method and one batch key (pipeline sessions), stepped together on one batched engine per stream
-    (``engines(model, stream_name)`` builds them; default :func:`batch_engine`).
+    (``engines(model, stream_name)`` builds them; default :func:`~asymspec_mm.engines.default_row_storage`).
 
     A session set up without prefill (``pipe.prepare(..., prefill=False)``) first waits in the decoder's
     :class:`~asymspec_mm.batch.prefill.ChunkedPrefill`: :meth:`prefill_step` runs one batched forward per stream of
@@ -79,7 +68,7 @@ class BatchDecoder(RowDecoder):
         engines: BatchEngineFactory | None = None,
         prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ):
-        make = engines or batch_engine
+        make = engines or default_row_storage
         models = pipe.stream_models(method)
         built = {name: make(model, name) for name, model in models.items()}
         super().__init__(method, config, built, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))

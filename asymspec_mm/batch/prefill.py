@@ -4,10 +4,10 @@ A request arrives set up but not prefilled (its compressed view, prompts and vis
 ``pipe.prepare(..., prefill=False)``). Each of its streams' prompt (``prompt[:-1]``; the last token is the row's
 first pending token) becomes a :class:`StreamPrompt`. Every call of :meth:`ChunkedPrefill.step` runs ONE forward
 per stream over pieces of the waiting prompts, first come first served, at most ``chunk_tokens`` tokens in all, on
-a staging :class:`~asymspec_mm.batch.engines.BatchEngine` of that stream (so the rows decoding elsewhere get no hole
+a staging :class:`~asymspec_mm.engines.rows.BatchEngine` of that stream (so the rows decoding elsewhere get no hole
 slots from it); a long prompt is split across calls, as vLLM's chunked prefill splits it across steps. Between two
 calls the decoder steps its live rows, so admission costs them one bounded forward per stream, never a whole
-set-up. A row whose prompts are all in leaves the staging engines as :class:`~asymspec_mm.batch.engines.RowContext`
+set-up. A row whose prompts are all in leaves the staging engines as :class:`~asymspec_mm.engines.rows.RowContext`
 objects, which the decoder's row storage joins.
 
 The full view keeps what single-row prefill does: the image pads take the cached vision embeddings, positions are
@@ -27,7 +27,7 @@ from vision_cache.features import VisionFeatures
 from vision_cache.positions import mrope_positions
 
 from ..engines import prefix_split, prefix_store_key
-from .engines import BatchEngine, PrefillChunk, RowContext
+from ..engines.rows import BatchEngine, PrefillChunk, RowContext
 
 #: Tokens per staging forward (each stream) unless a scheduler says otherwise.
 DEFAULT_CHUNK_TOKENS = 512

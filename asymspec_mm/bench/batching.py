@@ -155,7 +155,7 @@ class BatchSweep:
         or static slots, one per row."""
         if self.batch_engine == "dynamic":
             return None
-        from ..batch.static_rows import static_batch_engines
+        from ..engines.static_rows import static_batch_engines
 
         return static_batch_engines(max_rows=size, max_len=self.batch_max_len, compile_decode=self.batch_engine == "static-compile")
 

@@ -15,7 +15,7 @@ slots are padding rows whose queries see only their own new columns), so the sha
 forward and the (K+1)-token scoring forward never change and ``torch.compile(mode="reduce-overhead")`` can
 capture each in a CUDA graph. Eager forwards run only the slots and columns in use (the same results, less work).
 
-Prefill stays single-row, as for :class:`~asymspec_mm.batch.engines.BatchEngine`: a row joins by copying the
+Prefill stays single-row, as for :class:`~asymspec_mm.engines.rows.BatchEngine`: a row joins by copying the
 cache of a prefilled single-row engine.
 """
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from ..engines import model_device
 from ..errors import AsymSpecError
-from .engines import RowView, _layer_kv
+from .rows import RowView, _layer_kv
+from .single import model_device
 
 
 class StaticRowsFullError(AsymSpecError):

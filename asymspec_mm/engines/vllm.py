@@ -10,7 +10,7 @@ vLLM is not modified. Three public pieces of it are used:
   the new ones) as one ``max_tokens=1`` request; vLLM reuses the cached full blocks, so a step
   recomputes only the last partial block and the new tokens (at most ``block_size - 1 + n`` tokens,
   O(K) per step, never the prompt). :func:`run_requests` / :func:`extend_many` submit the requests of
-  several streams in one ``LLM.generate`` call (what :class:`asymspec_mm.batch.vllm.VLLMBatchEngine` does).
+  several streams in one ``LLM.generate`` call (what :class:`asymspec_mm.engines.vllm_rows.VLLMBatchEngine` does).
 
 A requested row may have been served from the prefix cache and not recomputed (the same tokens at
 the same positions were computed before, e.g. after a rollback the loop re-proposes the same
@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .errors import AsymSpecError
-from .vllm_worker import ARG, AsymSpecWorkerExtension  # noqa: F401 - re-exported: vLLM loads EXTENSION by this name
+from ..errors import AsymSpecError
+from ..vllm_worker import ARG, AsymSpecWorkerExtension  # noqa: F401 - re-exported: vLLM loads EXTENSION by this name
 
 log = logging.getLogger("asymspec_mm.vllm")
 
@@ -50,7 +50,7 @@ log = logging.getLogger("asymspec_mm.vllm")
 SUPPORTED_VLLM = (">=0.31", "<0.33")
 _MIN, _MAX = (0, 31), (0, 33)
 
-EXTENSION = "asymspec_mm.vllm_engine.AsymSpecWorkerExtension"
+EXTENSION = "asymspec_mm.engines.vllm.AsymSpecWorkerExtension"
 
 
 class VLLMUnavailableError(AsymSpecError):
@@ -147,7 +147,7 @@ def run_requests(llm, requests: list[tuple[VLLMEngine, list[int], int | None, in
     prompts, params, keys = [], [], []
     for engine, tokens, wanted_from, max_tokens in requests:
         if len(tokens) + max_tokens > engine.max_model_len:
-            from .errors import ContextOverflowError
+            from ..errors import ContextOverflowError
 
             raise ContextOverflowError(
                 f"the {engine.name} stream needs {len(tokens) + max_tokens} positions but vLLM's max_model_len is "
@@ -274,7 +274,7 @@ class VLLMEngine:
     returns full-vocabulary logits ``[n, V]`` for the new positions, ``truncate`` rolls back (only the
     token list: vLLM's cache keeps the blocks and reuses those that still match). Several engines may
     share one ``LLM`` (each has its own prefix-cache namespace); calls must not interleave from threads.
-    :class:`asymspec_mm.batch.vllm.VLLMBatchEngine` serves many such streams with one call per step.
+    :class:`asymspec_mm.engines.vllm_rows.VLLMBatchEngine` serves many such streams with one call per step.
 
     ``tokens_forwarded`` counts tokens the stream asked for (as TextEngine does); ``tokens_computed``
     counts the tokens vLLM actually ran (the last partial cache block is recomputed each step).
@@ -415,7 +415,7 @@ class VLLMVLEngine(VLLMEngine):
     def prefill(self, ids: torch.Tensor, images=None, uuids: list[str] | None = None) -> None:
         """Cache the prompt ``ids`` about ``images`` (a :class:`~asymspec_mm.engines.PromptImages`, a PIL image or a
         list, one per pad run in ``ids``)."""
-        from .engines import PromptImages
+        from .single import PromptImages
 
         if isinstance(images, PromptImages):
             images = images.images
@@ -444,7 +444,7 @@ class VLLMVLEngine(VLLMEngine):
                 f"{len(given)}: its processor settings (min/max pixels) differ from vLLM's"
             )
         if len(expanded) + 1 > self.max_model_len:
-            from .errors import ContextOverflowError
+            from ..errors import ContextOverflowError
 
             raise ContextOverflowError(
                 f"the {self.name} prompt has {len(expanded)} tokens with its image(s) expanded; "

@@ -1,9 +1,9 @@
 """Batched streams on vLLM: many rows of one served model, one ``LLM.generate`` call per batched step.
 
-:class:`VLLMBatchEngine` has :class:`~asymspec_mm.batch.engines.BatchEngine`'s interface (``rows``, ``length``,
+:class:`VLLMBatchEngine` has :class:`~asymspec_mm.engines.rows.BatchEngine`'s interface (``rows``, ``length``,
 ``join``, ``leave``, ``extend``, ``truncate``, ``tokens_forwarded`` / ``forward_calls``, ``kv_bytes``,
-``slot_bytes``, ``device``, ``name``) over one :class:`~asymspec_mm.vllm_engine.VLLMModel` (or a ``vllm.LLM``).
-A row is the state of a prefilled :class:`~asymspec_mm.vllm_engine.VLLMEngine` / ``VLLMVLEngine`` (its tokens,
+``slot_bytes``, ``device``, ``name``) over one :class:`~asymspec_mm.engines.vllm.VLLMModel` (or a ``vllm.LLM``).
+A row is the state of a prefilled :class:`~asymspec_mm.engines.vllm.VLLMEngine` / ``VLLMVLEngine`` (its tokens,
 prefix-cache salt, row memory and, for the image stream, its prompt with the images): :meth:`join` copies
 that state, so the row goes on exactly as the single engine would and the engine itself is left as it was.
 
@@ -22,8 +22,8 @@ import copy
 
 import torch
 
-from ..vllm_engine import VLLMEngine, _in_process, draft_many, extend_many
-from .engines import RowView
+from .rows import RowView
+from .vllm import VLLMEngine, _in_process, draft_many, extend_many
 
 
 class VLLMBatchEngine:
@@ -120,7 +120,7 @@ class VLLMBatchEngine:
 
     def draft(self, ids: dict[int, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward ``ids[row]`` (the pending tokens) and decode ``k`` greedy tokens per row, all rows in ONE
-        ``LLM.generate`` call (:func:`~asymspec_mm.vllm_engine.draft_many`): drafts ``[R, k]`` and their logits
+        ``LLM.generate`` call (:func:`~asymspec_mm.engines.vllm.draft_many`): drafts ``[R, k]`` and their logits
         ``[R, k, V]`` float32, rows in ``ids`` order. ``draft_argmax_mismatches`` counts drafts that differ from the
         argmax of their returned rows (a near-tie computed in two kernels; 0 in fp32)."""
         if not ids:

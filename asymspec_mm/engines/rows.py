@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..engines import model_device
+from .single import model_device
 
 
 def _new_cache(config):

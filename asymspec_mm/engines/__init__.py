@@ -1,0 +1,63 @@
+"""Where a model's KV lives: every engine of the toolkit, in one package.
+
+- :mod:`.single`: one KV-cached stream each (the :class:`Engine` protocol, :class:`TextEngine`, :class:`VLEngine`,
+  their static-cache variants, :class:`PromptImages`, the :class:`EngineFactory` protocol and its
+  :class:`TransformersEngines` / :class:`StaticEngines`); what ``pipe.prepare`` prefills a single request on.
+- :mod:`.rows`: :class:`~.rows.BatchEngine`, rows of one model in one growing KV cache (holes, compaction,
+  ragged prefill pieces), :class:`~.rows.RowContext` (one row's KV between storages) and its KV bound.
+- :mod:`.static_rows`: :class:`~.static_rows.StaticBatchEngine`, rows in preallocated slots (the GPU fast path,
+  compiled fixed-shape forwards) and :func:`~.static_rows.static_batch_engines`.
+- :mod:`.vllm` / :mod:`.vllm_rows`: the same stream protocol and row storage served by vLLM.
+
+The decoder (:class:`asymspec_mm.decode.RowDecoder`) steps any of them through the ``RowEngine`` protocol;
+:func:`default_row_storage` is the one place that picks a row storage for a model (custom factories replace it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .single import (
+    Engine,
+    EngineFactory,
+    PromptImages,
+    StaticEngines,
+    StaticTextEngine,
+    StaticVLEngine,
+    TextEngine,
+    TransformersEngines,
+    VLEngine,
+    model_device,
+    prefix_split,
+    prefix_store_key,
+)
+
+__all__ = [
+    "Engine",
+    "EngineFactory",
+    "PromptImages",
+    "StaticEngines",
+    "StaticTextEngine",
+    "StaticVLEngine",
+    "TextEngine",
+    "TransformersEngines",
+    "VLEngine",
+    "default_row_storage",
+    "model_device",
+    "prefix_split",
+    "prefix_store_key",
+]
+
+
+def default_row_storage(model, name: str) -> Any:
+    """The row storage of one stream when no factory is given: vLLM rows when ``model`` is served there, else a
+    :class:`~.rows.BatchEngine` on the transformers model."""
+    from .vllm import VLLMModel
+
+    if isinstance(model, VLLMModel):
+        from .vllm_rows import VLLMBatchEngine
+
+        return VLLMBatchEngine(model, name)
+    from .rows import BatchEngine
+
+    return BatchEngine(model, name)
