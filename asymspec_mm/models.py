@@ -71,7 +71,7 @@ class ModelSet:
         # KV cache of the drafter's full-view prompt up to and including the image, reused across questions about
         # the same image (0 disables)
         self.prefix_store = FeatureStore(max_bytes=prefix_cache_bytes)
-        # a set, not a frozen value: callers (tests, servers) may widen or clear it on a live pipeline
+        # read by each set-up, so replacing it on a live pipeline (``pipe.eos_ids = ...``) takes effect at the next request
         self.eos_ids: set[int] = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
 
     @property
