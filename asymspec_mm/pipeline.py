@@ -255,6 +255,7 @@ class AsymSpecPipeline:
         kv_budget_bytes: int | None = None,
         on_step=None,
         prefill_chunk_tokens: int | None = None,
+        batch_engines=None,
         **overrides,
     ) -> list[MMResult]:
         """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
@@ -272,6 +273,7 @@ class AsymSpecPipeline:
             kv_budget_bytes=kv_budget_bytes,
             on_step=on_step,
             prefill_chunk_tokens=prefill_chunk_tokens,
+            batch_engines=batch_engines,
             **overrides,
         )
 

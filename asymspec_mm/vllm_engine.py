@@ -231,6 +231,42 @@ def extend_many(llm, items: list[tuple[VLLMEngine, list[int]]]) -> tuple[list[to
     return out, calls
 
 
+def draft_many(llm, items: list[tuple[VLLMEngine, list[int]]], k: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Forward each item's ``new`` tokens (``(engine, new)``, engines of one ``llm``) and decode ``k`` greedy tokens
+    per item, all in ONE ``LLM.generate`` call (``max_tokens=k``, temperature 0). Equivalent to ``k`` extends (the
+    new tokens, then each draft but the last, taking the argmax of the last row): each engine ends with its new
+    tokens and drafts ``1 .. k-1`` appended, and its counters move as those extends would move them. Returns the
+    drafts ``[n, k]`` (vLLM's greedy samples: the tokens in its KV), their logits ``[n, k, V]`` float32 and how
+    many drafts differ from the argmax of their rows."""
+    if k < 1:
+        raise ValueError(f"draft needs k >= 1, got {k}")
+    contexts = [engine.tokens + new for engine, new in items]
+    results = run_requests(llm, [(engine, ctx, len(ctx) - 1, k) for (engine, _), ctx in zip(items, contexts)])
+    drafts, logits, mismatches = [], [], 0
+    for (engine, new), ctx, (out, got) in zip(items, contexts, results):
+        sampled = [int(t) for t in out.outputs[0].token_ids]
+        if len(sampled) != k:
+            raise RuntimeError(f"{engine.name}: vLLM decoded {len(sampled)} tokens, {k} were asked for")
+        full = ctx + sampled[:-1]  # the tokens whose KV vLLM computed
+        wanted = range(len(ctx) - 1, len(full))
+        rows = captured_rows(engine, got)
+        missing = [p for p in wanted if p not in rows]
+        if missing:
+            rows.update(engine._from_memory(full, missing))
+            missing = [p for p in wanted if p not in rows]
+        if missing:  # the last prompt token and the decoded ones are always computed
+            raise RuntimeError(f"{engine.name}: vLLM did not compute positions {missing} while drafting")
+        row_logits = torch.stack([rows[p] for p in wanted]).float()
+        mismatches += int((row_logits.argmax(-1) != torch.tensor(sampled, device=row_logits.device)).sum())
+        engine._memory = (full, {p: rows[p] for p in wanted})
+        engine.tokens = full
+        engine.tokens_forwarded += len(new) + k - 1
+        engine.forward_calls += k - 1  # run_requests counted one: as k extends would
+        drafts.append(sampled)
+        logits.append(row_logits.to(engine.device))
+    return torch.tensor(drafts, dtype=torch.long), torch.stack(logits), mismatches
+
+
 class VLLMEngine:
     """One KV-cached text stream on a ``vllm.LLM`` (the verifier, the drafter's compressed view).
 
@@ -296,6 +332,15 @@ class VLLMEngine:
         if not new:
             raise ValueError("extend() needs at least one token")
         return extend_many(self.llm, [(self, new)])[0][0]
+
+    def draft(self, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``pending`` ``[n]`` and decode ``k`` greedy drafts in ONE ``LLM.generate`` call
+        (:func:`draft_many`): drafts ``[k]`` and their logits ``[k, V]`` float32 (drafts ``1 .. k-1`` stay cached)."""
+        new = [int(t) for t in pending.reshape(-1).tolist()]
+        if not new:
+            raise ValueError("draft() needs at least one pending token")
+        drafts, logits, _ = draft_many(self.llm, [(self, new)], k)
+        return drafts[0].to(self.device), logits[0]
 
     def _from_memory(self, tokens: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
         """Rows the previous call computed over the same tokens (a row at p depends on tokens[:p+1])."""

@@ -22,9 +22,12 @@
 #   2. batched decoding (issue #19): generate_batch at B = 8 and 32 against the sequential loop (B = 1: pipe.generate
 #      one request after another) over 32 requests, Floor and AsymSpec, 2B/32B shapes, real prefill: tokens/s,
 #      ratio to B = 1, time per decoder step, KV bytes per row.
+#   2b. batched decoding on static slots (issue 28): the stepped BatchDecoder on StaticBatchEngine rows with
+#      compiled fixed-shape forwards (torch.compile reduce-overhead = CUDA graphs) at B = 8 and 32, against B = 1
+#      (the sequential loop), AsymSpec, 2B/32B shapes: decode tokens/s, time per step.
 #   3. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs).
 #   4. a 0.6B-verifier run (the CPU bench's pair) for a like-for-like comparison with BENCHMARKS.md's CPU tables.
-# Phases 3 and 4 run only when enough of the budget is left.
+# Phases 2b, 3 and 4 run only when enough of the budget is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -52,8 +55,19 @@ if [ "$SLICE" = auto ]; then
   fi
 fi
 SLICE_S=$([ "$SLICE" = only ] && echo $(( BUDGET - 20 )) || echo "${PAPER_SLICE_S:-300}")
+# Phase 2b's options (the dry run checks that the bench parses them)
+STATIC_ROWS=(--variants "" --lengths "" --k-values "" --no-probe --batch-sizes 1,8,32 --batch-cases 32 --batch-variants asymspec
+  --batch-engine static-compile --batch-max-len 1024 --reps 1 --warmup 1 --max-new-tokens 32)
 if [ "$DRY" = 1 ]; then
-  echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1-4 in the time left")"
+  echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1, 2, 2b, 3, 4 in the time left")"
+  if [ "$SLICE" != only ]; then
+    "$PY" -c 'import argparse, sys
+from asymspec_mm.bench.cli import add_bench_parser
+p = argparse.ArgumentParser(prog="gpu_bench.sh")
+add_bench_parser(p.add_subparsers())
+a = p.parse_args(["bench", *sys.argv[1:]])
+print(f"phase 2b: batch sweep at B={a.batch_sizes} on {a.batch_engine} rows ({a.batch_max_len} columns), {a.batch_variants}")' "${STATIC_ROWS[@]}" || exit $?
+  fi
   [ "$SLICE" = no ] || PYTHON="$PY" scripts/gpu_paper_slice.sh --dry-run --budget "$SLICE_S" "${SLICE_ARGS[@]}"
   exit $?
 fi
@@ -96,6 +110,15 @@ if [ "$(left)" -gt 120 ]; then
     --reps 1 --warmup 1 --max-new-tokens 32 --title "GPU: batched decoding, Qwen3-VL-2B + Qwen3-32B shapes (random weights)" \
     2>&1 | tee -a "$LOG"
   echo "phase 2 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+fi
+
+# Phase 2b: ~3 min, the same sweep on static slots with CUDA-graph forwards (issue 28; NOT YET RUN ON A GPU). The
+# warm-up compiles one graph per (B, tokens) shape; B = 1 is the sequential loop on the pipeline's engines.
+if [ "$(left)" -gt 150 ]; then
+  timeout $(( $(left) < 220 ? $(left) - 20 : 200 )) "$PY" -m asymspec_mm.bench --preset real-shapes-32b "${COMMON[@]}" --stem bench-gpu-32b-static-rows \
+    "${STATIC_ROWS[@]}" --title "GPU: batched decoding on static slots + CUDA graphs, Qwen3-VL-2B + Qwen3-32B shapes (random weights)" \
+    2>&1 | tee -a "$LOG"
+  echo "phase 2b rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 fi
 
 # Phase 3: ~2 min, static caches + CUDA-graph decode (UNTESTED ON GPU so far).

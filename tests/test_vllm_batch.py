@@ -520,3 +520,29 @@ def test_batched_loop_on_vllm_equals_transformers_alone(vl, method, cfg_kw):
         assert {"accepted", "fused" if method == "asymspec" else "corrected"} <= sources, sources
     for llm in {vl.pipe.verifier.llm, vl.served.llm}:
         assert llm.collective_rpc("asymspec_pending") == [0]
+
+
+@needs_vllm
+def test_a_single_request_on_vllm_drafts_its_k_tokens_in_one_call(vl, monkeypatch):
+    """pipe.generate (a batch of one on the one decoder) with every stream on vLLM: the full view's K drafts of a
+    step are ONE ``LLM.generate`` call, as in a batch (one per step, plus the prefill), and the tokens equal the
+    transformers pipeline's."""
+    from test_batch import _requests
+
+    from asymspec_mm import AsymSpecConfig
+
+    llm = vl.pipe.drafter_full.llm
+    calls: list[str] = []
+    generate = llm.generate
+
+    def counted(prompts, *args, **kwargs):
+        calls.extend(p.get("cache_salt", "") or "" for p in prompts)
+        return generate(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(llm, "generate", counted)
+    cfg = AsymSpecConfig(k=4, max_new_tokens=20)
+    r = {k: v for k, v in _requests(1, seed=5)[0].items() if k in ("image", "question", "caption", "ocr")}
+    res = vl.pipe.generate(**r, config=cfg)
+    assert res.token_ids == vl.ref.generate(**r, config=cfg).token_ids
+    full = [c for c in calls if c.startswith("asymspec-drafter_full-")]
+    assert len(full) == res.stats["steps"] + 1, (len(full), res.stats["steps"])

@@ -1,7 +1,7 @@
 """Batched decoding: many requests decoded together, one forward per stream per step for all rows.
 
-:mod:`.engines` rows of one model in one KV cache (:mod:`.vllm` the same on vLLM), :mod:`.decoder` the loops
-over many rows, :mod:`.generate` ``pipe.generate_batch``, :mod:`.scheduler` continuous batching for concurrent
+:mod:`.engines` rows of one model in one KV cache (:mod:`.static_rows` in preallocated slots, :mod:`.vllm` the
+same on vLLM), :mod:`.decoder` the loops over many rows, :mod:`.generate` ``pipe.generate_batch``, :mod:`.scheduler` continuous batching for concurrent
 callers, :mod:`.cli` the ``asymspec-mm batch`` command.
 """
 
@@ -16,6 +16,8 @@ _LAZY = {
     "batch_key": "decoder",
     "BatchEngine": "engines",
     "RowView": "engines",
+    "StaticBatchEngine": "static_rows",
+    "static_batch_engines": "static_rows",
     "Request": "generate",
     "generate_batch": "generate",
     "Handle": "scheduler",
@@ -40,3 +42,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engines import BatchEngine, RowView
     from .generate import Request, generate_batch
     from .scheduler import Handle, QueueFullError, Scheduler
+    from .static_rows import StaticBatchEngine, static_batch_engines

@@ -95,17 +95,17 @@ class BatchDecoder(RowDecoder):
                 f"request {rid}: method/config differ from this batch's ({self.method}); "
                 f"rows of one batch share every setting but {', '.join(ROW_FIELDS)}"
             )
-        need = self.kv_need(session)
+        final = self.final_lengths(session)
         if session.to_prefill:
             if rid in self.rows:
                 raise ValueError(f"row {rid} is already live")
-            self.arriving.add(rid, session.to_prefill, streams=session.streams, extra=(session, need, time.perf_counter()))
+            self.arriving.add(rid, session.to_prefill, streams=session.streams, extra=(session, final, time.perf_counter()))
             return None
-        return self._join_session(rid, session, session.streams, need)
+        return self._join_session(rid, session, session.streams, final)
 
-    def _join_session(self, rid: int, session: Session, streams: dict[str, Any], need: int) -> Row:
+    def _join_session(self, rid: int, session: Session, streams: dict[str, Any], final: dict[str, int]) -> Row:
         row = self.join(rid, streams, session.pending, session.config, session.eos_ids, session.stop_fn)
-        row.session, row.kv_need = session, need
+        row.session, row.final_lengths = session, final
         return row
 
     def prefill_step(self) -> list[Row]:
@@ -114,10 +114,10 @@ class BatchDecoder(RowDecoder):
             return []
         joined = []
         for rid in self.arriving.step():
-            streams, hit, (session, need, t0) = self.arriving.take(rid)
+            streams, hit, (session, final, t0) = self.arriving.take(rid)
             session.stats.update(prefix_cache_hit=hit or session.stats.get("prefix_cache_hit", False))
             session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
-            joined.append(self._join_session(rid, session, streams, need))
+            joined.append(self._join_session(rid, session, streams, final))
         return joined
 
     @property
@@ -132,21 +132,40 @@ class BatchDecoder(RowDecoder):
         else:
             super().remove(rid)
 
-    def kv_need(self, session: Session) -> int:
-        """The most KV bytes ``session`` can hold in this batch: its prompts plus its token budget and one step's
-        speculative positions, on every stream (what a memory budget reserves for it)."""
+    def final_lengths(self, session: Session) -> dict[str, int]:
+        """The most tokens each stream holds for ``session``: its prompt, its token budget and one step's speculative
+        positions."""
         extra = session.config.max_new_tokens + session.config.k + 2
+        out = {}
+        for name in self.engines:
+            staged = session.to_prefill.get(name)
+            out[name] = (int(staged.ids.numel()) if staged is not None else session.streams[name].length) + extra
+        return out
+
+    def kv_bound(self, session: Session | None = None, *, alone: bool = False) -> int:
+        """The most KV bytes this batch's storage can allocate at once with its rows (decoding and arriving) and
+        ``session`` joining (``alone``: ``session`` by itself), every row at its :meth:`final_lengths`: what each row
+        storage's ``kv_bound`` says (padding, holes and join transients included; a storage without one counts
+        its tokens), plus the batched prefill's staging KV of the rows still arriving."""
+        rows = [] if alone else [r.final_lengths for r in self.rows.values()] + [self.arriving.extra(r)[1] for r in self.arriving.rows]
+        if session is not None:
+            rows.append(self.final_lengths(session))
+        step = self.cfg.k + 1
         total = 0
         for name, engine in self.engines.items():
-            staged = session.to_prefill.get(name)
-            length = int(staged.ids.numel()) if staged is not None else session.streams[name].length
-            total += engine.slot_bytes() * (length + extra)
-        return total
+            lengths = [r[name] for r in rows]
+            if hasattr(engine, "kv_bound"):
+                total += engine.kv_bound(lengths, step)
+            else:
+                total += sum(n + step for n in lengths) * engine.slot_bytes()
+        arriving = [] if alone else [self.arriving.extra(r)[0] for r in self.arriving.rows]
+        if session is not None and session.to_prefill:
+            arriving.append(session)
+        return total + self.arriving.kv_bound({name: [len(s.to_prefill[name].ids) for s in arriving] for name in self._staged(arriving)})
 
-    @property
-    def kv_reserved(self) -> int:
-        """:meth:`kv_need` summed over the live rows and the rows being prefilled (each reserved when it came)."""
-        return sum(row.kv_need for row in self.rows.values()) + sum(self.arriving.extra(r)[1] for r in self.arriving.rows)
+    @staticmethod
+    def _staged(sessions: list[Session]) -> list[str]:
+        return sorted({name for s in sessions for name in s.to_prefill})
 
     def finish(self, row: Row) -> None:
         """The row's :class:`MMResult` (with the batch's statistics), then its slots are freed."""

@@ -21,6 +21,7 @@ several rows in one ragged forward (image embeddings and M-RoPE positions per ro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,25 @@ def _vision_inputs(chunks: list[PrefillChunk]) -> dict[str, Any]:
     out = BaseModelOutputWithDeepstackFeatures(pooler_output=(torch.cat([c.image_embeds for c in with_images]),))
     out.deepstack_features = [(torch.cat(layer),) for layer in zip(*(c.deepstack for c in with_images))]
     return {"mm_encoder_outputs": {"image": out}}
+
+
+def dynamic_kv_bound(slot_bytes: int, n_layers: int, compact_at: float, lengths: list[int], step_tokens: int) -> int:
+    """The most KV bytes a :class:`BatchEngine` allocates while rows that reach ``lengths`` tokens live in it.
+
+    Every row spans the whole time dimension ``T`` (padding and holes are allocated too). Compaction runs before a
+    forward once ``T - L_max > compact_at * T``, so ``T <= L_max / (1 - compact_at) + step_tokens``. A join or a
+    compaction replaces one layer at a time, so its old tensors live beside the new ones for one layer only:
+    ``bytes <= slot_bytes * T * (R + (R - 1) / n_layers)`` for ``R`` rows. ``slot_bytes``: one token of one row over
+    all layers (keys and values).
+    """
+    if not lengths:
+        return 0
+    if compact_at >= 1.0:
+        raise ValueError("a KV bound needs compact_at < 1 (with compact_at=1 holes are never reclaimed)")
+    rows = len(lengths)
+    time = math.ceil(max(lengths) / (1.0 - compact_at)) + step_tokens
+    per_layer = slot_bytes // n_layers
+    return slot_bytes * time * rows + per_layer * time * (rows - 1)
 
 
 class BatchEngine:
@@ -375,6 +395,11 @@ class BatchEngine:
     def slot_bytes(self) -> int:
         """Bytes of one slot of one row over all layers (keys and values)."""
         return self._n_layers * 2 * self._kv_heads * self._head_dim * torch.empty((), dtype=self._dtype).element_size()
+
+    def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
+        """The most KV bytes this storage can hold at once while rows that reach ``lengths`` tokens live in it, each
+        forward appending at most ``step_tokens`` slots: :func:`dynamic_kv_bound` of this engine's shapes."""
+        return dynamic_kv_bound(self.slot_bytes(), self._n_layers, self.compact_at, lengths, step_tokens)
 
     @property
     def engine_calls(self) -> int:

@@ -49,16 +49,18 @@ def generate_batch(
     kv_budget_bytes: int | None = None,
     on_step: Callable[[int, int, float], None] | None = None,
     prefill_chunk_tokens: int | None = None,
+    batch_engines: Callable[[Any, str], Any] | None = None,
     **overrides,
 ) -> list[MMResult]:
     """Answer every request; results in input order, each equal to ``pipe.generate`` of that request alone.
 
     The requests go through a :class:`~asymspec_mm.batch.Scheduler` of ``batch_size`` rows (the serving path: set-up
     on its own thread, batched chunked prefill between decode steps, a finished row's place to the next request at
-    once). ``kv_budget_bytes`` bounds the rows further: a request joins only while the live rows' reserved KV
-    (:meth:`BatchDecoder.kv_need`: prompt + token budget, every stream) fits, and one that alone exceeds the budget
-    raises :class:`~asymspec_mm.batch.KVBudgetError`. ``on_step(rows, engine_calls, seconds)`` is told of every
-    decode step (benchmarks read the step time from it). A request that fails raises its error here, the first in
+    once). ``kv_budget_bytes`` bounds the rows further: a request joins only while the batch's KV bound with it
+    (:meth:`BatchDecoder.kv_bound`: every row at prompt + token budget, with the storage's padding, holes and
+    transients) fits, and one whose bound alone exceeds the budget raises :class:`~asymspec_mm.batch.KVBudgetError`. ``on_step(rows, engine_calls, seconds)`` is told of every
+    decode step (benchmarks read the step time from it); ``batch_engines(model, stream_name)`` builds the row storage
+    (as :meth:`AsymSpecPipeline.scheduler`'s, e.g. :func:`~asymspec_mm.batch.static_batch_engines`). A request that fails raises its error here, the first in
     input order, once the requests before it have finished; the rest are cancelled. Each result's
     ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]`` the KV bytes it held
     per stream when it finished.
@@ -72,7 +74,7 @@ def generate_batch(
         raise UnknownOptionError(f"batch_size={batch_size!r} must be an integer >= 1")
     todo = [as_request(r, i) for i, r in enumerate(requests)]
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
-    sched = Scheduler(pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, **chunk)
+    sched = Scheduler(pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk)
     handles = []
     try:
         handles = [sched.submit(r.image, r.question, caption=r.caption, ocr=r.ocr, method=method, config=cfg) for r in todo]

@@ -122,7 +122,9 @@ class ChunkedPrefill:
 
     def _engine(self, name: str) -> BatchEngine:
         if name not in self._staging:
-            self._staging[name] = BatchEngine(self._models[name], f"{name} (prefill)")
+            # compacted before every forward that would leave holes: a staging row lives a few forwards, and its KV
+            # is gathered on the way out anyway, so keeping the time dimension at the longest prompt is cheap
+            self._staging[name] = BatchEngine(self._models[name], f"{name} (prefill)", compact_at=0.0)
         return self._staging[name]
 
     def add(self, rid: int, prompts: dict[str, StreamPrompt], *, streams: dict[str, Any] | None = None, extra: Any = None) -> None:
@@ -202,6 +204,17 @@ class ChunkedPrefill:
             return
         for name in row.prompts:
             self._staging[name].leave(rid)
+
+    def kv_bound(self, prompt_lengths: dict[str, list[int]]) -> int:
+        """The most KV bytes the staging engines hold at once for prompts of ``prompt_lengths`` (per stream), pieces
+        of ``chunk_tokens``, plus the single-row copy a finished row makes on its way out (:meth:`take`)."""
+        total = 0
+        for name, lengths in prompt_lengths.items():
+            if lengths:
+                engine = self._engine(name)
+                piece = min(self.chunk_tokens, max(lengths))  # the most columns one staging forward appends
+                total += engine.kv_bound(lengths, piece) + max(lengths) * engine.slot_bytes()
+        return total
 
     def kv_bytes(self) -> int:
         """KV memory the staging engines hold now (holes included)."""

@@ -186,6 +186,11 @@ class Scheduler:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe, self.max_batch_size, self.max_queue, self.max_kv_bytes = pipe, max_batch_size, max_queue, max_kv_bytes
         self.batch_engines = batch_engines
+        rows_cap = getattr(batch_engines, "max_rows", None)  # a storage of fixed rows (static slots) holds no more
+        if rows_cap is not None and rows_cap < max_batch_size:
+            raise UnknownOptionError(
+                f"max_batch_size={max_batch_size} exceeds the row storage's max_rows={rows_cap}: lower max_batch_size or raise max_rows"
+            )
         if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
             raise UnknownOptionError(f"prefill_chunk_tokens={prefill_chunk_tokens!r} must be an integer >= 1")
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -369,8 +374,9 @@ class Scheduler:
             handle._finish(error=error)
 
     def _admit(self) -> None:
-        """Let set-up requests join while rows are free and their KV fits ``max_kv_bytes`` (one always fits when no
-        row is live; one that could never fit is refused). Each fails alone: only its own handle errors."""
+        """Let set-up requests join while rows are free and the batches' :meth:`kv_bound` with them fits
+        ``max_kv_bytes`` (one always fits when no row is live; one whose bound alone exceeds it is refused with the
+        numbers). Each fails alone: only its own handle errors."""
         while self._ready and self.live_rows < self.max_batch_size:
             w, session = self._ready[0]
             if w.handle.cancelled:
@@ -383,18 +389,18 @@ class Scheduler:
                     decoder = self._decoders[w.key] = BatchDecoder(
                         self.pipe, w.method, w.config, engines=self.batch_engines, prefill_chunk_tokens=self.prefill_chunk_tokens
                     )
-                need = decoder.kv_need(session)
-                if self.max_kv_bytes is not None and need > self.max_kv_bytes:
+                alone = decoder.kv_bound(session, alone=True) if self.max_kv_bytes is not None else 0
+                if self.max_kv_bytes is not None and alone > self.max_kv_bytes:
                     raise KVBudgetError(
-                        f"request {w.handle.id} needs up to {need:,} bytes of KV cache (prompts plus max_new_tokens) but "
-                        f"max_kv_bytes is {self.max_kv_bytes:,}: lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
+                        f"request {w.handle.id} needs up to {alone:,} bytes of KV cache (its prompts plus max_new_tokens, "
+                        f"with the storage's padding and compaction slack) but max_kv_bytes is {self.max_kv_bytes:,}: "
+                        "lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
                     )
             except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
                 self._pop_ready()
                 self._drop(w.handle, exc)
                 continue
-            reserved = sum(d.kv_reserved for d in self._decoders.values())
-            if self.live_rows and self.max_kv_bytes is not None and reserved + need > self.max_kv_bytes:
+            if self.live_rows and self.max_kv_bytes is not None and self.kv_bound(decoder, session) > self.max_kv_bytes:
                 with self._cond:  # back in line (first) until its KV fits
                     w.handle.left_line_at = None
                 return
@@ -405,6 +411,11 @@ class Scheduler:
                 decoder.add(w.handle.id, session)
             except Exception as exc:  # noqa: BLE001
                 self._drop(w.handle, exc)
+
+    def kv_bound(self, decoder: BatchDecoder | None = None, session: Session | None = None) -> int:
+        """The most KV bytes the batches can allocate at once, with ``session`` joining ``decoder``
+        (:meth:`BatchDecoder.kv_bound` summed over the batches): what ``max_kv_bytes`` bounds."""
+        return sum(d.kv_bound(session if d is decoder else None) for d in list(self._decoders.values()))
 
     def _pop_ready(self) -> None:
         with self._cond:

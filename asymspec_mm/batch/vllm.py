@@ -22,7 +22,7 @@ import copy
 
 import torch
 
-from ..vllm_engine import VLLMEngine, _in_process, captured_rows, extend_many, run_requests
+from ..vllm_engine import VLLMEngine, _in_process, draft_many, extend_many
 from .engines import RowView
 
 
@@ -115,49 +115,23 @@ class VLLMBatchEngine:
             self._sync(row)
         return dict(zip(ids, logits))
 
+    #: the decoder lets this storage decode the K drafts itself (one call) instead of K extends
+    drafts_itself = True
+
     def draft(self, ids: dict[int, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward ``ids[row]`` (the pending tokens) and decode ``k`` greedy tokens per row, all rows in ONE
-        ``LLM.generate`` call (``max_tokens=k``, temperature 0): drafts ``[R, k]`` and their logits ``[R, k, V]``
-        float32, rows in ``ids`` order. Equivalent to ``k`` calls of :meth:`extend` (pending, then each draft but
-        the last, taking the argmax of the last row): each row ends with its pending tokens and drafts
-        ``1 .. k-1`` appended, and its counters move as those ``k`` extends would move them.
-
-        The drafts are vLLM's greedy samples (the tokens in its KV); ``draft_argmax_mismatches`` counts those that
-        differ from the argmax of the returned rows (a near-tie computed in two kernels; 0 in fp32)."""
-        if k < 1:
-            raise ValueError(f"{self.name}: draft needs k >= 1, got {k}")
+        ``LLM.generate`` call (:func:`~asymspec_mm.vllm_engine.draft_many`): drafts ``[R, k]`` and their logits
+        ``[R, k, V]`` float32, rows in ``ids`` order. ``draft_argmax_mismatches`` counts drafts that differ from the
+        argmax of their returned rows (a near-tie computed in two kernels; 0 in fp32)."""
         if not ids:
             v = int(self.llm.llm_engine.vllm_config.model_config.get_vocab_size())
             return torch.zeros(0, k, dtype=torch.long, device=self.device), torch.zeros(0, k, v, device=self.device)
-        items = self._items(ids)
-        contexts = [state.tokens + new for state, new in items]
-        results = run_requests(self.llm, [(state, ctx, len(ctx) - 1, k) for (state, _), ctx in zip(items, contexts)])
+        drafts, logits, mismatches = draft_many(self.llm, self._items(ids), k)
         self.generate_calls += 1
-        drafts, logits = [], []
-        for (state, new), ctx, (out, got) in zip(items, contexts, results):
-            sampled = [int(t) for t in out.outputs[0].token_ids]
-            if len(sampled) != k:
-                raise RuntimeError(f"{state.name}: vLLM decoded {len(sampled)} tokens, {k} were asked for")
-            full = ctx + sampled[:-1]  # the tokens whose KV vLLM computed
-            wanted = range(len(ctx) - 1, len(full))
-            rows = captured_rows(state, got)
-            missing = [p for p in wanted if p not in rows]
-            if missing:
-                rows.update(state._from_memory(full, missing))
-                missing = [p for p in wanted if p not in rows]
-            if missing:  # the last prompt token and the decoded ones are always computed
-                raise RuntimeError(f"{state.name}: vLLM did not compute positions {missing} while drafting")
-            row_logits = torch.stack([rows[p] for p in wanted]).float()
-            self.draft_argmax_mismatches += int((row_logits.argmax(-1) != torch.tensor(sampled, device=row_logits.device)).sum())
-            state._memory = (full, {p: rows[p] for p in wanted})
-            state.tokens = full
-            state.tokens_forwarded += len(new) + k - 1
-            state.forward_calls += k - 1  # run_requests counted one: as k extends would
-            drafts.append(sampled)
-            logits.append(row_logits.to(self.device))
+        self.draft_argmax_mismatches += mismatches
         for row in ids:
             self._sync(row)
-        return torch.tensor(drafts, dtype=torch.long, device=self.device), torch.stack(logits)
+        return drafts.to(self.device), logits.to(self.device)
 
     # ------------------------------------------------------------------ memory
     def slot_bytes(self) -> int:
@@ -166,6 +140,15 @@ class VLLMBatchEngine:
         mc = cfg.model_config
         layers = mc.get_num_layers(cfg.parallel_config)
         return layers * 2 * mc.get_total_num_kv_heads() * mc.get_head_size() * torch.empty((), dtype=mc.dtype).element_size()
+
+    def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
+        """The most KV bytes rows that reach ``lengths`` tokens take in vLLM's block pool: whole blocks per row (each
+        step's speculative positions included). The pool itself is allocated up front by vLLM."""
+        block = self._block_size()
+        return sum(-(-(n + step_tokens) // block) * block for n in lengths) * self.slot_bytes()
+
+    def _block_size(self) -> int:
+        return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
 
     @property
     def engine_calls(self) -> int:

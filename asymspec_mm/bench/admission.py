@@ -55,16 +55,20 @@ def measure_stall(
     live_tokens: int = 300,
     warm_steps: int = 20,
     new_tokens: int = 40,
+    prefill_chunk_tokens: int | None = None,
 ) -> dict:
     """Run the scenario once on a scheduler of ``pipe``. ``live`` / ``new[i]``: ``image``, ``question`` and optional
     ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
-    stop it early, and the lengths are the scenario). Returns :func:`stall_figures` plus the set-up window's length,
-    the live row's steps, the longest prefill, and the new requests' caption seconds and tokens."""
+    stop it early, and the lengths are the scenario); ``prefill_chunk_tokens``: the scheduler's batched prefill budget
+    (``None``: its default). Returns :func:`stall_figures` plus the set-up window's length, the live row's steps, the
+    longest time a request spent in the batched prefill (its pieces interleaved with the steps), and the new
+    requests' caption seconds and tokens."""
     from ..batch.scheduler import Scheduler
 
     stamps: list[float] = []
     joined: dict[int, float] = {}
-    with Scheduler(pipe, max_batch_size=len(new) + 1) as sched:
+    chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
+    with Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
             live["image"],
@@ -102,7 +106,7 @@ def measure_stall(
         **stall_figures(stamps, window),
         "setup_window_s": window[1] - window[0],
         "live_steps": len(stamps),
-        "longest_prefill_s": max(r.stats["prefill_s"] for r in results),  # one call under the models' lock
+        "longest_prefill_s": max(r.stats["prefill_s"] for r in results),
         "caption_s": sum(r.stats["caption_s"] for r in results),
         "caption_tokens": sum(len(pipe.tokenizer(r.view.caption, add_special_tokens=False)["input_ids"]) for r in results),
     }
@@ -113,21 +117,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="runs/admission_ckpt", help="where the random tiny checkpoints are built (reused)")
     ap.add_argument("--new", type=int, default=4, help="requests set up while the live row decodes")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="repetitions run first and not counted (the first AsymSpec step of a process pays one-time costs)",
+    )
     ap.add_argument("--live-tokens", type=int, default=3000, help="the live row's length: it must outlast the set-up")
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=None, help="the batched prefill's tokens per forward")
     args = ap.parse_args(argv)
     from ..testing import build_tiny_checkpoints
     from .pairs import bench_cases, load_pair
 
     drafter_dir, verifier_dir = build_tiny_checkpoints(args.dir)
     pipe = load_pair("dirs", drafter=str(drafter_dir), verifier=str(verifier_dir)).pipe  # the bench's loader, OCR off
-    cases = bench_cases(1 + args.new * args.reps)
+    total = args.warmup + args.reps
+    cases = bench_cases(1 + args.new * total)
     live = {**cases[0], "caption": "a chart", "ocr": ""}
     runs = []
-    for rep in range(args.reps):  # new images each time: their captions are not in the caption cache yet
+    for rep in range(total):  # new images each time: their captions are not in the caption cache yet
         new = [{**c, "caption": None, "ocr": False} for c in cases[1 + rep * args.new : 1 + (rep + 1) * args.new]]
-        runs.append(measure_stall(pipe, live, new, live_method="floor", live_tokens=args.live_tokens))
-    for r in runs:
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+        runs.append(
+            measure_stall(
+                pipe, live, new, live_method="floor", live_tokens=args.live_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens
+            )
+        )
+    for i, r in enumerate(runs):
+        print(("warm-up " if i < args.warmup else "") + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+    runs = runs[args.warmup :]
     for key, label in (("stall", "the row's step alone"), ("stall_all", "the step with every row decoding")):
         v = sorted(r[key] for r in runs)
         print(

@@ -37,6 +37,8 @@ SYNTHETIC_STAGGER = 4
 #: The streams each method's rows hold (as :mod:`asymspec_mm.batch.decoder`).
 METHOD_STREAMS = {"asymspec": STREAMS, "sd": ("drafter_comp", "verifier"), "floor": ("verifier",), "drafter": ("drafter_full",)}
 LABEL = "generate_batch(batch_size=B) vs the sequential loop (B=1: pipe.generate one request after another)"
+#: The row storages of the stepped decoder: the default (dynamic) one, or static slots (optionally compiled).
+BATCH_ENGINES = ("dynamic", "static", "static-compile")
 
 Say = Callable[[str], None]
 
@@ -113,7 +115,10 @@ class BatchSweep:
         image_tokens: int,
         clock: Clock,
         instrument: bool,
+        batch_engine: str = "dynamic",
+        batch_max_len: int = 2048,
     ):
+        self.batch_engine, self.batch_max_len = batch_engine, batch_max_len
         self.bp, self.pipe, self.inputs = bp, bp.pipe, inputs
         self.synthetic, self.base_len, self.image_tokens = synthetic, base_len, image_tokens
         self.clock, self.instrument = clock, instrument
@@ -144,6 +149,15 @@ class BatchSweep:
     def _kv_row(self, i: int, lengths: dict[str, int], measured: int | None) -> dict[str, Any]:
         formula = sum(n * kv_bytes_per_token(self.models[s]) for s, n in lengths.items())
         return {"case": i, "lengths": dict(lengths), "bytes": formula if measured is None else measured, "formula_bytes": formula}
+
+    def row_storage(self, size: int) -> Any:
+        """The row storage factory at batch ``size`` (generate_batch's and the stepped decoder's): None (the default)
+        or static slots, one per row."""
+        if self.batch_engine == "dynamic":
+            return None
+        from ..batch.static_rows import static_batch_engines
+
+        return static_batch_engines(max_rows=size, max_len=self.batch_max_len, compile_decode=self.batch_engine == "static-compile")
 
     # -- the cells ---------------------------------------------------------------------------------
     def sequential(self, v: Variant, cfg: AsymSpecConfig, idx: Sequence[int]) -> dict[str, Any]:
@@ -183,7 +197,7 @@ class BatchSweep:
         """``pipe.generate_batch(batch_size=size)`` over the requests, timed as one call."""
         reqs = [{k: self.inputs[i][k] for k in ("image", "question", "caption", "ocr")} for i in idx]
         t0 = self.clock.now()
-        results = self.pipe.generate_batch(reqs, method=v.method, config=cfg, batch_size=size)
+        results = self.pipe.generate_batch(reqs, method=v.method, config=cfg, batch_size=size, batch_engines=self.row_storage(size))
         wall = self.clock.now() - t0
         return {
             "wall_s": wall,
@@ -199,7 +213,7 @@ class BatchSweep:
         clock = self.clock
         ledger = Ledger() if self.instrument else None
         timer = BucketTimer(ledger, clock) if ledger is not None else None
-        decoder = BatchDecoder(self.pipe, v.method, cfg)
+        decoder = BatchDecoder(self.pipe, v.method, cfg, engines=self.row_storage(size))
         parts = StepParts(ledger) if ledger is not None else None
         if ledger is not None:
             _time_extends(decoder, ledger, clock)
@@ -243,7 +257,7 @@ class BatchSweep:
         out["join_s"] = acc["join"]
         out["cache_bytes_per_row_peak"] = acc["peak_cache"] / acc["peak_rows"] if acc["peak_rows"] else None
         out["max_batch_stat"] = max((results[i].stats.get("batch_size", 0) for i in idx), default=0)
-        out["compactions"] = sum(e.compactions for e in decoder.engines.values())
+        out["compactions"] = sum(getattr(e, "compactions", 0) for e in decoder.engines.values())
         return out
 
     def _summary(
@@ -324,10 +338,24 @@ def batch_sweep(
     clock: Clock,
     instrument: bool,
     say: Say,
+    batch_engine: str = "dynamic",
+    batch_max_len: int = 2048,
 ) -> dict[str, Any]:
-    """Every (variant, B) cell over the same ``inputs``, ``reps`` interleaved repetitions: the ``batching`` section."""
+    """Every (variant, B) cell over the same ``inputs``, ``reps`` interleaved repetitions: the ``batching`` section.
+    ``batch_engine``: the stepped decoder's row storage (:data:`BATCH_ENGINES`; static slots of ``batch_max_len``
+    columns, ``max_rows`` = B); B = 1 stays the sequential loop on the pipeline's engines."""
     sizes = parse_sizes(sizes)
-    sweep = BatchSweep(bp, inputs, synthetic=synthetic, base_len=base_len, image_tokens=image_tokens, clock=clock, instrument=instrument)
+    sweep = BatchSweep(
+        bp,
+        inputs,
+        synthetic=synthetic,
+        base_len=base_len,
+        image_tokens=image_tokens,
+        clock=clock,
+        instrument=instrument,
+        batch_engine=batch_engine,
+        batch_max_len=batch_max_len,
+    )
     idx = list(range(len(inputs)))
     cells = [(v, b) for v in variants for b in sizes]
     for w in range(warmup):
@@ -360,6 +388,7 @@ def batch_sweep(
     return {
         "label": LABEL,
         "mode": "synthetic" if synthetic else "pipeline",
+        "batch_engine": batch_engine,
         "sizes": sizes,
         "variants": [v.name for v in variants],
         "methods": {v.name: v.method for v in variants},

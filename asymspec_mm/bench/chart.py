@@ -103,7 +103,8 @@ def _batch(res: dict[str, Any]) -> list[Panel]:
     bt = res.get("batching")
     if not bt or not bt.get("by_variant"):
         return []
-    key = "decode_ratio_to_seq" if bt["mode"] == "synthetic" else "ratio_to_seq"
+    # decode-only ratios where the whole-call tokens/s is missing (synthetic caches, a non-default row storage)
+    key = "decode_ratio_to_seq" if bt["mode"] == "synthetic" or bt.get("batch_engine", "dynamic") != "dynamic" else "ratio_to_seq"
 
     def curves(ax: Any, field: str) -> None:
         for name, per in bt["by_variant"].items():

@@ -145,6 +145,15 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-variants", default="floor;asymspec", help=f"batch sweep: the variants, {VARIANT_GRAMMAR} [default: %(default)s]"
     )
+    p.add_argument(
+        "--batch-engine",
+        choices=["dynamic", "static", "static-compile"],
+        default="dynamic",
+        help="batch sweep: the stepped decoder's row storage at B > 1: dynamic (BatchEngine) or static slots "
+        "(StaticBatchEngine, max_rows = B), optionally with compiled fixed-shape forwards; generate_batch is then not "
+        "timed [default: %(default)s]",
+    )
+    p.add_argument("--batch-max-len", type=int, default=2048, help="batch sweep: static slots' columns [default: %(default)s]")
     p.add_argument("--out", default="runs/bench", help="output folder for bench.json / bench.md / bench.png [default: %(default)s]")
     p.add_argument("--stem", default=None, help="output file stem [default: bench-<pair>]")
     p.add_argument(
@@ -205,6 +214,8 @@ def bench_options(args: argparse.Namespace) -> dict[str, Any]:
         batch_sizes=_ints(args.batch_sizes),
         batch_cases=args.batch_cases,
         batch_variants=args.batch_variants,
+        batch_engine=args.batch_engine,
+        batch_max_len=args.batch_max_len,
         progress=not args.quiet,
     )
 

@@ -247,6 +247,12 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
         "request after another); B>1 is generate_batch(batch_size=B), continuously refilled. Ratios to B=1 are medians of "
         "per-repetition ratios; each median is shown with its spread, median (min-max, n=repetitions)."
     )
+    if bt.get("batch_engine", "dynamic") != "dynamic":
+        lines.append(
+            f"\n**Row storage: {bt['batch_engine']}** at B>1 (StaticBatchEngine: preallocated slots, max_rows = B"
+            f"{', compiled fixed-shape forwards' if 'compile' in bt['batch_engine'] else ''}), for generate_batch and "
+            "the stepped BatchDecoder alike."
+        )
     if synthetic:
         sc = bt["synthetic_context"]
         lines.append(

@@ -64,6 +64,8 @@ def run_bench(
     batch_sizes: Sequence[int] = (),
     batch_cases: int = 16,
     batch_variants: str | Sequence[str] = ("floor", "asymspec"),
+    batch_engine: str = "dynamic",
+    batch_max_len: int = 2048,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and return its results (JSON-ready). See the package docstring.
@@ -80,7 +82,9 @@ def run_bench(
     ``engine``: ``dynamic`` (the engines the pipeline uses), ``static`` / ``static-compile`` (the opt-in
     static-KV-cache engines, the latter with a compiled one-token decode; untested on GPU).
     ``batch_sizes``: the batch sweep (:mod:`asymspec_mm.bench.batching`; empty: skipped): ``generate_batch`` at each
-    size against the sequential loop over ``batch_cases`` requests for each of ``batch_variants``.
+    size against the sequential loop over ``batch_cases`` requests for each of ``batch_variants``; ``batch_engine``
+    the stepped decoder's row storage (``dynamic`` | ``static`` | ``static-compile``: static slots of
+    ``batch_max_len`` columns).
     """
     from ..config import AsymSpecConfig
 
@@ -89,6 +93,10 @@ def run_bench(
     # the batch sweep's options are checked before anything runs
     b_sizes = parse_sizes(batch_sizes) if batch_sizes else []
     b_variants = parse_variants(batch_variants) if b_sizes else []
+    if batch_engine not in ("dynamic", "static", "static-compile"):
+        from ..errors import UnknownOptionError
+
+        raise UnknownOptionError(f"batch_engine={batch_engine!r}: use dynamic, static or static-compile")
     if b_sizes and batch_cases < 1:
         from ..errors import UnknownOptionError
 
@@ -168,6 +176,8 @@ def run_bench(
                 clock=runner.clock,
                 instrument=not plain_runs,
                 say=say,
+                batch_engine=batch_engine,
+                batch_max_len=batch_max_len,
             )
     result["targets"] = evaluate_targets(result, bp) + batch_targets(result.get("batching", {}), bp)
     result["meta"]["bench_wall_s"] = time.perf_counter() - t_start

@@ -52,7 +52,8 @@ class RowEngine(Protocol):
     ``truncate(row, length)`` rolls a row back; ``length(row)`` its cached tokens; ``view(row)`` the row as a
     single-row engine (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``extend``,
     ``truncate``) for the statistics; ``engine_calls`` the model calls made. Optionally ``draft({row: pending},
-    k) -> (drafts [R, k], logits [R, k, V] float32)`` drafts k greedy tokens per row in one call.
+    k) -> (drafts [R, k], logits [R, k, V] float32)`` drafts k greedy tokens per row in one call, used when the
+    storage's ``drafts_itself`` is true.
     """
 
     name: str
@@ -121,6 +122,17 @@ class SoloEngine:
         return self._engine(row)
 
     @property
+    def drafts_itself(self) -> bool:
+        """Whether the adopted engine decodes K drafts in one call (``draft(pending, k)``: vLLM's engines)."""
+        return hasattr(self.engine, "draft")
+
+    def draft(self, ids: dict[int, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The adopted engine's ``draft`` for the one row: drafts ``[1, k]``, logits ``[1, k, V]`` float32."""
+        ((row, pending),) = ids.items()
+        drafts, logits = self._engine(row).draft(pending, k)
+        return drafts.unsqueeze(0), logits.float().unsqueeze(0)
+
+    @property
     def engine_calls(self) -> int:
         return 0 if self.engine is None else self.engine.forward_calls
 
@@ -147,7 +159,7 @@ class Row:
     emitter: Emitter
     trace: list[TokenEvent] = field(default_factory=list)
     session: Any = None  # the pipeline's Session, for rows that came from one
-    kv_need: int = 0
+    final_lengths: dict[str, int] = field(default_factory=dict)  # each stream's most tokens (for a KV bound)
     engine_calls: int = 0
     step: int = 0
     max_batch: int = 0
@@ -285,7 +297,7 @@ class RowDecoder:
         drafts by itself (vLLM decodes the K tokens in one call) does; else K forwards of all rows."""
         name = self.drafting
         x = {row.id: row.streams[name].pending for row in rows}
-        if hasattr(self.engines[name], "draft"):
+        if getattr(self.engines[name], "drafts_itself", False):
             return self.engines[name].draft(x, k)
         drafts, logits = [], []
         for _ in range(k):
