@@ -1,8 +1,10 @@
-"""One request between set-up and answer: :class:`Session` (prepared, prefilled streams) and
-:class:`GenerationStream` (its steps as they are committed, then the :class:`MMResult`)."""
+"""One request between set-up and answer: :class:`Session` (prepared, prefilled streams),
+:class:`GenerationStream` (its steps as they are committed, then the :class:`MMResult`) and
+:func:`session_result` (the result of a decoded session, for the single-row loop and the batch decoder alike)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +14,7 @@ import torch
 from captioning.view import CompressedView
 
 from .config import AsymSpecConfig
-from .decode import StopFn, TokenEvent
+from .decode import Counters, StopFn, TokenEvent
 from .engines import Engine
 from .prompts import Prompts
 
@@ -119,3 +121,33 @@ class GenerationStream(Iterator[list[TokenEvent]]):
         close = getattr(self._steps, "close", None)
         if close is not None:
             close()
+
+
+def session_result(session: Session, counters: Counters, trace: list[TokenEvent], tokenizer: Any, sd_drafter_name: str) -> MMResult:
+    """The :class:`MMResult` of a decoded session: its trace (the answer's text decoded by ``tokenizer``, cut at
+    the first stop string), the counters' statistics and set-up's; an SD answer names its drafter
+    (``sd_drafter_name``)."""
+    stats = counters.as_dict()
+    stats.update(
+        session.stats,
+        wall_s=time.perf_counter() - session.t_start,
+        steered=sum(ev.steered for ev in trace),
+        fused=sum(ev.source == "fused" for ev in trace),
+    )
+    if session.method == "sd":
+        stats["sd_drafter"] = sd_drafter_name
+    token_ids = [ev.token_id for ev in trace]
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    for s in session.config.stop_strings:
+        if s and s in text:
+            text = text[: text.index(s)]
+    return MMResult(
+        text=text,
+        token_ids=token_ids,
+        trace=trace,
+        stats=stats,
+        prompts=session.prompts,
+        view=session.view,
+        method=session.method,
+        config=session.config,
+    )

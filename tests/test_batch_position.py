@@ -12,7 +12,7 @@ def test_handle_position_counts_the_requests_ahead_then_none(tiny_pipe):
     sched = tiny_pipe.scheduler(max_batch_size=1)
     try:
         # The worker sets requests up and steps under the pipeline's lock: holding it freezes the line.
-        with tiny_pipe._lock:
+        with tiny_pipe.models_lock:
             handles = [
                 sched.submit(case["image"], case["question"], caption=case["caption"], ocr=False, method="floor", max_new_tokens=4)
                 for _ in range(4)

@@ -5,7 +5,12 @@ A package may import itself and the packages below it, never one above. The one 
 ``demo`` command); in exchange nothing may import ``asymspec_mm.cli`` (tests aside), so the
 exception cannot leak a dependency on ``ui`` into the rest of ``asymspec_mm``.
 
-Every import counts: module-level and inside functions, absolute and relative, and
+Inside ``asymspec_mm``, the user-facing facade ``asymspec_mm/pipeline.py`` sits on top of the modules it composes:
+nothing under ``batch``, ``decode`` or ``engines`` (nor the admission benchmark, which measures the scheduler)
+imports it, and no import cycle runs through it, so batched serving depends on the models and the preparer
+(``asymspec_mm.models``, ``asymspec_mm.preparing``), never on the facade.
+
+Every import counts: module-level and inside functions, under ``TYPE_CHECKING``, absolute and relative, and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
 """
 
@@ -25,6 +30,20 @@ RANK = {package: rank for rank, package in enumerate(ORDER)}
 
 #: The module allowed to import every package, and which nothing may import.
 COMPOSITION_ROOT = "asymspec_mm.cli"
+
+#: The user-facing facade, and the modules below it that must not import it (each name: the module or a package).
+FACADE = "asymspec_mm.pipeline"
+BELOW_FACADE: tuple[str, ...] = (
+    "asymspec_mm.batch",
+    "asymspec_mm.decode",
+    "asymspec_mm.engines",
+    "asymspec_mm.captioner",
+    "asymspec_mm.loading",
+    "asymspec_mm.models",
+    "asymspec_mm.preparing",
+    "asymspec_mm.session",
+    "asymspec_mm.bench.admission",
+)
 
 
 def module_name(path: Path, root: Path = ROOT) -> tuple[str, bool]:
@@ -113,6 +132,63 @@ def composition_root_imports(imports: list[tuple[str, str]]) -> list[tuple[str, 
     ]
 
 
+def module_graph(package: str = "asymspec_mm", root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module of ``package`` (a package counts by its ``__init__``) and the modules of ``package`` it imports.
+
+    An imported name is taken to its longest prefix that is a module (``from .batch.prefill import image_prompt``:
+    ``asymspec_mm.batch.prefill``; ``from .batch import Scheduler``: the package ``asymspec_mm.batch``). The parent
+    packages that Python runs before a submodule are not edges: every module would reach ``asymspec_mm/__init__``,
+    which names every part of the public API, and the graph would say nothing about the modules themselves.
+    """
+    sources = {}
+    for path in sorted((root / package).rglob("*.py")):
+        module, is_package = module_name(path, root)
+        sources[module] = (path, is_package)
+
+    def owner(name: str) -> str | None:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:end])
+            if candidate in sources:
+                return candidate
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in sources.items():
+        targets = {owner(name) for name in imports_of(path.read_text(encoding="utf-8"), module, is_package)}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A shortest import cycle from ``start`` back to itself (``[start, ..., start]``), or ``None``."""
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph.get(module, ())):
+                if target == start:  # back home: walk the parents from here to start
+                    path = [module]
+                    while path[-1] != start:
+                        path.append(parents[path[-1]])
+                    return [*reversed(path), start]
+                if target not in parents:
+                    parents[target] = module
+                    following.append(target)
+        frontier = following
+    return None
+
+
+def facade_imports(imports: list[tuple[str, str]], below: tuple[str, ...] = BELOW_FACADE, facade: str = FACADE) -> list[tuple[str, str]]:
+    """The imports of the facade by the modules ``below`` it (a listed package covers its modules)."""
+
+    def under(module: str) -> bool:
+        return any(module == b or module.startswith(b + ".") for b in below)
+
+    return [(module, name) for module, name in imports if under(module) and (name == facade or name.startswith(facade + "."))]
+
+
 def _listing(pairs: list[tuple[str, str]]) -> str:
     return "\n".join(f"  {module} imports {name}" for module, name in pairs)
 
@@ -126,7 +202,7 @@ def test_scanner_sees_the_project_imports() -> None:
     imports = project_imports()
     # Known imports of each kind: module level, function level, relative.
     assert ("asymspec_mm.engines.single", "vision_cache.features.VisionFeatures") in imports
-    assert ("asymspec_mm.pipeline", "asymspec_mm.captioner.DrafterCaptioner") in imports
+    assert ("asymspec_mm.preparing", "asymspec_mm.captioner.DrafterCaptioner") in imports
     assert ("captioning.ocr.cache", "vision_cache.store.LRUCache") in imports
 
 
@@ -138,6 +214,21 @@ def test_packages_import_only_themselves_and_packages_below() -> None:
 def test_nothing_imports_the_composition_root() -> None:
     bad = composition_root_imports(project_imports())
     assert not bad, f"{COMPOSITION_ROOT} is the composition root; nothing may import it:\n{_listing(bad)}"
+
+
+def test_the_modules_below_the_facade_do_not_import_it() -> None:
+    bad = facade_imports(project_imports())
+    assert not bad, (
+        f"{FACADE} is the user-facing facade; batched serving types against asymspec_mm.preparing.ServingPipeline:\n{_listing(bad)}"
+    )
+
+
+def test_no_import_cycle_runs_through_the_facade_or_its_parts() -> None:
+    graph = module_graph()
+    assert FACADE in graph and graph[FACADE], "the scanner found no imports of the facade"
+    for module in (FACADE, "asymspec_mm.models", "asymspec_mm.preparing", "asymspec_mm.session"):
+        cycle = cycle_through(graph, module)
+        assert cycle is None, f"import cycle through {module}: {' -> '.join(cycle or [])}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,3 +302,22 @@ def test_rules_on_synthetic_imports() -> None:
         ("ui.app", "asymspec_mm.cli.add_model_args"),
         ("asymspec_mm", "asymspec_mm.cli"),
     ]
+
+
+def test_module_graph_and_cycles_on_a_small_tree(tmp_path: Path) -> None:
+    pkg = tmp_path / "asymspec_mm"
+    (pkg / "batch").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .pipeline import Facade\n")
+    (pkg / "pipeline.py").write_text("def f():\n    from .batch.decoder import Decoder\n")
+    (pkg / "models.py").write_text("import torch\n")
+    (pkg / "batch" / "__init__.py").write_text("")
+    (pkg / "batch" / "decoder.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom ..models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline import Facade\n"
+    )
+    graph = module_graph(root=tmp_path)
+    assert graph["asymspec_mm.batch.decoder"] == {"asymspec_mm.models", "asymspec_mm.pipeline"}
+    assert graph["asymspec_mm.pipeline"] == {"asymspec_mm.batch.decoder"}
+    assert cycle_through(graph, "asymspec_mm.pipeline") == ["asymspec_mm.pipeline", "asymspec_mm.batch.decoder", "asymspec_mm.pipeline"]
+    assert cycle_through(graph, "asymspec_mm.models") is None
+    imports = [("asymspec_mm.batch.decoder", "asymspec_mm.pipeline.Facade"), ("asymspec_mm.cli", "asymspec_mm.pipeline.Facade")]
+    assert facade_imports(imports) == [("asymspec_mm.batch.decoder", "asymspec_mm.pipeline.Facade")]

@@ -266,3 +266,28 @@ def test_cli_generate_without_caption_or_ocr(tiny_dirs, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["stats"]["caption_s"] > 0 and data["stats"]["ocr_s"] > 0
     assert data["view"]["caption"] is not None and isinstance(data["view"]["ocr_text"], str)
+
+
+def test_the_facade_reads_and_writes_through_to_its_parts(tiny_pipe):
+    """The pipeline composes a ModelSet and a RequestPreparer: its attributes are theirs, read and written (a
+    request set up after ``pipe.eos_ids = ...`` uses the new ids), and it has every member of ServingPipeline."""
+    from asymspec_mm.models import ModelSet
+    from asymspec_mm.preparing import RequestPreparer, ServingPipeline
+
+    pipe = tiny_pipe
+    assert isinstance(pipe.models, ModelSet) and isinstance(pipe.preparer, RequestPreparer)
+    assert pipe.preparer.models is pipe.models
+    assert pipe.models_lock is pipe.models.lock and pipe.drafter is pipe.models.drafter and pipe.tokenizer is pipe.models.tokenizer
+    assert pipe.captioner is pipe.preparer.captioner and pipe.engines is pipe.preparer.engines
+    assert pipe.stream_models("sd") == pipe.models.stream_models("sd")
+    assert {name for name in vars(ServingPipeline) if not name.startswith("_")} <= set(dir(pipe))
+    case = make_case(5)
+    before = pipe.eos_ids
+    try:
+        pipe.eos_ids = {123}
+        assert pipe.models.eos_ids == {123}
+        session = pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=False, method="floor", max_new_tokens=2)
+        assert session.eos_ids == {123}
+    finally:
+        pipe.eos_ids = before
+    assert pipe.models.eos_ids is before

@@ -27,7 +27,7 @@ from ..errors import UnknownOptionError
 from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
 
 if TYPE_CHECKING:
-    from ..pipeline import AsymSpecPipeline
+    from ..preparing import ServingPipeline
     from ..session import Session
 
 #: Settings that may differ between the rows of one batch: each row's emitter applies its own budget and stop
@@ -61,7 +61,7 @@ class BatchDecoder(RowDecoder):
 
     def __init__(
         self,
-        pipe: AsymSpecPipeline,
+        pipe: ServingPipeline,
         method: str,
         config: AsymSpecConfig,
         *,

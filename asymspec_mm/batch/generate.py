@@ -11,7 +11,7 @@ from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import UnknownOptionError
 
 if TYPE_CHECKING:
-    from ..pipeline import AsymSpecPipeline
+    from ..preparing import ServingPipeline
     from ..session import MMResult
 
 DEFAULT_BATCH_SIZE = 8
@@ -40,7 +40,7 @@ def as_request(item: Request | Mapping[str, Any], index: int) -> Request:
 
 
 def generate_batch(
-    pipe: AsymSpecPipeline,
+    pipe: ServingPipeline,
     requests: Iterable[Request | Mapping[str, Any]],
     method: str = "asymspec",
     config: AsymSpecConfig | None = None,

@@ -35,7 +35,7 @@ from .prefill import DEFAULT_CHUNK_TOKENS
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
-    from ..pipeline import AsymSpecPipeline
+    from ..preparing import ServingPipeline
     from ..session import MMResult, Session
 
 _END = object()
@@ -173,7 +173,7 @@ class Scheduler:
 
     def __init__(
         self,
-        pipe: AsymSpecPipeline,
+        pipe: ServingPipeline,
         max_batch_size: int = 16,
         max_queue: int | None = None,
         max_kv_bytes: int | None = None,

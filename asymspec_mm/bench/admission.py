@@ -5,7 +5,7 @@ requests with an automatic caption (and OCR, when the pipeline has an engine) ar
 live row's median gap between steps before they arrive, its longest gap while they are set up, their ratio
 (the stall), and how many steps it made during their set-up. ``python -m asymspec_mm.bench.admission``
 prints a run on random tiny checkpoints (the live row: Floor, 300 tokens); :func:`measure_stall` takes any
-pipeline.
+pipeline (a :class:`~asymspec_mm.preparing.ServingPipeline`: the measure is the scheduler's, not the facade's).
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import json
 import statistics
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig
+
+if TYPE_CHECKING:
+    from ..preparing import ServingPipeline
 
 
 def stall_figures(live_stamps: list[float], window: tuple[float, float], after_steps: int = 10) -> dict[str, Any]:
@@ -44,7 +47,7 @@ def stall_figures(live_stamps: list[float], window: tuple[float, float], after_s
 
 
 def measure_stall(
-    pipe,
+    pipe: ServingPipeline,
     live: dict,
     new: list[dict],
     *,
@@ -54,16 +57,18 @@ def measure_stall(
     new_tokens: int = 40,
     prefill_chunk_tokens: int | None = None,
 ) -> dict:
-    """Run the scenario once on ``pipe``'s scheduler. ``live`` / ``new[i]``: ``image``, ``question`` and optional
+    """Run the scenario once on a scheduler of ``pipe``. ``live`` / ``new[i]``: ``image``, ``question`` and optional
     ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
     stop it early, and the lengths are the scenario); ``prefill_chunk_tokens``: the scheduler's batched prefill budget
     (``None``: its default). Returns :func:`stall_figures` plus the set-up window's length, the live row's steps, the
     longest time a request spent in the batched prefill (its pieces interleaved with the steps), and the new
     requests' caption seconds and tokens."""
+    from ..batch.scheduler import Scheduler
+
     stamps: list[float] = []
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
-    with pipe.scheduler(max_batch_size=len(new) + 1, **chunk) as sched:
+    with Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
             live["image"],
@@ -121,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-tokens", type=int, default=3000, help="the live row's length: it must outlast the set-up")
     ap.add_argument("--prefill-chunk-tokens", type=int, default=None, help="the batched prefill's tokens per forward")
     args = ap.parse_args(argv)
-    from ..pipeline import AsymSpecPipeline
     from ..testing import build_tiny_checkpoints
-    from .pairs import bench_cases
+    from .pairs import bench_cases, load_pair
 
-    pipe = AsymSpecPipeline.from_pretrained(*build_tiny_checkpoints(args.dir), ocr="none")
+    drafter_dir, verifier_dir = build_tiny_checkpoints(args.dir)
+    pipe = load_pair("dirs", drafter=str(drafter_dir), verifier=str(verifier_dir)).pipe  # the bench's loader, OCR off
     total = args.warmup + args.reps
     cases = bench_cases(1 + args.new * total)
     live = {**cases[0], "caption": "a chart", "ocr": ""}

@@ -54,7 +54,7 @@ def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[s
 
 
 def _stop_truncated(text: str, stop_strings: tuple[str, ...]) -> str:
-    """``text`` cut at its stop strings exactly as :meth:`AsymSpecPipeline.result_of` cuts the answer."""
+    """``text`` cut at its stop strings exactly as :func:`~asymspec_mm.session.session_result` cuts the answer."""
     for s in stop_strings:
         if s and s in text:
             text = text[: text.index(s)]

@@ -1,0 +1,313 @@
+"""Setting a request up: :class:`RequestPreparer` turns (image, question) into a :class:`~asymspec_mm.session.Session`.
+
+Set-up is the compressed view (caption and OCR), the three prompts, the context-window check and each stream's
+start: prefilled here, or left in ``Session.to_prefill`` for the batched, chunked prefill of
+:mod:`asymspec_mm.batch.prefill`. Which model serves a stream and which prompt it reads is the
+:class:`~asymspec_mm.models.ModelSet`'s to say; this module only asks.
+
+:class:`ServingPipeline` is what batched serving (:mod:`asymspec_mm.batch`, the admission benchmark) needs of a
+pipeline, so those modules depend on this protocol rather than on the user-facing facade that composes them
+(:class:`~asymspec_mm.pipeline.AsymSpecPipeline` is one).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from captioning.view import CompressedView
+
+from .config import AsymSpecConfig, check_method, resolve_config
+from .decode import StopFn
+from .engines import EngineFactory, PromptImages, TransformersEngines, model_device
+from .errors import ContextOverflowError
+from .models import ModelSet
+from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
+from .questions import check_question
+from .session import Session
+
+if TYPE_CHECKING:
+    from .decode import Counters, TokenEvent
+    from .locks import FairRLock
+    from .session import MMResult
+
+
+class ServingPipeline(Protocol):
+    """What decoding prepared sessions on shared models needs: the models' lock, the drafter's tokenizer (token
+    texts), the prefix store, which model serves each stream, set-up, and a decoded session's result."""
+
+    @property
+    def models_lock(self) -> FairRLock: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def prefix_store(self) -> Any: ...
+
+    def stream_models(self, method: str) -> dict[str, Any]: ...
+
+    def prepare(
+        self,
+        image: Any,
+        question: str,
+        caption: str | None = ...,
+        ocr: str | bool | None = ...,
+        method: str = ...,
+        config: AsymSpecConfig | None = ...,
+        *,
+        engines: EngineFactory | None = ...,
+        ignore_eos: bool = ...,
+        max_caption_chars: int | None = ...,
+        on_phase: Callable[[str], None] | None = ...,
+        prompt_style: PromptStyle | None = ...,
+        prefill: bool = ...,
+        **overrides: Any,
+    ) -> Session: ...
+
+    def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult: ...
+
+
+def stop_fn(tokenizer: Any, stop_strings: tuple[str, ...]) -> StopFn:
+    """Whether the tokens so far end in one of ``stop_strings``: only the tail is decoded (a stop string spans at
+    most its length in tokens, plus a few for tokens that decode to nothing), so a step costs the same late in a
+    long answer as early."""
+    longest = max(len(s) for s in stop_strings)
+
+    def stop(tokens: list[int]) -> bool:
+        tail = tokenizer.decode(tokens[-(longest + 8) :], skip_special_tokens=True)
+        return any(s in tail for s in stop_strings)
+
+    return stop
+
+
+class RequestPreparer:
+    """Sets requests up on ``models``: the captioner (``"drafter"``: the drafter itself, else a captioner object),
+    the OCR engine (a name, created on first use, or an engine), how the engine's items become the OCR text
+    (``ocr_layout``), the prompts' layout (``prompt_style``) and the factory of single-row engines (``engines``)."""
+
+    def __init__(
+        self,
+        models: ModelSet,
+        *,
+        ocr: str | Any = "auto",
+        ocr_layout: str = "plain",
+        captioner: str | Any = "drafter",
+        engines: EngineFactory | None = None,
+        prompt_style: PromptStyle | None = None,
+    ):
+        from captioning.ocr.items import check_ocr_layout
+
+        from .captioner import DrafterCaptioner
+
+        self.models = models
+        # the captioner takes the models' lock per model call, so rows decoding elsewhere step between its tokens
+        self.captioner = (
+            DrafterCaptioner(models.drafter, models.processor, models.encoder, lock=models.lock) if captioner == "drafter" else captioner
+        )
+        self._ocr_start = threading.Lock()  # the OCR engine is created once, on first use, whichever thread asks
+        self._ocr_spec = ocr
+        self._ocr_engine = None if isinstance(ocr, str) else ocr
+        # how the engine's items become the OCR text (the tiny preset: one line, as MiniVista trained it)
+        self.ocr_layout = check_ocr_layout(ocr_layout)
+        self.engines: EngineFactory = engines or TransformersEngines()
+        # how (view, question) become the prompts' texts; a request may bring its own (prepare(prompt_style=...))
+        self.prompt_style: PromptStyle = prompt_style or DEFAULT_STYLE
+
+    @property
+    def ocr_engine(self) -> Any:
+        """The OCR engine, created on first use (``auto`` picks EasyOCR, else RapidOCR)."""
+        if self._ocr_engine is None and self._ocr_spec is not None:
+            from captioning.ocr import get_ocr_engine
+
+            self._ocr_engine = get_ocr_engine(self._ocr_spec)
+        return self._ocr_engine
+
+    def compressed_view(
+        self, image: Any, caption: str | None = None, ocr: str | bool | None = None, timings: dict | None = None
+    ) -> CompressedView:
+        """What the verifier will read about ``image`` (caption/OCR produced when ``None``)."""
+        from captioning.captioner import compress
+        from vision_cache.image import load_image
+
+        image = load_image(image)
+        with self._ocr_start:
+            ocr_engine = self.ocr_engine if ocr is None else None
+        return compress(
+            image, captioner=self.captioner, ocr_engine=ocr_engine, caption=caption, ocr=ocr, ocr_layout=self.ocr_layout, timings=timings
+        )
+
+    def prepare(
+        self,
+        image: Any,
+        question: str,
+        caption: str | None = None,
+        ocr: str | bool | None = None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        *,
+        engines: EngineFactory | None = None,
+        ignore_eos: bool = False,
+        max_caption_chars: int | None = None,
+        on_phase: Callable[[str], None] | None = None,
+        prompt_style: PromptStyle | None = None,
+        prefill: bool = True,
+        **overrides: Any,
+    ) -> Session:
+        """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
+
+        ``caption``/``ocr``: ``None`` produce them, a string is used as is, ``ocr=False`` skips OCR.
+        ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``. ``engines``
+        builds the streams (default: the preparer's factory); ``ignore_eos`` decodes to the token budget;
+        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters);
+        ``prompt_style`` the preparer's layout of the prompt texts (:class:`~asymspec_mm.prompts.PromptStyle`).
+        ``on_phase(name)`` is called as each long part of the set-up starts: ``"ocr_engine"`` (first use),
+        ``"caption"``, ``"ocr"``, ``"prefill"``. ``prefill=False`` stops before prefill where a stream's model is a
+        transformers one: the session's ``to_prefill`` holds those streams' prompts (vision features encoded) for
+        the batched, chunked prefill of :mod:`asymspec_mm.batch.prefill`; streams served elsewhere (vLLM) are
+        prefilled as usual.
+        """
+        from captioning.captioner import compress
+        from vision_cache.image import image_content_hash, load_image
+
+        m = self.models
+        cfg = resolve_config(config, overrides)
+        check_method(method)
+        question = check_question(question)
+        t_start = time.perf_counter()
+        img = load_image(image)
+        budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
+        # The models' lock is held around each model call only (each caption token, the prefills), never across
+        # OCR or tokenizing, so a request set up on one thread lets rows decoding on another step in between.
+        timings: dict[str, float] = {}
+        tower_before, hits_before = m.encoder.thread_counts()
+        if ocr is None and self._ocr_engine is None and on_phase is not None:
+            on_phase("ocr_engine")
+        with self._ocr_start:
+            ocr_engine = self.ocr_engine if ocr is None else None
+        view = compress(
+            img,
+            captioner=self.captioner,
+            ocr_engine=ocr_engine,
+            caption=caption,
+            ocr=ocr,
+            ocr_layout=self.ocr_layout,
+            image_hash=image_content_hash(img),
+            timings=timings,
+            on_phase=on_phase,
+            **budget,
+        )
+        style = prompt_style or self.prompt_style
+        texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
+        prompts = render_prompts(m.processor, m.verifier_tokenizer, img, texts, style.drafter_thinking_off)
+        self._check_context(prompts, cfg, method)
+        if on_phase is not None:
+            on_phase("prefill")
+        t_prefill = time.perf_counter()
+        staged = m.staged_streams(method) if not prefill else ()
+        streams, pending = self._start(method, prompts, img, engines or self.engines, skip=staged)
+        to_prefill = self._stream_prompts(method, prompts, staged)
+        prefill_s = time.perf_counter() - t_prefill
+        tower_after, hits_after = m.encoder.thread_counts()
+        stats = dict(
+            vision_calls=tower_after - tower_before,
+            vision_cache_hits=hits_after - hits_before,
+            prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
+            caption_s=timings.get("caption_s", 0.0),
+            ocr_s=timings.get("ocr_s", 0.0),
+            ocr_engine=getattr(ocr_engine, "name", "given") if ocr is None or isinstance(ocr, str) else "off",
+            prefill_s=prefill_s,
+        )
+        stops = stop_fn(m.tokenizer, cfg.stop_strings) if cfg.stop_strings else None
+        return Session(
+            method,
+            cfg,
+            prompts,
+            view,
+            streams,
+            pending,
+            set() if ignore_eos else m.eos_ids,
+            stops,
+            prefill_s,
+            t_start,
+            stats,
+            to_prefill,
+        )
+
+    def _check_context(self, prompts: Prompts, cfg: AsymSpecConfig, method: str) -> None:
+        """Prompt + new tokens (+ K+1 speculative positions) must fit each model's context window."""
+        m = self.models
+        need = cfg.max_new_tokens + cfg.k + 1
+        checks = [("verifier", prompts.verifier_ids.shape[1], m.verifier.config, m.verifier)]
+        d_cfg = m.drafter.config.get_text_config()
+        checks += [
+            ("drafter (full view)", prompts.drafter_full_ids.shape[1], d_cfg, m.drafter_full),
+            ("drafter (compressed view)", prompts.drafter_comp_ids.shape[1], d_cfg, m.drafter_comp),
+        ]
+        if method == "sd" and m.sd_drafter is not None:  # it reads the verifier's prompt
+            checks.append(("SD drafter", prompts.verifier_ids.shape[1], m.sd_drafter.config, None))
+        for name, length, conf, served in checks:
+            limit = getattr(conf, "max_position_embeddings", None)
+            served_len = getattr(served, "max_model_len", None)  # vLLM: one position goes to its sampled token
+            if served_len:
+                limit = min(limit or served_len, served_len - 1)
+            if limit and length + need > limit:
+                raise ContextOverflowError(
+                    f"the {name} prompt has {length} tokens; with max_new_tokens={cfg.max_new_tokens} and K={cfg.k} it "
+                    f"needs {length + need} positions but the model's context window is {limit}. Shorten the question "
+                    "or the caption/OCR text, or lower max_new_tokens.",
+                    too_long="max_new_tokens" if length + cfg.k + 2 <= limit else "prompt",
+                )
+
+    def _stream_prompts(self, method: str, p: Prompts, names: tuple[str, ...]) -> dict[str, Any]:
+        """The :class:`~asymspec_mm.batch.prefill.StreamPrompt` of each stream in ``names`` (each ``prompt[:-1]``); the
+        full view's image goes through the vision cache now (the tower runs on the set-up thread)."""
+        if not names:
+            return {}
+        from .batch.prefill import image_prompt, text_prompt
+
+        m = self.models
+        ids = m.stream_ids(method, p)
+        out = {name: text_prompt(ids[name][0, :-1]) for name in names if name != "drafter_full"}
+        if "drafter_full" in names:
+            with m.lock:
+                features, _ = m.encoder.encode(p.pixel_values, p.image_grid_thw)
+            merge = m.drafter.config.vision_config.spatial_merge_size
+            reuse = m.prefix_store is not None
+            out["drafter_full"] = image_prompt(ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, reuse=reuse)
+        return out
+
+    def _start(self, method: str, p: Prompts, image: Any, engines: EngineFactory, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
+        """Prefill the streams ``method`` needs but ``skip`` (each caches ``prompt[:-1]``); return them and every
+        stream's pending token.
+
+        Each stream's prefill takes the models' lock on its own, so rows decoding on another thread step between
+        them rather than after the whole set-up."""
+        m = self.models
+        models, ids = m.stream_models(method), m.stream_ids(method, p)
+        streams: dict[str, Any] = {}
+        for name, model in models.items():
+            if name in skip:
+                continue
+            args: tuple = (ids[name][0, :-1],)
+            if name == "drafter_full":
+                if m.drafter_full is not None:  # on vLLM, which runs its own tower; its prefix cache keeps the KV
+                    engine = m.drafter_full.vision_engine(name)
+                else:
+                    engine = engines.vision(model, name, encoder=m.encoder, prefix_store=m.prefix_store)
+                args += (PromptImages([image], p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0]),)
+            elif name == "verifier":
+                engine = m.verifier_engine(engines)
+            elif hasattr(model, "engine"):  # a served model (vLLM)
+                engine = model.engine(name)
+            elif model is m.drafter:
+                engine = engines.vision(model, name)  # the drafter's text-only stream (rope delta 0)
+            else:
+                engine = engines.text(model, name)
+            with m.lock:
+                engine.prefill(*args)
+            streams[name] = engine
+        devices = {name: streams[name].device if name in streams else model_device(x) for name, x in models.items()}
+        return streams, {name: ids[name][0, -1:].to(devices[name]) for name in models}
