@@ -404,13 +404,14 @@ class Scheduler:
                 with self._cond:  # back in line (first) until its KV fits
                     w.handle.left_line_at = None
                 return
-            self._pop_ready()
             with self._cond:
                 w.handle.left_line_at = w.handle.left_line_at or time.monotonic()
             try:
                 decoder.add(w.handle.id, session)
             except Exception as exc:  # noqa: BLE001
                 self._drop(w.handle, exc)
+            finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
+                self._pop_ready()
 
     def kv_bound(self, decoder: BatchDecoder | None = None, session: Session | None = None) -> int:
         """The most KV bytes the batches can allocate at once, with ``session`` joining ``decoder``
