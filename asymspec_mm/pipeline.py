@@ -10,8 +10,8 @@ batched serving types against :class:`~asymspec_mm.preparing.ServingPipeline`, w
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,51 +294,10 @@ class AsymSpecPipeline:
         """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
         return self.run(self.prepare(image, question, **kwargs))
 
-    def prepare(
-        self,
-        image,
-        question: str,
-        caption: str | None = None,
-        ocr: str | bool | None = None,
-        method: str = "asymspec",
-        config: AsymSpecConfig | None = None,
-        *,
-        engines: EngineFactory | None = None,
-        ignore_eos: bool = False,
-        max_caption_chars: int | None = None,
-        on_phase: Callable[[str], None] | None = None,
-        prompt_style: PromptStyle | None = None,
-        prefill: bool = True,
-        **overrides,
-    ) -> Session:
-        """Set a request up: the compressed view, the three prompts, the prefilled streams ``method`` needs.
-
-        ``caption``/``ocr``: ``None`` produce them, a string is used as is, ``ocr=False`` skips OCR.
-        ``method``: asymspec | floor | drafter | sd. ``overrides`` set fields of ``config``. ``engines``
-        builds the streams (default: the pipeline's factory); ``ignore_eos`` decodes to the token budget;
-        ``max_caption_chars`` replaces the caption budget (the paper harness' 1,600 characters);
-        ``prompt_style`` the pipeline's layout of the prompt texts (:class:`~asymspec_mm.prompts.PromptStyle`).
-        ``on_phase(name)`` is called as each long part of the set-up starts: ``"ocr_engine"`` (first use),
-        ``"caption"``, ``"ocr"``, ``"prefill"``. ``prefill=False`` stops before prefill where a stream's model is a
-        transformers one: the session's ``to_prefill`` holds those streams' prompts (vision features encoded) for
-        the batched, chunked prefill of :mod:`asymspec_mm.batch.prefill`; streams served elsewhere (vLLM) are
-        prefilled as usual. See :meth:`RequestPreparer.prepare`.
-        """
-        return self.preparer.prepare(
-            image,
-            question,
-            caption,
-            ocr,
-            method,
-            config,
-            engines=engines,
-            ignore_eos=ignore_eos,
-            max_caption_chars=max_caption_chars,
-            on_phase=on_phase,
-            prompt_style=prompt_style,
-            prefill=prefill,
-            **overrides,
-        )
+    @functools.wraps(RequestPreparer.prepare)
+    def prepare(self, *args: Any, **kwargs: Any) -> Session:
+        # the preparer's signature and docstring (functools.wraps): one definition of the set-up's options
+        return self.preparer.prepare(*args, **kwargs)
 
     def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
         """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""

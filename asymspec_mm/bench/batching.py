@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 
 #: Synthetic contexts: case i's streams hold ``base + SYNTHETIC_STAGGER * i`` positions, so rows are ragged.
 SYNTHETIC_STAGGER = 4
-#: The streams each method's rows hold (as :mod:`asymspec_mm.batch.decoder`).
-METHOD_STREAMS = {"asymspec": STREAMS, "sd": ("drafter_comp", "verifier"), "floor": ("verifier",), "drafter": ("drafter_full",)}
 LABEL = "generate_batch(batch_size=B) vs the sequential loop (B=1: pipe.generate one request after another)"
 #: The row storages of the stepped decoder: the default (dynamic) one, or static slots (optionally compiled).
 BATCH_ENGINES = ("dynamic", "static", "static-compile")
@@ -122,7 +120,6 @@ class BatchSweep:
         self.bp, self.pipe, self.inputs = bp, bp.pipe, inputs
         self.synthetic, self.base_len, self.image_tokens = synthetic, base_len, image_tokens
         self.clock, self.instrument = clock, instrument
-        self.models = {"drafter_full": self.pipe.drafter, "drafter_comp": self.pipe.drafter, "verifier": self.pipe.verifier}
 
     # -- one request's session ------------------------------------------------------------------
     def session(self, v: Variant, cfg: AsymSpecConfig, i: int) -> Session:
@@ -139,15 +136,16 @@ class BatchSweep:
         streams: dict[str, Any] = {}
         pending: dict[str, torch.Tensor] = {}
         length = self.base_len + SYNTHETIC_STAGGER * i
-        for j, name in enumerate(METHOD_STREAMS[v.method]):
-            e = factory.text(self.pipe.verifier, "verifier") if name == "verifier" else factory.vision(self.pipe.drafter, name)
+        for j, (name, model) in enumerate(self.pipe.stream_models(v.method).items()):
+            e = factory.vision(model, name) if model is self.pipe.drafter else factory.text(model, name)
             synthetic_prefill(e, length + (self.image_tokens if name == "drafter_full" else 0), seed=1000 * i + j)
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
         return Session(v.method, cfg, None, None, streams, pending, set(), None, 0.0, time.perf_counter(), {"vision_calls": 0})
 
-    def _kv_row(self, i: int, lengths: dict[str, int], measured: int | None) -> dict[str, Any]:
-        formula = sum(n * kv_bytes_per_token(self.models[s]) for s, n in lengths.items())
+    def _kv_row(self, method: str, i: int, lengths: dict[str, int], measured: int | None) -> dict[str, Any]:
+        models = self.pipe.stream_models(method)
+        formula = sum(n * kv_bytes_per_token(models[s]) for s, n in lengths.items())
         return {"case": i, "lengths": dict(lengths), "bytes": formula if measured is None else measured, "formula_bytes": formula}
 
     def row_storage(self, size: int) -> Any:
@@ -176,7 +174,7 @@ class BatchSweep:
             ts = clock.now()
             session = self.session(v, cfg, i)
             setup += clock.now() - ts
-            kv_rows.append(self._kv_row(i, {n: e.length for n, e in session.streams.items()}, None))
+            kv_rows.append(self._kv_row(v.method, i, {n: e.length for n, e in session.streams.items()}, None))
             if ledger is not None:
                 session.streams.update(wrap_streams(session.streams, ledger, clock, decode=True))
             stream = self.pipe.run(session, timer=timer)
@@ -234,7 +232,7 @@ class BatchSweep:
                 acc["setup"] += tj - ts
                 acc["join"] += clock.now() - tj
                 lengths = {n: e.length(i) for n, e in decoder.engines.items()}
-                kv_rows.append(self._kv_row(i, lengths, sum(e.kv_bytes(i) for e in decoder.engines.values())))
+                kv_rows.append(self._kv_row(v.method, i, lengths, sum(e.kv_bytes(i) for e in decoder.engines.values())))
             cache = sum(e.kv_bytes() for e in decoder.engines.values())  # the whole batched caches, holes included
             if cache > acc["peak_cache"]:
                 acc["peak_cache"], acc["peak_rows"] = cache, len(decoder.rows)

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from ..engines import Engine, EngineFactory
     from ..variants import Variant
 
-#: The streams each method decodes with.
-METHOD_STREAMS = {"asymspec": STREAMS, "sd": ("drafter_comp", "verifier"), "floor": ("verifier",), "drafter": ("drafter_full",)}
 
 
 def rotate(items: Sequence, r: int) -> list:
@@ -196,13 +194,8 @@ class Runner:
         factory = self.engines or pipe.engines
         streams: dict[str, Any] = {}
         pending: dict[str, torch.Tensor] = {}
-        for i, name in enumerate(METHOD_STREAMS[variant.method]):
-            if name == "verifier":
-                e = factory.text(pipe.verifier, "verifier")
-            elif variant.method == "sd" and getattr(pipe, "sd_drafter", None) is not None:  # SD's own text drafter
-                e = factory.text(pipe.sd_drafter, name)
-            else:
-                e = factory.vision(pipe.drafter, name)
+        for i, (name, model) in enumerate(pipe.stream_models(variant.method).items()):
+            e = factory.vision(model, name) if model is pipe.drafter else factory.text(model, name)
             synthetic_prefill(e, length + (self.image_tokens if name == "drafter_full" else 0), seed=i)
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
