@@ -22,6 +22,12 @@ def test_handle_position_counts_the_requests_ahead_then_none(tiny_pipe):
                 time.sleep(0.01)
             assert [h.position for h in handles] == [None, 0, 1, 2]
             assert sched.waiting == 3
+            # the first has its row (its prompt waits for the lock in the batched prefill); the second is set up
+            # ahead (no KV yet), keeping its place; the others wait for their set-up
+            wait = time.monotonic() + 10
+            while handles[1].stage != "set_up" and time.monotonic() < wait:
+                time.sleep(0.01)
+            assert [h.stage for h in handles] == ["prefill", "set_up", "queued", "queued"]
             time.sleep(0.2)
             assert all(h.waited() >= 0.2 for h in handles[1:])
             handles[2].cancel()  # a cancelled request leaves the line; the ones behind it move up
@@ -32,6 +38,7 @@ def test_handle_position_counts_the_requests_ahead_then_none(tiny_pipe):
         for h in (handles[0], handles[1], handles[3]):
             h.result(timeout=120)
         assert [h.position for h in handles] == [None] * 4
+        assert [h.stage for h in handles] == ["done"] * 4
         waited = [h.waited() for h in handles]
         time.sleep(0.05)
         assert [h.waited() for h in handles] == waited  # the clock stops when a request leaves the line

@@ -127,6 +127,7 @@ class RunOutputs:
                     position=getattr(handle, "position", None),
                     known=hasattr(handle, "position"),
                     waited=waited() if callable(waited) else None,
+                    stage=getattr(handle, "stage", None),
                     # the view is made once per image (then cached): only the first row writes the caption
                     setup=job.req.setup if k == "main" else "prefill",
                 )

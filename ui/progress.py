@@ -24,12 +24,13 @@ class Row:
     name: str  # as the status names it: "AsymSpec", "Floor", "the drafter alone"
     tokens: int  # committed so far
     state: str  # running, done, stopped or error
-    #: Rows ahead of it in the scheduler's line (0: next to be set up); None once it has left the line (being set
-    #: up, or decoding).
+    #: Rows ahead of it in the scheduler's line for a row (0: next); None once it has one (prefill or decoding).
     position: int | None = None
     known: bool = True  # whether the scheduler says where the row stands (False: position means nothing)
     waited: float | None = None  # seconds in line so far
     setup: str = "prefill"  # what its set-up does (:func:`setup_steps`)
+    #: the scheduler's stage of the row (``Handle.stage``); None: read where it stands from ``position`` alone
+    stage: str | None = None
 
     @property
     def pending(self) -> bool:
@@ -38,10 +39,15 @@ class Row:
 
     @property
     def waiting(self) -> bool:
+        """In line for its set-up (a row set up ahead counts as waiting for its row, not as being set up)."""
+        if self.stage is not None:
+            return self.pending and self.known and self.stage in ("queued", "set_up")
         return self.pending and self.known and isinstance(self.position, int)
 
     @property
     def setting_up(self) -> bool:
+        if self.stage is not None:
+            return self.pending and self.known and self.stage not in ("queued", "set_up")
         return self.pending and self.known and self.position is None
 
 
@@ -75,7 +81,8 @@ def _place(row: Row) -> int:
 
 def others_ahead(row: Row, rows: Sequence[Row]) -> int:
     """Rows of other users ahead of waiting ``row`` in the line: its place minus this run's own rows ahead of it."""
-    mine = sum(r.waiting and _place(r) < _place(row) for r in rows if r is not row)
+    # this run's rows still in line ahead of it (waiting, or being set up where the scheduler keeps their place)
+    mine = sum(r.known and isinstance(r.position, int) and r.position < _place(row) for r in rows if r is not row)
     return max(0, _place(row) - mine)
 
 

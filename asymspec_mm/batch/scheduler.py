@@ -2,7 +2,7 @@
 
 Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. A set-up thread prepares
 waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
-``prefill=False``, one at a time) while fewer than ``max_batch_size`` rows are live or ready; it takes the models'
+``prefill=False``, one at a time) while fewer than ``max_batch_size`` wait set up (they hold no KV); it takes the models'
 lock only for each model call (a caption token, the vision tower), so it never holds up the rows being decoded for
 longer than one such call. One decode thread owns the batches. Each turn it lets prepared requests in while their
 KV fits, runs one batched prefill forward per stream over the arriving prompts (at most ``prefill_chunk_tokens``
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 _END = object()
 
 
+#: A request's stages, in order (:attr:`Handle.stage`).
+STAGES = ("queued", "setting_up", "set_up", "prefill", "decoding", "done")
+
+
 class QueueFullError(AsymSpecError):
     """The scheduler's queue of waiting requests is full."""
 
@@ -70,6 +74,9 @@ class Handle:
         self.submitted_at = time.monotonic()
         #: When it left the line (admitted, or dropped), else None.
         self.left_line_at: float | None = None
+        #: Where it stands (:data:`STAGES`): ``queued`` -> ``setting_up`` -> ``set_up`` (waiting for a row) ->
+        #: ``prefill`` (its prompts in the batched prefill) -> ``decoding`` -> ``done``.
+        self.stage = "queued"
         self._scheduler = scheduler
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
@@ -102,12 +109,12 @@ class Handle:
 
     @property
     def position(self) -> int | None:
-        """Requests ahead of this one in the line for a row: 0 = next to be set up; None once it has left
-        the line (being set up, decoding, or finished)."""
+        """Requests ahead of this one in the line for a row: 0 = next to get one; None once it has a row
+        (its prompts being prefilled, or decoding) or has finished. Requests set up ahead keep their place."""
         return self._scheduler._position(self)
 
     def waited(self) -> float:
-        """Seconds it has waited in the line (up to now while it still waits)."""
+        """Seconds it has waited in the line for a row (up to now while it still waits)."""
         return (self.left_line_at or time.monotonic()) - self.submitted_at
 
     def cancel(self) -> None:
@@ -147,6 +154,7 @@ class Handle:
     def _finish(self, result: MMResult | None = None, error: BaseException | None = None) -> None:
         if self._done.is_set():
             return
+        self.stage = "done"
         self._result, self._error = result, error
         self._done.set()
         self._put(_END)
@@ -235,9 +243,9 @@ class Scheduler:
                 raise SchedulerStoppedError(str(self.error))
             if self._closing:
                 raise AsymSpecError("the scheduler is closed: create a new one with pipe.scheduler()")
-            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
+            if self.max_queue is not None and self.waiting >= self.max_queue:
                 raise QueueFullError(
-                    f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); retry later or raise max_queue"
+                    f"{self.waiting} requests are already waiting for a row (max_queue={self.max_queue}); retry later or raise max_queue"
                 )
             handle = Handle(self, next(self._ids))
             self._handles[handle.id] = handle
@@ -252,16 +260,16 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        """Requests waiting for a row: not set up yet, or set up and waiting to join."""
-        return len(self._waiting) + len(self._ready)
+        """Requests waiting for a row: not set up yet, being set up, or set up and waiting to join."""
+        return len(self._waiting) + len(self._ready) + (self._preparing is not None)
 
     def _position(self, handle: Handle) -> int | None:
-        """``handle``'s place in the line: set-up requests held for KV room first, then the queue in order (cancelled
-        requests, which leave at the next step boundary, count for nothing)."""
+        """``handle``'s place in the line: requests set up (in admission order) first, then the one being set up, then
+        the queue in order (cancelled requests, which leave at the next step boundary, count for nothing)."""
         if handle.cancelled:
             return None
         with self._cond:
-            line = [w for w, _ in self._ready if w.handle.left_line_at is None] + list(self._waiting)
+            line = [w for w, _ in self._ready] + ([self._preparing] if self._preparing else []) + list(self._waiting)
         ahead = 0
         for w in line:
             if w.handle is handle:
@@ -293,9 +301,10 @@ class Scheduler:
         return self._closing and not self._waiting and self._preparing is None and not self._ready and not self.live_rows
 
     def _room(self) -> bool:
-        """Whether the set-up thread may prepare one more request (called with ``_cond`` held): prepared requests
-        hold their prefilled KV until they join, so only as many as there are free rows."""
-        return self.live_rows + len(self._ready) < self.max_batch_size
+        """Whether the set-up thread may prepare one more request (called with ``_cond`` held): a prepared request
+        holds no KV (its prompts are prefilled once it has a row), so up to a batch of them wait set up, ready to
+        take the rows that free."""
+        return len(self._ready) < self.max_batch_size
 
     def _prepare_loop(self) -> None:
         try:
@@ -306,7 +315,7 @@ class Scheduler:
                     if self.error is not None or not self._waiting:
                         return
                     w = self._preparing = self._waiting.popleft()
-                    w.handle.left_line_at = time.monotonic()
+                    w.handle.stage = "setting_up"
                 self._prepare(w)
         except BaseException as exc:  # noqa: BLE001 - a dead thread must not leave callers waiting forever
             self._stop_on(exc)
@@ -333,6 +342,7 @@ class Scheduler:
         with self._cond:
             self._preparing = None
             if session is not None:
+                w.handle.stage = "set_up"
                 self._ready.append((w, session))
             self._cond.notify_all()
 
@@ -401,13 +411,11 @@ class Scheduler:
                 self._drop(w.handle, exc)
                 continue
             if self.live_rows and self.max_kv_bytes is not None and self.kv_bound(decoder, session) > self.max_kv_bytes:
-                with self._cond:  # back in line (first) until its KV fits
-                    w.handle.left_line_at = None
-                return
+                return  # first in line until its KV fits
             with self._cond:
-                w.handle.left_line_at = w.handle.left_line_at or time.monotonic()
+                w.handle.left_line_at = time.monotonic()
             try:
-                decoder.add(w.handle.id, session)
+                w.handle.stage = "decoding" if decoder.add(w.handle.id, session) is not None else "prefill"
             except Exception as exc:  # noqa: BLE001
                 self._drop(w.handle, exc)
             finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
@@ -431,7 +439,8 @@ class Scheduler:
             if not decoder.arriving:
                 continue
             try:
-                decoder.prefill_step()
+                for row in decoder.prefill_step():
+                    self._handles[row.id].stage = "decoding"
             except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on
                 for rid in decoder.waiting_rows:
                     decoder.remove(rid)

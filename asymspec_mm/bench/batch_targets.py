@@ -53,7 +53,8 @@ def _throughput_cause(byv: dict, size: int, synthetic: bool) -> str:
         bound = 1.0 / (p + (1.0 - p) / d) if d else None
         parts.insert(
             0,
-            f"set-up (prompts, vision, prefill: one request at a time in both loops) is {p:.0%} of the sequential wall; "
+            f"set-up (image, vision, prompts, prefill; in generate_batch on the set-up thread one request at a time, "
+            f"prefill batched between steps) is {p:.0%} of the sequential wall; "
             f"decode alone gains {d:.2f}x, which makes ~{bound:.2f}x for the whole (1 / (set-up + decode / {d:.2f}))",
         )
     return "; ".join(parts)

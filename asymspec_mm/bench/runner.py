@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ..variants import Variant
 
 
-
 def rotate(items: Sequence, r: int) -> list:
     """``items`` rotated left by ``r``: repetition ``r``'s run order, so no variant always runs first."""
     items = list(items)
