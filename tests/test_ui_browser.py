@@ -598,9 +598,10 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
             status,
         )
         assert m, status
-        # the worker took the first request; two of the ones submitted before are ahead of this run's rows
-        assert [int(g) for g in m.groups()[:4]] == [2, 3, 4, 5], status
-        assert "waiting behind 2 rows of other users (4th in line)" in page.locator("#asym-floor").inner_text()
+        # none of the three submitted before has a row yet (the first is being set up: its vision features wait for
+        # the lock), so all three are ahead of this run's rows in the line for a row
+        assert [int(g) for g in m.groups()[:4]] == [3, 4, 5, 6], status
+        assert "waiting behind 3 rows of other users (5th in line)" in page.locator("#asym-floor").inner_text()
         pipe.models_lock.release()
         held = False
         wait_status(page, "ok")
