@@ -253,13 +253,16 @@ def test_bench_batch_sweep_on_static_rows(tiny_pipe):
     from asymspec_mm.bench.report import batch_markdown
 
     fast = dict(reps=1, warmup=0, cases=1, max_new_tokens=5, prompt_lengths=(), k_values=(), probe_batching=False, progress=False)
-    res = run_bench("random-tiny", pipeline=tiny_pipe, variants="", batch_sizes=(3,), batch_cases=4, batch_engine="static", **fast)
+    res = run_bench("random-tiny", pipeline=tiny_pipe, variants="", batch_sizes=(1, 3), batch_cases=4, batch_engine="static", **fast)
     bt = res["batching"]
     assert bt["batch_engine"] == "static" and bt["checks"]["same_tokens_as_sequential"]
     for name in ("floor", "asymspec"):
         per = bt["by_variant"][name]
         assert per["3"]["tokens_per_s"] > 0 and per["3"]["decode_tokens_per_s"] > 0 and per["3"]["full_rows"] == 3
-    assert "Row storage: static" in "\n".join(batch_markdown(bt))
+    one = bt["by_variant"]["asymspec"]["1"]["storage_b1"]  # static slots at one row beside the sequential loop
+    assert one["same_tokens"] and one["decode_tokens_per_s"] > 0 and one["ratio_to_sequential_decode"] > 0
+    md = "\n".join(batch_markdown(bt))
+    assert "Row storage: static" in md and "asymspec at B=1 on static rows (one slot)" in md
 
 
 def test_a_compile_failure_falls_back_to_eager_once(tiny_pipe):

@@ -308,6 +308,13 @@ class BatchSweep:
         if size == 1:
             out = self.sequential(v, cfg, idx)
             out["tokens_per_s"] = None if self.synthetic else out["new_tokens"] / out["wall_s"]
+            if self.batch_engine != "dynamic":  # the chosen row storage at one row too (static slots, B=1)
+                one = self.stepped(v, cfg, idx, 1)
+                out["storage_b1"] = {
+                    "decode_tokens_per_s": one["decode_tokens_per_s"],
+                    "step_s": one["step_s"],
+                    "same_tokens": one["token_ids"] == out["token_ids"],
+                }
             return out
         api = None if self.synthetic else self.generate_batch(v, cfg, idx, size)
         out = self.stepped(v, cfg, idx, size)
@@ -414,6 +421,22 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _storage_b1(reps: list[dict]) -> dict[str, Any] | None:
+    """The chosen row storage at one row (static slots) beside the sequential loop: medians and the paired ratio of
+    decode tokens/s."""
+    if "storage_b1" not in reps[0]:
+        return None
+    got = [c["storage_b1"] for c in reps]
+    ratios = [g["decode_tokens_per_s"] / c["decode_tokens_per_s"] for g, c in zip(got, reps) if c["decode_tokens_per_s"]]
+    return {
+        "decode_tokens_per_s": median([g["decode_tokens_per_s"] for g in got]),
+        "ratio_to_sequential_decode": median(ratios) if ratios else None,
+        "ratio_reps": ratios,
+        "step_s": median([g["step_s"] for g in got]),
+        "same_tokens": all(g["same_tokens"] for g in got),
+    }
+
+
 def _summarize_variant(per_size: dict[str, list[dict]], sizes: Sequence[int]) -> dict[str, dict[str, Any]]:
     """Medians over repetitions per batch size, ratios to B = 1 paired within each repetition."""
     seq = per_size["1"]
@@ -458,6 +481,7 @@ def _summarize_variant(per_size: dict[str, list[dict]], sizes: Sequence[int]) ->
             "cache_bytes_per_row_peak": reps[0].get("cache_bytes_per_row_peak"),
             "max_batch_stat": reps[0].get("max_batch_stat"),
             "join_s_per_row": median([c["join_s"] / len(c["kv_rows"]) for c in reps]) if "join_s" in reps[0] else None,
+            "storage_b1": _storage_b1(reps),
         }
         if all("split_step_s" in c for c in reps):
             keys = reps[0]["split_step_s"]

@@ -253,6 +253,16 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
             f"{', compiled fixed-shape forwards' if 'compile' in bt['batch_engine'] else ''}), for generate_batch and "
             "the stepped BatchDecoder alike."
         )
+        for name, per in bt["by_variant"].items():
+            one = per.get("1", {}).get("storage_b1")
+            if one:
+                ratio = one["ratio_to_sequential_decode"]
+                ratio_text = f"{ratio:.2f}x" if ratio is not None else "-"
+                lines.append(
+                    f"- {name} at B=1 on {bt['batch_engine']} rows (one slot): decode {one['decode_tokens_per_s']:.2f} tokens/s, "
+                    f"{ratio_text} the sequential loop's decode tokens/s, step "
+                    f"{one['step_s'] * 1e3:.1f} ms; tokens {'equal' if one['same_tokens'] else 'DIFFER from'} the sequential loop's."
+                )
     if synthetic:
         sc = bt["synthetic_context"]
         lines.append(
