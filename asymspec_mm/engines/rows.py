@@ -112,7 +112,84 @@ def dynamic_kv_bound(slot_bytes: int, n_layers: int, compact_at: float, lengths:
     return slot_bytes * time * rows + per_layer * time * (rows - 1)
 
 
-class BatchEngine:
+class RowBook:
+    """The logical side of a row storage: each row's live columns in order (its length, from which its next
+    positions follow), over a time width shared by the rows (``_width``: the cache's time dimension, or a static
+    storage's write cursor). Subclasses keep ``_rows`` (their order), ``_slots`` (row -> live columns, ascending),
+    ``_live`` (``[batch, >= width]`` bool: the live slots) and ``_width``, say where a row is in the batch
+    (``_index``) and give back the slots after the last live one (``_trim_tail``)."""
+
+    name: str
+    device: torch.device
+    _rows: list[int]
+    _slots: dict[int, list[int]]
+    _live: torch.Tensor
+    _width: int
+    _delta: dict[int, int]
+    tokens_forwarded: dict[int, int]
+    forward_calls: dict[int, int]
+
+    def _index(self, row: int) -> int:
+        raise NotImplementedError
+
+    @property
+    def rows(self) -> list[int]:
+        """Live row ids, in batch order."""
+        return list(self._rows)
+
+    def length(self, row: int) -> int:
+        """Logical cached tokens of ``row``."""
+        try:
+            return len(self._slots[row])
+        except KeyError:
+            raise KeyError(f"{self.name}: no live row {row}") from None
+
+    @property
+    def slots(self) -> int:
+        """The time width: every live slot of every row lies before it (the rest up to it are holes)."""
+        return self._width
+
+    def holes(self) -> int:
+        """Hole slots before the width over all rows (``rows * width`` minus the live ones)."""
+        return len(self._rows) * self._width - sum(len(s) for s in self._slots.values())
+
+    def reclaimable(self) -> int:
+        """Slots per row that compaction would free: ``width - longest row``."""
+        return self._width - max((len(s) for s in self._slots.values()), default=0)
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep the first ``length`` logical tokens of ``row``; its later slots become holes (no other row changes)."""
+        b = self._index(row)
+        slots = self._slots[row]
+        if not 0 <= length <= len(slots):
+            raise ValueError(f"{self.name}: row {row} has {len(slots)} tokens, cannot keep {length}")
+        dropped = slots[length:]
+        if not dropped:
+            return
+        del slots[length:]
+        if dropped[-1] - dropped[0] == len(dropped) - 1:  # a contiguous run (the usual rollback): one slice
+            self._live[b, dropped[0] : dropped[-1] + 1] = False
+        else:
+            self._live[b, torch.tensor(dropped, device=self.device)] = False
+        self._trim_tail()
+
+    def _trim_tail(self) -> None:
+        raise NotImplementedError
+
+    def _book(self, row: int, engine, slots: range) -> None:
+        """Record a joined row: its live ``slots``, rope delta and counters (from the single-row ``engine``)."""
+        self._rows.append(row)
+        self._slots[row] = list(slots)
+        self._delta[row] = int(getattr(engine, "rope_delta", 0) or 0)
+        self.tokens_forwarded[row] = int(getattr(engine, "tokens_forwarded", 0))
+        self.forward_calls[row] = int(getattr(engine, "forward_calls", 0))
+
+    def _end(self) -> int:
+        """One past the last slot any row holds."""
+        return max((s[-1] + 1 for s in self._slots.values() if s), default=0)
+
+
+class BatchEngine(RowBook):
     """Rows (independent streams of one model) in one batched KV cache.
 
     A row joins by adopting the cache of a prefilled single-row engine (a :class:`TextEngine` / :class:`VLEngine`,
@@ -164,22 +241,8 @@ class BatchEngine:
 
     # ------------------------------------------------------------------ rows
     @property
-    def rows(self) -> list[int]:
-        """Live row ids, in batch order."""
-        return list(self._rows)
-
-    def length(self, row: int) -> int:
-        """Logical cached tokens of ``row``."""
-        return len(self._slots[row])
-
-    @property
-    def slots(self) -> int:
-        """The time dimension ``T`` of the batched cache (live slots and holes)."""
+    def _width(self) -> int:
         return self._T
-
-    def holes(self) -> int:
-        """Hole slots over all rows (``B * T`` minus the live ones)."""
-        return len(self._rows) * self._T - sum(len(s) for s in self._slots.values())
 
     def _index(self, row: int) -> int:
         try:
@@ -225,11 +288,7 @@ class BatchEngine:
         live[:B, : self._T] = self._live
         live[B, :length] = True
         self._live, self._T = live, new_T
-        self._rows.append(row)
-        self._slots[row] = list(range(length))
-        self._delta[row] = int(getattr(engine, "rope_delta", 0) or 0)
-        self.tokens_forwarded[row] = int(getattr(engine, "tokens_forwarded", 0))
-        self.forward_calls[row] = int(getattr(engine, "forward_calls", 0))
+        self._book(row, engine, range(length))
 
     @torch.no_grad()
     def leave(self, row: int) -> None:
@@ -248,35 +307,15 @@ class BatchEngine:
         self._live = self._live.index_select(0, keep.to(self.device))
         self._trim_tail()
 
-    def truncate(self, row: int, length: int) -> None:
-        """Keep the first ``length`` logical tokens of ``row``; its later slots become holes (no other row changes)."""
-        slots = self._slots[row]
-        if not 0 <= length <= len(slots):
-            raise ValueError(f"{self.name}: row {row} has {len(slots)} tokens, cannot keep {length}")
-        if length == len(slots):
-            return
-        dropped = slots[length:]
-        del slots[length:]
-        b = self._index(row)
-        if dropped[0] >= self._T - len(dropped):  # a contiguous tail run (the usual rollback): one slice
-            self._live[b, dropped[0] :] = False
-        else:
-            self._live[b, torch.tensor(dropped, device=self.device)] = False
-        self._trim_tail()
-
     def _trim_tail(self) -> None:
         """Crop trailing slots that no row holds (the time dimension shrinks, nothing is copied)."""
-        end = max((s[-1] + 1 for s in self._slots.values() if s), default=0)
+        end = self._end()
         if end < self._T and self.cache is not None:
             self.cache.crop(-(self._T - end))
             self._live = self._live[:, :end]
             self._T = end
 
     # ------------------------------------------------------------------ compaction
-    def reclaimable(self) -> int:
-        """Slots per row that compaction would free: ``T - max length``."""
-        return self._T - max((len(s) for s in self._slots.values()), default=0)
-
     def maybe_compact(self) -> bool:
         """Compact when the reclaimable share of the time dimension exceeds ``compact_at``; True if it did."""
         if self._T and self.reclaimable() > self.compact_at * self._T:

@@ -28,7 +28,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from ..errors import AsymSpecError
-from .rows import RowView, _layer_kv
+from .rows import RowBook, RowView, _layer_kv
 from .single import model_device
 
 
@@ -74,7 +74,7 @@ def layer_devices(model) -> list[torch.device]:
     return devices
 
 
-class StaticBatchEngine:
+class StaticBatchEngine(RowBook):
     """Rows of one model in preallocated slots: the :class:`~asymspec_mm.decode.rows.RowEngine` protocol of
     :class:`BatchEngine` (join / leave / extend / truncate / length / view, ``kv_bytes``, ``slot_bytes``,
     ``engine_calls``), on buffers ``[max_rows, kv_heads, max_len, head_dim]`` per layer allocated once.
@@ -135,23 +135,8 @@ class StaticBatchEngine:
 
     # ------------------------------------------------------------------ rows
     @property
-    def rows(self) -> list[int]:
-        """Live row ids, in join order."""
-        return list(self._rows)
-
-    def length(self, row: int) -> int:
-        """Logical cached tokens of ``row``."""
-        self._index(row)
-        return len(self._slots[row])
-
-    @property
-    def slots(self) -> int:
-        """Columns in use: the write cursor (every live column lies before it)."""
+    def _width(self) -> int:
         return self._cursor
-
-    def holes(self) -> int:
-        """Hole columns before the cursor over the live rows."""
-        return len(self._rows) * self._cursor - sum(len(s) for s in self._slots.values())
 
     def _index(self, row: int) -> int:
         try:
@@ -186,11 +171,7 @@ class StaticBatchEngine:
         self._live[b, start : start + length] = True
         self._cursor = max(self._cursor, length)
         self._slot[row] = b
-        self._rows.append(row)
-        self._slots[row] = list(range(start, start + length))
-        self._delta[row] = int(getattr(engine, "rope_delta", 0) or 0)
-        self.tokens_forwarded[row] = int(getattr(engine, "tokens_forwarded", 0))
-        self.forward_calls[row] = int(getattr(engine, "forward_calls", 0))
+        self._book(row, engine, range(start, start + length))
 
     @torch.no_grad()
     def leave(self, row: int) -> None:
@@ -202,31 +183,11 @@ class StaticBatchEngine:
         self._live[b] = False
         self._trim_tail()
 
-    def truncate(self, row: int, length: int) -> None:
-        """Keep the first ``length`` logical tokens of ``row``; its later columns become holes (no other row changes)."""
-        b = self._index(row)
-        cols = self._slots[row]
-        if not 0 <= length <= len(cols):
-            raise ValueError(f"{self.name}: row {row} has {len(cols)} tokens, cannot keep {length}")
-        if length == len(cols):
-            return
-        dropped = cols[length:]
-        del cols[length:]
-        if dropped[-1] - dropped[0] == len(dropped) - 1:  # a contiguous run (the usual rollback): one slice
-            self._live[b, dropped[0] : dropped[-1] + 1] = False
-        else:
-            self._live[b, torch.tensor(dropped, device=self.device)] = False
-        self._trim_tail()
-
     def _trim_tail(self) -> None:
         """Move the cursor back over trailing columns no row holds (nothing is copied)."""
-        self._cursor = max((s[-1] + 1 for s in self._slots.values() if s), default=0)
+        self._cursor = self._end()
 
     # ------------------------------------------------------------------ compaction
-    def reclaimable(self) -> int:
-        """Columns per slot that compaction would free: ``cursor - max length``."""
-        return self._cursor - max((len(s) for s in self._slots.values()), default=0)
-
     def maybe_compact(self) -> bool:
         """Static storage compacts only when it must (see :meth:`extend`): holes cost no memory and, at the fixed
         shapes of a compiled forward, no attention work."""
