@@ -53,7 +53,8 @@ class MMResult:
 
 @dataclass
 class Session:
-    """A request set up and prefilled, ready for :meth:`AsymSpecPipeline.run`.
+    """A request set up (and prefilled, unless made with ``prepare(..., prefill=False)``), ready for
+    :meth:`AsymSpecPipeline.run` or a batch decoder.
 
     streams: the prefilled engines the method needs, keyed ``drafter_full`` / ``drafter_comp`` /
     ``verifier``; each caches ``prompt[:-1]`` and ``pending[name]`` ``[1]`` is the token its first

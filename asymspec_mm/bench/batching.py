@@ -123,8 +123,9 @@ class BatchSweep:
 
     # -- one request's session ------------------------------------------------------------------
     def session(self, v: Variant, cfg: AsymSpecConfig, i: int) -> Session:
-        """Case ``i`` set up and prefilled for ``v``: the pipeline's ``prepare`` (what ``generate`` and
-        ``generate_batch`` call), or streams over synthetic caches (EOS ignored)."""
+        """Case ``i`` set up and prefilled for ``v``: the pipeline's ``prepare`` (what ``generate`` calls;
+        ``generate_batch`` prepares with ``prefill=False`` and prefills in batches), or streams over synthetic caches
+        (EOS ignored)."""
         case = self.inputs[i]
         if not self.synthetic:
             return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)

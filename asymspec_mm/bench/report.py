@@ -274,8 +274,8 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
     else:
         lines.append(
             "\ntokens/s: the whole call (set-up + decoding) of generate_batch, or of the sequential loop; decode tokens/s leaves "
-            "the set-up (prompts, vision, prefill: one request at a time in both) out, from a BatchDecoder stepped as "
-            "generate_batch steps it (each step timed; its tokens are generate_batch's). EOS ends a request, as in "
+            "the set-up (prompts, vision, prefill) out, from a BatchDecoder stepped over requests prefilled one at a time "
+            "(each step timed; its tokens are checked equal to generate_batch's). EOS ends a request, as in "
             "pipe.generate and generate_batch."
         )
     lines.append(
