@@ -1,0 +1,190 @@
+"""Conversations: OpenAI-format messages rendered as the drafter's full view and the compressed view.
+
+The first building block of multi-turn chat (issue #29): pure functions from a message list to the two views'
+chat messages, which the real Qwen templates then render. Not yet wired into ``pipe.chat`` or the server.
+
+Layout (stable: a message renders the same way in every later turn, so each turn's prompt is a token prefix of
+the next turn's apart from the generation prompt):
+
+- ``system`` / ``developer`` and ``assistant`` messages: their text, the same in both views.
+- A ``user`` message's **compressed text** joins its parts with a blank line: a text part as written (through the
+  optional ``text_compressor``: long documents and tool outputs, compressed once as they arrive); an image part as
+  its compressed view (caption + OCR, :meth:`captioning.view.CompressedView.render`), labelled ``[Image k]`` on a
+  line of its own for the conversation's k-th image from the second on (the first is not labelled, so one user
+  message with one image and a question is exactly today's single-request prompt).
+- The **compressed view** (verifier, drafter's compressed stream) reads each user message as its compressed text.
+- The **full view** (drafter with pixels) reads each user message as its images (in order, each through the
+  vision tower), then its compressed text (``drafter_view="image+text"``, the released harness) or its text parts
+  alone (``drafter_view="image"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import DRAFTER_VIEWS
+from .errors import UnknownOptionError
+
+#: A compressor of long text parts, applied once per part as it arrives: ``text -> shorter text``.
+TextCompressor = Callable[[str], str]
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ConversationError(UnknownOptionError):
+    """A message list the toolkit cannot read (unknown role, an image outside a user message, no question)."""
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """The conversation's ``index``-th image (1-based, in order of appearance) and its source as given."""
+
+    index: int
+    source: Any
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message: its role (``system``, ``user`` or ``assistant``) and its parts (text, or :class:`ImagePart`)."""
+
+    role: str
+    parts: tuple[str | ImagePart, ...]
+
+    @property
+    def images(self) -> list[ImagePart]:
+        return [p for p in self.parts if isinstance(p, ImagePart)]
+
+    @property
+    def texts(self) -> list[str]:
+        return [p for p in self.parts if isinstance(p, str)]
+
+
+def _image_source(part: Mapping[str, Any], where: str) -> Any:
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, Mapping) else url
+        if not isinstance(url, str) or not url:
+            raise ConversationError(f"{where}: an image_url part needs image_url.url (a data: URL)")
+        return url
+    if "image" not in part:
+        raise ConversationError(f"{where}: an image part needs 'image' (a PIL image, bytes or a data: URL)")
+    return part["image"]
+
+
+def parse_messages(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
+    """OpenAI-format ``messages`` as :class:`Turn` objects (images numbered in order of appearance).
+
+    Content is a string or a list of parts: ``{"type": "text", "text": ...}``, ``{"type": "image_url",
+    "image_url": {"url": ...}}`` or ``{"type": "image", "image": ...}`` (a PIL image or bytes in a part too). Images
+    only in user messages; the last message must be the user's (the turn to answer).
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ConversationError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    turns: list[Turn] = []
+    n_images = 0
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise ConversationError(f"{where} is not a dict with 'role' and 'content'")
+        role = ROLES.get(m.get("role"))
+        if role is None:
+            raise ConversationError(f"{where}: role {m.get('role')!r} is not one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if isinstance(content, str):
+            items: Sequence[Any] = [content]
+        elif isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
+            items = content
+        else:
+            raise ConversationError(f"{where}: content must be a string or a list of parts")
+        parts: list[str | ImagePart] = []
+        for j, part in enumerate(items):
+            at = f"{where}.content[{j}]"
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping) and part.get("type") == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise ConversationError(f"{at}: a text part needs 'text' (a string)")
+                parts.append(text)
+            elif isinstance(part, Mapping) and part.get("type") in ("image_url", "image"):
+                if role != "user":
+                    raise ConversationError(f"{at}: images go in user messages only (this is a {m.get('role')} message)")
+                n_images += 1
+                parts.append(ImagePart(n_images, _image_source(part, at)))
+            else:
+                raise ConversationError(f"{at}: parts are {{'type': 'text'}}, {{'type': 'image_url'}} or {{'type': 'image'}}")
+        turns.append(Turn(role, tuple(parts)))
+    if turns[-1].role != "user":
+        raise ConversationError("the last message must be the user's (the turn to answer)")
+    return turns
+
+
+def truncate(limit: int = 2000, head: int = 1000, tail: int = 500) -> TextCompressor:
+    """The built-in text compressor: a text over ``limit`` characters keeps its first ``head`` and last ``tail``
+    (the released harness' 2,000 / 1,000 / 500), with a line saying how many characters were cut."""
+    if not 0 <= head + tail <= limit:
+        raise UnknownOptionError(f"truncate: head + tail ({head} + {tail}) must be within limit ({limit})")
+
+    def compress(text: str) -> str:
+        if len(text) <= limit:
+            return text
+        return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[len(text) - tail :]}"
+
+    return compress
+
+
+def image_label(index: int) -> str:
+    """The label before the conversation's ``index``-th image's compressed view (none for the first)."""
+    return "" if index == 1 else f"[Image {index}]\n"
+
+
+def compressed_text(turn: Turn, views: Mapping[int, str], text_compressor: TextCompressor | None = None) -> str:
+    """A user message's compressed text: its parts joined by a blank line, each image as its labelled compressed
+    view (``views[index]``: the rendered caption + OCR; empty views leave the label alone), each text part through
+    ``text_compressor``."""
+    out = []
+    for part in turn.parts:
+        if isinstance(part, ImagePart):
+            text = (image_label(part.index) + views[part.index].strip()).strip()
+        else:
+            text = (text_compressor(part) if text_compressor is not None else part).strip()
+        if text:
+            out.append(text)
+    return "\n\n".join(out)
+
+
+@dataclass(frozen=True)
+class ViewMessages:
+    """The two views' chat messages: ``compressed`` for the Qwen3 template (string contents), ``compressed_vl``
+    the same for the VL template (text parts), ``full`` for the VL template with ``{"type": "image"}`` parts."""
+
+    compressed: list[dict[str, Any]]
+    compressed_vl: list[dict[str, Any]]
+    full: list[dict[str, Any]]
+
+
+def view_messages(
+    turns: Sequence[Turn], views: Mapping[int, str], *, drafter_view: str = "image+text", text_compressor: TextCompressor | None = None
+) -> ViewMessages:
+    """The chat messages of both views of ``turns`` (see the module docstring); ``views[k]`` the k-th image's
+    rendered compressed view."""
+    if drafter_view not in DRAFTER_VIEWS:
+        raise UnknownOptionError(f"drafter_view={drafter_view!r} is not one of {DRAFTER_VIEWS}")
+    compressed, compressed_vl, full = [], [], []
+    for turn in turns:
+        if turn.role != "user":
+            text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
+            compressed.append({"role": turn.role, "content": text})
+            compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}]})
+            full.append({"role": turn.role, "content": [{"type": "text", "text": text}]})
+            continue
+        text = compressed_text(turn, views, text_compressor)
+        compressed.append({"role": "user", "content": text})
+        compressed_vl.append({"role": "user", "content": [{"type": "text", "text": text}]})
+        if drafter_view == "image":
+            own = [text_compressor(t) if text_compressor is not None else t for t in turn.texts]
+            text = "\n\n".join(t.strip() for t in own if t.strip())
+        full.append({"role": "user", "content": [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": text}]})
+    return ViewMessages(compressed, compressed_vl, full)
