@@ -188,3 +188,26 @@ def view_messages(
             text = "\n\n".join(t.strip() for t in own if t.strip())
         full.append({"role": "user", "content": [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": text}]})
     return ViewMessages(compressed, compressed_vl, full)
+
+
+def view_texts(processor, verifier_tokenizer, vm: ViewMessages) -> tuple[str, str, str]:
+    """``(verifier, drafter_comp, drafter_full)`` prompt strings of ``vm`` through the real chat templates, each with
+    the generation prompt (the verifier's with thinking disabled, as a single request's)."""
+    v_text = verifier_tokenizer.apply_chat_template(vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True)
+    f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True)
+    return v_text, c_text, f_text
+
+
+def per_image(value: Any, n: int, name: str) -> list[Any]:
+    """A conversation's ``caption`` / ``ocr`` argument as one value per image: ``None`` (produce it) or ``False``
+    (OCR off) for every image, a string for the only image, or a list with one entry per image."""
+    if value is None or value is False:
+        return [value] * n
+    if isinstance(value, str):
+        if n != 1:
+            raise ConversationError(f"{name}: the conversation has {n} images; give a list with one {name} per image")
+        return [value]
+    if isinstance(value, Sequence) and len(value) == n:
+        return list(value)
+    raise ConversationError(f"{name}: give None, a string (one image) or a list of {n} (one per image, in order)")

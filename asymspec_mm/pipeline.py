@@ -245,6 +245,19 @@ class AsymSpecPipeline:
         """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
         return self.stream(image, question, **kwargs).result
 
+    def chat(self, messages, **kwargs) -> MMResult:
+        """Answer the last user message of a conversation (OpenAI-format ``messages``: system, user with any number
+        of images, assistant): keywords as in :meth:`prepare_chat`. ``res.finish_reason`` says why it stopped."""
+        return self.chat_stream(messages, **kwargs).result
+
+    def chat_stream(self, messages, **kwargs) -> GenerationStream:
+        """:meth:`prepare_chat` then :meth:`run`: iterate for each step's events, then read ``.result``."""
+        return self.run(self.prepare_chat(messages, **kwargs))
+
+    @functools.wraps(RequestPreparer.prepare_chat)
+    def prepare_chat(self, *args: Any, **kwargs: Any) -> Session:
+        return self.preparer.prepare_chat(*args, **kwargs)
+
     def generate_batch(
         self,
         requests,

@@ -24,11 +24,12 @@ from .decode import StopFn
 from .engines import EngineFactory, PromptImages, TransformersEngines, model_device
 from .errors import ContextOverflowError
 from .models import ModelSet
-from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts
+from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
 from .questions import check_question
 from .session import Session
 
 if TYPE_CHECKING:
+    from .conversation import TextCompressor
     from .decode import Counters, TokenEvent
     from .locks import FairRLock
     from .session import MMResult
@@ -139,6 +140,24 @@ class RequestPreparer:
             image, captioner=self.captioner, ocr_engine=ocr_engine, caption=caption, ocr=ocr, ocr_layout=self.ocr_layout, timings=timings
         )
 
+    def _compress(self, img: Any, caption: Any, ocr: Any, ocr_engine: Any, timings: dict, **kwargs: Any) -> CompressedView:
+        """The compressed view of a loaded image (cached by its content hash); ``kwargs``: ``on_phase``, the caption
+        budget."""
+        from captioning.captioner import compress
+        from vision_cache.image import image_content_hash
+
+        return compress(
+            img,
+            captioner=self.captioner,
+            ocr_engine=ocr_engine,
+            caption=caption,
+            ocr=ocr,
+            ocr_layout=self.ocr_layout,
+            image_hash=image_content_hash(img),
+            timings=timings,
+            **kwargs,
+        )
+
     def prepare(
         self,
         image: Any,
@@ -169,8 +188,7 @@ class RequestPreparer:
         the batched, chunked prefill of :mod:`asymspec_mm.batch.prefill`; streams served elsewhere (vLLM) are
         prefilled as usual.
         """
-        from captioning.captioner import compress
-        from vision_cache.image import image_content_hash, load_image
+        from vision_cache.image import load_image
 
         m = self.models
         cfg = resolve_config(config, overrides)
@@ -187,33 +205,100 @@ class RequestPreparer:
             on_phase("ocr_engine")
         with self._ocr_start:
             ocr_engine = self.ocr_engine if ocr is None else None
-        view = compress(
-            img,
-            captioner=self.captioner,
-            ocr_engine=ocr_engine,
-            caption=caption,
-            ocr=ocr,
-            ocr_layout=self.ocr_layout,
-            image_hash=image_content_hash(img),
-            timings=timings,
-            on_phase=on_phase,
-            **budget,
-        )
+        view = self._compress(img, caption, ocr, ocr_engine, timings, on_phase=on_phase, **budget)
         style = prompt_style or self.prompt_style
         texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
         prompts = render_prompts(m.processor, m.verifier_tokenizer, img, texts, style.drafter_thinking_off)
+        vision = (tower_before, hits_before)
+        return self._set_up(
+            method, cfg, prompts, [img], view, timings, ocr_engine, ocr, vision, t_start, engines, ignore_eos, prefill, on_phase
+        )
+
+    def prepare_chat(
+        self,
+        messages: Any,
+        caption: Any = None,
+        ocr: Any = None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        *,
+        engines: EngineFactory | None = None,
+        ignore_eos: bool = False,
+        text_compressor: TextCompressor | None = None,
+        prefill: bool = True,
+        **overrides: Any,
+    ) -> Session:
+        """Set a conversation up (OpenAI-format ``messages``, see :mod:`asymspec_mm.conversation`): each image's
+        compressed view, the two views rendered by the real templates, the streams as :meth:`prepare` makes them.
+
+        ``caption`` / ``ocr``: ``None`` produce them for every image (``ocr=False``: none), a string for the only
+        image, or a list with one per image. ``text_compressor`` shortens long text parts in the compressed view
+        (e.g. :func:`~asymspec_mm.conversation.truncate`). The session's ``view`` is the last image's."""
+        from vision_cache.image import load_image
+
+        from .conversation import parse_messages, per_image, view_messages, view_texts
+
+        m = self.models
+        cfg = resolve_config(config, overrides)
+        check_method(method)
+        t_start = time.perf_counter()
+        turns = parse_messages(messages)
+        images = [load_image(part.source) for turn in turns for part in turn.images]
+        captions, ocrs = per_image(caption, len(images), "caption"), per_image(ocr, len(images), "ocr")
+        timings: dict[str, float] = {}
+        vision = m.encoder.thread_counts()
+        with self._ocr_start:
+            ocr_engine = self.ocr_engine if any(o is None for o in ocrs) else None
+        views = []
+        for img, cap, text in zip(images, captions, ocrs):
+            spent: dict[str, float] = {}
+            views.append(self._compress(img, cap, text, ocr_engine if text is None else None, spent))
+            for key, seconds in spent.items():
+                timings[key] = timings.get(key, 0.0) + seconds
+        vm = view_messages(
+            turns, {i + 1: v.render() for i, v in enumerate(views)}, drafter_view=cfg.drafter_view, text_compressor=text_compressor
+        )
+        prompts = tokenize_prompts(m.processor, m.verifier_tokenizer, images, view_texts(m.processor, m.verifier_tokenizer, vm))
+        view = views[-1] if views else CompressedView()
+        given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
+        session = self._set_up(
+            method, cfg, prompts, images, view, timings, ocr_engine, given, vision, t_start, engines, ignore_eos, prefill, None
+        )
+        session.stats["images"] = len(images)
+        return session
+
+    def _set_up(
+        self,
+        method: str,
+        cfg: AsymSpecConfig,
+        prompts: Prompts,
+        images: list,
+        view: CompressedView,
+        timings: dict[str, float],
+        ocr_engine: Any,
+        ocr: Any,
+        vision: tuple[int, int],
+        t_start: float,
+        engines: EngineFactory | None,
+        ignore_eos: bool,
+        prefill: bool,
+        on_phase: Callable[[str], None] | None,
+    ) -> Session:
+        """The set-up after the prompts (one request or a conversation): the context check, the streams (prefilled,
+        or their prompts staged with ``prefill=False``), the set-up's statistics and the :class:`Session`."""
+        m = self.models
         self._check_context(prompts, cfg, method)
         if on_phase is not None:
             on_phase("prefill")
         t_prefill = time.perf_counter()
         staged = m.staged_streams(method) if not prefill else ()
-        streams, pending = self._start(method, prompts, img, engines or self.engines, skip=staged)
+        streams, pending = self._start(method, prompts, images, engines or self.engines, skip=staged)
         to_prefill = self._stream_prompts(method, prompts, staged)
         prefill_s = time.perf_counter() - t_prefill
         tower_after, hits_after = m.encoder.thread_counts()
         stats = dict(
-            vision_calls=tower_after - tower_before,
-            vision_cache_hits=hits_after - hits_before,
+            vision_calls=tower_after - vision[0],
+            vision_cache_hits=hits_after - vision[1],
             prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
             caption_s=timings.get("caption_s", 0.0),
             ocr_s=timings.get("ocr_s", 0.0),
@@ -270,8 +355,9 @@ class RequestPreparer:
 
         m = self.models
         ids = m.stream_ids(method, p)
-        out = {name: text_prompt(ids[name][0, :-1]) for name in names if name != "drafter_full"}
-        if "drafter_full" in names:
+        text_only = p.pixel_values is None  # a conversation without images: the full view is text too
+        out = {name: text_prompt(ids[name][0, :-1]) for name in names if name != "drafter_full" or text_only}
+        if "drafter_full" in names and not text_only:
             with m.lock:
                 features, _ = m.encoder.encode(p.pixel_values, p.image_grid_thw)
             merge = m.drafter.config.vision_config.spatial_merge_size
@@ -279,7 +365,7 @@ class RequestPreparer:
             out["drafter_full"] = image_prompt(ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, reuse=reuse)
         return out
 
-    def _start(self, method: str, p: Prompts, image: Any, engines: EngineFactory, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    def _start(self, method: str, p: Prompts, images: list, engines: EngineFactory, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
         """Prefill the streams ``method`` needs but ``skip`` (each caches ``prompt[:-1]``); return them and every
         stream's pending token.
 
@@ -297,7 +383,8 @@ class RequestPreparer:
                     engine = m.drafter_full.vision_engine(name)
                 else:
                     engine = engines.vision(model, name, encoder=m.encoder, prefix_store=m.prefix_store)
-                args += (PromptImages([image], p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0]),)
+                if images:  # a conversation without images reads the full view as text
+                    args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0]),)
             elif name == "verifier":
                 engine = m.verifier_engine(engines)
             elif hasattr(model, "engine"):  # a served model (vLLM)

@@ -133,16 +133,23 @@ def render_prompts(processor, verifier_tokenizer, image, texts: UserTexts, draft
     template); ``verifier_tokenizer`` renders the verifier's template with thinking disabled.
     ``image`` is an RGB PIL image already validated by :func:`vision_cache.load_image`.
     """
+    return tokenize_prompts(processor, verifier_tokenizer, [image], chat_texts(processor, verifier_tokenizer, texts, drafter_thinking_off))
+
+
+def tokenize_prompts(processor, verifier_tokenizer, images: list, texts: tuple[str, str, str]) -> Prompts:
+    """:class:`Prompts` of the rendered ``(verifier, drafter_comp, drafter_full)`` prompt strings; the full view's
+    image pads expanded for ``images`` (RGB PIL images, in the order of their placeholders; none: text only)."""
     import torch
 
-    v_text, c_text, f_text = chat_texts(processor, verifier_tokenizer, texts, drafter_thinking_off)
-    enc = processor(text=[f_text], images=[image], return_tensors="pt")
+    v_text, c_text, f_text = texts
+    enc = processor(text=[f_text], images=list(images) or None, return_tensors="pt")
     ids = lambda tok, text: torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], dtype=torch.long)  # noqa: E731
+    types = enc.get("mm_token_type_ids")
     return Prompts(
         drafter_full_ids=enc["input_ids"],
         drafter_comp_ids=ids(processor.tokenizer, c_text),
         verifier_ids=ids(verifier_tokenizer, v_text),
-        pixel_values=enc["pixel_values"],
-        image_grid_thw=enc["image_grid_thw"],
-        mm_token_type_ids=enc["mm_token_type_ids"],
+        pixel_values=enc.get("pixel_values"),
+        image_grid_thw=enc.get("image_grid_thw"),
+        mm_token_type_ids=types if types is not None else torch.zeros_like(enc["input_ids"]),
     )

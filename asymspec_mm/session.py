@@ -32,6 +32,11 @@ class MMResult:
     method: str = "asymspec"
     config: AsymSpecConfig = field(default_factory=AsymSpecConfig)
 
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's reason: ``length`` when the token budget ended it, else ``stop`` (EOS or a stop string)."""
+        return "length" if self.stats.get("stopped_by") == "max_new_tokens" else "stop"
+
     def as_dict(self) -> dict:
         """JSON-ready summary (no tensors)."""
         return {

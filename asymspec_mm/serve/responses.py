@@ -10,8 +10,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def finish_reason(res: MMResult) -> str:
-    """``length`` when the token budget ended decoding, else ``stop`` (EOS or a stop string)."""
-    return "length" if res.stats.get("stopped_by") == "max_new_tokens" else "stop"
+    """``length`` when the token budget ended decoding, else ``stop`` (:attr:`MMResult.finish_reason`)."""
+    return res.finish_reason
 
 
 def usage(res: MMResult) -> dict[str, int]:
