@@ -56,7 +56,9 @@ def _reference(pipe, method: str, img1, img2, views: tuple[str, str]) -> list[in
     full = [dict(m, content=list(m["content"])) for m in vl]
     full[1]["content"].insert(0, {"type": "image"})
     full[3]["content"].insert(0, {"type": "image"})
-    v_ids = tok(tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, enable_thinking=False), add_special_tokens=False)["input_ids"]
+    v_ids = tok(
+        tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, enable_thinking=False), add_special_tokens=False
+    )["input_ids"]
     c_ids = proc.tokenizer(proc.apply_chat_template(vl, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
     enc = proc(text=[proc.apply_chat_template(full, tokenize=False, add_generation_prompt=True)], images=[img1, img2], return_tensors="pt")
     features, _ = pipe.encoder.encode(enc["pixel_values"], enc["image_grid_thw"])
@@ -87,7 +89,11 @@ def test_a_conversation_with_two_images_equals_the_hand_built_reference(tiny_pip
 
 
 def test_a_text_only_conversation_and_per_image_arguments(tiny_pipe):
-    msgs = [{"role": "user", "content": "Name a shape."}, {"role": "assistant", "content": "A circle."}, {"role": "user", "content": "Another?"}]
+    msgs = [
+        {"role": "user", "content": "Name a shape."},
+        {"role": "assistant", "content": "A circle."},
+        {"role": "user", "content": "Another?"},
+    ]
     res = tiny_pipe.chat(msgs, config=CFG)
     assert res.stats["images"] == 0 and len(res.token_ids) >= 1
     floor = tiny_pipe.chat(msgs, method="floor", config=CFG)
