@@ -7,7 +7,8 @@
   ragged prefill pieces), :class:`~.rows.RowContext` (one row's KV between storages) and its KV bound.
 - :mod:`.static_rows`: :class:`~.static_rows.StaticBatchEngine`, rows in preallocated slots (the GPU fast path,
   compiled fixed-shape forwards) and :func:`~.static_rows.static_batch_engines`.
-- :mod:`.vllm` / :mod:`.vllm_rows`: the same stream protocol and row storage served by vLLM.
+- :mod:`.vllm` / :mod:`.vllm_rows`: the same stream protocol and row storage served by vLLM (:mod:`.vllm_calls`: their
+  ``LLM.generate`` calls).
 
 The decoder (:class:`asymspec_mm.decode.RowDecoder`) steps any of them through the ``RowEngine`` protocol;
 :func:`default_row_storage` is the one place that picks a row storage for a model (custom factories replace it).

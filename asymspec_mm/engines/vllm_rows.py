@@ -23,7 +23,8 @@ import copy
 import torch
 
 from .rows import RowView
-from .vllm import VLLMEngine, _in_process, draft_many, extend_many
+from .vllm import VLLMEngine, _in_process
+from .vllm_calls import draft_many, extend_many
 
 
 class VLLMBatchEngine:
