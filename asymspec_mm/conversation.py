@@ -1,17 +1,18 @@
 """Conversations: OpenAI-format messages rendered as the drafter's full view and the compressed view.
 
-The first building block of multi-turn chat (issue #29): pure functions from a message list to the two views'
-chat messages, which the real Qwen templates then render. Not yet wired into ``pipe.chat`` or the server.
+Pure functions from a message list to the two views' chat messages, which the real Qwen templates then render
+(``pipe.chat``, the scheduler's ``submit_chat`` and the server's chat completions all go through them).
 
 Layout (stable: a message renders the same way in every later turn, so each turn's prompt is a token prefix of
 the next turn's apart from the generation prompt):
 
 - ``system`` / ``developer`` and ``assistant`` messages: their text, the same in both views.
-- A ``user`` message's **compressed text** joins its parts with a blank line: a text part as written (through the
-  optional ``text_compressor``: long documents and tool outputs, compressed once as they arrive); an image part as
-  its compressed view (caption + OCR, :meth:`captioning.view.CompressedView.render`), labelled ``[Image k]`` on a
-  line of its own for the conversation's k-th image from the second on (the first is not labelled, so one user
-  message with one image and a question is exactly today's single-request prompt).
+- A ``user`` message's **compressed text** is its images, each as its compressed view (caption + OCR,
+  :meth:`captioning.view.CompressedView.render`) labelled ``[Image k]`` on a line of its own for the conversation's
+  k-th image from the second on, then its text parts as written (through the optional ``text_compressor``: long
+  documents and tool outputs, compressed once as they arrive), all joined by a blank line. Images come first in
+  both views, wherever the message puts them (as the full view reads pixels before text), so one user message with
+  one image and a question is exactly the single-request prompt, the question before or after the image.
 - The **compressed view** (verifier, drafter's compressed stream) reads each user message as its compressed text.
 - The **full view** (drafter with pixels) reads each user message as its images (in order, each through the
   vision tower), then its compressed text (``drafter_view="image+text"``, the released harness) or its text parts
@@ -141,18 +142,12 @@ def image_label(index: int) -> str:
 
 
 def compressed_text(turn: Turn, views: Mapping[int, str], text_compressor: TextCompressor | None = None) -> str:
-    """A user message's compressed text: its parts joined by a blank line, each image as its labelled compressed
-    view (``views[index]``: the rendered caption + OCR; empty views leave the label alone), each text part through
-    ``text_compressor``."""
-    out = []
-    for part in turn.parts:
-        if isinstance(part, ImagePart):
-            text = (image_label(part.index) + views[part.index].strip()).strip()
-        else:
-            text = (text_compressor(part) if text_compressor is not None else part).strip()
-        if text:
-            out.append(text)
-    return "\n\n".join(out)
+    """A user message's compressed text: its images' labelled compressed views (``views[index]``: the rendered
+    caption + OCR; empty views leave the label alone), in order, then its text parts, each through
+    ``text_compressor``; all joined by a blank line."""
+    out = [(image_label(part.index) + views[part.index].strip()).strip() for part in turn.images]
+    out += [(text_compressor(part) if text_compressor is not None else part).strip() for part in turn.texts]
+    return "\n\n".join(text for text in out if text)
 
 
 @dataclass(frozen=True)
@@ -190,10 +185,12 @@ def view_messages(
     return ViewMessages(compressed, compressed_vl, full)
 
 
-def view_texts(processor, verifier_tokenizer, vm: ViewMessages) -> tuple[str, str, str]:
+def view_texts(processor, verifier_tokenizer, vm: ViewMessages, *, enable_thinking: bool = False) -> tuple[str, str, str]:
     """``(verifier, drafter_comp, drafter_full)`` prompt strings of ``vm`` through the real chat templates, each with
-    the generation prompt (the verifier's with thinking disabled, as a single request's)."""
-    v_text = verifier_tokenizer.apply_chat_template(vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    the generation prompt (the verifier's with thinking disabled unless ``enable_thinking``, as a single request's)."""
+    v_text = verifier_tokenizer.apply_chat_template(
+        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
     c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True)
     f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True)
     return v_text, c_text, f_text

@@ -4,7 +4,7 @@ A request decodes up to three streams (``drafter_full``, ``drafter_comp``, ``ver
 needs: :data:`~asymspec_mm.decode.rows.STREAMS_OF`). This module is the one place that says which model serves
 each stream and which prompt it reads, so single-row set-up (:mod:`asymspec_mm.preparing`), batched prefill and
 batched decoding (:mod:`asymspec_mm.batch`) cannot disagree about it. It also owns what the models share across
-requests: their lock, the vision-feature cache and the drafter's prefix KV store.
+requests: their lock, the vision-feature cache and the KV kept for reuse (:class:`~asymspec_mm.engines.PrefixKV`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from .decode.rows import STREAMS_OF
 from .engines import Engine, EngineFactory
+from .engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES, PrefixKV
 from .engines.vllm import logit_width
 from .loading import check_vocabularies, eos_ids
 from .locks import FairRLock
@@ -41,7 +42,7 @@ class ModelSet:
         *,
         device: torch.device | None = None,
         vision_cache_bytes: int = 256 * 2**20,
-        prefix_cache_bytes: int = 256 * 2**20,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_KV_BYTES,
         check_vocab: bool = True,
         drafter_comp: Any = None,
         drafter_full: Any = None,
@@ -49,7 +50,6 @@ class ModelSet:
         sd_drafter_tokenizer: Any = None,
     ):
         from vision_cache.features import VisionEncoder
-        from vision_cache.store import FeatureStore
 
         self.drafter = drafter.eval()
         self.processor = processor
@@ -68,9 +68,9 @@ class ModelSet:
         # one model call at a time across threads, in arrival order: set-up and decoding take turns at the models
         self.lock = FairRLock()
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
-        # KV cache of the drafter's full-view prompt up to and including the image, reused across questions about
-        # the same image (0 disables)
-        self.prefix_store = FeatureStore(max_bytes=prefix_cache_bytes)
+        # every stream's prompts (and finished answers), reused by any later request that starts the same way: the
+        # next turn of a conversation, another question about an image (0 disables)
+        self.prefix_kv = PrefixKV(prefix_cache_bytes)
         # read by each set-up, so replacing it on a live pipeline (``pipe.eos_ids = ...``) takes effect at the next request
         self.eos_ids: set[int] = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
 
@@ -108,4 +108,4 @@ class ModelSet:
         """A fresh verifier stream: on vLLM when the verifier is served there, else from ``engines``."""
         if hasattr(self.verifier, "engine"):
             return self.verifier.engine(name)
-        return engines.text(self.verifier, name)
+        return engines.text(self.verifier, name, prefix_kv=self.prefix_kv)

@@ -23,13 +23,14 @@ from .config import AsymSpecConfig
 from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
 from .engines import EngineFactory
+from .engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES
 from .errors import ContextOverflowError, EmptyQuestionError
 from .loading import check_backends, check_checkpoint, check_vocabularies, load_models, resolve_device
 from .locks import FairRLock
 from .models import ModelSet
 from .preparing import RequestPreparer, ServingPipeline
 from .prompts import Prompts, PromptStyle
-from .session import GenerationStream, MMResult, Session, session_result
+from .session import GenerationStream, MMResult, Session, remember_answer, session_result
 
 __all__ = [
     "AsymSpecPipeline",
@@ -82,7 +83,7 @@ class AsymSpecPipeline:
     sd_drafter = _Part("models", "SD's own text drafter, or ``None`` (the VL drafter on the compressed view).")
     device = _Part("models", "The drafter's device.")
     encoder = _Part("models", "The vision encoder with its feature cache (the tower runs once per distinct image).")
-    prefix_store = _Part("models", "The drafter's full-view prefix KV, reused across questions about one image.")
+    prefix_kv = _Part("models", "The KV of earlier prompts and answers, reused by requests that start the same way.")
     eos_ids = _Part("models", "The ids that end an answer (a request with ``ignore_eos`` uses none).")
     captioner = _Part("preparer", "Writes the compressed view's caption (default: the drafter).")
     engines = _Part("preparer", "The factory of single-row engines requests are prefilled on.")
@@ -98,7 +99,7 @@ class AsymSpecPipeline:
         *,
         device: torch.device | None = None,
         vision_cache_bytes: int = 256 * 2**20,
-        prefix_cache_bytes: int = 256 * 2**20,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_KV_BYTES,
         ocr: str | Any = "auto",
         ocr_layout: str = "plain",
         captioner: str | Any = "drafter",
@@ -331,7 +332,12 @@ class AsymSpecPipeline:
                 trace.extend(events)
                 yield events
 
-        return GenerationStream(decoded_steps(), lambda: self.result_of(session, counters, trace))
+        def finish() -> MMResult:
+            result = self.result_of(session, counters, trace)
+            remember_answer(self.prefix_kv, self.stream_models(session.method), session, result.token_ids, session.streams)
+            return result
+
+        return GenerationStream(decoded_steps(), finish)
 
     def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
         """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's."""

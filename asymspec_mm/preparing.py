@@ -22,6 +22,7 @@ from captioning.view import CompressedView
 from .config import AsymSpecConfig, check_method, resolve_config
 from .decode import StopFn
 from .engines import EngineFactory, PromptImages, TransformersEngines, model_device
+from .engines.prefix_kv import reuse_key
 from .errors import ContextOverflowError
 from .models import ModelSet
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 class ServingPipeline(Protocol):
     """What decoding prepared sessions on shared models needs: the models' lock, the drafter's tokenizer (token
-    texts), the prefix store, which model serves each stream, set-up, and a decoded session's result."""
+    texts), the KV kept for reuse, which model serves each stream, set-up, and a decoded session's result."""
 
     @property
     def models_lock(self) -> FairRLock: ...
@@ -46,7 +47,7 @@ class ServingPipeline(Protocol):
     def tokenizer(self) -> Any: ...
 
     @property
-    def prefix_store(self) -> Any: ...
+    def prefix_kv(self) -> Any: ...
 
     def stream_models(self, method: str) -> dict[str, Any]: ...
 
@@ -64,6 +65,22 @@ class ServingPipeline(Protocol):
         max_caption_chars: int | None = ...,
         on_phase: Callable[[str], None] | None = ...,
         prompt_style: PromptStyle | None = ...,
+        prefill: bool = ...,
+        **overrides: Any,
+    ) -> Session: ...
+
+    def prepare_chat(
+        self,
+        messages: Any,
+        caption: Any = ...,
+        ocr: Any = ...,
+        method: str = ...,
+        config: AsymSpecConfig | None = ...,
+        *,
+        engines: EngineFactory | None = ...,
+        ignore_eos: bool = ...,
+        text_compressor: TextCompressor | None = ...,
+        enable_thinking: bool = ...,
         prefill: bool = ...,
         **overrides: Any,
     ) -> Session: ...
@@ -225,6 +242,7 @@ class RequestPreparer:
         engines: EngineFactory | None = None,
         ignore_eos: bool = False,
         text_compressor: TextCompressor | None = None,
+        enable_thinking: bool = False,
         prefill: bool = True,
         **overrides: Any,
     ) -> Session:
@@ -233,7 +251,8 @@ class RequestPreparer:
 
         ``caption`` / ``ocr``: ``None`` produce them for every image (``ocr=False``: none), a string for the only
         image, or a list with one per image. ``text_compressor`` shortens long text parts in the compressed view
-        (e.g. :func:`~asymspec_mm.conversation.truncate`). The session's ``view`` is the last image's."""
+        (e.g. :func:`~asymspec_mm.conversation.truncate`); ``enable_thinking`` goes to the verifier's template (off by
+        default, as the paper's harness). The session's ``view`` is the last image's."""
         from vision_cache.image import load_image
 
         from .conversation import parse_messages, per_image, view_messages, view_texts
@@ -258,7 +277,9 @@ class RequestPreparer:
         vm = view_messages(
             turns, {i + 1: v.render() for i, v in enumerate(views)}, drafter_view=cfg.drafter_view, text_compressor=text_compressor
         )
-        prompts = tokenize_prompts(m.processor, m.verifier_tokenizer, images, view_texts(m.processor, m.verifier_tokenizer, vm))
+        prompts = tokenize_prompts(
+            m.processor, m.verifier_tokenizer, images, view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking)
+        )
         view = views[-1] if views else CompressedView()
         given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
         session = self._set_up(
@@ -286,27 +307,31 @@ class RequestPreparer:
     ) -> Session:
         """The set-up after the prompts (one request or a conversation): the context check, the streams (prefilled,
         or their prompts staged with ``prefill=False``), the set-up's statistics and the :class:`Session`."""
+        from vision_cache.image import image_content_hash
+
         m = self.models
         self._check_context(prompts, cfg, method)
         if on_phase is not None:
             on_phase("prefill")
         t_prefill = time.perf_counter()
         staged = m.staged_streams(method) if not prefill else ()
-        streams, pending = self._start(method, prompts, images, engines or self.engines, skip=staged)
-        to_prefill = self._stream_prompts(method, prompts, staged)
+        image_keys = tuple(image_content_hash(img) for img in images)
+        streams, pending = self._start(method, prompts, images, image_keys, engines or self.engines, skip=staged)
+        to_prefill = self._stream_prompts(method, prompts, image_keys, staged)
         prefill_s = time.perf_counter() - t_prefill
         tower_after, hits_after = m.encoder.thread_counts()
         stats = dict(
             vision_calls=tower_after - vision[0],
             vision_cache_hits=hits_after - vision[1],
             prefix_cache_hit=bool(getattr(streams.get("drafter_full"), "prefix_hit", False)),
+            cached_tokens={name: int(getattr(e, "cached_tokens", 0)) for name, e in streams.items()},
             caption_s=timings.get("caption_s", 0.0),
             ocr_s=timings.get("ocr_s", 0.0),
             ocr_engine=getattr(ocr_engine, "name", "given") if ocr is None or isinstance(ocr, str) else "off",
             prefill_s=prefill_s,
         )
         stops = stop_fn(m.tokenizer, cfg.stop_strings) if cfg.stop_strings else None
-        return Session(
+        session = Session(
             method,
             cfg,
             prompts,
@@ -320,6 +345,21 @@ class RequestPreparer:
             stats,
             to_prefill,
         )
+        session.reuse_keys = self._reuse_keys(method, prompts, image_keys)
+        return session
+
+    def _reuse_keys(self, method: str, p: Prompts, image_keys: tuple[str, ...]) -> dict[str, Any]:
+        """Each transformers stream's whole prompt as a reuse key ``[L]`` (what its answer is stored under later);
+        none when reuse is off."""
+        m = self.models
+        if not m.prefix_kv.max_bytes:
+            return {}
+        ids = m.stream_ids(method, p)
+        keys = {}
+        for name in m.staged_streams(method):
+            images = name == "drafter_full" and p.mm_token_type_ids is not None and bool(image_keys)
+            keys[name] = reuse_key(ids[name][0], p.mm_token_type_ids[0] if images else None, image_keys if images else ())
+        return keys
 
     def _check_context(self, prompts: Prompts, cfg: AsymSpecConfig, method: str) -> None:
         """Prompt + new tokens (+ K+1 speculative positions) must fit each model's context window."""
@@ -346,7 +386,7 @@ class RequestPreparer:
                     too_long="max_new_tokens" if length + cfg.k + 2 <= limit else "prompt",
                 )
 
-    def _stream_prompts(self, method: str, p: Prompts, names: tuple[str, ...]) -> dict[str, Any]:
+    def _stream_prompts(self, method: str, p: Prompts, image_keys: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Any]:
         """The :class:`~asymspec_mm.batch.prefill.StreamPrompt` of each stream in ``names`` (each ``prompt[:-1]``); the
         full view's image goes through the vision cache now (the tower runs on the set-up thread)."""
         if not names:
@@ -355,17 +395,21 @@ class RequestPreparer:
 
         m = self.models
         ids = m.stream_ids(method, p)
+        reuse = m.prefix_kv.max_bytes > 0
         text_only = p.pixel_values is None  # a conversation without images: the full view is text too
-        out = {name: text_prompt(ids[name][0, :-1]) for name in names if name != "drafter_full" or text_only}
+        out = {name: text_prompt(ids[name][0, :-1], reuse=reuse) for name in names if name != "drafter_full" or text_only}
         if "drafter_full" in names and not text_only:
             with m.lock:
                 features, _ = m.encoder.encode(p.pixel_values, p.image_grid_thw)
             merge = m.drafter.config.vision_config.spatial_merge_size
-            reuse = m.prefix_store is not None
-            out["drafter_full"] = image_prompt(ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, reuse=reuse)
+            out["drafter_full"] = image_prompt(
+                ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, image_keys=image_keys, reuse=reuse
+            )
         return out
 
-    def _start(self, method: str, p: Prompts, images: list, engines: EngineFactory, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    def _start(
+        self, method: str, p: Prompts, images: list, image_keys: tuple[str, ...], engines: EngineFactory, skip: tuple[str, ...] = ()
+    ) -> tuple[dict, dict]:
         """Prefill the streams ``method`` needs but ``skip`` (each caches ``prompt[:-1]``); return them and every
         stream's pending token.
 
@@ -382,17 +426,17 @@ class RequestPreparer:
                 if m.drafter_full is not None:  # on vLLM, which runs its own tower; its prefix cache keeps the KV
                     engine = m.drafter_full.vision_engine(name)
                 else:
-                    engine = engines.vision(model, name, encoder=m.encoder, prefix_store=m.prefix_store)
+                    engine = engines.vision(model, name, encoder=m.encoder, prefix_kv=m.prefix_kv)
                 if images:  # a conversation without images reads the full view as text
-                    args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0]),)
+                    args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0], image_keys),)
             elif name == "verifier":
                 engine = m.verifier_engine(engines)
             elif hasattr(model, "engine"):  # a served model (vLLM)
                 engine = model.engine(name)
             elif model is m.drafter:
-                engine = engines.vision(model, name)  # the drafter's text-only stream (rope delta 0)
+                engine = engines.vision(model, name, prefix_kv=m.prefix_kv)  # the drafter's text-only stream (rope delta 0)
             else:
-                engine = engines.text(model, name)
+                engine = engines.text(model, name, prefix_kv=m.prefix_kv)
             with m.lock:
                 engine.prefill(*args)
             streams[name] = engine

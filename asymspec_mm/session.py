@@ -80,6 +80,28 @@ class Session:
     #: streams set up but not prefilled (``prepare(..., prefill=False)``): their prompts, for batched chunked
     #: prefill (:class:`~asymspec_mm.batch.prefill.ChunkedPrefill`); ``streams`` holds the others
     to_prefill: dict[str, Any] = field(default_factory=dict)
+    #: each transformers stream's whole prompt as a reuse key ``[L]`` (:func:`~asymspec_mm.engines.prefix_kv.reuse_key`):
+    #: what the stream's context is stored under once the answer is known (:func:`remember_answer`)
+    reuse_keys: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, token_ids: list[int], contexts: dict[str, Any]) -> None:
+    """Store each stream's context after its answer, for the next turn of the conversation.
+
+    ``models``: stream -> model; ``contexts``: stream -> anything with a single-row ``cache`` and ``length`` (an
+    engine, a detached row). A stream's first ``L + n - 1`` positions (prompt ``L``, answer ``n``) hold exactly the
+    prompt and the answer but its last token: every one of them was forwarded and kept; whatever a stream holds
+    past them (drafts of a step that ended the answer) is not stored.
+    """
+    from .engines.pieces import remember
+
+    answer = torch.tensor(token_ids, dtype=torch.long)
+    for name, key in session.reuse_keys.items():
+        context = contexts.get(name)
+        if context is None or getattr(context, "cache", None) is None:
+            continue
+        full = torch.cat([key, answer])
+        remember(prefix_kv, models[name], full, context.cache, min(int(context.length), key.numel() + len(token_ids) - 1))
 
 
 class GenerationStream(Iterator[list[TokenEvent]]):

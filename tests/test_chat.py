@@ -45,7 +45,7 @@ def _reference(pipe, method: str, img1, img2, views: tuple[str, str]) -> list[in
     processor over both images, every stream prefilled directly (no preparer), then the one decoder."""
     proc, tok = pipe.processor, pipe.verifier_tokenizer
     u1 = f"{views[0]}\n\nWhat is the largest bar?"
-    u2 = f"Compare with this one:\n\n[Image 2]\n{views[1]}"
+    u2 = f"[Image 2]\n{views[1]}\n\nCompare with this one:"  # a message's images first, wherever it puts them
     plain = [
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": u1},

@@ -12,8 +12,7 @@ from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.batch.prefill import ChunkedPrefill
-from asymspec_mm.engines import TextEngine, VLEngine
-from vision_cache.store import FeatureStore
+from asymspec_mm.engines import PrefixKV, TextEngine, VLEngine
 
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)
 
@@ -38,34 +37,38 @@ def _prefill_all(stage: ChunkedPrefill) -> tuple[dict, int]:
         ready = stage.step()
         calls += 1
         if len(ready) == len(stage):
-            return {rid: stage.take(rid) for rid in ready}, calls
+            prompts = {rid: stage.prompts(rid) for rid in ready}
+            return {rid: (stage.take(rid)[0], prompts[rid]) for rid in ready}, calls
 
 
 @pytest.mark.parametrize("chunk", [3, 17, 4096])
 def test_chunked_prefill_equals_single_row_prefill(tiny_pipe, chunk):
     """Rows of different lengths and images, prefilled together with pieces of ``chunk`` tokens: every stream's KV,
     length, rope delta and next-token logits equal the single-row prefill of that request; a second pass over the
-    same images starts from the prefix store and still equals it."""
+    same requests starts from their stored prompts (nothing left to forward) and still equals it."""
     seeds = [11, 12, 13]
     single = [tiny_pipe.prepare(**_kwargs(s), config=CFG) for s in seeds]
     staged = [tiny_pipe.prepare(**_kwargs(s), config=CFG, prefill=False) for s in seeds]
     assert all(not s.streams and set(s.to_prefill) == {"drafter_full", "drafter_comp", "verifier"} for s in staged)
     lengths = {s.to_prefill["drafter_full"].ids.numel() for s in staged}
     assert len(lengths) == len(seeds)  # ragged rows
-    store = FeatureStore(max_bytes=2**30)
+    store = PrefixKV(2**30)
     for attempt in ("miss", "hit"):
-        stage = ChunkedPrefill(tiny_pipe.stream_models("asymspec"), chunk_tokens=chunk, prefix_store=store)
+        stage = ChunkedPrefill(tiny_pipe.stream_models("asymspec"), chunk_tokens=chunk, prefix_kv=store)
         for i, s in enumerate(staged):
             stage.add(i, {n: _fresh(p) for n, p in s.to_prefill.items()})
         rows, calls = _prefill_all(stage)
         longest = max(p.ids.numel() for s in staged for p in s.to_prefill.values())
-        if chunk < longest:
+        if attempt == "hit":
+            assert calls == 1 and stage.forwards == 0 and stage.tokens == 0
+        elif chunk < longest:
             assert calls >= -(-longest // chunk)
-        else:  # one forward a stream, the full view's first piece ending where its reusable prefix does
-            assert calls == (2 if attempt == "miss" else 1)
+        else:  # one forward a stream
+            assert calls == 1 and stage.forwards == 3
         for i, (ref, s) in enumerate(zip(single, staged)):
-            contexts, hit, _ = rows[i]
-            assert hit == (attempt == "hit")
+            contexts, prompts = rows[i]
+            for name, prompt in prompts.items():
+                assert prompt.cached == (prompt.ids.numel() if attempt == "hit" else 0), (name, attempt)
             for name, ctx in contexts.items():
                 want = ref.streams[name]
                 assert ctx.length == want.length, (name, attempt)
@@ -85,7 +88,7 @@ def _fresh(prompt):
     """A copy of a stream prompt with nothing prefilled (one prompt is prefilled once per stage)."""
     from dataclasses import replace
 
-    return replace(prompt, done=0)
+    return replace(prompt, done=0, cached=0)
 
 
 def test_a_budget_splits_a_long_prompt_and_shares_a_forward(tiny_pipe):

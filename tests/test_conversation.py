@@ -39,11 +39,14 @@ def _conversation():
     ]
 
 
-def test_one_user_message_is_todays_prompt(standin_pipe):
-    """[image, question] renders to the single-request prompt strings of every stream, character for character."""
+@pytest.mark.parametrize("question_first", [False, True])
+def test_one_user_message_is_todays_prompt(standin_pipe, question_first):
+    """[image, question] (or [question, image]) renders to the single-request prompt strings of every stream,
+    character for character."""
     proc, tok = standin_pipe.processor, standin_pipe.verifier_tokenizer
     q = "Which bar is tallest?"
-    vm = view_messages(parse_messages([_user(_image(make_image(1)), _text(q))]), {1: VIEW_1})
+    parts = [_image(make_image(1)), _text(q)]
+    vm = view_messages(parse_messages([_user(*(parts[::-1] if question_first else parts))]), {1: VIEW_1})
     want_v, want_c, want_f = chat_texts(proc, tok, default_user_texts(VIEW_1, q))
     assert tok.apply_chat_template(vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=False) == want_v
     assert proc.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True) == want_c
@@ -60,7 +63,7 @@ def test_a_conversation_renders_the_documented_layout_token_for_token(standin_pi
     turns = parse_messages(_conversation())
     assert [p.index for t in turns for p in t.images] == [1, 2]
     vm = view_messages(turns, {1: VIEW_1, 2: VIEW_2})
-    second = "And this one?\n\n[Image 2]\n" + VIEW_2 + "\n\nNotes: " + "x" * 50
+    second = "[Image 2]\n" + VIEW_2 + "\n\nAnd this one?\n\nNotes: " + "x" * 50  # the message's image first
     want = [
         {"role": "system", "content": "You answer questions about charts."},
         {"role": "user", "content": VIEW_1 + "\n\nWhich bar is tallest?"},

@@ -11,6 +11,7 @@ from reference import Reference
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.engines import TextEngine, VLEngine
+from vision_cache.image import image_content_hash
 from vision_cache.positions import extension_positions, mrope_positions
 
 
@@ -178,11 +179,11 @@ def test_prefix_kv_reuse_equals_fresh_prefill(tiny_dirs):
         # Logit-level equality of the reused stream against a no-cache forward.
         p = reused.prompts
         features, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
-        eng = VLEngine(pipe.drafter)
-        eng.prefill_features(
-            p.drafter_full_ids[0], p.mm_token_type_ids[0], features, prefix_store=pipe.prefix_store, prefix_key=features.key
-        )
-        assert eng.prefix_hit
+        eng = VLEngine(pipe.drafter, prefix_kv=pipe.prefix_kv)
+        keys = (image_content_hash(img),)
+        eng.prefill_features(p.drafter_full_ids[0], p.mm_token_type_ids[0], features, keys)
+        # the whole prompt and the answer were stored: even the prompt's last token (its answer's first input) is reused
+        assert eng.prefix_hit and eng.cached_tokens == p.drafter_full_ids.shape[1]
         got = eng.extend(torch.tensor([40, 41]))
         want = Reference(pipe, p).drafter_full([40, 41])[-2:]
         assert torch.allclose(got, want, atol=1e-5)

@@ -61,7 +61,8 @@ def test_tokens_forwarded_exact_counts(tiny_pipe):
     next step's first forward; a last one may stay pending) and K+1 on the others."""
     k = 3
     case = make_case(7)
-    image = make_image(7007)  # an image no other test shows this pipeline: no prefix-KV reuse
+    image = make_image(7007)  # an image no other test shows this pipeline
+    tiny_pipe.prefix_kv.clear()  # and no earlier request's text to reuse either
     res = tiny_pipe.generate(
         image, case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(k=k, max_new_tokens=15)
     )
@@ -69,17 +70,21 @@ def test_tokens_forwarded_exact_counts(tiny_pipe):
     assert not s["prefix_cache_hit"]
     full_steps = s["accepted_per_position"][k - 1]  # steps whose K drafts were all accepted
     assert 0 < full_steps < s["steps"]
+    # nothing stored before this request, but its full view is stored before its compressed view is prefilled on
+    # the same drafter: the two prompts' common opening (the template's tokens before the image) is reused
+    shared = next(i for i, (a, b) in enumerate(zip(p.drafter_full_ids[0].tolist(), p.drafter_comp_ids[0].tolist())) if a != b)
+    assert s["cached_tokens"] == {"drafter_full": 0, "drafter_comp": shared, "verifier": 0} and shared > 0
     assert s["prefill_tokens"] == {
         "drafter_full": p.drafter_full_ids.shape[1] - 1,
-        "drafter_comp": p.drafter_comp_ids.shape[1] - 1,
+        "drafter_comp": p.drafter_comp_ids.shape[1] - 1 - shared,
         "verifier": p.verifier_ids.shape[1] - 1,
     }
     fw = s["tokens_forwarded"]
     assert s["deferred_draft_at_end"] in (0, 1)
     assert fw["drafter_full"] == s["prefill_tokens"]["drafter_full"] + k * s["steps"] + full_steps - s["deferred_draft_at_end"]
     # the carried d_K shares a forward with the next pending token: one call per drafted position, never more
-    # prefill: up to the image (kept for prefix reuse), then the text after it; then K calls per step
-    assert s["forward_calls"]["drafter_full"] == 2 + k * s["steps"]
+    # prefill: one call; then K calls per step
+    assert s["forward_calls"]["drafter_full"] == 1 + k * s["steps"]
     assert fw["drafter_comp"] == s["prefill_tokens"]["drafter_comp"] + (k + 1) * s["steps"]
     assert fw["verifier"] == s["prefill_tokens"]["verifier"] + (k + 1) * s["steps"]
     assert s["drafted"] == k * s["steps"]

@@ -139,7 +139,7 @@ def server(workdir):
 
 
 def test_the_openai_client_example_runs(server, workdir, tiny):
-    code = block_with("python", "from openai import OpenAI").replace("http://127.0.0.1:8000", server)
+    code = block_with("python", 'return_trace": True').replace("http://127.0.0.1:8000", server)
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from asymspec_mm import mathvista_question
@@ -170,3 +170,34 @@ def test_the_curl_example_streams_the_answer(server, workdir, tiny):
     )
     assert text == expected.text
     assert minivista_chart_is_answered(text)  # the text MiniVista renders: the pair reads it right
+
+
+def test_the_conversation_example_equals_pipe_chat(server, workdir, tiny):
+    """The README's three-turn conversation through the server: each answer and prompt length equal ``pipe.chat`` of
+    the same messages, and the later turns reuse the earlier ones' KV (``cached_tokens``)."""
+    import ast
+
+    from PIL import Image
+
+    code = block_with("python", "prompt_tokens_details.cached_tokens").replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [line.rsplit(" ", 2) for line in proc.stdout.splitlines()]
+    assert len(printed) == 3
+    chart = Image.open(REPO / "examples" / "chart.png")
+    messages: list = [{"role": "system", "content": "Answer briefly."}]
+    turns = ([{"type": "image", "image": chart}, {"type": "text", "text": "Which bar is the tallest?"}], "And which is the shortest?")
+    for turn, (answer, prompt_tokens, _cached) in zip((*turns, "How many bars are there?"), printed):
+        messages.append({"role": "user", "content": turn})
+        want = tiny.chat(messages, ocr=False, max_new_tokens=24)
+        assert ast.literal_eval(answer) == want.text and int(prompt_tokens) == want.prompts.verifier_ids.shape[1]
+        messages.append({"role": "assistant", "content": want.text})
+    assert int(printed[1][2]) > int(printed[0][2]) and int(printed[2][2]) > int(printed[0][2])
+
+
+def test_the_smolagents_example_runs(server, workdir):
+    pytest.importorskip("smolagents")
+    code = block_with("python", "from smolagents import CodeAgent").replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("steps") and int(proc.stdout.split()[-2]) >= 3  # the task and at least two steps

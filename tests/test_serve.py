@@ -46,9 +46,10 @@ def data_url(img) -> str:
 
 
 def user_message(text: str, url: str | None) -> dict:
+    """One user message: the image first, then the question (the layout in which it equals ``pipe.generate``)."""
     parts: list[dict] = [{"type": "text", "text": text}]
     if url is not None:
-        parts.append({"type": "image_url", "image_url": {"url": url}})
+        parts.insert(0, {"type": "image_url", "image_url": {"url": url}})
     return {"role": "user", "content": parts}
 
 
@@ -278,11 +279,14 @@ def test_text_deltas_hold_back_partial_characters_and_stop_prefixes(pipe):
     assert pieces[-1] == ""  # nothing of the stop string's prefix ("d", "do", "don") was sent early
 
 
-def test_system_message_is_folded_into_the_question(pipe, client):
+def test_system_message_is_a_system_turn(pipe, client):
     case = make_case(6)
     system = "Answer briefly."
-    ref = pipe.generate(
-        case["image"], f"{system}\n\n{case['question']}", caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(max_new_tokens=8)
+    ref = pipe.chat(
+        [{"role": "system", "content": system}, {"role": "user", "content": [{"type": "image", "image": case["image"]}, case["question"]]}],
+        caption=case["caption"],
+        ocr=case["ocr"],
+        config=AsymSpecConfig(max_new_tokens=8),
     )
     resp = client.chat.completions.create(
         model="tiny",
@@ -461,10 +465,31 @@ BAD_REQUESTS = {
     "empty_text": (_with_content(_text_part("   "), _image_part(data_url(make_case(9)["image"]))), "empty", "messages[0].content"),
     "no_text": (_with_content(_image_part(data_url(make_case(9)["image"]))), "empty", "messages[0].content"),
     "no_image": (_with_content(_text_part()), "no image", "messages[0].content"),
-    "two_images": (
-        _with_content(_text_part(), _image_part(data_url(make_case(9)["image"])), _image_part(data_url(make_case(9)["image"]))),
-        "at most one image",
-        "messages[0].content[2].image_url",
+    "too_many_images": (
+        _with_content(_text_part(), *[_image_part(data_url(make_case(9)["image"]))] * 9),
+        "more than 8 images",
+        "messages[0].content[9].image_url",
+    ),
+    "image_in_assistant": (
+        _case_body(
+            messages=[
+                user_message("hi", data_url(make_case(9)["image"])),
+                {"role": "assistant", "content": [_image_part(data_url(make_case(9)["image"]))]},
+                user_message("and now?", None),
+            ]
+        ),
+        "images go in user messages only",
+        "messages[1].content[0]",
+    ),
+    "tool_message": (
+        _case_body(messages=[user_message("hi", data_url(make_case(9)["image"])), {"role": "tool", "content": "42", "tool_call_id": "x"}]),
+        "not supported yet",
+        "messages[1]",
+    ),
+    "bad_template_kwargs": (
+        _case_body(chat_template_kwargs={"add_vision_id": True}),
+        "only enable_thinking",
+        "chat_template_kwargs.add_vision_id",
     ),
     "audio_part": (_with_content(_text_part(), {"type": "input_audio", "input_audio": {}}), "'input_audio'", "messages[0].content[1].type"),
     "unknown_option": (_case_body(asymspec={"kk": 3}), "unknown AsymSpec option(s) kk", "asymspec.kk"),
@@ -482,10 +507,10 @@ BAD_REQUESTS = {
     "logprobs": (_case_body(logprobs=True), "return_trace", "logprobs"),
     "tools": (_case_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tool calling is not supported", "tools"),
     "tool_choice": (_case_body(tool_choice="required"), "tool calling is not supported", "tool_choice"),
-    "assistant_turn": (
+    "assistant_last": (
         _case_body(messages=[user_message("hi", data_url(make_case(9)["image"])), {"role": "assistant", "content": "hello"}]),
-        "earlier turns are not supported",
-        "messages[1]",
+        "not the user's",
+        "messages",
     ),
     "no_messages": (_case_body(messages=[]), "non-empty list", "messages"),
     "invalid_json": (_raw('{"messages": [}'), "not valid JSON", None),
@@ -573,7 +598,7 @@ def test_api_key(strict):
 
 def test_body_over_the_limit_gets_413(strict):
     big = body_of(make_case(10), max_tokens=2)
-    big["messages"][0]["content"][1]["image_url"]["url"] = "data:image/png;base64," + base64.b64encode(os.urandom(80_000)).decode()
+    big["messages"][0]["content"][0]["image_url"]["url"] = "data:image/png;base64," + base64.b64encode(os.urandom(80_000)).decode()
     r = httpx.post(strict.url + CHAT, json=big, headers=strict.auth, timeout=60)
     assert r.status_code == 413 and "--max-request-mb" in r.json()["error"]["message"], r.text
     good_request(strict.url, strict.auth)
@@ -688,8 +713,11 @@ def test_cli_options_parse():
             "3",
             "--max-request-mb",
             "1.5",
+            "--max-images",
+            "2",
         ]
     )
+    assert args.max_images == 2
     assert (args.host, args.port, args.max_batch_size, args.api_key, args.max_queue, args.max_request_mb) == (
         "127.0.0.1",
         0,
@@ -706,8 +734,9 @@ def test_cli_options_parse():
         "max_batch_size": serve_app.DEFAULT_MAX_BATCH_SIZE,
         "max_queue": serve_app.DEFAULT_MAX_QUEUE,
         "max_request_mb": serve_app.DEFAULT_MAX_REQUEST_MB,
+        "max_images": serve_app.DEFAULT_MAX_IMAGES,
     }
-    for bad in (["--max-batch-size", "0"], ["--max-request-mb", "nan"], ["--max-queue", "x"]):
+    for bad in (["--max-batch-size", "0"], ["--max-request-mb", "nan"], ["--max-queue", "x"], ["--max-images", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", *bad])
 

@@ -24,6 +24,7 @@ from ..config import AsymSpecConfig
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
 from ..engines import default_row_storage
 from ..errors import UnknownOptionError
+from ..session import remember_answer
 from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ class BatchDecoder(RowDecoder):
         super().__init__(method, config, built, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
         self.pipe = pipe
         self.key = batch_key(method, self.cfg)
-        self.arriving = ChunkedPrefill(models, chunk_tokens=prefill_chunk_tokens, prefix_store=pipe.prefix_store, lock=pipe.models_lock)
+        self.models = models
+        self.arriving = ChunkedPrefill(models, chunk_tokens=prefill_chunk_tokens, prefix_kv=pipe.prefix_kv, lock=pipe.models_lock)
 
     def add(self, rid: int, session: Session) -> Row | None:
         """Let a prepared request join (all or nothing, see :meth:`RowDecoder.join`); a session with streams still to
@@ -103,8 +105,13 @@ class BatchDecoder(RowDecoder):
             return []
         joined = []
         for rid in self.arriving.step():
-            streams, hit, (session, final, t0) = self.arriving.take(rid)
-            session.stats.update(prefix_cache_hit=hit or session.stats.get("prefix_cache_hit", False))
+            prompts = self.arriving.prompts(rid)
+            streams, (session, final, t0) = self.arriving.take(rid)
+            full = prompts.get("drafter_full")
+            session.stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or session.stats.get(
+                "prefix_cache_hit", False
+            )
+            session.stats.setdefault("cached_tokens", {}).update({name: p.cached for name, p in prompts.items()})
             session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
             joined.append(self._join_session(rid, session, streams, final))
         return joined
@@ -157,8 +164,11 @@ class BatchDecoder(RowDecoder):
         return sorted({name for s in sessions for name in s.to_prefill})
 
     def finish(self, row: Row) -> None:
-        """The row's :class:`MMResult` (with the batch's statistics), then its slots are freed."""
+        """The row's :class:`MMResult` (with the batch's statistics), its context stored for the conversation's next
+        turn (storages that can hand a row out), then its slots are freed."""
         row.result = self.pipe.result_of(row.session, row.counters, row.trace)
+        contexts = {name: e.detach(row.id) for name, e in self.engines.items() if hasattr(e, "detach") and name in row.session.reuse_keys}
+        remember_answer(self.pipe.prefix_kv, self.models, row.session, row.result.token_ids, contexts)
         row.result.stats["batch_size"] = row.max_batch
         row.result.stats["kv_bytes"] = {name: engine.kv_bytes(row.id) for name, engine in self.engines.items()}
         # the calls of the steps this row took part in, shared with the rows beside it

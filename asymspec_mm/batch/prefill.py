@@ -10,9 +10,10 @@ calls the decoder steps its live rows, so admission costs them one bounded forwa
 set-up. A row whose prompts are all in leaves the staging engines as :class:`~asymspec_mm.engines.rows.RowContext`
 objects, which the decoder's row storage joins.
 
-The full view keeps what single-row prefill does: the image pads take the cached vision embeddings, positions are
-the prompt's 3D M-RoPE positions, and the prefix store's KV of the prompt through the image is reused on a hit
-(the row starts from it) and stored on a miss (a piece ends exactly there, so the snapshot is that prefix).
+The full view keeps what single-row prefill does: the image pads take the cached vision embeddings and positions
+are the prompt's 3D M-RoPE positions. Every stream starts from the longest prefix of its prompt stored for reuse
+(:mod:`asymspec_mm.engines.prefix_kv`: an earlier turn of the conversation, another question about the image) and
+stores its whole prompt when it is in, as single-row prefill does.
 """
 
 from __future__ import annotations
@@ -21,81 +22,19 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from ..engines.pieces import StreamPrompt, image_prompt, remember, start_context, text_prompt
+from ..engines.prefix_kv import PrefixKV
+from ..engines.rows import BatchEngine
 
-from vision_cache.features import VisionFeatures
-from vision_cache.positions import mrope_positions
-
-from ..engines import prefix_split, prefix_store_key
-from ..engines.rows import BatchEngine, PrefillChunk, RowContext
+__all__ = ["DEFAULT_CHUNK_TOKENS", "ChunkedPrefill", "StreamPrompt", "image_prompt", "text_prompt"]
 
 #: Tokens per staging forward (each stream) unless a scheduler says otherwise.
 DEFAULT_CHUNK_TOKENS = 512
 
 
 @dataclass
-class StreamPrompt:
-    """One stream's prompt to prefill, and how far it got.
-
-    ids: ``[L]``; positions: ``[3, L]`` (the full view's M-RoPE positions; ``None`` on a text stream); image_embeds
-    ``[P, hidden]`` / deepstack (``[P, hidden]`` per layer): the embeddings of the prompt's ``P`` image pads, in order;
-    pads_before: ``[L + 1]``, image pads among ``ids[:i]``; split / key: the prefix store's share of the prompt and
-    its key (split 0: no reuse). ``done``: tokens prefilled so far.
-    """
-
-    ids: torch.Tensor
-    positions: torch.Tensor | None = None
-    rope_delta: int = 0
-    image_embeds: torch.Tensor | None = None
-    deepstack: tuple[torch.Tensor, ...] = ()
-    pads_before: torch.Tensor | None = None
-    split: int = 0
-    key: str = ""
-    done: int = 0
-
-    @property
-    def left(self) -> int:
-        return int(self.ids.numel()) - self.done
-
-    def piece(self, n: int) -> PrefillChunk:
-        """The next ``n`` tokens as a :class:`PrefillChunk` (with their positions and image embeddings)."""
-        a, b = self.done, self.done + n
-        if self.positions is None:
-            return PrefillChunk(self.ids[a:b])
-        p, q = int(self.pads_before[a]), int(self.pads_before[b])
-        deep = tuple(layer[p:q] for layer in self.deepstack)
-        return PrefillChunk(self.ids[a:b], self.positions[:, a:b], self.image_embeds[p:q], deep)
-
-
-def text_prompt(ids: torch.Tensor) -> StreamPrompt:
-    """A text stream's prompt: ``ids`` ``[L]``."""
-    return StreamPrompt(ids.reshape(-1))
-
-
-def image_prompt(ids: torch.Tensor, mm_token_type_ids: torch.Tensor, features: VisionFeatures, merge: int, *, reuse: bool) -> StreamPrompt:
-    """The full view's prompt ``ids`` ``[L]`` about ``features`` (``mm_token_type_ids`` ``[>= L]``, 1 at image pads;
-    ``merge``: the vision config's spatial merge size); ``reuse``: whether the prefix store serves it."""
-    ids = ids.reshape(-1)
-    types = mm_token_type_ids.reshape(-1)[: ids.numel()]
-    positions, delta = mrope_positions(types, features.image_grid_thw, merge)
-    pads_before = torch.cat([torch.zeros(1, dtype=torch.long), (types == 1).long().cumsum(0)])
-    split = prefix_split(types, ids.numel()) if reuse else 0
-    return StreamPrompt(
-        ids,
-        positions,
-        delta,
-        torch.cat(features.embeds),
-        tuple(torch.cat(layer) for layer in features.deepstack),
-        pads_before,
-        split,
-        prefix_store_key(features.key, ids, split) if split else "",
-    )
-
-
-@dataclass
 class _Arriving:
     prompts: dict[str, StreamPrompt]
-    prefix_hit: bool = False
     forwards: int = 0
     extra: Any = None  # the caller's (the decoder keeps the row's session here)
     streams: dict[str, Any] = field(default_factory=dict)  # streams prefilled elsewhere (joined as they are)
@@ -104,15 +43,15 @@ class _Arriving:
 class ChunkedPrefill:
     """Prefills arriving rows of ``models`` (stream name -> model) in batched, chunked forwards (module docstring).
 
-    ``lock`` is held around each forward (the models are shared); ``prefix_store`` (a
-    :class:`vision_cache.store.FeatureStore`) serves the ``drafter_full`` stream's prompts through the image.
+    ``lock`` is held around each forward (the models are shared); ``prefix_kv`` (a
+    :class:`~asymspec_mm.engines.prefix_kv.PrefixKV`) serves every stream's prompt prefix and keeps its prompt.
     """
 
-    def __init__(self, models: dict[str, Any], *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, prefix_store=None, lock=None):
+    def __init__(self, models: dict[str, Any], *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, prefix_kv: PrefixKV | None = None, lock=None):
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an integer >= 1")
         self.chunk_tokens = chunk_tokens
-        self.prefix_store = prefix_store
+        self.prefix_kv = prefix_kv
         self.lock = lock if lock is not None else nullcontext()
         self._models = models
         self._staging: dict[str, BatchEngine] = {}
@@ -135,13 +74,7 @@ class ChunkedPrefill:
         joined = []
         try:
             for name, prompt in prompts.items():
-                start = RowContext(None, 0, prompt.rope_delta)
-                if prompt.split and self.prefix_store is not None:
-                    snapshot = self.prefix_store.get(prompt.key)
-                    if snapshot is not None:
-                        start = RowContext(snapshot, prompt.split, prompt.rope_delta)
-                        prompt.done, row.prefix_hit = prompt.split, True
-                self._engine(name).join(rid, start)
+                self._engine(name).join(rid, start_context(self.prefix_kv, self._models[name], prompt))
                 joined.append(name)
         except BaseException:
             for name in joined:
@@ -163,7 +96,7 @@ class ChunkedPrefill:
         return [rid for rid, row in self.rows.items() if not any(p.left for p in row.prompts.values())]
 
     def _forward(self, name: str) -> None:
-        budget, pieces, snapshots = self.chunk_tokens, {}, []
+        budget, pieces = self.chunk_tokens, {}
         for rid, row in self.rows.items():  # first come, first served
             prompt = row.prompts.get(name)
             if prompt is None or not prompt.left:
@@ -171,10 +104,6 @@ class ChunkedPrefill:
             if budget <= 0:
                 break
             n = min(budget, prompt.left)
-            if self.prefix_store is not None and prompt.done < prompt.split:
-                n = min(n, prompt.split - prompt.done)  # a piece ends where the reusable prefix does
-                if prompt.done + n == prompt.split:
-                    snapshots.append((rid, prompt))
             pieces[rid] = (prompt, n)
             budget -= n
         engine = self._engine(name)
@@ -185,17 +114,21 @@ class ChunkedPrefill:
             prompt.done += n
             self.tokens += n
             self.rows[rid].forwards += 1
-        for rid, prompt in snapshots:
-            self.prefix_store.put(prompt.key, engine.detach(rid).cache)
 
-    def take(self, rid: int) -> tuple[dict[str, Any], bool, Any]:
-        """Row ``rid`` leaves the prefill: ``({stream: RowContext or its prefilled stream}, prefix hit, extra)``."""
+    def take(self, rid: int) -> tuple[dict[str, Any], Any]:
+        """Row ``rid`` leaves the prefill (its prompts stored for reuse): ``({stream: RowContext or its prefilled
+        stream}, extra)``; each :class:`StreamPrompt` says how much of it was reused (``cached``)."""
         row = self.rows.pop(rid)
         out = dict(row.streams)
-        for name in row.prompts:
-            out[name] = self._staging[name].detach(rid)
+        for name, prompt in row.prompts.items():
+            out[name] = context = self._staging[name].detach(rid)
             self._staging[name].leave(rid)
-        return out, row.prefix_hit, row.extra
+            remember(self.prefix_kv, self._models[name], prompt.key, context.cache, context.length)
+        return out, row.extra
+
+    def prompts(self, rid: int) -> dict[str, StreamPrompt]:
+        """Row ``rid``'s prompts being prefilled."""
+        return self.rows[rid].prompts
 
     def remove(self, rid: int) -> None:
         """Drop row ``rid`` before its prompts are in (a cancelled request, a failed forward)."""

@@ -170,6 +170,7 @@ class _Waiting:
     method: str
     config: AsymSpecConfig
     ignore_eos: bool = False
+    chat: dict[str, Any] | None = None  # a conversation: pipe.prepare_chat's messages and options, instead of (image, question)
     key: tuple = field(init=False)
 
     def __post_init__(self) -> None:
@@ -238,6 +239,29 @@ class Scheduler:
         ``ignore_eos`` decodes to the token budget (as :meth:`AsymSpecPipeline.prepare`'s)."""
         check_method(method)
         cfg = resolve_config(config, overrides)
+        return self._enqueue(lambda handle: _Waiting(handle, image, question, caption, ocr, method, cfg, ignore_eos))
+
+    def submit_chat(
+        self,
+        messages,
+        *,
+        caption=None,
+        ocr=None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        ignore_eos: bool = False,
+        text_compressor=None,
+        enable_thinking: bool = False,
+        **overrides,
+    ) -> Handle:
+        """Queue a conversation (OpenAI-format ``messages``, as :meth:`AsymSpecPipeline.chat`: ``caption`` / ``ocr``
+        one per image); bad options raise here. Returns its :class:`Handle`."""
+        check_method(method)
+        cfg = resolve_config(config, overrides)
+        chat = {"messages": messages, "text_compressor": text_compressor, "enable_thinking": enable_thinking}
+        return self._enqueue(lambda handle: _Waiting(handle, None, "", caption, ocr, method, cfg, ignore_eos, chat=chat))
+
+    def _enqueue(self, make: Callable[[Handle], _Waiting]) -> Handle:
         with self._cond:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
@@ -249,7 +273,7 @@ class Scheduler:
                 )
             handle = Handle(self, next(self._ids))
             self._handles[handle.id] = handle
-            self._waiting.append(_Waiting(handle, image, question, caption, ocr, method, cfg, ignore_eos))
+            self._waiting.append(make(handle))
             self._cond.notify_all()
         return handle
 
@@ -327,16 +351,11 @@ class Scheduler:
             self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
         else:
             try:
-                session = self.pipe.prepare(
-                    w.image,
-                    w.question,
-                    caption=w.caption,
-                    ocr=w.ocr,
-                    method=w.method,
-                    config=w.config,
-                    ignore_eos=w.ignore_eos,
-                    prefill=False,
-                )
+                common = dict(caption=w.caption, ocr=w.ocr, method=w.method, config=w.config, ignore_eos=w.ignore_eos, prefill=False)
+                if w.chat is not None:
+                    session = self.pipe.prepare_chat(**w.chat, **common)
+                else:
+                    session = self.pipe.prepare(w.image, w.question, **common)
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                 self._drop(w.handle, exc)
         with self._cond:

@@ -68,7 +68,7 @@ def measure_stall(
     stamps: list[float] = []
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
-    with Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
+    with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
             live["image"],

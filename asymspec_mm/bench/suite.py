@@ -101,11 +101,12 @@ def run_bench(
         from ..errors import UnknownOptionError
 
         raise UnknownOptionError(f"batch_cases={batch_cases} must be >= 1")
-    with _torch_threads(threads):
+    with _torch_threads(threads), contextlib.ExitStack() as scratch:
         if pipeline is not None:
             bp = BenchPair(pipeline, pair, getattr(pipeline, "name", pair), trained=pair not in ("random-tiny",) and "random" not in pair)
         else:
             bp = load_pair(pair, drafter=drafter, verifier=verifier, device=device, dtype=dtype, workdir=workdir, sd_drafter=sd_drafter)
+        scratch.enter_context(bp.pipe.prefix_kv.paused())  # every repetition prefills from scratch: KV reuse has its own bench
         dev = bp.device
         real = pair.startswith("real-shapes")
         if prefill == "auto":

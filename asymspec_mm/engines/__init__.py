@@ -3,6 +3,8 @@
 - :mod:`.single`: one KV-cached stream each (the :class:`Engine` protocol, :class:`TextEngine`, :class:`VLEngine`,
   their static-cache variants, :class:`PromptImages`, the :class:`EngineFactory` protocol and its
   :class:`TransformersEngines` / :class:`StaticEngines`); what ``pipe.prepare`` prefills a single request on.
+- :mod:`.prefix_kv`: :class:`PrefixKV`, KV reuse across requests (a radix tree of prompt keys per model);
+  :mod:`.pieces`: a prompt's prefill pieces and where a prefill starts from it.
 - :mod:`.rows`: :class:`~.rows.BatchEngine`, rows of one model in one growing KV cache (holes, compaction,
   ragged prefill pieces), :class:`~.rows.RowContext` (one row's KV between storages) and its KV bound.
 - :mod:`.static_rows`: :class:`~.static_rows.StaticBatchEngine`, rows in preallocated slots (the GPU fast path,
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .pieces import prefix_split
+from .prefix_kv import PrefixKV
 from .single import (
     Engine,
     EngineFactory,
@@ -29,8 +33,6 @@ from .single import (
     TransformersEngines,
     VLEngine,
     model_device,
-    prefix_split,
-    prefix_store_key,
 )
 
 __all__ = [
@@ -45,8 +47,8 @@ __all__ = [
     "VLEngine",
     "default_row_storage",
     "model_device",
+    "PrefixKV",
     "prefix_split",
-    "prefix_store_key",
 ]
 
 

@@ -22,11 +22,10 @@ several rows in one ragged forward (image embeddings and M-RoPE positions per ro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from .pieces import PrefillChunk, RowContext, vision_inputs
 from .single import model_device
 
 
@@ -47,50 +46,6 @@ def _layer_kv(cache, i: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``length`` positions of layer ``i`` of a single-row cache (dynamic, or static up to its length)."""
     layer = cache.layers[i]
     return layer.keys[..., :length, :], layer.values[..., :length, :]
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """A piece of one row's prompt for :meth:`BatchEngine.prefill`.
-
-    ids: ``[n]``; positions: ``[3, n]`` M-RoPE positions (a piece of a prompt with an image), ``None``: the row's
-    length + i + rope delta, as :meth:`BatchEngine.extend`; image_embeds ``[m, hidden]`` and deepstack (one ``[m,
-    hidden]`` per deepstack layer): the vision embeddings of the ``m`` image pads among ``ids``, in order.
-    """
-
-    ids: torch.Tensor
-    positions: torch.Tensor | None = None
-    image_embeds: torch.Tensor | None = None
-    deepstack: tuple[torch.Tensor, ...] = ()
-
-
-@dataclass
-class RowContext:
-    """One row's KV outside any batch: ``cache`` (a ``DynamicCache`` of ``[1, H, length, D]`` per layer, ``None`` when
-    empty), its rope delta and counters. What :meth:`BatchEngine.join` (and any row storage) takes from a
-    single-row engine."""
-
-    cache: Any
-    length: int
-    rope_delta: int = 0
-    tokens_forwarded: int = 0
-    forward_calls: int = 0
-
-    def release(self) -> None:
-        self.cache = None
-
-
-def _vision_inputs(chunks: list[PrefillChunk]) -> dict[str, Any]:
-    """``mm_encoder_outputs`` for the image pads of ``chunks`` (in batch order: the model fills the pads of the
-    flattened batch in order); empty when no chunk has any."""
-    with_images = [c for c in chunks if c.image_embeds is not None and c.image_embeds.shape[0]]
-    if not with_images:
-        return {}
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
-
-    out = BaseModelOutputWithDeepstackFeatures(pooler_output=(torch.cat([c.image_embeds for c in with_images]),))
-    out.deepstack_features = [(torch.cat(layer),) for layer in zip(*(c.deepstack for c in with_images))]
-    return {"mm_encoder_outputs": {"image": out}}
 
 
 def dynamic_kv_bound(slot_bytes: int, n_layers: int, compact_at: float, lengths: list[int], step_tokens: int) -> int:
@@ -401,7 +356,7 @@ class BatchEngine(RowBook):
             cache=self.cache,
             use_cache=True,
             logits_to_keep=keep,
-            **_vision_inputs([chunks[r] for r in self._rows if r in chunks]),
+            **vision_inputs([chunks[r] for r in self._rows if r in chunks]),
         )
         self.batch_forwards += 1
         new_live = torch.zeros(B, n_max, dtype=torch.bool)

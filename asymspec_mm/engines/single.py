@@ -11,14 +11,15 @@ image) and the compressed view (:class:`VLEngine` without one), each with its ow
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from vision_cache.features import VisionFeatures
-from vision_cache.positions import extension_positions, mrope_positions
+from vision_cache.positions import extension_positions
+
+from .pieces import PrefillChunk, StreamPrompt, image_prompt, remember, start_context, text_prompt, vision_inputs
 
 
 class Engine(Protocol):
@@ -45,31 +46,33 @@ class PromptImages:
     them) and the processor's tensors (the transformers engine encodes those, through the feature cache).
 
     mm_token_type_ids: ``[L]`` over the whole prompt, 1 at image pads; pixel_values / image_grid_thw as the
-    Qwen3-VL processor returns them.
+    Qwen3-VL processor returns them; image_keys: each image's content key, in order (what KV reuse knows it by).
     """
 
     images: list[Any]
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
     mm_token_type_ids: torch.Tensor | None = None
+    image_keys: tuple[str, ...] = ()
 
 
 class EngineFactory(Protocol):
-    """How a pipeline builds its streams: a text stream and an image-capable stream of a model."""
+    """How a pipeline builds its streams: a text stream and an image-capable stream of a model (``prefix_kv``: a
+    :class:`~.prefix_kv.PrefixKV` the stream's prefill starts from and stores its prompt in)."""
 
-    def text(self, model, name: str) -> Engine: ...
+    def text(self, model, name: str, *, prefix_kv=None) -> Engine: ...
 
-    def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> Engine: ...
+    def vision(self, model, name: str, *, encoder=None, prefix_kv=None) -> Engine: ...
 
 
 class TransformersEngines:
     """The default factory: :class:`TextEngine` and :class:`VLEngine` on growing DynamicCaches."""
 
-    def text(self, model, name: str) -> TextEngine:
-        return TextEngine(model, name)
+    def text(self, model, name: str, *, prefix_kv=None) -> TextEngine:
+        return TextEngine(model, name, prefix_kv=prefix_kv)
 
-    def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> VLEngine:
-        return VLEngine(model, name, encoder=encoder, prefix_store=prefix_store)
+    def vision(self, model, name: str, *, encoder=None, prefix_kv=None) -> VLEngine:
+        return VLEngine(model, name, encoder=encoder, prefix_kv=prefix_kv)
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,11 @@ class StaticEngines:
     compile_decode: bool = False
     compile_mode: str = "reduce-overhead"
 
-    def text(self, model, name: str) -> StaticTextEngine:
-        return StaticTextEngine(model, name, self.headroom, self.compile_decode, self.compile_mode)
+    def text(self, model, name: str, *, prefix_kv=None) -> StaticTextEngine:
+        return StaticTextEngine(model, name, self.headroom, self.compile_decode, self.compile_mode, prefix_kv=prefix_kv)
 
-    def vision(self, model, name: str, *, encoder=None, prefix_store=None) -> StaticVLEngine:
-        return StaticVLEngine(
-            model, name, self.headroom, self.compile_decode, self.compile_mode, encoder=encoder, prefix_store=prefix_store
-        )
+    def vision(self, model, name: str, *, encoder=None, prefix_kv=None) -> StaticVLEngine:
+        return StaticVLEngine(model, name, self.headroom, self.compile_decode, self.compile_mode, encoder=encoder, prefix_kv=prefix_kv)
 
 
 def _new_cache(config):
@@ -100,26 +101,20 @@ def model_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
-def prefix_split(mm_token_type_ids: torch.Tensor, length: int) -> int:
-    """How many tokens of a full-view prompt of ``length`` the prefix store keeps: through the last image and its
-    ``<|vision_end|>`` (0 without an image). ``mm_token_type_ids``: ``[>= length]``, 1 at image pads."""
-    image_at = (mm_token_type_ids.reshape(-1)[:length] == 1).nonzero()
-    return min(length, int(image_at[-1]) + 2) if image_at.numel() else 0
-
-
-def prefix_store_key(features_key: str, ids: torch.Tensor, split: int) -> str:
-    """The prefix store's key of ``ids[:split]`` about the images of ``features_key``."""
-    return f"{features_key}|{hash(tuple(ids.reshape(-1)[:split].tolist()))}|{split}"
-
-
 class TextEngine:
-    """A causal LM over text (Qwen3 and any ``AutoModelForCausalLM``) with a DynamicCache."""
+    """A causal LM over text (Qwen3 and any ``AutoModelForCausalLM``) with a DynamicCache.
 
-    def __init__(self, model, name: str = "verifier"):
+    With ``prefix_kv`` (a :class:`~.prefix_kv.PrefixKV`) a prefill starts from the longest stored prefix of its
+    prompt and stores the prompt afterwards; ``cached_tokens`` says how many tokens the last prefill reused.
+    """
+
+    def __init__(self, model, name: str = "verifier", *, prefix_kv=None):
         self.model = model
         self.name = name
         self.device = model_device(model)
         self.cache = None
+        self.prefix_kv = prefix_kv
+        self.cached_tokens = 0
         self.tokens_forwarded = 0
         self.forward_calls = 0
 
@@ -148,9 +143,19 @@ class TextEngine:
 
     def prefill(self, ids: torch.Tensor) -> None:
         """Cache ``ids`` (``[1, L]`` or ``[L]``); no logits are kept (the loop forwards the last token later)."""
-        self.cache = _new_cache(self.model.config)
-        if ids.numel():
-            self._forward(ids, keep=1)
+        self.prefill_prompt(text_prompt(ids, reuse=self.prefix_kv is not None))
+
+    def prefill_prompt(self, prompt: StreamPrompt) -> None:
+        """Cache ``prompt`` as one piece after its longest stored prefix, then store it for later requests."""
+        start = start_context(self.prefix_kv, self.model, prompt)
+        self.cache = start.cache if start.cache is not None else _new_cache(self.model.config)
+        self.cached_tokens = prompt.cached
+        if prompt.left:
+            self._forward_piece(prompt.piece(prompt.left))
+        remember(self.prefix_kv, self.model, prompt.key, self.cache, prompt.done + prompt.left)
+
+    def _forward_piece(self, chunk: PrefillChunk) -> None:
+        self._forward(chunk.ids, keep=1)
 
     def extend(self, ids: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` ``[n]`` and return their next-token logits ``[n, V]``."""
@@ -181,74 +186,56 @@ class VLEngine(TextEngine):
     is not called); without, it is a text-only stream of the same model (rope delta 0).
     """
 
-    def __init__(self, model, name: str = "drafter_full", *, encoder=None, prefix_store=None):
-        super().__init__(model, name)
+    def __init__(self, model, name: str = "drafter_full", *, encoder=None, prefix_kv=None):
+        super().__init__(model, name, prefix_kv=prefix_kv)
         self.rope_delta = 0
         self.merge = model.config.vision_config.spatial_merge_size
         self.encoder = encoder  # a vision_cache.features.VisionEncoder: the tower runs once per distinct image
-        self.prefix_store = prefix_store
         self.prefix_hit = False
 
     def prefill(self, ids: torch.Tensor, images: PromptImages | None = None) -> None:
-        """Cache ``ids`` ``[L]``; with ``images`` the pads take the image's vision embeddings (encoded once per
-        distinct image by the engine's encoder) and the prefix up to the image is reused across requests
-        through the engine's ``prefix_store``."""
+        """Cache ``ids`` ``[L]``; with ``images`` the pads take the images' vision embeddings (encoded once per
+        distinct set of images by the engine's encoder)."""
         if images is None:
             return self.prefill_features(ids)
         if self.encoder is None:
             raise ValueError(f"{self.name}: an image prompt needs an engine built with encoder=")
         features, _ = self.encoder.encode(images.pixel_values, images.image_grid_thw)
-        types = images.mm_token_type_ids.reshape(-1)[: ids.numel()]
-        self.prefill_features(ids, types, features, prefix_store=self.prefix_store, prefix_key=features.key)
+        self.prefill_features(ids, images.mm_token_type_ids, features, images.image_keys)
 
-    @torch.no_grad()
     def prefill_features(
         self,
         ids: torch.Tensor,
         mm_token_type_ids: torch.Tensor | None = None,
         features: VisionFeatures | None = None,
-        prefix_store=None,
-        prefix_key: str = "",
+        image_keys: tuple[str, ...] | list[str] = (),
     ) -> None:
-        """Cache ``ids`` ``[L]``; with ``features``, the image pads take the cached vision embeddings.
-
-        ``prefix_store`` (a :class:`vision_cache.store.FeatureStore`) reuses the KV cache of the prompt
-        prefix up to and including the last image (and its ``<|vision_end|>``) across requests about
-        the same image: only the text after it is forwarded again.
-        """
-        self.cache = _new_cache(self.model.config)
-        self.prefix_hit = False
-        ids = ids.view(-1)
+        """Cache ``ids`` ``[L]``; with ``features``, the image pads (1s of ``mm_token_type_ids`` ``[>= L]``) take the
+        cached vision embeddings. With the engine's ``prefix_kv`` and each image's content key (``image_keys``), the
+        longest stored prefix of the prompt is reused (``prefix_hit``: it covered every image)."""
+        reuse = self.prefix_kv is not None
         if features is None:
-            self.rope_delta = 0
-            if ids.numel():
-                self._forward(ids, keep=1)
-            return
-        types = mm_token_type_ids.view(-1)
-        positions, self.rope_delta = mrope_positions(types, features.image_grid_thw, self.merge)
-        split = prefix_split(types, ids.numel()) if prefix_store is not None else ids.numel()
-        key = prefix_store_key(prefix_key, ids, split)
-        snapshot = prefix_store.get(key) if prefix_store is not None and split else None
-        if snapshot is not None:
-            self.cache = copy.deepcopy(snapshot)
-            self.prefix_hit = True
-        elif split:
-            self.model(
-                input_ids=ids[:split].view(1, -1).to(self.device),
-                position_ids=positions[:, :split].unsqueeze(1).to(self.device),
-                cache=self.cache,
-                use_cache=True,
-                mm_encoder_outputs=features.as_encoder_outputs(),
-                mm_token_type_ids=types[:split].view(1, -1).to(self.device),
-                image_grid_thw=features.image_grid_thw.to(self.device),
-                logits_to_keep=1,
-            )
-            self.tokens_forwarded += split
-            self.forward_calls += 1
-            if prefix_store is not None:
-                prefix_store.put(key, copy.deepcopy(self.cache))
-        if split < ids.numel():  # text after the image: plain extension positions (index + rope delta)
-            self._forward(ids[split:], keep=1)
+            prompt = text_prompt(ids, reuse=reuse)
+        else:
+            prompt = image_prompt(ids, mm_token_type_ids, features, self.merge, image_keys=image_keys, reuse=reuse)
+        self.rope_delta = prompt.rope_delta
+        self.prefill_prompt(prompt)
+        self.prefix_hit = prompt.images_reused
+
+    @torch.no_grad()
+    def _forward_piece(self, chunk: PrefillChunk) -> None:
+        if chunk.positions is None:
+            return self._forward(chunk.ids, keep=1)
+        self.model(
+            input_ids=chunk.ids.view(1, -1).to(self.device),
+            position_ids=chunk.positions.unsqueeze(1).to(self.device),
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **vision_inputs([chunk]),
+        )
+        self.tokens_forwarded += chunk.ids.numel()
+        self.forward_calls += 1
 
     def _positions(self, n: int) -> torch.Tensor:
         """``[3, 1, n]``: every token after the prompt is text, at index + rope delta on all three axes."""
@@ -368,9 +355,16 @@ class StaticTextEngine(_StaticCacheMixin, TextEngine):
     """:class:`TextEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
 
     def __init__(
-        self, model, name: str = "verifier", headroom: int = 1024, compile_decode: bool = False, compile_mode: str = "reduce-overhead"
+        self,
+        model,
+        name: str = "verifier",
+        headroom: int = 1024,
+        compile_decode: bool = False,
+        compile_mode: str = "reduce-overhead",
+        *,
+        prefix_kv=None,
     ):
-        super().__init__(model, name)
+        super().__init__(model, name, prefix_kv=prefix_kv)
         self._init_static(headroom, compile_decode, compile_mode)
 
     def prefill(self, ids: torch.Tensor) -> None:
@@ -390,9 +384,9 @@ class StaticVLEngine(_StaticCacheMixin, VLEngine):
         compile_mode: str = "reduce-overhead",
         *,
         encoder=None,
-        prefix_store=None,
+        prefix_kv=None,
     ):
-        super().__init__(model, name, encoder=encoder, prefix_store=prefix_store)
+        super().__init__(model, name, encoder=encoder, prefix_kv=prefix_kv)
         self._init_static(headroom, compile_decode, compile_mode)
 
     def prefill_features(self, ids: torch.Tensor, *args, **kwargs) -> None:

@@ -36,7 +36,7 @@ from ..errors import AsymSpecError, ContextOverflowError
 from .errors import RequestError
 from .metrics import Metrics
 from .responses import TextDeltas, asymspec_object, finish_reason, trace_entry, usage  # noqa: F401 - TextDeltas: tests
-from .schema import ChatRequest, parse_chat_request, parse_json
+from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..pipeline import AsymSpecPipeline
@@ -150,6 +150,7 @@ class ServerState:
     api_key: str | None = None
     allow_local_images: Path | None = None
     max_request_bytes: int = int(DEFAULT_MAX_REQUEST_MB * 2**20)
+    max_images: int = DEFAULT_MAX_IMAGES
     own_scheduler: bool = True
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -168,6 +169,7 @@ def create_app(
     allow_local_images: str | Path | None = None,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     model_name: str | None = None,
+    max_images: int = DEFAULT_MAX_IMAGES,
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -175,7 +177,7 @@ def create_app(
     and ``max_kv_bytes``, closed when the app shuts down). api_key: bearer key every ``/v1`` and ``/metrics``
     request must send (``/health`` stays open). allow_local_images: the folder local image paths may point
     into (default: none, only data URLs). max_request_mb: largest request body (413 beyond).
-    model_name: the id ``/v1/models`` lists (default ``pipe.name``).
+    model_name: the id ``/v1/models`` lists (default ``pipe.name``). max_images: images one request may hold.
     """
     if not (isinstance(max_request_mb, (int, float)) and math.isfinite(max_request_mb) and max_request_mb > 0):
         raise AsymSpecError(f"max_request_mb={max_request_mb!r} must be a positive number")
@@ -194,6 +196,7 @@ def create_app(
         api_key=api_key or None,
         allow_local_images=allowed,
         max_request_bytes=int(max_request_mb * 2**20),
+        max_images=max_images,
         own_scheduler=own,
     )
 
@@ -305,7 +308,7 @@ def create_app(
         authorize(request)
         body = await read_body(request)
         req: ChatRequest = await asyncio.to_thread(
-            lambda: parse_chat_request(parse_json(body), allow_local_images=state.allow_local_images)
+            lambda: parse_chat_request(parse_json(body), allow_local_images=state.allow_local_images, max_images=state.max_images)
         )
         handle = submit(req)
         loop = asyncio.get_running_loop()
@@ -339,7 +342,9 @@ def create_app(
         from ..batch.scheduler import QueueFullError
 
         try:
-            handle = state.scheduler.submit(req.image, req.question, caption=req.caption, ocr=req.ocr, method=req.method, config=req.config)
+            handle = state.scheduler.submit_chat(
+                req.messages, caption=req.caption, ocr=req.ocr, method=req.method, config=req.config, enable_thinking=req.enable_thinking
+            )
         except QueueFullError as exc:
             raise RequestError(
                 429,

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import AsymSpecError
 from ..options import add_model_args, positive_float, positive_int
 
-DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0}  # as asymspec_mm.serve.app's DEFAULT_*
+DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_images": 8}  # as the DEFAULT_* of app and schema
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -47,6 +47,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=positive_float,
         default=DEFAULTS["max_request_mb"],
         help="largest request body, image included (413 beyond) [default: %(default)s]",
+    )
+    s.add_argument(
+        "--max-images",
+        type=positive_int,
+        default=DEFAULTS["max_images"],
+        help="images one request may hold, over all its messages (400 beyond) [default: %(default)s]",
     )
     s.add_argument(
         "--api-key",
@@ -94,6 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             allow_local_images=args.allow_local_images,
             max_request_mb=args.max_request_mb,
+            max_images=args.max_images,
         )
         print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
         serve(app, sock, log_level=args.log_level)

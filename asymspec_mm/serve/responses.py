@@ -15,9 +15,16 @@ def finish_reason(res: MMResult) -> str:
 
 
 def usage(res: MMResult) -> dict[str, int]:
-    """OpenAI's usage object; ``prompt_tokens`` is the length of the verifier's prompt."""
+    """OpenAI's usage object; ``prompt_tokens`` is the length of the verifier's prompt, ``prompt_tokens_details.
+    cached_tokens`` how many of them the verifier reused from earlier requests (a conversation's earlier turns)."""
     prompt = int(res.prompts.verifier_ids.shape[1])
-    return {"prompt_tokens": prompt, "completion_tokens": len(res.token_ids), "total_tokens": prompt + len(res.token_ids)}
+    cached = int(res.stats.get("cached_tokens", {}).get("verifier", 0))
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": len(res.token_ids),
+        "total_tokens": prompt + len(res.token_ids),
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:

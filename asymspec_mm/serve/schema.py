@@ -1,11 +1,12 @@
 """``POST /v1/chat/completions`` bodies: parsed and checked into a :class:`ChatRequest`, or refused with a
 :class:`~asymspec_mm.serve.errors.RequestError` whose one-line message names the field and the problem.
 
-The conversation is one user message (text parts plus at most one ``image_url`` part); the user text is
-the question the pipeline answers. System (and developer) messages are folded into the question, before the
-user text and separated by a blank line, so agent frameworks that always send one keep working; earlier
-turns (assistant or tool messages, a second user message) are refused: the pipeline answers one question
-about one image. OpenAI fields the server cannot honour are refused unless they hold their neutral value.
+The conversation is the whole history, as ``pipe.chat`` takes it: ``system`` / ``developer``, ``user`` messages
+with text parts and any number of ``image_url`` parts (data URLs, or files under ``--allow-local-images``; at most
+``max_images`` in the request), ``assistant`` messages with text; the last message is the user's, with text. Each
+image is loaded here, so a bad one is refused before anything is queued; the answer equals ``pipe.chat`` of the
+same messages. ``chat_template_kwargs`` takes ``enable_thinking`` (default false, as the paper's harness). OpenAI
+fields the server cannot honour are refused unless they hold their neutral value.
 """
 
 from __future__ import annotations
@@ -25,7 +26,22 @@ from .images import load_request_image
 ASYMSPEC_OPTIONS = ("method", "k", "beta", "gamma", "gate", "delta", "bonus", "caption", "ocr", "return_trace")
 
 #: Fields of OpenAI's schema that are read (the rest of it is refused unless neutral, see ``_NEUTRAL``).
-_USED = ("model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "n", "temperature", "asymspec")
+_USED = (
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "temperature",
+    "chat_template_kwargs",
+    "asymspec",
+)
+
+#: Images one request may hold unless the server says otherwise (``serve --max-images``).
+DEFAULT_MAX_IMAGES = 8
 
 #: OpenAI fields accepted when they hold a value that changes nothing under greedy decoding: field -> (test, why).
 _NEUTRAL: dict[str, tuple[Any, str]] = {
@@ -50,14 +66,15 @@ _SYSTEM_ROLES = ("system", "developer")
 
 @dataclass
 class ChatRequest:
-    """One checked chat request, ready for ``Scheduler.submit``."""
+    """One checked chat request, ready for ``Scheduler.submit_chat``: ``messages`` as ``pipe.chat`` takes them, every
+    image loaded (an RGB PIL image in an ``{"type": "image"}`` part)."""
 
-    image: Any  # an RGB PIL image
-    question: str
+    messages: list[dict[str, Any]]
     method: str
     config: AsymSpecConfig
     caption: str | None = None
     ocr: str | bool | None = None
+    enable_thinking: bool = False
     return_trace: bool = False
     stream: bool = False
     include_usage: bool = False
@@ -123,16 +140,16 @@ def parse_json(body: bytes) -> dict:
     return data
 
 
-def _text_of(content: Any, param: str, *, images: list | None) -> str:
-    """The text of a message's content (a string or a list of parts); ``image_url`` parts go to ``images``
-    (``None``: no image allowed in this message)."""
+def _parts_of(content: Any, param: str, *, images: list | None) -> list[dict[str, Any]]:
+    """A message's content (a string or a list of parts) as text parts and, in place, ``(url, param)`` image refs
+    collected in ``images`` (``None``: no image allowed in this message)."""
     if isinstance(content, str):
-        return content
+        return [{"type": "text", "text": content}]
     if content is None:
-        return ""
+        return []
     if not isinstance(content, list):
         raise bad_request(f"{param} must be a string or a list of content parts", param)
-    texts = []
+    parts = []
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -141,54 +158,68 @@ def _text_of(content: Any, param: str, *, images: list | None) -> str:
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise bad_request(f"{p}.text must be a string", f"{p}.text")
-            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
             if images is None:
-                raise bad_request(f"{p}: images are read only from the user message", p)
+                raise bad_request(f"{p}: images go in user messages only; move it to a user message", p, "image_not_in_user_message")
             ref = part.get("image_url")
             url = ref.get("url") if isinstance(ref, dict) else ref
             images.append((url, f"{p}.image_url"))
+            parts.append({"type": "image", "image": len(images) - 1})
         else:
-            raise bad_request(f"{p} has type {kind!r}; a user message holds 'text' parts and at most one 'image_url' part", f"{p}.type")
-    return "\n".join(texts)
+            raise bad_request(f"{p} has type {kind!r}; messages hold 'text' parts and, in user messages, 'image_url' parts", f"{p}.type")
+    return parts
 
 
-def _conversation(messages: Any) -> tuple[str, str, tuple[str, str], str]:
-    """(system text, user text, (image url, its param), the user content's param) of ``messages``."""
+def _conversation(messages: Any, max_images: int) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """The messages as ``pipe.chat`` takes them (image parts holding their index in the refs) and every image's
+    ``(url, param)``, in order."""
     if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list holding one user message", "messages")
-    system, user, images, user_param = [], None, [], "messages"
+        raise bad_request("messages must be a non-empty list ending with a user message", "messages")
+    out, images = [], []
     for i, msg in enumerate(messages):
         p = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise bad_request(f"{p} must be an object with 'role' and 'content'", p)
         role = msg.get("role")
-        if role in _SYSTEM_ROLES:
-            system.append(_text_of(msg.get("content"), f"{p}.content", images=None).strip())
-        elif role == "user":
-            if user is not None:
-                raise bad_request(
-                    f"{p} is a second user message; the server answers one question about one image per request", p, "multi_turn"
-                )
-            user_param = f"{p}.content"
-            user = _text_of(msg.get("content"), user_param, images=images)
-        elif role in ("assistant", "tool", "function"):
+        if role in ("tool", "function") or msg.get("tool_calls"):
+            raise bad_request(f"{p}: tool calls and tool messages are not supported yet; send the tool's output as a user message", p)
+        if role not in (*_SYSTEM_ROLES, "user", "assistant"):
+            raise bad_request(f"{p} has role {role!r}; use 'system', 'developer', 'user' or 'assistant'", f"{p}.role")
+        parts = _parts_of(msg.get("content"), f"{p}.content", images=images if role == "user" else None)
+        if len(images) > max_images:
             raise bad_request(
-                f"{p} has role {role!r}: earlier turns are not supported; send one user message (text and an image)", p, "multi_turn"
+                f"the request has more than {max_images} images (the server's --max-images); send fewer or raise the limit",
+                images[max_images][1],
+                "too_many_images",
             )
-        else:
-            raise bad_request(f"{p} has role {role!r}; use 'system' or 'user'", f"{p}.role")
-    if user is None:
-        raise bad_request("messages hold no user message; send one with the question and an image", "messages")
-    if len(images) > 1:
-        raise bad_request(f"the user message has {len(images)} images; send at most one image_url part", images[1][1], "too_many_images")
+        out.append({"role": role, "content": parts})
+    if out[-1]["role"] != "user":
+        raise bad_request(f"messages[{len(out) - 1}] is the last message but not the user's: end with the user turn to answer", "messages")
     if not images:
         raise bad_request(
-            "the user message has no image: AsymSpec answers a question about an image; add an image_url part with a data URL",
-            user_param,
+            "the conversation has no image: AsymSpec answers about images; add an image_url part with a data URL",
+            f"messages[{len(out) - 1}].content",
             "missing_image",
         )
-    return "\n\n".join(s for s in system if s), user.strip(), images[0], user_param
+    return out, images
+
+
+def _template_kwargs(v: Any) -> bool:
+    """``enable_thinking`` of ``chat_template_kwargs`` (the only key the templates are given)."""
+    if v is None:
+        return False
+    if not isinstance(v, dict):
+        raise bad_request('chat_template_kwargs must be an object, e.g. {"enable_thinking": false}', "chat_template_kwargs")
+    unknown = sorted(set(v) - {"enable_thinking"})
+    if unknown:
+        raise bad_request(
+            f"chat_template_kwargs.{unknown[0]} is not supported; only enable_thinking is", f"chat_template_kwargs.{unknown[0]}"
+        )
+    thinking = v.get("enable_thinking", False)
+    if not isinstance(thinking, bool):
+        raise bad_request("chat_template_kwargs.enable_thinking must be true or false", "chat_template_kwargs.enable_thinking")
+    return thinking
 
 
 def _asymspec_options(raw: Any) -> tuple[str, dict, dict]:
@@ -222,18 +253,28 @@ def _asymspec_options(raw: Any) -> tuple[str, dict, dict]:
                 raise bad_request(f"{field_value(p, v)} is not valid; choose one of {', '.join(CHOICES[name])}", p)
             cfg[name] = v
         elif name == "caption":
-            if v is not None and not isinstance(v, str):
-                raise bad_request(f"{p} must be a string (the caption the verifier reads) or null (the drafter captions)", p)
+            if v is not None and not _strings(v):
+                raise bad_request(
+                    f"{p} must be a string (the caption the verifier reads; a list: one per image) or null (the drafter captions)", p
+                )
             other[name] = v
         elif name == "ocr":
-            if v is not None and v is not False and not isinstance(v, str):
-                raise bad_request(f"{p} must be a string (the OCR text), false (no OCR) or null (the server's OCR engine)", p)
+            if v is not None and v is not False and not _strings(v, allow_false=True):
+                raise bad_request(
+                    f"{p} must be a string (the OCR text; a list: one per image), false (no OCR) or null (the server's OCR engine)", p
+                )
             other[name] = v
         elif name == "return_trace":
             if not isinstance(v, bool):
                 raise bad_request(f"{p} must be true or false", p)
             other[name] = v
     return method, cfg, other
+
+
+def _strings(v: Any, allow_false: bool = False) -> bool:
+    """Whether ``v`` is a string or a list of them (``allow_false``: of strings or false)."""
+    ok = lambda x: isinstance(x, str) or (allow_false and x is False)  # noqa: E731
+    return isinstance(v, str) or (isinstance(v, list) and all(ok(x) for x in v))
 
 
 def _stop_strings(v: Any) -> tuple[str, ...]:
@@ -247,8 +288,10 @@ def _stop_strings(v: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def parse_chat_request(data: dict, *, allow_local_images: Path | None = None, base: AsymSpecConfig | None = None) -> ChatRequest:
-    """Check an already-parsed body (see :func:`parse_json`) and load its image (see the module docstring)."""
+def parse_chat_request(
+    data: dict, *, allow_local_images: Path | None = None, base: AsymSpecConfig | None = None, max_images: int = DEFAULT_MAX_IMAGES
+) -> ChatRequest:
+    """Check an already-parsed body (see :func:`parse_json`) and load its images (see the module docstring)."""
     unknown = sorted(set(data) - set(_USED) - set(_NEUTRAL))
     if unknown:
         raise bad_request(
@@ -295,22 +338,25 @@ def parse_chat_request(data: dict, *, allow_local_images: Path | None = None, ba
         config = (base or AsymSpecConfig()).with_(**fields, **cfg_fields).validated()
     except UnknownOptionError as exc:
         raise bad_request(str(exc), "asymspec") from None
-    system, user, (url, image_param), user_param = _conversation(data.get("messages"))
-    if not user:
+    messages, refs = _conversation(data.get("messages"), max_images)
+    last = messages[-1]
+    if not "".join(part["text"] for part in last["content"] if part["type"] == "text").strip():
         raise bad_request(
-            "the user message's text is empty: ask a question about the image, e.g. 'What is the largest value?'",
-            user_param,
+            "the last user message's text is empty: ask a question about the image, e.g. 'What is the largest value?'",
+            f"messages[{len(messages) - 1}].content",
             "empty_question",
         )
-    question = f"{system}\n\n{user}" if system else user
-    image = load_request_image(url, allow_local_images, image_param)
+    enable_thinking = _template_kwargs(data.get("chat_template_kwargs"))
+    loaded = [load_request_image(url, allow_local_images, param) for url, param in refs]
+    for msg in messages:
+        msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
     return ChatRequest(
-        image=image,
-        question=question,
+        messages=messages,
         method=method,
         config=config,
         caption=other.get("caption"),
         ocr=other.get("ocr"),
+        enable_thinking=enable_thinking,
         return_trace=other.get("return_trace", False),
         stream=bool(stream),
         include_usage=include_usage,

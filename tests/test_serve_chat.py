@@ -1,0 +1,148 @@
+"""Conversations through the server (issue #29): a live ``asymspec-mm serve --preset tiny`` answers the official
+``openai`` client's multi-turn conversation with two images exactly as ``pipe.chat`` does, reports the verifier's
+reused tokens as ``usage.prompt_tokens_details.cached_tokens``, honours ``chat_template_kwargs``, and a smolagents
+``CodeAgent`` (multi-turn, its task image repeated in every request) runs its steps with no HTTP error."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_image, start_serve, stop_serve
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTIONS = ["a bar chart with three bars", "a bar chart with two bars"]
+
+
+def data_url(img) -> str:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def live():
+    """``serve --preset tiny`` on a free port, and the same preset loaded here for reference answers."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny", "--ocr-engine", "none", "--port", "0"]
+    cmd += ["--max-images", "6", "--log-level", "warning"]
+    proc, url = start_serve(cmd, ROOT, env)
+    try:
+        yield url, AsymSpecPipeline.from_preset("tiny", ocr="none")
+    finally:
+        stop_serve(proc)
+
+
+def _openai_messages(turns: list[tuple[str, list]]) -> list[dict]:
+    out = []
+    for role, parts in turns:
+        content = [
+            {"type": "text", "text": p} if isinstance(p, str) else {"type": "image_url", "image_url": {"url": data_url(p)}} for p in parts
+        ]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _pipe_messages(turns: list[tuple[str, list]]) -> list[dict]:
+    return [{"role": role, "content": [p if isinstance(p, str) else {"type": "image", "image": p} for p in parts]} for role, parts in turns]
+
+
+def test_three_turns_with_two_images_equal_pipe_chat(live):
+    url, pipe = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    img1, img2 = make_image(61), make_image(62)
+    turns: list[tuple[str, list]] = [("system", ["Answer with a number."]), ("user", ["What is the value of the tallest bar?", img1])]
+    asked = [["How many bars are there?"], ["Here is another chart.", img2, "Which chart has more bars?"]]
+    cached = []
+    for turn in range(3):
+        n_images = sum(not isinstance(p, str) for _, parts in turns for p in parts)
+        options = {"caption": CAPTIONS[:n_images], "ocr": [False] * n_images}
+        resp = client.chat.completions.create(
+            model="tiny", messages=_openai_messages(turns), max_tokens=12, extra_body={"asymspec": options}
+        )
+        want = pipe.chat(_pipe_messages(turns), config=AsymSpecConfig(max_new_tokens=12), **options)
+        assert resp.choices[0].message.content == want.text, turn
+        assert resp.choices[0].finish_reason == want.finish_reason
+        assert resp.usage.prompt_tokens == want.prompts.verifier_ids.shape[1]
+        cached.append(resp.usage.prompt_tokens_details.cached_tokens)
+        turns.append(("assistant", [resp.choices[0].message.content]))
+        turns.append(("user", asked[turn] if turn < 2 else ["Thanks."]))
+    # the server's own KV: the second and third turns start from the earlier turns' (the system prompt and the
+    # first user message at least); the first turn has nothing of this conversation to reuse but the template's opening
+    assert cached[1] > cached[0] and cached[2] > cached[0]
+
+
+def test_enable_thinking_reaches_the_verifier_template(live):
+    url, pipe = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    turns = [("user", [make_image(63), "What is shown?"])]
+    options = {"caption": CAPTIONS[0], "ocr": False}
+    for thinking in (False, True):
+        resp = client.chat.completions.create(
+            model="tiny",
+            messages=_openai_messages(turns),
+            max_tokens=6,
+            extra_body={"asymspec": options, "chat_template_kwargs": {"enable_thinking": thinking}},
+        )
+        want = pipe.chat(_pipe_messages(turns), config=AsymSpecConfig(max_new_tokens=6), enable_thinking=thinking, **options)
+        assert resp.choices[0].message.content == want.text
+        think_block = "<think>\n\n</think>" in pipe.verifier_tokenizer.decode(want.prompts.verifier_ids[0])
+        assert think_block == (not thinking)  # the empty think block is how Qwen3 switches thinking off
+
+
+def test_too_many_images_is_refused_and_the_server_goes_on(live):
+    url, _ = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    img = make_image(64)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=_openai_messages([("user", ["Compare", *[img] * 7])]), max_tokens=2)
+    assert err.value.body["code"] == "too_many_images" and "more than 6 images" in err.value.body["message"]
+    assert err.value.body["param"] == "messages[0].content[7].image_url"
+    resp = client.chat.completions.create(
+        model="tiny", messages=_openai_messages([("user", [img, "Count."])]), max_tokens=2, extra_body={"asymspec": {"ocr": False}}
+    )
+    assert resp.choices[0].message.content is not None
+
+
+def test_smolagents_code_agent_runs_three_steps(live):
+    """smolagents' CodeAgent against the server: every step is one chat request with the whole history and the task's
+    image in its first message; none fails over HTTP (the tiny pair writes no valid code, so each step ends in a
+    parsing error that the agent feeds back to the model, and the run ends at max_steps). The agent's own system
+    prompt is some 5,700 tokens, past the tiny pair's 4,096-token window (the server refuses it with the counts), so
+    it gets a short one here; everything else is smolagents' own."""
+    smolagents = pytest.importorskip("smolagents")
+    import importlib.resources
+
+    import yaml
+    from smolagents import CodeAgent, OpenAIServerModel
+    from smolagents.memory import ActionStep
+    from smolagents.utils import AgentGenerationError
+
+    url, _ = live
+    requests = []
+
+    class Counting(OpenAIServerModel):
+        def generate(self, messages, *args, **kwargs):
+            requests.append(len(messages))
+            return super().generate(messages, *args, **kwargs)
+
+    model = Counting(model_id="tiny", api_base=url + "/v1", api_key="unused", extra_body={"asymspec": {"ocr": False}}, max_tokens=16)
+    templates = yaml.safe_load(importlib.resources.files("smolagents.prompts").joinpath("code_agent.yaml").read_text())
+    templates["system_prompt"] = "Solve the task with Python code between <code> and </code>; end with final_answer(answer)."
+    agent = CodeAgent(tools=[], model=model, max_steps=3, verbosity_level=0, prompt_templates=templates)
+    agent.run("What is the value of the tallest bar?", images=[make_image(65)])
+    steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
+    assert len(steps) >= 3  # three steps, then (at max_steps) the request for a final answer from the memory
+    assert not any(isinstance(s.error, AgentGenerationError) for s in steps), [s.error for s in steps]
+    assert all(s.model_output is not None for s in steps[:3])
+    assert requests[:3] == sorted(requests[:3]) and requests[2] > requests[0]  # the history grows turn by turn
+    assert smolagents.__version__
