@@ -272,9 +272,9 @@ class AsymSpecPipeline:
         batch_engines=None,
         **overrides,
     ) -> list[MMResult]:
-        """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``, or
-        :class:`~asymspec_mm.batch.Request`), decoding up to ``batch_size`` of them together; results in input
-        order, each equal to :meth:`generate` of that request alone; ``kv_budget_bytes`` bounds the rows by the
+        """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``; or with
+        ``messages``, a conversation; or :class:`~asymspec_mm.batch.Request`), decoding up to ``batch_size`` of them
+        together; results in input order, each equal to :meth:`generate` (:meth:`chat`) of that request alone; ``kv_budget_bytes`` bounds the rows by the
         KV memory they may reach (see :mod:`asymspec_mm.batch`)."""
         from .batch.generate import generate_batch
 

@@ -138,6 +138,8 @@ def test_each_turn_with_reuse_equals_from_scratch(tiny_dirs, images, method):
         got = pipe.chat(messages, method=method, config=CFG, **_chat_kwargs(n_images))
         want = scratch.chat(messages, method=method, config=CFG, **_chat_kwargs(n_images))
         assert got.token_ids == want.token_ids and [e.source for e in got.trace] == [e.source for e in want.trace]
+        if "drafter_full" in STREAMS[method]:  # the tower sees each image once: the first turn's, then the new one
+            assert got.stats["vision_calls"] == (0 if turn == 2 else 1)
         for name in STREAMS[method]:
             cached = got.stats["cached_tokens"][name]
             assert cached == _expected_cached(done, got, name, shown, method), (turn, name)
@@ -195,3 +197,22 @@ def test_a_small_byte_budget_evicts_and_stays_exact(tiny_dirs, images):
         assert pipe.prefix_kv.nbytes <= budget
         messages = messages + [{"role": "assistant", "content": got.text}] + second
     assert pipe.prefix_kv.evictions > 0
+
+
+def test_generate_batch_takes_conversations(tiny_dirs, images):
+    """Conversations and single questions mixed in one generate_batch: each equals pipe.chat / pipe.generate alone."""
+    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
+    scratch = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", prefix_cache_bytes=0)
+    first, second, _ = _turns(*images)
+    follow = first + [{"role": "assistant", "content": "Blue."}] + second
+    requests = [
+        {"messages": first, **_chat_kwargs(1)},
+        {"image": images[1], "question": "How many bars?", "caption": "bars", "ocr": False},
+        {"messages": follow, **_chat_kwargs(2)},
+    ]
+    got = pipe.generate_batch(requests, config=CFG, batch_size=3)
+    assert got[0].token_ids == scratch.chat(first, config=CFG, **_chat_kwargs(1)).token_ids
+    assert got[1].token_ids == scratch.generate(images[1], "How many bars?", caption="bars", ocr=False, config=CFG).token_ids
+    assert got[2].token_ids == scratch.chat(follow, config=CFG, **_chat_kwargs(2)).token_ids
+    with pytest.raises(Exception, match="unknown field"):
+        pipe.generate_batch([{"messages": first, "question": "x"}], config=CFG)

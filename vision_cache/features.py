@@ -93,7 +93,20 @@ class VisionEncoder:
         )
 
     def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[VisionFeatures, bool]:
-        """Features for these pixels, and whether they came from the cache."""
+        """Features for these pixels (``[patches, dim]`` of ``n`` images, ``image_grid_thw`` ``[n, 3]``), and whether
+        they all came from the cache. Each image is encoded and cached on its own (the tower attends within an
+        image), so an image shown again with others, as in a conversation's later turns, is not encoded again and
+        gets the very same features."""
+        if image_grid_thw.shape[0] > 1:
+            counts = [int(t * h * w) for t, h, w in image_grid_thw.tolist()]
+            parts = [self.encode(px, grid) for px, grid in zip(pixel_values.split(counts), image_grid_thw.split(1))]
+            feats = VisionFeatures(
+                embeds=tuple(e for f, _ in parts for e in f.embeds),
+                deepstack=tuple(tuple(x for f, _ in parts for x in f.deepstack[i]) for i in range(len(parts[0][0].deepstack))),
+                image_grid_thw=image_grid_thw.detach().cpu(),
+                key="+".join(f.key for f, _ in parts),
+            )
+            return feats, all(hit for _, hit in parts)
         before = self.thread_counts()[0]
         key = self.key(pixel_values, image_grid_thw)
         feats = self.store.get_or_compute(key, lambda: self.encode_uncached(pixel_values, image_grid_thw))

@@ -19,24 +19,37 @@ DEFAULT_BATCH_SIZE = 8
 
 @dataclass(frozen=True)
 class Request:
-    """One question about one image; ``caption`` / ``ocr`` as in :meth:`AsymSpecPipeline.prepare`."""
+    """One question about one image, or a conversation (``messages``, as :meth:`AsymSpecPipeline.chat` takes them;
+    ``image`` and ``question`` unused); ``caption`` / ``ocr`` as in :meth:`AsymSpecPipeline.prepare` (a conversation:
+    one per image)."""
 
-    image: Any
-    question: str
-    caption: str | None = None
-    ocr: str | bool | None = None
+    image: Any = None
+    question: str = ""
+    caption: Any = None
+    ocr: Any = None
+    messages: Any = None
 
 
 def as_request(item: Request | Mapping[str, Any], index: int) -> Request:
-    """A :class:`Request` from a request or a dict with ``image``, ``question`` and optional ``caption``, ``ocr``."""
+    """A :class:`Request` from a request or a dict with ``image`` and ``question`` (or ``messages``) and optional
+    ``caption``, ``ocr``."""
     if isinstance(item, Request):
         return item
-    if not isinstance(item, Mapping) or "image" not in item or "question" not in item:
-        raise UnknownOptionError(f"request {index}: expected a Request or a dict with 'image' and 'question'")
-    unknown = sorted(set(item) - {"image", "question", "caption", "ocr"})
+    if not isinstance(item, Mapping) or not ({"image", "question"} <= set(item) or "messages" in item):
+        raise UnknownOptionError(f"request {index}: expected a Request or a dict with 'image' and 'question', or 'messages'")
+    allowed = {"messages", "caption", "ocr"} if "messages" in item else {"image", "question", "caption", "ocr"}
+    unknown = sorted(set(item) - allowed)
     if unknown:
-        raise UnknownOptionError(f"request {index}: unknown field(s) {', '.join(unknown)}; use image, question, caption, ocr")
+        raise UnknownOptionError(f"request {index}: unknown field(s) {', '.join(unknown)}; use {', '.join(sorted(allowed))}")
+    if "messages" in item:
+        return Request(caption=item.get("caption"), ocr=item.get("ocr"), messages=item["messages"])
     return Request(item["image"], item["question"], item.get("caption"), item.get("ocr"))
+
+
+def _submit(sched: Any, r: Request, method: str, cfg: AsymSpecConfig) -> Any:
+    if r.messages is not None:
+        return sched.submit_chat(r.messages, caption=r.caption, ocr=r.ocr, method=method, config=cfg)
+    return sched.submit(r.image, r.question, caption=r.caption, ocr=r.ocr, method=method, config=cfg)
 
 
 def generate_batch(
@@ -52,7 +65,8 @@ def generate_batch(
     batch_engines: Callable[[Any, str], Any] | None = None,
     **overrides,
 ) -> list[MMResult]:
-    """Answer every request; results in input order, each equal to ``pipe.generate`` of that request alone.
+    """Answer every request; results in input order, each equal to ``pipe.generate`` (a conversation: ``pipe.chat``)
+    of that request alone.
 
     The requests go through a :class:`~asymspec_mm.batch.Scheduler` of ``batch_size`` rows (the serving path: set-up
     on its own thread, batched chunked prefill between decode steps, a finished row's place to the next request at
@@ -77,7 +91,7 @@ def generate_batch(
     sched = Scheduler(pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk)
     handles = []
     try:
-        handles = [sched.submit(r.image, r.question, caption=r.caption, ocr=r.ocr, method=method, config=cfg) for r in todo]
+        handles = [_submit(sched, r, method, cfg) for r in todo]
         return [h.result() for h in handles]
     finally:
         for h in handles:
