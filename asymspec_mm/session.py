@@ -88,20 +88,31 @@ class Session:
 def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, token_ids: list[int], contexts: dict[str, Any]) -> None:
     """Store each stream's context after its answer, for the next turn of the conversation.
 
-    ``models``: stream -> model; ``contexts``: stream -> anything with a single-row ``cache`` and ``length`` (an
-    engine, a detached row). A stream's first ``L + n - 1`` positions (prompt ``L``, answer ``n``) hold exactly the
-    prompt and the answer but its last token: every one of them was forwarded and kept; whatever a stream holds
+    ``models``: stream -> model; ``contexts``: stream -> a single-row engine (its ``cache`` and ``length``) or a
+    ``(length, kv(start, stop))`` pair whose ``kv`` gathers positions ``start .. stop-1`` (a batched row: only what
+    is not stored yet is gathered). A stream's first ``L + n - 1`` positions (prompt ``L``, answer ``n``) hold exactly
+    the prompt and the answer but its last token: every one of them was forwarded and kept; whatever a stream holds
     past them (drafts of a step that ended the answer) is not stored.
     """
-    from .engines.pieces import remember
+    from .engines.prefix_kv import cache_layers
 
+    if prefix_kv is None:
+        return
     answer = torch.tensor(token_ids, dtype=torch.long)
     for name, key in session.reuse_keys.items():
         context = contexts.get(name)
-        if context is None or getattr(context, "cache", None) is None:
+        if context is None:
             continue
-        full = torch.cat([key, answer])
-        remember(prefix_kv, models[name], full, context.cache, min(int(context.length), key.numel() + len(token_ids) - 1))
+        length, kv = context if isinstance(context, tuple) else (int(context.length), None)
+        if kv is None and getattr(context, "cache", None) is None:
+            continue
+        full = torch.cat([key, answer])[: min(length, key.numel() + len(token_ids) - 1)]
+        space = prefix_kv.space(models[name])
+        start = prefix_kv.stored(space, full)
+        if start >= full.numel():
+            continue
+        layers = kv(start, full.numel()) if kv is not None else [(k[:, :, start:], v[:, :, start:]) for k, v in cache_layers(context.cache)]
+        prefix_kv.insert(space, full, layers, offset=start)
 
 
 class GenerationStream(Iterator[list[TokenEvent]]):

@@ -542,3 +542,23 @@ def test_the_length_growth_target_is_judged_by_its_repetitions():
     long = {"asymspec": [{"token_s": 3.0, "step_s": 4.0}, {"token_s": 1.5, "step_s": 2.0}], "floor": [{"token_s": 2.0}, {"token_s": 0.0}]}
     assert growth_ratio_reps(short, long, "token_s") == [1.5, None]  # (3/1) / (2/1); Floor's time missing
     assert growth_ratio_reps(short, long, "step_s") == [1.0, None]  # (4/2) / (2/1)
+
+
+def test_conversation_bench_reuses_exactly_and_keeps_the_bound(tiny_pipe):
+    """The six-turn conversation bench: every turn's answer is the same with and without reuse (it raises
+    otherwise), from scratch every stream prefills its whole prompt, with reuse from the second turn on at most
+    what the previous prompt did not have."""
+    from conftest import make_image
+
+    from asymspec_mm.bench.conversation import TURNS, format_table, run_conversation, summarize
+
+    tiny_pipe.prefix_kv.clear()
+    images = [make_image(301), make_image(302)]
+    records = run_conversation(tiny_pipe, images, ["a chart", "a second chart"], [False, "3 4"], max_new_tokens=3, document_chars=2500)
+    assert len(records) == len(TURNS) and [r["images"] for r in records] == [1, 1, 2, 2, 2, 2]
+    for r in records:
+        assert all(r["prefill_tokens_scratch"][n] == r["prompt_tokens"][n] - 1 for n in r["prompt_tokens"])
+        assert all(r["prefill_tokens"][n] + r["cached_tokens"][n] == r["prompt_tokens"][n] - 1 for n in r["prompt_tokens"])
+    assert all(r["bound_ok"] for r in records[1:]) and all(r["cached_tokens"]["verifier"] > 0 for r in records[1:])
+    rows = summarize([records])
+    assert "| 6 | 2 |" in format_table(rows)

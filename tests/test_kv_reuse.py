@@ -37,7 +37,12 @@ def test_radix_tree_equals_brute_force():
         base = rng.choice(stored) if stored and rng.random() < 0.7 else []
         seq = base[: rng.randint(0, len(base))] + [rng.randint(0, 4) for _ in range(rng.randint(0, 12))]
         if rng.random() < 0.5 and seq:
-            tree.insert("m", torch.tensor(seq), _layers(seq))
+            if rng.random() < 0.5:  # the whole context's KV
+                tree.insert("m", torch.tensor(seq), _layers(seq))
+            else:  # only the part not stored yet (what a finished batched row hands over)
+                off = tree.stored("m", torch.tensor(seq))
+                assert tree.insert("m", torch.tensor(seq), [(k[:, :, off + 1 :], v) for k, v in _layers(seq)], offset=off + 1) == 0
+                tree.insert("m", torch.tensor(seq), [(k[:, :, off:], v[:, :, off:]) for k, v in _layers(seq)], offset=off)
             stored.append(seq)
         hit = tree.match("m", torch.tensor(seq))
         want = max((common_prefix(torch.tensor(seq), torch.tensor(s)) for s in stored), default=0)

@@ -15,6 +15,7 @@ source and the bonus rule shape the step, while gamma, beta and lam enter the ga
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import fields
@@ -167,7 +168,11 @@ class BatchDecoder(RowDecoder):
         """The row's :class:`MMResult` (with the batch's statistics), its context stored for the conversation's next
         turn (storages that can hand a row out), then its slots are freed."""
         row.result = self.pipe.result_of(row.session, row.counters, row.trace)
-        contexts = {name: e.detach(row.id) for name, e in self.engines.items() if hasattr(e, "detach") and name in row.session.reuse_keys}
+        contexts = {
+            name: (e.length(row.id), functools.partial(e.row_kv, row.id))
+            for name, e in self.engines.items()
+            if hasattr(e, "row_kv") and name in row.session.reuse_keys
+        }
         remember_answer(self.pipe.prefix_kv, self.models, row.session, row.result.token_ids, contexts)
         row.result.stats["batch_size"] = row.max_batch
         row.result.stats["kv_bytes"] = {name: engine.kv_bytes(row.id) for name, engine in self.engines.items()}

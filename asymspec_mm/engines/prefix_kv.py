@@ -189,9 +189,15 @@ class PrefixKV:
             self.matched_tokens += n
             return PrefixMatch(n, layers)
 
-    def insert(self, space: Any, key: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        """Store the context ``key`` ``[L]`` whose KV is ``layers`` (``[(keys, values)]``, each ``[1, H, >= L, D]``;
-        only the first ``L`` positions are read, and only those not stored yet are copied). Returns the tokens added."""
+    def stored(self, space: Any, key: torch.Tensor) -> int:
+        """How many leading tokens of ``key`` ``[L]`` are stored in ``space`` (nothing is copied or counted)."""
+        with self._lock:
+            return 0 if self._paused else self._walk(space, key.reshape(-1).to("cpu", torch.long))[1]
+
+    def insert(self, space: Any, key: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]], *, offset: int = 0) -> int:
+        """Store the context ``key`` ``[L]`` whose KV from position ``offset`` on is ``layers`` (``[(keys, values)]``,
+        each ``[1, H, >= L - offset, D]``; only the positions not stored yet are read, and copied). Nothing is stored
+        when fewer than ``offset`` tokens of ``key`` are (the KV between is unknown). Returns the tokens added."""
         key = key.reshape(-1).to("cpu", torch.long)
         if not self.max_bytes or not key.numel() or not layers:
             return 0
@@ -200,6 +206,8 @@ class PrefixKV:
                 return 0
             root = self._roots.setdefault(space, _Node(key[:0], [], None))
             path, n = self._walk(space, key)
+            if n < offset:
+                return 0
             now = next(self._clock)
             for node in path:
                 node.used = now
@@ -209,7 +217,8 @@ class PrefixKV:
                 followed = sum(p.key.numel() for p in path)
                 if followed > n:  # the key leaves the last edge part-way: cut it there
                     parent.split(parent.key.numel() - (followed - n))
-                kv = [(k[:, :, n : key.numel()].clone(), v[:, :, n : key.numel()].clone()) for k, v in layers]
+                a, b = n - offset, key.numel() - offset
+                kv = [(k[:, :, a:b].clone(), v[:, :, a:b].clone()) for k, v in layers]
                 leaf = _Node(key[n:].clone(), kv, parent, used=now)
                 parent.children[int(key[n])] = leaf
                 self.nbytes += leaf.nbytes

@@ -385,6 +385,18 @@ class BatchEngine(RowBook):
             _set_layer(cache.layers[i], layer.keys[b : b + 1].index_select(2, index), layer.values[b : b + 1].index_select(2, index))
         return RowContext(cache if slots else None, len(slots), self._delta[row], self.tokens_forwarded[row], self.forward_calls[row])
 
+    @torch.no_grad()
+    def row_kv(self, row: int, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Positions ``start .. stop-1`` of ``row``'s context, gathered: ``[(keys, values)]`` per layer, each ``[1, H,
+        stop - start, D]`` (what KV reuse stores of a finished row, without copying the rest of it)."""
+        b, slots = self._index(row), self._slots[row][start:stop]
+        if self.cache is None or not slots:
+            return []
+        index = torch.tensor(slots, device=self.device)
+        return [
+            (layer.keys[b : b + 1].index_select(2, index), layer.values[b : b + 1].index_select(2, index)) for layer in self.cache.layers
+        ]
+
     # ------------------------------------------------------------------ memory
     def slot_bytes(self) -> int:
         """Bytes of one slot of one row over all layers (keys and values)."""
