@@ -267,6 +267,19 @@ class _StaticCacheMixin:
     _static_max: int
     _decode_fn: object
 
+    def __init__(
+        self,
+        model,
+        name: str | None = None,
+        headroom: int = 1024,
+        compile_decode: bool = False,
+        compile_mode: str = "reduce-overhead",
+        **engine_kwargs: Any,
+    ):
+        """``engine_kwargs``: the dynamic engine's (``prefix_kv``, and ``encoder`` for the VL engine)."""
+        super().__init__(model, *(() if name is None else (name,)), **engine_kwargs)  # type: ignore[call-arg]
+        self._init_static(headroom, compile_decode, compile_mode)
+
     def _init_static(self, headroom: int, compile_decode: bool, compile_mode: str) -> None:
         self.headroom = headroom
         self.compile_decode = compile_decode
@@ -354,19 +367,6 @@ class _StaticCacheMixin:
 class StaticTextEngine(_StaticCacheMixin, TextEngine):
     """:class:`TextEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
 
-    def __init__(
-        self,
-        model,
-        name: str = "verifier",
-        headroom: int = 1024,
-        compile_decode: bool = False,
-        compile_mode: str = "reduce-overhead",
-        *,
-        prefix_kv=None,
-    ):
-        super().__init__(model, name, prefix_kv=prefix_kv)
-        self._init_static(headroom, compile_decode, compile_mode)
-
     def prefill(self, ids: torch.Tensor) -> None:
         super().prefill(ids)
         self._to_static()
@@ -374,20 +374,6 @@ class StaticTextEngine(_StaticCacheMixin, TextEngine):
 
 class StaticVLEngine(_StaticCacheMixin, VLEngine):
     """:class:`VLEngine` on a static KV cache (opt-in GPU fast path; untested on GPU)."""
-
-    def __init__(
-        self,
-        model,
-        name: str = "drafter_full",
-        headroom: int = 1024,
-        compile_decode: bool = False,
-        compile_mode: str = "reduce-overhead",
-        *,
-        encoder=None,
-        prefix_kv=None,
-    ):
-        super().__init__(model, name, encoder=encoder, prefix_kv=prefix_kv)
-        self._init_static(headroom, compile_decode, compile_mode)
 
     def prefill_features(self, ids: torch.Tensor, *args, **kwargs) -> None:
         super().prefill_features(ids, *args, **kwargs)
