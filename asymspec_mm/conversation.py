@@ -31,7 +31,9 @@ from .errors import UnknownOptionError
 #: A compressor of long text parts, applied once per part as it arrives: ``text -> shorter text``.
 TextCompressor = Callable[[str], str]
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+#: Roles whose messages may hold images: the user's, and a tool's result (a screenshot, a chart it drew).
+IMAGE_ROLES = ("user", "tool")
 
 
 class ConversationError(UnknownOptionError):
@@ -48,10 +50,14 @@ class ImagePart:
 
 @dataclass(frozen=True)
 class Turn:
-    """One message: its role (``system``, ``user`` or ``assistant``) and its parts (text, or :class:`ImagePart`)."""
+    """One message: its role (``system``, ``user``, ``assistant`` or ``tool``) and its parts (text, or
+    :class:`ImagePart`); an assistant's ``tool_calls`` (OpenAI's shape, arguments parsed to objects) and a tool
+    result's ``tool_call_id``."""
 
     role: str
     parts: tuple[str | ImagePart, ...]
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
 
     @property
     def images(self) -> list[ImagePart]:
@@ -79,7 +85,8 @@ def parse_messages(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
 
     Content is a string or a list of parts: ``{"type": "text", "text": ...}``, ``{"type": "image_url",
     "image_url": {"url": ...}}`` or ``{"type": "image", "image": ...}`` (a PIL image or bytes in a part too). Images
-    only in user messages; the last message must be the user's (the turn to answer).
+    in user and tool messages; an assistant message may hold ``tool_calls``, each answered later by a ``tool``
+    message with its ``tool_call_id``. The last message must be the user's or a tool's (the turn to answer).
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ConversationError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -93,6 +100,8 @@ def parse_messages(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
         if role is None:
             raise ConversationError(f"{where}: role {m.get('role')!r} is not one of {', '.join(ROLES)}")
         content = m.get("content")
+        if content is None and role in ("assistant", "tool"):
+            content = ""
         if isinstance(content, str):
             items: Sequence[Any] = [content]
         elif isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
@@ -110,16 +119,46 @@ def parse_messages(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
                     raise ConversationError(f"{at}: a text part needs 'text' (a string)")
                 parts.append(text)
             elif isinstance(part, Mapping) and part.get("type") in ("image_url", "image"):
-                if role != "user":
-                    raise ConversationError(f"{at}: images go in user messages only (this is a {m.get('role')} message)")
+                if role not in IMAGE_ROLES:
+                    raise ConversationError(f"{at}: images go in user and tool messages only (this is a {m.get('role')} message)")
                 n_images += 1
                 parts.append(ImagePart(n_images, _image_source(part, at)))
             else:
                 raise ConversationError(f"{at}: parts are {{'type': 'text'}}, {{'type': 'image_url'}} or {{'type': 'image'}}")
-        turns.append(Turn(role, tuple(parts)))
-    if turns[-1].role != "user":
-        raise ConversationError("the last message must be the user's (the turn to answer)")
+        calls = tuple(tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(m.get("tool_calls") or ()))
+        if calls and role != "assistant":
+            raise ConversationError(f"{where}: tool_calls belong in assistant messages")
+        call_id = m.get("tool_call_id")
+        if role == "tool":
+            known = {c["id"] for t in turns for c in t.tool_calls}
+            if not isinstance(call_id, str) or call_id not in known:
+                raise ConversationError(
+                    f"{where}: a tool message needs the tool_call_id of an earlier assistant tool call "
+                    f"(got {call_id!r}; earlier calls: {', '.join(sorted(known)) or 'none'})"
+                )
+        turns.append(Turn(role, tuple(parts), calls, call_id if role == "tool" else None))
+    if turns[-1].role not in ("user", "tool"):
+        raise ConversationError("the last message must be the user's or a tool's result (the turn to answer)")
     return turns
+
+
+def tool_call(call: Any, where: str) -> dict[str, Any]:
+    """An assistant message's tool call in OpenAI's shape (``{"id", "type": "function", "function": {"name",
+    "arguments"}}``, arguments a JSON string or an object), with its arguments parsed to an object."""
+    import json
+
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not isinstance(call.get("id"), str):
+        raise ConversationError(f'{where}: a tool call is {{"id": ..., "type": "function", "function": {{"name": ..., "arguments": ...}}}}')
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ConversationError(f"{where}.function.arguments is not valid JSON ({exc.msg})") from None
+    if not isinstance(args, Mapping):
+        raise ConversationError(f"{where}.function.arguments must be a JSON object")
+    return {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
 
 
 def truncate(limit: int = 2000, head: int = 1000, tail: int = 500) -> TextCompressor:
@@ -169,30 +208,39 @@ def view_messages(
         raise UnknownOptionError(f"drafter_view={drafter_view!r} is not one of {DRAFTER_VIEWS}")
     compressed, compressed_vl, full = [], [], []
     for turn in turns:
-        if turn.role != "user":
+        extra: dict[str, Any] = {}
+        if turn.tool_calls:
+            extra["tool_calls"] = [dict(c) for c in turn.tool_calls]
+        if turn.tool_call_id is not None:
+            extra["tool_call_id"] = turn.tool_call_id
+        if turn.role not in IMAGE_ROLES:
             text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
-            compressed.append({"role": turn.role, "content": text})
-            compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}]})
-            full.append({"role": turn.role, "content": [{"type": "text", "text": text}]})
+            compressed.append({"role": turn.role, "content": text, **extra})
+            compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
+            full.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
             continue
         text = compressed_text(turn, views, text_compressor)
-        compressed.append({"role": "user", "content": text})
-        compressed_vl.append({"role": "user", "content": [{"type": "text", "text": text}]})
+        compressed.append({"role": turn.role, "content": text, **extra})
+        compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
         if drafter_view == "image":
             own = [text_compressor(t) if text_compressor is not None else t for t in turn.texts]
             text = "\n\n".join(t.strip() for t in own if t.strip())
-        full.append({"role": "user", "content": [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": text}]})
+        full.append({"role": turn.role, "content": [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": text}], **extra})
     return ViewMessages(compressed, compressed_vl, full)
 
 
-def view_texts(processor, verifier_tokenizer, vm: ViewMessages, *, enable_thinking: bool = False) -> tuple[str, str, str]:
+def view_texts(
+    processor, verifier_tokenizer, vm: ViewMessages, *, enable_thinking: bool = False, tools: Sequence[Mapping] | None = None
+) -> tuple[str, str, str]:
     """``(verifier, drafter_comp, drafter_full)`` prompt strings of ``vm`` through the real chat templates, each with
-    the generation prompt (the verifier's with thinking disabled unless ``enable_thinking``, as a single request's)."""
+    the generation prompt (the verifier's with thinking disabled unless ``enable_thinking``, as a single request's)
+    and, given ``tools`` (OpenAI function tools), the templates' own tools block."""
+    kw: dict[str, Any] = {"tools": list(tools)} if tools else {}
     v_text = verifier_tokenizer.apply_chat_template(
-        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kw
     )
-    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True)
-    f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True)
+    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True, **kw)
+    f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True, **kw)
     return v_text, c_text, f_text
 
 

@@ -81,6 +81,9 @@ class ServingPipeline(Protocol):
         ignore_eos: bool = ...,
         text_compressor: TextCompressor | None = ...,
         enable_thinking: bool = ...,
+        tools: Any = ...,
+        tool_choice: Any = ...,
+        response_format: Any = ...,
         prefill: bool = ...,
         **overrides: Any,
     ) -> Session: ...
@@ -243,6 +246,9 @@ class RequestPreparer:
         ignore_eos: bool = False,
         text_compressor: TextCompressor | None = None,
         enable_thinking: bool = False,
+        tools: Any = None,
+        tool_choice: Any = None,
+        response_format: Any = None,
         prefill: bool = True,
         **overrides: Any,
     ) -> Session:
@@ -252,14 +258,21 @@ class RequestPreparer:
         ``caption`` / ``ocr``: ``None`` produce them for every image (``ocr=False``: none), a string for the only
         image, or a list with one per image. ``text_compressor`` shortens long text parts in the compressed view
         (e.g. :func:`~asymspec_mm.conversation.truncate`); ``enable_thinking`` goes to the verifier's template (off by
-        default, as the paper's harness). The session's ``view`` is the last image's."""
+        default, as the paper's harness). ``tools`` (OpenAI function tools) are rendered by both templates and, unless
+        ``tool_choice="none"``, the answer is read for calls (``res.tool_calls``, :mod:`asymspec_mm.tools`);
+        ``tool_choice`` ``required`` / a named function and a ``response_format`` other than text need
+        grammar-constrained decoding and are refused. The session's ``view`` is the last image's."""
         from vision_cache.image import load_image
 
         from .conversation import parse_messages, per_image, view_messages, view_texts
+        from .tools import check_response_format, check_tool_choice, check_tools
 
         m = self.models
         cfg = resolve_config(config, overrides)
         check_method(method)
+        offered = check_tools(tools)
+        choice = check_tool_choice(tool_choice, offered)
+        check_response_format(response_format)
         t_start = time.perf_counter()
         turns = parse_messages(messages)
         images = [load_image(part.source) for turn in turns for part in turn.images]
@@ -278,7 +291,10 @@ class RequestPreparer:
             turns, {i + 1: v.render() for i, v in enumerate(views)}, drafter_view=cfg.drafter_view, text_compressor=text_compressor
         )
         prompts = tokenize_prompts(
-            m.processor, m.verifier_tokenizer, images, view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking)
+            m.processor,
+            m.verifier_tokenizer,
+            images,
+            view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking, tools=offered),
         )
         view = views[-1] if views else CompressedView()
         given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
@@ -286,6 +302,7 @@ class RequestPreparer:
             method, cfg, prompts, images, view, timings, ocr_engine, given, vision, t_start, engines, ignore_eos, prefill, None
         )
         session.stats["images"] = len(images)
+        session.tools, session.read_tool_calls = offered, bool(offered) and choice != "none"
         return session
 
     def _set_up(

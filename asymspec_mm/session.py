@@ -31,10 +31,17 @@ class MMResult:
     view: CompressedView
     method: str = "asymspec"
     config: AsymSpecConfig = field(default_factory=AsymSpecConfig)
+    #: the calls the answer makes when the request offered tools (OpenAI's shape, :mod:`asymspec_mm.tools`), else None
+    tool_calls: list[dict[str, Any]] | None = None
+    #: the message's content when the answer calls tools: the text before the first call (None if there is none)
+    content: str | None = None
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's reason: ``length`` when the token budget ended it, else ``stop`` (EOS or a stop string)."""
+        """OpenAI's reason: ``tool_calls`` when the answer calls tools, ``length`` when the token budget ended it,
+        else ``stop`` (EOS or a stop string)."""
+        if self.tool_calls:
+            return "tool_calls"
         return "length" if self.stats.get("stopped_by") == "max_new_tokens" else "stop"
 
     def as_dict(self) -> dict:
@@ -42,6 +49,7 @@ class MMResult:
         return {
             "text": self.text,
             "token_ids": self.token_ids,
+            "tool_calls": self.tool_calls,
             "method": self.method,
             "config": self.config.as_dict(),
             "stats": self.stats,
@@ -83,6 +91,9 @@ class Session:
     #: each transformers stream's whole prompt as a reuse key ``[L]`` (:func:`~asymspec_mm.engines.prefix_kv.reuse_key`):
     #: what the stream's context is stored under once the answer is known (:func:`remember_answer`)
     reuse_keys: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the function tools the request offers and whether the answer is read for calls (``tool_choice`` not ``none``)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    read_tool_calls: bool = False
 
 
 def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, token_ids: list[int], contexts: dict[str, Any]) -> None:
@@ -180,7 +191,17 @@ def session_result(session: Session, counters: Counters, trace: list[TokenEvent]
     for s in session.config.stop_strings:
         if s and s in text:
             text = text[: text.index(s)]
+    calls, content = None, text
+    if session.read_tool_calls:
+        from .tools import parse_tool_calls
+
+        parsed = parse_tool_calls(text)
+        calls, content = parsed.tool_calls, parsed.content
+        if parsed.problem:
+            stats["tool_call_problem"] = parsed.problem
     return MMResult(
+        tool_calls=calls,
+        content=content,
         text=text,
         token_ids=token_ids,
         trace=trace,

@@ -481,10 +481,10 @@ BAD_REQUESTS = {
         "images go in user messages only",
         "messages[1].content[0]",
     ),
-    "tool_message": (
+    "orphan_tool_message": (
         _case_body(messages=[user_message("hi", data_url(make_case(9)["image"])), {"role": "tool", "content": "42", "tool_call_id": "x"}]),
-        "not supported yet",
-        "messages[1]",
+        "names no earlier assistant tool call",
+        "messages[1].tool_call_id",
     ),
     "bad_template_kwargs": (
         _case_body(chat_template_kwargs={"add_vision_id": True}),
@@ -505,11 +505,12 @@ BAD_REQUESTS = {
     "max_tokens_zero": (_case_body(max_tokens=0), "integer >= 1", "max_tokens"),
     "empty_stop": (_case_body(stop=[""]), "must not be empty", "stop"),
     "logprobs": (_case_body(logprobs=True), "return_trace", "logprobs"),
-    "tools": (_case_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tool calling is not supported", "tools"),
-    "tool_choice": (_case_body(tool_choice="required"), "tool calling is not supported", "tool_choice"),
+    "bad_tool": (_case_body(tools=[{"type": "function"}]), "tools[0] must be", "tools"),
+    "tool_choice_required": (_case_body(tools=[_TOOL], tool_choice="required"), "grammar-constrained decoding", "tool_choice"),
+    "response_format_json": (_case_body(response_format={"type": "json_object"}), "grammar-constrained decoding", "response_format"),
     "assistant_last": (
         _case_body(messages=[user_message("hi", data_url(make_case(9)["image"])), {"role": "assistant", "content": "hello"}]),
-        "not the user's",
+        "neither the user's nor a tool's",
         "messages",
     ),
     "no_messages": (_case_body(messages=[]), "non-empty list", "messages"),
@@ -521,7 +522,11 @@ BAD_REQUESTS = {
         "context window",
         "messages",
     ),
-    "long_tools": (_case_body(tools=[_TOOL]), "tools (a list of 1 item) is not supported; it must be absent or empty", "tools"),
+    "long_logit_bias": (
+        _case_body(logit_bias={str(i): 1 for i in range(20)}),
+        "logit_bias (an object with 20 keys) is not supported",
+        "logit_bias",
+    ),
 }
 
 

@@ -146,3 +146,89 @@ def test_smolagents_code_agent_runs_three_steps(live):
     assert all(s.model_output is not None for s in steps[:3])
     assert requests[:3] == sorted(requests[:3]) and requests[2] > requests[0]  # the history grows turn by turn
     assert smolagents.__version__
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+    },
+}
+
+
+def test_tools_and_a_tool_result_with_an_image_equal_pipe_chat(live):
+    """tools with tool_choice auto, an assistant tool call and the tool's result (text and an image): the answer and
+    its finish reason equal pipe.chat's, streamed and not; what the server cannot honour is a 400 naming the field."""
+    url, pipe = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    img1, img2 = make_image(66), make_image(67)
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}
+    turns = [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": data_url(img1)}}, {"type": "text", "text": "Add the bars."}],
+        },
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": [{"type": "text", "text": "7"}, {"type": "image_url", "image_url": {"url": data_url(img2)}}],
+        },
+    ]
+    local = [
+        {"role": "user", "content": [{"type": "image", "image": img1}, "Add the bars."]},
+        turns[1],
+        {"role": "tool", "tool_call_id": "call_1", "content": ["7", {"type": "image", "image": img2}]},
+    ]
+    options = {"caption": CAPTIONS, "ocr": [False, False]}
+    want = pipe.chat(local, tools=[ADD], config=AsymSpecConfig(max_new_tokens=10), **options)
+    resp = client.chat.completions.create(model="tiny", messages=turns, tools=[ADD], max_tokens=10, extra_body={"asymspec": options})
+    msg = resp.choices[0].message
+    assert resp.choices[0].finish_reason == want.finish_reason
+    assert (msg.content, [c.function.name for c in msg.tool_calls or []]) == (
+        want.content,
+        [c["function"]["name"] for c in want.tool_calls],
+    )
+    stream = client.chat.completions.create(
+        model="tiny", messages=turns, tools=[ADD], tool_choice="auto", max_tokens=10, stream=True, extra_body={"asymspec": options}
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (want.content or "")
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+    for kwargs, param in (
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, "response_format"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny", messages=turns, tools=[ADD], max_tokens=2, **kwargs)
+        assert err.value.body["param"] == param and "grammar-constrained" in err.value.body["message"]
+    orphan = [turns[0], {"role": "tool", "tool_call_id": "call_9", "content": "7"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=orphan, tools=[ADD], max_tokens=2)
+    assert err.value.body["code"] == "unknown_tool_call_id" and err.value.body["param"] == "messages[1].tool_call_id"
+    again = client.chat.completions.create(model="tiny", messages=turns, tools=[ADD], max_tokens=10, extra_body={"asymspec": options})
+    assert again.choices[0].message.content == msg.content  # the server goes on serving
+
+
+def test_a_tool_call_answer_as_openai_shapes_it():
+    """The response of an answer that calls tools (hand-written text: the random and tiny pairs make no calls without
+    a grammar): content before the call, the call with its arguments, finish_reason tool_calls; streamed deltas join
+    to the same call with the same id."""
+    from types import SimpleNamespace
+
+    from asymspec_mm.serve.responses import message_of
+    from asymspec_mm.tools import ToolCallStream, parse_tool_calls
+
+    text = 'I will add them.\n<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    res = SimpleNamespace(text=text, tool_calls=parse_tool_calls(text).tool_calls)
+    msg = message_of(res, "chatcmpl-1")
+    assert msg["content"] == "I will add them." and msg["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 3, "b": 4}'}
+    stream = ToolCallStream("chatcmpl-1")
+    deltas = [d for i in range(1, len(text) + 1) for d in stream.push(text[:i])] + stream.finish(text, parse_tool_calls(text, "chatcmpl-1"))
+    first = next(d["tool_calls"][0] for d in deltas if "tool_calls" in d)
+    assert first["id"] == msg["tool_calls"][0]["id"] and first["function"]["name"] == "add"
+    args = "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls", []))
+    assert args == msg["tool_calls"][0]["function"]["arguments"]

@@ -252,13 +252,27 @@ class Scheduler:
         ignore_eos: bool = False,
         text_compressor=None,
         enable_thinking: bool = False,
+        tools=None,
+        tool_choice=None,
+        response_format=None,
         **overrides,
     ) -> Handle:
         """Queue a conversation (OpenAI-format ``messages``, as :meth:`AsymSpecPipeline.chat`: ``caption`` / ``ocr``
-        one per image); bad options raise here. Returns its :class:`Handle`."""
+        one per image, ``tools``, ``tool_choice``); bad options raise here. Returns its :class:`Handle`."""
+        from ..tools import check_response_format, check_tool_choice, check_tools
+
         check_method(method)
         cfg = resolve_config(config, overrides)
-        chat = {"messages": messages, "text_compressor": text_compressor, "enable_thinking": enable_thinking}
+        check_tool_choice(tool_choice, check_tools(tools))
+        check_response_format(response_format)
+        chat = {
+            "messages": messages,
+            "text_compressor": text_compressor,
+            "enable_thinking": enable_thinking,
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "response_format": response_format,
+        }
         return self._enqueue(lambda handle: _Waiting(handle, None, "", caption, ocr, method, cfg, ignore_eos, chat=chat))
 
     def _enqueue(self, make: Callable[[Handle], _Waiting]) -> Handle:

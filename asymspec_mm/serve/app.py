@@ -33,9 +33,10 @@ from starlette.responses import Response
 
 from ..batch.scheduler import SchedulerStoppedError
 from ..errors import AsymSpecError, ContextOverflowError
+from ..tools import ToolCallStream, parse_tool_calls
 from .errors import RequestError
 from .metrics import Metrics
-from .responses import TextDeltas, asymspec_object, finish_reason, trace_entry, usage  # noqa: F401 - TextDeltas: tests
+from .responses import TextDeltas, asymspec_object, finish_reason, message_of, trace_entry, usage
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -343,7 +344,14 @@ def create_app(
 
         try:
             handle = state.scheduler.submit_chat(
-                req.messages, caption=req.caption, ocr=req.ocr, method=req.method, config=req.config, enable_thinking=req.enable_thinking
+                req.messages,
+                caption=req.caption,
+                ocr=req.ocr,
+                method=req.method,
+                config=req.config,
+                enable_thinking=req.enable_thinking,
+                tools=req.tools or None,
+                tool_choice=req.tool_choice,
             )
         except QueueFullError as exc:
             raise RequestError(
@@ -375,9 +383,7 @@ def create_app(
             "created": created,
             "model": state.model,
             "system_fingerprint": None,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None, "finish_reason": finish_reason(res)}
-            ],
+            "choices": [{"index": 0, "message": message_of(res, cid), "logprobs": None, "finish_reason": finish_reason(res)}],
             "usage": usage(res),
             "asymspec": asymspec_object(res, state.pipe.tokenizer, req.return_trace),
         }
@@ -387,6 +393,18 @@ def create_app(
         provenance under ``asymspec.trace`` when asked), the finish reason with stats and view, usage, [DONE]."""
         tok = state.pipe.tokenizer
         deltas = TextDeltas(tok, req.config.stop_strings)
+        calls = ToolCallStream(cid) if req.tools and req.tool_choice != "none" else None
+        text = ""  # the answer so far, as the deltas sent it
+
+        def message_deltas(piece: str, final: MMResult | None = None) -> list[dict]:
+            """The step's text as OpenAI deltas: plain content, or content and tool-call pieces with tools."""
+            nonlocal text
+            text += piece
+            if calls is None:
+                return [{"content": piece}] if piece else []
+            if final is None:
+                return calls.push(text)
+            return calls.finish(final.text, parse_tool_calls(final.text, cid))
 
         def chunk(delta: dict, finish: str | None = None, **extra: Any) -> bytes:
             body = {
@@ -405,14 +423,17 @@ def create_app(
         while item is not None:
             kind, value = item
             if kind == "events":
-                piece = deltas.push([ev.token_id for ev in value])
-                if piece or req.return_trace:
-                    extra = {"asymspec": {"trace": [trace_entry(ev, tok) for ev in value]}} if req.return_trace else {}
-                    yield chunk({"content": piece}, **extra)
+                out = message_deltas(deltas.push([ev.token_id for ev in value]))
+                if req.return_trace:
+                    extra = {"asymspec": {"trace": [trace_entry(ev, tok) for ev in value]}}
+                    out = out or [{"content": ""}]
+                    yield chunk(out[0], **extra)
+                    out = out[1:]
+                for delta in out:
+                    yield chunk(delta)
             elif kind == "result":
-                piece = deltas.finish(value.text)
-                if piece:
-                    yield chunk({"content": piece})
+                for delta in message_deltas(deltas.finish(value.text), value):
+                    yield chunk(delta)
                 info = asymspec_object(value, tok, False)
                 yield chunk({}, finish_reason(value), asymspec=info)
                 if req.include_usage:

@@ -10,8 +10,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def finish_reason(res: MMResult) -> str:
-    """``length`` when the token budget ended decoding, else ``stop`` (:attr:`MMResult.finish_reason`)."""
+    """``tool_calls`` when the answer calls tools, ``length`` when the token budget ended decoding, else ``stop``
+    (:attr:`MMResult.finish_reason`)."""
     return res.finish_reason
+
+
+def message_of(res: MMResult, cid: str) -> dict[str, Any]:
+    """The answer as OpenAI's assistant message: its text, or with tool calls its content (the text before the first
+    call, ``None`` when empty) and the calls, their ids drawn from the completion's id ``cid`` (as streamed)."""
+    if not res.tool_calls:
+        return {"role": "assistant", "content": res.text}
+    from ..tools import parse_tool_calls
+
+    parsed = parse_tool_calls(res.text, cid)
+    return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
 
 
 def usage(res: MMResult) -> dict[str, int]:

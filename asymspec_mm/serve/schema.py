@@ -3,7 +3,9 @@
 
 The conversation is the whole history, as ``pipe.chat`` takes it: ``system`` / ``developer``, ``user`` messages
 with text parts and any number of ``image_url`` parts (data URLs, or files under ``--allow-local-images``; at most
-``max_images`` in the request), ``assistant`` messages with text; the last message is the user's, with text. Each
+``max_images`` in the request), ``assistant`` messages with text and ``tool_calls``, ``tool`` messages (text and
+images) answering them by ``tool_call_id``; the last message is the user's (with text) or a tool's. ``tools`` with
+``tool_choice`` ``auto`` / ``none`` are rendered by the templates and the answer read for calls. Each
 image is loaded here, so a bad one is refused before anything is queued; the answer equals ``pipe.chat`` of the
 same messages. ``chat_template_kwargs`` takes ``enable_thinking`` (default false, as the paper's harness). OpenAI
 fields the server cannot honour are refused unless they hold their neutral value.
@@ -37,6 +39,9 @@ _USED = (
     "n",
     "temperature",
     "chat_template_kwargs",
+    "tools",
+    "tool_choice",
+    "response_format",
     "asymspec",
 )
 
@@ -55,10 +60,7 @@ _NEUTRAL: dict[str, tuple[Any, str]] = {
     "logprobs": (lambda v: v is False, "false; ask for asymspec.return_trace to get per-token probabilities"),
     "top_logprobs": (lambda v: v == 0 and _is_number(v), "0; ask for asymspec.return_trace to get per-token probabilities"),
     "logit_bias": (lambda v: v == {}, "empty: logit biases are not supported"),
-    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}: structured output is not supported'),
-    "tools": (lambda v: v == [], "empty: tool calling is not supported"),
-    "tool_choice": (lambda v: v in ("none", "auto"), '"none" or "auto" (no tools): tool calling is not supported'),
-    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean; the model may make several calls either way"),
 }
 
 _SYSTEM_ROLES = ("system", "developer")
@@ -75,6 +77,8 @@ class ChatRequest:
     caption: str | None = None
     ocr: str | bool | None = None
     enable_thinking: bool = False
+    tools: list = field(default_factory=list)
+    tool_choice: str = "none"
     return_trace: bool = False
     stream: bool = False
     include_usage: bool = False
@@ -182,20 +186,33 @@ def _conversation(messages: Any, max_images: int) -> tuple[list[dict[str, Any]],
         if not isinstance(msg, dict):
             raise bad_request(f"{p} must be an object with 'role' and 'content'", p)
         role = msg.get("role")
-        if role in ("tool", "function") or msg.get("tool_calls"):
-            raise bad_request(f"{p}: tool calls and tool messages are not supported yet; send the tool's output as a user message", p)
-        if role not in (*_SYSTEM_ROLES, "user", "assistant"):
-            raise bad_request(f"{p} has role {role!r}; use 'system', 'developer', 'user' or 'assistant'", f"{p}.role")
-        parts = _parts_of(msg.get("content"), f"{p}.content", images=images if role == "user" else None)
+        if role not in (*_SYSTEM_ROLES, "user", "assistant", "tool"):
+            raise bad_request(f"{p} has role {role!r}; use 'system', 'developer', 'user', 'assistant' or 'tool'", f"{p}.role")
+        parts = _parts_of(msg.get("content"), f"{p}.content", images=images if role in ("user", "tool") else None)
         if len(images) > max_images:
             raise bad_request(
                 f"the request has more than {max_images} images (the server's --max-images); send fewer or raise the limit",
                 images[max_images][1],
                 "too_many_images",
             )
-        out.append({"role": role, "content": parts})
-    if out[-1]["role"] != "user":
-        raise bad_request(f"messages[{len(out) - 1}] is the last message but not the user's: end with the user turn to answer", "messages")
+        message: dict[str, Any] = {"role": role, "content": parts}
+        if role == "assistant" and msg.get("tool_calls"):
+            message["tool_calls"] = _tool_calls(msg["tool_calls"], f"{p}.tool_calls")
+        if role == "tool":
+            known = {c["id"] for m in out for c in m.get("tool_calls", ())}
+            if msg.get("tool_call_id") not in known:
+                raise bad_request(
+                    f"{p}.tool_call_id={json.dumps(msg.get('tool_call_id'))[:40]} names no earlier assistant tool call "
+                    f"({', '.join(sorted(known)) or 'there is none'}): a tool message answers one",
+                    f"{p}.tool_call_id",
+                    "unknown_tool_call_id",
+                )
+            message["tool_call_id"] = msg["tool_call_id"]
+        out.append(message)
+    if out[-1]["role"] not in ("user", "tool"):
+        raise bad_request(
+            f"messages[{len(out) - 1}] is the last message but neither the user's nor a tool's: end with the turn to answer", "messages"
+        )
     if not images:
         raise bad_request(
             "the conversation has no image: AsymSpec answers about images; add an image_url part with a data URL",
@@ -203,6 +220,37 @@ def _conversation(messages: Any, max_images: int) -> tuple[list[dict[str, Any]],
             "missing_image",
         )
     return out, images
+
+
+def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls``, checked (arguments: a JSON string or an object)."""
+    from ..conversation import ConversationError, tool_call
+
+    if not isinstance(v, list):
+        raise bad_request(f"{param} must be a list of tool calls", param)
+    try:
+        return [tool_call(c, f"{param}[{j}]") for j, c in enumerate(v)]
+    except ConversationError as exc:
+        raise bad_request(str(exc), param) from None
+
+
+def _tools(data: dict) -> tuple[list, str]:
+    """``tools`` and ``tool_choice`` checked: function tools, and ``none`` / ``auto``."""
+    from ..tools import ToolError, check_response_format, check_tool_choice, check_tools
+
+    try:
+        tools = check_tools(data.get("tools"))
+    except ToolError as exc:
+        raise bad_request(str(exc), "tools") from None
+    try:
+        choice = check_tool_choice(data.get("tool_choice"), tools)
+    except ToolError as exc:
+        raise bad_request(str(exc), "tool_choice", "unsupported") from None
+    try:
+        check_response_format(data.get("response_format"))
+    except ToolError as exc:
+        raise bad_request(str(exc), "response_format", "unsupported") from None
+    return tools, choice
 
 
 def _template_kwargs(v: Any) -> bool:
@@ -340,13 +388,14 @@ def parse_chat_request(
         raise bad_request(str(exc), "asymspec") from None
     messages, refs = _conversation(data.get("messages"), max_images)
     last = messages[-1]
-    if not "".join(part["text"] for part in last["content"] if part["type"] == "text").strip():
+    if last["role"] == "user" and not "".join(part["text"] for part in last["content"] if part["type"] == "text").strip():
         raise bad_request(
             "the last user message's text is empty: ask a question about the image, e.g. 'What is the largest value?'",
             f"messages[{len(messages) - 1}].content",
             "empty_question",
         )
     enable_thinking = _template_kwargs(data.get("chat_template_kwargs"))
+    tools, tool_choice = _tools(data)
     loaded = [load_request_image(url, allow_local_images, param) for url, param in refs]
     for msg in messages:
         msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
@@ -357,6 +406,8 @@ def parse_chat_request(
         caption=other.get("caption"),
         ocr=other.get("ocr"),
         enable_thinking=enable_thinking,
+        tools=tools,
+        tool_choice=tool_choice,
         return_trace=other.get("return_trace", False),
         stream=bool(stream),
         include_usage=include_usage,

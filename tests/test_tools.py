@@ -1,0 +1,136 @@
+"""Tool calls (issue #30, first part): tools, assistant tool calls and tool results (with an image) rendered by the
+real templates in both views; Qwen's ``<tool_call>`` output parsed, streamed deltas joining to the parsed calls;
+``pipe.chat(tools=...)`` and the server's tool messages on real forwards; refusals naming the field."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from conftest import make_image
+
+from asymspec_mm import AsymSpecConfig
+from asymspec_mm.conversation import ConversationError, parse_messages, view_messages, view_texts
+from asymspec_mm.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+    },
+}
+CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+VIEW_1, VIEW_2 = "Image description: a bar chart", "Image description: the tool's plot"
+
+
+def _conversation(img1, img2) -> list[dict]:
+    return [
+        {"role": "user", "content": [{"type": "image", "image": img1}, {"type": "text", "text": "Add the two bars."}]},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "5"}, {"type": "image", "image": img2}]},
+    ]
+
+
+def test_tools_calls_and_results_render_as_the_real_templates(standin_pipe):
+    """Both views equal the templates over hand-written messages: the tools block, the call as the template writes
+    it, the tool result with its image (compressed view: the image's labelled view first, then the text)."""
+    proc, tok = standin_pipe.processor, standin_pipe.verifier_tokenizer
+    vm = view_messages(parse_messages(_conversation(make_image(1), make_image(2))), {1: VIEW_1, 2: VIEW_2})
+    got = view_texts(proc, tok, vm, tools=[ADD])
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    plain = [
+        {"role": "user", "content": f"{VIEW_1}\n\nAdd the two bars."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": f"[Image 2]\n{VIEW_2}\n\n5"},
+    ]
+    vl = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in plain]
+    full = [dict(m, content=list(m["content"])) for m in vl]
+    full[0]["content"] = [{"type": "image"}, {"type": "text", "text": f"{VIEW_1}\n\nAdd the two bars."}]
+    full[2]["content"] = [{"type": "image"}, {"type": "text", "text": f"[Image 2]\n{VIEW_2}\n\n5"}]
+    assert got[0] == tok.apply_chat_template(plain, tools=[ADD], tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert got[1] == proc.apply_chat_template(vl, tools=[ADD], tokenize=False, add_generation_prompt=True)
+    assert got[2] == proc.apply_chat_template(full, tools=[ADD], tokenize=False, add_generation_prompt=True)
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>' in got[0]
+    assert "<tool_response>" in got[0] and got[2].count("<|image_pad|>") == 2
+
+
+def test_hand_written_answers_parse():
+    one = parse_tool_calls('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>', "x")
+    assert one.content == "Let me add." and one.problem is None
+    assert one.tool_calls == [{"id": call_id("x", 0), "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]
+    two = parse_tool_calls(
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {"s": "}{"}}\n</tool_call>'
+    )
+    assert two.content is None and [c["function"]["name"] for c in two.tool_calls] == ["a", "b"]
+    assert json.loads(two.tool_calls[1]["function"]["arguments"]) == {"s": "}{"}
+    for bad, why in (
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 2,}}\n</tool_call>', "does not hold"),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 2}}', "not closed"),
+        ('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call> and more', "follows"),
+        ('<tool_call>\n{"name": "add", "arguments": [1]}\n</tool_call>', "does not hold"),
+    ):
+        parsed = parse_tool_calls(bad)
+        assert parsed.content == bad and parsed.tool_calls == [] and why in parsed.problem
+    assert parse_tool_calls("just text").content == "just text"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_streamed_deltas_join_to_the_parsed_calls(seed):
+    """The text fed in random pieces (as decode steps commit them): the content deltas join to the parsed content,
+    each call's first delta has its id and name, and its argument deltas join to its arguments."""
+    rng = random.Random(seed)
+    args = [{"a": rng.randint(0, 99), "note": "x}{y" * rng.randint(0, 2)}, {}, {"nested": {"k": [1, 2, {"z": None}]}}]
+    text = "Thinking about it." * rng.randint(0, 1) + "".join(
+        f'\n<tool_call>\n{{"name": "f{i}", "arguments": {json.dumps(a)}}}\n</tool_call>' for i, a in enumerate(args[: rng.randint(1, 3)])
+    )
+    parsed = parse_tool_calls(text, "cmpl")
+    stream, deltas, cut = ToolCallStream("cmpl"), [], 0
+    while cut < len(text):
+        cut = min(len(text), cut + rng.randint(1, 7))
+        deltas += stream.push(text[:cut])
+    deltas += stream.finish(text, parsed)
+    content = "".join(d.get("content", "") for d in deltas)
+    assert content == (parsed.content or "")
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for c in d.get("tool_calls", []):
+            got = calls.setdefault(c["index"], {"id": c.get("id"), "name": c["function"].get("name"), "arguments": ""})
+            got["arguments"] += c["function"].get("arguments", "")
+    assert [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls.values()] == (
+        parsed.tool_calls
+    )
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(ToolError, match=r"tools\[0\]"):
+        check_tools([{"type": "function"}])
+    with pytest.raises(ToolError, match="offered twice"):
+        check_tools([ADD, ADD])
+    with pytest.raises(ToolError, match="grammar-constrained"):
+        check_tool_choice("required", check_tools([ADD]))
+    with pytest.raises(ToolError, match="grammar-constrained"):
+        check_tool_choice({"type": "function", "function": {"name": "add"}}, check_tools([ADD]))
+    assert check_tool_choice(None, []) == "none" and check_tool_choice(None, check_tools([ADD])) == "auto"
+    with pytest.raises(ConversationError, match="tool_call_id of an earlier assistant tool call"):
+        parse_messages([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "nope", "content": "5"}])
+    with pytest.raises(ConversationError, match="not valid JSON"):
+        parse_messages([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "{"}}]}])
+
+
+def test_chat_with_tools_decodes_the_rendered_prompt(tiny_pipe):
+    """pipe.chat with tools and a tool result: the verifier's prompt is the template's with the tools block, the
+    answer is read for calls (the random tiny pair makes none: its text is the content), tool_choice none renders
+    the tools but reads nothing."""
+    img1, img2 = make_image(11), make_image(12)
+    cfg = AsymSpecConfig(k=3, max_new_tokens=8)
+    res = tiny_pipe.chat(_conversation(img1, img2), tools=[ADD], caption=["a chart", "a plot"], ocr=False, config=cfg)
+    prompt = tiny_pipe.verifier_tokenizer.decode(res.prompts.verifier_ids[0])
+    assert "<tools>" in prompt and '"name": "add"' in prompt and "<tool_response>" in prompt
+    assert res.tool_calls == parse_tool_calls(res.text).tool_calls and res.finish_reason == (
+        "tool_calls" if res.tool_calls else res.finish_reason
+    )
+    off = tiny_pipe.chat(_conversation(img1, img2), tools=[ADD], tool_choice="none", caption=["a chart", "a plot"], ocr=False, config=cfg)
+    assert off.tool_calls is None and off.token_ids == res.token_ids
