@@ -936,3 +936,57 @@ def test_one_hover_box_at_a_time_and_what_the_page_names(browser_env, viewport):
     assert re.search(r"; (1 token differs|\d+ tokens differ) from the verifier alone", status), status
     page.screenshot(path=str(ARTIFACTS / f"inspector_{viewport['width']}.png"), full_page=True)
     page.context.close()
+
+
+# ------------------------------------------------------------------------------------- issue 29: follow-up questions
+
+
+def test_a_follow_up_shows_both_turns_and_clear_starts_over(browser_env):
+    """Two questions about one image, the second with Follow-up on: it answers the conversation (as pipe.chat does),
+    and the conversation box shows both turns with their provenance and cached tokens; Clear and a new image empty it."""
+    from vision_cache.image import load_image
+
+    env, pipe = browser_env, browser_env["pipe"]
+    case = make_case(70)
+    img = env["tmp"] / "follow_up.png"
+    case["image"].save(img)
+    other = env["tmp"] / "follow_up_other.png"
+    make_case(71)["image"].save(other)
+    page = _new_page(env, env["url"], DESKTOP)
+    conversation = page.locator("#asym-conversation")
+    assert "No conversation yet" in conversation.inner_text()
+    fill(page, img, case["question"], "a chart", "")
+    _run_and_wait(page)
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="1"]')
+    first_answer = page.locator("#asym-answer-text textarea").input_value()
+
+    follow_up = "Which bar is the largest?"
+    page.locator("#asym-followup input[type=checkbox]").check()
+    page.locator("#asym-question textarea").fill(follow_up)
+    _run_and_wait(page)
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="2"]')
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": load_image(str(img))}, {"type": "text", "text": case["question"]}]},
+        {"role": "assistant", "content": first_answer},
+        {"role": "user", "content": [{"type": "text", "text": follow_up}]},
+    ]
+    ref = pipe.chat(messages, caption="a chart", ocr=False, max_new_tokens=MAX_NEW)
+    want = answer_ids(pipe, ref)
+    assert [t["id"] for t in read_answer_tokens(page, len(want))] == want
+    text = conversation.inner_text()
+    assert case["question"] in text and follow_up in text and "A new image or Clear conversation starts a new conversation." in text
+    cached = ref.stats["cached_tokens"]["verifier"]
+    assert re.search(r"reused \d+ of \d+ verifier prompt tokens", text) and cached > 0
+    second_turn = page.locator('#asym-conversation .asym-turn[data-turn="2"] .asym-trace .tok')
+    assert [int(second_turn.nth(i).get_attribute("data-token-id")) for i in range(second_turn.count())] == want
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "inspector_conversation.png"), full_page=True)
+
+    page.locator("#asym-clear").click()
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="0"]')
+    _run_and_wait(page)  # Follow-up still on: after Clear, a first turn again
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="1"]')
+    page.locator("#asym-image input[type=file]").set_input_files(str(other))
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="0"]')
+    assert outside_requests(env["requests"]) == []
+    page.context.close()

@@ -14,6 +14,7 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
   page shows for a run (:data:`RUN_OUTPUTS`), with :mod:`ui.progress` (the status while rows are set up, wait
   or decode); :mod:`ui.trace_files` - the JSON/CSV downloads.
 - :mod:`ui.view_marks` - whose text the caption and OCR fields hold (generated text goes with its image).
+- :mod:`ui.conversation` - a session's conversation about its image (follow-up questions, their turns' HTML).
 - :mod:`ui.page_js` - the script that opens one hover box at a time, inside the viewport.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
@@ -32,6 +33,7 @@ from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHOD
 from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
+from .conversation import render_conversation_html
 from .examples import EXAMPLES_DIR, example_label, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
@@ -189,6 +191,9 @@ def build_app(
                     elem_id="asym-status",
                     label="status",
                 )
+                with gr.Row():
+                    followup = gr.Checkbox(value=False, label="Follow-up: continue this conversation", elem_id="asym-followup")
+                    clear_btn = gr.Button("Clear conversation", size="sm", elem_id="asym-clear", min_width=100)
                 with gr.Accordion("Compressed view: what the verifier reads (edit it)", open=True):
                     caption = gr.Textbox(
                         label="Caption",
@@ -271,6 +276,9 @@ def build_app(
                 alignment_html = gr.HTML(
                     render_alignment_html([("AsymSpec", []), ("Floor", [])]), js_on_load=None, elem_id="asym-align", label="alignment_html"
                 )
+                conversation_html = gr.HTML(
+                    render_conversation_html((), tok), js_on_load=None, elem_id="asym-conversation", label="conversation_html"
+                )
                 stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
                     label="JSD and gamma_eff per token",
@@ -289,6 +297,7 @@ def build_app(
                     result_json = gr.JSON(label="Raw result", elem_id="asym-json")
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
+        inputs.append(followup)  # last, so that API callers that send only the inputs before it keep working
         named = dict(
             status=status,
             answer_html=answer_html,
@@ -303,6 +312,7 @@ def build_app(
             trace_json=trace_json,
             trace_csv=trace_csv,
             result_json=result_json,
+            conversation_html=conversation_html,
         )
         outputs = [named[name] for name in RUN_OUTPUTS]
         h = _session_handlers(state, gr.Request)
@@ -340,9 +350,10 @@ def build_app(
             concurrency_limit=min(2, concurrency_limit),
             concurrency_id="describe",
         ).then(**settle)
-        # A new image (or none) empties the fields that hold the old image's generated text; typing makes a
-        # field the user's.
-        image.change(h.image_changed, [caption, ocr], [caption, ocr], queue=False, **quiet)
+        # A new image (or none) empties the fields that hold the old image's generated text and ends the
+        # conversation, as Clear does; typing makes a field the user's.
+        image.change(h.image_changed, [caption, ocr], [caption, ocr, conversation_html], queue=False, **quiet)
+        clear_btn.click(h.clear, None, [conversation_html], queue=False, **quiet)
         for box in (caption, ocr):
             box.input(h.view_edited, [caption, ocr], [caption, ocr], queue=False, **quiet)
         demo.unload(h.forget)  # the page went away: stop its run
@@ -374,6 +385,7 @@ class _SessionHandlers(NamedTuple):
     image_changed: Callable
     view_edited: Callable
     forget: Callable
+    clear: Callable
 
 
 def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
@@ -400,6 +412,7 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
         max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
         drafter_view="image+text",
         compare=True,
+        followup=False,
         request=None,
     ):
         yield from state.run(
@@ -418,6 +431,7 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
             max_new_tokens,
             drafter_view,
             compare,
+            followup,
             session=_session_of(request),
         )
 
@@ -438,7 +452,8 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
         return state.describe(image, caption, ocr, session=_session_of(request))
 
     def image_changed(caption="", ocr="", request=None):
-        return state.image_changed(caption, ocr, _session_of(request))
+        session = _session_of(request)
+        return *state.image_changed(caption, ocr, session), state.clear_conversation(session)
 
     def view_edited(caption="", ocr="", request=None):
         return state.view_edited(caption, ocr, _session_of(request))
@@ -446,7 +461,10 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
     def forget(request=None):
         state.forget(_session_of(request))
 
-    handlers = _SessionHandlers(run, enqueue, stop, stopped, settle, describe, image_changed, view_edited, forget)
+    def clear(request=None):
+        return state.clear_conversation(_session_of(request))
+
+    handlers = _SessionHandlers(run, enqueue, stop, stopped, settle, describe, image_changed, view_edited, forget, clear)
     for fn in handlers:
         fn.__annotations__ = {"request": request_type}
     run.__doc__ = DemoApp.run.__doc__

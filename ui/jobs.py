@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.config import METHODS, RANGES
 
+from .conversation import Conversations, Turn, render_conversation_html
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .examples import tiny_pair_warning
 from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
@@ -28,18 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("asymspec_mm.ui")
 
-__all__ = [
-    "DEFAULT_MAX_BATCH_SIZE",
-    "DEFAULT_MAX_NEW_TOKENS",
-    "MAX_K",
-    "MAX_NEW_TOKENS_LIMIT",
-    "MAX_QUESTION_CHARS",
-    "MAX_VIEW_CHARS",
-    "RUN_OUTPUTS",
-    "DemoApp",
-    "DemoInputError",
-    "outputs_as_dict",
-]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_NEW_TOKENS", "MAX_K", "MAX_NEW_TOKENS_LIMIT", "MAX_QUESTION_CHARS", "MAX_VIEW_CHARS"]
+__all__ += ["RUN_OUTPUTS", "DemoApp", "DemoInputError", "outputs_as_dict"]
 
 MAX_QUESTION_CHARS = 4000
 MAX_VIEW_CHARS = 8000
@@ -76,7 +67,9 @@ class DemoApp:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe = pipe
-        self.outputs = RunOutputs(getattr(pipe, "tokenizer", None))
+        #: Each session's conversation about its current image (follow-up questions continue it).
+        self.conversations = Conversations()
+        self.outputs = RunOutputs(getattr(pipe, "tokenizer", None), self.conversations)
         self.max_upload_bytes = int(max_upload_mb * 2**20)
         self.max_upload_mb = max_upload_mb
         self.max_new_tokens_limit = max_new_tokens_limit
@@ -120,12 +113,13 @@ class DemoApp:
             sched.close(timeout)
 
     def forget(self, session: str | None) -> None:
-        """The session's page went away: stop its job."""
+        """The session's page went away: stop its job, drop its conversation."""
         with self._lock:
             jobs = self._sessions.pop(session, []) if session else []
             self._stopped.pop(session or "", None)
             self._queued = [q for q in self._queued if q != session]
         self.views.forget(session)
+        self.conversations.clear(session)
         for job in jobs:
             job.stop()
 
@@ -195,6 +189,12 @@ class DemoApp:
         main = job.snapshot().results.get("main")
         if main is not None:
             self.views.ran(job.session, job.req.caption, job.req.ocr, main.view.caption, main.view.ocr_text)
+
+    def _record_turn(self, job: _Job) -> None:
+        """A finished run is its session's next turn (the main panel's answer)."""
+        main = job.snapshot().results.get("main")
+        if main is not None and job.req.conversation is not None:
+            self.conversations.record(job.req.conversation, Turn.of(job.req.question, main))
 
     # ---------------------------------------------------------------- inputs
     def _load_image(self, payload: Any) -> Any:
@@ -353,11 +353,17 @@ class DemoApp:
 
     def image_changed(self, caption: str, ocr: str, session: str | None = None) -> tuple:
         """A new image, or none: the fields that still hold the old image's generated text are emptied (the next run
-        fills them from the new image); the user's own text stays."""
+        fills them from the new image); the user's own text stays. The session's conversation ends."""
         import gradio as gr
 
         stale = self.views.image_changed(session, {"caption": caption, "ocr": ocr})
+        self.conversations.clear(session)
         return tuple(gr.update(value="", elem_classes=[], info=None) if f in stale else field_update(f, False) for f in FIELDS)
+
+    def clear_conversation(self, session: str | None = None) -> str:
+        """The Clear conversation button: the session's turns are forgotten; returns the empty conversation."""
+        self.conversations.clear(session)
+        return render_conversation_html((), self.outputs.tok)
 
     def stop(self, session: str | None) -> tuple:
         """The Stop button of a session: cancel its running job's rows and show what each panel had decoded,
@@ -418,13 +424,15 @@ class DemoApp:
         max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
         drafter_view="image+text",
         compare=True,
+        followup=False,
         *,
         session: str | None = None,
     ) -> Iterator[tuple]:
         """The ``/run`` endpoint: a generator of :data:`RUN_OUTPUTS` tuples (streams as tokens commit).
 
         The main method and the comparisons are rows of the app's scheduler, decoded at once (and with other
-        sessions' rows). ``session`` (Gradio's session hash) lets :meth:`stop` find this run.
+        sessions' rows). ``session`` (Gradio's session hash) lets :meth:`stop` find this run. ``followup``: the question
+        is the next turn of the session's conversation about this image, if it has one (a finished run records its turn).
         """
         import gradio as gr
 
@@ -442,6 +450,7 @@ class DemoApp:
             req = self.prepare(
                 image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
             )
+            req.conversation = self.conversations.begin(session, req.image, bool(followup))
             job = _Job(self.scheduler, req, session)
             job.start()
         except Exception as exc:
@@ -485,6 +494,8 @@ class DemoApp:
             if job.settled():
                 with job.lock:
                     job.t_end = job.t_end or time.perf_counter()
+            if not job.cancel.is_set():
+                self._record_turn(job)
             out = self.outputs.final(job)
             if not job.cancel.is_set():
                 self._finished(job)

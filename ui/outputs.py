@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .align import render_alignment_html
+from .conversation import Conversations, render_conversation_html
 from .errors import _error_text
 from .progress import Row, panel_wait_text, progress_text
 from .render import (
@@ -42,6 +43,7 @@ RUN_OUTPUTS = (
     "trace_json",
     "trace_csv",
     "result_json",
+    "conversation_html",
 )
 #: How many leading outputs a streamed update sets (the rest are kept as they are).
 STREAMED = 6
@@ -68,11 +70,18 @@ def done_summary(seconds: float, trace: Sequence[Any], method: str, notes: Seque
 
 
 class RunOutputs:
-    """The outputs of a job, rendered with the pipeline's tokenizer (see :data:`RUN_OUTPUTS`)."""
+    """The outputs of a job, rendered with the pipeline's tokenizer (see :data:`RUN_OUTPUTS`); the conversation
+    shown is the job's session's in ``conversations``."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, conversations: Conversations | None = None) -> None:
         self.tok = tokenizer
         self.special_ids = special_ids(tokenizer)
+        self.conversations = conversations if conversations is not None else Conversations()
+
+    def conversation(self, job: _Job) -> str:
+        """The job's session's conversation as it stands (the turns this run follows, or all of them once it recorded
+        its own)."""
+        return render_conversation_html(self.conversations.turns(job.session), self.tok)
 
     # ---------------------------------------------------------------- panels
     def panel(self, job: _Job, snap: _Snapshot, key: str) -> str:
@@ -146,7 +155,7 @@ class RunOutputs:
     # ---------------------------------------------------------------- updates
     def progress(self, job: _Job, first: bool = False) -> tuple:
         """A streamed update: the status, the three panels, the plain answer so far (no special tokens) and the
-        alignment; the first one also clears the last run's results."""
+        alignment; the first one also clears the last run's results and shows the conversation this run follows."""
         import gradio as gr
 
         skip = gr.skip()
@@ -156,7 +165,7 @@ class RunOutputs:
         status = status_html("run", self.progress_text(job, snap), warning=job.req.warning)
         head = (status, main, text, floor, drafter, self.alignment(job, snap))
         if first:
-            return head + (render_stats_html(None), None, skip, skip, None, None, None)
+            return head + (render_stats_html(None), None, skip, skip, None, None, None, self.conversation(job))
         return head + (skip,) * (len(RUN_OUTPUTS) - STREAMED)
 
     def error(self, job: _Job, text: str) -> tuple:
@@ -199,7 +208,8 @@ class RunOutputs:
             status = status_html("ok", done_summary(job.elapsed(), main.trace, req.method, notes), warning=req.warning)
         if main is None:
             text = plain_text(snap.traces["main"], self.special_ids)
-            return (status, panels[0], text, panels[1], panels[2], align, render_stats_html(None), None, skip, skip, None, None, None)
+            stats = render_stats_html(None)
+            return (status, panels[0], text, panels[1], panels[2], align, stats, None, skip, skip, None, None, None, self.conversation(job))
         results = {job.methods[k]: snap.results[k] for k in job.keys if k in snap.results}
         json_path, csv_path = write_trace_files(results, self.tok, question=req.question, settings=req.overrides)
         payload = {"main": main.as_dict()}
@@ -220,4 +230,5 @@ class RunOutputs:
             json_path,
             csv_path,
             payload,
+            self.conversation(job),
         )

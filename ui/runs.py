@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import DemoInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    pass
+    from .conversation import ConversationStart
 
 log = logging.getLogger("asymspec_mm.ui")
 
@@ -34,6 +34,8 @@ class _Request:
     notes: list[str] = field(default_factory=list)
     warning: str | None = None  # the request is outside what the loaded pair can answer (the tiny pair)
     setup: str = "prefill"  # what setting its first row up does, for the status (ui.progress.setup_steps)
+    #: Where the run stands in its session's conversation (the earlier turns it follows); None: no conversation.
+    conversation: ConversationStart | None = None
 
 
 def _file_path(payload: Any) -> str | None:
@@ -89,11 +91,14 @@ class _Job:
         """Submit every row (bad settings raise here; rows already submitted are then cancelled) and start
         the threads that collect their events; returns self."""
         r = self.req
+        messages = r.conversation.messages(r.image, r.question) if r.conversation is not None else None
         try:
             for key in self.keys:
-                self.handles[key] = self.scheduler.submit(
-                    r.image, r.question, caption=r.caption, ocr=r.ocr, method=self.methods[key], **r.overrides
-                )
+                kw = dict(caption=r.caption, ocr=r.ocr, method=self.methods[key], **r.overrides)
+                if messages is None:
+                    self.handles[key] = self.scheduler.submit(r.image, r.question, **kw)
+                else:  # a follow-up: every row answers the same conversation
+                    self.handles[key] = self.scheduler.submit_chat(messages, **kw)
         except BaseException:
             self.stop()
             raise
