@@ -73,6 +73,17 @@ class ModelSet:
         self.prefix_kv = PrefixKV(prefix_cache_bytes)
         # read by each set-up, so replacing it on a live pipeline (``pipe.eos_ids = ...``) takes effect at the next request
         self.eos_ids: set[int] = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
+        self._grammars = None
+
+    @property
+    def grammars(self) -> Any:
+        """The :class:`~asymspec_mm.grammar.GrammarCompiler` of the pair's vocabulary (made on first use: only forced
+        tool calls and JSON answers need it)."""
+        if self._grammars is None:
+            from .grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.verifier_tokenizer, logit_width(self.verifier), sorted(self.eos_ids))
+        return self._grammars
 
     @property
     def sd_drafter_name(self) -> str:

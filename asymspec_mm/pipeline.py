@@ -317,7 +317,15 @@ class AsymSpecPipeline:
         """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""
         counters = Counters(session.config.k, session.streams)
         steps = steps_for(
-            session.method, session.streams, session.pending, session.config, session.eos_ids, session.stop_fn, counters, timer
+            session.method,
+            session.streams,
+            session.pending,
+            session.config,
+            session.eos_ids,
+            session.stop_fn,
+            counters,
+            timer,
+            constraint=session.constraint,
         )
         trace: list[TokenEvent] = []
 

@@ -260,8 +260,9 @@ class RequestPreparer:
         (e.g. :func:`~asymspec_mm.conversation.truncate`); ``enable_thinking`` goes to the verifier's template (off by
         default, as the paper's harness). ``tools`` (OpenAI function tools) are rendered by both templates and, unless
         ``tool_choice="none"``, the answer is read for calls (``res.tool_calls``, :mod:`asymspec_mm.tools`);
-        ``tool_choice`` ``required`` / a named function and a ``response_format`` other than text need
-        grammar-constrained decoding and are refused. The session's ``view`` is the last image's."""
+        ``tool_choice`` ``required`` / a named function and ``response_format`` ``json_object`` / ``json_schema``
+        constrain the answer with a grammar (:mod:`asymspec_mm.grammar`). The session's ``view`` is the last
+        image's."""
         from vision_cache.image import load_image
 
         from .conversation import parse_messages, per_image, view_messages, view_texts
@@ -303,6 +304,11 @@ class RequestPreparer:
         )
         session.stats["images"] = len(images)
         session.tools, session.read_tool_calls = offered, bool(offered) and choice != "none"
+        compiled = m.grammars.compile(offered, choice, response_format) if choice not in ("none", "auto") or response_format else None
+        if compiled is not None:
+            from .grammar import GrammarConstraint
+
+            session.constraint = GrammarConstraint(compiled, m.grammars.vocab_size)
         return session
 
     def _set_up(

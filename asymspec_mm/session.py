@@ -94,6 +94,8 @@ class Session:
     #: the function tools the request offers and whether the answer is read for calls (``tool_choice`` not ``none``)
     tools: list[dict[str, Any]] = field(default_factory=list)
     read_tool_calls: bool = False
+    #: the grammar the answer follows (forced tool calls, JSON: :class:`~asymspec_mm.grammar.GrammarConstraint`)
+    constraint: Any = None
 
 
 def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, token_ids: list[int], contexts: dict[str, Any]) -> None:

@@ -26,12 +26,17 @@ from .errors import UnknownOptionError
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
 
-#: ``tool_choice`` values honoured without constraining the output (``required`` and a named function need it).
+#: ``tool_choice`` values that leave the output free (``required`` and a named function constrain it to calls).
 FREE_CHOICES = ("none", "auto")
 
 
 class ToolError(UnknownOptionError):
-    """A ``tools`` / ``tool_choice`` argument the toolkit cannot use (one line naming the problem)."""
+    """A ``tools`` / ``tool_choice`` / ``response_format`` argument the toolkit cannot use (one line naming the
+    problem; ``param``: the request field it is about)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -59,28 +64,37 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
-def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> str:
-    """``tool_choice`` as ``"none"`` or ``"auto"`` (the default: ``auto`` with tools, ``none`` without). ``required``
-    and a named function force a call, which takes grammar-constrained decoding: refused until the toolkit has it."""
+def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Any:
+    """``tool_choice`` checked: ``"none"``, ``"auto"`` (the default with tools; ``none`` without), ``"required"``
+    or ``{"type": "function", "function": {"name": ...}}`` naming an offered tool (the last two force calls)."""
     if tool_choice is None:
         return "auto" if tools else "none"
     if tool_choice in FREE_CHOICES:
         return tool_choice
     if tool_choice == "required" or isinstance(tool_choice, Mapping):
-        raise ToolError(
-            f"tool_choice={json.dumps(tool_choice)[:60]} forces a tool call, which needs grammar-constrained decoding "
-            "(not in this version); use 'auto' or 'none'"
-        )
+        if not tools:
+            raise ToolError(f"tool_choice={json.dumps(tool_choice)[:60]} forces a tool call, but no tools are offered")
+        if isinstance(tool_choice, Mapping):
+            fn = tool_choice.get("function")
+            name = fn.get("name") if isinstance(fn, Mapping) else None
+            if tool_choice.get("type") != "function" or name not in {t["function"]["name"] for t in tools}:
+                raise ToolError(f"tool_choice={json.dumps(tool_choice)[:80]} must name one of the offered tools")
+        return tool_choice
     raise ToolError(f"tool_choice={json.dumps(tool_choice)[:60]} is not one of none, auto, required or a named function")
 
 
 def check_response_format(response_format: Any) -> None:
-    """Only ``None`` / ``{"type": "text"}``: JSON output needs grammar-constrained decoding (not in this version)."""
-    if response_format is None or response_format == {"type": "text"}:
+    """``None``, ``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name":
+    ..., "schema": {...}}}`` (whether the grammar engine takes the schema is known when it is compiled)."""
+    if response_format is None or response_format in ({"type": "text"}, {"type": "json_object"}):
         return
+    spec = response_format.get("json_schema") if isinstance(response_format, Mapping) else None
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema" and isinstance(spec, Mapping):
+        if isinstance(spec.get("schema"), Mapping):
+            return
     raise ToolError(
-        f"response_format={json.dumps(response_format)[:60]} needs grammar-constrained decoding (not in this version); "
-        'omit it or send {"type": "text"}'
+        f"response_format={json.dumps(response_format)[:60]} is not text, json_object or "
+        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}'
     )
 
 

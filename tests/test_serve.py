@@ -506,8 +506,13 @@ BAD_REQUESTS = {
     "empty_stop": (_case_body(stop=[""]), "must not be empty", "stop"),
     "logprobs": (_case_body(logprobs=True), "return_trace", "logprobs"),
     "bad_tool": (_case_body(tools=[{"type": "function"}]), "tools[0] must be", "tools"),
-    "tool_choice_required": (_case_body(tools=[_TOOL], tool_choice="required"), "grammar-constrained decoding", "tool_choice"),
-    "response_format_json": (_case_body(response_format={"type": "json_object"}), "grammar-constrained decoding", "response_format"),
+    "tool_choice_unknown_name": (
+        _case_body(tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}),
+        "must name one of the offered tools",
+        "tool_choice",
+    ),
+    "tool_choice_without_tools": (_case_body(tool_choice="required"), "no tools are offered", "tool_choice"),
+    "response_format_bad": (_case_body(response_format={"type": "yaml"}), "is not text, json_object", "response_format"),
     "assistant_last": (
         _case_body(messages=[user_message("hi", data_url(make_case(9)["image"])), {"role": "assistant", "content": "hello"}]),
         "neither the user's nor a tool's",

@@ -153,7 +153,11 @@ ADD = {
     "function": {
         "name": "add",
         "description": "Add two numbers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["a", "b"],
+        },
     },
 }
 
@@ -197,20 +201,64 @@ def test_tools_and_a_tool_result_with_an_image_equal_pipe_chat(live):
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (want.content or "")
     assert chunks[-1].choices[0].finish_reason == want.finish_reason
-    for kwargs, param in (
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, "response_format"),
-    ):
-        with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model="tiny", messages=turns, tools=[ADD], max_tokens=2, **kwargs)
-        assert err.value.body["param"] == param and "grammar-constrained" in err.value.body["message"]
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=turns, max_tokens=2, response_format=bad)
+    assert err.value.body["param"] == "response_format" and "cannot be compiled" in err.value.body["message"]
     orphan = [turns[0], {"role": "tool", "tool_call_id": "call_9", "content": "7"}]
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tiny", messages=orphan, tools=[ADD], max_tokens=2)
     assert err.value.body["code"] == "unknown_tool_call_id" and err.value.body["param"] == "messages[1].tool_call_id"
     again = client.chat.completions.create(model="tiny", messages=turns, tools=[ADD], max_tokens=10, extra_body={"asymspec": options})
     assert again.choices[0].message.content == msg.content  # the server goes on serving
+
+
+def test_forced_tool_calls_and_json_answers_through_the_server(live):
+    """tool_choice required / named and response_format json_schema against the live server: the calls and the
+    JSON validate, equal pipe.chat's, and the streamed deltas join to the same calls."""
+    import json
+
+    jsonschema = pytest.importorskip("jsonschema")
+    url, pipe = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    img = make_image(68)
+    turns = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(img)}}, {"type": "text", "text": "Add the bars."}]}
+    ]
+    local = [{"role": "user", "content": [{"type": "image", "image": img}, "Add the bars."]}]
+    options = {"caption": CAPTIONS[0], "ocr": False}
+    cfg = AsymSpecConfig(max_new_tokens=96)
+    params = ADD["function"]["parameters"]
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        want = pipe.chat(local, tools=[ADD], tool_choice=choice, config=cfg, **options)
+        resp = client.chat.completions.create(
+            model="tiny", messages=turns, tools=[ADD], tool_choice=choice, max_tokens=96, extra_body={"asymspec": options}
+        )
+        calls = resp.choices[0].message.tool_calls
+        assert resp.choices[0].finish_reason == "tool_calls" == want.finish_reason
+        assert [(c.function.name, c.function.arguments) for c in calls] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in want.tool_calls
+        ]
+        for c in calls:
+            jsonschema.validate(json.loads(c.function.arguments), params)
+        stream = client.chat.completions.create(
+            model="tiny", messages=turns, tools=[ADD], tool_choice=choice, max_tokens=96, stream=True, extra_body={"asymspec": options}
+        )
+        joined: dict[int, list] = {}
+        for chunk in stream:
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = joined.setdefault(d.index, [d.id, d.function.name, ""])
+                entry[2] += d.function.arguments or ""
+        assert [(name, args) for _, name, args in joined.values()] == [(c.function.name, c.function.arguments) for c in calls]
+        assert all(ident for ident, _, _ in joined.values())
+    schema = {"type": "object", "properties": {"sum": {"type": "integer", "minimum": 0, "maximum": 200}}, "required": ["sum"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    resp = client.chat.completions.create(
+        model="tiny", messages=turns, max_tokens=96, response_format=fmt, extra_body={"asymspec": options}
+    )
+    want = pipe.chat(local, response_format=fmt, config=cfg, **options)
+    assert resp.choices[0].message.content == want.text
+    jsonschema.validate(json.loads(want.text), schema)
 
 
 def test_a_tool_call_answer_as_openai_shapes_it():

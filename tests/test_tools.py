@@ -109,10 +109,11 @@ def test_refusals_name_the_problem():
         check_tools([{"type": "function"}])
     with pytest.raises(ToolError, match="offered twice"):
         check_tools([ADD, ADD])
-    with pytest.raises(ToolError, match="grammar-constrained"):
-        check_tool_choice("required", check_tools([ADD]))
-    with pytest.raises(ToolError, match="grammar-constrained"):
-        check_tool_choice({"type": "function", "function": {"name": "add"}}, check_tools([ADD]))
+    assert check_tool_choice("required", check_tools([ADD])) == "required"
+    with pytest.raises(ToolError, match="must name one of the offered tools"):
+        check_tool_choice({"type": "function", "function": {"name": "sub"}}, check_tools([ADD]))
+    with pytest.raises(ToolError, match="no tools are offered"):
+        check_tool_choice("required", [])
     assert check_tool_choice(None, []) == "none" and check_tool_choice(None, check_tools([ADD])) == "auto"
     with pytest.raises(ConversationError, match="tool_call_id of an earlier assistant tool call"):
         parse_messages([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "nope", "content": "5"}])

@@ -96,7 +96,7 @@ class BatchDecoder(RowDecoder):
         return self._join_session(rid, session, session.streams, final)
 
     def _join_session(self, rid: int, session: Session, streams: dict[str, Any], final: dict[str, int]) -> Row:
-        row = self.join(rid, streams, session.pending, session.config, session.eos_ids, session.stop_fn)
+        row = self.join(rid, streams, session.pending, session.config, session.eos_ids, session.stop_fn, constraint=session.constraint)
         row.session, row.final_lengths = session, final
         return row
 

@@ -10,6 +10,7 @@ through ``timer(name)`` (names ``"gate"`` and ``"trace"``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -31,14 +32,15 @@ def steps_for(
     stop_fn: StopFn | None = None,
     counters: Counters | None = None,
     timer: Timer | None = None,
+    constraint: Any = None,
 ) -> Iterator[list[TokenEvent]]:
     """The step iterator of ``method`` over prefilled ``streams`` (keyed drafter_full / drafter_comp / verifier;
-    ``pending`` each one's last prompt token ``[1]``)."""
+    ``pending`` each one's last prompt token ``[1]``; ``constraint``: the grammar the output follows)."""
     check_method(method)
     names = STREAMS_OF[method]
     decoder = RowDecoder(method, cfg, {name: SoloEngine(name) for name in names})
     counters = counters or Counters(cfg.k, {name: streams[name] for name in names})
-    decoder.join(0, streams, pending, cfg, eos_ids, stop_fn, counters)
+    decoder.join(0, streams, pending, cfg, eos_ids, stop_fn, counters, constraint)
     return _steps(decoder, timer)
 
 

@@ -26,6 +26,7 @@ import torch
 from ..config import AsymSpecConfig, check_method
 from ..engines import Engine
 from ..gate import gate_step
+from .constraints import Constraint, apply_masks, step_masks
 from .events import TokenEvent
 from .stats import Counters
 from .step_events import Timer, bonus_event, gate_event, make_event, no_timer, sd_events, tops_at
@@ -164,6 +165,7 @@ class Row:
     step: int = 0
     max_batch: int = 0
     result: Any = None
+    constraint: Constraint | None = None  # the grammar its output follows (forced tool calls, JSON), if any
 
 
 Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
@@ -210,9 +212,14 @@ class RowDecoder:
         eos_ids: set[int],
         stop_fn: StopFn | None = None,
         counters: Counters | None = None,
+        constraint: Constraint | None = None,
     ) -> Row:
-        """Add a row from its prefilled single-row ``streams`` and their pending tokens. All or nothing: if any
-        stream's join fails, the ones it joined already leave again and it raises."""
+        """Add a row from its prefilled single-row ``streams`` and their pending tokens (``constraint``: the grammar
+        its output follows). All or nothing: if any stream's join fails, the ones it joined already leave again and
+        it raises."""
+        drafter = self.engines.get(self.drafting)
+        if constraint is not None and getattr(drafter, "drafts_itself", False):
+            raise ValueError(f"{self.drafting}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
         joined = []
         try:
             for name, engine in self.engines.items():
@@ -228,7 +235,7 @@ class RowDecoder:
         views = {name: engine.view(rid) for name, engine in self.engines.items()}
         counters = counters or Counters(config.k, views)
         emitter = Emitter(counters, config.max_new_tokens, eos_ids, stop_fn)
-        row = Row(rid, config, {name: Stream(views[name], pending[name]) for name in views}, counters, emitter)
+        row = Row(rid, config, {name: Stream(views[name], pending[name]) for name in views}, counters, emitter, constraint=constraint)
         self.rows[rid] = row
         return row
 
@@ -271,6 +278,8 @@ class RowDecoder:
                 for ev in committed:
                     ev.text = self.decode_token(ev.token_id)
             row.trace.extend(committed)
+            if row.constraint is not None:
+                row.constraint.settle([ev.token_id for ev in committed])
             if committed:
                 token = row.emitter.next_token(committed, events, token)
                 for name, s in row.streams.items():
@@ -292,22 +301,39 @@ class RowDecoder:
         out = self.engines[name].extend(ids)
         return stack_rows([out[r] for r in ids])
 
-    def _draft(self, rows: list[Row], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft(self, rows: list[Row], k: int, masks: dict[int, list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K greedy drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32. An engine that
-        drafts by itself (vLLM decodes the K tokens in one call) does; else K forwards of all rows."""
+        drafts by itself (vLLM decodes the K tokens in one call) does; else K forwards of all rows. A constrained
+        row drafts under its grammar's mask, each draft pushed as it is made; ``masks[j]`` collects row ``j``'s
+        K + 1 masks (the last one after d_K, for the bonus position)."""
         name = self.drafting
         x = {row.id: row.streams[name].pending for row in rows}
         if getattr(self.engines[name], "drafts_itself", False):
             return self.engines[name].draft(x, k)
+        constrained = [(j, row.constraint) for j, row in enumerate(rows) if row.constraint is not None]
         drafts, logits = [], []
         for _ in range(k):
             out = self.engines[name].extend(x)
-            last = stack_rows([out[r][-1] for r in x])  # [R, V]
-            logits.append(last.float())
+            last = stack_rows([out[r][-1] for r in x]).float()  # [R, V]
+            for j, c in constrained:
+                masks.setdefault(j, []).append(c.mask())
+                last[j] = apply_masks(last[j], masks[j][-1])
+            logits.append(last)
             d = last.argmax(-1)
+            for j, c in constrained:
+                c.push(int(d[j]))
             drafts.append(d)
             x = {r: d[j : j + 1] for j, r in enumerate(x)}
+        for j, c in constrained:
+            masks[j].append(c.mask())
         return torch.stack(drafts, dim=1), torch.stack(logits, dim=1)
+
+    @staticmethod
+    def _masked(logits: torch.Tensor, masks: dict[int, list[torch.Tensor]]) -> torch.Tensor:
+        """``logits`` ``[R, n, V]`` under the constrained rows' masks of their n positions (unchanged without any)."""
+        if not masks:
+            return logits
+        return apply_masks(logits.float(), step_masks(masks, logits.shape[0], logits.shape[1], logits.shape[-1]))
 
     def _score(self, name: str, rows: list[Row], drafts: torch.Tensor) -> torch.Tensor:
         """Pending + drafts of every row in one call: logits ``[R, n + K, V]``."""
@@ -318,9 +344,10 @@ class RowDecoder:
     def _asymspec(self, rows: list[Row], timer: Timer) -> list[Emitted]:
         """Algorithm 1: draft on a, score with b and t, gate and fuse, commit the accepted prefix."""
         cfg, k, top = self.cfg, self.cfg.k, self.cfg.trace_top
-        drafts, a = self._draft(rows, k)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
-        b = self._score("drafter_comp", rows, drafts)  # b_1..b_{K+1} [R, K+1, V]
-        t = self._score("verifier", rows, drafts).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
+        masks: dict[int, list[torch.Tensor]] = {}  # constrained rows' allowed tokens, positions 1..K+1
+        drafts, a = self._draft(rows, k, masks)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
+        b = self._masked(self._score("drafter_comp", rows, drafts), masks)  # b_1..b_{K+1} [R, K+1, V]
+        t = self._masked(self._score("verifier", rows, drafts), masks).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
         settings = self._gate_settings(rows, k, a.device)
         with timer("gate"):
             g = gate_step(
@@ -356,18 +383,28 @@ class RowDecoder:
             row.counters.record_deferred(carry is not None)
             emitted.append([events, token, carry])
         if gated:
+            bonus_masks = {i: [masks[j][k]] for i, j in enumerate(gated) if j in masks}
             self._gated_bonus(
-                [rows[j] for j in gated], drafts[gated, k - 1 :], b[gated, k], t[gated, k], [emitted[j] for j in gated], timer
+                [rows[j] for j in gated], drafts[gated, k - 1 :], b[gated, k], t[gated, k], [emitted[j] for j in gated], timer, bonus_masks
             )
         return [tuple(e) for e in emitted]
 
     def _gated_bonus(
-        self, rows: list[Row], d_k: torch.Tensor, b_bonus: torch.Tensor, t_bonus: torch.Tensor, emitted: list[list], timer: Timer
+        self,
+        rows: list[Row],
+        d_k: torch.Tensor,
+        b_bonus: torch.Tensor,
+        t_bonus: torch.Tensor,
+        emitted: list[list],
+        timer: Timer,
+        masks: dict[int, list[torch.Tensor]] | None = None,
     ) -> None:
         """``bonus="gated"`` for the rows with K acceptances: d_K ``[G, 1]`` forwarded for a_{K+1}, gated against
-        ``b_bonus`` / ``t_bonus`` ``[G, V]`` in one forward, one gate call and one transfer."""
+        ``b_bonus`` / ``t_bonus`` ``[G, V]`` in one forward, one gate call and one transfer (``masks``: the
+        constrained rows' allowed tokens at the bonus position)."""
         cfg = self.cfg
-        a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1].float()  # a_{K+1} [G, V]
+        a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1:].float()
+        a_bonus = self._masked(a_bonus, masks or {})[:, 0]  # a_{K+1} [G, V]
         d_bonus = a_bonus.argmax(-1)
         settings = self._gate_settings(rows, 1, a_bonus.device)
         with timer("gate"):
@@ -384,8 +421,9 @@ class RowDecoder:
     def _sd(self, rows: list[Row], timer: Timer) -> list[Emitted]:
         """Symmetric greedy SD: keep the drafts that match the verifier's argmax, then its own token. Equals Floor."""
         k = self.cfg.k
-        drafts, _ = self._draft(rows, k)
-        t = self._score("verifier", rows, drafts).float()  # [R, K+1, V]
+        masks: dict[int, list[torch.Tensor]] = {}
+        drafts, _ = self._draft(rows, k, masks)
+        t = self._masked(self._score("verifier", rows, drafts).float(), masks)  # [R, K+1, V]
         v_ids = t.argmax(-1)  # [R, K+1]
         p_v = t.log_softmax(-1).gather(-1, v_ids[..., None])[..., 0].exp()
         drafts_v = drafts.to(v_ids.device)  # the verifier may live on another GPU
@@ -408,7 +446,10 @@ class RowDecoder:
     def _greedy(self, rows: list[Row], timer: Timer) -> list[Emitted]:
         """Plain greedy decoding of one stream (Floor: the verifier; ``drafter``: the drafter on the full view)."""
         name = STREAMS_OF[self.method][0]
-        logits = self._extend(name, {row.id: row.streams[name].pending for row in rows})[:, -1].float()  # [R, V]
+        logits = self._extend(name, {row.id: row.streams[name].pending for row in rows})[:, -1:].float()
+        logits = self._masked(logits, {j: [row.constraint.mask()] for j, row in enumerate(rows) if row.constraint is not None})[
+            :, 0
+        ]  # [R, V]
         tokens = logits.argmax(-1)
         p = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].exp()
         host = torch.stack([tokens.double(), p.double()], dim=1).tolist()  # the step's one transfer

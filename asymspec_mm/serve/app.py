@@ -123,7 +123,7 @@ def error_param(exc: AsymSpecError) -> str | None:
     the prompt fits and the budget does not, else ``messages`` (the question or its caption/OCR text)."""
     if isinstance(exc, ContextOverflowError):
         return "max_tokens" if exc.too_long == "max_new_tokens" else "messages"
-    return None
+    return getattr(exc, "param", None)
 
 
 def error_of(exc: BaseException) -> RequestError:
@@ -352,6 +352,7 @@ def create_app(
                 enable_thinking=req.enable_thinking,
                 tools=req.tools or None,
                 tool_choice=req.tool_choice,
+                response_format=req.response_format,
             )
         except QueueFullError as exc:
             raise RequestError(

@@ -78,7 +78,8 @@ class ChatRequest:
     ocr: str | bool | None = None
     enable_thinking: bool = False
     tools: list = field(default_factory=list)
-    tool_choice: str = "none"
+    tool_choice: Any = "none"
+    response_format: Any = None
     return_trace: bool = False
     stream: bool = False
     include_usage: bool = False
@@ -408,6 +409,7 @@ def parse_chat_request(
         enable_thinking=enable_thinking,
         tools=tools,
         tool_choice=tool_choice,
+        response_format=data.get("response_format"),
         return_trace=other.get("return_trace", False),
         stream=bool(stream),
         include_usage=include_usage,

@@ -1,0 +1,173 @@
+"""Grammar-constrained output with xgrammar: forced tool calls and JSON answers.
+
+``tool_choice="required"`` (one or more calls to the offered tools), a named function (one call to it) and
+``response_format`` ``json_object`` / ``json_schema`` each become a grammar over the pair's shared vocabulary, and
+each constrained row of the decoder carries a :class:`GrammarConstraint`: a matcher that knows which tokens may come
+next. Why xgrammar: it is what vLLM and SGLang use for these very options, so an output here is what a Qwen
+deployment would give; its matcher rolls back, which speculative decoding needs (drafts are pushed tentatively and
+the rejected ones taken back), and it compiles JSON schemas and EBNF into token masks in microseconds per token.
+
+How the decoder uses a constraint (:mod:`asymspec_mm.decode.rows`): each draft is the drafter's argmax under the
+mask of its position (drafts are always valid), the same mask applies to the gate's inputs ``a``, ``b`` and ``t``
+at that position (a forbidden token's logit is :data:`~asymspec_mm.decode.constraints.FORBIDDEN` in all three, so
+``delta = a - b`` is 0 there and the fused and bonus tokens are always allowed), and after the step the matcher
+takes back the drafts and accepts the committed tokens.
+
+Tool calls are written in Qwen's format, ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, each
+call's object a JSON schema with the name fixed and the tool's own parameters as ``arguments``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .tools import ToolError
+
+#: Separators of the JSON the grammars allow (Qwen's, and ``json.dumps``'s), with no free whitespace.
+SEPARATORS = (", ", ": ")
+
+
+#: xgrammar writes the characters of a string with ``maxLength`` as ``[^"\\\r\n]``, which lets control characters
+#: through (JSON forbids them unescaped); the grammars here use JSON's own class instead.
+_LOOSE_CHARS, _JSON_CHARS = '[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\]'
+
+
+def _json(schema: Mapping[str, Any], param: str):
+    import xgrammar as xgr
+
+    try:
+        grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=SEPARATORS)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises several types; the message is what the user needs
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise ToolError(f"{param}: the JSON schema cannot be compiled to a grammar: {reason}", param) from None
+    ebnf = str(grammar)
+    return xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHARS, _JSON_CHARS)) if _LOOSE_CHARS in ebnf else grammar
+
+
+def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params}, "required": ["name", "arguments"]}
+
+
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, repeat: bool = True):
+    """One call (``repeat``: one or more, a blank line between) to one of ``tools`` in Qwen's format."""
+    import xgrammar as xgr
+
+    if not tools:
+        raise ToolError("a forced tool call needs tools: none are offered", "tool_choice")
+    calls = [_json(_call_schema(t), "tools") for t in tools]
+    call = xgr.Grammar.union(*calls) if len(calls) > 1 else calls[0]
+    block = xgr.Grammar.concat(
+        xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'), call, xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"')
+    )
+    if not repeat:
+        return block
+    more = xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= "\\n"'), block)
+    rest = xgr.Grammar.from_ebnf('root ::= ""')
+    for _ in range(3):  # up to four calls in one answer (parallel tool calls)
+        rest = xgr.Grammar.union(xgr.Grammar.from_ebnf('root ::= ""'), xgr.Grammar.concat(more, rest))
+    return xgr.Grammar.concat(block, rest)
+
+
+def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any):
+    """The grammar a request's options ask for, or ``None`` (free output): ``tool_choice`` ``required`` or
+    ``{"type": "function", "function": {"name": ...}}``, ``response_format`` ``json_object`` or ``json_schema``."""
+    import xgrammar as xgr
+
+    if tool_choice == "required":
+        return tool_call_grammar(tools)
+    if isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+        chosen = [t for t in tools if t["function"]["name"] == name]
+        if not chosen:
+            raise ToolError(f"tool_choice names {name!r}, which is not among the offered tools", "tool_choice")
+        return tool_call_grammar(chosen, repeat=False)
+    if response_format is None or response_format == {"type": "text"}:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+    if kind == "json_object":
+        return xgr.Grammar.builtin_json_grammar()
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise ToolError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format")
+        return _json(schema, "response_format")
+    raise ToolError(f"response_format type {kind!r} is not one of text, json_object, json_schema", "response_format")
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer and vocabulary width (the models' logits), caching by request options."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int]):
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise ToolError("forced tool calls and JSON answers need xgrammar: pip install 'asymspec-mm[grammar]'") from None
+
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(self.info)
+        self._cache: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def compile(self, tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any) -> Any:
+        """The compiled grammar of these options, or ``None`` for free output."""
+        key = json.dumps([tools, tool_choice, response_format], sort_keys=True, default=str)
+        with self._lock:
+            if key not in self._cache:
+                grammar = output_grammar(tools, tool_choice, response_format)
+                self._cache[key] = None if grammar is None else self._compiler.compile_grammar(grammar)
+            return self._cache[key]
+
+
+class GrammarConstraint:
+    """One row's matcher (see the module docstring): :meth:`mask` the tokens allowed next, :meth:`push` a token
+    tentatively (a draft), :meth:`settle` the step (take the drafts back, accept what was committed)."""
+
+    def __init__(self, compiled: Any, vocab_size: int):
+        import xgrammar as xgr
+
+        self._matcher = xgr.GrammarMatcher(compiled)  # its rollback is unbounded: a step takes back up to K + 1 drafts
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._bits = torch.arange(32, dtype=torch.int32)
+        self.vocab_size = vocab_size
+        self.tentative = 0  # tokens pushed since the last settle
+        self.stop_ids = list(compiled.tokenizer_info.stop_token_ids)
+
+    def mask(self) -> torch.Tensor:
+        """``[V]`` bool: the tokens the grammar allows next (after a finished output: only the stop tokens)."""
+        if self._matcher.is_terminated():
+            allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+            allowed[self.stop_ids] = True
+            return allowed
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        return ((self._bitmask[0].unsqueeze(-1) >> self._bits) & 1).bool().flatten()[: self.vocab_size]
+
+    def push(self, token: int) -> None:
+        """Advance on a draft (taken back at :meth:`settle`); nothing after the output is finished."""
+        if not self._matcher.is_terminated():
+            if not self._matcher.accept_token(int(token)):
+                raise RuntimeError(f"the grammar refused draft token {token}, which its own mask allowed")
+            self.tentative += 1
+
+    def settle(self, committed: Sequence[int]) -> None:
+        """The step is over: take back its drafts and accept the ``committed`` tokens."""
+        if self.tentative:
+            self._matcher.rollback(self.tentative)
+            self.tentative = 0
+        for token in committed:
+            if self._matcher.is_terminated():
+                break
+            if not self._matcher.accept_token(int(token)):
+                raise RuntimeError(f"the grammar refused committed token {token}")
+
+    @property
+    def finished(self) -> bool:
+        return self._matcher.is_terminated()
