@@ -119,7 +119,10 @@ def test_truncate_keeps_head_and_tail():
     [
         ([], "non-empty list"),
         ([{"role": "robot", "content": "hi"}], "role 'robot'"),
-        ([{"role": "assistant", "content": [{"type": "image", "image": b"x"}]}, _user(_text("q"))], "images go in user messages only"),
+        (
+            [{"role": "assistant", "content": [{"type": "image", "image": b"x"}]}, _user(_text("q"))],
+            "images go in user and tool messages only",
+        ),
         ([_user(_text("q")), {"role": "assistant", "content": "a"}], "last message must be the user's"),
         ([{"role": "user", "content": None}], "content must be a string or a list"),
         ([_user({"type": "audio"})], "parts are"),

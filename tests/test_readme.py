@@ -201,3 +201,22 @@ def test_the_smolagents_example_runs(server, workdir):
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("steps") and int(proc.stdout.split()[-2]) >= 3  # the task and at least two steps
+
+
+def test_the_tools_example_calls_and_answers(server, workdir):
+    """The README's forced tool call through the server, its result sent back as a tool message, then an answer."""
+    code = block_with("python", 'tool_choice="required",\n').replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = proc.stdout.splitlines()[:2]
+    reason, name, arguments = first.split(" ", 2)
+    assert (reason, name) == ("tool_calls", "add") and set(json.loads(arguments)) == {"a", "b"}
+    assert second.split(" ", 1)[0] in ("stop", "length", "tool_calls")
+
+
+def test_the_openai_agents_example_runs(server, workdir):
+    pytest.importorskip("agents")
+    code = block_with("python", "from agents import").replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " items; " in proc.stdout and int(proc.stdout.split()[0]) >= 3  # the call, its output, the answer
