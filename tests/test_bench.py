@@ -562,3 +562,16 @@ def test_conversation_bench_reuses_exactly_and_keeps_the_bound(tiny_pipe):
     assert all(r["bound_ok"] for r in records[1:]) and all(r["cached_tokens"]["verifier"] > 0 for r in records[1:])
     rows = summarize([records])
     assert "| 6 | 2 |" in format_table(rows)
+
+
+def test_grammar_bench_pairs_constrained_and_free_runs_of_equal_length(tiny_pipe):
+    """The grammar bench: the constrained answer validates-by-construction (it stops), the free run commits as many
+    tokens, and both ratios are measured."""
+    from asymspec_mm.bench.grammar import measure
+    from asymspec_mm.eval.minivista import make_problem
+
+    rows = measure(tiny_pipe, [make_problem(11, 0), make_problem(11, 1)], ["floor", "asymspec"], k=3)
+    for method in ("floor", "asymspec"):
+        assert len(rows[method]) == 2
+        for r in rows[method]:
+            assert r["tokens"] > 0 and r["steps"] > 0 and r["ratio"] > 0 and r["step_ratio"] > 0
