@@ -220,3 +220,13 @@ def test_the_openai_agents_example_runs(server, workdir):
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " items; " in proc.stdout and int(proc.stdout.split()[0]) >= 3  # the call, its output, the answer
+
+
+def test_the_smolagents_tool_calling_example_runs(server, workdir):
+    pytest.importorskip("smolagents")
+    code = block_with("python", "from smolagents import OpenAIServerModel, ToolCallingAgent").replace("http://127.0.0.1:8000", server)
+    script = workdir / "tool_calling_agent.py"  # smolagents' @tool reads its function's source: run it from a file
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("steps") and int(proc.stdout.split()[-2]) >= 2
