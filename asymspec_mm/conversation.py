@@ -10,7 +10,8 @@ the next turn's apart from the generation prompt):
 - A ``user`` message's **compressed text** is its images, each as its compressed view (caption + OCR,
   :meth:`captioning.view.CompressedView.render`) labelled ``[Image k]`` on a line of its own for the conversation's
   k-th image from the second on, then its text parts as written (through the optional ``text_compressor``: long
-  documents and tool outputs, compressed once as they arrive), all joined by a blank line. Images come first in
+  documents and tool outputs, compressed once as they arrive; the full view reads them whole), all joined by a
+  blank line. Images come first in
   both views, wherever the message puts them (as the full view reads pixels before text), so one user message with
   one image and a question is exactly the single-request prompt, the question before or after the image.
 - The **compressed view** (verifier, drafter's compressed stream) reads each user message as its compressed text.
@@ -222,9 +223,11 @@ def view_messages(
         text = compressed_text(turn, views, text_compressor)
         compressed.append({"role": turn.role, "content": text, **extra})
         compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
+        # the drafter's full view reads long texts whole: compressing them is the other context asymmetry
         if drafter_view == "image":
-            own = [text_compressor(t) if text_compressor is not None else t for t in turn.texts]
-            text = "\n\n".join(t.strip() for t in own if t.strip())
+            text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
+        else:
+            text = compressed_text(turn, views)
         full.append({"role": turn.role, "content": [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": text}], **extra})
     return ViewMessages(compressed, compressed_vl, full)
 

@@ -100,6 +100,7 @@ def test_earlier_messages_render_the_same_in_every_later_turn():
     views = {1: VIEW_1, 2: VIEW_2}
     full = view_messages(parse_messages(msgs), views, text_compressor=truncate())
     assert "[... 2100 characters cut ...]" in full.compressed[3]["content"] and len(full.compressed[3]["content"]) < 1600
+    assert full.full[3]["content"][-1]["text"] == long_doc.strip()  # the drafter's full view reads the document whole
     for k in range(2, len(msgs) + 1, 2):
         part = view_messages(parse_messages(msgs[:k]), {i: v for i, v in views.items() if i <= k}, text_compressor=truncate())
         for name in ("compressed", "compressed_vl", "full"):

@@ -464,7 +464,6 @@ BAD_REQUESTS = {
     "local_path_refused": (_with_content(_text_part(), _image_part("/etc/hostname")), "--allow-local-images", "image_url"),
     "empty_text": (_with_content(_text_part("   "), _image_part(data_url(make_case(9)["image"]))), "empty", "messages[0].content"),
     "no_text": (_with_content(_image_part(data_url(make_case(9)["image"]))), "empty", "messages[0].content"),
-    "no_image": (_with_content(_text_part()), "no image", "messages[0].content"),
     "too_many_images": (
         _with_content(_text_part(), *[_image_part(data_url(make_case(9)["image"]))] * 9),
         "more than 8 images",

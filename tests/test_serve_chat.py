@@ -361,3 +361,13 @@ def test_openai_agents_sdk_runs_an_agent_with_a_function_tool(live):
     result = asyncio.run(main())
     assert calls and all(isinstance(a, int) and isinstance(b, int) for a, b in calls)
     assert isinstance(result.final_output, str)
+
+
+def test_a_conversation_without_images_is_answered_as_pipe_chat(live):
+    """A text-only conversation (an agent's tool output in it): answered; the drafter reads the long output whole
+    while the verifier's view may shorten it, so it equals pipe.chat of the same messages."""
+    url, pipe = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour of the bars."}]
+    resp = client.chat.completions.create(model="tiny", messages=turns, max_tokens=8)
+    assert resp.choices[0].message.content == pipe.chat(turns, config=AsymSpecConfig(max_new_tokens=8)).text

@@ -214,12 +214,6 @@ def _conversation(messages: Any, max_images: int) -> tuple[list[dict[str, Any]],
         raise bad_request(
             f"messages[{len(out) - 1}] is the last message but neither the user's nor a tool's: end with the turn to answer", "messages"
         )
-    if not images:
-        raise bad_request(
-            "the conversation has no image: AsymSpec answers about images; add an image_url part with a data URL",
-            f"messages[{len(out) - 1}].content",
-            "missing_image",
-        )
     return out, images
 
 
