@@ -38,7 +38,9 @@ def steered_lines(res, text_of: TokenTexts) -> list[str]:
         if not ev.steered:
             continue
         alone = text_of(ev.verifier_argmax)
-        if ev.source == "fused":
+        if ev.residual:
+            how = f"drawn from the residual at a rejection (draft {text_of(ev.draft_token)!r} rejected)"
+        elif ev.source == "fused":
             how = f"fused at a rejection (draft {text_of(ev.draft_token)!r} rejected)" if ev.draft_token is not None else "fused"
         elif ev.source == "accepted":
             how = "drafter's token, accepted by the gate"
@@ -50,10 +52,22 @@ def steered_lines(res, text_of: TokenTexts) -> list[str]:
 
 
 def config_line(method: str, cfg: AsymSpecConfig) -> str:
-    """The effective settings of a run, as the options that reproduce it."""
+    """The effective settings of a run, as the options that reproduce it (the sampling ones only when it sampled)."""
     fields = cfg.as_dict()
-    shown = " ".join(f"{k}={v}" for k, v in fields.items() if k != "trace_top" and (k != "stop_strings" or v))
+    quiet = {"trace_top"} | (set() if cfg.sampling else {"temperature", "top_p", "top_k", "seed"})
+    shown = " ".join(f"{k}={v}" for k, v in fields.items() if k not in quiet and (k != "stop_strings" or v))
     return f"method={method} {shown}"
+
+
+def sampling_line(res) -> str | None:
+    """How a sampled run drew its tokens (the seed that repeats it, the mean gate excess), or None when greedy."""
+    if not res.config.sampling:
+        return None
+    s = res.stats
+    line = f"sampled at temperature {res.config.temperature:g} with seed {s.get('seed')} (repeat with --seed {s.get('seed')})"
+    if s.get("mean_gate_excess") is not None:
+        line += f"; mean gate excess {s['mean_gate_excess']:.4f} (0: exactly the fused target's distribution)"
+    return line
 
 
 def print_result(res, tokenizer: Any = None, as_json: bool = False, out: TextIO | None = None) -> None:
@@ -90,7 +104,10 @@ def print_result(res, tokenizer: Any = None, as_json: bool = False, out: TextIO 
         file=out,
     )
     print(view_line(res), file=out)
-    print(f"settings: {config_line(res.method, res.config)}", file=out)
+    if (line := sampling_line(res)) is not None:
+        print(line, file=out)
+    cfg = res.config.with_(seed=s.get("seed")) if res.config.sampling else res.config  # the seed the run drew
+    print(f"settings: {config_line(res.method, cfg)}", file=out)
 
 
 def view_line(res) -> str:

@@ -59,7 +59,12 @@ RANGES: dict[str, Range] = {
     "lam": Range(0.0, 10.0),
     "max_new_tokens": Range(1, None, integer=True),
     "trace_top": Range(0, 20, integer=True),
+    "temperature": Range(0.0, 2.0),
+    "top_p": Range(0.0, 1.0),
+    "top_k": Range(0, None, integer=True),
 }
+#: Seeds lie in [0, SEED_LIMIT) (what torch's generators take).
+SEED_LIMIT = 2**63
 
 
 def range_error(name: str, value: Any, label: str | None = None) -> str | None:
@@ -91,6 +96,9 @@ class AsymSpecConfig:
     t-b). drafter_view: what the drafter's full stream reads besides the image. bonus: the token after K
     acceptances (``verifier``: argmax t_{K+1}, the paper; ``gated``: the drafter's a_{K+1} through the gate).
     stop_strings: decoding stops once the text contains one. trace_top: top tokens kept per trace event.
+    temperature: 0 decodes greedily (the paper's rule); above 0 every method samples (AsymSpec by the sampled rule of
+    :mod:`asymspec_mm.sampling`), after top_k (0: off) then top_p (1: off) filtering. seed: the row's random
+    generator (None: a fresh seed, reported in the result's stats), so a seeded request repeats its tokens.
     """
 
     k: int = 4
@@ -104,6 +112,15 @@ class AsymSpecConfig:
     max_new_tokens: int = 512
     stop_strings: tuple[str, ...] = ()
     trace_top: int = 3
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def sampling(self) -> bool:
+        """Whether tokens are sampled (temperature > 0) rather than chosen greedily."""
+        return self.temperature > 0
 
     def validated(self) -> AsymSpecConfig:
         """Return self after checking every option; raises :class:`UnknownOptionError` naming the bad one."""
@@ -114,6 +131,11 @@ class AsymSpecConfig:
         for name in RANGES:
             if (problem := range_error(name, getattr(self, name))) is not None:
                 raise UnknownOptionError(problem)
+        if self.top_p <= 0:
+            raise UnknownOptionError(f"top_p={self.top_p!r} must be > 0 and <= 1 (1 keeps every token)")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+            raise UnknownOptionError(f"seed={seed!r} must be None or an integer >= 0 and < 2**63")
         if not isinstance(self.stop_strings, tuple) or not all(isinstance(s, str) for s in self.stop_strings):
             raise UnknownOptionError(f"stop_strings={self.stop_strings!r} must be a tuple of strings")
         return self

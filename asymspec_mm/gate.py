@@ -156,6 +156,7 @@ class GateOutput:
     p_verifier_fused: torch.Tensor
     p_base_fused: torch.Tensor
     log_verifier: torch.Tensor | None = None  # log_softmax(t)
+    log_base: torch.Tensor | None = None  # log_softmax(b)
     fused_logits: torch.Tensor | None = None  # t + beta * delta
 
 
@@ -200,5 +201,6 @@ def gate_step(
         p_verifier_fused=log_t[rows, fused].exp(),
         p_base_fused=log_b[rows, fused].exp(),
         log_verifier=log_t,
+        log_base=log_b,
         fused_logits=steered,
     )

@@ -30,6 +30,10 @@ DECODE_HELP: dict[str, str] = {
     "drafter_view": "what the drafter's full stream reads besides the image",
     "bonus": "token after K acceptances: verifier = argmax t_{K+1} (the paper), gated = the drafter's through the gate",
     "max_new_tokens": "most tokens to generate",
+    "temperature": "0 decodes greedily (the paper); above 0 every method samples (AsymSpec by the sampled rule)",
+    "top_p": "sampling: keep the smallest set of top tokens holding this much probability (1 = off)",
+    "top_k": "sampling: keep the k most likely tokens (0 = off)",
+    "seed": "sampling: the random seed (default: a fresh one, printed in the stats)",
 }
 
 
@@ -101,7 +105,7 @@ def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tu
     for f in fields(AsymSpecConfig):
         if f.name not in DECODE_HELP or f.name in skip:
             continue
-        kind = finite_float if isinstance(f.default, float) else type(f.default)
+        kind = finite_float if isinstance(f.default, float) else int if f.default is None else type(f.default)
         span = f", {RANGES[f.name].text()}" if f.name in RANGES else ""
         g.add_argument(
             option_name(f.name),

@@ -182,6 +182,10 @@ def test_an_oversized_image_is_refused_first_naming_a_real_setting(tmp_path):
         (["--beta", "-0.5"], "error: --beta -0.5 must be >= 0 and <= 4"),
         (["--lam", "11"], "error: --lam 11.0 must be >= 0 and <= 10"),
         (["--max-new-tokens", "0"], "error: --max-new-tokens 0 must be an integer >= 1"),
+        (["--temperature", "3"], "error: --temperature 3.0 must be >= 0 and <= 2"),
+        (["--top-k", "-1"], "error: --top-k -1 must be an integer >= 0"),
+        (["--top-p", "0"], "error: top_p=0.0 must be > 0 and <= 1 (1 keeps every token)"),
+        (["--seed", "-3"], "error: seed=-3 must be None or an integer >= 0 and < 2**63"),
     ],
 )
 def test_an_option_out_of_its_range_is_one_line_before_loading(option, line):
@@ -268,6 +272,25 @@ def test_provenance_names_each_steered_token_and_the_gate(tiny):
         assert f"settings: method=asymspec k={res.config.k} beta={res.config.beta}" in text
         assert "OCR" in text and ("(given)" in text or "(off)" in text)
     assert steered_seen > 0  # the examples do exercise the steered lines
+
+
+def test_a_sampled_run_names_its_seed_and_repeats_with_it(tiny):
+    from asymspec_mm.cli_output import print_result
+
+    ex = json.loads((REPO / "asymspec_mm" / "examples_data" / "examples.json").read_text())[1]
+    args = (REPO / "asymspec_mm" / "examples_data" / ex["image"], ex["question"])
+    res = tiny.generate(*args, caption=ex["caption"], ocr=ex["ocr"] or False, temperature=1.5, top_k=40)
+    out = io.StringIO()
+    print_result(res, tiny.tokenizer, out=out)
+    text = out.getvalue()
+    seed = res.stats["seed"]
+    assert f"sampled at temperature 1.5 with seed {seed} (repeat with --seed {seed})" in text
+    assert f"temperature=1.5 top_p=1.0 top_k=40 seed={seed}" in text and "mean gate excess" in text
+    again = tiny.generate(*args, caption=ex["caption"], ocr=ex["ocr"] or False, temperature=1.5, top_k=40, seed=seed)
+    assert again.token_ids == res.token_ids
+    greedy = io.StringIO()
+    print_result(tiny.generate(*args, caption=ex["caption"], ocr=ex["ocr"] or False), tiny.tokenizer, out=greedy)
+    assert "sampled at" not in greedy.getvalue() and "temperature=" not in greedy.getvalue()
 
 
 def test_json_names_every_token(tiny):

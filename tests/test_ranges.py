@@ -13,6 +13,7 @@ from asymspec_mm.serve.errors import RequestError
 from asymspec_mm.serve.schema import parse_chat_request
 
 ENDS = {"k": (1, 16), "beta": (0.0, 4.0), "gamma": (0.0, 1.0), "lam": (0.0, 10.0), "max_new_tokens": (1, None), "trace_top": (0, 20)}
+ENDS |= {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, None)}
 
 
 def test_the_table_holds_one_range_per_numeric_field():

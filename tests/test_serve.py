@@ -493,8 +493,18 @@ BAD_REQUESTS = {
     "audio_part": (_with_content(_text_part(), {"type": "input_audio", "input_audio": {}}), "'input_audio'", "messages[0].content[1].type"),
     "unknown_option": (_case_body(asymspec={"kk": 3}), "unknown AsymSpec option(s) kk", "asymspec.kk"),
     "unknown_field": (_case_body(frobnicate=True), "unknown request field(s) frobnicate", "frobnicate"),
-    "temperature": (_case_body(temperature=0.7), "greedy", "temperature"),
-    "n2": (_case_body(n=2), "n=2", "n"),
+    "temperature": (_case_body(temperature=3), "temperature=3 must be", "temperature"),
+    "temperature_nan": (
+        _raw(json.dumps(body_of(make_case(9), max_tokens=4)).replace('"max_tokens"', '"temperature": NaN, "max_tokens"')),
+        "finite number",
+        "temperature",
+    ),
+    "top_p_zero": (_case_body(top_p=0), "top_p=0 must be", "top_p"),
+    "top_k_bad": (_case_body(top_k=-2), "top_k=-2 must be", "top_k"),
+    "seed_negative": (_case_body(seed=-1), "seed=-1 must be", "seed"),
+    "n_zero": (_case_body(n=0), "n=0 must be", "n"),
+    "n_too_many": (_case_body(n=99), "n=99 must be", "n"),
+    "n_streamed": (_raw(json.dumps(_case_body(n=2, stream=True))), "without streaming", "n"),
     "nan_beta": (_raw(_NAN_BODY), "asymspec.beta=nan must be a finite number", "asymspec.beta"),
     "inf_gamma": (_raw(_INF_BODY), "asymspec.gamma=inf must be a finite number", "asymspec.gamma"),
     "bad_gate": (_case_body(asymspec={"gate": "sometimes"}), "choose one of cda, fixed, tuned", "asymspec.gate"),
@@ -534,7 +544,7 @@ BAD_REQUESTS = {
 }
 
 
-_RAW = ("invalid_json", "not_an_object", "nan_beta", "inf_gamma")  # bodies sent as text, not streamed
+_RAW = ("invalid_json", "not_an_object", "nan_beta", "inf_gamma", "temperature_nan", "n_streamed")  # bodies sent as text, not streamed
 
 
 @pytest.mark.parametrize(
@@ -576,9 +586,9 @@ def test_a_long_value_is_named_not_cut_mid_word():
 
 def test_openai_client_raises_on_refusals(client, server):
     case = make_case(9)
-    with pytest.raises(openai.BadRequestError, match="greedy"):
+    with pytest.raises(openai.BadRequestError, match="temperature=3 must be"):
         client.chat.completions.create(
-            model="tiny", messages=[user_message(case["question"], data_url(case["image"]))], temperature=0.7, max_tokens=4
+            model="tiny", messages=[user_message(case["question"], data_url(case["image"]))], temperature=3, max_tokens=4
         )
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")

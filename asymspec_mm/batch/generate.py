@@ -21,32 +21,35 @@ DEFAULT_BATCH_SIZE = 8
 class Request:
     """One question about one image, or a conversation (``messages``, as :meth:`AsymSpecPipeline.chat` takes them;
     ``image`` and ``question`` unused); ``caption`` / ``ocr`` as in :meth:`AsymSpecPipeline.prepare` (a conversation:
-    one per image)."""
+    one per image); ``seed`` (optional) replaces the config's seed for this request alone (sampling)."""
 
     image: Any = None
     question: str = ""
     caption: Any = None
     ocr: Any = None
     messages: Any = None
+    seed: int | None = None
 
 
 def as_request(item: Request | Mapping[str, Any], index: int) -> Request:
     """A :class:`Request` from a request or a dict with ``image`` and ``question`` (or ``messages``) and optional
-    ``caption``, ``ocr``."""
+    ``caption``, ``ocr`` and ``seed``."""
     if isinstance(item, Request):
         return item
     if not isinstance(item, Mapping) or not ({"image", "question"} <= set(item) or "messages" in item):
         raise UnknownOptionError(f"request {index}: expected a Request or a dict with 'image' and 'question', or 'messages'")
-    allowed = {"messages", "caption", "ocr"} if "messages" in item else {"image", "question", "caption", "ocr"}
+    allowed = {"messages", "caption", "ocr", "seed"} if "messages" in item else {"image", "question", "caption", "ocr", "seed"}
     unknown = sorted(set(item) - allowed)
     if unknown:
         raise UnknownOptionError(f"request {index}: unknown field(s) {', '.join(unknown)}; use {', '.join(sorted(allowed))}")
     if "messages" in item:
-        return Request(caption=item.get("caption"), ocr=item.get("ocr"), messages=item["messages"])
-    return Request(item["image"], item["question"], item.get("caption"), item.get("ocr"))
+        return Request(caption=item.get("caption"), ocr=item.get("ocr"), messages=item["messages"], seed=item.get("seed"))
+    return Request(item["image"], item["question"], item.get("caption"), item.get("ocr"), seed=item.get("seed"))
 
 
 def _submit(sched: Any, r: Request, method: str, cfg: AsymSpecConfig) -> Any:
+    if r.seed is not None:
+        cfg = cfg.with_(seed=r.seed).validated()
     if r.messages is not None:
         return sched.submit_chat(r.messages, caption=r.caption, ocr=r.ocr, method=method, config=cfg)
     return sched.submit(r.image, r.question, caption=r.caption, ocr=r.ocr, method=method, config=cfg)

@@ -12,7 +12,10 @@ Where a row's KV lives is the :class:`RowEngine`'s business: :class:`SoloEngine`
 single-row engine (a single request, the static-cache GPU path, any custom engine), the batched engines of
 :mod:`asymspec_mm.batch` hold many rows in one cache (transformers) or one ``LLM.generate`` call (vLLM).
 Rows of one decoder share K, the gate, the delta source and the bonus rule (they shape the step); gamma,
-beta and lam are per row in the gate, the token budget and stop strings per row in its emitter.
+beta and lam are per row in the gate, the token budget and stop strings per row in its emitter, and the sampling
+settings (temperature, top-k, top-p, seed) per row in :mod:`.draws`: a row with temperature > 0 draws its tokens
+by the sampled rule of :mod:`asymspec_mm.sampling` from its own generator; a step whose rows are all greedy runs
+the greedy rule alone.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import torch
 from ..config import AsymSpecConfig, check_method
 from ..engines import Engine
 from ..gate import gate_step
+from ..sampling import new_seed, row_generator
 from .constraints import Constraint, apply_masks, step_masks
+from .draws import StepDraws
 from .events import TokenEvent
 from .stats import Counters
 from .step_events import Timer, bonus_event, gate_event, make_event, no_timer, sd_events, tops_at
@@ -166,6 +171,7 @@ class Row:
     max_batch: int = 0
     result: Any = None
     constraint: Constraint | None = None  # the grammar its output follows (forced tool calls, JSON), if any
+    rng: torch.Generator | None = None  # a sampled row's own generator (None: greedy)
 
 
 Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
@@ -220,6 +226,11 @@ class RowDecoder:
         drafter = self.engines.get(self.drafting)
         if constraint is not None and getattr(drafter, "drafts_itself", False):
             raise ValueError(f"{self.drafting}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
+        if config.sampling and getattr(drafter, "drafts_itself", False):
+            raise ValueError(
+                f"{self.drafting}: an engine that drafts by itself (vLLM) drafts greedily; sample with temperature > 0 "
+                "on the transformers backend, or send temperature 0"
+            )
         joined = []
         try:
             for name, engine in self.engines.items():
@@ -234,8 +245,13 @@ class RowDecoder:
                 streams[name].release()  # the storage holds its own copy of the row's KV now
         views = {name: engine.view(rid) for name, engine in self.engines.items()}
         counters = counters or Counters(config.k, views)
+        rng = None
+        if config.sampling:
+            counters.seed = config.seed if config.seed is not None else new_seed()
+            rng = row_generator(counters.seed, views[self.deciding].device)
         emitter = Emitter(counters, config.max_new_tokens, eos_ids, stop_fn)
-        row = Row(rid, config, {name: Stream(views[name], pending[name]) for name in views}, counters, emitter, constraint=constraint)
+        streams_of_row = {name: Stream(views[name], pending[name]) for name in views}
+        row = Row(rid, config, streams_of_row, counters, emitter, constraint=constraint, rng=rng)
         self.rows[rid] = row
         return row
 
@@ -254,6 +270,11 @@ class RowDecoder:
     def drafting(self) -> str:
         """The stream that drafts: the drafter on the compressed view for SD, on the full view otherwise."""
         return "drafter_comp" if self.method == "sd" else "drafter_full"
+
+    @property
+    def deciding(self) -> str:
+        """The stream on whose device the step's decision (and a sampled row's uniforms) is computed."""
+        return "verifier" if self.method in ("sd", "floor") else "drafter_full"
 
     def step(self, timer: Timer | None = None) -> list[tuple[Row, list[TokenEvent]]]:
         """One step of every live row; rows that finish leave (see :meth:`finish`). Returns (row, committed events)."""
@@ -278,6 +299,7 @@ class RowDecoder:
                 for ev in committed:
                     ev.text = self.decode_token(ev.token_id)
             row.trace.extend(committed)
+            row.counters.record_gate_excess([ev.gate_excess for ev in committed if ev.gate_excess is not None])
             if row.constraint is not None:
                 row.constraint.settle([ev.token_id for ev in committed])
             if committed:
@@ -301,11 +323,13 @@ class RowDecoder:
         out = self.engines[name].extend(ids)
         return stack_rows([out[r] for r in ids])
 
-    def _draft(self, rows: list[Row], k: int, masks: dict[int, list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """K greedy drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32. An engine that
-        drafts by itself (vLLM decodes the K tokens in one call) does; else K forwards of all rows. A constrained
-        row drafts under its grammar's mask, each draft pushed as it is made; ``masks[j]`` collects row ``j``'s
-        K + 1 masks (the last one after d_K, for the bonus position)."""
+    def _draft(
+        self, rows: list[Row], k: int, masks: dict[int, list[torch.Tensor]] | None = None, draws: StepDraws | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32; greedy, or drawn by
+        ``draws`` for its sampled rows. An engine that drafts by itself (vLLM decodes the K tokens in one call)
+        does; else K forwards of all rows. A constrained row drafts under its grammar's mask, each draft pushed as
+        it is made; ``masks[j]`` collects row ``j``'s K + 1 masks (the last one after d_K, for the bonus position)."""
         name = self.drafting
         x = {row.id: row.streams[name].pending for row in rows}
         if getattr(self.engines[name], "drafts_itself", False):
@@ -319,7 +343,7 @@ class RowDecoder:
                 masks.setdefault(j, []).append(c.mask())
                 last[j] = apply_masks(last[j], masks[j][-1])
             logits.append(last)
-            d = last.argmax(-1)
+            d = last.argmax(-1) if draws is None else draws.draw(last, len(drafts))
             for j, c in constrained:
                 c.push(int(d[j]))
             drafts.append(d)
@@ -342,10 +366,12 @@ class RowDecoder:
         return self._extend(name, ids)
 
     def _asymspec(self, rows: list[Row], timer: Timer) -> list[Emitted]:
-        """Algorithm 1: draft on a, score with b and t, gate and fuse, commit the accepted prefix."""
+        """Algorithm 1: draft on a, score with b and t, gate and fuse, commit the accepted prefix (sampled rows: the
+        rule of :mod:`asymspec_mm.sampling`, the residual's draw in place of the fused token)."""
         cfg, k, top = self.cfg, self.cfg.k, self.cfg.trace_top
         masks: dict[int, list[torch.Tensor]] = {}  # constrained rows' allowed tokens, positions 1..K+1
-        drafts, a = self._draft(rows, k, masks)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
+        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device)  # None: every row is greedy
+        drafts, a = self._draft(rows, k, masks, draws)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
         b = self._masked(self._score("drafter_comp", rows, drafts), masks)  # b_1..b_{K+1} [R, K+1, V]
         t = self._masked(self._score("verifier", rows, drafts), masks).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
         settings = self._gate_settings(rows, k, a.device)
@@ -359,10 +385,15 @@ class RowDecoder:
                 delta=cfg.delta,
                 **settings,
             )
-        bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k])
+            sampled = bonus_drawn = None
+            if draws is not None:
+                log_q = torch.stack(draws.proposals, dim=1)  # [R, K, V]
+                sampled = draws.decide(log_q, g.fused_logits, drafts, 0, g, (g.accepted, g.fused))
+                bonus_drawn = draws.draw_residual(t[:, k], k)  # ~ softmax(F(t_{K+1} / tau))
+        bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k], bonus_drawn)
         with timer("trace"):
             tops = trace_tops(g, log_t_bonus, top) if top else None
-        hosts = to_host(pack_gate(g, drafts.flatten()), bonus, tops, top, rows=len(rows))  # the step's one transfer
+        hosts = to_host(pack_gate(g, drafts.flatten(), sampled), bonus, tops, top, rows=len(rows))  # the step's one transfer
         emitted: list[list] = []
         gated: list[int] = []
         for j, (row, host) in enumerate(zip(rows, hosts)):
@@ -373,7 +404,7 @@ class RowDecoder:
             if n_acc < k:  # pending + the accepted drafts stay cached; the fused token comes next
                 for s in row.streams.values():
                     s.rollback(n_acc)
-                token = g.fused[j * k + n_acc : j * k + n_acc + 1]
+                token = (g.fused if sampled is None else sampled.residual)[j * k + n_acc : j * k + n_acc + 1]
             elif cfg.bonus == "gated":  # a_{K+1} is needed now, so d_K is forwarded now
                 gated.append(j)
                 token = None
@@ -385,7 +416,14 @@ class RowDecoder:
         if gated:
             bonus_masks = {i: [masks[j][k]] for i, j in enumerate(gated) if j in masks}
             self._gated_bonus(
-                [rows[j] for j in gated], drafts[gated, k - 1 :], b[gated, k], t[gated, k], [emitted[j] for j in gated], timer, bonus_masks
+                [rows[j] for j in gated],
+                drafts[gated, k - 1 :],
+                b[gated, k],
+                t[gated, k],
+                [emitted[j] for j in gated],
+                timer,
+                bonus_masks,
+                None if draws is None else draws.subset(gated),
             )
         return [tuple(e) for e in emitted]
 
@@ -398,37 +436,53 @@ class RowDecoder:
         emitted: list[list],
         timer: Timer,
         masks: dict[int, list[torch.Tensor]] | None = None,
+        draws: StepDraws | None = None,
     ) -> None:
         """``bonus="gated"`` for the rows with K acceptances: d_K ``[G, 1]`` forwarded for a_{K+1}, gated against
         ``b_bonus`` / ``t_bonus`` ``[G, V]`` in one forward, one gate call and one transfer (``masks``: the
-        constrained rows' allowed tokens at the bonus position)."""
-        cfg = self.cfg
+        constrained rows' allowed tokens at the bonus position; ``draws``: these rows' draws, column K)."""
+        cfg, k = self.cfg, self.cfg.k
         a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1:].float()
         a_bonus = self._masked(a_bonus, masks or {})[:, 0]  # a_{K+1} [G, V]
-        d_bonus = a_bonus.argmax(-1)
+        d_bonus = a_bonus.argmax(-1) if draws is None else draws.draw(a_bonus, k)
         settings = self._gate_settings(rows, 1, a_bonus.device)
         with timer("gate"):
             g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, **settings)
+            sampled = None
+            if draws is not None:
+                sampled = draws.decide(draws.proposals[-1][:, None], g.fused_logits, d_bonus[:, None], k, g, (g.accepted, g.fused))
         with timer("trace"):
             tops = gated_tops(g, cfg.trace_top) if cfg.trace_top else None
-        hosts = to_host(pack_gate(g, d_bonus), None, tops, cfg.trace_top, rows=len(rows))  # the bonus decision's one transfer
+        hosts = to_host(pack_gate(g, d_bonus, sampled), None, tops, cfg.trace_top, rows=len(rows))  # the bonus decision's one transfer
+        fused = g.fused if sampled is None else sampled.residual
         for j, (row, host, slot) in enumerate(zip(rows, hosts, emitted)):
             bonus_row = host.rows[0]
             row.counters.record_bonus(bonus_row.accepted)
             slot[0].append(gate_event(row.step, cfg.k, bonus_row, tops_at(host.tops, 0)))
-            slot[1] = d_bonus[j : j + 1] if bonus_row.accepted else g.fused[j : j + 1]
+            slot[1] = d_bonus[j : j + 1] if bonus_row.accepted else fused[j : j + 1]
 
     def _sd(self, rows: list[Row], timer: Timer) -> list[Emitted]:
-        """Symmetric greedy SD: keep the drafts that match the verifier's argmax, then its own token. Equals Floor."""
+        """Symmetric SD: greedy, keep the drafts that match the verifier's argmax, then its own token (equals Floor);
+        sampled rows keep drafts by the lossless rule (A empty, target softmax(F(t / tau))): Floor in distribution."""
         k = self.cfg.k
         masks: dict[int, list[torch.Tensor]] = {}
-        drafts, _ = self._draft(rows, k, masks)
+        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device)
+        drafts, _ = self._draft(rows, k, masks, draws)
         t = self._masked(self._score("verifier", rows, drafts).float(), masks)  # [R, K+1, V]
         v_ids = t.argmax(-1)  # [R, K+1]
-        p_v = t.log_softmax(-1).gather(-1, v_ids[..., None])[..., 0].exp()
         drafts_v = drafts.to(v_ids.device)  # the verifier may live on another GPU
         padded = torch.cat([drafts_v, drafts_v[:, :1]], dim=1)
-        host = torch.stack([v_ids.double(), p_v.double(), padded.double()], dim=2).tolist()  # the step's one transfer
+        tokens, accepted = v_ids, torch.cat([drafts_v == v_ids[:, :k], torch.zeros_like(v_ids[:, :1], dtype=torch.bool)], dim=1)
+        if draws is not None:
+            log_q = torch.stack(draws.proposals, dim=1)
+            s = draws.decide(log_q, t[:, :k].flatten(0, 1), drafts_v, 0, None, (accepted[:, :k].flatten(), v_ids[:, :k].flatten()))
+            tokens = torch.cat([s.residual.view(-1, k), draws.draw_residual(t[:, k], k)[:, None]], dim=1)
+            accepted = torch.cat([s.accepted.view(-1, k), accepted[:, k:]], dim=1)
+        log_t = t.log_softmax(-1)
+        p_v = log_t.gather(-1, tokens[..., None])[..., 0].exp()
+        p_draft = log_t.gather(-1, padded[..., None])[..., 0].exp()
+        cols = (tokens, p_v, padded, accepted, v_ids, p_draft)
+        host = torch.stack([c.double() for c in cols], dim=2).tolist()  # the step's one transfer
         emitted = []
         for j, (row, h) in enumerate(zip(rows, host)):
             events, n_acc = sd_events(row.step, k, h)
@@ -440,7 +494,7 @@ class RowDecoder:
             else:
                 carry = drafts[j, k - 1 :]  # d_K rides in the next step's first drafting forward
             row.counters.record_deferred(carry is not None)
-            emitted.append((events, v_ids[j, n_acc : n_acc + 1].to(drafts.device), carry))
+            emitted.append((events, tokens[j, n_acc : n_acc + 1].to(drafts.device), carry))
         return emitted
 
     def _greedy(self, rows: list[Row], timer: Timer) -> list[Emitted]:
@@ -450,7 +504,8 @@ class RowDecoder:
         logits = self._masked(logits, {j: [row.constraint.mask()] for j, row in enumerate(rows) if row.constraint is not None})[
             :, 0
         ]  # [R, V]
-        tokens = logits.argmax(-1)
+        draws = StepDraws.of(rows, 1, logits.device)
+        tokens = logits.argmax(-1) if draws is None else draws.draw_residual(logits, 0)
         p = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].exp()
         host = torch.stack([tokens.double(), p.double()], dim=1).tolist()  # the step's one transfer
         verifier = self.method == "floor"

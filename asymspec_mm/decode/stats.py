@@ -11,6 +11,9 @@ Terms, per request (K = ``k``, a *step* = one verification round):
 * The gated bonus (``bonus="gated"``) is not one of the K drafts: it is put to the gate only after K
   acceptances, and counted apart as ``bonus_drafted`` / ``bonus_accepted`` (``bonus_acceptance_rate``),
   so the K-position rates mean the same under both bonus rules.
+* Sampled rows (temperature > 0): ``seed``, the seed the row's generator started from (None when greedy), and
+  ``mean_gate_excess``, the mean over the gated tokens emitted of E (:mod:`asymspec_mm.sampling`): how far the
+  emitted distribution is from the fused target in total variation (0: the fused target exactly; None when greedy).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class Counters:
     new_tokens: int = 0
     stopped_by: str = "max_new_tokens"
     prefill_tokens: dict[str, int] = field(default_factory=dict)
+    seed: int | None = None
+    gate_excess_sum: float = 0.0
+    gate_excess_n: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -62,6 +68,11 @@ class Counters:
     def record_deferred(self, deferred: bool) -> None:
         """Whether this step's d_K waits, unforwarded, for the next step's first drafting forward."""
         self.deferred_draft = int(deferred)
+
+    def record_gate_excess(self, values: list[float]) -> None:
+        """The gate excess E of each gated token a sampled row committed in a step."""
+        self.gate_excess_sum += sum(values)
+        self.gate_excess_n += len(values)
 
     def record_commit(self, new_tokens: int, stopped_by: str | None) -> None:
         """The committed length after a step, and why decoding stops (None: it goes on)."""
@@ -89,6 +100,8 @@ class Counters:
             "forward_calls": {n: e.forward_calls for n, e in self.streams.items()},
             "new_tokens": self.new_tokens,
             "stopped_by": self.stopped_by,
+            "seed": self.seed,
+            "mean_gate_excess": self.gate_excess_sum / self.gate_excess_n if self.gate_excess_n else None,
             "decode_wall_s": wall,
             "tokens_per_s": self.new_tokens / wall if wall > 0 else 0.0,
         }

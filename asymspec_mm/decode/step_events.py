@@ -34,6 +34,9 @@ def make_event(
     draft: int | None = None,
     tops: tuple[TopPairs, TopPairs] | None = None,
     draft_p: tuple[float, float] | None = None,
+    accept_prob: float | None = None,
+    gate_excess: float | None = None,
+    residual: bool = False,
 ) -> TokenEvent:
     ev = TokenEvent(
         index=0,
@@ -51,6 +54,9 @@ def make_event(
         draft_token=draft,
         draft_p_verifier=None if draft_p is None else draft_p[0],
         draft_p_base=None if draft_p is None else draft_p[1],
+        accept_prob=accept_prob,
+        residual=residual,
+        gate_excess=gate_excess,
     )
     if tops is not None:
         ev.top_verifier, ev.top_fused = tops
@@ -62,10 +68,12 @@ def tops_at(tops: Tops, i: int) -> tuple[TopPairs, TopPairs] | None:
 
 
 def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
-    """What the gate emits at position i+1: the draft when accepted, else the fused token (replacing it)."""
+    """What the gate emits at position i+1: the draft when accepted, else the fused token (replacing it; for a
+    sampled row, a draw of the residual)."""
+    sampled = dict(accept_prob=row.accept_prob, gate_excess=row.gate_excess)
     if row.accepted:
         return make_event(
-            step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd, row.verifier_argmax, tops=tops
+            step, i, row.draft, "accepted", row.p_verifier, row.p_base, row.gamma_eff, row.jsd, row.verifier_argmax, tops=tops, **sampled
         )
     return make_event(
         step,
@@ -80,6 +88,8 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
         draft=row.draft,
         tops=tops,
         draft_p=(row.p_verifier, row.p_base),
+        residual=row.accept_prob is not None,
+        **sampled,
     )
 
 
@@ -89,14 +99,16 @@ def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPai
 
 
 def sd_events(step: int, k: int, host: list[list[float]]) -> tuple[list[TokenEvent], int]:
-    """SD's decision on the host: ``host`` ``[K+1]`` rows (verifier argmax, its probability, draft; the last draft
-    is padding) -> the accepted drafts that match the verifier, then its own token (``corrected`` at the first
-    mismatch, ``bonus`` after K matches), and the number accepted."""
+    """SD's decision on the host: ``host`` ``[K+1]`` rows (the verifier's token where the step would stop there,
+    softmax(t) at it, the draft, whether the draft is accepted, the verifier's argmax, softmax(t) at the draft; the
+    last draft is padding) -> the accepted drafts, then the verifier's token (``corrected`` at the first rejection,
+    ``bonus`` after K acceptances), and the number accepted. Greedy: a draft is accepted when it matches the
+    argmax; sampled: by the lossless rule, and the verifier's token is then a draw."""
     n_acc = 0
-    while n_acc < k and host[n_acc][0] == host[n_acc][2]:
+    while n_acc < k and host[n_acc][3] > 0.5:
         n_acc += 1
-    events = [make_event(step, i, int(r[0]), "accepted", r[1], verifier_argmax=int(r[0])) for i, r in enumerate(host[:n_acc])]
+    events = [make_event(step, i, int(r[2]), "accepted", r[5], verifier_argmax=int(r[4])) for i, r in enumerate(host[:n_acc])]
     r = host[n_acc]
     source, draft = ("bonus", None) if n_acc == k else ("corrected", int(r[2]))
-    events.append(make_event(step, n_acc, int(r[0]), source, r[1], verifier_argmax=int(r[0]), draft=draft))
+    events.append(make_event(step, n_acc, int(r[0]), source, r[1], verifier_argmax=int(r[4]), draft=draft))
     return events, n_acc

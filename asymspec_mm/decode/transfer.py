@@ -7,11 +7,13 @@ of one per value. Token ids are exact in float64.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from ..gate import GateOutput
+from ..sampling import SampledDecision
 
 
 class GateRow(NamedTuple):
@@ -27,6 +29,8 @@ class GateRow(NamedTuple):
     p_verifier_fused: float  # softmax(t)[fused]
     p_base_fused: float  # softmax(b)[fused]
     draft: int
+    accept_prob: float | None = None  # sampled rows: the draft's acceptance probability alpha (1 inside the gate's set)
+    gate_excess: float | None = None  # sampled rows: E, the emitted distribution's TV distance from the fused target
 
 
 class BonusRow(NamedTuple):
@@ -42,17 +46,41 @@ BONUS_WIDTH = len(BonusRow._fields)
 TopPairs = list[tuple[int, float]]
 
 
-def pack_gate(g: GateOutput, drafts: torch.Tensor) -> torch.Tensor:
-    """``[P, 10]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``."""
-    cols = (g.accepted, g.gamma_eff, g.jsd, g.p_verifier, g.p_base, g.fused, g.verifier_argmax, g.p_verifier_fused, g.p_base_fused, drafts)
+def pack_gate(g: GateOutput, drafts: torch.Tensor, sampled: SampledDecision | None = None) -> torch.Tensor:
+    """``[P, 12]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``. With ``sampled`` (a step with
+    sampled rows) its decision and residual token replace the greedy gate's accepted flag and fused token."""
+    if sampled is None:
+        accepted, fused, p_ver_fused, p_base_fused = g.accepted, g.fused, g.p_verifier_fused, g.p_base_fused
+        alpha = excess = torch.full_like(g.gamma_eff, math.nan)
+    else:
+        accepted, fused, alpha, excess = sampled.accepted, sampled.residual, sampled.accept_prob, sampled.gate_excess
+        rows = torch.arange(fused.shape[0], device=fused.device)
+        p_ver_fused, p_base_fused = g.log_verifier[rows, fused].exp(), g.log_base[rows, fused].exp()
+    cols = (
+        accepted,
+        g.gamma_eff,
+        g.jsd,
+        g.p_verifier,
+        g.p_base,
+        fused,
+        g.verifier_argmax,
+        p_ver_fused,
+        p_base_fused,
+        drafts,
+        alpha,
+        excess,
+    )
     return torch.stack([c.double() for c in cols], dim=1)
 
 
-def pack_bonus(t_bonus: torch.Tensor, b_bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_bonus(
+    t_bonus: torch.Tensor, b_bonus: torch.Tensor, token: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verifier's bonus token of R rows from logits ``t_bonus`` / ``b_bonus`` ``[R, V]``: (tokens ``[R]`` on the
-    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 3]`` float64)."""
+    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 3]`` float64). ``token`` ``[R]``: the
+    tokens already chosen (sampled rows' draws); default the argmax."""
     log_t = t_bonus.float().log_softmax(-1)
-    token = log_t.argmax(-1)
+    token = log_t.argmax(-1) if token is None else token.to(log_t.device)
     p_ver = log_t.gather(-1, token[:, None])[:, 0].exp()
     p_base = b_bonus.float().log_softmax(-1).gather(-1, token[:, None])[:, 0].exp()
     return token, log_t, torch.stack([token.double(), p_ver.double(), p_base.double()], dim=1)
@@ -89,7 +117,8 @@ def gated_tops(g: GateOutput, top: int) -> torch.Tensor:
 
 
 def _gate_row(r: list[float]) -> GateRow:
-    return GateRow(r[0] > 0.5, r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), r[7], r[8], int(r[9]))
+    alpha, excess = (None if math.isnan(x) else x for x in r[10:12])
+    return GateRow(r[0] > 0.5, r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), r[7], r[8], int(r[9]), alpha, excess)
 
 
 def _pairs(row: list[float], top: int) -> TopPairs:
@@ -114,7 +143,7 @@ class StepOnHost(NamedTuple):
 def to_host(
     gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
 ) -> list[StepOnHost]:
-    """One transfer of packed ``gate`` ``[R*P, 10]``, ``bonus`` ``[R, 3]`` and ``tops`` ``[R*P', 4*top]`` for R
+    """One transfer of packed ``gate`` ``[R*P, 12]``, ``bonus`` ``[R, 3]`` and ``tops`` ``[R*P', 4*top]`` for R
     ``rows``; returns each row's decision."""
     parts = [gate.flatten()] + ([bonus.flatten()] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
     flat = torch.cat(parts).tolist()

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import CHOICES, RANGES
+from ..config import CHOICES, RANGES, AsymSpecConfig
 from ..errors import AsymSpecError, UnknownOptionError
 from ..options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
 from ..variants import parse_list
+from .samples import sample_variants
 
 DEFAULT_OUT = "runs/mathvista"
 
@@ -61,6 +62,22 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     g.add_argument("--drafter-view", choices=CHOICES["drafter_view"], default=None, help="drafter full-stream view [pipeline default]")
     g.add_argument("--bonus", choices=CHOICES["bonus"], default=None, help="bonus-token rule [pipeline default]")
+    g.add_argument(
+        "--temperature",
+        type=finite_float,
+        default=None,
+        help=f"sampling temperature, {RANGES['temperature'].text()} [default: 0, greedy]; each request's seed derives from "
+        "the sample and the problem, so a rerun draws the same tokens",
+    )
+    g.add_argument("--top-p", type=finite_float, default=None, help="sampling: top-p (0, 1] [default: 1, off]")
+    g.add_argument("--top-k", type=int, default=None, help="sampling: top-k, 0 = off [default: 0]")
+    g.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="samples per problem and variant (with --temperature > 0): run as variants NAME#s0.., reported as the mean "
+        "accuracy over samples with its CI [default: %(default)s]",
+    )
 
     d = m.add_argument_group("data")
     d.add_argument(
@@ -198,6 +215,21 @@ def _sweep_list(option: str, spec: str | None, cast: Callable[[str], Any]) -> li
     return values
 
 
+def _sampling_options(args: argparse.Namespace, common: dict[str, Any]) -> bool:
+    """Put ``--temperature`` / ``--top-p`` / ``--top-k`` into ``common`` (checked); whether the run samples."""
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(args, name) is not None:
+            check_option_ranges({name: getattr(args, name)})
+            common[name] = getattr(args, name)
+    AsymSpecConfig(**common).validated()
+    sampling = bool(common.get("temperature"))
+    if isinstance(args.samples, bool) or args.samples < 1:
+        raise AsymSpecError(f"--samples {args.samples} must be 1 or more")
+    if args.samples > 1 and not sampling:
+        raise AsymSpecError(f"--samples {args.samples} needs --temperature > 0: greedy decoding answers the same every time")
+    return sampling
+
+
 def pipeline_llm(pipe: Any) -> Any:
     """A text-completion callable of the pipeline (its verifier) for LLM answer extraction."""
     for name in ("complete", "verifier_complete", "complete_text"):
@@ -268,6 +300,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         common["drafter_view"] = args.drafter_view
     if args.bonus:
         common["bonus"] = args.bonus
+    sampling = _sampling_options(args, common)
     variants = mv.build_variants(
         args.methods,
         k=_sweep_list("k", args.k, int),
@@ -276,6 +309,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         lam=_sweep_list("lam", args.lam, finite_float),
         common=common,
     )
+    variants = sample_variants(variants, args.samples, sampling)
     out_dir = Path(args.out)
     records_path = out_dir / mv.records_filename(shard)
     print(

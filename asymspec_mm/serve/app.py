@@ -32,11 +32,13 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from ..batch.scheduler import SchedulerStoppedError
+from ..config import AsymSpecConfig
 from ..errors import AsymSpecError, ContextOverflowError
 from ..tools import ToolCallStream, parse_tool_calls
 from .errors import RequestError
 from .metrics import Metrics
 from .responses import TextDeltas, asymspec_object, finish_reason, message_of, trace_entry, usage
+from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,6 +154,7 @@ class ServerState:
     allow_local_images: Path | None = None
     max_request_bytes: int = int(DEFAULT_MAX_REQUEST_MB * 2**20)
     max_images: int = DEFAULT_MAX_IMAGES
+    base_config: AsymSpecConfig | None = None  # what a request's fields start from (--generation-config)
     own_scheduler: bool = True
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -171,6 +174,7 @@ def create_app(
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     model_name: str | None = None,
     max_images: int = DEFAULT_MAX_IMAGES,
+    generation_config: str = "none",
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -179,7 +183,14 @@ def create_app(
     request must send (``/health`` stays open). allow_local_images: the folder local image paths may point
     into (default: none, only data URLs). max_request_mb: largest request body (413 beyond).
     model_name: the id ``/v1/models`` lists (default ``pipe.name``). max_images: images one request may hold.
+    generation_config: ``none`` (a request without temperature is greedy) or ``model`` (the verifier's
+    ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
     """
+    if generation_config not in GENERATION_CONFIGS:
+        raise AsymSpecError(f"generation_config={generation_config!r} is not valid; choose one of {', '.join(GENERATION_CONFIGS)}")
+    base = AsymSpecConfig()
+    if generation_config == "model":
+        base = base.with_(**model_sampling_defaults(getattr(getattr(pipe, "verifier", None), "generation_config", None)))
     if not (isinstance(max_request_mb, (int, float)) and math.isfinite(max_request_mb) and max_request_mb > 0):
         raise AsymSpecError(f"max_request_mb={max_request_mb!r} must be a positive number")
     allowed = None
@@ -198,6 +209,7 @@ def create_app(
         allow_local_images=allowed,
         max_request_bytes=int(max_request_mb * 2**20),
         max_images=max_images,
+        base_config=base,
         own_scheduler=own,
     )
 
@@ -309,14 +321,17 @@ def create_app(
         authorize(request)
         body = await read_body(request)
         req: ChatRequest = await asyncio.to_thread(
-            lambda: parse_chat_request(parse_json(body), allow_local_images=state.allow_local_images, max_images=state.max_images)
+            lambda: parse_chat_request(
+                parse_json(body), allow_local_images=state.allow_local_images, max_images=state.max_images, base=state.base_config
+            )
         )
-        handle = submit(req)
+        handles = submit(req)
         loop = asyncio.get_running_loop()
-        reader = _Reader(handle, loop, state.metrics, lambda: _forget(handle))
+        readers = [_Reader(h, loop, state.metrics, lambda h=h: _forget(h)) for h in handles]
         gone = asyncio.ensure_future(_until_disconnected(request.receive))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
+            handle, reader = handles[0], readers[0]
             first = await reader.get(gone)  # set-up errors (e.g. a prompt over the context window) still get a status
             if first is None or first[0] == "error":
                 gone.cancel()
@@ -326,35 +341,52 @@ def create_app(
                 raise error_of(first[1])
             return _SSEResponse(stream_chunks(req, reader, first, gone, cid, created), on_close=lambda: _end(handle, gone))
         try:
-            while True:
-                item = await reader.get(gone)
-                if item is None:  # the client went away: free the row
-                    handle.cancel()
-                    return Response(status_code=499)
-                kind, value = item
-                if kind == "error":
-                    raise error_of(value)
-                if kind == "result":
-                    return json_response(completion(value, req, cid, created))
+            results = []
+            for reader in readers:  # the choices decode side by side; their results are read in order
+                while True:
+                    item = await reader.get(gone)
+                    if item is None:  # the client went away: free the rows
+                        for h in handles:
+                            h.cancel()
+                        return Response(status_code=499)
+                    kind, value = item
+                    if kind == "error":
+                        for h in handles:
+                            h.cancel()
+                        raise error_of(value)
+                    if kind == "result":
+                        results.append(value)
+                        break
+            return json_response(completion(results, req, cid, created))
         finally:
             gone.cancel()
 
-    def submit(req: ChatRequest) -> Any:
+    def submit(req: ChatRequest) -> list[Any]:
+        """The request's rows in the scheduler, one per choice (``n``), each with its own seed."""
         from ..batch.scheduler import QueueFullError
 
+        handles: list[Any] = []
         try:
-            handle = state.scheduler.submit_chat(
-                req.messages,
-                caption=req.caption,
-                ocr=req.ocr,
-                method=req.method,
-                config=req.config,
-                enable_thinking=req.enable_thinking,
-                tools=req.tools or None,
-                tool_choice=req.tool_choice,
-                response_format=req.response_format,
-            )
+            for config in choice_configs(req.config, req.n):
+                handles.append(
+                    state.scheduler.submit_chat(
+                        req.messages,
+                        caption=req.caption,
+                        ocr=req.ocr,
+                        method=req.method,
+                        config=config,
+                        enable_thinking=req.enable_thinking,
+                        tools=req.tools or None,
+                        tool_choice=req.tool_choice,
+                        response_format=req.response_format,
+                    )
+                )
+                state.metrics.started()
+                with state.lock:
+                    state.handles.add(handles[-1])
         except QueueFullError as exc:
+            for h in handles:
+                h.cancel()
             raise RequestError(
                 429,
                 f"the server is busy: {exc}",
@@ -362,11 +394,10 @@ def create_app(
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
         except AsymSpecError as exc:
+            for h in handles:
+                h.cancel()
             raise error_of(exc) from None
-        state.metrics.started()
-        with state.lock:
-            state.handles.add(handle)
-        return handle
+        return handles
 
     def _forget(handle: Any) -> None:
         with state.lock:
@@ -377,16 +408,29 @@ def create_app(
         if not handle.done():
             handle.cancel()
 
-    def completion(res: MMResult, req: ChatRequest, cid: str, created: int) -> dict:
+    def completion(results: list[MMResult], req: ChatRequest, cid: str, created: int) -> dict:
+        """The answer with one choice per result; usage adds the choices' completion tokens (the prompt once), and
+        ``asymspec`` is the first choice's (``asymspec.choices`` holds every choice's when there are several)."""
+        choices = [
+            {"index": i, "message": message_of(res, f"{cid}-{i}" if i else cid), "logprobs": None, "finish_reason": finish_reason(res)}
+            for i, res in enumerate(results)
+        ]
+        total = usage(results[0])
+        if len(results) > 1:
+            extra = sum(usage(res)["completion_tokens"] for res in results[1:])
+            total = {**total, "completion_tokens": total["completion_tokens"] + extra, "total_tokens": total["total_tokens"] + extra}
+        info = asymspec_object(results[0], state.pipe.tokenizer, req.return_trace)
+        if len(results) > 1:
+            info["choices"] = [asymspec_object(res, state.pipe.tokenizer, req.return_trace) for res in results]
         return {
             "id": cid,
             "object": "chat.completion",
             "created": created,
             "model": state.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "message": message_of(res, cid), "logprobs": None, "finish_reason": finish_reason(res)}],
-            "usage": usage(res),
-            "asymspec": asymspec_object(res, state.pipe.tokenizer, req.return_trace),
+            "choices": choices,
+            "usage": total,
+            "asymspec": info,
         }
 
     async def stream_chunks(req: ChatRequest, reader: _Reader, first: tuple, gone: asyncio.Future, cid: str, created: int):

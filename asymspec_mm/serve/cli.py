@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import AsymSpecError
 from ..options import add_model_args, positive_float, positive_int
+from .sampling_fields import GENERATION_CONFIGS
 
 DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_images": 8}  # as the DEFAULT_* of app and schema
 
@@ -65,6 +66,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="let requests name image files under DIR (a path or file:// URL); by default only data: URLs are read",
     )
+    s.add_argument(
+        "--generation-config",
+        choices=GENERATION_CONFIGS,
+        default="none",
+        help="what a request without temperature gets: none = greedy (the paper's rule), model = the verifier's own "
+        "generation_config.json sampling defaults (temperature, top_p, top_k) [default: %(default)s]",
+    )
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -101,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             allow_local_images=args.allow_local_images,
             max_request_mb=args.max_request_mb,
             max_images=args.max_images,
+            generation_config=args.generation_config,
         )
         print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
         serve(app, sock, log_level=args.log_level)

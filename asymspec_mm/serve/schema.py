@@ -23,6 +23,7 @@ from ..config import CHOICES, METHODS, AsymSpecConfig, range_error
 from ..errors import UnknownOptionError
 from .errors import bad_request
 from .images import load_request_image
+from .sampling_fields import choice_count, sampling_fields
 
 #: The AsymSpec options a request may set under ``"asymspec"``.
 ASYMSPEC_OPTIONS = ("method", "k", "beta", "gamma", "gate", "delta", "bonus", "caption", "ocr", "return_trace")
@@ -38,6 +39,9 @@ _USED = (
     "stream_options",
     "n",
     "temperature",
+    "top_p",
+    "top_k",
+    "seed",
     "chat_template_kwargs",
     "tools",
     "tool_choice",
@@ -48,15 +52,13 @@ _USED = (
 #: Images one request may hold unless the server says otherwise (``serve --max-images``).
 DEFAULT_MAX_IMAGES = 8
 
-#: OpenAI fields accepted when they hold a value that changes nothing under greedy decoding: field -> (test, why).
+#: OpenAI fields accepted only while they hold a neutral value: field -> (test, why).
 _NEUTRAL: dict[str, tuple[Any, str]] = {
-    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]; greedy decoding ignores it"),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer; greedy decoding is deterministic"),
     "user": (lambda v: isinstance(v, str), "a string"),
     "metadata": (lambda v: isinstance(v, dict), "an object"),
     "store": (lambda v: v is False, "false: nothing is stored"),
-    "frequency_penalty": (lambda v: v == 0 and _is_number(v), "0: decoding is greedy, without penalties"),
-    "presence_penalty": (lambda v: v == 0 and _is_number(v), "0: decoding is greedy, without penalties"),
+    "frequency_penalty": (lambda v: v == 0 and _is_number(v), "0: penalties are not supported"),
+    "presence_penalty": (lambda v: v == 0 and _is_number(v), "0: penalties are not supported"),
     "logprobs": (lambda v: v is False, "false; ask for asymspec.return_trace to get per-token probabilities"),
     "top_logprobs": (lambda v: v == 0 and _is_number(v), "0; ask for asymspec.return_trace to get per-token probabilities"),
     "logit_bias": (lambda v: v == {}, "empty: logit biases are not supported"),
@@ -85,6 +87,7 @@ class ChatRequest:
     include_usage: bool = False
     model: str | None = None
     options: dict = field(default_factory=dict)
+    n: int = 1
 
 
 def _is_number(v: Any) -> bool:
@@ -348,17 +351,7 @@ def parse_chat_request(
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")
-    t = data.get("temperature")
-    if t is not None and (not _is_number(t) or t != 0):
-        raise bad_request(
-            f"temperature={json.dumps(t)[:40]} is not supported: AsymSpec decoding is greedy (the gate compares the "
-            "models' argmax tokens); omit temperature or send 0",
-            "temperature",
-            "unsupported",
-        )
-    n = data.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise bad_request(f"n={json.dumps(n)[:40]} is not supported: the server returns one choice (decoding is greedy); send n=1", "n")
+    n = choice_count(data)
     stream = data.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
@@ -376,6 +369,7 @@ def parse_chat_request(
             fields["max_new_tokens"] = _in_range("max_new_tokens", _positive_int(data[name], name), name)
             break
     fields["stop_strings"] = _stop_strings(data.get("stop"))
+    fields.update(sampling_fields(data))
     method, cfg_fields, other = _asymspec_options(data.get("asymspec"))
     try:
         config = (base or AsymSpecConfig()).with_(**fields, **cfg_fields).validated()
@@ -409,4 +403,5 @@ def parse_chat_request(
         include_usage=include_usage,
         model=model,
         options={**cfg_fields, "method": method},
+        n=n,
     )

@@ -59,6 +59,7 @@ def finalize_run(
     ``identity``: the run's (default: ``out_dir/run.json`` when there is one); it names the dataset in the
     report's titles and is stored in ``summary.json`` under ``"run"``."""
     from ..report import dataset_label, summarize_variants, write_report
+    from ..samples import sampled_section, sampled_summary
     from ..table3 import table3_section
     from .identity import stored_identity
 
@@ -79,10 +80,12 @@ def finalize_run(
         files[name] = {"output": str(o), "scores": str(s)}
     summaries = summarize_variants(groups)
     table3, table3_rows = table3_section(groups, summaries)  # only for the paper protocol on the paper's subset
-    paths = write_report(
-        summaries, out_dir, chart=chart, dataset=dataset_label(identity, records), log=log, sections=[table3] if table3 else ()
-    )
+    sampled = sampled_summary(groups)
+    sections = [x for x in (table3, sampled_section(sampled)) if x]
+    paths = write_report(summaries, out_dir, chart=chart, dataset=dataset_label(identity, records), log=log, sections=sections)
     summary = {"run": identity, "variants": summaries, "files": files, "report": {k: str(v) for k, v in paths.items()}}
+    if sampled:
+        summary["sampled"] = sampled
     if table3_rows:
         summary["table3"] = table3_rows
     write_json(summary, out_dir / "summary.json")

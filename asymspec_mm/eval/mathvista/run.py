@@ -15,6 +15,7 @@ from ...errors import DatasetUnavailableError, UnknownOptionError
 from ...variants import Variant
 from ..extraction import LLM, extract_answer_detailed
 from ..paper_extraction import paper_score
+from ..samples import request_config
 from ..scoring import score_problem
 from .identity import bind_identity
 from .paper_prompts import check_protocol, check_records_protocol, paper_view, record_marks
@@ -172,6 +173,12 @@ def _make_record(
     }
 
 
+def _seed_of(make_config: Callable[..., Any], variant: Variant, pid: str) -> dict[str, int]:
+    """``{"seed": ...}``: a sampled request's own seed for ``generate_batch`` ({} when greedy)."""
+    seed = getattr(request_config(make_config, variant, pid), "seed", None)
+    return {} if seed is None else {"seed": seed}
+
+
 def _batch_results(pipe: Any, chunk: list[tuple], variants: Sequence[Variant], make_config: Callable[..., Any]) -> dict:
     """``{(variant, pid): result}`` of one chunk of problems, each variant's pending problems in one
     ``generate_batch`` call. A chunk whose batch fails is left out, so its problems run one by one and each
@@ -181,7 +188,9 @@ def _batch_results(pipe: Any, chunk: list[tuple], variants: Sequence[Variant], m
         rows = [(str(p["pid"]), q, c, o, img) for p, pending, q, c, o, img in chunk if variant in pending]
         if not rows:
             continue
-        requests = [{"image": img, "question": q, "caption": c, "ocr": o} for _, q, c, o, img in rows]
+        requests = [
+            {"image": img, "question": q, "caption": c, "ocr": o, **_seed_of(make_config, variant, pid)} for pid, q, c, o, img in rows
+        ]
         try:
             results = pipe.generate_batch(requests, method=variant.method, config=make_config(**dict(variant.config)), batch_size=len(rows))
         except (KeyboardInterrupt, SystemExit):
@@ -277,7 +286,7 @@ def run_mathvista(
                                     caption=caption,
                                     ocr=ocr,
                                     method=variant.method,
-                                    config=make_config(**dict(variant.config)),
+                                    config=request_config(make_config, variant, pid),
                                 )
                         except (KeyboardInterrupt, SystemExit, DatasetUnavailableError):
                             raise

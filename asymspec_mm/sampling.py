@@ -1,0 +1,158 @@
+"""Sampled AsymSpec (temperature > 0): the rule as pure tensor math over the positions of one step.
+
+Terms, per drafted position i, with temperature ``tau > 0`` and ``F`` the top-k then top-p filter of a row of
+tempered logits (the same filter for every distribution):
+
+* ``q_i = softmax(F(a_i / tau))``: the drafter's proposal on the full view; the draft is ``d_i ~ q_i``.
+* ``f_i = softmax(F((t_i + beta * delta_i) / tau))``: the fused target (``delta_i = a_i - b_i``).
+* ``A_i = {x : softmax(t_i)[x] > gamma_eff_i * softmax(b_i)[x]}``: the gate's set, from **untempered**,
+  unfiltered probabilities and the unchanged ``gamma_eff`` (:mod:`asymspec_mm.gate`).
+* ``alpha_i = 1`` if ``d_i`` is in ``A_i``, else ``min(1, f_i(d_i) / q_i(d_i))``: the acceptance probability.
+* ``r_i = norm((f_i - q_i)+)``: what is sampled at the first rejection (``f_i`` itself where ``q_i = f_i``).
+* ``E_i = sum_{x in A_i} (q_i - f_i)+(x)``: the *gate excess*.
+
+Each emitted token is then an exact draw from ``P_i = f_i + 1_{A_i} (q_i - f_i)+ - E_i r_i``, and
+``TV(P_i, f_i) = E_i`` (:func:`emitted_distribution`). With ``A_i`` empty this is lossless speculative sampling of
+``f_i`` (Leviathan et al., Chen et al.); with ``A_i`` empty and beta = 0 it samples the verifier on the compressed
+view; as tau -> 0 it becomes the greedy rule. Symmetric SD is the case ``A`` empty, ``f = softmax(F(t / tau))``.
+
+Randomness comes in as uniforms (``u`` in [0, 1)), drawn per row from the row's own generator
+(:func:`row_generator`), so a seeded request gives the same tokens alone, in any batch, and on any backend that
+computes the same logits. Tokens are drawn by inverting the cumulative distribution in float64.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from .config import SEED_LIMIT
+
+
+def as_positions(value: float | int | torch.Tensor, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``value`` (one for every position, or ``[n]``) as a ``[n]`` tensor of ``dtype`` on ``device``."""
+    return torch.as_tensor(value, dtype=dtype, device=device).expand(n)
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p filtering of each row of ``logits`` ``[P, V]``; removed entries become -inf.
+
+    ``top_k`` ``[P]`` long (0: off) keeps the k largest logits (and ties with the k-th); ``top_p`` ``[P]`` float (1:
+    off) then keeps the smallest set of the largest tokens whose probability under the top-k distribution reaches
+    ``top_p`` (the first token always stays). Rows without either filter are returned unchanged.
+    """
+    off = (top_k <= 0) & (top_p >= 1.0)
+    if bool(off.all()):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    width = logits.shape[-1]
+    ranks = torch.arange(width, device=logits.device)
+    k = torch.where(top_k > 0, top_k.clamp(max=width), torch.full_like(top_k, width))
+    kth = sorted_logits.gather(-1, (k - 1)[:, None])  # [P, 1]
+    keep_sorted = sorted_logits >= kth  # ties with the k-th stay
+    probs = sorted_logits.masked_fill(~keep_sorted, float("-inf")).softmax(-1)
+    before = probs.cumsum(-1) - probs  # the mass of the larger tokens
+    keep_sorted &= (before < top_p[:, None]) | (ranks == 0)
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.where(off[:, None] | keep, logits, torch.full_like(logits, float("-inf")))
+
+
+def tempered_log_probs(logits: torch.Tensor, tau: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``log softmax(F(logits / tau))`` ``[P, V]`` float32 for logits ``[P, V]`` and per-position ``tau`` (> 0),
+    ``top_k``, ``top_p`` ``[P]``."""
+    scaled = logits.float() / tau.float()[:, None]
+    return filter_logits(scaled, top_k, top_p).log_softmax(-1)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` ``[P, V]`` (non-negative, not necessarily normalised) from uniforms ``u`` ``[P]``
+    in [0, 1), by inverting the cumulative distribution (float64): token x has probability ``probs[x] / sum``, and
+    a token of probability 0 is never drawn. Returns ``[P]`` long."""
+    cdf = probs.double().cumsum(-1)
+    target = u.double() * cdf[:, -1]
+    idx = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
+    # u * total can round up to total: the last token with mass is then the draw
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(-1)
+    return torch.minimum(idx, last)
+
+
+def gate_set(log_t: torch.Tensor, log_b: torch.Tensor, gamma_eff: torch.Tensor) -> torch.Tensor:
+    """``A`` ``[P, V]`` bool: the tokens the gate would accept, ``softmax(t)[x] > gamma_eff * softmax(b)[x]``, from
+    the untempered log-probabilities ``log_t``, ``log_b`` ``[P, V]`` and ``gamma_eff`` ``[P]`` (Eq. 4 for every x)."""
+    return log_t.exp() > gamma_eff[:, None] * log_b.exp()
+
+
+@dataclass
+class SampledDecision:
+    """The sampled rule at P positions (all ``[P]``, on the device): ``accepted`` (the draft is kept),
+    ``accept_prob`` (``alpha``), ``residual`` (the token emitted if the position is the first rejection, a draw of
+    ``r``) and ``gate_excess`` (``E``)."""
+
+    accepted: torch.Tensor
+    accept_prob: torch.Tensor
+    residual: torch.Tensor
+    gate_excess: torch.Tensor
+
+
+def sampled_gate(
+    log_q: torch.Tensor,
+    log_f: torch.Tensor,
+    in_gate: torch.Tensor | None,
+    drafts: torch.Tensor,
+    u_accept: torch.Tensor,
+    u_residual: torch.Tensor,
+) -> SampledDecision:
+    """The module's rule at P positions: proposal ``log_q`` and target ``log_f`` ``[P, V]`` (log-probabilities),
+    the gate's set ``in_gate`` ``[P, V]`` bool (None: empty, plain speculative sampling), the drafts ``[P]`` (drawn
+    from q) and two uniforms per position, ``u_accept`` and ``u_residual`` ``[P]``."""
+    q, f = log_q.exp(), log_f.exp()
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
+    q_d, f_d = q[rows, drafts], f[rows, drafts]
+    ratio = torch.where(q_d > 0, f_d / q_d.clamp_min(torch.finfo(q_d.dtype).tiny), torch.ones_like(q_d)).clamp(max=1.0)
+    over = (q - f).clamp_min(0.0)
+    if in_gate is None:
+        alpha, excess = ratio, torch.zeros_like(ratio)
+    else:
+        alpha = torch.where(in_gate[rows, drafts], torch.ones_like(ratio), ratio)
+        excess = torch.where(in_gate, over, torch.zeros_like(over)).sum(-1)
+    residual = (f - q).clamp_min(0.0)
+    # where q == f nothing is ever rejected; f keeps the draw defined
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, f)
+    return SampledDecision(u_accept.to(alpha.dtype) < alpha, alpha, sample_from(residual, u_residual), excess)
+
+
+def emitted_distribution(q: torch.Tensor, f: torch.Tensor, in_gate: torch.Tensor | None) -> torch.Tensor:
+    """The closed form of what the rule emits at one position, ``P = f + 1_A (q - f)+ - E r`` ``[..., V]``, from the
+    probabilities ``q``, ``f`` and the gate's set ``in_gate`` (None: empty) ``[..., V]``."""
+    over = (q - f).clamp_min(0.0)
+    under = (f - q).clamp_min(0.0)
+    gate = torch.zeros_like(q, dtype=torch.bool) if in_gate is None else in_gate
+    excess = torch.where(gate, over, torch.zeros_like(over)).sum(-1, keepdim=True)
+    z = under.sum(-1, keepdim=True)
+    r = torch.where(z > 0, under / z.clamp_min(torch.finfo(q.dtype).tiny), f)
+    return f + torch.where(gate, over, torch.zeros_like(over)) - excess * r
+
+
+def new_seed() -> int:
+    """A fresh random seed in [0, :data:`SEED_LIMIT`) for a request that gave none (reported back, so the request
+    can be repeated)."""
+    return secrets.randbelow(SEED_LIMIT)
+
+
+def row_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A row's own random generator on ``device``, seeded with ``seed``."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return gen
+
+
+def draw_uniforms(generators: list[torch.Generator | None], n: int, device: torch.device | str) -> torch.Tensor:
+    """``[R, n]`` float64 uniforms in [0, 1): row ``j`` draws ``n`` from ``generators[j]`` (a greedy row, None,
+    gets zeros and draws nothing), so what a row draws never depends on the other rows."""
+    out = torch.zeros(len(generators), n, dtype=torch.float64, device=device)
+    for j, gen in enumerate(generators):
+        if gen is not None:
+            out[j] = torch.rand(n, generator=gen, dtype=torch.float64, device=device)
+    return out

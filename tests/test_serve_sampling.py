@@ -1,0 +1,137 @@
+"""Sampling through the server, with the official ``openai`` client: temperature / top_p / top_k / seed reproduce
+``pipe.chat`` with the same settings, ``n`` gives independent choices with derived seeds, and
+``--generation-config model`` applies the verifier's own sampling defaults to requests without temperature."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from conftest import make_case
+from test_serve import CHAT, data_url, user_message
+
+from asymspec_mm.serve import ServerThread, create_app
+from asymspec_mm.serve.sampling_fields import choice_seed, model_sampling_defaults
+
+SAMPLED = dict(temperature=0.7, top_p=0.8, seed=1)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pipe):
+    app = create_app(tiny_pipe, max_batch_size=8)
+    with ServerThread(app) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def chat_args(case):
+    return dict(
+        model="tiny",
+        messages=[user_message(case["question"], data_url(case["image"]))],
+        max_tokens=12,
+        extra_body={"asymspec": {"caption": case["caption"], "ocr": case["ocr"]}},
+    )
+
+
+def reference(pipe, case, **settings):
+    messages = [{"role": "user", "content": [{"type": "image", "image": case["image"]}, {"type": "text", "text": case["question"]}]}]
+    return pipe.chat(messages, caption=case["caption"], ocr=case["ocr"], max_new_tokens=12, **settings)
+
+
+def test_a_seeded_request_repeats_and_equals_pipe_chat(tiny_pipe, client):
+    case = make_case(31)
+    first = client.chat.completions.create(**chat_args(case), **SAMPLED)
+    again = client.chat.completions.create(**chat_args(case), **SAMPLED)
+    assert first.choices[0].message.content == again.choices[0].message.content
+    ref = reference(tiny_pipe, case, **SAMPLED)
+    assert first.choices[0].message.content == ref.text
+    info = first.model_extra["asymspec"]
+    assert info["config"]["temperature"] == 0.7 and info["config"]["top_p"] == 0.8 and info["stats"]["seed"] == 1
+
+
+def test_top_k_is_an_extension_field(tiny_pipe, client):
+    case = make_case(32)
+    args = chat_args(case)
+    args["extra_body"]["top_k"] = 3
+    resp = client.chat.completions.create(**args, temperature=1.2, seed=8)
+    assert resp.choices[0].message.content == reference(tiny_pipe, case, temperature=1.2, seed=8, top_k=3).text
+    assert resp.model_extra["asymspec"]["config"]["top_k"] == 3
+
+
+def test_n_choices_have_derived_seeds(tiny_pipe, client):
+    case = make_case(33)
+    resp = client.chat.completions.create(**chat_args(case), n=3, temperature=1.3, seed=5)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    texts = [c.message.content for c in resp.choices]
+    for i, text in enumerate(texts):
+        assert text == reference(tiny_pipe, case, temperature=1.3, seed=choice_seed(5, i)).text
+    assert (
+        resp.choices[0].message.content
+        == client.chat.completions.create(**chat_args(case), temperature=1.3, seed=5).choices[0].message.content
+    )
+    seeds = [c["stats"]["seed"] for c in resp.model_extra["asymspec"]["choices"]]
+    assert seeds == [choice_seed(5, i) for i in range(3)] and len(set(seeds)) == 3
+    assert resp.usage.completion_tokens == sum(c["stats"]["new_tokens"] for c in resp.model_extra["asymspec"]["choices"])
+
+
+def test_unseeded_choices_report_their_seeds(tiny_pipe, client):
+    case = make_case(34)
+    resp = client.chat.completions.create(**chat_args(case), n=2, temperature=1.0)
+    seeds = [c["stats"]["seed"] for c in resp.model_extra["asymspec"]["choices"]]
+    assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
+    again = reference(tiny_pipe, case, temperature=1.0, seed=seeds[1])
+    assert again.text == resp.choices[1].message.content
+
+
+def test_bad_sampling_fields_get_400_and_the_server_keeps_serving(server):
+    case = make_case(35)
+    body = {
+        "model": "tiny",
+        "messages": [user_message(case["question"], data_url(case["image"]))],
+        "max_tokens": 3,
+        "asymspec": {"caption": case["caption"], "ocr": case["ocr"]},
+    }
+    for field, value in (("temperature", 3), ("top_p", 1.5), ("seed", "x"), ("n", 9)):
+        r = httpx.post(server.url + CHAT, json={**body, field: value}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = httpx.post(server.url + CHAT, json={**body, "temperature": 0.7, "top_p": 0.8, "seed": 1}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_model_sampling_defaults_of_the_real_qwen_files():
+    from transformers import GenerationConfig
+
+    from asymspec_mm.qwen_files import DATA_DIR as QWEN_DATA
+
+    qwen3 = model_sampling_defaults(GenerationConfig.from_pretrained(QWEN_DATA / "qwen3"))
+    assert qwen3 == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    vl = model_sampling_defaults(GenerationConfig.from_pretrained(QWEN_DATA / "qwen3-vl-2b"))
+    assert vl == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    assert model_sampling_defaults(GenerationConfig(do_sample=False, temperature=0.3)) == {}
+
+
+def test_generation_config_model_samples_requests_without_temperature(standin_pipe):
+    """The stand-in verifier carries Qwen3-32B's real generation_config.json: a request without temperature is
+    sampled with its defaults; one that sends temperature 0 stays greedy."""
+    case = make_case(36)
+    app = create_app(standin_pipe, max_batch_size=2, generation_config="model")
+    body = {
+        "model": "x",
+        "messages": [user_message(case["question"], data_url(case["image"]))],
+        "max_tokens": 3,
+        "asymspec": {"caption": case["caption"], "ocr": False},
+    }
+    with ServerThread(app) as srv:
+        r = httpx.post(srv.url + CHAT, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        cfg = r.json()["asymspec"]["config"]
+        assert (cfg["temperature"], cfg["top_p"], cfg["top_k"]) == (0.6, 0.95, 20)
+        assert isinstance(r.json()["asymspec"]["stats"]["seed"], int)
+        r = httpx.post(srv.url + CHAT, json={**body, "temperature": 0}, timeout=120)
+        assert r.json()["asymspec"]["config"]["temperature"] == 0 and r.json()["asymspec"]["stats"]["seed"] is None
+    with pytest.raises(Exception, match="generation_config='auto' is not valid"):
+        create_app(standin_pipe, generation_config="auto")
