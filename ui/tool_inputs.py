@@ -101,6 +101,7 @@ def build_tool_inputs() -> tuple[Any, Any]:
 
     with gr.Accordion("Agent tools", open=False, elem_id="asym-tools-accordion"):
         tools = gr.Textbox(
+            "",
             label="Tools (a JSON list of OpenAI function tools; empty: no tools)",
             lines=3,
             max_lines=16,
