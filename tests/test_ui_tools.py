@@ -20,7 +20,7 @@ from test_ui import RUN_DEFAULTS, demo_args, free_port, run_args  # noqa: E402
 from asymspec_mm.decode import TokenEvent  # noqa: E402
 from ui import app as ui_app  # noqa: E402
 from ui.app import RUN_OUTPUTS, DemoInputError, outputs_as_dict  # noqa: E402
-from ui.outputs import NO_TOOLS, TOOLS_PENDING  # noqa: E402
+from ui.outputs import NO_TOOLS, TOOLS_OFF, TOOLS_PENDING  # noqa: E402
 from ui.tool_calls import NO_CALL_TEXT, argument_spans, render_tool_calls_html, token_offsets  # noqa: E402
 from ui.tool_inputs import EXAMPLE_TOOLS, MAX_TOOLS_CHARS, check_tool_inputs, example_tools_text  # noqa: E402
 
@@ -354,7 +354,7 @@ def test_without_tools_the_panel_says_so_and_the_run_is_unchanged(tiny_pipe, sta
         )
     # tools offered but tool_choice none: the answer is not read for calls
     out = outputs_as_dict(list(state.run(*demo_args(path, case), False, example_tools_text(), "none"))[-1])
-    assert read_panel(out["tool_calls_html"]).notes == [NO_TOOLS] and out["result_json"]["main"]["tool_calls"] is None
+    assert read_panel(out["tool_calls_html"]).notes == [TOOLS_OFF] and out["result_json"]["main"]["tool_calls"] is None
 
 
 def test_bad_tools_are_refused_in_the_status_and_the_app_keeps_serving(state, image_case):

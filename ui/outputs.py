@@ -52,6 +52,7 @@ STREAMED = 6
 #: The tool-call panel's text before a run's answer is done, and for a run that offers no tools.
 TOOLS_PENDING = "The answer's tool calls appear here when it is done."
 NO_TOOLS = "No tools offered: add some under Agent tools to see a call's arguments with their provenance."
+TOOLS_OFF = "Tool choice none: the answer is not read for tool calls."
 #: Panel names in the status line.
 ROW_NAMES = {"floor": "Floor", "drafter": "the drafter alone"}
 
@@ -130,7 +131,7 @@ class RunOutputs:
         or failed one shows what it had decoded)."""
         req = job.req
         if not req.tools or req.tool_choice == "none":  # the answer is not read for calls
-            return render_tool_calls_html([], self.tok, empty=NO_TOOLS)
+            return render_tool_calls_html([], self.tok, empty=NO_TOOLS if not req.tools else TOOLS_OFF)
         if snap is None:
             return render_tool_calls_html([], self.tok, empty=TOOLS_PENDING)
         main = snap.results.get("main")

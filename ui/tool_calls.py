@@ -20,7 +20,7 @@ from asymspec_mm.tools import CLOSE, OPEN, parse_tool_calls
 
 from .render import SOURCES, _Decoder, _get, esc, plural, render_token
 
-__all__ = ["NO_CALL_TEXT", "Argument", "argument_spans", "render_tool_calls_html", "token_offsets", "tool_call_arguments"]
+__all__ = ["NO_CALL_TEXT", "Argument", "answer_text", "argument_spans", "render_tool_calls_html", "token_offsets", "tool_call_arguments"]
 
 #: The panel's text when the answer calls no tool.
 NO_CALL_TEXT = "No tool call in this answer."
@@ -41,6 +41,13 @@ class Argument:
     tokens: tuple[int, ...]
 
 
+def answer_text(trace: Sequence[Any], tokenizer: Any = None) -> str:
+    """The answer's text as the result reads calls from it (the events' texts joined without a tokenizer)."""
+    if tokenizer is None:
+        return "".join(_get(ev, "text") or "" for ev in trace)
+    return tokenizer.decode([int(_get(ev, "token_id")) for ev in trace], skip_special_tokens=True)
+
+
 def token_offsets(trace: Sequence[Any], tokenizer: Any = None) -> tuple[str, list[Span]]:
     """The answer's text and each token's characters in it, ``(start, end)``.
 
@@ -48,15 +55,15 @@ def token_offsets(trace: Sequence[Any], tokenizer: Any = None) -> tuple[str, lis
     token ends where the decoded prefix up to it stops agreeing with the text: a token that leaves a character
     unfinished produces nothing yet (an empty span at the character's start), the one that finishes it produces it.
     Without one, the events' own texts are joined."""
+    text = answer_text(trace, tokenizer)
     if tokenizer is None:
         spans, pos = [], 0
         for ev in trace:
             n = len(_get(ev, "text") or "")
             spans.append((pos, pos + n))
             pos += n
-        return "".join(_get(ev, "text") or "" for ev in trace), spans
+        return text, spans
     ids = [int(_get(ev, "token_id")) for ev in trace]
-    text = tokenizer.decode(ids, skip_special_tokens=True)
     spans, pos = [], 0
     for i in range(len(ids)):
         # quadratic in the answer's length; the panel reads it once, when the answer is done
@@ -174,11 +181,11 @@ def render_tool_calls_html(trace: Sequence[Any], tokenizer: Any = None, *, empty
     ``span.tok`` with their hover box; a token shows the characters it produced inside the value) with a count of
     their sources and a steered mark. ``empty`` when the answer calls no tool; why its calls could not be read when
     a ``<tool_call>`` block is malformed."""
-    text, spans = token_offsets(trace, tokenizer) if trace else ("", [])
-    parsed = parse_tool_calls(text)
+    parsed = parse_tool_calls(answer_text(trace, tokenizer) if trace else "")
     if not parsed.tool_calls:
         state, note = ("problem", f"The tool call could not be read: {parsed.problem}.") if parsed.problem else ("empty", empty)
         return _panel(state, 0, f'<p class="asym-empty">{esc(note)}</p>')
+    text, spans = token_offsets(trace, tokenizer)  # only for an answer with calls: it decodes every prefix
     dec = _Decoder(tokenizer)
     parts = []
     for n, (call, args) in enumerate(zip(parsed.tool_calls, tool_call_arguments(text, spans, parsed.tool_calls))):
