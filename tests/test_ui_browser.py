@@ -8,6 +8,7 @@ request still succeeds. Never uses wait_until="networkidle" (Gradio keeps connec
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -988,5 +989,70 @@ def test_a_follow_up_shows_both_turns_and_clear_starts_over(browser_env):
     page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="1"]')
     page.locator("#asym-image input[type=file]").set_input_files(str(other))
     page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="0"]')
+    assert outside_requests(env["requests"]) == []
+    page.context.close()
+
+
+# ------------------------------------------------------------------------------------- agent tools: the tool-call panel
+
+
+def test_a_forced_tool_call_shows_its_arguments_with_their_provenance(browser_env):
+    """The example tool, tool choice required: the tool-call panel names the call and draws each argument's value as
+    the coloured tokens that produced it (the answer panel's hover box), as pipe.chat's result has them."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    from ui.tool_inputs import EXAMPLE_TOOLS
+    from vision_cache.image import load_image
+
+    env, pipe = browser_env, browser_env["pipe"]
+    case, max_new = make_case(80), 96
+    img = env["tmp"] / "tools.png"
+    case["image"].save(img)
+    page = _new_page(env, env["url"], DESKTOP)
+    assert "No tools offered" in page.locator("#asym-tool-calls").inner_text()
+    fill(page, img, case["question"], "a chart", "")
+    page.get_by_text("Agent tools", exact=True).click()
+    page.locator("#asym-tools-example").click()
+    page.wait_for_function("() => document.querySelector('#asym-tools textarea').value.includes('\"add\"')")
+    page.locator("#asym-tool-choice input").click()
+    page.get_by_role("option", name="required", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#asym-tool-choice input').value === 'required'")
+    page.get_by_text("Advanced settings").click()
+    number = page.locator("#asym-max-new input[type=number]")
+    for attempt in range(6):  # as test_bundled_example_fills_inputs_and_runs: until the slider holds it
+        number.fill(str(max_new))
+        number.press("Enter")
+        try:
+            page.wait_for_function(
+                "v => document.querySelector('#asym-max-new input[type=range]').value === v", arg=str(max_new), timeout=10_000
+            )
+            break
+        except PlaywrightTimeout:
+            if attempt == 5:
+                raise
+    _run_and_wait(page)
+    messages = [{"role": "user", "content": [{"type": "image", "image": load_image(str(img))}, {"type": "text", "text": case["question"]}]}]
+    ref = pipe.chat(messages, tools=EXAMPLE_TOOLS, tool_choice="required", caption="a chart", ocr=False, max_new_tokens=max_new)
+    assert ref.tool_calls, ref.text
+    call = page.locator('#asym-tool-calls .asym-tool-call[data-name="add"]')
+    call.wait_for()
+    args = json.loads(ref.tool_calls[0]["function"]["arguments"])
+    for key, value in args.items():
+        arg = call.locator(f'.asym-tool-arg[data-arg="{key}"]')
+        assert json.loads(arg.get_attribute("data-value")) == value
+        assert arg.locator(".asym-tool-value .tok .tok-text").all_inner_texts() != []
+    toks = call.locator(".asym-tool-value .tok")
+    first = toks.first
+    colour = first.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert colour not in ("rgba(0, 0, 0, 0)", "transparent") and first.get_attribute("data-source") in {"accepted", "fused", "bonus"}
+    # the hover box of a fused token when there is one
+    fused = call.locator('.asym-tool-value .tok[data-source="fused"]')
+    tok = fused.first if fused.count() else first
+    tok.hover()
+    tok.locator(".tok-tip").wait_for(state="visible")
+    call.scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/inspector_tool_call.png", full_page=False)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "inspector_tool_call.png"), full_page=True)
     assert outside_requests(env["requests"]) == []
     page.context.close()

@@ -14,6 +14,8 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
   page shows for a run (:data:`RUN_OUTPUTS`), with :mod:`ui.progress` (the status while rows are set up, wait
   or decode); :mod:`ui.trace_files` - the JSON/CSV downloads.
 - :mod:`ui.view_marks` - whose text the caption and OCR fields hold (generated text goes with its image).
+- :mod:`ui.tool_inputs` - the Agent tools inputs and their checks; :mod:`ui.tool_calls` - the answer's tool calls,
+  each argument's value as the tokens that produced it (:func:`render_tool_calls_html`).
 - :mod:`ui.conversation` - a session's conversation about its image (follow-up questions, their turns' HTML).
 - :mod:`ui.page_js` - the script that opens one hover box at a time, inside the viewport.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
@@ -49,6 +51,7 @@ from .jobs import (  # noqa: F401 - re-exported
     _Request,
     outputs_as_dict,
 )
+from .outputs import NO_TOOLS
 from .page_js import TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
     PANEL_STATES,
@@ -68,6 +71,8 @@ from .render import (  # noqa: F401 - re-exported
     visible_text,
 )
 from .serve import add_demo_parser, is_loopback, launch, main, serve  # noqa: F401 - re-exported
+from .tool_calls import render_tool_calls_html  # noqa: F401 - re-exported
+from .tool_inputs import build_tool_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -255,6 +260,7 @@ def build_app(
                         list(DRAFTER_VIEWS), value=defaults.drafter_view, label="Drafter view", elem_id="asym-drafter-view"
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
+                tools, tool_choice = build_tool_inputs()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(
                     empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
@@ -269,6 +275,9 @@ def build_app(
                     interactive=False,
                     elem_id="asym-answer-text",
                     placeholder="The answer as plain text.",
+                )
+                tool_calls_html = gr.HTML(
+                    render_tool_calls_html([], tok, empty=NO_TOOLS), js_on_load=None, elem_id="asym-tool-calls", label="tool_calls_html"
                 )
                 with gr.Row(equal_height=False):
                     floor_html = gr.HTML(empty_panel("floor"), js_on_load=None, elem_id="asym-floor", label="floor_html")
@@ -297,7 +306,8 @@ def build_app(
                     result_json = gr.JSON(label="Raw result", elem_id="asym-json")
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
-        inputs.append(followup)  # last, so that API callers that send only the inputs before it keep working
+        # last, so that API callers that send only the inputs before them keep working
+        inputs += [followup, tools, tool_choice]
         named = dict(
             status=status,
             answer_html=answer_html,
@@ -313,6 +323,7 @@ def build_app(
             trace_csv=trace_csv,
             result_json=result_json,
             conversation_html=conversation_html,
+            tool_calls_html=tool_calls_html,
         )
         outputs = [named[name] for name in RUN_OUTPUTS]
         h = _session_handlers(state, gr.Request)
@@ -413,6 +424,8 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
         drafter_view="image+text",
         compare=True,
         followup=False,
+        tools="",
+        tool_choice="auto",
         request=None,
     ):
         yield from state.run(
@@ -432,6 +445,8 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
             drafter_view,
             compare,
             followup,
+            tools,
+            tool_choice,
             session=_session_of(request),
         )
 

@@ -22,6 +22,7 @@ from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa:
 from .progress import ordinal, setup_steps
 from .render import plural, status_html
 from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
+from .tool_inputs import check_tool_inputs
 from .view_marks import FIELDS, GeneratedViews, field_update, generated_fields
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -425,6 +426,8 @@ class DemoApp:
         drafter_view="image+text",
         compare=True,
         followup=False,
+        tools="",
+        tool_choice="auto",
         *,
         session: str | None = None,
     ) -> Iterator[tuple]:
@@ -433,6 +436,8 @@ class DemoApp:
         The main method and the comparisons are rows of the app's scheduler, decoded at once (and with other
         sessions' rows). ``session`` (Gradio's session hash) lets :meth:`stop` find this run. ``followup``: the question
         is the next turn of the session's conversation about this image, if it has one (a finished run records its turn).
+        ``tools`` (a JSON list of OpenAI function tools; empty: none) and ``tool_choice`` (auto, required, none or a
+        tool's name) are offered to every row; the last output shows the main answer's calls with their provenance.
         """
         import gradio as gr
 
@@ -450,6 +455,7 @@ class DemoApp:
             req = self.prepare(
                 image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
             )
+            req.tools, req.tool_choice = check_tool_inputs(tools, tool_choice)
             req.conversation = self.conversations.begin(session, req.image, bool(followup))
             job = _Job(self.scheduler, req, session)
             job.start()

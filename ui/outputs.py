@@ -24,6 +24,7 @@ from .render import (
     status_html,
 )
 from .runs import _Job, _Snapshot
+from .tool_calls import render_tool_calls_html
 from .trace_files import write_trace_files
 
 __all__ = ["RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
@@ -44,9 +45,14 @@ RUN_OUTPUTS = (
     "trace_csv",
     "result_json",
     "conversation_html",
+    "tool_calls_html",
 )
 #: How many leading outputs a streamed update sets (the rest are kept as they are).
 STREAMED = 6
+#: The tool-call panel's text before a run's answer is done, and for a run that offers no tools.
+TOOLS_PENDING = "The answer's tool calls appear here when it is done."
+NO_TOOLS = "No tools offered: add some under Agent tools to see a call's arguments with their provenance."
+TOOLS_OFF = "Tool choice none: the answer is not read for tool calls."
 #: Panel names in the status line.
 ROW_NAMES = {"floor": "Floor", "drafter": "the drafter alone"}
 
@@ -120,6 +126,17 @@ class RunOutputs:
             rows.append((method_title(job.methods[key]), res.trace if res is not None else snap.traces[key]))
         return render_alignment_html(rows, special_ids=self.special_ids)
 
+    def tool_calls(self, job: _Job, snap: _Snapshot | None) -> str:
+        """The main answer's tool calls with their provenance (``snap`` None: the answer is not done yet; a stopped
+        or failed one shows what it had decoded)."""
+        req = job.req
+        if not req.tools or req.tool_choice == "none":  # the answer is not read for calls
+            return render_tool_calls_html([], self.tok, empty=NO_TOOLS if not req.tools else TOOLS_OFF)
+        if snap is None:
+            return render_tool_calls_html([], self.tok, empty=TOOLS_PENDING)
+        main = snap.results.get("main")
+        return render_tool_calls_html(main.trace if main is not None else snap.traces["main"], self.tok)
+
     # ---------------------------------------------------------------- status
     def rows(self, job: _Job, snap: _Snapshot) -> list[Row]:
         """The job's rows as the status reads them (:class:`~ui.progress.Row`), in :attr:`_Job.keys` order."""
@@ -165,7 +182,8 @@ class RunOutputs:
         status = status_html("run", self.progress_text(job, snap), warning=job.req.warning)
         head = (status, main, text, floor, drafter, self.alignment(job, snap))
         if first:
-            return head + (render_stats_html(None), None, skip, skip, None, None, None, self.conversation(job))
+            tools = self.tool_calls(job, None)
+            return head + (render_stats_html(None), None, skip, skip, None, None, None, self.conversation(job), tools)
         return head + (skip,) * (len(RUN_OUTPUTS) - STREAMED)
 
     def error(self, job: _Job, text: str) -> tuple:
@@ -175,9 +193,8 @@ class RunOutputs:
         skip = gr.skip()
         snap = job.snapshot()
         main, floor, drafter = self.panels(job, snap)
-        return (status_html("error", text, warning=job.req.warning), main, skip, floor, drafter, self.alignment(job, snap)) + (skip,) * (
-            len(RUN_OUTPUTS) - STREAMED
-        )
+        head = (status_html("error", text, warning=job.req.warning), main, skip, floor, drafter, self.alignment(job, snap))
+        return head + (skip,) * (len(RUN_OUTPUTS) - STREAMED - 1) + (self.tool_calls(job, snap),)
 
     def final(self, job: _Job) -> tuple:
         """The job's last outputs: the answer ("Done") when every row finished, else what each panel had
@@ -209,7 +226,10 @@ class RunOutputs:
         if main is None:
             text = plain_text(snap.traces["main"], self.special_ids)
             stats = render_stats_html(None)
-            return (status, panels[0], text, panels[1], panels[2], align, stats, None, skip, skip, None, None, None, self.conversation(job))
+            return (
+                *(status, panels[0], text, panels[1], panels[2], align, stats, None, skip, skip, None, None, None),
+                *(self.conversation(job), self.tool_calls(job, snap)),
+            )
         results = {job.methods[k]: snap.results[k] for k in job.keys if k in snap.results}
         json_path, csv_path = write_trace_files(results, self.tok, question=req.question, settings=req.overrides)
         payload = {"main": main.as_dict()}
@@ -231,4 +251,5 @@ class RunOutputs:
             csv_path,
             payload,
             self.conversation(job),
+            self.tool_calls(job, snap),
         )

@@ -192,9 +192,10 @@ def render_end(ev: Any, dec: _Decoder) -> str:
     return f'<span class="tok-end" data-token-id="{token}" data-source="{esc(source)}" title="{esc(title)}">end</span>'
 
 
-def render_token(ev: Any, dec: _Decoder) -> str:
+def render_token(ev: Any, dec: _Decoder, shown: str | None = None) -> str:
     """One token as ``<span class="tok tok-SOURCE [tok-steered]" data-...>text<span class="tok-tip">...</span></span>``;
-    a special token as :func:`render_end`."""
+    a special token as :func:`render_end`. ``shown``: the text drawn instead of the token's own (part of it; the
+    hover box still names the whole token)."""
     source = str(_get(ev, "source", "greedy"))
     if source not in SOURCES:
         source = "greedy"
@@ -235,9 +236,7 @@ def render_token(ev: Any, dec: _Decoder) -> str:
         attrs.append(("data-top-fused", _tops_attr(top_f, dec)))
     attr_html = " ".join(f'{k}="{esc(v)}"' for k, v in attrs if v is not None)
     tip = esc(_tooltip(ev, dec))
-    return (
-        f'<span {attr_html}><span class="tok-text">{esc(visible_text(text))}</span><span class="tok-tip" role="tooltip">{tip}</span></span>'
-    )
+    return f'<span {attr_html}><span class="tok-text">{esc(visible_text(text if shown is None else shown))}</span><span class="tok-tip" role="tooltip">{tip}</span></span>'
 
 
 def render_trace_html(trace: Sequence[Any], tokenizer: Any = None, *, done: bool = True, empty: str = "No tokens yet.") -> str:

@@ -12,6 +12,7 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .conversation import user_message
 from .errors import DemoInputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,6 +37,9 @@ class _Request:
     setup: str = "prefill"  # what setting its first row up does, for the status (ui.progress.setup_steps)
     #: Where the run stands in its session's conversation (the earlier turns it follows); None: no conversation.
     conversation: ConversationStart | None = None
+    #: The OpenAI function tools the run offers (checked; None: none) and its ``tool_choice``.
+    tools: list[dict] | None = None
+    tool_choice: Any = None
 
 
 def _file_path(payload: Any) -> str | None:
@@ -92,13 +96,16 @@ class _Job:
         the threads that collect their events; returns self."""
         r = self.req
         messages = r.conversation.messages(r.image, r.question) if r.conversation is not None else None
+        if r.tools and messages is None:  # tools are offered to a conversation: a first turn is one user message
+            messages = [user_message(r.question, r.image)]
+        tools = dict(tools=r.tools, tool_choice=r.tool_choice) if r.tools else {}
         try:
             for key in self.keys:
                 kw = dict(caption=r.caption, ocr=r.ocr, method=self.methods[key], **r.overrides)
                 if messages is None:
                     self.handles[key] = self.scheduler.submit(r.image, r.question, **kw)
-                else:  # a follow-up: every row answers the same conversation
-                    self.handles[key] = self.scheduler.submit_chat(messages, **kw)
+                else:  # a follow-up or tools: every row answers the same conversation
+                    self.handles[key] = self.scheduler.submit_chat(messages, **tools, **kw)
         except BaseException:
             self.stop()
             raise
