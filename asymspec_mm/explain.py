@@ -29,7 +29,8 @@ def gate_decision(ev: Any, draft_text: str = "") -> str | None:
 
     Accepted: ``p_v = 0.31 > gamma_eff * p_base = 0.49 * 0.62 = 0.3 -> accepted`` (the draft's own numbers).
     Fused: the same comparison for the rejected draft (``draft_p_verifier`` / ``draft_p_base``), which is what
-    the gate compared, ``-> draft rejected``; ``draft_text`` names the draft.
+    the gate compared, ``-> draft rejected``; ``draft_text`` names the draft. A sampled row's token (``accept_prob``
+    set) says whether the draft was in the gate's set and, outside it, the probability it was kept with.
     """
     source, gamma_eff = field(ev, "source"), field(ev, "gamma_eff")
     if gamma_eff is None:
@@ -45,4 +46,12 @@ def gate_decision(ev: Any, draft_text: str = "") -> str | None:
         return None
     bound = float(gamma_eff) * float(p_b)
     rel = ">" if float(p_v) > bound else "<="
+    alpha = field(ev, "accept_prob")
+    if alpha is not None:  # the sampled rule: in the set, kept; outside, kept with probability alpha
+        if rel == ">":
+            verdict = "in the gate's set: accepted"
+        else:
+            verdict = f"outside the gate's set: kept with probability min(1, f/q) = {num(alpha)}, " + (
+                "kept" if source == "accepted" else "rejected"
+            )
     return f"{what} = {num(p_v)} {rel} gamma_eff * p_base = {num(gamma_eff)} * {num(p_b)} = {num(bound)} -> {verdict}"

@@ -158,6 +158,7 @@ class GateOutput:
     log_verifier: torch.Tensor | None = None  # log_softmax(t)
     log_base: torch.Tensor | None = None  # log_softmax(b)
     fused_logits: torch.Tensor | None = None  # t + beta * delta
+    log_fused: torch.Tensor | None = None  # log_softmax(t + beta * delta): the fused target at temperature 1
 
 
 def gate_step(
@@ -189,6 +190,7 @@ def gate_step(
     p_verifier = log_t[rows, drafts].exp()
     p_base = log_b[rows, drafts].exp()
     steered = fusion_logits(t, context_gain(a, b, t, delta), beta)
+    log_f = steered.log_softmax(-1)
     fused = steered.argmax(-1)
     return GateOutput(
         accepted=accept(p_verifier, p_base, gamma_eff),
@@ -203,4 +205,5 @@ def gate_step(
         log_verifier=log_t,
         log_base=log_b,
         fused_logits=steered,
+        log_fused=log_f,
     )

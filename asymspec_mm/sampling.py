@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import SEED_LIMIT
-
 
 def as_positions(value: float | int | torch.Tensor, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``value`` (one for every position, or ``[n]``) as a ``[n]`` tensor of ``dtype`` on ``device``."""
@@ -135,10 +133,15 @@ def emitted_distribution(q: torch.Tensor, f: torch.Tensor, in_gate: torch.Tensor
     return f + torch.where(gate, over, torch.zeros_like(over)) - excess * r
 
 
+#: Fresh seeds lie below 2**53: exact as a float64 and as a JavaScript number, so one read off a page or a JSON
+#: response and sent back repeats the request.
+FRESH_SEED_LIMIT = 2**53
+
+
 def new_seed() -> int:
-    """A fresh random seed in [0, :data:`SEED_LIMIT`) for a request that gave none (reported back, so the request
-    can be repeated)."""
-    return secrets.randbelow(SEED_LIMIT)
+    """A fresh random seed in [0, :data:`FRESH_SEED_LIMIT`) for a request that gave none (reported back, so the
+    request can be repeated)."""
+    return secrets.randbelow(FRESH_SEED_LIMIT)
 
 
 def row_generator(seed: int, device: torch.device | str) -> torch.Generator:

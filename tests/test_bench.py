@@ -575,3 +575,15 @@ def test_grammar_bench_pairs_constrained_and_free_runs_of_equal_length(tiny_pipe
         assert len(rows[method]) == 2
         for r in rows[method]:
             assert r["tokens"] > 0 and r["steps"] > 0 and r["ratio"] > 0 and r["step_ratio"] > 0
+
+
+def test_sampling_bench_pairs_greedy_and_sampled_runs_of_equal_length(tiny_pipe, capsys):
+    """The sampling bench: both runs commit the same tokens (EOS ignored), and both ratios are measured."""
+    from asymspec_mm.bench.sampling import measure
+    from asymspec_mm.eval.minivista import make_problem
+
+    rows = measure(tiny_pipe, [make_problem(11, 0), make_problem(11, 1)], ["floor", "asymspec"], k=3, tokens=10)
+    for method in ("floor", "asymspec"):
+        assert len(rows[method]) == 2
+        for r in rows[method]:
+            assert r["tokens"] == 10 and r["ratio"] > 0 and r["step_ratio"] > 0 and r["greedy_mal"] >= 1 and r["sampled_mal"] >= 1

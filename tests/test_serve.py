@@ -513,7 +513,8 @@ BAD_REQUESTS = {
     "bad_caption": (_case_body(asymspec={"caption": 3}), "must be a string", "asymspec.caption"),
     "max_tokens_zero": (_case_body(max_tokens=0), "integer >= 1", "max_tokens"),
     "empty_stop": (_case_body(stop=[""]), "must not be empty", "stop"),
-    "logprobs": (_case_body(logprobs=True), "return_trace", "logprobs"),
+    "top_logprobs_range": (_case_body(logprobs=True, top_logprobs=21), "top_logprobs=21 must be", "top_logprobs"),
+    "top_logprobs_alone": (_case_body(top_logprobs=2), "needs logprobs=true", "top_logprobs"),
     "bad_tool": (_case_body(tools=[{"type": "function"}]), "tools[0] must be", "tools"),
     "tool_choice_unknown_name": (
         _case_body(tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}),

@@ -37,9 +37,9 @@ def chat_args(case):
     )
 
 
-def reference(pipe, case, **settings):
+def reference(pipe, case, method="asymspec", **settings):
     messages = [{"role": "user", "content": [{"type": "image", "image": case["image"]}, {"type": "text", "text": case["question"]}]}]
-    return pipe.chat(messages, caption=case["caption"], ocr=case["ocr"], max_new_tokens=12, **settings)
+    return pipe.chat(messages, caption=case["caption"], ocr=case["ocr"], max_new_tokens=12, method=method, **settings)
 
 
 def test_a_seeded_request_repeats_and_equals_pipe_chat(tiny_pipe, client):
@@ -135,3 +135,34 @@ def test_generation_config_model_samples_requests_without_temperature(standin_pi
         assert r.json()["asymspec"]["config"]["temperature"] == 0 and r.json()["asymspec"]["stats"]["seed"] is None
     with pytest.raises(Exception, match="generation_config='auto' is not valid"):
         create_app(standin_pipe, generation_config="auto")
+
+
+def test_logprobs_are_the_fused_targets_streamed_and_not(tiny_pipe, client):
+    """``logprobs``: each emitted token's log-probability under softmax(t + beta * delta) (TokenEvent.p_fused) and its
+    top alternatives there; the streamed chunks carry the same entries; the tokens' bytes join to the answer."""
+    import math
+
+    case = make_case(37)
+    for settings in ({}, SAMPLED, {"extra_body": {"asymspec": {"caption": case["caption"], "ocr": case["ocr"], "method": "floor"}}}):
+        args = {**chat_args(case), **settings}
+        resp = client.chat.completions.create(**args, logprobs=True, top_logprobs=4)
+        method = args["extra_body"]["asymspec"].get("method", "asymspec")
+        ref = reference(tiny_pipe, case, method=method, **{k: v for k, v in settings.items() if k != "extra_body"})
+        special = set(tiny_pipe.tokenizer.all_special_ids)
+        events = [ev for ev in ref.trace if ev.token_id not in special]
+        content = resp.choices[0].logprobs.content
+        assert [c.token for c in content] == [ev.text for ev in events]
+        assert b"".join(bytes(c.bytes) for c in content).decode() == resp.choices[0].message.content
+        for c, ev in zip(content, events):
+            assert c.logprob == pytest.approx(math.log(ev.p_fused), abs=1e-6)
+            assert len(c.top_logprobs) == 4 and [t.logprob for t in c.top_logprobs] == sorted(
+                (t.logprob for t in c.top_logprobs), reverse=True
+            )
+            assert c.top_logprobs[0].logprob >= c.logprob - 1e-6  # the most likely token is listed first
+            if method == "floor" and "temperature" not in settings:  # greedy Floor emits the top token itself
+                assert c.top_logprobs[0].token == c.token
+        stream = client.chat.completions.create(**args, logprobs=True, top_logprobs=4, stream=True)
+        streamed = [e for ch in stream if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+        assert [(e.token, round(e.logprob, 6)) for e in streamed] == [(c.token, round(c.logprob, 6)) for c in content]
+    plain = client.chat.completions.create(**chat_args(case))
+    assert plain.choices[0].logprobs is None

@@ -585,6 +585,22 @@ def test_pipeline_with_every_stream_on_vllm_emits_identical_tokens(vl):
     assert pipe.verifier.llm.collective_rpc("asymspec_pending") == [0]
 
 
+@needs_vllm
+def test_sampling_on_vllm_draws_the_transformers_tokens_for_the_same_seed(vl):
+    """Sampling runs in this toolkit, on the logits vLLM returns (a sampled row drafts token by token instead of
+    vLLM's greedy K-token drafting): the same seed gives the same tokens on both backends for every method (fp32)."""
+    from asymspec_mm import AsymSpecConfig
+
+    cfg = AsymSpecConfig(max_new_tokens=20, gamma=GAMMA, temperature=0.8, top_p=0.95, seed=11)
+    seen = 0
+    for seed, method, a, b in _generate_both(vl.ref, vl.pipe, cfg):
+        assert b.token_ids == a.token_ids, (seed, method)
+        assert a.stats["seed"] == b.stats["seed"] == 11
+        seen += 1
+    assert seen == 8
+    assert vl.pipe.drafter_comp.llm.collective_rpc("asymspec_pending") == [0]
+
+
 # ------------------------------------------------------------------ pipeline wiring (main venv, after the patch)
 def _pipeline_takes_backends() -> str:
     """Why the wiring tests cannot run here ('' when they can)."""

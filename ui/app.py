@@ -70,6 +70,7 @@ from .render import (  # noqa: F401 - re-exported
     status_html,
     visible_text,
 )
+from .sampling_inputs import build_sampling_inputs
 from .serve import add_demo_parser, is_loopback, launch, main, serve  # noqa: F401 - re-exported
 from .tool_calls import render_tool_calls_html  # noqa: F401 - re-exported
 from .tool_inputs import build_tool_inputs
@@ -261,6 +262,7 @@ def build_app(
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
                 tools, tool_choice = build_tool_inputs()
+                temperature, top_p, seed = build_sampling_inputs()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(
                     empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
@@ -307,7 +309,7 @@ def build_app(
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
         # last, so that API callers that send only the inputs before them keep working
-        inputs += [followup, tools, tool_choice]
+        inputs += [followup, tools, tool_choice, temperature, top_p, seed]
         named = dict(
             status=status,
             answer_html=answer_html,
@@ -426,6 +428,9 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
         followup=False,
         tools="",
         tool_choice="auto",
+        temperature=0.0,
+        top_p=1.0,
+        seed=None,
         request=None,
     ):
         yield from state.run(
@@ -447,6 +452,9 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
             followup,
             tools,
             tool_choice,
+            temperature,
+            top_p,
+            seed,
             session=_session_of(request),
         )
 

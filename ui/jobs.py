@@ -22,6 +22,7 @@ from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa:
 from .progress import ordinal, setup_steps
 from .render import plural, status_html
 from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
+from .sampling_inputs import check_sampling_inputs
 from .tool_inputs import check_tool_inputs
 from .view_marks import FIELDS, GeneratedViews, field_update, generated_fields
 
@@ -428,6 +429,9 @@ class DemoApp:
         followup=False,
         tools="",
         tool_choice="auto",
+        temperature=0.0,
+        top_p=1.0,
+        seed=None,
         *,
         session: str | None = None,
     ) -> Iterator[tuple]:
@@ -438,6 +442,8 @@ class DemoApp:
         is the next turn of the session's conversation about this image, if it has one (a finished run records its turn).
         ``tools`` (a JSON list of OpenAI function tools; empty: none) and ``tool_choice`` (auto, required, none or a
         tool's name) are offered to every row; the last output shows the main answer's calls with their provenance.
+        ``temperature`` (0: greedy), ``top_p`` and ``seed`` (None: a fresh one per row, named in the status) make every
+        row sample (:mod:`ui.sampling_inputs`).
         """
         import gradio as gr
 
@@ -456,6 +462,7 @@ class DemoApp:
                 image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
             )
             req.tools, req.tool_choice = check_tool_inputs(tools, tool_choice)
+            req.overrides.update(check_sampling_inputs(temperature, top_p, seed))
             req.conversation = self.conversations.begin(session, req.image, bool(followup))
             job = _Job(self.scheduler, req, session)
             job.start()

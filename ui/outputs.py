@@ -24,6 +24,7 @@ from .render import (
     status_html,
 )
 from .runs import _Job, _Snapshot
+from .sampling_inputs import sampling_note
 from .tool_calls import render_tool_calls_html
 from .trace_files import write_trace_files
 
@@ -209,6 +210,8 @@ class RunOutputs:
         align = self.alignment(job, snap)
         unfinished = [k for k in job.keys if k not in snap.results and k not in snap.errors]
         notes = list(req.notes)
+        if main is not None and (note := sampling_note(main)) is not None:
+            notes.append(note)
         for k in job.keys:
             if k != "main" and k in snap.errors:
                 notes.append(f"{method_title(k)} failed: {_error_text(snap.errors[k])}")

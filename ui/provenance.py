@@ -10,7 +10,7 @@ from typing import Any
 
 from asymspec_mm.explain import field, gate_decision, num
 
-__all__ = ["FUSION_CHANGED", "FUSION_SAME", "fusion_kind", "fusion_line", "gate_line", "num"]
+__all__ = ["FUSION_CHANGED", "FUSION_SAME", "fusion_kind", "fusion_line", "gate_line", "num", "sampling_line"]
 
 #: The two kinds of a fused token (``data-fusion`` of its span).
 FUSION_CHANGED = "changed"
@@ -51,8 +51,23 @@ def fusion_kind(ev: Any) -> str | None:
 def fusion_line(ev: Any, verifier_text: str = "") -> str | None:
     """What fusion did at a fused token (the image's steer only where it changed the verifier's token)."""
     kind = fusion_kind(ev)
+    if kind is not None and bool(field(ev, "residual", False)):
+        alone = f" (verifier alone: {verifier_text!r})" if kind == FUSION_CHANGED else ", the verifier alone's token"
+        return f"sampled at the rejection from the residual norm((f - q)+) of the fused target{alone}"
     if kind == FUSION_CHANGED:
         return f"fused, changed the verifier's token (verifier alone: {verifier_text!r}): the image's steer"
     if kind == FUSION_SAME:
         return "fused, same token as the verifier alone: fusion changed nothing here"
     return None
+
+
+def sampling_line(ev: Any) -> str | None:
+    """A sampled token's acceptance probability and gate excess E (how far the emitted distribution is from the fused
+    target here), or None for a greedy one."""
+    alpha, excess = field(ev, "accept_prob"), field(ev, "gate_excess")
+    if alpha is None and excess is None:
+        return None
+    parts = [f"acceptance probability {num(alpha)}"] if alpha is not None else []
+    if excess is not None:
+        parts.append(f"gate excess E {num(excess)}")
+    return "sampled: " + ", ".join(parts)

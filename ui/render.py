@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .provenance import fusion_kind, fusion_line, gate_line
+from .provenance import fusion_kind, fusion_line, gate_line, sampling_line
 
 __all__ = [
     "METHOD_PANELS",
@@ -172,6 +172,9 @@ def _tooltip(ev: Any, dec: _Decoder) -> str:
     fusion = fusion_line(ev, visible_text(dec(vmax)) if vmax is not None else "")
     if fusion:
         lines.append(fusion)
+    sampled = sampling_line(ev)
+    if sampled:
+        lines.append(sampled)
     lines.append(f"p_verifier {_fmt(_get(ev, 'p_verifier'))}   p_base {_fmt(_get(ev, 'p_base'))}")
     lines.append(f"JSD        {_fmt(_get(ev, 'jsd'))}   gamma_eff {_fmt(_get(ev, 'gamma_eff'))}")
     top_v = _get(ev, "top_verifier") or []

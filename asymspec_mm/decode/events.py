@@ -30,6 +30,9 @@ class TokenEvent:
     alpha (1 inside the gate's set; at a rejection, the rejected draft's), residual says the token is a draw of the
     residual r at the first rejection, and gate_excess is E at this position (the emitted distribution's total
     variation distance from the fused target). All three stay None / False for greedy rows.
+    p_fused: the token's probability under the fused target at temperature 1 without filtering,
+    softmax(t + beta * delta) (where nothing was fused, the emitting model's own softmax: the verifier's at a bonus, SD
+    and Floor position, the drafter's for the drafter alone): what the server reports as ``logprobs``.
     """
 
     index: int
@@ -52,6 +55,7 @@ class TokenEvent:
     accept_prob: float | None = None
     residual: bool = False
     gate_excess: float | None = None
+    p_fused: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -33,10 +33,11 @@ from ..sampling import new_seed, row_generator
 from .constraints import Constraint, apply_masks, step_masks
 from .draws import StepDraws
 from .events import TokenEvent
+from .row_engines import GATE_ROW_FIELDS, RowEngine, SoloEngine, gate_settings, stack_rows  # noqa: F401 - re-exported
 from .stats import Counters
 from .step_events import Timer, bonus_event, gate_event, make_event, no_timer, sd_events, tops_at
 from .streams import Emitter, StopFn, Stream
-from .transfer import gated_tops, pack_bonus, pack_gate, to_host, trace_tops
+from .transfer import gated_tops, pack_bonus, pack_gate, to_host, topk_logprobs, trace_tops
 
 #: The streams each method decodes with.
 STREAMS_OF = {
@@ -45,113 +46,6 @@ STREAMS_OF = {
     "floor": ("verifier",),
     "drafter": ("drafter_full",),
 }
-#: The per-row gate settings.
-GATE_ROW_FIELDS = ("gamma", "beta", "lam")
-
-
-class RowEngine(Protocol):
-    """Rows of one model, each an independent KV-cached context (the one interface the decoder steps).
-
-    ``join(row, engine)`` adds a row with the context of a prefilled single-row :class:`~asymspec_mm.engines.Engine`
-    (copied, so the caller may release it, unless the storage ``adopts`` it); ``leave(row)`` frees it;
-    ``extend({row: ids [n_r]}) -> {row: logits [n_r, V]}`` appends tokens to the given rows in one call;
-    ``truncate(row, length)`` rolls a row back; ``length(row)`` its cached tokens; ``view(row)`` the row as a
-    single-row engine (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``extend``,
-    ``truncate``) for the statistics; ``engine_calls`` the model calls made. Optionally ``draft({row: pending},
-    k) -> (drafts [R, k], logits [R, k, V] float32)`` drafts k greedy tokens per row in one call, used when the
-    storage's ``drafts_itself`` is true.
-    """
-
-    name: str
-    device: torch.device
-    adopts: bool
-
-    def join(self, row: int, engine: Engine) -> None: ...
-
-    def leave(self, row: int) -> None: ...
-
-    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]: ...
-
-    def truncate(self, row: int, length: int) -> None: ...
-
-    def length(self, row: int) -> int: ...
-
-    def view(self, row: int) -> Any: ...
-
-    @property
-    def engine_calls(self) -> int: ...
-
-
-class SoloEngine:
-    """Row storage of one row: it adopts the prefilled single-row engine itself (no copy), so a single request
-    runs on exactly the engine it was prefilled on (dynamic or static cache, transformers or vLLM)."""
-
-    adopts = True
-
-    def __init__(self, name: str):
-        self.name = name
-        self.row: int | None = None
-        self.engine: Engine | None = None
-
-    def _engine(self, row: int) -> Engine:
-        if row != self.row or self.engine is None:
-            raise KeyError(f"{self.name}: no live row {row}")
-        return self.engine
-
-    @property
-    def device(self) -> torch.device:
-        return self.engine.device
-
-    @property
-    def rows(self) -> list[int]:
-        return [] if self.row is None else [self.row]
-
-    def join(self, row: int, engine: Engine) -> None:
-        if self.row is not None:
-            raise ValueError(f"{self.name}: a SoloEngine holds one row (row {self.row} is live)")
-        self.row, self.engine = row, engine
-
-    def leave(self, row: int) -> None:
-        self._engine(row)
-        self.row = self.engine = None
-
-    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        return {row: self._engine(row).extend(x) for row, x in ids.items()}
-
-    def truncate(self, row: int, length: int) -> None:
-        self._engine(row).truncate(length)
-
-    def length(self, row: int) -> int:
-        return self._engine(row).length
-
-    def view(self, row: int) -> Engine:
-        return self._engine(row)
-
-    @property
-    def drafts_itself(self) -> bool:
-        """Whether the adopted engine decodes K drafts in one call (``draft(pending, k)``: vLLM's engines)."""
-        return hasattr(self.engine, "draft")
-
-    def draft(self, ids: dict[int, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The adopted engine's ``draft`` for the one row: drafts ``[1, k]``, logits ``[1, k, V]`` float32."""
-        ((row, pending),) = ids.items()
-        drafts, logits = self._engine(row).draft(pending, k)
-        return drafts.unsqueeze(0), logits.float().unsqueeze(0)
-
-    @property
-    def engine_calls(self) -> int:
-        return 0 if self.engine is None else self.engine.forward_calls
-
-
-def gate_settings(configs: list[AsymSpecConfig], per_row: int, device: torch.device | str) -> dict[str, float | torch.Tensor]:
-    """The gate's ``gamma``/``beta``/``lam`` for rows with ``configs``, each repeated ``per_row`` times (the row's
-    positions): a float where every row agrees, else a float32 tensor ``[len(configs) * per_row]``."""
-    out: dict[str, float | torch.Tensor] = {}
-    for name in GATE_ROW_FIELDS:
-        values = [float(getattr(c, name)) for c in configs]
-        same = all(v == values[0] for v in values)
-        out[name] = values[0] if same else torch.tensor(values, dtype=torch.float32, device=device).repeat_interleave(per_row)
-    return out
 
 
 @dataclass
@@ -175,11 +69,6 @@ class Row:
 
 
 Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
-
-
-def stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """``rows`` stacked on a new first dim; one row is a view (a single request copies no logits)."""
-    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
 
 
 class RowDecoder:
@@ -226,11 +115,6 @@ class RowDecoder:
         drafter = self.engines.get(self.drafting)
         if constraint is not None and getattr(drafter, "drafts_itself", False):
             raise ValueError(f"{self.drafting}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
-        if config.sampling and getattr(drafter, "drafts_itself", False):
-            raise ValueError(
-                f"{self.drafting}: an engine that drafts by itself (vLLM) drafts greedily; sample with temperature > 0 "
-                "on the transformers backend, or send temperature 0"
-            )
         joined = []
         try:
             for name, engine in self.engines.items():
@@ -332,7 +216,7 @@ class RowDecoder:
         it is made; ``masks[j]`` collects row ``j``'s K + 1 masks (the last one after d_K, for the bonus position)."""
         name = self.drafting
         x = {row.id: row.streams[name].pending for row in rows}
-        if getattr(self.engines[name], "drafts_itself", False):
+        if getattr(self.engines[name], "drafts_itself", False) and draws is None:  # its drafts are greedy: not for sampled rows
             return self.engines[name].draft(x, k)
         constrained = [(j, row.constraint) for j, row in enumerate(rows) if row.constraint is not None]
         drafts, logits = [], []
@@ -482,10 +366,14 @@ class RowDecoder:
         p_v = log_t.gather(-1, tokens[..., None])[..., 0].exp()
         p_draft = log_t.gather(-1, padded[..., None])[..., 0].exp()
         cols = (tokens, p_v, padded, accepted, v_ids, p_draft)
-        host = torch.stack([c.double() for c in cols], dim=2).tolist()  # the step's one transfer
+        packed = torch.stack([c.double() for c in cols], dim=2)
+        top = self.cfg.trace_top
+        if top:  # the verifier's top tokens at every position, in the same transfer
+            packed = torch.cat([packed, topk_logprobs(log_t.flatten(0, 1), top).view(*log_t.shape[:2], -1)], dim=2)
+        host = packed.tolist()  # the step's one transfer
         emitted = []
         for j, (row, h) in enumerate(zip(rows, host)):
-            events, n_acc = sd_events(row.step, k, h)
+            events, n_acc = sd_events(row.step, k, h, top)
             row.counters.record_step(k, n_acc)
             carry = None
             if n_acc < k:
@@ -506,13 +394,31 @@ class RowDecoder:
         ]  # [R, V]
         draws = StepDraws.of(rows, 1, logits.device)
         tokens = logits.argmax(-1) if draws is None else draws.draw_residual(logits, 0)
-        p = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].exp()
-        host = torch.stack([tokens.double(), p.double()], dim=1).tolist()  # the step's one transfer
+        log_p = logits.log_softmax(-1)
+        p = log_p.gather(-1, tokens[:, None])[:, 0].exp()
+        top = self.cfg.trace_top
+        packed = torch.stack([tokens.double(), p.double(), logits.argmax(-1).double()], dim=1)
+        if top:  # the stream's own top tokens, in the same transfer
+            packed = torch.cat([packed, topk_logprobs(log_p, top)], dim=1)
+        host = packed.tolist()  # the step's one transfer
         verifier = self.method == "floor"
         emitted = []
-        for j, (row, (tok, p_host)) in enumerate(zip(rows, host)):
+        for j, (row, h) in enumerate(zip(rows, host)):
             row.counters.record_step(0, 0)
-            tok = int(tok)
-            events = [make_event(row.step, 0, tok, "greedy", p_host if verifier else None, verifier_argmax=tok if verifier else None)]
+            tok, p_host, argmax = int(h[0]), h[1], int(h[2])
+            pairs = [(int(h[3 + i]), float(h[3 + top + i])) for i in range(top)] if top else None
+            tops = (pairs, list(pairs)) if verifier and pairs else None
+            events = [
+                make_event(
+                    row.step,
+                    0,
+                    tok,
+                    "greedy",
+                    p_host if verifier else None,
+                    verifier_argmax=argmax if verifier else None,
+                    tops=tops,
+                    p_fused=p_host,
+                )
+            ]
             emitted.append((events, tokens[j : j + 1], None))
         return emitted

@@ -31,6 +31,8 @@ class GateRow(NamedTuple):
     draft: int
     accept_prob: float | None = None  # sampled rows: the draft's acceptance probability alpha (1 inside the gate's set)
     gate_excess: float | None = None  # sampled rows: E, the emitted distribution's TV distance from the fused target
+    p_fused_draft: float | None = None  # softmax(t + beta * delta)[draft]
+    p_fused_fused: float | None = None  # softmax(t + beta * delta)[fused]
 
 
 class BonusRow(NamedTuple):
@@ -39,6 +41,7 @@ class BonusRow(NamedTuple):
     token: int
     p_verifier: float
     p_base: float
+    argmax: int  # the verifier's own argmax there (the token itself unless it was sampled)
 
 
 GATE_WIDTH = len(GateRow._fields)
@@ -47,29 +50,18 @@ TopPairs = list[tuple[int, float]]
 
 
 def pack_gate(g: GateOutput, drafts: torch.Tensor, sampled: SampledDecision | None = None) -> torch.Tensor:
-    """``[P, 12]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``. With ``sampled`` (a step with
+    """``[P, 14]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``. With ``sampled`` (a step with
     sampled rows) its decision and residual token replace the greedy gate's accepted flag and fused token."""
+    rows = torch.arange(drafts.shape[0], device=g.log_fused.device)
     if sampled is None:
         accepted, fused, p_ver_fused, p_base_fused = g.accepted, g.fused, g.p_verifier_fused, g.p_base_fused
         alpha = excess = torch.full_like(g.gamma_eff, math.nan)
     else:
         accepted, fused, alpha, excess = sampled.accepted, sampled.residual, sampled.accept_prob, sampled.gate_excess
-        rows = torch.arange(fused.shape[0], device=fused.device)
         p_ver_fused, p_base_fused = g.log_verifier[rows, fused].exp(), g.log_base[rows, fused].exp()
-    cols = (
-        accepted,
-        g.gamma_eff,
-        g.jsd,
-        g.p_verifier,
-        g.p_base,
-        fused,
-        g.verifier_argmax,
-        p_ver_fused,
-        p_base_fused,
-        drafts,
-        alpha,
-        excess,
-    )
+    p_fused = (g.log_fused[rows, drafts.to(rows.device)].exp(), g.log_fused[rows, fused].exp())
+    cols = (accepted, g.gamma_eff, g.jsd, g.p_verifier, g.p_base, fused, g.verifier_argmax, p_ver_fused, p_base_fused, drafts)
+    cols += (alpha, excess, *p_fused)
     return torch.stack([c.double() for c in cols], dim=1)
 
 
@@ -77,23 +69,17 @@ def pack_bonus(
     t_bonus: torch.Tensor, b_bonus: torch.Tensor, token: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verifier's bonus token of R rows from logits ``t_bonus`` / ``b_bonus`` ``[R, V]``: (tokens ``[R]`` on the
-    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 3]`` float64). ``token`` ``[R]``: the
+    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 4]`` float64). ``token`` ``[R]``: the
     tokens already chosen (sampled rows' draws); default the argmax."""
     log_t = t_bonus.float().log_softmax(-1)
     token = log_t.argmax(-1) if token is None else token.to(log_t.device)
     p_ver = log_t.gather(-1, token[:, None])[:, 0].exp()
     p_base = b_bonus.float().log_softmax(-1).gather(-1, token[:, None])[:, 0].exp()
-    return token, log_t, torch.stack([token.double(), p_ver.double(), p_base.double()], dim=1)
-
-
-def topk_probs(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """``[P, 2k]``: the top-k token ids then their probabilities under softmax(logits ``[P, V]``), float64."""
-    probs, ids = logits.float().softmax(-1).topk(k, dim=-1)
-    return torch.cat([ids.double(), probs.double()], dim=-1)
+    return token, log_t, torch.stack([token.double(), p_ver.double(), p_base.double(), log_t.argmax(-1).double()], dim=1)
 
 
 def topk_logprobs(log_probs: torch.Tensor, k: int) -> torch.Tensor:
-    """As :func:`topk_probs` for rows that are already log-probabilities (no second softmax)."""
+    """``[P, 2k]``: the top-k token ids then their probabilities, from rows ``[P, V]`` of log-probabilities, float64."""
     logp, ids = log_probs.topk(k, dim=-1)
     return torch.cat([ids.double(), logp.exp().double()], dim=-1)
 
@@ -106,19 +92,19 @@ def trace_tops(g: GateOutput, log_t_bonus: torch.Tensor, top: int) -> torch.Tens
     k = g.log_verifier.shape[0] // r
     ver = torch.cat([g.log_verifier.view(r, k, -1), log_t_bonus[:, None]], dim=1).flatten(0, 1)
     top_ver = topk_logprobs(ver, top)  # [R*(K+1), 2*top]
-    fused = topk_probs(g.fused_logits, top).view(r, k, -1)
+    fused = topk_logprobs(g.log_fused, top).view(r, k, -1)
     top_fused = torch.cat([fused, top_ver.view(r, k + 1, -1)[:, -1:]], dim=1).flatten(0, 1)
     return torch.cat([top_ver, top_fused], dim=1)
 
 
 def gated_tops(g: GateOutput, top: int) -> torch.Tensor:
     """``[1, 4*top]``: the gated bonus position's verifier and fused top tokens."""
-    return torch.cat([topk_logprobs(g.log_verifier, top), topk_probs(g.fused_logits, top)], dim=1)
+    return torch.cat([topk_logprobs(g.log_verifier, top), topk_logprobs(g.log_fused, top)], dim=1)
 
 
 def _gate_row(r: list[float]) -> GateRow:
     alpha, excess = (None if math.isnan(x) else x for x in r[10:12])
-    return GateRow(r[0] > 0.5, r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), r[7], r[8], int(r[9]), alpha, excess)
+    return GateRow(r[0] > 0.5, r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), r[7], r[8], int(r[9]), alpha, excess, r[12], r[13])
 
 
 def _pairs(row: list[float], top: int) -> TopPairs:
@@ -143,7 +129,7 @@ class StepOnHost(NamedTuple):
 def to_host(
     gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
 ) -> list[StepOnHost]:
-    """One transfer of packed ``gate`` ``[R*P, 12]``, ``bonus`` ``[R, 3]`` and ``tops`` ``[R*P', 4*top]`` for R
+    """One transfer of packed ``gate`` ``[R*P, 14]``, ``bonus`` ``[R, 4]`` and ``tops`` ``[R*P', 4*top]`` for R
     ``rows``; returns each row's decision."""
     parts = [gate.flatten()] + ([bonus.flatten()] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
     flat = torch.cat(parts).tolist()
@@ -158,7 +144,7 @@ def to_host(
         bonus_row = None
         if bonus is not None:
             o = bonus_at + r * BONUS_WIDTH
-            bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2])
+            bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2], int(flat[o + 3]))
         host_tops = None
         if tops is not None:
             o = tops_at + r * per_row_tops * w

@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
-import logging
 import math
-import re
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,115 +28,26 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..batch.scheduler import SchedulerStoppedError
 from ..config import AsymSpecConfig
-from ..errors import AsymSpecError, ContextOverflowError
+from ..errors import AsymSpecError
 from ..tools import ToolCallStream, parse_tool_calls
 from .errors import RequestError
 from .metrics import Metrics
-from .responses import TextDeltas, asymspec_object, finish_reason, message_of, trace_entry, usage
+from .responses import TextDeltas, asymspec_object, finish_reason, logprobs_of, message_of, trace_entry, usage
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
+from .transport import Reader, SSEResponse, dumps, error_of, retrying, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..pipeline import AsymSpecPipeline
     from ..session import MMResult
 
-log = logging.getLogger("asymspec_mm.serve")
 
 DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_REQUEST_MB = 20.0
 #: Seconds a client refused for a full queue is told to wait (``Retry-After``).
 RETRY_AFTER_S = 1
-
-
-def dumps(obj: Any) -> bytes:
-    """Strict JSON (non-finite floats become null, so a statistic can never break a response)."""
-    return json.dumps(_finite(obj), allow_nan=False, separators=(",", ":")).encode()
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-# ---------------------------------------------------------------------------------------------- handles
-class _Reader:
-    """A scheduler handle followed from the event loop: the handle's listener (called on the scheduler's threads)
-    puts ``("events", [TokenEvent])`` per step, then ``("result", MMResult)`` or ``("error", exception)`` on an
-    asyncio queue, and records the outcome in the metrics. No thread per request."""
-
-    def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, on_end: Callable[[], None]):
-        self.handle, self.loop, self.metrics, self.on_end = handle, loop, metrics, on_end
-        self.queue: asyncio.Queue = asyncio.Queue()
-        handle.listen(self._update)
-
-    def _update(self, kind: str, value: Any) -> None:
-        self._put((kind, value))
-        if kind != "events":
-            outcome = "ok" if kind == "result" else "cancelled" if isinstance(value, CancelledError) else "error"
-            self.metrics.finished(outcome, value if kind == "result" else None)
-            self.on_end()
-
-    def _put(self, item: tuple) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-    async def get(self, gone: asyncio.Future) -> tuple | None:
-        """The next item, or ``None`` once the client has gone (``gone`` done)."""
-        getter = asyncio.ensure_future(self.queue.get())
-        done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in done:
-            return getter.result()
-        getter.cancel()
-        return None
-
-
-async def _until_disconnected(receive: Callable) -> None:
-    """Return once the client has disconnected (the request body has been read already)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def error_code(exc: AsymSpecError) -> str:
-    """The snake_case ``code`` of a library error, as every other code of the server: OpenAI's
-    ``context_length_exceeded`` for a context overflow, else the class name's words (``InvalidImageError`` ->
-    ``invalid_image``, ``OCRUnavailableError`` -> ``ocr_unavailable``; the base class: ``invalid_request``)."""
-    if isinstance(exc, ContextOverflowError):
-        return "context_length_exceeded"
-    if type(exc) is AsymSpecError:
-        return "invalid_request"
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", type(exc).__name__.removesuffix("Error")).lower()
-
-
-def error_param(exc: AsymSpecError) -> str | None:
-    """The request field a library error is about, where one is: a context overflow's ``max_tokens`` when
-    the prompt fits and the budget does not, else ``messages`` (the question or its caption/OCR text)."""
-    if isinstance(exc, ContextOverflowError):
-        return "max_tokens" if exc.too_long == "max_new_tokens" else "messages"
-    return getattr(exc, "param", None)
-
-
-def error_of(exc: BaseException) -> RequestError:
-    """The HTTP error of a request that failed in the scheduler (set-up or a step)."""
-    if isinstance(exc, RequestError):
-        return exc
-    if isinstance(exc, CancelledError):
-        return RequestError(503, "the request was cancelled (the server is shutting down); retry", code="cancelled")
-    if isinstance(exc, SchedulerStoppedError):  # the server cannot decode any more: restart it
-        return RequestError(503, f"the server cannot decode: {exc}; restart it".replace("\n", " "), code="scheduler_stopped")
-    if isinstance(exc, AsymSpecError):
-        return RequestError(400, str(exc).replace("\n", " "), param=error_param(exc), code=error_code(exc))
-    log.error("request failed", exc_info=exc)
-    return RequestError(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "), code="internal_error")
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -313,7 +221,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorize(request)
-        text = await asyncio.to_thread(_retrying, lambda: state.metrics.render(state.scheduler, state.model))
+        text = await asyncio.to_thread(retrying, lambda: state.metrics.render(state.scheduler, state.model))
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions")
@@ -327,8 +235,8 @@ def create_app(
         )
         handles = submit(req)
         loop = asyncio.get_running_loop()
-        readers = [_Reader(h, loop, state.metrics, lambda h=h: _forget(h)) for h in handles]
-        gone = asyncio.ensure_future(_until_disconnected(request.receive))
+        readers = [Reader(h, loop, state.metrics, lambda h=h: _forget(h)) for h in handles]
+        gone = asyncio.ensure_future(until_disconnected(request.receive))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             handle, reader = handles[0], readers[0]
@@ -339,7 +247,7 @@ def create_app(
                 if first is None:
                     return Response(status_code=499)
                 raise error_of(first[1])
-            return _SSEResponse(stream_chunks(req, reader, first, gone, cid, created), on_close=lambda: _end(handle, gone))
+            return SSEResponse(stream_chunks(req, reader, first, gone, cid, created), on_close=lambda: _end(handle, gone))
         try:
             results = []
             for reader in readers:  # the choices decode side by side; their results are read in order
@@ -408,11 +316,21 @@ def create_app(
         if not handle.done():
             handle.cancel()
 
+    special = frozenset(getattr(state.pipe.tokenizer, "all_special_ids", ()) or ())
+
+    def logprobs(trace: list, req: ChatRequest) -> dict | None:
+        return None if req.top_logprobs is None else logprobs_of(trace, state.pipe.tokenizer, req.top_logprobs, special)
+
     def completion(results: list[MMResult], req: ChatRequest, cid: str, created: int) -> dict:
         """The answer with one choice per result; usage adds the choices' completion tokens (the prompt once), and
         ``asymspec`` is the first choice's (``asymspec.choices`` holds every choice's when there are several)."""
         choices = [
-            {"index": i, "message": message_of(res, f"{cid}-{i}" if i else cid), "logprobs": None, "finish_reason": finish_reason(res)}
+            {
+                "index": i,
+                "message": message_of(res, f"{cid}-{i}" if i else cid),
+                "logprobs": logprobs(res.trace, req),
+                "finish_reason": finish_reason(res),
+            }
             for i, res in enumerate(results)
         ]
         total = usage(results[0])
@@ -433,7 +351,7 @@ def create_app(
             "asymspec": info,
         }
 
-    async def stream_chunks(req: ChatRequest, reader: _Reader, first: tuple, gone: asyncio.Future, cid: str, created: int):
+    async def stream_chunks(req: ChatRequest, reader: Reader, first: tuple, gone: asyncio.Future, cid: str, created: int):
         """The server-sent events of a streamed answer: the role, a chunk per committed step (with that step's
         provenance under ``asymspec.trace`` when asked), the finish reason with stats and view, usage, [DONE]."""
         tok = state.pipe.tokenizer
@@ -451,14 +369,14 @@ def create_app(
                 return calls.push(text)
             return calls.finish(final.text, parse_tool_calls(final.text, cid))
 
-        def chunk(delta: dict, finish: str | None = None, **extra: Any) -> bytes:
+        def chunk(delta: dict, finish: str | None = None, lp: dict | None = None, **extra: Any) -> bytes:
             body = {
                 "id": cid,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": state.model,
                 "system_fingerprint": None,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
                 **extra,
             }
             return b"data: " + dumps(body) + b"\n\n"
@@ -469,10 +387,11 @@ def create_app(
             kind, value = item
             if kind == "events":
                 out = message_deltas(deltas.push([ev.token_id for ev in value]))
-                if req.return_trace:
-                    extra = {"asymspec": {"trace": [trace_entry(ev, tok) for ev in value]}}
+                lp = logprobs(value, req)  # the step's tokens ride on its first chunk
+                if req.return_trace or lp is not None:
+                    extra = {"asymspec": {"trace": [trace_entry(ev, tok) for ev in value]}} if req.return_trace else {}
                     out = out or [{"content": ""}]
-                    yield chunk(out[0], **extra)
+                    yield chunk(out[0], lp=lp, **extra)
                     out = out[1:]
                 for delta in out:
                     yield chunk(delta)
@@ -493,43 +412,6 @@ def create_app(
                 yield b"data: [DONE]\n\n"
                 return
             item = await reader.get(gone)
-        # the client disconnected: _SSEResponse's on_close cancels the row
+        # the client disconnected: SSEResponse's on_close cancels the row
 
     return app
-
-
-def _retrying(fn: Callable[[], Any], tries: int = 5) -> Any:
-    """``fn()``, retried when the scheduler's worker changed a dict while it was read from another thread."""
-    for i in range(tries):
-        try:
-            return fn()
-        except RuntimeError:
-            if i == tries - 1:
-                raise
-            time.sleep(0.001)
-    return None  # pragma: no cover
-
-
-class _SSEResponse(Response):
-    """Server-sent events from an async iterator of encoded ``data:`` lines; ``on_close`` runs however the
-    stream ends (finished, failed, or the client disconnected)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], None]):
-        self.status_code, self.background = 200, None
-        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})  # no body attribute: no content-length
-        self.chunks, self.on_close = chunks, on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for data in self.chunks:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # the client went away mid-stream
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                await self.chunks.aclose()  # type: ignore[attr-defined]
-            self.on_close()

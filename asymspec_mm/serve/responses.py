@@ -9,6 +9,31 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..session import MMResult
 
 
+def logprobs_of(trace: list[Any], tokenizer: Any, top: int, special_ids: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` object of the emitted tokens: each token's log-probability under the fused target at
+    temperature 1 without filtering, ``softmax(t + beta * delta)`` (``TokenEvent.p_fused``; where nothing is fused, the
+    emitting model's own softmax), and its ``top`` most likely tokens there (``TokenEvent.top_fused``; none for the
+    drafter alone). Special tokens (the end of the answer) are left out, as from the message's text."""
+    content = []
+    for ev in trace:
+        if ev.token_id in special_ids:
+            continue
+        content.append(
+            {
+                **_logprob_entry(ev.text, ev.p_fused),
+                "top_logprobs": [_logprob_entry(tokenizer.decode([i]), p) for i, p in ev.top_fused[:top]],
+            }
+        )
+    return {"content": content, "refusal": None}
+
+
+def _logprob_entry(text: str, p: float | None) -> dict[str, Any]:
+    import math
+
+    logprob = math.log(p) if p is not None and p > 0 else -9999.0  # OpenAI's value for "effectively zero"
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
 def finish_reason(res: MMResult) -> str:
     """``tool_calls`` when the answer calls tools, ``length`` when the token budget ended decoding, else ``stop``
     (:attr:`MMResult.finish_reason`)."""

@@ -42,6 +42,8 @@ _USED = (
     "top_p",
     "top_k",
     "seed",
+    "logprobs",
+    "top_logprobs",
     "chat_template_kwargs",
     "tools",
     "tool_choice",
@@ -59,8 +61,6 @@ _NEUTRAL: dict[str, tuple[Any, str]] = {
     "store": (lambda v: v is False, "false: nothing is stored"),
     "frequency_penalty": (lambda v: v == 0 and _is_number(v), "0: penalties are not supported"),
     "presence_penalty": (lambda v: v == 0 and _is_number(v), "0: penalties are not supported"),
-    "logprobs": (lambda v: v is False, "false; ask for asymspec.return_trace to get per-token probabilities"),
-    "top_logprobs": (lambda v: v == 0 and _is_number(v), "0; ask for asymspec.return_trace to get per-token probabilities"),
     "logit_bias": (lambda v: v == {}, "empty: logit biases are not supported"),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean; the model may make several calls either way"),
 }
@@ -88,6 +88,7 @@ class ChatRequest:
     model: str | None = None
     options: dict = field(default_factory=dict)
     n: int = 1
+    top_logprobs: int | None = None  # None: no logprobs; else how many top tokens each carries
 
 
 def _is_number(v: Any) -> bool:
@@ -323,6 +324,19 @@ def _strings(v: Any, allow_false: bool = False) -> bool:
     return isinstance(v, str) or (isinstance(v, list) and all(ok(x) for x in v))
 
 
+def _logprobs(data: dict) -> int | None:
+    """``top_logprobs`` (0 to 20) when ``logprobs`` is true, else None; a 400 naming the field for bad values."""
+    want, top = data.get("logprobs"), data.get("top_logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise bad_request("logprobs must be true or false", "logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise bad_request(f"top_logprobs={json.dumps(top)[:40]} must be an integer >= 0 and <= 20", "top_logprobs")
+        if not want and top:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    return (top or 0) if want else None
+
+
 def _stop_strings(v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -370,6 +384,9 @@ def parse_chat_request(
             break
     fields["stop_strings"] = _stop_strings(data.get("stop"))
     fields.update(sampling_fields(data))
+    top_logprobs = _logprobs(data)
+    if top_logprobs:
+        fields["trace_top"] = max(top_logprobs, (base or AsymSpecConfig()).trace_top)
     method, cfg_fields, other = _asymspec_options(data.get("asymspec"))
     try:
         config = (base or AsymSpecConfig()).with_(**fields, **cfg_fields).validated()
@@ -404,4 +421,5 @@ def parse_chat_request(
         model=model,
         options={**cfg_fields, "method": method},
         n=n,
+        top_logprobs=top_logprobs,
     )
