@@ -34,34 +34,43 @@ def as_positions(value: float | int | torch.Tensor, n: int, dtype: torch.dtype, 
     return torch.as_tensor(value, dtype=dtype, device=device).expand(n)
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """Top-k then top-p filtering of each row of ``logits`` ``[P, V]``; removed entries become -inf.
 
-    ``top_k`` ``[P]`` long (0: off) keeps the k largest logits (and ties with the k-th); ``top_p`` ``[P]`` float (1:
-    off) then keeps the smallest set of the largest tokens whose probability under the top-k distribution reaches
-    ``top_p`` (the first token always stays). Rows without either filter are returned unchanged.
+    ``top_k`` ``[P]`` long (0: off for that row; None: off for every row) keeps the k largest logits and any tied with
+    the k-th; ``top_p`` ``[P]`` (1: off; None: off for every row) then keeps the smallest set of the largest tokens
+    whose probability under the top-k distribution reaches ``top_p`` (the first token always stays), and any tied
+    with the last one kept. Each filter is a cut-off logit per row, so rows differ only in the values they carry.
     """
-    off = (top_k <= 0) & (top_p >= 1.0)
-    if bool(off.all()):
+    if top_k is None and top_p is None:
         return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
     width = logits.shape[-1]
-    ranks = torch.arange(width, device=logits.device)
-    k = torch.where(top_k > 0, top_k.clamp(max=width), torch.full_like(top_k, width))
-    kth = sorted_logits.gather(-1, (k - 1)[:, None])  # [P, 1]
-    keep_sorted = sorted_logits >= kth  # ties with the k-th stay
-    probs = sorted_logits.masked_fill(~keep_sorted, float("-inf")).softmax(-1)
-    before = probs.cumsum(-1) - probs  # the mass of the larger tokens
-    keep_sorted &= (before < top_p[:, None]) | (ranks == 0)
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return torch.where(off[:, None] | keep, logits, torch.full_like(logits, float("-inf")))
+    ordered = logits.sort(dim=-1, descending=True).values
+    # the index of the last token kept, in descending order: the k-th, or the last one
+    last = torch.full((logits.shape[0], 1), width - 1, dtype=torch.long, device=logits.device)
+    if top_k is not None:
+        last = (torch.where(top_k > 0, top_k, torch.full_like(top_k, width)).clamp(max=width) - 1)[:, None]
+    if top_p is not None:
+        probs = (
+            ordered.masked_fill(ordered < ordered.gather(-1, last), float("-inf")).softmax(-1) if top_k is not None else ordered.softmax(-1)
+        )
+        # the first token whose cumulative mass reaches top_p is the last one kept (the tokens before it hold less);
+        # a row with top_p 1 keeps all its top-k, whatever the rounding of the sum
+        reach = torch.searchsorted(probs.cumsum(-1), top_p[:, None].to(probs.dtype))
+        last = torch.where(top_p[:, None] >= 1.0, last, torch.minimum(reach, last))
+    return logits.masked_fill(logits < ordered.gather(-1, last), float("-inf"))
 
 
-def tempered_log_probs(logits: torch.Tensor, tau: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """``log softmax(F(logits / tau))`` ``[P, V]`` float32 for logits ``[P, V]`` and per-position ``tau`` (> 0),
-    ``top_k``, ``top_p`` ``[P]``."""
+def tempered_probs(logits: torch.Tensor, tau: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """``softmax(F(logits / tau))`` ``[P, V]`` float32 for logits ``[P, V]`` and per-position ``tau`` (> 0),
+    ``top_k``, ``top_p`` ``[P]`` (None: that filter is off for every position)."""
     scaled = logits.float() / tau.float()[:, None]
-    return filter_logits(scaled, top_k, top_p).log_softmax(-1)
+    return filter_logits(scaled, top_k, top_p).softmax(-1)
+
+
+#: A draw's target is scaled by this so that it stays below the total mass after rounding: the token drawn then always
+#: has probability above 0 (the bias, 1e-12 of the last token's share, is far below anything measurable).
+_BELOW_TOTAL = 1.0 - 1e-12
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -69,11 +78,8 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     in [0, 1), by inverting the cumulative distribution (float64): token x has probability ``probs[x] / sum``, and
     a token of probability 0 is never drawn. Returns ``[P]`` long."""
     cdf = probs.double().cumsum(-1)
-    target = u.double() * cdf[:, -1]
-    idx = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
-    # u * total can round up to total: the last token with mass is then the draw
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(-1)
-    return torch.minimum(idx, last)
+    target = u.double() * cdf[:, -1] * _BELOW_TOTAL
+    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
 
 
 def gate_set(log_t: torch.Tensor, log_b: torch.Tensor, gamma_eff: torch.Tensor) -> torch.Tensor:
@@ -95,26 +101,24 @@ class SampledDecision:
 
 
 def sampled_gate(
-    log_q: torch.Tensor,
-    log_f: torch.Tensor,
+    q: torch.Tensor,
+    f: torch.Tensor,
     in_gate: torch.Tensor | None,
     drafts: torch.Tensor,
     u_accept: torch.Tensor,
     u_residual: torch.Tensor,
 ) -> SampledDecision:
-    """The module's rule at P positions: proposal ``log_q`` and target ``log_f`` ``[P, V]`` (log-probabilities),
-    the gate's set ``in_gate`` ``[P, V]`` bool (None: empty, plain speculative sampling), the drafts ``[P]`` (drawn
-    from q) and two uniforms per position, ``u_accept`` and ``u_residual`` ``[P]``."""
-    q, f = log_q.exp(), log_f.exp()
+    """The module's rule at P positions: proposal ``q`` and target ``f`` ``[P, V]`` (probabilities), the gate's set
+    ``in_gate`` ``[P, V]`` bool (None: empty, plain speculative sampling), the drafts ``[P]`` (drawn from q) and two
+    uniforms per position, ``u_accept`` and ``u_residual`` ``[P]``."""
     rows = torch.arange(drafts.shape[0], device=drafts.device)
-    q_d, f_d = q[rows, drafts], f[rows, drafts]
-    ratio = torch.where(q_d > 0, f_d / q_d.clamp_min(torch.finfo(q_d.dtype).tiny), torch.ones_like(q_d)).clamp(max=1.0)
-    over = (q - f).clamp_min(0.0)
+    # q(d) > 0: d was drawn from q (a greedy row's argmax survives every filter)
+    ratio = (f[rows, drafts] / q[rows, drafts]).clamp(max=1.0)
     if in_gate is None:
         alpha, excess = ratio, torch.zeros_like(ratio)
     else:
-        alpha = torch.where(in_gate[rows, drafts], torch.ones_like(ratio), ratio)
-        excess = torch.where(in_gate, over, torch.zeros_like(over)).sum(-1)
+        alpha = ratio.masked_fill(in_gate[rows, drafts], 1.0)
+        excess = ((q - f).clamp_min(0.0) * in_gate).sum(-1)
     residual = (f - q).clamp_min(0.0)
     # where q == f nothing is ever rejected; f keeps the draw defined
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, f)

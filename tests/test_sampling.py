@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from asymspec_mm.gate import gate_step
-from asymspec_mm.sampling import emitted_distribution, filter_logits, gate_set, sample_from, sampled_gate, tempered_log_probs
+from asymspec_mm.sampling import emitted_distribution, filter_logits, gate_set, sample_from, sampled_gate, tempered_probs
 
 DRAWS = 100_000
 #: p-values below this reject; every case is seeded, so a pass is repeatable.
@@ -32,7 +32,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def filtered(x: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
-    """Top-k (ties with the k-th kept) then top-p over the top-k distribution, by a plain loop."""
+    """Top-k then top-p over the top-k distribution, by a plain loop; tokens tied with the last one kept stay."""
     x = x.copy()
     order = sorted(range(len(x)), key=lambda i: -x[i])
     if top_k > 0:
@@ -40,14 +40,12 @@ def filtered(x: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
         x[x < kth] = -np.inf
     if top_p < 1.0:
         p = softmax(x)
-        mass, keep = 0.0, set()
+        mass, cutoff = 0.0, None
         for rank, i in enumerate(order):
             if rank == 0 or mass < top_p:
-                keep.add(i)
+                cutoff = x[i]
             mass += p[i]
-        for i in range(len(x)):
-            if i not in keep:
-                x[i] = -np.inf
+        x[x < cutoff] = -np.inf
     return x
 
 
@@ -78,12 +76,12 @@ def sample_rule(a, b, t, beta, gamma, tau, top_k, top_p, *, seed: int, use_gate:
     A, B, T = rep(a), rep(b), rep(t)
     taus, ks, ps = torch.full((n,), tau), torch.full((n,), top_k, dtype=torch.long), torch.full((n,), top_p)
     u = torch.rand(3, n, generator=gen, dtype=torch.float64)
-    log_q = tempered_log_probs(A, taus, ks, ps)
-    drafts = sample_from(log_q.exp(), u[0])
+    q = tempered_probs(A, taus, ks, ps)
+    drafts = sample_from(q, u[0])
     g = gate_step(A, B, T, drafts, gamma=gamma, beta=beta)
-    log_f = tempered_log_probs(g.fused_logits, taus, ks, ps)
+    f = tempered_probs(g.fused_logits, taus, ks, ps)
     in_gate = gate_set(g.log_verifier, g.log_base, g.gamma_eff) if use_gate else None
-    s = sampled_gate(log_q, log_f, in_gate, drafts, u[1], u[2])
+    s = sampled_gate(q, f, in_gate, drafts, u[1], u[2])
     emitted = torch.where(s.accepted, drafts, s.residual)
     return np.bincount(emitted.numpy(), minlength=len(a))
 
@@ -171,9 +169,20 @@ def test_filter_logits_matches_the_loop():
         k, p = int(rng.integers(0, v + 2)), float(rng.choice([1.0, rng.uniform(0.05, 1.0)]))
         got = filter_logits(torch.tensor(x)[None], torch.tensor([k]), torch.tensor([p], dtype=torch.float64))[0].numpy()
         np.testing.assert_array_equal(np.isfinite(got), np.isfinite(filtered(x, k, p)))
+        only_p = filter_logits(torch.tensor(x)[None], None, torch.tensor([p], dtype=torch.float64))[0].numpy()
+        np.testing.assert_array_equal(np.isfinite(only_p), np.isfinite(filtered(x, 0, p)))
+        only_k = filter_logits(torch.tensor(x)[None], torch.tensor([k]), None)[0].numpy()
+        np.testing.assert_array_equal(np.isfinite(only_k), np.isfinite(filtered(x, k, 1.0)))
+    # rows with different settings in one call: each as it would be alone
+    x = torch.tensor(np.round(rng.normal(0, 2, (4, 9)), 1))
+    ks, ps = torch.tensor([0, 3, 0, 9]), torch.tensor([1.0, 1.0, 0.6, 0.3], dtype=torch.float64)
+    together = filter_logits(x, ks, ps)
+    for j in range(4):
+        np.testing.assert_array_equal(np.isfinite(together[j].numpy()), np.isfinite(filtered(x[j].numpy(), int(ks[j]), float(ps[j]))))
+    assert filter_logits(x, None, None) is x
 
 
 def test_sample_from_never_draws_a_zero_probability_token():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 5)
-    u = torch.tensor([0.0, 0.25, 0.5, 0.999999, 1.0 - 2**-53], dtype=torch.float64)
+    u = torch.tensor([0.0, 0.25, 0.75, 0.999999, 1.0 - 2**-53], dtype=torch.float64)
     assert sample_from(probs, u).tolist() == [1, 1, 3, 3, 3]

@@ -11,7 +11,7 @@ the paired ratios:
 - tokens/s, greedy over sampled: the whole effect, acceptance included (sampled drafts are accepted less often where
   the drafter's distribution is flat).
 
-``python -m asymspec_mm.bench.sampling [--pairs 8] [--methods asymspec,floor] [--temperature 0.7 --top-p 0.8]``
+``python -m asymspec_mm.bench.sampling [--pairs 8] [--methods asymspec,floor] [--temperature 0.7 --top-p 0.8] [--top-k 20]``
 """
 
 from __future__ import annotations
@@ -23,14 +23,22 @@ from typing import Any
 
 
 def measure(
-    pipe: Any, problems: list[dict], methods: list[str], *, k: int = 4, tokens: int = 48, temperature: float = 0.7, top_p: float = 0.8
+    pipe: Any,
+    problems: list[dict],
+    methods: list[str],
+    *,
+    k: int = 4,
+    tokens: int = 48,
+    temperature: float = 0.7,
+    top_p: float = 0.8,
+    top_k: int = 0,
 ) -> dict[str, list[dict]]:
     """Per method, one record per problem: both runs' seconds, steps and acceptance, and the paired ratios."""
     from ..config import AsymSpecConfig
 
     out: dict[str, list[dict]] = {m: [] for m in methods}
     greedy_cfg = AsymSpecConfig(k=k, max_new_tokens=tokens)
-    sampled_cfg = greedy_cfg.with_(temperature=temperature, top_p=top_p)
+    sampled_cfg = greedy_cfg.with_(temperature=temperature, top_p=top_p, top_k=top_k)
     for i, p in enumerate(problems):
         for method in methods:
             timed: dict[str, tuple[float, int, float, float]] = {}
@@ -66,18 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default="asymspec,floor")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine) [default: %(default)s]")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
     from ..eval.minivista import make_problem
     from ..pipeline import AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_preset(args.preset, ocr="none")
     methods = args.methods.split(",")
     problems = [make_problem(11, i) for i in range(args.pairs + 1)]
-    kw = dict(tokens=args.tokens, temperature=args.temperature, top_p=args.top_p)
+    kw = dict(tokens=args.tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     measure(pipe, problems[:1], methods, **kw)  # warm-up: first-use costs
     results = measure(pipe, problems[1:], methods, **kw)
-    print(f"temperature {args.temperature:g}, top_p {args.top_p:g}, {args.tokens} tokens a request (EOS ignored), K = 4")
+    print(
+        f"temperature {args.temperature:g}, top_p {args.top_p:g}, top_k {args.top_k}, {args.tokens} tokens a request (EOS ignored), "
+        f"K = 4, {args.threads} thread(s)"
+    )
     print(
         "| method | pairs | MAL greedy | MAL sampled | step time, sampled / greedy (median, range) "
         "| greedy tok/s | sampled tok/s | tok/s, greedy / sampled (median, range) |"

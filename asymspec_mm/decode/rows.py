@@ -89,6 +89,7 @@ class RowDecoder:
         self.decode_token = decode_token
         self.rows: dict[int, Row] = {}
         self._settings: dict[int, tuple[tuple, dict]] = {}  # per positions a row: (its rows' key, their gate settings)
+        self._draw_settings: dict = {}  # the stepping rows' sampling settings on the device (StepDraws.of)
 
     def _gate_settings(self, rows: list[Row], per_row: int, device: torch.device) -> dict[str, float | torch.Tensor]:
         """:func:`gate_settings` of ``rows``, reused while the same rows step (no host-to-device copy a step)."""
@@ -254,7 +255,7 @@ class RowDecoder:
         rule of :mod:`asymspec_mm.sampling`, the residual's draw in place of the fused token)."""
         cfg, k, top = self.cfg, self.cfg.k, self.cfg.trace_top
         masks: dict[int, list[torch.Tensor]] = {}  # constrained rows' allowed tokens, positions 1..K+1
-        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device)  # None: every row is greedy
+        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device, self._draw_settings)  # None: every row is greedy
         drafts, a = self._draft(rows, k, masks, draws)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
         b = self._masked(self._score("drafter_comp", rows, drafts), masks)  # b_1..b_{K+1} [R, K+1, V]
         t = self._masked(self._score("verifier", rows, drafts), masks).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
@@ -271,8 +272,8 @@ class RowDecoder:
             )
             sampled = bonus_drawn = None
             if draws is not None:
-                log_q = torch.stack(draws.proposals, dim=1)  # [R, K, V]
-                sampled = draws.decide(log_q, g.fused_logits, drafts, 0, g, (g.accepted, g.fused))
+                q = torch.stack(draws.proposals, dim=1)  # [R, K, V]
+                sampled = draws.decide(q, g.fused_logits, drafts, 0, g, (g.accepted, g.fused))
                 bonus_drawn = draws.draw_residual(t[:, k], k)  # ~ softmax(F(t_{K+1} / tau))
         bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k], bonus_drawn)
         with timer("trace"):
@@ -350,7 +351,7 @@ class RowDecoder:
         sampled rows keep drafts by the lossless rule (A empty, target softmax(F(t / tau))): Floor in distribution."""
         k = self.cfg.k
         masks: dict[int, list[torch.Tensor]] = {}
-        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device)
+        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device, self._draw_settings)
         drafts, _ = self._draft(rows, k, masks, draws)
         t = self._masked(self._score("verifier", rows, drafts).float(), masks)  # [R, K+1, V]
         v_ids = t.argmax(-1)  # [R, K+1]
@@ -358,8 +359,8 @@ class RowDecoder:
         padded = torch.cat([drafts_v, drafts_v[:, :1]], dim=1)
         tokens, accepted = v_ids, torch.cat([drafts_v == v_ids[:, :k], torch.zeros_like(v_ids[:, :1], dtype=torch.bool)], dim=1)
         if draws is not None:
-            log_q = torch.stack(draws.proposals, dim=1)
-            s = draws.decide(log_q, t[:, :k].flatten(0, 1), drafts_v, 0, None, (accepted[:, :k].flatten(), v_ids[:, :k].flatten()))
+            q = torch.stack(draws.proposals, dim=1)
+            s = draws.decide(q, t[:, :k].flatten(0, 1), drafts_v, 0, None, (accepted[:, :k].flatten(), v_ids[:, :k].flatten()))
             tokens = torch.cat([s.residual.view(-1, k), draws.draw_residual(t[:, k], k)[:, None]], dim=1)
             accepted = torch.cat([s.accepted.view(-1, k), accepted[:, k:]], dim=1)
         log_t = t.log_softmax(-1)
@@ -392,7 +393,7 @@ class RowDecoder:
         logits = self._masked(logits, {j: [row.constraint.mask()] for j, row in enumerate(rows) if row.constraint is not None})[
             :, 0
         ]  # [R, V]
-        draws = StepDraws.of(rows, 1, logits.device)
+        draws = StepDraws.of(rows, 1, logits.device, self._draw_settings)
         tokens = logits.argmax(-1) if draws is None else draws.draw_residual(logits, 0)
         log_p = logits.log_softmax(-1)
         p = log_p.gather(-1, tokens[:, None])[:, 0].exp()
