@@ -6,8 +6,9 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup quickstart test lint demo bench eval-minivista clean
+.PHONY: setup quickstart test lint docs demo bench eval-minivista clean
 
 setup: $(VENV)/.installed
 
@@ -22,16 +23,21 @@ $(VENV)/.installed: pyproject.toml
 quickstart: setup
 	$(VENV)/bin/asymspec-mm quickstart
 
-# 2) set up and run the whole test suite (browser tests use Debian's chromium, installed here when missing)
+# 2) set up, lint, build the docs strictly and run the whole test suite (browser tests use Debian's chromium, installed here when missing)
 test: setup
 	@[ -x /usr/bin/chromium ] || (command -v apt-get >/dev/null && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null))) || echo "chromium not installable: browser tests will be skipped"
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # ruff: lint and format check (pyproject.toml's [tool.ruff])
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# the documentation site (docs/ + mkdocs.yml) into site/; strict: a broken link or a missing API object fails it
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: setup
 	$(VENV)/bin/asymspec-mm demo --preset tiny
@@ -43,4 +49,4 @@ eval-minivista: setup
 	$(VENV)/bin/asymspec-mm eval mathvista --dataset minivista --preset tiny --methods floor,drafter,asymspec --out runs/minivista
 
 clean:
-	rm -rf $(VENV) runs artifacts .pytest_cache
+	rm -rf $(VENV) runs artifacts site .pytest_cache

@@ -335,7 +335,7 @@ PAPER_LENGTHS = (
 
 def test_paper_protocol_prompt_lengths_with_the_real_files(snapshots, real_tok, real_proc, tmp_path, capsys):
     """All 587 paper-protocol prompts with the real tokenizers: none exceeds the harness' 32,704-token window; the
-    figures are the README's. A row's counts equal the real tokenizer's / processor's own."""
+    figures are the MathVista page's (docs/mathvista.md). A row's counts equal the real tokenizer's / processor's own."""
     from asymspec_mm.cli import main
 
     out = tmp_path / "paper.jsonl"
@@ -343,9 +343,9 @@ def test_paper_protocol_prompt_lengths_with_the_real_files(snapshots, real_tok, 
     assert main(args + ["--verifier", str(snapshots[VERIFIER]), "--drafter", str(snapshots[DRAFTER])]) == 0
     printed = capsys.readouterr().out
     assert "587 prompts (paper protocol)" in printed and PAPER_LENGTHS in printed
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert "the longest verifier prompt is 1,028 tokens (pid 394; median 370)" in readme
-    assert "7,219 tokens (pid 688, 6,633 of them the image's; median 569)" in readme
+    page = " ".join((ROOT / "docs" / "mathvista.md").read_text(encoding="utf-8").split())
+    assert "the longest verifier prompt is 1,028 tokens (pid 394; median 370)" in page
+    assert "7,219 tokens (pid 688, 6,633 of them the image's; median 569)" in page
     rows = {r["pid"]: r for r in map(json.loads, out.read_text().splitlines())}
     row = rows["688"]
     assert row["verifier_prompt_tokens"] == len(real_tok(row["verifier_prompt"], add_special_tokens=False)["input_ids"])

@@ -1,6 +1,8 @@
-"""The README's examples run as written, on bundled files, and print what the library computes.
+"""The examples of the README and the documentation pages run as written, on bundled files, and print what the
+library computes.
 
-Blocks are read from README.md itself, so an edit that breaks an example breaks this test. Commands run
+Blocks are read from the pages themselves (``block_with(page, lang, marker)``, :mod:`docblocks`), so an edit that
+breaks an example breaks this test; ``tests/test_docs.py`` checks that every runnable block is run here. Commands run
 in a scratch folder that sees the checkout's ``examples/`` and ``asymspec_mm/`` (the paths the README uses),
 with the checkout's ``asymspec-mm`` first on PATH; the serving examples run against a live
 ``asymspec-mm serve --preset tiny`` (on a free port instead of 8000, so parallel runs cannot collide).
@@ -18,22 +20,10 @@ from pathlib import Path
 
 import pytest
 from conftest import start_serve, stop_serve
+from docblocks import REPO, block_with
 
-REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text(encoding="utf-8")
 TIMEOUT_S = 300
 CHART_QUESTION = ("Which bar is the tallest?", ["red", "green", "blue", "yellow"])
-
-
-def blocks(lang: str) -> list[str]:
-    """The README's fenced blocks of ``lang``, in order."""
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
-
-
-def block_with(lang: str, marker: str) -> str:
-    found = [b for b in blocks(lang) if marker in b]
-    assert len(found) == 1, f"expected one {lang} block containing {marker!r}, found {len(found)}"
-    return found[0]
 
 
 def env() -> dict[str, str]:
@@ -93,17 +83,18 @@ def sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_python_example_runs_and_answers_as_the_library(workdir, chart_answer):
-    code = block_with("python", 'AsymSpecPipeline.from_preset("tiny")')
+    code = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")')
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == chart_answer
-    assert f"# {chart_answer}" in code  # the comment in the README shows the real answer
+    assert f"# {chart_answer}" in code  # the comment in the example shows the real answer
     assert minivista_chart_is_answered(chart_answer)  # with the OCR text in the layout the pair was trained on
 
 
 def test_every_command_line_example_runs(workdir, tiny, chart_answer):
-    lines = [ln for ln in block_with("bash", "--choices red green blue yellow --preset tiny\n").splitlines() if ln.strip()]
+    lines = [ln for ln in block_with("docs/cli.md", "bash", "--choices red green blue yellow --preset tiny\n").splitlines() if ln.strip()]
     assert len(lines) == 3
+    assert block_with("README.md", "bash", "asymspec-mm generate").strip() == lines[0]  # the README's one line is the first
     text = sh(lines[0], workdir)
     assert text.returncode == 0, text.stderr[-3000:]
     assert f"answer: {chart_answer}\n" in text.stdout
@@ -120,7 +111,7 @@ def test_every_command_line_example_runs(workdir, tiny, chart_answer):
 
 
 def test_the_batch_section_example_runs(workdir, chart_answer):
-    line = next(ln for ln in block_with("bash", "--batch-size 8 --trace").splitlines() if ln.strip())
+    line = next(ln for ln in block_with("docs/cli.md", "bash", "--batch-size 8 --trace").splitlines() if ln.strip())
     proc = sh(line, workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(r) for r in (workdir / "answers.jsonl").read_text().splitlines()]
@@ -128,10 +119,44 @@ def test_the_batch_section_example_runs(workdir, chart_answer):
     assert next(r for r in rows if r["id"] == "tallest")["answer"] == chart_answer
 
 
+def test_the_sampling_example_runs_and_repeats_its_seed(workdir, tiny):
+    """The algorithm page's sampled request, after the README example's set-up lines (``pipe``, ``question``): the
+    subprocess draws the tokens this process draws for the same seed."""
+    setup = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")').split("res = pipe.generate")[0]
+    code = setup + block_with("docs/algorithm.md", "python", "temperature=0.7") + "print(res.stats['seed'], repr(res.text))\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from asymspec_mm import mathvista_question
+
+    question = mathvista_question(CHART_QUESTION[0], choices=CHART_QUESTION[1])
+    expected = tiny.generate(REPO / "examples" / "chart.png", question, temperature=0.7, top_p=0.8, seed=1)
+    assert proc.stdout.strip() == f"1 {expected.text!r}"
+
+
+def test_the_minivista_eval_example_runs(workdir):
+    line = next(ln for ln in block_with("docs/mathvista.md", "bash", "--dataset minivista --preset tiny").splitlines() if ln.strip())
+    proc = sh(line, workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = workdir / "runs" / "minivista"
+    records = [json.loads(r) for r in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 4 * 3 and (out / "report.md").is_file()
+
+
+def test_the_standin_example_builds_and_loads(workdir):
+    code = (
+        block_with("docs/qwen-files.md", "python", "build_standin_pair") + "print(type(pipe).__name__, pipe.verifier.config.vocab_size)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["AsymSpecPipeline", "151936"]  # the real vocabulary's logits
+
+
 @pytest.fixture(scope="module")
 def server(workdir):
-    """``asymspec-mm serve --preset tiny`` as the README starts it, on a free port; yields its base URL."""
-    cmd = shlex.split(next(ln for ln in block_with("bash", "asymspec-mm serve --preset tiny").splitlines() if "--preset tiny" in ln))
+    """``asymspec-mm serve --preset tiny`` as the README and the Serving page start it, on a free port; yields its base URL."""
+    line = next(ln for ln in block_with("docs/serving.md", "bash", "asymspec-mm serve --preset tiny").splitlines() if "--preset tiny" in ln)
+    assert block_with("README.md", "bash", "asymspec-mm serve --preset tiny").strip() == line  # the README starts it the same way
+    cmd = shlex.split(line)
     cmd = [c for c in cmd if not c.startswith("#")][: cmd.index("--preset") + 2] + ["--port", "0"]
     proc, url = start_serve(cmd, workdir, env())
     yield url
@@ -139,7 +164,7 @@ def server(workdir):
 
 
 def test_the_openai_client_example_runs(server, workdir, tiny):
-    code = block_with("python", 'return_trace": True').replace("http://127.0.0.1:8000", server)
+    code = block_with("docs/serving.md", "python", 'return_trace": True').replace("http://127.0.0.1:8000", server)
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from asymspec_mm import mathvista_question
@@ -152,7 +177,7 @@ def test_the_openai_client_example_runs(server, workdir, tiny):
 
 
 def test_the_curl_example_streams_the_answer(server, workdir, tiny):
-    command = block_with("bash", "curl -s").replace("http://127.0.0.1:8000", server)
+    command = block_with("docs/serving.md", "bash", "curl -s").replace("http://127.0.0.1:8000", server)
     given = json.loads(re.search(r'"asymspec": (\{.*?\})\}', command).group(1))  # the view the example passes
     proc = sh(command, workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -173,13 +198,13 @@ def test_the_curl_example_streams_the_answer(server, workdir, tiny):
 
 
 def test_the_conversation_example_equals_pipe_chat(server, workdir, tiny):
-    """The README's three-turn conversation through the server: each answer and prompt length equal ``pipe.chat`` of
+    """The Conversations page's three-turn conversation through the server: each answer and prompt length equal ``pipe.chat`` of
     the same messages, and the later turns reuse the earlier ones' KV (``cached_tokens``)."""
     import ast
 
     from PIL import Image
 
-    code = block_with("python", "prompt_tokens_details.cached_tokens").replace("http://127.0.0.1:8000", server)
+    code = block_with("docs/conversations.md", "python", "prompt_tokens_details.cached_tokens").replace("http://127.0.0.1:8000", server)
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = [line.rsplit(" ", 2) for line in proc.stdout.splitlines()]
@@ -197,15 +222,15 @@ def test_the_conversation_example_equals_pipe_chat(server, workdir, tiny):
 
 def test_the_smolagents_example_runs(server, workdir):
     pytest.importorskip("smolagents")
-    code = block_with("python", "from smolagents import CodeAgent").replace("http://127.0.0.1:8000", server)
+    code = block_with("docs/conversations.md", "python", "from smolagents import CodeAgent").replace("http://127.0.0.1:8000", server)
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("steps") and int(proc.stdout.split()[-2]) >= 3  # the task and at least two steps
 
 
 def test_the_tools_example_calls_and_answers(server, workdir):
-    """The README's forced tool call through the server, its result sent back as a tool message, then an answer."""
-    code = block_with("python", 'tool_choice="required",\n').replace("http://127.0.0.1:8000", server)
+    """The Conversations page's forced tool call through the server, its result sent back as a tool message, then an answer."""
+    code = block_with("docs/conversations.md", "python", 'tool_choice="required",\n').replace("http://127.0.0.1:8000", server)
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = proc.stdout.splitlines()[:2]
@@ -216,7 +241,7 @@ def test_the_tools_example_calls_and_answers(server, workdir):
 
 def test_the_openai_agents_example_runs(server, workdir):
     pytest.importorskip("agents")
-    code = block_with("python", "from agents import").replace("http://127.0.0.1:8000", server)
+    code = block_with("docs/conversations.md", "python", "from agents import").replace("http://127.0.0.1:8000", server)
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " items; " in proc.stdout and int(proc.stdout.split()[0]) >= 3  # the call, its output, the answer
@@ -224,7 +249,9 @@ def test_the_openai_agents_example_runs(server, workdir):
 
 def test_the_smolagents_tool_calling_example_runs(server, workdir):
     pytest.importorskip("smolagents")
-    code = block_with("python", "from smolagents import OpenAIServerModel, ToolCallingAgent").replace("http://127.0.0.1:8000", server)
+    code = block_with("docs/conversations.md", "python", "from smolagents import OpenAIServerModel, ToolCallingAgent").replace(
+        "http://127.0.0.1:8000", server
+    )
     script = workdir / "tool_calling_agent.py"  # smolagents' @tool reads its function's source: run it from a file
     script.write_text(code)
     proc = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
