@@ -171,6 +171,18 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="stream engines: the pipeline's (dynamic) or the static-KV-cache ones, optionally with a compiled "
         "one-token decode (untested on GPU) [default: %(default)s]",
     )
+    p.add_argument(
+        "--cost-ratio",
+        default="",
+        metavar="R,R,...",
+        help="the speed-up curve instead of the default bench: for each ratio r, a cost-emulating twin of the tiny "
+        "verifier (same tokens, a forward of K+1 tokens costs r drafter forwards), then Floor, SD, AsymSpec and the "
+        "drafter alone side by side, e.g. 2,4,8,16,32 (uses --reps, --max-new-tokens, --k, --out, --threads)",
+    )
+    p.add_argument("--cost-cases", type=int, default=6, help="cost curve: MiniVista problems a repetition [default: %(default)s]")
+    p.add_argument(
+        "--cost-batch", type=int, default=8, help="cost curve: the batch size also measured (0 or 1 skips) [default: %(default)s]"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=bench_main)
     return p
@@ -224,6 +236,8 @@ def bench_main(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe, write its outputs and print where; 2 on a bad option."""
     from ..errors import AsymSpecError
 
+    if args.cost_ratio:
+        return cost_curve_main(args)
     try:
         res = run_bench(args.preset, **bench_options(args))
     except AsymSpecError as e:
@@ -237,6 +251,47 @@ def bench_main(args: argparse.Namespace) -> int:
         print(f"{kind}: {pth}")
     for t in res["targets"]:
         print(target_line(t))
+    return 0
+
+
+def cost_curve_main(args: argparse.Namespace) -> int:
+    """``bench --cost-ratio``: the speed-up curve on cost-emulating twins (:mod:`.cost_curve`); its outputs and targets."""
+    from .cost_curve import EMULATOR, run_cost_curve
+    from .cost_report import targets, write_cost_outputs
+
+    try:
+        ratios = [finite_float(x) for x in args.cost_ratio.split(",") if x.strip()]
+    except argparse.ArgumentTypeError as exc:
+        print(f"asymspec-mm bench: --cost-ratio {args.cost_ratio!r}: {exc}", file=sys.stderr)
+        return 2
+    if not ratios or any(r < 1 for r in ratios):
+        print(f"asymspec-mm bench: --cost-ratio {args.cost_ratio!r}: give ratios >= 1, e.g. 2,4,8,16,32", file=sys.stderr)
+        return 2
+    if args.preset != "tiny" or args.drafter or args.verifier:
+        print(
+            "asymspec-mm bench: --cost-ratio runs on the shipped tiny pair (its verifier's twins); drop --preset/--drafter/--verifier",
+            file=sys.stderr,
+        )
+        return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    res = run_cost_curve(
+        ratios, cases=args.cost_cases, reps=args.reps, max_new_tokens=args.max_new_tokens, k=args.k, batch=args.cost_batch, log=log
+    )
+    paths = write_cost_outputs(res, args.out, args.stem or "cost-curve")
+    if args.update_benchmarks:
+        from .cost_report import render_markdown
+
+        update_section(args.update_benchmarks, args.stem or "cost-curve", render_markdown(res))
+        paths["benchmarks"] = Path(args.update_benchmarks)
+    for kind, pth in paths.items():
+        print(f"{kind}: {pth}")
+    print(f"({EMULATOR})")
+    for t in targets(res):
+        print(f"target {t['target']}: {t['measured']:.2f} at r = {t['at']:.1f} -> {'met' if t['met'] else 'NOT met'}")
     return 0
 
 

@@ -48,7 +48,7 @@ def measure(
                 with pipe.prefix_kv.paused():  # both prefill from scratch
                     t0 = time.perf_counter()
                     res = pipe.generate(
-                        p["decoded_image"], p["question"], caption=p["caption"], ocr=p["ocr"], method=method, config=cfg, ignore_eos=True
+                        p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], method=method, config=cfg, ignore_eos=True
                     )
                 s = res.stats
                 timed[mode] = (time.perf_counter() - t0, s["steps"], s["decode_wall_s"], s["mean_accepted_length"])
