@@ -27,6 +27,9 @@
 #      (the sequential loop), AsymSpec, 2B/32B shapes: decode tokens/s, time per step.
 #   3. static KV caches + compiled one-token decode (torch.compile reduce-overhead = CUDA graphs).
 #   4. a 0.6B-verifier run (the CPU bench's pair) for a like-for-like comparison with BENCHMARKS.md's CPU tables.
+#   1b. the speed-up-vs-cost-ratio curve (issue 33) on the GPU: cost-emulating twins of the tiny verifier (the same
+#      tokens, a forward of K+1 tokens costing r drafter forwards) at r = 4, 16, 32, Floor / SD / AsymSpec / the
+#      drafter alone, B = 1 and 8; the real 32B cannot be cached here, so the twin stands in (every output says so).
 # Phases 2b, 3 and 4 run only when enough of the budget is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +62,7 @@ SLICE_S=$([ "$SLICE" = only ] && echo $(( BUDGET - 20 )) || echo "${PAPER_SLICE_
 STATIC_ROWS=(--variants "" --lengths "" --k-values "" --no-probe --batch-sizes 1,8,32 --batch-cases 32 --batch-variants asymspec
   --batch-engine static-compile --batch-max-len 1024 --reps 1 --warmup 1 --max-new-tokens 32)
 if [ "$DRY" = 1 ]; then
-  echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1, 2, 2b, 3, 4 in the time left")"
+  echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1, 1b (cost curve), 2, 2b, 3, 4 in the time left")"
   if [ "$SLICE" != only ]; then
     "$PY" -c 'import argparse, sys
 from asymspec_mm.bench.cli import add_bench_parser
@@ -101,6 +104,13 @@ COMMON=(--device cuda --dtype bf16 --prefill pipeline --ignore-eos yes --plain-r
   --k-values 2,4,6 --k-variants "asymspec;sd" --title "GPU: Qwen3-VL-2B + Qwen3-32B shapes (random weights), dynamic caches" \
   2>&1 | tee -a "$LOG"
 echo "phase 1 rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+
+# Phase 1b: ~2 min, the cost-ratio curve on the GPU (the twin stands in for the 32B).
+if [ "$(left)" -gt 200 ]; then
+  timeout 150 "$PY" -m asymspec_mm.bench --cost-ratio 4,16,32 --device cuda --cost-cases 4 --reps 2 --max-new-tokens 32 \
+    --cost-batch 8 --out "$OUTDIR" --stem cost-curve-gpu 2>&1 | tee -a "$LOG"
+  echo "phase 1b rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+fi
 
 # Phase 2: ~3 min, batched decoding at 2B/32B shapes (B = 1 sequential, 8, 32; 32 requests; one repetition).
 # --variants '' skips the main comparison (phase 1 has it); the models are built again (random init, seconds on a GPU).

@@ -101,7 +101,7 @@ def test_gpu_bench_dry_run_plans_the_phases(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache",
-        "dry run: paper slice: no (300s); shape phases: 1, 2, 2b, 3, 4 in the time left",
+        "dry run: paper slice: no (300s); shape phases: 1, 1b (cost curve), 2, 2b, 3, 4 in the time left",
         # the static-slot phase's options, parsed by the bench's own parser
         "phase 2b: batch sweep at B=1,8,32 on static-compile rows (1024 columns), asymspec",
     ]

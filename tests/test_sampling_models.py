@@ -147,3 +147,32 @@ def test_bad_sampling_settings_are_refused(bad):
 def test_greedy_config_is_unchanged():
     cfg = AsymSpecConfig()
     assert cfg.temperature == 0 and not cfg.sampling and cfg.top_p == 1.0 and cfg.top_k == 0 and cfg.seed is None
+
+
+def test_sd_two_token_sequences_follow_the_verifiers_own_sampling():
+    """Sequence level, on the trained tiny pair: SD's first two tokens (A empty, beta 0: the lossless rule) are drawn as
+    the verifier samples them alone, P(x1, x2) = f(x1) * f(x2 | x1) with f = softmax(t / tau), the second factor from
+    a no-cache forward of the verifier after x1 (every first token drawn gets its own). Chi-square over the pairs."""
+    from asymspec_mm import AsymSpecPipeline
+
+    pipe = AsymSpecPipeline.from_preset("tiny", ocr="none")
+    ex = json.loads((EXAMPLES / "examples.json").read_text())[0]
+    image = EXAMPLES / Path(ex["image"]).name
+    tau, n = 1.3, 600
+    sched = pipe.scheduler(max_batch_size=64)
+    try:
+        kw = dict(caption=ex["caption"], ocr=ex["ocr"] or False, method="sd", k=2, temperature=tau, max_new_tokens=2)
+        results = [h.result() for h in [sched.submit(image, ex["question"], seed=i, **kw) for i in range(n)]]
+    finally:
+        sched.close()
+    pairs = [tuple(r.token_ids[:2]) for r in results if len(r.token_ids) == 2]
+    ref = Reference(pipe, results[0].prompts)
+    f1 = softmax(ref.verifier([])[-1].double().numpy() / tau)
+    second = {x1: softmax(ref.verifier([x1])[-1].double().numpy() / tau) for x1 in {p[0] for p in pairs}}
+    keys = sorted(set(pairs))
+    counts = np.array([pairs.count(k) for k in keys] + [0], dtype=float)
+    probs = np.array([f1[a] * second[a][b] for a, b in keys])
+    probs = np.append(probs, max(0.0, 1.0 - probs.sum()))  # every pair never drawn, pooled
+    eos = set(pipe.eos_ids)
+    assert not any(a in eos for a, _ in keys), "a first token ended the answer: the pairs would not be complete"
+    assert len(pairs) == n and binned_pvalue(counts, probs) > ALPHA

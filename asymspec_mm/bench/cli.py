@@ -279,7 +279,14 @@ def cost_curve_main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     res = run_cost_curve(
-        ratios, cases=args.cost_cases, reps=args.reps, max_new_tokens=args.max_new_tokens, k=args.k, batch=args.cost_batch, log=log
+        ratios,
+        cases=args.cost_cases,
+        reps=args.reps,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        batch=args.cost_batch,
+        device=args.device or "cpu",
+        log=log,
     )
     paths = write_cost_outputs(res, args.out, args.stem or "cost-curve")
     if args.update_benchmarks:

@@ -162,17 +162,18 @@ def run_cost_curve(
     max_new_tokens: int = 48,
     k: int = 4,
     batch: int = 8,
+    device: str = "cpu",
     workdir: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The whole curve (module docstring) on the shipped tiny pair; returns a JSON-able result."""
+    """The whole curve (module docstring) on the shipped tiny pair (fp32, on ``device``); returns a JSON-able result."""
     from ..config import AsymSpecConfig
     from ..eval.minivista import make_problem
     from ..pipeline import AsymSpecPipeline
     from ..presets import TINY_DIR, TINY_OCR_LAYOUT
     from .twin import build_twin, layers_for_ratio
 
-    load = dict(ocr="none", device="cpu", dtype="fp32", ocr_layout=TINY_OCR_LAYOUT, local_files_only=True)
+    load = dict(ocr="none", device=device, dtype="fp32", ocr_layout=TINY_OCR_LAYOUT, local_files_only=True)
     problems = [make_problem(23, i, FAMILIES[i % len(FAMILIES)]) for i in range(max(cases, batch))]
     cfg = AsymSpecConfig(k=k, max_new_tokens=max_new_tokens)
     root = Path(workdir or tempfile.mkdtemp(prefix="asymspec-twins-"))
@@ -195,9 +196,7 @@ def run_cost_curve(
             costs = forward_costs(pipe, problems[0], k)
             measured_r = costs["verifier_k1"] / costs["drafter_1"]
             cost_at[layers] = costs["verifier_k1"] * base_costs["drafter_1"] / costs["drafter_1"]  # in the calibration's units
-            refit = layers_for_ratio(
-                r, n_layers, dict(sorted(cost_at.items(), key=lambda kv: abs(kv[0] - layers))[:2]), base_costs["drafter_1"]
-            )
+            refit = min(max(layers_for_ratio(r, n_layers, cost_at, base_costs["drafter_1"]), layers // 2), 2 * layers)
             if attempt or abs(measured_r / r - 1) <= 0.1 or refit == layers:
                 break
             layers = refit
@@ -226,7 +225,15 @@ def run_cost_curve(
     high = [(p["measured_ratio"], p["methods"]["asymspec"]["decode_vs_floor"]["max"]) for p in points]
     return {
         "what": EMULATOR,
-        "settings": {"cases": cases, "reps": reps, "max_new_tokens": max_new_tokens, "k": k, "batch": batch, "families": FAMILIES},
+        "settings": {
+            "cases": cases,
+            "reps": reps,
+            "max_new_tokens": max_new_tokens,
+            "k": k,
+            "batch": batch,
+            "families": FAMILIES,
+            "device": device,
+        },
         "base_costs_s": base_costs,
         "points": points,
         "break_even": {

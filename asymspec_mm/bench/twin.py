@@ -78,9 +78,10 @@ def is_twin(model_dir: str | Path) -> bool:
 
 def layers_for_ratio(ratio: float, base_layers: int, cost_at: dict[int, float], drafter_cost: float) -> int:
     """The layer count whose verifier forward costs ``ratio`` drafter forwards, from the forward costs measured at two
-    or more layer counts (``cost_at``: layers -> seconds), assuming cost linear in layers (it is: each layer is the
-    same work); at least ``base_layers``."""
-    (l0, c0), (l1, c1) = sorted(cost_at.items())[0], sorted(cost_at.items())[-1]
-    per_layer = (c1 - c0) / (l1 - l0)
-    fixed = c0 - per_layer * l0
-    return max(base_layers, round((ratio * drafter_cost - fixed) / per_layer))
+    or more layer counts (``cost_at``: layers -> seconds): a least-squares line through them (cost is linear in layers:
+    each layer is the same work); at least ``base_layers``."""
+    xs, ys = zip(*sorted(cost_at.items()))
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    per_layer = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - per_layer * mx
+    return max(base_layers, round((ratio * drafter_cost - fixed) / max(per_layer, 1e-12)))
