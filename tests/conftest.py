@@ -61,6 +61,30 @@ def make_image(seed: int, size: tuple[int, int] | None = None):
     return img
 
 
+def saved_case(tmp_path, seed: int, name: str) -> tuple:
+    """``(path, case)``: :func:`make_case` with its image saved to ``tmp_path / name`` and loaded back as the demo
+    loads an upload (``case["pil"]``)."""
+    from vision_cache.image import load_image
+
+    case = make_case(seed)
+    path = tmp_path / name
+    case["image"].save(path)
+    case["pil"] = load_image(str(path))
+    return path, case
+
+
+@pytest.fixture
+def state(tiny_pipe):
+    """The steering inspector's handlers on the tiny random pair (no Gradio server), closed after the test."""
+    from ui import app as ui_app
+
+    app = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
 def make_case(seed: int) -> dict:
     """A deterministic (image, question, caption, ocr) request."""
     rng = random.Random(1000 + seed)

@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import make_case  # noqa: E402
+from conftest import make_case, saved_case  # noqa: E402
 from test_ui import RUN_DEFAULTS, check_spans_match, demo_args, free_port, reference, run_args  # noqa: E402
 
 from ui import app as ui_app  # noqa: E402
@@ -52,22 +52,7 @@ def turn_count(html_text: str) -> int:
 
 @pytest.fixture
 def image_case(tmp_path):
-    from vision_cache.image import load_image
-
-    case = make_case(70)
-    path = tmp_path / "conversation.png"
-    case["image"].save(path)
-    case["pil"] = load_image(str(path))
-    return path, case
-
-
-@pytest.fixture
-def state(tiny_pipe):
-    app = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
-    try:
-        yield app
-    finally:
-        app.close()
+    return saved_case(tmp_path, 70, "conversation.png")
 
 
 def test_a_follow_up_answers_the_conversation_with_its_cached_tokens(tiny_pipe, state, image_case):

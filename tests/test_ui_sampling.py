@@ -12,10 +12,9 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import make_case  # noqa: E402
+from conftest import saved_case  # noqa: E402
 from test_ui import RUN_DEFAULTS, demo_args  # noqa: E402
 
-from ui import app as ui_app  # noqa: E402
 from ui.app import DemoInputError, outputs_as_dict  # noqa: E402
 from ui.sampling_inputs import check_sampling_inputs  # noqa: E402
 
@@ -26,19 +25,7 @@ CONFIG_FIELDS = ("k", "beta", "gamma", "gate", "delta", "bonus", "max_new_tokens
 
 @pytest.fixture
 def image_case(tmp_path):
-    case = make_case(81)
-    path = tmp_path / "sampled.png"
-    case["image"].save(path)
-    return path, case
-
-
-@pytest.fixture
-def state(tiny_pipe):
-    app = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
-    try:
-        yield app
-    finally:
-        app.close()
+    return saved_case(tmp_path, 81, "sampled.png")
 
 
 def run_sampled(state, path, case, temperature, top_p, seed, **kw):

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import make_case  # noqa: E402
+from conftest import saved_case  # noqa: E402
 from test_ui import RUN_DEFAULTS, demo_args, free_port, run_args  # noqa: E402
 
 from asymspec_mm.decode import TokenEvent  # noqa: E402
@@ -280,22 +280,7 @@ def value_tokens(res, key: str, special: set[int]) -> list[tuple[str, int]]:
 
 @pytest.fixture
 def image_case(tmp_path):
-    from vision_cache.image import load_image
-
-    case = make_case(80)
-    path = tmp_path / "tools.png"
-    case["image"].save(path)
-    case["pil"] = load_image(str(path))
-    return path, case
-
-
-@pytest.fixture
-def state(tiny_pipe):
-    app = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
-    try:
-        yield app
-    finally:
-        app.close()
+    return saved_case(tmp_path, 80, "tools.png")
 
 
 def check_calls_match(html_text: str, res, special: set[int]) -> None:

@@ -118,8 +118,13 @@ def build_query(problem: dict[str, Any]) -> str:
 def make_problem(seed: int, index: int, family: str | None = None) -> dict[str, Any]:
     """Problem ``index`` of the set drawn with ``seed`` (deterministic; independent of other indices).
 
-    Families rotate figure, visual, geometry, mixed unless ``family`` is given.
+    Families rotate figure, visual, geometry, mixed unless ``family`` is given. ``family="agent"`` (not in the rotation):
+    a task that needs a tool call, in its own shape (:func:`~asymspec_mm.eval.minivista_agent.make_agent_problem`).
     """
+    if family == "agent":
+        from .minivista_agent import make_agent_problem
+
+        return make_agent_problem(seed, index)
     fam = family or FAMILIES[index % len(FAMILIES)]
     if fam not in BUILDERS:
         raise ValueError(f"unknown family {fam!r}; expected one of {FAMILIES}")

@@ -1,0 +1,86 @@
+"""MiniVista's agent family: deterministic tasks whose tool-call arguments only the image holds, the family's tools,
+and the gold conversation rendered by the real Qwen3 / Qwen3-VL chat templates."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from asymspec_mm.eval.minivista import make_problem
+from asymspec_mm.eval.minivista_agent import TOOLS, AgentToolError, gold_conversation, make_agent_problem, run_tool, tool_call_text
+from asymspec_mm.tools import check_tools, parse_tool_calls
+
+
+def bar_values_from_pixels(image, colors) -> list[int]:
+    """Each bar's value read back from the picture (the painter's layout: value v -> top at y = 116 - 10 v)."""
+    from asymspec_mm.eval.minivista_scenes import BAR_SLOT, COLORS
+
+    px = np.asarray(image.convert("RGB"))
+    out = []
+    for i, c in enumerate(colors):
+        column = px[:, i * BAR_SLOT + 22]
+        rows = np.where((column == np.array(COLORS[c])).all(axis=1))[0]
+        out.append(round((116 - rows.min()) / 10))
+    return out
+
+
+def test_tasks_are_deterministic_and_need_the_image():
+    seen_kinds, followups = set(), 0
+    for i in range(60):
+        p, again = make_agent_problem(7, i), make_problem(7, i, "agent")
+        assert p["messages"] == again["messages"] and p["gold_call"] == again["gold_call"]
+        a, b = p["gold_call"]["arguments"]["a"], p["gold_call"]["arguments"]["b"]
+        values = dict(zip(p["scene"]["colors"], bar_values_from_pixels(p["image"], p["scene"]["colors"])))
+        assert [values[c] for c in p["scene"]["asked"]] == [a, b]  # the arguments are the pixels' values
+        assert str(a) not in p["caption"] and p["ocr"] == "10 8 6 4 2 0"  # the compressed view names no bar's value
+        assert p["answer"] == str(a + b if p["kind"] == "add" else a - b) and int(p["answer"]) >= 0
+        assert p["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+        seen_kinds.add(p["kind"])
+        followups += p["followup"] is not None
+    assert seen_kinds == {"add", "subtract"} and 5 <= followups <= 30
+    assert make_agent_problem(7, 0)["gold_call"] != make_agent_problem(8, 0)["gold_call"] or make_agent_problem(7, 1) != make_agent_problem(
+        8, 1
+    )
+
+
+def test_the_tools_run_and_refuse_bad_calls():
+    assert check_tools(TOOLS) and [t["function"]["name"] for t in TOOLS] == ["add", "subtract"]
+    assert run_tool("add", '{"a": 3, "b": 4}') == "7" and run_tool("subtract", {"a": 9, "b": 2}) == "7"
+    for name, args, words in (
+        ("multiply", {"a": 1, "b": 2}, "unknown tool"),
+        ("add", {"a": 1}, "two integers"),
+        ("add", {"a": 1.5, "b": 2}, "two integers"),
+    ):
+        with pytest.raises(AgentToolError, match=words):
+            run_tool(name, args)
+
+
+def test_the_gold_call_parses_back_and_validates():
+    jsonschema = pytest.importorskip("jsonschema")
+    p = make_agent_problem(3, 5)
+    parsed = parse_tool_calls(tool_call_text(p["gold_call"]))
+    (call,) = parsed.tool_calls
+    assert call["function"]["name"] == p["gold_call"]["name"] and json.loads(call["function"]["arguments"]) == p["gold_call"]["arguments"]
+    schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == p["gold_call"]["name"])
+    jsonschema.validate(p["gold_call"]["arguments"], schema)
+
+
+def test_the_gold_conversation_renders_with_the_real_templates(standin_pipe):
+    """Both views of the exchange (request, tool call, tool result, answer, the follow-up question) through the pipeline's
+    conversation rendering and the real Qwen3 / Qwen3-VL templates: the call and its result appear in both, the image
+    only in the full view, and the compressed view holds the caption and OCR text, no bar's value."""
+    from asymspec_mm.conversation import parse_messages, view_messages, view_texts
+
+    p = next(q for q in (make_agent_problem(4, i) for i in range(40)) if q["followup"] is not None)
+    messages = gold_conversation(p)[:-1]  # up to the follow-up question: the turn an agent would ask for next
+    view = f"Image description: {p['caption']}\nImage detected text: {p['ocr']}"
+    verifier, comp, full = view_texts(
+        standin_pipe.processor, standin_pipe.verifier_tokenizer, view_messages(parse_messages(messages), {1: view}), tools=TOOLS
+    )
+    call = '"name": "' + p["gold_call"]["name"] + '", "arguments": ' + json.dumps(p["gold_call"]["arguments"])
+    for rendered in (verifier, comp, full):
+        assert call in rendered and f"<tool_response>\n{p['tool_result']}\n</tool_response>" in rendered
+        assert p["response"] in rendered and p["followup"]["question"] in rendered
+    assert full.count("<|image_pad|>") >= 1 and "<|image_pad|>" not in verifier and p["caption"] in verifier
