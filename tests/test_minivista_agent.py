@@ -84,3 +84,24 @@ def test_the_gold_conversation_renders_with_the_real_templates(standin_pipe):
         assert call in rendered and f"<tool_response>\n{p['tool_result']}\n</tool_response>" in rendered
         assert p["response"] in rendered and p["followup"]["question"] in rendered
     assert full.count("<|image_pad|>") >= 1 and "<|image_pad|>" not in verifier and p["caption"] in verifier
+
+
+def test_an_agent_loop_calls_executes_and_answers(tiny_pipe):
+    """The loop on the tiny random pair with the first call forced (the grammar makes it valid): the call is executed,
+    its result goes back as a tool message, the next turn reuses the conversation's KV and equals pipe.chat of the
+    messages the loop sent, and the run says what it did."""
+    from asymspec_mm.eval.agent_loop import call_is_valid, final_number, run_agent_task
+
+    p = make_agent_problem(5, 2)
+    run = run_agent_task(tiny_pipe, p, "asymspec", tool_choice="required", max_turns=2, max_new_tokens=72)
+    assert run.turns == 2 and len(run.calls) == 1 and run.call_valid and run.final is not None
+    assert run.arguments_correct == (run.calls[0] == p["gold_call"])
+    assert run.cached_tokens[1] > run.cached_tokens[0]  # the second request reuses the first one's prompt
+    tool = run.messages[-2]
+    assert tool["role"] == "tool" and tool["content"] == run_tool(run.calls[0]["name"], run.calls[0]["arguments"])
+    again = tiny_pipe.chat(run.messages[:-1], tools=TOOLS, caption=p["caption"], ocr=p["ocr"], max_new_tokens=72)
+    assert again.text == run.final and run.messages[-1] == {"role": "assistant", "content": run.final}
+    assert run.correct == (final_number(run.final) == p["answer"])
+    assert not call_is_valid({"name": "add", "arguments": {"a": 99, "b": 1}}, TOOLS)  # out of the schema's range
+    assert not call_is_valid({"name": "divide", "arguments": {"a": 1, "b": 1}}, TOOLS)
+    assert final_number("Red is 4, blue is 3; the answer is 7.") == "7" and final_number("no digits") is None
