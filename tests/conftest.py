@@ -85,6 +85,27 @@ def state(tiny_pipe):
         app.close()
 
 
+@pytest.fixture(scope="module")
+def served_demo(tiny_pipe):
+    """(demo, gradio_client.Client) of the steering inspector on the tiny random pair, served on a free port."""
+    pytest.importorskip("gradio_client")
+    import socket
+
+    from gradio_client import Client
+
+    from ui import app as ui_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo = ui_app.build_app(tiny_pipe, examples=[], stream_interval=0.0)
+    ui_app.serve(demo, port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo, Client(demo.local_url, verbose=False)
+    finally:
+        demo.close()
+
+
 def make_case(seed: int) -> dict:
     """A deterministic (image, question, caption, ocr) request."""
     rng = random.Random(1000 + seed)

@@ -13,9 +13,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import make_case, saved_case  # noqa: E402
-from test_ui import RUN_DEFAULTS, check_spans_match, demo_args, free_port, reference, run_args  # noqa: E402
+from test_ui import RUN_DEFAULTS, check_spans_match, demo_args, reference, run_args  # noqa: E402
 
-from ui import app as ui_app  # noqa: E402
 from ui.app import outputs_as_dict  # noqa: E402
 from ui.conversation import CONVERSATION_NOTE, Conversations, Turn, cached_line, render_conversation_html  # noqa: E402
 
@@ -183,23 +182,10 @@ def test_a_turn_is_recorded_only_into_the_conversation_it_followed():
 # ------------------------------------------------------------------------------------------ through gradio_client
 
 
-@pytest.fixture(scope="module")
-def served(tiny_pipe):
-    pytest.importorskip("gradio_client")
+def test_api_follow_up_is_the_last_input(served_demo, tiny_pipe, image_case):
     from gradio_client import Client
 
-    demo = ui_app.build_app(tiny_pipe, examples=[], stream_interval=0.0)
-    ui_app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    try:
-        yield demo, Client(demo.local_url, verbose=False)
-    finally:
-        demo.close()
-
-
-def test_api_follow_up_is_the_last_input(served, tiny_pipe, image_case):
-    from gradio_client import Client
-
-    demo, client = served
+    demo, client = served_demo
     path, case = image_case
     first = outputs_as_dict(client.predict(*run_args(path, case["question"], case["caption"], case["ocr"]), api_name="/run"))
     assert turn_count(first["conversation_html"]) == 1  # a caller that does not send follow-up: a first turn

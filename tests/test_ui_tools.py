@@ -15,10 +15,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import saved_case  # noqa: E402
-from test_ui import RUN_DEFAULTS, demo_args, free_port, run_args  # noqa: E402
+from test_ui import RUN_DEFAULTS, demo_args, run_args  # noqa: E402
 
 from asymspec_mm.decode import TokenEvent  # noqa: E402
-from ui import app as ui_app  # noqa: E402
 from ui.app import RUN_OUTPUTS, DemoInputError, outputs_as_dict  # noqa: E402
 from ui.outputs import NO_TOOLS, TOOLS_OFF, TOOLS_PENDING  # noqa: E402
 from ui.tool_calls import NO_CALL_TEXT, argument_spans, render_tool_calls_html, token_offsets  # noqa: E402
@@ -363,23 +362,10 @@ def test_bad_tools_are_refused_in_the_status_and_the_app_keeps_serving(state, im
 # ------------------------------------------------------------------------------------------ through gradio_client
 
 
-@pytest.fixture(scope="module")
-def served(tiny_pipe):
-    pytest.importorskip("gradio_client")
-    from gradio_client import Client
-
-    demo = ui_app.build_app(tiny_pipe, examples=[], stream_interval=0.0)
-    ui_app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    try:
-        yield demo, Client(demo.local_url, verbose=False)
-    finally:
-        demo.close()
-
-
-def test_api_tools_are_the_last_inputs(served, tiny_pipe, image_case):
+def test_api_tools_are_the_last_inputs(served_demo, tiny_pipe, image_case):
     from gradio_client.exceptions import AppError
 
-    _, client = served
+    _, client = served_demo
     path, case = image_case
     args = run_args(path, case["question"], case["caption"], case["ocr"], max_new_tokens=MAX_NEW)
     out = outputs_as_dict(client.predict(*args, False, example_tools_text(), "required", api_name="/run"))

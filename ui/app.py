@@ -18,6 +18,7 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
   each argument's value as the tokens that produced it (:func:`render_tool_calls_html`).
 - :mod:`ui.conversation` - a session's conversation about its image (follow-up questions, their turns' HTML).
 - :mod:`ui.page_js` - the script that opens one hover box at a time, inside the viewport.
+- :mod:`ui.handlers` - the handlers as Gradio calls them (the session put in), the Stop button's looks.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
 
@@ -27,9 +28,9 @@ time, so ``asymspec-mm --help`` stays fast.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
 from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
@@ -37,6 +38,7 @@ from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 from .align import render_alignment_html  # noqa: F401 - re-exported
 from .conversation import render_conversation_html
 from .examples import EXAMPLES_DIR, example_label, load_examples, render_examples_table  # noqa: F401 - re-exported
+from .handlers import STOP_IDLE, _session_handlers
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -94,9 +96,6 @@ __all__ = [
 ]
 
 STYLESHEET = Path(__file__).with_name("style.css")
-#: The Stop button while the session has no run (off, not red) and while it has one.
-STOP_IDLE: dict[str, Any] = {"interactive": False, "variant": "secondary"}
-STOP_ACTIVE: dict[str, Any] = {"interactive": True, "variant": "stop"}
 #: Runs handled at once by default, per row of the batch (beyond the batch, rows wait in the scheduler and
 #: the page shows their place in line), and at most.
 CONCURRENCY_PER_ROW, MAX_DEFAULT_CONCURRENCY = 4, 32
@@ -386,117 +385,6 @@ def build_app(
     demo.asymspec_max_upload_mb = max_upload_mb  # type: ignore[attr-defined]
     demo.asymspec_allowed_paths = sorted({str(Path(e["image"]).resolve().parent) for e in examples})  # type: ignore[attr-defined]
     return demo
-
-
-class _SessionHandlers(NamedTuple):
-    run: Callable
-    enqueue: Callable
-    stop: Callable
-    stopped: Callable
-    settle: Callable
-    describe: Callable
-    image_changed: Callable
-    view_edited: Callable
-    forget: Callable
-    clear: Callable
-
-
-def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
-    """The page's handlers with Gradio's request (for its session hash) injected.
-
-    Gradio finds the request parameter by its annotation; this module's annotations are strings that it
-    cannot resolve (Gradio is not imported here at import time), so the real type is set on each function.
-    """
-    import gradio as gr
-
-    def run(
-        image,
-        question,
-        caption,
-        ocr,
-        autofill=False,
-        method="asymspec",
-        k=4,
-        beta=1.0,
-        gamma=0.5,
-        gate="cda",
-        delta="contrast",
-        bonus="verifier",
-        max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
-        drafter_view="image+text",
-        compare=True,
-        followup=False,
-        tools="",
-        tool_choice="auto",
-        temperature=0.0,
-        top_p=1.0,
-        seed=None,
-        request=None,
-    ):
-        yield from state.run(
-            image,
-            question,
-            caption,
-            ocr,
-            autofill,
-            method,
-            k,
-            beta,
-            gamma,
-            gate,
-            delta,
-            bonus,
-            max_new_tokens,
-            drafter_view,
-            compare,
-            followup,
-            tools,
-            tool_choice,
-            temperature,
-            top_p,
-            seed,
-            session=_session_of(request),
-        )
-
-    def enqueue(image=None, question=None, request=None):
-        return state.enqueue(_session_of(request), image, question), gr.update(**STOP_ACTIVE)
-
-    def stop(request=None):
-        return state.stop(_session_of(request))
-
-    def stopped(request=None):
-        return state.stopped(_session_of(request))
-
-    def settle(caption="", ocr="", request=None):
-        session = _session_of(request)
-        return *state.view_marks(caption, ocr, session), gr.update(**(STOP_ACTIVE if state.busy(session) else STOP_IDLE))
-
-    def describe(image, caption="", ocr="", request=None):
-        return state.describe(image, caption, ocr, session=_session_of(request))
-
-    def image_changed(caption="", ocr="", request=None):
-        session = _session_of(request)
-        return *state.image_changed(caption, ocr, session), state.clear_conversation(session)
-
-    def view_edited(caption="", ocr="", request=None):
-        return state.view_edited(caption, ocr, _session_of(request))
-
-    def forget(request=None):
-        state.forget(_session_of(request))
-
-    def clear(request=None):
-        return state.clear_conversation(_session_of(request))
-
-    handlers = _SessionHandlers(run, enqueue, stop, stopped, settle, describe, image_changed, view_edited, forget, clear)
-    for fn in handlers:
-        fn.__annotations__ = {"request": request_type}
-    run.__doc__ = DemoApp.run.__doc__
-    describe.__doc__ = DemoApp.describe.__doc__
-    return handlers
-
-
-def _session_of(request: Any) -> str | None:
-    return getattr(request, "session_hash", None) if request is not None else None
 
 
 def _model_label(pipe: Any) -> str:

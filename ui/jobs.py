@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.config import METHODS, RANGES
-
 from .conversation import Conversations, Turn, render_conversation_html
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .examples import tiny_pair_warning
@@ -23,6 +21,7 @@ from .progress import ordinal, setup_steps
 from .render import plural, status_html
 from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
 from .sampling_inputs import check_sampling_inputs
+from .settings_check import MAX_K, MAX_QUESTION_CHARS, MAX_VIEW_CHARS, check_settings
 from .tool_inputs import check_tool_inputs
 from .view_marks import FIELDS, GeneratedViews, field_update, generated_fields
 
@@ -34,12 +33,8 @@ log = logging.getLogger("asymspec_mm.ui")
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_NEW_TOKENS", "MAX_K", "MAX_NEW_TOKENS_LIMIT", "MAX_QUESTION_CHARS", "MAX_VIEW_CHARS"]
 __all__ += ["RUN_OUTPUTS", "DemoApp", "DemoInputError", "outputs_as_dict"]
 
-MAX_QUESTION_CHARS = 4000
-MAX_VIEW_CHARS = 8000
 DEFAULT_MAX_NEW_TOKENS = 64
 MAX_NEW_TOKENS_LIMIT = 1024
-#: Largest draft length K the page offers and accepts (the one range of ``k``).
-MAX_K = int(RANGES["k"].high)
 #: Rows the app's scheduler decodes in shared steps (``asymspec-mm demo --max-batch-size``).
 DEFAULT_MAX_BATCH_SIZE = 8
 #: A running handler yields at least this often (Gradio can close a stopped handler only between two yields).
@@ -238,38 +233,9 @@ class DemoApp:
         self, image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
     ) -> _Request:
         """Check the page's inputs (a :class:`DemoInputError` for the first bad one) and load the image."""
-        question = "" if question is None else str(question)
-        caption = "" if caption is None else str(caption)
-        ocr = "" if ocr is None else str(ocr)
-        if len(question) > MAX_QUESTION_CHARS:
-            raise DemoInputError(f"the question is {len(question)} characters; the limit is {MAX_QUESTION_CHARS}")
-        for name, text in (("caption", caption), ("OCR text", ocr)):
-            if len(text) > MAX_VIEW_CHARS:
-                raise DemoInputError(f"the {name} is {len(text)} characters; the limit is {MAX_VIEW_CHARS}")
-        if not question.strip():
-            raise DemoInputError("the question is empty: ask something about the image, e.g. 'Which bar is the tallest?'")
-        method = str(method or "asymspec")
-        if method not in METHODS:
-            raise DemoInputError(f"method={method!r} is not valid; choose one of {', '.join(METHODS)}")
-        try:
-            max_new = int(max_new_tokens)
-            k_int = int(k)
-            overrides = dict(
-                k=k_int,
-                beta=float(beta),
-                gamma=float(gamma),
-                gate=str(gate),
-                delta=str(delta),
-                bonus=str(bonus),
-                max_new_tokens=max_new,
-                drafter_view=str(drafter_view),
-            )
-        except (TypeError, ValueError) as exc:
-            raise DemoInputError(f"bad setting: {exc}") from None
-        if not 1 <= max_new <= self.max_new_tokens_limit:
-            raise DemoInputError(f"max new tokens must be between 1 and {self.max_new_tokens_limit}")
-        if not 1 <= k_int <= MAX_K:
-            raise DemoInputError(f"K must be between 1 and {MAX_K}")
+        question, caption, ocr, method, overrides = check_settings(
+            question, caption, ocr, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, self.max_new_tokens_limit
+        )
         img = self._load_image(image)
         notes: list[str] = []
         cap_arg = caption if caption.strip() else (None if autofill else "")

@@ -26,6 +26,7 @@ class RowSettings:
     positions a row."""
 
     def __init__(self, configs: Sequence[Any], sampled: Sequence[bool], device: torch.device):
+        self.sampled_host = tuple(bool(x) for x in sampled)
         self.sampled = torch.tensor(list(sampled), device=device)
         self.all_sampled = all(sampled)  # then no greedy row's argmax needs computing
         self.tau = torch.tensor([c.temperature if on else 1.0 for c, on in zip(configs, sampled)], device=device)
@@ -78,7 +79,8 @@ class StepDraws:
         settings.top_k = None if s.top_k is None else s.top_k[idx]
         settings.top_p = None if s.top_p is None else s.top_p[idx]
         settings._repeated = {}
-        settings.all_sampled = bool(settings.sampled.all())
+        settings.sampled_host = tuple(s.sampled_host[i] for i in index)
+        settings.all_sampled = all(settings.sampled_host)  # from the host copy: no device sync
         out.settings, out.sampled, out.u = settings, settings.sampled, self.u[idx]
         out.proposals = [p[idx.to(p.device)] for p in self.proposals]
         return out

@@ -394,11 +394,12 @@ class RowDecoder:
             :, 0
         ]  # [R, V]
         draws = StepDraws.of(rows, 1, logits.device, self._draw_settings)
-        tokens = logits.argmax(-1) if draws is None else draws.draw_residual(logits, 0)
+        argmax = logits.argmax(-1)
+        tokens = argmax if draws is None else draws.draw_residual(logits, 0)
         log_p = logits.log_softmax(-1)
         p = log_p.gather(-1, tokens[:, None])[:, 0].exp()
         top = self.cfg.trace_top
-        packed = torch.stack([tokens.double(), p.double(), logits.argmax(-1).double()], dim=1)
+        packed = torch.stack([tokens.double(), p.double(), argmax.double()], dim=1)
         if top:  # the stream's own top tokens, in the same transfer
             packed = torch.cat([packed, topk_logprobs(log_p, top)], dim=1)
         host = packed.tolist()  # the step's one transfer
