@@ -77,15 +77,26 @@ def test_mathvista_question_needs_exactly_one_form():
 
 
 def test_every_minivista_problem_is_in_the_domain():
-    from asymspec_mm.eval.minivista import make_problem
+    import re
 
-    kinds = set()
+    from asymspec_mm.eval.minivista import make_problem
+    from asymspec_mm.eval.minivista_agent import make_agent_problem
+    from asymspec_mm.tiny.domain import question_stem
+
+    stems = set()
     for seed in (0, 1):
         for i in range(120):
             p = make_problem(seed, i)
             assert domain_problems(p["query"], p["decoded_image"].size) == [], p["query"]
-            kinds.add(p["metadata"]["kind"])
-    assert len(kinds) >= len(QUESTION_FORMS)  # every form was drawn
+            stems.add(re.sub(r"\s*\(Unit: [^)]*\)$", "", question_stem(p["query"])))
+    for i in range(40):  # the agent family's request, and its follow-up (asked in a later turn, without the hint)
+        p = make_agent_problem(1, i)
+        assert domain_problems(p["query"], p["image"].size) == [], p["query"]
+        stems.add(question_stem(p["query"]))
+        if p["followup"]:
+            stems.add(p["followup"]["question"])
+    for form in QUESTION_FORMS:  # every form was drawn
+        assert any(re.fullmatch(form.replace("{w}", "[A-Za-z]+"), stem) for stem in stems), form
 
 
 @pytest.mark.parametrize(

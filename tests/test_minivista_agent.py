@@ -92,15 +92,17 @@ def test_an_agent_loop_calls_executes_and_answers(tiny_pipe):
     messages the loop sent, and the run says what it did."""
     from asymspec_mm.eval.agent_loop import call_is_valid, final_number, run_agent_task
 
-    p = make_agent_problem(5, 2)
+    p = make_agent_problem(5, 2)  # a task with a follow-up question
     run = run_agent_task(tiny_pipe, p, "asymspec", tool_choice="required", max_turns=2, max_new_tokens=72)
-    assert run.turns == 2 and len(run.calls) == 1 and run.call_valid and run.final is not None
+    assert run.turns == 3 and len(run.calls) == 1 and run.call_valid and run.final is not None
     assert run.arguments_correct == (run.calls[0] == p["gold_call"])
-    assert run.cached_tokens[1] > run.cached_tokens[0]  # the second request reuses the first one's prompt
-    tool = run.messages[-2]
+    assert run.cached_tokens[1] > run.cached_tokens[0] and run.cached_tokens[2] > run.cached_tokens[1]  # each reuses the last
+    tool = run.messages[-4]  # then the final answer, the follow-up question and its answer
     assert tool["role"] == "tool" and tool["content"] == run_tool(run.calls[0]["name"], run.calls[0]["arguments"])
-    again = tiny_pipe.chat(run.messages[:-1], tools=TOOLS, caption=p["caption"], ocr=p["ocr"], max_new_tokens=72)
-    assert again.text == run.final and run.messages[-1] == {"role": "assistant", "content": run.final}
+    again = tiny_pipe.chat(run.messages[:-3], tools=TOOLS, caption=p["caption"], ocr=p["ocr"], max_new_tokens=72)
+    assert again.text == run.final and run.messages[-3] == {"role": "assistant", "content": run.final}
+    assert run.messages[-2]["content"] == [{"type": "text", "text": p["followup"]["question"]}]
+    assert run.messages[-1] == {"role": "assistant", "content": run.followup}
     assert run.correct == (final_number(run.final) == p["answer"])
     assert not call_is_valid({"name": "add", "arguments": {"a": 99, "b": 1}}, TOOLS)  # out of the schema's range
     assert not call_is_valid({"name": "divide", "arguments": {"a": 1, "b": 1}}, TOOLS)

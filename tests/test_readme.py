@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import start_serve, stop_serve
-from docblocks import REPO, block_with
+from docblocks import REPO, block_with, read_page
 
 TIMEOUT_S = 300
 CHART_QUESTION = ("Which bar is the tallest?", ["red", "green", "blue", "yellow"])
@@ -247,13 +247,23 @@ def test_the_openai_agents_example_runs(server, workdir):
     assert " items; " in proc.stdout and int(proc.stdout.split()[0]) >= 3  # the call, its output, the answer
 
 
-def test_the_smolagents_tool_calling_example_runs(server, workdir):
+def test_the_tiny_agent_example_solves_its_task(server, workdir):
+    """The smolagents ToolCallingAgent example (Conversations page and README alike) solves its held-out MiniVista agent
+    task through the server: the gold call with the image's values, then final_answer with the tool's result."""
     pytest.importorskip("smolagents")
-    code = block_with("docs/conversations.md", "python", "from smolagents import OpenAIServerModel, ToolCallingAgent").replace(
-        "http://127.0.0.1:8000", server
+    from asymspec_mm.eval.minivista_agent import make_agent_problem
+
+    code = block_with("docs/conversations.md", "python", "from smolagents import OpenAIServerModel, ToolCallingAgent")
+    assert code in read_page("README.md")  # the README's copy is the same text
+    proc = subprocess.run(
+        [sys.executable, "-c", code.replace("http://127.0.0.1:8000", server)],
+        cwd=workdir,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
-    script = workdir / "tool_calling_agent.py"  # smolagents' @tool reads its function's source: run it from a file
-    script.write_text(code)
-    proc = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("steps") and int(proc.stdout.split()[-2]) >= 2
+    task = make_agent_problem(1, 2)
+    calls = [(task["gold_call"]["name"], task["gold_call"]["arguments"]), ("final_answer", {"answer": task["answer"]})]
+    assert proc.stdout.splitlines()[-2:] == [f"{task['question']} {calls}", f"answer {task['answer']} expected {task['answer']}"]

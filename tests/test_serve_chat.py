@@ -282,44 +282,6 @@ def test_a_tool_call_answer_as_openai_shapes_it():
     assert args == msg["tool_calls"][0]["function"]["arguments"]
 
 
-def test_smolagents_tool_calling_agent_runs_with_forced_calls(live):
-    """smolagents' ToolCallingAgent sends its tools with tool_choice="required" on every step: the server constrains
-    each answer to a call in Qwen's format (the tiny pair then fills final_answer's unbounded string until the token
-    budget, so smolagents may not get a whole call back); no request fails over HTTP."""
-    pytest.importorskip("smolagents")
-    import importlib.resources
-
-    import yaml
-    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
-    from smolagents.memory import ActionStep
-    from smolagents.utils import AgentGenerationError
-
-    url, _ = live
-
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two numbers.
-
-        Args:
-            a: the first number
-            b: the second number
-        """
-        return a + b
-
-    model = OpenAIServerModel(
-        model_id="tiny", api_base=url + "/v1", api_key="unused", extra_body={"asymspec": {"ocr": False}}, max_tokens=200
-    )
-    templates = yaml.safe_load(importlib.resources.files("smolagents.prompts").joinpath("toolcalling_agent.yaml").read_text())
-    templates["system_prompt"] = "Call a tool for every step; call final_answer with the answer."
-    agent = ToolCallingAgent(tools=[add], model=model, max_steps=3, verbosity_level=0, prompt_templates=templates)
-    agent.run("Add the values of the two tallest bars.", images=[make_image(69)])
-    steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
-    assert len(steps) >= 3 and not any(isinstance(s.error, AgentGenerationError) for s in steps), [s.error for s in steps]
-    for s in steps[:3]:  # each step's answer was forced into a call: whole (parsed, run) or cut by the budget
-        text = s.model_output_message.content or ""
-        assert s.tool_calls or text.startswith('<tool_call>\n{"name": "'), text[:80]
-
-
 def test_openai_agents_sdk_runs_an_agent_with_a_function_tool(live):
     """The openai-agents SDK in chat-completions mode: the first turn forces a call (tool_choice="required"), the
     SDK runs the function and sends its result as a tool message, the next turn (tool choice reset to auto) answers."""

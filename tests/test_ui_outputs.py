@@ -38,16 +38,19 @@ def shipped_pipe():
 
 @pytest.fixture(scope="module")
 def example_runs(shipped_pipe):
-    """The first bundled example (AsymSpec recovers it) decoded by the three methods, plus a run with a larger beta
-    and a fixed gate, so that fused tokens both change and keep the verifier's token."""
+    """The first bundled example (AsymSpec recovers it) decoded by the three methods, plus runs with a low gamma and
+    with a fixed high one (also on the figure example, where fusion then changes the verifier's token), so that fused
+    tokens both change and keep the verifier's token."""
     from ui.examples import load_examples
 
-    ex = load_examples()[0]
+    ex, chart = load_examples()[0], next(e for e in load_examples() if e["family"] == "figure")
     args = (ex["image"], ex["question"])
     kw = dict(caption=ex["caption"], ocr=ex["ocr"], max_new_tokens=64)
     runs = {m: shipped_pipe.generate(*args, method=m, **kw) for m in ("asymspec", "floor", "drafter")}
     runs["low_gamma"] = shipped_pipe.generate(*args, gamma=0.05, **kw)
     runs["high_gamma"] = shipped_pipe.generate(*args, gamma=1.0, gate="fixed", **kw)
+    chart_kw = dict(caption=chart["caption"], ocr=chart["ocr"], max_new_tokens=64)
+    runs["high_gamma_chart"] = shipped_pipe.generate(chart["image"], chart["question"], gamma=1.0, gate="fixed", **chart_kw)
     return ex, runs
 
 

@@ -379,3 +379,38 @@ def test_api_tools_are_the_last_inputs(served_demo, tiny_pipe, image_case):
         client.predict(*run_args(path, case["question"], case["caption"], case["ocr"], max_new_tokens=4), api_name="/run")
     )
     assert 'data-status="ok"' in out["status"] and read_panel(out["tool_calls_html"]).notes == [NO_TOOLS]
+
+
+def test_the_agent_example_calls_with_the_values_the_drafter_read():
+    """The demo's agent example on the shipped tiny pair: the call is the gold call, its two values come from the
+    image (accepted drafts of the drafter, which reads the pixels), and the blind verifier alone guesses other values."""
+    from PIL import Image
+
+    from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.eval.minivista_agent import make_agent_problem
+    from ui import app as ui_app
+    from ui.examples import load_agent_examples
+
+    pipe = AsymSpecPipeline.from_preset("tiny", ocr="none")
+    examples = load_agent_examples()
+    assert examples, "the bundled agent examples are missing"
+    app = ui_app.DemoApp(pipe, stream_interval=0.0)
+    try:
+        for ex in examples:
+            task = make_agent_problem(int(ex["seed"]), int(ex["index"]))
+            assert (ex["question"], ex["caption"], ex["ocr"]) == (task["query"], task["caption"], task["ocr"])  # the example is that task
+            assert Image.open(ex["image"]).convert("RGB").tobytes() == task["image"].convert("RGB").tobytes()
+            case = {"question": ex["question"], "caption": ex["caption"], "ocr": ex["ocr"]}
+            run = app.run(*demo_args(ex["image"], case, max_new_tokens=64), False, ex["tools"], ex["tool_choice"], session="agent")
+            out = outputs_as_dict(list(run)[-1])
+            assert 'data-status="ok"' in out["status"], out["status"]
+            panel = read_panel(out["tool_calls_html"])
+            assert [c["name"] for c in panel.calls] == [task["gold_call"]["name"]]
+            shown = {a["attrs"]["data-arg"]: json.loads(a["attrs"]["data-value"]) for a in panel.calls[0]["args"]}
+            assert shown == task["gold_call"]["arguments"]
+            for key in ("a", "b"):
+                assert [t["attrs"]["data-source"] for t in arg_of(panel, 0, key)["tokens"]] == ["accepted"], key
+            floor = out["result_json"]["floor"]["tool_calls"]
+            assert not floor or json.loads(floor[0]["function"]["arguments"]) != task["gold_call"]["arguments"]
+    finally:
+        app.close()

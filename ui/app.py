@@ -37,7 +37,7 @@ from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
 from .conversation import render_conversation_html
-from .examples import EXAMPLES_DIR, example_label, load_examples, render_examples_table  # noqa: F401 - re-exported
+from .examples import EXAMPLES_DIR, example_label, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .handlers import STOP_IDLE, _session_handlers
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
@@ -261,6 +261,15 @@ def build_app(
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
                 tools, tool_choice = build_tool_inputs()
+                agent_examples = load_agent_examples() if examples else []
+                if agent_examples:
+                    gr.Examples(
+                        examples=[[e[k] for k in ("image", "question", "caption", "ocr", "tools", "tool_choice")] for e in agent_examples],
+                        inputs=[image, question, caption, ocr, tools, tool_choice],
+                        example_labels=[e["label"] for e in agent_examples],
+                        label="Agent examples: a tool call whose arguments only the image holds (see Tool calls)",
+                        cache_examples=False,
+                    )
                 temperature, top_p, seed = build_sampling_inputs()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(

@@ -15,6 +15,7 @@ __all__ = [
     "TINY_PAIR_ANSWERS",
     "TINY_PAIR_MAX_NEW_TOKENS",
     "example_label",
+    "load_agent_examples",
     "load_examples",
     "outcome_text",
     "render_examples_table",
@@ -29,10 +30,10 @@ TINY_PAIR_MAX_NEW_TOKENS = 64
 #: OCR as the compressed view), after MiniVista's answer extraction. Examples the tiny pair gets wrong with
 #: every method, or whose view the demo would fill from the image (no OCR text), are not listed.
 TINY_PAIR_ANSWERS: dict[str, dict[str, str]] = {
-    "4": {"asymspec": "5", "floor": "11", "drafter": "14"},
-    "12": {"asymspec": "4", "floor": "5", "drafter": "3"},
+    "4": {"asymspec": "5", "floor": "6", "drafter": "3"},
+    "12": {"asymspec": "4", "floor": "3", "drafter": "3"},
     "1": {"asymspec": "green", "floor": "blue", "drafter": "green"},
-    "17": {"asymspec": "2", "floor": "7", "drafter": "2"},
+    "17": {"asymspec": "2", "floor": "5", "drafter": "2"},
     "3": {"asymspec": "30", "floor": "30", "drafter": "30"},
     "13": {"asymspec": "blue", "floor": "blue", "drafter": "blue"},
 }
@@ -94,6 +95,41 @@ def load_examples(path: str | Path | None = None) -> list[dict]:
     if bundled:
         order = list(TINY_PAIR_ANSWERS)
         out.sort(key=lambda e: order.index(str(e["pid"])))
+    return out
+
+
+def load_agent_examples(path: str | Path | None = None) -> list[dict]:
+    """The agent examples (``agent_examples.json``: MiniVista agent tasks): dicts with ``image`` (a path), ``question``,
+    ``caption``, ``ocr``, ``tools`` (the tools field's JSON text), ``tool_choice``, ``call`` (the gold call's text),
+    ``answer``, ``seed`` and ``index`` (``make_problem(seed, index, "agent")``) and ``label``; [] when the file (or an
+    image) is missing."""
+    index = Path(path) if path is not None else EXAMPLES_DIR / "agent_examples.json"
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for ex in raw if isinstance(raw, list) else []:
+        img = (index.parent / str(ex.get("image", ""))).resolve()
+        if not img.is_file():
+            continue
+        call = ex["gold_call"]
+        args = ", ".join(f"{k}={v}" for k, v in call["arguments"].items())
+        out.append(
+            {
+                "image": str(img),
+                "question": ex["query"],
+                "caption": ex["caption"],
+                "ocr": ex["ocr"],
+                "tools": json.dumps(ex["tools"], indent=2),
+                "tool_choice": "auto",
+                "call": f"{call['name']}({args})",
+                "answer": ex["answer"],
+                "seed": ex["seed"],
+                "index": ex["index"],
+                "label": example_label({"question": ex["query"], "family": "agent", "answer": f"{call['name']}({args})"}),
+            }
+        )
     return out
 
 

@@ -23,8 +23,10 @@ class AgentRun:
     """The outcome of one task: ``calls`` (each ``{"name", "arguments"}`` as the model wrote them), ``call_valid``
     (the first call named a tool and its arguments validate against that tool's schema), ``arguments_correct`` (the
     first call is the gold call), ``final`` (the final answer's text, None when the turn cap came first), ``correct``
-    (its last integer is the gold answer), ``cached_tokens`` (the verifier's reused prompt tokens, per turn), ``turns``
-    (requests made) and ``messages`` (the conversation as the loop sent it, the final answer last when there is one)."""
+    (its last integer is the gold answer), ``followup`` (the answer to the task's follow-up question, asked after the
+    final answer; None without one) and ``followup_correct`` (it names the gold colour), ``cached_tokens`` (the
+    verifier's reused prompt tokens, per request), ``turns`` (requests made) and ``messages`` (the conversation as the
+    loop sent it, the last answer last)."""
 
     pid: str
     method: str
@@ -33,6 +35,8 @@ class AgentRun:
     arguments_correct: bool = False
     final: str | None = None
     correct: bool = False
+    followup: str | None = None
+    followup_correct: bool = False
     cached_tokens: list[int] = field(default_factory=list)
     turns: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -42,6 +46,13 @@ def final_number(text: str) -> str | None:
     """The last integer of an answer's text (MathVista's integer answers end with the value), or None."""
     found = re.findall(r"-?\d+", text or "")
     return found[-1] if found else None
+
+
+def first_colour(text: str) -> str | None:
+    """The first of MiniVista's colour words in ``text`` (how a follow-up's answer names a bar), or None."""
+    from .minivista import COLORS
+
+    return next((w for w in re.findall(r"[a-z]+", (text or "").lower()) if w in COLORS), None)
 
 
 def call_is_valid(call: dict[str, Any], tools: list[dict[str, Any]]) -> bool:
@@ -62,8 +73,9 @@ def run_agent_task(
     pipe: Any, problem: dict[str, Any], method: str = "asymspec", *, tool_choice: Any = "auto", max_turns: int = 3, **settings: Any
 ) -> AgentRun:
     """Run ``problem`` (a :func:`~.minivista_agent.make_agent_problem` task) as an agent loop with ``method`` for at
-    most ``max_turns`` requests; ``tool_choice`` applies to the first request (later ones are ``auto``), ``settings``
-    go to ``pipe.chat`` (config fields, ``config=``)."""
+    most ``max_turns`` requests before the final answer, then the follow-up question when the task has one (``auto``);
+    ``tool_choice`` applies to the first request (later ones are ``auto``), ``settings`` go to ``pipe.chat`` (config
+    fields, ``config=``)."""
     run = AgentRun(str(problem["pid"]), method)
     messages = [dict(m) for m in problem["messages"]]
     view = {"caption": problem["caption"], "ocr": problem["ocr"]}
@@ -92,5 +104,13 @@ def run_agent_task(
             {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": dict(first)}]},
             {"role": "tool", "tool_call_id": call_id, "content": result},
         ]
+    if run.final is not None and problem.get("followup"):
+        messages.append({"role": "user", "content": [{"type": "text", "text": problem["followup"]["question"]}]})
+        res = pipe.chat(messages, tools=problem["tools"], tool_choice="auto", method=method, **view, **settings)
+        run.turns += 1
+        run.cached_tokens.append(int(res.stats.get("cached_tokens", {}).get("verifier", 0)))
+        run.followup = res.text
+        run.followup_correct = not res.tool_calls and first_colour(res.text) == problem["followup"]["answer"]
+        messages.append({"role": "assistant", "content": res.text})
     run.messages = messages
     return run

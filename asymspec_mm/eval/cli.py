@@ -20,6 +20,7 @@ from ..config import CHOICES, RANGES, AsymSpecConfig
 from ..errors import AsymSpecError, UnknownOptionError
 from ..options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
 from ..variants import parse_list
+from .agent_eval import add_agent_arguments, minivista_families
 from .samples import sample_variants
 
 DEFAULT_OUT = "runs/mathvista"
@@ -120,6 +121,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     d.add_argument("--shard", default=None, help="i/n: this process runs every n-th problem starting at i (0-based)")
     d.add_argument("--minivista-n", type=int, default=200, help="MiniVista problems to generate [default: %(default)s]")
     d.add_argument("--seed", type=int, default=0, help="MiniVista seed [default: %(default)s]")
+    add_agent_arguments(d)
     d.add_argument(
         "--compressed",
         choices=["official", "auto", "none"],
@@ -270,6 +272,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         raise AsymSpecError(f"--batch-size {args.batch_size}: give 1 (one problem at a time) or more")
     from . import mathvista as mv
 
+    families = minivista_families(args.families, args.dataset, shard=args.shard, dump_prompts=args.dump_prompts)
     tasks_spec = args.tasks
     if tasks_spec is None and args.dataset == "mathvista":
         tasks_spec = ",".join(mv.DEFAULT_TASKS)
@@ -283,7 +286,7 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     if args.dataset == "mathvista":
         problems = mv.load_problems(source, data_dir=args.data_dir, images_dir=args.images_dir, text_dir=text_dir, split=args.split)
     else:
-        problems = mv.load_minivista_problems(args.minivista_n, args.seed)
+        problems = mv.load_minivista_problems(args.minivista_n, args.seed, families)
     if args.require_caption and text is not None and not text.captions:
         raise AsymSpecError(f"--require-caption needs captions_bard.json, which {text.source} (nor its texts/) does not hold: {mv.WHERE}")
     selected = mv.select_problems(problems, tasks=tasks, require_caption=args.require_caption, text=text, limit=args.limit, shard=shard)
@@ -310,6 +313,10 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         common=common,
     )
     variants = sample_variants(variants, args.samples, sampling)
+    if families == ["agent"]:
+        from .agent_eval import agent_command
+
+        return agent_command(args, problems, selected, variants, _identity_and_pipeline)
     out_dir = Path(args.out)
     records_path = out_dir / mv.records_filename(shard)
     print(

@@ -143,3 +143,83 @@ def gold_conversation(problem: dict[str, Any], call_id: str = "call_0") -> list[
             {"role": "assistant", "content": problem["followup"]["response"]},
         ]
     return messages
+
+
+def openai_requests(problem: dict[str, Any]) -> list[tuple[list[dict[str, Any]], str]]:
+    """Each request of the gold exchange (:func:`gold_conversation`) with the answer it expects, in Qwen's text: the
+    first request -> the tool call, the request with the tool's result -> the final answer, and the follow-up."""
+    conv = gold_conversation(problem)
+    targets = [tool_call_text(problem["gold_call"]), problem["response"]]
+    ends = [1, 3]
+    if problem["followup"] is not None:
+        targets.append(problem["followup"]["response"])
+        ends.append(5)
+    return [(conv[:end], target) for end, target in zip(ends, targets)]
+
+
+#: The system prompt a smolagents ``ToolCallingAgent`` runs the family with (its own is some 5,700 tokens, past the
+#: tiny pair's 4,096-token window): what the tiny pair was trained on.
+SMOLAGENTS_SYSTEM_PROMPT = "Call a tool for every step; call final_answer with the answer."
+#: The family's tools as a smolagents ``ToolCallingAgent`` sends them: its schemas of ``add`` / ``subtract`` (written
+#: as ``@tool`` functions with these descriptions) and its own ``final_answer``.
+SMOLAGENTS_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": "integer", "description": v["description"]} for k, v in t["function"]["parameters"]["properties"].items()},
+                "required": ["a", "b"],
+            },
+        },
+    }
+    for t in TOOLS
+] + [
+    {
+        "type": "function",
+        "function": {
+            "name": "final_answer",
+            "description": "Provides a final answer to the given problem.",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string", "description": "The final answer to the problem"}},
+                "required": ["answer"],
+            },
+        },
+    }
+]  # fmt: skip
+
+
+def smolagents_requests(problem: dict[str, Any], call_id: str | None = None) -> list[tuple[list[dict[str, Any]], str]]:
+    """The two requests a smolagents ``ToolCallingAgent`` (with :data:`SMOLAGENTS_SYSTEM_PROMPT`) makes for the task,
+    as it sends them, and the call each expects: the tool call, then ``final_answer`` with the result. smolagents
+    writes its earlier call back as assistant text (``Calling tools:`` and the calls' Python repr) and the tool's
+    result as a user message that repeats the task's image. ``call_id``: the id the server gave the call (default: one
+    in the server's format)."""
+    from ..tools import call_id as server_call_id
+
+    call_id = call_id or server_call_id(str(problem["pid"]), 0)
+    url = data_url(problem["image"])
+    call = problem["gold_call"]
+    first = [
+        {"role": "system", "content": [{"type": "text", "text": SMOLAGENTS_SYSTEM_PROMPT}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "New task:\n" + problem["question"]}, {"type": "image_url", "image_url": {"url": url}}],
+        },
+    ]
+    made = [{"id": call_id, "type": "function", "function": {"name": call["name"], "arguments": dict(call["arguments"])}}]
+    second = first + [
+        {"role": "assistant", "content": [{"type": "text", "text": "Calling tools:\n" + str(made)}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "Observation:\n" + problem["tool_result"]},
+            ],
+        },
+    ]
+    answer = {"name": "final_answer", "arguments": {"answer": problem["tool_result"]}}
+    return [(first, tool_call_text(call)), (second, tool_call_text(answer))]  # fmt: skip

@@ -2,7 +2,7 @@
 
 The tiny pair was trained only on MiniVista (:mod:`asymspec_mm.eval.minivista`): 128x128 renders of bar
 charts, coloured shapes and triangles, asked in MathVista's query layout (a hint line, ``Question: ...``,
-then ``Choices:`` for multiple choice) with one of eight question forms. Anything else gets fluent-looking
+then ``Choices:`` for multiple choice) with one of eight question forms (and the agent family's two). Anything else gets fluent-looking
 but meaningless text, so the CLI and the demo warn before answering. Torch-free: the CLI checks before
 loading a model.
 """
@@ -23,6 +23,8 @@ QUESTION_FORMS: tuple[str, ...] = (
     r"How many shapes are there\?",
     r"Which shape is furthest to the {w}\?",
     r"As shown in the figure, what is the measure of angle {w}\?",
+    r"What is the {w} bar's value (plus|minus) the {w} bar's\?",  # the agent family (with its add / subtract tools)
+    r"Which of the two bars is taller, the {w} one or the {w} one\?",  # its follow-up
 )
 _FORMS = tuple(re.compile(form.replace("{w}", r"[A-Za-z]+")) for form in QUESTION_FORMS)
 _HINT = re.compile(r"^Hint: Please answer the question\b[^\n]*\nQuestion: (?P<question>[^\n]+)(?P<rest>\n[\s\S]*)?$")

@@ -37,7 +37,7 @@ def teacher_forced(model, examples: list[dict[str, Any]], view: str, pad_id: int
 
 def fmt_tf(res: dict[str, dict[str, float]]) -> str:
     """:func:`teacher_forced`'s result on one log line (``fig:ex0.94/dec0.97/fin1.00 ...``)."""
-    return " ".join(f"{f[:3]}:ex{r['exact']:.2f}/dec{r['dec']:.2f}/fin{r['final']:.2f}" for f, r in res.items())
+    return " ".join(f"{f[:3] if f in mv.FAMILIES else f}:ex{r['exact']:.2f}/dec{r['dec']:.2f}/fin{r['final']:.2f}" for f, r in res.items())
 
 
 @torch.no_grad()

@@ -298,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     md = markdown(res, args.n, args.seed, name, args.ablation_n)
     print(md)
-    if args.out != "-":
-        Path(args.out).write_text(md)
+    if args.out != "-":  # the agent tasks' section (agent_results.py) stays
+        old = Path(args.out).read_text() if Path(args.out).is_file() else ""
+        kept = old[old.index("\n## Agent tasks\n") :] if "\n## Agent tasks\n" in old else ""
+        Path(args.out).write_text(md.rstrip("\n") + "\n" + kept)
     return 0
 
 

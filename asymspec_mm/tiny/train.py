@@ -137,7 +137,7 @@ def _image_subset(feats, n: int):
 
 def shared_vision_step(
     model,
-    probe: torch.nn.Linear,
+    probe: torch.nn.Linear | None,
     tap: LayerTap | None,
     ex: list[dict[str, Any]],
     caps: list[dict[str, Any]],
@@ -149,7 +149,8 @@ def shared_vision_step(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The drafter's losses with one vision-tower pass: the full-view batch (``ex`` + ``caps``), the dense
     descriptions of the first ``n_perception`` of the same images, and the token probe all read the same
-    merged tokens (gradients from all three meet in the tower). Returns (loss, parts); the caller steps.
+    merged tokens (gradients from all three meet in the tower; ``probe=None``: no probe). Returns (loss, parts); the
+    caller steps.
     Replaces two extra tower passes a step (a separate description batch and a separate probe batch),
     which were about half of the step's cost."""
     bf = collate(ex + caps, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT)
@@ -159,7 +160,11 @@ def shared_vision_step(
     logits = model(**model_inputs(bf, with_pixels=False), mm_encoder_outputs={"image": feats}, use_cache=False).logits
     lf = lm_loss(logits, bf["labels"], bf["weights"])
     li = image_position_loss(logits, bf, tap)
-    lt = probe_loss(probe, torch.cat(feats.pooler_output), torch.cat([e["tok_targets"] for e in ex + caps]))
+    lt = (
+        probe_loss(probe, torch.cat(feats.pooler_output), torch.cat([e["tok_targets"] for e in ex + caps]))
+        if probe is not None
+        else torch.zeros(())
+    )
     lflat = flat_loss(logits, bf["flat"])
     loss = 0.6 * (lf + lflat) + colour_weight * li + lt
     parts = {"full": lf.item(), "imgcol": li.item(), "tok": lt.item(), "flat": lflat.item()}

@@ -41,8 +41,16 @@ def run_file(records_path: str | Path) -> Path:
     return p.with_name(p.name + ".run.json")
 
 
+def _identity_default(obj: Any) -> Any:
+    """JSON for what a problem may hold besides JSON: an image by its pixels' hash (its ``repr`` names a memory
+    address, which would make every run another one), the rest as records write it."""
+    if hasattr(obj, "mode") and hasattr(obj, "tobytes") and hasattr(obj, "size"):
+        return {"image": f"{obj.mode} {obj.size[0]}x{obj.size[1]}", "sha256": hashlib.sha256(obj.tobytes()).hexdigest()}
+    return _json_default(obj)
+
+
 def _sha256_json(obj: Any) -> str:
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, default=_json_default)
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, default=_identity_default)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -118,6 +126,10 @@ def eval_identity(
             "require_caption": bool(args.require_caption),
         },
     )
+    if getattr(args, "families", None):
+        identity["selection"]["families"] = args.families
+    if "agent" in (getattr(args, "families", None) or ""):
+        identity["max_turns"], identity["tool_choice"] = args.max_turns, args.tool_choice
     return identity
 
 

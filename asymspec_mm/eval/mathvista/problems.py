@@ -20,9 +20,13 @@ HF_DATASET = "AI4Math/MathVista"
 
 
 def pid_key(pid: Any) -> tuple[int, Any]:
-    """Sort key of a pid: numeric pids numerically, before the others as strings."""
+    """Sort key of a pid: numeric pids numerically, before the others; those by their text with a trailing number
+    compared as a number (``agent-2`` before ``agent-10``)."""
     s = str(pid)
-    return (0, int(s)) if s.isdigit() else (1, s)
+    if s.isdigit():
+        return (0, int(s))
+    head, tail = re.match(r"(.*?)(\d*)$", s).groups()
+    return (1, (head, int(tail) if tail else -1))
 
 
 def sort_problems(problems: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -113,8 +117,13 @@ def load_hf_problems(split: str = "testmini", *, dataset: str = HF_DATASET, cach
     return problems
 
 
-def load_minivista_problems(n: int = 100, seed: int = 0) -> list[dict[str, Any]]:
-    """Synthetic MiniVista problems from :mod:`asymspec_mm.eval.minivista` (MathVista schema)."""
+def load_minivista_problems(n: int = 100, seed: int = 0, families: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Synthetic MiniVista problems from :mod:`asymspec_mm.eval.minivista` (MathVista schema): the first ``n`` of
+    ``seed``, kept to ``families`` (None: all four); ``["agent"]``: the first ``n`` agent tasks instead."""
+    if families is not None and list(families) == ["agent"]:
+        from ..agent_eval import agent_problems
+
+        return agent_problems(n, seed)
     try:
         from .. import minivista  # type: ignore[attr-defined]
     except ImportError as exc:
@@ -126,7 +135,8 @@ def load_minivista_problems(n: int = 100, seed: int = 0) -> list[dict[str, Any]]
     for i, prob in enumerate(generate(n, seed)):
         p = dict(prob)
         p["pid"] = str(p.get("pid", i + 1))
-        problems.append(p)
+        if families is None or minivista.family_of(p) in families:
+            problems.append(p)
     return problems
 
 

@@ -1,0 +1,249 @@
+"""Teach the shipped tiny pair MiniVista's agent tasks: continue both models on a mixture of the four families and the
+agent requests (CPU).
+
+    python -m asymspec_mm.tiny.train --out PAIR && python -m asymspec_mm.tiny.finetune --from PAIR --out DIR
+
+1. The four-family pair (``--from``: ``train.py``'s output, the shipped pair before this training) and its tokenizer, plus
+   :data:`~.agent_data.TOOL_TOKENS` as added tokens; both models' tied embeddings grow by as many rows (the new
+   rows start at the mean of the old ones, seeded).
+2. Two worker processes, one CPU thread each, a fixed number of steps with fixed seeds (a rerun gives the same
+   files): each step is a batch of the four families (fresh problems drawn as the first training drew them, so
+   nothing already learned is lost) and a batch of agent requests (:class:`~.agent_data.AgentStream`: the OpenAI
+   tools loop and smolagents' ``ToolCallingAgent``, rendered as ``pipe.chat`` renders them).
+   - verifier (compressed view): both batches at ``--verifier-lr``, the final answer token weighted as in its last
+     phase;
+   - drafter: the families through the shared-vision step of ``train.py`` (descriptions and the colour loss, no
+     probe), the agent requests in the full view with the call's two values weighted (the readings the verifier
+     cannot make), and a half batch of them in the compressed view (so that ``b`` stays a blind guess there).
+3. Teacher-forced accuracies on held-out requests every ``--eval-every`` steps (the log), then ``DIR/drafter`` and
+   ``DIR/verifier`` and a greedy check of each model alone on the four families.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..eval import minivista as mv
+from ..eval.minivista_agent import make_agent_problem
+from .agent_data import AgentStream, add_tool_tokens, agent_requests
+from .data import Stream, collate, encode, encode_caption, model_inputs
+from .evaluate import fmt_tf, greedy_accuracy, teacher_forced
+from .losses import LayerTap, lm_loss
+from .models import load_tokenizer_and_processor
+from .train import (
+    DRAFTER_DECISIVE_WEIGHT,
+    EVAL_START,
+    IMAGE_COLOUR_WEIGHT,
+    PERCEPTION_BATCH,
+    VERIFIER_FINAL_WEIGHT,
+    VERIFIER_MIX,
+    export_pair,
+    lr_at,
+    parse_families,
+    shared_vision_step,
+)
+
+# The recipe: phases of (steps, learning rate, copy weight) for both models at once (each worker one thread; about the
+# same wall time), each from the previous phase's checkpoints with a fresh schedule, optimizer and problems. The copy
+# weight is that of the tokens a final answer copies from the tool's result (the number after "the answer is", the
+# final_answer's argument): in the first phase both models learned the calls (the drafter reads the values), but
+# copying a result ("2" in the tool message, " 2" in the answer: another token) came slowly, drowned by the
+# readings the blind verifier can only guess.
+PHASES: tuple[tuple[int, float, float], ...] = ((1000, 6e-4, 1.0), (600, 6e-4, 4.0), (400, 4e-4, 6.0))
+AGENT_BATCH = 8
+DRAFTER_MIX = "figure,visual,geometry,mixed"
+REHEARSAL_START = 400_000  # past every index the first training drew (at most about 93,000)
+AGENT_EVAL_TASKS = 16
+
+
+def add_tokens_and_resize(src: Path, work: Path, seed: int = 0) -> dict[str, int]:
+    """Copy the pair in ``src`` (``drafter/``, ``verifier/``) to ``work`` with :data:`~.agent_data.TOOL_TOKENS` added to
+    its tokenizer and processor and both models' embeddings resized; returns the vocabulary sizes."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+    tok = AutoTokenizer.from_pretrained(src / "verifier")
+    proc = Qwen3VLProcessor.from_pretrained(src / "drafter")
+    before = len(tok)
+    add_tool_tokens(tok)
+    add_tool_tokens(proc.tokenizer)
+    if len(tok) != len(proc.tokenizer):
+        raise RuntimeError(f"the verifier's and the drafter's tokenizers differ after adding tokens ({len(tok)} vs {len(proc.tokenizer)})")
+    tok.save_pretrained(work / "tokenizer")
+    proc.save_pretrained(work / "processor")
+    torch.manual_seed(seed)
+    for role, cls in (("drafter", Qwen3VLForConditionalGeneration), ("verifier", Qwen3ForCausalLM)):
+        model = cls.from_pretrained(src / role)
+        model.resize_token_embeddings(len(tok), mean_resizing=True)
+        model.save_pretrained(work / role)
+    return {"before": before, "after": len(tok)}
+
+
+def agent_evals(proc, tok) -> list[dict[str, Any]]:
+    """The held-out requests the log's EVAL lines score (seed 1, far from the tasks results use)."""
+    out = []
+    for i in range(AGENT_EVAL_TASKS):
+        out += agent_requests(make_agent_problem(mv.HELDOUT_SEED, EVAL_START + i), proc, tok)
+    return out
+
+
+def worker(
+    role: str,
+    work: str,
+    steps: int,
+    lr: float,
+    seed: int,
+    batch: int,
+    eval_every: int,
+    log_path: str,
+    done: int = 0,
+    copy_weight: float = 1.0,
+) -> None:
+    """Continue ``role`` from ``work/role`` for ``steps`` steps and save it there (see the module docstring); ``done``:
+    the steps of earlier phases (fresh problems from there on), ``copy_weight``: of the tokens a final answer copies."""
+    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+
+    torch.set_num_threads(1)
+    seed += done
+    torch.manual_seed(seed)
+    log = open(log_path, "a", buffering=1)
+    tok, proc = load_tokenizer_and_processor(Path(work))
+    pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    cls = Qwen3VLForConditionalGeneration if role == "drafter" else Qwen3ForCausalLM
+    model = cls.from_pretrained(Path(work) / role)
+    model.train()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    tap = LayerTap(model) if role == "drafter" else None
+    offset = 0 if role == "drafter" else 1
+    mix = parse_families(DRAFTER_MIX if role == "drafter" else VERIFIER_MIX) or None
+    families = Stream(proc, tok, start=REHEARSAL_START + offset + 2 * batch * done, stride=2, mix=mix)
+    agents = AgentStream(proc, tok, start=offset + 2 * AGENT_BATCH * done, stride=2)
+    evals = [encode(p, proc, tok) for p in mv.generate(40, mv.HELDOUT_SEED, start=EVAL_START)] + agent_evals(proc, tok)
+    t0 = time.time()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup=50)
+        reg, ag = families.take(batch), agents.take(AGENT_BATCH)
+        if role == "verifier":
+            b = collate(reg, "ver", pad_id, final_weight=VERIFIER_FINAL_WEIGHT)
+            a = weight_copies(collate(ag, "ver", pad_id), ag, copy_weight)
+            lr_ = lm_loss(model(**model_inputs(b), use_cache=False).logits, b["labels"], b["weights"])
+            la = lm_loss(model(**model_inputs(a), use_cache=False).logits, a["labels"], a["weights"] if copy_weight != 1.0 else None)
+            loss, parts = lr_ + la, {"ver": lr_.item(), "agent": la.item()}
+        else:
+            caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 20_000_000 + step * 2 + j), proc, tok) for j in range(2)]
+            loss, parts = shared_vision_step(
+                model, None, tap, reg, caps, proc, tok, pad_id, IMAGE_COLOUR_WEIGHT, min(PERCEPTION_BATCH, len(reg))
+            )
+            bf = weight_copies(collate(ag, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT), ag, copy_weight)
+            lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"], bf["weights"])
+            bc = weight_copies(collate(ag[: len(ag) // 2], "comp", pad_id), ag, copy_weight)
+            lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"], bc["weights"] if copy_weight != 1.0 else None)
+            loss = loss + 0.6 * lf + 0.4 * lc
+            parts.update(agent_full=lf.item(), agent_comp=lc.item())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 25 == 0:
+            print(f"[{role}] step {done + step} t={time.time() - t0:.0f}s " + " ".join(f"{k}={v:.3f}" for k, v in parts.items()), file=log)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            for v in ["ver"] if role == "verifier" else ["full", "comp"]:
+                res = teacher_forced(model, evals, v, pad_id)
+                print(f"[{role}] EVAL step {done + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(res)}", file=log)
+            model.save_pretrained(Path(work) / role)
+    print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
+
+
+def weight_copies(batch: dict[str, Any], examples: list[dict[str, Any]], weight: float) -> dict[str, Any]:
+    """``batch`` (of ``examples``, in order) with the tokens each final answer copies from the tool's result
+    (``copy_idx``) weighted by ``weight``."""
+    if weight != 1.0:
+        for i, start in enumerate(batch["ans_start"]):
+            for j in examples[i].get("copy_idx", ()):
+                batch["weights"][i, start + j] = weight
+    return batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command (``--help``); 0 when the pair is exported, 1 when a worker failed."""
+    import multiprocessing as mp
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier; the run's files in DIR/_work)")
+    ap.add_argument(
+        "--from",
+        dest="src",
+        required=True,
+        help="the pair to continue (drafter/ and verifier/): the four-family pair of `python -m asymspec_mm.tiny.train "
+        "--out DIR`, which the shipped pair was before this training",
+    )
+    ap.add_argument(
+        "--phases",
+        default=";".join(f"{n}:{lr:g}:{w:g}" for n, lr, w in PHASES),
+        help="'steps:lr:copy weight;...', both models in each phase [default: %(default)s]",
+    )
+    ap.add_argument("--start-phase", type=int, default=1, help="continue a run from its checkpoints in DIR/_work at this phase")
+    ap.add_argument("--batch", type=int, default=16, help="problems of the four families a step")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--eval-n", type=int, default=60, help="greedy check of each model alone at the end (0: skip)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    work = out / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = str(work / "finetune.log")
+    t0 = time.time()
+    try:
+        phases = [(int(n), float(lr), float(w)) for n, lr, w in (p.split(":") for p in args.phases.split(";") if p.strip())]
+    except ValueError:
+        ap.error(f"--phases {args.phases!r}: expected steps:lr:copy weight;...")
+    sizes = add_tokens_and_resize(Path(args.src), work, args.seed) if args.start_phase == 1 else {}
+    with open(log_path, "a") as f:
+        print(f"vocab {json.dumps(sizes)} args {vars(args)}", file=f)
+    ctx = mp.get_context("spawn")
+    done = 0
+    for number, (steps, lr, copy_weight) in enumerate(phases, 1):
+        if number >= args.start_phase:
+            procs = [
+                ctx.Process(
+                    target=worker, args=(role, str(work), steps, lr, seed, args.batch, args.eval_every, log_path, done, copy_weight)
+                )
+                for role, seed in (("verifier", args.seed + 1), ("drafter", args.seed))
+            ]
+            for p in procs:
+                p.start()
+            while any(p.is_alive() for p in procs):
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    for p in procs:
+                        p.terminate()
+                time.sleep(1)
+            if any(p.exitcode != 0 for p in procs):
+                print("a training worker failed; see", log_path, file=sys.stderr)
+                return 1
+        done += steps
+    torch.set_num_threads(2)
+    drafter, verifier, tok, proc = export_pair(work, out)
+    report: dict[str, Any] = {"vocab": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
+    if args.eval_n:
+        probs = mv.generate(args.eval_n, mv.HELDOUT_SEED, start=EVAL_START)
+        report["greedy"] = {
+            "verifier (floor)": greedy_accuracy(verifier, probs, "ver", proc, tok),
+            "drafter full": greedy_accuracy(drafter, probs, "full", proc, tok),
+        }
+    (out / "finetune_report.json").write_text(json.dumps(report, indent=1))
+    with open(log_path, "a") as f:
+        print(f"REPORT {json.dumps(report)}", file=f)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
