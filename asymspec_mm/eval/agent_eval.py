@@ -166,6 +166,22 @@ def followup_cell(summary: Mapping[str, Any]) -> str:
     return f"{summary['followup_correct']:.1f} (of {summary['followups']})"
 
 
+def agent_table(summary: Mapping[str, Mapping[str, Any]], first: str = "variant") -> list[str]:
+    """The Markdown table of :func:`summarize_agent`'s summary, one row per variant (its name in column ``first``)."""
+    lines = [
+        f"| {first} | tasks | final answer correct (%) | called a tool (%) | valid call (%) | arguments correct (%) "
+        "| follow-up correct (%) | requests | cached tokens per request |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, s in summary.items():
+        cached = " / ".join(f"{c:.0f}" for c in s["cached_tokens"])
+        lines.append(
+            f"| {name} | {s['n']} | {s['accuracy']:.1f} | {s['called']:.1f} | {s['call_valid']:.1f} | {s['arguments_correct']:.1f} "
+            f"| {followup_cell(s)} | {s['turns']:.2f} | {cached} |"
+        )
+    return lines
+
+
 def agent_report(summary: Mapping[str, Mapping[str, Any]], title: str = "MiniVista agent tasks") -> str:
     """The report's Markdown: one row per variant."""
     lines = [
@@ -176,15 +192,8 @@ def agent_report(summary: Mapping[str, Mapping[str, Any]], title: str = "MiniVis
         "schema; arguments = it is the gold call (the image's values); cached = the verifier's prompt tokens reused from "
         "earlier requests (the tools block, the conversation's earlier turns), mean per request.",
         "",
-        "| variant | n | final answer correct (%) | called a tool (%) | valid call (%) | arguments correct (%) | follow-up correct (%) | requests | cached tokens per request |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for name, s in summary.items():
-        cached = " / ".join(f"{c:.0f}" for c in s["cached_tokens"])
-        lines.append(
-            f"| {name} | {s['n']} | {s['accuracy']:.1f} | {s['called']:.1f} | {s['call_valid']:.1f} | {s['arguments_correct']:.1f} "
-            f"| {followup_cell(s)} | {s['turns']:.2f} | {cached} |"
-        )
+    lines += agent_table(summary)
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,7 @@ Modules: ``train`` (the recipe, the workers and the command; re-exports the name
 ``models`` (tokenizer, processor, model sizes), ``data`` (encoded examples, batches, the problem stream),
 ``losses``, ``evaluate`` (teacher-forced and greedy accuracy), ``results`` (the held-out measurements), ``finetune``
 and ``agent_data`` (the agent tasks' training: the recipe, the added tokens, the requests), ``agent_results`` (their
-measurements).
+measurements), ``runs`` (the commands' worker processes, export and report).
 """
 
 from __future__ import annotations

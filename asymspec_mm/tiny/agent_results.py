@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..eval.agent_eval import agent_record, followup_cell, summarize_agent
+from ..eval.agent_eval import agent_record, agent_table, summarize_agent
 from ..eval.agent_loop import run_agent_task
 from ..eval.minivista_agent import make_agent_problem
 from ..variants import Variant
@@ -68,15 +68,8 @@ def section(summary: dict[str, dict[str, Any]], n: int, seed: int, smolagents: t
         "valid = the first call parses and validates against its tool's JSON schema; arguments = it is the gold call; "
         "cached = the verifier's prompt tokens reused from earlier requests, mean per request.",
         "",
-        "| method | tasks | final answer correct (%) | called a tool (%) | valid call (%) | arguments correct (%) | follow-up correct (%) | requests | cached tokens per request |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for name, s in summary.items():
-        cached = " / ".join(f"{c:.0f}" for c in s["cached_tokens"])
-        lines.append(
-            f"| {name} | {s['n']} | {s['accuracy']:.1f} | {s['called']:.1f} | {s['call_valid']:.1f} | {s['arguments_correct']:.1f} "
-            f"| {followup_cell(s)} | {s['turns']:.2f} | {cached} |"
-        )
+    lines += agent_table(summary, "method")
     if smolagents is not None:
         tasks, solved, first = smolagents
         lines += [

@@ -34,17 +34,16 @@ from ..eval import minivista as mv
 from ..eval.minivista_agent import make_agent_problem
 from .agent_data import AgentStream, add_tool_tokens, agent_requests
 from .data import Stream, collate, encode, encode_caption, model_inputs
-from .evaluate import fmt_tf, greedy_accuracy, teacher_forced
+from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, lm_loss
 from .models import load_tokenizer_and_processor
+from .runs import EVAL_START, export_and_report, run_workers
 from .train import (
     DRAFTER_DECISIVE_WEIGHT,
-    EVAL_START,
     IMAGE_COLOUR_WEIGHT,
     PERCEPTION_BATCH,
     VERIFIER_FINAL_WEIGHT,
     VERIFIER_MIX,
-    export_pair,
     lr_at,
     parse_families,
     shared_vision_step,
@@ -218,30 +217,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for role, seed in (("verifier", args.seed + 1), ("drafter", args.seed))
             ]
-            for p in procs:
-                p.start()
-            while any(p.is_alive() for p in procs):
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.terminate()
-                time.sleep(1)
-            if any(p.exitcode != 0 for p in procs):
-                print("a training worker failed; see", log_path, file=sys.stderr)
+            if not run_workers(procs, log_path):
                 return 1
         done += steps
     torch.set_num_threads(2)
-    drafter, verifier, tok, proc = export_pair(work, out)
     report: dict[str, Any] = {"vocab": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
-    if args.eval_n:
-        probs = mv.generate(args.eval_n, mv.HELDOUT_SEED, start=EVAL_START)
-        report["greedy"] = {
-            "verifier (floor)": greedy_accuracy(verifier, probs, "ver", proc, tok),
-            "drafter full": greedy_accuracy(drafter, probs, "full", proc, tok),
-        }
-    (out / "finetune_report.json").write_text(json.dumps(report, indent=1))
-    with open(log_path, "a") as f:
-        print(f"REPORT {json.dumps(report)}", file=f)
-    print(json.dumps(report, indent=1))
+    export_and_report(work, out, report, args.eval_n, ("ver", "full"), out / "finetune_report.json", log_path)
     return 0
 
 

@@ -51,15 +51,15 @@ import torch
 
 from ..eval import minivista as mv
 from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, encode_perception_of, model_inputs
-from .evaluate import fmt_tf, greedy_accuracy, teacher_forced
+from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss
 from .models import build_models, build_tokenizer_and_processor, load_tokenizer_and_processor, n_params
+from .runs import EVAL_START, export_and_report, export_pair, run_workers
 
 # ---------------------------------------------------------------------------------------------
 # The recipe
 # ---------------------------------------------------------------------------------------------
 
-EVAL_START = 100_000  # monitoring slice of the held-out seed, far from the indices results.py uses
 DRAFTER_DECISIVE_WEIGHT = 8.0
 PERCEPTION_BATCH = 16  # auxiliary dense-description examples per drafter step (short sequences)
 IMAGE_COLOUR_WEIGHT = 0.3  # the LM head at image positions names the colour there (image_position_loss)
@@ -349,20 +349,6 @@ def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
             done.set()
 
 
-def export_pair(work: Path, out: Path) -> tuple[Any, Any, Any, Any]:
-    """Write ``out/drafter`` and ``out/verifier`` (save_pair) from the workers' latest checkpoints in ``work``;
-    returns (drafter, verifier, tokenizer, processor)."""
-    from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
-
-    from ..checkpoints import save_pair
-
-    tok, proc = load_tokenizer_and_processor(work)
-    drafter = Qwen3VLForConditionalGeneration.from_pretrained(work / "drafter")
-    verifier = Qwen3ForCausalLM.from_pretrained(work / "verifier")
-    save_pair(drafter, verifier, tok, proc, out)
-    return drafter, verifier, tok, proc
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command (options: ``--help``); 0 when the pair is exported, 1 when a training worker failed."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -459,31 +445,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(exc))
         widen = (args.drafter_widen_at, args.threads, verifier_done)
         procs.append(ctx.Process(target=_drafter_phases, args=(str(work), args, log_path, later, args.drafter_resume_from, widen)))
-    for p in procs:
-        p.start()
-    while any(p.is_alive() for p in procs):  # one failed worker stops the run (no waiting for the other's hours)
-        if any(p.exitcode not in (None, 0) for p in procs):
-            for p in procs:
-                p.terminate()
-        time.sleep(1)
-    if any(p.exitcode != 0 for p in procs):
-        print("a training worker failed; see", log_path, file=sys.stderr)
+    if not run_workers(procs, log_path):
         return 1
     torch.set_num_threads(args.threads)
-    drafter, verifier, tok, proc = export_pair(work, out)
-    train_s = time.time() - t0
-    report = {"sizes": sizes, "train_seconds": round(train_s), "args": vars(args)}
-    if args.eval_n:
-        probs = mv.generate(args.eval_n, mv.HELDOUT_SEED, start=EVAL_START)
-        report["greedy"] = {
-            "verifier (floor)": greedy_accuracy(verifier, probs, "ver", proc, tok),
-            "drafter full": greedy_accuracy(drafter, probs, "full", proc, tok),
-            "drafter comp": greedy_accuracy(drafter, probs, "comp", proc, tok),
-        }
-    (out / "train_report.json").write_text(json.dumps(report, indent=1))
-    with open(log_path, "a") as f:
-        print(f"REPORT {json.dumps(report)}", file=f)
-    print(json.dumps(report, indent=1))
+    report = {"sizes": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
+    export_and_report(work, out, report, args.eval_n, ("ver", "full", "comp"), out / "train_report.json", log_path)
     return 0
 
 
