@@ -214,21 +214,8 @@ def test_method_floor_shows_floor_once_and_no_empty_chart(shipped_pipe, example_
 
 
 @pytest.fixture(scope="module")
-def served_client(tiny_pipe):
-    pytest.importorskip("gradio_client")
-    from gradio_client import Client
-
-    import ui.app as ui_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo = ui_app.build_app(tiny_pipe, examples=[], stream_interval=0.0)
-    ui_app.serve(demo, port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield Client(demo.local_url, verbose=False)
-    finally:
-        demo.close()
+def served_client(served_demo):
+    return served_demo[1]
 
 
 def test_api_outputs_have_names(served_client):

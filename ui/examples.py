@@ -56,6 +56,22 @@ def outcome_text(answer: str, answers: dict[str, str]) -> str:
     return f"{names} {'answers' if len(right) == 1 else 'answer'} it ({missed})"
 
 
+def _entries_with_images(index: Path) -> list[tuple[dict, Path]]:
+    """The entries of an examples JSON list (``index``) whose ``image`` (relative to its folder) is a file, each with
+    that file's path; [] when the file is missing or not a JSON list."""
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for ex in raw if isinstance(raw, list) else []:
+        if isinstance(ex, dict) and ex.get("image"):
+            img = (index.parent / str(ex["image"])).resolve()
+            if img.is_file():
+                out.append((ex, img))
+    return out
+
+
 def load_examples(path: str | Path | None = None) -> list[dict]:
     """Examples from ``examples.json`` (a list of {image, question, caption, ocr, answer, ...}; ``image`` relative
     to the JSON's folder). Entries whose image is missing are skipped; no file (or a bad one) gives [].
@@ -65,16 +81,9 @@ def load_examples(path: str | Path | None = None) -> list[dict]:
     index = Path(path) if path is not None else EXAMPLES_DIR / "examples.json"
     if index.is_dir():
         index = index / "examples.json"
-    try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
     out = []
-    for ex in raw if isinstance(raw, list) else []:
-        if not isinstance(ex, dict) or not ex.get("image") or not ex.get("question"):
-            continue
-        img = (index.parent / str(ex["image"])).resolve()
-        if not img.is_file():
+    for ex, img in _entries_with_images(index):
+        if not ex.get("question"):
             continue
         claims = TINY_PAIR_ANSWERS.get(str(ex.get("pid"))) if bundled else None
         if bundled and claims is None:
@@ -104,15 +113,8 @@ def load_agent_examples(path: str | Path | None = None) -> list[dict]:
     ``answer``, ``seed`` and ``index`` (``make_problem(seed, index, "agent")``) and ``label``; [] when the file (or an
     image) is missing."""
     index = Path(path) if path is not None else EXAMPLES_DIR / "agent_examples.json"
-    try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
     out = []
-    for ex in raw if isinstance(raw, list) else []:
-        img = (index.parent / str(ex.get("image", ""))).resolve()
-        if not img.is_file():
-            continue
+    for ex, img in _entries_with_images(index):
         call = ex["gold_call"]
         args = ", ".join(f"{k}={v}" for k, v in call["arguments"].items())
         out.append(

@@ -16,7 +16,7 @@ import torch
 
 from ..eval import minivista as mv
 from ..eval.minivista_agent import make_agent_problem, openai_requests, smolagents_requests
-from .data import answer_ids
+from .data import answer_ids, prompt_fields
 
 #: Added to the tiny tokenizer (plain added tokens, as Qwen's own ``<tool_call>``): the tool tags, the fixed sentences
 #: of the templates' tools block and the JSON of a function schema and a call. The corpus-built BPE splits them into
@@ -79,12 +79,7 @@ def encode_request(
     is_call = target.startswith("<tool_call>") and "final_answer" not in target
     copied = str(problem["tool_result"])
     return {
-        "full": pr.drafter_full_ids[0],
-        "comp": pr.drafter_comp_ids[0],
-        "ver": pr.verifier_ids[0],
-        "pixel_values": pr.pixel_values,
-        "grid": pr.image_grid_thw,
-        "mm": pr.mm_token_type_ids[0],
+        **prompt_fields(pr),
         "ans": ans,
         "dec_idx": numbers[0] if numbers else None,
         "final_idx": numbers[-1] if numbers else len(ans) - 1,

@@ -38,6 +38,19 @@ def mixed_answer_ids(tok) -> list[int]:
     return [tok(f" {k}", add_special_tokens=False)["input_ids"][0] for k in mv.MIXED_ANSWERS]
 
 
+def prompt_fields(pr) -> dict[str, Any]:
+    """An example's prompt entries from a request's :class:`~asymspec_mm.prompts.Prompts`: the three views' ids
+    (``full``, ``comp``, ``ver``, each ``[L]``), ``pixel_values``, ``grid`` (``[n_images, 3]``) and ``mm`` (``[L]``)."""
+    return {
+        "full": pr.drafter_full_ids[0],
+        "comp": pr.drafter_comp_ids[0],
+        "ver": pr.verifier_ids[0],
+        "pixel_values": pr.pixel_values,
+        "grid": pr.image_grid_thw,
+        "mm": pr.mm_token_type_ids[0],
+    }
+
+
 def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     """Token ids of the three prompts (via build_prompts) and the answer, for one problem."""
     from ..prompts import build_prompts
@@ -47,12 +60,7 @@ def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     dec_idx = mv.decisive_token_index(problem, tok)
     mixed = mv.family_of(problem) == "mixed"
     return {
-        "full": pr.drafter_full_ids[0],
-        "comp": pr.drafter_comp_ids[0],
-        "ver": pr.verifier_ids[0],
-        "pixel_values": pr.pixel_values,
-        "grid": pr.image_grid_thw,
-        "mm": pr.mm_token_type_ids[0],
+        **prompt_fields(pr),
         "ans": ans,
         "dec_idx": dec_idx,
         # mixed: the drafter learns the two readings (weighted like a decisive token); at the computed
