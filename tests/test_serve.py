@@ -390,9 +390,10 @@ def test_disconnecting_clients_cancel_their_rows(pipe, server, monkeypatch):
     body = {**body_of(case, max_tokens=2000), "stream": True}
     with httpx.stream("POST", server.url + CHAT, json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
+        lines = r.iter_lines()  # held: a dropped line iterator closes the connection at once (httpcore closes on GeneratorExit)
+        for line in lines:
             if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
-                break  # the first piece of text: hang up
+                break  # the first piece of text: hang up when the block ends
         assert sched.live_rows == 1
     wait_for(lambda: sched.live_rows == 0 and sched.waiting == 0, what="the streamed row to leave")
     wait_for(lambda: cancelled() == before + 1, what="the cancellation")
