@@ -9,7 +9,7 @@ from conftest import make_case
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.batch import BatchDecoder
 from asymspec_mm.batch.decoder import batch_key, gate_settings
-from asymspec_mm.batch.scheduler import KVBudgetError, SchedulerStoppedError
+from asymspec_mm.batch.handle import KVBudgetError, SchedulerStoppedError
 from asymspec_mm.engines.rows import BatchEngine
 
 

@@ -2,7 +2,7 @@
 
 :mod:`.decoder` the one decoder over pipeline sessions on row storage (:mod:`asymspec_mm.engines`: ``rows``,
 ``static_rows``, ``vllm_rows``), :mod:`.prefill` the batched, chunked prefill of arriving rows, :mod:`.generate` ``pipe.generate_batch``, :mod:`.scheduler` continuous batching for concurrent
-callers, :mod:`.cli` the ``asymspec-mm batch`` command.
+callers (:mod:`.handle` a submitted request's handle), :mod:`.cli` the ``asymspec-mm batch`` command.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ _LAZY = {
     "static_batch_engines": "..engines.static_rows",
     "Request": "generate",
     "generate_batch": "generate",
-    "Handle": "scheduler",
-    "QueueFullError": "scheduler",
+    "Handle": "handle",
+    "QueueFullError": "handle",
     "Scheduler": "scheduler",
 }
 
@@ -45,4 +45,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engines.static_rows import StaticBatchEngine, static_batch_engines
     from .decoder import ROW_FIELDS, BatchDecoder, Row, batch_key
     from .generate import Request, generate_batch
-    from .scheduler import Handle, QueueFullError, Scheduler
+    from .handle import Handle, QueueFullError
+    from .scheduler import Scheduler

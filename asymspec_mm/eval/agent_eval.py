@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import AsymSpecConfig
+from ..errors import UnknownOptionError
 from ..variants import Variant
 from .agent_loop import run_agent_task
 from .mathvista.identity import bind_identity
 from .mathvista.outputs import group_by_variant
-from .mathvista.records import RecordStore
+from .mathvista.records import RecordStore, log_failure
 from .minivista_agent import make_agent_problem
 from .samples import request_config
 
@@ -106,10 +107,14 @@ def run_agent_eval(
     overwrite: bool = False,
     max_turns: int = DEFAULT_MAX_TURNS,
     tool_choice: Any = "auto",
+    on_error: str = "skip",
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Run every (problem, variant) pair not yet in ``records_path`` and append its record as it finishes; returns
-    every record of the run's pairs (those resumed included)."""
+    every record of the run's pairs (those resumed included). ``on_error="skip"``: a task that fails is logged to
+    ``errors.jsonl`` beside the records and the run goes on (a resumed run retries it); ``"raise"``: it stops."""
+    if on_error not in ("skip", "raise"):
+        raise UnknownOptionError(f"on_error={on_error!r}: expected 'skip' or 'raise'")
     store = RecordStore(records_path, resume=resume, overwrite=overwrite)
     bind_identity(records_path, identity, resuming=resume and len(store) > 0, log=log)
     wanted = {(v.name, str(p["pid"])) for v in variants for p in problems}
@@ -119,7 +124,15 @@ def run_agent_eval(
         for k, (problem, variant) in enumerate(todo, 1):
             cfg = request_config(AsymSpecConfig, variant, str(problem["pid"]))
             t0 = time.perf_counter()
-            run = run_agent_task(pipe, problem, variant.method, tool_choice=tool_choice, max_turns=max_turns, config=cfg)
+            try:
+                run = run_agent_task(pipe, problem, variant.method, tool_choice=tool_choice, max_turns=max_turns, config=cfg)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed task must not lose the run
+                if on_error == "raise":
+                    raise
+                log_failure(Path(records_path), str(problem["pid"]), variant.name, exc, log)
+                continue
             store.append(agent_record(variant, problem, run, time.perf_counter() - t0))
             if k % 10 == 0 or k == len(todo):
                 log(f"[{k}/{len(todo)}] agent tasks run")
@@ -238,6 +251,7 @@ def agent_command(
         overwrite=args.overwrite,
         max_turns=args.max_turns,
         tool_choice=args.tool_choice,
+        on_error=args.on_error,
     )
     finalize_agent_run(records, out_dir, identity)
     print((out_dir / "report.md").read_text(encoding="utf-8"))

@@ -271,7 +271,7 @@ def create_app(
 
     def submit(req: ChatRequest) -> list[Any]:
         """The request's rows in the scheduler, one per choice (``n``), each with its own seed."""
-        from ..batch.scheduler import QueueFullError
+        from ..batch.handle import QueueFullError
 
         handles: list[Any] = []
         try:

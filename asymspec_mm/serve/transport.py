@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from ..batch.scheduler import SchedulerStoppedError
+from ..batch.handle import SchedulerStoppedError
 from ..errors import AsymSpecError, ContextOverflowError
 from .errors import RequestError
 from .metrics import Metrics

@@ -77,7 +77,7 @@ def encode_request(
     ans = answer_ids(target, tok)
     numbers = number_positions(ans, tok)
     is_call = target.startswith("<tool_call>") and "final_answer" not in target
-    copied = str(problem["tool_result"])
+    copied = last_number(ans, numbers, tok)
     return {
         **prompt_fields(pr),
         "ans": ans,
@@ -85,7 +85,7 @@ def encode_request(
         "final_idx": numbers[-1] if numbers else len(ans) - 1,
         "read_idx": numbers[:2] if is_call else [],
         # a final answer's copy of the tool's result: its last number (the call turns and the follow-up copy nothing)
-        "copy_idx": [numbers[-1]] if numbers and not is_call and tok.decode(ans[numbers[-1]]).strip() == copied else [],
+        "copy_idx": copied if not is_call and tok.decode(ans[copied]).strip() == str(problem["tool_result"]) else [],
         "family": family,
     }
 
@@ -95,18 +95,34 @@ def number_positions(ans: torch.Tensor, tok) -> list[int]:
     return [i for i, t in enumerate(ans.tolist()) if tok.decode([t]).strip().isdigit()]
 
 
+def last_number(ans: torch.Tensor, numbers: list[int], tok) -> list[int]:
+    """The positions of the last number in ``ans`` (``numbers``: :func:`number_positions`): one token (`` 12``), or
+    one a digit after a quote or a newline (``"``, ``1``, ``2``)."""
+    if not numbers:
+        return []
+    run = [numbers[-1]]
+    while run[0] - 1 in numbers and not tok.decode(ans[run[0]]).startswith(" "):
+        run.insert(0, run[0] - 1)
+    return run
+
+
 def agent_requests(problem: dict[str, Any], proc, tok) -> list[dict[str, Any]]:
     """Every request of one task in both formats, encoded (:func:`encode_request`): families ``agent-call``,
     ``agent-final``, ``agent-followup``, ``smol-call`` and ``smol-final``."""
-    from ..eval.minivista_agent import SMOLAGENTS_TOOLS
-
     out = []
     names = ["agent-call", "agent-final", "agent-followup"]
     for (messages, target), name in zip(openai_requests(problem), names):
         out.append(encode_request(messages, target, problem, problem["tools"], proc, tok, name))
-    for (messages, target), name in zip(smolagents_requests(problem), ["smol-call", "smol-final"]):
-        out.append(encode_request(messages, target, problem, SMOLAGENTS_TOOLS, proc, tok, name))
-    return out
+    return out + [smolagents_request(problem, proc, tok, k) for k in range(2)]
+
+
+def smolagents_request(problem: dict[str, Any], proc, tok, k: int) -> dict[str, Any]:
+    """smolagents' ``k``-th request of one task, encoded: 0 the call (``smol-call``), 1 ``final_answer`` after the
+    ``Observation:`` message (``smol-final``)."""
+    from ..eval.minivista_agent import SMOLAGENTS_TOOLS
+
+    messages, target = smolagents_requests(problem)[k]
+    return encode_request(messages, target, problem, SMOLAGENTS_TOOLS, proc, tok, ("smol-call", "smol-final")[k])
 
 
 class AgentStream:
@@ -127,4 +143,26 @@ class AgentStream:
                 self.i += self.stride
                 continue
             out.append(nxt)
+        return out
+
+
+class FinalStream:
+    """smolagents' ``final_answer`` requests (``smol-final``) of fresh tasks (seed ``mv.TRAIN_SEED``, indices ``start,
+    start + stride, ...``), every other one of a task whose result has two digits: there the answer copies two tokens
+    from the ``Observation:`` message (``"``, ``1``, ``3``), which the mixture alone (about one such request in 20)
+    taught too slowly."""
+
+    def __init__(self, proc, tok, start: int = 0, stride: int = 1):
+        self.proc, self.tok, self.i, self.stride = proc, tok, start, stride
+        self.two_digits = False
+
+    def take(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` requests."""
+        out: list[dict[str, Any]] = []
+        while len(out) < n:
+            problem = make_agent_problem(mv.TRAIN_SEED, self.i)
+            self.i += self.stride
+            if (len(str(problem["tool_result"])) == 2) == self.two_digits:
+                out.append(smolagents_request(problem, self.proc, self.tok, 1))
+                self.two_digits = not self.two_digits
         return out

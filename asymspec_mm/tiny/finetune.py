@@ -32,7 +32,7 @@ import torch
 
 from ..eval import minivista as mv
 from ..eval.minivista_agent import make_agent_problem
-from .agent_data import AgentStream, add_tool_tokens, agent_requests
+from .agent_data import AgentStream, FinalStream, add_tool_tokens, agent_requests
 from .data import Stream, collate, encode, encode_caption, model_inputs
 from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, lm_loss
@@ -49,16 +49,19 @@ from .train import (
     shared_vision_step,
 )
 
-# The recipe: phases of (steps, learning rate, copy weight) for both models at once (each worker one thread; about the
-# same wall time), each from the previous phase's checkpoints with a fresh schedule, optimizer and problems. The copy
-# weight is that of the tokens a final answer copies from the tool's result (the number after "the answer is", the
-# final_answer's argument): in the first phase both models learned the calls (the drafter reads the values), but
-# copying a result ("2" in the tool message, " 2" in the answer: another token) came slowly, drowned by the
-# readings the blind verifier can only guess.
-PHASES: tuple[tuple[int, float, float], ...] = ((1000, 6e-4, 1.0), (600, 6e-4, 4.0), (400, 4e-4, 6.0))
+# The recipe: phases of (steps, learning rate, copy weight, finals) for both models at once (each worker one thread;
+# about the same wall time), each from the previous phase's checkpoints with a fresh schedule, optimizer and problems.
+# The copy weight is that of the tokens a final answer copies from the tool's result (the number after "the answer
+# is", the final_answer's argument); finals: how many of a step's AGENT_BATCH requests are smolagents' final_answer
+# requests of other tasks (FinalStream, half of them two-digit results). In the first phase both models learn the
+# calls (the drafter reads the values; by step 600 in the log); copying a result came slowly, drowned by the readings
+# the blind verifier can only guess: in smolagents' final_answer the verifier computed it from the call's values
+# instead (off by one), and a two-digit result, two tokens to copy, it hardly ever got.
+PHASES: tuple[tuple[int, float, float, int], ...] = ((800, 6e-4, 1.0, 0), (600, 6e-4, 4.0, 4), (400, 4e-4, 6.0, 4))
 AGENT_BATCH = 8
 DRAFTER_MIX = "figure,visual,geometry,mixed"
 REHEARSAL_START = 400_000  # past every index the first training drew (at most about 93,000)
+FINALS_START = 1_000_000  # FinalStream's tasks: apart from AgentStream's
 AGENT_EVAL_TASKS = 16
 
 
@@ -103,9 +106,11 @@ def worker(
     log_path: str,
     done: int = 0,
     copy_weight: float = 1.0,
+    finals: int = 0,
 ) -> None:
     """Continue ``role`` from ``work/role`` for ``steps`` steps and save it there (see the module docstring); ``done``:
-    the steps of earlier phases (fresh problems from there on), ``copy_weight``: of the tokens a final answer copies."""
+    the steps of earlier phases (fresh problems from there on), ``copy_weight``: of the tokens a final answer copies,
+    ``finals``: smolagents' final requests in a step's agent batch (see :data:`PHASES`)."""
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     torch.set_num_threads(1)
@@ -124,12 +129,13 @@ def worker(
     mix = parse_families(DRAFTER_MIX if role == "drafter" else VERIFIER_MIX) or None
     families = Stream(proc, tok, start=REHEARSAL_START + offset + 2 * batch * done, stride=2, mix=mix)
     agents = AgentStream(proc, tok, start=offset + 2 * AGENT_BATCH * done, stride=2)
+    final_answers = FinalStream(proc, tok, start=FINALS_START + offset + 2 * 64 * done, stride=2)
     evals = [encode(p, proc, tok) for p in mv.generate(40, mv.HELDOUT_SEED, start=EVAL_START)] + agent_evals(proc, tok)
     t0 = time.time()
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup=50)
-        reg, ag = families.take(batch), agents.take(AGENT_BATCH)
+        reg, ag = families.take(batch), agents.take(AGENT_BATCH - finals) + final_answers.take(finals)
         if role == "verifier":
             b = collate(reg, "ver", pad_id, final_weight=VERIFIER_FINAL_WEIGHT)
             a = weight_copies(collate(ag, "ver", pad_id), ag, copy_weight)
@@ -171,6 +177,17 @@ def weight_copies(batch: dict[str, Any], examples: list[dict[str, Any]], weight:
     return batch
 
 
+def parse_phase(text: str) -> tuple[int, float, float, int]:
+    """``steps:lr:copy weight[:finals]`` -> the phase (``ValueError`` when malformed)."""
+    parts = text.strip().split(":")
+    if len(parts) not in (3, 4):
+        raise ValueError(text)
+    steps, lr, weight, finals = int(parts[0]), float(parts[1]), float(parts[2]), int(parts[3]) if len(parts) == 4 else 0
+    if steps < 1 or not 0 <= finals <= AGENT_BATCH:
+        raise ValueError(text)
+    return steps, lr, weight, finals
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command (``--help``); 0 when the pair is exported, 1 when a worker failed."""
     import multiprocessing as mp
@@ -186,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--phases",
-        default=";".join(f"{n}:{lr:g}:{w:g}" for n, lr, w in PHASES),
-        help="'steps:lr:copy weight;...', both models in each phase [default: %(default)s]",
+        default=";".join(":".join(f"{v:g}" for v in phase) for phase in PHASES),
+        help="'steps:lr:copy weight:finals;...', both models in each phase (finals may be left out: 0) [default: %(default)s]",
     )
     ap.add_argument("--start-phase", type=int, default=1, help="continue a run from its checkpoints in DIR/_work at this phase")
     ap.add_argument("--batch", type=int, default=16, help="problems of the four families a step")
@@ -201,19 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     log_path = str(work / "finetune.log")
     t0 = time.time()
     try:
-        phases = [(int(n), float(lr), float(w)) for n, lr, w in (p.split(":") for p in args.phases.split(";") if p.strip())]
+        phases = [parse_phase(p) for p in args.phases.split(";") if p.strip()]
     except ValueError:
-        ap.error(f"--phases {args.phases!r}: expected steps:lr:copy weight;...")
+        ap.error(f"--phases {args.phases!r}: expected steps:lr:copy weight:finals;... (finals from 0 to {AGENT_BATCH})")
     sizes = add_tokens_and_resize(Path(args.src), work, args.seed) if args.start_phase == 1 else {}
     with open(log_path, "a") as f:
         print(f"vocab {json.dumps(sizes)} args {vars(args)}", file=f)
     ctx = mp.get_context("spawn")
     done = 0
-    for number, (steps, lr, copy_weight) in enumerate(phases, 1):
+    for number, (steps, lr, copy_weight, finals) in enumerate(phases, 1):
         if number >= args.start_phase:
             procs = [
                 ctx.Process(
-                    target=worker, args=(role, str(work), steps, lr, seed, args.batch, args.eval_every, log_path, done, copy_weight)
+                    target=worker,
+                    args=(role, str(work), steps, lr, seed, args.batch, args.eval_every, log_path, done, copy_weight, finals),
                 )
                 for role, seed in (("verifier", args.seed + 1), ("drafter", args.seed))
             ]

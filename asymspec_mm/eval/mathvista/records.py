@@ -6,11 +6,12 @@ resumed run never writes a pair twice; shard files are merged by :func:`merge_re
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -215,3 +216,19 @@ def merge_records(inputs: Sequence[str | Path], out_path: str | Path) -> tuple[l
         os.fsync(f.fileno())
     tmp.replace(out_path)
     return records, dups, conflicts
+
+
+def log_failure(records_path: Path, pid: str, variant: str, exc: BaseException, log: Callable[[str], None]) -> dict[str, Any]:
+    """Append a failed (variant, pid) to ``errors.jsonl`` beside ``records_path`` and say so in one line; the pair
+    stays unfinished, so a resumed run retries it. Returns the error's entry."""
+    errors_path = Path(records_path).with_name("errors.jsonl")
+    err = {
+        "pid": pid,
+        "variant": variant,
+        "error": f"{type(exc).__name__}: {exc}",
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    with open(errors_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(err, ensure_ascii=False) + "\n")
+    log(f"error: {variant} pid {pid}: {err['error']} (logged to {errors_path}; --resume retries it)")
+    return err

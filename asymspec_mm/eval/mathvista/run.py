@@ -21,7 +21,7 @@ from .identity import bind_identity
 from .paper_prompts import check_protocol, check_records_protocol, paper_view, record_marks
 from .problems import load_image
 from .query import official_query
-from .records import RecordStore, _json_default, problem_fields, stats_subset
+from .records import RecordStore, _json_default, log_failure, problem_fields, stats_subset
 from .texts import TextData, view_for
 
 
@@ -244,7 +244,6 @@ def run_mathvista(
     check_protocol(protocol, pipe)
     make_config = config_factory or AsymSpecConfig
     records_path = Path(records_path)
-    errors_path = records_path.with_name("errors.jsonl")
     summary = RunSummary(records=[])
     with RecordStore(records_path, resume=resume, overwrite=overwrite) as store:
         _check_config_consistency(store, variants)
@@ -293,11 +292,7 @@ def run_mathvista(
                         except Exception as exc:  # noqa: BLE001 - a failed generation must not lose the run
                             if on_error == "raise":
                                 raise
-                            err = {"pid": pid, "variant": variant.name, "error": f"{type(exc).__name__}: {exc}", "time": _now()}
-                            summary.errors.append(err)
-                            with open(errors_path, "a", encoding="utf-8") as f:
-                                f.write(json.dumps(err, ensure_ascii=False) + "\n")
-                            log(f"error: {variant.name} pid {pid}: {err['error']} (logged to {errors_path}; --resume retries it)")
+                            summary.errors.append(log_failure(records_path, pid, variant.name, exc, log))
                             bar.update("error")
                             continue
                         wall_s = res.stats.get("wall_s", 0.0) if (variant.name, pid) in done else time.perf_counter() - t0
