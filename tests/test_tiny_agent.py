@@ -90,7 +90,12 @@ def test_eval_runs_agent_tasks_as_agent_loops_and_resumes(tmp_path):
         mine = by["asymspec", f"agent-{i}"]
         assert mine["calls"][0] == task["gold_call"] and mine["call_valid"] and mine["arguments_correct"]
         assert mine["correct"] and mine["final"].rstrip(".").endswith(task["answer"])
-        assert mine["turns"] == 2 + (task["followup"] is not None) and mine["followup_correct"] == (task["followup"] is not None)
+        assert mine["turns"] == 2 + (task["followup"] is not None)
+        if task["followup"] is not None:  # asked after the final answer, and scored by the colour it names
+            named = mine["followup"].startswith(task["followup"]["response"].split(" bar")[0])  # "The yellow"
+            assert mine["followup_correct"] == named, mine["followup"]
+        else:
+            assert mine["followup"] is None and not mine["followup_correct"]
         assert mine["cached_tokens"][1] > mine["cached_tokens"][0]  # the second request reuses the first's KV
     summary = json.loads((out / "summary.json").read_text())["variants"]
     assert summary["asymspec"]["accuracy"] == 100.0 and summary["asymspec"]["arguments_correct"] == 100.0

@@ -164,7 +164,7 @@ WATCH_JS = """() => { window.__asymCounts = [];
 
 def test_upload_ask_and_inspect_tokens(browser_env):
     env = browser_env
-    case = make_case(7)
+    case = make_case(9)  # an answer of several steps with the shipped pair (the streaming check below needs them)
     case["caption"] = case["caption"] or "a picture"  # an empty caption would be auto-filled by the drafter
     img = env["tmp"] / "upload.png"
     case["image"].save(img)
@@ -1034,8 +1034,10 @@ def test_a_forced_tool_call_shows_its_arguments_with_their_provenance(browser_en
     messages = [{"role": "user", "content": [{"type": "image", "image": load_image(str(img))}, {"type": "text", "text": case["question"]}]}]
     ref = pipe.chat(messages, tools=EXAMPLE_TOOLS, tool_choice="required", caption="a chart", ocr=False, max_new_tokens=max_new)
     assert ref.tool_calls, ref.text
-    call = page.locator('#asym-tool-calls .asym-tool-call[data-name="add"]')
+    call = page.locator('#asym-tool-calls .asym-tool-call[data-call="0"]')
     call.wait_for()
+    assert call.get_attribute("data-name") == ref.tool_calls[0]["function"]["name"]
+    assert page.locator("#asym-tool-calls .asym-tool-call").count() == len(ref.tool_calls)
     args = json.loads(ref.tool_calls[0]["function"]["arguments"])
     for key, value in args.items():
         arg = call.locator(f'.asym-tool-arg[data-arg="{key}"]')

@@ -30,12 +30,12 @@ TINY_PAIR_MAX_NEW_TOKENS = 64
 #: OCR as the compressed view), after MiniVista's answer extraction. Examples the tiny pair gets wrong with
 #: every method, or whose view the demo would fill from the image (no OCR text), are not listed.
 TINY_PAIR_ANSWERS: dict[str, dict[str, str]] = {
-    "4": {"asymspec": "5", "floor": "6", "drafter": "3"},
-    "12": {"asymspec": "4", "floor": "3", "drafter": "3"},
-    "1": {"asymspec": "green", "floor": "blue", "drafter": "green"},
-    "17": {"asymspec": "2", "floor": "5", "drafter": "2"},
+    "4": {"asymspec": "5", "floor": "11", "drafter": "2"},
+    "12": {"asymspec": "4", "floor": "3", "drafter": "7"},
+    "1": {"asymspec": "green", "floor": "red", "drafter": "green"},
+    "17": {"asymspec": "2", "floor": "3", "drafter": "2"},
     "3": {"asymspec": "30", "floor": "30", "drafter": "30"},
-    "13": {"asymspec": "blue", "floor": "blue", "drafter": "blue"},
+    "13": {"asymspec": "blue", "floor": "red", "drafter": "blue"},
 }
 _NAMES = {"asymspec": "AsymSpec", "floor": "Floor", "drafter": "the drafter"}
 
