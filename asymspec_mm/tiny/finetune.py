@@ -9,8 +9,9 @@ agent requests (CPU).
 2. Two worker processes, one CPU thread each, a fixed number of steps with fixed seeds (a rerun gives the same
    files): each step is a batch of the four families (fresh problems drawn as the first training drew them, so
    nothing already learned is lost) and a batch of agent requests (:class:`~.agent_data.AgentStream`: the OpenAI
-   tools loop and smolagents' ``ToolCallingAgent``, rendered as ``pipe.chat`` renders them).
-   - verifier (compressed view): both batches at ``--verifier-lr``, the final answer token weighted as in its last
+   tools loop and smolagents' ``ToolCallingAgent``, rendered as ``pipe.chat`` renders them; in the later phases some
+   of them smolagents' final answers of other tasks, :class:`~.agent_data.FinalStream`).
+   - verifier (compressed view): both batches at the phase's learning rate, the final answer token weighted as in its last
      phase;
    - drafter: the families through the shared-vision step of ``train.py`` (descriptions and the colour loss, no
      probe), the agent requests in the full view with the call's two values weighted (the readings the verifier
