@@ -25,8 +25,8 @@ pytest.importorskip("uvicorn")
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.errors import AsymSpecError
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
-from asymspec_mm.serve.app import TextDeltas
 from asymspec_mm.serve.metrics import parse_prometheus
+from asymspec_mm.serve.responses import TextDeltas
 from asymspec_mm.serve.schema import field_value
 from asymspec_mm.serve.server import warn_if_exposed
 
@@ -505,7 +505,6 @@ BAD_REQUESTS = {
     "seed_negative": (_case_body(seed=-1), "seed=-1 must be", "seed"),
     "n_zero": (_case_body(n=0), "n=0 must be", "n"),
     "n_too_many": (_case_body(n=99), "n=99 must be", "n"),
-    "n_streamed": (_raw(json.dumps(_case_body(n=2, stream=True))), "without streaming", "n"),
     "nan_beta": (_raw(_NAN_BODY), "asymspec.beta=nan must be a finite number", "asymspec.beta"),
     "inf_gamma": (_raw(_INF_BODY), "asymspec.gamma=inf must be a finite number", "asymspec.gamma"),
     "bad_gate": (_case_body(asymspec={"gate": "sometimes"}), "choose one of cda, fixed, tuned", "asymspec.gate"),

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 from conftest import make_case
-from test_serve import CHAT, data_url, user_message
+from test_serve import CHAT, data_url, metrics_of, user_message, wait_for
 
 from asymspec_mm.serve import ServerThread, create_app
 from asymspec_mm.serve.sampling_fields import choice_seed, model_sampling_defaults
@@ -20,6 +22,7 @@ SAMPLED = dict(temperature=0.7, top_p=0.8, seed=1)
 def server(tiny_pipe):
     app = create_app(tiny_pipe, max_batch_size=8)
     with ServerThread(app) as srv:
+        srv.state = app.state.asymspec
         yield srv
 
 
@@ -76,6 +79,55 @@ def test_n_choices_have_derived_seeds(tiny_pipe, client):
     seeds = [c["stats"]["seed"] for c in resp.model_extra["asymspec"]["choices"]]
     assert seeds == [choice_seed(5, i) for i in range(3)] and len(set(seeds)) == 3
     assert resp.usage.completion_tokens == sum(c["stats"]["new_tokens"] for c in resp.model_extra["asymspec"]["choices"])
+
+
+def test_streamed_choices_equal_the_answered_ones(client):
+    """stream=true with n=3: each chunk names its choice; each choice's pieces join into the non-streamed answer's
+    choice (same seed), with its finish reason and stats, and usage counts every choice's tokens once at the end."""
+    case = make_case(36)
+    whole = client.chat.completions.create(**chat_args(case), n=3, temperature=1.3, seed=7)
+    stream = client.chat.completions.create(
+        **chat_args(case), n=3, temperature=1.3, seed=7, stream=True, stream_options={"include_usage": True}
+    )
+    texts, roles, finish, seeds, usage = ["", "", ""], [None] * 3, [None] * 3, [None] * 3, None
+    for chunk in stream:
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        (c,) = chunk.choices
+        assert finish[c.index] is None  # nothing of a choice after its finish chunk
+        roles[c.index] = roles[c.index] or c.delta.role
+        texts[c.index] += c.delta.content or ""
+        if c.finish_reason is not None:
+            finish[c.index] = c.finish_reason
+            seeds[c.index] = chunk.model_extra["asymspec"]["stats"]["seed"]
+    assert roles == ["assistant"] * 3
+    assert texts == [c.message.content for c in whole.choices] and len(set(texts)) > 1
+    assert finish == [c.finish_reason for c in whole.choices]
+    assert seeds == [choice_seed(7, i) for i in range(3)]
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_streamed_request_that_hangs_up_cancels_every_choice(tiny_pipe, server, monkeypatch):
+    """n=2, streamed, no EOS and a 2,000-token budget: once both choices have sent text the client hangs up, and
+    both rows leave as cancelled."""
+    monkeypatch.setattr(tiny_pipe, "eos_ids", set())
+    sched, case = server.state.scheduler, make_case(37)
+    cancelled = lambda: metrics_of(server.url)['asymspec_requests_total{outcome="cancelled"}']  # noqa: E731
+    before = cancelled()
+    body = {**chat_args(case), "max_tokens": 2000, "n": 2, "temperature": 1.0, "stream": True}
+    body["asymspec"] = body.pop("extra_body")["asymspec"]
+    with httpx.stream("POST", server.url + CHAT, json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines, talking = r.iter_lines(), set()  # the iterator held: dropping it would hang up at once
+        for line in lines:
+            choices = json.loads(line[6:])["choices"] if line.startswith("data: {") else []
+            talking |= {c["index"] for c in choices if c["delta"].get("content")}
+            if talking == {0, 1}:
+                break
+        assert sched.live_rows == 2
+    wait_for(lambda: sched.live_rows == 0 and sched.waiting == 0, what="both rows to leave")
+    wait_for(lambda: cancelled() == before + 2, what="both cancellations")
 
 
 def test_unseeded_choices_report_their_seeds(tiny_pipe, client):

@@ -18,7 +18,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,12 +29,12 @@ from starlette.responses import Response
 
 from ..config import AsymSpecConfig
 from ..errors import AsymSpecError
-from ..tools import ToolCallStream, parse_tool_calls
 from .errors import RequestError
 from .metrics import Metrics
-from .responses import TextDeltas, asymspec_object, finish_reason, logprobs_of, message_of, trace_entry, usage
+from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
+from .streaming import chat_chunks
 from .transport import Reader, SSEResponse, dumps, error_of, retrying, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -239,15 +238,19 @@ def create_app(
         gone = asyncio.ensure_future(until_disconnected(request.receive))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            handle, reader = handles[0], readers[0]
-            first = await reader.get(gone)  # set-up errors (e.g. a prompt over the context window) still get a status
-            if first is None or first[0] == "error":
-                gone.cancel()
-                handle.cancel()
-                if first is None:
-                    return Response(status_code=499)
-                raise error_of(first[1])
-            return SSEResponse(stream_chunks(req, reader, first, gone, cid, created), on_close=lambda: _end(handle, gone))
+            firsts = []
+            for reader in readers:  # set-up errors (e.g. a prompt over the context window) still get a status
+                first = await reader.get(gone)
+                if first is None or first[0] == "error":
+                    _end(handles, gone)
+                    if first is None:
+                        return Response(status_code=499)
+                    raise error_of(first[1])
+                firsts.append(first)
+            chunks = chat_chunks(
+                req, readers, firsts, gone, cid=cid, created=created, model=state.model, tokenizer=state.pipe.tokenizer, logprobs=logprobs
+            )
+            return SSEResponse(chunks, on_close=lambda: _end(handles, gone))
         try:
             results = []
             for reader in readers:  # the choices decode side by side; their results are read in order
@@ -311,10 +314,11 @@ def create_app(
         with state.lock:
             state.handles.discard(handle)
 
-    def _end(handle: Any, gone: asyncio.Future) -> None:
+    def _end(handles: list[Any], gone: asyncio.Future) -> None:
         gone.cancel()
-        if not handle.done():
-            handle.cancel()
+        for handle in handles:
+            if not handle.done():
+                handle.cancel()
 
     special = frozenset(getattr(state.pipe.tokenizer, "all_special_ids", ()) or ())
 
@@ -333,10 +337,7 @@ def create_app(
             }
             for i, res in enumerate(results)
         ]
-        total = usage(results[0])
-        if len(results) > 1:
-            extra = sum(usage(res)["completion_tokens"] for res in results[1:])
-            total = {**total, "completion_tokens": total["completion_tokens"] + extra, "total_tokens": total["total_tokens"] + extra}
+        total = total_usage(results)
         info = asymspec_object(results[0], state.pipe.tokenizer, req.return_trace)
         if len(results) > 1:
             info["choices"] = [asymspec_object(res, state.pipe.tokenizer, req.return_trace) for res in results]
@@ -350,68 +351,5 @@ def create_app(
             "usage": total,
             "asymspec": info,
         }
-
-    async def stream_chunks(req: ChatRequest, reader: Reader, first: tuple, gone: asyncio.Future, cid: str, created: int):
-        """The server-sent events of a streamed answer: the role, a chunk per committed step (with that step's
-        provenance under ``asymspec.trace`` when asked), the finish reason with stats and view, usage, [DONE]."""
-        tok = state.pipe.tokenizer
-        deltas = TextDeltas(tok, req.config.stop_strings)
-        calls = ToolCallStream(cid) if req.tools and req.tool_choice != "none" else None
-        text = ""  # the answer so far, as the deltas sent it
-
-        def message_deltas(piece: str, final: MMResult | None = None) -> list[dict]:
-            """The step's text as OpenAI deltas: plain content, or content and tool-call pieces with tools."""
-            nonlocal text
-            text += piece
-            if calls is None:
-                return [{"content": piece}] if piece else []
-            if final is None:
-                return calls.push(text)
-            return calls.finish(final.text, parse_tool_calls(final.text, cid))
-
-        def chunk(delta: dict, finish: str | None = None, lp: dict | None = None, **extra: Any) -> bytes:
-            body = {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": state.model,
-                "system_fingerprint": None,
-                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-                **extra,
-            }
-            return b"data: " + dumps(body) + b"\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})
-        item: tuple | None = first
-        while item is not None:
-            kind, value = item
-            if kind == "events":
-                out = message_deltas(deltas.push([ev.token_id for ev in value]))
-                lp = logprobs(value, req)  # the step's tokens ride on its first chunk
-                if req.return_trace or lp is not None:
-                    extra = {"asymspec": {"trace": [trace_entry(ev, tok) for ev in value]}} if req.return_trace else {}
-                    out = out or [{"content": ""}]
-                    yield chunk(out[0], lp=lp, **extra)
-                    out = out[1:]
-                for delta in out:
-                    yield chunk(delta)
-            elif kind == "result":
-                for delta in message_deltas(deltas.finish(value.text), value):
-                    yield chunk(delta)
-                info = asymspec_object(value, tok, False)
-                yield chunk({}, finish_reason(value), asymspec=info)
-                if req.include_usage:
-                    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": state.model, "choices": []}
-                    yield b"data: " + dumps({**body, "usage": usage(value)}) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-                return
-            else:
-                if isinstance(value, CancelledError):
-                    return
-                yield b"data: " + dumps(error_of(value).body()) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-                return
-            item = await reader.get(gone)
-        # the client disconnected: SSEResponse's on_close cancels the row
 
     return app

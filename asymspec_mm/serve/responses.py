@@ -64,6 +64,13 @@ def usage(res: MMResult) -> dict[str, int]:
     }
 
 
+def total_usage(results: list[MMResult]) -> dict[str, int]:
+    """The usage of a request's choices together: the prompt once, every choice's completion tokens."""
+    total = usage(results[0])
+    extra = sum(usage(res)["completion_tokens"] for res in results[1:])
+    return {**total, "completion_tokens": total["completion_tokens"] + extra, "total_tokens": total["total_tokens"] + extra}
+
+
 def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
     """One token's provenance; ``verifier_argmax`` is the verifier's own token as text."""
     argmax = ev.verifier_argmax

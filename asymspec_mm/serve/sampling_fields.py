@@ -55,14 +55,12 @@ def sampling_fields(data: dict) -> dict[str, Any]:
 
 
 def choice_count(data: dict) -> int:
-    """The request's ``n`` (default 1), checked: 1 to :data:`MAX_CHOICES`, and 1 when streamed."""
+    """The request's ``n`` (default 1), checked: 1 to :data:`MAX_CHOICES`."""
     n = data.get("n")
     if n is None:
         return 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise bad_request(f"n={json.dumps(n)[:40]} must be an integer >= 1 and <= {MAX_CHOICES}", "n")
-    if n > 1 and data.get("stream"):
-        raise bad_request(f"n={n} is served without streaming here; send stream=false, or n=1 to stream", "n")
     return n
 
 
