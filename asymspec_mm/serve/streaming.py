@@ -5,6 +5,7 @@ case ``n = 1``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
@@ -115,27 +116,29 @@ async def chat_chunks(
 
     for i in range(len(choices)):
         yield chunk(i, {"role": "assistant", "content": ""})
-    async for i, (kind, value) in updates(readers, firsts, gone):
-        if kind == "events":
-            out = choices[i].step([ev.token_id for ev in value])
-            lp = logprobs(value, req)  # the step's tokens ride on its first chunk
-            if req.return_trace or lp is not None:
-                extra = {"asymspec": {"trace": [trace_entry(ev, tokenizer) for ev in value]}} if req.return_trace else {}
-                out = out or [{"content": ""}]
-                yield chunk(i, out[0], lp=lp, **extra)
-                out = out[1:]
-            for delta in out:
-                yield chunk(i, delta)
-        elif kind == "result":
-            for delta in choices[i].finish(value):
-                yield chunk(i, delta)
-            yield chunk(i, {}, finish_reason(value), asymspec=asymspec_object(value, tokenizer, False))
-            results[i] = value
-        else:
-            if not isinstance(value, CancelledError):
-                yield b"data: " + dumps(error_of(value).body()) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-            return
+    # closed with the stream, so a choice's pending read is cancelled at once (an error or hang-up ends it early)
+    async with contextlib.aclosing(updates(readers, firsts, gone)) as items:
+        async for i, (kind, value) in items:
+            if kind == "events":
+                out = choices[i].step([ev.token_id for ev in value])
+                lp = logprobs(value, req)  # the step's tokens ride on its first chunk
+                if req.return_trace or lp is not None:
+                    extra = {"asymspec": {"trace": [trace_entry(ev, tokenizer) for ev in value]}} if req.return_trace else {}
+                    out = out or [{"content": ""}]
+                    yield chunk(i, out[0], lp=lp, **extra)
+                    out = out[1:]
+                for delta in out:
+                    yield chunk(i, delta)
+            elif kind == "result":
+                for delta in choices[i].finish(value):
+                    yield chunk(i, delta)
+                yield chunk(i, {}, finish_reason(value), asymspec=asymspec_object(value, tokenizer, False))
+                results[i] = value
+            else:
+                if not isinstance(value, CancelledError):
+                    yield b"data: " + dumps(error_of(value).body()) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                return
     if len(results) < len(choices):
         return  # the client disconnected: the response's on_close cancels the rows
     if req.include_usage:
