@@ -69,7 +69,7 @@ def _batched(pipe, reqs, method, cfg, batch_size):
     """The requests through one decoder, refilled up to ``batch_size`` live rows (rows of one batch have
     different token budgets, which ``generate_batch`` takes from one config)."""
     results = [None] * len(reqs)
-    decoder = BatchDecoder(pipe, method, cfg)
+    decoder = BatchDecoder(pipe)
     todo = list(range(len(reqs)))
     live_max = 0
     while todo or decoder.rows:
@@ -136,9 +136,6 @@ def test_generate_batch_api(tiny_pipe):
         tiny_pipe.generate_batch(as_input, batch_size=0)
     with pytest.raises(UnknownOptionError, match="request 0"):
         tiny_pipe.generate_batch([{"image": reqs[0]["image"]}])
-    with pytest.raises(UnknownOptionError, match="differ"):
-        d = BatchDecoder(tiny_pipe, "asymspec", cfg)
-        d.add(0, tiny_pipe.prepare(reqs[0]["image"], reqs[0]["question"], caption="", ocr=False, config=cfg.with_(k=2)))
 
 
 def test_scheduler_concurrent_submitters_cancel_and_errors(tiny_pipe):
@@ -251,7 +248,7 @@ def test_eval_batch_size_gives_the_sequential_records_and_resumes(tiny_pipe, tmp
 
 def _bound(pipe, reqs: list[dict], cfg: AsymSpecConfig, arriving: list[bool]) -> int:
     """The KV bound of a batch holding ``reqs``, each still arriving (its prompts in the batched prefill) or decoding."""
-    decoder = BatchDecoder(pipe, "asymspec", cfg)
+    decoder = BatchDecoder(pipe)
     for i, (r, a) in enumerate(zip(reqs, arriving)):
         decoder.add(i, pipe.prepare(**r, config=cfg, prefill=not a))
     return decoder.kv_bound()
@@ -268,15 +265,16 @@ def _two_not_three(pipe, reqs: list[dict], cfg: AsymSpecConfig) -> int:
 
 
 def test_kv_budget_bounds_the_rows(tiny_pipe):
-    """A KV budget that two rows' bound fits and no three rows' does keeps at most two rows live (results unchanged);
-    each result reports the KV it held per stream, layers x 2 x kv_heads x head_dim x 4 bytes per cached token."""
+    """A KV budget that two rows' worst case fits and no three rows' does: results unchanged (rows are admitted by
+    what they need now and preempted when they cannot grow); each result reports the KV it held per stream, layers x
+    2 x kv_heads x head_dim x 4 bytes per cached token."""
     reqs = [{k: r[k] for k in ("image", "question", "caption", "ocr")} for r in _requests(5, seed=11)]
     cfg = AsymSpecConfig(k=3, max_new_tokens=40)
     free = tiny_pipe.generate_batch(reqs, config=cfg, batch_size=5)
     budget = _two_not_three(tiny_pipe, reqs, cfg)
     bound = tiny_pipe.generate_batch(reqs, config=cfg, batch_size=5, kv_budget_bytes=budget)
     assert [b.token_ids for b in bound] == [f.token_ids for f in free]
-    assert max(b.stats["batch_size"] for b in bound) == 2 and max(f.stats["batch_size"] for f in free) == 5
+    assert max(f.stats["batch_size"] for f in free) == 5
     text = tiny_pipe.verifier.config
     per_token = text.num_hidden_layers * 2 * text.num_key_value_heads * text.head_dim * 4
     res = bound[0]
@@ -290,11 +288,14 @@ def test_scheduler_kv_budget(tiny_pipe):
     reqs = [{k: r[k] for k in ("image", "question", "caption", "ocr")} for r in _requests(5, seed=12)]
     cfg = AsymSpecConfig(k=3, max_new_tokens=40)
     free = tiny_pipe.generate_batch(reqs, config=cfg, batch_size=5)
-    with tiny_pipe.scheduler(max_batch_size=5, max_kv_bytes=_two_not_three(tiny_pipe, reqs, cfg)) as sched:
+    budget = _two_not_three(tiny_pipe, reqs, cfg)
+    with tiny_pipe.scheduler(max_batch_size=5, max_kv_bytes=budget) as sched:
         handles = [sched.submit(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], config=cfg) for r in reqs]
         got = [h.result(timeout=120) for h in handles]
+        peak = sched.peak_kv_bytes
     assert [g.token_ids for g in got] == [f.token_ids for f in free]
-    assert max(g.stats["batch_size"] for g in got) == 2
+    # admission by what a row needs now lets more than the two worst cases in, and the measured peak stays within
+    assert max(g.stats["batch_size"] for g in got) > 2 and 0 < peak <= budget
 
 
 def test_floor_rows_with_other_settings_share_a_batch(tiny_pipe):
@@ -302,7 +303,7 @@ def test_floor_rows_with_other_settings_share_a_batch(tiny_pipe):
     and each equals its request alone (statistics included)."""
     reqs = _requests(4, seed=13)
     cfgs = [AsymSpecConfig(k=k, gate=g, max_new_tokens=6) for k, g in ((2, "cda"), (4, "fixed"), (3, "tuned"), (1, "cda"))]
-    decoder = BatchDecoder(tiny_pipe, "floor", cfgs[0])
+    decoder = BatchDecoder(tiny_pipe)
     for i, (r, c) in enumerate(zip(reqs, cfgs)):
         decoder.add(i, tiny_pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method="floor", config=c))
     results = {}
@@ -312,5 +313,3 @@ def test_floor_rows_with_other_settings_share_a_batch(tiny_pipe):
         ref = tiny_pipe.generate(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method="floor", config=c)
         assert results[i].token_ids == ref.token_ids and results[i].stats["accepted_per_position"] == ref.stats["accepted_per_position"]
         assert results[i].stats["batch_size"] == 4
-    with pytest.raises(UnknownOptionError, match="differ"):  # AsymSpec rows share every decoding setting
-        BatchDecoder(tiny_pipe, "asymspec", cfgs[0]).add(0, tiny_pipe.prepare(reqs[0]["image"], "q", caption="", ocr=False, config=cfgs[1]))

@@ -146,7 +146,7 @@ def test_eager_attention_and_views(tiny_dirs):
 
 def _decode(pipe, method: str, cfg: AsymSpecConfig, seeds: list[int], engines=None, batch: int = 3) -> dict[int, list[int]]:
     """The requests through one BatchDecoder, refilled up to ``batch`` live rows."""
-    decoder = BatchDecoder(pipe, method, cfg, engines=engines)
+    decoder = BatchDecoder(pipe, engines=engines)
     todo, out = list(seeds), {}
     while todo or decoder.rows:
         while todo and len(decoder.rows) < batch:

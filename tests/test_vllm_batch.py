@@ -461,7 +461,7 @@ def _batched_on_vllm(pipe, reqs, method, cfg, batch_size):
     from asymspec_mm.batch import BatchDecoder
     from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
-    decoder = BatchDecoder(pipe, method, cfg)
+    decoder = BatchDecoder(pipe)
     assert all(isinstance(e, VLLMBatchEngine) for e in decoder.engines.values())
     results, todo, steps = [None] * len(reqs), list(range(len(reqs))), []
     while todo or decoder.rows:

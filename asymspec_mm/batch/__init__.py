@@ -10,10 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 _LAZY = {
-    "ROW_FIELDS": "decoder",
     "BatchDecoder": "decoder",
     "Row": "decoder",
-    "batch_key": "decoder",
     "BatchEngine": "..engines.rows",
     "RowView": "..engines.rows",
     "StaticBatchEngine": "..engines.static_rows",
@@ -43,7 +41,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines.rows import BatchEngine, RowView
     from ..engines.static_rows import StaticBatchEngine, static_batch_engines
-    from .decoder import ROW_FIELDS, BatchDecoder, Row, batch_key
+    from .decoder import BatchDecoder, Row
     from .generate import Request, generate_batch
     from .handle import Handle, QueueFullError
     from .scheduler import Scheduler

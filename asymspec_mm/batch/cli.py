@@ -196,7 +196,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             pipe = load_batch_pipeline(args, preset_name)
             progress = _Progress(len(todo), not args.no_progress)
             text_of = TokenTexts(pipe.tokenizer) if args.trace else None
-            decoder = BatchDecoder(pipe, args.method, cfg)
+            decoder = BatchDecoder(pipe)
             upcoming = iter(enumerate(todo))
             acc_sum = acc_n = 0.0
 

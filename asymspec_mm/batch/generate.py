@@ -73,9 +73,10 @@ def generate_batch(
 
     The requests go through a :class:`~asymspec_mm.batch.Scheduler` of ``batch_size`` rows (the serving path: set-up
     on its own thread, batched chunked prefill between decode steps, a finished row's place to the next request at
-    once). ``kv_budget_bytes`` bounds the rows further: a request joins only while the batch's KV bound with it
-    (:meth:`BatchDecoder.kv_bound`: every row at prompt + token budget, with the storage's padding, holes and
-    transients) fits, and one whose bound alone exceeds the budget raises :class:`~asymspec_mm.batch.KVBudgetError`. ``on_step(rows, engine_calls, seconds)`` is told of every
+    once). ``kv_budget_bytes`` bounds the KV the rows allocate (padding, holes and transients included): a request
+    joins while what the next step needs with it fits (:meth:`BatchDecoder.step_need`), rows are preempted (their
+    KV dropped and rebuilt from their tokens later, the same output) when they cannot grow, and one whose whole
+    need alone (:meth:`BatchDecoder.kv_bound`) exceeds the budget raises :class:`~asymspec_mm.batch.KVBudgetError`. ``on_step(rows, engine_calls, seconds)`` is told of every
     decode step (benchmarks read the step time from it); ``batch_engines(model, stream_name)`` builds the row storage
     (as :meth:`AsymSpecPipeline.scheduler`'s, e.g. :func:`~asymspec_mm.batch.static_batch_engines`). A request that fails raises its error here, the first in
     input order, once the requests before it have finished; the rest are cancelled. Each result's

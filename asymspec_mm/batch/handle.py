@@ -20,7 +20,7 @@ _END = object()
 
 
 #: A request's stages, in order (:attr:`Handle.stage`).
-STAGES = ("queued", "setting_up", "set_up", "prefill", "decoding", "done")
+STAGES = ("queued", "setting_up", "set_up", "prefill", "decoding", "preempted", "done")
 
 
 class QueueFullError(AsymSpecError):
@@ -46,14 +46,17 @@ class Handle:
     where it stands in the line for a row while it waits. :meth:`listen` hands the same updates to a
     callback instead (an event loop needs no thread per request to follow one)."""
 
-    def __init__(self, scheduler: Scheduler, rid: int):
+    def __init__(self, scheduler: Scheduler, rid: int, priority: int = 0):
         self.id = rid
+        #: Its priority (vLLM's convention: lower is served first; preemption takes the highest value, latest first).
+        self.priority = priority
         #: When it was submitted (``time.monotonic()``).
         self.submitted_at = time.monotonic()
         #: When it left the line (admitted, or dropped), else None.
         self.left_line_at: float | None = None
         #: Where it stands (:data:`STAGES`): ``queued`` -> ``setting_up`` -> ``set_up`` (waiting for a row) ->
-        #: ``prefill`` (its prompts in the batched prefill) -> ``decoding`` -> ``done``.
+        #: ``prefill`` (its prompts in the batched prefill) -> ``decoding`` -> ``done``; ``preempted`` while its KV is
+        #: dropped to make room (then ``prefill`` again, and it decodes on where it stopped).
         self.stage = "queued"
         self._scheduler = scheduler
         self._events: queue.Queue = queue.Queue()

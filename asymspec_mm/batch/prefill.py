@@ -152,3 +152,12 @@ class ChunkedPrefill:
     def kv_bytes(self) -> int:
         """KV memory the staging engines hold now (holes included)."""
         return sum(e.kv_bytes() for e in self._staging.values())
+
+    def reset_peaks(self) -> None:
+        """Start a new measure of the staging engines' peak KV bytes."""
+        for e in self._staging.values():
+            e.peak_kv_bytes = e.kv_bytes()
+
+    def peak(self) -> int:
+        """The staging engines' peak KV bytes since :meth:`reset_peaks`, summed."""
+        return sum(e.peak_kv_bytes for e in self._staging.values())

@@ -4,14 +4,16 @@ Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle
 waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
 ``prefill=False``, one at a time) while fewer than ``max_batch_size`` wait set up (they hold no KV); it takes the models'
 lock only for each model call (a caption token, the vision tower), so it never holds up the rows being decoded for
-longer than one such call. One decode thread owns the batches. Each turn it lets prepared requests in while their
-KV fits, runs one batched prefill forward per stream over the arriving prompts (at most ``prefill_chunk_tokens``
-tokens each: a long prompt takes several turns, see :mod:`.prefill`), steps one batch, hands each row's committed
+longer than one such call. One decode thread owns the batch. Each turn it lets preempted rows back and prepared
+requests in while what the next step would allocate fits ``max_kv_bytes`` (admission takes what a row needs now;
+rows grow as they decode), preempts rows (highest priority value, latest arrival first: their KV is dropped and
+rebuilt from their prompt and committed tokens when there is room again, the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts (at most ``prefill_chunk_tokens``
+tokens each: a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
 events to its handle and retires finished or cancelled rows at once. So a decoding row waits at most one bounded
-prefill forward per stream between two of its steps, whatever arrives. Requests whose method or settings differ (see
-:func:`~asymspec_mm.batch.decoder.batch_key`; gamma, beta and lam may differ within a batch) go to separate
-batches, stepped in turn, and a batch left empty is dropped. A failing request fails only its own handle; a
-failing step fails the rows of that batch and the worker goes on. Should the worker itself stop on an error,
+prefill forward per stream between two of its steps, whatever arrives. Every request joins the one batch whatever
+its method and settings: the decoder groups rows by step shape and the groups share each step's forwards (see
+:class:`~asymspec_mm.decode.rows.RowDecoder`). A failing request fails only its own handle; a failing step fails
+the rows of that step and the worker goes on. Should the worker itself stop on an error,
 every waiting and live handle raises :class:`SchedulerStoppedError` at once (no caller waits forever),
 :attr:`Scheduler.error` says why and :meth:`Scheduler.submit` refuses new requests with it.
 """
@@ -24,12 +26,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
-from .decoder import BatchDecoder, BatchEngineFactory, batch_key
+from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
 from .prefill import DEFAULT_CHUNK_TOKENS
 
@@ -49,10 +51,6 @@ class _Waiting:
     config: AsymSpecConfig
     ignore_eos: bool = False
     chat: dict[str, Any] | None = None  # a conversation: pipe.prepare_chat's messages and options, instead of (image, question)
-    key: tuple = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.key = batch_key(self.method, self.config)
 
 
 class Scheduler:
@@ -88,12 +86,13 @@ class Scheduler:
         self._preparing: _Waiting | None = None  # being set up on the set-up thread
         self._ready: deque[tuple[_Waiting, Session]] = deque()  # set up, waiting to join (first: for KV room)
         self._handles: dict[int, Handle] = {}
-        self._decoders: dict[tuple, BatchDecoder] = {}
-        self._turn = itertools.count()
+        self._decoder = BatchDecoder(pipe, engines=batch_engines, prefill_chunk_tokens=prefill_chunk_tokens)
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._closing = False
         self.steps = 0
+        self.preemptions = 0  # rows preempted to keep within max_kv_bytes
+        self.peak_kv_bytes = 0  # the most KV bytes measured at once: the row storages' and staging engines' peaks summed each turn
         self.rows_stepped = 0  # sum over steps of the rows in the step (occupancy = rows_stepped / steps)
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
         self._setup = threading.Thread(target=self._prepare_loop, name="asymspec-setup", daemon=True)
@@ -111,13 +110,15 @@ class Scheduler:
         method: str = "asymspec",
         config: AsymSpecConfig | None = None,
         ignore_eos: bool = False,
+        priority: int = 0,
         **overrides,
     ) -> Handle:
         """Queue a request; bad options raise here, in the caller's thread. Returns its :class:`Handle`.
-        ``ignore_eos`` decodes to the token budget (as :meth:`AsymSpecPipeline.prepare`'s)."""
+        ``ignore_eos`` decodes to the token budget (as :meth:`AsymSpecPipeline.prepare`'s); ``priority``: lower is
+        admitted first and preempted last (vLLM's convention)."""
         check_method(method)
         cfg = resolve_config(config, overrides)
-        return self._enqueue(lambda handle: _Waiting(handle, image, question, caption, ocr, method, cfg, ignore_eos))
+        return self._enqueue(lambda handle: _Waiting(handle, image, question, caption, ocr, method, cfg, ignore_eos), priority)
 
     def submit_chat(
         self,
@@ -133,6 +134,7 @@ class Scheduler:
         tools=None,
         tool_choice=None,
         response_format=None,
+        priority: int = 0,
         **overrides,
     ) -> Handle:
         """Queue a conversation (OpenAI-format ``messages``, as :meth:`AsymSpecPipeline.chat`: ``caption`` / ``ocr``
@@ -151,9 +153,9 @@ class Scheduler:
             "tool_choice": tool_choice,
             "response_format": response_format,
         }
-        return self._enqueue(lambda handle: _Waiting(handle, None, "", caption, ocr, method, cfg, ignore_eos, chat=chat))
+        return self._enqueue(lambda handle: _Waiting(handle, None, "", caption, ocr, method, cfg, ignore_eos, chat=chat), priority)
 
-    def _enqueue(self, make: Callable[[Handle], _Waiting]) -> Handle:
+    def _enqueue(self, make: Callable[[Handle], _Waiting], priority: int = 0) -> Handle:
         with self._cond:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
@@ -163,7 +165,9 @@ class Scheduler:
                 raise QueueFullError(
                     f"{self.waiting} requests are already waiting for a row (max_queue={self.max_queue}); retry later or raise max_queue"
                 )
-            handle = Handle(self, next(self._ids))
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise UnknownOptionError(f"priority={priority!r} must be an integer (lower is served first)")
+            handle = Handle(self, next(self._ids), priority)
             self._handles[handle.id] = handle
             self._waiting.append(make(handle))
             self._cond.notify_all()
@@ -171,8 +175,9 @@ class Scheduler:
 
     @property
     def live_rows(self) -> int:
-        """Rows being prefilled or decoded (read from any thread: ``list`` takes the decoders in one step)."""
-        return sum(len(d.rows) + len(d.arriving) for d in list(self._decoders.values()))
+        """Rows being prefilled, decoded or preempted (admitted and not finished)."""
+        d = self._decoder
+        return len(d.rows) + len(d.arriving) + len(d.parked)
 
     @property
     def waiting(self) -> int:
@@ -267,8 +272,11 @@ class Scheduler:
                         return
                 self._retire_cancelled()
                 self._admit()
+                self._make_room()
+                self._decoder.reset_peaks()
                 self._prefill()
                 self._step_one()
+                self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
                 with self._cond:
                     self._cond.notify_all()  # rows may have freed: the set-up thread may go on
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
@@ -289,27 +297,33 @@ class Scheduler:
             self._ready.clear()
             handles = list(self._handles.values())
             self._handles.clear()
-            self._decoders.clear()
             self._cond.notify_all()
         for handle in handles:
             handle._finish(error=error)
 
+    def _order(self, rid: int) -> tuple[int, int]:
+        """Who goes first: lower priority value, then earlier arrival (preemption takes the last)."""
+        return (self._handles[rid].priority, rid)
+
     def _admit(self) -> None:
-        """Let set-up requests join while rows are free and the batches' :meth:`kv_bound` with them fits
-        ``max_kv_bytes`` (one always fits when no row is live; one whose bound alone exceeds it is refused with the
-        numbers). Each fails alone: only its own handle errors."""
+        """Preempted rows come back first, then set-up requests join while rows are free and what the next prefill
+        and step would allocate with them (:meth:`BatchDecoder.step_need`) fits ``max_kv_bytes``: admission takes what
+        a row needs now, not its whole budget (one always fits when no row is live; one whose whole need alone
+        exceeds the budget is refused with the numbers). Each fails alone: only its own handle errors."""
+        decoder = self._decoder
+        for rid in sorted(decoder.parked, key=self._order):
+            if self.max_kv_bytes is not None and (decoder.rows or decoder.arriving) and decoder.step_need(resuming=rid) > self.max_kv_bytes:
+                return  # first in line until its KV fits; new requests wait behind it
+            decoder.resume(rid)
+            self._handles[rid].stage = "prefill"
         while self._ready and self.live_rows < self.max_batch_size:
             w, session = self._ready[0]
             if w.handle.cancelled:
                 self._pop_ready()
                 self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
                 continue
+            decoder = self._decoder
             try:
-                decoder = self._decoders.get(w.key)
-                if decoder is None:
-                    decoder = self._decoders[w.key] = BatchDecoder(
-                        self.pipe, w.method, w.config, engines=self.batch_engines, prefill_chunk_tokens=self.prefill_chunk_tokens
-                    )
                 alone = decoder.kv_bound(session, alone=True) if self.max_kv_bytes is not None else 0
                 if self.max_kv_bytes is not None and alone > self.max_kv_bytes:
                     raise KVBudgetError(
@@ -321,7 +335,7 @@ class Scheduler:
                 self._pop_ready()
                 self._drop(w.handle, exc)
                 continue
-            if self.live_rows and self.max_kv_bytes is not None and self.kv_bound(decoder, session) > self.max_kv_bytes:
+            if self.live_rows and self.max_kv_bytes is not None and decoder.step_need(joining=session) > self.max_kv_bytes:
                 return  # first in line until its KV fits
             with self._cond:
                 w.handle.left_line_at = time.monotonic()
@@ -332,10 +346,26 @@ class Scheduler:
             finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
                 self._pop_ready()
 
-    def kv_bound(self, decoder: BatchDecoder | None = None, session: Session | None = None) -> int:
-        """The most KV bytes the batches can allocate at once, with ``session`` joining ``decoder``
-        (:meth:`BatchDecoder.kv_bound` summed over the batches): what ``max_kv_bytes`` bounds."""
-        return sum(d.kv_bound(session if d is decoder else None) for d in list(self._decoders.values()))
+    def _make_room(self) -> None:
+        """Preempt rows (highest priority value, latest arrival first) while what the next prefill and step would
+        allocate exceeds ``max_kv_bytes``; a preempted row's KV is dropped and rebuilt from its tokens later (the same
+        output). The last live row is never preempted (admission refused any row that cannot fit alone)."""
+        decoder = self._decoder
+        if self.max_kv_bytes is None:
+            return
+        while decoder.step_need() > self.max_kv_bytes and len(decoder.rows) + len(decoder.arriving) > 1:
+            victims = [rid for rid in decoder.rows if decoder.preemptible(rid)]
+            if not victims or (len(victims) == 1 and not decoder.arriving and len(decoder.rows) == 1):
+                return
+            victim = max(victims, key=self._order)
+            decoder.preempt(victim)
+            self.preemptions += 1
+            self._handles[victim].stage = "preempted"
+
+    def kv_bound(self, session: Session | None = None) -> int:
+        """The most KV bytes the batch can allocate at once, with ``session`` joining (:meth:`BatchDecoder.kv_bound`):
+        what ``max_kv_bytes`` bounds."""
+        return self._decoder.kv_bound(session)
 
     def _pop_ready(self) -> None:
         with self._cond:
@@ -343,32 +373,29 @@ class Scheduler:
             self._cond.notify_all()
 
     def _prefill(self) -> None:
-        """One batched prefill forward per stream of each batch with rows arriving (at most ``prefill_chunk_tokens``
-        prompt tokens each); rows whose prompts are in decode from the next step on. A failing forward fails the
-        rows being prefilled in that batch."""
-        for decoder in list(self._decoders.values()):
-            if not decoder.arriving:
-                continue
-            try:
-                for row in decoder.prefill_step():
-                    self._handles[row.id].stage = "decoding"
-            except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on
-                for rid in decoder.waiting_rows:
-                    decoder.remove(rid)
-                    self._drop(self._handles[rid], exc)
+        """One batched prefill forward per stream with rows arriving (at most ``prefill_chunk_tokens`` prompt tokens
+        each); rows whose prompts are in decode from the next step on. A failing forward fails the rows being
+        prefilled."""
+        decoder = self._decoder
+        if not decoder.arriving:
+            return
+        try:
+            for row in decoder.prefill_step():
+                self._handles[row.id].stage = "decoding"
+        except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on
+            for rid in decoder.waiting_rows:
+                decoder.remove(rid)
+                self._drop(self._handles[rid], exc)
 
     def _step_one(self) -> None:
-        """Step the next batch with live rows (batches of different settings take turns); drop empty batches."""
-        for key in [k for k, d in self._decoders.items() if not d.rows and not d.arriving]:
-            del self._decoders[key]
-        live = [d for d in self._decoders.values() if d.rows]
-        if not live:
+        """Step every live row once (all methods and settings in one step)."""
+        decoder = self._decoder
+        if not decoder.rows:
             return
-        decoder = live[next(self._turn) % len(live)]
         n, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
         try:
             out = decoder.step()
-        except Exception as exc:  # noqa: BLE001 - fail this batch's rows, keep serving the others
+        except Exception as exc:  # noqa: BLE001 - fail the step's rows, keep serving
             for rid in list(decoder.rows):
                 decoder.remove(rid)
                 self._drop(self._handles[rid], exc)
@@ -394,10 +421,10 @@ class Scheduler:
             self._ready = deque((w, s) for w, s in self._ready if not w.handle.cancelled)
         for w in gone:
             self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
-        for decoder in self._decoders.values():
-            for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._handles[r].cancelled]:
-                decoder.remove(rid)
-                self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
+        decoder = self._decoder
+        for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._handles[r].cancelled]:
+            decoder.remove(rid)
+            self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
 
     def _drop(self, handle: Handle, error: BaseException) -> None:
         handle.left_line_at = handle.left_line_at or time.monotonic()

@@ -212,7 +212,8 @@ class BatchSweep:
         clock = self.clock
         ledger = Ledger() if self.instrument else None
         timer = BucketTimer(ledger, clock) if ledger is not None else None
-        decoder = BatchDecoder(self.pipe, v.method, cfg, engines=self.row_storage(size))
+        decoder = BatchDecoder(self.pipe, engines=self.row_storage(size))
+        decoder.storage_of(v.method)  # its storages now, so that their forwards are timed
         parts = StepParts(ledger) if ledger is not None else None
         if ledger is not None:
             _time_extends(decoder, ledger, clock)

@@ -38,9 +38,9 @@ def steps_for(
     ``pending`` each one's last prompt token ``[1]``; ``constraint``: the grammar the output follows)."""
     check_method(method)
     names = STREAMS_OF[method]
-    decoder = RowDecoder(method, cfg, {name: SoloEngine(name) for name in names})
+    decoder = RowDecoder({name: SoloEngine(name) for name in names})
     counters = counters or Counters(cfg.k, {name: streams[name] for name in names})
-    decoder.join(0, streams, pending, cfg, eos_ids, stop_fn, counters, constraint)
+    decoder.join(0, method, streams, pending, cfg, eos_ids, stop_fn, counters, constraint)
     return _steps(decoder, timer)
 
 

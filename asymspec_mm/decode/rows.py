@@ -11,16 +11,19 @@ leave at once; new rows join between steps.
 Where a row's KV lives is the :class:`RowEngine`'s business: :class:`SoloEngine` adopts one prefilled
 single-row engine (a single request, the static-cache GPU path, any custom engine), the batched engines of
 :mod:`asymspec_mm.batch` hold many rows in one cache (transformers) or one ``LLM.generate`` call (vLLM).
-Rows of one decoder share K, the gate, the delta source and the bonus rule (they shape the step); gamma,
-beta and lam are per row in the gate, the token budget and stop strings per row in its emitter, and the sampling
-settings (temperature, top-k, top-p, seed) per row in :mod:`.draws`: a row with temperature > 0 draws its tokens
-by the sampled rule of :mod:`asymspec_mm.sampling` from its own generator; a step whose rows are all greedy runs
-the greedy rule alone.
+Rows of one decoder may differ in every setting, method included: each step groups them by :func:`step_shape`
+(the method, K, the gate, the delta source, the bonus rule and the trace width shape a group's tensors) and
+runs the groups' steps side by side (:mod:`.calls`), so the groups share each phase's model calls, one per row
+storage, and one host transfer. Within a group gamma, beta and lam are per row in the gate, the token budget
+and stop strings per row in its emitter, and the sampling settings (temperature, top-k, top-p, seed) per row
+in :mod:`.draws`: a row with temperature > 0 draws its tokens by the sampled rule of
+:mod:`asymspec_mm.sampling` from its own generator; a step whose rows are all greedy runs the greedy rule alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,7 @@ from ..config import AsymSpecConfig, check_method
 from ..engines import Engine
 from ..gate import gate_step
 from ..sampling import new_seed, row_generator
+from .calls import BONUS, BONUS_DECIDE, DECIDE, DRAFT, SCORE, Ask, Forward, GroupStep, drive
 from .constraints import Constraint, apply_masks, step_masks
 from .draws import StepDraws
 from .events import TokenEvent
@@ -37,7 +41,7 @@ from .row_engines import GATE_ROW_FIELDS, RowEngine, SoloEngine, gate_settings, 
 from .stats import Counters
 from .step_events import Timer, bonus_event, gate_event, make_event, no_timer, sd_events, tops_at
 from .streams import Emitter, StopFn, Stream
-from .transfer import gated_tops, pack_bonus, pack_gate, to_host, topk_logprobs, trace_tops
+from .transfer import gated_tops, pack_bonus, pack_gate, pack_host, read_host, topk_logprobs, trace_tops
 
 #: The streams each method decodes with.
 STREAMS_OF = {
@@ -48,60 +52,83 @@ STREAMS_OF = {
 }
 
 
+def drafting_stream(method: str) -> str:
+    """The stream that drafts: the drafter on the compressed view for SD, on the full view otherwise."""
+    return "drafter_comp" if method == "sd" else "drafter_full"
+
+
+def deciding_stream(method: str) -> str:
+    """The stream on whose device a step's decision (and a sampled row's uniforms) is computed."""
+    return "verifier" if method in ("sd", "floor") else "drafter_full"
+
+
+def step_shape(method: str, cfg: AsymSpecConfig) -> tuple:
+    """What rows decided together share: the method and the settings that shape its step's tensors (K, the gate,
+    the delta source, the bonus rule, the trace's width). Everything else (gamma, beta, lam, sampling, budgets,
+    stop strings, grammars) is per row, and rows of every shape share each step's model calls."""
+    if method == "asymspec":
+        return (method, cfg.k, cfg.gate, cfg.delta, cfg.bonus, cfg.trace_top)
+    if method == "sd":
+        return (method, cfg.k, cfg.trace_top)
+    return (method, cfg.trace_top)
+
+
 @dataclass
 class Row:
-    """One request being decoded: its streams (pending tokens), settings, statistics and trace."""
+    """One request being decoded: its method, settings, streams (pending tokens), statistics and trace.
+    ``storage`` names the row storage of each of its streams (by default the stream's own name)."""
 
     id: int
+    method: str
     config: AsymSpecConfig
     streams: dict[str, Stream]
+    storage: dict[str, str]
     counters: Counters
     emitter: Emitter
     trace: list[TokenEvent] = field(default_factory=list)
     session: Any = None  # the pipeline's Session, for rows that came from one
-    final_lengths: dict[str, int] = field(default_factory=dict)  # each stream's most tokens (for a KV bound)
+    final_lengths: dict[str, int] = field(default_factory=dict)  # each storage's most tokens for this row (a KV bound)
     engine_calls: int = 0
     step: int = 0
     max_batch: int = 0
     result: Any = None
     constraint: Constraint | None = None  # the grammar its output follows (forced tool calls, JSON), if any
     rng: torch.Generator | None = None  # a sampled row's own generator (None: greedy)
+    preemptions: int = 0  # times its KV was dropped and re-prefilled from its tokens
 
 
 Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
 
 
 class RowDecoder:
-    """Rows of one method, stepped together on one :class:`RowEngine` per stream.
+    """Rows of any method and settings, stepped together on named row storages (:class:`RowEngine`).
 
-    ``lock`` (a context manager) is held around each step's model calls; ``decode_token(id) -> str`` fills
-    each committed event's ``text``.
+    Each step groups the rows by :func:`step_shape` and runs every group's step as a coroutine (:mod:`.calls`):
+    the groups' forwards of one phase share one call per storage, their decisions one host transfer.
+    ``lock`` (a context manager) is held around each step's model calls; ``decode_token(id) -> str`` fills each
+    committed event's ``text``.
     """
 
-    def __init__(self, method: str, config: AsymSpecConfig, engines: dict[str, RowEngine], *, lock=None, decode_token=None):
-        check_method(method)
-        self.method, self.cfg = method, config.validated()
-        missing = [name for name in STREAMS_OF[method] if name not in engines]
-        if missing:
-            raise ValueError(f"method {method!r} needs the streams {STREAMS_OF[method]}; missing {missing}")
-        self.engines = {name: engines[name] for name in STREAMS_OF[method]}
+    def __init__(self, engines: dict[str, RowEngine], *, lock=None, decode_token=None):
+        self.engines = engines
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.decode_token = decode_token
         self.rows: dict[int, Row] = {}
-        self._settings: dict[int, tuple[tuple, dict]] = {}  # per positions a row: (its rows' key, their gate settings)
-        self._draw_settings: dict = {}  # the stepping rows' sampling settings on the device (StepDraws.of)
+        self._settings: dict[tuple, tuple[tuple, dict]] = {}  # per (group, positions a row): (its rows' key, gate settings)
+        self._draw_settings: dict[tuple, dict] = {}  # per group: its rows' sampling settings on the device (StepDraws.of)
 
-    def _gate_settings(self, rows: list[Row], per_row: int, device: torch.device) -> dict[str, float | torch.Tensor]:
+    def _gate_settings(self, group: tuple, rows: list[Row], per_row: int, device: torch.device) -> dict[str, float | torch.Tensor]:
         """:func:`gate_settings` of ``rows``, reused while the same rows step (no host-to-device copy a step)."""
         key = (str(device), tuple((r.id, r.config.gamma, r.config.beta, r.config.lam) for r in rows))
-        cached = self._settings.get(per_row)
+        cached = self._settings.get((group, per_row))
         if cached is None or cached[0] != key:
-            cached = self._settings[per_row] = (key, gate_settings([r.config for r in rows], per_row, device))
+            cached = self._settings[(group, per_row)] = (key, gate_settings([r.config for r in rows], per_row, device))
         return cached[1]
 
     def join(
         self,
         rid: int,
+        method: str,
         streams: dict[str, Engine],
         pending: dict[str, torch.Tensor],
         config: AsymSpecConfig,
@@ -109,75 +136,115 @@ class RowDecoder:
         stop_fn: StopFn | None = None,
         counters: Counters | None = None,
         constraint: Constraint | None = None,
+        storage: dict[str, str] | None = None,
     ) -> Row:
-        """Add a row from its prefilled single-row ``streams`` and their pending tokens (``constraint``: the grammar
-        its output follows). All or nothing: if any stream's join fails, the ones it joined already leave again and
-        it raises."""
-        drafter = self.engines.get(self.drafting)
+        """Add a row of ``method`` from its prefilled single-row ``streams`` and their pending tokens (``constraint``:
+        the grammar its output follows; ``storage``: the row storage of each stream, default its name). All or
+        nothing: if any stream's join fails, the ones it joined already leave again and it raises."""
+        check_method(method)
+        config = config.validated()
+        storage = {name: (storage or {}).get(name, name) for name in STREAMS_OF[method]}
+        missing = [name for name, key in storage.items() if key not in self.engines]
+        if missing:
+            raise ValueError(f"method {method!r} needs the streams {STREAMS_OF[method]}; missing {missing}")
+        drafter = self.engines[storage.get(drafting_stream(method), "")] if method in ("asymspec", "sd") else None
         if constraint is not None and getattr(drafter, "drafts_itself", False):
-            raise ValueError(f"{self.drafting}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
+            raise ValueError(f"{drafting_stream(method)}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
         joined = []
         try:
-            for name, engine in self.engines.items():
-                engine.join(rid, streams[name])
-                joined.append(engine)
+            for name, key in storage.items():
+                self.engines[key].join(rid, streams[name])
+                joined.append(key)
         except BaseException:
-            for engine in joined:
-                engine.leave(rid)
+            for key in joined:
+                self.engines[key].leave(rid)
             raise
-        for name, engine in self.engines.items():
-            if not getattr(engine, "adopts", False):
+        for name, key in storage.items():
+            if not getattr(self.engines[key], "adopts", False):
                 streams[name].release()  # the storage holds its own copy of the row's KV now
-        views = {name: engine.view(rid) for name, engine in self.engines.items()}
+        views = {name: self.engines[key].view(rid) for name, key in storage.items()}
         counters = counters or Counters(config.k, views)
         rng = None
         if config.sampling:
             counters.seed = config.seed if config.seed is not None else new_seed()
-            rng = row_generator(counters.seed, views[self.deciding].device)
+            rng = row_generator(counters.seed, views[deciding_stream(method)].device)
         emitter = Emitter(counters, config.max_new_tokens, eos_ids, stop_fn)
         streams_of_row = {name: Stream(views[name], pending[name]) for name in views}
-        row = Row(rid, config, streams_of_row, counters, emitter, constraint=constraint, rng=rng)
+        row = Row(rid, method, config, streams_of_row, storage, counters, emitter, constraint=constraint, rng=rng)
         self.rows[rid] = row
         return row
 
+    def _leave(self, row: Row) -> None:
+        for key in row.storage.values():
+            self.engines[key].leave(row.id)
+        del self.rows[row.id]
+
     def remove(self, rid: int) -> None:
         """Drop a row before it finishes (a cancelled request): its slots are freed, no result is made."""
-        for engine in self.engines.values():
-            engine.leave(rid)
-        del self.rows[rid]
+        self._leave(self.rows[rid])
+
+    def park(self, rid: int) -> Row:
+        """Take a live row out of the steps with its KV dropped (preemption); it keeps its pending tokens, counters,
+        trace, generator and grammar, and :meth:`rejoin` brings it back on contexts rebuilt from its tokens."""
+        row = self.rows[rid]
+        self._leave(row)
+        row.preemptions += 1
+        return row
+
+    def rejoin(self, row: Row, contexts: dict[str, Engine]) -> None:
+        """A parked row joins again with ``contexts`` (per stream: its prompt and the tokens its stream had cached,
+        prefilled anew); its tokens-forwarded count goes on from where it was. All or nothing, as :meth:`join`."""
+        joined = []
+        try:
+            for name, key in row.storage.items():
+                engine, context = self.engines[key], contexts[name]
+                before = getattr(engine, "tokens_forwarded", {}).get(row.id, 0), getattr(engine, "forward_calls", {}).get(row.id, 0)
+                engine.join(row.id, context)
+                joined.append(key)
+                if isinstance(getattr(engine, "tokens_forwarded", None), dict):  # the re-prefill counts on top
+                    engine.tokens_forwarded[row.id] += before[0]
+                    engine.forward_calls[row.id] += before[1]
+        except BaseException:
+            for key in joined:
+                self.engines[key].leave(row.id)
+            raise
+        for name, key in row.storage.items():
+            if not getattr(self.engines[key], "adopts", False):
+                contexts[name].release()
+            view = self.engines[key].view(row.id)
+            row.streams[name].engine = view
+            row.streams[name].base = view.length
+            row.counters.streams[name] = view
+        self.rows[row.id] = row
 
     @property
     def engine_calls(self) -> int:
-        """Model calls made so far by the engines (transformers forwards or ``LLM.generate`` calls)."""
+        """Model calls made so far by the storages (transformers forwards or ``LLM.generate`` calls)."""
         return sum(engine.engine_calls for engine in self.engines.values())
-
-    @property
-    def drafting(self) -> str:
-        """The stream that drafts: the drafter on the compressed view for SD, on the full view otherwise."""
-        return "drafter_comp" if self.method == "sd" else "drafter_full"
-
-    @property
-    def deciding(self) -> str:
-        """The stream on whose device the step's decision (and a sampled row's uniforms) is computed."""
-        return "verifier" if self.method in ("sd", "floor") else "drafter_full"
 
     def step(self, timer: Timer | None = None) -> list[tuple[Row, list[TokenEvent]]]:
         """One step of every live row; rows that finish leave (see :meth:`finish`). Returns (row, committed events)."""
         rows = list(self.rows.values())
         if not rows:
             return []
+        groups: dict[tuple, list[Row]] = {}
         for row in rows:
             row.step += 1
             row.max_batch = max(row.max_batch, len(rows))
             for s in row.streams.values():
                 s.begin_step()
+            groups.setdefault((step_shape(row.method, row.config), tuple(sorted(row.storage.items()))), []).append(row)
         calls = self.engine_calls
         with self.lock:
-            step = {"asymspec": self._asymspec, "sd": self._sd}.get(self.method, self._greedy)
-            emitted = step(rows, timer or no_timer)
+            steps = [self._group_step(key, members, timer or no_timer) for key, members in groups.items()]
+            results = drive(steps, self.engines)
+        for key in [k for k in self._draw_settings if k not in groups]:  # groups gone: their cached settings go too
+            del self._draw_settings[key]
         calls = self.engine_calls - calls
+        emitted = {row.id: e for members, res in zip(groups.values(), results) for row, e in zip(members, res)}
         out = []
-        for row, (events, token, carry) in zip(rows, emitted):
+        for row in rows:
+            events, token, carry = emitted[row.id]
             row.engine_calls += calls
             committed = row.emitter.commit(events)
             if self.decode_token is not None:
@@ -189,8 +256,9 @@ class RowDecoder:
                 row.constraint.settle([ev.token_id for ev in committed])
             if committed:
                 token = row.emitter.next_token(committed, events, token)
+                drafting = drafting_stream(row.method)
                 for name, s in row.streams.items():
-                    s.advance(token, carry if name == self.drafting else None)
+                    s.advance(token, carry if name == drafting else None)
             out.append((row, committed))
             if row.emitter.done:
                 self.finish(row)
@@ -198,31 +266,42 @@ class RowDecoder:
 
     def finish(self, row: Row) -> None:
         """A row is done: its slots are freed (subclasses make its result first)."""
-        for engine in self.engines.values():
-            engine.leave(row.id)
-        del self.rows[row.id]
+        self._leave(row)
 
-    # ------------------------------------------------------------------ the step of each method
-    def _extend(self, name: str, ids: dict[int, torch.Tensor]) -> torch.Tensor:
-        """One call of ``name`` where every row forwards n tokens: logits ``[R, n, V]`` in ``ids`` order."""
-        out = self.engines[name].extend(ids)
-        return stack_rows([out[r] for r in ids])
+    def _group_step(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
+        method = rows[0].method
+        if method == "asymspec":
+            return self._asymspec(key, rows, timer)
+        if method == "sd":
+            return self._sd(key, rows, timer)
+        return self._greedy(key, rows, timer)
 
+    def _device(self, rows: list[Row], stream: str) -> torch.device:
+        return self.engines[rows[0].storage[stream]].device
+
+    def _draws(self, key: tuple, rows: list[Row], n: int) -> StepDraws | None:
+        """The step's draws of ``rows`` (n positions a row) on the deciding device; None when all are greedy."""
+        device = self._device(rows, deciding_stream(rows[0].method))
+        return StepDraws.of(rows, n, device, self._draw_settings.setdefault(key, {}))
+
+    # ------------------------------------------------------------------ the step of each method (coroutines, see .calls)
     def _draft(
         self, rows: list[Row], k: int, masks: dict[int, list[torch.Tensor]] | None = None, draws: StepDraws | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K drafts of all rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32; greedy, or drawn by
+    ) -> Generator[Ask, Any, tuple[torch.Tensor, torch.Tensor]]:
+        """K drafts of the rows: drafts ``[R, K]`` and their logits ``[R, K, V]`` float32; greedy, or drawn by
         ``draws`` for its sampled rows. An engine that drafts by itself (vLLM decodes the K tokens in one call)
-        does; else K forwards of all rows. A constrained row drafts under its grammar's mask, each draft pushed as
-        it is made; ``masks[j]`` collects row ``j``'s K + 1 masks (the last one after d_K, for the bonus position)."""
-        name = self.drafting
+        does; else K drafting forwards. A constrained row drafts under its grammar's mask, each draft pushed as it
+        is made; ``masks[j]`` collects row ``j``'s K + 1 masks (the last one after d_K, for the bonus position)."""
+        name = drafting_stream(rows[0].method)
+        storage = rows[0].storage[name]
         x = {row.id: row.streams[name].pending for row in rows}
-        if getattr(self.engines[name], "drafts_itself", False) and draws is None:  # its drafts are greedy: not for sampled rows
-            return self.engines[name].draft(x, k)
+        if getattr(self.engines[storage], "drafts_itself", False) and draws is None:  # its drafts are greedy: not for sampled rows
+            (out,) = yield Ask(DRAFT, [Forward(storage, x, k)])
+            return out
         constrained = [(j, row.constraint) for j, row in enumerate(rows) if row.constraint is not None]
         drafts, logits = [], []
         for _ in range(k):
-            out = self.engines[name].extend(x)
+            (out,) = yield Ask(DRAFT, [Forward(storage, x)])
             last = stack_rows([out[r][-1] for r in x]).float()  # [R, V]
             for j, c in constrained:
                 masks.setdefault(j, []).append(c.mask())
@@ -244,22 +323,25 @@ class RowDecoder:
             return logits
         return apply_masks(logits.float(), step_masks(masks, logits.shape[0], logits.shape[1], logits.shape[-1]))
 
-    def _score(self, name: str, rows: list[Row], drafts: torch.Tensor) -> torch.Tensor:
-        """Pending + drafts of every row in one call: logits ``[R, n + K, V]``."""
-        eng = self.engines[name]
-        ids = {row.id: torch.cat([row.streams[name].pending.to(drafts.device), drafts[j]]).to(eng.device) for j, row in enumerate(rows)}
-        return self._extend(name, ids)
+    def _scoring(self, name: str, rows: list[Row], drafts: torch.Tensor) -> Forward:
+        """Pending + drafts ``[R, K]`` of every row on stream ``name``, one forward."""
+        storage = rows[0].storage[name]
+        device = self.engines[storage].device
+        ids = {row.id: torch.cat([row.streams[name].pending.to(drafts.device), drafts[j]]).to(device) for j, row in enumerate(rows)}
+        return Forward(storage, ids)
 
-    def _asymspec(self, rows: list[Row], timer: Timer) -> list[Emitted]:
+    def _asymspec(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
         """Algorithm 1: draft on a, score with b and t, gate and fuse, commit the accepted prefix (sampled rows: the
         rule of :mod:`asymspec_mm.sampling`, the residual's draw in place of the fused token)."""
-        cfg, k, top = self.cfg, self.cfg.k, self.cfg.trace_top
+        cfg = rows[0].config  # K, gate, delta, bonus and trace width are the group's (step_shape)
+        k, top = cfg.k, cfg.trace_top
         masks: dict[int, list[torch.Tensor]] = {}  # constrained rows' allowed tokens, positions 1..K+1
-        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device, self._draw_settings)  # None: every row is greedy
-        drafts, a = self._draft(rows, k, masks, draws)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
-        b = self._masked(self._score("drafter_comp", rows, drafts), masks)  # b_1..b_{K+1} [R, K+1, V]
-        t = self._masked(self._score("verifier", rows, drafts), masks).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
-        settings = self._gate_settings(rows, k, a.device)
+        draws = self._draws(key, rows, k + 1)  # None: every row is greedy
+        drafts, a = yield from self._draft(rows, k, masks, draws)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
+        b_out, t_out = yield Ask(SCORE, [self._scoring("drafter_comp", rows, drafts), self._scoring("verifier", rows, drafts)])
+        b = self._masked(stack_rows([b_out[r.id] for r in rows]), masks)  # b_1..b_{K+1} [R, K+1, V]
+        t = self._masked(stack_rows([t_out[r.id] for r in rows]), masks).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
+        settings = self._gate_settings(key, rows, k, a.device)
         with timer("gate"):
             g = gate_step(
                 a.flatten(0, 1),
@@ -278,7 +360,8 @@ class RowDecoder:
         bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k], bonus_drawn)
         with timer("trace"):
             tops = trace_tops(g, log_t_bonus, top) if top else None
-        hosts = to_host(pack_gate(g, drafts.flatten(), sampled), bonus, tops, top, rows=len(rows))  # the step's one transfer
+        flat = yield Ask(DECIDE, transfer=pack_host(pack_gate(g, drafts.flatten(), sampled), bonus, tops))  # the step's one transfer
+        hosts = read_host(flat, k, len(rows), True, k + 1 if top else 0, top)
         emitted: list[list] = []
         gated: list[int] = []
         for j, (row, host) in enumerate(zip(rows, hosts)):
@@ -300,7 +383,8 @@ class RowDecoder:
             emitted.append([events, token, carry])
         if gated:
             bonus_masks = {i: [masks[j][k]] for i, j in enumerate(gated) if j in masks}
-            self._gated_bonus(
+            yield from self._gated_bonus(
+                key,
                 [rows[j] for j in gated],
                 drafts[gated, k - 1 :],
                 b[gated, k],
@@ -314,6 +398,7 @@ class RowDecoder:
 
     def _gated_bonus(
         self,
+        key: tuple,
         rows: list[Row],
         d_k: torch.Tensor,
         b_bonus: torch.Tensor,
@@ -322,38 +407,42 @@ class RowDecoder:
         timer: Timer,
         masks: dict[int, list[torch.Tensor]] | None = None,
         draws: StepDraws | None = None,
-    ) -> None:
+    ) -> Generator[Ask, Any, None]:
         """``bonus="gated"`` for the rows with K acceptances: d_K ``[G, 1]`` forwarded for a_{K+1}, gated against
         ``b_bonus`` / ``t_bonus`` ``[G, V]`` in one forward, one gate call and one transfer (``masks``: the
         constrained rows' allowed tokens at the bonus position; ``draws``: these rows' draws, column K)."""
-        cfg, k = self.cfg, self.cfg.k
-        a_bonus = self._extend("drafter_full", {row.id: d_k[j] for j, row in enumerate(rows)})[:, -1:].float()
-        a_bonus = self._masked(a_bonus, masks or {})[:, 0]  # a_{K+1} [G, V]
+        cfg = rows[0].config
+        k, top = cfg.k, cfg.trace_top
+        storage = rows[0].storage["drafter_full"]
+        (out,) = yield Ask(BONUS, [Forward(storage, {row.id: d_k[j] for j, row in enumerate(rows)})])
+        a_bonus = self._masked(stack_rows([out[r.id] for r in rows])[:, -1:].float(), masks or {})[:, 0]  # a_{K+1} [G, V]
         d_bonus = a_bonus.argmax(-1) if draws is None else draws.draw(a_bonus, k)
-        settings = self._gate_settings(rows, 1, a_bonus.device)
+        settings = self._gate_settings(key, rows, 1, a_bonus.device)
         with timer("gate"):
             g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, **settings)
             sampled = None
             if draws is not None:
                 sampled = draws.decide(draws.proposals[-1][:, None], g.fused_logits, d_bonus[:, None], k, g, (g.accepted, g.fused))
         with timer("trace"):
-            tops = gated_tops(g, cfg.trace_top) if cfg.trace_top else None
-        hosts = to_host(pack_gate(g, d_bonus, sampled), None, tops, cfg.trace_top, rows=len(rows))  # the bonus decision's one transfer
+            tops = gated_tops(g, top) if top else None
+        flat = yield Ask(BONUS_DECIDE, transfer=pack_host(pack_gate(g, d_bonus, sampled), None, tops))  # the bonus decision's one transfer
+        hosts = read_host(flat, 1, len(rows), False, 1 if top else 0, top)
         fused = g.fused if sampled is None else sampled.residual
         for j, (row, host, slot) in enumerate(zip(rows, hosts, emitted)):
             bonus_row = host.rows[0]
             row.counters.record_bonus(bonus_row.accepted)
-            slot[0].append(gate_event(row.step, cfg.k, bonus_row, tops_at(host.tops, 0)))
+            slot[0].append(gate_event(row.step, k, bonus_row, tops_at(host.tops, 0)))
             slot[1] = d_bonus[j : j + 1] if bonus_row.accepted else fused[j : j + 1]
 
-    def _sd(self, rows: list[Row], timer: Timer) -> list[Emitted]:
+    def _sd(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
         """Symmetric SD: greedy, keep the drafts that match the verifier's argmax, then its own token (equals Floor);
         sampled rows keep drafts by the lossless rule (A empty, target softmax(F(t / tau))): Floor in distribution."""
-        k = self.cfg.k
+        k, top = rows[0].config.k, rows[0].config.trace_top
         masks: dict[int, list[torch.Tensor]] = {}
-        draws = StepDraws.of(rows, k + 1, self.engines[self.deciding].device, self._draw_settings)
-        drafts, _ = self._draft(rows, k, masks, draws)
-        t = self._masked(self._score("verifier", rows, drafts).float(), masks)  # [R, K+1, V]
+        draws = self._draws(key, rows, k + 1)
+        drafts, _ = yield from self._draft(rows, k, masks, draws)
+        (t_out,) = yield Ask(SCORE, [self._scoring("verifier", rows, drafts)])
+        t = self._masked(stack_rows([t_out[r.id] for r in rows]).float(), masks)  # [R, K+1, V]
         v_ids = t.argmax(-1)  # [R, K+1]
         drafts_v = drafts.to(v_ids.device)  # the verifier may live on another GPU
         padded = torch.cat([drafts_v, drafts_v[:, :1]], dim=1)
@@ -368,10 +457,9 @@ class RowDecoder:
         p_draft = log_t.gather(-1, padded[..., None])[..., 0].exp()
         cols = (tokens, p_v, padded, accepted, v_ids, p_draft)
         packed = torch.stack([c.double() for c in cols], dim=2)
-        top = self.cfg.trace_top
         if top:  # the verifier's top tokens at every position, in the same transfer
             packed = torch.cat([packed, topk_logprobs(log_t.flatten(0, 1), top).view(*log_t.shape[:2], -1)], dim=2)
-        host = packed.tolist()  # the step's one transfer
+        host = _rows_of((yield Ask(DECIDE, transfer=packed)), packed.shape)  # the step's one transfer
         emitted = []
         for j, (row, h) in enumerate(zip(rows, host)):
             events, n_acc = sd_events(row.step, k, h, top)
@@ -386,24 +474,27 @@ class RowDecoder:
             emitted.append((events, tokens[j, n_acc : n_acc + 1].to(drafts.device), carry))
         return emitted
 
-    def _greedy(self, rows: list[Row], timer: Timer) -> list[Emitted]:
-        """Plain greedy decoding of one stream (Floor: the verifier; ``drafter``: the drafter on the full view)."""
-        name = STREAMS_OF[self.method][0]
-        logits = self._extend(name, {row.id: row.streams[name].pending for row in rows})[:, -1:].float()
+    def _greedy(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
+        """Plain greedy decoding of one stream (Floor: the verifier, in the scoring phase; ``drafter``: the drafter on
+        the full view, in the first drafting phase), each forward shared with the other groups' rows there."""
+        method, top = rows[0].method, rows[0].config.trace_top
+        name = STREAMS_OF[method][0]
+        phase = SCORE if method == "floor" else DRAFT
+        (out,) = yield Ask(phase, [Forward(rows[0].storage[name], {row.id: row.streams[name].pending for row in rows})])
+        logits = stack_rows([out[r.id][-1:] for r in rows]).float()
         logits = self._masked(logits, {j: [row.constraint.mask()] for j, row in enumerate(rows) if row.constraint is not None})[
             :, 0
         ]  # [R, V]
-        draws = StepDraws.of(rows, 1, logits.device, self._draw_settings)
+        draws = self._draws(key, rows, 1)
         argmax = logits.argmax(-1)
         tokens = argmax if draws is None else draws.draw_residual(logits, 0)
         log_p = logits.log_softmax(-1)
         p = log_p.gather(-1, tokens[:, None])[:, 0].exp()
-        top = self.cfg.trace_top
         packed = torch.stack([tokens.double(), p.double(), argmax.double()], dim=1)
         if top:  # the stream's own top tokens, in the same transfer
             packed = torch.cat([packed, topk_logprobs(log_p, top)], dim=1)
-        host = packed.tolist()  # the step's one transfer
-        verifier = self.method == "floor"
+        host = _rows_of((yield Ask(DECIDE, transfer=packed)), packed.shape)  # the step's one transfer
+        verifier = method == "floor"
         emitted = []
         for j, (row, h) in enumerate(zip(rows, host)):
             row.counters.record_step(0, 0)
@@ -424,3 +515,12 @@ class RowDecoder:
             ]
             emitted.append((events, tokens[j : j + 1], None))
         return emitted
+
+
+def _rows_of(flat: list[float], shape: torch.Size) -> list:
+    """``flat`` (a tensor's values in order) nested as the tensor's ``shape`` (2 or 3 dims), as ``tolist`` gives."""
+    if len(shape) == 2:
+        w = shape[1]
+        return [flat[i * w : (i + 1) * w] for i in range(shape[0])]
+    n, w = shape[1], shape[2]
+    return [[flat[(j * n + i) * w : (j * n + i + 1) * w] for i in range(n)] for j in range(shape[0])]

@@ -126,31 +126,42 @@ class StepOnHost(NamedTuple):
         return n
 
 
-def to_host(
-    gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
-) -> list[StepOnHost]:
-    """One transfer of packed ``gate`` ``[R*P, 14]``, ``bonus`` ``[R, 4]`` and ``tops`` ``[R*P', 4*top]`` for R
-    ``rows``; returns each row's decision."""
+def pack_host(gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed ``gate`` ``[R*P, 14]``, ``bonus`` ``[R, 4]`` and ``tops`` ``[R*P', 4*top]`` as one flat float64 tensor
+    (what a step moves to the host; :func:`read_host` reads it back)."""
     parts = [gate.flatten()] + ([bonus.flatten()] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
-    flat = torch.cat(parts).tolist()
-    n = gate.shape[0] // rows
+    return torch.cat(parts)
+
+
+def read_host(flat: list[float], positions: int, rows: int, bonus: bool = False, tops_per_row: int = 0, top: int = 0) -> list[StepOnHost]:
+    """Each of ``rows`` rows' decision from ``flat`` (:func:`pack_host`'s values): ``positions`` gated positions a row,
+    a bonus row each when ``bonus``, ``tops_per_row`` positions of top tokens each."""
+    n = positions
     bonus_at = rows * n * GATE_WIDTH
-    tops_at = bonus_at + (rows * BONUS_WIDTH if bonus is not None else 0)
-    per_row_tops = tops.shape[0] // rows if tops is not None else 0
+    tops_at = bonus_at + (rows * BONUS_WIDTH if bonus else 0)
     w = 4 * top
     out = []
     for r in range(rows):
         gate_rows = [_gate_row(flat[(r * n + i) * GATE_WIDTH : (r * n + i + 1) * GATE_WIDTH]) for i in range(n)]
         bonus_row = None
-        if bonus is not None:
+        if bonus:
             o = bonus_at + r * BONUS_WIDTH
             bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2], int(flat[o + 3]))
         host_tops = None
-        if tops is not None:
-            o = tops_at + r * per_row_tops * w
+        if tops_per_row:
+            o = tops_at + r * tops_per_row * w
             host_tops = [
                 (_pairs(flat[o + w * i : o + w * i + 2 * top], top), _pairs(flat[o + w * i + 2 * top : o + w * (i + 1)], top))
-                for i in range(per_row_tops)
+                for i in range(tops_per_row)
             ]
         out.append(StepOnHost(gate_rows, bonus_row, host_tops))
     return out
+
+
+def to_host(
+    gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
+) -> list[StepOnHost]:
+    """One transfer of packed ``gate`` ``[R*P, 14]``, ``bonus`` ``[R, 4]`` and ``tops`` ``[R*P', 4*top]`` for R
+    ``rows``; returns each row's decision."""
+    flat = pack_host(gate, bonus, tops).tolist()
+    return read_host(flat, gate.shape[0] // rows, rows, bonus is not None, tops.shape[0] // rows if tops is not None else 0, top)

@@ -112,6 +112,22 @@ class StreamPrompt:
         return PrefillChunk(self.ids[a:b], self.positions[:, a:b], self.image_embeds[p:q], deep)
 
 
+def resumed_prompt(prompt: StreamPrompt, tail: torch.Tensor) -> StreamPrompt:
+    """``prompt`` followed by ``tail`` ``[n]``, the tokens a stream had cached after it (a preempted row's context,
+    prefilled anew): text positions continue the prompt's (length + i + rope delta on every axis, as a decode
+    forward gives them), the reuse key grows by the tokens themselves, and nothing is prefilled yet."""
+    tail = tail.reshape(-1).to(prompt.ids.device, torch.long)
+    n, length = int(tail.numel()), int(prompt.ids.numel())
+    ids = torch.cat([prompt.ids, tail])
+    key = None if prompt.key is None else torch.cat([prompt.key, tail.to(prompt.key.device)])
+    if prompt.positions is None:
+        return StreamPrompt(ids, key=key)
+    extra = (length + prompt.rope_delta + torch.arange(n)).to(prompt.positions).unsqueeze(0).expand(3, n)
+    pads = torch.cat([prompt.pads_before, prompt.pads_before[-1:].expand(n)])
+    positions = torch.cat([prompt.positions, extra], dim=1)
+    return StreamPrompt(ids, positions, prompt.rope_delta, prompt.image_embeds, prompt.deepstack, pads, key, prompt.image_end)
+
+
 def text_prompt(ids: torch.Tensor, *, reuse: bool = True) -> StreamPrompt:
     """A text stream's prompt: ``ids`` ``[L]`` (its reuse key is the ids themselves)."""
     ids = ids.reshape(-1)

@@ -173,6 +173,7 @@ class BatchEngine(RowBook):
         self.forward_calls: dict[int, int] = {}
         self.compactions = 0  # how many times the cache was compacted
         self.batch_forwards = 0  # model forwards this engine ran
+        self.peak_kv_bytes = 0  # the most KV bytes held after a join, a forward or a compaction (reset by the caller)
         self._rows: list[int] = []  # batch order
         self._slots: dict[int, list[int]] = {}  # row -> its live slot indices, ascending (logical order)
         self._delta: dict[int, int] = {}  # row -> rope delta (VL rows; 0 for text)
@@ -244,6 +245,7 @@ class BatchEngine(RowBook):
         live[B, :length] = True
         self._live, self._T = live, new_T
         self._book(row, engine, range(length))
+        self._note_peak()
 
     @torch.no_grad()
     def leave(self, row: int) -> None:
@@ -298,6 +300,7 @@ class BatchEngine(RowBook):
             self._slots[r] = list(range(n))
         self._T = T
         self.compactions += 1
+        self._note_peak()
 
     # ------------------------------------------------------------------ decoding
     def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -371,6 +374,7 @@ class BatchEngine(RowBook):
                     result[r] = out.logits[b, : n[r]]
         self._live = torch.cat([self._live, new_live.to(self.device)], dim=1)
         self._T = T + n_max
+        self._note_peak()
         self._trim_tail()
         return {r: result[r] for r in chunks} if not keep else {}
 
@@ -406,6 +410,19 @@ class BatchEngine(RowBook):
         """The most KV bytes this storage can hold at once while rows that reach ``lengths`` tokens live in it, each
         forward appending at most ``step_tokens`` slots: :func:`dynamic_kv_bound` of this engine's shapes."""
         return dynamic_kv_bound(self.slot_bytes(), self._n_layers, self.compact_at, lengths, step_tokens)
+
+    def step_bytes(self, grow: int, join: int | None = None) -> int:
+        """An upper bound of the KV bytes this storage holds while its rows (and a row of ``join`` tokens joining)
+        append up to ``grow`` slots: every row spans the time width, which grows by at most ``grow``, and a forward's
+        cache update, a join or a compaction copies one layer beside the old one."""
+        rows = len(self._rows) + (join is not None)
+        if not rows:
+            return 0
+        time = max(self._T, join or 0) + grow
+        return (self.slot_bytes() + self.slot_bytes() // self._n_layers) * time * rows
+
+    def _note_peak(self) -> None:
+        self.peak_kv_bytes = max(self.peak_kv_bytes, self.kv_bytes())
 
     @property
     def engine_calls(self) -> int:
