@@ -258,21 +258,23 @@ class RequestPreparer:
         ``caption`` / ``ocr``: ``None`` produce them for every image (``ocr=False``: none), a string for the only
         image, or a list with one per image. ``text_compressor`` shortens long text parts in the compressed view
         (e.g. :func:`~asymspec_mm.conversation.truncate`); ``enable_thinking`` goes to the verifier's template (off by
-        default, as the paper's harness). ``tools`` (OpenAI function tools) are rendered by both templates and, unless
-        ``tool_choice="none"``, the answer is read for calls (``res.tool_calls``, :mod:`asymspec_mm.tools`);
+        default, as the paper's harness). ``tools`` (OpenAI function tools) are rendered by both templates and the
+        answer is read for calls (``res.tool_calls``, :mod:`asymspec_mm.tools`), except under ``tool_choice="none"``:
+        the tools stay out of the prompt and ``<tool_call>`` stops the answer (:func:`~asymspec_mm.tools.prompt_tools`);
         ``tool_choice`` ``required`` / a named function and ``response_format`` ``json_object`` / ``json_schema``
         constrain the answer with a grammar (:mod:`asymspec_mm.grammar`). The session's ``view`` is the last
         image's."""
         from vision_cache.image import load_image
 
         from .conversation import parse_messages, per_image, view_messages, view_texts
-        from .tools import check_response_format, check_tool_choice, check_tools
+        from .tools import answer_stop_strings, check_response_format, check_tool_choice, check_tools, prompt_tools
 
         m = self.models
         cfg = resolve_config(config, overrides)
         check_method(method)
         offered = check_tools(tools)
         choice = check_tool_choice(tool_choice, offered)
+        cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
         check_response_format(response_format)
         t_start = time.perf_counter()
         turns = parse_messages(messages)
@@ -295,7 +297,7 @@ class RequestPreparer:
             m.processor,
             m.verifier_tokenizer,
             images,
-            view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking, tools=offered),
+            view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking, tools=prompt_tools(offered, choice)),
         )
         view = views[-1] if views else CompressedView()
         given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
