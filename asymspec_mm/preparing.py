@@ -28,6 +28,7 @@ from .models import ModelSet
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
 from .questions import check_question
 from .session import Session
+from .tiny.domain import warn_request
 
 if TYPE_CHECKING:
     from .conversation import TextCompressor
@@ -124,6 +125,7 @@ class RequestPreparer:
         from .captioner import DrafterCaptioner
 
         self.models = models
+        self.name = "custom"  # the loaded pair's preset name (the facade's ``name``): which warnings apply
         # the captioner takes the models' lock per model call, so rows decoding elsewhere step between its tokens
         self.captioner = (
             DrafterCaptioner(models.drafter, models.processor, models.encoder, lock=models.lock) if captioner == "drafter" else captioner
@@ -216,6 +218,7 @@ class RequestPreparer:
         question = check_question(question)
         t_start = time.perf_counter()
         img = load_image(image)
+        warnings = warn_request(self.name, question, [img.size])  # logged before the slow part of the set-up
         budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
         # The models' lock is held around each model call only (each caption token, the prefills), never across
         # OCR or tokenizing, so a request set up on one thread lets rows decoding on another step in between.
@@ -230,9 +233,11 @@ class RequestPreparer:
         texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
         prompts = render_prompts(m.processor, m.verifier_tokenizer, img, texts, style.drafter_thinking_off)
         vision = (tower_before, hits_before)
-        return self._set_up(
+        session = self._set_up(
             method, cfg, prompts, [img], view, timings, ocr_engine, ocr, vision, t_start, engines, ignore_eos, prefill, on_phase
         )
+        session.warnings = warnings
+        return session
 
     def prepare_chat(
         self,
@@ -266,7 +271,7 @@ class RequestPreparer:
         image's."""
         from vision_cache.image import load_image
 
-        from .conversation import parse_messages, per_image, view_messages, view_texts
+        from .conversation import parse_messages, per_image, task_text, view_messages, view_texts
         from .tools import answer_stop_strings, check_response_format, check_tool_choice, check_tools, prompt_tools
 
         m = self.models
@@ -279,6 +284,7 @@ class RequestPreparer:
         t_start = time.perf_counter()
         turns = parse_messages(messages)
         images = [load_image(part.source) for turn in turns for part in turn.images]
+        warnings = warn_request(self.name, task_text(turns), [img.size for img in images])
         captions, ocrs = per_image(caption, len(images), "caption"), per_image(ocr, len(images), "ocr")
         timings: dict[str, float] = {}
         vision = m.encoder.thread_counts()
@@ -305,6 +311,7 @@ class RequestPreparer:
             method, cfg, prompts, images, view, timings, ocr_engine, given, vision, t_start, engines, ignore_eos, prefill, None
         )
         session.stats["images"] = len(images)
+        session.warnings = warnings
         session.tools, session.read_tool_calls = offered, bool(offered) and choice != "none"
         compiled = m.grammars.compile(offered, choice, response_format) if choice not in ("none", "auto") or response_format else None
         if compiled is not None:
