@@ -52,8 +52,8 @@ _USED = (
     "asymspec",
 )
 
-#: Images one request may hold unless the server says otherwise (``serve --max-images``).
 DEFAULT_MAX_IMAGES = 8
+"""Images one request may hold unless the server says otherwise (``serve --max-images``)."""
 
 #: OpenAI fields accepted only while they hold a neutral value: field -> (test, why).
 _NEUTRAL: dict[str, tuple[Any, str]] = {
