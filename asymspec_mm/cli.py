@@ -16,6 +16,7 @@ from .options import add_decode_args, add_model_args, config_from_args, pipeline
 from .questions import check_question, mathvista_question
 
 ANSWER_TYPES = ("integer", "float1", "float2", "list")  # mathvista_question's answer types
+VERBOSE_HELP = "show the libraries' warnings, notices and loading bars, and tracebacks"
 
 
 def compose_question(question: str, choices: list[str] | None, answer_type: str | None) -> str:
@@ -70,24 +71,21 @@ def read_image(path: str) -> Any:
 
 
 def warn_out_of_domain(question: str, size: tuple[int, int]) -> None:
-    from .tiny.domain import domain_warning
+    """The tiny pair's warning before it loads (logged as the request's own, which the command says once)."""
+    from .tiny.domain import TINY, warn_request
 
-    warning = domain_warning(question, size)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+    warn_request(TINY, question, [size])
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     question = compose_question(args.question, args.choices, args.answer_type)
     cfg = config_from_args(args)
     image = read_image(args.image)  # before the domain warning and the models: a bad file is refused at once
-    if args.preset == "tiny":  # before loading: the answer would be meaningless
+    if args.preset == "tiny":  # before loading: the answer would be meaningless (prepare warns for "auto")
         warn_out_of_domain(question, image.size)
     progress = Progress(enabled=not args.quiet)
     progress(f"loading the models ({args.preset or 'auto'})" if not args.drafter else "loading the models")
     pipe = pipeline_from_args(args)
-    if pipe.name == "tiny" and args.preset != "tiny":
-        warn_out_of_domain(question, image.size)
     ocr: Any = None
     if args.no_ocr:
         ocr = False
@@ -136,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asymspec-mm", description="Cross-modal AsymSpec: a vision-language drafter steers a text-only verifier."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="{generate,quickstart,batch,demo,eval,bench,serve}")
     sub.required = True
 
@@ -184,7 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(func=lambda a, e=exc, x=extra: _missing(e, x))
             continue
         getattr(mod, adder)(sub)
+    add_verbose(parser)
     return parser
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``-v/--verbose`` on every subcommand too (``asymspec-mm serve -v`` as ``asymspec-mm -v serve``): suppressed
+    when absent, so a subcommand's default does not undo the top-level flag."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases repeat a parser
+                if "--verbose" not in sub._option_string_actions:
+                    sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+                add_verbose(sub)
 
 
 def _missing(exc: ImportError, extra: str) -> int:
@@ -196,19 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    from .chatter import configure_cli_logging
+
+    # a command that answers one request (or a file of them) says each distinct warning once; a server, per request
+    configure_cli_logging(args.verbose, say_once=args.command in ("generate", "quickstart", "batch"))
     if not args.verbose:
-        import logging
         import warnings
 
         warnings.filterwarnings("ignore")
-        logging.getLogger("transformers").setLevel(logging.ERROR)
-        try:  # the per-shard "Loading weights" bars drown the answer on a terminal
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except Exception:  # pragma: no cover - older transformers
-            pass
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         rc = args.func(args)
     except AsymSpecError as exc:

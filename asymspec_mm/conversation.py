@@ -143,6 +143,16 @@ def parse_messages(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
     return turns
 
 
+def task_text(turns: Sequence[Turn]) -> str:
+    """The conversation's task: the text of its first user message that has any (later turns follow it up), the
+    parts joined by a blank line; empty when no user message has text."""
+    for turn in turns:
+        text = "\n\n".join(t for t in turn.texts if t.strip())
+        if turn.role == "user" and text:
+            return text
+    return ""
+
+
 def tool_call(call: Any, where: str) -> dict[str, Any]:
     """An assistant message's tool call in OpenAI's shape (``{"id", "type": "function", "function": {"name",
     "arguments"}}``, arguments a JSON string or an object), with its arguments parsed to an object."""

@@ -19,6 +19,7 @@ import torch
 
 from captioning.view import CompressedView
 
+from .chatter import quiet_loading
 from .config import AsymSpecConfig
 from .decode import Counters, TokenEvent, greedy_steps, steps_for
 from .decode.loops import Timer
@@ -89,6 +90,7 @@ class AsymSpecPipeline:
     engines = _Part("preparer", "The factory of single-row engines requests are prefilled on.")
     ocr_layout = _Part("preparer", "How the OCR engine's items become the OCR text.")
     prompt_style = _Part("preparer", "How (view, question) become the prompts' texts.")
+    name = _Part("preparer", "The pair's preset name (``tiny``, ``qwen3``; ``custom`` for other pairs): which warnings apply.")
 
     def __init__(
         self,
@@ -178,21 +180,22 @@ class AsymSpecPipeline:
         for ref, role in ((drafter, "drafter"), (verifier, "verifier"), (sd_drafter, "SD drafter")):
             if ref is not None and isinstance(ref, (str, Path)):
                 check_checkpoint(ref, role)
-        models = load_models(
-            drafter,
-            verifier,
-            device,
-            dtype,
-            device_map=device_map,
-            verifier_device_map=verifier_device_map,
-            trust_remote_code=trust_remote_code,
-            local_files_only=local_files_only,
-            verifier_backend=verifier_backend,
-            vllm_kwargs=vllm_kwargs,
-            drafter_backend=drafter_backend,
-            drafter_vllm_kwargs=drafter_vllm_kwargs,
-            sd_drafter=sd_drafter,
-        )
+        with quiet_loading():  # transformers' per-shard bars: shown with verbose logging only (chatter.py)
+            models = load_models(
+                drafter,
+                verifier,
+                device,
+                dtype,
+                device_map=device_map,
+                verifier_device_map=verifier_device_map,
+                trust_remote_code=trust_remote_code,
+                local_files_only=local_files_only,
+                verifier_backend=verifier_backend,
+                vllm_kwargs=vllm_kwargs,
+                drafter_backend=drafter_backend,
+                drafter_vllm_kwargs=drafter_vllm_kwargs,
+                sd_drafter=sd_drafter,
+            )
         return cls(**models, **kwargs)
 
     @classmethod

@@ -28,6 +28,7 @@ from .models import ModelSet
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
 from .questions import check_question
 from .session import Session
+from .tiny.domain import warn_request
 
 if TYPE_CHECKING:
     from .conversation import TextCompressor
@@ -124,6 +125,7 @@ class RequestPreparer:
         from .captioner import DrafterCaptioner
 
         self.models = models
+        self.name = "custom"  # the loaded pair's preset name (the facade's ``name``): which warnings apply
         # the captioner takes the models' lock per model call, so rows decoding elsewhere step between its tokens
         self.captioner = (
             DrafterCaptioner(models.drafter, models.processor, models.encoder, lock=models.lock) if captioner == "drafter" else captioner
@@ -216,6 +218,7 @@ class RequestPreparer:
         question = check_question(question)
         t_start = time.perf_counter()
         img = load_image(image)
+        warnings = warn_request(self.name, question, [img.size])  # logged before the slow part of the set-up
         budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
         # The models' lock is held around each model call only (each caption token, the prefills), never across
         # OCR or tokenizing, so a request set up on one thread lets rows decoding on another step in between.
@@ -230,9 +233,11 @@ class RequestPreparer:
         texts = style.user_texts(view, question.strip(), cfg.drafter_view, method)
         prompts = render_prompts(m.processor, m.verifier_tokenizer, img, texts, style.drafter_thinking_off)
         vision = (tower_before, hits_before)
-        return self._set_up(
+        session = self._set_up(
             method, cfg, prompts, [img], view, timings, ocr_engine, ocr, vision, t_start, engines, ignore_eos, prefill, on_phase
         )
+        session.warnings = warnings
+        return session
 
     def prepare_chat(
         self,
@@ -258,25 +263,28 @@ class RequestPreparer:
         ``caption`` / ``ocr``: ``None`` produce them for every image (``ocr=False``: none), a string for the only
         image, or a list with one per image. ``text_compressor`` shortens long text parts in the compressed view
         (e.g. :func:`~asymspec_mm.conversation.truncate`); ``enable_thinking`` goes to the verifier's template (off by
-        default, as the paper's harness). ``tools`` (OpenAI function tools) are rendered by both templates and, unless
-        ``tool_choice="none"``, the answer is read for calls (``res.tool_calls``, :mod:`asymspec_mm.tools`);
+        default, as the paper's harness). ``tools`` (OpenAI function tools) are rendered by both templates and the
+        answer is read for calls (``res.tool_calls``, :mod:`asymspec_mm.tools`), except under ``tool_choice="none"``:
+        the tools stay out of the prompt and ``<tool_call>`` stops the answer (:func:`~asymspec_mm.tools.prompt_tools`);
         ``tool_choice`` ``required`` / a named function and ``response_format`` ``json_object`` / ``json_schema``
         constrain the answer with a grammar (:mod:`asymspec_mm.grammar`). The session's ``view`` is the last
         image's."""
         from vision_cache.image import load_image
 
-        from .conversation import parse_messages, per_image, view_messages, view_texts
-        from .tools import check_response_format, check_tool_choice, check_tools
+        from .conversation import parse_messages, per_image, task_text, view_messages, view_texts
+        from .tools import answer_stop_strings, check_response_format, check_tool_choice, check_tools, prompt_tools
 
         m = self.models
         cfg = resolve_config(config, overrides)
         check_method(method)
         offered = check_tools(tools)
         choice = check_tool_choice(tool_choice, offered)
+        cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
         check_response_format(response_format)
         t_start = time.perf_counter()
         turns = parse_messages(messages)
         images = [load_image(part.source) for turn in turns for part in turn.images]
+        warnings = warn_request(self.name, task_text(turns), [img.size for img in images])
         captions, ocrs = per_image(caption, len(images), "caption"), per_image(ocr, len(images), "ocr")
         timings: dict[str, float] = {}
         vision = m.encoder.thread_counts()
@@ -295,7 +303,7 @@ class RequestPreparer:
             m.processor,
             m.verifier_tokenizer,
             images,
-            view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking, tools=offered),
+            view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=enable_thinking, tools=prompt_tools(offered, choice)),
         )
         view = views[-1] if views else CompressedView()
         given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
@@ -303,6 +311,7 @@ class RequestPreparer:
             method, cfg, prompts, images, view, timings, ocr_engine, given, vision, t_start, engines, ignore_eos, prefill, None
         )
         session.stats["images"] = len(images)
+        session.warnings = warnings
         session.tools, session.read_tool_calls = offered, bool(offered) and choice != "none"
         compiled = m.grammars.compile(offered, choice, response_format) if choice not in ("none", "auto") or response_format else None
         if compiled is not None:

@@ -35,6 +35,9 @@ class MMResult:
     tool_calls: list[dict[str, Any]] | None = None
     #: the message's content when the answer calls tools: the text before the first call (None if there is none)
     content: str | None = None
+    #: why the loaded pair cannot answer this request (the tiny preset outside MiniVista:
+    #: :func:`~asymspec_mm.tiny.domain.request_warnings`), one line each; empty when it can
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def finish_reason(self) -> str:
@@ -50,6 +53,7 @@ class MMResult:
             "text": self.text,
             "token_ids": self.token_ids,
             "tool_calls": self.tool_calls,
+            "warnings": self.warnings,
             "method": self.method,
             "config": self.config.as_dict(),
             "stats": self.stats,
@@ -96,6 +100,8 @@ class Session:
     read_tool_calls: bool = False
     #: the grammar the answer follows (forced tool calls, JSON: :class:`~asymspec_mm.grammar.GrammarConstraint`)
     constraint: Any = None
+    #: the request's warnings (:attr:`MMResult.warnings`), found and logged as it was set up
+    warnings: list[str] = field(default_factory=list)
 
 
 def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, token_ids: list[int], contexts: dict[str, Any]) -> None:
@@ -212,4 +218,5 @@ def session_result(session: Session, counters: Counters, trace: list[TokenEvent]
         view=session.view,
         method=session.method,
         config=session.config,
+        warnings=list(session.warnings),
     )

@@ -83,6 +83,23 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Any:
     raise ToolError(f"tool_choice={json.dumps(tool_choice)[:60]} is not one of none, auto, required or a named function")
 
 
+def prompt_tools(tools: list[dict[str, Any]], tool_choice: Any) -> list[dict[str, Any]]:
+    """The tools the templates render: none under ``tool_choice="none"`` (OpenAI's meaning: the model does not call
+    a tool). Out of the prompt rather than masked by a grammar: it works on every engine (vLLM's cannot follow a
+    grammar here) and without the optional xgrammar, and a model that sees tools but may not open a call writes
+    what follows a blocked call (the tiny pair: ``</tool_call>``)."""
+    return [] if tool_choice == "none" else tools
+
+
+def answer_stop_strings(stop_strings: tuple[str, ...], tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, ...]:
+    """The stop strings an answer decodes with: with tools offered and ``tool_choice="none"``, also ``<tool_call>``,
+    so that a model that opens a call anyway (copying the calls earlier in the conversation) ends its answer there:
+    never call markup as content."""
+    if tools and tool_choice == "none" and OPEN not in stop_strings:
+        return (*stop_strings, OPEN)
+    return stop_strings
+
+
 def check_response_format(response_format: Any) -> None:
     """``None``, ``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name":
     ..., "schema": {...}}}`` (whether the grammar engine takes the schema is known when it is compiled)."""

@@ -123,8 +123,8 @@ def test_refusals_name_the_problem():
 
 def test_chat_with_tools_decodes_the_rendered_prompt(tiny_pipe):
     """pipe.chat with tools and a tool result: the verifier's prompt is the template's with the tools block, the
-    answer is read for calls (the random tiny pair makes none: its text is the content), tool_choice none renders
-    the tools but reads nothing."""
+    answer is read for calls (the random tiny pair makes none: its text is the content); tool_choice none keeps the
+    tools out of the prompt (#41) and reads nothing, ``<tool_call>`` one of its stop strings."""
     img1, img2 = make_image(11), make_image(12)
     cfg = AsymSpecConfig(k=3, max_new_tokens=8)
     res = tiny_pipe.chat(_conversation(img1, img2), tools=[ADD], caption=["a chart", "a plot"], ocr=False, config=cfg)
@@ -134,4 +134,6 @@ def test_chat_with_tools_decodes_the_rendered_prompt(tiny_pipe):
         "tool_calls" if res.tool_calls else res.finish_reason
     )
     off = tiny_pipe.chat(_conversation(img1, img2), tools=[ADD], tool_choice="none", caption=["a chart", "a plot"], ocr=False, config=cfg)
-    assert off.tool_calls is None and off.token_ids == res.token_ids
+    off_prompt = tiny_pipe.verifier_tokenizer.decode(off.prompts.verifier_ids[0])
+    assert "<tools>" not in off_prompt and "<tool_response>" in off_prompt
+    assert off.tool_calls is None and off.config.stop_strings == ("<tool_call>",)

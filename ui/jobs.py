@@ -250,7 +250,9 @@ class DemoApp:
     def warning(self, question: str, image_size: tuple[int, int] | None) -> str | None:
         """The page's warning for a request the loaded pair cannot answer (the bundled tiny pair outside
         MiniVista), else None."""
-        if getattr(self.pipe, "name", None) != "tiny":
+        from asymspec_mm.tiny.domain import request_problems
+
+        if not request_problems(getattr(self.pipe, "name", None), question, [image_size]):  # every path's rule
             return None
         return tiny_pair_warning(question, image_size)
 

@@ -7,8 +7,8 @@ used as is; ``"ocr": false``: no OCR text). Ids are strings or integers, compare
 (a line repeating an earlier id is a bad line).
 
 Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, appended, flushed and fsynced
-as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "stats", "view": {"caption",
-"ocr_text"}, "method", "config"}`` plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
+as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "warnings", "stats", "view":
+{"caption", "ocr_text"}, "method", "config"}`` (``warnings``: :attr:`~asymspec_mm.session.MMResult.warnings`) plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
 effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
 skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (invalid
 JSON, a missing or mistyped field, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their
@@ -20,6 +20,7 @@ with one line saying how many answers are kept and that ``--resume`` continues i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -176,6 +177,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     skipped = len(items) - len(todo)
 
     answers, errors = JsonlAppender(output), JsonlAppender(err_file)
+    stack = contextlib.ExitStack()
     progress = _Progress(0, False)  # the bar starts once the models are loaded
     failed = 0
     answered = 0
@@ -192,6 +194,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
     try:
         for err in line_errors:
             fail(err)
+        if not args.no_progress:  # log lines (warnings; libraries' chatter with --verbose) print above the bar
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            stack.enter_context(logging_redirect_tqdm())
         if todo:
             pipe = load_batch_pipeline(args, preset_name)
             progress = _Progress(len(todo), not args.no_progress)
@@ -234,6 +240,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         interrupted = True
     finally:
         progress.close()
+        stack.close()
         answers.close()
         errors.close()
 

@@ -180,6 +180,7 @@ def answer_record(item: Item, res: Any, text_of: TokenTexts | None = None) -> di
     rec = {
         "id": item.id,
         "answer": res.text,
+        "warnings": list(res.warnings),
         "stats": jsonable(res.stats),
         "view": {"caption": res.view.caption, "ocr_text": res.view.ocr_text},
         "method": res.method,

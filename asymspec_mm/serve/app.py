@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP app: :func:`create_app` (FastAPI) on one pipeline's batching scheduler.
 
-Endpoints: ``POST /v1/chat/completions`` (see :mod:`asymspec_mm.serve.schema` for what a request may hold),
+Endpoints: ``POST /v1/chat/completions`` (see [asymspec_mm.serve.schema][] for what a request may hold),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text). Every
 request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
 decoding steps; each answer equals ``pipe.generate`` of that request alone. A client that disconnects, while
@@ -43,8 +43,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 DEFAULT_MAX_BATCH_SIZE = 16
+"""Rows the scheduler decodes together (``--max-batch-size``)."""
 DEFAULT_MAX_QUEUE = 64
+"""Requests that may wait for a row before the server answers 429 (``--max-queue``)."""
 DEFAULT_MAX_REQUEST_MB = 20.0
+"""The largest request body in MB, images included (``--max-request-mb``; 413 beyond)."""
 #: Seconds a client refused for a full queue is told to wait (``Retry-After``).
 RETRY_AFTER_S = 1
 

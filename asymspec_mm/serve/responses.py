@@ -92,8 +92,10 @@ def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[str, Any]:
-    """The ``"asymspec"`` object of a response: method, settings, stats, the compressed view, the trace."""
+    """The ``"asymspec"`` object of a response: method, settings, stats, the compressed view, the request's
+    ``warnings`` (:attr:`MMResult.warnings`), the trace."""
     out = {
+        "warnings": res.warnings,
         "method": res.method,
         "config": res.config.as_dict(),
         "stats": res.stats,

@@ -5,7 +5,8 @@ The conversation is the whole history, as ``pipe.chat`` takes it: ``system`` / `
 with text parts and any number of ``image_url`` parts (data URLs, or files under ``--allow-local-images``; at most
 ``max_images`` in the request), ``assistant`` messages with text and ``tool_calls``, ``tool`` messages (text and
 images) answering them by ``tool_call_id``; the last message is the user's (with text) or a tool's. ``tools`` with
-``tool_choice`` ``auto`` / ``none`` are rendered by the templates and the answer read for calls. Each
+``tool_choice`` ``auto`` are rendered by the templates and the answer read for calls; under ``none`` the model does
+not call a tool (the tools stay out of the prompt: :func:`~asymspec_mm.tools.prompt_tools`). Each
 image is loaded here, so a bad one is refused before anything is queued; the answer equals ``pipe.chat`` of the
 same messages. ``chat_template_kwargs`` takes ``enable_thinking`` (default false, as the paper's harness). OpenAI
 fields the server cannot honour are refused unless they hold their neutral value.
@@ -51,8 +52,8 @@ _USED = (
     "asymspec",
 )
 
-#: Images one request may hold unless the server says otherwise (``serve --max-images``).
 DEFAULT_MAX_IMAGES = 8
+"""Images one request may hold unless the server says otherwise (``serve --max-images``)."""
 
 #: OpenAI fields accepted only while they hold a neutral value: field -> (test, why).
 _NEUTRAL: dict[str, tuple[Any, str]] = {

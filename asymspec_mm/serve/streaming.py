@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
-from ..tools import ToolCallStream, parse_tool_calls
+from ..tools import ToolCallStream, answer_stop_strings, parse_tool_calls
 from .responses import TextDeltas, asymspec_object, finish_reason, total_usage, trace_entry
 from .transport import Reader, dumps, error_of
 
@@ -99,7 +99,8 @@ async def chat_chunks(
     view; then usage (every choice's tokens) and ``[DONE]`` once all have finished. A choice that fails ends the
     stream with the error (the other choices are cancelled when the response closes)."""
     tools = bool(req.tools) and req.tool_choice != "none"
-    choices = [ChoiceDeltas(tokenizer, req.config.stop_strings, call_id(cid, i), tools) for i in range(len(readers))]
+    stops = answer_stop_strings(req.config.stop_strings, req.tools, req.tool_choice)  # as the session decodes
+    choices = [ChoiceDeltas(tokenizer, stops, call_id(cid, i), tools) for i in range(len(readers))]
     results: dict[int, MMResult] = {}
 
     def chunk(index: int, delta: dict, finish: str | None = None, lp: dict | None = None, **extra: Any) -> bytes:

@@ -2,16 +2,25 @@
 
 The tiny pair was trained only on MiniVista (:mod:`asymspec_mm.eval.minivista`): 128x128 renders of bar
 charts, coloured shapes and triangles, asked in MathVista's query layout (a hint line, ``Question: ...``,
-then ``Choices:`` for multiple choice) with one of eight question forms (and the agent family's two). Anything else gets fluent-looking
-but meaningless text, so the CLI and the demo warn before answering. Torch-free: the CLI checks before
-loading a model.
+then ``Choices:`` for multiple choice) with one of eight question forms (and the agent family's two, also in
+smolagents' ``New task:`` layout). Anything else gets fluent-looking but meaningless text, so every path warns by one
+rule, :func:`request_warnings` (only when the loaded pair is the tiny preset): the result's ``warnings``, the
+server's ``asymspec.warnings``, a log line per request (:func:`warn_request`), the CLI before loading and the demo
+before the run. Torch-free: the CLI checks before loading a model.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Iterable
 
 from . import IMAGE_SIZE
+
+#: The preset name of the bundled pair: the only pair with a domain to warn about.
+TINY = "tiny"
+#: Where the per-request warning is logged.
+log = logging.getLogger("asymspec_mm.domain")
 
 #: The question forms MiniVista draws (``minivista_scenes``); ``{w}`` is a colour, shape or vertex name.
 QUESTION_FORMS: tuple[str, ...] = (
@@ -28,6 +37,8 @@ QUESTION_FORMS: tuple[str, ...] = (
 )
 _FORMS = tuple(re.compile(form.replace("{w}", r"[A-Za-z]+")) for form in QUESTION_FORMS)
 _HINT = re.compile(r"^Hint: Please answer the question\b[^\n]*\nQuestion: (?P<question>[^\n]+)(?P<rest>\n[\s\S]*)?$")
+#: smolagents' ToolCallingAgent opens its task so (what the agent family trained on, eval.minivista_agent)
+_SMOLAGENTS = re.compile(r"^New task:\n(?P<question>[^\n]+)$")
 
 SCOPE = (
     "the tiny pair answers only MiniVista questions (bar charts, coloured shapes, triangle angles) "
@@ -40,9 +51,27 @@ HOW_TO = (
 
 
 def question_stem(text: str) -> str | None:
-    """The ``Question: ...`` line of a MathVista-layout prompt (without the prefix), else ``None``."""
-    m = _HINT.match(text.strip())
+    """The ``Question: ...`` line of a MathVista-layout prompt (without the prefix), or the task of smolagents'
+    ``New task:`` layout, else ``None``."""
+    m = _HINT.match(text.strip()) or _SMOLAGENTS.match(text.strip())
     return m.group("question").strip() if m else None
+
+
+def question_problems(question: str) -> list[str]:
+    """Why ``question`` (the full prompt text) is not a MiniVista request (empty when it is one)."""
+    stem = question_stem(question)
+    if stem is None:
+        return ["the question is not in MathVista's layout ('Hint: ...' then 'Question: ...')"]
+    if not any(form.fullmatch(re.sub(r"\s*\(Unit: [^)]*\)$", "", stem)) for form in _FORMS):
+        return [f"{stem!r} is not one of MiniVista's question forms"]
+    return []
+
+
+def image_problem(image_size: tuple[int, int] | None) -> str | None:
+    """Why an image of ``image_size`` (``(width, height)``, ``None`` when unknown) is not a MiniVista render."""
+    if image_size is None or tuple(image_size) == (IMAGE_SIZE, IMAGE_SIZE):
+        return None
+    return f"the image is {image_size[0]}x{image_size[1]}, not a {IMAGE_SIZE}x{IMAGE_SIZE} MiniVista render"
 
 
 def domain_problems(question: str, image_size: tuple[int, int] | None = None) -> list[str]:
@@ -50,20 +79,36 @@ def domain_problems(question: str, image_size: tuple[int, int] | None = None) ->
 
     ``question`` is the full prompt text; ``image_size`` is ``(width, height)`` of the image, if known.
     """
-    problems = []
-    stem = question_stem(question)
-    if stem is None:
-        problems.append("the question is not in MathVista's layout ('Hint: ...' then 'Question: ...')")
-    elif not any(form.fullmatch(re.sub(r"\s*\(Unit: [^)]*\)$", "", stem)) for form in _FORMS):
-        problems.append(f"{stem!r} is not one of MiniVista's question forms")
-    if image_size is not None and tuple(image_size) != (IMAGE_SIZE, IMAGE_SIZE):
-        problems.append(f"the image is {image_size[0]}x{image_size[1]}, not a {IMAGE_SIZE}x{IMAGE_SIZE} MiniVista render")
-    return problems
+    return request_problems(TINY, question, [image_size])
 
 
 def domain_warning(question: str, image_size: tuple[int, int] | None = None) -> str | None:
     """One line warning that the tiny pair will not understand this request, or ``None``."""
-    problems = domain_problems(question, image_size)
-    if not problems:
-        return None
-    return f"{SCOPE}; {'; '.join(problems)}, so expect a meaningless answer: {HOW_TO}"
+    return next(iter(request_warnings(TINY, question, [image_size])), None)
+
+
+def request_problems(pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = ()) -> list[str]:
+    """The one rule of every path: why the loaded ``pair`` (its preset name) cannot answer ``question`` about images
+    of ``image_sizes``; empty unless the pair is the tiny preset, the only one with a domain this narrow."""
+    if pair != TINY:
+        return []
+    problems = question_problems(question)
+    for problem in map(image_problem, image_sizes):
+        if problem is not None and problem not in problems:
+            problems.append(problem)
+    return problems
+
+
+def request_warnings(pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = ()) -> list[str]:
+    """:func:`request_problems` as the one-line warnings a result carries (``MMResult.warnings``): none, or one."""
+    problems = request_problems(pair, question, image_sizes)
+    return [f"{SCOPE}; {'; '.join(problems)}, so expect a meaningless answer: {HOW_TO}"] if problems else []
+
+
+def warn_request(pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = ()) -> list[str]:
+    """:func:`request_warnings`, each also logged once (``logging.warning`` on ``asymspec_mm.domain``): a request
+    is set up once, so this is called once per request."""
+    warnings = request_warnings(pair, question, image_sizes)
+    for warning in warnings:
+        log.warning("%s", warning)
+    return warnings

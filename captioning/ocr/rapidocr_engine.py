@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +16,28 @@ from captioning.errors import OCRUnavailableError
 from .base import OCREngine
 from .items import OCRItem
 
-__all__ = ["RapidOCREngine"]
+__all__ = ["RapidOCREngine", "route_rapidocr_logs"]
+
+#: Where RapidOCR's own log lines go, at INFO: library chatter, shown with INFO logging on (``asymspec-mm -v``).
+log = logging.getLogger("captioning.ocr.rapidocr")
+
+
+class _Relay(logging.Handler):
+    """Re-logs a RapidOCR record's message on :data:`log` at INFO."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if log.isEnabledFor(logging.INFO):
+            log.info("RapidOCR: %s", record.getMessage())
+
+
+def route_rapidocr_logs() -> None:
+    """RapidOCR's logger through the standard logging at INFO instead of its coloured console handler: its
+    warnings ("The text detection result is empty" on every image without text) would break a progress bar and
+    fill a server's log. Idempotent."""
+    rapid = logging.getLogger("RapidOCR")
+    if not any(isinstance(h, _Relay) for h in rapid.handlers):
+        rapid.handlers = [_Relay()]  # with a handler in place, RapidOCR adds no console handler of its own
+    rapid.propagate = False
 
 
 def rapidocr_problems() -> list[str]:
@@ -67,6 +89,7 @@ class RapidOCREngine(OCREngine):
                     from rapidocr import RapidOCR
 
                     self._engine = RapidOCR(params=dict(self.params))
+                    route_rapidocr_logs()
         return self._engine
 
     def _read_unordered(self, image: Image.Image) -> list[OCRItem]:
