@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..errors import AsymSpecError
 from ..identity import checkpoint_identity, comparable, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..identity import identity_diff as shared_identity_diff
@@ -261,7 +262,7 @@ def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "batch",
         help="answer a JSONL file of questions (continuous batching, resumable)",
-        description=__doc__,
+        description=terminal_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     io = p.add_argument_group("files")
