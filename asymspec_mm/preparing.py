@@ -28,6 +28,7 @@ from .models import ModelSet
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
 from .questions import check_question
 from .session import Session
+from .unicode_check import chat_text_fields, check_text_fields
 
 if TYPE_CHECKING:
     from .conversation import TextCompressor
@@ -214,6 +215,7 @@ class RequestPreparer:
         cfg = resolve_config(config, overrides)
         check_method(method)
         question = check_question(question)
+        check_text_fields({"caption": caption, "ocr": ocr})
         t_start = time.perf_counter()
         img = load_image(image)
         budget = {} if max_caption_chars is None else {"max_caption_chars": max_caption_chars}
@@ -271,6 +273,7 @@ class RequestPreparer:
         m = self.models
         cfg = resolve_config(config, overrides)
         check_method(method)
+        check_text_fields(chat_text_fields(messages, caption, ocr, tools, tool_choice, response_format))
         offered = check_tools(tools)
         choice = check_tool_choice(tool_choice, offered)
         check_response_format(response_format)
