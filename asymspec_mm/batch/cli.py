@@ -10,11 +10,13 @@ Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, 
 as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "stats", "view": {"caption",
 "ocr_text"}, "method", "config"}`` plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
 effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
-skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (invalid
-JSON, a missing or mistyped field, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their
-line number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures); the run goes on and
-exits with 1 at the end, or stops at the first one with ``--on-error raise``. Ctrl-C stops the run (exit 130)
-with one line saying how many answers are kept and that ``--resume`` continues it.
+skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (a line
+that is not UTF-8, invalid JSON, a missing or mistyped field, text that is not valid Unicode such as a lone
+surrogate ``\ud800``, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their line
+number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures, so ``--resume`` reports a bad
+line again until it is fixed); the run goes on and exits with 1 at the end, or stops at the first one with
+``--on-error raise``. Ctrl-C stops the run (exit 130) with one line saying how many answers are kept and that
+``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     resuming = started and args.resume
     if resuming:
         check_resume(output, identity)
-    items, line_errors = read_input(inp, images_dir)  # non-UTF-8 input stops here
+    items, line_errors = read_input(inp, images_dir)
     if line_errors and args.on_error == "raise":
         e = line_errors[0]
         raise AsymSpecError(f"{inp}:{e.line}: {e.message}")
