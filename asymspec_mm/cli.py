@@ -14,6 +14,7 @@ from .config import BONUS_RULES
 from .errors import AsymSpecError, UnknownOptionError
 from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from .questions import check_question, mathvista_question
+from .unicode_check import check_text_fields
 
 ANSWER_TYPES = ("integer", "float1", "float2", "list")  # mathvista_question's answer types
 VERBOSE_HELP = "show the libraries' warnings, notices and loading bars, and tracebacks"
@@ -22,6 +23,7 @@ VERBOSE_HELP = "show the libraries' warnings, notices and loading bars, and trac
 def compose_question(question: str, choices: list[str] | None, answer_type: str | None) -> str:
     """The question as given, or, with ``--choices`` / ``--answer-type``, in MathVista's layout."""
     question = check_question(question)
+    check_text_fields({"--choices": choices})
     if not choices and not answer_type:
         return question
     if choices and answer_type:
@@ -79,6 +81,8 @@ def warn_out_of_domain(question: str, size: tuple[int, int]) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     question = compose_question(args.question, args.choices, args.answer_type)
+    # an undecodable byte on the command line arrives as a lone surrogate: refuse it before any model loads
+    check_text_fields({"--caption": args.caption, "--ocr": args.ocr})
     cfg = config_from_args(args)
     image = read_image(args.image)  # before the domain warning and the models: a bad file is refused at once
     if args.preset == "tiny":  # before loading: the answer would be meaningless (prepare warns for "auto")

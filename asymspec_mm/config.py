@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import UnknownOptionError
+from .unicode_check import check_text_fields
 
 METHODS = ("asymspec", "floor", "drafter", "sd")
 GATES = ("cda", "fixed", "tuned", "tuned_kl", "kl")
@@ -95,7 +96,8 @@ class AsymSpecConfig:
     lam: lambda of the tuned gates. delta: the steering signal (``contrast`` a-b, ``raw`` a, ``scd``
     t-b). drafter_view: what the drafter's full stream reads besides the image. bonus: the token after K
     acceptances (``verifier``: argmax t_{K+1}, the paper; ``gated``: the drafter's a_{K+1} through the gate).
-    stop_strings: decoding stops once the text contains one. trace_top: top tokens kept per trace event.
+    stop_strings: decoding stops once the text contains one (any number of non-empty strings; the server takes at
+    most 4, as OpenAI's ``stop``). trace_top: top tokens kept per trace event.
     temperature: 0 decodes greedily (the paper's rule); above 0 every method samples (AsymSpec by the sampled rule of
     :mod:`asymspec_mm.sampling`), after top_k (0: off) then top_p (1: off) filtering. seed: the row's random
     generator (None: a fresh seed, reported in the result's stats), so a seeded request repeats its tokens.
@@ -138,6 +140,9 @@ class AsymSpecConfig:
             raise UnknownOptionError(f"seed={seed!r} must be None or an integer >= 0 and < 2**63")
         if not isinstance(self.stop_strings, tuple) or not all(isinstance(s, str) for s in self.stop_strings):
             raise UnknownOptionError(f"stop_strings={self.stop_strings!r} must be a tuple of strings")
+        if any(not s for s in self.stop_strings):  # "" is in every text: the answer would stop after one step
+            raise UnknownOptionError("stop_strings must not hold an empty string")
+        check_text_fields({"stop_strings": self.stop_strings})
         return self
 
     def with_(self, **changes) -> AsymSpecConfig:

@@ -23,6 +23,7 @@ __all__ = [
     "AsymSpecError",
     "EmptyQuestionError",
     "InvalidQuestionError",
+    "InvalidTextError",
     "ContextOverflowError",
     "VocabularyMismatchError",
     "UnknownOptionError",
@@ -39,6 +40,18 @@ class EmptyQuestionError(AsymSpecError):
 
 class InvalidQuestionError(AsymSpecError):
     """The question is not text, or not valid UTF-8."""
+
+
+class InvalidTextError(AsymSpecError):
+    """A text field holds something UTF-8 cannot encode (a lone surrogate, e.g. JSON's ``"\\ud800"``).
+
+    ``param`` is the field's path (``messages[0].content``, ``tools[0].function.description``, ``--caption``), which
+    the message starts with; see :mod:`asymspec_mm.unicode_check`.
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ContextOverflowError(AsymSpecError):

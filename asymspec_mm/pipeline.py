@@ -32,6 +32,7 @@ from .models import ModelSet
 from .preparing import RequestPreparer, ServingPipeline
 from .prompts import Prompts, PromptStyle
 from .session import GenerationStream, MMResult, Session, remember_answer, session_result
+from .unicode_check import check_text_fields
 
 __all__ = [
     "AsymSpecPipeline",
@@ -359,6 +360,7 @@ class AsymSpecPipeline:
 
         Used for MathVista's LLM answer extraction, so no external API is needed.
         """
+        check_text_fields({"prompt": prompt})
         if not prompt.strip():
             raise EmptyQuestionError("the completion prompt is empty")
         text = self.verifier_tokenizer.apply_chat_template(

@@ -29,6 +29,7 @@ from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokeni
 from .questions import check_question
 from .session import Session
 from .tiny.domain import warn_request
+from .unicode_check import chat_text_fields, check_text_fields
 
 if TYPE_CHECKING:
     from .conversation import TextCompressor
@@ -216,6 +217,7 @@ class RequestPreparer:
         cfg = resolve_config(config, overrides)
         check_method(method)
         question = check_question(question)
+        check_text_fields({"caption": caption, "ocr": ocr})
         t_start = time.perf_counter()
         img = load_image(image)
         warnings = warn_request(self.name, question, [img.size])  # logged before the slow part of the set-up
@@ -277,6 +279,7 @@ class RequestPreparer:
         m = self.models
         cfg = resolve_config(config, overrides)
         check_method(method)
+        check_text_fields(chat_text_fields(messages, caption, ocr, tools, tool_choice, response_format))
         offered = check_tools(tools)
         choice = check_tool_choice(tool_choice, offered)
         cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))

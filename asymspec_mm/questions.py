@@ -6,23 +6,17 @@ Torch-free, so the CLI can refuse a bad question before it loads a model.
 from __future__ import annotations
 
 from .errors import EmptyQuestionError, InvalidQuestionError
+from .unicode_check import first_bad_character
 
 EXAMPLE = "e.g. 'What is the largest value?'"
 
 
 def _bad_byte(text: str) -> tuple[int, str]:
-    """Index and byte (``"0xff"``) of the first character that is not encodable as UTF-8.
-
-    A command line or file read with ``surrogateescape`` keeps undecodable bytes as lone surrogates
-    U+DC80..U+DCFF; the byte is the low half of that code point.
-    """
-    for i, ch in enumerate(text):
-        try:
-            ch.encode("utf-8")
-        except UnicodeEncodeError:
-            code = ord(ch)
-            return i, f"0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
-    raise AssertionError("no bad character")  # pragma: no cover - only called after encode failed
+    """Index and byte (``"0xff"``) of the first character that is not encodable as UTF-8: a command line or file
+    read with ``surrogateescape`` keeps undecodable bytes as lone surrogates U+DC80..U+DCFF, the byte their low
+    half; any other lone surrogate is named as a code point (``"U+D800"``)."""
+    index, code = first_bad_character(text) or (0, 0)
+    return index, f"0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
 
 
 def check_question(question: object) -> str:

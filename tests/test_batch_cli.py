@@ -1,9 +1,9 @@
 """``asymspec-mm batch``: real forwards on the bundled tiny pair over MiniVista problems saved as PNG files.
 
 Each answer equals ``pipe.generate`` of that request alone; a run killed mid-way and resumed ends with every
-id once and the same answers as an uninterrupted run, and Ctrl-C says how to resume; a changed configuration, an
-existing output and non-UTF-8 input are refused; bad lines (a repeated id among them) are reported with their line
-numbers while good ones are answered.
+id once and the same answers as an uninterrupted run, and Ctrl-C says how to resume; a changed configuration and an
+existing output are refused; bad lines (a repeated id, a line that is not UTF-8, text that is not valid Unicode among
+them) are reported with their line numbers while good ones are answered.
 """
 
 from __future__ import annotations
@@ -297,14 +297,73 @@ def test_a_duplicate_id_is_a_bad_line_and_the_run_goes_on(vista, refs, tmp_path,
     assert "2 answered, 1 failed" in err
 
 
-def test_non_utf8_input_refused(vista, tmp_path, shared_pipe):
+def test_a_non_utf8_line_is_a_bad_line_and_resume_treats_it_as_one(vista, refs, tmp_path, shared_pipe):
+    """One line in Latin-1 (issue #41): it goes to the errors file with its line number and reason, the rest runs;
+    ``--resume`` reports it again as it does any bad line, and answers it once it is saved as UTF-8."""
     root, lines = vista
-    good = json.dumps({**lines[0], "image": str(root / lines[0]["image"])})
+    good = [json.dumps({**x, "image": str(root / x["image"])}, ensure_ascii=False) for x in lines[:3]]
+    latin = json.dumps({**lines[1], "image": str(root / lines[1]["image"]), "question": "caf\u00e9?"}, ensure_ascii=False)
+    column = latin.encode("latin-1").index(b"\xe9") + 1
     inp = tmp_path / "latin1.jsonl"
-    inp.write_bytes(good.encode() + b"\n" + '{"id": "x", "image": "a.png", "question": "caf\u00e9?"}'.encode("latin-1") + b"\n")
-    rc, err = run_cli(batch_args(inp, tmp_path / "b.jsonl"))
-    assert rc == 2 and "latin1.jsonl:2: not UTF-8 text" in err and err.count("\n") == 1
-    assert not shared_pipe  # refused before any model was loaded
+    inp.write_bytes(b"\n".join([good[0].encode(), latin.encode("latin-1"), good[2].encode()]) + b"\n")
+    out, err_file = tmp_path / "a.jsonl", tmp_path / "a.jsonl.errors.jsonl"
+    message = f"not UTF-8 text (byte 0xe9 at column {column}); save the input as UTF-8"
+    record = {"line": 2, "id": lines[1]["id"], "error": message, "stage": "input", "input": latin.replace("\u00e9", "\\xe9")}
+
+    rc, err = run_cli(batch_args(inp, out, "--no-progress"))
+    assert rc == 1, err
+    assert f"latin1.jsonl:2: {message}\n" in err and "2 answered, 1 failed" in err
+    assert read_jsonl(err_file) == [record]
+    assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {x["id"]: refs[x["id"]].text for x in (lines[0], lines[2])}
+
+    rc, err = run_cli(batch_args(inp, out, "--no-progress", "--resume"))  # as any bad line: reported again
+    assert rc == 1 and "0 answered, 2 already answered, 1 failed" in err, err
+    assert read_jsonl(err_file) == [record]
+
+    inp.write_bytes("\n".join(good).encode() + b"\n")  # saved as UTF-8 (and its question fixed)
+    rc, err = run_cli(batch_args(inp, out, "--no-progress", "--resume"))
+    assert rc == 0 and "1 answered, 2 already answered" in err, err
+    assert not err_file.exists()
+    assert sorted(r["id"] for r in read_jsonl(out)) == sorted(x["id"] for x in lines[:3])
+    assert {r["id"]: r["answer"] for r in read_jsonl(out)}[lines[1]["id"]] == refs[lines[1]["id"]].text
+
+    inp.write_bytes(latin.encode("latin-1") + b"\n")
+    rc, err = run_cli(batch_args(inp, tmp_path / "b.jsonl", "--on-error", "raise"))
+    assert rc == 2 and err.strip().splitlines() == [f"error: {inp}:1: {message}"]
+
+
+def test_text_that_is_not_valid_unicode_is_a_bad_line(vista, refs, tmp_path, shared_pipe):
+    """A lone surrogate (JSON's \\ud800 escape) in a line's question, caption, OCR text or id: that line goes to the
+    errors file naming the field, before any model runs; the rest runs."""
+    root, lines = vista
+    base = {**lines[0], "image": str(root / lines[0]["image"])}
+    rows = [
+        json.dumps({**base, "id": "q", "question": "\ud800 What?"}),
+        json.dumps({**base, "id": "c", "caption": "a \ud800 chart"}),
+        json.dumps({**base, "id": "o", "ocr": "12 \ud800"}),
+        json.dumps({**base, "id": "bad \ud800 id"}),
+        json.dumps(base),
+    ]
+    assert "\\ud800" in rows[0]  # the escape, as a client's JSON writer sends it
+    inp = tmp_path / "surrogates.jsonl"
+    inp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "a.jsonl"
+    rc, err = run_cli(batch_args(inp, out, "--no-progress"))
+    assert rc == 1, err
+    errors = read_jsonl(tmp_path / "a.jsonl.errors.jsonl")
+    assert [(e["line"], e["id"], e["stage"]) for e in errors] == [
+        (1, "q", "input"),
+        (2, "c", "input"),
+        (3, "o", "input"),
+        (4, None, "input"),
+    ]
+    assert [e["error"] for e in errors] == [
+        "question: not valid Unicode text (lone surrogate U+D800 at character 0); send UTF-8 text",
+        "caption: not valid Unicode text (lone surrogate U+D800 at character 2); send UTF-8 text",
+        "ocr: not valid Unicode text (lone surrogate U+D800 at character 3); send UTF-8 text",
+        "id: not valid Unicode text (lone surrogate U+D800 at character 4); send UTF-8 text",
+    ]
+    assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {lines[0]["id"]: refs[lines[0]["id"]].text}
 
 
 def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, shared_pipe):

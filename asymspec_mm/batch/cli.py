@@ -10,11 +10,13 @@ Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, 
 as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "warnings", "stats", "view":
 {"caption", "ocr_text"}, "method", "config"}`` (``warnings``: :attr:`~asymspec_mm.session.MMResult.warnings`) plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
 effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
-skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (invalid
-JSON, a missing or mistyped field, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their
-line number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures); the run goes on and
-exits with 1 at the end, or stops at the first one with ``--on-error raise``. Ctrl-C stops the run (exit 130)
-with one line saying how many answers are kept and that ``--resume`` continues it.
+skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (a line
+that is not UTF-8, invalid JSON, a missing or mistyped field, text that is not valid Unicode such as a lone
+surrogate ``\ud800``, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their line
+number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures, so ``--resume`` reports a bad
+line again until it is fixed); the run goes on and exits with 1 at the end, or stops at the first one with
+``--on-error raise``. Ctrl-C stops the run (exit 130) with one line saying how many answers are kept and that
+``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..errors import AsymSpecError
 from ..identity import checkpoint_identity, comparable, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from ..identity import identity_diff as shared_identity_diff
@@ -160,7 +163,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     resuming = started and args.resume
     if resuming:
         check_resume(output, identity)
-    items, line_errors = read_input(inp, images_dir)  # non-UTF-8 input stops here
+    items, line_errors = read_input(inp, images_dir)
     if line_errors and args.on_error == "raise":
         e = line_errors[0]
         raise AsymSpecError(f"{inp}:{e.line}: {e.message}")
@@ -268,7 +271,7 @@ def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "batch",
         help="answer a JSONL file of questions (continuous batching, resumable)",
-        description=__doc__,
+        description=terminal_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     io = p.add_argument_group("files")

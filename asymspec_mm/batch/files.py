@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from ..errors import AsymSpecError
 from ..jsonl import complete_lines
 from ..trace_json import TokenTexts, jsonable, trace_entry  # noqa: F401 - re-exported for batch.cli
+from ..unicode_check import check_text_fields, text_problem
 
 FORMAT = "asymspec-mm batch"
 FORMAT_VERSION = 1
@@ -110,12 +111,14 @@ def _parse_line(n: int, text: str, base: Path) -> Item:
     ocr = obj.get("ocr")
     if ocr is not None and not isinstance(ocr, str) and ocr is not False:
         raise ValueError("'ocr' must be a string, false (no OCR text) or null (run the OCR engine)")
+    check_text_fields({name: obj.get(name) for name in ("id", "question", "caption", "ocr")})
     image = _check_image(obj["image"], base)
     return Item(n, rid, str(rid), image, question, caption, ocr)
 
 
-def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
-    """``(line number, text)`` of every non-blank line; non-UTF-8 input is an error naming the line."""
+def _decoded_lines(path: Path) -> Iterable[tuple[int, str | LineError]]:
+    """``(line number, text)`` of every non-blank line; a line that is not UTF-8 comes as its :class:`LineError`
+    (a bad line like any other, not the end of the run)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -126,12 +129,21 @@ def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
         try:
             text = chunk.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise AsymSpecError(
-                f"{path}:{n}: not UTF-8 text (byte 0x{chunk[exc.start]:02x} at column {exc.start + 1}); save the input as UTF-8"
-            ) from None
+            yield n, _undecodable(n, chunk, exc.start)
+            continue
         text = text.rstrip("\r")
         if text.strip():
             yield n, text
+
+
+def _undecodable(n: int, chunk: bytes, start: int) -> LineError:
+    """The :class:`LineError` of line ``n``, not UTF-8 from byte ``start`` on: the reason, the id when the id itself
+    is readable, and the text with each bad byte escaped (``\\xe9``), so the errors file (UTF-8) can show it."""
+    rid = _id_of(chunk.decode("utf-8", "replace"))
+    if isinstance(rid, str) and "\ufffd" in rid:  # the id holds a bad byte: no id can be named
+        rid = None
+    message = f"not UTF-8 text (byte 0x{chunk[start]:02x} at column {start + 1}); save the input as UTF-8"
+    return LineError(n, rid, message, text=chunk.decode("utf-8", "backslashreplace").rstrip("\r"))
 
 
 def read_input(path: Path, images_dir: Path | None = None) -> tuple[list[Item], list[LineError]]:
@@ -142,13 +154,11 @@ def read_input(path: Path, images_dir: Path | None = None) -> tuple[list[Item], 
     errors: list[LineError] = []
     first_line: dict[str, int] = {}
     for n, text in _decoded_lines(path):
-        try:
-            item = _parse_line(n, text, base)
-        except ValueError as exc:
-            rid = _id_of(text)
-            errors.append(LineError(n, rid, str(exc), text=text))
-            if rid is not None:
-                first_line.setdefault(str(rid), n)
+        item = _item_or_error(n, text, base)
+        if isinstance(item, LineError):
+            errors.append(item)
+            if item.id is not None:  # a later line with this id is a repeat, as after a good line
+                first_line.setdefault(str(item.id), n)
             continue
         if item.key in first_line:
             errors.append(LineError(n, item.id, duplicate_id_message(item.key, first_line[item.key]), text=text))
@@ -158,12 +168,24 @@ def read_input(path: Path, images_dir: Path | None = None) -> tuple[list[Item], 
     return items, errors
 
 
+def _item_or_error(n: int, text: str | LineError, base: Path) -> Item | LineError:
+    """Line ``n`` as an :class:`Item`, or as the :class:`LineError` saying why it is a bad line."""
+    if isinstance(text, LineError):  # not UTF-8
+        return text
+    try:
+        return _parse_line(n, text, base)
+    except ValueError as exc:  # InvalidTextError too: a field that is not valid Unicode text
+        return LineError(n, _id_of(text), str(exc), text=text)
+
+
 def _id_of(text: str) -> Any:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
         return None
     rid = obj.get("id") if isinstance(obj, dict) else None
+    if isinstance(rid, str) and text_problem(rid) is not None:  # the errors file is UTF-8: it cannot hold it
+        return None
     return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
 
 

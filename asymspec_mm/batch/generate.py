@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import UnknownOptionError
+from ..unicode_check import check_text_fields
 
 if TYPE_CHECKING:
     from ..preparing import ServingPipeline
@@ -33,9 +34,15 @@ class Request:
 
 def as_request(item: Request | Mapping[str, Any], index: int) -> Request:
     """A :class:`Request` from a request or a dict with ``image`` and ``question`` (or ``messages``) and optional
-    ``caption``, ``ocr`` and ``seed``."""
-    if isinstance(item, Request):
-        return item
+    ``caption``, ``ocr`` and ``seed``; text that is not valid Unicode is refused naming ``requests[index]``'s field."""
+    request = item if isinstance(item, Request) else _from_mapping(item, index)
+    texts = {"messages": request.messages} if request.messages is not None else {"question": request.question}
+    check_text_fields({**texts, "caption": request.caption, "ocr": request.ocr}, prefix=f"requests[{index}]")
+    return request
+
+
+def _from_mapping(item: Any, index: int) -> Request:
+    """The :class:`Request` of a dict (``image`` and ``question``, or ``messages``); a bad shape names its index."""
     if not isinstance(item, Mapping) or not ({"image", "question"} <= set(item) or "messages" in item):
         raise UnknownOptionError(f"request {index}: expected a Request or a dict with 'image' and 'question', or 'messages'")
     allowed = {"messages", "caption", "ocr", "seed"} if "messages" in item else {"image", "question", "caption", "ocr", "seed"}

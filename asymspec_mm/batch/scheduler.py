@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
+from ..unicode_check import chat_text_fields, check_text_fields
 from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
 from .prefill import DEFAULT_CHUNK_TOKENS
@@ -118,6 +119,7 @@ class Scheduler:
         admitted first and preempted last (vLLM's convention)."""
         check_method(method)
         cfg = resolve_config(config, overrides)
+        check_text_fields({"question": question, "caption": caption, "ocr": ocr})  # here, not on the set-up thread
         return self._enqueue(lambda handle: _Waiting(handle, image, question, caption, ocr, method, cfg, ignore_eos), priority)
 
     def submit_chat(
@@ -143,6 +145,7 @@ class Scheduler:
 
         check_method(method)
         cfg = resolve_config(config, overrides)
+        check_text_fields(chat_text_fields(messages, caption, ocr, tools, tool_choice, response_format))
         check_tool_choice(tool_choice, check_tools(tools))
         check_response_format(response_format)
         chat = {

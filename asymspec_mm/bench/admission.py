@@ -17,6 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..cli_help import terminal_text
 from ..config import AsymSpecConfig
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def measure_stall(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.admission", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.admission", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--dir", default="runs/admission_ckpt", help="where the random tiny checkpoints are built (reused)")
     ap.add_argument("--new", type=int, default=4, help="requests set up while the live row decodes")
     ap.add_argument("--reps", type=int, default=3)

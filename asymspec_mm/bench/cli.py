@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..options import add_sd_drafter_arg, finite_float
 from ..variants import build_variants, parse_list
 from .aggregate import target_verdict
@@ -60,7 +61,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench",
         help="side-by-side speed benchmark: methods interleaved, medians and ratios",
-        description=sys.modules[__package__].__doc__,
+        description=terminal_text(sys.modules[__package__].__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

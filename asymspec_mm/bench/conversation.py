@@ -20,6 +20,7 @@ import statistics
 import time
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..conversation import truncate
 from ..engines.prefix_kv import common_prefix
 
@@ -144,7 +145,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.conversation", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.conversation", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=16)

@@ -22,6 +22,8 @@ import statistics
 import time
 from typing import Any
 
+from ..cli_help import terminal_text
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -81,7 +83,7 @@ def measure(pipe: Any, problems: list[dict], methods: list[str], k: int = 4) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.grammar", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.grammar", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--pairs", type=int, default=12)
     ap.add_argument("--methods", default="asymspec,floor")

@@ -21,6 +21,8 @@ import statistics
 import time
 from typing import Any
 
+from ..cli_help import terminal_text
+
 
 def measure(
     pipe: Any,
@@ -68,7 +70,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.sampling", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.sampling", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--methods", default="asymspec,floor")

@@ -17,6 +17,7 @@ import json
 import sys
 from typing import Any
 
+from ..cli_help import terminal_text
 from .minivista_agent import SMOLAGENTS_SYSTEM_PROMPT, make_agent_problem, run_tool
 
 
@@ -99,7 +100,7 @@ def solve(agent: Any, problem: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Solve ``--n`` tasks of ``--seed`` with a fresh agent each; print one JSON line per task, then the solved count."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=terminal_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server [default: %(default)s]")
     ap.add_argument("--model", default="tiny", help="the model name the server answers to [default: %(default)s]")
     ap.add_argument("--n", type=int, default=20)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..config import CHOICES, RANGES, AsymSpecConfig
 from ..errors import AsymSpecError, UnknownOptionError
 from ..options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
@@ -31,7 +32,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "eval",
         help="benchmarks: run MathVista, score outputs, merge shards",
-        description=__doc__,
+        description=terminal_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="eval_command", metavar="{mathvista,score,merge,report}")

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config import CHOICES, METHODS, AsymSpecConfig, range_error
 from ..errors import UnknownOptionError
+from ..unicode_check import find_bad_text, invalid_text_message
 from .errors import bad_request
 from .images import load_request_image
 from .sampling_fields import choice_count, sampling_fields
@@ -51,6 +52,9 @@ _USED = (
     "response_format",
     "asymspec",
 )
+
+MAX_STOP = 4
+"""Stop strings one request may give, as OpenAI's API allows (the Python API takes any number)."""
 
 DEFAULT_MAX_IMAGES = 8
 """Images one request may hold unless the server says otherwise (``serve --max-images``)."""
@@ -339,6 +343,7 @@ def _logprobs(data: dict) -> int | None:
 
 
 def _stop_strings(v: Any) -> tuple[str, ...]:
+    """``stop`` (a string or up to :data:`MAX_STOP` non-empty strings) as the config's ``stop_strings``."""
     if v is None:
         return ()
     items = [v] if isinstance(v, str) else v
@@ -346,6 +351,8 @@ def _stop_strings(v: Any) -> tuple[str, ...]:
         raise bad_request("stop must be a string or a list of strings", "stop")
     if any(not s for s in items):
         raise bad_request("stop strings must not be empty", "stop")
+    if len(items) > MAX_STOP:
+        raise bad_request(f"stop has {len(items)} strings; at most {MAX_STOP} are allowed (as OpenAI's API): send fewer", "stop")
     return tuple(dict.fromkeys(items))
 
 
@@ -363,6 +370,8 @@ def parse_chat_request(
     for name, (ok, why) in _NEUTRAL.items():
         if data.get(name) is not None and not ok(data[name]):
             raise bad_request(f"{field_value(name, data[name])} is not supported; it must be absent or {why}", name, "unsupported")
+    if (bad := find_bad_text(data)) is not None:  # the whole body at once: every field a tokenizer or a log may read
+        raise bad_request(invalid_text_message(*bad), bad[0], "invalid_text")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")

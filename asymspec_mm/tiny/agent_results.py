@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..eval.agent_eval import agent_record, agent_table, summarize_agent
 from ..eval.agent_loop import run_agent_task
 from ..eval.minivista_agent import make_agent_problem
@@ -92,7 +93,7 @@ def replace_section(text: str, new: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=terminal_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pair", default=None, help="a directory with drafter/ and verifier/ (default: the shipped tiny preset)")

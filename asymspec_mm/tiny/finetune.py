@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..cli_help import terminal_text
 from ..eval import minivista as mv
 from ..eval.minivista_agent import make_agent_problem
 from .agent_data import AgentStream, FinalStream, add_tool_tokens, agent_requests
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command (``--help``); 0 when the pair is exported, 1 when a worker failed."""
     import multiprocessing as mp
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=terminal_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier; the run's files in DIR/_work)")
     ap.add_argument(
         "--from",

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..eval import minivista as mv
 
 RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
@@ -267,7 +268,7 @@ def load_pipeline(drafter: str | None, verifier: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=terminal_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=mv.HELDOUT_SEED)
     ap.add_argument("--pair", default=None, help="a directory with drafter/ and verifier/ (default: the shipped tiny preset)")

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from ..cli_help import terminal_text
 from ..eval import minivista as mv
 from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, encode_perception_of, model_inputs
 from .evaluate import fmt_tf, teacher_forced
@@ -351,7 +352,7 @@ def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command (options: ``--help``); 0 when the pair is exported, 1 when a training worker failed."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=terminal_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/drafter, DIR/verifier)")
     ap.add_argument("--verifier-steps", type=int, default=VERIFIER_STEPS[0])
     ap.add_argument("--batch", type=int, default=16)
