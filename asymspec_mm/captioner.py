@@ -2,7 +2,9 @@
 
 No extra model: the caption comes from the drafter, prompted with
 :data:`captioning.captioner.CAPTION_PROMPT`, decoded greedily, and reusing the vision features
-the drafter's full stream needs anyway (no second tower pass). It lives in :mod:`asymspec_mm`
+the drafter's full stream needs anyway (no second tower pass). Served by an engine loop
+(:func:`asymspec_mm.model_calls.using_loop`, the scheduler's), the caption is a drafter row the loop decodes beside
+the other rows and the tower runs in the loop: the set-up thread runs no model. It lives in :mod:`asymspec_mm`
 because it runs the decoding engines; :mod:`captioning` keeps the captioner interface, the
 caption cache and :func:`captioning.captioner.compress`.
 """
@@ -18,7 +20,9 @@ from vision_cache.hashing import image_content_hash
 
 from .decode import AsymSpecConfig, greedy_steps
 from .engines import PromptImages, VLEngine
+from .engines.pieces import image_prompt
 from .loading import eos_ids
+from .model_calls import ModelLoop, TokenRequest, current_loop
 
 __all__ = ["DrafterCaptioner"]
 
@@ -51,19 +55,38 @@ class DrafterCaptioner:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         enc = self.processor(text=[text], images=[image], return_tensors="pt")
+        loop = current_loop()
+        tokens = self._in_loop(loop, enc) if loop is not None else self._here(image, enc)
+        caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        self.cache.put(key, caption)
+        return caption
+
+    def _config(self) -> AsymSpecConfig:
+        return AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)
+
+    def _in_loop(self, loop: ModelLoop, enc: dict) -> list[int]:
+        """The caption's tokens as a drafter row of ``loop`` (the tower's call in the loop too)."""
+        features, _ = loop.run(lambda: self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"]))
+        ids = enc["input_ids"][0]
+        merge = self.model.config.vision_config.spatial_merge_size
+        prompt = image_prompt(ids[:-1], enc["mm_token_type_ids"][0], features, merge, reuse=False)
+        request = TokenRequest(
+            "drafter", self._config(), {"drafter_full": prompt}, {"drafter_full": ids[-1:]}, eos_ids([self.processor.tokenizer])
+        )
+        return loop.decode_row(request).token_ids
+
+    def _here(self, image, enc: dict) -> list[int]:
+        """The caption's tokens decoded on this thread, the lock taken per model call."""
         engine = VLEngine(self.model, name="captioner", encoder=self.encoder)
         ids = enc["input_ids"][0]
         with self.lock:
             engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
         tokens: list[int] = []
-        cfg = AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)
-        steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([self.processor.tokenizer]), is_verifier=False)
+        steps = greedy_steps(engine, ids[-1:].to(engine.device), self._config(), eos_ids([self.processor.tokenizer]), is_verifier=False)
         while True:
             with self.lock:  # one token's step at a time
                 events = next(steps, None)
             if events is None:
                 break
             tokens.extend(ev.token_id for ev in events)
-        caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        self.cache.put(key, caption)
-        return caption
+        return tokens

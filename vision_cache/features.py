@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,8 @@ class VisionEncoder:
 
     Thread-safe: the underlying :class:`FeatureStore` computes each key once even when several
     requests ask for the same image at the same time. :meth:`thread_counts` are the tower passes and cache
-    hits of the calling thread alone, so a request set up on one thread counts its own while others run.
+    hits of the calling context alone (a thread's, and the calls it hands to another thread in a copy of its
+    context, as a set-up hands the tower's call to the engine loop), so a request counts its own while others run.
     """
 
     def __init__(self, model, cache_bytes: int = DEFAULT_CACHE_BYTES, model_key: str = ""):
@@ -58,12 +60,21 @@ class VisionEncoder:
         self.store = FeatureStore(max_bytes=cache_bytes)
         self.model_key = model_key
         self._lock = threading.Lock()
-        self._local = threading.local()
+        self._counts: ContextVar[list[int] | None] = ContextVar(f"vision_counts_{id(self)}", default=None)
         self.tower_calls = 0
 
+    def _cell(self) -> list[int]:
+        """The calling context's ``[tower passes, cache hits]`` (made on first use; a copied context shares it)."""
+        cell = self._counts.get()
+        if cell is None:
+            cell = [0, 0]
+            self._counts.set(cell)
+        return cell
+
     def thread_counts(self) -> tuple[int, int]:
-        """``(tower passes, cache hits)`` made by the calling thread so far."""
-        return getattr(self._local, "tower", 0), getattr(self._local, "hits", 0)
+        """``(tower passes, cache hits)`` made in the calling context so far."""
+        tower, hits = self._cell()
+        return tower, hits
 
     def key(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> str:
         """Content key: the preprocessed pixels already encode the image and the processor settings."""
@@ -79,7 +90,7 @@ class VisionEncoder:
         """One pass of the vision tower (counted in ``tower_calls``)."""
         with self._lock:
             self.tower_calls += 1
-        self._local.tower = getattr(self._local, "tower", 0) + 1
+        self._cell()[0] += 1
         device = self.model.model.visual.device if hasattr(self.model.model.visual, "device") else None
         out = self.model.model.get_image_features(
             pixel_values.to(device) if device is not None else pixel_values,
@@ -113,7 +124,7 @@ class VisionEncoder:
         feats.key = key
         hit = self.thread_counts()[0] == before  # no tower pass on this thread: cached (or computed by another)
         if hit:
-            self._local.hits = getattr(self._local, "hits", 0) + 1
+            self._cell()[1] += 1
         return feats, hit
 
     def stats(self) -> dict:

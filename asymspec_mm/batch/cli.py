@@ -248,7 +248,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         errors.close()
 
     if interrupted:
-        print(interrupted_message(output, skipped + answered, len(todo) - answered, bool(args.overwrite)), file=sys.stderr)
+        kept = len(answered_ids(output))  # the file says what is kept (a Ctrl-C can land between a write and a count)
+        print(interrupted_message(output, kept, len(todo) + skipped - kept, bool(args.overwrite)), file=sys.stderr)
         return 130
 
     parts = [f"{answered} answered"]

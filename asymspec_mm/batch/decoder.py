@@ -26,6 +26,7 @@ import torch
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
 from ..engines import default_row_storage
 from ..engines.pieces import resumed_prompt
+from ..model_calls import TokenRequest, TokenResult
 from ..session import remember_answer
 from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
 
@@ -267,6 +268,14 @@ class BatchDecoder(RowDecoder):
         return total + self.arriving.kv_bound(prompt_lengths)
 
     def finish(self, row: Row) -> None:
+        """A row is done: its result made (a session's :class:`MMResult`, a caption's tokens), then its slots freed."""
+        if isinstance(row.session, TokenRequest):  # a caption: only its tokens are wanted
+            row.result = TokenResult([ev.token_id for ev in row.trace], {"steps": row.step, "preemptions": row.preemptions})
+            super().finish(row)
+            return
+        self._finish_session(row)
+
+    def _finish_session(self, row: Row) -> None:
         """The row's :class:`MMResult` (with the batch's statistics), its context stored for the conversation's next
         turn (storages that can hand a row out), then its slots are freed."""
         row.result = self.pipe.result_of(row.session, row.counters, row.trace)

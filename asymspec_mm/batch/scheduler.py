@@ -20,17 +20,19 @@ every waiting and live handle raises :class:`SchedulerStoppedError` at once (no 
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
+from ..model_calls import TokenRequest, TokenResult, using_loop
 from ..unicode_check import chat_text_fields, check_text_fields
 from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
@@ -86,6 +88,7 @@ class Scheduler:
         self._waiting: deque[_Waiting] = deque()  # not set up yet
         self._preparing: _Waiting | None = None  # being set up on the set-up thread
         self._ready: deque[tuple[_Waiting, Session]] = deque()  # set up, waiting to join (first: for KV room)
+        self._jobs: deque[tuple[Callable[[], Any], Future]] = deque()  # set-up model calls the loop runs (the tower)
         self._handles: dict[int, Handle] = {}
         self._decoder = BatchDecoder(pipe, engines=batch_engines, prefill_chunk_tokens=prefill_chunk_tokens)
         self._ids = itertools.count()
@@ -252,10 +255,11 @@ class Scheduler:
         else:
             try:
                 common = dict(caption=w.caption, ocr=w.ocr, method=w.method, config=w.config, ignore_eos=w.ignore_eos, prefill=False)
-                if w.chat is not None:
-                    session = self.pipe.prepare_chat(**w.chat, **common)
-                else:
-                    session = self.pipe.prepare(w.image, w.question, **common)
+                with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
+                    if w.chat is not None:
+                        session = self.pipe.prepare_chat(**w.chat, **common)
+                    else:
+                        session = self.pipe.prepare(w.image, w.question, **common)
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                 self._drop(w.handle, exc)
         with self._cond:
@@ -269,10 +273,11 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._ready and not self.live_rows and not self._finished() and self.error is None:
+                    while not self._ready and not self._jobs and not self.live_rows and not self._finished() and self.error is None:
                         self._cond.wait()
                     if self._finished() or self.error is not None:
                         return
+                self._run_jobs()
                 self._retire_cancelled()
                 self._admit()
                 self._make_room()
@@ -284,6 +289,48 @@ class Scheduler:
                     self._cond.notify_all()  # rows may have freed: the set-up thread may go on
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
+
+    # ---------------------------------------------------------------- the set-up's model calls, in the loop
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run one set-up model call (``fn``: the vision tower's) in the decode loop between two steps, and return its
+        value (:class:`~asymspec_mm.model_calls.ModelLoop`); on the loop's own thread it runs at once."""
+        if threading.current_thread() is self._worker:
+            with self.pipe.models_lock:
+                return fn()
+        future: Future = Future()
+        context = contextvars.copy_context()  # the call counts as the caller's (its vision statistics)
+        with self._cond:
+            if self.error is not None:
+                raise SchedulerStoppedError(str(self.error))
+            self._jobs.append((lambda: context.run(fn), future))
+            self._cond.notify_all()
+        return future.result()
+
+    def decode_row(self, request: TokenRequest) -> TokenResult:
+        """Decode ``request`` (a caption) as a row of the batch, ahead of the requests waiting to join; returns its
+        tokens once it is done (:class:`~asymspec_mm.model_calls.ModelLoop`)."""
+        with self._cond:
+            if self.error is not None:
+                raise SchedulerStoppedError(str(self.error))
+            handle = Handle(self, next(self._ids), priority=-1)
+            handle.stage = "set_up"
+            self._handles[handle.id] = handle
+            self._ready.appendleft((_Waiting(handle, None, "", None, None, request.method, request.config), request))
+            self._cond.notify_all()
+        return handle.result()
+
+    def _run_jobs(self) -> None:
+        """The set-up model calls waiting, each under the models' lock; a failing one fails its caller alone."""
+        while True:
+            with self._cond:
+                if not self._jobs:
+                    return
+                fn, future = self._jobs.popleft()
+            try:
+                with self.pipe.models_lock:
+                    future.set_result(fn())
+            except Exception as exc:  # noqa: BLE001 - the caller's error
+                future.set_exception(exc)
 
     def _stop_on(self, exc: BaseException) -> None:
         """A worker thread stopped on ``exc``: every waiting, ready and live request fails with one
@@ -298,11 +345,14 @@ class Scheduler:
             self.error, self._closing = error, True
             self._waiting.clear()
             self._ready.clear()
+            jobs, self._jobs = list(self._jobs), deque()
             handles = list(self._handles.values())
             self._handles.clear()
             self._cond.notify_all()
         for handle in handles:
             handle._finish(error=error)
+        for _, future in jobs:
+            future.set_exception(error)
 
     def _order(self, rid: int) -> tuple[int, int]:
         """Who goes first: lower priority value, then earlier arrival (preemption takes the last)."""
@@ -322,7 +372,7 @@ class Scheduler:
         while self._ready and self.live_rows < self.max_batch_size:
             w, session = self._ready[0]
             if w.handle.cancelled:
-                self._pop_ready()
+                self._pop_ready(w)
                 self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
                 continue
             decoder = self._decoder
@@ -335,7 +385,7 @@ class Scheduler:
                         "lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
                     )
             except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
-                self._pop_ready()
+                self._pop_ready(w)
                 self._drop(w.handle, exc)
                 continue
             if self.live_rows and self.max_kv_bytes is not None and decoder.step_need(joining=session) > self.max_kv_bytes:
@@ -347,7 +397,7 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 self._drop(w.handle, exc)
             finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
-                self._pop_ready()
+                self._pop_ready(w)
 
     def _make_room(self) -> None:
         """Preempt rows (highest priority value, latest arrival first) while what the next prefill and step would
@@ -370,9 +420,13 @@ class Scheduler:
         what ``max_kv_bytes`` bounds."""
         return self._decoder.kv_bound(session)
 
-    def _pop_ready(self) -> None:
+    def _pop_ready(self, w: _Waiting) -> None:
+        """Take ``w`` out of the ready line (by identity: a caption row may have been put before it meanwhile)."""
         with self._cond:
-            self._ready.popleft()
+            for i, (other, _) in enumerate(self._ready):
+                if other is w:
+                    del self._ready[i]
+                    break
             self._cond.notify_all()
 
     def _prefill(self) -> None:

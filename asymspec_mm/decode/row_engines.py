@@ -22,14 +22,15 @@ class RowEngine(Protocol):
     ``extend({row: ids [n_r]}) -> {row: logits [n_r, V]}`` appends tokens to the given rows in one call;
     ``truncate(row, length)`` rolls a row back; ``length(row)`` its cached tokens; ``view(row)`` the row as a
     single-row engine (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``extend``,
-    ``truncate``) for the statistics; ``engine_calls`` the model calls made. Optionally ``draft({row: pending},
-    k) -> (drafts [R, k], logits [R, k, V] float32)`` drafts k greedy tokens per row in one call, used when the
-    storage's ``drafts_itself`` is true.
+    ``truncate``) for the statistics; ``engine_calls`` the model calls made. Capabilities are declared, never
+    probed: ``adopts`` (the row's engine itself is the storage, no copy), ``drafts_itself`` (``draft({row:
+    pending}, k) -> (drafts [R, k], logits [R, k, V] float32)`` drafts k greedy tokens per row in one call).
     """
 
     name: str
     device: torch.device
     adopts: bool
+    drafts_itself: bool
 
     def join(self, row: int, engine: Engine) -> None: ...
 
@@ -45,6 +46,29 @@ class RowEngine(Protocol):
 
     @property
     def engine_calls(self) -> int: ...
+
+
+class RowStorage(RowEngine, Protocol):
+    """A :class:`RowEngine` that holds many rows and accounts for its memory (what the batch decoder and the
+    scheduler's KV budget use): ``kv_bytes(row=None)`` held now (``None``: the whole storage, padding and holes
+    included), ``kv_bound(lengths, step_tokens)`` the most it can hold for rows reaching ``lengths``,
+    ``step_bytes(grow, join)`` the most it holds while its rows (and a row of ``join`` tokens joining) append up to
+    ``grow`` slots, ``peak_kv_bytes`` the most it held since the caller last set it, ``slot_bytes()`` one token of
+    one row. Declared capabilities: ``rebuilds`` (a row may leave and join again on a context prefilled anew:
+    preemption frees memory), ``hands_out_rows`` (``row_kv(row, start, stop)`` gathers a row's KV, which
+    conversations store for their next turn)."""
+
+    rebuilds: bool
+    hands_out_rows: bool
+    peak_kv_bytes: int
+
+    def kv_bytes(self, row: int | None = None) -> int: ...
+
+    def kv_bound(self, lengths: list[int], step_tokens: int) -> int: ...
+
+    def step_bytes(self, grow: int, join: int | None = None) -> int: ...
+
+    def slot_bytes(self) -> int: ...
 
 
 class SoloEngine:

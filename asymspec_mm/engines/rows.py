@@ -160,6 +160,11 @@ class BatchEngine(RowBook):
     from ``model.config`` (a ``vision_config``).
     """
 
+    adopts = False
+    drafts_itself = False
+    rebuilds = True
+    hands_out_rows = True
+
     def __init__(self, model, name: str, *, vision: bool | None = None, compact_at: float = 0.5):
         if not 0.0 <= compact_at <= 1.0:
             raise ValueError(f"compact_at must be in [0, 1], got {compact_at}")

@@ -86,6 +86,9 @@ class StaticBatchEngine(RowBook):
     """
 
     adopts = False
+    drafts_itself = False
+    rebuilds = False  # its slots are allocated once: dropping a row frees nothing
+    hands_out_rows = False
 
     def __init__(
         self,
@@ -328,6 +331,18 @@ class StaticBatchEngine(RowBook):
     def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
         """The buffers are allocated once, whatever the rows: ``max_rows * max_len`` slots (refused beyond that)."""
         return self.max_rows * self.max_len * self.slot_bytes()
+
+    def step_bytes(self, grow: int, join: int | None = None) -> int:
+        """The preallocated buffers, whatever the rows do."""
+        return self.kv_bytes()
+
+    @property
+    def peak_kv_bytes(self) -> int:
+        return self.kv_bytes()
+
+    @peak_kv_bytes.setter
+    def peak_kv_bytes(self, value: int) -> None:  # allocated once: nothing to reset
+        pass
 
     def kv_bytes(self, row: int | None = None) -> int:
         """KV memory held by ``row``'s live columns; ``None``: the whole preallocated buffers."""

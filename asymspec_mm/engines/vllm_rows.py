@@ -156,6 +156,19 @@ class VLLMBatchEngine:
         """``LLM.generate`` calls this engine made, the unit of per-step cost in ``stats``."""
         return self.generate_calls
 
+    def step_bytes(self, grow: int, join: int | None = None) -> int:
+        """:meth:`kv_bound` of the rows once they (and a row of ``join`` tokens) have grown by ``grow`` tokens."""
+        lengths = [self.length(r) for r in self._rows] + ([join] if join is not None else [])
+        return self.kv_bound(lengths, grow)
+
+    @property
+    def peak_kv_bytes(self) -> int:
+        return self.kv_bytes()
+
+    @peak_kv_bytes.setter
+    def peak_kv_bytes(self, value: int) -> None:  # vLLM's pool is its own: the rows' blocks are read when asked
+        pass
+
     def kv_bytes(self, row: int | None = None) -> int:
         """KV bytes ``row``'s context takes (``None``: all live rows). vLLM holds them in its own block pool,
         allocated up front (``gpu_memory_utilization``), in whole blocks, shared with its prefix cache."""
