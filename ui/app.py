@@ -17,7 +17,8 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
 - :mod:`ui.tool_inputs` - the Agent tools inputs and their checks; :mod:`ui.tool_calls` - the answer's tool calls,
   each argument's value as the tokens that produced it (:func:`render_tool_calls_html`).
 - :mod:`ui.conversation` - a session's conversation about its image (follow-up questions, their turns' HTML).
-- :mod:`ui.page_js` - the script that opens one hover box at a time, inside the viewport.
+- :mod:`ui.page_js` - the scripts that open one hover box at a time, inside the viewport, draw the chart at once and
+  show the jump to the answer where it stands below Run.
 - :mod:`ui.handlers` - the handlers as Gradio calls them (the session put in), the Stop button's looks.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
@@ -54,7 +55,7 @@ from .jobs import (  # noqa: F401 - re-exported
     outputs_as_dict,
 )
 from .outputs import NO_TOOLS
-from .page_js import TOOLTIP_JS
+from .page_js import LAYOUT_JS, TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
     PANEL_STATES,
     SOURCES,
@@ -169,7 +170,7 @@ def build_app(
             f"reads only the compressed view (caption + OCR). Watch, token by token, how the drafter steers the "
             f"verifier. Models: <code>{esc(_model_label(pipe))}</code>. Hover or tap a token for "
             f"its provenance.</p></div>",
-            js_on_load=TOOLTIP_JS,
+            js_on_load=TOOLTIP_JS + LAYOUT_JS,
             label="header",
         )
         with gr.Row(equal_height=False):
