@@ -967,7 +967,7 @@ def test_generated_view_is_marked_and_a_new_image_empties_it(tiny_pipe, tmp_path
         assert out["caption"] == written and written and out["ocr"] == "12 34"
         cap, ocr = state.view_marks(out["caption"], out["ocr"], "v")
         assert cap["elem_classes"] == ["asym-generated"] and "Written by the drafter" in cap["info"]
-        assert ocr["elem_classes"] == [] and ocr["info"] is None  # typed by the user
+        assert ocr["elem_classes"] == [] and not ocr["info"]  # typed by the user: no line under it
         # the same caption sent back unchanged stays the app's; an edited one becomes the user's
         again = outputs_as_dict(list(state.run(*demo_args(path, {**case, "caption": written, "ocr": "12 34"}), session="v"))[-1])
         assert state.view_marks(again["caption"], again["ocr"], "v")[0]["elem_classes"] == ["asym-generated"]

@@ -288,6 +288,44 @@ def test_demo_port_in_use_is_one_line_before_models_load(tmp_path):
     assert "loaded" not in proc.stderr + proc.stdout and "Loading" not in proc.stderr + proc.stdout
 
 
+def test_demo_start_up_names_its_url_and_the_share_flag(tmp_path, tiny_dirs):
+    """`asymspec-mm demo` says where it serves and how to share it in its own words: the `--share` flag, not Gradio's
+    "set `share=True` in `launch()`" (a keyword argument the command-line user has no way to set). Issue #41."""
+    import os
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    drafter, verifier = (str(d) for d in tiny_dirs)
+    cmd = [sys.executable, "-m", "asymspec_mm.cli", "demo", "--drafter", drafter, "--verifier", verifier, "--ocr-engine", "none"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, up = f"http://127.0.0.1:{port}", False
+    try:
+        deadline = time.monotonic() + 240
+        while not up and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                up = httpx.get(url, timeout=5).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        time.sleep(1.0)  # its start-up lines come as the server starts
+    finally:
+        proc.send_signal(2)
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+    assert up, output
+    assert "share=True" not in output and "launch()" not in output, output
+    lines = [line for line in output.splitlines() if f"{url}/" in line or line.rstrip().endswith(url)]
+    assert len(lines) == 1 and lines[0].startswith("asymspec-mm demo: "), output
+    assert "--share" in lines[0] and "public link" in lines[0], lines[0]
+
+
 def test_the_tiny_pair_warns_when_asked_outside_minivista(shipped_pipe, example_runs):
     """A plain question (not MiniVista's layout) is answered; from the run's first update on, a box of its own above
     the status says the answer means nothing, in the page's terms (no command-line flags); the green "Done" line

@@ -85,3 +85,19 @@ def run_sampled_error(state, path, case, temperature, top_p, seed) -> str:
     with pytest.raises(Exception):  # noqa: B017 - gr.Error: the toast
         next(run)
     return re.sub(r"<[^>]+>", "", first["status"])
+
+
+def test_the_seed_field_starts_empty_and_reads_what_is_typed():
+    """#41: the field showed 0 on load (Gradio's Number shows 0 for no value), so every sampled run used seed 0. It is
+    a text field now, empty on load; typed digits (blanks around them too) are the seed, blanks none."""
+    import gradio as gr
+
+    from ui.sampling_inputs import build_sampling_inputs
+
+    with gr.Blocks():
+        _, _, seed = build_sampling_inputs()
+    assert seed.value == "" and not isinstance(seed, gr.Number) and "fresh" in seed.placeholder
+    assert check_sampling_inputs(0.7, 1.0, " 42 ")["seed"] == 42 and check_sampling_inputs(0.7, 1.0, "0")["seed"] == 0
+    assert "seed" not in check_sampling_inputs(0.7, 1.0, "") and "seed" not in check_sampling_inputs(0.7, 1.0, "   ")
+    with pytest.raises(DemoInputError, match="whole number"):
+        check_sampling_inputs(0.7, 1.0, "4 2")

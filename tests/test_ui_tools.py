@@ -21,7 +21,7 @@ from asymspec_mm.decode import TokenEvent  # noqa: E402
 from ui.app import RUN_OUTPUTS, DemoInputError, outputs_as_dict  # noqa: E402
 from ui.outputs import NO_TOOLS, TOOLS_OFF, TOOLS_PENDING  # noqa: E402
 from ui.tool_calls import NO_CALL_TEXT, argument_spans, render_tool_calls_html, token_offsets  # noqa: E402
-from ui.tool_inputs import EXAMPLE_TOOLS, MAX_TOOLS_CHARS, check_tool_inputs, example_tools_text  # noqa: E402
+from ui.tool_inputs import EXAMPLE_TOOLS, MAX_TOOLS_CHARS, check_tool_inputs, example_tools_text, tool_choice_info  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio
 
@@ -296,6 +296,24 @@ def check_calls_match(html_text: str, res, special: set[int]) -> None:
         assert got == value_tokens(res, key, special), key
         assert "".join(t["text"] for t in arg["tokens"]) == str(args[key])
         assert all(f"tok-{source}" in t["classes"] for t, (source, _) in zip(arg["tokens"], got))
+
+
+def test_the_tool_choice_says_what_its_value_does():
+    """#41: the label read "(required: the answer must call a tool)" whatever the choice; the line under it now says
+    what the chosen value does, and follows it."""
+    import gradio as gr
+
+    from ui.tool_inputs import _tool_choice_update, build_tool_inputs
+
+    with gr.Blocks():
+        _, choice = build_tool_inputs()
+    assert "must call" not in choice.label and choice.info == tool_choice_info("auto")
+    assert "decides" in tool_choice_info("auto") and "must call a tool" not in tool_choice_info("auto")
+    assert tool_choice_info("required") == "required: the answer must call a tool."
+    assert "no tool is called" in tool_choice_info("none") and tool_choice_info(None) == tool_choice_info(" ")
+    assert tool_choice_info("add") == "add: the answer must call the tool add."
+    assert "function it names" in tool_choice_info('{"type": "function", "function": {"name": "add"}}')
+    assert _tool_choice_update("none")["info"] == tool_choice_info("none")
 
 
 def test_a_forced_call_shows_its_arguments_with_their_provenance(tiny_pipe, state, image_case):

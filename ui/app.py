@@ -13,11 +13,13 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
 - :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`); :mod:`ui.outputs` - what the
   page shows for a run (:data:`RUN_OUTPUTS`), with :mod:`ui.progress` (the status while rows are set up, wait
   or decode); :mod:`ui.trace_files` - the JSON/CSV downloads.
-- :mod:`ui.view_marks` - whose text the caption and OCR fields hold (generated text goes with its image).
+- :mod:`ui.view_marks` - whose text the caption and OCR fields hold (generated and example text go with their
+  image); :mod:`ui.view_fields` - the fields' handlers.
 - :mod:`ui.tool_inputs` - the Agent tools inputs and their checks; :mod:`ui.tool_calls` - the answer's tool calls,
   each argument's value as the tokens that produced it (:func:`render_tool_calls_html`).
 - :mod:`ui.conversation` - a session's conversation about its image (follow-up questions, their turns' HTML).
-- :mod:`ui.page_js` - the script that opens one hover box at a time, inside the viewport.
+- :mod:`ui.page_js` - the scripts that open one hover box at a time, inside the viewport, draw the chart at once and
+  show the jump to the answer where it stands below Run.
 - :mod:`ui.handlers` - the handlers as Gradio calls them (the session put in), the Stop button's looks.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
@@ -54,7 +56,7 @@ from .jobs import (  # noqa: F401 - re-exported
     outputs_as_dict,
 )
 from .outputs import NO_TOOLS
-from .page_js import TOOLTIP_JS
+from .page_js import LAYOUT_JS, TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
     PANEL_STATES,
     SOURCES,
@@ -169,7 +171,7 @@ def build_app(
             f"reads only the compressed view (caption + OCR). Watch, token by token, how the drafter steers the "
             f"verifier. Models: <code>{esc(_model_label(pipe))}</code>. Hover or tap a token for "
             f"its provenance.</p></div>",
-            js_on_load=TOOLTIP_JS,
+            js_on_load=TOOLTIP_JS + LAYOUT_JS,
             label="header",
         )
         with gr.Row(equal_height=False):
@@ -219,14 +221,17 @@ def build_app(
                     with gr.Row():
                         autofill = gr.Checkbox(value=True, label="Auto-fill empty fields from the image", elem_id="asym-autofill")
                         describe_btn = gr.Button("Describe image", size="sm", elem_id="asym-describe")
+                example_sets = []  # their clicks fill the view with an example's text (wired below)
                 if examples:
-                    gr.Examples(
-                        examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
-                        inputs=[image, question, caption, ocr],
-                        example_labels=[e.get("label") or example_label(e) for e in examples],
-                        label="Bundled examples (MiniVista), with the expected answer",
-                        cache_examples=False,
-                        examples_per_page=8,
+                    example_sets.append(
+                        gr.Examples(
+                            examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
+                            inputs=[image, question, caption, ocr],
+                            example_labels=[e.get("label") or example_label(e) for e in examples],
+                            label="Bundled examples (MiniVista), with the expected answer",
+                            cache_examples=False,
+                            examples_per_page=8,
+                        )
                     )
                     table = render_examples_table(list(examples))
                     if table:
@@ -263,12 +268,16 @@ def build_app(
                 tools, tool_choice = build_tool_inputs()
                 agent_examples = load_agent_examples() if examples else []
                 if agent_examples:
-                    gr.Examples(
-                        examples=[[e[k] for k in ("image", "question", "caption", "ocr", "tools", "tool_choice")] for e in agent_examples],
-                        inputs=[image, question, caption, ocr, tools, tool_choice],
-                        example_labels=[e["label"] for e in agent_examples],
-                        label="Agent examples: a tool call whose arguments only the image holds (see Tool calls)",
-                        cache_examples=False,
+                    example_sets.append(
+                        gr.Examples(
+                            examples=[
+                                [e[k] for k in ("image", "question", "caption", "ocr", "tools", "tool_choice")] for e in agent_examples
+                            ],
+                            inputs=[image, question, caption, ocr, tools, tool_choice],
+                            example_labels=[e["label"] for e in agent_examples],
+                            label="Agent examples: a tool call whose arguments only the image holds (see Tool calls)",
+                            cache_examples=False,
+                        )
                     )
                 temperature, top_p, seed = build_sampling_inputs()
             with gr.Column(scale=3, min_width=420):
@@ -371,9 +380,16 @@ def build_app(
             concurrency_limit=min(2, concurrency_limit),
             concurrency_id="describe",
         ).then(**settle)
-        # A new image (or none) empties the fields that hold the old image's generated text and ends the
-        # conversation, as Clear does; typing makes a field the user's.
-        image.change(h.image_changed, [caption, ocr], [caption, ocr, conversation_html], queue=False, **quiet)
+        # A click on an example fills the view with the example's text, which belongs to its image. A new image (or
+        # none) empties the fields that hold the old image's generated text, or an example's text once the image is
+        # not the example's, and ends the conversation, as Clear does; typing makes a field the user's. The click's
+        # own image.change may come before its record: the examples' texts of the new image are never emptied.
+        state.add_examples([*examples, *agent_examples])
+        for example_set in example_sets:
+            example_set.load_input_event.then(
+                h.example_loaded, [image, caption, ocr], [caption, ocr], queue=False, preprocess=False, **quiet
+            )
+        image.change(h.image_changed, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet)
         clear_btn.click(h.clear, None, [conversation_html], queue=False, **quiet)
         for box in (caption, ocr):
             box.input(h.view_edited, [caption, ocr], [caption, ocr], queue=False, **quiet)

@@ -22,6 +22,7 @@ class _SessionHandlers(NamedTuple):
     describe: Callable
     image_changed: Callable
     view_edited: Callable
+    example_loaded: Callable
     forget: Callable
     clear: Callable
 
@@ -99,12 +100,15 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
     def describe(image, caption="", ocr="", request=None):
         return state.describe(image, caption, ocr, session=_session_of(request))
 
-    def image_changed(caption="", ocr="", request=None):
+    def image_changed(image=None, caption="", ocr="", request=None):
         session = _session_of(request)
-        return *state.image_changed(caption, ocr, session), state.clear_conversation(session)
+        return *state.image_changed(caption, ocr, session, image), state.clear_conversation(session)
 
     def view_edited(caption="", ocr="", request=None):
         return state.view_edited(caption, ocr, _session_of(request))
+
+    def example_loaded(image=None, caption="", ocr="", request=None):
+        return state.example_loaded(image, caption, ocr, _session_of(request))
 
     def forget(request=None):
         state.forget(_session_of(request))
@@ -112,7 +116,7 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
     def clear(request=None):
         return state.clear_conversation(_session_of(request))
 
-    handlers = _SessionHandlers(run, enqueue, stop, stopped, settle, describe, image_changed, view_edited, forget, clear)
+    handlers = _SessionHandlers(run, enqueue, stop, stopped, settle, describe, image_changed, view_edited, example_loaded, forget, clear)
     for fn in handlers:
         fn.__annotations__ = {"request": request_type}
     run.__doc__ = DemoApp.run.__doc__

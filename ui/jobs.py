@@ -23,7 +23,8 @@ from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _R
 from .sampling_inputs import check_sampling_inputs
 from .settings_check import MAX_K, MAX_QUESTION_CHARS, MAX_VIEW_CHARS, check_settings
 from .tool_inputs import check_tool_inputs
-from .view_marks import FIELDS, GeneratedViews, field_update, generated_fields
+from .view_fields import ViewFields
+from .view_marks import ExampleTexts, GeneratedViews
 
 if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline import AsymSpecPipeline
@@ -41,7 +42,7 @@ DEFAULT_MAX_BATCH_SIZE = 8
 HEARTBEAT_S = 0.5
 
 
-class DemoApp:
+class DemoApp(ViewFields):
     """State and handlers behind the Blocks: one loaded pipeline and one batching scheduler, shared by all
     sessions (every run's rows decode in the scheduler's shared steps)."""
 
@@ -81,8 +82,8 @@ class DemoApp:
         self._stopped: dict[str, _Job] = {}  # the job each session's last Stop stopped (shown again after it)
         #: Runs the page has handed to Gradio's queue whose handler has not started, in queue order (by session).
         self._queued: list[str] = []
-        #: The caption and OCR text the app wrote into each session's fields (auto-fill, Describe image).
         self.views = GeneratedViews()
+        self.examples = ExampleTexts()  # the page's examples (build_app adds them)
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
     @property
@@ -180,12 +181,6 @@ class DemoApp:
         with self._lock:
             self._live.discard(job)
         job.ended.set()
-
-    def _remember_view(self, job: _Job) -> None:
-        """The caption and OCR text a job's answer shows in the page's fields: the app's where it filled them."""
-        main = job.snapshot().results.get("main")
-        if main is not None:
-            self.views.ran(job.session, job.req.caption, job.req.ocr, main.view.caption, main.view.ocr_text)
 
     def _record_turn(self, job: _Job) -> None:
         """A finished run is its session's next turn (the main panel's answer)."""
@@ -307,28 +302,6 @@ class DemoApp:
             raise _gr_error(exc, "Cannot describe this image") from None
         self.views.wrote(session, caption=view.caption, ocr=view.ocr_text if ocr_arg is None else None)
         return view.caption, view.ocr_text
-
-    # ---------------------------------------------------------------- the compressed view's fields
-    def view_marks(self, caption: str, ocr: str, session: str | None = None) -> tuple:
-        """Caption and OCR updates after a run or Describe image: the fields that hold the app's text are marked."""
-        generated = generated_fields(self.views.get(session), {"caption": caption, "ocr": ocr})
-        return tuple(field_update(f, f in generated) for f in FIELDS)
-
-    def view_edited(self, caption: str, ocr: str, session: str | None = None) -> tuple:
-        """The user typed in a field: an edited generated field becomes theirs (its mark goes); else nothing changes."""
-        import gradio as gr
-
-        gone = self.views.edited(session, {"caption": caption, "ocr": ocr})
-        return tuple(field_update(f, False) if f in gone else gr.skip() for f in FIELDS)
-
-    def image_changed(self, caption: str, ocr: str, session: str | None = None) -> tuple:
-        """A new image, or none: the fields that still hold the old image's generated text are emptied (the next run
-        fills them from the new image); the user's own text stays. The session's conversation ends."""
-        import gradio as gr
-
-        stale = self.views.image_changed(session, {"caption": caption, "ocr": ocr})
-        self.conversations.clear(session)
-        return tuple(gr.update(value="", elem_classes=[], info=None) if f in stale else field_update(f, False) for f in FIELDS)
 
     def clear_conversation(self, session: str | None = None) -> str:
         """The Clear conversation button: the session's turns are forgotten; returns the empty conversation."""

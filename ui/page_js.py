@@ -1,4 +1,5 @@
-"""The page's script (run once, on the header's load): one token's hover box open at a time, inside the viewport.
+"""The page's scripts (run once, on the header's load): one token's hover box open at a time, inside the viewport
+(:data:`TOOLTIP_JS`), and the page's layout fixes (:data:`LAYOUT_JS`).
 
 A box opens on hover (a mouse), on keyboard focus, or on a tap or click, which keep it open; opening one closes any
 other, and a tap or click anywhere else (or Escape) closes it. CSS alone cannot do this on a phone: a tapped
@@ -68,5 +69,37 @@ if (!window.__asymTooltips) {
     if (tok && !tokenOf(e.relatedTarget)) tok.classList.remove('tok-open', 'tok-pinned');
   }, true);
   document.addEventListener('keydown', (e) => { if (e.key === 'Escape') closeAll(null); }, true);
+}
+"""
+
+#: Two layout fixes. (1) Gradio draws an image lazily (``loading="lazy"``): the JSD chart, far below the first screen
+#: on a phone, stayed blank until scrolled to, and blank in a full-page screenshot; it is loaded at once. (2) Where the
+#: answer stands below the inputs (a phone, a narrow window: Gradio stacks the columns), the page carries the class
+#: ``asym-stacked``, which shows the status's "Jump to the answer" link (``ui/style.css``); the link scrolls there.
+LAYOUT_JS = r"""
+if (!window.__asymLayout) {
+  window.__asymLayout = true;
+  let pending = false;
+  const update = () => {
+    pending = false;
+    document.querySelectorAll('#asym-chart img[loading="lazy"]').forEach((img) => { img.loading = 'eager'; });
+    const answer = document.getElementById('asym-answer'), run = document.getElementById('asym-run');
+    if (answer && run) {
+      const below = answer.getBoundingClientRect().top >= run.getBoundingClientRect().bottom;
+      document.body.classList.toggle('asym-stacked', below);
+    }
+  };
+  // at most once a frame: a streaming answer changes the page many times a second
+  const schedule = () => { if (!pending) { pending = true; requestAnimationFrame(update); } };
+  new MutationObserver(schedule).observe(document.body, {childList: true, subtree: true});
+  window.addEventListener('resize', schedule);
+  schedule();
+  document.addEventListener('click', (e) => {
+    const link = e.target && e.target.closest ? e.target.closest('a.asym-jump') : null;
+    const answer = document.getElementById('asym-answer');
+    if (!link || !answer) return;
+    e.preventDefault();  // no "#asym-answer" in the address: a reload starts at the top, as the page does
+    answer.scrollIntoView({behavior: 'smooth', block: 'start'});
+  }, true);
 }
 """

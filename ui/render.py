@@ -423,7 +423,10 @@ def status_html(kind: str, text: str, warning: str | None = None) -> str:
         if warning
         else ""
     )
-    return f'<div class="asym-status asym-status-{kind}" data-status="{kind}">{esc(text)}</div>{box}'
+    # Where the answer stands below the inputs (a phone), the status under Run links to it (ui/style.css shows the link
+    # only there); idle and error lines have no answer to go to.
+    jump = '<a class="asym-jump" href="#asym-answer">Jump to the answer \u2193</a>' if kind in ("run", "ok") else ""
+    return f'<div class="asym-status asym-status-{kind}" data-status="{kind}">{esc(text)}{jump}</div>{box}'
 
 
 def method_title(method: str) -> str:

@@ -17,7 +17,7 @@ __all__ = ["build_sampling_inputs", "check_sampling_inputs", "sampling_note"]
 
 def check_sampling_inputs(temperature: Any = 0.0, top_p: Any = 1.0, seed: Any = None) -> dict[str, Any]:
     """The config fields of the page's sampling inputs; a :class:`DemoInputError` naming the first bad one. An empty
-    seed (None, "" or NaN) lets each run draw a fresh one (the status then names it)."""
+    seed (None, "", blanks or NaN) lets each run draw a fresh one (the status then names it)."""
     try:
         t = 0.0 if temperature in (None, "") else float(temperature)
         p = 1.0 if top_p in (None, "") else float(top_p)
@@ -28,6 +28,8 @@ def check_sampling_inputs(temperature: Any = 0.0, top_p: Any = 1.0, seed: Any = 
     if not (math.isfinite(p) and 0 < p <= 1):
         raise DemoInputError(f"top_p={p!r} must be > 0 and <= 1 (1 keeps every token)")
     out: dict[str, Any] = {"temperature": t, "top_p": p}
+    if isinstance(seed, str):  # the page's field: "", or digits typed with a stray space
+        seed = seed.strip()
     if seed is not None and seed != "" and not (isinstance(seed, float) and math.isnan(seed)):
         if isinstance(seed, bool):
             seed = str(seed)
@@ -62,5 +64,15 @@ def build_sampling_inputs() -> tuple[Any, Any, Any]:
             elem_id="asym-temperature",
         )
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1: off)", elem_id="asym-top-p")
-        seed = gr.Number(value=None, precision=0, label="Seed (empty: a fresh one each run, named in the status)", elem_id="asym-seed")
+        # A text field: Gradio's Number shows (and sends) 0 for an empty value, so every sampled run used seed 0 until
+        # the user cleared it (#41). check_sampling_inputs reads the whole number.
+        seed = gr.Textbox(
+            "",
+            lines=1,
+            max_lines=1,
+            max_length=24,
+            placeholder="empty: a fresh seed each run",
+            label="Seed (empty: a fresh one each run, named in the status)",
+            elem_id="asym-seed",
+        )
     return temperature, top_p, seed

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from asymspec_mm.pipeline import AsymSpecPipeline
 
-__all__ = ["add_demo_parser", "is_loopback", "launch", "main", "port_in_use_error", "serve"]
+__all__ = ["add_demo_parser", "is_loopback", "launch", "main", "port_in_use_error", "serve", "startup_line"]
 
 
 def port_in_use_error(host: str, port: int | None) -> str | None:
@@ -62,6 +62,7 @@ def launch(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
+    share_hint: str = "share=True",
     **launch_kwargs,
 ) -> gr.Blocks:
     """Load the models once (unless a pipeline is given), build the app and serve it.
@@ -70,7 +71,8 @@ def launch(
     No share link unless ``share=True``. Analytics are off. Returns the running Blocks (call
     ``.close()`` to stop; with ``prevent_thread_lock=False`` this blocks until interrupted).
     Concurrent runs share decoding steps (up to ``max_batch_size`` rows); ``concurrency_limit`` runs are
-    handled at once (default ``max_batch_size``), see :func:`ui.app.build_app`.
+    handled at once (default ``max_batch_size``), see :func:`ui.app.build_app`. ``share_hint``: how the start-up
+    line (:func:`startup_line`) tells to make a public link.
     """
     from .app import build_app  # not at the top: ui.app re-exports this module's names
 
@@ -88,7 +90,16 @@ def launch(
         default_max_new_tokens=default_max_new_tokens,
         max_batch_size=max_batch_size,
     )
-    return serve(demo, host=host, port=port, share=share, prevent_thread_lock=prevent_thread_lock, quiet=quiet, **launch_kwargs)
+    return serve(
+        demo,
+        host=host,
+        port=port,
+        share=share,
+        prevent_thread_lock=prevent_thread_lock,
+        quiet=quiet,
+        share_hint=share_hint,
+        **launch_kwargs,
+    )
 
 
 def serve(
@@ -99,11 +110,13 @@ def serve(
     *,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
+    share_hint: str = "share=True",
     **launch_kwargs,
 ) -> gr.Blocks:
     """Serve a Blocks made by :func:`build_app` with the demo's safe defaults: no share link unless asked,
     Gradio's upload limit set to the app's ``max_upload_mb``, no SSR/monitoring/MCP/PWA extras, the bundled
-    examples' folder allowed. Extra keyword arguments go to ``Blocks.launch``."""
+    examples' folder allowed. Extra keyword arguments go to ``Blocks.launch``. Unless ``quiet``, one line on stderr
+    names the URL (:func:`startup_line`, with ``share_hint``) in place of Gradio's start-up lines."""
     if not is_loopback(host):
         msg = (
             f"serving the demo on {host}: anyone who can reach this machine on port {port} can use it "
@@ -121,8 +134,10 @@ def serve(
         share=bool(share),
         max_file_size=f"{max_mb}mb",
         show_error=True,
-        prevent_thread_lock=prevent_thread_lock,
-        quiet=quiet,
+        # Gradio's own lines ("set `share=True` in `launch()`") name its keywords, not the command's flags:
+        # start quietly, print this project's line, then block as Gradio would.
+        prevent_thread_lock=True,
+        quiet=True,
         allowed_paths=allowed,
         inbrowser=False,
         ssr_mode=False,
@@ -133,7 +148,21 @@ def serve(
     )
     opts.update(launch_kwargs)
     demo.launch(**opts)
+    if not quiet:
+        print(startup_line(demo, share_hint), file=sys.stderr, flush=True)
+    interactive = bool(getattr(sys, "ps1", sys.flags.interactive))
+    if not prevent_thread_lock and not interactive:  # as Blocks.launch: a script waits, an interactive session goes on
+        demo.block_thread()
     return demo
+
+
+def startup_line(demo: Any, share_hint: str = "share=True") -> str:
+    """The line a started demo prints: its URL, and its public link or how to make one (``share_hint``)."""
+    url = getattr(demo, "local_url", None) or "?"
+    public = getattr(demo, "share_url", None)
+    if public:
+        return f"asymspec-mm demo: serving on {url} and on the public link {public}"
+    return f"asymspec-mm demo: serving on {url} (open it in a browser; {share_hint} makes a public link)"
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -164,6 +193,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         concurrency_limit=args.concurrency,
         default_max_new_tokens=args.max_new_tokens,
         max_batch_size=args.max_batch_size,
+        share_hint="--share",
     )
     return 0
 

@@ -12,12 +12,27 @@ from asymspec_mm.tools import ToolError, check_tool_choice, check_tools
 
 from .errors import DemoInputError
 
-__all__ = ["EXAMPLE_TOOLS", "MAX_TOOLS_CHARS", "TOOL_CHOICES", "build_tool_inputs", "check_tool_inputs", "example_tools_text"]
+__all__ = [
+    "EXAMPLE_TOOLS",
+    "MAX_TOOLS_CHARS",
+    "TOOL_CHOICES",
+    "TOOL_CHOICE_INFO",
+    "build_tool_inputs",
+    "check_tool_inputs",
+    "example_tools_text",
+    "tool_choice_info",
+]
 
 #: Longest tools text the page accepts (a few dozen tools with their schemas).
 MAX_TOOLS_CHARS = 20000
 #: The choices the page offers; a caller may also send a tool's name (or ``{"type": "function", ...}``) to force it.
 TOOL_CHOICES = ("auto", "required", "none")
+#: What each of :data:`TOOL_CHOICES` does, as the line under the tool choice says it.
+TOOL_CHOICE_INFO = {
+    "auto": "auto: the model decides whether to call a tool or to answer in words.",
+    "required": "required: the answer must call a tool.",
+    "none": "none: the answer is words only; no tool is called.",
+}
 #: The example the page's "Insert example tool" button writes: a calculator's ``add`` (of bounded integers, so that a
 #: forced call ends even where a small model would write digits on and on).
 EXAMPLE_TOOLS: list[dict[str, Any]] = [
@@ -60,6 +75,23 @@ def _choice_value(tool_choice: Any) -> Any:
         except json.JSONDecodeError as exc:
             raise DemoInputError(f"the tool choice is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
     return {"type": "function", "function": {"name": text}}
+
+
+def tool_choice_info(tool_choice: Any) -> str:
+    """The line under the tool choice: what the chosen value does (a tool's name forces a call of that tool)."""
+    text = "" if tool_choice is None else str(tool_choice).strip()
+    if not text or text in TOOL_CHOICE_INFO:
+        return TOOL_CHOICE_INFO[text or "auto"]
+    if text.startswith("{"):
+        return "a tool choice object: the answer must call the function it names."
+    return f"{text}: the answer must call the tool {text}."
+
+
+def _tool_choice_update(tool_choice: Any) -> Any:
+    """The tool choice's update when its value changes: the line under it says what the new value does."""
+    import gradio as gr
+
+    return gr.update(info=tool_choice_info(tool_choice))
 
 
 def check_tool_inputs(tools: Any, tool_choice: Any) -> tuple[list[dict[str, Any]] | None, Any]:
@@ -110,13 +142,17 @@ def build_tool_inputs() -> tuple[Any, Any]:
             elem_id="asym-tools",
         )
         with gr.Row():
+            # The line under the choice follows its value (the label used to say "required: ..." whatever was chosen).
             tool_choice = gr.Dropdown(
                 list(TOOL_CHOICES),
                 value="auto",
-                label="Tool choice (required: the answer must call a tool)",
+                label="Tool choice (auto, required, none or a tool's name)",
+                info=tool_choice_info("auto"),
                 allow_custom_value=True,
                 elem_id="asym-tool-choice",
             )
             example = gr.Button("Insert example tool", size="sm", elem_id="asym-tools-example", min_width=100)
-    example.click(example_tools_text, None, [tools], queue=False, api_visibility="private", show_progress="hidden")
+    quiet = dict(queue=False, api_visibility="private", show_progress="hidden")
+    example.click(example_tools_text, None, [tools], **quiet)
+    tool_choice.change(_tool_choice_update, [tool_choice], [tool_choice], **quiet)
     return tools, tool_choice
