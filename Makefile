@@ -28,8 +28,8 @@ test: setup
 	@[ -x /usr/bin/chromium ] || (command -v apt-get >/dev/null && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null))) || echo "chromium not installable: browser tests will be skipped"
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 --ignore=tests/test_ui_browser.py
-	$(PY) -m pytest -q -p no:cacheprovider --durations=5 tests/test_ui_browser.py
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 --ignore=tests/test_ui_browser.py --ignore=tests/test_ui_browser_new_user.py
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 tests/test_ui_browser.py tests/test_ui_browser_new_user.py
 
 # ruff: lint and format check (pyproject.toml's [tool.ruff])
 lint: setup

@@ -428,7 +428,7 @@ class RequestPreparer:
         one, :mod:`asymspec_mm.model_calls`)."""
         if not names:
             return {}
-        from .batch.prefill import image_prompt, text_prompt
+        from .engines.pieces import image_prompt, text_prompt
 
         m = self.models
         ids = m.stream_ids(method, p)

@@ -231,6 +231,27 @@ def test_no_import_cycle_runs_through_the_facade_or_its_parts() -> None:
         assert cycle is None, f"import cycle through {module}: {' -> '.join(cycle or [])}"
 
 
+#: Request set-up and what it builds on: none of these imports the batching layer (the engine core sits above
+#: them: it hands their model calls to its loop through :mod:`asymspec_mm.model_calls`, never the other way).
+BELOW_BATCH: tuple[str, ...] = (
+    "asymspec_mm.preparing",
+    "asymspec_mm.captioner",
+    "asymspec_mm.model_calls",
+    "asymspec_mm.session",
+    "asymspec_mm.prompts",
+    "asymspec_mm.conversation",
+    "asymspec_mm.tools",
+    "asymspec_mm.grammar",
+    "asymspec_mm.decode",
+    "asymspec_mm.engines",
+)
+
+
+def test_request_set_up_and_the_decoder_do_not_import_the_batching_layer() -> None:
+    bad = facade_imports(project_imports(), below=BELOW_BATCH, facade="asymspec_mm.batch")
+    assert not bad, f"asymspec_mm.batch (the engine core: scheduler, batch decoder) sits above these:\n{_listing(bad)}"
+
+
 # ---------------------------------------------------------------------------------------------
 # the scanner itself, on small sources
 # ---------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ class BatchDecoder(RowDecoder):
             row is not None
             and row.session is not None
             and all(name in row.session.to_prefill for name in row.storage)
-            and all(hasattr(self.engines[key], "step_bytes") for key in row.storage.values())
+            and all(self.engines[key].rebuilds for key in row.storage.values())
         )
 
     def preempt(self, rid: int) -> None:
@@ -199,13 +199,10 @@ class BatchDecoder(RowDecoder):
         grow = 2 * max(rows, default=0) + 3
         total = 0
         for key, engine in self.engines.items():
-            if hasattr(engine, "step_bytes"):
-                arriving = sum(1 for r in self.arriving.rows if key in self.arriving.prompts(r)) + sum(key in p for p, _ in extra)
-                total += (
-                    engine.step_bytes(grow, new_lengths.get(key)) if arriving <= 1 else self._many(engine, grow, new_lengths[key], arriving)
-                )
-            else:
-                total += engine.kv_bytes()
+            arriving = sum(1 for r in self.arriving.rows if key in self.arriving.prompts(r)) + sum(key in p for p, _ in extra)
+            total += (
+                engine.step_bytes(grow, new_lengths.get(key)) if arriving <= 1 else self._many(engine, grow, new_lengths[key], arriving)
+            )
         return total + self.arriving.kv_bound(staged)
 
     @staticmethod
@@ -218,14 +215,13 @@ class BatchDecoder(RowDecoder):
     def reset_peaks(self) -> None:
         """Start a new measure of the storages' peak KV bytes."""
         for engine in self.engines.values():
-            if hasattr(engine, "peak_kv_bytes"):
-                engine.peak_kv_bytes = engine.kv_bytes()
+            engine.peak_kv_bytes = engine.kv_bytes()
         self.arriving.reset_peaks()
 
     def peak(self) -> int:
         """The storages' and staging engines' peak KV bytes since :meth:`reset_peaks`, summed (at least the most they
         held at once)."""
-        return sum(getattr(e, "peak_kv_bytes", e.kv_bytes()) for e in self.engines.values()) + self.arriving.peak()
+        return sum(e.peak_kv_bytes for e in self.engines.values()) + self.arriving.peak()
 
     def final_lengths(self, session: Session, storage: dict[str, str]) -> dict[str, int]:
         """The most tokens each of ``session``'s storages holds for it: its prompt, its token budget and one step's
@@ -257,10 +253,7 @@ class BatchDecoder(RowDecoder):
             lengths = [r[key] for r, _ in rows if key in r]
             if not lengths:
                 continue
-            if hasattr(engine, "kv_bound"):
-                total += engine.kv_bound(lengths, step)
-            else:
-                total += sum(n + step for n in lengths) * engine.slot_bytes()
+            total += engine.kv_bound(lengths, step)
         prompt_lengths: dict[str, list[int]] = {}
         for s, storage in staged:
             for name, prompt in s.to_prefill.items():
@@ -283,7 +276,7 @@ class BatchDecoder(RowDecoder):
         contexts = {
             name: (e.length(row.id), functools.partial(e.row_kv, row.id))
             for name, e in engines.items()
-            if hasattr(e, "row_kv") and name in row.session.reuse_keys
+            if e.hands_out_rows and name in row.session.reuse_keys
         }
         models = {name: self.models[key] for name, key in row.storage.items()}
         remember_answer(self.pipe.prefix_kv, models, row.session, row.result.token_ids, contexts)

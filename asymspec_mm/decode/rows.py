@@ -148,7 +148,7 @@ class RowDecoder:
         if missing:
             raise ValueError(f"method {method!r} needs the streams {STREAMS_OF[method]}; missing {missing}")
         drafter = self.engines[storage.get(drafting_stream(method), "")] if method in ("asymspec", "sd") else None
-        if constraint is not None and getattr(drafter, "drafts_itself", False):
+        if constraint is not None and drafter is not None and drafter.drafts_itself:
             raise ValueError(f"{drafting_stream(method)}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
         joined = []
         try:
@@ -160,7 +160,7 @@ class RowDecoder:
                 self.engines[key].leave(rid)
             raise
         for name, key in storage.items():
-            if not getattr(self.engines[key], "adopts", False):
+            if not self.engines[key].adopts:
                 streams[name].release()  # the storage holds its own copy of the row's KV now
         views = {name: self.engines[key].view(rid) for name, key in storage.items()}
         counters = counters or Counters(config.k, views)
@@ -198,18 +198,19 @@ class RowDecoder:
         try:
             for name, key in row.storage.items():
                 engine, context = self.engines[key], contexts[name]
-                before = getattr(engine, "tokens_forwarded", {}).get(row.id, 0), getattr(engine, "forward_calls", {}).get(row.id, 0)
+                if not engine.rebuilds:
+                    raise ValueError(f"{key}: this storage cannot take a row back on a rebuilt context")
+                before = engine.tokens_forwarded.get(row.id, 0), engine.forward_calls.get(row.id, 0)
                 engine.join(row.id, context)
                 joined.append(key)
-                if isinstance(getattr(engine, "tokens_forwarded", None), dict):  # the re-prefill counts on top
-                    engine.tokens_forwarded[row.id] += before[0]
-                    engine.forward_calls[row.id] += before[1]
+                engine.tokens_forwarded[row.id] += before[0]  # the re-prefill counts on top
+                engine.forward_calls[row.id] += before[1]
         except BaseException:
             for key in joined:
                 self.engines[key].leave(row.id)
             raise
         for name, key in row.storage.items():
-            if not getattr(self.engines[key], "adopts", False):
+            if not self.engines[key].adopts:
                 contexts[name].release()
             view = self.engines[key].view(row.id)
             row.streams[name].engine = view
@@ -295,7 +296,7 @@ class RowDecoder:
         name = drafting_stream(rows[0].method)
         storage = rows[0].storage[name]
         x = {row.id: row.streams[name].pending for row in rows}
-        if getattr(self.engines[storage], "drafts_itself", False) and draws is None:  # its drafts are greedy: not for sampled rows
+        if self.engines[storage].drafts_itself and draws is None:  # its drafts are greedy: not for sampled rows
             (out,) = yield Ask(DRAFT, [Forward(storage, x, k)])
             return out
         constrained = [(j, row.constraint) for j, row in enumerate(rows) if row.constraint is not None]

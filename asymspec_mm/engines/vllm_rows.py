@@ -118,6 +118,9 @@ class VLLMBatchEngine:
 
     #: the decoder lets this storage decode the K drafts itself (one call) instead of K extends
     drafts_itself = True
+    adopts = False
+    rebuilds = False  # its rows live in vLLM's own block pool
+    hands_out_rows = False
 
     def draft(self, ids: dict[int, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward ``ids[row]`` (the pending tokens) and decode ``k`` greedy tokens per row, all rows in ONE
