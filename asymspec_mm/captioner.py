@@ -66,7 +66,7 @@ class DrafterCaptioner:
 
     def _in_loop(self, loop: ModelLoop, enc: dict) -> list[int]:
         """The caption's tokens as a drafter row of ``loop`` (the tower's call in the loop too)."""
-        features, _ = loop.run(lambda: self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"]))
+        features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=loop.run)
         ids = enc["input_ids"][0]
         merge = self.model.config.vision_config.spatial_merge_size
         prompt = image_prompt(ids[:-1], enc["mm_token_type_ids"][0], features, merge, reuse=False)

@@ -87,3 +87,9 @@ def run_model(fn: Callable[[], T], lock: AbstractContextManager) -> T:
         return loop.run(fn)
     with lock:
         return fn()
+
+
+def model_runner(lock: AbstractContextManager) -> Callable[[Callable[[], T]], T]:
+    """:func:`run_model` with ``lock`` bound: what code that may call a model takes as its ``run`` (the vision
+    encoder's tower pass on a cache miss)."""
+    return lambda fn: run_model(fn, lock)

@@ -301,7 +301,8 @@ class AsymSpecPipeline:
         """A continuous-batching :class:`~asymspec_mm.batch.Scheduler` for concurrent callers of this pipeline:
         ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``.
         ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows);
-        ``options``: ``prefill_chunk_tokens`` (prompt tokens per batched prefill forward), ``on_step``."""
+        ``options``: ``prefill_chunk_tokens`` (prompt tokens per batched prefill forward), ``token_budget`` (tokens a
+        turn's forwards carry, decode first), ``on_step``."""
         from .batch.scheduler import Scheduler
 
         return Scheduler(

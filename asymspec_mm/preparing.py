@@ -24,7 +24,7 @@ from .decode import StopFn
 from .engines import EngineFactory, PromptImages, TransformersEngines, model_device
 from .engines.prefix_kv import reuse_key
 from .errors import ContextOverflowError
-from .model_calls import run_model
+from .model_calls import model_runner
 from .models import ModelSet
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
 from .questions import check_question
@@ -436,7 +436,7 @@ class RequestPreparer:
         text_only = p.pixel_values is None  # a conversation without images: the full view is text too
         out = {name: text_prompt(ids[name][0, :-1], reuse=reuse) for name in names if name != "drafter_full" or text_only}
         if "drafter_full" in names and not text_only:
-            features, _ = run_model(lambda: m.encoder.encode(p.pixel_values, p.image_grid_thw), m.lock)
+            features, _ = m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))
             merge = m.drafter.config.vision_config.spatial_merge_size
             out["drafter_full"] = image_prompt(
                 ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, image_keys=image_keys, reuse=reuse

@@ -149,3 +149,20 @@ def test_the_scheduler_serves_mixed_settings_from_one_batch(tiny_pipe):
         assert res.token_ids == tiny_pipe.generate(**case, method=m, config=cfg).token_ids, (m, cfg)
     assert max(res.stats["batch_size"] for res in got) > 4  # rows of different groups stepped together
     assert max(c for _, c, _ in steps) <= 6 + 4 + 2  # K_max drafting, SD's drafting, two scoring forwards
+
+
+def test_the_mixed_traffic_bench_counts_what_each_arm_did(tiny_pipe):
+    """bench/mixed.py on 8 requests: every arm decodes the same tokens; the mixed arm's first step makes K_max (6)
+    drafting forwards, SD's 4 on the compressed view and 2 scoring forwards; one decoder per group makes at most one
+    group's set (6 + 2); the report names both ratios."""
+    from asymspec_mm.bench.mixed import measure, report
+    from asymspec_mm.bench.pairs import bench_cases
+
+    figures = measure(tiny_pipe, bench_cases(8), tokens=4, reps=1)
+    arms = figures["arms"]
+    assert arms["mixed"]["tokens"] == arms["groups"]["tokens"] == arms["shared"]["tokens"] == 8 * 4
+    assert arms["mixed"]["max_calls_per_step"] == 6 + 4 + 2
+    assert arms["groups"]["max_calls_per_step"] == 6 + 2 and arms["shared"]["max_calls_per_step"] == 4 + 2
+    assert arms["mixed"]["steps"] < arms["groups"]["steps"]
+    text = report(figures)
+    assert "mixed over groups" in text and "mixed over shared" in text

@@ -337,6 +337,53 @@ def test_models_health_and_metrics(pipe, client, server):
     assert after["asymspec_live_rows"] == 0 and f'asymspec_model_info{{model="{pipe.name}"}}' in after
 
 
+def test_sixteen_concurrent_clients_with_mixed_settings_each_get_their_answer_alone(pipe):
+    """Issue #42: 16 ``openai`` clients at once in four setting groups (K 2 / 6, gates, beta, methods AsymSpec / Floor /
+    SD, a seeded sampled row): one batch steps them all (the rows shared steps across groups) and each answer equals
+    its request run alone, token for token."""
+    groups = [
+        {"method": "asymspec", "k": 2, "gate": "cda", "beta": 0.5},
+        {"method": "asymspec", "k": 6, "gate": "fixed", "beta": 1.0},
+        {"method": "floor"},
+        {"method": "sd", "k": 4},
+    ]
+    cases = [make_case(140 + i) for i in range(16)]
+    settings = [dict(groups[i % 4]) for i in range(16)]
+    settings[5] |= {"temperature": 0.9, "seed": 123}  # a sampled row in the mix
+    refs = []
+    for c, st in zip(cases, settings):
+        cfg = {k: v for k, v in st.items() if k not in ("method", "temperature", "seed")}
+        sample = {k: st[k] for k in ("temperature", "seed") if k in st}
+        refs.append(reference(pipe, c, st["method"], max_new_tokens=8, **cfg, **sample))
+    app = create_app(pipe, max_batch_size=16)
+    with ServerThread(app) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        barrier = threading.Barrier(16)
+        got: dict[int, object] = {}
+
+        def worker(i: int) -> None:
+            c, st = cases[i], dict(settings[i])
+            sample = {k: st.pop(k) for k in ("temperature", "seed") if k in st}
+            barrier.wait(timeout=60)
+            got[i] = client.chat.completions.create(
+                model="tiny",
+                messages=[user_message(c["question"], data_url(c["image"]))],
+                max_tokens=8,
+                **sample,
+                extra_body={"asymspec": {"caption": c["caption"], "ocr": c["ocr"], "return_trace": True, **st}},
+            )
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert len(got) == 16
+        for i, ref in enumerate(refs):
+            assert [t["token_id"] for t in got[i].model_extra["asymspec"]["trace"]] == ref.token_ids, (i, settings[i])
+        assert max(got[i].model_extra["asymspec"]["stats"]["batch_size"] for i in range(16)) > 4  # groups stepped together
+
+
 def test_sixteen_concurrent_clients_share_steps(pipe):
     cases = [make_case(100 + i) for i in range(16)]
     refs = [reference(pipe, c, max_new_tokens=8) for c in cases]

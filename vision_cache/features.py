@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -103,14 +104,15 @@ class VisionEncoder:
             image_grid_thw=image_grid_thw.detach().cpu(),
         )
 
-    def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[VisionFeatures, bool]:
+    def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, run: Callable | None = None) -> tuple[VisionFeatures, bool]:
         """Features for these pixels (``[patches, dim]`` of ``n`` images, ``image_grid_thw`` ``[n, 3]``), and whether
         they all came from the cache. Each image is encoded and cached on its own (the tower attends within an
         image), so an image shown again with others, as in a conversation's later turns, is not encoded again and
-        gets the very same features."""
+        gets the very same features. ``run(fn)`` runs a tower pass (a cache miss) where it must run: an engine loop
+        that owns the models (the cache itself is read here); default: here."""
         if image_grid_thw.shape[0] > 1:
             counts = [int(t * h * w) for t, h, w in image_grid_thw.tolist()]
-            parts = [self.encode(px, grid) for px, grid in zip(pixel_values.split(counts), image_grid_thw.split(1))]
+            parts = [self.encode(px, grid, run) for px, grid in zip(pixel_values.split(counts), image_grid_thw.split(1))]
             feats = VisionFeatures(
                 embeds=tuple(e for f, _ in parts for e in f.embeds),
                 deepstack=tuple(tuple(x for f, _ in parts for x in f.deepstack[i]) for i in range(len(parts[0][0].deepstack))),
@@ -120,7 +122,8 @@ class VisionEncoder:
             return feats, all(hit for _, hit in parts)
         before = self.thread_counts()[0]
         key = self.key(pixel_values, image_grid_thw)
-        feats = self.store.get_or_compute(key, lambda: self.encode_uncached(pixel_values, image_grid_thw))
+        compute = lambda: self.encode_uncached(pixel_values, image_grid_thw)  # noqa: E731
+        feats = self.store.get_or_compute(key, compute if run is None else lambda: run(compute))
         feats.key = key
         hit = self.thread_counts()[0] == before  # no tower pass on this thread: cached (or computed by another)
         if hit:

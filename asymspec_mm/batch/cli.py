@@ -12,7 +12,7 @@ as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer
 effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
 skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (a line
 that is not UTF-8, invalid JSON, a missing or mistyped field, text that is not valid Unicode such as a lone
-surrogate ``\ud800``, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their line
+surrogate ``\\ud800``, a repeated id, a URL, a missing or unreadable image) are reported on stderr with their line
 number and written to ``ANSWERS.jsonl.errors.jsonl`` (the latest run's failures, so ``--resume`` reports a bad
 line again until it is fixed); the run goes on and exits with 1 at the end, or stops at the first one with
 ``--on-error raise``. Ctrl-C stops the run (exit 130) with one line saying how many answers are kept and that

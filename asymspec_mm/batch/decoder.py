@@ -99,12 +99,19 @@ class BatchDecoder(RowDecoder):
         row.session, row.final_lengths = session, final
         return row
 
-    def prefill_step(self) -> list[Row]:
-        """One batched prefill forward per stream with prompt tokens waiting; returns the rows that joined."""
+    def step_tokens(self) -> int:
+        """Tokens the next step forwards over every storage: K drafts and K + 1 scored positions on each scoring
+        stream of a speculative row, one token of a plain row."""
+        per_method = {"asymspec": lambda k: 3 * k + 2, "sd": lambda k: 2 * k + 1, "floor": lambda k: 1, "drafter": lambda k: 1}
+        return sum(per_method[row.method](row.config.k) for row in self.rows.values())
+
+    def prefill_step(self, budget: int | None = None) -> list[Row]:
+        """One batched prefill forward per stream with prompt tokens waiting (``budget``: the prompt tokens all of them
+        may carry, see :meth:`ChunkedPrefill.step`); returns the rows that joined."""
         if not self.arriving:
             return []
         joined = []
-        for rid in self.arriving.step():
+        for rid in self.arriving.step(budget):
             prompts = self.arriving.prompts(rid)
             by_storage, (session, final, t0, storage, *parked) = self.arriving.take(rid)
             streams = {name: by_storage[key] for name, key in storage.items()}

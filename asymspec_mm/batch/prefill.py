@@ -88,15 +88,18 @@ class ChunkedPrefill:
     def extra(self, rid: int) -> Any:
         return self.rows[rid].extra
 
-    def step(self) -> list[int]:
-        """One forward per stream with waiting prompt tokens (at most ``chunk_tokens`` each); returns the rows whose
-        prompts are now all in (take each with :meth:`take`)."""
-        for name in {n for row in self.rows.values() for n, p in row.prompts.items() if p.left}:
-            self._forward(name)
+    def step(self, budget: int | None = None) -> list[int]:
+        """One forward per stream with waiting prompt tokens: at most ``chunk_tokens`` each, or ``budget`` tokens
+        shared by all of them (a turn's token budget less its decode tokens, at least one token a stream); returns
+        the rows whose prompts are now all in (take each with :meth:`take`)."""
+        names = sorted({n for row in self.rows.values() for n, p in row.prompts.items() if p.left})
+        share = self.chunk_tokens if budget is None else max(1, budget // max(1, len(names)))
+        for name in names:
+            self._forward(name, min(share, self.chunk_tokens))
         return [rid for rid, row in self.rows.items() if not any(p.left for p in row.prompts.values())]
 
-    def _forward(self, name: str) -> None:
-        budget, pieces = self.chunk_tokens, {}
+    def _forward(self, name: str, budget: int) -> None:
+        pieces = {}
         for rid, row in self.rows.items():  # first come, first served
             prompt = row.prompts.get(name)
             if prompt is None or not prompt.left:

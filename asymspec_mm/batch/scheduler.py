@@ -7,8 +7,10 @@ lock only for each model call (a caption token, the vision tower), so it never h
 longer than one such call. One decode thread owns the batch. Each turn it lets preempted rows back and prepared
 requests in while what the next step would allocate fits ``max_kv_bytes`` (admission takes what a row needs now;
 rows grow as they decode), preempts rows (highest priority value, latest arrival first: their KV is dropped and
-rebuilt from their prompt and committed tokens when there is room again, the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts (at most ``prefill_chunk_tokens``
-tokens each: a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
+rebuilt from their prompt and committed tokens when there is room again, the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts under one token budget a turn
+(``token_budget``, vLLM's ``max_num_batched_tokens`` rule: the step's decode tokens first, the prompt pieces of all
+streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's forward at most
+``prefill_chunk_tokens``; a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
 events to its handle and retires finished or cancelled rows at once. So a decoding row waits at most one bounded
 prefill forward per stream between two of its steps, whatever arrives. Every request joins the one batch whatever
 its method and settings: the decoder groups rows by step shape and the groups share each step's forwards (see
@@ -37,6 +39,13 @@ from ..unicode_check import chat_text_fields, check_text_fields
 from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
 from .prefill import DEFAULT_CHUNK_TOKENS
+
+#: The fewest prompt tokens a turn prefills, however many the step decodes (arriving rows always make progress).
+MIN_PREFILL_TOKENS = 16
+#: Tokens a turn's forwards carry, decode and prefill together, unless a scheduler says otherwise (vLLM's default
+#: ``max_num_batched_tokens`` for chunked prefill); a smaller budget shortens the longest gap a decoding row sees
+#: while prompts arrive, a larger one lets them in sooner.
+DEFAULT_TOKEN_BUDGET = 2048
 
 if TYPE_CHECKING:
     from ..preparing import ServingPipeline
@@ -68,6 +77,7 @@ class Scheduler:
         *,
         batch_engines: BatchEngineFactory | None = None,
         prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
         on_step: Callable[[int, int, float], None] | None = None,
     ):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -82,6 +92,9 @@ class Scheduler:
         if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
             raise UnknownOptionError(f"prefill_chunk_tokens={prefill_chunk_tokens!r} must be an integer >= 1")
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+            raise UnknownOptionError(f"token_budget={token_budget!r} must be an integer >= 1 (tokens a turn's forwards carry)")
+        self.token_budget = token_budget
         self.on_step = on_step
         #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
         self.error: SchedulerStoppedError | None = None
@@ -283,6 +296,7 @@ class Scheduler:
                 self._make_room()
                 self._decoder.reset_peaks()
                 self._prefill()
+                self._run_jobs()  # a set-up waiting on the tower goes on before the step, not a turn later
                 self._step_one()
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
                 with self._cond:
@@ -430,14 +444,16 @@ class Scheduler:
             self._cond.notify_all()
 
     def _prefill(self) -> None:
-        """One batched prefill forward per stream with rows arriving (at most ``prefill_chunk_tokens`` prompt tokens
-        each); rows whose prompts are in decode from the next step on. A failing forward fails the rows being
+        """One batched prefill forward per stream with rows arriving (their pieces together at most the turn's budget
+        less the step's decode tokens); rows whose prompts are in decode from the next step on. A failing forward fails the rows being
         prefilled."""
         decoder = self._decoder
         if not decoder.arriving:
             return
+        # one token budget a turn (vLLM's rule): the step's decode tokens first, the prompt pieces get what is left
+        budget = max(MIN_PREFILL_TOKENS, self.token_budget - decoder.step_tokens())
         try:
-            for row in decoder.prefill_step():
+            for row in decoder.prefill_step(budget):
                 self._handles[row.id].stage = "decoding"
         except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on
             for rid in decoder.waiting_rows:

@@ -57,6 +57,7 @@ def measure_stall(
     warm_steps: int = 20,
     new_tokens: int = 40,
     prefill_chunk_tokens: int | None = None,
+    token_budget: int | None = None,
 ) -> dict:
     """Run the scenario once on a scheduler of ``pipe``. ``live`` / ``new[i]``: ``image``, ``question`` and optional
     ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
@@ -69,6 +70,8 @@ def measure_stall(
     stamps: list[float] = []
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
+    if token_budget is not None:
+        chunk["token_budget"] = token_budget
     with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--live-tokens", type=int, default=3000, help="the live row's length: it must outlast the set-up")
     ap.add_argument("--prefill-chunk-tokens", type=int, default=None, help="the batched prefill's tokens per forward")
+    ap.add_argument("--token-budget", type=int, default=None, help="tokens a scheduler turn's forwards carry, decode first")
     args = ap.parse_args(argv)
     from ..testing import build_tiny_checkpoints
     from .pairs import bench_cases, load_pair
@@ -140,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         new = [{**c, "caption": None, "ocr": False} for c in cases[1 + rep * args.new : 1 + (rep + 1) * args.new]]
         runs.append(
             measure_stall(
-                pipe, live, new, live_method="floor", live_tokens=args.live_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens
+                pipe,
+                live,
+                new,
+                live_method="floor",
+                live_tokens=args.live_tokens,
+                prefill_chunk_tokens=args.prefill_chunk_tokens,
+                token_budget=args.token_budget,
             )
         )
     for i, r in enumerate(runs):
