@@ -103,3 +103,56 @@ def test_preemption_takes_the_highest_priority_value_latest_first(tiny_pipe):
     assert got[2].stats["preemptions"] == 0 and got[0].stats["preemptions"] + got[1].stats["preemptions"] > 0
     with pytest.raises(Exception, match="priority"):
         tiny_pipe.scheduler().submit(**cases[0], priority="high")
+
+
+def test_a_server_under_a_tight_kv_budget_answers_every_client_as_alone(tiny_pipe):
+    """``serve --max-kv-bytes``' app: six ``openai`` clients at once under a budget of about two long rows; every
+    answer equals its request alone and the scheduler preempted rows to stay within the budget."""
+    import base64
+    import io
+    import threading
+
+    openai = pytest.importorskip("openai")
+    from asymspec_mm.serve import ServerThread, create_app
+
+    cases = [_case(1000 + i) for i in range(6)]
+    cfg = AsymSpecConfig(k=3, max_new_tokens=96)
+    alone = [tiny_pipe.generate(**c, config=cfg) for c in cases]
+    assert sum(len(a.token_ids) > 60 for a in alone) >= 3  # long rows (the random pair rarely ends early)
+    probe = BatchDecoder(tiny_pipe)
+    one = max(probe.kv_bound(tiny_pipe.prepare(**c, config=cfg, prefill=False), alone=True) for c in cases)
+    budget = int(1.05 * one)  # the largest row alone fits; two long rows at once do not
+
+    def url(img) -> str:
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+    app = create_app(tiny_pipe, max_batch_size=6, max_kv_bytes=budget)
+    got: dict[int, object] = {}
+    with ServerThread(app) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        def ask(i: int) -> None:
+            c = cases[i]
+            got[i] = client.chat.completions.create(
+                model="tiny",
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": url(c["image"])}}, {"type": "text", "text": c["question"]}],
+                    }
+                ],
+                max_tokens=96,
+                extra_body={"asymspec": {"caption": c["caption"], "ocr": c["ocr"], "k": 3, "return_trace": True}},
+            )
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        sched = app.state.asymspec.scheduler
+        assert sched.preemptions > 0 and 0 < sched.peak_kv_bytes <= budget
+    for i, ref in enumerate(alone):
+        assert [t["token_id"] for t in got[i].model_extra["asymspec"]["trace"]] == ref.token_ids, i

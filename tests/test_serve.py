@@ -782,9 +782,12 @@ def test_cli_options_parse():
             "1.5",
             "--max-images",
             "2",
+            "--max-kv-bytes",
+            "5000000",
         ]
     )
-    assert args.max_images == 2
+    assert args.max_images == 2 and args.max_kv_bytes == 5_000_000
+    assert build_parser().parse_args(["serve", "--preset", "tiny"]).max_kv_bytes is None
     assert (args.host, args.port, args.max_batch_size, args.api_key, args.max_queue, args.max_request_mb) == (
         "127.0.0.1",
         0,
@@ -803,7 +806,13 @@ def test_cli_options_parse():
         "max_request_mb": serve_app.DEFAULT_MAX_REQUEST_MB,
         "max_images": serve_app.DEFAULT_MAX_IMAGES,
     }
-    for bad in (["--max-batch-size", "0"], ["--max-request-mb", "nan"], ["--max-queue", "x"], ["--max-images", "0"]):
+    for bad in (
+        ["--max-batch-size", "0"],
+        ["--max-request-mb", "nan"],
+        ["--max-queue", "x"],
+        ["--max-images", "0"],
+        ["--max-kv-bytes", "0"],
+    ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", *bad])
 

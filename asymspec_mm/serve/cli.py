@@ -44,6 +44,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="requests waiting for a row before further ones get 429 [default: %(default)s]",
     )
     s.add_argument(
+        "--max-kv-bytes",
+        type=positive_int,
+        default=None,
+        help="KV cache bytes the rows may allocate; rows are admitted by what they need now and preempted (recomputed "
+        "later, the same answer) when they cannot grow [default: no bound]",
+    )
+    s.add_argument(
         "--max-request-mb",
         type=positive_float,
         default=DEFAULTS["max_request_mb"],
@@ -105,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             pipe,
             max_batch_size=args.max_batch_size,
             max_queue=args.max_queue,
+            max_kv_bytes=args.max_kv_bytes,
             api_key=args.api_key,
             allow_local_images=args.allow_local_images,
             max_request_mb=args.max_request_mb,
