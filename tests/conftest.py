@@ -106,6 +106,31 @@ def served_demo(tiny_pipe):
         demo.close()
 
 
+@pytest.fixture(scope="module")
+def shipped_tiny():
+    """The shipped, trained tiny preset (OCR off): what a new user's ``from_preset("tiny")`` loads."""
+    from asymspec_mm import AsymSpecPipeline
+
+    return AsymSpecPipeline.from_preset("tiny", ocr="none")
+
+
+@pytest.fixture(scope="module")
+def served_tiny():
+    """``asymspec-mm serve --preset tiny`` (OCR off) as a subprocess on a free loopback port: its base URL."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny", "--ocr-engine", "none", "--port", "0"]
+    proc, url = start_serve(cmd, root, env)
+    try:
+        yield url
+    finally:
+        stop_serve(proc)
+
+
 def make_case(seed: int) -> dict:
     """A deterministic (image, question, caption, ocr) request."""
     rng = random.Random(1000 + seed)

@@ -63,6 +63,8 @@ MODULE_COMMANDS = (
     "asymspec_mm.bench.conversation",
     "asymspec_mm.bench.sampling",
     "asymspec_mm.bench.admission",
+    "asymspec_mm.bench.mixed",
+    "asymspec_mm.bench.memory",
 )
 
 

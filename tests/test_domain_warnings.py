@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import start_serve, stop_serve
 
 from asymspec_mm.eval.minivista import make_problem
 from asymspec_mm.eval.minivista_agent import data_url, smolagents_requests
@@ -36,23 +35,6 @@ def _check(res, warned: bool) -> None:
         assert res.warnings == []
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    from asymspec_mm import AsymSpecPipeline
-
-    return AsymSpecPipeline.from_preset("tiny", ocr="none")
-
-
-@pytest.fixture(scope="module")
-def served():
-    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny", "--ocr-engine", "none", "--port", "0"]
-    proc, url = start_serve(cmd, ROOT, ENV)
-    try:
-        yield url
-    finally:
-        stop_serve(proc)
-
-
 def test_the_rule_applies_to_the_tiny_preset_only():
     from asymspec_mm.tiny.domain import request_warnings
 
@@ -62,13 +44,13 @@ def test_the_rule_applies_to_the_tiny_preset_only():
     assert request_warnings("tiny", smol, [(128, 128)]) == []
 
 
-def test_pipe_generate_warns_once_out_of_domain(shipped, caplog):
+def test_pipe_generate_warns_once_out_of_domain(shipped_tiny, caplog):
     caplog.set_level(logging.WARNING, logger="asymspec_mm.domain")
-    res = shipped.generate(MINI["decoded_image"], STORY, **OPTS)
+    res = shipped_tiny.generate(MINI["decoded_image"], STORY, **OPTS)
     _check(res, True)
     assert _logged(caplog) == res.warnings and res.as_dict()["warnings"] == res.warnings
     caplog.clear()
-    _check(shipped.generate(MINI["decoded_image"], MINI["query"], **OPTS), False)
+    _check(shipped_tiny.generate(MINI["decoded_image"], MINI["query"], **OPTS), False)
     assert _logged(caplog) == []
 
 
@@ -78,21 +60,21 @@ def test_a_custom_pair_never_warns(tiny_pipe, caplog):
     assert _logged(caplog) == []
 
 
-def test_pipe_chat_warns_out_of_domain(shipped, caplog):
+def test_pipe_chat_warns_out_of_domain(shipped_tiny, caplog):
     caplog.set_level(logging.WARNING, logger="asymspec_mm.domain")
     image = {"type": "image_url", "image_url": {"url": data_url(MINI["decoded_image"])}}
     story = [{"role": "user", "content": [image, {"type": "text", "text": STORY}]}]
-    _check(shipped.chat(story, **OPTS), True)
+    _check(shipped_tiny.chat(story, **OPTS), True)
     assert len(_logged(caplog)) == 1
     caplog.clear()
-    _check(shipped.chat(AGENT["messages"], tools=AGENT["tools"], **OPTS), False)  # the agent family: in the domain
+    _check(shipped_tiny.chat(AGENT["messages"], tools=AGENT["tools"], **OPTS), False)  # the agent family: in the domain
     smol = smolagents_requests(AGENT)[1][0]  # the task's image twice, the tool's result in a later user message
-    _check(shipped.chat(smol, tools=AGENT["tools"], **{**OPTS, "caption": [MINI["caption"]] * 2}), False)
+    _check(shipped_tiny.chat(smol, tools=AGENT["tools"], **{**OPTS, "caption": [MINI["caption"]] * 2}), False)
     assert _logged(caplog) == []
 
 
-def test_generate_batch_warns_per_request(shipped):
-    results = shipped.generate_batch(
+def test_generate_batch_warns_per_request(shipped_tiny):
+    results = shipped_tiny.generate_batch(
         [{"image": MINI["decoded_image"], "question": q, "caption": MINI["caption"], "ocr": False} for q in (STORY, MINI["query"])],
         max_new_tokens=4,
     )
@@ -100,11 +82,11 @@ def test_generate_batch_warns_per_request(shipped):
     _check(results[1], False)
 
 
-def test_server_says_so_in_the_asymspec_object(served):
+def test_server_says_so_in_the_asymspec_object(served_tiny):
     pytest.importorskip("openai")
     from openai import OpenAI
 
-    client = OpenAI(base_url=served + "/v1", api_key="none")
+    client = OpenAI(base_url=served_tiny + "/v1", api_key="none")
     image = {"type": "image_url", "image_url": {"url": data_url(MINI["decoded_image"])}}
     for text, warned in ((STORY, True), (MINI["query"], False)):
         body = {

@@ -156,3 +156,21 @@ def test_a_server_under_a_tight_kv_budget_answers_every_client_as_alone(tiny_pip
         assert sched.preemptions > 0 and 0 < sched.peak_kv_bytes <= budget
     for i, ref in enumerate(alone):
         assert [t["token_id"] for t in got[i].model_extra["asymspec"]["trace"]] == ref.token_ids, i
+
+
+def test_the_memory_bench_runs_both_arms_and_keeps_within_its_budget(tiny_pipe):
+    from asymspec_mm.bench.memory import run
+    from asymspec_mm.bench.pairs import bench_cases
+
+    cases = bench_cases(4)
+    cfg = AsymSpecConfig(max_new_tokens=48)
+    probe = BatchDecoder(tiny_pipe)
+    one = max(
+        probe.kv_bound(
+            tiny_pipe.prepare(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], config=cfg, prefill=False), alone=True
+        )
+        for c in cases
+    )
+    free, bound = run(tiny_pipe, cases, 48, None), run(tiny_pipe, cases, 48, int(1.1 * one))
+    assert bound["tokens"] == free["tokens"] and all(len(t) == 48 for t in free["tokens"])
+    assert 0 < bound["peak"] <= int(1.1 * one) and free["preemptions"] == 0 and free["peak"] > 0

@@ -337,6 +337,24 @@ def test_models_health_and_metrics(pipe, client, server):
     assert after["asymspec_live_rows"] == 0 and f'asymspec_model_info{{model="{pipe.name}"}}' in after
 
 
+def at_once(n: int, ask) -> dict[int, object]:
+    """``ask(i)`` for i < n on n threads released together (a barrier); their answers by i."""
+    barrier = threading.Barrier(n)
+    got: dict[int, object] = {}
+
+    def worker(i: int) -> None:
+        barrier.wait(timeout=60)
+        got[i] = ask(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(got) == n
+    return got
+
+
 def test_sixteen_concurrent_clients_with_mixed_settings_each_get_their_answer_alone(pipe):
     """Issue #42: 16 ``openai`` clients at once in four setting groups (K 2 / 6, gates, beta, methods AsymSpec / Floor /
     SD, a seeded sampled row): one batch steps them all (the rows shared steps across groups) and each answer equals
@@ -358,14 +376,11 @@ def test_sixteen_concurrent_clients_with_mixed_settings_each_get_their_answer_al
     app = create_app(pipe, max_batch_size=16)
     with ServerThread(app) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        barrier = threading.Barrier(16)
-        got: dict[int, object] = {}
 
-        def worker(i: int) -> None:
+        def ask(i: int):
             c, st = cases[i], dict(settings[i])
             sample = {k: st.pop(k) for k in ("temperature", "seed") if k in st}
-            barrier.wait(timeout=60)
-            got[i] = client.chat.completions.create(
+            return client.chat.completions.create(
                 model="tiny",
                 messages=[user_message(c["question"], data_url(c["image"]))],
                 max_tokens=8,
@@ -373,12 +388,7 @@ def test_sixteen_concurrent_clients_with_mixed_settings_each_get_their_answer_al
                 extra_body={"asymspec": {"caption": c["caption"], "ocr": c["ocr"], "return_trace": True, **st}},
             )
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-        assert len(got) == 16
+        got = at_once(16, ask)
         for i, ref in enumerate(refs):
             assert [t["token_id"] for t in got[i].model_extra["asymspec"]["trace"]] == ref.token_ids, (i, settings[i])
         assert max(got[i].model_extra["asymspec"]["stats"]["batch_size"] for i in range(16)) > 4  # groups stepped together
@@ -390,13 +400,10 @@ def test_sixteen_concurrent_clients_share_steps(pipe):
     app = create_app(pipe, max_batch_size=16)
     with ServerThread(app) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        barrier = threading.Barrier(16)
-        got: dict[int, object] = {}
 
-        def worker(i: int) -> None:
+        def ask(i: int):
             c = cases[i]
-            barrier.wait(timeout=60)
-            got[i] = client.chat.completions.create(
+            return client.chat.completions.create(
                 model="tiny",
                 messages=[user_message(c["question"], data_url(c["image"]))],
                 max_tokens=8,
@@ -404,12 +411,7 @@ def test_sixteen_concurrent_clients_share_steps(pipe):
                 extra_body={"asymspec": {"caption": c["caption"], "ocr": c["ocr"], "return_trace": True}},
             )
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-        assert len(got) == 16
+        got = at_once(16, ask)
         for i, ref in enumerate(refs):
             if i % 2:
                 chunks = list(got[i])

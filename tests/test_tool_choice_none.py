@@ -5,11 +5,9 @@ through ``pipe.chat`` and through the server with the ``openai`` client, streame
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import start_serve, stop_serve
 
 from asymspec_mm.eval.minivista import make_problem
 from asymspec_mm.tools import OPEN
@@ -18,23 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 PROBLEMS = [make_problem(0, i, "agent") for i in range(2)]
 OPTIONS = {"max_new_tokens": 40}
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    from asymspec_mm import AsymSpecPipeline
-
-    return AsymSpecPipeline.from_preset("tiny", ocr="none")
-
-
-@pytest.fixture(scope="module")
-def served():
-    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny", "--ocr-engine", "none", "--port", "0"]
-    proc, url = start_serve(cmd, ROOT, ENV)
-    try:
-        yield url
-    finally:
-        stop_serve(proc)
 
 
 def test_the_rule_keeps_tools_out_of_the_prompt_and_stops_at_call_markup():
@@ -47,30 +28,30 @@ def test_the_rule_keeps_tools_out_of_the_prompt_and_stops_at_call_markup():
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p["pid"])
-def test_pipe_chat_with_none_calls_no_tool_where_auto_does(shipped, problem):
+def test_pipe_chat_with_none_calls_no_tool_where_auto_does(shipped_tiny, problem):
     kw = {"caption": problem["caption"], "ocr": problem["ocr"], "tools": problem["tools"], **OPTIONS}
-    auto = shipped.chat(problem["messages"], tool_choice="auto", **kw)
+    auto = shipped_tiny.chat(problem["messages"], tool_choice="auto", **kw)
     assert auto.tool_calls, auto.text  # the request is one the pair answers with a call
-    res = shipped.chat(problem["messages"], tool_choice="none", **kw)
+    res = shipped_tiny.chat(problem["messages"], tool_choice="none", **kw)
     assert OPEN not in res.text and "tool_call" not in res.text, res.text
     assert not res.tool_calls and res.finish_reason != "tool_calls"
 
 
-def test_a_call_after_earlier_calls_in_the_conversation_ends_the_answer(shipped):
+def test_a_call_after_earlier_calls_in_the_conversation_ends_the_answer(shipped_tiny):
     """The gold exchange's second request (a call and its result in the history): under ``none`` no markup either."""
     from asymspec_mm.eval.minivista_agent import openai_requests
 
     problem = PROBLEMS[0]
     messages, _ = openai_requests(problem)[1]
-    res = shipped.chat(messages, caption=problem["caption"], ocr=problem["ocr"], tools=problem["tools"], tool_choice="none", **OPTIONS)
+    res = shipped_tiny.chat(messages, caption=problem["caption"], ocr=problem["ocr"], tools=problem["tools"], tool_choice="none", **OPTIONS)
     assert OPEN not in res.text and not res.tool_calls
 
 
-def test_server_with_none_answers_without_calls(served):
+def test_server_with_none_answers_without_calls(served_tiny):
     pytest.importorskip("openai")
     from openai import OpenAI
 
-    client = OpenAI(base_url=served + "/v1", api_key="none")
+    client = OpenAI(base_url=served_tiny + "/v1", api_key="none")
     for problem in PROBLEMS:
         body = {"model": "tiny", "messages": problem["messages"], "tools": problem["tools"], "max_tokens": OPTIONS["max_new_tokens"]}
         extra = {"asymspec": {"caption": problem["caption"], "ocr": problem["ocr"]}}

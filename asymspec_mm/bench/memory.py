@@ -13,6 +13,7 @@ import argparse
 import time
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..config import AsymSpecConfig
 
 
@@ -28,7 +29,7 @@ def run(pipe: Any, cases: list[dict], tokens: int, budget: int | None) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.memory", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.memory", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=160, help="tokens each request decodes (EOS ignored)")

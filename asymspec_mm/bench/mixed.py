@@ -17,6 +17,7 @@ import statistics
 import time
 from typing import Any
 
+from ..cli_help import terminal_text
 from ..config import AsymSpecConfig
 
 #: The four setting groups of the mixed traffic (method, settings).
@@ -116,7 +117,7 @@ def report(figures: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.mixed", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.mixed", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--preset", default="tiny", help="the pair (a preset name)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32, help="tokens each request decodes (EOS ignored)")
