@@ -154,6 +154,12 @@ def test_a_server_under_a_tight_kv_budget_answers_every_client_as_alone(tiny_pip
             t.join(timeout=600)
         sched = app.state.asymspec.scheduler
         assert sched.preemptions > 0 and 0 < sched.peak_kv_bytes <= budget
+        import httpx
+
+        from asymspec_mm.serve.metrics import parse_prometheus
+
+        metrics = parse_prometheus(httpx.get(srv.url + "/metrics", timeout=30).text)
+        assert metrics["asymspec_preemptions_total"] == sched.preemptions and metrics["asymspec_kv_peak_bytes"] == sched.peak_kv_bytes
     for i, ref in enumerate(alone):
         assert [t["token_id"] for t in got[i].model_extra["asymspec"]["trace"]] == ref.token_ids, i
 

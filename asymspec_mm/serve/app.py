@@ -35,7 +35,7 @@ from .responses import asymspec_object, finish_reason, logprobs_of, message_of, 
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
 from .streaming import chat_chunks
-from .transport import Reader, SSEResponse, dumps, error_of, retrying, until_disconnected
+from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..pipeline import AsymSpecPipeline
@@ -223,7 +223,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorize(request)
-        text = await asyncio.to_thread(retrying, lambda: state.metrics.render(state.scheduler, state.model))
+        text = await asyncio.to_thread(state.metrics.render, state.scheduler, state.model)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions")

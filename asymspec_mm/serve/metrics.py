@@ -87,6 +87,8 @@ class Metrics:
                 [("", rows / steps if steps else 0.0)],
             )
             metric("asymspec_live_rows", "gauge", "Rows being decoded now.", [("", scheduler.live_rows)])
+            metric("asymspec_preemptions_total", "counter", "Rows preempted to keep within the KV budget.", [("", scheduler.preemptions)])
+            metric("asymspec_kv_peak_bytes", "gauge", "The most KV bytes the rows held at once so far.", [("", scheduler.peak_kv_bytes)])
             metric("asymspec_waiting_requests", "gauge", "Requests waiting for a row.", [("", scheduler.waiting)])
         return "\n".join(out) + "\n"
 

@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import re
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import CancelledError
 from typing import Any
@@ -111,18 +110,6 @@ def error_of(exc: BaseException) -> RequestError:
         return RequestError(400, str(exc).replace("\n", " "), param=error_param(exc), code=error_code(exc))
     log.error("request failed", exc_info=exc)
     return RequestError(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "), code="internal_error")
-
-
-def retrying(fn: Callable[[], Any], tries: int = 5) -> Any:
-    """``fn()``, retried when the scheduler's worker changed a dict while it was read from another thread."""
-    for i in range(tries):
-        try:
-            return fn()
-        except RuntimeError:
-            if i == tries - 1:
-                raise
-            time.sleep(0.001)
-    return None  # pragma: no cover
 
 
 class SSEResponse(Response):
