@@ -390,6 +390,19 @@ class EndlessHandle:
 
         raise CancelledError("cancelled")
 
+    def listen(self, listener):
+        """The scheduler's delivery: every step's events, then the cancellation, on a thread of its own."""
+        from concurrent.futures import CancelledError
+
+        def deliver():
+            try:
+                for events in self:
+                    listener("events", events)
+            except CancelledError as exc:
+                listener("error", exc)
+
+        threading.Thread(target=deliver, daemon=True).start()
+
     def cancel(self):
         self.cancelled = True
 
@@ -423,9 +436,9 @@ def test_abandoned_job_stops_and_releases_the_rows():
     job.start()
     assert [h.method for h in sched.handles] == ["asymspec", "floor", "drafter"]  # one row per panel, submitted at once
     assert job.get()[1] == "events"  # a reader took one item, then went away
-    for t in job.threads:
-        t.join(timeout=10)
-    assert not any(t.is_alive() for t in job.threads) and job.cancel.is_set()
+    for h in sched.handles:
+        assert h.released.wait(timeout=10)
+    assert job.cancel.is_set()
     assert all(h.cancelled and h.released.is_set() for h in sched.handles) and sched.live_rows == 0
     items = []
     while not job.q.empty():

@@ -356,6 +356,18 @@ class EndlessHandle:
     def result(self, timeout=None):
         raise CancelledError("cancelled")
 
+    def listen(self, listener):
+        """The scheduler's delivery: every step's events, then the cancellation, on a thread of its own."""
+
+        def deliver():
+            try:
+                for events in self:
+                    listener("events", events)
+            except CancelledError as exc:
+                listener("error", exc)
+
+        threading.Thread(target=deliver, daemon=True).start()
+
     def cancel(self):
         self.cancelled = True
 

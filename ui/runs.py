@@ -3,6 +3,7 @@ Floor and the drafter alone for comparison) on the app's scheduler and collects 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -89,11 +90,10 @@ class _Job:
         self.q: queue.Queue = queue.Queue()
         self.last_read = time.monotonic()
         self.reader_waiting = False
-        self.threads: list[threading.Thread] = []
 
     def start(self) -> _Job:
-        """Submit every row (bad settings raise here; rows already submitted are then cancelled) and start
-        the threads that collect their events; returns self."""
+        """Submit every row (bad settings raise here; rows already submitted are then cancelled) and listen to each
+        row's updates (:meth:`Handle.listen`: on the scheduler's thread, no thread per row); returns self."""
         r = self.req
         messages = r.conversation.messages(r.image, r.question) if r.conversation is not None else None
         if r.tools and messages is None:  # tools are offered to a conversation: a first turn is one user message
@@ -110,9 +110,7 @@ class _Job:
             self.stop()
             raise
         for key, handle in self.handles.items():
-            t = threading.Thread(target=self._collect, args=(key, handle), name=f"asymspec-ui-{key}", daemon=True)
-            self.threads.append(t)
-            t.start()
+            handle.listen(functools.partial(self._on_update, key))
         return self
 
     def stop(self) -> None:
@@ -125,27 +123,24 @@ class _Job:
         for handle in list(self.handles.values()):
             handle.cancel()
 
-    def _collect(self, key: str, handle: Any) -> None:
-        """One row's thread: its events, then its result, its error or its cancellation."""
-        try:
-            for events in handle:
-                with self.lock:
-                    self.traces[key].extend(events)
-                self.q.put((key, "events"))
-                self._check_abandoned()
-            result = handle.result(0)
+    def _on_update(self, key: str, kind: str, value: Any) -> None:
+        """One row's update (``events``, then its ``result`` or ``error``; a cancellation is a ``CancelledError``), on
+        the scheduler's thread: kept under the job's lock and handed to the reader."""
+        if kind == "events":
             with self.lock:
-                self.results[key] = result
-            kind = "done"
-        except CancelledError:
-            with self.lock:
+                self.traces[key].extend(value)
+            self.q.put((key, "events"))
+            self._check_abandoned()
+            return
+        with self.lock:
+            if kind == "result":
+                self.results[key], outcome = value, "done"
+            elif isinstance(value, CancelledError):
                 self.stopped.add(key)
-            kind = "stopped"
-        except BaseException as exc:  # reported to the page; the server keeps serving
-            with self.lock:
-                self.errors[key] = exc
-            kind = "error"
-        self.q.put((key, kind))
+                outcome = "stopped"
+            else:  # reported to the page; the server keeps serving
+                self.errors[key], outcome = value, "error"
+        self.q.put((key, outcome))
 
     def _check_abandoned(self) -> None:
         """Stop when the reader has left items unread for :attr:`abandon_after_s`."""
