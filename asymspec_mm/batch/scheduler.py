@@ -22,7 +22,6 @@ every waiting and live handle raises :class:`SchedulerStoppedError` at once (no 
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import threading
 import time
@@ -38,6 +37,7 @@ from ..model_calls import TokenRequest, TokenResult, using_loop
 from ..unicode_check import chat_text_fields, check_text_fields
 from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
+from .loop_calls import LoopCalls
 from .prefill import DEFAULT_CHUNK_TOKENS
 
 #: The fewest prompt tokens a turn prefills, however many the step decodes (arriving rows always make progress).
@@ -65,7 +65,7 @@ class _Waiting:
     chat: dict[str, Any] | None = None  # a conversation: pipe.prepare_chat's messages and options, instead of (image, question)
 
 
-class Scheduler:
+class Scheduler(LoopCalls):
     """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
 
     def __init__(
@@ -304,22 +304,6 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
 
-    # ---------------------------------------------------------------- the set-up's model calls, in the loop
-    def run(self, fn: Callable[[], Any]) -> Any:
-        """Run one set-up model call (``fn``: the vision tower's) in the decode loop between two steps, and return its
-        value (:class:`~asymspec_mm.model_calls.ModelLoop`); on the loop's own thread it runs at once."""
-        if threading.current_thread() is self._worker:
-            with self.pipe.models_lock:
-                return fn()
-        future: Future = Future()
-        context = contextvars.copy_context()  # the call counts as the caller's (its vision statistics)
-        with self._cond:
-            if self.error is not None:
-                raise SchedulerStoppedError(str(self.error))
-            self._jobs.append((lambda: context.run(fn), future))
-            self._cond.notify_all()
-        return future.result()
-
     def decode_row(self, request: TokenRequest) -> TokenResult:
         """Decode ``request`` (a caption) as a row of the batch, ahead of the requests waiting to join; returns its
         tokens once it is done (:class:`~asymspec_mm.model_calls.ModelLoop`)."""
@@ -332,19 +316,6 @@ class Scheduler:
             self._ready.appendleft((_Waiting(handle, None, "", None, None, request.method, request.config), request))
             self._cond.notify_all()
         return handle.result()
-
-    def _run_jobs(self) -> None:
-        """The set-up model calls waiting, each under the models' lock; a failing one fails its caller alone."""
-        while True:
-            with self._cond:
-                if not self._jobs:
-                    return
-                fn, future = self._jobs.popleft()
-            try:
-                with self.pipe.models_lock:
-                    future.set_result(fn())
-            except Exception as exc:  # noqa: BLE001 - the caller's error
-                future.set_exception(exc)
 
     def _stop_on(self, exc: BaseException) -> None:
         """A worker thread stopped on ``exc``: every waiting, ready and live request fails with one
