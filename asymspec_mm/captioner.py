@@ -22,7 +22,7 @@ from .decode import AsymSpecConfig, greedy_steps
 from .engines import PromptImages, VLEngine
 from .engines.pieces import image_prompt
 from .loading import eos_ids
-from .model_calls import ModelLoop, TokenRequest, current_loop
+from .model_calls import ModelLoop, TokenRequest, current_loop, model_runner
 
 __all__ = ["DrafterCaptioner"]
 
@@ -55,7 +55,7 @@ class DrafterCaptioner:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         enc = self.processor(text=[text], images=[image], return_tensors="pt")
-        loop = current_loop()
+        loop = current_loop() if isinstance(self.model, torch.nn.Module) else None  # a loop batches transformers rows
         tokens = self._in_loop(loop, enc) if loop is not None else self._here(image, enc)
         caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         self.cache.put(key, caption)
@@ -71,7 +71,12 @@ class DrafterCaptioner:
         merge = self.model.config.vision_config.spatial_merge_size
         prompt = image_prompt(ids[:-1], enc["mm_token_type_ids"][0], features, merge, reuse=False)
         request = TokenRequest(
-            "drafter", self._config(), {"drafter_full": prompt}, {"drafter_full": ids[-1:]}, eos_ids([self.processor.tokenizer])
+            "drafter",
+            self._config(),
+            {"drafter_full": prompt},
+            {"drafter_full": ids[-1:]},
+            eos_ids([self.processor.tokenizer]),
+            model=self.model,
         )
         return loop.decode_row(request).token_ids
 
@@ -79,6 +84,9 @@ class DrafterCaptioner:
         """The caption's tokens decoded on this thread, the lock taken per model call."""
         engine = VLEngine(self.model, name="captioner", encoder=self.encoder)
         ids = enc["input_ids"][0]
+        # the features first, outside the lock: a set-up served by a loop may own this image's cache slot while its
+        # tower pass waits for the loop, which waits for the lock
+        self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=model_runner(self.lock))
         with self.lock:
             engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
         tokens: list[int] = []

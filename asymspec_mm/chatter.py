@@ -48,14 +48,18 @@ def quiet_loading() -> Iterator[None]:
 
 
 class SayOnce(logging.Filter):
-    """Lets each distinct message through once (a command that answers one request, or many alike, says a warning
-    once: the same request's warning before the models load and as it is set up)."""
+    """Lets each distinct message of the ``asymspec_mm.domain`` logger through once (a command that answers one
+    request, or many alike, says a warning once: the same request's warning before the models load and as it is set
+    up); other records pass. It sits on the command line's handler, so other handlers (a log file, a test's capture)
+    still see every record."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "asymspec_mm.domain":
+            return True
         message = record.getMessage()
         if message in self.seen:
             return False
@@ -85,12 +89,8 @@ def configure_cli_logging(verbose: bool, *, say_once: bool = False) -> None:
     handler.setFormatter(_LowerLevel())
     root.addHandler(handler)
     _installed["handler"] = handler
-    domain = logging.getLogger("asymspec_mm.domain")
-    if "once" in _installed:
-        domain.removeFilter(_installed.pop("once"))
     if say_once:
-        _installed["once"] = SayOnce()
-        domain.addFilter(_installed["once"])
+        handler.addFilter(SayOnce())
     for name in TOOLKIT_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.NOTSET)
     try:

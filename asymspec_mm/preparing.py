@@ -465,6 +465,8 @@ class RequestPreparer:
                     engine = engines.vision(model, name, encoder=m.encoder, prefix_kv=m.prefix_kv)
                 if images:  # a conversation without images reads the full view as text
                     args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0], image_keys),)
+                    if m.drafter_full is None:  # the features first, never under the lock (the cache may wait on the loop)
+                        m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))
             elif name == "verifier":
                 engine = m.verifier_engine(engines)
             elif hasattr(model, "engine"):  # a served model (vLLM)

@@ -160,9 +160,9 @@ def test_the_mixed_traffic_bench_counts_what_each_arm_did(tiny_pipe):
 
     figures = measure(tiny_pipe, bench_cases(8), tokens=4, reps=1)
     arms = figures["arms"]
-    assert arms["mixed"]["tokens"] == arms["groups"]["tokens"] == arms["shared"]["tokens"] == 8 * 4
+    assert arms["mixed"]["tokens"] == arms["groups"]["tokens"] == arms["uniform"]["tokens"] == 8 * 4
     assert arms["mixed"]["max_calls_per_step"] == 6 + 4 + 2
-    assert arms["groups"]["max_calls_per_step"] == 6 + 2 and arms["shared"]["max_calls_per_step"] == 4 + 2
+    assert arms["groups"]["max_calls_per_step"] == 6 + 2 and arms["uniform"]["max_calls_per_step"] == 4 + 2
     assert arms["mixed"]["steps"] < arms["groups"]["steps"]
     text = report(figures)
-    assert "mixed over groups" in text and "mixed over shared" in text
+    assert "mixed over groups" in text and "mixed over uniform" in text

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,10 +71,21 @@ class BatchDecoder(RowDecoder):
             out[name] = key
         return out
 
+    def _storage_for(self, session: Session | TokenRequest) -> dict[str, str]:
+        """:meth:`storage_of` the session's method; a token request on a model of its own (the captioner's, when the
+        pipeline's full view is served elsewhere) gets a storage of that model."""
+        storage = self.storage_of(session.method)
+        model = session.model if isinstance(session, TokenRequest) else None
+        if model is not None and model is not self.models.get(storage.get("drafter_full", "")):
+            if "captioner" not in self.engines:
+                self.engines["captioner"], self.models["captioner"] = self._make(model, "drafter_full"), model
+            storage = {**storage, "drafter_full": "captioner"}
+        return storage
+
     def add(self, rid: int, session: Session) -> Row | None:
         """Let a prepared request join (all or nothing, see :meth:`RowDecoder.join`); a session with streams still to
         prefill waits for :meth:`prefill_step` instead (returns ``None``)."""
-        storage = self.storage_of(session.method)
+        storage = self._storage_for(session)
         final = self.final_lengths(session, storage)
         if session.to_prefill:
             if rid in self.rows:
@@ -105,29 +117,39 @@ class BatchDecoder(RowDecoder):
         per_method = {"asymspec": lambda k: 3 * k + 2, "sd": lambda k: 2 * k + 1, "floor": lambda k: 1, "drafter": lambda k: 1}
         return sum(per_method[row.method](row.config.k) for row in self.rows.values())
 
-    def prefill_step(self, budget: int | None = None) -> list[Row]:
+    def prefill_step(self, budget: int | None = None, failures: list[tuple[int, BaseException]] | None = None) -> list[Row]:
         """One batched prefill forward per stream with prompt tokens waiting (``budget``: the prompt tokens all of them
-        may carry, see :meth:`ChunkedPrefill.step`); returns the rows that joined."""
+        may carry, see :meth:`ChunkedPrefill.step`); returns the rows that joined. A row whose join then fails is
+        gone (its slots freed): it goes to ``failures`` as ``(row, error)``, or without that list its error is raised
+        once the others have joined."""
         if not self.arriving:
             return []
         joined = []
+        failed: list[tuple[int, BaseException]] = []
         for rid in self.arriving.step(budget):
-            prompts = self.arriving.prompts(rid)
-            by_storage, (session, final, t0, storage, *parked) = self.arriving.take(rid)
-            streams = {name: by_storage[key] for name, key in storage.items()}
-            if parked:  # a preempted row back with its contexts rebuilt
-                self.rejoin(parked[0], streams)
-                joined.append(parked[0])
-                continue
-            full = prompts.get(storage.get("drafter_full", ""))
-            session.stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or session.stats.get(
-                "prefix_cache_hit", False
-            )
-            session.stats.setdefault("cached_tokens", {}).update(
-                {name: prompts[key].cached for name, key in storage.items() if key in prompts}
-            )
-            session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
-            joined.append(self._join_session(rid, session, streams, final, storage))
+            try:
+                prompts = self.arriving.prompts(rid)
+                by_storage, (session, final, t0, storage, *parked) = self.arriving.take(rid)
+                streams = {name: by_storage[key] for name, key in storage.items()}
+                if parked:  # a preempted row back with its contexts rebuilt
+                    self.rejoin(parked[0], streams)
+                    joined.append(parked[0])
+                    continue
+                full = prompts.get(storage.get("drafter_full", ""))
+                session.stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or session.stats.get(
+                    "prefix_cache_hit", False
+                )
+                session.stats.setdefault("cached_tokens", {}).update(
+                    {name: prompts[key].cached for name, key in storage.items() if key in prompts}
+                )
+                session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
+                joined.append(self._join_session(rid, session, streams, final, storage))
+            except Exception as exc:  # noqa: BLE001 - this row fails alone; its slots are already free
+                failed.append((rid, exc))
+        if failures is not None:
+            failures.extend(failed)
+        elif failed:
+            raise failed[0][1]
         return joined
 
     @property
@@ -171,9 +193,25 @@ class BatchDecoder(RowDecoder):
         self.parked[rid] = (row, prompts)
 
     def resume(self, rid: int) -> None:
-        """A parked row's prompts go to the batched prefill; it rejoins the steps once they are in."""
-        row, prompts = self.parked.pop(rid)
+        """A parked row's prompts go to the batched prefill; it rejoins the steps once they are in (it stays parked
+        if that fails)."""
+        row, prompts = self.parked[rid]
         self.arriving.add(rid, prompts, extra=(row.session, row.final_lengths, time.perf_counter(), row.storage, row))
+        del self.parked[rid]
+
+    def unstage(self, rid: int) -> Session | TokenRequest | None:
+        """Take an arriving row back out of the batched prefill, its staging KV dropped (to make room for rows that
+        go first): a preempted row is parked again (returns None); a new request's session is returned, its prompts
+        to be prefilled from the start when it is admitted again."""
+        prompts = {key: replace(p, done=0, cached=0) for key, p in self.arriving.prompts(rid).items()}
+        session, _, _, _, *parked = self.arriving.extra(rid)
+        self.arriving.remove(rid)
+        if parked:
+            self.parked[rid] = (parked[0], prompts)
+            return None
+        for prompt in session.to_prefill.values():
+            prompt.done = prompt.cached = 0
+        return session
 
     def allocated(self) -> int:
         """KV bytes the row storages and the staging engines hold now (padding and holes included)."""
@@ -193,7 +231,7 @@ class BatchDecoder(RowDecoder):
                 new_lengths[key] = max(new_lengths.get(key, 0), int(prompt.ids.numel()))
         extra = []
         if joining is not None:
-            storage = self.storage_of(joining.method)
+            storage = self._storage_for(joining)
             extra.append(({storage[n]: p for n, p in joining.to_prefill.items()}, joining.config.k))
         if resuming is not None:
             row, prompts = self.parked[resuming]
@@ -250,7 +288,7 @@ class BatchDecoder(RowDecoder):
         rows = live + [(extra[1], extra[0].config.k) for extra in arriving]
         staged = [(extra[0], extra[3]) for extra in arriving]
         if session is not None:
-            storage = self.storage_of(session.method)
+            storage = self._storage_for(session)
             rows.append((self.final_lengths(session, storage), session.config.k))
             if session.to_prefill:
                 staged.append((session, storage))

@@ -3,6 +3,7 @@ its updates, its result, cancellation) and the scheduler's errors."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from ..decode import TokenEvent
     from ..session import MMResult
     from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 _END = object()
 
@@ -116,11 +119,15 @@ class Handle:
                 self._tell(item)
 
     def _tell(self, item: Any) -> None:
-        """Hand one queued item to the listener (called with ``_deliver`` held)."""
-        if item is _END:
-            self._listener(*(("error", self._error) if self._error is not None else ("result", self._result)))
-        else:
-            self._listener("events", item)
+        """Hand one queued item to the listener (called with ``_deliver`` held); a listener that raises is logged and
+        never stops the scheduler's thread it runs on."""
+        try:
+            if item is _END:
+                self._listener(*(("error", self._error) if self._error is not None else ("result", self._result)))
+            else:
+                self._listener("events", item)
+        except Exception:  # noqa: BLE001 - the caller's callback; the scheduler goes on
+            log.exception("request %s: its listener raised", self.id)
 
     def _put(self, item: Any) -> None:
         with self._deliver:

@@ -51,5 +51,5 @@ class LoopCalls:
             try:
                 with self.pipe.models_lock:
                     future.set_result(fn())
-            except Exception as exc:  # noqa: BLE001 - the caller's error
+            except BaseException as exc:  # noqa: BLE001 - the caller's error, whatever it is (it must not wait forever)
                 future.set_exception(exc)

@@ -22,6 +22,7 @@ every waiting and live handle raises :class:`SchedulerStoppedError` at once (no 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -132,7 +133,7 @@ class Scheduler(LoopCalls):
     ) -> Handle:
         """Queue a request; bad options raise here, in the caller's thread. Returns its :class:`Handle`.
         ``ignore_eos`` decodes to the token budget (as :meth:`AsymSpecPipeline.prepare`'s); ``priority``: lower is
-        admitted first and preempted last (vLLM's convention)."""
+        preempted last and resumed first (vLLM's convention; new requests join first come, first served)."""
         check_method(method)
         cfg = resolve_config(config, overrides)
         check_text_fields({"question": question, "caption": caption, "ocr": ocr})  # here, not on the set-up thread
@@ -352,7 +353,12 @@ class Scheduler(LoopCalls):
         for rid in sorted(decoder.parked, key=self._order):
             if self.max_kv_bytes is not None and (decoder.rows or decoder.arriving) and decoder.step_need(resuming=rid) > self.max_kv_bytes:
                 return  # first in line until its KV fits; new requests wait behind it
-            decoder.resume(rid)
+            try:
+                decoder.resume(rid)
+            except Exception as exc:  # noqa: BLE001 - that row fails alone
+                decoder.remove(rid)
+                self._drop(self._handles[rid], exc)
+                continue
             self._handles[rid].stage = "prefill"
         while self._ready and self.live_rows < self.max_batch_size:
             w, session = self._ready[0]
@@ -392,13 +398,28 @@ class Scheduler(LoopCalls):
         if self.max_kv_bytes is None:
             return
         while decoder.step_need() > self.max_kv_bytes and len(decoder.rows) + len(decoder.arriving) > 1:
-            victims = [rid for rid in decoder.rows if decoder.preemptible(rid)]
-            if not victims or (len(victims) == 1 and not decoder.arriving and len(decoder.rows) == 1):
+            candidates = [rid for rid in decoder.rows if decoder.preemptible(rid)] + list(decoder.arriving.rows)
+            if not candidates:
                 return
-            victim = max(victims, key=self._order)
-            decoder.preempt(victim)
-            self.preemptions += 1
-            self._handles[victim].stage = "preempted"
+            victim = max(candidates, key=self._order)  # an arriving row that goes after the decoding ones waits instead
+            handle = self._handles[victim]
+            try:
+                if victim in decoder.arriving.rows:
+                    session = decoder.unstage(victim)
+                    if session is not None:  # a new request: back to the front of the line
+                        with self._cond:
+                            self._ready.appendleft((_Waiting(handle, None, "", None, None, session.method, session.config), session))
+                        handle.stage = "set_up"
+                        continue
+                else:
+                    decoder.preempt(victim)
+                    self.preemptions += 1
+            except Exception as exc:  # noqa: BLE001 - that row fails alone
+                with contextlib.suppress(Exception):
+                    decoder.remove(victim)
+                self._drop(handle, exc)
+                continue
+            handle.stage = "preempted"
 
     def kv_bound(self, session: Session | None = None) -> int:
         """The most KV bytes the batch can allocate at once, with ``session`` joining (:meth:`BatchDecoder.kv_bound`):
@@ -423,13 +444,16 @@ class Scheduler(LoopCalls):
             return
         # one token budget a turn (vLLM's rule): the step's decode tokens first, the prompt pieces get what is left
         budget = max(MIN_PREFILL_TOKENS, self.token_budget - decoder.step_tokens())
+        failed: list[tuple[int, BaseException]] = []
         try:
-            for row in decoder.prefill_step(budget):
+            for row in decoder.prefill_step(budget, failed):
                 self._handles[row.id].stage = "decoding"
-        except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on
-            for rid in decoder.waiting_rows:
+        except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on (parked rows took no part)
+            for rid in list(decoder.arriving.rows):
                 decoder.remove(rid)
                 self._drop(self._handles[rid], exc)
+        for rid, exc in failed:  # their prompts were in but joining failed: each fails alone
+            self._drop(self._handles[rid], exc)
 
     def _step_one(self) -> None:
         """Step every live row once (all methods and settings in one step)."""
@@ -437,12 +461,17 @@ class Scheduler(LoopCalls):
         if not decoder.rows:
             return
         n, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
+        stepping = list(decoder.rows.values())
         try:
             out = decoder.step()
         except Exception as exc:  # noqa: BLE001 - fail the step's rows, keep serving
-            for rid in list(decoder.rows):
-                decoder.remove(rid)
-                self._drop(self._handles[rid], exc)
+            for row in stepping:
+                if row.result is not None:  # it finished in this step before the failure: its answer stands
+                    self._handles.pop(row.id, None)._finish(row.result)
+                    continue
+                if row.id in decoder.rows:
+                    decoder.remove(row.id)
+                self._drop(self._handles[row.id], exc)
             return
         if self.on_step is not None:
             self.on_step(n, decoder.engine_calls - calls, time.perf_counter() - t0)

@@ -5,7 +5,7 @@ in turn (how the scheduler batched them before issue #42) and against the same r
 beta 0.5; AsymSpec K=6, fixed gate, beta 1; Floor; SD K=4), every row decoding ``--tokens`` tokens (EOS ignored,
 so every arm emits the same number of tokens), the compressed views given (the set-up is not timed: this measures
 decoding). The arms run in turn, ``--reps`` times: ``mixed`` (one decoder), ``groups`` (one decoder per group,
-stepped round robin, one set of forwards each) and ``shared`` (the 16 requests as AsymSpec K=4, CDA, beta 1).
+stepped round robin, one set of forwards each) and ``uniform`` (the 16 requests as AsymSpec K=4, CDA, beta 1).
 Printed: aggregate tokens/s, model calls per step (the most and the mean) and the ratios measured side by side.
 """
 
@@ -27,15 +27,15 @@ GROUPS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("floor", {"k": 4}),
     ("sd", {"k": 4}),
 )
-#: The one setting every request gets in the ``shared`` arm.
-SHARED: tuple[str, dict[str, Any]] = ("asymspec", {"k": 4, "gate": "cda", "beta": 1.0})
+#: The one setting every request gets in the ``uniform`` arm.
+UNIFORM: tuple[str, dict[str, Any]] = ("asymspec", {"k": 4, "gate": "cda", "beta": 1.0})
 
 
-def requests_of(cases: list[dict], tokens: int, shared: bool) -> list[tuple[str, AsymSpecConfig, dict]]:
-    """``(method, config, case)`` per case: group ``i % 4`` of :data:`GROUPS`, or :data:`SHARED` for all."""
+def requests_of(cases: list[dict], tokens: int, uniform: bool) -> list[tuple[str, AsymSpecConfig, dict]]:
+    """``(method, config, case)`` per case: group ``i % 4`` of :data:`GROUPS`, or :data:`UNIFORM` for all."""
     out = []
     for i, case in enumerate(cases):
-        method, settings = SHARED if shared else GROUPS[i % len(GROUPS)]
+        method, settings = UNIFORM if uniform else GROUPS[i % len(GROUPS)]
         out.append((method, AsymSpecConfig(max_new_tokens=tokens, **settings), case))
     return out
 
@@ -75,11 +75,11 @@ def run_arm(pipe: Any, requests: list[tuple[str, AsymSpecConfig, dict]], per_gro
 
 def measure(pipe: Any, cases: list[dict], tokens: int, reps: int) -> dict[str, Any]:
     """The three arms in turn, ``reps`` times (one warm-up first); the median of each figure and the ratios of
-    tokens/s pair by pair (``mixed / groups`` and ``mixed / shared``)."""
+    tokens/s pair by pair (``mixed / groups`` and ``mixed / uniform``)."""
     arms = {
-        "mixed": (requests_of(cases, tokens, shared=False), False),
-        "groups": (requests_of(cases, tokens, shared=False), True),
-        "shared": (requests_of(cases, tokens, shared=True), False),
+        "mixed": (requests_of(cases, tokens, uniform=False), False),
+        "groups": (requests_of(cases, tokens, uniform=False), True),
+        "uniform": (requests_of(cases, tokens, uniform=True), False),
     }
     with pipe.prefix_kv.paused():
         for reqs, per_group in arms.values():  # warm-up
@@ -96,7 +96,7 @@ def measure(pipe: Any, cases: list[dict], tokens: int, reps: int) -> dict[str, A
         "reps": reps,
         "arms": med,
         "mixed_over_groups": ratio("mixed", "groups"),
-        "mixed_over_shared": ratio("mixed", "shared"),
+        "mixed_over_uniform": ratio("mixed", "uniform"),
         "k_max_plus_2": max(s.get("k", 4) for m, s in GROUPS if m == "asymspec") + 2,
     }
 
@@ -108,7 +108,7 @@ def report(figures: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {f['tokens_per_s']:.1f} | {f['steps']:.0f} | {f['max_calls_per_step']:.0f} | {f['mean_calls_per_step']:.2f} |"
         )
-    for key in ("mixed_over_groups", "mixed_over_shared"):
+    for key in ("mixed_over_groups", "mixed_over_uniform"):
         r = figures[key]
         lines.append(
             f"\n{key.replace('_', ' ')} (tokens/s, pair by pair): median {statistics.median(r):.2f}x (min {min(r):.2f}, max {max(r):.2f})"
