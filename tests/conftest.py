@@ -131,6 +131,22 @@ def served_tiny():
         stop_serve(proc)
 
 
+def deliver_in_thread(handle, listener) -> None:
+    """A stand-in handle's ``listen`` (the scheduler's delivery): every step's events from iterating ``handle``, then
+    its cancellation as an error, on a thread of its own."""
+    import threading
+    from concurrent.futures import CancelledError
+
+    def deliver() -> None:
+        try:
+            for events in handle:
+                listener("events", events)
+        except CancelledError as exc:
+            listener("error", exc)
+
+    threading.Thread(target=deliver, daemon=True).start()
+
+
 def make_case(seed: int) -> dict:
     """A deterministic (image, question, caption, ocr) request."""
     rng = random.Random(1000 + seed)

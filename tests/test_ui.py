@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import make_case, make_image  # noqa: E402
+from conftest import deliver_in_thread, make_case, make_image  # noqa: E402
 
 from asymspec_mm.decode import TokenEvent  # noqa: E402
 from ui import app as ui_app  # noqa: E402
@@ -391,17 +391,7 @@ class EndlessHandle:
         raise CancelledError("cancelled")
 
     def listen(self, listener):
-        """The scheduler's delivery: every step's events, then the cancellation, on a thread of its own."""
-        from concurrent.futures import CancelledError
-
-        def deliver():
-            try:
-                for events in self:
-                    listener("events", events)
-            except CancelledError as exc:
-                listener("error", exc)
-
-        threading.Thread(target=deliver, daemon=True).start()
+        deliver_in_thread(self, listener)
 
     def cancel(self):
         self.cancelled = True
