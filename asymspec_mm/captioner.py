@@ -86,9 +86,11 @@ class DrafterCaptioner:
         ids = enc["input_ids"][0]
         # the features first, outside the lock: a set-up served by a loop may own this image's cache slot while its
         # tower pass waits for the loop, which waits for the lock
-        self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=model_runner(self.lock))
+        features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=model_runner(self.lock))
         with self.lock:
-            engine.prefill(ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0]))
+            engine.prefill(
+                ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0], features=features)
+            )
         tokens: list[int] = []
         steps = greedy_steps(engine, ids[-1:].to(engine.device), self._config(), eos_ids([self.processor.tokenizer]), is_verifier=False)
         while True:

@@ -459,14 +459,14 @@ class RequestPreparer:
                 continue
             args: tuple = (ids[name][0, :-1],)
             if name == "drafter_full":
-                if m.drafter_full is not None:  # on vLLM, which runs its own tower; its prefix cache keeps the KV
-                    engine = m.drafter_full.vision_engine(name)
-                else:
-                    engine = engines.vision(model, name, encoder=m.encoder, prefix_kv=m.prefix_kv)
+                served = m.drafter_full is not None  # on vLLM, which runs its own tower; its prefix cache keeps the KV
+                engine = (
+                    m.drafter_full.vision_engine(name) if served else engines.vision(model, name, encoder=m.encoder, prefix_kv=m.prefix_kv)
+                )
                 if images:  # a conversation without images reads the full view as text
-                    args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0], image_keys),)
-                    if m.drafter_full is None:  # the features first, never under the lock (the cache may wait on the loop)
-                        m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))
+                    # the features first, never under the lock (the feature cache may wait on the serving loop)
+                    features = None if served else m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))[0]
+                    args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0], image_keys, features),)
             elif name == "verifier":
                 engine = m.verifier_engine(engines)
             elif hasattr(model, "engine"):  # a served model (vLLM)

@@ -46,7 +46,9 @@ class PromptImages:
     them) and the processor's tensors (the transformers engine encodes those, through the feature cache).
 
     mm_token_type_ids: ``[L]`` over the whole prompt, 1 at image pads; pixel_values / image_grid_thw as the
-    Qwen3-VL processor returns them; image_keys: each image's content key, in order (what KV reuse knows it by).
+    Qwen3-VL processor returns them; image_keys: each image's content key, in order (what KV reuse knows it by);
+    features: their vision features when the caller encoded them already (a prefill under the models' lock then runs
+    no tower and waits on no cache slot).
     """
 
     images: list[Any]
@@ -54,6 +56,7 @@ class PromptImages:
     image_grid_thw: torch.Tensor | None = None
     mm_token_type_ids: torch.Tensor | None = None
     image_keys: tuple[str, ...] = ()
+    features: VisionFeatures | None = None
 
 
 class EngineFactory(Protocol):
@@ -200,7 +203,9 @@ class VLEngine(TextEngine):
             return self.prefill_features(ids)
         if self.encoder is None:
             raise ValueError(f"{self.name}: an image prompt needs an engine built with encoder=")
-        features, _ = self.encoder.encode(images.pixel_values, images.image_grid_thw)
+        features = images.features
+        if features is None:
+            features, _ = self.encoder.encode(images.pixel_values, images.image_grid_thw)
         self.prefill_features(ids, images.mm_token_type_ids, features, images.image_keys)
 
     def prefill_features(
