@@ -8,11 +8,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AsymSpecError
 
 if TYPE_CHECKING:
+    from ..config import AsymSpecConfig
     from ..decode import TokenEvent
     from ..session import MMResult
     from .scheduler import Scheduler
@@ -146,3 +148,22 @@ class Handle:
         self._result, self._error = result, error
         self._done.set()
         self._put(_END)
+
+
+@dataclass
+class _Waiting:
+    handle: Handle
+    image: Any
+    question: str
+    caption: str | None
+    ocr: str | bool | None
+    method: str
+    config: AsymSpecConfig
+    ignore_eos: bool = False
+    chat: dict[str, Any] | None = None  # a conversation: pipe.prepare_chat's messages and options, instead of (image, question)
+
+    @classmethod
+    def set_up(cls, handle: Handle, session: Any) -> _Waiting:
+        """The line entry of a request already set up (a caption row, or a request taken back out of the prefill):
+        only its handle, method and settings are read from here on."""
+        return cls(handle, None, "", None, None, session.method, session.config)

@@ -29,15 +29,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import AsymSpecConfig, check_method, resolve_config
 from ..errors import AsymSpecError, UnknownOptionError
-from ..model_calls import TokenRequest, TokenResult, using_loop
+from ..model_calls import using_loop
 from ..unicode_check import chat_text_fields, check_text_fields
 from .decoder import BatchDecoder, BatchEngineFactory
-from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
+from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError, _Waiting
 from .loop_calls import LoopCalls
 from .prefill import DEFAULT_CHUNK_TOKENS
 
@@ -51,19 +50,6 @@ DEFAULT_TOKEN_BUDGET = 2048
 if TYPE_CHECKING:
     from ..preparing import ServingPipeline
     from ..session import Session
-
-
-@dataclass
-class _Waiting:
-    handle: Handle
-    image: Any
-    question: str
-    caption: str | None
-    ocr: str | bool | None
-    method: str
-    config: AsymSpecConfig
-    ignore_eos: bool = False
-    chat: dict[str, Any] | None = None  # a conversation: pipe.prepare_chat's messages and options, instead of (image, question)
 
 
 class Scheduler(LoopCalls):
@@ -305,19 +291,6 @@ class Scheduler(LoopCalls):
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
 
-    def decode_row(self, request: TokenRequest) -> TokenResult:
-        """Decode ``request`` (a caption) as a row of the batch, ahead of the requests waiting to join; returns its
-        tokens once it is done (:class:`~asymspec_mm.model_calls.ModelLoop`)."""
-        with self._cond:
-            if self.error is not None:
-                raise SchedulerStoppedError(str(self.error))
-            handle = Handle(self, next(self._ids), priority=-1)
-            handle.stage = "set_up"
-            self._handles[handle.id] = handle
-            self._ready.appendleft((_Waiting(handle, None, "", None, None, request.method, request.config), request))
-            self._cond.notify_all()
-        return handle.result()
-
     def _stop_on(self, exc: BaseException) -> None:
         """A worker thread stopped on ``exc``: every waiting, ready and live request fails with one
         :class:`SchedulerStoppedError`, and new requests are refused with it."""
@@ -408,7 +381,7 @@ class Scheduler(LoopCalls):
                     session = decoder.unstage(victim)
                     if session is not None:  # a new request: back to the front of the line
                         with self._cond:
-                            self._ready.appendleft((_Waiting(handle, None, "", None, None, session.method, session.config), session))
+                            self._ready.appendleft((_Waiting.set_up(handle, session), session))
                         handle.stage = "set_up"
                         continue
                 else:

@@ -81,7 +81,7 @@ def _answer(asks: list[Ask], engines: Storages) -> list[Any]:
     if any(ask.transfer is not None for ask in asks):
         tensors = [ask.transfer.flatten() for ask in asks]
         device = tensors[0].device  # the verifier may live on another device: one gather there, one sync
-        flat = torch.cat([t.to(device, torch.float64) for t in tensors]).tolist()
+        flat = tensors[0].tolist() if len(tensors) == 1 else torch.cat([t.to(device, torch.float64) for t in tensors]).tolist()
         out, at = [], 0
         for t in tensors:
             out.append(flat[at : at + t.numel()])
