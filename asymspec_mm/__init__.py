@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AsymSpecPipeline": "asymspec_mm.pipeline",
-    "mm_generate": "asymspec_mm.pipeline",
-    "MMResult": "asymspec_mm.pipeline",
-    "Prompts": "asymspec_mm.pipeline",
-    "AsymSpecConfig": "asymspec_mm.config",
-    "GenerationStream": "asymspec_mm.session",
-    "Session": "asymspec_mm.session",
-    "Request": "asymspec_mm.batch",
+    "AsymSpecPipeline": "asymspec_mm.pipeline.facade",
+    "mm_generate": "asymspec_mm.pipeline.facade",
+    "MMResult": "asymspec_mm.pipeline.facade",
+    "Prompts": "asymspec_mm.pipeline.facade",
+    "AsymSpecConfig": "asymspec_mm.base.config",
+    "GenerationStream": "asymspec_mm.requests.session",
+    "Session": "asymspec_mm.requests.session",
+    "Request": "asymspec_mm.requests.request",
     "TokenEvent": "asymspec_mm.decode",
-    "mathvista_question": "asymspec_mm.questions",
+    "mathvista_question": "asymspec_mm.eval.mathvista.query",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -36,9 +36,9 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .batch import Request
-    from .config import AsymSpecConfig
+    from .base.config import AsymSpecConfig
     from .decode import TokenEvent
-    from .pipeline import AsymSpecPipeline, MMResult, Prompts, mm_generate
-    from .questions import mathvista_question
-    from .session import GenerationStream, Session
+    from .eval.mathvista.query import mathvista_question
+    from .pipeline.facade import AsymSpecPipeline, MMResult, Prompts, mm_generate
+    from .requests.request import Request
+    from .requests.session import GenerationStream, Session

@@ -1,7 +1,7 @@
 """Compressed views of images for the text-only verifier: captions, OCR, length limits.
 
 Names are imported on first use, so that importing a light submodule (``captioning.errors``,
-which :mod:`asymspec_mm.errors` re-exports) does not pull in numpy, Pillow and the OCR engines.
+which :mod:`asymspec_mm.base.errors` re-exports) does not pull in numpy, Pillow and the OCR engines.
 """
 
 from __future__ import annotations

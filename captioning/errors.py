@@ -1,7 +1,7 @@
 """Errors raised by the compressed-view package (captions, OCR, precomputed texts).
 
 They derive from :class:`vision_cache.errors.AsymSpecError`, the toolkit-wide base, and are
-re-exported by :mod:`asymspec_mm.errors` under the same names. They are defined here rather
+re-exported by :mod:`asymspec_mm.base.errors` under the same names. They are defined here rather
 than in :mod:`asymspec_mm` because ``captioning`` must not import the package above it.
 """
 

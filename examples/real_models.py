@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
-from asymspec_mm.errors import AsymSpecError
+from asymspec_mm.base.errors import AsymSpecError
 
 parser = argparse.ArgumentParser(description="Answer a question about an image with the paper's Qwen3 pair.")
 parser.add_argument("image", help="image file")

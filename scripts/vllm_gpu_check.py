@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def build_pair(out: Path, *, correlated=True, **dims):
-    """A Qwen3 text drafter and verifier sharing the project's tokenizer (``asymspec_mm.testing.build_text_pair``)."""
-    from asymspec_mm.testing import build_text_pair
+    """A Qwen3 text drafter and verifier sharing the project's tokenizer (``asymspec_mm.checkpoints.small.build_text_pair``)."""
+    from asymspec_mm.checkpoints.small import build_text_pair
 
     return build_text_pair(out, correlated=0.03 if correlated else None, **dims)[2]
 
@@ -119,9 +119,9 @@ def check_vl(args, work: Path, llm_kw: dict) -> dict:
     from PIL import Image, ImageDraw
 
     from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+    from asymspec_mm.checkpoints.small import build_tiny_checkpoints
     from asymspec_mm.engines import VLEngine
-    from asymspec_mm.prompts import build_prompts
-    from asymspec_mm.testing import build_tiny_checkpoints
+    from asymspec_mm.requests.prompts import build_prompts
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

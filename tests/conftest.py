@@ -20,7 +20,7 @@ WORDS = (
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """(drafter_dir, verifier_dir) of correlated random tiny checkpoints."""
-    from asymspec_mm.testing import build_tiny_checkpoints
+    from asymspec_mm.checkpoints.small import build_tiny_checkpoints
 
     return build_tiny_checkpoints(tmp_path_factory.mktemp("tiny_ckpt"))
 
@@ -35,7 +35,7 @@ def tiny_pipe(tiny_dirs):
 @pytest.fixture(scope="session")
 def standin_dirs(tmp_path_factory):
     """(drafter_dir, verifier_dir): real-layout Qwen3-VL-2B / Qwen3-32B stand-ins (real hub files, small random weights)."""
-    from asymspec_mm.standins import build_standin_pair
+    from asymspec_mm.checkpoints.standins import build_standin_pair
 
     return build_standin_pair(tmp_path_factory.mktemp("standins"))
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch import BatchDecoder, Request
-from asymspec_mm.errors import AsymSpecError, UnknownOptionError
+from asymspec_mm.base.errors import AsymSpecError, UnknownOptionError
+from asymspec_mm.core import BatchDecoder, Request
 
 N_REQUESTS = 30
 

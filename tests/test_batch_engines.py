@@ -11,7 +11,7 @@ from conftest import make_case
 from reference import Reference
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch import BatchEngine, RowView
+from asymspec_mm.core import BatchEngine, RowView
 from asymspec_mm.engines import TextEngine, VLEngine
 
 STREAMS = ("drafter_full", "drafter_comp", "verifier")

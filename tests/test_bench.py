@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from asymspec_mm import bench
+from asymspec_mm.base.timing import BucketTimer, Clock, Ledger, TimedEngine, median
 from asymspec_mm.bench import Variant, add_bench_parser, paired_ratios, project, run_bench, synthetic_prefill
-from asymspec_mm.timing import BucketTimer, Clock, Ledger, TimedEngine, median
 
 FAST = dict(reps=2, warmup=0, cases=1, max_new_tokens=8, prompt_lengths=(), k_values=(), probe_batching=False, progress=False, threads=1)
 
@@ -219,7 +219,7 @@ def test_variant_parsing():
 
     cfg = v.apply(AsymSpecConfig())
     assert (cfg.gate, cfg.beta, cfg.k) == ("fixed", 0.5, 2)
-    from asymspec_mm.errors import UnknownOptionError
+    from asymspec_mm.base.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError):
         Variant.parse("nonsense")
@@ -227,14 +227,14 @@ def test_variant_parsing():
         Variant.parse("asymspec:gate=bogus").apply(AsymSpecConfig())
     with pytest.raises(UnknownOptionError):
         Variant.parse("asymspec@loop=alt")  # not a config field
-    from asymspec_mm.variants import parse_variants
+    from asymspec_mm.cli.variants import parse_variants
 
     assert [v.name for v in parse_variants(bench.DEFAULT_VARIANTS)] == list(bench.DEFAULT_VARIANTS)  # written canonically
 
 
 def test_cli_entry_writes_consistent_outputs(tmp_path, tiny_dirs):
     """The CI check: ``bench`` through its argparse entry on tiny settings; files exist and agree (no thresholds)."""
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     out = tmp_path / "bench"
     md_file = tmp_path / "BENCHMARKS.md"
@@ -328,7 +328,7 @@ def test_static_engines_on_synthetic_caches(tiny_pipe):
 
 
 def test_bench_cases_follow_the_chosen_families():
-    from asymspec_mm.errors import UnknownOptionError
+    from asymspec_mm.base.errors import UnknownOptionError
     from asymspec_mm.eval import minivista as mv
 
     default = bench.bench_cases(3)
@@ -357,7 +357,7 @@ def test_batch_sweep_through_the_cli_writes_consistent_outputs(tmp_path):
     """``bench --batch-sizes`` on the random tiny pair: the same tokens at every B, KV bytes per row as the cache
     shapes say, ratios paired with the sequential loop (no timing thresholds)."""
     from asymspec_mm import AsymSpecPipeline
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     out = tmp_path / "batch"
     argv = ["bench", "--pair", "random-tiny", "--variants", "", "--lengths", "", "--k-values", "", "--no-probe"]
@@ -437,7 +437,7 @@ def test_batch_sweep_on_synthetic_caches_and_its_targets(tiny_pipe):
 
 
 def test_batch_options_are_checked_before_anything_runs(tiny_pipe):
-    from asymspec_mm.errors import UnknownOptionError
+    from asymspec_mm.base.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError, match="batch size 0"):
         run_bench("random-tiny", pipeline=tiny_pipe, batch_sizes=(0, 4), **FAST)

@@ -11,7 +11,7 @@ import torch
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch.prefill import ChunkedPrefill
+from asymspec_mm.core.prefill import ChunkedPrefill
 from asymspec_mm.engines import PrefixKV, TextEngine, VLEngine
 
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from asymspec_mm.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
-from asymspec_mm.questions import check_question, mathvista_question
-from asymspec_mm.tiny.domain import QUESTION_FORMS, domain_problems, domain_warning
+from asymspec_mm.base.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
+from asymspec_mm.requests.domain import QUESTION_FORMS, domain_problems, domain_warning
+from asymspec_mm.requests.questions import check_question, mathvista_question
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "examples" / "chart.png"
@@ -81,7 +81,7 @@ def test_every_minivista_problem_is_in_the_domain():
 
     from asymspec_mm.eval.minivista import make_problem
     from asymspec_mm.eval.minivista_agent import make_agent_problem
-    from asymspec_mm.tiny.domain import question_stem
+    from asymspec_mm.requests.domain import question_stem
 
     stems = set()
     for seed in (0, 1):
@@ -222,7 +222,7 @@ def test_cuda_without_a_gpu_is_one_line():
 
 
 def test_device_errors_name_the_fix():
-    from asymspec_mm.loading import resolve_device
+    from asymspec_mm.engines.loading import resolve_device
 
     with pytest.raises(UnknownOptionError, match="not a torch device"):
         resolve_device("gpu0", None)
@@ -256,7 +256,7 @@ def test_generate_warns_out_of_domain_and_answers(tiny):
 
 
 def test_provenance_names_each_steered_token_and_the_gate(tiny):
-    from asymspec_mm.cli_output import gate_decision, print_result
+    from asymspec_mm.cli.output import gate_decision, print_result
 
     ex = json.loads((REPO / "asymspec_mm" / "examples_data" / "examples.json").read_text())
     steered_seen = 0
@@ -286,7 +286,7 @@ def test_provenance_names_each_steered_token_and_the_gate(tiny):
 
 
 def test_a_sampled_run_names_its_seed_and_repeats_with_it(tiny):
-    from asymspec_mm.cli_output import print_result
+    from asymspec_mm.cli.output import print_result
 
     ex = json.loads((REPO / "asymspec_mm" / "examples_data" / "examples.json").read_text())[1]
     args = (REPO / "asymspec_mm" / "examples_data" / ex["image"], ex["question"])
@@ -305,7 +305,7 @@ def test_a_sampled_run_names_its_seed_and_repeats_with_it(tiny):
 
 
 def test_json_names_every_token(tiny):
-    from asymspec_mm.cli_output import print_result
+    from asymspec_mm.cli.output import print_result
 
     ex = json.loads((REPO / "asymspec_mm" / "examples_data" / "examples.json").read_text())[0]
     res = tiny.generate(REPO / "asymspec_mm" / "examples_data" / ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"])
@@ -322,7 +322,7 @@ def test_json_names_every_token(tiny):
 
 
 def test_stats_name_the_ocr_engine(tiny):
-    from asymspec_mm.presets import tiny_ocr_engine
+    from asymspec_mm.pipeline.presets import tiny_ocr_engine
 
     res = tiny.generate(CHART, mathvista_question("Which bar is the tallest?", choices=["red", "green"]), max_new_tokens=2)
     assert res.stats["ocr_engine"] == tiny_ocr_engine() and res.stats["ocr_s"] > 0

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from asymspec_mm.cli import build_parser, main
-from asymspec_mm.cli_help import terminal_text
+from asymspec_mm.cli.help import terminal_text
+from asymspec_mm.cli.main import build_parser, main
 
 #: What a terminal would show literally: ``code``, Sphinx roles, **bold**.
 MARKUP = re.compile(r"``|:(?:meth|class|func|mod|attr|data|obj|exc|ref|doc|py:[a-z]+):`|\*\*\w")
@@ -82,7 +82,7 @@ def test_module_commands_help_has_no_rest_markup(module):
 
 def test_terminal_text_keeps_the_words():
     doc = (
-        "``asymspec-mm batch``: as :meth:`AsymSpecPipeline.prepare`, :class:`~asymspec_mm.timing.BucketTimer`, "
+        "``asymspec-mm batch``: as :meth:`AsymSpecPipeline.prepare`, :class:`~asymspec_mm.base.timing.BucketTimer`, "
         ":mod:`.batching`, :ref:`the guide <serving>`; lists split by ``;`` -- **bold**\n  indented"
     )
     assert terminal_text(doc) == (

@@ -11,7 +11,7 @@ import torch
 
 from asymspec_mm.bench.cost_curve import break_even, per_call_bound
 from asymspec_mm.bench.twin import build_twin, is_twin, layers_for_ratio
-from asymspec_mm.presets import TINY_DIR, TINY_OCR_LAYOUT
+from asymspec_mm.pipeline.presets import TINY_DIR, TINY_OCR_LAYOUT
 
 LOAD = dict(ocr="none", device="cpu", dtype="fp32", ocr_layout=TINY_OCR_LAYOUT, local_files_only=True)
 

@@ -288,17 +288,17 @@ def test_shards_merge_into_the_unsharded_result(tmp_path: Path) -> None:
 
 def _has_testing() -> bool:
     try:
-        from asymspec_mm.testing import build_tiny_checkpoints  # noqa: F401
+        from asymspec_mm.checkpoints.small import build_tiny_checkpoints  # noqa: F401
     except ImportError:
         return False
     return True
 
 
-@pytest.mark.skipif(not _has_testing(), reason="needs asymspec_mm.testing")
+@pytest.mark.skipif(not _has_testing(), reason="needs asymspec_mm.checkpoints.small")
 def test_end_to_end_tiny(tmp_path: Path) -> None:
     """The real pipeline (random-weight tiny checkpoints) through the harness: two methods, then resume."""
     from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
-    from asymspec_mm.testing import build_tiny_checkpoints
+    from asymspec_mm.checkpoints.small import build_tiny_checkpoints
 
     drafter, verifier = build_tiny_checkpoints(tmp_path / "ckpt")
     pipe = AsymSpecPipeline.from_pretrained(drafter=drafter, verifier=verifier, device="cpu")

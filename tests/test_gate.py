@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asymspec_mm.gate import LN2, accept, context_gain, effective_threshold, first_rejection, fuse, gate_step, jsd, kl
+from asymspec_mm.base.gate import LN2, accept, context_gain, effective_threshold, first_rejection, fuse, gate_step, jsd, kl
 
 logits = st.integers(min_value=0, max_value=10_000).map(
     lambda seed: torch.randn(3, 17, generator=torch.Generator().manual_seed(seed)) * (1 + seed % 7)

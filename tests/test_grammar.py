@@ -15,7 +15,7 @@ jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.tools import ToolError
+from asymspec_mm.requests.tools import ToolError
 
 CFG = AsymSpecConfig(k=3, max_new_tokens=160)
 METHODS = ("asymspec", "floor", "sd", "drafter")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import ExifTags, Image, ImageFile, features
 
-from asymspec_mm.errors import AsymSpecError
+from asymspec_mm.base.errors import AsymSpecError
 from vision_cache.image import (
     DEFAULT_MAX_INPUT_PIXELS,
     InvalidImageError,

@@ -1,14 +1,13 @@
-"""Imports between the top-level packages go one way: vision_cache < captioning < asymspec_mm < ui.
+"""Imports go one way: between the top-level packages (vision_cache < captioning < asymspec_mm < ui) and, inside
+``asymspec_mm``, between its layers (base < engines < decode < requests < core < pipeline < the edges).
 
-A package may import itself and the packages below it, never one above. The one exception is
-``asymspec_mm/cli.py``, the command-line composition root, which may import ``ui`` (to add the
-``demo`` command); in exchange nothing may import ``asymspec_mm.cli`` (tests aside), so the
-exception cannot leak a dependency on ``ui`` into the rest of ``asymspec_mm``.
-
-Inside ``asymspec_mm``, the user-facing facade ``asymspec_mm/pipeline.py`` sits on top of the modules it composes:
-nothing under ``batch``, ``decode`` or ``engines`` (nor the admission benchmark, which measures the scheduler)
-imports it, and no import cycle runs through it, so batched serving depends on the models and the preparer
-(``asymspec_mm.models``, ``asymspec_mm.preparing``), never on the facade.
+A package or layer may import itself and those below it, never one above. The one exception is
+``asymspec_mm/cli/main.py``, the command-line composition root, which may import ``ui`` (to add the ``demo`` command);
+in exchange nothing may import it (tests aside), so the exception cannot leak a dependency on ``ui`` into the rest of
+``asymspec_mm``. The edges (``cli``, ``serve``, ``eval``, ``bench``, ``tiny``) may use each other's helpers;
+``checkpoints`` (model folders built from scratch) sits beside ``base``. The only modules at the top of
+``asymspec_mm`` are its ``__init__`` and the two public paths the design card names (``asymspec_mm.gate``,
+``asymspec_mm.tools``), which nothing inside the package imports. No import cycle runs between modules.
 
 Every import counts: module-level and inside functions, under ``TYPE_CHECKING``, absolute and relative, and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
@@ -29,21 +28,28 @@ ORDER: tuple[str, ...] = ("vision_cache", "captioning", "asymspec_mm", "ui")
 RANK = {package: rank for rank, package in enumerate(ORDER)}
 
 #: The module allowed to import every package, and which nothing may import.
-COMPOSITION_ROOT = "asymspec_mm.cli"
+COMPOSITION_ROOT = "asymspec_mm.cli.main"
+#: ``python -m asymspec_mm.cli``: it only runs the composition root.
+ENTRY_POINT = "asymspec_mm.cli.__main__"
 
-#: The user-facing facade, and the modules below it that must not import it (each name: the module or a package).
-FACADE = "asymspec_mm.pipeline"
-BELOW_FACADE: tuple[str, ...] = (
-    "asymspec_mm.batch",
-    "asymspec_mm.decode",
-    "asymspec_mm.engines",
-    "asymspec_mm.captioner",
-    "asymspec_mm.loading",
-    "asymspec_mm.models",
-    "asymspec_mm.preparing",
-    "asymspec_mm.session",
-    "asymspec_mm.bench.admission",
+#: The layers inside asymspec_mm from the bottom up; the edges share the top rank.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("base", "checkpoints"),
+    ("engines",),
+    ("decode",),
+    ("requests",),
+    ("core",),
+    ("pipeline",),
+    ("cli", "serve", "eval", "bench", "tiny"),
 )
+LAYER_RANK = {layer: rank for rank, names in enumerate(LAYERS) for layer in names}
+#: ``checkpoints`` sits beside ``base`` and imports only it (and itself): neither may import the other's rank-mates.
+SIDE_BY_SIDE = {("base", "checkpoints"), ("checkpoints", "base")}
+#: The public module paths of the design card kept at the top of the package; nothing inside imports them.
+PUBLIC_PATHS = ("asymspec_mm.gate", "asymspec_mm.tools")
+
+#: The user-facing facade, and what measures the engine core without it.
+FACADE = "asymspec_mm.pipeline.facade"
 
 
 def module_name(path: Path, root: Path = ROOT) -> tuple[str, bool]:
@@ -128,7 +134,7 @@ def composition_root_imports(imports: list[tuple[str, str]]) -> list[tuple[str, 
     return [
         (module, name)
         for module, name in imports
-        if module != COMPOSITION_ROOT and (name == COMPOSITION_ROOT or name.startswith(COMPOSITION_ROOT + "."))
+        if module not in (COMPOSITION_ROOT, ENTRY_POINT) and (name == COMPOSITION_ROOT or name.startswith(COMPOSITION_ROOT + "."))
     ]
 
 
@@ -136,8 +142,8 @@ def module_graph(package: str = "asymspec_mm", root: Path = ROOT) -> dict[str, s
     """Each module of ``package`` (a package counts by its ``__init__``) and the modules of ``package`` it imports.
 
     An imported name is taken to its longest prefix that is a module (``from .batch.prefill import image_prompt``:
-    ``asymspec_mm.batch.prefill``; ``from .batch import Scheduler``: the package ``asymspec_mm.batch``). The parent
-    packages that Python runs before a submodule are not edges: every module would reach ``asymspec_mm/__init__``,
+    ``asymspec_mm.core.prefill``; ``from .batch import Scheduler``: the package ``asymspec_mm.core``). The parent
+    packages that Python runs before a submodule are not edges: every module would reach ``asymspec_mm/__init__.py``,
     which names every part of the public API, and the graph would say nothing about the modules themselves.
     """
     sources = {}
@@ -180,7 +186,7 @@ def cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
     return None
 
 
-def facade_imports(imports: list[tuple[str, str]], below: tuple[str, ...] = BELOW_FACADE, facade: str = FACADE) -> list[tuple[str, str]]:
+def facade_imports(imports: list[tuple[str, str]], below: tuple[str, ...], facade: str = FACADE) -> list[tuple[str, str]]:
     """The imports of the facade by the modules ``below`` it (a listed package covers its modules)."""
 
     def under(module: str) -> bool:
@@ -202,7 +208,7 @@ def test_scanner_sees_the_project_imports() -> None:
     imports = project_imports()
     # Known imports of each kind: module level, function level, relative.
     assert ("asymspec_mm.engines.single", "vision_cache.features.VisionFeatures") in imports
-    assert ("asymspec_mm.preparing", "asymspec_mm.captioner.DrafterCaptioner") in imports
+    assert ("asymspec_mm.requests.preparing", "asymspec_mm.requests.captioner.DrafterCaptioner") in imports
     assert ("captioning.ocr.cache", "vision_cache.store.LRUCache") in imports
 
 
@@ -216,40 +222,61 @@ def test_nothing_imports_the_composition_root() -> None:
     assert not bad, f"{COMPOSITION_ROOT} is the composition root; nothing may import it:\n{_listing(bad)}"
 
 
-def test_the_modules_below_the_facade_do_not_import_it() -> None:
-    bad = facade_imports(project_imports())
-    assert not bad, (
-        f"{FACADE} is the user-facing facade; batched serving types against asymspec_mm.preparing.ServingPipeline:\n{_listing(bad)}"
-    )
+def layer_of(module: str) -> str | None:
+    """The layer of an ``asymspec_mm`` module (its folder under the package), or ``None`` for the package's own
+    top-level modules (``__init__`` and the public paths) and for modules of other packages."""
+    parts = module.split(".")
+    if parts[0] != "asymspec_mm" or len(parts) < 2 or parts[1] not in LAYER_RANK:
+        return None
+    return parts[1]
 
 
-def test_no_import_cycle_runs_through_the_facade_or_its_parts() -> None:
+def layer_violations(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Imports inside ``asymspec_mm`` of a higher layer (``checkpoints`` and ``base`` import only themselves and
+    ``base``), of the public paths kept at the top, or of the package's ``__init__`` from inside a layer."""
+    bad = []
+    for module, name in imports:
+        importer, imported = layer_of(module), layer_of(name)
+        if importer is None or not name.startswith("asymspec_mm"):
+            continue
+        if any(name == p or name.startswith(p + ".") for p in PUBLIC_PATHS):
+            bad.append((module, name))
+        elif imported is None:
+            if name != "asymspec_mm.__version__":  # `from asymspec_mm import X` inside a layer reaches for the top
+                bad.append((module, name))
+        elif (importer, imported) in SIDE_BY_SIDE and importer == "base":
+            bad.append((module, name))
+        elif LAYER_RANK[imported] > LAYER_RANK[importer]:
+            bad.append((module, name))
+    return bad
+
+
+def test_the_package_top_holds_only_its_init_and_the_public_paths() -> None:
+    top = sorted(p.stem for p in (ROOT / "asymspec_mm").glob("*.py"))
+    assert top == sorted(["__init__", *(p.split(".")[1] for p in PUBLIC_PATHS)])
+    folders = sorted(p.name for p in (ROOT / "asymspec_mm").iterdir() if (p / "__init__.py").is_file())
+    assert folders == sorted(LAYER_RANK), "every package folder of asymspec_mm is a layer (add a new one to LAYERS)"
+
+
+def test_layers_import_only_themselves_and_layers_below() -> None:
+    bad = layer_violations(project_imports())
+    order = " < ".join("/".join(names) for names in LAYERS)
+    assert not bad, f"imports against the layer order {order} (or of the public paths / the package top):\n{_listing(bad)}"
+
+
+def test_the_admission_benchmark_measures_the_core_without_the_facade() -> None:
+    bad = facade_imports(project_imports(), below=("asymspec_mm.bench.admission",))
+    assert not bad, f"the admission benchmark types against asymspec_mm.requests.preparing.ServingPipeline:\n{_listing(bad)}"
+
+
+def test_no_import_cycle_between_modules() -> None:
     graph = module_graph()
     assert FACADE in graph and graph[FACADE], "the scanner found no imports of the facade"
-    for module in (FACADE, "asymspec_mm.models", "asymspec_mm.preparing", "asymspec_mm.session"):
-        cycle = cycle_through(graph, module)
+    for module in sorted(graph):
+        if module == "asymspec_mm":  # the package's __init__ names the public API of every layer, lazily
+            continue
+        cycle = cycle_through({m: t - {"asymspec_mm"} for m, t in graph.items()}, module)
         assert cycle is None, f"import cycle through {module}: {' -> '.join(cycle or [])}"
-
-
-#: Request set-up and what it builds on: none of these imports the batching layer (the engine core sits above
-#: them: it hands their model calls to its loop through :mod:`asymspec_mm.model_calls`, never the other way).
-BELOW_BATCH: tuple[str, ...] = (
-    "asymspec_mm.preparing",
-    "asymspec_mm.captioner",
-    "asymspec_mm.model_calls",
-    "asymspec_mm.session",
-    "asymspec_mm.prompts",
-    "asymspec_mm.conversation",
-    "asymspec_mm.tools",
-    "asymspec_mm.grammar",
-    "asymspec_mm.decode",
-    "asymspec_mm.engines",
-)
-
-
-def test_request_set_up_and_the_decoder_do_not_import_the_batching_layer() -> None:
-    bad = facade_imports(project_imports(), below=BELOW_BATCH, facade="asymspec_mm.batch")
-    assert not bad, f"asymspec_mm.batch (the engine core: scheduler, batch decoder) sits above these:\n{_listing(bad)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,11 +288,11 @@ def test_request_set_up_and_the_decoder_do_not_import_the_batching_layer() -> No
     ("module", "is_package", "level", "name", "expected"),
     [
         ("asymspec_mm.eval.run", False, 1, "cli", "asymspec_mm.eval.cli"),
-        ("asymspec_mm.eval.run", False, 2, "errors", "asymspec_mm.errors"),
+        ("asymspec_mm.eval.run", False, 2, "base", "asymspec_mm.base"),
         ("asymspec_mm.eval", True, 1, "run", "asymspec_mm.eval.run"),
         ("asymspec_mm.eval", True, 2, None, "asymspec_mm"),
         ("captioning.ocr.base", False, 1, None, "captioning.ocr"),
-        ("ui.app", False, 0, "asymspec_mm.cli", "asymspec_mm.cli"),
+        ("ui.app", False, 0, "asymspec_mm.cli.main", "asymspec_mm.cli.main"),
     ],
 )
 def test_resolve_relative(module: str, is_package: bool, level: int, name: str | None, expected: str) -> None:
@@ -282,7 +309,7 @@ def test_imports_of_finds_every_kind() -> None:
         "import vision_cache.store\n"
         "from captioning import ocr as o\n"
         "from . import cli\n"
-        "from ..errors import *\n"
+        "from ..base.errors import *\n"
         "def f():\n"
         "    from ui.app import main\n"
         "    import importlib\n"
@@ -296,7 +323,7 @@ def test_imports_of_finds_every_kind() -> None:
             "vision_cache.store",
             "captioning.ocr",
             "asymspec_mm.eval.cli",
-            "asymspec_mm.errors",
+            "asymspec_mm.base.errors",
             "ui.app.main",
             "importlib",
             "asymspec_mm.bench",
@@ -309,36 +336,63 @@ def test_rules_on_synthetic_imports() -> None:
     imports = [
         ("vision_cache.image", "vision_cache.errors.InvalidImageError"),  # itself: fine
         ("captioning.ocr", "vision_cache.store"),  # below: fine
-        ("asymspec_mm.cli", "ui.app"),  # the composition root may import ui
-        ("vision_cache.image", "asymspec_mm.errors.AsymSpecError"),  # above: refused
+        ("asymspec_mm.cli.main", "ui.app"),  # the composition root may import ui
+        ("vision_cache.image", "asymspec_mm.base.errors.AsymSpecError"),  # above: refused
         ("asymspec_mm.bench", "ui.app"),  # ui from anywhere else: refused
-        ("ui.app", "asymspec_mm.cli.add_model_args"),  # below, but the composition root
-        ("asymspec_mm", "asymspec_mm.cli"),
+        ("ui.app", "asymspec_mm.cli.main.add_model_args"),  # below, but the composition root
+        ("asymspec_mm", "asymspec_mm.cli.main"),
     ]
     assert upward_imports(imports) == [
-        ("vision_cache.image", "asymspec_mm.errors.AsymSpecError"),
+        ("vision_cache.image", "asymspec_mm.base.errors.AsymSpecError"),
         ("asymspec_mm.bench", "ui.app"),
     ]
     assert composition_root_imports(imports) == [
-        ("ui.app", "asymspec_mm.cli.add_model_args"),
-        ("asymspec_mm", "asymspec_mm.cli"),
+        ("ui.app", "asymspec_mm.cli.main.add_model_args"),
+        ("asymspec_mm", "asymspec_mm.cli.main"),
     ]
 
 
 def test_module_graph_and_cycles_on_a_small_tree(tmp_path: Path) -> None:
     pkg = tmp_path / "asymspec_mm"
-    (pkg / "batch").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from .pipeline import Facade\n")
-    (pkg / "pipeline.py").write_text("def f():\n    from .batch.decoder import Decoder\n")
-    (pkg / "models.py").write_text("import torch\n")
-    (pkg / "batch" / "__init__.py").write_text("")
-    (pkg / "batch" / "decoder.py").write_text(
-        "from typing import TYPE_CHECKING\nfrom ..models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline import Facade\n"
+    for layer in ("pipeline", "core", "requests"):
+        (pkg / layer).mkdir(parents=True)
+        (pkg / layer / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .pipeline.facade import Facade\n")
+    (pkg / "pipeline" / "facade.py").write_text("def f():\n    from ..core.decoder import Decoder\n")
+    (pkg / "requests" / "models.py").write_text("import torch\n")
+    (pkg / "core" / "decoder.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom ..requests.models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline.facade import Facade\n"
     )
     graph = module_graph(root=tmp_path)
-    assert graph["asymspec_mm.batch.decoder"] == {"asymspec_mm.models", "asymspec_mm.pipeline"}
-    assert graph["asymspec_mm.pipeline"] == {"asymspec_mm.batch.decoder"}
-    assert cycle_through(graph, "asymspec_mm.pipeline") == ["asymspec_mm.pipeline", "asymspec_mm.batch.decoder", "asymspec_mm.pipeline"]
-    assert cycle_through(graph, "asymspec_mm.models") is None
-    imports = [("asymspec_mm.batch.decoder", "asymspec_mm.pipeline.Facade"), ("asymspec_mm.cli", "asymspec_mm.pipeline.Facade")]
-    assert facade_imports(imports) == [("asymspec_mm.batch.decoder", "asymspec_mm.pipeline.Facade")]
+    assert graph["asymspec_mm.core.decoder"] == {"asymspec_mm.requests.models", "asymspec_mm.pipeline.facade"}
+    assert graph["asymspec_mm.pipeline.facade"] == {"asymspec_mm.core.decoder"}
+    assert cycle_through(graph, "asymspec_mm.pipeline.facade") == [
+        "asymspec_mm.pipeline.facade",
+        "asymspec_mm.core.decoder",
+        "asymspec_mm.pipeline.facade",
+    ]
+    assert cycle_through(graph, "asymspec_mm.requests.models") is None
+    imports = [
+        ("asymspec_mm.core.decoder", "asymspec_mm.pipeline.facade.Facade"),
+        ("asymspec_mm.cli.main", "asymspec_mm.pipeline.facade.Facade"),
+    ]
+    assert facade_imports(imports, below=("asymspec_mm.core",)) == [("asymspec_mm.core.decoder", "asymspec_mm.pipeline.facade.Facade")]
+
+
+def test_layer_rule_on_synthetic_imports() -> None:
+    imports = [
+        ("asymspec_mm.core.decoder", "asymspec_mm.decode.rows.RowDecoder"),  # below: fine
+        ("asymspec_mm.serve.app", "asymspec_mm.cli.options"),  # edge to edge: fine
+        ("asymspec_mm.checkpoints.small", "asymspec_mm.base.errors"),  # beside base, importing it: fine
+        ("asymspec_mm.requests.preparing", "asymspec_mm.core.prefill"),  # above: refused
+        ("asymspec_mm.base.config", "asymspec_mm.checkpoints.build"),  # base never imports its neighbour
+        ("asymspec_mm.decode.rows", "asymspec_mm.gate.jsd"),  # a public path from inside: refused
+        ("asymspec_mm.engines.single", "asymspec_mm.AsymSpecConfig"),  # the package top from inside: refused
+        ("asymspec_mm.gate", "asymspec_mm.base.gate.jsd"),  # the public path itself: not a layer, not checked
+    ]
+    assert layer_violations(imports) == [
+        ("asymspec_mm.requests.preparing", "asymspec_mm.core.prefill"),
+        ("asymspec_mm.base.config", "asymspec_mm.checkpoints.build"),
+        ("asymspec_mm.decode.rows", "asymspec_mm.gate.jsd"),
+        ("asymspec_mm.engines.single", "asymspec_mm.AsymSpecConfig"),
+    ]

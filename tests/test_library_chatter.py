@@ -71,7 +71,7 @@ def test_cli_keeps_transformers_notices_for_verbose_on_the_subcommand(tmp_path):
 
 
 def test_verbose_on_a_subcommand_does_not_undo_the_top_level_flag():
-    from asymspec_mm.cli import build_parser
+    from asymspec_mm.cli.main import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["-v", "serve"]).verbose and parser.parse_args(["serve", "-v"]).verbose

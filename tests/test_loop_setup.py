@@ -10,7 +10,7 @@ import threading
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.model_calls import using_loop
+from asymspec_mm.engines.model_calls import using_loop
 
 
 def _threads_running(modules) -> tuple[set[str], list]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asymspec_mm.errors import DatasetUnavailableError
+from asymspec_mm.base.errors import DatasetUnavailableError
 from asymspec_mm.eval import mathvista as mv
 from asymspec_mm.eval.cli import main as cli_main
 

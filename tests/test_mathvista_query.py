@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asymspec_mm.errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
+from asymspec_mm.base.errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
 from asymspec_mm.eval import mathvista as mv
 
 MV_DATA = mv.SHIPPED_DIR

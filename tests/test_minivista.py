@@ -201,7 +201,7 @@ def _tolerance() -> int:
 @needs_tiny
 @pytest.mark.slow
 def test_tiny_pair_regression_guard():
-    pytest.importorskip("asymspec_mm.pipeline")
+    pytest.importorskip("asymspec_mm.pipeline.facade")
     from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_preset("tiny", ocr="none")

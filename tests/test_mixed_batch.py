@@ -8,7 +8,7 @@ import pytest
 from conftest import make_case, make_image
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch import BatchDecoder
+from asymspec_mm.core import BatchDecoder
 from asymspec_mm.decode.rows import step_shape
 
 #: (method, settings): four step shapes of AsymSpec (K 2 / 4 / 6, gates, delta sources, both bonus rules), SD with

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from asymspec_mm.errors import AsymSpecError, OCRUnavailableError, UnknownOptionError
+from asymspec_mm.base.errors import AsymSpecError, OCRUnavailableError, UnknownOptionError
 from captioning import (
     EasyOCREngine,
     NoOCREngine,

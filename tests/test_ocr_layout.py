@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from asymspec_mm.errors import UnknownOptionError
+from asymspec_mm.base.errors import UnknownOptionError
 from captioning import OCRItem, RapidOCREngine, compress
 from captioning.ocr import OCR_LAYOUTS, check_ocr_layout, render_inline, render_plain, render_text
 
@@ -77,7 +77,7 @@ def test_the_tiny_preset_answers_the_bundled_chart_as_trained(tiny) -> None:
 
 def test_other_pairs_keep_the_line_layout_and_a_bad_layout_stops_before_loading(tmp_path) -> None:
     from asymspec_mm import AsymSpecPipeline
-    from asymspec_mm.presets import PRESETS, ocr_layout_of
+    from asymspec_mm.pipeline.presets import PRESETS, ocr_layout_of
 
     assert ocr_layout_of("qwen3") == ocr_layout_of(None) == "plain" and ocr_layout_of("tiny") == "inline"
     assert "ocr_layout" not in PRESETS["qwen3"]().pipeline_kwargs

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asymspec_mm.errors import UnknownOptionError
+from asymspec_mm.base.errors import UnknownOptionError
 from asymspec_mm.eval import mathvista as mv
 from asymspec_mm.eval.cli import main as cli_main
 
@@ -189,7 +189,7 @@ def test_dump_prompts_loads_no_model(tmp_path: Path) -> None:
         "import sys\nfrom asymspec_mm.eval.cli import main\n"
         f"rc = main(['eval', 'mathvista', '--protocol', 'paper', '--require-caption', '--text-dir', {str(MV_DATA)!r}, "
         f"'--dump-prompts', {str(out)!r}, '--verifier', {str(tok_dir)!r}, '--drafter', '/nonexistent/drafter'])\n"
-        "bad = sorted(m for m in sys.modules if '.modeling_qwen' in m or m.startswith(('asymspec_mm.pipeline', 'asymspec_mm.engines', 'vision_cache.features')))\n"
+        "bad = sorted(m for m in sys.modules if '.modeling_qwen' in m or m.startswith(('asymspec_mm.pipeline.facade', 'asymspec_mm.engines', 'vision_cache.features')))\n"
         "print(rc, bad)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1"}
@@ -269,8 +269,8 @@ def test_drafter_thinking_switch_reaches_templates_that_read_it() -> None:
     template with the switch closes an empty think block; the Qwen3-VL Instruct template (no switch) is unchanged."""
     from transformers import AutoProcessor, AutoTokenizer
 
-    from asymspec_mm.checkpoints import DRAFTER_CHAT_TEMPLATE
-    from asymspec_mm.prompts import UserTexts, chat_texts
+    from asymspec_mm.checkpoints.build import DRAFTER_CHAT_TEMPLATE
+    from asymspec_mm.requests.prompts import UserTexts, chat_texts
 
     drafter_dir = TINY_VERIFIER.parent / "drafter"
     tok = AutoTokenizer.from_pretrained(TINY_VERIFIER)

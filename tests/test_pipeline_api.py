@@ -9,7 +9,7 @@ import torch
 from conftest import make_case, make_image
 
 from asymspec_mm import AsymSpecConfig, AsymSpecPipeline, MMResult
-from asymspec_mm.errors import (
+from asymspec_mm.base.errors import (
     ContextOverflowError,
     EmptyQuestionError,
     MissingCompressedViewError,
@@ -120,8 +120,8 @@ def test_bad_inputs_raise_clear_errors(tiny_pipe, tiny_dirs):
 def test_vocabulary_mismatch_names_ids(tiny_dirs, tmp_path):
     from transformers import AutoTokenizer
 
-    from asymspec_mm.checkpoints import build_tokenizer
-    from asymspec_mm.pipeline import check_vocabularies
+    from asymspec_mm.checkpoints.build import build_tokenizer
+    from asymspec_mm.pipeline.facade import check_vocabularies
 
     d_tok = AutoTokenizer.from_pretrained(tiny_dirs[0])
     other = build_tokenizer(["completely different corpus of words " * 20], vocab_size=len(d_tok))
@@ -188,7 +188,7 @@ def test_streaming_yields_the_same_events(tiny_pipe):
 
 
 def test_cli_generate_prints_result_and_json(tiny_dirs, tmp_path, capsys):
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     img = tmp_path / "img.png"
     make_image(3).save(img)
@@ -243,7 +243,7 @@ def test_cli_generate_without_caption_or_ocr(tiny_dirs, tmp_path, capsys):
     pytest.importorskip("rapidocr")
     from PIL import ImageDraw
 
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     img = make_image(8, (200, 80))
     ImageDraw.Draw(img).text((10, 30), "TOTAL 42", fill=(0, 0, 0))
@@ -276,8 +276,8 @@ def test_cli_generate_without_caption_or_ocr(tiny_dirs, tmp_path, capsys):
 def test_the_facade_reads_and_writes_through_to_its_parts(tiny_pipe):
     """The pipeline composes a ModelSet and a RequestPreparer: its attributes are theirs, read and written (a
     request set up after ``pipe.eos_ids = ...`` uses the new ids), and it has every member of ServingPipeline."""
-    from asymspec_mm.models import ModelSet
-    from asymspec_mm.preparing import RequestPreparer, ServingPipeline
+    from asymspec_mm.requests.models import ModelSet
+    from asymspec_mm.requests.preparing import RequestPreparer, ServingPipeline
 
     pipe = tiny_pipe
     assert isinstance(pipe.models, ModelSet) and isinstance(pipe.preparer, RequestPreparer)

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch import BatchDecoder
+from asymspec_mm.core import BatchDecoder
 
 
 def _case(seed: int) -> dict:

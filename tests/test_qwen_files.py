@@ -16,8 +16,8 @@ from conftest import make_image, start_serve, stop_serve
 from PIL import Image
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.errors import ContextOverflowError, VocabularyMismatchError
-from asymspec_mm.qwen_files import DATA_DIR, DRAFTER, SNAPSHOT_FILES, VERIFIER, chat_template, hub_snapshot, pinned_sha256
+from asymspec_mm.base.errors import ContextOverflowError, VocabularyMismatchError
+from asymspec_mm.checkpoints.qwen_files import DATA_DIR, DRAFTER, SNAPSHOT_FILES, VERIFIER, chat_template, hub_snapshot, pinned_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,8 +97,8 @@ def test_tiny_pair_templates_are_the_real_ones_and_minivista_prompts_keep_their_
     from transformers import AutoProcessor, AutoTokenizer
 
     from asymspec_mm.eval import minivista as mv
-    from asymspec_mm.presets import resolve_preset
-    from asymspec_mm.prompts import build_prompts
+    from asymspec_mm.pipeline.presets import resolve_preset
+    from asymspec_mm.requests.prompts import build_prompts
 
     preset = resolve_preset("tiny")
     proc, tok = AutoProcessor.from_pretrained(preset.drafter), AutoTokenizer.from_pretrained(preset.verifier)
@@ -124,7 +124,7 @@ def test_tiny_tokenizer_has_one_plain_token_per_tool_tag():
     like Qwen's it is not special: an answer's text keeps its tags when special tokens are skipped."""
     from transformers import AutoTokenizer
 
-    from asymspec_mm.presets import resolve_preset
+    from asymspec_mm.pipeline.presets import resolve_preset
 
     tok = AutoTokenizer.from_pretrained(resolve_preset("tiny").verifier)
     for tag in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
@@ -183,7 +183,7 @@ def test_standins_load_as_hub_snapshots(standin_dirs, standin_pipe):
 def test_vocabulary_check_passes_the_real_pair_and_names_the_first_difference(snapshots, real_tok, real_proc, tmp_path):
     from transformers import AutoTokenizer
 
-    from asymspec_mm.loading import check_vocabularies
+    from asymspec_mm.engines.loading import check_vocabularies
 
     check_vocabularies(real_proc.tokenizer, real_tok, 151936, 151936)
     # ids: two vocabulary entries swapped
@@ -313,7 +313,7 @@ def test_serve_on_standins_answers_the_openai_client(standin_dirs, standin_pipe)
 
 @pytest.mark.parametrize("protocol", ["mathvista", "paper"])
 def test_eval_dump_prompts_with_the_real_verifier_tokenizer(standin_dirs, real_tok, tmp_path, protocol):
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     out = tmp_path / "prompts.jsonl"
     args = ["eval", "mathvista", "--protocol", protocol, "--tasks", "FQA", "--limit", "5", "--dump-prompts", str(out)]
@@ -337,7 +337,7 @@ PAPER_LENGTHS = (
 def test_paper_protocol_prompt_lengths_with_the_real_files(snapshots, real_tok, real_proc, tmp_path, capsys):
     """All 587 paper-protocol prompts with the real tokenizers: none exceeds the harness' 32,704-token window; the
     figures are the MathVista page's (docs/mathvista.md). A row's counts equal the real tokenizer's / processor's own."""
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     out = tmp_path / "paper.jsonl"
     args = ["eval", "mathvista", "--protocol", "paper", "--require-caption", "--dump-prompts", str(out)]

@@ -1,4 +1,4 @@
-"""One range per decoding option (issue #27, point 7): :data:`asymspec_mm.config.RANGES` is what the library, the
+"""One range per decoding option (issue #27, point 7): :data:`asymspec_mm.base.config.RANGES` is what the library, the
 command line, eval's sweeps, the server's request fields and the demo's sliders accept, and every refusal is one
 line naming the option, the value and the range."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from asymspec_mm.config import RANGES, AsymSpecConfig, Range, range_error
-from asymspec_mm.errors import UnknownOptionError
+from asymspec_mm.base.config import RANGES, AsymSpecConfig, Range, range_error
+from asymspec_mm.base.errors import UnknownOptionError
 from asymspec_mm.eval.cli import main as eval_main
 from asymspec_mm.serve.errors import RequestError
 from asymspec_mm.serve.schema import parse_chat_request

@@ -1,7 +1,7 @@
 """The sampled rule (temperature > 0) draws exactly from its closed form.
 
 The closed form is computed here from scratch in float64 (softmax, top-k / top-p, the JSD and the gate's set
-written out), independently of :mod:`asymspec_mm.sampling`; the sampler runs the library's whole position
+written out), independently of :mod:`asymspec_mm.base.sampling`; the sampler runs the library's whole position
 procedure (draft from q, the greedy gate's threshold, the sampled gate, the residual) on 10^5 independent
 uniforms, and a chi-square test compares the counts. A mutant that ignores the gate must fail the same test.
 """
@@ -15,8 +15,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from asymspec_mm.gate import gate_step
-from asymspec_mm.sampling import emitted_distribution, filter_logits, gate_set, sample_from, sampled_gate, tempered_probs
+from asymspec_mm.base.gate import gate_step
+from asymspec_mm.base.sampling import emitted_distribution, filter_logits, gate_set, sample_from, sampled_gate, tempered_probs
 
 DRAWS = 100_000
 #: p-values below this reject; every case is seeded, so a pass is repeatable.

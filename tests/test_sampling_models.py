@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 from test_sampling import closed_form, filtered, softmax
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.errors import UnknownOptionError
+from asymspec_mm.base.errors import UnknownOptionError
 
 ALPHA = 1e-4
 

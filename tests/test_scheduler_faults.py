@@ -7,9 +7,9 @@ import pytest
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch import BatchDecoder
-from asymspec_mm.batch.decoder import gate_settings
-from asymspec_mm.batch.handle import KVBudgetError, SchedulerStoppedError
+from asymspec_mm.core import BatchDecoder
+from asymspec_mm.core.decoder import gate_settings
+from asymspec_mm.core.handle import KVBudgetError, SchedulerStoppedError
 from asymspec_mm.decode.rows import step_shape
 from asymspec_mm.engines.rows import BatchEngine
 
@@ -271,7 +271,7 @@ def test_generate_batch_sets_requests_up_ahead_and_raises_a_bad_one_at_its_turn(
     it were decoded), and the scheduler's threads do not outlive the call."""
     import threading
 
-    from asymspec_mm.errors import InvalidImageError
+    from asymspec_mm.base.errors import InvalidImageError
 
     cfg = AsymSpecConfig(max_new_tokens=6)
     good = [_case_kwargs(440 + i) for i in range(5)]

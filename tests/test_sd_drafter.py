@@ -7,7 +7,7 @@ import torch
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
-from asymspec_mm.errors import UnknownOptionError, VocabularyMismatchError
+from asymspec_mm.base.errors import UnknownOptionError, VocabularyMismatchError
 
 
 def _save_text_drafter(tiny_dirs, out, *, seed: int = 7, extra_vocab: int = 0, layers: int = 1):
@@ -15,7 +15,7 @@ def _save_text_drafter(tiny_dirs, out, *, seed: int = 7, extra_vocab: int = 0, l
     towards the verifier's weights so that it agrees with it often but not always; saved with its tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from asymspec_mm.testing import correlate_
+    from asymspec_mm.checkpoints.small import correlate_
 
     cfg = AutoConfig.from_pretrained(tiny_dirs[1])
     cfg.num_hidden_layers = layers
@@ -136,7 +136,7 @@ def test_missing_sd_drafter_is_one_line(tiny_dirs, tmp_path):
 
 @pytest.mark.parametrize("command", [["generate"], ["eval", "mathvista"], ["bench"], ["batch"], ["serve"]])
 def test_sd_drafter_option_on_the_commands(command, capsys):
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     with pytest.raises(SystemExit):
         main([*command, "--help"])
@@ -146,7 +146,7 @@ def test_sd_drafter_option_on_the_commands(command, capsys):
 def test_cli_generate_loads_the_sd_drafter(tiny_dirs, sd_dir, capsys, tmp_path):
     import json
 
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     case = make_case(2)
     img = tmp_path / "img.png"
@@ -183,7 +183,7 @@ def test_batch_resume_identity_names_the_sd_drafter(tiny_dirs, sd_dir):
     """A batch run's identity (what --resume must find unchanged) holds the SD drafter when method is sd."""
     import argparse
 
-    from asymspec_mm.batch.cli import identity_diff, run_identity
+    from asymspec_mm.cli.batch import identity_diff, run_identity
 
     base = dict(
         drafter=str(tiny_dirs[0]), verifier=str(tiny_dirs[1]), preset=None, device="cpu", dtype="fp32", ocr_engine="none", trace=False

@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.errors import AsymSpecError
+from asymspec_mm.base.errors import AsymSpecError
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
 from asymspec_mm.serve.metrics import parse_prometheus
 from asymspec_mm.serve.responses import TextDeltas
@@ -750,7 +750,7 @@ def test_is_loopback_and_the_exposure_warning(capsys):
 
 
 def test_busy_port_is_a_one_line_error(capsys, tiny_dirs):
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     held = bind_socket("127.0.0.1", 0)
     port = held.getsockname()[1]
@@ -765,7 +765,7 @@ def test_busy_port_is_a_one_line_error(capsys, tiny_dirs):
 
 
 def test_cli_options_parse():
-    from asymspec_mm.cli import build_parser
+    from asymspec_mm.cli.main import build_parser
 
     args = build_parser().parse_args(
         [

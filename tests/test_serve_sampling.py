@@ -157,7 +157,7 @@ def test_bad_sampling_fields_get_400_and_the_server_keeps_serving(server):
 def test_model_sampling_defaults_of_the_real_qwen_files():
     from transformers import GenerationConfig
 
-    from asymspec_mm.qwen_files import DATA_DIR as QWEN_DATA
+    from asymspec_mm.checkpoints.qwen_files import DATA_DIR as QWEN_DATA
 
     qwen3 = model_sampling_defaults(GenerationConfig.from_pretrained(QWEN_DATA / "qwen3"))
     assert qwen3 == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}

@@ -13,7 +13,7 @@ import torch
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.batch import BatchDecoder, BatchEngine
+from asymspec_mm.core import BatchDecoder, BatchEngine
 from asymspec_mm.engines.static_rows import StaticBatchEngine, StaticRowsFullError, static_batch_engines
 
 STREAMS = ("drafter_full", "drafter_comp", "verifier")
@@ -282,7 +282,7 @@ def test_a_compile_failure_falls_back_to_eager_once(tiny_pipe):
 def test_generate_batch_on_static_rows_with_batched_prefill(tiny_pipe):
     """generate_batch takes the static factory too: the rows arrive through the batched, chunked prefill (RowContext
     joins) and each equals its request alone; a batch size above the storage's rows is refused in one line."""
-    from asymspec_mm.errors import UnknownOptionError
+    from asymspec_mm.base.errors import UnknownOptionError
 
     cases = [make_case(470 + i) for i in range(4)]
     reqs = [{k: c[k] for k in ("image", "question", "caption", "ocr")} for c in cases]

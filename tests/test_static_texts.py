@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asymspec_mm.errors import AsymSpecError, DatasetUnavailableError
+from asymspec_mm.base.errors import AsymSpecError, DatasetUnavailableError
 from asymspec_mm.eval.mathvista import SHIPPED_DIR as MV_DATA
 from captioning import StaticCaptioner, StaticOCR, render_mathvista, render_plain
 from captioning.ocr import MissingOCRTextError, OCRParseError, parse_ocr_literal

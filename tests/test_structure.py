@@ -13,14 +13,14 @@ import torch
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.config import METHODS
+from asymspec_mm.base.config import METHODS
+from asymspec_mm.base.errors import UnknownOptionError
+from asymspec_mm.base.gate import context_gain, gate_step
+from asymspec_mm.cli.variants import build_variants, parse_variant, parse_variants
 from asymspec_mm.decode import SOURCES, Counters, steps_for
 from asymspec_mm.decode.stats import STOP_REASONS
 from asymspec_mm.engines import StaticEngines, StaticTextEngine, StaticVLEngine, TextEngine, TransformersEngines
-from asymspec_mm.errors import UnknownOptionError
-from asymspec_mm.gate import context_gain, gate_step
-from asymspec_mm.session import GenerationStream, Session
-from asymspec_mm.variants import build_variants, parse_variant, parse_variants
+from asymspec_mm.requests.session import GenerationStream, Session
 
 
 def _request(seed: int) -> tuple[tuple, dict]:
@@ -219,6 +219,6 @@ def test_one_variant_grammar():
 
 def test_cli_parser_imports_no_torch():
     """`asymspec-mm --help` stays fast: building every subcommand's parser imports no torch (nor gradio)."""
-    code = "import sys, asymspec_mm.cli as c; c.build_parser(); print(sorted(m for m in ('torch', 'gradio') if m in sys.modules))"
+    code = "import sys, asymspec_mm.cli.main as c; c.build_parser(); print(sorted(m for m in ('torch', 'gradio') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -20,7 +20,7 @@ from conftest import start_serve, stop_serve
 
 from asymspec_mm.eval import minivista as mv
 from asymspec_mm.eval.minivista_agent import SMOLAGENTS_TOOLS, make_agent_problem, openai_requests, smolagents_requests
-from asymspec_mm.presets import TINY_DIR
+from asymspec_mm.pipeline.presets import TINY_DIR
 from asymspec_mm.tiny.agent_data import TOOL_TOKENS, agent_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def tiny_tokenizers():
 
 
 def test_tool_tokens_are_in_the_shipped_vocabulary_and_never_fire_on_the_four_families(tiny_tokenizers):
-    from asymspec_mm.prompts import build_prompts
+    from asymspec_mm.requests.prompts import build_prompts
 
     proc, tok = tiny_tokenizers
     ids = {tok.convert_tokens_to_ids(t) for t in TOOL_TOKENS}
@@ -113,9 +113,9 @@ def test_a_failing_agent_task_is_logged_and_retried_on_resume(shipped, tmp_path)
     records are kept, a resumed run retries only the failed pair, and on_error="raise" stops at it."""
     import copy
 
-    from asymspec_mm.errors import AsymSpecError
+    from asymspec_mm.base.errors import AsymSpecError
+    from asymspec_mm.cli.variants import Variant
     from asymspec_mm.eval.agent_eval import run_agent_eval
-    from asymspec_mm.variants import Variant
 
     good, broken = make_agent_problem(1, 0), copy.deepcopy(make_agent_problem(1, 1))
     for part in broken["messages"][-1]["content"]:
@@ -251,7 +251,7 @@ def test_finetune_command_runs_its_phases_and_exports_a_loadable_pair(tmp_path):
     ],
 )
 def test_bad_families_are_refused_in_one_line(extra, words, capsys):
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     args = ["eval", "mathvista", "--dataset", "minivista", "--dry-run", *extra]
     assert main(args) != 0
@@ -260,7 +260,7 @@ def test_bad_families_are_refused_in_one_line(extra, words, capsys):
 
 
 def test_families_keep_the_problems_of_those_families(capsys):
-    from asymspec_mm.cli import main
+    from asymspec_mm.cli.main import main
 
     assert main(["eval", "mathvista", "--dataset", "minivista", "--minivista-n", "12", "--families", "figure,mixed", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("6 problems (minivista")  # 12 drawn in rotation: 3 of each family

@@ -11,8 +11,8 @@ import pytest
 from conftest import make_image
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.conversation import ConversationError, parse_messages, view_messages, view_texts
-from asymspec_mm.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls
+from asymspec_mm.requests.conversation import ConversationError, parse_messages, view_messages, view_texts
+from asymspec_mm.requests.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls
 
 ADD = {
     "type": "function",

@@ -629,7 +629,7 @@ def test_concurrent_runs_share_decoding_steps_and_equal_generate(tiny_pipe, tmp_
 def test_stop_cancels_the_rows_and_every_panel_says_stopped(tiny_pipe, tmp_path):
     import gradio as gr
 
-    from asymspec_mm.errors import AsymSpecError
+    from asymspec_mm.base.errors import AsymSpecError
 
     state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0, max_batch_size=8)
     sched = state.scheduler
@@ -872,7 +872,7 @@ def test_cancelled_client_run_frees_its_rows(served, tiny_pipe):
 
 def test_app_close_closes_its_scheduler(tiny_pipe):
     pytest.importorskip("gradio")
-    from asymspec_mm.errors import AsymSpecError
+    from asymspec_mm.base.errors import AsymSpecError
 
     demo = ui_app.build_app(tiny_pipe, examples=[], max_batch_size=3)
     sched = demo.asymspec.scheduler

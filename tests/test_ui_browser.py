@@ -70,7 +70,7 @@ def outside_requests(urls: list[str]) -> list[str]:
 def _shipped_or_random_pair(request):
     """The shipped (trained) tiny pair when this checkout has it, as a user of `asymspec-mm demo` sees it;
     else the random tiny checkpoints of the test session."""
-    from asymspec_mm.presets import TINY_DIR
+    from asymspec_mm.pipeline.presets import TINY_DIR
 
     if (TINY_DIR / "drafter" / "config.json").is_file() and (TINY_DIR / "verifier" / "config.json").is_file():
         from asymspec_mm import AsymSpecPipeline

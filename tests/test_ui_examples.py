@@ -27,7 +27,7 @@ from ui.examples import (
 @pytest.fixture(scope="module")
 def shipped_pipe():
     from asymspec_mm import AsymSpecPipeline
-    from asymspec_mm.presets import TINY_DIR
+    from asymspec_mm.pipeline.presets import TINY_DIR
 
     if not (TINY_DIR / "drafter" / "config.json").is_file():
         pytest.skip("the shipped tiny pair is not in this checkout")

@@ -29,8 +29,8 @@ if HAVE_VLLM:  # vLLM's CPU build: a small KV cache, the engine in this process,
 
 import torch  # noqa: E402
 
+from asymspec_mm.checkpoints.small import build_text_pair  # noqa: E402
 from asymspec_mm.engines.vllm import VLLMUnavailableError, check_vllm  # noqa: E402
-from asymspec_mm.testing import build_text_pair  # noqa: E402
 
 _SKIP = "" if HAVE_VLLM else "vLLM is not installed here: run it in .venv-vllm (bash scripts/vllm_venv.sh, see VLLM.md)"
 if HAVE_VLLM:
@@ -101,7 +101,7 @@ class _Rows:
     (each prefilled on its own, so every vLLM stream has its own prefix-cache namespace)."""
 
     def __init__(self, pair):
-        from asymspec_mm.batch import BatchEngine
+        from asymspec_mm.core import BatchEngine
         from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
         self.pair = pair
@@ -114,9 +114,9 @@ class _Rows:
 
         eng = self.pair.served.engine("verifier")
         eng.prefill(prompt)
-        before = (list(eng.tokens), eng._salt)
+        before = (list(eng.tokens), eng.cache_salt)
         self.batch.join(row, eng)
-        assert (eng.tokens, eng._salt) == before  # the engine is copied, not changed
+        assert (eng.tokens, eng.cache_salt) == before  # the engine is copied, not changed
         self.single[row] = self.pair.served.engine("verifier")
         self.single[row].prefill(prompt)
         t = TextEngine(self.pair.verifier)
@@ -301,7 +301,7 @@ def test_cached_rows_recovered_per_row(pair):
     _close(got[0], want0, "from memory")
     _close(got[1], refs[1].extend(y), "beside it")
     batch.truncate(0, 50)
-    batch._rows[0]._memory = ([], {})  # nothing to reuse: row 0 must be re-requested
+    batch._rows[0].row_memory = ([], {})  # nothing to reuse: row 0 must be re-requested
     fwd1 = batch.forward_calls[1]
     got = batch.extend({0: x, 1: y})
     assert batch.generate_calls == calls + 3  # this extend: the batched call + row 0's re-request
@@ -314,9 +314,9 @@ def test_cached_rows_recovered_per_row(pair):
 
 @needs_vllm
 def test_errors_leave_every_row_as_it_was(pair):
+    from asymspec_mm.base.errors import ContextOverflowError
     from asymspec_mm.engines import TextEngine
     from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
-    from asymspec_mm.errors import ContextOverflowError
 
     batch = VLLMBatchEngine(pair.served, "verifier")
     short, full = pair.served.engine("verifier"), pair.served.engine("verifier")
@@ -356,8 +356,8 @@ def build_vl_pipes(out_dir):
     (the reference) and the same checkpoints with every stream on vLLM (the settings above). Also what
     ``scripts/vllm_batch_bench.py`` benchmarks."""
     from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.checkpoints.small import build_tiny_checkpoints
     from asymspec_mm.engines.vllm import VLLMModel
-    from asymspec_mm.testing import build_tiny_checkpoints
 
     dirs = build_tiny_checkpoints(out_dir, max_pixels=256 * 256)
     ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
@@ -383,7 +383,7 @@ def test_image_rows_draft_and_extend_equal_vlengine(vl):
 
     from asymspec_mm.engines import VLEngine
     from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
-    from asymspec_mm.prompts import build_prompts
+    from asymspec_mm.requests.prompts import build_prompts
 
     batch = VLLMBatchEngine(vl.served, "drafter_full")
     refs, pend = {}, {}
@@ -458,7 +458,7 @@ def _batched_on_vllm(pipe, reqs, method, cfg, batch_size):
     a row put a gated bonus to the gate)."""
     from test_batch import _row_config
 
-    from asymspec_mm.batch import BatchDecoder
+    from asymspec_mm.core import BatchDecoder
     from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
     decoder = BatchDecoder(pipe)

@@ -8,7 +8,7 @@ Elsewhere they are skipped with that reason (shown by ``-ra``); the error-path t
 Models: a tiny random Qwen3 verifier (head_dim 32, as CPU attention needs) and a correlated tiny Qwen3
 text drafter, built here with the project's tokenizer and configs, fp32, so logits agree to 1e-4; and
 for the drafter's streams a tiny random Qwen3-VL drafter with its correlated Qwen3 verifier
-(``asymspec_mm.testing.build_tiny_checkpoints``), loaded by ``AsymSpecPipeline.from_pretrained`` with
+(``asymspec_mm.checkpoints.small.build_tiny_checkpoints``), loaded by ``AsymSpecPipeline.from_pretrained`` with
 every stream on vLLM.
 """
 
@@ -30,9 +30,9 @@ if HAVE_VLLM:
 
 import torch  # noqa: E402
 
+from asymspec_mm.base.errors import AsymSpecError  # noqa: E402
+from asymspec_mm.checkpoints.small import build_text_pair  # noqa: E402
 from asymspec_mm.engines.vllm import SUPPORTED_VLLM, VLLMUnavailableError, check_vllm, vllm_llm  # noqa: E402
-from asymspec_mm.errors import AsymSpecError  # noqa: E402
-from asymspec_mm.testing import build_text_pair  # noqa: E402
 
 _SKIP_REASON = ""
 if not HAVE_VLLM:
@@ -263,7 +263,7 @@ def test_rows_served_from_the_prefix_cache_are_recovered(pair):
     torch.testing.assert_close(eng.extend(x), want, atol=ATOL, rtol=RTOL)
     assert eng.rows_reused > 0 and eng.cache_rerequests == 0
     eng.truncate(50)
-    eng._memory = ([], {})  # nothing to reuse: the engine must re-request under a fresh cache salt
+    eng.row_memory = ([], {})  # nothing to reuse: the engine must re-request under a fresh cache salt
     torch.testing.assert_close(eng.extend(x), want, atol=ATOL, rtol=RTOL)
     assert eng.cache_rerequests == 1
     # two streams of one LLM with the same prompt do not share blocks (each has its own salt)
@@ -300,7 +300,7 @@ def test_extend_split_over_several_vllm_steps(pair):
 
 @needs_vllm
 def test_context_window_is_checked(pair):
-    from asymspec_mm.errors import ContextOverflowError
+    from asymspec_mm.base.errors import ContextOverflowError
 
     _, eng = _engines(pair)
     eng.prefill(torch.zeros(1020, dtype=torch.long))
@@ -434,7 +434,7 @@ def vl(tmp_path_factory):
     if _SKIP_REASON:
         pytest.skip(_SKIP_REASON)
     from asymspec_mm import AsymSpecPipeline
-    from asymspec_mm.testing import build_tiny_checkpoints
+    from asymspec_mm.checkpoints.small import build_tiny_checkpoints
 
     dirs = build_tiny_checkpoints(tmp_path_factory.mktemp("vllm_vl"), max_pixels=VL_MAX_PIXELS)
     ref = AsymSpecPipeline.from_pretrained(*dirs, ocr="none")
@@ -455,7 +455,7 @@ def _full_view(vl, seed, size=(256, 160)):
     """(prompt ids [L] with expanded image pads, mm types, vision features, PIL image) of one request."""
     from conftest import make_case, make_image
 
-    from asymspec_mm.prompts import build_prompts
+    from asymspec_mm.requests.prompts import build_prompts
 
     case = make_case(seed)
     image = make_image(seed, size)
@@ -535,7 +535,7 @@ def test_drafter_full_view_on_vllm_equals_transformers(vl):
     torch.testing.assert_close(other.extend(x), want, atol=ATOL, rtol=RTOL)
     assert other.rows_reused > 0 and other.cache_rerequests == 0
     other.truncate(ids.numel() - 1)
-    other._memory = ([], {})
+    other.row_memory = ([], {})
     torch.testing.assert_close(other.extend(x), want, atol=ATOL, rtol=RTOL)
     assert other.cache_rerequests == 1
     with pytest.raises(ValueError, match="cannot truncate into the prompt"):
@@ -608,7 +608,7 @@ def _pipeline_takes_backends() -> str:
 
     if importlib.util.find_spec("torchvision") is None:
         return "the tiny Qwen3-VL drafter's processor needs torchvision (absent in the vLLM CPU venv)"
-    from asymspec_mm.pipeline import AsymSpecPipeline
+    from asymspec_mm.pipeline.facade import AsymSpecPipeline
 
     if "verifier_backend" not in inspect.signature(AsymSpecPipeline.from_pretrained).parameters:
         return "AsymSpecPipeline.from_pretrained has no verifier_backend yet (vllm_pipeline.patch not applied)"
@@ -665,8 +665,8 @@ def test_pipeline_backend_options(request, monkeypatch):
         pytest.skip(reason)
     tiny_dirs = request.getfixturevalue("tiny_dirs")  # after the skip: building it needs torchvision
     from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+    from asymspec_mm.base.errors import UnknownOptionError
     from asymspec_mm.engines import vllm as vllm_engine
-    from asymspec_mm.errors import UnknownOptionError
 
     with pytest.raises(UnknownOptionError, match="verifier_backend"):
         AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", verifier_backend="sglang")

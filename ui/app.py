@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
-from asymspec_mm.options import load_pipeline  # noqa: F401 - re-exported
+from asymspec_mm.base.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
+from asymspec_mm.cli.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
 from .conversation import render_conversation_html
@@ -82,7 +82,7 @@ from .tool_inputs import build_tool_inputs
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
 
-    from asymspec_mm.pipeline import AsymSpecPipeline
+    from asymspec_mm.pipeline.facade import AsymSpecPipeline
 
 __all__ = [
     "SOURCES",

@@ -15,7 +15,7 @@ class DemoInputError(Exception):
 
 def _is_user_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the user's to fix (a bad input or option), not a failure of the app."""
-    from asymspec_mm.errors import AsymSpecError
+    from asymspec_mm.base.errors import AsymSpecError
 
     return isinstance(exc, (AsymSpecError, DemoInputError))
 

@@ -27,7 +27,7 @@ from .view_fields import ViewFields
 from .view_marks import ExampleTexts, GeneratedViews
 
 if TYPE_CHECKING:  # pragma: no cover
-    from asymspec_mm.pipeline import AsymSpecPipeline
+    from asymspec_mm.pipeline.facade import AsymSpecPipeline
 
 log = logging.getLogger("asymspec_mm.ui")
 
@@ -245,7 +245,7 @@ class DemoApp(ViewFields):
     def warning(self, question: str, image_size: tuple[int, int] | None) -> str | None:
         """The page's warning for a request the loaded pair cannot answer (the bundled tiny pair outside
         MiniVista), else None."""
-        from asymspec_mm.tiny.domain import request_problems
+        from asymspec_mm.requests.domain import request_problems
 
         if not request_problems(getattr(self.pipe, "name", None), question, [image_size]):  # every path's rule
             return None

@@ -1,5 +1,5 @@
 """The page's sampling settings: temperature (0: greedy, the paper's rule), top-p and a seed, checked into the config
-fields every row of a run decodes with (:mod:`asymspec_mm.sampling` states the rule). Gradio is imported only to
+fields every row of a run decodes with (:mod:`asymspec_mm.base.sampling` states the rule). Gradio is imported only to
 build the inputs.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from asymspec_mm.config import RANGES, SEED_LIMIT, range_error
+from asymspec_mm.base.config import RANGES, SEED_LIMIT, range_error
 
 from .errors import DemoInputError
 

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int
+from asymspec_mm.cli.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int
 from asymspec_mm.serve.net import is_loopback
 
 from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS
@@ -23,7 +23,7 @@ from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
 
-    from asymspec_mm.pipeline import AsymSpecPipeline
+    from asymspec_mm.pipeline.facade import AsymSpecPipeline
 
 __all__ = ["add_demo_parser", "is_loopback", "launch", "main", "port_in_use_error", "serve", "startup_line"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asymspec_mm.config import METHODS, RANGES
+from asymspec_mm.base.config import METHODS, RANGES
 
 from .errors import DemoInputError
 

@@ -2,7 +2,7 @@
 coloured by their source (accepted draft, fused at a rejection, bonus, ...) as in the answer panel, and a short
 count per argument. Pure functions of a trace and a tokenizer; no Gradio.
 
-The answer's text is the one :class:`~asymspec_mm.session.MMResult` reads calls from (the tokenizer's decoding of
+The answer's text is the one :class:`~asymspec_mm.requests.session.MMResult` reads calls from (the tokenizer's decoding of
 all its tokens, special tokens skipped), and each token's characters in it are found by decoding the growing
 prefix, so that a token that ends inside a multi-byte character, or that the tokenizer merges with the next,
 still gets the characters it produced.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asymspec_mm.tools import CLOSE, OPEN, parse_tool_calls
+from asymspec_mm.requests.tools import CLOSE, OPEN, parse_tool_calls
 
 from .render import SOURCES, _Decoder, _get, esc, plural, render_token
 
@@ -107,7 +107,7 @@ def argument_spans(args_text: str) -> list[tuple[str, Any, Span]]:
 
 
 def _block_starts(text: str) -> list[int]:
-    """Where each ``<tool_call>`` block's body starts in ``text`` (as :func:`~asymspec_mm.tools.parse_tool_calls`
+    """Where each ``<tool_call>`` block's body starts in ``text`` (as :func:`~asymspec_mm.requests.tools.parse_tool_calls`
     walks them)."""
     starts, pos = [], text.find(OPEN)
     while pos >= 0:

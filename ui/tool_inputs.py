@@ -1,5 +1,5 @@
 """The page's agent tools: the tools a run offers (a JSON list of OpenAI function tools, typed into a field) and its
-``tool_choice``, checked into what :meth:`~asymspec_mm.batch.Scheduler.submit_chat` takes, and the "Agent tools"
+``tool_choice``, checked into what :meth:`~asymspec_mm.core.Scheduler.submit_chat` takes, and the "Agent tools"
 inputs that hold them. Gradio is imported only to build the inputs.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asymspec_mm.tools import ToolError, check_tool_choice, check_tools
+from asymspec_mm.requests.tools import ToolError, check_tool_choice, check_tools
 
 from .errors import DemoInputError
 

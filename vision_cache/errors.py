@@ -3,7 +3,7 @@
 :class:`AsymSpecError` is the base of every user-facing error of asymspec-mm. It lives here, in
 the lowest package, because imports only go upwards (``vision_cache`` < ``captioning`` <
 ``asymspec_mm`` < ``ui``): every package can derive from it and ``except AsymSpecError``
-catches the errors of all of them. :mod:`asymspec_mm.errors` re-exports it.
+catches the errors of all of them. :mod:`asymspec_mm.base.errors` re-exports it.
 """
 
 from __future__ import annotations

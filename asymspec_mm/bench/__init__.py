@@ -8,8 +8,8 @@ What it measures (see ``BENCHMARKS.md`` for results):
   ratio ``tokens/s(variant, rep r) / tokens/s(Floor, rep r)``; a single absolute time is never the
   result (the machine is shared and noisy).
 * **Per-step time split**: every decode-phase engine call goes through a timing proxy
-  (:class:`asymspec_mm.timing.TimedEngine`), and the loop times its gate and the trace's top-k through
-  its ``timer`` (:class:`asymspec_mm.timing.BucketTimer`):
+  (:class:`asymspec_mm.base.timing.TimedEngine`), and the loop times its gate and the trace's top-k through
+  its ``timer`` (:class:`asymspec_mm.base.timing.BucketTimer`):
   drafter-full forwards | drafter-comp forward | verifier forward | gate + fusion | trace top-k |
   the rest (host overhead), summing to the loop's wall time. On CUDA the clock synchronizes,
   so throughput there comes from separate un-instrumented runs.
@@ -26,7 +26,7 @@ What it measures (see ``BENCHMARKS.md`` for results):
   statistics (the paper's AR 0.78-0.92, MAL 2.6-4.1); on a trained pair the same model is checked
   against the measurement.
 
-Variants are written in :mod:`asymspec_mm.variants`' grammar (``asymspec@gate=fixed``; lists separated by
+Variants are written in :mod:`asymspec_mm.cli.variants`' grammar (``asymspec@gate=fixed``; lists separated by
 ``;`` or ``,``).
 
 Pairs (``--preset``, also spelled ``--pair``): ``tiny`` (the bundled trained pair; falls back to random
@@ -44,7 +44,7 @@ a decode-cost measurement, labelled as such).
 
 from __future__ import annotations
 
-from ..variants import Variant
+from ..cli.variants import Variant
 from .aggregate import (
     TARGETS,
     call_costs,

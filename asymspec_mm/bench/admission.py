@@ -5,7 +5,7 @@ requests with an automatic caption (and OCR, when the pipeline has an engine) ar
 live row's median gap between steps before they arrive, its longest gap while they are set up, their ratio
 (the stall), and how many steps it made during their set-up. ``python -m asymspec_mm.bench.admission``
 prints a run on random tiny checkpoints (the live row: Floor, 300 tokens); :func:`measure_stall` takes any
-pipeline (a :class:`~asymspec_mm.preparing.ServingPipeline`: the measure is the scheduler's, not the facade's).
+pipeline (a :class:`~asymspec_mm.requests.preparing.ServingPipeline`: the measure is the scheduler's, not the facade's).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..cli_help import terminal_text
-from ..config import AsymSpecConfig
+from ..base.config import AsymSpecConfig
+from ..cli.help import terminal_text
 
 if TYPE_CHECKING:
-    from ..preparing import ServingPipeline
+    from ..requests.preparing import ServingPipeline
 
 
 def stall_figures(live_stamps: list[float], window: tuple[float, float], after_steps: int = 10) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def measure_stall(
     (``None``: its default). Returns :func:`stall_figures` plus the set-up window's length, the live row's steps, the
     longest time a request spent in the batched prefill (its pieces interleaved with the steps), and the new
     requests' caption seconds and tokens."""
-    from ..batch.scheduler import Scheduler
+    from ..core.scheduler import Scheduler
 
     stamps: list[float] = []
     joined: dict[int, float] = {}
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-chunk-tokens", type=int, default=None, help="the batched prefill's tokens per forward")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens a scheduler turn's forwards carry, decode first")
     args = ap.parse_args(argv)
-    from ..testing import build_tiny_checkpoints
+    from ..checkpoints.small import build_tiny_checkpoints
     from .pairs import bench_cases, load_pair
 
     drafter_dir, verifier_dir = build_tiny_checkpoints(args.dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..timing import median
+from ..base.timing import median
 from .pairs import BenchPair
 from .settings import SPLIT_KEYS
 from .spread import verdict

@@ -5,7 +5,7 @@ Every cell decodes the same N requests (held-out MiniVista problems) with one va
 * **B = 1 is the sequential loop**: ``pipe.generate`` one request after another, through its own two calls
   (``prepare``, then ``run``, so that each step can be timed), not ``generate_batch(batch_size=1)``.
 * **B > 1** is ``pipe.generate_batch(requests, batch_size=B)``, timed as one call (the tokens/s a caller gets),
-  then the same requests through a :class:`~asymspec_mm.batch.BatchDecoder` stepped here as ``generate_batch``
+  then the same requests through a :class:`~asymspec_mm.core.BatchDecoder` stepped here as ``generate_batch``
   steps it (prepare, join, step, refill): each ``step`` is timed, each batched forward of each stream is timed
   (CPU), and each row's KV bytes (:meth:`BatchEngine.kv_bytes`, summed over its streams) are read right after it
   joins, i.e. at the end of its prefill.
@@ -22,15 +22,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..timing import BucketTimer, CallRecord, Clock, Ledger, median, wrap_streams
+from ..base.timing import BucketTimer, CallRecord, Clock, Ledger, median, wrap_streams
 from .pairs import BenchPair
 from .runner import rotate, synthetic_prefill
 from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS
 
 if TYPE_CHECKING:
-    from ..config import AsymSpecConfig
-    from ..session import Session
-    from ..variants import Variant
+    from ..base.config import AsymSpecConfig
+    from ..cli.variants import Variant
+    from ..requests.request import Request
+    from ..requests.session import Session
 
 #: Synthetic contexts: case i's streams hold ``base + SYNTHETIC_STAGGER * i`` positions, so rows are ragged.
 SYNTHETIC_STAGGER = 4
@@ -43,7 +44,7 @@ Say = Callable[[str], None]
 
 def parse_sizes(sizes: Sequence[int]) -> list[int]:
     """The batch sizes to run: unique, ascending, each >= 1, with the sequential reference B = 1 first."""
-    from ..errors import UnknownOptionError
+    from ..base.errors import UnknownOptionError
 
     bad = [b for b in sizes if isinstance(b, bool) or not isinstance(b, int) or b < 1]
     if bad:
@@ -131,7 +132,7 @@ class BatchSweep:
             return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)
         import torch
 
-        from ..session import Session
+        from ..requests.session import Session
 
         factory = self.pipe.engines
         streams: dict[str, Any] = {}
@@ -142,7 +143,8 @@ class BatchSweep:
             synthetic_prefill(e, length + (self.image_tokens if name == "drafter_full" else 0), seed=1000 * i + j)
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
-        return Session(v.method, cfg, None, None, streams, pending, set(), None, 0.0, time.perf_counter(), {"vision_calls": 0})
+        request = Request(method=v.method, config=cfg)
+        return Session(request, None, None, streams, pending, set(), None, 0.0, time.perf_counter(), {"vision_calls": 0})
 
     def _kv_row(self, method: str, i: int, lengths: dict[str, int], measured: int | None) -> dict[str, Any]:
         models = self.pipe.stream_models(method)
@@ -207,7 +209,7 @@ class BatchSweep:
     def stepped(self, v: Variant, cfg: AsymSpecConfig, idx: Sequence[int], size: int) -> dict[str, Any]:
         """The requests through a :class:`BatchDecoder` stepped as ``generate_batch`` steps it, every step timed,
         each row's KV bytes read right after it joins."""
-        from ..batch import BatchDecoder
+        from ..core import BatchDecoder
 
         clock = self.clock
         ledger = Ledger() if self.instrument else None

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli_help import terminal_text
-from ..options import add_sd_drafter_arg, finite_float
-from ..variants import build_variants, parse_list
+from ..cli.help import terminal_text
+from ..cli.options import add_sd_drafter_arg, finite_float
+from ..cli.variants import build_variants, parse_list
 from .aggregate import target_verdict
 from .report import render_markdown, update_section, write_outputs
 from .runner import ENGINES
@@ -39,7 +39,7 @@ def scenarios_arg(text: str) -> list[tuple[float, float]]:
 
 def sweep_values(option: str, spec: str | None) -> list[float] | None:
     """The values of ``--beta`` / ``--gamma`` (a comma list of finite numbers; None when not given)."""
-    from ..errors import UnknownOptionError
+    from ..base.errors import UnknownOptionError
 
     try:
         return parse_list(spec, finite_float)
@@ -235,7 +235,7 @@ def bench_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_main(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe, write its outputs and print where; 2 on a bad option."""
-    from ..errors import AsymSpecError
+    from ..base.errors import AsymSpecError
 
     if args.cost_ratio:
         return cost_curve_main(args)

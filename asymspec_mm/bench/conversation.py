@@ -20,9 +20,9 @@ import statistics
 import time
 from typing import Any
 
-from ..cli_help import terminal_text
-from ..conversation import truncate
+from ..cli.help import terminal_text
 from ..engines.prefix_kv import common_prefix
+from ..requests.conversation import truncate
 
 #: The conversation's user turns: (text parts, which of the two images they show).
 TURNS: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -66,7 +66,7 @@ def run_conversation(
 ) -> list[dict]:
     """One pass over the conversation (``images[i]`` with its ``captions[i]`` and ``ocrs[i]``), each turn decoded
     with reuse and from scratch (``scratch_first``: in that order); returns one record per turn."""
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
 
     cfg = AsymSpecConfig(max_new_tokens=max_new_tokens)
     compressor = truncate()
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every repetition's figures here")
     args = ap.parse_args(argv)
     from ..eval.minivista import make_problem
-    from ..pipeline import AsymSpecPipeline
+    from ..pipeline.facade import AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_preset(args.preset, ocr="none")
     problems = [make_problem(7, i, "figure") for i in range(2)]

@@ -167,10 +167,10 @@ def run_cost_curve(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The whole curve (module docstring) on the shipped tiny pair (fp32, on ``device``); returns a JSON-able result."""
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
     from ..eval.minivista import make_problem
-    from ..pipeline import AsymSpecPipeline
-    from ..presets import TINY_DIR, TINY_OCR_LAYOUT
+    from ..pipeline.facade import AsymSpecPipeline
+    from ..pipeline.presets import TINY_DIR, TINY_OCR_LAYOUT
     from .twin import build_twin, layers_for_ratio
 
     load = dict(ocr="none", device=device, dtype="fp32", ocr_layout=TINY_OCR_LAYOUT, local_files_only=True)

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from ..cli_help import terminal_text
+from ..cli.help import terminal_text
 
 SCHEMA = {
     "type": "object",
@@ -37,7 +37,7 @@ SCHEMA = {
 
 def measure(pipe: Any, problems: list[dict], methods: list[str], k: int = 4) -> dict[str, list[dict]]:
     """Per method, one record per problem: both runs' tokens and seconds, and the paired ratio."""
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
 
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     out: dict[str, list[dict]] = {m: [] for m in methods}
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default="asymspec,floor")
     args = ap.parse_args(argv)
     from ..eval.minivista import make_problem
-    from ..pipeline import AsymSpecPipeline
+    from ..pipeline.facade import AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_preset(args.preset, ocr="none")
     methods = args.methods.split(",")

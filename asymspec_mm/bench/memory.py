@@ -13,8 +13,8 @@ import argparse
 import time
 from typing import Any
 
-from ..cli_help import terminal_text
-from ..config import AsymSpecConfig
+from ..base.config import AsymSpecConfig
+from ..cli.help import terminal_text
 
 
 def run(pipe: Any, cases: list[dict], tokens: int, budget: int | None) -> dict[str, Any]:
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=160, help="tokens each request decodes (EOS ignored)")
     ap.add_argument("--budget-rows", type=float, default=1.3, help="the budget in units of the largest request's whole need")
     args = ap.parse_args(argv)
-    from ..batch import BatchDecoder
-    from ..pipeline import AsymSpecPipeline
+    from ..core import BatchDecoder
+    from ..pipeline.facade import AsymSpecPipeline
     from .pairs import bench_cases
 
     pipe = AsymSpecPipeline.from_preset(args.preset)

@@ -17,8 +17,8 @@ import statistics
 import time
 from typing import Any
 
-from ..cli_help import terminal_text
-from ..config import AsymSpecConfig
+from ..base.config import AsymSpecConfig
+from ..cli.help import terminal_text
 
 #: The four setting groups of the mixed traffic (method, settings).
 GROUPS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -43,7 +43,7 @@ def requests_of(cases: list[dict], tokens: int, uniform: bool) -> list[tuple[str
 def run_arm(pipe: Any, requests: list[tuple[str, AsymSpecConfig, dict]], per_group: bool) -> dict[str, Any]:
     """Decode ``requests`` (prefilled alone, not timed) on one decoder, or on one decoder per step shape stepped in
     turn (``per_group``); returns wall seconds, tokens, tokens/s, steps and model calls per step."""
-    from ..batch import BatchDecoder
+    from ..core import BatchDecoder
     from ..decode.rows import step_shape
 
     decoders: dict[tuple, BatchDecoder] = {}
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
-    from ..pipeline import AsymSpecPipeline
+    from ..pipeline.facade import AsymSpecPipeline
     from .pairs import bench_cases
 
     pipe = AsymSpecPipeline.from_preset(args.preset)

@@ -25,7 +25,7 @@ from .settings import (
 if TYPE_CHECKING:
     import torch
 
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
 
 
 @dataclass
@@ -53,7 +53,7 @@ class BenchPair:
 
 def _build_random_tiny(workdir: Path, max_positions: int = 8192) -> tuple[Path, Path]:
     """Correlated random tiny checkpoints (the tests' kind), with a context window for the 4k sweep."""
-    from ..testing import build_tiny_checkpoints
+    from ..checkpoints.small import build_tiny_checkpoints
 
     dims = dict(hidden_size=64, num_layers=2, num_heads=2, head_dim=32, intermediate_size=128)
     return build_tiny_checkpoints(
@@ -88,7 +88,7 @@ def build_real_shape_pair(
     import torch
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
-    from ..checkpoints import build_processor, build_tokenizer, drafter_config, verifier_config
+    from ..checkpoints.build import build_processor, build_tokenizer, drafter_config, verifier_config
 
     dtype = dtype or torch.bfloat16
     tok = build_tokenizer()
@@ -127,15 +127,15 @@ def load_pair(
     trained pair is missing, and records that in ``notes``. ``sd_drafter``: SD's own text drafter (see
     :meth:`AsymSpecPipeline.from_pretrained`; not for the real-shape pairs, which are built, not loaded)."""
 
-    from ..errors import UnknownOptionError
-    from ..pipeline import AsymSpecPipeline, resolve_device
+    from ..base.errors import UnknownOptionError
+    from ..pipeline.facade import AsymSpecPipeline, resolve_device
 
     workdir = Path(workdir) if workdir is not None else Path("runs/bench")
     sd = {"sd_drafter": sd_drafter} if sd_drafter is not None else {}
     if sd and pair.startswith("real-shapes"):
         raise UnknownOptionError(f"--sd-drafter needs a loaded pair (tiny, random-tiny, dirs), not {pair!r}")
     if pair == "tiny":
-        from ..presets import TINY_DIR
+        from ..pipeline.presets import TINY_DIR
 
         if (TINY_DIR / "drafter").is_dir() and (TINY_DIR / "verifier").is_dir():
             pipe = AsymSpecPipeline.from_pretrained(
@@ -204,7 +204,7 @@ def load_pair(
 def bench_cases(n: int, image_side: int | None = None, families: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """``n`` held-out MiniVista problems (image, query, caption, OCR), far from the training indices;
     ``families`` (e.g. ``("figure", "visual")``) rotate instead of all four."""
-    from ..errors import UnknownOptionError
+    from ..base.errors import UnknownOptionError
     from ..eval import minivista as mv
 
     bad = [f for f in families or () if f not in mv.FAMILIES]
@@ -246,7 +246,7 @@ def pad_caption(pipe: Any, case: dict[str, Any], target_tokens: int) -> str:
 def fits_context(bp: BenchPair, length: int, cfg: AsymSpecConfig, synthetic: bool, image_tokens: int) -> bool:
     """Whether a view of ``length`` tokens plus the request fits every stream's context window (on the request
     path: whether the pipeline sets the request up, which checks the windows before it prefills)."""
-    from ..errors import ContextOverflowError
+    from ..base.errors import ContextOverflowError
 
     need = cfg.max_new_tokens + cfg.k + 1
     if synthetic:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..timing import Clock, median
+from ..base.timing import Clock, median
 from .pairs import BenchPair
 from .runner import synthetic_prefill
 from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN

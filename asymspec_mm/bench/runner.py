@@ -1,10 +1,10 @@
 """Single benchmark runs: one request of one variant through the pipeline (or on synthetic caches),
 instrumented or plain, recorded with its bookkeeping checks.
 
-A run goes through the pipeline's public steps: :meth:`~asymspec_mm.pipeline.AsymSpecPipeline.prepare`
+A run goes through the pipeline's public steps: :meth:`~asymspec_mm.pipeline.facade.AsymSpecPipeline.prepare`
 (view, prompts, prefill), then the bench swaps the session's streams for timing proxies (so the prefill
-is not in the split) and decodes with :meth:`~asymspec_mm.pipeline.AsymSpecPipeline.run` and a
-:class:`~asymspec_mm.timing.BucketTimer` for the gate and the trace.
+is not in the split) and decodes with :meth:`~asymspec_mm.pipeline.facade.AsymSpecPipeline.run` and a
+:class:`~asymspec_mm.base.timing.BucketTimer` for the gate and the trace.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..timing import BucketTimer, Clock, Ledger, wrap_streams
+from ..base.timing import BucketTimer, Clock, Ledger, wrap_streams
 from .pairs import BenchPair
 from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS, UNBOUNDED_CAPTION
 
 if TYPE_CHECKING:
     import torch
 
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
+    from ..cli.variants import Variant
     from ..engines import Engine, EngineFactory
-    from ..variants import Variant
 
 
 def rotate(items: Sequence, r: int) -> list:
@@ -39,8 +39,8 @@ ENGINES = ("dynamic", "static", "static-compile")
 def engine_factory(engine: str, headroom: int, device: torch.device) -> EngineFactory | None:
     """The engine factory ``engine`` names (None: the pipeline's own): ``static`` / ``static-compile`` build
     :class:`asymspec_mm.engines.StaticEngines`' static-KV-cache engines, the latter with a compiled one-token decode."""
+    from ..base.errors import UnknownOptionError
     from ..engines import StaticEngines
-    from ..errors import UnknownOptionError
 
     if engine == "dynamic":
         return None

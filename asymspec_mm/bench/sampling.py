@@ -21,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-from ..cli_help import terminal_text
+from ..cli.help import terminal_text
 
 
 def measure(
@@ -36,7 +36,7 @@ def measure(
     top_k: int = 0,
 ) -> dict[str, list[dict]]:
     """Per method, one record per problem: both runs' seconds, steps and acceptance, and the paired ratios."""
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
 
     out: dict[str, list[dict]] = {m: [] for m in methods}
     greedy_cfg = AsymSpecConfig(k=k, max_new_tokens=tokens)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from ..eval.minivista import make_problem
-    from ..pipeline import AsymSpecPipeline
+    from ..pipeline.facade import AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_preset(args.preset, ocr="none")
     methods = args.methods.split(",")

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..timing import median
+from ..base.timing import median
 
 
 def finite(values: Iterable[Any]) -> list[float]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..variants import Variant, parse_variant, parse_variants, split_variants
+from ..cli.variants import Variant, parse_variant, parse_variants, split_variants
 from .aggregate import call_costs, collect_checks, evaluate_targets, projection, rep_summary, summarize
 from .batch_targets import batch_targets
 from .batching import batch_sweep, parse_sizes
@@ -24,7 +24,7 @@ from .settings import DEFAULT_VARIANTS, PAPER_SCENARIOS, REAL_IMAGE_SIDE, TIMER_
 if TYPE_CHECKING:
     import torch
 
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
 
 Say = Callable[[str], None]
 
@@ -70,7 +70,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run the benchmark and return its results (JSON-ready). See the package docstring.
 
-    ``variants`` / ``length_variants`` / ``k_variants``: variant lists in :mod:`asymspec_mm.variants`' grammar
+    ``variants`` / ``length_variants`` / ``k_variants``: variant lists in :mod:`asymspec_mm.cli.variants`' grammar
     (``method@field=value,...``; a string or a sequence of specs); Floor is added where missing, since every
     ratio is paired against it; an empty ``variants`` skips the main comparison (and the projection).
     ``pipeline``: reuse a loaded :class:`AsymSpecPipeline` (``pair`` is then only its label).
@@ -86,7 +86,7 @@ def run_bench(
     the stepped decoder's row storage (``dynamic`` | ``static`` | ``static-compile``: static slots of
     ``batch_max_len`` columns).
     """
-    from ..config import AsymSpecConfig
+    from ..base.config import AsymSpecConfig
 
     say = log if progress else (lambda _msg: None)
     t_start = time.perf_counter()
@@ -94,11 +94,11 @@ def run_bench(
     b_sizes = parse_sizes(batch_sizes) if batch_sizes else []
     b_variants = parse_variants(batch_variants) if b_sizes else []
     if batch_engine not in ("dynamic", "static", "static-compile"):
-        from ..errors import UnknownOptionError
+        from ..base.errors import UnknownOptionError
 
         raise UnknownOptionError(f"batch_engine={batch_engine!r}: use dynamic, static or static-compile")
     if b_sizes and batch_cases < 1:
-        from ..errors import UnknownOptionError
+        from ..base.errors import UnknownOptionError
 
         raise UnknownOptionError(f"batch_cases={batch_cases} must be >= 1")
     with _torch_threads(threads), contextlib.ExitStack() as scratch:

@@ -6,7 +6,7 @@ provenance, :mod:`.step_events` the events a step emits, :mod:`.stats` the step 
 :mod:`.streams` the pending-token and commit helpers, :mod:`.transfer` the one host transfer a step.
 """
 
-from ..config import BONUS_RULES, METHODS, AsymSpecConfig
+from ..base.config import BONUS_RULES, METHODS, AsymSpecConfig
 from .events import SOURCES, TokenEvent
 from .loops import Timer, asymspec_steps, greedy_steps, sd_steps, steps_for
 from .rows import RowDecoder, RowEngine, SoloEngine

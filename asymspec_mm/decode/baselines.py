@@ -6,17 +6,13 @@ drafting forward)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .calls import DECIDE, DRAFT, SCORE, Ask, Forward, GroupStep
+from .row import Row
 from .row_engines import stack_rows
 from .step_events import Timer, make_event, sd_events
 from .transfer import topk_logprobs
-
-if TYPE_CHECKING:
-    from .rows import Row
 
 #: The streams each method decodes with (:data:`asymspec_mm.decode.rows.STREAMS_OF` re-exports it).
 STREAMS_OF = {

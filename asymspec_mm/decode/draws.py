@@ -1,6 +1,6 @@
 """The random part of one decoding step: which rows sample, their settings per position and the step's uniforms.
 
-A row samples when its config's temperature is above 0 (:mod:`asymspec_mm.sampling` states the rule); the other
+A row samples when its config's temperature is above 0 (:mod:`asymspec_mm.base.sampling` states the rule); the other
 rows of the same step keep the greedy rule bit for bit (their decisions are taken from the greedy gate). Every
 sampled row draws the same number of uniforms a step from its own generator, ``3 * n`` for a step of ``n``
 positions (K drafts and the bonus position): row ``j``'s ``u[j, 0]`` draw the drafts, ``u[j, 1]`` decide
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..gate import GateOutput
-from ..sampling import SampledDecision, draw_uniforms, gate_set, sample_from, sampled_gate, tempered_probs
+from ..base.gate import GateOutput
+from ..base.sampling import SampledDecision, draw_uniforms, gate_set, sample_from, sampled_gate, tempered_probs
 
 
 class RowSettings:

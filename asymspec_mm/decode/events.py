@@ -26,7 +26,7 @@ class TokenEvent:
     draft_token: the rejected draft where the token replaced one, and draft_p_verifier / draft_p_base its
     softmax(t) / softmax(b) probabilities (what the gate compared, Eq. 4). top_verifier / top_fused: the top
     ``trace_top`` (token, probability) pairs of softmax(t) and of softmax(t + beta * delta).
-    Sampled rows (temperature > 0, :mod:`asymspec_mm.sampling`): accept_prob is the draft's acceptance probability
+    Sampled rows (temperature > 0, :mod:`asymspec_mm.base.sampling`): accept_prob is the draft's acceptance probability
     alpha (1 inside the gate's set; at a rejection, the rejected draft's), residual says the token is a draw of the
     residual r at the first rejection, and gate_excess is E at this position (the emitted distribution's total
     variation distance from the fused target). All three stay None / False for greedy rows.

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..config import AsymSpecConfig, check_method
+from ..base.config import AsymSpecConfig, check_method
 from ..engines import Engine
 from .events import TokenEvent
 from .rows import STREAMS_OF, RowDecoder, SoloEngine

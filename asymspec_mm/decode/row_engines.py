@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..config import AsymSpecConfig
+from ..base.config import AsymSpecConfig
 from ..engines import Engine
 
 #: The per-row gate settings.

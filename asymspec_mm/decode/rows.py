@@ -10,34 +10,34 @@ leave at once; new rows join between steps.
 
 Where a row's KV lives is the :class:`RowEngine`'s business: :class:`SoloEngine` adopts one prefilled
 single-row engine (a single request, the static-cache GPU path, any custom engine), the batched engines of
-:mod:`asymspec_mm.batch` hold many rows in one cache (transformers) or one ``LLM.generate`` call (vLLM).
+:mod:`asymspec_mm.core` hold many rows in one cache (transformers) or one ``LLM.generate`` call (vLLM).
 Rows of one decoder may differ in every setting, method included: each step groups them by :func:`step_shape`
 (the method, K, the gate, the delta source, the bonus rule and the trace width shape a group's tensors) and
 runs the groups' steps side by side (:mod:`.calls`), so the groups share each phase's model calls, one per row
 storage, and one host transfer. Within a group gamma, beta and lam are per row in the gate, the token budget
 and stop strings per row in its emitter, and the sampling settings (temperature, top-k, top-p, seed) per row
 in :mod:`.draws`: a row with temperature > 0 draws its tokens by the sampled rule of
-:mod:`asymspec_mm.sampling` from its own generator; a step whose rows are all greedy runs the greedy rule alone.
+:mod:`asymspec_mm.base.sampling` from its own generator; a step whose rows are all greedy runs the greedy rule alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..config import AsymSpecConfig, check_method
+from ..base.config import AsymSpecConfig, check_method
+from ..base.gate import gate_step
+from ..base.sampling import new_seed, row_generator
 from ..engines import Engine
-from ..gate import gate_step
-from ..sampling import new_seed, row_generator
 from .baselines import STREAMS_OF, BaselineSteps
 from .calls import BONUS, BONUS_DECIDE, DECIDE, DRAFT, SCORE, Ask, Forward, GroupStep, drive
 from .constraints import Constraint, apply_masks, step_masks
 from .draws import StepDraws
 from .events import TokenEvent
+from .row import Row
 from .row_engines import GATE_ROW_FIELDS, RowEngine, SoloEngine, gate_settings, stack_rows  # noqa: F401 - re-exported
 from .stats import Counters
 from .step_events import Timer, bonus_event, gate_event, no_timer, tops_at
@@ -64,30 +64,6 @@ def step_shape(method: str, cfg: AsymSpecConfig) -> tuple:
     if method == "sd":
         return (method, cfg.k, cfg.trace_top)
     return (method, cfg.trace_top)
-
-
-@dataclass
-class Row:
-    """One request being decoded: its method, settings, streams (pending tokens), statistics and trace.
-    ``storage`` names the row storage of each of its streams (by default the stream's own name)."""
-
-    id: int
-    method: str
-    config: AsymSpecConfig
-    streams: dict[str, Stream]
-    storage: dict[str, str]
-    counters: Counters
-    emitter: Emitter
-    trace: list[TokenEvent] = field(default_factory=list)
-    session: Any = None  # the pipeline's Session, for rows that came from one
-    final_lengths: dict[str, int] = field(default_factory=dict)  # each storage's most tokens for this row (a KV bound)
-    engine_calls: int = 0
-    step: int = 0
-    max_batch: int = 0
-    result: Any = None
-    constraint: Constraint | None = None  # the grammar its output follows (forced tool calls, JSON), if any
-    rng: torch.Generator | None = None  # a sampled row's own generator (None: greedy)
-    preemptions: int = 0  # times its KV was dropped and re-prefilled from its tokens
 
 
 Emitted = tuple[list[TokenEvent], torch.Tensor, Any]  # (events, the next pending token [1], carried d_K or None)
@@ -326,7 +302,7 @@ class RowDecoder(BaselineSteps):
 
     def _asymspec(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
         """Algorithm 1: draft on a, score with b and t, gate and fuse, commit the accepted prefix (sampled rows: the
-        rule of :mod:`asymspec_mm.sampling`, the residual's draw in place of the fused token)."""
+        rule of :mod:`asymspec_mm.base.sampling`, the residual's draw in place of the fused token)."""
         cfg = rows[0].config  # K, gate, delta, bonus and trace width are the group's (step_shape)
         k, top = cfg.k, cfg.trace_top
         masks: dict[int, list[torch.Tensor]] = {}  # constrained rows' allowed tokens, positions 1..K+1

@@ -12,7 +12,7 @@ Terms, per request (K = ``k``, a *step* = one verification round):
   acceptances, and counted apart as ``bonus_drafted`` / ``bonus_accepted`` (``bonus_acceptance_rate``),
   so the K-position rates mean the same under both bonus rules.
 * Sampled rows (temperature > 0): ``seed``, the seed the row's generator started from (None when greedy), and
-  ``mean_gate_excess``, the mean over the gated tokens emitted of E (:mod:`asymspec_mm.sampling`): how far the
+  ``mean_gate_excess``, the mean over the gated tokens emitted of E (:mod:`asymspec_mm.base.sampling`): how far the
   emitted distribution is from the fused target in total variation (0: the fused target exactly; None when greedy).
 """
 

@@ -1,6 +1,6 @@
 """The one device-to-host transfer of a step: the gate's decision and every token it may emit, as named rows.
 
-The gate computes every position's quantities on the device (see :func:`asymspec_mm.gate.gate_step`);
+The gate computes every position's quantities on the device (see :func:`asymspec_mm.base.gate.gate_step`);
 packing them into one float64 tensor and reading it with one ``tolist()`` costs one sync a step instead
 of one per value. Token ids are exact in float64.
 """
@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..gate import GateOutput
-from ..sampling import SampledDecision
+from ..base.gate import GateOutput
+from ..base.sampling import SampledDecision
 
 
 class GateRow(NamedTuple):

@@ -3,7 +3,7 @@ its :class:`PrefillChunk` pieces, the :class:`RowContext` a row's KV travels in,
 an earlier request's KV is stored for reuse (:func:`start_context`, :func:`remember`; see :mod:`.prefix_kv`).
 
 Single-row engines (:mod:`.single`) prefill a prompt as one piece; the batched, chunked prefill
-(:mod:`asymspec_mm.batch.prefill`) as several pieces of several prompts per forward. Both start from the same
+(:mod:`asymspec_mm.core.prefill`) as several pieces of several prompts per forward. Both start from the same
 stored prefix and store the same context afterwards, so a request reuses the same KV whichever path it takes.
 """
 

@@ -16,7 +16,7 @@ A row joins with the context of a prefilled single-row engine (a :class:`~asymsp
 :class:`~asymspec_mm.engines.VLEngine`, or a :class:`RowContext` another storage :meth:`~BatchEngine.detach`-ed); the
 batch copies its keys/values and leaves the source untouched. :meth:`BatchEngine.prefill` appends prompt pieces of
 several rows in one ragged forward (image embeddings and M-RoPE positions per row): the batched, chunked prefill of
-:mod:`asymspec_mm.batch.prefill` runs on it.
+:mod:`asymspec_mm.core.prefill` runs on it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from ..errors import AsymSpecError
+from ..base.errors import AsymSpecError
 from .rows import RowBook, RowView, _layer_kv
 from .single import model_device
 
@@ -357,7 +357,7 @@ class StaticBatchEngine(RowBook):
 
 @dataclass(frozen=True)
 class StaticBatchEngines:
-    """A :data:`~asymspec_mm.batch.decoder.BatchEngineFactory` of :class:`StaticBatchEngine` rows:
+    """A :data:`~asymspec_mm.core.decoder.BatchEngineFactory` of :class:`StaticBatchEngine` rows:
     ``factory(model, stream_name) -> engine``, for ``pipe.scheduler(batch_engines=...)`` and
     ``BatchDecoder(..., engines=...)``."""
 

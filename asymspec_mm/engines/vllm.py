@@ -2,9 +2,9 @@
 
 vLLM is not modified. Three public pieces of it are used:
 
-* ``worker_extension_cls``: :class:`~asymspec_mm.vllm_worker.AsymSpecWorkerExtension` (re-exported here, the
+* ``worker_extension_cls``: :class:`~asymspec_mm.engines.vllm_worker.AsymSpecWorkerExtension` (re-exported here, the
   name vLLM loads) is mixed into vLLM's worker; it captures, after each forward, the logits of the rows a
-  request asked for (see :mod:`asymspec_mm.vllm_worker`).
+  request asked for (see :mod:`asymspec_mm.engines.vllm_worker`).
 * ``collective_rpc``: the engines collect those logits after each call (``asymspec_take_many``).
 * prefix caching: every ``extend`` submits the stream's whole context (prompt + committed tokens +
   the new ones) as one ``max_tokens=1`` request; vLLM reuses the cached full blocks, so a step
@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from ..errors import AsymSpecError
-from ..vllm_worker import ARG, AsymSpecWorkerExtension  # noqa: F401 - re-exported: vLLM loads EXTENSION by this name
+from ..base.errors import AsymSpecError
 from .vllm_calls import captured_rows, draft_many, extend_many, run_requests  # noqa: F401 - re-exported
+from .vllm_worker import ARG, AsymSpecWorkerExtension  # noqa: F401 - re-exported: vLLM loads EXTENSION by this name
 
 log = logging.getLogger("asymspec_mm.vllm")
 
@@ -155,10 +155,10 @@ class VLLMEngine:
         self.llm = llm
         self.name = name
         self.share_prefix = share_prefix
-        self._inproc = _in_process(llm)
+        self.in_process = _in_process(llm)
         if device is None:
             device = "cpu"
-            if self._inproc:
+            if self.in_process:
                 dev = getattr(getattr(llm.llm_engine, "vllm_config", None), "device_config", None)
                 device = getattr(dev, "device", None) or "cpu"
         self.device = torch.device(device)
@@ -168,8 +168,8 @@ class VLLMEngine:
         self.forward_calls = 0
         self.cache_rerequests = 0
         self.rows_reused = 0
-        self._salt = self._new_salt()
-        self._memory: tuple[list[int], dict[int, torch.Tensor]] = ([], {})
+        self.cache_salt = self._new_salt()
+        self.row_memory: tuple[list[int], dict[int, torch.Tensor]] = ([], {})
         cfg = llm.llm_engine.vllm_config
         self.max_model_len = cfg.model_config.max_model_len
         self.block_size = cfg.cache_config.block_size
@@ -181,15 +181,15 @@ class VLLMEngine:
     def length(self) -> int:
         return len(self.tokens)
 
-    def _prompt(self, tokens: list[int]) -> dict[str, Any]:
+    def request_prompt(self, tokens: list[int]) -> dict[str, Any]:
         """The vLLM prompt for the stream's context ``tokens`` (text streams: the ids themselves)."""
         return {"prompt_token_ids": tokens}
 
     def prefill(self, ids: torch.Tensor) -> None:
         """Cache ``ids`` (``[1, L]`` or ``[L]``); no logits are kept (the loop forwards the last token later)."""
         self.tokens = [int(t) for t in ids.reshape(-1).tolist()]
-        self._salt = self._new_salt()
-        self._memory = ([], {})
+        self.cache_salt = self._new_salt()
+        self.row_memory = ([], {})
         if self.tokens:
             run_requests(self.llm, [(self, self.tokens, None, 1)])
             self.tokens_forwarded += len(self.tokens)
@@ -210,9 +210,9 @@ class VLLMEngine:
         drafts, logits, _ = draft_many(self.llm, [(self, new)], k)
         return drafts[0].to(self.device), logits[0]
 
-    def _from_memory(self, tokens: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
+    def rows_from_memory(self, tokens: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
         """Rows the previous call computed over the same tokens (a row at p depends on tokens[:p+1])."""
-        mem_tokens, mem_rows = self._memory
+        mem_tokens, mem_rows = self.row_memory
         found = {}
         for p in positions:
             if p in mem_rows and len(mem_tokens) > p and mem_tokens[: p + 1] == tokens[: p + 1]:
@@ -228,7 +228,7 @@ class VLLMEngine:
     def release(self) -> None:
         """Forget the stream (its state now lives elsewhere, e.g. in a batch); vLLM's cached blocks stay."""
         self.tokens = []
-        self._memory = ([], {})
+        self.row_memory = ([], {})
 
 
 def image_uuid(image) -> str:
@@ -261,7 +261,7 @@ class VLLMVLEngine(VLLMEngine):
         self._prompt_len = 0  # the expanded prompt's length
         self._mm: dict[str, Any] = {}
 
-    def _prompt(self, tokens: list[int]) -> dict[str, Any]:
+    def request_prompt(self, tokens: list[int]) -> dict[str, Any]:
         if len(tokens) < self._prompt_len:
             raise ValueError(f"{self.name}: cannot truncate into the prompt ({len(tokens)} < {self._prompt_len} tokens)")
         prompt: dict[str, Any] = {"prompt_token_ids": self._head + tokens[self._prompt_len :]}
@@ -296,23 +296,23 @@ class VLLMVLEngine(VLLMEngine):
         if images:
             uuids = list(uuids) if uuids is not None else [image_uuid(im) for im in images]
             self._mm = {"multi_modal_data": {"image": images}, "multi_modal_uuids": {"image": uuids}}
-        self._salt = self._new_salt()
-        self._memory = ([], {})
+        self.cache_salt = self._new_salt()
+        self.row_memory = ([], {})
         self._head, self._prompt_len = head, 0
         self.tokens = []
         if not head:
             return
         # vLLM expands the pads; its expanded prompt defines the stream's positions.
-        self._prompt_len = len(head)  # provisional: _prompt() submits exactly `head`
+        self._prompt_len = len(head)  # provisional: request_prompt() submits exactly `head`
         run_requests(self.llm, [(self, head, None, 1)])
-        expanded = list(self._last_output.prompt_token_ids or [])
+        expanded = list(self.last_output.prompt_token_ids or [])
         if runs and len(given) != len(head) and expanded != given:
             raise ValueError(
                 f"{self.name}: vLLM expanded the image pads to {len(expanded)} prompt tokens, the given prompt has "
                 f"{len(given)}: its processor settings (min/max pixels) differ from vLLM's"
             )
         if len(expanded) + 1 > self.max_model_len:
-            from ..errors import ContextOverflowError
+            from ..base.errors import ContextOverflowError
 
             raise ContextOverflowError(
                 f"the {self.name} prompt has {len(expanded)} tokens with its image(s) expanded; "

@@ -1,24 +1,46 @@
 """The calls the vLLM engines make to ``LLM.generate``: one call for many streams' requests, the logits rows the
 worker extension captured, extending streams by their new tokens, drafting K greedy tokens per stream in one call.
-Each function takes ``(engine, ...)`` items of :class:`~asymspec_mm.engines.vllm.VLLMEngine` streams on one LLM."""
+Each function takes ``(engine, ...)`` items of :class:`CapturingStream` (a :class:`~asymspec_mm.engines.vllm.CapturingStream`)
+on one LLM."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from ..vllm_worker import ARG
+from .vllm_worker import ARG
 
-if TYPE_CHECKING:
-    from .vllm import VLLMEngine
+
+class CapturingStream(Protocol):
+    """What these calls read and update of a vLLM stream: its tokens and limits, the prompt it submits, the cache
+    salt that keeps its requests out of vLLM's prefix cache, the logits rows kept from its last call (``row_memory``:
+    the tokens they were computed for and the rows by position), and its counters."""
+
+    name: str
+    device: torch.device
+    max_model_len: int
+    tokens: list[int]
+    in_process: bool
+    cache_salt: str | None
+    last_output: Any
+    row_memory: tuple[list[int], dict[int, torch.Tensor]]
+    tokens_computed: int
+    forward_calls: int
+    tokens_forwarded: int
+    cache_rerequests: int
+
+    def request_prompt(self, tokens: list[int]) -> dict[str, Any]: ...
+
+    def rows_from_memory(self, tokens: list[int], positions: list[int]) -> dict[int, torch.Tensor]: ...
+
 
 log = logging.getLogger("asymspec_mm")
 
 
-def run_requests(llm, requests: list[tuple[VLLMEngine, list[int], int | None, int]]) -> list[tuple[Any, Any]]:
+def run_requests(llm, requests: list[tuple[CapturingStream, list[int], int | None, int]]) -> list[tuple[Any, Any]]:
     """Submit requests of engines on one ``llm`` in ONE ``LLM.generate`` call and collect their captured rows in
     one RPC. Each request is ``(engine, context tokens, first wanted position or None, max_tokens)``; returns
     ``(vLLM's RequestOutput, captured (first, positions, logits) or None)`` per request, in order.
@@ -31,7 +53,7 @@ def run_requests(llm, requests: list[tuple[VLLMEngine, list[int], int | None, in
     prompts, params, keys = [], [], []
     for engine, tokens, wanted_from, max_tokens in requests:
         if len(tokens) + max_tokens > engine.max_model_len:
-            from ..errors import ContextOverflowError
+            from ..base.errors import ContextOverflowError
 
             raise ContextOverflowError(
                 f"the {engine.name} stream needs {len(tokens) + max_tokens} positions but vLLM's max_model_len is "
@@ -43,26 +65,26 @@ def run_requests(llm, requests: list[tuple[VLLMEngine, list[int], int | None, in
             extra = {ARG: {"key": key, "from": wanted_from}}
         # ignore_eos: a request decoding several tokens (drafting) must not stop at an EOS
         params.append(SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True, extra_args=extra))
-        prompt = engine._prompt(tokens)
-        if engine._salt is not None:
-            prompt["cache_salt"] = engine._salt
+        prompt = engine.request_prompt(tokens)
+        if engine.cache_salt is not None:
+            prompt["cache_salt"] = engine.cache_salt
         prompts.append(prompt)
         keys.append(key)
     outs = llm.generate(prompts, params, use_tqdm=False)
     for (engine, tokens, _, _), out in zip(requests, outs):
-        engine._last_output = out
+        engine.last_output = out
         generated = len(out.outputs[0].token_ids) if out.outputs else 1
         engine.tokens_computed += len(tokens) - (out.num_cached_tokens or 0) + max(generated - 1, 0)
         engine.forward_calls += 1
     wanted = [k for k in keys if k is not None]
     got: dict[str, Any] = {}
     if wanted:
-        inproc = all(engine._inproc for engine, *_ in requests)
+        inproc = all(engine.in_process for engine, *_ in requests)
         got = dict(zip(wanted, llm.collective_rpc("asymspec_take_many", args=(wanted, not inproc))[0]))
     return [(out, got.get(k) if k is not None else None) for out, k in zip(outs, keys)]
 
 
-def captured_rows(engine: VLLMEngine, got) -> dict[int, torch.Tensor]:
+def captured_rows(engine: CapturingStream, got) -> dict[int, torch.Tensor]:
     """``{position: logits [V]}`` of one request's captured rows."""
     if got is None:
         raise RuntimeError(f"{engine.name}: vLLM returned no captured rows (is the worker extension installed?)")
@@ -72,7 +94,7 @@ def captured_rows(engine: VLLMEngine, got) -> dict[int, torch.Tensor]:
     return {p: logits[i] for i, p in enumerate(positions)} if positions else {}
 
 
-def extend_many(llm, items: list[tuple[VLLMEngine, list[int]]]) -> tuple[list[torch.Tensor], int]:
+def extend_many(llm, items: list[tuple[CapturingStream, list[int]]]) -> tuple[list[torch.Tensor], int]:
     """Append ``new`` tokens to each engine of ``items`` (``(engine, new)``; engines of one ``llm``, each at most
     once) with ONE ``LLM.generate`` call for all of them; returns (logits ``[n, V]`` per item, generate calls).
 
@@ -92,12 +114,12 @@ def extend_many(llm, items: list[tuple[VLLMEngine, list[int]]]) -> tuple[list[to
             rows[i] = captured_rows(engine, got)
             missing = [p for p in wanted if p not in rows[i]]
             if missing:
-                rows[i].update(engine._from_memory(tokens[i], missing))
+                rows[i].update(engine.rows_from_memory(tokens[i], missing))
                 missing = [p for p in wanted if p not in rows[i]]
             if missing:  # served from the prefix cache and not in our memory: recompute under a fresh namespace
                 engine.cache_rerequests += 1
                 log.debug("%s: positions %s came from vLLM's prefix cache; re-requesting under a new cache_salt", engine.name, missing)
-                engine._salt = f"asymspec-{engine.name}-{uuid.uuid4().hex}"
+                engine.cache_salt = f"asymspec-{engine.name}-{uuid.uuid4().hex}"
                 again.append(i)
         todo = again
         if not todo:
@@ -108,14 +130,14 @@ def extend_many(llm, items: list[tuple[VLLMEngine, list[int]]]) -> tuple[list[to
     out = []
     for i, (engine, new) in enumerate(items):
         wanted = range(starts[i], len(tokens[i]))
-        engine._memory = (tokens[i], {p: rows[i][p] for p in wanted})
+        engine.row_memory = (tokens[i], {p: rows[i][p] for p in wanted})
         engine.tokens = tokens[i]
         engine.tokens_forwarded += len(new)
         out.append(torch.stack([rows[i][p] for p in wanted]).to(engine.device))
     return out, calls
 
 
-def draft_many(llm, items: list[tuple[VLLMEngine, list[int]]], k: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def draft_many(llm, items: list[tuple[CapturingStream, list[int]]], k: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Forward each item's ``new`` tokens (``(engine, new)``, engines of one ``llm``) and decode ``k`` greedy tokens
     per item, all in ONE ``LLM.generate`` call (``max_tokens=k``, temperature 0). Equivalent to ``k`` extends (the
     new tokens, then each draft but the last, taking the argmax of the last row): each engine ends with its new
@@ -136,13 +158,13 @@ def draft_many(llm, items: list[tuple[VLLMEngine, list[int]]], k: int) -> tuple[
         rows = captured_rows(engine, got)
         missing = [p for p in wanted if p not in rows]
         if missing:
-            rows.update(engine._from_memory(full, missing))
+            rows.update(engine.rows_from_memory(full, missing))
             missing = [p for p in wanted if p not in rows]
         if missing:  # the last prompt token and the decoded ones are always computed
             raise RuntimeError(f"{engine.name}: vLLM did not compute positions {missing} while drafting")
         row_logits = torch.stack([rows[p] for p in wanted]).float()
         mismatches += int((row_logits.argmax(-1) != torch.tensor(sampled, device=row_logits.device)).sum())
-        engine._memory = (full, {p: rows[p] for p in wanted})
+        engine.row_memory = (full, {p: rows[p] for p in wanted})
         engine.tokens = full
         engine.tokens_forwarded += len(new) + k - 1
         engine.forward_calls += k - 1  # run_requests counted one: as k extends would

@@ -14,14 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import AsymSpecConfig
-from ..errors import UnknownOptionError
-from ..variants import Variant
+from ..base.config import AsymSpecConfig
+from ..base.errors import UnknownOptionError
+from ..cli.variants import Variant
 from .agent_loop import run_agent_task
 from .mathvista.identity import bind_identity
 from .mathvista.outputs import group_by_variant
 from .mathvista.records import RecordStore, log_failure
-from .minivista_agent import make_agent_problem
 from .samples import request_config
 
 AGENT_FAMILY = "agent"
@@ -48,7 +47,7 @@ def add_agent_arguments(group: Any) -> None:
 def minivista_families(spec: str | None, dataset: str, *, shard: str | None = None, dump_prompts: str | None = None) -> list[str] | None:
     """``--families`` as a list (None: not given), checked: MiniVista's four families, or ``agent`` alone (which
     takes neither ``--shard`` nor ``--dump-prompts``)."""
-    from ..errors import AsymSpecError
+    from ..base.errors import AsymSpecError
     from .minivista import FAMILIES
 
     if not spec:
@@ -65,11 +64,6 @@ def minivista_families(spec: str | None, dataset: str, *, shard: str | None = No
     if bad or not fams:
         raise AsymSpecError(f"--families {spec}: choose among {', '.join(FAMILIES)}, or agent alone")
     return fams
-
-
-def agent_problems(n: int, seed: int) -> list[dict[str, Any]]:
-    """The first ``n`` agent tasks of ``seed`` (``make_problem(seed, i, "agent")``), pids ``agent-1`` ..."""
-    return [make_agent_problem(seed, i) for i in range(n)]
 
 
 def agent_record(variant: Variant, problem: Mapping[str, Any], run: Any, wall_s: float) -> dict[str, Any]:
@@ -231,7 +225,7 @@ def agent_command(
     """``eval mathvista --dataset minivista --families agent``: the ``selected`` tasks of ``problems`` (``--limit``,
     ``--shard``) with each variant, at most ``--max-turns`` requests each, then ``report.md`` / ``summary.json`` in
     ``--out``; 0 when done."""
-    from ..errors import AsymSpecError
+    from ..base.errors import AsymSpecError
 
     if args.max_turns < 1:
         raise AsymSpecError(f"--max-turns {args.max_turns}: give 1 or more requests per task")

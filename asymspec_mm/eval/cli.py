@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..cli_help import terminal_text
-from ..config import CHOICES, RANGES, AsymSpecConfig
-from ..errors import AsymSpecError, UnknownOptionError
-from ..options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
-from ..variants import parse_list
+from ..base.config import CHOICES, RANGES, AsymSpecConfig
+from ..base.errors import AsymSpecError, UnknownOptionError
+from ..cli.help import terminal_text
+from ..cli.options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
+from ..cli.variants import parse_list
 from .agent_eval import add_agent_arguments, minivista_families
 from .samples import sample_variants
 
@@ -206,7 +206,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _sweep_list(option: str, spec: str | None, cast: Callable[[str], Any]) -> list[Any] | None:
     """The values of a sweep option (``--k 2,4``); a bad item, NaN and inf included, or one out of the option's
-    range (:data:`~asymspec_mm.config.RANGES`) is a one-line error."""
+    range (:data:`~asymspec_mm.base.config.RANGES`) is a one-line error."""
     try:
         values = parse_list(spec, cast)
     except argparse.ArgumentTypeError as exc:  # finite_float's refusal
@@ -245,7 +245,7 @@ def pipeline_llm(pipe: Any) -> Any:
 def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: Any) -> tuple[dict[str, Any], Any]:
     """The run's identity (:mod:`.mathvista.identity`) and its pipeline; a ``--resume`` of other records is
     refused before any model loads (models named by hub id alone, not yet downloaded, are checked after)."""
-    from ..identity import checkpoint_identity, models_identity
+    from ..cli.identity import checkpoint_identity, models_identity
     from . import mathvista as mv
     from .mathvista.identity import check_resume, eval_identity
 

@@ -198,7 +198,7 @@ def smolagents_requests(problem: dict[str, Any], call_id: str | None = None) -> 
     writes its earlier call back as assistant text (``Calling tools:`` and the calls' Python repr) and the tool's
     result as a user message that repeats the task's image. ``call_id``: the id the server gave the call (default: one
     in the server's format)."""
-    from ..tools import call_id as server_call_id
+    from ..requests.tools import call_id as server_call_id
 
     call_id = call_id or server_call_id(str(problem["pid"]), 0)
     url = data_url(problem["image"])
@@ -223,3 +223,8 @@ def smolagents_requests(problem: dict[str, Any], call_id: str | None = None) -> 
     ]
     answer = {"name": "final_answer", "arguments": {"answer": problem["tool_result"]}}
     return [(first, tool_call_text(call)), (second, tool_call_text(answer))]  # fmt: skip
+
+
+def agent_problems(n: int, seed: int) -> list[dict[str, Any]]:
+    """The first ``n`` agent tasks of ``seed`` (``make_problem(seed, i, "agent")``), pids ``agent-1`` ..."""
+    return [make_agent_problem(seed, i) for i in range(n)]

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .mathvista.tasks import TASK_ALIASES, TASK_SHORT
+from .mathvista.tasks import TASK_SHORT
 from .minivista import REPORT_LABELS as MINIVISTA_LABELS
+from .report_chart import TASK_ORDER, task_columns
 
-_TASK_ORDER = tuple(TASK_ALIASES)
 #: Methods that draft nothing: no acceptance rate, no mean accepted length.
 NON_SPECULATIVE = ("floor", "drafter")
 #: Recovery is reported only where the drafter leads Floor by at least this many accuracy points.
@@ -142,7 +142,7 @@ def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     by_task: dict[str, list[bool]] = {}
     for r, ok in zip(records, outcomes):
         by_task.setdefault(_task_of(r), []).append(ok)
-    order = [t for t in _TASK_ORDER if t in by_task] + sorted(t for t in by_task if t not in _TASK_ORDER)
+    order = [t for t in TASK_ORDER if t in by_task] + sorted(t for t in by_task if t not in TASK_ORDER)
     first = records[0] if records else {}
     speculative = first.get("method") not in NON_SPECULATIVE
     acceptance, mean_len = _speculation(records) if speculative else (None, None)
@@ -186,13 +186,6 @@ def _fmt(x: float | None, spec: str) -> str:
     return "" if x is None else format(x, spec)
 
 
-def _columns(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    tasks: list[str] = []
-    for s in summaries.values():
-        tasks += [t for t in s["tasks"] if t not in tasks]
-    return [t for t in _TASK_ORDER if t in tasks] + [t for t in tasks if t not in _TASK_ORDER]
-
-
 def _acc_cell(cell: Mapping[str, Any] | None, with_n: bool) -> str:
     if cell is None:
         return "n/a"
@@ -206,7 +199,7 @@ def _acc_cell(cell: Mapping[str, Any] | None, with_n: bool) -> str:
 def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """Table 3-style Markdown: one row per variant. A column's n is in its header when every variant has the
     same, else in each cell; "n/a": the variant has no problem of that task."""
-    tasks = _columns(summaries)
+    tasks = task_columns(summaries)
     cells = {
         name: {**{t: s["tasks"].get(t) for t in tasks}, "All": {"accuracy": s["accuracy"], "total": s["n"], "ci95": s.get("ci95")}}
         for name, s in summaries.items()

@@ -10,13 +10,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .report import _columns
+from .mathvista.tasks import TASK_ALIASES
+
+#: MathVista's tasks in the report's order (columns, bars); others follow in the order first seen
+TASK_ORDER = tuple(TASK_ALIASES)
+
+
+def task_columns(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The tasks of ``summaries`` in report order: MathVista's first, then any other as first seen."""
+    tasks: list[str] = []
+    for s in summaries.values():
+        tasks += [t for t in s["tasks"] if t not in tasks]
+    return [t for t in TASK_ORDER if t in tasks] + [t for t in tasks if t not in TASK_ORDER]
 
 
 def bar_values(summaries: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], dict[str, list[dict[str, Any] | None]]]:
     """``(groups, {variant: [cell or None per group]})``: the tasks then ``All``; None where the variant has
     no problem of that task."""
-    groups = _columns(summaries) + ["All"]
+    groups = task_columns(summaries) + ["All"]
     out: dict[str, list[dict[str, Any] | None]] = {}
     for name, s in summaries.items():
         cells: list[dict[str, Any] | None] = [s["tasks"].get(t) for t in groups[:-1]]

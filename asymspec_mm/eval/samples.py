@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..config import SEED_LIMIT
-from ..variants import Variant
+from ..base.config import SEED_LIMIT
+from ..cli.variants import Variant
 
 SAMPLE_MARK = "#s"
 _SAMPLE_NAME = re.compile(r"^(?P<base>.+)#s(?P<index>\d+)$")

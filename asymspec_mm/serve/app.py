@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import math
 import threading
@@ -27,8 +28,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..config import AsymSpecConfig
-from ..errors import AsymSpecError
+from ..base.config import AsymSpecConfig
+from ..base.errors import AsymSpecError
 from .errors import RequestError
 from .metrics import Metrics
 from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
@@ -38,8 +39,8 @@ from .streaming import chat_chunks
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..pipeline import AsymSpecPipeline
-    from ..session import MMResult
+    from ..pipeline.facade import AsymSpecPipeline
+    from ..requests.session import MMResult
 
 
 DEFAULT_MAX_BATCH_SIZE = 16
@@ -277,24 +278,12 @@ def create_app(
 
     def submit(req: ChatRequest) -> list[Any]:
         """The request's rows in the scheduler, one per choice (``n``), each with its own seed."""
-        from ..batch.handle import QueueFullError
+        from ..core.handle import QueueFullError
 
         handles: list[Any] = []
         try:
-            for config in choice_configs(req.config, req.n):
-                handles.append(
-                    state.scheduler.submit_chat(
-                        req.messages,
-                        caption=req.caption,
-                        ocr=req.ocr,
-                        method=req.method,
-                        config=config,
-                        enable_thinking=req.enable_thinking,
-                        tools=req.tools or None,
-                        tool_choice=req.tool_choice,
-                        response_format=req.response_format,
-                    )
-                )
+            for config in choice_configs(req.config, req.n):  # the request as checked; each choice its own seed
+                handles.append(state.scheduler.add(dataclasses.replace(req.request, config=config)))
                 state.metrics.started()
                 with state.lock:
                     state.handles.add(handles[-1])
@@ -341,9 +330,9 @@ def create_app(
             for i, res in enumerate(results)
         ]
         total = total_usage(results)
-        info = asymspec_object(results[0], state.pipe.tokenizer, req.return_trace)
+        info = asymspec_object(results[0], state.pipe.tokenizer, req.request.return_trace)
         if len(results) > 1:
-            info["choices"] = [asymspec_object(res, state.pipe.tokenizer, req.return_trace) for res in results]
+            info["choices"] = [asymspec_object(res, state.pipe.tokenizer, req.request.return_trace) for res in results]
         return {
             "id": cid,
             "object": "chat.completion",

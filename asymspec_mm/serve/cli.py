@@ -8,8 +8,8 @@ import sys
 import time
 from typing import Any
 
-from ..errors import AsymSpecError
-from ..options import add_model_args, positive_float, positive_int
+from ..base.errors import AsymSpecError
+from ..cli.options import add_model_args, positive_float, positive_int
 from .sampling_fields import GENERATION_CONFIGS
 
 DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_images": 8}  # as the DEFAULT_* of app and schema
@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if args.allow_local_images is not None and not os.path.isdir(args.allow_local_images):
         raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
-    from ..options import pipeline_from_args
+    from ..cli.options import pipeline_from_args
     from .app import create_app
     from .server import bind_socket, serve, url_of, warn_if_exposed
 

@@ -1,5 +1,5 @@
 """The sampling fields of a chat request: ``temperature``, ``top_p``, ``top_k`` (an extension, as vLLM takes it),
-``seed`` and ``n``, checked into :class:`~asymspec_mm.config.AsymSpecConfig` fields; the seeds of ``n`` choices; and
+``seed`` and ``n``, checked into :class:`~asymspec_mm.base.config.AsymSpecConfig` fields; the seeds of ``n`` choices; and
 the model's own sampling defaults for ``serve --generation-config model``.
 
 A request without ``temperature`` is greedy unless the server was started with ``--generation-config model``: its
@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..config import RANGES, SEED_LIMIT, AsymSpecConfig, range_error
+from ..base.config import RANGES, SEED_LIMIT, AsymSpecConfig, range_error
 from .errors import bad_request
 
 #: Choices one request may ask for (``n``); each is a row of the batch.

@@ -6,7 +6,7 @@ with text parts and any number of ``image_url`` parts (data URLs, or files under
 ``max_images`` in the request), ``assistant`` messages with text and ``tool_calls``, ``tool`` messages (text and
 images) answering them by ``tool_call_id``; the last message is the user's (with text) or a tool's. ``tools`` with
 ``tool_choice`` ``auto`` are rendered by the templates and the answer read for calls; under ``none`` the model does
-not call a tool (the tools stay out of the prompt: :func:`~asymspec_mm.tools.prompt_tools`). Each
+not call a tool (the tools stay out of the prompt: :func:`~asymspec_mm.requests.tools.prompt_tools`). Each
 image is loaded here, so a bad one is refused before anything is queued; the answer equals ``pipe.chat`` of the
 same messages. ``chat_template_kwargs`` takes ``enable_thinking`` (default false, as the paper's harness). OpenAI
 fields the server cannot honour are refused unless they hold their neutral value.
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import CHOICES, METHODS, AsymSpecConfig, range_error
-from ..errors import UnknownOptionError
-from ..unicode_check import find_bad_text, invalid_text_message
+from ..base.config import CHOICES, METHODS, AsymSpecConfig, range_error
+from ..base.errors import UnknownOptionError
+from ..base.unicode_check import find_bad_text, invalid_text_message
+from ..requests.request import Request
 from .errors import bad_request
 from .images import load_request_image
 from .sampling_fields import choice_count, sampling_fields
@@ -75,25 +76,21 @@ _SYSTEM_ROLES = ("system", "developer")
 
 @dataclass
 class ChatRequest:
-    """One checked chat request, ready for ``Scheduler.submit_chat``: ``messages`` as ``pipe.chat`` takes them, every
-    image loaded (an RGB PIL image in an ``{"type": "image"}`` part)."""
+    """One checked chat request: the engine's :class:`~asymspec_mm.requests.request.Request` (checked, ``messages``
+    as ``pipe.chat`` takes them, every image loaded into an ``{"type": "image"}`` part), and what only the HTTP answer
+    reads (streaming, the model name echoed, ``n`` choices, logprobs)."""
 
-    messages: list[dict[str, Any]]
-    method: str
-    config: AsymSpecConfig
-    caption: str | None = None
-    ocr: str | bool | None = None
-    enable_thinking: bool = False
-    tools: list = field(default_factory=list)
-    tool_choice: Any = "none"
-    response_format: Any = None
-    return_trace: bool = False
+    request: Request
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
     options: dict = field(default_factory=dict)
     n: int = 1
     top_logprobs: int | None = None  # None: no logprobs; else how many top tokens each carries
+
+    @property
+    def config(self) -> AsymSpecConfig:
+        return self.request.config or AsymSpecConfig()
 
 
 def _is_number(v: Any) -> bool:
@@ -132,7 +129,7 @@ def field_value(name: str, v: Any, limit: int = 60) -> str:
 
 
 def _in_range(name: str, v: Any, param: str) -> Any:
-    """``v`` when the config field ``name``'s range (:data:`~asymspec_mm.config.RANGES`) holds it, else a 400 naming
+    """``v`` when the config field ``name``'s range (:data:`~asymspec_mm.base.config.RANGES`) holds it, else a 400 naming
     ``param``, the value and the range."""
     if (problem := range_error(name, v, field_value(param, v))) is not None:
         raise bad_request(problem, param)
@@ -228,7 +225,7 @@ def _conversation(messages: Any, max_images: int) -> tuple[list[dict[str, Any]],
 
 def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
     """An assistant message's ``tool_calls``, checked (arguments: a JSON string or an object)."""
-    from ..conversation import ConversationError, tool_call
+    from ..requests.conversation import ConversationError, tool_call
 
     if not isinstance(v, list):
         raise bad_request(f"{param} must be a list of tool calls", param)
@@ -238,23 +235,15 @@ def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
         raise bad_request(str(exc), param) from None
 
 
-def _tools(data: dict) -> tuple[list, str]:
-    """``tools`` and ``tool_choice`` checked: function tools, and ``none`` / ``auto``."""
-    from ..tools import ToolError, check_response_format, check_tool_choice, check_tools
+def _checked(request: Request) -> Request:
+    """``request`` checked; a tool, tool choice or response format the toolkit cannot use is a 400 naming it."""
+    from ..requests.tools import ToolError
 
     try:
-        tools = check_tools(data.get("tools"))
+        return request.checked()
     except ToolError as exc:
-        raise bad_request(str(exc), "tools") from None
-    try:
-        choice = check_tool_choice(data.get("tool_choice"), tools)
-    except ToolError as exc:
-        raise bad_request(str(exc), "tool_choice", "unsupported") from None
-    try:
-        check_response_format(data.get("response_format"))
-    except ToolError as exc:
-        raise bad_request(str(exc), "response_format", "unsupported") from None
-    return tools, choice
+        code = "unsupported" if exc.param in ("tool_choice", "response_format") else "invalid_value"
+        raise bad_request(str(exc), exc.param, code) from None
 
 
 def _template_kwargs(v: Any) -> bool:
@@ -410,22 +399,24 @@ def parse_chat_request(
             f"messages[{len(messages) - 1}].content",
             "empty_question",
         )
-    enable_thinking = _template_kwargs(data.get("chat_template_kwargs"))
-    tools, tool_choice = _tools(data)
-    loaded = [load_request_image(url, allow_local_images, param) for url, param in refs]
-    for msg in messages:
-        msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
-    return ChatRequest(
+    request = Request(
         messages=messages,
         method=method,
         config=config,
         caption=other.get("caption"),
         ocr=other.get("ocr"),
-        enable_thinking=enable_thinking,
-        tools=tools,
-        tool_choice=tool_choice,
+        enable_thinking=_template_kwargs(data.get("chat_template_kwargs")),
+        tools=data.get("tools"),
+        tool_choice=data.get("tool_choice"),
         response_format=data.get("response_format"),
         return_trace=other.get("return_trace", False),
+    )
+    request = _checked(request)  # before the images load: a bad tool costs no decoding
+    loaded = [load_request_image(url, allow_local_images, param) for url, param in refs]
+    for msg in messages:
+        msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
+    return ChatRequest(
+        request=request,
         stream=bool(stream),
         include_usage=include_usage,
         model=model,

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import AsymSpecError
+from ..base.errors import AsymSpecError
 from .net import is_loopback
 
 

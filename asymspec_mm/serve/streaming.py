@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
-from ..tools import ToolCallStream, answer_stop_strings, parse_tool_calls
+from ..requests.tools import ToolCallStream, parse_tool_calls
 from .responses import TextDeltas, asymspec_object, finish_reason, total_usage, trace_entry
 from .transport import Reader, dumps, error_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..session import MMResult
+    from ..requests.session import MMResult
     from .schema import ChatRequest
 
 #: One update of one choice: its index and its reader's ``(kind, value)``.
@@ -29,7 +29,7 @@ def call_id(cid: str, index: int) -> str:
 
 class ChoiceDeltas:
     """One choice's message as OpenAI deltas while it grows: plain ``content`` pieces, or with tools offered the
-    content and tool-call pieces of :class:`~asymspec_mm.tools.ToolCallStream`."""
+    content and tool-call pieces of :class:`~asymspec_mm.requests.tools.ToolCallStream`."""
 
     def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...], call_prefix: str, tools: bool):
         self.text_deltas = TextDeltas(tokenizer, stop_strings)
@@ -98,8 +98,7 @@ async def chat_chunks(
     committed step (with that step's provenance under ``asymspec.trace`` when asked), its finish reason with stats and
     view; then usage (every choice's tokens) and ``[DONE]`` once all have finished. A choice that fails ends the
     stream with the error (the other choices are cancelled when the response closes)."""
-    tools = bool(req.tools) and req.tool_choice != "none"
-    stops = answer_stop_strings(req.config.stop_strings, req.tools, req.tool_choice)  # as the session decodes
+    stops, tools = req.config.stop_strings, req.request.reads_tool_calls  # as the session decodes
     choices = [ChoiceDeltas(tokenizer, stops, call_id(cid, i), tools) for i in range(len(readers))]
     results: dict[int, MMResult] = {}
 
@@ -123,8 +122,8 @@ async def chat_chunks(
             if kind == "events":
                 out = choices[i].step([ev.token_id for ev in value])
                 lp = logprobs(value, req)  # the step's tokens ride on its first chunk
-                if req.return_trace or lp is not None:
-                    extra = {"asymspec": {"trace": [trace_entry(ev, tokenizer) for ev in value]}} if req.return_trace else {}
+                if req.request.return_trace or lp is not None:
+                    extra = {"asymspec": {"trace": [trace_entry(ev, tokenizer) for ev in value]}} if req.request.return_trace else {}
                     out = out or [{"content": ""}]
                     yield chunk(i, out[0], lp=lp, **extra)
                     out = out[1:]

@@ -16,8 +16,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from ..batch.handle import SchedulerStoppedError
-from ..errors import AsymSpecError, ContextOverflowError
+from ..base.errors import AsymSpecError, ContextOverflowError
+from ..core.handle import SchedulerStoppedError
 from .errors import RequestError
 from .metrics import Metrics
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..requests.domain import IMAGE_SIZE  # training resolution (the out-of-domain rule reads it too)
+
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets_data" / "tiny"
 DRAFTER_DIR = PRESET_DIR / "drafter"
 VERIFIER_DIR = PRESET_DIR / "verifier"
-IMAGE_SIZE = 128  # training resolution; the processor resizes any image to about 128x128

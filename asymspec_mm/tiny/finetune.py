@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..cli_help import terminal_text
+from ..cli.help import terminal_text
 from ..eval import minivista as mv
 from ..eval.minivista_agent import make_agent_problem
 from .agent_data import AgentStream, FinalStream, add_tool_tokens, agent_requests

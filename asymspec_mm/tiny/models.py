@@ -25,7 +25,7 @@ def build_tokenizer_and_processor(vocab_size: int = 768) -> tuple[Any, Any]:
     Raises RuntimeError when a word the answers need is not a single token (:func:`check_single_tokens`)."""
     from captioning.captioner import CAPTION_PROMPT
 
-    from ..checkpoints import build_processor, build_tokenizer
+    from ..checkpoints.build import build_processor, build_tokenizer
 
     texts = mv.corpus(3000, mv.TRAIN_SEED) + ["user\nassistant\n"] * 200 + [CAPTION_PROMPT] * 100
     tok = build_tokenizer(texts, vocab_size=vocab_size)
@@ -53,7 +53,7 @@ def build_models(tok, seed: int = 0) -> tuple[Any, Any]:
     """A freshly initialised (drafter, verifier): Qwen3-VL seeded ``seed``, Qwen3 seeded ``seed + 1``."""
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
-    from ..checkpoints import drafter_config, verifier_config
+    from ..checkpoints.build import drafter_config, verifier_config
 
     torch.manual_seed(seed)
     drafter = Qwen3VLForConditionalGeneration(drafter_config(tok, **DRAFTER_KW))

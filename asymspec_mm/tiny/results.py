@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cli_help import terminal_text
+from ..cli.help import terminal_text
 from ..eval import minivista as mv
 
 RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
@@ -262,7 +262,7 @@ def mixed_table(res: dict[str, Any]) -> list[str]:
 
 def load_pipeline(drafter: str | None, verifier: str | None):
     """The pair in ``drafter``/``verifier`` (a retrained pair's folders), else the shipped tiny preset; no OCR."""
-    from ..options import load_pipeline as load
+    from ..cli.options import load_pipeline as load
 
     return load("tiny", drafter, verifier, device="cpu", dtype="fp32", ocr_engine="none", local_files_only=True)
 

@@ -20,7 +20,7 @@ def export_pair(work: Path, out: Path) -> tuple[Any, Any, Any, Any]:
     returns (drafter, verifier, tokenizer, processor)."""
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
-    from ..checkpoints import save_pair
+    from ..checkpoints.build import save_pair
 
     tok, proc = load_tokenizer_and_processor(work)
     drafter = Qwen3VLForConditionalGeneration.from_pretrained(work / "drafter")

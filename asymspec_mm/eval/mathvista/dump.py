@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import AsymSpecError
-from ...prompts import DEFAULT_STYLE, PromptStyle, verifier_chat_text
+from ...base.errors import AsymSpecError
+from ...requests.prompts import DEFAULT_STYLE, PromptStyle, verifier_chat_text
 from .paper_prompts import PAPER_STYLE, paper_view
 from .query import official_query
 from .texts import TextData, view_for
@@ -82,7 +82,7 @@ def load_verifier_tokenizer(preset: str | None, verifier: str | None) -> Any:
     """The verifier's tokenizer only (``--verifier``, else the preset's verifier): no model weights are read."""
     from transformers import AutoTokenizer
 
-    from ...presets import resolve_preset
+    from ...pipeline.presets import resolve_preset
 
     source = verifier or resolve_preset(preset or "auto").verifier
     try:

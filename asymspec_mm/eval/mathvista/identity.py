@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import AsymSpecError
-from ...identity import comparable, file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
+from ...base.errors import AsymSpecError
+from ...cli.identity import comparable, file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from .records import PROBLEM_FIELDS, _json_default
 
 FORMAT = "asymspec-mm eval"
@@ -70,7 +70,7 @@ def texts_sha256(text: Any) -> str | None:
 def variants_identity(variants: Sequence[Any], make_config: Callable[..., Any] | None = None) -> dict[str, Any]:
     """``{name: {"method", "config"}}`` with each variant's full effective config (defaults filled in)."""
     if make_config is None:
-        from ...config import AsymSpecConfig as make_config
+        from ...base.config import AsymSpecConfig as make_config
     out = {}
     for v in variants:
         cfg = make_config(**dict(v.config))

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import DatasetUnavailableError, UnknownOptionError
+from ...base.errors import DatasetUnavailableError, UnknownOptionError
 from .texts import ENV_TEXT_DIR, TextData, _read_json, has_bard_caption, origin_of, text_base
 
 HF_DATASET = "AI4Math/MathVista"
@@ -121,7 +121,7 @@ def load_minivista_problems(n: int = 100, seed: int = 0, families: Sequence[str]
     """Synthetic MiniVista problems from :mod:`asymspec_mm.eval.minivista` (MathVista schema): the first ``n`` of
     ``seed``, kept to ``families`` (None: all four); ``["agent"]``: the first ``n`` agent tasks instead."""
     if families is not None and list(families) == ["agent"]:
-        from ..agent_eval import agent_problems
+        from ..minivista_agent import agent_problems
 
         return agent_problems(n, seed)
     try:

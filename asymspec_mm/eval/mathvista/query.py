@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...errors import UnknownOptionError
+from ...base.errors import UnknownOptionError
+from ...requests.questions import check_question
 from .texts import TextData
 
 HINTS: dict[str, str] = {
@@ -95,4 +96,26 @@ def official_query(problem: Mapping[str, Any], text: TextData | None = None) -> 
         return q
     if text is not None and str(problem.get("pid")) in text.queries:
         return text.queries[str(problem["pid"])]
+    return build_query(problem)
+
+
+def mathvista_question(
+    question: str, choices: list[str] | tuple[str, ...] | None = None, answer_type: str | None = None, unit: str | None = None
+) -> str:
+    """``question`` in MathVista's query layout: the hint line, ``Question: ...``, then ``Choices:`` with
+    ``(A) ...`` lines. ``choices`` makes it multiple choice; otherwise ``answer_type`` is ``integer``,
+    ``float1``, ``float2`` (decimal places) or ``list``. It is how MathVista asks its models, and the only
+    layout the bundled tiny pair was trained on.
+    """
+    question = check_question(question).strip()
+    if bool(choices) == bool(answer_type):
+        raise UnknownOptionError("give choices (multiple choice) or answer_type (free form: integer, float1, float2, list), one of them")
+    if choices:
+        problem = {"question": question, "question_type": "multi_choice", "choices": list(choices), "unit": unit}
+    else:
+        kinds = {"integer": ("integer", None), "float1": ("float", 1), "float2": ("float", 2), "list": ("list", None)}
+        if answer_type not in kinds:
+            raise UnknownOptionError(f"answer_type={answer_type!r} is not valid; choose one of {', '.join(kinds)}")
+        kind, precision = kinds[answer_type]
+        problem = {"question": question, "question_type": "free_form", "answer_type": kind, "precision": precision, "unit": unit}
     return build_query(problem)

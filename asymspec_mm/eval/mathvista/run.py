@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...config import AsymSpecConfig
-from ...errors import DatasetUnavailableError, UnknownOptionError
-from ...variants import Variant
+from ...base.config import AsymSpecConfig
+from ...base.errors import DatasetUnavailableError, UnknownOptionError
+from ...cli.variants import Variant
 from ..extraction import LLM, extract_answer_detailed
 from ..paper_extraction import paper_score
 from ..samples import request_config

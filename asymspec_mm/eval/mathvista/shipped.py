@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ...errors import DatasetUnavailableError
+from ...base.errors import DatasetUnavailableError
 
 #: The folder of the shipped copy (the default text folder unless --text-dir / $ASYMSPEC_MATHVISTA_DIR say otherwise).
 SHIPPED_DIR = Path(__file__).with_name("data")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...errors import UnknownOptionError
+from ...base.errors import UnknownOptionError
 
 #: Short task names (the paper's) -> MathVista ``metadata.task`` values.
 TASK_ALIASES: dict[str, str] = {

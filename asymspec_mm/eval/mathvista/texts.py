@@ -19,7 +19,7 @@ from captioning.ocr.static import refine_mathvista_ocr as refine_ocr
 from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # noqa: F401 - eval's name for the list
 from captioning.static import refine_bard_caption as refine_caption
 
-from ...errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
+from ...base.errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
 from .shipped import SHIPPED_DIR
 
 ENV_TEXT_DIR = "ASYMSPEC_MATHVISTA_DIR"

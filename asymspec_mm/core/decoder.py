@@ -1,0 +1,334 @@
+"""Pipeline requests decoded together: the one decoder (:class:`~asymspec_mm.decode.rows.RowDecoder`) over rows
+that are prepared :class:`~asymspec_mm.requests.session.Session` objects, on batched engines.
+
+A request arrives either prefilled alone (:meth:`AsymSpecPipeline.prepare`: its streams join the batched engines,
+their KV copied and the single-row streams released) or set up without prefill (``prepare(..., prefill=False)``,
+what the scheduler and ``generate_batch`` do): then its prompts wait in the decoder's batched, chunked prefill
+(:mod:`.prefill`) and it joins once they are in. Every step is Algorithm 1 over all live rows at once: K drafting
+forwards of R rows, one scoring forward of R rows on each other stream, the gate over ``[R*K, V]``, and one
+device-to-host transfer for the whole batch.
+
+Rows of one decoder may differ in every setting, the method included (:class:`~asymspec_mm.decode.rows.RowDecoder`
+groups them by step shape and lets the groups share each phase's forwards): a Floor row adds its token to the
+verifier's scoring forward, a drafter-alone row to the first drafting forward, an SD row drafts on the compressed
+stream's storage (or the pipeline's own SD drafter's) and scores on the verifier's.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
+from ..engines import default_row_storage
+from ..engines.model_calls import TokenRequest, TokenResult
+from ..engines.pieces import resumed_prompt
+from ..requests.session import remember_answer
+from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
+
+if TYPE_CHECKING:
+    from ..requests.preparing import ServingPipeline
+    from ..requests.session import Session
+
+#: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`~asymspec_mm.engines.default_row_storage`).
+BatchEngineFactory = Callable[[Any, str], Any]
+
+
+class BatchDecoder(RowDecoder):
+    """Pipeline sessions of any method and settings, stepped together on one batched row storage per stream
+    (``engines(model, stream_name)`` builds each when a row first needs it; default
+    :func:`~asymspec_mm.engines.default_row_storage`).
+
+    A session set up without prefill (``pipe.prepare(..., prefill=False)``) first waits in the decoder's
+    :class:`~asymspec_mm.core.prefill.ChunkedPrefill`: :meth:`prefill_step` runs one batched forward per stream of
+    at most ``prefill_chunk_tokens`` prompt tokens and lets the rows whose prompts are in join the decoding rows.
+    """
+
+    def __init__(
+        self, pipe: ServingPipeline, *, engines: BatchEngineFactory | None = None, prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    ):
+        super().__init__({}, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
+        self.pipe = pipe
+        self._make = engines or default_row_storage
+        self.models: dict[str, Any] = {}  # storage name -> its model (the prefill reads the same dict)
+        self.arriving = ChunkedPrefill(self.models, chunk_tokens=prefill_chunk_tokens, prefix_kv=pipe.prefix_kv, lock=pipe.models_lock)
+        self.parked: dict[int, tuple[Row, dict[str, Any]]] = {}  # preempted rows: the row and its prompts to prefill anew
+
+    def storage_of(self, method: str) -> dict[str, str]:
+        """The row storage of each of ``method``'s streams, built on first use: the stream's own name, but
+        ``sd_drafter`` for SD's compressed stream when the pipeline drafts SD with a model of its own."""
+        shared = self.pipe.stream_models("asymspec")
+        out = {}
+        for name, model in self.pipe.stream_models(method).items():
+            key = name if model is shared[name] else "sd_drafter"
+            if key not in self.engines:
+                self.engines[key], self.models[key] = self._make(model, name), model
+            out[name] = key
+        return out
+
+    def _storage_for(self, session: Session | TokenRequest) -> dict[str, str]:
+        """:meth:`storage_of` the session's method; a token request on a model of its own (the captioner's, when the
+        pipeline's full view is served elsewhere) gets a storage of that model."""
+        storage = self.storage_of(session.method)
+        model = session.model if isinstance(session, TokenRequest) else None
+        if model is not None and model is not self.models.get(storage.get("drafter_full", "")):
+            if "captioner" not in self.engines:
+                self.engines["captioner"], self.models["captioner"] = self._make(model, "drafter_full"), model
+            storage = {**storage, "drafter_full": "captioner"}
+        return storage
+
+    def add(self, rid: int, session: Session) -> Row | None:
+        """Let a prepared request join (all or nothing, see :meth:`RowDecoder.join`); a session with streams still to
+        prefill waits for :meth:`prefill_step` instead (returns ``None``)."""
+        storage = self._storage_for(session)
+        final = self.final_lengths(session, storage)
+        if session.to_prefill:
+            if rid in self.rows:
+                raise ValueError(f"row {rid} is already live")
+            prompts = {storage[name]: p for name, p in session.to_prefill.items()}
+            streams = {storage[name]: s for name, s in session.streams.items()}
+            self.arriving.add(rid, prompts, streams=streams, extra=(session, final, time.perf_counter(), storage))
+            return None
+        return self._join_session(rid, session, session.streams, final, storage)
+
+    def _join_session(self, rid: int, session: Session, streams: dict[str, Any], final: dict[str, int], storage: dict[str, str]) -> Row:
+        row = self.join(
+            rid,
+            session.method,
+            streams,
+            session.pending,
+            session.config,
+            session.eos_ids,
+            session.stop_fn,
+            constraint=session.constraint,
+            storage=storage,
+        )
+        row.session, row.final_lengths = session, final
+        return row
+
+    def step_tokens(self) -> int:
+        """Tokens the next step forwards over every storage: K drafts and K + 1 scored positions on each scoring
+        stream of a speculative row, one token of a plain row."""
+        per_method = {"asymspec": lambda k: 3 * k + 2, "sd": lambda k: 2 * k + 1, "floor": lambda k: 1, "drafter": lambda k: 1}
+        return sum(per_method[row.method](row.config.k) for row in self.rows.values())
+
+    def prefill_step(self, budget: int | None = None, failures: list[tuple[int, BaseException]] | None = None) -> list[Row]:
+        """One batched prefill forward per stream with prompt tokens waiting (``budget``: the prompt tokens all of them
+        may carry, see :meth:`ChunkedPrefill.step`); returns the rows that joined. A row whose join then fails is
+        gone (its slots freed): it goes to ``failures`` as ``(row, error)``, or without that list its error is raised
+        once the others have joined."""
+        if not self.arriving:
+            return []
+        joined = []
+        failed: list[tuple[int, BaseException]] = []
+        for rid in self.arriving.step(budget):
+            try:
+                prompts = self.arriving.prompts(rid)
+                by_storage, (session, final, t0, storage, *parked) = self.arriving.take(rid)
+                streams = {name: by_storage[key] for name, key in storage.items()}
+                if parked:  # a preempted row back with its contexts rebuilt
+                    self.rejoin(parked[0], streams)
+                    joined.append(parked[0])
+                    continue
+                full = prompts.get(storage.get("drafter_full", ""))
+                session.stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or session.stats.get(
+                    "prefix_cache_hit", False
+                )
+                session.stats.setdefault("cached_tokens", {}).update(
+                    {name: prompts[key].cached for name, key in storage.items() if key in prompts}
+                )
+                session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
+                joined.append(self._join_session(rid, session, streams, final, storage))
+            except Exception as exc:  # noqa: BLE001 - this row fails alone; its slots are already free
+                failed.append((rid, exc))
+        if failures is not None:
+            failures.extend(failed)
+        elif failed:
+            raise failed[0][1]
+        return joined
+
+    @property
+    def waiting_rows(self) -> list[int]:
+        """Rows still being prefilled, and preempted rows waiting to be."""
+        return list(self.arriving.rows) + list(self.parked)
+
+    def remove(self, rid: int) -> None:
+        """Drop a row being prefilled, parked or decoded (a cancelled request): its slots are freed, no result is made."""
+        if rid in self.arriving.rows:
+            self.arriving.remove(rid)
+        elif rid in self.parked:
+            del self.parked[rid]
+        else:
+            super().remove(rid)
+
+    # ------------------------------------------------------------------ memory: what is allocated, preemption
+    def preemptible(self, rid: int) -> bool:
+        """Whether a live row can be preempted: every stream was staged (its prompt is known) and lives on a storage
+        that can take it back (not an engine prefilled elsewhere, such as vLLM's)."""
+        row = self.rows.get(rid)
+        return (
+            row is not None
+            and row.session is not None
+            and all(name in row.session.to_prefill for name in row.storage)
+            and all(self.engines[key].rebuilds for key in row.storage.values())
+        )
+
+    def preempt(self, rid: int) -> None:
+        """Drop live row ``rid``'s KV (preemption by recompute): it waits, parked, until :meth:`resume` prefills each
+        stream's prompt and the tokens it had cached again; it then decodes on exactly as before."""
+        row = self.rows[rid]
+        first = row.session.pending
+        committed = torch.tensor([ev.token_id for ev in row.trace], dtype=torch.long)
+        prompts = {}
+        for name, key in row.storage.items():
+            prompt = row.session.to_prefill[name]
+            tail = torch.cat([first[name].reshape(-1).cpu(), committed])[: row.streams[name].engine.length - prompt.ids.numel()]
+            prompts[key] = resumed_prompt(prompt, tail)
+        self.park(rid)
+        self.parked[rid] = (row, prompts)
+
+    def resume(self, rid: int) -> None:
+        """A parked row's prompts go to the batched prefill; it rejoins the steps once they are in (it stays parked
+        if that fails)."""
+        row, prompts = self.parked[rid]
+        self.arriving.add(rid, prompts, extra=(row.session, row.final_lengths, time.perf_counter(), row.storage, row))
+        del self.parked[rid]
+
+    def unstage(self, rid: int) -> Session | TokenRequest | None:
+        """Take an arriving row back out of the batched prefill, its staging KV dropped (to make room for rows that
+        go first): a preempted row is parked again (returns None); a new request's session is returned, its prompts
+        to be prefilled from the start when it is admitted again."""
+        prompts = {key: replace(p, done=0, cached=0) for key, p in self.arriving.prompts(rid).items()}
+        session, _, _, _, *parked = self.arriving.extra(rid)
+        self.arriving.remove(rid)
+        if parked:
+            self.parked[rid] = (parked[0], prompts)
+            return None
+        for prompt in session.to_prefill.values():
+            prompt.done = prompt.cached = 0
+        return session
+
+    def allocated(self) -> int:
+        """KV bytes the row storages and the staging engines hold now (padding and holes included)."""
+        return sum(e.kv_bytes() for e in self.engines.values()) + self.arriving.kv_bytes()
+
+    def step_need(self, joining: Session | None = None, resuming: int | None = None) -> int:
+        """An upper bound of the KV bytes allocated through the next prefill forward and decode step: each storage's
+        :meth:`~asymspec_mm.engines.rows.BatchEngine.step_bytes` with the step's most appended slots (K_max + 1
+        drafting, K_max + 1 scoring and a gated bonus: 2 K_max + 3), with ``joining`` (a session) or ``resuming`` (a
+        parked row) added as a row of its prompt's length, plus the staging engines' bound for the prompts waiting."""
+        rows = [r.config.k for r in self.rows.values()] + [self.arriving.extra(r)[0].config.k for r in self.arriving.rows]
+        new_lengths: dict[str, int] = {}
+        staged: dict[str, list[int]] = {}
+        for rid in self.arriving.rows:
+            for key, prompt in self.arriving.prompts(rid).items():
+                staged.setdefault(key, []).append(int(prompt.ids.numel()))
+                new_lengths[key] = max(new_lengths.get(key, 0), int(prompt.ids.numel()))
+        extra = []
+        if joining is not None:
+            storage = self._storage_for(joining)
+            extra.append(({storage[n]: p for n, p in joining.to_prefill.items()}, joining.config.k))
+        if resuming is not None:
+            row, prompts = self.parked[resuming]
+            extra.append((prompts, row.config.k))
+        for prompts, k in extra:
+            rows.append(k)
+            for key, prompt in prompts.items():
+                staged.setdefault(key, []).append(int(prompt.ids.numel()))
+                new_lengths[key] = max(new_lengths.get(key, 0), int(prompt.ids.numel()))
+        grow = 2 * max(rows, default=0) + 3
+        total = 0
+        for key, engine in self.engines.items():
+            arriving = sum(1 for r in self.arriving.rows if key in self.arriving.prompts(r)) + sum(key in p for p, _ in extra)
+            total += (
+                engine.step_bytes(grow, new_lengths.get(key)) if arriving <= 1 else self._many(engine, grow, new_lengths[key], arriving)
+            )
+        return total + self.arriving.kv_bound(staged)
+
+    @staticmethod
+    def _many(engine: Any, grow: int, length: int, n: int) -> int:
+        """:meth:`step_bytes` with ``n`` rows of up to ``length`` tokens joining."""
+        base = engine.step_bytes(grow, length)
+        per_row = base // (len(engine.rows) + 1)
+        return base + per_row * (n - 1)
+
+    def reset_peaks(self) -> None:
+        """Start a new measure of the storages' peak KV bytes."""
+        for engine in self.engines.values():
+            engine.peak_kv_bytes = engine.kv_bytes()
+        self.arriving.reset_peaks()
+
+    def peak(self) -> int:
+        """The storages' and staging engines' peak KV bytes since :meth:`reset_peaks`, summed (at least the most they
+        held at once)."""
+        return sum(e.peak_kv_bytes for e in self.engines.values()) + self.arriving.peak()
+
+    def final_lengths(self, session: Session, storage: dict[str, str]) -> dict[str, int]:
+        """The most tokens each of ``session``'s storages holds for it: its prompt, its token budget and one step's
+        speculative positions."""
+        extra = session.config.max_new_tokens + session.config.k + 2
+        out = {}
+        for name, key in storage.items():
+            staged = session.to_prefill.get(name)
+            out[key] = (int(staged.ids.numel()) if staged is not None else session.streams[name].length) + extra
+        return out
+
+    def kv_bound(self, session: Session | None = None, *, alone: bool = False) -> int:
+        """The most KV bytes this batch's storages can allocate at once with its rows (decoding and arriving) and
+        ``session`` joining (``alone``: ``session`` by itself), every row at its :meth:`final_lengths`: what each row
+        storage's ``kv_bound`` says (padding, holes and join transients included; a storage without one counts
+        its tokens), plus the batched prefill's staging KV of the rows still arriving."""
+        live = [] if alone else [(r.final_lengths, r.config.k) for r in self.rows.values()]
+        arriving = [] if alone else [self.arriving.extra(r) for r in self.arriving.rows]
+        rows = live + [(extra[1], extra[0].config.k) for extra in arriving]
+        staged = [(extra[0], extra[3]) for extra in arriving]
+        if session is not None:
+            storage = self._storage_for(session)
+            rows.append((self.final_lengths(session, storage), session.config.k))
+            if session.to_prefill:
+                staged.append((session, storage))
+        step = max((k for _, k in rows), default=0) + 1
+        total = 0
+        for key, engine in self.engines.items():
+            lengths = [r[key] for r, _ in rows if key in r]
+            if not lengths:
+                continue
+            total += engine.kv_bound(lengths, step)
+        prompt_lengths: dict[str, list[int]] = {}
+        for s, storage in staged:
+            for name, prompt in s.to_prefill.items():
+                prompt_lengths.setdefault(storage[name], []).append(len(prompt.ids))
+        return total + self.arriving.kv_bound(prompt_lengths)
+
+    def finish(self, row: Row) -> None:
+        """A row is done: its result made (a session's :class:`MMResult`, a caption's tokens), then its slots freed."""
+        if isinstance(row.session, TokenRequest):  # a caption: only its tokens are wanted
+            row.result = TokenResult([ev.token_id for ev in row.trace], {"steps": row.step, "preemptions": row.preemptions})
+            super().finish(row)
+            return
+        self._finish_session(row)
+
+    def _finish_session(self, row: Row) -> None:
+        """The row's :class:`MMResult` (with the batch's statistics), its context stored for the conversation's next
+        turn (storages that can hand a row out), then its slots are freed."""
+        row.result = self.pipe.result_of(row.session, row.counters, row.trace)
+        engines = {name: self.engines[key] for name, key in row.storage.items()}
+        contexts = {
+            name: (e.length(row.id), functools.partial(e.row_kv, row.id))
+            for name, e in engines.items()
+            if e.hands_out_rows and name in row.session.reuse_keys
+        }
+        models = {name: self.models[key] for name, key in row.storage.items()}
+        remember_answer(self.pipe.prefix_kv, models, row.session, row.result.token_ids, contexts)
+        row.result.stats["batch_size"] = row.max_batch
+        row.result.stats["kv_bytes"] = {name: engine.kv_bytes(row.id) for name, engine in engines.items()}
+        # the calls of the steps this row took part in, shared with the rows beside it
+        row.result.stats["engine_calls"] = row.engine_calls
+        row.result.stats["engine_calls_per_step"] = row.engine_calls / row.step if row.step else 0.0
+        row.result.stats["preemptions"] = row.preemptions
+        super().finish(row)

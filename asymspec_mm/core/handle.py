@@ -1,0 +1,167 @@
+"""A request submitted to the :class:`~.scheduler.Scheduler`: its :class:`Handle` (its stage, its place in the line,
+its updates, its result, cancellation) and the scheduler's errors."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..base.errors import AsymSpecError
+
+if TYPE_CHECKING:
+    from ..decode import TokenEvent
+    from ..requests.request import Request
+    from ..requests.session import MMResult
+
+log = logging.getLogger(__name__)
+
+
+class Line(Protocol):
+    """What a handle asks of the scheduler that issued it: its place in the line, and a wake-up after a cancel."""
+
+    def _position(self, handle: Handle) -> int | None: ...
+
+    def _wake(self) -> None: ...
+
+
+_END = object()
+
+
+#: A request's stages, in order (:attr:`Handle.stage`).
+STAGES = ("queued", "setting_up", "set_up", "prefill", "decoding", "preempted", "done")
+
+
+class QueueFullError(AsymSpecError):
+    """The scheduler's queue of waiting requests is full."""
+
+
+class KVBudgetError(AsymSpecError):
+    """A request needs more KV cache than the scheduler's whole ``max_kv_bytes``: it could never be admitted."""
+
+
+class SchedulerStoppedError(AsymSpecError):
+    """The scheduler's worker stopped on an error: its requests cannot finish (create a new scheduler)."""
+
+
+#: What a handle's listener receives: ``("events", [TokenEvent])`` per step, then ``("result", MMResult)`` or
+#: ``("error", exception)`` once.
+Listener = Callable[[str, Any], None]
+
+
+class Handle:
+    """One submitted request. Iterate it for each step's committed :class:`TokenEvent` list; :meth:`result`
+    waits for the :class:`MMResult`; :meth:`cancel` frees its row. :attr:`position` and :meth:`waited` say
+    where it stands in the line for a row while it waits. :meth:`listen` hands the same updates to a
+    callback instead (an event loop needs no thread per request to follow one)."""
+
+    def __init__(self, scheduler: Line, rid: int, priority: int = 0):
+        self.id = rid
+        #: Its priority (vLLM's convention: lower is served first; preemption takes the highest value, latest first).
+        self.priority = priority
+        #: When it was submitted (``time.monotonic()``).
+        self.submitted_at = time.monotonic()
+        #: When it left the line (admitted, or dropped), else None.
+        self.left_line_at: float | None = None
+        #: Where it stands (:data:`STAGES`): ``queued`` -> ``setting_up`` -> ``set_up`` (waiting for a row) ->
+        #: ``prefill`` (its prompts in the batched prefill) -> ``decoding`` -> ``done``; ``preempted`` while its KV is
+        #: dropped to make room (then ``prefill`` again, and it decodes on where it stopped).
+        self.stage = "queued"
+        self._scheduler = scheduler
+        self._events: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._result: MMResult | None = None
+        self._error: BaseException | None = None
+        self._listener: Listener | None = None
+        self._deliver = threading.Lock()  # keeps a listener's updates in order with the backlog
+        self.cancelled = False
+
+    def __iter__(self):
+        while True:
+            item = self._events.get()
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> MMResult:
+        """The answer, once decoded; raises the request's error, :class:`CancelledError`, or ``TimeoutError``."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def position(self) -> int | None:
+        """Requests ahead of this one in the line for a row: 0 = next to get one; None once it has a row
+        (its prompts being prefilled, or decoding) or has finished. Requests set up ahead keep their place."""
+        return self._scheduler._position(self)
+
+    def waited(self) -> float:
+        """Seconds it has waited in the line for a row (up to now while it still waits)."""
+        return (self.left_line_at or time.monotonic()) - self.submitted_at
+
+    def cancel(self) -> None:
+        """Stop decoding this request; its row leaves at the next step boundary."""
+        self.cancelled = True
+        self._scheduler._wake()
+
+    def listen(self, listener: Listener) -> None:
+        """Call ``listener(kind, value)`` with every update from now on, on the scheduler's threads, after the
+        updates already waiting (which iteration then no longer sees): ``("events", [TokenEvent])`` per step,
+        then ``("result", MMResult)`` or ``("error", exception)``. It must return quickly (hand the update on)."""
+        with self._deliver:
+            backlog = []
+            while not self._events.empty():
+                backlog.append(self._events.get_nowait())
+            self._listener = listener
+            for item in backlog:
+                self._tell(item)
+
+    def _tell(self, item: Any) -> None:
+        """Hand one queued item to the listener (called with ``_deliver`` held); a listener that raises is logged and
+        never stops the scheduler's thread it runs on."""
+        try:
+            if item is _END:
+                self._listener(*(("error", self._error) if self._error is not None else ("result", self._result)))
+            else:
+                self._listener("events", item)
+        except Exception:  # noqa: BLE001 - the caller's callback; the scheduler goes on
+            log.exception("request %s: its listener raised", self.id)
+
+    def _put(self, item: Any) -> None:
+        with self._deliver:
+            if self._listener is not None:
+                self._tell(item)
+            else:
+                self._events.put(item)
+
+    def _step(self, events: list[TokenEvent]) -> None:
+        self._put(events)
+
+    def _finish(self, result: MMResult | None = None, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self.stage = "done"
+        self._result, self._error = result, error
+        self._done.set()
+        self._put(_END)
+
+
+@dataclass
+class _Waiting:
+    """A request in the scheduler's line: its handle and its checked :class:`Request`, which set-up reads (``None``
+    for an entry already set up: a caption row, or a request taken back out of the prefill)."""
+
+    handle: Handle
+    request: Request | None = None

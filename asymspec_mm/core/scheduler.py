@@ -1,0 +1,431 @@
+"""Continuous batching for concurrent callers: ``sched = pipe.scheduler(max_batch_size=16)``.
+
+Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. A set-up thread prepares
+waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
+``prefill=False``, one at a time) while fewer than ``max_batch_size`` wait set up (they hold no KV); it takes the models'
+lock only for each model call (a caption token, the vision tower), so it never holds up the rows being decoded for
+longer than one such call. One decode thread owns the batch. Each turn it lets preempted rows back and prepared
+requests in while what the next step would allocate fits ``max_kv_bytes`` (admission takes what a row needs now;
+rows grow as they decode), preempts rows (highest priority value, latest arrival first: their KV is dropped and
+rebuilt from their prompt and committed tokens when there is room again, the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts under one token budget a turn
+(``token_budget``, vLLM's ``max_num_batched_tokens`` rule: the step's decode tokens first, the prompt pieces of all
+streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's forward at most
+``prefill_chunk_tokens``; a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
+events to its handle and retires finished or cancelled rows at once. So a decoding row waits at most one bounded
+prefill forward per stream between two of its steps, whatever arrives. Every request joins the one batch whatever
+its method and settings: the decoder groups rows by step shape and the groups share each step's forwards (see
+:class:`~asymspec_mm.decode.rows.RowDecoder`). A failing request fails only its own handle; a failing step fails
+the rows of that step and the worker goes on. Should the worker itself stop on an error,
+every waiting and live handle raises :class:`SchedulerStoppedError` at once (no caller waits forever),
+:attr:`Scheduler.error` says why and :meth:`Scheduler.submit` refuses new requests with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from typing import TYPE_CHECKING, Any
+
+from ..base.config import AsymSpecConfig
+from ..base.errors import AsymSpecError, UnknownOptionError
+from ..engines.model_calls import using_loop
+from ..requests.request import Request, request_of
+from .decoder import BatchDecoder, BatchEngineFactory
+from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError, _Waiting
+from .loop_calls import LoopCalls
+from .prefill import DEFAULT_CHUNK_TOKENS
+
+#: The fewest prompt tokens a turn prefills, however many the step decodes (arriving rows always make progress).
+MIN_PREFILL_TOKENS = 16
+#: Tokens a turn's forwards carry, decode and prefill together, unless a scheduler says otherwise (vLLM's default
+#: ``max_num_batched_tokens`` for chunked prefill); a smaller budget shortens the longest gap a decoding row sees
+#: while prompts arrive, a larger one lets them in sooner.
+DEFAULT_TOKEN_BUDGET = 2048
+
+if TYPE_CHECKING:
+    from ..requests.preparing import ServingPipeline
+    from ..requests.session import Session
+
+
+class Scheduler(LoopCalls):
+    """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
+
+    def __init__(
+        self,
+        pipe: ServingPipeline,
+        max_batch_size: int = 16,
+        max_queue: int | None = None,
+        max_kv_bytes: int | None = None,
+        *,
+        batch_engines: BatchEngineFactory | None = None,
+        prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        on_step: Callable[[int, int, float], None] | None = None,
+    ):
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
+        self.pipe, self.max_batch_size, self.max_queue, self.max_kv_bytes = pipe, max_batch_size, max_queue, max_kv_bytes
+        self.batch_engines = batch_engines
+        rows_cap = getattr(batch_engines, "max_rows", None)  # a storage of fixed rows (static slots) holds no more
+        if rows_cap is not None and rows_cap < max_batch_size:
+            raise UnknownOptionError(
+                f"max_batch_size={max_batch_size} exceeds the row storage's max_rows={rows_cap}: lower max_batch_size or raise max_rows"
+            )
+        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
+            raise UnknownOptionError(f"prefill_chunk_tokens={prefill_chunk_tokens!r} must be an integer >= 1")
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+            raise UnknownOptionError(f"token_budget={token_budget!r} must be an integer >= 1 (tokens a turn's forwards carry)")
+        self.token_budget = token_budget
+        self.on_step = on_step
+        #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
+        self.error: SchedulerStoppedError | None = None
+        self._waiting: deque[_Waiting] = deque()  # not set up yet
+        self._preparing: _Waiting | None = None  # being set up on the set-up thread
+        self._ready: deque[tuple[_Waiting, Session]] = deque()  # set up, waiting to join (first: for KV room)
+        self._jobs: deque[tuple[Callable[[], Any], Future]] = deque()  # set-up model calls the loop runs (the tower)
+        self._handles: dict[int, Handle] = {}
+        self._decoder = BatchDecoder(pipe, engines=batch_engines, prefill_chunk_tokens=prefill_chunk_tokens)
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._closing = False
+        self.steps = 0
+        self.preemptions = 0  # rows preempted to keep within max_kv_bytes
+        self.peak_kv_bytes = 0  # the most KV bytes measured at once: the row storages' and staging engines' peaks summed each turn
+        self.rows_stepped = 0  # sum over steps of the rows in the step (occupancy = rows_stepped / steps)
+        self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
+        self._setup = threading.Thread(target=self._prepare_loop, name="asymspec-setup", daemon=True)
+        self._worker.start()
+        self._setup.start()
+
+    # ---------------------------------------------------------------- callers
+    def submit(self, image, question: str, *, config: AsymSpecConfig | None = None, **options) -> Handle:
+        """Queue one question about one image; ``options``: any :class:`~asymspec_mm.requests.request.Request`
+        field (``caption``, ``ocr``, ``method``, ``ignore_eos``, ``priority``, ...) or :class:`AsymSpecConfig` field
+        (``k=2``). Bad options raise here, in the caller's thread. Returns its :class:`Handle`."""
+        return self.add(request_of(config, image=image, question=question, **options))
+
+    def submit_chat(self, messages, *, config: AsymSpecConfig | None = None, **options) -> Handle:
+        """Queue a conversation (OpenAI-format ``messages``, as :meth:`AsymSpecPipeline.chat`); ``options`` as
+        :meth:`submit`'s (``tools``, ``tool_choice``, ``response_format``, ``caption`` / ``ocr`` one per image, ...).
+        Bad options raise here. Returns its :class:`Handle`."""
+        return self.add(request_of(config, messages=messages, **options))
+
+    def add(self, request: Request) -> Handle:
+        """Queue a :class:`~asymspec_mm.requests.request.Request` (checked here, in the caller's thread, unless it
+        already is; it reaches its row unchanged). ``request.priority``: lower is preempted last and resumed first
+        (vLLM's convention; new requests join first come, first served). Returns its :class:`Handle`."""
+        request = request.checked()
+        with self._cond:
+            if self.error is not None:
+                raise SchedulerStoppedError(str(self.error))
+            if self._closing:
+                raise AsymSpecError("the scheduler is closed: create a new one with pipe.scheduler()")
+            if self.max_queue is not None and self.waiting >= self.max_queue:
+                raise QueueFullError(
+                    f"{self.waiting} requests are already waiting for a row (max_queue={self.max_queue}); retry later or raise max_queue"
+                )
+            handle = Handle(self, next(self._ids), request.priority)
+            self._handles[handle.id] = handle
+            self._waiting.append(_Waiting(handle, request))
+            self._cond.notify_all()
+        return handle
+
+    @property
+    def live_rows(self) -> int:
+        """Rows being prefilled, decoded or preempted (admitted and not finished)."""
+        d = self._decoder
+        return len(d.rows) + len(d.arriving) + len(d.parked)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a row: not set up yet, being set up, or set up and waiting to join."""
+        return len(self._waiting) + len(self._ready) + (self._preparing is not None)
+
+    def _position(self, handle: Handle) -> int | None:
+        """``handle``'s place in the line: requests set up (in admission order) first, then the one being set up, then
+        the queue in order (cancelled requests, which leave at the next step boundary, count for nothing)."""
+        if handle.cancelled:
+            return None
+        with self._cond:
+            line = [w for w, _ in self._ready] + ([self._preparing] if self._preparing else []) + list(self._waiting)
+        ahead = 0
+        for w in line:
+            if w.handle is handle:
+                return ahead
+            ahead += not w.handle.cancelled
+        return None
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the rows being decoded and the waiting requests, then stop the worker threads."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._setup.join(timeout)
+        self._worker.join(timeout)
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- the worker threads
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _finished(self) -> bool:
+        """Closing, and nothing is left to set up or decode (called with ``_cond`` held)."""
+        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self.live_rows
+
+    def _room(self) -> bool:
+        """Whether the set-up thread may prepare one more request (called with ``_cond`` held): a prepared request
+        holds no KV (its prompts are prefilled once it has a row), so up to a batch of them wait set up, ready to
+        take the rows that free."""
+        return len(self._ready) < self.max_batch_size
+
+    def _prepare_loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while self.error is None and not (self._waiting and self._room()) and not (self._closing and not self._waiting):
+                        self._cond.wait()
+                    if self.error is not None or not self._waiting:
+                        return
+                    w = self._preparing = self._waiting.popleft()
+                    w.handle.stage = "setting_up"
+                self._prepare(w)
+        except BaseException as exc:  # noqa: BLE001 - a dead thread must not leave callers waiting forever
+            self._stop_on(exc)
+
+    def _prepare(self, w: _Waiting) -> None:
+        """Set one request up; it joins the ready line, or fails its own handle (a bad image, a context overflow)."""
+        session = None
+        if w.handle.cancelled:
+            self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+        else:
+            try:
+                with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
+                    session = self.pipe.set_up(w.request, prefill=False)
+            except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
+                self._drop(w.handle, exc)
+        with self._cond:
+            self._preparing = None
+            if session is not None:
+                w.handle.stage = "set_up"
+                self._ready.append((w, session))
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._ready and not self._jobs and not self.live_rows and not self._finished() and self.error is None:
+                        self._cond.wait()
+                    if self._finished() or self.error is not None:
+                        return
+                self._run_jobs()
+                self._retire_cancelled()
+                self._admit()
+                self._make_room()
+                self._decoder.reset_peaks()
+                self._prefill()
+                self._run_jobs()  # a set-up waiting on the tower goes on before the step, not a turn later
+                self._step_one()
+                self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
+                with self._cond:
+                    self._cond.notify_all()  # rows may have freed: the set-up thread may go on
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
+            self._stop_on(exc)
+
+    def _stop_on(self, exc: BaseException) -> None:
+        """A worker thread stopped on ``exc``: every waiting, ready and live request fails with one
+        :class:`SchedulerStoppedError`, and new requests are refused with it."""
+        error = SchedulerStoppedError(
+            f"the scheduler's worker stopped on {type(exc).__name__}: {exc}".rstrip(": ") + "; create a new scheduler"
+        )
+        error.__cause__ = exc
+        with self._cond:
+            if self.error is not None:  # the other thread stopped first
+                return
+            self.error, self._closing = error, True
+            self._waiting.clear()
+            self._ready.clear()
+            jobs, self._jobs = list(self._jobs), deque()
+            handles = list(self._handles.values())
+            self._handles.clear()
+            self._cond.notify_all()
+        for handle in handles:
+            handle._finish(error=error)
+        for _, future in jobs:
+            future.set_exception(error)
+
+    def _order(self, rid: int) -> tuple[int, int]:
+        """Who goes first: lower priority value, then earlier arrival (preemption takes the last)."""
+        return (self._handles[rid].priority, rid)
+
+    def _admit(self) -> None:
+        """Preempted rows come back first, then set-up requests join while rows are free and what the next prefill
+        and step would allocate with them (:meth:`BatchDecoder.step_need`) fits ``max_kv_bytes``: admission takes what
+        a row needs now, not its whole budget (one always fits when no row is live; one whose whole need alone
+        exceeds the budget is refused with the numbers). Each fails alone: only its own handle errors."""
+        decoder = self._decoder
+        for rid in sorted(decoder.parked, key=self._order):
+            if self.max_kv_bytes is not None and (decoder.rows or decoder.arriving) and decoder.step_need(resuming=rid) > self.max_kv_bytes:
+                return  # first in line until its KV fits; new requests wait behind it
+            try:
+                decoder.resume(rid)
+            except Exception as exc:  # noqa: BLE001 - that row fails alone
+                decoder.remove(rid)
+                self._drop(self._handles[rid], exc)
+                continue
+            self._handles[rid].stage = "prefill"
+        while self._ready and self.live_rows < self.max_batch_size:
+            w, session = self._ready[0]
+            if w.handle.cancelled:
+                self._pop_ready(w)
+                self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+                continue
+            decoder = self._decoder
+            try:
+                alone = decoder.kv_bound(session, alone=True) if self.max_kv_bytes is not None else 0
+                if self.max_kv_bytes is not None and alone > self.max_kv_bytes:
+                    raise KVBudgetError(
+                        f"request {w.handle.id} needs up to {alone:,} bytes of KV cache (its prompts plus max_new_tokens, "
+                        f"with the storage's padding and compaction slack) but max_kv_bytes is {self.max_kv_bytes:,}: "
+                        "lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
+                    )
+            except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
+                self._pop_ready(w)
+                self._drop(w.handle, exc)
+                continue
+            if self.live_rows and self.max_kv_bytes is not None and decoder.step_need(joining=session) > self.max_kv_bytes:
+                return  # first in line until its KV fits
+            with self._cond:
+                w.handle.left_line_at = time.monotonic()
+            try:
+                w.handle.stage = "decoding" if decoder.add(w.handle.id, session) is not None else "prefill"
+            except Exception as exc:  # noqa: BLE001
+                self._drop(w.handle, exc)
+            finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
+                self._pop_ready(w)
+
+    def _make_room(self) -> None:
+        """Preempt rows (highest priority value, latest arrival first) while what the next prefill and step would
+        allocate exceeds ``max_kv_bytes``; a preempted row's KV is dropped and rebuilt from its tokens later (the same
+        output). The last live row is never preempted (admission refused any row that cannot fit alone)."""
+        decoder = self._decoder
+        if self.max_kv_bytes is None:
+            return
+        while decoder.step_need() > self.max_kv_bytes and len(decoder.rows) + len(decoder.arriving) > 1:
+            candidates = [rid for rid in decoder.rows if decoder.preemptible(rid)] + list(decoder.arriving.rows)
+            if not candidates:
+                return
+            victim = max(candidates, key=self._order)  # an arriving row that goes after the decoding ones waits instead
+            handle = self._handles[victim]
+            try:
+                if victim in decoder.arriving.rows:
+                    session = decoder.unstage(victim)
+                    if session is not None:  # a new request: back to the front of the line
+                        with self._cond:
+                            self._ready.appendleft((_Waiting(handle), session))
+                        handle.stage = "set_up"
+                        continue
+                else:
+                    decoder.preempt(victim)
+                    self.preemptions += 1
+            except Exception as exc:  # noqa: BLE001 - that row fails alone
+                with contextlib.suppress(Exception):
+                    decoder.remove(victim)
+                self._drop(handle, exc)
+                continue
+            handle.stage = "preempted"
+
+    def kv_bound(self, session: Session | None = None) -> int:
+        """The most KV bytes the batch can allocate at once, with ``session`` joining (:meth:`BatchDecoder.kv_bound`):
+        what ``max_kv_bytes`` bounds."""
+        return self._decoder.kv_bound(session)
+
+    def _pop_ready(self, w: _Waiting) -> None:
+        """Take ``w`` out of the ready line (by identity: a caption row may have been put before it meanwhile)."""
+        with self._cond:
+            for i, (other, _) in enumerate(self._ready):
+                if other is w:
+                    del self._ready[i]
+                    break
+            self._cond.notify_all()
+
+    def _prefill(self) -> None:
+        """One batched prefill forward per stream with rows arriving (their pieces together at most the turn's budget
+        less the step's decode tokens); rows whose prompts are in decode from the next step on. A failing forward fails the rows being
+        prefilled."""
+        decoder = self._decoder
+        if not decoder.arriving:
+            return
+        # one token budget a turn (vLLM's rule): the step's decode tokens first, the prompt pieces get what is left
+        budget = max(MIN_PREFILL_TOKENS, self.token_budget - decoder.step_tokens())
+        failed: list[tuple[int, BaseException]] = []
+        try:
+            for row in decoder.prefill_step(budget, failed):
+                self._handles[row.id].stage = "decoding"
+        except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on (parked rows took no part)
+            for rid in list(decoder.arriving.rows):
+                decoder.remove(rid)
+                self._drop(self._handles[rid], exc)
+        for rid, exc in failed:  # their prompts were in but joining failed: each fails alone
+            self._drop(self._handles[rid], exc)
+
+    def _step_one(self) -> None:
+        """Step every live row once (all methods and settings in one step)."""
+        decoder = self._decoder
+        if not decoder.rows:
+            return
+        n, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
+        stepping = list(decoder.rows.values())
+        try:
+            out = decoder.step()
+        except Exception as exc:  # noqa: BLE001 - fail the step's rows, keep serving
+            for row in stepping:
+                if row.result is not None:  # it finished in this step before the failure: its answer stands
+                    self._handles.pop(row.id, None)._finish(row.result)
+                    continue
+                if row.id in decoder.rows:
+                    decoder.remove(row.id)
+                self._drop(self._handles[row.id], exc)
+            return
+        if self.on_step is not None:
+            self.on_step(n, decoder.engine_calls - calls, time.perf_counter() - t0)
+        self.steps += 1
+        self.rows_stepped += n
+        for row, events in out:
+            handle = self._handles[row.id]
+            if events:
+                handle._step(events)
+            if row.result is not None:
+                self._handles.pop(row.id, None)
+                handle._finish(row.result)
+
+    def _retire_cancelled(self) -> None:
+        with self._cond:
+            gone = [w for w in self._waiting if w.handle.cancelled]
+            for w in gone:
+                self._waiting.remove(w)
+            gone += [w for w, _ in self._ready if w.handle.cancelled]
+            self._ready = deque((w, s) for w, s in self._ready if not w.handle.cancelled)
+        for w in gone:
+            self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+        decoder = self._decoder
+        for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._handles[r].cancelled]:
+            decoder.remove(rid)
+            self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
+
+    def _drop(self, handle: Handle, error: BaseException) -> None:
+        handle.left_line_at = handle.left_line_at or time.monotonic()
+        self._handles.pop(handle.id, None)
+        handle._finish(error=error)

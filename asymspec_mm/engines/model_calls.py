@@ -1,0 +1,96 @@
+"""Where a request's set-up runs its model calls: on the calling thread under the models' lock, or in the engine loop.
+
+A request's set-up runs no model of its own when an engine loop serves it (the scheduler's decode thread): the
+vision tower's call is handed to the loop (:meth:`ModelLoop.run`, between two of its steps) and a caption is a
+drafter row the loop decodes beside every other row (:meth:`ModelLoop.decode_row`, its forwards shared with the
+drafting forwards). The set-up thread is left with what runs no model (image decoding, OCR, tokenizing, grammar
+compilation). The loop serving a set-up is scoped with :func:`using_loop`, so the set-up code itself is the same
+for a single request and the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from ..base.config import AsymSpecConfig
+
+T = TypeVar("T")
+
+
+@dataclass
+class TokenRequest:
+    """A row that only wants its tokens (a caption): ``method`` over ``to_prefill`` (stream -> its
+    :class:`~asymspec_mm.engines.pieces.StreamPrompt`, ``prompt[:-1]``) with ``pending`` (stream -> the prompt's last
+    token ``[1]``). What a :class:`~asymspec_mm.core.decoder.BatchDecoder` needs of a session, and no more."""
+
+    method: str
+    config: AsymSpecConfig
+    to_prefill: dict[str, Any]
+    pending: dict[str, torch.Tensor]
+    eos_ids: set[int]
+    stop_fn: Any = None
+    constraint: Any = None
+    streams: dict[str, Any] = field(default_factory=dict)
+    reuse_keys: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    model: Any = None  # the model its stream runs on (None: the pipeline's for the stream)
+
+
+@dataclass
+class TokenResult:
+    """What a :class:`TokenRequest` row ends with: its token ids and step statistics."""
+
+    token_ids: list[int]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelLoop(Protocol):
+    """An engine loop that runs a set-up's model calls."""
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (one model call) in the loop between two steps; returns its value (or raises its error)."""
+        ...
+
+    def decode_row(self, request: TokenRequest) -> TokenResult:
+        """Decode ``request`` as a row beside the others; returns once it is done."""
+        ...
+
+
+_LOOP: ContextVar[ModelLoop | None] = ContextVar("asymspec_model_loop", default=None)
+
+
+def current_loop() -> ModelLoop | None:
+    """The engine loop serving this set-up, or None (model calls run here)."""
+    return _LOOP.get()
+
+
+@contextmanager
+def using_loop(loop: ModelLoop | None) -> Iterator[None]:
+    """Within the block, set-up model calls go to ``loop`` (None: run on the calling thread)."""
+    token = _LOOP.set(loop)
+    try:
+        yield
+    finally:
+        _LOOP.reset(token)
+
+
+def run_model(fn: Callable[[], T], lock: AbstractContextManager) -> T:
+    """One set-up model call: in the serving loop when there is one, else here under ``lock``."""
+    loop = _LOOP.get()
+    if loop is not None:
+        return loop.run(fn)
+    with lock:
+        return fn()
+
+
+def model_runner(lock: AbstractContextManager) -> Callable[[Callable[[], T]], T]:
+    """:func:`run_model` with ``lock`` bound: what code that may call a model takes as its ``run`` (the vision
+    encoder's tower pass on a cache miss)."""
+    return lambda fn: run_model(fn, lock)

@@ -1,0 +1,433 @@
+"""The user-facing API: :class:`AsymSpecPipeline` and :func:`mm_generate`.
+
+The pipeline is a facade over two parts: :class:`~asymspec_mm.requests.models.ModelSet` (the loaded models, their lock and
+caches, which model and prompt serve each stream) and :class:`~asymspec_mm.requests.preparing.RequestPreparer` (caption, OCR,
+prompts, context check, stream start). It adds loading (:meth:`AsymSpecPipeline.from_pretrained`,
+:meth:`~AsymSpecPipeline.from_preset`), single-row decoding (:meth:`~AsymSpecPipeline.run`) and the conveniences
+(``generate``, ``stream``, ``generate_batch``, ``scheduler``, ``complete``). Nothing below imports this module:
+batched serving types against :class:`~asymspec_mm.requests.preparing.ServingPipeline`, which the facade satisfies.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captioning.view import CompressedView
+
+from ..base.chatter import quiet_loading
+from ..base.config import AsymSpecConfig
+from ..base.errors import ContextOverflowError, EmptyQuestionError
+from ..base.locks import FairRLock
+from ..base.unicode_check import check_text_fields
+from ..decode import Counters, TokenEvent, greedy_steps, steps_for
+from ..decode.loops import Timer
+from ..engines import EngineFactory
+from ..engines.loading import check_backends, check_checkpoint, check_vocabularies, load_models, resolve_device
+from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES
+from ..requests.models import ModelSet
+from ..requests.preparing import RequestPreparer, ServingPipeline
+from ..requests.prompts import Prompts, PromptStyle
+from ..requests.request import Request, request_of
+from ..requests.session import GenerationStream, MMResult, Session, remember_answer, session_result
+
+__all__ = [
+    "AsymSpecPipeline",
+    "GenerationStream",
+    "MMResult",
+    "Prompts",
+    "ServingPipeline",
+    "Session",
+    "mm_generate",
+    "check_vocabularies",
+    "resolve_device",
+]
+
+
+class _Part:
+    """An attribute of one of the pipeline's parts (``models`` or ``preparer``), read and written through the
+    facade: ``pipe.eos_ids = ...`` or ``pipe.captioner = ...`` change what the parts use, as they did when these
+    were the pipeline's own attributes."""
+
+    def __init__(self, part: str, doc: str):
+        self.part = part
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.part), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.part), self.name, value)
+
+
+class AsymSpecPipeline:
+    """A drafter (Qwen3-VL) and a verifier (text LM) ready to answer questions about images.
+
+    Models load once; each request gets fresh KV caches. Model calls are serialised by a lock (the
+    models are shared), so one pipeline can serve several threads.
+    """
+
+    drafter = _Part("models", "The VL drafter (transformers): the full view, the compressed view, the captions.")
+    processor = _Part("models", "The drafter's processor (its tokenizer is :attr:`tokenizer`).")
+    tokenizer = _Part("models", "The drafter's tokenizer: token texts and answers are decoded with it.")
+    verifier = _Part("models", "The text-only verifier (transformers or a served model).")
+    verifier_tokenizer = _Part("models", "The verifier's tokenizer (the same vocabulary as the drafter's).")
+    drafter_comp = _Part("models", "A served model for the drafter's compressed stream, or ``None`` (the drafter).")
+    drafter_full = _Part("models", "A served model for the drafter's full-view stream, or ``None`` (the drafter).")
+    sd_drafter = _Part("models", "SD's own text drafter, or ``None`` (the VL drafter on the compressed view).")
+    device = _Part("models", "The drafter's device.")
+    encoder = _Part("models", "The vision encoder with its feature cache (the tower runs once per distinct image).")
+    prefix_kv = _Part("models", "The KV of earlier prompts and answers, reused by requests that start the same way.")
+    eos_ids = _Part("models", "The ids that end an answer (a request with ``ignore_eos`` uses none).")
+    captioner = _Part("preparer", "Writes the compressed view's caption (default: the drafter).")
+    engines = _Part("preparer", "The factory of single-row engines requests are prefilled on.")
+    ocr_layout = _Part("preparer", "How the OCR engine's items become the OCR text.")
+    prompt_style = _Part("preparer", "How (view, question) become the prompts' texts.")
+    name = _Part("preparer", "The pair's preset name (``tiny``, ``qwen3``; ``custom`` for other pairs): which warnings apply.")
+
+    def __init__(
+        self,
+        drafter,
+        processor,
+        verifier,
+        verifier_tokenizer,
+        *,
+        device: torch.device | None = None,
+        vision_cache_bytes: int = 256 * 2**20,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_KV_BYTES,
+        ocr: str | Any = "auto",
+        ocr_layout: str = "plain",
+        captioner: str | Any = "drafter",
+        name: str = "custom",
+        check_vocab: bool = True,
+        drafter_comp: Any = None,
+        drafter_full: Any = None,
+        engines: EngineFactory | None = None,
+        prompt_style: PromptStyle | None = None,
+        sd_drafter: Any = None,
+        sd_drafter_tokenizer: Any = None,
+    ):
+        self.models = ModelSet(
+            drafter,
+            processor,
+            verifier,
+            verifier_tokenizer,
+            device=device,
+            vision_cache_bytes=vision_cache_bytes,
+            prefix_cache_bytes=prefix_cache_bytes,
+            check_vocab=check_vocab,
+            drafter_comp=drafter_comp,
+            drafter_full=drafter_full,
+            sd_drafter=sd_drafter,
+            sd_drafter_tokenizer=sd_drafter_tokenizer,
+        )
+        self.preparer = RequestPreparer(
+            self.models, ocr=ocr, ocr_layout=ocr_layout, captioner=captioner, engines=engines, prompt_style=prompt_style
+        )
+        self.name = name
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        drafter: str | Path = "Qwen/Qwen3-VL-2B-Instruct",
+        verifier: str | Path = "Qwen/Qwen3-32B",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        *,
+        device_map: Any = None,
+        verifier_device_map: Any = None,
+        trust_remote_code: bool = False,
+        local_files_only: bool | None = None,
+        verifier_backend: str = "transformers",
+        vllm_kwargs: dict | None = None,
+        drafter_backend: str = "transformers",
+        drafter_vllm_kwargs: dict | None = None,
+        sd_drafter: str | Path | None = None,
+        **kwargs,
+    ) -> AsymSpecPipeline:
+        """Load both models with ``from_pretrained`` (hub id or local directory).
+
+        Auto device/dtype: cuda + bf16 when available, else cpu + fp32. ``verifier_device_map``
+        (e.g. ``"auto"``) spreads a large verifier over several GPUs; ``device_map`` does so for the
+        drafter. ``trust_remote_code`` stays off unless asked.
+
+        ``verifier_backend="vllm"`` serves the verifier with vLLM (see VLLM.md): ``vllm_kwargs`` go to
+        ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``,
+        ``distributed_executor_backend="ray"``, ...; prefix caching is always on).
+        ``drafter_backend="vllm"`` serves the drafter's streams with one more ``vllm.LLM``
+        (``drafter_vllm_kwargs``): the compressed (text-only) stream and the full-view stream, whose
+        prompt carries the image (vLLM runs its own vision tower); with
+        ``drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}}`` only the compressed
+        stream. Captions (and their vision-feature cache) stay on the transformers drafter.
+
+        ``sd_drafter`` (hub id or local directory of a text causal LM sharing the verifier's vocabulary, e.g.
+        ``Qwen/Qwen3-1.7B``, the paper's SD baseline) drafts for ``method="sd"`` instead of the VL drafter on
+        the compressed view: on transformers, with the drafter's dtype and device rules, reading the
+        verifier's prompt (the same user text and chat template).
+        """
+        check_backends(verifier_backend, drafter_backend, verifier_device_map, vllm_kwargs, drafter_vllm_kwargs)
+        from captioning.ocr.items import check_ocr_layout
+
+        check_ocr_layout(kwargs.get("ocr_layout", "plain"))  # before any model loads
+        for ref, role in ((drafter, "drafter"), (verifier, "verifier"), (sd_drafter, "SD drafter")):
+            if ref is not None and isinstance(ref, (str, Path)):
+                check_checkpoint(ref, role)
+        with quiet_loading():  # transformers' per-shard bars: shown with verbose logging only (chatter.py)
+            models = load_models(
+                drafter,
+                verifier,
+                device,
+                dtype,
+                device_map=device_map,
+                verifier_device_map=verifier_device_map,
+                trust_remote_code=trust_remote_code,
+                local_files_only=local_files_only,
+                verifier_backend=verifier_backend,
+                vllm_kwargs=vllm_kwargs,
+                drafter_backend=drafter_backend,
+                drafter_vllm_kwargs=drafter_vllm_kwargs,
+                sd_drafter=sd_drafter,
+            )
+        return cls(**models, **kwargs)
+
+    @classmethod
+    def from_preset(cls, name: str = "tiny", **kwargs) -> AsymSpecPipeline:
+        """A named pair from :mod:`asymspec_mm.pipeline.presets` (``tiny`` ships with the package and runs offline);
+        ``kwargs`` go to :meth:`from_pretrained` (e.g. ``sd_drafter="Qwen/Qwen3-1.7B"`` with ``qwen3``)."""
+        from .presets import resolve_preset
+
+        preset = resolve_preset(name)
+        opts = {**preset.pipeline_kwargs, **kwargs}
+        pipe = cls.from_pretrained(drafter=preset.drafter, verifier=preset.verifier, **opts)
+        pipe.name = preset.name
+        return pipe
+
+    @property
+    def models_lock(self) -> FairRLock:
+        """The lock held around every model call (re-entrant, first come first served): whoever decodes on this
+        pipeline's models from another thread holds it around each call."""
+        return self.models.lock
+
+    @property
+    def sd_drafter_name(self) -> str:
+        """Which model drafts for SD: the separate text drafter's name or path, else the VL drafter's view."""
+        return self.models.sd_drafter_name
+
+    @property
+    def ocr_engine(self) -> Any:
+        """The OCR engine, created on first use (``auto`` picks EasyOCR, else RapidOCR)."""
+        return self.preparer.ocr_engine
+
+    def stream_models(self, method: str) -> dict[str, Any]:
+        """Which model serves each of ``method``'s streams (see :meth:`ModelSet.stream_models`)."""
+        return self.models.stream_models(method)
+
+    def stream_ids(self, method: str, p: Prompts) -> dict[str, torch.Tensor]:
+        """Each of ``method``'s streams' prompt ids ``[1, L]`` (see :meth:`ModelSet.stream_ids`)."""
+        return self.models.stream_ids(method, p)
+
+    def staged_streams(self, method: str) -> tuple[str, ...]:
+        """The streams of ``method`` that batched chunked prefill can fill: those on a transformers model."""
+        return self.models.staged_streams(method)
+
+    # ------------------------------------------------------------------ requests
+    def compressed_view(
+        self, image, caption: str | None = None, ocr: str | bool | None = None, timings: dict | None = None
+    ) -> CompressedView:
+        """What the verifier will read about ``image`` (caption/OCR produced when ``None``)."""
+        return self.preparer.compressed_view(image, caption, ocr, timings)
+
+    def generate(self, image, question: str, **kwargs) -> MMResult:
+        """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
+        return self.stream(image, question, **kwargs).result
+
+    def chat(self, messages, **kwargs) -> MMResult:
+        """Answer the last user message of a conversation (OpenAI-format ``messages``: system, user with any number
+        of images, assistant): keywords as in :meth:`prepare_chat`. ``res.finish_reason`` says why it stopped."""
+        return self.chat_stream(messages, **kwargs).result
+
+    def chat_stream(self, messages, **kwargs) -> GenerationStream:
+        """:meth:`prepare_chat` then :meth:`run`: iterate for each step's events, then read ``.result``."""
+        return self.run(self.prepare_chat(messages, **kwargs))
+
+    def prepare_chat(
+        self,
+        messages,
+        caption=None,
+        ocr=None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        *,
+        engines=None,
+        prefill: bool = True,
+        **options,
+    ) -> Session:
+        """Set a conversation up: OpenAI-format ``messages`` (system/developer, user with any number of images,
+        assistant with tool calls, tool), ``caption`` / ``ocr`` one per image (or a string for the only one).
+        ``options``: any other :class:`~asymspec_mm.requests.request.Request` field (``tools``, ``tool_choice``,
+        ``response_format``, ``enable_thinking``, ``text_compressor``, ``ignore_eos``, ...) or
+        :class:`AsymSpecConfig` field (``k=2``). The rest as :meth:`set_up`."""
+        request = request_of(config, messages=messages, caption=caption, ocr=ocr, method=method, **options)
+        return self.set_up(request, engines=engines, prefill=prefill)
+
+    def generate_batch(
+        self,
+        requests,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        batch_size: int | None = None,
+        *,
+        kv_budget_bytes: int | None = None,
+        on_step=None,
+        prefill_chunk_tokens: int | None = None,
+        batch_engines=None,
+        **overrides,
+    ) -> list[MMResult]:
+        """Answer many requests (dicts with ``image``, ``question``, optional ``caption``, ``ocr``; or with
+        ``messages``, a conversation; or :class:`~asymspec_mm.core.Request`), decoding up to ``batch_size`` of them
+        together; results in input order, each equal to :meth:`generate` (:meth:`chat`) of that request alone; ``kv_budget_bytes`` bounds the rows by the
+        KV memory they may reach (see :mod:`asymspec_mm.core`)."""
+        from ..core.generate import generate_batch
+
+        return generate_batch(
+            self,
+            requests,
+            method,
+            config,
+            batch_size,
+            kv_budget_bytes=kv_budget_bytes,
+            on_step=on_step,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            batch_engines=batch_engines,
+            **overrides,
+        )
+
+    def scheduler(
+        self, max_batch_size: int = 16, max_queue: int | None = None, max_kv_bytes: int | None = None, *, batch_engines=None, **options
+    ):
+        """A continuous-batching :class:`~asymspec_mm.core.Scheduler` for concurrent callers of this pipeline:
+        ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``.
+        ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows);
+        ``options``: ``prefill_chunk_tokens`` (prompt tokens per batched prefill forward), ``token_budget`` (tokens a
+        turn's forwards carry, decode first), ``on_step``."""
+        from ..core.scheduler import Scheduler
+
+        return Scheduler(
+            self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, batch_engines=batch_engines, **options
+        )
+
+    def stream(self, image, question: str, **kwargs) -> GenerationStream:
+        """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
+        return self.run(self.prepare(image, question, **kwargs))
+
+    def prepare(
+        self,
+        image,
+        question: str,
+        caption: str | None = None,
+        ocr: str | bool | None = None,
+        method: str = "asymspec",
+        config: AsymSpecConfig | None = None,
+        *,
+        engines=None,
+        on_phase=None,
+        prefill: bool = True,
+        **options,
+    ) -> Session:
+        """Set one question about one image up. ``caption``/``ocr``: ``None`` produce them, a string is used as is,
+        ``ocr=False`` skips OCR; ``method``: asymspec | floor | drafter | sd. ``options``: any other
+        :class:`~asymspec_mm.requests.request.Request` field (``ignore_eos``, ``max_caption_chars``, ``prompt_style``,
+        ``seed``, ...) or :class:`AsymSpecConfig` field (``k=2``, ``max_new_tokens=64``). The rest as :meth:`set_up`."""
+        request = request_of(config, image=image, question=question, caption=caption, ocr=ocr, method=method, **options)
+        return self.set_up(request, engines=engines, on_phase=on_phase, prefill=prefill)
+
+    @functools.wraps(RequestPreparer.set_up)
+    def set_up(self, request: Request, **kwargs: Any) -> Session:
+        # the preparer's signature and docstring (functools.wraps): one definition of the set-up's options
+        return self.preparer.set_up(request, **kwargs)
+
+    def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
+        """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""
+        counters = Counters(session.config.k, session.streams)
+        steps = steps_for(
+            session.method,
+            session.streams,
+            session.pending,
+            session.config,
+            session.eos_ids,
+            session.stop_fn,
+            counters,
+            timer,
+            constraint=session.constraint,
+        )
+        trace: list[TokenEvent] = []
+
+        def decoded_steps():
+            while True:
+                with self.models.lock:  # the models are shared: one step at a time across requests
+                    events = next(steps, None)
+                if events is None:
+                    return
+                for ev in events:
+                    ev.text = self.tokenizer.decode([ev.token_id])
+                trace.extend(events)
+                yield events
+
+        def finish() -> MMResult:
+            result = self.result_of(session, counters, trace)
+            remember_answer(self.prefix_kv, self.stream_models(session.method), session, result.token_ids, session.streams)
+            return result
+
+        return GenerationStream(decoded_steps(), finish)
+
+    def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
+        """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's."""
+        return session_result(session, counters, trace, self.tokenizer, self.sd_drafter_name)
+
+    def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
+        """Greedy text completion by the verifier alone (a one-turn chat, thinking off).
+
+        Used for MathVista's LLM answer extraction, so no external API is needed.
+        """
+        check_text_fields({"prompt": prompt})
+        if not prompt.strip():
+            raise EmptyQuestionError("the completion prompt is empty")
+        text = self.verifier_tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        ids = torch.tensor(self.verifier_tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        limit = getattr(self.verifier.config, "max_position_embeddings", None)
+        if limit and ids.numel() + max_new_tokens > limit:
+            raise ContextOverflowError(f"the extraction prompt has {ids.numel()} tokens; the verifier's window is {limit}")
+        with self.models.lock:
+            engine = self.models.verifier_engine(self.engines)
+            engine.prefill(ids[:-1])
+            cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
+            tokens = [ev.token_id for events in greedy_steps(engine, ids[-1:], cfg, self.eos_ids) for ev in events]
+        return self.verifier_tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+_DEFAULTS: dict[str, AsymSpecPipeline] = {}
+_DEFAULT_LOCK = threading.Lock()
+
+
+def mm_generate(image, question: str, *, preset: str = "auto", **kwargs) -> MMResult:
+    """Answer a question about an image with a lazily created pipeline of ``preset`` (one per preset, kept).
+
+    kwargs go to :meth:`AsymSpecPipeline.generate` (caption, ocr, method, config, or config fields).
+    """
+    with _DEFAULT_LOCK:
+        if preset not in _DEFAULTS:
+            _DEFAULTS[preset] = AsymSpecPipeline.from_preset(preset)
+        pipe = _DEFAULTS[preset]
+    return pipe.generate(image, question, **kwargs)

@@ -1,0 +1,122 @@
+"""The loaded models of a pipeline and what serves each stream of a request: :class:`ModelSet`.
+
+A request decodes up to three streams (``drafter_full``, ``drafter_comp``, ``verifier``; which ones its method
+needs: :data:`~asymspec_mm.decode.rows.STREAMS_OF`). This module is the one place that says which model serves
+each stream and which prompt it reads, so single-row set-up (:mod:`asymspec_mm.requests.preparing`), batched prefill and
+batched decoding (:mod:`asymspec_mm.core`) cannot disagree about it. It also owns what the models share across
+requests: their lock, the vision-feature cache and the KV kept for reuse (:class:`~asymspec_mm.engines.PrefixKV`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..base.locks import FairRLock
+from ..decode.rows import STREAMS_OF
+from ..engines import Engine, EngineFactory
+from ..engines.loading import check_vocabularies, eos_ids
+from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES, PrefixKV
+from ..engines.vllm import logit_width
+from .prompts import Prompts
+
+
+class ModelSet:
+    """A drafter (Qwen3-VL) and a verifier (text LM), with the optional models that replace one of the drafter's
+    streams, loaded once and shared by every request.
+
+    ``drafter_comp`` / ``drafter_full``: a served model (a :class:`~asymspec_mm.engines.vllm.VLLMModel`) for the
+    drafter's compressed / full-view stream (default: the drafter itself). ``sd_drafter``: the SD baseline's own
+    text drafter (a causal LM sharing the verifier's vocabulary and reading the verifier's prompt; default: the VL
+    drafter on the compressed view). ``check_vocab`` refuses pairs whose vocabularies differ (the gate mixes their
+    logits position by position).
+    """
+
+    def __init__(
+        self,
+        drafter: Any,
+        processor: Any,
+        verifier: Any,
+        verifier_tokenizer: Any,
+        *,
+        device: torch.device | None = None,
+        vision_cache_bytes: int = 256 * 2**20,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_KV_BYTES,
+        check_vocab: bool = True,
+        drafter_comp: Any = None,
+        drafter_full: Any = None,
+        sd_drafter: Any = None,
+        sd_drafter_tokenizer: Any = None,
+    ):
+        from vision_cache.features import VisionEncoder
+
+        self.drafter = drafter.eval()
+        self.processor = processor
+        self.verifier = verifier.eval()
+        self.verifier_tokenizer = verifier_tokenizer
+        self.drafter_comp = drafter_comp
+        self.drafter_full = drafter_full
+        self.sd_drafter = sd_drafter.eval() if sd_drafter is not None else None
+        self.tokenizer = processor.tokenizer
+        self.device = device or next(drafter.parameters()).device
+        if check_vocab:
+            check_vocabularies(self.tokenizer, verifier_tokenizer, logit_width(drafter), logit_width(verifier))
+            if sd_drafter is not None:
+                sd_tok = sd_drafter_tokenizer or verifier_tokenizer
+                check_vocabularies(sd_tok, verifier_tokenizer, logit_width(sd_drafter), logit_width(verifier), "SD drafter")
+        # one model call at a time across threads, in arrival order: set-up and decoding take turns at the models
+        self.lock = FairRLock()
+        self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
+        # every stream's prompts (and finished answers), reused by any later request that starts the same way: the
+        # next turn of a conversation, another question about an image (0 disables)
+        self.prefix_kv = PrefixKV(prefix_cache_bytes)
+        # read by each set-up, so replacing it on a live pipeline (``pipe.eos_ids = ...``) takes effect at the next request
+        self.eos_ids: set[int] = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
+        self._grammars = None
+
+    @property
+    def grammars(self) -> Any:
+        """The :class:`~asymspec_mm.requests.grammar.GrammarCompiler` of the pair's vocabulary (made on first use: only forced
+        tool calls and JSON answers need it)."""
+        if self._grammars is None:
+            from .grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.verifier_tokenizer, logit_width(self.verifier), sorted(self.eos_ids))
+        return self._grammars
+
+    @property
+    def sd_drafter_name(self) -> str:
+        """Which model drafts for SD: the separate text drafter's name or path, else the VL drafter's view."""
+        if self.sd_drafter is None:
+            return "drafter (compressed view)"
+        return str(getattr(self.sd_drafter, "name_or_path", "") or "custom text drafter")
+
+    def stream_models(self, method: str) -> dict[str, Any]:
+        """Which model serves each of ``method``'s streams (the one place that decides it): the drafter on both views
+        unless a served model replaces a view, the verifier, and for SD the pipeline's own text drafter if it has one."""
+        models = {
+            "drafter_full": self.drafter_full or self.drafter,
+            "drafter_comp": self.drafter_comp or self.drafter,
+            "verifier": self.verifier,
+        }
+        if method == "sd" and self.sd_drafter is not None:
+            models["drafter_comp"] = self.sd_drafter
+        return {name: models[name] for name in STREAMS_OF[method]}
+
+    def stream_ids(self, method: str, p: Prompts) -> dict[str, torch.Tensor]:
+        """Each of ``method``'s streams' prompt ids ``[1, L]`` (the SD text drafter reads the verifier's prompt)."""
+        ids = {"drafter_full": p.drafter_full_ids, "drafter_comp": p.drafter_comp_ids, "verifier": p.verifier_ids}
+        if method == "sd" and self.sd_drafter is not None:
+            ids["drafter_comp"] = p.verifier_ids
+        return {name: ids[name] for name in STREAMS_OF[method]}
+
+    def staged_streams(self, method: str) -> tuple[str, ...]:
+        """The streams of ``method`` that batched chunked prefill can fill: those on a transformers model."""
+        return tuple(name for name, model in self.stream_models(method).items() if isinstance(model, torch.nn.Module))
+
+    def verifier_engine(self, engines: EngineFactory, name: str = "verifier") -> Engine:
+        """A fresh verifier stream: on vLLM when the verifier is served there, else from ``engines``."""
+        if hasattr(self.verifier, "engine"):
+            return self.verifier.engine(name)
+        return engines.text(self.verifier, name, prefix_kv=self.prefix_kv)

@@ -1,0 +1,113 @@
+"""The one request object: :class:`Request`, built and checked once at the edge and passed unchanged to the row.
+
+Every edge (the Python API, the CLI, a batch file, the server, the demo, the evaluation) builds a :class:`Request`;
+:meth:`Request.checked` validates it once and returns the checked copy, which every later layer (the scheduler's
+line, set-up, the decoder's row through :attr:`~asymspec_mm.requests.session.Session.request`) reads as it is. A
+checked request is never checked again, so no layer re-spells or re-validates its fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base.config import AsymSpecConfig, check_method
+from ..base.errors import UnknownOptionError
+from ..base.unicode_check import chat_text_fields, check_text_fields
+from .questions import check_question
+from .tools import answer_stop_strings, check_response_format, check_tool_choice, check_tools
+
+DEFAULT_METHOD = "asymspec"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One question about one image, or a conversation, with everything that decides its answer.
+
+    ``image`` and ``question``: the single-question form (``image``: a PIL image, path, bytes or array); or
+    ``messages``: a conversation in OpenAI's format (``image`` and ``question`` unused). ``caption`` / ``ocr``:
+    ``None`` produces them, a string is used as is, ``ocr=False`` skips OCR (a conversation: one per image, or a
+    string for its only image). ``seed`` replaces the config's seed for this request alone.
+
+    ``method`` (asymspec | floor | drafter | sd) and ``config`` (:class:`AsymSpecConfig`: K, gate, beta, sampling,
+    budgets, stop strings): ``None`` takes the defaults, or a batch's (:func:`~asymspec_mm.core.generate_batch`).
+    ``tools``, ``tool_choice``, ``response_format``: OpenAI's shapes (a conversation only). ``enable_thinking`` goes to
+    the verifier's template; ``text_compressor`` shortens long text parts of the compressed view. ``ignore_eos``
+    decodes to the token budget; ``max_caption_chars`` replaces the caption budget; ``prompt_style`` the pipeline's
+    layout of the prompt texts. ``priority``: lower is preempted last and resumed first (vLLM's convention).
+    ``return_trace``: the server's answer carries the per-token trace.
+    """
+
+    image: Any = None
+    question: Any = ""
+    caption: Any = None
+    ocr: Any = None
+    messages: Any = None
+    seed: int | None = None
+    method: str | None = None
+    config: AsymSpecConfig | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    response_format: Any = None
+    enable_thinking: bool = False
+    text_compressor: Callable[..., Any] | None = None
+    ignore_eos: bool = False
+    max_caption_chars: int | None = None
+    prompt_style: Any = None
+    priority: int = 0
+    return_trace: bool = False
+    #: set by :meth:`checked` on the copy it returns: a checked request is taken as it is
+    is_checked: bool = field(default=False, repr=False, compare=False)
+
+    @property
+    def is_chat(self) -> bool:
+        """Whether it is a conversation (``messages``) rather than one question about one image."""
+        return self.messages is not None
+
+    @property
+    def reads_tool_calls(self) -> bool:
+        """Whether its answer is read for tool calls: tools are offered and ``tool_choice`` is not ``none``."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def checked(self, where: str = "") -> Request:
+        """This request validated, with its defaults and derived settings filled in (the method, the config with the
+        request's seed and the stop strings its tools need, the tools and ``tool_choice`` normalized); itself when it
+        is already checked. ``where`` prefixes the field paths of errors (``requests[3]``). Raises one-line
+        :class:`~asymspec_mm.base.errors.AsymSpecError` subclasses (their ``param`` the field, where there is one)."""
+        if self.is_checked:
+            return self
+        method = check_method(DEFAULT_METHOD if self.method is None else self.method)
+        cfg = self.config or AsymSpecConfig()
+        cfg = (cfg.with_(seed=self.seed) if self.seed is not None else cfg).validated()
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise UnknownOptionError(f"priority={self.priority!r} must be an integer (lower is served first)")
+        if self.max_caption_chars is not None and (
+            isinstance(self.max_caption_chars, bool) or not isinstance(self.max_caption_chars, int) or self.max_caption_chars < 1
+        ):
+            raise UnknownOptionError(f"max_caption_chars={self.max_caption_chars!r} must be an integer >= 1")
+        if not self.is_chat:
+            if self.tools or self.tool_choice is not None or self.response_format is not None:
+                raise UnknownOptionError("tools, tool_choice and response_format need a conversation: pass messages, e.g. pipe.chat(...)")
+            check_text_fields({"question": self.question, "caption": self.caption, "ocr": self.ocr}, prefix=where)
+            return dataclasses.replace(self, question=check_question(self.question), method=method, config=cfg, is_checked=True)
+        fields = chat_text_fields(self.messages, self.caption, self.ocr, self.tools, self.tool_choice, self.response_format)
+        check_text_fields(fields, prefix=where)
+        offered = check_tools(self.tools)
+        choice = check_tool_choice(self.tool_choice, offered)
+        check_response_format(self.response_format)
+        cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
+        return dataclasses.replace(self, method=method, config=cfg, tools=offered, tool_choice=choice, is_checked=True)
+
+
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked"}
+
+
+def request_of(config: AsymSpecConfig | None = None, **fields: Any) -> Request:
+    """A :class:`Request` from keyword fields, as the convenience calls take them (``pipe.prepare``,
+    ``sched.submit``, ...): names of :class:`Request` fields set those, any other name sets a field of ``config``
+    (``k=2``, ``max_new_tokens=64``; an unknown name is refused naming it). Not checked yet."""
+    overrides = {k: v for k, v in fields.items() if k not in REQUEST_FIELDS}
+    own = {k: v for k, v in fields.items() if k in REQUEST_FIELDS}
+    return Request(**own, config=(config or AsymSpecConfig()).with_(**overrides) if overrides else config)
