@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from asymspec_mm.cli import batch as batch_cli
 from asymspec_mm.cli.main import main
-from asymspec_mm.core import cli as batch_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 10

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from asymspec_mm.base.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
+from asymspec_mm.eval.mathvista.query import mathvista_question
 from asymspec_mm.requests.domain import QUESTION_FORMS, domain_problems, domain_warning
-from asymspec_mm.requests.questions import check_question, mathvista_question
+from asymspec_mm.requests.questions import check_question
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "examples" / "chart.png"

@@ -119,6 +119,20 @@ def test_the_batch_section_example_runs(workdir, chart_answer):
     assert next(r for r in rows if r["id"] == "tallest")["answer"] == chart_answer
 
 
+def test_the_request_object_example_runs(workdir, tiny):
+    """The Python API page's request object, after the README example's set-up lines: set up and run directly, then
+    through a scheduler, both answering as ``pipe.generate`` with the same settings."""
+    setup = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")').split("res = pipe.generate")[0]
+    code = setup + block_with("docs/python-api.md", "python", "req = req.checked()") + "print(repr(res.text))\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from asymspec_mm import mathvista_question
+
+    question = mathvista_question(CHART_QUESTION[0], choices=CHART_QUESTION[1])
+    expected = tiny.generate(REPO / "examples" / "chart.png", question, k=4, max_new_tokens=32)
+    assert proc.stdout.endswith(f"{expected.text}\n{expected.text!r}\n")
+
+
 def test_the_sampling_example_runs_and_repeats_its_seed(workdir, tiny):
     """The algorithm page's sampled request, after the README example's set-up lines (``pipe``, ``question``): the
     subprocess draws the tokens this process draws for the same seed."""

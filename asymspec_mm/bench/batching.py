@@ -30,7 +30,6 @@ from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS
 if TYPE_CHECKING:
     from ..base.config import AsymSpecConfig
     from ..cli.variants import Variant
-    from ..requests.request import Request
     from ..requests.session import Session
 
 #: Synthetic contexts: case i's streams hold ``base + SYNTHETIC_STAGGER * i`` positions, so rows are ragged.
@@ -132,6 +131,7 @@ class BatchSweep:
             return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)
         import torch
 
+        from ..requests.request import Request
         from ..requests.session import Session
 
         factory = self.pipe.engines

@@ -59,8 +59,11 @@ class Handle:
     where it stands in the line for a row while it waits. :meth:`listen` hands the same updates to a
     callback instead (an event loop needs no thread per request to follow one)."""
 
-    def __init__(self, scheduler: Line, rid: int, priority: int = 0):
+    def __init__(self, scheduler: Line, rid: int, priority: int = 0, request: Request | None = None):
         self.id = rid
+        #: The checked :class:`~asymspec_mm.requests.request.Request` it answers (None for a caption row); its result's
+        #: ``request`` is this same object.
+        self.request = request
         #: Its priority (vLLM's convention: lower is served first; preemption takes the highest value, latest first).
         self.priority = priority
         #: When it was submitted (``time.monotonic()``).

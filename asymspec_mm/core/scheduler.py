@@ -130,7 +130,7 @@ class Scheduler(LoopCalls):
                 raise QueueFullError(
                     f"{self.waiting} requests are already waiting for a row (max_queue={self.max_queue}); retry later or raise max_queue"
                 )
-            handle = Handle(self, next(self._ids), request.priority)
+            handle = Handle(self, next(self._ids), request.priority, request)
             self._handles[handle.id] = handle
             self._waiting.append(_Waiting(handle, request))
             self._cond.notify_all()

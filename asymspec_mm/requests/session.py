@@ -39,6 +39,8 @@ class MMResult:
     #: why the loaded pair cannot answer this request (the tiny preset outside MiniVista:
     #: :func:`~asymspec_mm.requests.domain.request_warnings`), one line each; empty when it can
     warnings: list[str] = field(default_factory=list)
+    #: the checked :class:`~asymspec_mm.requests.request.Request` it answers (the same object the edge built)
+    request: Request | None = field(default=None, repr=False, compare=False)
 
     @property
     def finish_reason(self) -> str:
@@ -226,4 +228,5 @@ def session_result(session: Session, counters: Counters, trace: list[TokenEvent]
         method=session.method,
         config=session.config,
         warnings=list(session.warnings),
+        request=session.request,
     )
