@@ -1,7 +1,8 @@
 """Grammar-constrained output with xgrammar: forced tool calls and JSON answers.
 
 ``tool_choice="required"`` (one or more calls to the offered tools), a named function (one call to it) and
-``response_format`` ``json_object`` / ``json_schema`` each become a grammar over the pair's shared vocabulary, and
+``response_format`` ``json_object`` / ``json_schema`` each become a grammar over the pair's shared vocabulary (JSON with
+fixed separators and no free whitespace, so a model cannot fill its budget with spaces), and
 each constrained row of the decoder carries a :class:`GrammarConstraint`: a matcher that knows which tokens may come
 next. Why xgrammar: it is what vLLM and SGLang use for these very options, so an output here is what a Qwen
 deployment would give; its matcher rolls back, which speculative decoding needs (drafts are pushed tentatively and
@@ -91,8 +92,8 @@ def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, respons
     if response_format is None or response_format == {"type": "text"}:
         return None
     kind = response_format.get("type") if isinstance(response_format, Mapping) else None
-    if kind == "json_object":
-        return xgr.Grammar.builtin_json_grammar()
+    if kind == "json_object":  # any object, with json_schema's separators and no free whitespace
+        return _json({"type": "object"}, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
