@@ -335,6 +335,24 @@ def test_models_health_and_metrics(pipe, client, server):
         0 <= after["asymspec_acceptance_rate"] <= 1 and after["asymspec_scheduler_steps_total"] > before["asymspec_scheduler_steps_total"]
     )
     assert after["asymspec_live_rows"] == 0 and f'asymspec_model_info{{model="{pipe.name}"}}' in after
+    # the same acceptance under vLLM's spec-decode counter names, and per request in vLLM's shape
+    vllm = lambda name, extra="": (
+        after.get(f'vllm:spec_decode_{name}_total{{model_name="{pipe.name}"{extra}}}', 0.0)
+        - before.get(  # noqa: E731
+            f'vllm:spec_decode_{name}_total{{model_name="{pipe.name}"{extra}}}', 0.0
+        )
+    )
+    assert (vllm("num_draft_tokens"), vllm("num_accepted_tokens"), vllm("num_drafts")) == (
+        ref.stats["drafted"],
+        ref.stats["accepted"],
+        ref.stats["steps"],
+    )
+    per_pos = [vllm("num_accepted_tokens_per_pos", f',position="{i}"') for i in range(len(ref.stats["accepted_per_position"]))]
+    assert per_pos == ref.stats["accepted_per_position"] and sum(per_pos) == ref.stats["accepted"]
+    spec = r.json()["asymspec"]["speculative_decoding"]
+    assert spec["num_accepted_tokens_per_pos"] == ref.stats["accepted_per_position"] and spec["num_drafts"] == ref.stats["steps"]
+    assert spec["mean_acceptance_length"] == 1 + ref.stats["accepted"] / ref.stats["steps"]
+    assert spec["draft_acceptance_rate"] == ref.stats["accepted"] / ref.stats["drafted"]
 
 
 def at_once(n: int, ask) -> dict[int, object]:

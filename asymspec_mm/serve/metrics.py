@@ -1,4 +1,6 @@
-"""The server's counters, rendered in Prometheus' text exposition format (``GET /metrics``)."""
+"""The server's counters, rendered in Prometheus' text exposition format (``GET /metrics``): ours (``asymspec_*``) and
+the speculative-decoding counters under the names vLLM gives them (``vllm:spec_decode_*``), so that dashboards and
+tools written for vLLM read this server's acceptance too."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class Metrics:
         self.completion_tokens = 0
         self.drafted = 0
         self.accepted = 0
+        self.drafts = 0  # draft rounds (vLLM's num_drafts): steps that put drafts to the gate
+        self.accepted_per_pos: Counter[int] = Counter()  # accepted drafts by position (0-based, as vLLM labels them)
         self.in_flight = 0
 
     def started(self) -> None:
@@ -34,8 +38,12 @@ class Metrics:
             if result is not None:
                 self.prompt_tokens += int(result.prompts.verifier_ids.shape[1])
                 self.completion_tokens += len(result.token_ids)
-                self.drafted += int(result.stats.get("drafted", 0))
-                self.accepted += int(result.stats.get("accepted", 0))
+                spec = speculative_decoding(result.stats)
+                self.drafted += spec["num_draft_tokens"]
+                self.accepted += spec["num_accepted_tokens"]
+                self.drafts += spec["num_drafts"]
+                for pos, n in enumerate(spec["num_accepted_tokens_per_pos"]):
+                    self.accepted_per_pos[pos] += n
 
     def refused(self, status: int) -> None:
         with self._lock:
@@ -90,7 +98,35 @@ class Metrics:
             metric("asymspec_preemptions_total", "counter", "Rows preempted to keep within the KV budget.", [("", scheduler.preemptions)])
             metric("asymspec_kv_peak_bytes", "gauge", "The most KV bytes the rows held at once so far.", [("", scheduler.peak_kv_bytes)])
             metric("asymspec_waiting_requests", "gauge", "Requests waiting for a row.", [("", scheduler.waiting)])
+            name = f'model_name="{label}"'  # vLLM's label; its counters' samples carry the _total suffix
+            metric("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", [(name, self.drafts)])
+            metric("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", [(name, self.drafted)])
+            metric("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", [(name, self.accepted)])
+            metric(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                "counter",
+                "Accepted tokens per draft position.",
+                [(f'{name},position="{pos}"', n) for pos, n in sorted(self.accepted_per_pos.items())],
+            )
         return "\n".join(out) + "\n"
+
+
+def speculative_decoding(stats: dict[str, Any]) -> dict[str, Any]:
+    """One answer's acceptance in the shape vLLM reports speculative decoding: draft rounds, draft tokens, accepted
+    tokens, accepted tokens per position (0-based), the mean acceptance length (1 + accepted / drafts: each round
+    also yields one token of the verifier's) and the draft acceptance rate. A method that drafts nothing (Floor, the
+    drafter alone) has zeros."""
+    drafted, accepted = int(stats.get("drafted", 0)), int(stats.get("accepted", 0))
+    per_pos = [int(n) for n in stats.get("accepted_per_position") or []]
+    drafts = int(stats.get("steps", 0)) if drafted else 0
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "num_accepted_tokens_per_pos": per_pos if drafted else [],
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+    }
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

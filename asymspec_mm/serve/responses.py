@@ -92,13 +92,17 @@ def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[str, Any]:
-    """The ``"asymspec"`` object of a response: method, settings, stats, the compressed view, the request's
-    ``warnings`` (:attr:`MMResult.warnings`), the trace."""
+    """The ``"asymspec"`` object of a response: method, settings, stats, the acceptance in vLLM's speculative-decoding
+    shape (:func:`~asymspec_mm.serve.metrics.speculative_decoding`), the compressed view, the request's ``warnings``
+    (:attr:`MMResult.warnings`), the trace."""
+    from .metrics import speculative_decoding
+
     out = {
         "warnings": res.warnings,
         "method": res.method,
         "config": res.config.as_dict(),
         "stats": res.stats,
+        "speculative_decoding": speculative_decoding(res.stats),
         "view": {"caption": res.view.caption, "ocr_text": res.view.ocr_text},
     }
     if return_trace:
