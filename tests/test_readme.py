@@ -190,6 +190,19 @@ def test_the_openai_client_example_runs(server, workdir, tiny):
     assert minivista_chart_is_answered(expected.text)
 
 
+def test_the_responses_example_calls_and_answers(server, workdir):
+    """The Serving page's Responses API example: a forced function_call, its output sent back with
+    previous_response_id, the answer streamed as Responses events."""
+    code = block_with("docs/serving.md", "python", "client.responses.create(").replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    kind, name, arguments = lines[0].split(" ", 2)
+    assert (kind, name) == ("function_call", "add") and set(json.loads(arguments)) == {"a", "b"}
+    status, total = lines[-1].split()
+    assert status in ("completed", "incomplete") and int(total) > 0
+
+
 def test_the_curl_example_streams_the_answer(server, workdir, tiny):
     command = block_with("docs/serving.md", "bash", "curl -s").replace("http://127.0.0.1:8000", server)
     given = json.loads(re.search(r'"asymspec": (\{.*?\})\}', command).group(1))  # the view the example passes

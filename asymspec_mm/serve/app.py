@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP app: :func:`create_app` (FastAPI) on one pipeline's batching scheduler.
 
 Endpoints: ``POST /v1/chat/completions`` (see [asymspec_mm.serve.schema][] for what a request may hold),
-``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text). Every
-request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
+``POST /v1/responses`` (OpenAI's Responses API: [asymspec_mm.serve.responses_api][]), ``GET /v1/models``,
+``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text); any other path is a 404 naming
+them. Every request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
 decoding steps; each answer equals ``pipe.generate`` of that request alone. A client that disconnects, while
 its answer streams or while it waits for it, cancels its row. Errors are OpenAI's JSON error object with a
 one-line message naming the field; the server goes on serving after each.
@@ -33,6 +34,7 @@ from ..base.errors import AsymSpecError
 from .errors import RequestError
 from .metrics import Metrics
 from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
+from .responses_events import add_responses_route
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
 from .streaming import chat_chunks
@@ -51,6 +53,8 @@ DEFAULT_MAX_REQUEST_MB = 20.0
 """The largest request body in MB, images included (``--max-request-mb``; 413 beyond)."""
 #: Seconds a client refused for a full queue is told to wait (``Retry-After``).
 RETRY_AFTER_S = 1
+#: What a 404 names: the endpoints the server serves.
+ENDPOINTS = "POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /health, GET /metrics"
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -148,7 +152,10 @@ def create_app(
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         state.metrics.refused(exc.status_code)
-        message = {404: f"no endpoint {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        message = {
+            404: f"no endpoint {request.url.path}; this server serves {ENDPOINTS}",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }
         err = RequestError(
             exc.status_code, message.get(exc.status_code, str(exc.detail)), code="not_found" if exc.status_code == 404 else None
         )
@@ -312,6 +319,7 @@ def create_app(
             if not handle.done():
                 handle.cancel()
 
+    add_responses_route(app, state, authorize=authorize, read_body=read_body, submit=submit, forget=_forget, end=_end)
     special = frozenset(getattr(state.pipe.tokenizer, "all_special_ids", ()) or ())
 
     def logprobs(trace: list, req: ChatRequest) -> dict | None:

@@ -65,8 +65,8 @@ _NEUTRAL: dict[str, tuple[Any, str]] = {
     "user": (lambda v: isinstance(v, str), "a string"),
     "metadata": (lambda v: isinstance(v, dict), "an object"),
     "store": (lambda v: v is False, "false: nothing is stored"),
-    "frequency_penalty": (lambda v: v == 0 and _is_number(v), "0: penalties are not supported"),
-    "presence_penalty": (lambda v: v == 0 and _is_number(v), "0: penalties are not supported"),
+    "frequency_penalty": (lambda v: v == 0 and is_number(v), "0: penalties are not supported"),
+    "presence_penalty": (lambda v: v == 0 and is_number(v), "0: penalties are not supported"),
     "logit_bias": (lambda v: v == {}, "empty: logit biases are not supported"),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean; the model may make several calls either way"),
 }
@@ -93,19 +93,19 @@ class ChatRequest:
         return self.request.config or AsymSpecConfig()
 
 
-def _is_number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _finite(v: Any, param: str) -> float:
-    if not _is_number(v):
+    if not is_number(v):
         raise bad_request(f"{param} must be a number, got {json.dumps(v)[:40]}", param)
     if not math.isfinite(v):
         raise bad_request(f"{param}={v} must be a finite number (NaN and infinities are refused)", param)
     return float(v)
 
 
-def _positive_int(v: Any, param: str) -> int:
+def positive_int(v: Any, param: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise bad_request(f"{param} must be an integer >= 1, got {json.dumps(v)[:40]}", param)
     return v
@@ -128,7 +128,7 @@ def field_value(name: str, v: Any, limit: int = 60) -> str:
     return f"{name} ({what})"
 
 
-def _in_range(name: str, v: Any, param: str) -> Any:
+def in_range(name: str, v: Any, param: str) -> Any:
     """``v`` when the config field ``name``'s range (:data:`~asymspec_mm.base.config.RANGES`) holds it, else a 400 naming
     ``param``, the value and the range."""
     if (problem := range_error(name, v, field_value(param, v))) is not None:
@@ -263,7 +263,7 @@ def _template_kwargs(v: Any) -> bool:
     return thinking
 
 
-def _asymspec_options(raw: Any) -> tuple[str, dict, dict]:
+def asymspec_options(raw: Any) -> tuple[str, dict, dict]:
     """(method, config fields, other options) of the ``asymspec`` object."""
     if raw is None:
         return "asymspec", {}, {}
@@ -286,9 +286,9 @@ def _asymspec_options(raw: Any) -> tuple[str, dict, dict]:
                 raise bad_request(f"{field_value(p, v)} is not valid; choose one of {', '.join(METHODS)}", p)
             method = v
         elif name == "k":
-            cfg["k"] = _in_range("k", _positive_int(v, p), p)
+            cfg["k"] = in_range("k", positive_int(v, p), p)
         elif name in ("beta", "gamma"):
-            cfg[name] = _in_range(name, _finite(v, p), p)
+            cfg[name] = in_range(name, _finite(v, p), p)
         elif name in CHOICES:
             if v not in CHOICES[name]:
                 raise bad_request(f"{field_value(p, v)} is not valid; choose one of {', '.join(CHOICES[name])}", p)
@@ -379,14 +379,14 @@ def parse_chat_request(
     fields: dict[str, Any] = {}
     for name in ("max_completion_tokens", "max_tokens"):
         if data.get(name) is not None:
-            fields["max_new_tokens"] = _in_range("max_new_tokens", _positive_int(data[name], name), name)
+            fields["max_new_tokens"] = in_range("max_new_tokens", positive_int(data[name], name), name)
             break
     fields["stop_strings"] = _stop_strings(data.get("stop"))
     fields.update(sampling_fields(data))
     top_logprobs = _logprobs(data)
     if top_logprobs:
         fields["trace_top"] = max(top_logprobs, (base or AsymSpecConfig()).trace_top)
-    method, cfg_fields, other = _asymspec_options(data.get("asymspec"))
+    method, cfg_fields, other = asymspec_options(data.get("asymspec"))
     try:
         config = (base or AsymSpecConfig()).with_(**fields, **cfg_fields).validated()
     except UnknownOptionError as exc:

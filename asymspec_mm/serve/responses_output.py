@@ -1,0 +1,192 @@
+"""The Responses API's answers: the ``response`` object (output items, usage, status) of a finished
+:class:`~asymspec_mm.requests.session.MMResult`, and :class:`ResponseStore`, the bounded in-memory store behind
+``previous_response_id``.
+
+An answer is a ``message`` item (its ``output_text``) or, when it calls tools, a ``message`` with the text before
+the first call (none when there is none) and a ``function_call`` item per call (``call_id``, ``name``,
+``arguments``: the JSON text the model wrote), read by :func:`~asymspec_mm.requests.tools.parse_tool_calls` with
+the response's id as the calls' id prefix, as chat completions read them. An answer cut by the token budget has
+``status: "incomplete"`` and ``incomplete_details.reason: "max_output_tokens"``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from ..requests.tools import parse_tool_calls
+from .responses import asymspec_object, usage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..requests.session import MMResult
+    from .responses_api import ResponsesRequest
+
+#: Responses the store keeps for ``previous_response_id`` (the oldest go first).
+STORE_MAX_RESPONSES = 256
+#: Bytes of conversation (text and image data URLs) the store keeps at most, all responses together.
+STORE_MAX_BYTES = 64 * 2**20
+
+
+def answer_parts(res: MMResult, rid: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """``(content, calls)``: the answer's text and no calls, or with tool calls the text before the first call
+    (``None`` when empty) and the calls in the chat shape, their ids drawn from the response id ``rid``."""
+    if not res.tool_calls:
+        return res.text, []
+    parsed = parse_tool_calls(res.text, rid)
+    return parsed.content, parsed.tool_calls
+
+
+def message_id(rid: str) -> str:
+    return "msg_" + rid.removeprefix("resp_")
+
+
+def function_call_id(rid: str, index: int) -> str:
+    return f"fc_{rid.removeprefix('resp_')}_{index}"
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """An assistant ``message`` item; ``text`` None: still empty (no content part yet)."""
+    content = [] if text is None else [output_text(text)]
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def function_item(item_id: str, call: dict[str, Any], status: str, arguments: str | None = None) -> dict[str, Any]:
+    """A ``function_call`` item of a chat-shaped call (``arguments``: in place of the call's, e.g. ``""``)."""
+    fn = call["function"]
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call["id"],
+        "name": fn["name"],
+        "arguments": fn["arguments"] if arguments is None else arguments,
+    }
+
+
+def is_cut(res: MMResult) -> bool:
+    """Whether the token budget ended the answer (``max_output_tokens``)."""
+    return res.finish_reason == "length"
+
+
+def output_items(res: MMResult, rid: str) -> list[dict[str, Any]]:
+    """The ``output`` of a finished answer (module docstring)."""
+    content, calls = answer_parts(res, rid)
+    items = []
+    if content is not None or not calls:
+        items.append(message_item(message_id(rid), content or "", "incomplete" if is_cut(res) else "completed"))
+    items += [function_item(function_call_id(rid, i), call, "completed") for i, call in enumerate(calls)]
+    return items
+
+
+def usage_of(res: MMResult) -> dict[str, Any]:
+    """``usage``: chat completions' counts (:func:`~asymspec_mm.serve.responses.usage`: ``input_tokens`` is the
+    verifier's prompt, ``cached_tokens`` how much of it was reused from earlier requests) in the Responses names; no
+    reasoning tokens, no billed cache writes."""
+    counts = usage(res)
+    return {
+        "input_tokens": counts["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": counts["prompt_tokens_details"]["cached_tokens"], "cache_write_tokens": 0},
+        "output_tokens": counts["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": counts["total_tokens"],
+    }
+
+
+def response_object(
+    rid: str,
+    created: int,
+    model: str,
+    req: ResponsesRequest,
+    res: MMResult | None = None,
+    *,
+    status: str | None = None,
+    tokenizer: Any = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``response`` object: of the finished answer ``res`` (``completed`` or ``incomplete``), or without one
+    (``status`` ``in_progress`` or ``failed``) as the stream announces it. The request's fields are echoed with the
+    values the answer was decoded with (temperature, top_p, the token budget); ``asymspec`` is the chat
+    completions' extension object (stats, view, the trace when asked)."""
+    cfg = req.config
+    if status is None:
+        status = "incomplete" if res is not None and is_cut(res) else "completed"
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "model": model,
+        "output": output_items(res, rid) if res is not None else [],
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        **req.echo,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "max_output_tokens": cfg.max_new_tokens,
+        "truncation": "disabled",
+        "background": False,
+        "service_tier": "default",
+        "usage": usage_of(res) if res is not None else None,
+    }
+    if status in ("completed", "incomplete"):
+        body["completed_at"] = int(time.time())
+    if res is not None:
+        body["asymspec"] = asymspec_object(res, tokenizer, req.request.return_trace)
+    return body
+
+
+def answer_message(res: MMResult, rid: str) -> dict[str, Any]:
+    """The answer as the assistant message a later turn's conversation holds (calls with parsed arguments)."""
+    from ..requests.conversation import tool_call
+
+    content, calls = answer_parts(res, rid)
+    msg: dict[str, Any] = {"role": "assistant", "content": [{"type": "text", "text": content}] if content else []}
+    if calls:
+        msg["tool_calls"] = [tool_call(c, f"output[{i}]") for i, c in enumerate(calls)]
+    return msg
+
+
+class ResponseStore:
+    """The conversations of recent responses, for ``previous_response_id``: each response's messages (without its
+    ``instructions``, as OpenAI's API carries them over) and its answer, images kept as their URLs (loaded again when
+    a later turn names it). At most ``max_responses`` responses and ``max_bytes`` of conversation, the oldest
+    dropped first; in memory only, gone with the server."""
+
+    def __init__(self, max_responses: int = STORE_MAX_RESPONSES, max_bytes: int = STORE_MAX_BYTES):
+        self.max_responses, self.max_bytes = max_responses, max_bytes
+        self._items: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, rid: str, messages: list[dict[str, Any]]) -> bool:
+        """Keep ``messages`` under ``rid``; False when they alone are over ``max_bytes`` (not kept)."""
+        size = len(json.dumps(messages, default=str))
+        if size > self.max_bytes:
+            return False
+        with self._lock:
+            self._items[rid] = (messages, size)
+            self._bytes += size
+            while len(self._items) > self.max_responses or self._bytes > self.max_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
+        return True
+
+    def get(self, rid: str) -> list[dict[str, Any]] | None:
+        """A copy of the conversation stored under ``rid``, or None (never stored, or dropped since)."""
+        with self._lock:
+            item = self._items.get(rid)
+            if item is None:
+                return None
+            self._items.move_to_end(rid)  # a conversation in use stays
+            return copy.deepcopy(item[0])
