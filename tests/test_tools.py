@@ -69,11 +69,14 @@ def test_hand_written_answers_parse():
     for bad, why in (
         ('<tool_call>\n{"name": "add", "arguments": {"a": 2,}}\n</tool_call>', "does not hold"),
         ('<tool_call>\n{"name": "add", "arguments": {"a": 2}}', "not closed"),
-        ('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call> and more', "follows"),
         ('<tool_call>\n{"name": "add", "arguments": [1]}\n</tool_call>', "does not hold"),
     ):
         parsed = parse_tool_calls(bad)
         assert parsed.content == bad and parsed.tool_calls == [] and why in parsed.problem
+    # text after a call used to make the whole answer content; a stream sends the call when its block closes, so
+    # what follows cannot take it back (#43): the call stands and the text is left out, named in `problem`
+    after = parse_tool_calls('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call> and more')
+    assert after.content is None and [c["function"]["name"] for c in after.tool_calls] == ["add"] and "left out" in after.problem
     assert parse_tool_calls("just text").content == "just text"
 
 

@@ -44,11 +44,12 @@ class MMResult:
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's reason: ``tool_calls`` when the answer calls tools, ``length`` when the token budget ended it,
-        else ``stop`` (EOS or a stop string)."""
-        if self.tool_calls:
-            return "tool_calls"
-        return "length" if self.stats.get("stopped_by") == "max_new_tokens" else "stop"
+        """OpenAI's reason: ``length`` when the token budget ended the answer (also when calls were read before the
+        cut: a call it cut is not among them, and the model may have meant more), else ``tool_calls`` when the
+        answer calls tools, else ``stop`` (EOS or a stop string)."""
+        if self.stats.get("stopped_by") == "max_new_tokens":
+            return "length"
+        return "tool_calls" if self.tool_calls else "stop"
 
     def as_dict(self) -> dict:
         """JSON-ready summary (no tensors)."""

@@ -3,13 +3,22 @@ stream.
 
 Qwen3 and Qwen3-VL are trained (and their chat templates written) to call a function as a JSON object between
 ``<tool_call>`` and ``</tool_call>`` on lines of their own: ``<tool_call>\\n{"name": "add", "arguments": {"a": 2}}
-\\n</tool_call>``, one block per call. :func:`parse_tool_calls` reads an answer's text into the text before the first
-call (the message's content) and OpenAI-shaped calls; a block whose JSON does not parse leaves the whole answer as
-content with no calls (OpenAI's ``finish_reason`` is then ``stop``), as a model that did not call a tool.
-:class:`ToolCallStream` reads the same text as it grows and gives OpenAI's streamed deltas: content, then for each
-call its id and name once the name is complete, then its arguments piece by piece as they are generated; the
-deltas of a call join to exactly what :func:`parse_tool_calls` returns for it (arguments are the JSON text the
-model wrote, checked to parse).
+\\n</tool_call>``, one block per call. :func:`parse_tool_calls` reads an answer's text:
+
+- a block is ``<tool_call>``, a JSON object, ``</tool_call>`` (blanks between). The object's end is found by reading
+  the JSON (a ``</tool_call>`` inside a string is part of the string), and it is a call when it has a non-empty
+  string ``name`` and ``arguments`` that is an object, or a string holding an object's JSON (as vLLM's hermes
+  parser takes it; the arguments are then that string's content). Other members are ignored.
+- the content is the text before the first ``<tool_call>`` (blanks at its end dropped; ``None`` when nothing is
+  left). The calls are the blocks read from there; text between or after them is left out (as vLLM does), and
+  reading stops at the first block that is not a call (it and what follows are left out).
+- when the first block is not a call (malformed, or not closed: an answer cut by the token budget or a stop string)
+  the answer has no calls and all of its text is the content, as from a model that did not call a tool.
+
+Those rules make a call final the moment its block closes and parses: nothing the model writes after it can take it
+back. :class:`ToolCallStream` relies on that to stream without contradicting the answer: it sends a call whole once
+its block is read, and content once no continuation can change it, so the deltas joined are exactly what
+:func:`parse_tool_calls` reads from the final text (``arguments`` are the JSON text the model wrote).
 """
 
 from __future__ import annotations
@@ -18,13 +27,13 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from json.decoder import scanstring
 from typing import Any
 
 from ..base.errors import UnknownOptionError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
 
 #: ``tool_choice`` values that leave the output free (``required`` and a named function constrain it to calls).
 FREE_CHOICES = ("none", "auto")
@@ -124,157 +133,232 @@ def call_id(prefix: str, index: int) -> str:
 
 @dataclass
 class ParsedAnswer:
-    """An answer read for tool calls: ``content`` (the text before the first call; the whole text without calls),
-    ``tool_calls`` (OpenAI's shape, ``arguments`` a JSON string) and why calls were not read (``problem``)."""
+    """An answer read for tool calls: ``content`` (the text before the first call, ``None`` when blank; the whole
+    text when there is no call), ``tool_calls`` (OpenAI's shape, ``arguments`` a JSON object's text) and what was
+    not read (``problem``: why there are no calls, or what the calls leave out)."""
 
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     problem: str | None = None
 
 
-def _args_end(text: str, start: int) -> int | None:
-    """The end (exclusive) of the JSON object starting at ``text[start]``, or ``None`` while it is unfinished."""
-    depth, in_str, esc = 0, False, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
+NOT_A_CALL = "a <tool_call> block does not hold {'name': ..., 'arguments': {...}}"
+NOT_CLOSED = "a <tool_call> block is not closed"
+_WS = " \t\n\r"  # JSON's whitespace, the only blanks a block may hold around its object
+#: the next character that matters outside a JSON string: a brace, a quote, or one no JSON text has there (a letter
+#: outside true/false/null, '<', ...): what may follow it can no longer make the block a call
+_NEXT = re.compile(r"[^ \t\n\r\[\]:,\-+.0-9eEtrufalsn]")
+_STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # the rest of a JSON string, through its closing quote
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+#: Python's decoder takes NaN and Infinity, which JSON (and the clients that read the arguments) do not
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """The end (exclusive) of the JSON object opening at ``text[start]``, found string-aware (a ``}`` or a
+    ``</tool_call>`` inside a string does not end it); ``None`` while the text may still close it, ``-1`` when no
+    continuation can make it JSON."""
+    depth, i = 0, start
+    while (m := _NEXT.search(text, i)) is not None:
+        ch, i = m.group(), m.end()
+        if ch == '"':
+            rest = _STRING_REST.match(text, i)
+            if rest is None:
+                return None  # the string is still open
+            i = rest.end()
         elif ch == "{":
             depth += 1
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return i + 1
+                return i
+        else:
+            return -1
     return None
 
 
-def _read_call(body: str) -> tuple[str, str] | None:
-    """``(name, arguments JSON text)`` of one call block's body, or ``None`` when it is not a call."""
-    head = _HEAD.match(body)
-    if head is None or not body[head.end() :].startswith("{"):
-        return None
-    end = _args_end(body, head.end())
-    if end is None or body[end:].strip() != "}":
-        return None
-    args = body[head.end() : end]
+def _member_span(obj: str, key: str) -> tuple[int, int]:
+    """Where the value of ``obj``'s (last) top-level member ``key`` is written; ``obj`` is a valid JSON object."""
+    found, i = (0, 0), _skip_ws(obj, 1)
+    while obj[i] != "}":
+        name, i = scanstring(obj, i + 1)
+        i = _skip_ws(obj, _skip_ws(obj, i) + 1)  # past the ':'
+        end = _DECODER.raw_decode(obj, i)[1]
+        if name == key:
+            found = (i, end)
+        i = _skip_ws(obj, end)
+        if obj[i] == ",":
+            i = _skip_ws(obj, i + 1)
+    return found
+
+
+def _read_call(obj: str) -> tuple[str, str, tuple[int, int]] | None:
+    """``(name, arguments JSON text, where the arguments are written in obj)`` of a block's JSON object, or ``None``
+    when it is not a call. ``arguments`` is an object, written as such (its text is kept as the model wrote it) or,
+    as vLLM's hermes parser also takes it, as a string holding an object's JSON (the string's content)."""
     try:
-        if not isinstance(json.loads(args), dict):
-            return None
-        return json.loads(head.group(1)), args
-    except json.JSONDecodeError:
+        value = _DECODER.decode(obj)
+    except (ValueError, RecursionError):
         return None
+    name, args = value.get("name"), value.get("arguments")
+    if not isinstance(name, str) or not name or not isinstance(args, (dict, str)):
+        return None
+    span = _member_span(obj, "arguments")
+    if isinstance(args, dict):
+        return name, obj[span[0] : span[1]], span
+    inner = args.strip()
+    try:
+        return (name, inner, span) if isinstance(_DECODER.decode(inner), dict) else None
+    except (ValueError, RecursionError):
+        return None
+
+
+def _block(text: str, at: int) -> tuple[str, Any]:
+    """The ``<tool_call>`` block at ``text[at]``: ``("call", (name, arguments, arguments' span, end of block))``,
+    ``("open", None)`` while what follows may still make it a call, or ``("bad", why)`` once nothing can."""
+    i = _skip_ws(text, at + len(OPEN))
+    if i == len(text):
+        return "open", None
+    end = _object_end(text, i) if text[i] == "{" else -1
+    if end is None:
+        return "open", None
+    call = _read_call(text[i:end]) if end > 0 else None
+    if call is None:
+        return "bad", NOT_A_CALL
+    j = _skip_ws(text, end)
+    tail = text[j : j + len(CLOSE)]
+    if tail != CLOSE:
+        return ("open", None) if CLOSE.startswith(tail) else ("bad", "text follows the JSON of a <tool_call> block inside it")
+    name, args, (a, b) = call
+    return "call", (name, args, (i + a, i + b), j + len(CLOSE))
+
+
+@dataclass
+class _Reading:
+    """How far an answer's text reads as calls. Everything recorded is final for any longer text the answer may
+    become, so a longer text's reading resumes from here (:func:`_read`)."""
+
+    first: int = -1  # where the first <tool_call> starts (-1: none yet)
+    calls: list[tuple[str, str, tuple[int, int]]] = field(default_factory=list)  # name, arguments, their span
+    state: str = "text"  # text: no <tool_call> yet; open: a block undecided; bad: a block that is no call; after
+    why: str | None = None  # state bad: why
+    resume: int = 0  # where reading goes on: the end of the last call's block, else the first <tool_call>
+    left_out: bool = False  # text stood between two calls
+
+
+def _read(text: str, done: _Reading | None = None) -> _Reading:
+    """The reading of ``text``, resumed from ``done`` (the reading of a prefix of it). Blocks are read from the first
+    ``<tool_call>``; after a call, text up to the next ``<tool_call>`` is skipped, and reading stops at the first
+    block that is not a call."""
+    r = _Reading() if done is None else replace(done, calls=list(done.calls))
+    if r.state == "bad":
+        return r
+    if r.first < 0:
+        r.first = r.resume = text.find(OPEN)
+        if r.first < 0:
+            return r
+    pos = r.resume
+    while True:
+        at = text.find(OPEN, pos) if r.calls else pos
+        if at < 0:
+            r.state = "after"
+            return r
+        kind, got = _block(text, at)
+        if kind != "call":
+            r.state, r.why = kind, got
+            return r
+        *call, end = got
+        r.left_out = r.left_out or bool(text[pos:at].strip())
+        r.calls.append(tuple(call))
+        r.state, r.resume = "after", end
+        pos = end
 
 
 def parse_tool_calls(text: str, id_prefix: str = "") -> ParsedAnswer:
     """The content and tool calls of an answer's ``text`` (module docstring); call ids from :func:`call_id` of
     ``id_prefix`` (default: the text)."""
-    first = text.find(OPEN)
-    if first < 0:
+    r = _read(text)
+    if r.first < 0:
         return ParsedAnswer(text)
-    calls, pos = [], first
-    while pos >= 0:
-        end = text.find(CLOSE, pos)
-        if end < 0:
-            return ParsedAnswer(text, problem="a <tool_call> block is not closed")
-        read = _read_call(text[pos + len(OPEN) : end])
-        if read is None:
-            return ParsedAnswer(text, problem="a <tool_call> block does not hold {'name': ..., 'arguments': {...}}")
-        name, args = read
-        ident = call_id(id_prefix or text, len(calls))
-        calls.append({"id": ident, "type": "function", "function": {"name": name, "arguments": args}})
-        pos = text.find(OPEN, end + len(CLOSE))
-        if pos < 0 and text[end + len(CLOSE) :].strip():
-            return ParsedAnswer(text, problem="text follows the last tool call")
-        if pos >= 0 and text[end + len(CLOSE) : pos].strip():
-            return ParsedAnswer(text, problem="text between two tool calls")
-    return ParsedAnswer(text[:first].rstrip() or None, calls)
+    if not r.calls:
+        return ParsedAnswer(text, problem=NOT_CLOSED if r.state == "open" else r.why)
+    problem = None
+    if r.state == "open":
+        problem = f"{NOT_CLOSED} (the answer was cut short): it is left out"
+    elif r.state == "bad":
+        problem = f"{r.why}: it and the text after it are left out"
+    elif r.left_out or text[r.resume :].strip():
+        problem = "text between or after the tool calls is left out"
+    ident = id_prefix or text
+    calls = [{"id": call_id(ident, i), "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a, _) in enumerate(r.calls)]
+    return ParsedAnswer(text[: r.first].rstrip() or None, calls, problem)
+
+
+def tool_call_spans(text: str) -> list[tuple[int, int]]:
+    """Per call :func:`parse_tool_calls` reads in ``text``, where its arguments are written (``text[a:b]``: the
+    object, or the string that holds it), e.g. to show which tokens wrote them."""
+    r = _read(text)
+    return [span for _, _, span in r.calls] if r.first >= 0 else []
+
+
+def _partial_open(text: str) -> int:
+    """How many characters at the end of ``text`` may be the start of a ``<tool_call>``."""
+    return next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1) if text.endswith(OPEN[:n])), 0)
 
 
 class ToolCallStream:
-    """OpenAI's streamed deltas of an answer whose text grows (module docstring). :meth:`push` takes the whole text so
-    far and returns the new deltas: ``{"content": ...}`` and ``{"tool_calls": [{"index", "id", "type", "function":
-    {"name", "arguments": ""}}]}`` then ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``;
-    :meth:`finish` takes the final text and returns what is left (content the stream held back, or a parse that
-    failed: the answer is then content after all)."""
+    """OpenAI's streamed deltas of an answer whose text grows: :meth:`push` takes the whole text so far and returns
+    what is certain and not yet sent, :meth:`finish` takes the final text and its :func:`parse_tool_calls` result
+    and returns the rest. Nothing sent is ever taken back: joined, the deltas are the parsed answer (content
+    ``parsed.content or ""``; the calls with their ids, names and arguments).
+
+    Content goes out as soon as no continuation can change it: the text before the first ``<tool_call>`` (blanks
+    and a possible start of the tag held back), or all of it once the first block can no longer be a call. A call
+    goes out whole once its block has closed and parsed: ``{"tool_calls": [{"index", "id", "type": "function",
+    "function": {"name", "arguments": ""}}]}`` then ``{"tool_calls": [{"index", "function": {"arguments"}}]}``.
+    Give it the ``id_prefix`` given to :func:`parse_tool_calls` (not empty: the ids are drawn from it)."""
 
     def __init__(self, id_prefix: str) -> None:
-        self.id_prefix = id_prefix  # the calls' ids: call_id(id_prefix, index), as parse_tool_calls(text, id_prefix)
+        self.id_prefix = id_prefix
         self.sent_content = ""
-        self.calls: list[dict[str, Any]] = []  # per call: name, args text sent
-        self.failed = False
-
-    @staticmethod
-    def _content_part(text: str) -> str:
-        """The content that can be sent: the text before the first call, or with no call yet the text but a
-        possible start of ``<tool_call>``; trailing spaces held back (content before a call is right-stripped)."""
-        first = text.find(OPEN)
-        if first < 0:
-            hold = next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1) if text.endswith(OPEN[:n])), 0)
-            first = len(text) - hold
-        return text[:first].rstrip()
+        self.sent_calls = 0
+        self._reading: _Reading | None = None
 
     def push(self, text: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        content = self._content_part(text)
-        if content.startswith(self.sent_content) and len(content) > len(self.sent_content):
-            out.append({"content": content[len(self.sent_content) :]})
-            self.sent_content = content
-        first = text.find(OPEN)
-        if first < 0 or self.failed:
-            return out
-        pos, index = first, 0
-        while pos >= 0:
-            body_start = pos + len(OPEN)
-            end = text.find(CLOSE, body_start)
-            body = text[body_start : end if end >= 0 else len(text)]
-            head = _HEAD.match(body)
-            if head is None:
-                break
-            if index == len(self.calls):
-                self.calls.append({"args": ""})
-                out.append(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": index,
-                                "id": call_id(self.id_prefix, index),
-                                "type": "function",
-                                "function": {"name": json.loads(head.group(1)), "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-            stop = _args_end(body, head.end()) if body[head.end() :].startswith("{") else None
-            args = body[head.end() : stop] if stop is not None else body[head.end() :]
-            if stop is None:
-                args = args.rstrip()  # the object's end is not known yet: trailing spaces may be the block's
-            sent = self.calls[index]["args"]
-            if args.startswith(sent) and len(args) > len(sent):
-                out.append({"tool_calls": [{"index": index, "function": {"arguments": args[len(sent) :]}}]})
-                self.calls[index]["args"] = args
-            if end < 0:
-                break
-            index += 1
-            pos = text.find(OPEN, end + len(CLOSE))
-        return out
+        """The new deltas of the answer's text so far, ``text`` (the text of the previous push and more)."""
+        r = self._reading = _read(text, self._reading)
+        if r.first < 0:
+            content = text[: len(text) - _partial_open(text)].rstrip()
+        elif r.state == "bad" and not r.calls:
+            content = text  # the answer calls nothing: all of it is content
+        else:
+            content = text[: r.first].rstrip()  # the content if calls follow, and the start of the whole text if not
+        return self._send(content, [(n, a) for n, a, _ in r.calls])
 
     def finish(self, text: str, parsed: ParsedAnswer) -> list[dict[str, Any]]:
         """The deltas that complete the stream for the final ``text`` and its :func:`parse_tool_calls` result."""
-        out = self.push(text) if parsed.tool_calls else []
-        if not parsed.tool_calls:
-            self.failed = True
-            rest = text[len(self.sent_content) :] if text.startswith(self.sent_content) else ""
-            return [{"content": rest}] if rest else []
-        for i, call in enumerate(parsed.tool_calls):
-            sent = self.calls[i]["args"] if i < len(self.calls) else ""
-            want = call["function"]["arguments"]
-            if want.startswith(sent) and len(want) > len(sent):
-                out.append({"tool_calls": [{"index": i, "function": {"arguments": want[len(sent) :]}}]})
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls]
+        return self._send(parsed.content or "", calls)
+
+    def _send(self, content: str, calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if content.startswith(self.sent_content) and len(content) > len(self.sent_content):
+            out.append({"content": content[len(self.sent_content) :]})
+            self.sent_content = content
+        for index in range(self.sent_calls, len(calls)):
+            name, args = calls[index]
+            head = {"index": index, "id": call_id(self.id_prefix, index), "type": "function", "function": {"name": name, "arguments": ""}}
+            out += [{"tool_calls": [head]}, {"tool_calls": [{"index": index, "function": {"arguments": args}}]}]
+        self.sent_calls = max(self.sent_calls, len(calls))
         return out

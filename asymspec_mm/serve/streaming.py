@@ -29,7 +29,9 @@ def call_id(cid: str, index: int) -> str:
 
 class ChoiceDeltas:
     """One choice's message as OpenAI deltas while it grows: plain ``content`` pieces, or with tools offered the
-    content and tool-call pieces of :class:`~asymspec_mm.requests.tools.ToolCallStream`."""
+    content and tool-call pieces of :class:`~asymspec_mm.requests.tools.ToolCallStream`: a call once its block has
+    closed and parsed, content once no continuation can change it, so that the deltas joined are the non-streamed
+    message (:func:`~asymspec_mm.serve.responses.message_of`; its ``None`` content streams as no content)."""
 
     def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...], call_prefix: str, tools: bool):
         self.text_deltas = TextDeltas(tokenizer, stop_strings)
