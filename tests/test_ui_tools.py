@@ -167,6 +167,26 @@ def test_a_token_across_two_values_is_shown_once_in_the_first():
     assert b["summary"] == "1 fused"
 
 
+def test_a_close_tag_inside_a_string_and_string_arguments_are_placed_where_the_parser_read_them():
+    """The panel finds each call's arguments where the parser read them: a ``</tool_call>`` inside a JSON string does
+    not end the block, and arguments written as a JSON string are drawn as the tokens of that string."""
+    pieces = [
+        ("<tool_call>\n", "accepted", False),
+        ('{"name": "say", "arguments": {"text": "a </tool_call>', "accepted", False),
+        (' b"', "fused", True),
+        ("}}\n</tool_call>\n<tool_call>\n", "accepted", False),
+        ('{"name": "add", "arguments": "{\\"a\\": 4', "bonus", False),
+        ('}"}\n</tool_call>', "accepted", False),
+    ]
+    panel = read_panel(render_tool_calls_html(call_trace(pieces)))
+    assert [c["name"] for c in panel.calls] == ["say", "add"]
+    text = arg_of(panel, 0, "text")
+    assert json.loads(text["attrs"]["data-value"]) == "a </tool_call> b"
+    assert [(t["attrs"]["data-source"], t["text"]) for t in text["tokens"]] == [("accepted", '"a </tool_call>'), ("fused", ' b"')]
+    a = arg_of(panel, 1, "a")
+    assert json.loads(a["attrs"]["data-value"]) == 4 and [t["attrs"]["data-source"] for t in a["tokens"]] == ["bonus", "accepted"]
+
+
 def test_offsets_follow_the_tokenizers_text_across_split_characters():
     # {"city": "Zürich", "n": [1, 2]}: the token '"Z\xc3' ends inside "ü", the next one finishes it; id 0 ends the answer
     pieces = [

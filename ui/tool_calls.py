@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asymspec_mm.requests.tools import CLOSE, OPEN, parse_tool_calls
+from asymspec_mm.requests.tools import parse_tool_calls, tool_call_spans
 
 from .render import SOURCES, _Decoder, _get, esc, plural, render_token
 
@@ -106,17 +106,6 @@ def argument_spans(args_text: str) -> list[tuple[str, Any, Span]]:
     return out
 
 
-def _block_starts(text: str) -> list[int]:
-    """Where each ``<tool_call>`` block's body starts in ``text`` (as :func:`~asymspec_mm.requests.tools.parse_tool_calls`
-    walks them)."""
-    starts, pos = [], text.find(OPEN)
-    while pos >= 0:
-        starts.append(pos + len(OPEN))
-        end = text.find(CLOSE, pos)
-        pos = text.find(OPEN, end + len(CLOSE)) if end >= 0 else -1
-    return starts
-
-
 def _overlaps(token: Span, value: Span) -> bool:
     """Whether a token produced characters of a value (an empty token: whether it stands inside it)."""
     (s, e), (a, b) = token, value
@@ -125,17 +114,19 @@ def _overlaps(token: Span, value: Span) -> bool:
 
 def tool_call_arguments(text: str, spans: Sequence[Span], calls: Sequence[dict[str, Any]]) -> list[list[Argument]]:
     """Per call (OpenAI-shaped, as parsed from ``text``), its arguments with the tokens that produced each value; a
-    token that straddles two values belongs to the first one it overlaps."""
+    token that straddles two values belongs to the first one it overlaps. Where each call's arguments are written is
+    the parser's to say (:func:`~asymspec_mm.requests.tools.tool_call_spans`: a close tag inside a string does not end
+    a block); arguments written as a JSON string are produced, every value, by the tokens of that string."""
     shown: set[int] = set()
     out = []
-    for body_start, call in zip(_block_starts(text), calls):
-        args_text = call["function"]["arguments"]
-        close = text.find(CLOSE, body_start)
-        # the arguments object is the last thing in its block (then only "}" and blanks): its last occurrence
-        offset = text.rfind(args_text, body_start, close if close >= 0 else len(text))
+    for call, (start, end) in zip(calls, tool_call_spans(text)):
+        written = text[start:end]
+        if written.startswith("{"):
+            members = [(key, value, (start + a, start + b)) for key, value, (a, b) in argument_spans(written)]
+        else:
+            members = [(key, value, (start, end)) for key, value, _ in argument_spans(call["function"]["arguments"])]
         args = []
-        for key, value, (a, b) in argument_spans(args_text):
-            span = (offset + a, offset + b)
+        for key, value, span in members:
             tokens = tuple(i for i, t in enumerate(spans) if i not in shown and _overlaps(t, span))
             shown.update(tokens)
             args.append(Argument(key, value, span, tokens))
