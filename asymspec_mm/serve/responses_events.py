@@ -8,11 +8,13 @@ an unfinished character or the start of a ``<tool_call>`` may be forming), ``res
 ``response.content_part.done`` and ``response.output_item.done``; for each function call
 ``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done`` and
 ``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when the token budget cut the
-answer) with the whole response and its usage. Every event has its ``sequence_number``. A function call is
-announced only once the answer has ended and parsed with it: until then text after a call, or a block cut by the
-budget, could still make the whole answer a message (:func:`~asymspec_mm.requests.tools.parse_tool_calls`), and
-a stream never takes back an item it has announced. The joined deltas equal the non-streamed response's text and
-arguments. A failure mid-stream sends ``error`` and ``response.failed``.
+answer) with the whole response and its usage. Every event has its ``sequence_number``. Function calls are
+announced once the answer has ended: a call is certain as soon as its block closes
+(:class:`~asymspec_mm.requests.tools.ToolCallStream`), but the message item before it closes with the answer's
+final status (``incomplete`` when the budget cuts the answer later), and a stream never takes back or restates an
+item it has announced; a model writes its calls last, so they arrive moments later than they could. The joined
+deltas equal the non-streamed response's text and arguments. A failure mid-stream sends ``error`` and
+``response.failed``.
 """
 
 from __future__ import annotations
