@@ -90,28 +90,34 @@ class FailingForward(BatchEngine):
         return super().extend(ids)
 
 
-def test_a_failing_forward_fails_the_rows_of_its_step_and_the_scheduler_goes_on(tiny_pipe):
-    """The drafter_full forward raises in the first step that an AsymSpec row and a Floor row share (mixed batches:
-    every row of a step rides in its forwards, so the step cannot finish for either): both fail with that error, the
-    scheduler goes on, and a request after them finishes equal to itself alone."""
-    import time
+class FailingWhenShared(BatchEngine):
+    """A batched engine whose forward raises ``error`` once it carries two rows or more."""
 
-    boom = RuntimeError("boom in the drafter_full forward")
-    factory = lambda model, name: FailingForward(model, name, boom) if name == "drafter_full" else BatchEngine(model, name)  # noqa: E731
+    def __init__(self, model, name, error: BaseException):
+        super().__init__(model, name)
+        self.error = error
+
+    def extend(self, ids):
+        if len(ids) >= 2:
+            raise self.error
+        return super().extend(ids)
+
+
+def test_a_failing_forward_fails_the_rows_of_its_step_and_the_scheduler_goes_on(tiny_pipe):
+    """The verifier's forward raises in the first step that an AsymSpec row and a Floor row share (mixed batches:
+    both ride in it, so the step cannot finish for either): both fail with that error, the scheduler goes on, and a
+    request after them finishes equal to itself alone."""
+    boom = RuntimeError("boom in the verifier forward")
+    factory = lambda model, name: FailingWhenShared(model, name, boom) if name == "verifier" else BatchEngine(model, name)  # noqa: E731
     cfg = AsymSpecConfig(max_new_tokens=12)
     a, f, later = _case_kwargs(340), _case_kwargs(341), _case_kwargs(342)
-    for kw in (a, f):  # their images' features cached: the set-ups below need no model
-        tiny_pipe.generate(**kw, config=AsymSpecConfig(max_new_tokens=1))
     with tiny_pipe.scheduler(max_batch_size=4, batch_engines=factory) as sched:
-        with tiny_pipe.models_lock:  # a step takes the models' lock: both are admitted before the first one
-            h_asym = sched.submit(**a, config=cfg)
-            h_floor = sched.submit(**f, method="floor", config=cfg)
-            deadline = time.monotonic() + 120
-            while sched.live_rows < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
+        # the AsymSpec row outlasts the Floor row's set-up however loaded the machine: they share a step
+        h_asym = sched.submit(**a, config=AsymSpecConfig(max_new_tokens=2000), ignore_eos=True)
+        h_floor = sched.submit(**f, method="floor", config=cfg)
         for h in (h_asym, h_floor):
-            with pytest.raises(RuntimeError, match="boom in the drafter_full forward"):
-                h.result(timeout=120)
+            with pytest.raises(RuntimeError, match="boom in the verifier forward"):
+                h.result(timeout=300)
         assert sched.submit(**later, method="floor", config=cfg).result(timeout=120).token_ids == (
             tiny_pipe.generate(**later, method="floor", config=cfg).token_ids
         )
