@@ -21,7 +21,7 @@ from captioning.view import CompressedView
 
 from ..base.chatter import quiet_loading
 from ..base.config import AsymSpecConfig
-from ..base.errors import ContextOverflowError, EmptyQuestionError
+from ..base.errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError
 from ..base.locks import FairRLock
 from ..base.unicode_check import check_text_fields
 from ..decode import Counters, TokenEvent, greedy_steps, steps_for
@@ -34,6 +34,10 @@ from ..requests.preparing import RequestPreparer, ServingPipeline
 from ..requests.prompts import Prompts, PromptStyle
 from ..requests.request import Request, request_of
 from ..requests.session import GenerationStream, MMResult, Session, remember_answer, session_result
+
+#: Compute threads of each OCR worker process (``ocr_workers``): one, so OCR leaves the models' threads their cores
+#: (BENCHMARKS.md, "OCR beside the loop").
+OCR_WORKER_THREADS = 1
 
 __all__ = [
     "AsymSpecPipeline",
@@ -106,6 +110,7 @@ class AsymSpecPipeline:
         prefix_cache_bytes: int = DEFAULT_PREFIX_KV_BYTES,
         ocr: str | Any = "auto",
         ocr_layout: str = "plain",
+        ocr_workers: int = 0,
         captioner: str | Any = "drafter",
         name: str = "custom",
         check_vocab: bool = True,
@@ -130,10 +135,24 @@ class AsymSpecPipeline:
             sd_drafter=sd_drafter,
             sd_drafter_tokenizer=sd_drafter_tokenizer,
         )
+        #: the OCR worker processes' engine this pipeline made (``ocr_workers``), stopped by :meth:`close`
+        self._ocr_pool = ocr_worker_engine(ocr, ocr_workers)
         self.preparer = RequestPreparer(
-            self.models, ocr=ocr, ocr_layout=ocr_layout, captioner=captioner, engines=engines, prompt_style=prompt_style
+            self.models, ocr=self._ocr_pool or ocr, ocr_layout=ocr_layout, captioner=captioner, engines=engines, prompt_style=prompt_style
         )
         self.name = name
+
+    def close(self) -> None:
+        """Stop the OCR worker processes (``ocr_workers``), waiting for them to exit; nothing else needs closing.
+        A later request starts them again. Also ``with AsymSpecPipeline.from_preset(...) as pipe: ...``."""
+        if self._ocr_pool is not None:
+            self._ocr_pool.close()
+
+    def __enter__(self) -> AsymSpecPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -169,6 +188,12 @@ class AsymSpecPipeline:
         prompt carries the image (vLLM runs its own vision tower); with
         ``drafter_vllm_kwargs={"limit_mm_per_prompt": {"image": 0, "video": 0}}`` only the compressed
         stream. Captions (and their vision-feature cache) stay on the transformers drafter.
+
+        ``ocr_workers=N`` (N >= 1) reads the images' text in N worker processes instead of the thread that sets
+        the request up (:class:`~captioning.ocr.workers.ProcessOCREngine`: the same items; OCR then takes no turn on
+        the interpreter lock the decoding thread needs, and one compute thread a worker leaves the models' threads
+        their cores); :meth:`close` stops them. ``0`` (the default) reads in-process: nothing to start, and a script needs no
+        ``if __name__ == "__main__":`` guard (spawned workers re-import the main module).
 
         ``sd_drafter`` (hub id or local directory of a text causal LM sharing the verifier's vocabulary, e.g.
         ``Qwen/Qwen3-1.7B``, the paper's SD baseline) drafts for ``method="sd"`` instead of the VL drafter on
@@ -415,6 +440,28 @@ class AsymSpecPipeline:
             cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
             tokens = [ev.token_id for events in greedy_steps(engine, ids[-1:], cfg, self.eos_ids) for ev in events]
         return self.verifier_tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+def ocr_worker_engine(ocr: str | Any, workers: int) -> Any:
+    """The :class:`~captioning.ocr.workers.ProcessOCREngine` that reads with the engine named ``ocr`` in ``workers``
+    processes, or ``None`` when ``workers`` is 0 or the engine is ``"none"``.
+
+    Raises:
+        UnknownOptionError: ``workers`` is not an integer >= 0, or ``ocr`` is an engine object (workers build their
+            engine by name; wrap a custom engine's factory in ``ProcessOCREngine`` yourself).
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise UnknownOptionError(f"ocr_workers={workers!r} must be an integer >= 0 (0 reads in-process)")
+    if not workers or (isinstance(ocr, str) and ocr.strip().lower() == "none"):
+        return None
+    if not isinstance(ocr, str):
+        raise UnknownOptionError(
+            f"ocr_workers={workers} needs an OCR engine name, not the engine {ocr!r}: pass ocr='rapidocr' (or 'easyocr', "
+            "'auto'), or ocr=ProcessOCREngine(factory, workers) with a picklable factory of your engine"
+        )
+    from captioning.ocr.workers import ProcessOCREngine
+
+    return ProcessOCREngine(ocr, workers, threads=OCR_WORKER_THREADS)
 
 
 _DEFAULTS: dict[str, AsymSpecPipeline] = {}

@@ -9,10 +9,13 @@ import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
-from ..cli.options import add_model_args, positive_float, positive_int
+from ..cli.options import add_model_args, non_negative_int, positive_float, positive_int
 from .sampling_fields import GENERATION_CONFIGS
 
 DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_images": 8}  # as the DEFAULT_* of app and schema
+#: OCR worker processes of a server (BENCHMARKS.md, "OCR beside the loop": reading in the set-up thread stalls the
+#: decode loop; one worker suffices, the scheduler sets one request up at a time)
+DEFAULT_OCR_WORKERS = 1
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -80,6 +83,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="what a request without temperature gets: none = greedy (the paper's rule), model = the verifier's own "
         "generation_config.json sampling defaults (temperature, top_p, top_k) [default: %(default)s]",
     )
+    s.add_argument(
+        "--ocr-workers",
+        type=non_negative_int,
+        default=DEFAULT_OCR_WORKERS,
+        help="worker processes that read the images' text beside the decode loop (one compute thread each); 0 reads "
+        "in the set-up thread, where OCR slows the loop's steps [default: %(default)s]",
+    )
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -103,10 +113,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import bind_socket, serve, url_of, warn_if_exposed
 
     sock = bind_socket(args.host, args.port)
+    pipe = None
     try:
         warn_if_exposed(args.host, sock.getsockname()[1], args.api_key)
         t0 = time.perf_counter()
-        pipe = pipeline_from_args(args)
+        pipe = pipeline_from_args(args, ocr_workers=args.ocr_workers)
         print(f"asymspec-mm serve: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         app = create_app(
             pipe,
@@ -123,4 +134,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve(app, sock, log_level=args.log_level)
     finally:
         sock.close()
+        if pipe is not None:
+            pipe.close()  # the OCR worker processes
     return 0

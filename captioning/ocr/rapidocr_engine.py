@@ -21,6 +21,8 @@ __all__ = ["RapidOCREngine", "route_rapidocr_logs"]
 #: Where RapidOCR's own log lines go, at INFO: library chatter, shown with INFO logging on (``asymspec-mm -v``).
 log = logging.getLogger("captioning.ocr.rapidocr")
 
+_ORT = "EngineConfig.onnxruntime."  # RapidOCR's ONNX Runtime settings
+
 
 class _Relay(logging.Handler):
     """Re-logs a RapidOCR record's message on :data:`log` at INFO."""
@@ -63,6 +65,8 @@ class RapidOCREngine(OCREngine):
 
     Args:
         params: extra RapidOCR settings in its dotted form, e.g. ``{"Global.text_score": 0.6}``.
+        threads: ONNX Runtime threads per model call (intra-op; one inter-op), unless ``params`` sets them;
+            ``None``: ONNX Runtime's default, one per core.
 
     Raises:
         OCRUnavailableError: rapidocr or onnxruntime is missing, or the wheel lacks its models.
@@ -70,7 +74,7 @@ class RapidOCREngine(OCREngine):
 
     name = "rapidocr"
 
-    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, params: Mapping[str, Any] | None = None, threads: int | None = None) -> None:
         problems = rapidocr_problems()
         if problems:
             raise OCRUnavailableError(
@@ -78,7 +82,12 @@ class RapidOCREngine(OCREngine):
                 '`pip install "asymspec-mm[ocr]"` (rapidocr>=3 and onnxruntime).'
             )
         # RapidOCR logs every call at INFO level; warnings are enough inside a pipeline.
-        self.params: dict[str, Any] = {"Global.log_level": "warning", **(params or {})}
+        self.params: dict[str, Any] = {"Global.log_level": "warning"}
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise ValueError(f"threads={threads!r} must be an integer >= 1 or None")
+            self.params.update({_ORT + "intra_op_num_threads": threads, _ORT + "inter_op_num_threads": 1})
+        self.params.update(params or {})
         self._engine: Any = None
         self._lock = threading.Lock()
 
