@@ -291,3 +291,26 @@ def test_ctrl_c_on_the_server_leaves_no_worker(in_process: RapidOCREngine) -> No
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in children if _alive(pid)]
+
+
+# --------------------------------------------------------------------------------------------- the benchmark's parts
+
+
+def test_bench_figures_arms_and_contention_run(tiny_pipe) -> None:
+    """The admission benchmark's OCR parts, on numbers and a short run (what they print is not checked)."""
+    from asymspec_mm.bench.admission import Arm, arms_of, measure_contention, measure_lock_wait, stall_figures
+
+    stamps = [0.0, 0.1, 0.2, 0.3, 1.3, 1.4, 1.6, 1.8, 2.0]  # a 1.0 s gap in the set-up window, then 0.2 s steps
+    got = stall_figures(stamps, (0.35, 1.45), after_steps=3)
+    # the gaps overlapping the window: 1.0, 0.1 and 0.2 s; after it: 0.2 and 0.2 s
+    assert got["mean_step_setup_s"] == pytest.approx(1.3 / 3) and got["mean_step_after_s"] == pytest.approx(0.2)
+    assert got["setup_vs_after"] == pytest.approx(1.3 / 0.6) and got["p99_gap_setup_s"] == pytest.approx(1.0)
+    arms = arms_of("none,rapidocr", "0,1", "0,1", "0,10")
+    assert arms[0] == Arm("none") and len(arms) == 1 + 2 + 4 and len(set(arms)) == len(arms)  # nice only with workers
+    assert Arm("rapidocr", 1, 1).label == "rapidocr in 1 worker process, 1 thread"
+    case = {"image": Image.new("RGB", (64, 64), "white"), "question": "What is shown?", "caption": "a chart"}
+    with ProcessOCREngine(StandInEngine, workers=1) as engine:
+        r = measure_contention(tiny_pipe, case, [case["image"]], engine, steps=8, warm_steps=2)
+        assert r["ocr_per_s"] > 0 and r["longest_gap_s"] >= r["p99_step_s"] >= r["median_step_s"] > 0
+        assert set(measure_lock_wait([case["image"]], engine, seconds=0.05)) == {"lock_wait_mean_s", "lock_wait_p99_s"}
+    assert measure_contention(tiny_pipe, case, [], None, steps=5, warm_steps=1)["ocr_per_s"] == 0.0

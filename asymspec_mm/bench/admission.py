@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from ..requests.preparing import ServingPipeline
 
 
+def _p99(values: list[float]) -> float:
+    """The 99th percentile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
 def stall_figures(live_stamps: list[float], window: tuple[float, float], after_steps: int = 10) -> dict[str, Any]:
     """The live row's gaps from its step times (monotonic seconds, in order) and the set-up ``window``:
     ``median_step_s`` before the window (the row alone), ``median_step_all_s`` over the ``after_steps`` gaps after
@@ -57,7 +63,7 @@ def stall_figures(live_stamps: list[float], window: tuple[float, float], after_s
         "mean_step_setup_s": mean_during,
         "mean_step_after_s": mean_after,
         "setup_vs_after": mean_during / mean_after if during and after and mean_after > 0 else float("nan"),
-        "p99_gap_setup_s": sorted(during)[int(0.99 * (len(during) - 1))] if during else float("nan"),
+        "p99_gap_setup_s": _p99(during) if during else float("nan"),
         "steps_during_setup": sum(start <= t <= end for t in live_stamps),
     }
 
@@ -180,7 +186,7 @@ def measure_contention(pipe: ServingPipeline, live: dict, images: list, engine: 
     return {
         "mean_step_s": statistics.fmean(gaps),
         "median_step_s": statistics.median(gaps),
-        "p99_step_s": gaps[int(0.99 * (len(gaps) - 1))],
+        "p99_step_s": _p99(gaps),
         "longest_gap_s": gaps[-1],
         "ocr_per_s": done_reads / elapsed if engine is not None else 0.0,
     }
@@ -214,7 +220,7 @@ def measure_lock_wait(images: list, engine: Any, seconds: float = 3.0) -> dict:
         if reader is not None:
             reader.join(600)
     lates.sort()
-    return {"lock_wait_mean_s": statistics.fmean(lates), "lock_wait_p99_s": lates[int(0.99 * (len(lates) - 1))]}
+    return {"lock_wait_mean_s": statistics.fmean(lates), "lock_wait_p99_s": _p99(lates)}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ through OCR. The package is split by responsibility:
 * :mod:`.rapidocr_engine`: :class:`RapidOCREngine` (ONNX models inside the wheel, works offline);
 * :mod:`.static`: :class:`StaticOCR`, which serves MathVista's precomputed ``ocrs_easyocr.json``;
 * :mod:`.selection`: :func:`get_ocr_engine`, engine selection with an actionable error when
-  nothing is usable.
+  nothing is usable;
+* :mod:`.workers`: :class:`ProcessOCREngine`, an engine run in worker processes (beside a decode
+  loop: off its interpreter lock, its threads bounded), and :class:`OCRWorkerError`.
 
 Every public name is re-exported here, so ``from captioning.ocr import X`` works for all of them.
 """
@@ -53,6 +55,7 @@ from .items import (
 from .rapidocr_engine import RapidOCREngine
 from .selection import get_ocr_engine
 from .static import MissingOCRTextError, OCRParseError, StaticOCR, parse_ocr_literal
+from .workers import OCRWorkerError, ProcessOCREngine
 
 __all__ = [
     "Box",
@@ -62,6 +65,8 @@ __all__ = [
     "EasyOCREngine",
     "RapidOCREngine",
     "StaticOCR",
+    "ProcessOCREngine",
+    "OCRWorkerError",
     "OCRCache",
     "OCRParseError",
     "MissingOCRTextError",

@@ -1,10 +1,11 @@
 """OCR in worker processes: :class:`ProcessOCREngine` runs a real engine (RapidOCR, EasyOCR) in a pool of spawned
 processes behind the :class:`~captioning.ocr.base.OCREngine` interface, so nothing above it changes.
 
-Why: the engines' pre- and post-processing is Python that holds the interpreter lock for long stretches, and the
-thread that decodes (the server's engine loop) needs the lock between each of its model calls; in its own process
-OCR takes no turn on the lock, and its thread count (``threads``) keeps its inference from crowding the cores the
-models run on. BENCHMARKS.md ("OCR beside the loop") has the measurement.
+Why: beside a decode loop (the server's engine core), OCR slows the loop's steps in two ways. Its inference threads
+(ONNX Runtime's default is one per core, EasyOCR's torch shares the models' thread pool in-process) take the cores
+from the models' threads: the larger part, which ``threads=1`` removes, and which for EasyOCR only a process of its
+own can bound. And its Python (pre- and post-processing) holds the interpreter lock the loop needs after each model
+call: the smaller part, which only a process removes. BENCHMARKS.md ("OCR beside the loop") has the measurement.
 
 Each worker creates the engine once (and reads a blank image, so the models are loaded before the first request);
 an image travels as its RGB pixels and comes back as the same :class:`~captioning.ocr.items.OCRItem` list,
@@ -101,8 +102,10 @@ class ProcessOCREngine(OCREngine):
         workers: processes in the pool (reads beyond that many at once wait for one).
         threads: compute threads of each worker (RapidOCR's ONNX Runtime sessions, OpenCV, torch for EasyOCR);
             ``None`` leaves the engine's own default (all cores).
-        nice: how much lower the workers' CPU priority is than this process's (``os.nice``, 0-19): with a higher
-            value the operating system runs the models' threads first when both want a core.
+        nice: how much lower the workers' CPU priority is than this process's (``os.nice``, 0-19): the operating
+            system then runs the models' threads first when both want a core. Off by default: at one thread it
+            measured no gain, and while other programs kept the cores busy the workers starved (set-ups took
+            1.3-1.5x as long).
         **engine_kwargs: passed to the engine's constructor with an engine name.
 
     ``name`` and ``cache_key`` are the engine's own, so results are cached and reported as the engine's. The pool
