@@ -1,8 +1,9 @@
 """Grammar-constrained output with xgrammar: forced tool calls and JSON answers.
 
-``tool_choice="required"`` (one or more calls to the offered tools), a named function (one call to it) and
-``response_format`` ``json_object`` / ``json_schema`` each become a grammar over the pair's shared vocabulary (JSON with
-fixed separators and no free whitespace, so a model cannot fill its budget with spaces), and
+``tool_choice="required"`` (one or more calls to the offered tools), a named function (one call to it),
+``response_format`` ``json_object`` / ``json_schema`` (JSON with fixed separators and no free whitespace, so a model
+cannot fill its budget with spaces) and the kinds vLLM's ``structured_outputs`` adds (``regex``, ``choice``, an EBNF
+``grammar``) each become a grammar over the pair's shared vocabulary, and
 each constrained row of the decoder carries a :class:`GrammarConstraint`: a matcher that knows which tokens may come
 next. Why xgrammar: it is what vLLM and SGLang use for these very options, so an output here is what a Qwen
 deployment would give; its matcher rolls back, which speculative decoding needs (drafts are pushed tentatively and
@@ -21,6 +22,7 @@ call's object a JSON schema with the name fixed and the tool's own parameters as
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,17 +39,41 @@ SEPARATORS = (", ", ": ")
 #: through (JSON forbids them unescaped); the grammars here use JSON's own class instead.
 _LOOSE_CHARS, _JSON_CHARS = '[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\]'
 
+#: The time and C++ source location xgrammar puts before its messages (``[02:42:39] /project/cpp/x.cc:94: ``).
+_WHERE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
+
 
 def _json(schema: Mapping[str, Any], param: str):
     import xgrammar as xgr
 
-    try:
-        grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=SEPARATORS)
-    except Exception as exc:  # noqa: BLE001 - xgrammar raises several types; the message is what the user needs
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise ToolError(f"{param}: the JSON schema cannot be compiled to a grammar: {reason}", param) from None
+    grammar = _checked(
+        lambda: xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=SEPARATORS), param, "JSON schema"
+    )
     ebnf = str(grammar)
     return xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHARS, _JSON_CHARS)) if _LOOSE_CHARS in ebnf else grammar
+
+
+def _checked(build, param: str, what: str):
+    """``build()``'s grammar, or a one-line :class:`ToolError` naming ``param`` with xgrammar's reason."""
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises several types; the message is what the user needs
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = _WHERE.sub("", line)[:200]
+        raise ToolError(f"{param}: the {what} cannot be compiled to a grammar: {reason}", param) from None
+
+
+def _literal(text: str) -> str:
+    """``text`` as an EBNF string literal: quotes, backslashes and control characters escaped, the rest as is."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if ord(c) >= 0x20 else f"\\x{ord(c):02x}" for c in escaped) + '"'
+
+
+def choice_grammar(choices: Sequence[str]):
+    """Exactly one of ``choices`` (vLLM's ``choice``)."""
+    import xgrammar as xgr
+
+    return _checked(lambda: xgr.Grammar.from_ebnf("root ::= " + " | ".join(_literal(c) for c in choices)), "response_format", "choice")
 
 
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,7 +104,8 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, repeat: bool = True
 
 def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any):
     """The grammar a request's options ask for, or ``None`` (free output): ``tool_choice`` ``required`` or
-    ``{"type": "function", "function": {"name": ...}}``, ``response_format`` ``json_object`` or ``json_schema``."""
+    ``{"type": "function", "function": {"name": ...}}``, ``response_format`` ``json_object``, ``json_schema``,
+    ``regex``, ``choice`` or ``grammar`` (:data:`~asymspec_mm.requests.tools.EXTRA_FORMATS`)."""
     if tool_choice == "required":
         return tool_call_grammar(tools)
     if isinstance(tool_choice, Mapping):
@@ -98,7 +125,17 @@ def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, respons
         if not isinstance(schema, Mapping):
             raise ToolError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format")
         return _json(schema, "response_format")
-    raise ToolError(f"response_format type {kind!r} is not one of text, json_object, json_schema", "response_format")
+    import xgrammar as xgr
+
+    if kind == "regex":
+        return _checked(lambda: xgr.Grammar.from_regex(response_format["regex"]), "response_format", "regex")
+    if kind == "choice":
+        return choice_grammar(response_format["choice"])
+    if kind == "grammar":
+        return _checked(lambda: xgr.Grammar.from_ebnf(response_format["grammar"]), "response_format", "EBNF grammar")
+    raise ToolError(
+        f"response_format type {kind!r} is not one of text, json_object, json_schema, regex, choice, grammar", "response_format"
+    )
 
 
 class GrammarCompiler:

@@ -109,18 +109,33 @@ def answer_stop_strings(stop_strings: tuple[str, ...], tools: list[dict[str, Any
     return stop_strings
 
 
+#: The ``response_format`` kinds beyond OpenAI's (vLLM's ``structured_outputs`` as the server maps them): each one key
+#: holding its value, checked here for shape; whether xgrammar compiles the value is known when it is compiled.
+EXTRA_FORMATS = {"regex": str, "choice": list, "grammar": str}
+
+
 def check_response_format(response_format: Any) -> None:
-    """``None``, ``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name":
-    ..., "schema": {...}}}`` (whether the grammar engine takes the schema is known when it is compiled)."""
+    """``None``, ``{"type": "text"}``, ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"name":
+    ..., "schema": {...}}}``, or one of :data:`EXTRA_FORMATS`: ``{"type": "regex", "regex": "..."}``, ``{"type":
+    "choice", "choice": ["...", ...]}`` (non-empty strings), ``{"type": "grammar", "grammar": "<EBNF>"}``."""
     if response_format is None or response_format in ({"type": "text"}, {"type": "json_object"}):
         return
-    spec = response_format.get("json_schema") if isinstance(response_format, Mapping) else None
-    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema" and isinstance(spec, Mapping):
-        if isinstance(spec.get("schema"), Mapping):
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), Mapping):
+        if isinstance(response_format["json_schema"].get("schema"), Mapping):
             return
+    if kind in EXTRA_FORMATS:
+        value = response_format.get(kind)
+        if kind == "choice":
+            if isinstance(value, list) and value and all(isinstance(c, str) and c for c in value):
+                return
+            raise ToolError("response_format choice needs a non-empty list of non-empty strings", "response_format")
+        if isinstance(value, str) and value.strip():
+            return
+        raise ToolError(f"response_format {kind} needs a non-empty string in {kind!r}", "response_format")
     raise ToolError(
-        f"response_format={json.dumps(response_format)[:60]} is not text, json_object or "
-        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+        f"response_format={json.dumps(response_format)[:60]} is not text, json_object, "
+        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}, regex, choice or grammar',
         "response_format",
     )
 
