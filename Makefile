@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup quickstart test lint docs demo bench eval-minivista clean
+.PHONY: setup quickstart test lint docs demo bench bench-serve eval-minivista clean
 
 setup: $(VENV)/.installed
 
@@ -45,6 +45,11 @@ demo: setup
 
 bench: setup
 	$(VENV)/bin/asymspec-mm bench
+
+# the serving benchmark (issue #43): `vllm bench serve` against `serve --preset tiny`, AsymSpec beside Floor at
+# concurrency 1, 4 and 16; ~6 min on 2 cores; needs vLLM's venv (bash scripts/vllm_venv.sh, or VLLM_VENV=...)
+bench-serve: setup
+	VENV=$(VENV) bash scripts/serving_bench.sh
 
 eval-minivista: setup
 	$(VENV)/bin/asymspec-mm eval mathvista --dataset minivista --preset tiny --methods floor,drafter,asymspec --out runs/minivista

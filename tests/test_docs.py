@@ -47,6 +47,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/files/BENCHMARKS.md", "gpu_bench.sh"): "benchmark runs of minutes to hours, and a GPU script; "
     "tests/test_bench.py and tests/test_gpu_scripts.py run their code on small settings",
     ("docs/files/BENCHMARKS.md", "vllm_batch_bench.py"): VLLM,
+    ("docs/files/BENCHMARKS.md", "--ocr none --out runs/serving-bench-no-ocr"): VLLM
+    + " beside this project's; ~5 min each; tests/test_serving_bench.py runs the script on 4 prompts",
     ("docs/files/VLLM.md", 'verifier_backend="vllm"'): VLLM + " and the real models",
     ("docs/files/VLLM.md", "VLLMModel.from_pretrained"): VLLM + " and Qwen3-8B",
     ("docs/files/VLLM.md", "bash scripts/vllm_venv.sh"): VLLM + ": these lines create that venv and run those tests",
