@@ -184,3 +184,18 @@ def test_results_keep_the_map_section_when_the_loop_fills_the_table():
     assert kept_tail(old) == "\n## The vocabulary map\n\nmap text\n\n## Agent tasks\n\nagent text\n"
     assert kept_tail("# old\n\n## figure\n") == ""
     assert RESULTS_FOR["tiny-xfamily"].name == "RESULTS_xfamily.md"
+
+
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="the tiny-xfamily verifier is not shipped")
+def test_the_results_file_holds_the_maps_figures_of_the_shipped_pair(drafter_tok):
+    from transformers import AutoTokenizer
+
+    from asymspec_mm.tiny import xfamily_results as xr
+
+    figures = xr.map_figures(drafter_tok, AutoTokenizer.from_pretrained(SHIPPED), mv.generate(300, mv.HELDOUT_SEED))
+    assert figures["verifier_only"] == {"numbers": 819, "byte pieces": 59, "special tokens": 3, "subwords": 14}
+    assert (figures["drafter_only"], figures["answers_aligned"], figures["answer_tokens_inside"]) == (77, 300, 1.0)
+    text = xr.RESULTS_XFAMILY_MD.read_text()
+    assert "\n".join(xr.map_section(figures)) in text and xr.FILL_COMMAND in text
+    assert (xr.needed(0.267, 1.0), xr.needed(0.4, 1.0), xr.needed(1.0, 0.987)) == ("85.3", "88.0", "–")
+    assert "| figure | 75 | 26.7 | 100.0 | pending the two-vocabulary loop | – | 85.3 |" in text
