@@ -143,3 +143,33 @@ def test_corpus_coverage_counts_the_tokens_inside_the_shared_set(qwen, tekken):
     inside = sum(m.to_drafter[i] >= 0 for i in ids)
     assert m.corpus_coverage(ids) == inside / len(ids) and 0 < inside <= len(ids)
     assert m.corpus_coverage([]) == 0.0
+
+
+def test_byte_pieces_the_tokenizer_never_emits_leave_the_pairing_to_the_piece_it_does(qwen):
+    """Llama-2 and Mistral put their 256 byte-fallback pieces first: ``<0x2C>`` has a lower id than ``,``. The
+    tokenizer emits ``,`` (it falls back to bytes only for characters it has no piece for), so the map pairs Qwen's
+    ``,`` with ``,``; a byte with no piece of its own (``<0xC3>``, the first byte of ``é``) keeps its byte piece."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace()
+    trained.train_from_iterator(
+        ["The red bar, at 10; the blue bar, at 7."] * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"])
+    )
+    model = json.loads(trained.to_str())["model"]
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.add_special_tokens(["<unk>"])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    sp = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    assert sp.convert_ids_to_tokens(sp("a, é", add_special_tokens=False)["input_ids"])[-4:] == [",", "▁", "<0xC3>", "<0xA9>"]
+    pieces = token_bytes(sp)
+    assert pieces[sp.convert_tokens_to_ids("<0x2C>")] is None and pieces[sp.convert_tokens_to_ids(",")] == b","
+    m = build_vocab_map(qwen, sp)
+    assert m.to_verifier[qwen.convert_tokens_to_ids(",")] == sp.convert_tokens_to_ids(",")
+    assert m.to_drafter[sp.convert_tokens_to_ids("<0xC3>")] == qwen.convert_tokens_to_ids("Ã")  # GPT-2's spelling of 0xC3

@@ -11,7 +11,8 @@ way, so each is read by its own rule (:func:`token_bytes`):
 
 Added tokens that are not special (Qwen's ``<tool_call>``) are their text. Special tokens never match by spelling:
 they are paired by role (end of sequence, turn start and end, tool-call start and end) where both tokenizers have the
-role. A token whose bytes occur twice in one vocabulary maps to its lowest id. The map is pure data: building it
+role. A token whose bytes occur twice in one vocabulary maps to its lowest id, except that a SentencePiece byte-fallback
+piece whose byte is also an ordinary piece is left out (the tokenizer never emits it). The map is pure data: building it
 runs no model, and :func:`vocab_map` keeps each built map by the two vocabularies' hashes.
 """
 
@@ -91,17 +92,29 @@ def token_bytes(tokenizer: Any) -> list[bytes | None]:
         for i in range(tokenizer.get_piece_size()):
             special = tokenizer.is_control(i) or tokenizer.is_unknown(i)
             out.append(None if special else _metaspace(tokenizer.id_to_piece(i)))
-        return out
+        return _unshadowed(out, [tokenizer.id_to_piece(i) for i in range(len(out))])
     scheme = _hf_scheme(tokenizer)
     added = {i: t for i, t in tokenizer.added_tokens_decoder.items()}
     size = max([*tokenizer.get_vocab().values(), *added]) + 1
     out = [None] * size
+    spelled: list[str | None] = [None] * size
     for token, i in tokenizer.get_vocab().items():
         if i in added:
             out[i] = None if added[i].special else added[i].content.encode("utf-8")
         else:
             out[i] = _byte_level(token) if scheme == "byte_level" else _metaspace(token)
-    return out
+            spelled[i] = token
+    return out if scheme == "byte_level" else _unshadowed(out, spelled)
+
+
+def _unshadowed(pieces: list[bytes | None], spelled: Sequence[str | None]) -> list[bytes | None]:
+    """``pieces`` without the byte-fallback pieces (``<0xNN>``) whose byte is also an ordinary piece: a SentencePiece
+    tokenizer falls back to bytes only for characters it has no piece for, so it never emits those (``<0x2C>`` where
+    ``,`` is a piece). Left in, they would take the pairing by the lowest-id rule (Llama-2's and Mistral's byte pieces
+    come first), and the map would carry the drafter's ``,`` to an id the verifier never sees in its own text."""
+    fallback = [s is not None and _BYTE_FALLBACK.fullmatch(s) is not None for s in spelled]
+    ordinary = {p for p, fb in zip(pieces, fallback) if p is not None and not fb}
+    return [None if fb and p in ordinary else p for p, fb in zip(pieces, fallback)]
 
 
 def special_ids(tokenizer: Any) -> dict[str, int]:

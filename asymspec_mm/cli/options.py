@@ -79,7 +79,9 @@ def positive_float(text: str) -> float:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """``--preset`` | ``--drafter``/``--verifier``, device, dtype and OCR engine (every command that loads models)."""
     g = p.add_argument_group("models")
-    g.add_argument("--preset", default=None, help="tiny | qwen3 | auto (default: auto unless --drafter/--verifier are given)")
+    g.add_argument(
+        "--preset", default=None, help="tiny | tiny-xfamily | qwen3 | auto (default: auto unless --drafter/--verifier are given)"
+    )
     g.add_argument("--drafter", default=None, help="Qwen3-VL drafter: hub id or local directory")
     g.add_argument("--verifier", default=None, help="text verifier: hub id or local directory")
     g.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: cuda when available)")

@@ -2,6 +2,9 @@
 
 - ``tiny``: the trained tiny pair shipped inside the package (offline, CPU, seconds); its OCR text is
   one line (``ocr_layout="inline"``), the layout of the MiniVista texts it was trained on.
+- ``tiny-xfamily``: a cross-family pair (issue #44): the ``tiny`` drafter and a tiny verifier of another tokenizer
+  family (SentencePiece-style BPE with Llama-3's special tokens and chat template), trained on the same data; the
+  pipeline steers it through the map of the tokens both vocabularies spell alike (:mod:`asymspec_mm.base.vocab_map`).
 - ``qwen3``: Qwen/Qwen3-VL-2B-Instruct + Qwen/Qwen3-32B, the paper's cross-modal pair.
 - ``auto``: ``qwen3`` when a CUDA device is present and both checkpoints are already on disk, else ``tiny``.
 """
@@ -19,6 +22,7 @@ from ..base.errors import UnknownOptionError
 log = logging.getLogger("asymspec_mm")
 
 TINY_DIR = Path(__file__).resolve().parents[1] / "presets_data" / "tiny"
+TINY_XFAMILY_DIR = TINY_DIR.parent / "tiny-xfamily"
 QWEN3_DRAFTER = "Qwen/Qwen3-VL-2B-Instruct"
 QWEN3_VERIFIER = "Qwen/Qwen3-32B"
 
@@ -61,9 +65,27 @@ def tiny_preset() -> Preset:
     )
 
 
+def tiny_xfamily_preset() -> Preset:
+    """The ``tiny`` preset's drafter folder (not a copy) and the cross-family verifier, with ``tiny``'s settings."""
+    if not (TINY_XFAMILY_DIR / "verifier").is_dir():
+        raise UnknownOptionError(
+            f"the tiny-xfamily verifier is missing from {TINY_XFAMILY_DIR}: reinstall asymspec-mm, or rebuild it with "
+            "`python -m asymspec_mm.tiny.xfamily --out asymspec_mm/presets_data/tiny-xfamily`"
+        )
+    tiny = tiny_preset()
+    return Preset(
+        "tiny-xfamily",
+        tiny.drafter,
+        str(TINY_XFAMILY_DIR / "verifier"),
+        dict(tiny.pipeline_kwargs),
+        "trained tiny Qwen3-VL drafter + a tiny verifier of another tokenizer family (MiniVista)",
+    )
+
+
 PRESETS = {
     "qwen3": lambda: Preset("qwen3", QWEN3_DRAFTER, QWEN3_VERIFIER, {}, "Qwen3-VL-2B-Instruct drafter + Qwen3-32B verifier"),
     "tiny": tiny_preset,
+    "tiny-xfamily": tiny_xfamily_preset,
 }
 
 

@@ -9,7 +9,8 @@ Modules: ``train`` (the recipe, the workers and the command; re-exports the name
 ``models`` (tokenizer, processor, model sizes), ``data`` (encoded examples, batches, the problem stream),
 ``losses``, ``evaluate`` (teacher-forced and greedy accuracy), ``results`` (the held-out measurements), ``finetune``
 and ``agent_data`` (the agent tasks' training: the recipe, the added tokens, the requests), ``agent_results`` (their
-measurements), ``runs`` (the commands' worker processes, export and report).
+measurements), ``runs`` (the commands' worker processes, export and report), ``xfamily`` and ``xfamily_results`` (the
+``tiny-xfamily`` verifier of another tokenizer family: its training and its measurements without the loop).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Measure the tiny pair on MiniVista: Floor, drafter alone, SD, AsymSpec and ablations.
 
     python -m asymspec_mm.tiny.results --n 300 --seed 1
+    python -m asymspec_mm.tiny.results --preset tiny-xfamily --n 300 --seed 1 --ablation-n 0
 
-Writes a Markdown table per task family to ``asymspec_mm/tiny/RESULTS.md`` (``--out``) and the raw
+Writes a Markdown table per task family to ``asymspec_mm/tiny/RESULTS.md`` (``RESULTS_xfamily.md`` for the
+cross-family pair; ``--out``) and the raw
 numbers to ``--json``. Every method decodes greedily through :class:`AsymSpecPipeline` with the
 generator's caption and OCR text as the compressed view (no captioner, no OCR engine).
 
@@ -27,6 +29,8 @@ from ..cli.help import terminal_text
 from ..eval import minivista as mv
 
 RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
+#: Each shipped pair's results file (``--preset``).
+RESULTS_FOR = {"tiny": RESULTS_MD, "tiny-xfamily": RESULTS_MD.parent / "RESULTS_xfamily.md"}
 
 
 def runs() -> list[tuple[str, str, dict[str, Any]]]:
@@ -175,12 +179,13 @@ def _source_cells(shares: dict[str, float] | None) -> str:
     return " | ".join(_f(shares.get(s), "{:.0f}%", 100) for s in ("accepted", "fused", "bonus"))
 
 
-def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int | None = None) -> str:
+def markdown(res: dict[str, Any], n: int, seed: int, name: str, ablation_n: int | None = None, preset: str = "tiny") -> str:
     fams = [f for f in mv.FAMILIES if f in res["Floor (verifier alone)"]["families"]]
+    option = "" if preset == "tiny" else f" --preset {preset}"
     lines = [
-        "# MiniVista results of the tiny pair",
+        f"# MiniVista results of the {preset} pair",
         "",
-        f"`python -m asymspec_mm.tiny.results --n {n} --seed {seed}{f' --ablation-n {ablation_n}' if ablation_n else ''}` "
+        f"`python -m asymspec_mm.tiny.results{option} --n {n} --seed {seed}{f' --ablation-n {ablation_n}' if ablation_n is not None else ''}` "
         f"({name}; held-out seed {seed}, {n} problems, "
         "families rotating; greedy; CPU). AsymSpec: CDA gate, K=4, beta=1, gamma=0.5 unless stated. "
         "Recovery = (method − Floor) / (drafter − Floor) on the same problems. Acceptance = accepted drafts / drafted; "
@@ -260,19 +265,38 @@ def mixed_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def load_pipeline(drafter: str | None, verifier: str | None):
-    """The pair in ``drafter``/``verifier`` (a retrained pair's folders), else the shipped tiny preset; no OCR."""
+def load_pipeline(drafter: str | None, verifier: str | None, preset: str = "tiny"):
+    """The pair in ``drafter``/``verifier`` (a retrained pair's folders), else the shipped ``preset``; no OCR."""
     from ..cli.options import load_pipeline as load
 
-    return load("tiny", drafter, verifier, device="cpu", dtype="fp32", ocr_engine="none", local_files_only=True)
+    return load(preset, drafter, verifier, device="cpu", dtype="fp32", ocr_engine="none", local_files_only=True)
+
+
+#: Sections of the output file that other commands write and a rewrite keeps: agent_results.py's, and the
+#: vocabulary map of a cross-family pair (xfamily_results.py).
+KEPT_SECTIONS = ("\n## Agent tasks\n", "\n## The vocabulary map\n")
+
+
+def kept_tail(old: str) -> str:
+    """The part of an old results file from the first of :data:`KEPT_SECTIONS` on ('' when none is there)."""
+    starts = [old.index(s) for s in KEPT_SECTIONS if s in old]
+    return old[min(starts) :] if starts else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=terminal_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=mv.HELDOUT_SEED)
-    ap.add_argument("--pair", default=None, help="a directory with drafter/ and verifier/ (default: the shipped tiny preset)")
-    ap.add_argument("--out", default=str(RESULTS_MD), help="Markdown output ('-': stdout only)")
+    ap.add_argument("--pair", default=None, help="a directory with drafter/ and verifier/ (default: the shipped --preset)")
+    ap.add_argument(
+        "--preset",
+        default="tiny",
+        choices=sorted(RESULTS_FOR),
+        help="the shipped pair to measure when no --pair is given [default: %(default)s]",
+    )
+    ap.add_argument(
+        "--out", default=None, help="Markdown output ('-': stdout only) [default: the preset's results file beside this module]"
+    )
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--ablation-n", type=int, default=None, help="problems for the ablation rows (default: --n)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -280,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", nargs="*", default=None, help="build the table from these --json files instead of running")
     args = ap.parse_args(argv)
     pair = Path(args.pair) if args.pair else None
-    name = f"pair {pair}" if pair else "shipped tiny preset"
+    name = f"pair {pair}" if pair else f"shipped {args.preset} preset"
+    out = args.out or str(RESULTS_FOR[args.preset])
     if args.merge:
         res = {}
         for f in args.merge:
@@ -288,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import torch
 
-        pipe = load_pipeline(str(pair / "drafter") if pair else None, str(pair / "verifier") if pair else None)
+        pipe = load_pipeline(str(pair / "drafter") if pair else None, str(pair / "verifier") if pair else None, args.preset)
         torch.set_num_threads(args.threads)
         problems = mv.generate(args.n, args.seed)
         i, k = (int(x) for x in args.part.split("/"))
@@ -297,12 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(res, indent=1))
         if k > 1:
             return 0
-    md = markdown(res, args.n, args.seed, name, args.ablation_n)
+    md = markdown(res, args.n, args.seed, name, args.ablation_n, args.preset)
     print(md)
-    if args.out != "-":  # the agent tasks' section (agent_results.py) stays
-        old = Path(args.out).read_text() if Path(args.out).is_file() else ""
-        kept = old[old.index("\n## Agent tasks\n") :] if "\n## Agent tasks\n" in old else ""
-        Path(args.out).write_text(md.rstrip("\n") + "\n" + kept)
+    if out != "-":  # the sections other commands write stay
+        old = Path(out).read_text() if Path(out).is_file() else ""
+        Path(out).write_text(md.rstrip("\n") + "\n" + kept_tail(old))
     return 0
 
 
