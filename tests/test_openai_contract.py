@@ -12,7 +12,6 @@ import threading
 
 import httpx
 import pytest
-from conftest import make_image
 from openai_contract import assert_conforms, pinned, violations
 
 pytest.importorskip("fastapi")
@@ -237,21 +236,72 @@ def test_key_size_and_queue_errors_conform(strict):
         assert_conforms("ErrorResponse", r.json())
 
 
-def test_an_error_mid_stream_conforms(server, tiny_pipe):
-    """A request that fails after its stream started (its image cannot be read by the set-up) sends OpenAI's error
-    object as a data line."""
-    img = make_image(3)
-    import base64
-    import io
-
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    body = chat_body(
-        stream=True,
-        max_tokens=100000,
-        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "q?"}]}],
-    )
-    r = post(server, "/v1/chat/completions", body)
-    # a context overflow found by the set-up before the first chunk is an HTTP error
+def test_a_streamed_request_refused_by_the_set_up_gets_a_conforming_error(server):
+    """A prompt over the context window is found by the set-up before the first chunk: an HTTP error, not a stream."""
+    r = post(server, "/v1/chat/completions", chat_body(stream=True, max_tokens=100000))
     assert r.status_code == 400 and violations("ErrorResponse", r.json()) == []
+    r = post(server, "/v1/responses", responses_body(stream=True, max_output_tokens=100000))
+    assert r.status_code == 400 and violations("ErrorResponse", r.json()) == []
+
+
+@pytest.fixture(scope="module")
+def failing(tiny_pipe):
+    """A server whose verifier's forward fails from its fourth call on: a streamed answer has started by then."""
+    from test_scheduler_faults import BatchEngine, FailingForward
+
+    boom = RuntimeError("boom in the verifier forward")
+    factory = lambda model, name: FailingForward(model, name, boom, fail_on=4) if name == "verifier" else BatchEngine(model, name)  # noqa: E731
+    sched = tiny_pipe.scheduler(max_batch_size=2, batch_engines=factory)
+    with ServerThread(create_app(tiny_pipe, scheduler=sched)) as srv:
+        yield srv
+    sched.close(timeout=30)
+
+
+def test_an_error_mid_stream_conforms(failing):
+    """A row that fails after its stream started: chat completions send OpenAI's error object as a data line, the
+    Responses API its ``error`` and ``response.failed`` events; each validates."""
+    r = post(failing, "/v1/chat/completions", chat_body(stream=True, max_tokens=64, asymspec={"method": "floor"}))
+    assert r.status_code == 200, r.text
+    events = sse(r.text)
+    assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
+    assert_conforms("ErrorResponse", events[-2])
+    for chunk in events[:-2]:
+        assert_conforms("CreateChatCompletionStreamResponse", chunk)
+
+
+def test_an_error_mid_response_stream_conforms(tiny_pipe):
+    """The Responses API's stream ends with ``error`` and ``response.failed``, both valid events."""
+    from test_scheduler_faults import BatchEngine, FailingForward
+
+    boom = RuntimeError("boom in the verifier forward")
+    factory = lambda model, name: FailingForward(model, name, boom, fail_on=4) if name == "verifier" else BatchEngine(model, name)  # noqa: E731
+    sched = tiny_pipe.scheduler(max_batch_size=2, batch_engines=factory)
+    with ServerThread(create_app(tiny_pipe, scheduler=sched)) as srv:
+        r = post(srv, "/v1/responses", responses_body(stream=True, max_output_tokens=64, asymspec={"method": "floor"}))
+    sched.close(timeout=30)
+    assert r.status_code == 200, r.text
+    events = sse(r.text)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"], [e["type"] for e in events]
+    for event in events:
+        assert_conforms("ResponseStreamEvent", event)
+
+
+def test_the_servers_own_openapi_describes_the_request_bodies(server):
+    """``GET /openapi.json``: each POST endpoint's body is its request model (every OpenAI field it classifies marked
+    with ``x-asymspec-support``), its answers are 200 (JSON or server-sent events) and OpenAI's error object for each
+    error status; FastAPI's 422 is not there (a refused body is a 400)."""
+    doc = httpx.get(server.url + "/openapi.json", timeout=60).json()
+    schemas = doc["components"]["schemas"]
+    for path, model in (
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/responses", "CreateResponseRequest"),
+    ):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model}"}
+        assert set(op["responses"]) == {"200", "400", "401", "413", "429", "500", "503"}
+        assert set(op["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+        props = schemas[model]["properties"]
+        assert {p.get("x-asymspec-support") for p in props.values()} >= {"hint", "unsupported"}
+    assert schemas["ChatCompletionRequest"]["properties"]["logit_bias"]["x-asymspec-support"] == "unsupported"
+    assert "HTTPValidationError" not in schemas

@@ -18,7 +18,7 @@ cannot honour are refused unless they hold their neutral value (:mod:`.request_f
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from ..base.errors import UnknownOptionError
 from ..requests.request import Request
 from .errors import bad_request
 from .images import load_request_image
-from .models_chat import ChatCompletionRequest, ImagePart, StructuredOutputs
+from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart, StructuredOutputs
 from .models_common import sampling_fields
 from .validation_errors import request_error
 
@@ -47,7 +47,6 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
-    options: dict = field(default_factory=dict)
     n: int = 1
     top_logprobs: int | None = None  # None: no logprobs; else how many top tokens each carries
 
@@ -76,8 +75,8 @@ def _parts(content: Any, images: list[tuple[str, str]], param: str) -> list[dict
         if isinstance(part, ImagePart):
             images.append((part.url, f"{param}[{j}].image_url"))
             parts.append({"type": "image", "image": len(images) - 1})
-        else:
-            parts.append({"type": "text", "text": getattr(part, "text", None) or getattr(part, "refusal", "")})
+        else:  # a text part, or an earlier answer's refusal (read as its text)
+            parts.append({"type": "text", "text": part.refusal if isinstance(part, RefusalPart) else part.text})
     return parts
 
 
@@ -234,7 +233,6 @@ def parse_chat_request(
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         model=req.model,
-        options={**(opts.config_fields() if opts else {}), "method": request.method},
         n=req.n or 1,
         top_logprobs=top_logprobs,
     )
