@@ -203,6 +203,18 @@ def test_the_responses_example_calls_and_answers(server, workdir):
     assert status in ("completed", "incomplete") and int(total) > 0
 
 
+def test_the_completions_example_answers_and_follows_the_choice(server, workdir):
+    """The Serving page's completions example: a text prompt with logprobs, then a streamed answer that the
+    structured_outputs choice holds to one of its strings."""
+    code = block_with("docs/serving.md", "python", "client.completions.create(").replace("http://127.0.0.1:8000", server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    finish, total, _ = lines[0].split(" ", 2)
+    assert finish in ("stop", "length") and int(total) > 0
+    assert lines[-1] in ("7", "9")
+
+
 def test_the_curl_example_streams_the_answer(server, workdir, tiny):
     command = block_with("docs/serving.md", "bash", "curl -s").replace("http://127.0.0.1:8000", server)
     given = json.loads(re.search(r'"asymspec": (\{.*?\})\}', command).group(1))  # the view the example passes

@@ -207,6 +207,41 @@ def test_the_stream_is_the_responses_event_sequence_and_joins_to_the_response(cl
         assert any(item.type == "function_call" for item in whole.output)
 
 
+def test_output_text_logprobs_are_chat_completions_logprobs(client):
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs``: the output text's logprobs are the numbers
+    chat completions reports for the same question; streamed, the deltas' logprobs join to the done event's, which
+    equal the non-streamed response's."""
+    ask = {"input": user_input("Which bar is the tallest?"), "max_output_tokens": 6}
+    lp = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    resp = create(client, **ask, **lp)
+    got = resp.output[0].content[0].logprobs
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Which bar is the tallest?"},
+                    {"type": "image_url", "image_url": {"url": data_url(make_image(71))}},
+                ],
+            }
+        ],
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body=EXTRA,
+    )
+    want = chat.choices[0].logprobs.content
+    assert [(e.token, e.logprob) for e in got] == [(e.token, pytest.approx(e.logprob)) for e in want] and got
+    assert [[t.token for t in e.top_logprobs] for e in got] == [[t.token for t in e.top_logprobs] for e in want]
+    assert create(client, **ask).output[0].content[0].logprobs == []  # none asked, none sent
+    events = streamed(client, **ask, **lp)
+    deltas = [t.token for ev in events if ev.type == "response.output_text.delta" for t in ev.logprobs]
+    done = next(ev for ev in events if ev.type == "response.output_text.done").logprobs
+    assert [t.token for t in done] == [e.token for e in got]
+    assert deltas and deltas == [t.token for t in done][: len(deltas)]  # the deltas carry them, in order
+
+
 def test_input_items_become_the_chat_conversation():
     """Each kind of item as the chat message the toolkit reads: instructions first (a system message), a message
     and the calls after it as one assistant turn, each output as a tool message (an image in it loaded), a reasoning
@@ -294,7 +329,8 @@ BAD = {
     "hosted_tool": ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     "unoffered_tool": ({"tools": [PICK], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     "forced_without_tools": ({"tool_choice": "required"}, "tool_choice"),
-    "bad_format": ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    "bad_format": ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    "unknown_format": ({"text": {"format": {"type": "yaml"}}}, "text.format"),
     "remote_image": (
         {"input": [{"role": "user", "content": [{"type": "input_text", "text": "q?"}, IMG]}]},
         "input[0].content[1].image_url",
@@ -304,7 +340,8 @@ BAD = {
     "temperature": ({"temperature": 3}, "temperature"),
     "background": ({"background": True}, "background"),
     "conversation": ({"conversation": "conv_1"}, "conversation"),
-    "logprobs": ({"include": ["message.output_text.logprobs"]}, "include"),
+    "include": ({"include": ["file_search_call.results"]}, "include"),
+    "top_logprobs_alone": ({"top_logprobs": 2}, "top_logprobs"),
     "unknown_previous": ({"previous_response_id": "resp_nothing"}, "previous_response_id"),
     "unanswered_output": ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
     "ends_with_assistant": ({"input": [{"role": "assistant", "content": "hi"}]}, "input"),
@@ -339,7 +376,8 @@ def test_an_unknown_path_names_the_endpoints(server):
     r = httpx.get(server.url + "/v1/foo")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     assert r.json()["error"]["message"] == (
-        "no endpoint /v1/foo; this server serves POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /health, GET /metrics"
+        "no endpoint /v1/foo; this server serves POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, "
+        "GET /health, GET /metrics, GET /openapi.json"
     )
     assert httpx.get(server.url + "/v1/responses/resp_1").status_code == 404  # stored responses are not fetched
     assert httpx.get(server.url + "/v1/responses").status_code == 405

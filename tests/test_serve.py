@@ -26,8 +26,8 @@ from asymspec_mm import AsymSpecConfig
 from asymspec_mm.base.errors import AsymSpecError
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
 from asymspec_mm.serve.metrics import parse_prometheus
+from asymspec_mm.serve.models_common import field_value
 from asymspec_mm.serve.responses import TextDeltas
-from asymspec_mm.serve.schema import field_value
 from asymspec_mm.serve.server import warn_if_exposed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -582,7 +582,7 @@ BAD_REQUESTS = {
     "empty_stop": (_case_body(stop=[""]), "must not be empty", "stop"),
     "top_logprobs_range": (_case_body(logprobs=True, top_logprobs=21), "top_logprobs=21 must be", "top_logprobs"),
     "top_logprobs_alone": (_case_body(top_logprobs=2), "needs logprobs=true", "top_logprobs"),
-    "bad_tool": (_case_body(tools=[{"type": "function"}]), "tools[0] must be", "tools"),
+    "bad_tool": (_case_body(tools=[{"type": "function"}]), "tools[0].function is required", "tools[0].function"),
     "tool_choice_unknown_name": (
         _case_body(tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}),
         "must name one of the offered tools",

@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP app: :func:`create_app` (FastAPI) on one pipeline's batching scheduler.
 
 Endpoints: ``POST /v1/chat/completions`` (see [asymspec_mm.serve.schema][] for what a request may hold),
-``POST /v1/responses`` (OpenAI's Responses API: [asymspec_mm.serve.responses_api][]), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (Prometheus text); any other path is a 404 naming
-them. Every request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
+``POST /v1/completions`` (a text prompt: [asymspec_mm.serve.completions][]), ``POST /v1/responses`` (OpenAI's
+Responses API: [asymspec_mm.serve.responses_api][]), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
+``GET /metrics`` (Prometheus text) and ``GET /openapi.json`` (the request models and the answers' schemas); any other
+path is a 404 naming them. Every request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
 decoding steps; each answer equals ``pipe.generate`` of that request alone. A client that disconnects, while
 its answer streams or while it waits for it, cancels its row. Errors are OpenAI's JSON error object with a
 one-line message naming the field; the server goes on serving after each.
@@ -14,35 +15,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import math
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from .. import __version__
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError
+from .body import CheckedBodyRoute
+from .chat_api import add_chat_routes
 from .errors import RequestError
 from .metrics import Metrics
-from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
+from .openapi import openapi_of
 from .responses_events import add_responses_route
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
-from .schema import DEFAULT_MAX_IMAGES, ChatRequest, parse_chat_request, parse_json
-from .streaming import chat_chunks
-from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
+from .schema import DEFAULT_MAX_IMAGES, ChatRequest
+from .transport import dumps, error_of
+from .validation_errors import request_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..pipeline.facade import AsymSpecPipeline
-    from ..requests.session import MMResult
 
 
 DEFAULT_MAX_BATCH_SIZE = 16
@@ -54,7 +55,9 @@ DEFAULT_MAX_REQUEST_MB = 20.0
 #: Seconds a client refused for a full queue is told to wait (``Retry-After``).
 RETRY_AFTER_S = 1
 #: What a 404 names: the endpoints the server serves.
-ENDPOINTS = "POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /health, GET /metrics"
+ENDPOINTS = (
+    "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, GET /health, GET /metrics, GET /openapi.json"
+)
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -138,8 +141,18 @@ def create_app(
         if state.own_scheduler:
             await asyncio.to_thread(state.scheduler.close, 30)
 
-    app = FastAPI(title="asymspec-mm", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="asymspec-mm",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
+        strict_content_type=False,  # a body without a Content-Type is read as JSON, as before
+    )
+    app.router.route_class = CheckedBodyRoute  # the key, the body limit and the JSON parse before any model reads it
     app.state.asymspec = state
+    app.openapi = lambda: openapi_of(app)  # type: ignore[method-assign]
 
     def json_response(body: Any, status: int = 200, headers: dict | None = None) -> Response:
         return Response(dumps(body), status_code=status, media_type="application/json", headers=headers)
@@ -148,6 +161,12 @@ def create_app(
     async def _request_error(request: Request, exc: RequestError) -> Response:
         state.metrics.refused(exc.status)
         return json_response(exc.body(), exc.status, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        err = request_error(list(exc.errors()))
+        state.metrics.refused(err.status)
+        return json_response(err.body(), err.status)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -167,43 +186,6 @@ def create_app(
         state.metrics.refused(err.status)
         return json_response(err.body(), err.status)
 
-    def authorize(request: Request) -> None:
-        if state.api_key is None:
-            return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
-            raise RequestError(
-                401,
-                "missing or wrong API key: send the header 'Authorization: Bearer <key>' (the key the server was started with)",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    async def read_body(request: Request) -> bytes:
-        limit = state.max_request_bytes
-        too_big = RequestError(
-            413,
-            f"the request body is over the server's limit of {limit / 2**20:g} MB (--max-request-mb); send a smaller image",
-            code="request_too_large",
-        )
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                if int(declared) > limit:
-                    raise too_big
-            except ValueError:
-                raise RequestError(400, "the Content-Length header is not an integer") from None
-        chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_big
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise RequestError(400, "the client disconnected while sending the request body", code="client_disconnected") from None
-        return b"".join(chunks)
-
     @app.get("/health")
     async def health() -> Response:
         error = getattr(state.scheduler, "error", None)
@@ -216,12 +198,10 @@ def create_app(
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        authorize(request)
         return json_response({"object": "list", "data": [model_card()]})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(request: Request, model_id: str) -> Response:
-        authorize(request)
         if model_id != state.model:
             raise RequestError(
                 404, f"model {model_id!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found"
@@ -230,58 +210,8 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        authorize(request)
         text = await asyncio.to_thread(state.metrics.render, state.scheduler, state.model)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        authorize(request)
-        body = await read_body(request)
-        req: ChatRequest = await asyncio.to_thread(
-            lambda: parse_chat_request(
-                parse_json(body), allow_local_images=state.allow_local_images, max_images=state.max_images, base=state.base_config
-            )
-        )
-        handles = submit(req)
-        loop = asyncio.get_running_loop()
-        readers = [Reader(h, loop, state.metrics, lambda h=h: _forget(h)) for h in handles]
-        gone = asyncio.ensure_future(until_disconnected(request.receive))
-        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if req.stream:
-            firsts = []
-            for reader in readers:  # set-up errors (e.g. a prompt over the context window) still get a status
-                first = await reader.get(gone)
-                if first is None or first[0] == "error":
-                    _end(handles, gone)
-                    if first is None:
-                        return Response(status_code=499)
-                    raise error_of(first[1])
-                firsts.append(first)
-            chunks = chat_chunks(
-                req, readers, firsts, gone, cid=cid, created=created, model=state.model, tokenizer=state.pipe.tokenizer, logprobs=logprobs
-            )
-            return SSEResponse(chunks, on_close=lambda: _end(handles, gone))
-        try:
-            results = []
-            for reader in readers:  # the choices decode side by side; their results are read in order
-                while True:
-                    item = await reader.get(gone)
-                    if item is None:  # the client went away: free the rows
-                        for h in handles:
-                            h.cancel()
-                        return Response(status_code=499)
-                    kind, value = item
-                    if kind == "error":
-                        for h in handles:
-                            h.cancel()
-                        raise error_of(value)
-                    if kind == "result":
-                        results.append(value)
-                        break
-            return json_response(completion(results, req, cid, created))
-        finally:
-            gone.cancel()
 
     def submit(req: ChatRequest) -> list[Any]:
         """The request's rows in the scheduler, one per choice (``n``), each with its own seed."""
@@ -319,37 +249,6 @@ def create_app(
             if not handle.done():
                 handle.cancel()
 
-    add_responses_route(app, state, authorize=authorize, read_body=read_body, submit=submit, forget=_forget, end=_end)
-    special = frozenset(getattr(state.pipe.tokenizer, "all_special_ids", ()) or ())
-
-    def logprobs(trace: list, req: ChatRequest) -> dict | None:
-        return None if req.top_logprobs is None else logprobs_of(trace, state.pipe.tokenizer, req.top_logprobs, special)
-
-    def completion(results: list[MMResult], req: ChatRequest, cid: str, created: int) -> dict:
-        """The answer with one choice per result; usage adds the choices' completion tokens (the prompt once), and
-        ``asymspec`` is the first choice's (``asymspec.choices`` holds every choice's when there are several)."""
-        choices = [
-            {
-                "index": i,
-                "message": message_of(res, f"{cid}-{i}" if i else cid),
-                "logprobs": logprobs(res.trace, req),
-                "finish_reason": finish_reason(res),
-            }
-            for i, res in enumerate(results)
-        ]
-        total = total_usage(results)
-        info = asymspec_object(results[0], state.pipe.tokenizer, req.request.return_trace)
-        if len(results) > 1:
-            info["choices"] = [asymspec_object(res, state.pipe.tokenizer, req.request.return_trace) for res in results]
-        return {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": state.model,
-            "system_fingerprint": None,
-            "choices": choices,
-            "usage": total,
-            "asymspec": info,
-        }
-
+    add_chat_routes(app, state, submit=submit, forget=_forget, end=_end)
+    add_responses_route(app, state, submit=submit, forget=_forget, end=_end)
     return app

@@ -32,10 +32,14 @@ from starlette.responses import Response
 
 from ..requests.tools import ToolCallStream, parse_tool_calls
 from .errors import RequestError, bad_request
+from .models_common import field_value
+from .models_responses import CreateResponseRequest
+from .openapi import answer_docs
 from .responses import TextDeltas
 from .responses_api import PARAMS, ResponsesRequest, parse_responses_request
 from .responses_output import (
     ResponseStore,
+    answer_logprobs,
     answer_message,
     answer_parts,
     function_call_id,
@@ -46,7 +50,7 @@ from .responses_output import (
     output_text,
     response_object,
 )
-from .schema import ChatRequest, field_value, parse_json
+from .schema import ChatRequest
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,6 +121,8 @@ async def response_events(
     yield event("response.in_progress", response=shell("in_progress"))
     text = AnswerText(tokenizer, req.config.stop_strings, rid, req.request.reads_tool_calls)
     sent: list[str] = []  # the message's text pieces; none yet: no message item
+    pending: list[dict[str, Any]] = []  # log-probabilities of tokens whose text has not gone out yet
+    every: list[dict[str, Any]] = []
 
     def message_delta(piece: str) -> list[bytes]:
         out = []
@@ -125,7 +131,8 @@ async def response_events(
             out.append(event("response.content_part.added", item_id=mid, output_index=0, content_index=0, part=output_text("")))
         sent.append(piece)
         if piece:
-            out.append(event("response.output_text.delta", item_id=mid, output_index=0, content_index=0, delta=piece, logprobs=[]))
+            out.append(event("response.output_text.delta", item_id=mid, output_index=0, content_index=0, delta=piece, logprobs=pending[:]))
+            pending.clear()
         return out
 
     item = first
@@ -139,6 +146,9 @@ async def response_events(
                 yield event("response.failed", response={**shell("failed"), "error": failure})
             return
         if kind == "events":
+            lp = answer_logprobs(value, tokenizer, req.top_logprobs)  # the step's tokens ride on its next delta
+            pending.extend(lp)
+            every.extend(lp)
             piece = text.step([ev.token_id for ev in value])
             for chunk in message_delta(piece) if piece else ():
                 yield chunk
@@ -156,9 +166,9 @@ async def response_events(
     if sent:
         joined = "".join(sent)
         status = "incomplete" if is_cut(res) else "completed"
-        yield event("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=joined, logprobs=[])
-        yield event("response.content_part.done", item_id=mid, output_index=0, content_index=0, part=output_text(joined))
-        yield event("response.output_item.done", output_index=0, item=message_item(mid, joined, status))
+        yield event("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=joined, logprobs=every)
+        yield event("response.content_part.done", item_id=mid, output_index=0, content_index=0, part=output_text(joined, every))
+        yield event("response.output_item.done", output_index=0, item=message_item(mid, joined, status, every))
     first_call = 1 if sent else 0
     for i, call in enumerate(calls):
         index, fid, args = first_call + i, function_call_id(rid, i), call["function"]["arguments"]
@@ -175,8 +185,6 @@ def add_responses_route(
     app: FastAPI,
     state: Any,
     *,
-    authorize: Callable[[HTTPRequest], None],
-    read_body: Callable[[HTTPRequest], Any],
     submit: Callable[[ChatRequest], list[Any]],
     forget: Callable[[Any], None],
     end: Callable[[list[Any], asyncio.Future], None],
@@ -197,16 +205,15 @@ def add_responses_route(
             )
         return history
 
-    def parse(data: dict) -> ResponsesRequest:
+    def parse(body: CreateResponseRequest) -> ResponsesRequest:
         return parse_responses_request(
-            data, stored=stored, allow_local_images=state.allow_local_images, max_images=state.max_images, base=state.base_config
+            body, stored=stored, allow_local_images=state.allow_local_images, max_images=state.max_images, base=state.base_config
         )
 
-    @app.post("/v1/responses")
-    async def responses(request: HTTPRequest) -> Response:
-        authorize(request)
-        body = await read_body(request)
-        req = await asyncio.to_thread(lambda: parse(parse_json(body)))
+    @app.post("/v1/responses", responses=answer_docs("Response"))
+    async def responses(request: HTTPRequest, body: CreateResponseRequest) -> Response:
+        """A response (OpenAI's Responses API; the ``asymspec`` object sets the method and its options)."""
+        req = await asyncio.to_thread(lambda: parse(body))
         handles = submit(ChatRequest(request=req.request))
         handle = handles[0]
         reader = Reader(handle, asyncio.get_running_loop(), state.metrics, lambda: forget(handle))

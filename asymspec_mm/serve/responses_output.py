@@ -19,7 +19,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..requests.tools import parse_tool_calls
-from .responses import asymspec_object, usage
+from .responses import asymspec_object, logprobs_of, usage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..requests.session import MMResult
@@ -48,14 +48,25 @@ def function_call_id(rid: str, index: int) -> str:
     return f"fc_{rid.removeprefix('resp_')}_{index}"
 
 
-def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+def message_item(item_id: str, text: str | None, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An assistant ``message`` item; ``text`` None: still empty (no content part yet)."""
-    content = [] if text is None else [output_text(text)]
+    content = [] if text is None else [output_text(text, logprobs)]
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An ``output_text`` part; ``logprobs``: its tokens' (``include: ["message.output_text.logprobs"]``)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def answer_logprobs(trace: list[Any], tokenizer: Any, top: int | None) -> list[dict[str, Any]]:
+    """The answer's tokens' log-probabilities as chat completions compute them
+    (:func:`~asymspec_mm.serve.responses.logprobs_of`: each token and its ``top`` alternatives; special tokens left
+    out), or none when none were asked (``top`` None). With tool calls, the calls' tokens are among them."""
+    if top is None:
+        return []
+    special = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
+    return logprobs_of(trace, tokenizer, top, special)["content"]
 
 
 def function_item(item_id: str, call: dict[str, Any], status: str, arguments: str | None = None) -> dict[str, Any]:
@@ -76,12 +87,12 @@ def is_cut(res: MMResult) -> bool:
     return res.finish_reason == "length"
 
 
-def output_items(res: MMResult, rid: str) -> list[dict[str, Any]]:
-    """The ``output`` of a finished answer (module docstring)."""
+def output_items(res: MMResult, rid: str, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The ``output`` of a finished answer (module docstring); ``logprobs`` go with the message's text."""
     content, calls = answer_parts(res, rid)
     items = []
     if content is not None or not calls:
-        items.append(message_item(message_id(rid), content or "", "incomplete" if is_cut(res) else "completed"))
+        items.append(message_item(message_id(rid), content or "", "incomplete" if is_cut(res) else "completed", logprobs))
     items += [function_item(function_call_id(rid, i), call, "completed") for i, call in enumerate(calls)]
     return items
 
@@ -124,7 +135,7 @@ def response_object(
         "created_at": created,
         "status": status,
         "model": model,
-        "output": output_items(res, rid) if res is not None else [],
+        "output": output_items(res, rid, answer_logprobs(res.trace, tokenizer, req.top_logprobs)) if res is not None else [],
         "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         **req.echo,
@@ -134,8 +145,9 @@ def response_object(
         "truncation": "disabled",
         "background": False,
         "service_tier": "default",
-        "usage": usage_of(res) if res is not None else None,
     }
+    if res is not None:  # the document's usage is an object when present: absent until the answer is known
+        body["usage"] = usage_of(res)
     if status in ("completed", "incomplete"):
         body["completed_at"] = int(time.time())
     if res is not None:

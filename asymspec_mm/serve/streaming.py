@@ -105,15 +105,7 @@ async def chat_chunks(
     results: dict[int, MMResult] = {}
 
     def chunk(index: int, delta: dict, finish: str | None = None, lp: dict | None = None, **extra: Any) -> bytes:
-        body = {
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-            **extra,
-        }
+        body = chat_chunk(cid, created, model, [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}], **extra)
         return b"data: " + dumps(body) + b"\n\n"
 
     for i in range(len(choices)):
@@ -144,6 +136,67 @@ async def chat_chunks(
     if len(results) < len(choices):
         return  # the client disconnected: the response's on_close cancels the rows
     if req.include_usage:
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": []}
-        yield b"data: " + dumps({**body, "usage": total_usage([results[i] for i in range(len(choices))])}) + b"\n\n"
+        body = chat_chunk(cid, created, model, [], usage=total_usage([results[i] for i in range(len(choices))]))
+        yield b"data: " + dumps(body) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def chat_chunk(cid: str, created: int, model: str, choices: list[dict], **extra: Any) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` (built as the ``openai`` package's ``ChatCompletionChunk``: only the fields given)."""
+    from openai.types.chat import ChatCompletionChunk
+
+    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices, **extra}
+    return ChatCompletionChunk.model_validate(body).model_dump(mode="json", exclude_unset=True, warnings=False)
+
+
+async def completion_chunks(
+    req: ChatRequest,
+    readers: list[Reader],
+    firsts: list[tuple[str, Any]],
+    gone: asyncio.Future,
+    *,
+    cid: str,
+    created: int,
+    model: str,
+    tokenizer: Any,
+    logprobs: Callable[[list, ChatRequest], dict | None],
+) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed text completion: a ``text_completion`` chunk per committed step of each
+    choice (its text, its tokens' log-probabilities when asked), the choice's finish reason, then the usage chunk
+    when asked and ``[DONE]``; a failing choice ends the stream with the error."""
+    from .completions import choice, completion_logprobs, finish_of, text_completion
+    from .completions import total_usage as completion_usage
+
+    texts = [TextDeltas(tokenizer, req.config.stop_strings) for _ in readers]
+    offsets = [0] * len(readers)  # characters of each choice's answer whose tokens' logprobs were sent
+    results: dict[int, MMResult] = {}
+
+    def chunk(index: int, text: str, finish: str | None = None, lp: dict | None = None, **extra: Any) -> bytes:
+        return b"data: " + dumps(text_completion(cid, created, model, [choice(index, text, finish, lp)], **extra)) + b"\n\n"
+
+    async with contextlib.aclosing(updates(readers, firsts, gone)) as items:
+        async for i, (kind, value) in items:
+            if kind == "events":
+                piece, lp = texts[i].push([ev.token_id for ev in value]), logprobs(value, req)
+                if lp is not None:
+                    lp = completion_logprobs(lp["content"], offsets[i])
+                    offsets[i] += sum(len(t) for t in lp["tokens"])
+                if piece or lp is not None:
+                    yield chunk(i, piece, lp=lp)
+            elif kind == "result":
+                yield chunk(i, texts[i].finish(value.text), finish_of(value), asymspec=asymspec_object(value, tokenizer, False))
+                results[i] = value
+            else:
+                if not isinstance(value, CancelledError):
+                    yield b"data: " + dumps(error_of(value).body()) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                return
+    if len(results) < len(readers):
+        return
+    if req.include_usage:
+        yield (
+            b"data: "
+            + dumps(text_completion(cid, created, model, [], usage=completion_usage([results[i] for i in range(len(readers))])))
+            + b"\n\n"
+        )
     yield b"data: [DONE]\n\n"

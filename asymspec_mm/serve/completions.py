@@ -1,0 +1,183 @@
+"""``POST /v1/completions``: a plain text prompt answered as a chat request with one user message and no image
+(the prompt rendered by the verifier's chat template, exactly as ``pipe.chat([{"role": "user", "content":
+prompt}])``), one :class:`~asymspec_mm.requests.request.Request` per request like every endpoint's.
+
+:class:`CompletionRequest` is OpenAI's ``CreateCompletionRequest``: ``prompt`` (a string, or a list of one string),
+``max_tokens`` (default 16, as OpenAI's), ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 to 8),
+``stream`` / ``stream_options``, ``logprobs`` (0 to 5: the emitted tokens' log-probabilities and that many
+alternatives, as chat completions compute them); ``user`` is a hint. Refused unless neutral: ``echo`` (false),
+``best_of`` (null or ``n``), ``suffix`` (null), the penalties (0), ``logit_bias`` (empty); token-id prompts and more
+than one prompt. The extensions are chat completions': ``top_k``, ``asymspec``, ``structured_outputs``.
+"""
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from ..base.config import AsymSpecConfig
+from ..requests.request import Request
+from .models_chat import StructuredOutputs
+from .models_common import (
+    AsymSpecOptions,
+    Choices,
+    ModelName,
+    NoLogitBias,
+    NoPenalty,
+    RequestModel,
+    Seed,
+    Stop,
+    StreamOptions,
+    Temperature,
+    TopK,
+    TopP,
+    budget,
+    checked_by,
+    flag,
+    hint,
+    no_penalty,
+    refuse,
+    unsupported,
+)
+from .responses import usage
+from .schema import ChatRequest, checked, config_of, response_format_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..requests.session import MMResult
+
+#: OpenAI's default budget of a text completion.
+DEFAULT_COMPLETION_TOKENS = 16
+#: Alternatives ``logprobs`` may ask for per token (OpenAI's limit).
+MAX_LOGPROBS = 5
+
+
+def _prompt(v: Any) -> Any:
+    if isinstance(v, list):
+        if v and all(isinstance(x, int) and not isinstance(x, bool) for x in v) or any(isinstance(x, list) for x in v):
+            raise refuse("prompt as token ids is not supported: send the prompt's text", "unsupported")
+        if len(v) != 1 or not isinstance(v[0], str):
+            raise refuse(
+                f"prompt holds {len(v)} items; this server answers one prompt per request: send a string (or a list of one)",
+                "unsupported",
+            )
+        v = v[0]
+    if not isinstance(v, str):
+        raise refuse("prompt must be a string (or a list of one string)")
+    if not v.strip():
+        raise refuse("prompt is empty: send the text to answer", "empty_question")
+    return v
+
+
+def _logprobs(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS:
+        raise refuse(f"logprobs={v!r} must be an integer >= 0 and <= {MAX_LOGPROBS} (the alternatives shown per token)")
+    return v
+
+
+class CompletionRequest(RequestModel):
+    """A text completion request (OpenAI's ``CreateCompletionRequest`` and the server's extensions)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "tiny", "prompt": "Which bar is the tallest?", "max_tokens": 16}]})
+
+    prompt: Annotated[str, checked_by(_prompt)]
+    model: ModelName = None
+    max_tokens: budget("max_tokens") = None
+    stop: Stop = None
+    stream: flag("stream") = None
+    stream_options: StreamOptions | None = None
+    n: Choices = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    seed: Seed = None
+    logprobs: Annotated[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None, checked_by(_logprobs)] = None
+    structured_outputs: StructuredOutputs | None = None
+    asymspec: AsymSpecOptions | None = None
+    user: hint(lambda v: isinstance(v, str), "a string", "user", str) = None
+    echo: unsupported(lambda v: v is False, "false: the prompt is not repeated in the answer", "echo", Literal[False]) = None
+    best_of: unsupported(lambda v: v == 1, "null or 1: each choice is its own row (use n)", "best_of", Literal[1]) = None
+    suffix: unsupported(lambda v: False, "null: text insertion is not supported", "suffix") = None
+    frequency_penalty: unsupported(no_penalty, "0: penalties are not supported", "frequency_penalty", NoPenalty) = None
+    presence_penalty: unsupported(no_penalty, "0: penalties are not supported", "presence_penalty", NoPenalty) = None
+    logit_bias: unsupported(lambda v: v == {}, "empty: logit biases are not supported", "logit_bias", NoLogitBias) = None
+    guided_json: unsupported(lambda v: False, 'null: send structured_outputs={"json": ...}', "guided_json") = None
+    guided_regex: unsupported(lambda v: False, 'null: send structured_outputs={"regex": ...}', "guided_regex") = None
+    guided_choice: unsupported(lambda v: False, 'null: send structured_outputs={"choice": [...]}', "guided_choice") = None
+    guided_grammar: unsupported(lambda v: False, 'null: send structured_outputs={"grammar": ...}', "guided_grammar") = None
+
+    @model_validator(mode="after")
+    def _together(self) -> "CompletionRequest":
+        if self.stream_options is not None and not self.stream:
+            raise refuse("stream_options is only allowed with stream=true", param="stream_options")
+        return self
+
+
+def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | None = None) -> ChatRequest:
+    """The :class:`~asymspec_mm.serve.schema.ChatRequest` of a validated completion request: one user message holding
+    the prompt; ``top_logprobs`` is ``logprobs`` (None: none asked)."""
+    config = config_of(req, base, req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS, req.logprobs)
+    opts = req.asymspec
+    request = Request(
+        messages=[{"role": "user", "content": [{"type": "text", "text": req.prompt}]}],
+        method=(opts.method if opts else None) or "asymspec",
+        config=config,
+        caption=opts.caption if opts else None,
+        ocr=opts.ocr if opts else None,
+        response_format=response_format_of(req),
+        return_trace=bool(opts and opts.return_trace),
+    )
+    params = {"messages": "prompt", **({"response_format": "structured_outputs"} if req.structured_outputs is not None else {})}
+    request = checked(request, params)
+    return ChatRequest(
+        request=request,
+        stream=bool(req.stream),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        model=req.model,
+        n=req.n or 1,
+        top_logprobs=req.logprobs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- answers
+def completion_logprobs(content: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """The chat ``logprobs.content`` entries (:func:`~asymspec_mm.serve.responses.logprobs_of`) in the text
+    completion's layout: ``tokens``, ``token_logprobs``, ``top_logprobs`` (token -> log-probability) and
+    ``text_offset`` (each token's first character in the answer, from ``offset``)."""
+    offsets, at = [], offset
+    for entry in content:
+        offsets.append(at)
+        at += len(entry["token"])
+    return {
+        "tokens": [e["token"] for e in content],
+        "token_logprobs": [e["logprob"] for e in content],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in content],
+        "text_offset": offsets,
+    }
+
+
+def text_completion(cid: str, created: int, model: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A ``text_completion`` object (a whole answer, or one chunk of a stream), built as the ``openai`` package's
+    ``Completion``; a chunk before a choice's end has ``finish_reason: null``, as OpenAI streams it, which that type
+    (and the OpenAPI document, which has no chunk schema for this endpoint) does not allow: such a chunk is sent as
+    built."""
+    from openai.types import Completion
+
+    body = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices, **extra}
+    if any(c["finish_reason"] is None for c in choices):
+        return body
+    return Completion.model_validate(body).model_dump(mode="json", exclude_unset=True, warnings=False)
+
+
+def choice(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def finish_of(res: "MMResult") -> str:
+    """``length`` when the budget ended the answer, else ``stop``."""
+    return "length" if res.finish_reason == "length" else "stop"
+
+
+def total_usage(results: "list[MMResult]") -> dict[str, Any]:
+    """The prompt once and every choice's completion tokens."""
+    first = usage(results[0])
+    extra = sum(len(res.token_ids) for res in results[1:])
+    return {**first, "completion_tokens": first["completion_tokens"] + extra, "total_tokens": first["total_tokens"] + extra}

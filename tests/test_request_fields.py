@@ -1,0 +1,186 @@
+"""Every field of OpenAI's request schemas is classified (issue #43, item 3): for ``CreateChatCompletionRequest``,
+``CreateCompletionRequest`` and ``CreateResponse`` of the pinned OpenAPI document, each property is declared by the
+server's request model as read (``supported``), a ``hint`` (accepted, no effect on the answer) or ``unsupported``
+(refused with code ``unsupported`` naming it unless it holds its neutral value), never left to "unknown request
+field"; a field added upstream fails here until it is classified. docs/serving.md's tables list the same."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from openai_contract import request_properties
+
+pytest.importorskip("fastapi")
+from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
+from asymspec_mm.serve.errors import RequestError
+from asymspec_mm.serve.models_chat import ChatCompletionRequest
+from asymspec_mm.serve.models_common import field_support
+from asymspec_mm.serve.models_responses import CreateResponseRequest
+from asymspec_mm.serve.responses_api import parse_responses_request
+from asymspec_mm.serve.schema import parse_chat_request, validated
+
+ROOT = Path(__file__).resolve().parents[1]
+MESSAGES = [{"role": "user", "content": "Which bar is the tallest?"}]
+
+
+def parse_completion(body: dict):
+    return parse_completion_request(validated(CompletionRequest, body))
+
+
+#: endpoint -> (OpenAI's schema, the server's model, a minimal body, its parser, the server's own extension fields)
+ENDPOINTS = {
+    "chat": (
+        "CreateChatCompletionRequest",
+        ChatCompletionRequest,
+        {"messages": MESSAGES},
+        parse_chat_request,
+        {
+            "top_k",
+            "chat_template_kwargs",
+            "asymspec",
+            "structured_outputs",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+        },
+    ),
+    "completions": (
+        "CreateCompletionRequest",
+        CompletionRequest,
+        {"prompt": "Which bar is the tallest?"},
+        parse_completion,
+        {"top_k", "asymspec", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"},
+    ),
+    "responses": (
+        "CreateResponse",
+        CreateResponseRequest,
+        {"input": "Which bar is the tallest?"},
+        parse_responses_request,
+        {"top_k", "seed", "asymspec"},
+    ),
+}
+
+#: A value each hint may take (accepted, the request unchanged) and one each unsupported field is refused for.
+HINTS = {
+    "parallel_tool_calls": False,
+    "metadata": {"team": "charts"},
+    "user": "user-1",
+    "store": True,
+    "service_tier": "flex",
+    "safety_identifier": "hashed-user",
+    "prompt_cache_key": "charts",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "auto"},
+    "verbosity": "low",
+    "max_tool_calls": 3,
+}
+REFUSED = {
+    "frequency_penalty": 0.5,
+    "presence_penalty": -0.5,
+    "logit_bias": {"50256": -100},
+    "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy", "format": "wav"},
+    "prediction": {"type": "content", "content": "the answer"},
+    "web_search_options": {},
+    "moderation": {"model": "omni-moderation-latest"},
+    "functions": [{"name": "f", "parameters": {"type": "object"}}],
+    "function_call": "auto",
+    "echo": True,
+    "best_of": 2,
+    "suffix": " and so on",
+    "background": True,
+    "truncation": "auto",
+    "reasoning": {"effort": "high"},
+    "conversation": "conv_1",
+    "prompt": {"id": "pmpt_1"},
+    "context_management": [{"type": "compaction"}],
+    "guided_json": {"type": "object"},
+    "guided_regex": "[0-9]+",
+    "guided_choice": ["yes", "no"],
+    "guided_grammar": "root ::= 'yes'",
+}
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_every_openai_field_is_classified(endpoint):
+    schema, model, _, _, extensions = ENDPOINTS[endpoint]
+    upstream = set(request_properties(schema))
+    support = field_support(model)
+    assert upstream - set(support) == set(), f"{schema}: fields the server does not classify (declare them in {model.__name__})"
+    assert set(support) - upstream == extensions, "the server's own fields beyond OpenAI's"
+    assert set(support.values()) <= {"supported", "hint", "unsupported"}
+    # every hint and refusal has an example below, so the next tests exercise each one
+    assert {n for n, kind in support.items() if kind == "hint"} <= set(HINTS)
+    assert {n for n, kind in support.items() if kind == "unsupported"} <= set(REFUSED)
+
+
+def _cases(kind: str) -> list[tuple[str, str]]:
+    return [(e, n) for e, (_, model, *_) in ENDPOINTS.items() for n, k in field_support(model).items() if k == kind]
+
+
+@pytest.mark.parametrize("endpoint,name", _cases("hint"))
+def test_a_hint_is_accepted_and_changes_nothing(endpoint, name):
+    _, _, body, parse, _ = ENDPOINTS[endpoint]
+    assert parse({**body, name: HINTS[name]}).request == parse(body).request
+
+
+@pytest.mark.parametrize("endpoint,name", _cases("unsupported"))
+def test_an_unsupported_field_is_refused_naming_it(endpoint, name):
+    _, _, body, parse, _ = ENDPOINTS[endpoint]
+    with pytest.raises(RequestError) as info:
+        parse({**body, name: REFUSED[name]})
+    err = info.value
+    assert (err.status, err.param, err.code) == (400, name, "unsupported"), err.body()
+    assert err.message.startswith(name) and "is not supported; it must be absent or" in err.message and "\n" not in err.message
+    assert "unknown request field" not in err.message
+
+
+@pytest.mark.parametrize(
+    "endpoint,name,neutral",
+    [
+        ("chat", "frequency_penalty", 0),
+        ("chat", "logit_bias", {}),
+        ("chat", "modalities", ["text"]),
+        ("completions", "echo", False),
+        ("completions", "best_of", 1),
+        ("responses", "background", False),
+        ("responses", "truncation", "disabled"),
+        ("responses", "reasoning", {"effort": "none"}),
+    ],
+)
+def test_an_unsupported_field_at_its_neutral_value_is_accepted(endpoint, name, neutral):
+    _, _, body, parse, _ = ENDPOINTS[endpoint]
+    assert parse({**body, name: neutral}).request == parse(body).request
+
+
+def test_reasoning_effort_turns_thinking_on_or_off():
+    assert parse_chat_request({"messages": MESSAGES, "reasoning_effort": "low"}).request.enable_thinking is True
+    assert parse_chat_request({"messages": MESSAGES, "reasoning_effort": "none"}).request.enable_thinking is False
+    assert parse_chat_request({"messages": MESSAGES}).request.enable_thinking is False
+    with pytest.raises(RequestError, match="contradicts chat_template_kwargs.enable_thinking=false") as info:
+        parse_chat_request({"messages": MESSAGES, "reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}})
+    assert info.value.param == "reasoning_effort"
+
+
+def _documented(section: str) -> dict[str, str]:
+    """The field -> kind rows of a table in docs/serving.md whose heading line names ``section``."""
+    text = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
+    start = text.index(f"<!-- fields: {section} -->")
+    table = text[start : text.index("<!-- /fields -->", start)]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[1] in ("supported", "hint", "unsupported", "extension"):
+            for name in re.findall(r"`([a-z_]+)`", cells[0]):
+                rows[name] = cells[1]
+    return rows
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_the_docs_table_lists_every_field_as_the_model_treats_it(endpoint):
+    _, model, _, _, extensions = ENDPOINTS[endpoint]
+    want = {n: ("extension" if n in extensions and k == "supported" else k) for n, k in field_support(model).items()}
+    assert _documented(endpoint) == want
