@@ -287,7 +287,9 @@ def test_busy_port_and_slow_server_are_one_line(tmp_path):
     line = _one_line_error(proc)
     assert line.startswith(f"serving_bench: the server exited before it was ready: error: port {port} on 127.0.0.1 is already in use")
     proc = _run(
-        ["--prompts", "1", "--concurrency", "1", "--methods", "floor", "--ocr", "none", "--out", str(tmp_path / "b")], env={"READY_S": "1"}, timeout=300
+        ["--prompts", "1", "--concurrency", "1", "--methods", "floor", "--ocr", "none", "--out", str(tmp_path / "b")],
+        env={"READY_S": "1"},
+        timeout=300,
     )
     assert proc.returncode == 1
     assert _one_line_error(proc).startswith("serving_bench: the server was not ready within 1 s (log: ")
