@@ -4,7 +4,8 @@
 # MiniVista problems as vLLM's `custom_image` JSONL, PNG data URLs), greedy, at each concurrency, once per method.
 #
 #   bash scripts/serving_bench.sh [--prompts 32] [--concurrency 1,4,16] [--methods asymspec,floor]
-#                                 [--max-tokens 64] [--ocr server|none] [--threads N] [--port 0] [--out runs/serving-bench]
+#                                 [--max-tokens 64] [--ignore-eos] [--ocr server|none] [--threads N] [--port 0]
+#                                 [--out runs/serving-bench]
 #
 # Each cell (method x concurrency) gets a fresh `asymspec-mm serve --preset tiny` on 127.0.0.1 (--port 0: a free
 # port, read from the server's log), so every cell starts from the same empty caches (caption, OCR, vision
@@ -13,7 +14,8 @@
 # --extra-body). --ocr none sends `"ocr": false` (the verifier reads the drafter's caption only; no OCR worker).
 # --threads N runs the server with N OpenMP threads (OMP_NUM_THREADS; default: torch's, one per core), as
 # `asymspec-mm bench --threads` does: on a shared machine two threads wait at every op's barrier for a busy core.
-# Answers end at EOS or at --max-tokens: the server has no `ignore_eos` field, so lengths are the answers' own.
+# Answers end at EOS or at --max-tokens; --ignore-eos passes vLLM's own flag (the server takes vLLM's `ignore_eos`), so
+# every answer is --max-tokens long.
 # Writes, under --out: dataset.jsonl, METHOD-cN.json (vLLM's result), METHOD-cN.{before,after}.prom,
 # METHOD-cN.load (/proc/loadavg before and after), server-METHOD-cN.log, summary.json and table.md (printed).
 #
@@ -23,10 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
-PROMPTS=32 CONCURRENCY=1,4,16 METHODS=asymspec,floor MAX_TOKENS=64 OCR=server THREADS="" PORT=0 OUT=runs/serving-bench
-usage="(--prompts N | --concurrency 1,4,16 | --methods asymspec,floor | --max-tokens N | --ocr server|none | --threads N | --port P | --out DIR)"
+PROMPTS=32 CONCURRENCY=1,4,16 METHODS=asymspec,floor MAX_TOKENS=64 IGNORE_EOS="" OCR=server THREADS="" PORT=0 OUT=runs/serving-bench
+usage="(--prompts N | --concurrency 1,4,16 | --methods asymspec,floor | --max-tokens N | --ignore-eos | --ocr server|none | --threads N | --port P | --out DIR)"
 while [ $# -gt 0 ]; do
   case "$1" in
+    --ignore-eos) IGNORE_EOS=--ignore-eos; shift ;;
     --prompts|--concurrency|--methods|--max-tokens|--ocr|--threads|--port|--out)
       [ $# -ge 2 ] || { echo "serving_bench: $1 needs a value $usage" >&2; exit 2; }
       case "$1" in
@@ -119,7 +122,7 @@ start_server() {
 }
 
 "$PY" -m asymspec_mm.bench.serving dataset --out "$OUT/dataset.jsonl" --prompts "$PROMPTS"
-COMMAND="bash scripts/serving_bench.sh --prompts $PROMPTS --concurrency $CONCURRENCY --methods $METHODS --max-tokens $MAX_TOKENS --ocr $OCR${THREADS:+ --threads $THREADS}"
+COMMAND="bash scripts/serving_bench.sh --prompts $PROMPTS --concurrency $CONCURRENCY --methods $METHODS --max-tokens $MAX_TOKENS ${IGNORE_EOS:+ --ignore-eos} --ocr $OCR${THREADS:+ --threads $THREADS}"
 echo "serving_bench: $COMMAND (${#METHOD_LIST[@]} methods x ${#CONC_LIST[@]} concurrencies, $PROMPTS prompts each)"
 for m in "${METHOD_LIST[@]}"; do
   ASYMSPEC="{\"method\": \"$m\"$OCR_OPT}"
@@ -132,7 +135,7 @@ for m in "${METHOD_LIST[@]}"; do
     curl -sf "$URL/metrics" >"$OUT/$stem.before.prom.tmp"
     "$VLLM_PY" -c "$VLLM_CLI" bench serve --backend openai-chat --base-url "$URL" --endpoint /v1/chat/completions \
       --model tiny --tokenizer "$TOKENIZER" --dataset-name custom_image --dataset-path "$OUT/dataset.jsonl" --disable-shuffle \
-      --num-prompts "$PROMPTS" --custom-output-len "$MAX_TOKENS" --temperature 0 --max-concurrency "$c" \
+      --num-prompts "$PROMPTS" --custom-output-len "$MAX_TOKENS" --temperature 0 --max-concurrency "$c" $IGNORE_EOS \
       --extra-body "{\"asymspec\": $ASYMSPEC}" --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
       --label "asymspec-mm-$m" --metadata "method=$m" "ocr=$OCR" --disable-tqdm \
       --save-result --save-detailed --result-dir "$OUT" --result-filename "$stem.json" >"$OUT/$stem.vllm.log" 2>&1 ||

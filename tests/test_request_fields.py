@@ -41,6 +41,7 @@ ENDPOINTS = {
             "chat_template_kwargs",
             "asymspec",
             "structured_outputs",
+            "ignore_eos",
             "guided_json",
             "guided_regex",
             "guided_choice",
@@ -52,7 +53,7 @@ ENDPOINTS = {
         CompletionRequest,
         {"prompt": "Which bar is the tallest?"},
         parse_completion,
-        {"top_k", "asymspec", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"},
+        {"top_k", "asymspec", "structured_outputs", "ignore_eos", "guided_json", "guided_regex", "guided_choice", "guided_grammar"},
     ),
     "responses": (
         "CreateResponse",

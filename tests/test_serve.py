@@ -188,6 +188,33 @@ def test_completion_equals_generate(pipe, client, method, options):
         assert extra["stats"][key] == ref.stats[key], key
 
 
+def test_ignore_eos_decodes_to_the_budget(pipe, client):
+    """vLLM's ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` sends) reaches the request on both endpoints that
+    take it, and the answer runs to ``max_tokens``, token for token the library's ``ignore_eos``."""
+    from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
+    from asymspec_mm.serve.schema import parse_chat_request, validated
+
+    case = make_case(2)
+    body = body_of(case, max_tokens=40, return_trace=True)
+    for flag in (True, False, None):
+        extra = {} if flag is None else {"ignore_eos": flag}
+        assert parse_chat_request({**body, **extra}).request.ignore_eos is bool(flag)
+        completion = validated(CompletionRequest, {"prompt": "Which bar?", **extra})
+        assert parse_completion_request(completion).request.ignore_eos is bool(flag)
+    ref = pipe.generate(
+        case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=AsymSpecConfig(max_new_tokens=40), ignore_eos=True
+    )
+    resp = client.chat.completions.create(
+        **{k: v for k, v in body.items() if k != "asymspec"}, extra_body={"asymspec": body["asymspec"], "ignore_eos": True}
+    )
+    assert [t["token_id"] for t in resp.model_extra["asymspec"]["trace"]] == ref.token_ids
+    assert resp.usage.completion_tokens == 40 and resp.choices[0].finish_reason == "length"
+    done = client.completions.create(model="tiny", prompt=case["question"], max_tokens=12, extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 12 and done.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        client.completions.create(model="tiny", prompt="x", extra_body={"ignore_eos": "yes"})
+
+
 def test_return_trace_matches_res_trace(pipe, client):
     case = make_case(2)
     ref = reference(pipe, case, max_new_tokens=12, k=3)
@@ -318,6 +345,11 @@ def test_neutral_openai_fields_are_accepted(pipe, server):
 def test_models_health_and_metrics(pipe, client, server):
     assert [m.id for m in client.models.list().data] == [pipe.name]
     assert client.models.retrieve(pipe.name).id == pipe.name
+    # vLLM's ``root``: a benchmark client loads the tokenizer from it
+    from transformers import AutoTokenizer
+
+    root = client.models.list().data[0].model_extra["root"]
+    assert AutoTokenizer.from_pretrained(root).get_vocab() == pipe.verifier_tokenizer.get_vocab()
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["model"] == pipe.name
     before = metrics_of(server.url)

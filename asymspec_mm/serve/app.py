@@ -194,7 +194,9 @@ def create_app(
         return json_response({"status": "ok", "model": state.model})
 
     def model_card() -> dict:
-        return {"id": state.model, "object": "model", "created": state.created, "owned_by": "asymspec-mm"}
+        # ``root``: where the verifier's tokenizer is (vLLM's field; its benchmark client loads the tokenizer from it)
+        root = getattr(getattr(state.pipe, "verifier_tokenizer", None), "name_or_path", None) or state.model
+        return {"id": state.model, "object": "model", "created": state.created, "owned_by": "asymspec-mm", "root": root}
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -91,6 +91,7 @@ class CompletionRequest(RequestModel):
     seed: Seed = None
     logprobs: Annotated[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None, checked_by(_logprobs)] = None
     structured_outputs: StructuredOutputs | None = None
+    ignore_eos: flag("ignore_eos") = None
     asymspec: AsymSpecOptions | None = None
     user: hint(lambda v: isinstance(v, str), "a string", "user", str) = None
     echo: unsupported(lambda v: v is False, "false: the prompt is not repeated in the answer", "echo", Literal[False]) = None
@@ -123,6 +124,7 @@ def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | N
         caption=opts.caption if opts else None,
         ocr=opts.ocr if opts else None,
         response_format=response_format_of(req),
+        ignore_eos=bool(req.ignore_eos),
         return_trace=bool(opts and opts.return_trace),
     )
     params = {"messages": "prompt", **({"response_format": "structured_outputs"} if req.structured_outputs is not None else {})}

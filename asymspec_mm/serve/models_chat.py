@@ -276,6 +276,7 @@ class ChatCompletionRequest(RequestModel):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     structured_outputs: StructuredOutputs | None = None
+    ignore_eos: flag("ignore_eos") = None
     asymspec: AsymSpecOptions | None = None
     # hints: accepted, no effect on the answer
     parallel_tool_calls: hint(lambda v: isinstance(v, bool), "a boolean", "parallel_tool_calls", bool) = None

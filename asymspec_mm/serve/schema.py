@@ -223,6 +223,7 @@ def parse_chat_request(
         tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools is not None else None,
         tool_choice=req.tool_choice if isinstance(req.tool_choice, (str, type(None))) else req.tool_choice.model_dump(),
         response_format=response_format_of(req),
+        ignore_eos=bool(req.ignore_eos),
         return_trace=bool(opts and opts.return_trace),
     )
     # before the images load: a bad tool costs no decoding
