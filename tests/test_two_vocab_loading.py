@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from two_vocab_pair import TINY_DRAFTER, build_verifier
+from two_vocab_pair import TINY_DRAFTER
 
 from asymspec_mm import AsymSpecPipeline
 from asymspec_mm.base.errors import VocabularyMismatchError
@@ -15,8 +15,8 @@ from asymspec_mm.engines.loading import MIN_VOCAB_OVERLAP
 
 
 @pytest.fixture(scope="module")
-def verifier_dir(tmp_path_factory):
-    return build_verifier(tmp_path_factory.mktemp("xverifier"))
+def verifier_dir(two_vocab_verifier):
+    return two_vocab_verifier
 
 
 def test_from_pretrained_logs_the_map_and_its_coverage(verifier_dir, caplog):

@@ -5,7 +5,6 @@ and decodes to the same bytes in either tokenizer."""
 from __future__ import annotations
 
 import pytest
-from two_vocab_pair import TINY_DRAFTER, build_verifier
 from two_vocab_reference import TwoVocabReference
 
 from asymspec_mm import AsymSpecConfig
@@ -19,11 +18,9 @@ SETTINGS = [
 
 
 @pytest.fixture(scope="module")
-def xpipe(tmp_path_factory):
+def xpipe(two_vocab_pipe):
     """The tiny drafter with a verifier of another tokenizer family (tests/two_vocab_pair.py), through from_pretrained."""
-    from asymspec_mm import AsymSpecPipeline
-
-    return AsymSpecPipeline.from_pretrained(TINY_DRAFTER, build_verifier(tmp_path_factory.mktemp("xverifier")), ocr="none")
+    return two_vocab_pipe
 
 
 @pytest.fixture(scope="module")
