@@ -78,3 +78,16 @@ def test_a_pair_that_overlaps_too_little_is_refused_in_one_line(verifier_dir, tm
     # the same pair loads when asked to (and then decodes inside the few tokens both have)
     pipe = AsymSpecPipeline.from_pretrained(TINY_DRAFTER, bad, ocr="none", min_vocab_overlap=0.0)
     assert 0 < pipe.vocab_map.coverage()["verifier_share"] < MIN_VOCAB_OVERLAP
+
+
+def test_the_cross_family_page_example_runs(two_vocab_verifier, capsys, monkeypatch):
+    from docblocks import REPO, block_with
+
+    code = block_with("docs/cross-family.md", "python", "AsymSpecPipeline.from_pretrained(drafter_dir, verifier_dir)")
+    monkeypatch.chdir(REPO)
+    exec(code, {"drafter_dir": str(TINY_DRAFTER), "verifier_dir": str(two_vocab_verifier)})
+    lines = capsys.readouterr().out.splitlines()
+    assert int(lines[0]) > 600 and 2 <= len(lines) <= 6
+    for line in lines[1:]:
+        verifier_id, drafter_id, source, alone = line.split()
+        assert int(verifier_id) >= 0 and int(drafter_id) >= 0 and source in ("accepted", "fused", "bonus") and alone in ("True", "False")
