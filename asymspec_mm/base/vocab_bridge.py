@@ -46,7 +46,8 @@ class VocabBridge:
         self._host = (to_drafter, to_drafter >= 0, to_drafter.clamp_min(0))
         self._devices: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._lock = threading.Lock()
-        self.inside_ids: list[int] = [int(v) for v in torch.nonzero(self._host[1]).flatten()]
+        self._drafter_of: list[int] = to_drafter.tolist()  # the host's lookup (one per emitted token)
+        self.inside_ids: list[int] = [v for v, d in enumerate(self._drafter_of) if d >= 0]
 
     def _on(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(to_drafter ``[V_v]`` long, -1 outside; inside ``[V_v]`` bool; the drafter column of each verifier id,
@@ -73,7 +74,7 @@ class VocabBridge:
 
     def drafter_id(self, token: int) -> int | None:
         """One verifier id's drafter id (host), or None outside the map."""
-        d = int(self._host[0][token]) if 0 <= token < self.verifier_width else -1
+        d = self._drafter_of[token] if 0 <= token < self.verifier_width else -1
         return d if d >= 0 else None
 
     def verifier_order(self, logits: torch.Tensor) -> torch.Tensor:
