@@ -33,6 +33,24 @@ def tiny_pipe(tiny_dirs):
 
 
 @pytest.fixture(scope="session")
+def two_vocab_verifier(tmp_path_factory):
+    """A random Qwen3 verifier with a tokenizer of another family than the tiny drafter's (tests/two_vocab_pair.py)."""
+    from two_vocab_pair import build_verifier
+
+    return build_verifier(tmp_path_factory.mktemp("two_vocab_verifier"))
+
+
+@pytest.fixture(scope="session")
+def two_vocab_pipe(two_vocab_verifier):
+    """A cross-family pair: the bundled tiny drafter and :func:`two_vocab_verifier`, through ``from_pretrained``."""
+    from two_vocab_pair import TINY_DRAFTER
+
+    from asymspec_mm import AsymSpecPipeline
+
+    return AsymSpecPipeline.from_pretrained(TINY_DRAFTER, two_vocab_verifier, ocr="none")
+
+
+@pytest.fixture(scope="session")
 def standin_dirs(tmp_path_factory):
     """(drafter_dir, verifier_dir): real-layout Qwen3-VL-2B / Qwen3-32B stand-ins (real hub files, small random weights)."""
     from asymspec_mm.checkpoints.standins import build_standin_pair

@@ -23,7 +23,7 @@ from docblocks import DOCS, REPO, block_with, blocks, doc_pages, fenced_blocks, 
 #: Languages whose blocks are programs a reader would run.
 RUNNABLE = ("python", "bash", "sh", "shell", "console")
 #: The test files whose ``block_with`` calls count as running a block.
-RUNNERS = ("tests/test_readme.py", "tests/test_docs.py")
+RUNNERS = ("tests/test_readme.py", "tests/test_docs.py", "tests/test_two_vocab_loading.py")
 
 GPU_QWEN = "needs the real Qwen3-VL-2B-Instruct / Qwen3-32B weights (a GPU and the Hugging Face hub)"
 VLLM = "needs a vLLM install (tests/test_vllm_engine.py runs in the separate .venv-vllm; CI runs it)"

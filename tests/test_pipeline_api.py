@@ -130,7 +130,8 @@ def test_vocabulary_mismatch_names_ids(tiny_dirs, tmp_path):
     with pytest.raises(VocabularyMismatchError, match="output logits"):
         check_vocabularies(d_tok, d_tok, 100, 200)
     check_vocabularies(d_tok, AutoTokenizer.from_pretrained(tiny_dirs[1]), 10, 10)
-    # Through loading: a verifier saved with another tokenizer is refused.
+    # Through loading: a verifier saved with another tokenizer is a cross-family pair (tests/test_two_vocab_loading.py),
+    # refused when the two vocabularies overlap less than min_vocab_overlap of either.
     import shutil
 
     bad = tmp_path / "verifier"
@@ -138,8 +139,9 @@ def test_vocabulary_mismatch_names_ids(tiny_dirs, tmp_path):
     for f in bad.glob("tokenizer*"):
         f.unlink()
     other.save_pretrained(bad)
-    with pytest.raises(VocabularyMismatchError):
-        AsymSpecPipeline.from_pretrained(tiny_dirs[0], bad, ocr="none")
+    share = AsymSpecPipeline.from_pretrained(tiny_dirs[0], bad, ocr="none").vocab_map.coverage()["drafter_share"]
+    with pytest.raises(VocabularyMismatchError, match="tokens in common"):
+        AsymSpecPipeline.from_pretrained(tiny_dirs[0], bad, ocr="none", min_vocab_overlap=share + 0.01)
 
 
 def test_inputs_of_every_kind(tiny_pipe, tmp_path):

@@ -157,10 +157,14 @@ def _tooltip(ev: Any, dec: _Decoder) -> str:
     vmax = _get(ev, "verifier_argmax")
     draft = _get(ev, "draft_token")
     steered = bool(_get(ev, "steered", False))
+    drafter_id = _get(ev, "drafter_token_id")  # a cross-family pair: the same token's id in the drafter's vocabulary
+    ids = f"id {token}" if drafter_id is None else f"verifier id {token}, drafter id {int(drafter_id)}"
     lines = [
         f"#{_get(ev, 'index', 0)}  {source}  (step {_get(ev, 'step', 0)}, position {_get(ev, 'position', 0)})",
-        f"token     {visible_text(text)!r} (id {token})",
+        f"token     {visible_text(text)!r} ({ids})",
     ]
+    if _get(ev, "verifier_alone", False):
+        lines.append("the verifier's best token is not in the drafter's vocabulary: the verifier decided alone (no steering)")
     if vmax is not None:
         mark = "  <- STEERED: differs" if steered else "  (same)"
         lines.append(f"verifier  {visible_text(dec(vmax))!r} (id {int(vmax)}){mark}")
@@ -224,6 +228,8 @@ def render_token(ev: Any, dec: _Decoder, shown: str | None = None) -> str:
         ("data-p-base", _num_attr(_get(ev, "p_base"))),
         ("data-jsd", _num_attr(_get(ev, "jsd"))),
         ("data-gamma-eff", _num_attr(_get(ev, "gamma_eff"))),
+        ("data-drafter-token-id", None if _get(ev, "drafter_token_id") is None else str(int(_get(ev, "drafter_token_id")))),
+        ("data-verifier-alone", "1" if _get(ev, "verifier_alone", False) else None),
     ]
     vmax = _get(ev, "verifier_argmax")
     if vmax is not None:

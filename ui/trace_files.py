@@ -34,6 +34,8 @@ CSV_COLUMNS = (
     "steered",
     "draft_token",
     "draft_text",
+    "drafter_token_id",
+    "verifier_alone",
 )
 
 

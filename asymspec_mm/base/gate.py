@@ -159,6 +159,7 @@ class GateOutput:
     log_base: torch.Tensor | None = None  # log_softmax(b)
     fused_logits: torch.Tensor | None = None  # t + beta * delta
     log_fused: torch.Tensor | None = None  # log_softmax(t + beta * delta): the fused target at temperature 1
+    alone: torch.Tensor | None = None  # [P] bool: positions where the verifier decides alone (two vocabularies)
 
 
 def gate_step(
@@ -172,11 +173,17 @@ def gate_step(
     gate: str = "cda",
     delta: str = "contrast",
     lam: Setting = 0.1,
+    alone: torch.Tensor | None = None,
 ) -> GateOutput:
     """Gate every drafted position and precompute the fused token for each (no host sync).
 
     Computing fusion for all P rows at once costs P argmaxes but lets the caller fetch the
     decision and every token it may emit in a single device-to-host transfer.
+
+    ``alone`` ``[P]`` bool (a cross-family pair, :mod:`asymspec_mm.base.vocab_bridge`): where it is set the verifier's
+    best token lies outside the tokens both models have, and the verifier decides alone: no steering (the fused token
+    is ``argmax t``) and the draft is kept only if it is that token (the greedy limit of speculative sampling, whose
+    gate set is then empty: :func:`asymspec_mm.base.sampling.gate_set` callers drop these positions).
     """
     a, b, t = a.float(), b.float(), t.float()
     log_a, log_b, log_t = a.log_softmax(-1), b.log_softmax(-1), t.log_softmax(-1)
@@ -190,10 +197,15 @@ def gate_step(
     p_verifier = log_t[rows, drafts].exp()
     p_base = log_b[rows, drafts].exp()
     steered = fusion_logits(t, context_gain(a, b, t, delta), beta)
+    accepted = accept(p_verifier, p_base, gamma_eff)
+    if alone is not None:
+        alone = alone.to(t.device)
+        steered = torch.where(alone[:, None], t, steered)
+        accepted = torch.where(alone, drafts == t.argmax(-1), accepted)
     log_f = steered.log_softmax(-1)
     fused = steered.argmax(-1)
     return GateOutput(
-        accepted=accept(p_verifier, p_base, gamma_eff),
+        accepted=accepted,
         gamma_eff=gamma_eff,
         jsd=divergence,
         p_verifier=p_verifier,
@@ -206,4 +218,5 @@ def gate_step(
         log_base=log_b,
         fused_logits=steered,
         log_fused=log_f,
+        alone=alone,
     )

@@ -107,6 +107,7 @@ class BatchDecoder(RowDecoder):
             session.stop_fn,
             constraint=session.constraint,
             storage=storage,
+            vocab=getattr(session, "vocab", None),
         )
         row.session, row.final_lengths = session, final
         return row
@@ -187,7 +188,8 @@ class BatchDecoder(RowDecoder):
         prompts = {}
         for name, key in row.storage.items():
             prompt = row.session.to_prefill[name]
-            tail = torch.cat([first[name].reshape(-1).cpu(), committed])[: row.streams[name].engine.length - prompt.ids.numel()]
+            fed = row.streams[name].own_ids(committed)  # a cross-family drafter stream holds the drafter's ids
+            tail = torch.cat([first[name].reshape(-1).cpu(), fed])[: row.streams[name].engine.length - prompt.ids.numel()]
             prompts[key] = resumed_prompt(prompt, tail)
         self.park(rid)
         self.parked[rid] = (row, prompts)

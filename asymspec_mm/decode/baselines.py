@@ -25,7 +25,7 @@ STREAMS_OF = {
 
 class BaselineSteps:
     """The SD and plain-method group steps of :class:`~asymspec_mm.decode.rows.RowDecoder` (which provides
-    ``_draft``, ``_scoring``, ``_masked`` and ``_draws``)."""
+    ``_draft``, ``_scoring``, ``_masked``, ``_in_loop`` and ``_draws``)."""
 
     def _sd(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
         """Symmetric SD: greedy, keep the drafts that match the verifier's argmax, then its own token (equals Floor);
@@ -74,7 +74,9 @@ class BaselineSteps:
         name = STREAMS_OF[method][0]
         phase = SCORE if method == "floor" else DRAFT
         (out,) = yield Ask(phase, [Forward(rows[0].storage[name], {row.id: row.streams[name].pending for row in rows})])
-        logits = stack_rows([out[r.id][-1:] for r in rows]).float()
+        logits = self._in_loop(
+            rows, name, stack_rows([out[r.id][-1:] for r in rows]).float()
+        )  # a cross-family drafter's in the verifier's ids
         logits = self._masked(logits, {j: [row.constraint.mask()] for j, row in enumerate(rows) if row.constraint is not None})[
             :, 0
         ]  # [R, V]

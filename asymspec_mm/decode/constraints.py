@@ -14,8 +14,11 @@ from typing import Protocol
 
 import torch
 
-#: The logit of a token the constraint forbids: far below any real logit, finite so that differences are 0.
-FORBIDDEN = -1.0e9
+from ..base.vocab_bridge import FORBIDDEN as VOCAB_FORBIDDEN
+
+#: The logit of a token the constraint forbids: far below any real logit, finite so that differences are 0 (the same
+#: value a cross-family row gives the tokens outside the map, :mod:`asymspec_mm.base.vocab_bridge`).
+FORBIDDEN = VOCAB_FORBIDDEN
 
 
 class Constraint(Protocol):

@@ -120,6 +120,8 @@ class StepDraws:
         r, n = drafts.shape
         f = self.probs(target_logits, n)
         in_gate = None if g is None else gate_set(g.log_verifier, g.log_base, g.gamma_eff)
+        if in_gate is not None and g.alone is not None:  # where the verifier decides alone the gate's set is empty
+            in_gate = in_gate & ~g.alone[:, None].to(in_gate.device)
         dev = f.device  # the verifier may live on another device than the drafter
         u = self.u[:, :, col : col + n].to(dev)
         s = sampled_gate(q.flatten(0, 1).to(dev), f, in_gate, drafts.flatten().to(dev), u[:, 1].flatten(), u[:, 2].flatten())

@@ -33,6 +33,10 @@ class TokenEvent:
     p_fused: the token's probability under the fused target at temperature 1 without filtering,
     softmax(t + beta * delta) (where nothing was fused, the emitting model's own softmax: the verifier's at a bonus, SD
     and Floor position, the drafter's for the drafter alone): what the server reports as ``logprobs``.
+    Cross-family pairs (docs/algorithm.md, "Two vocabularies"): ``token_id`` is the verifier's id and
+    drafter_token_id the drafter's id of the same token (None for a pair of one vocabulary, and for Floor);
+    verifier_alone says the verifier's best token lay outside the tokens both models have, so it decided alone here
+    (no steering). Every probability is then over those tokens.
     """
 
     index: int
@@ -56,6 +60,8 @@ class TokenEvent:
     residual: bool = False
     gate_excess: float | None = None
     p_fused: float | None = None
+    drafter_token_id: int | None = None
+    verifier_alone: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -33,14 +33,16 @@ def steps_for(
     counters: Counters | None = None,
     timer: Timer | None = None,
     constraint: Any = None,
+    vocab: Any = None,
 ) -> Iterator[list[TokenEvent]]:
     """The step iterator of ``method`` over prefilled ``streams`` (keyed drafter_full / drafter_comp / verifier;
-    ``pending`` each one's last prompt token ``[1]``; ``constraint``: the grammar the output follows)."""
+    ``pending`` each one's last prompt token ``[1]``; ``constraint``: the grammar the output follows; ``vocab``: a
+    cross-family pair's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge`)."""
     check_method(method)
     names = STREAMS_OF[method]
     decoder = RowDecoder({name: SoloEngine(name) for name in names})
     counters = counters or Counters(cfg.k, {name: streams[name] for name in names})
-    decoder.join(0, method, streams, pending, cfg, eos_ids, stop_fn, counters, constraint)
+    decoder.join(0, method, streams, pending, cfg, eos_ids, stop_fn, counters, constraint, vocab=vocab)
     return _steps(decoder, timer)
 
 

@@ -36,3 +36,4 @@ class Row:
     constraint: Constraint | None = None  # the grammar its output follows (forced tool calls, JSON), if any
     rng: torch.Generator | None = None  # a sampled row's own generator (None: greedy)
     preemptions: int = 0  # times its KV was dropped and re-prefilled from its tokens
+    vocab: Any = None  # a cross-family row's VocabBridge (its ids are the verifier's; None: one vocabulary)

@@ -44,6 +44,10 @@ from .step_events import Timer, bonus_event, gate_event, no_timer, tops_at
 from .streams import Emitter, StopFn, Stream
 from .transfer import gated_tops, pack_bonus, pack_gate, pack_host, read_host, trace_tops
 
+#: The streams that read the drafter's ids: on a cross-family pair (a row with a ``vocab``) the loop's ids are the
+#: verifier's, and these streams' ids and logits go through the row's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge`.
+DRAFTER_STREAMS = ("drafter_full", "drafter_comp")
+
 
 def drafting_stream(method: str) -> str:
     """The stream that drafts: the drafter on the compressed view for SD, on the full view otherwise."""
@@ -106,12 +110,20 @@ class RowDecoder(BaselineSteps):
         counters: Counters | None = None,
         constraint: Constraint | None = None,
         storage: dict[str, str] | None = None,
+        vocab: Any = None,
     ) -> Row:
         """Add a row of ``method`` from its prefilled single-row ``streams`` and their pending tokens (``constraint``:
-        the grammar its output follows; ``storage``: the row storage of each stream, default its name). All or
-        nothing: if any stream's join fails, the ones it joined already leave again and it raises."""
+        the grammar its output follows; ``storage``: the row storage of each stream, default its name; ``vocab``: a
+        cross-family pair's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge`, the row's ids then the verifier's).
+        All or nothing: if any stream's join fails, the ones it joined already leave again and it raises."""
         check_method(method)
         config = config.validated()
+        if vocab is not None and method == "sd":
+            raise ValueError(
+                "method='sd' verifies with the verifier's argmax over its whole vocabulary, which the drafter of a "
+                "cross-family pair cannot always read: use method='floor' (the same tokens) or an sd_drafter of the "
+                "verifier's vocabulary"
+            )
         storage = {name: (storage or {}).get(name, name) for name in STREAMS_OF[method]}
         missing = [name for name, key in storage.items() if key not in self.engines]
         if missing:
@@ -119,6 +131,8 @@ class RowDecoder(BaselineSteps):
         drafter = self.engines[storage.get(drafting_stream(method), "")] if method in ("asymspec", "sd") else None
         if constraint is not None and drafter is not None and drafter.drafts_itself:
             raise ValueError(f"{drafting_stream(method)}: an engine that drafts by itself (vLLM) cannot follow a grammar here")
+        if vocab is not None and drafter is not None and drafter.drafts_itself:
+            raise ValueError(f"{drafting_stream(method)}: an engine that drafts by itself (vLLM) cannot draft for a cross-family pair")
         joined = []
         try:
             for name, key in storage.items():
@@ -138,8 +152,9 @@ class RowDecoder(BaselineSteps):
             counters.seed = config.seed if config.seed is not None else new_seed()
             rng = row_generator(counters.seed, views[deciding_stream(method)].device)
         emitter = Emitter(counters, config.max_new_tokens, eos_ids, stop_fn)
-        streams_of_row = {name: Stream(views[name], pending[name]) for name in views}
-        row = Row(rid, method, config, streams_of_row, storage, counters, emitter, constraint=constraint, rng=rng)
+        own = {name: vocab.drafter_ids for name in DRAFTER_STREAMS if vocab is not None}
+        streams_of_row = {name: Stream(views[name], pending[name], own.get(name)) for name in views}
+        row = Row(rid, method, config, streams_of_row, storage, counters, emitter, constraint=constraint, rng=rng, vocab=vocab)
         self.rows[rid] = row
         return row
 
@@ -203,7 +218,8 @@ class RowDecoder(BaselineSteps):
             row.max_batch = max(row.max_batch, len(rows))
             for s in row.streams.values():
                 s.begin_step()
-            groups.setdefault((step_shape(row.method, row.config), tuple(sorted(row.storage.items()))), []).append(row)
+            shape = (step_shape(row.method, row.config), tuple(sorted(row.storage.items())), row.vocab is not None)
+            groups.setdefault(shape, []).append(row)
         calls = self.engine_calls
         with self.lock:
             steps = [self._group_step(key, members, timer or no_timer) for key, members in groups.items()]
@@ -220,6 +236,9 @@ class RowDecoder(BaselineSteps):
             if self.decode_token is not None:
                 for ev in committed:
                     ev.text = self.decode_token(ev.token_id)
+            if row.vocab is not None:  # both ids of each token (the drafter's fed its streams)
+                for ev in committed:
+                    ev.drafter_token_id = row.vocab.drafter_id(ev.token_id)
             row.trace.extend(committed)
             row.counters.record_gate_excess([ev.gate_excess for ev in committed if ev.gate_excess is not None])
             if row.constraint is not None:
@@ -272,7 +291,7 @@ class RowDecoder(BaselineSteps):
         drafts, logits = [], []
         for _ in range(k):
             (out,) = yield Ask(DRAFT, [Forward(storage, x)])
-            last = stack_rows([out[r][-1] for r in x]).float()  # [R, V]
+            last = self._in_loop(rows, name, stack_rows([out[r][-1] for r in x]).float())  # [R, V]
             for j, c in constrained:
                 masks.setdefault(j, []).append(c.mask())
                 last[j] = apply_masks(last[j], masks[j][-1])
@@ -281,7 +300,8 @@ class RowDecoder(BaselineSteps):
             for j, c in constrained:
                 c.push(int(d[j]))
             drafts.append(d)
-            x = {r: d[j : j + 1] for j, r in enumerate(x)}
+            fed = self._fed(rows, name, d)
+            x = {r: fed[j : j + 1] for j, r in enumerate(x)}
         for j, c in constrained:
             masks[j].append(c.mask())
         return torch.stack(drafts, dim=1), torch.stack(logits, dim=1)
@@ -293,11 +313,26 @@ class RowDecoder(BaselineSteps):
             return logits
         return apply_masks(logits.float(), step_masks(masks, logits.shape[0], logits.shape[1], logits.shape[-1]))
 
+    @staticmethod
+    def _in_loop(rows: list[Row], name: str, logits: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V]`` of stream ``name`` in the loop's vocabulary: a cross-family row's drafter logits in the
+        verifier's order (:meth:`~asymspec_mm.base.vocab_bridge.VocabBridge.verifier_order`), else unchanged."""
+        vocab = rows[0].vocab  # rows of one group agree (the group key holds whether they have a map)
+        return logits if vocab is None or name not in DRAFTER_STREAMS else vocab.verifier_order(logits)
+
+    @staticmethod
+    def _fed(rows: list[Row], name: str, ids: torch.Tensor) -> torch.Tensor:
+        """The loop's token ids ``[...]`` as stream ``name`` reads them (a cross-family row's drafter streams: the
+        drafter's ids), else unchanged."""
+        vocab = rows[0].vocab
+        return ids if vocab is None or name not in DRAFTER_STREAMS else vocab.drafter_ids(ids)
+
     def _scoring(self, name: str, rows: list[Row], drafts: torch.Tensor) -> Forward:
         """Pending + drafts ``[R, K]`` of every row on stream ``name``, one forward."""
         storage = rows[0].storage[name]
         device = self.engines[storage].device
-        ids = {row.id: torch.cat([row.streams[name].pending.to(drafts.device), drafts[j]]).to(device) for j, row in enumerate(rows)}
+        fed = self._fed(rows, name, drafts)
+        ids = {row.id: torch.cat([row.streams[name].pending.to(fed.device), fed[j]]).to(device) for j, row in enumerate(rows)}
         return Forward(storage, ids)
 
     def _asymspec(self, key: tuple, rows: list[Row], timer: Timer) -> GroupStep:
@@ -309,8 +344,11 @@ class RowDecoder(BaselineSteps):
         draws = self._draws(key, rows, k + 1)  # None: every row is greedy
         drafts, a = yield from self._draft(rows, k, masks, draws)  # d_1..d_K [R, K], a_1..a_K [R, K, V]
         b_out, t_out = yield Ask(SCORE, [self._scoring("drafter_comp", rows, drafts), self._scoring("verifier", rows, drafts)])
-        b = self._masked(stack_rows([b_out[r.id] for r in rows]), masks)  # b_1..b_{K+1} [R, K+1, V]
+        b = self._masked(self._in_loop(rows, "drafter_comp", stack_rows([b_out[r.id] for r in rows])), masks)  # b_1..b_{K+1} [R, K+1, V]
         t = self._masked(stack_rows([t_out[r.id] for r in rows]), masks).to(a.device)  # t_1..t_{K+1} [R, K+1, V]
+        alone = None  # [R, K+1]: where a cross-family row's verifier decides alone (its best token has no drafter id)
+        if rows[0].vocab is not None:
+            t, alone = rows[0].vocab.restrict(t)
         settings = self._gate_settings(key, rows, k, a.device)
         with timer("gate"):
             g = gate_step(
@@ -320,6 +358,7 @@ class RowDecoder(BaselineSteps):
                 drafts.flatten(),
                 gate=cfg.gate,
                 delta=cfg.delta,
+                alone=None if alone is None else alone[:, :k].flatten(),
                 **settings,
             )
             sampled = bonus_drawn = None
@@ -327,7 +366,7 @@ class RowDecoder(BaselineSteps):
                 q = torch.stack(draws.proposals, dim=1)  # [R, K, V]
                 sampled = draws.decide(q, g.fused_logits, drafts, 0, g, (g.accepted, g.fused))
                 bonus_drawn = draws.draw_residual(t[:, k], k)  # ~ softmax(F(t_{K+1} / tau))
-        bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k], bonus_drawn)
+        bonus_ids, log_t_bonus, bonus = pack_bonus(t[:, k], b[:, k], bonus_drawn, None if alone is None else alone[:, k])
         with timer("trace"):
             tops = trace_tops(g, log_t_bonus, top) if top else None
         flat = yield Ask(DECIDE, transfer=pack_host(pack_gate(g, drafts.flatten(), sampled), bonus, tops))  # the step's one transfer
@@ -363,6 +402,7 @@ class RowDecoder(BaselineSteps):
                 timer,
                 bonus_masks,
                 None if draws is None else draws.subset(gated),
+                None if alone is None else alone[gated, k],
             )
         return [tuple(e) for e in emitted]
 
@@ -377,19 +417,23 @@ class RowDecoder(BaselineSteps):
         timer: Timer,
         masks: dict[int, list[torch.Tensor]] | None = None,
         draws: StepDraws | None = None,
+        alone: torch.Tensor | None = None,
     ) -> Generator[Ask, Any, None]:
         """``bonus="gated"`` for the rows with K acceptances: d_K ``[G, 1]`` forwarded for a_{K+1}, gated against
         ``b_bonus`` / ``t_bonus`` ``[G, V]`` in one forward, one gate call and one transfer (``masks``: the
-        constrained rows' allowed tokens at the bonus position; ``draws``: these rows' draws, column K)."""
+        constrained rows' allowed tokens at the bonus position; ``draws``: these rows' draws, column K; ``alone`` ``[G]``:
+        where a cross-family row's verifier decides alone at the bonus position)."""
         cfg = rows[0].config
         k, top = cfg.k, cfg.trace_top
         storage = rows[0].storage["drafter_full"]
-        (out,) = yield Ask(BONUS, [Forward(storage, {row.id: d_k[j] for j, row in enumerate(rows)})])
-        a_bonus = self._masked(stack_rows([out[r.id] for r in rows])[:, -1:].float(), masks or {})[:, 0]  # a_{K+1} [G, V]
+        fed = self._fed(rows, "drafter_full", d_k)
+        (out,) = yield Ask(BONUS, [Forward(storage, {row.id: fed[j] for j, row in enumerate(rows)})])
+        a_last = self._in_loop(rows, "drafter_full", stack_rows([out[r.id] for r in rows])[:, -1:].float())
+        a_bonus = self._masked(a_last, masks or {})[:, 0]  # a_{K+1} [G, V]
         d_bonus = a_bonus.argmax(-1) if draws is None else draws.draw(a_bonus, k)
         settings = self._gate_settings(key, rows, 1, a_bonus.device)
         with timer("gate"):
-            g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, **settings)
+            g = gate_step(a_bonus, b_bonus, t_bonus, d_bonus, gate=cfg.gate, delta=cfg.delta, alone=alone, **settings)
             sampled = None
             if draws is not None:
                 sampled = draws.decide(draws.proposals[-1][:, None], g.fused_logits, d_bonus[:, None], k, g, (g.accepted, g.fused))

@@ -38,6 +38,7 @@ def make_event(
     gate_excess: float | None = None,
     residual: bool = False,
     p_fused: float | None = None,
+    alone: bool = False,
 ) -> TokenEvent:
     ev = TokenEvent(
         index=0,
@@ -59,6 +60,7 @@ def make_event(
         residual=residual,
         gate_excess=gate_excess,
         p_fused=p_fused,
+        verifier_alone=alone,
     )
     if tops is not None:
         ev.top_verifier, ev.top_fused = tops
@@ -72,7 +74,7 @@ def tops_at(tops: Tops, i: int) -> tuple[TopPairs, TopPairs] | None:
 def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
     """What the gate emits at position i+1: the draft when accepted, else the fused token (replacing it; for a
     sampled row, a draw of the residual)."""
-    sampled = dict(accept_prob=row.accept_prob, gate_excess=row.gate_excess)
+    extra = dict(accept_prob=row.accept_prob, gate_excess=row.gate_excess, alone=row.alone)
     if row.accepted:
         return make_event(
             step,
@@ -86,7 +88,7 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
             row.verifier_argmax,
             tops=tops,
             p_fused=row.p_fused_draft,
-            **sampled,
+            **extra,
         )
     return make_event(
         step,
@@ -103,14 +105,23 @@ def gate_event(step: int, i: int, row: GateRow, tops: tuple[TopPairs, TopPairs] 
         draft_p=(row.p_verifier, row.p_base),
         residual=row.accept_prob is not None,
         p_fused=row.p_fused_fused,
-        **sampled,
+        **extra,
     )
 
 
 def bonus_event(step: int, k: int, bonus: BonusRow, tops: tuple[TopPairs, TopPairs] | None) -> TokenEvent:
     """The verifier's own token at position K+1 (``bonus="verifier"``; a sampled row's is a draw)."""
     return make_event(
-        step, k, bonus.token, "bonus", bonus.p_verifier, bonus.p_base, verifier_argmax=bonus.argmax, tops=tops, p_fused=bonus.p_verifier
+        step,
+        k,
+        bonus.token,
+        "bonus",
+        bonus.p_verifier,
+        bonus.p_base,
+        verifier_argmax=bonus.argmax,
+        tops=tops,
+        p_fused=bonus.p_verifier,
+        alone=bonus.alone,
     )
 
 

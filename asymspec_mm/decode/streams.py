@@ -21,12 +21,21 @@ StopFn = Callable[[list[int]], bool]
 
 
 class Stream:
-    """One engine and its pending tokens ``[n]`` (n = 1, or 2 with a carried d_K)."""
+    """One engine and its pending tokens ``[n]`` (n = 1, or 2 with a carried d_K), in the engine's own ids.
 
-    def __init__(self, engine: Engine, pending: torch.Tensor):
+    ``own`` maps the loop's token ids to this engine's (a drafter stream of a cross-family pair: the loop's ids are the
+    verifier's, :meth:`asymspec_mm.base.vocab_bridge.VocabBridge.drafter_ids`); None: the same ids. The first pending
+    token is the stream's own prompt's last token, so it is never mapped."""
+
+    def __init__(self, engine: Engine, pending: torch.Tensor, own: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.engine = engine
         self.pending = pending
         self.base = engine.length
+        self.own = own
+
+    def own_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The loop's token ids ``[n]`` as this engine's ids."""
+        return ids if self.own is None else self.own(ids)
 
     def begin_step(self) -> None:
         """Remember the cache length the step starts from (what a rollback returns to)."""
@@ -41,8 +50,9 @@ class Stream:
         self.engine.truncate(self.base + len(self.pending) + n_accepted)
 
     def advance(self, token: torch.Tensor, carry: torch.Tensor | None = None) -> None:
-        """The next step starts with ``token`` ``[1]`` (after ``carry`` ``[1]``, an unforwarded d_K)."""
-        self.pending = token if carry is None else torch.cat([carry, token])
+        """The next step starts with ``token`` ``[1]`` (after ``carry`` ``[1]``, an unforwarded d_K), loop ids."""
+        pending = token if carry is None else torch.cat([carry, token])
+        self.pending = self.own_ids(pending)
 
 
 def draft_greedy(

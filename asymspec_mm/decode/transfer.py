@@ -33,6 +33,7 @@ class GateRow(NamedTuple):
     gate_excess: float | None = None  # sampled rows: E, the emitted distribution's TV distance from the fused target
     p_fused_draft: float | None = None  # softmax(t + beta * delta)[draft]
     p_fused_fused: float | None = None  # softmax(t + beta * delta)[fused]
+    alone: bool = False  # two vocabularies: the verifier's best token lay outside the map, it decided alone
 
 
 class BonusRow(NamedTuple):
@@ -42,6 +43,7 @@ class BonusRow(NamedTuple):
     p_verifier: float
     p_base: float
     argmax: int  # the verifier's own argmax there (the token itself unless it was sampled)
+    alone: bool = False  # two vocabularies: the verifier's best token there lay outside the map
 
 
 GATE_WIDTH = len(GateRow._fields)
@@ -50,7 +52,7 @@ TopPairs = list[tuple[int, float]]
 
 
 def pack_gate(g: GateOutput, drafts: torch.Tensor, sampled: SampledDecision | None = None) -> torch.Tensor:
-    """``[P, 14]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``. With ``sampled`` (a step with
+    """``[P, 15]`` float64 in :class:`GateRow`'s column order; ``drafts`` ``[P]``. With ``sampled`` (a step with
     sampled rows) its decision and residual token replace the greedy gate's accepted flag and fused token."""
     rows = torch.arange(drafts.shape[0], device=g.log_fused.device)
     if sampled is None:
@@ -61,21 +63,24 @@ def pack_gate(g: GateOutput, drafts: torch.Tensor, sampled: SampledDecision | No
         p_ver_fused, p_base_fused = g.log_verifier[rows, fused].exp(), g.log_base[rows, fused].exp()
     p_fused = (g.log_fused[rows, drafts.to(rows.device)].exp(), g.log_fused[rows, fused].exp())
     cols = (accepted, g.gamma_eff, g.jsd, g.p_verifier, g.p_base, fused, g.verifier_argmax, p_ver_fused, p_base_fused, drafts)
-    cols += (alpha, excess, *p_fused)
+    alone = torch.zeros_like(g.accepted) if g.alone is None else g.alone
+    cols += (alpha, excess, *p_fused, alone)
     return torch.stack([c.double() for c in cols], dim=1)
 
 
 def pack_bonus(
-    t_bonus: torch.Tensor, b_bonus: torch.Tensor, token: torch.Tensor | None = None
+    t_bonus: torch.Tensor, b_bonus: torch.Tensor, token: torch.Tensor | None = None, alone: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verifier's bonus token of R rows from logits ``t_bonus`` / ``b_bonus`` ``[R, V]``: (tokens ``[R]`` on the
-    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 4]`` float64). ``token`` ``[R]``: the
-    tokens already chosen (sampled rows' draws); default the argmax."""
+    device, log_softmax(t_bonus) ``[R, V]``, the packed :class:`BonusRow` ``[R, 5]`` float64). ``token`` ``[R]``: the
+    tokens already chosen (sampled rows' draws); default the argmax. ``alone`` ``[R]`` bool: :attr:`BonusRow.alone`."""
     log_t = t_bonus.float().log_softmax(-1)
     token = log_t.argmax(-1) if token is None else token.to(log_t.device)
     p_ver = log_t.gather(-1, token[:, None])[:, 0].exp()
     p_base = b_bonus.float().log_softmax(-1).gather(-1, token[:, None])[:, 0].exp()
-    return token, log_t, torch.stack([token.double(), p_ver.double(), p_base.double(), log_t.argmax(-1).double()], dim=1)
+    alone = torch.zeros_like(p_ver) if alone is None else alone.to(p_ver.device)
+    cols = (token, p_ver, p_base, log_t.argmax(-1), alone)
+    return token, log_t, torch.stack([c.double() for c in cols], dim=1)
 
 
 def topk_logprobs(log_probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -104,7 +109,9 @@ def gated_tops(g: GateOutput, top: int) -> torch.Tensor:
 
 def _gate_row(r: list[float]) -> GateRow:
     alpha, excess = (None if math.isnan(x) else x for x in r[10:12])
-    return GateRow(r[0] > 0.5, r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), r[7], r[8], int(r[9]), alpha, excess, r[12], r[13])
+    return GateRow(
+        r[0] > 0.5, r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), r[7], r[8], int(r[9]), alpha, excess, r[12], r[13], r[14] > 0.5
+    )
 
 
 def _pairs(row: list[float], top: int) -> TopPairs:
@@ -127,7 +134,7 @@ class StepOnHost(NamedTuple):
 
 
 def pack_host(gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None) -> torch.Tensor:
-    """Packed ``gate`` ``[R*P, 14]``, ``bonus`` ``[R, 4]`` and ``tops`` ``[R*P', 4*top]`` as one flat float64 tensor
+    """Packed ``gate`` ``[R*P, 15]``, ``bonus`` ``[R, 5]`` and ``tops`` ``[R*P', 4*top]`` as one flat float64 tensor
     (what a step moves to the host; :func:`read_host` reads it back)."""
     parts = [gate.flatten()] + ([bonus.flatten()] if bonus is not None else []) + ([tops.flatten()] if tops is not None else [])
     return torch.cat(parts)
@@ -146,7 +153,7 @@ def read_host(flat: list[float], positions: int, rows: int, bonus: bool = False,
         bonus_row = None
         if bonus:
             o = bonus_at + r * BONUS_WIDTH
-            bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2], int(flat[o + 3]))
+            bonus_row = BonusRow(int(flat[o]), flat[o + 1], flat[o + 2], int(flat[o + 3]), flat[o + 4] > 0.5)
         host_tops = None
         if tops_per_row:
             o = tops_at + r * tops_per_row * w
@@ -161,7 +168,7 @@ def read_host(flat: list[float], positions: int, rows: int, bonus: bool = False,
 def to_host(
     gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
 ) -> list[StepOnHost]:
-    """One transfer of packed ``gate`` ``[R*P, 14]``, ``bonus`` ``[R, 4]`` and ``tops`` ``[R*P', 4*top]`` for R
+    """One transfer of packed ``gate`` ``[R*P, 15]``, ``bonus`` ``[R, 5]`` and ``tops`` ``[R*P', 4*top]`` for R
     ``rows``; returns each row's decision."""
     flat = pack_host(gate, bonus, tops).tolist()
     return read_host(flat, gate.shape[0] // rows, rows, bonus is not None, tops.shape[0] // rows if tops is not None else 0, top)

@@ -1,4 +1,5 @@
-"""Loading helpers of the pipeline: device and dtype, the shared-vocabulary check, EOS discovery."""
+"""Loading helpers of the pipeline: device and dtype, the vocabulary check (one vocabulary, or the map of a cross-family
+pair), EOS discovery."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import torch
 
 from ..base.errors import UnknownOptionError, VocabularyMismatchError
+from ..base.vocab_map import VocabMap
 
 BACKENDS = ("transformers", "vllm")
 DTYPE_NAMES = {
@@ -76,26 +78,89 @@ def check_device_available(dev: torch.device) -> None:
         raise UnknownOptionError(f"device={str(dev)!r} but MPS is not available here: use --device cpu")
 
 
-def check_vocabularies(
-    drafter_tokenizer, verifier_tokenizer, drafter_logits: int, verifier_logits: int, drafter_name: str = "drafter"
-) -> None:
-    """Drafter and verifier must share one output vocabulary: the same logit width, the same number of tokens,
-    the same added tokens (content and whether each is special) and the same token at every id.
+#: A cross-family pair is refused when the tokens both vocabularies have are fewer than this share of either
+#: vocabulary (docs/cross-family.md, "When a pair is refused"); ``from_pretrained(..., min_vocab_overlap=)`` moves it.
+MIN_VOCAB_OVERLAP = 0.25
 
-    Raises :class:`VocabularyMismatchError` naming the first difference; ``drafter_name`` is the model the
-    message names (``"SD drafter"`` for :func:`load_sd_drafter`'s check).
+
+def check_vocabularies(
+    drafter_tokenizer,
+    verifier_tokenizer,
+    drafter_logits: int,
+    verifier_logits: int,
+    drafter_name: str = "drafter",
+    *,
+    cross_family: bool = False,
+    min_overlap: float = MIN_VOCAB_OVERLAP,
+) -> VocabMap | None:
+    """``None`` when drafter and verifier share one output vocabulary: the same logit width, the same number of
+    tokens, the same added tokens (content and whether each is special) and the same token at every id.
+
+    Otherwise, with ``cross_family`` the map between the two vocabularies (:func:`cross_family_map`: logged, refused
+    below ``min_overlap``); without it, :class:`VocabularyMismatchError` naming the first difference (what the SD
+    drafter, which must share the verifier's vocabulary, gets). ``drafter_name`` is the model the message names.
     """
     if drafter_logits != verifier_logits:
+        why = f"the {drafter_name} has {drafter_logits} output logits and the verifier {verifier_logits}"
+        fix = ": AsymSpec needs one shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
+    else:
+        why = vocabulary_difference(drafter_tokenizer, verifier_tokenizer, drafter_name)
+        why = why and f"the {drafter_name} and verifier tokenizers differ: {why}"
+        fix = ". AsymSpec fuses logits id by id, so both models must use the same tokenizer."
+    if why is None:
+        return None
+    if cross_family:
+        return cross_family_map(drafter_tokenizer, verifier_tokenizer, min_overlap)
+    raise VocabularyMismatchError(why + fix)
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """What a log line or an error calls a tokenizer: its folder or hub id, else its class."""
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+
+
+def cross_family_map(drafter_tokenizer: Any, verifier_tokenizer: Any, min_overlap: float = MIN_VOCAB_OVERLAP) -> VocabMap:
+    """The :class:`~asymspec_mm.base.vocab_map.VocabMap` of a pair of two vocabularies, logged as
+    ``vocabulary map <drafter tokenizer> -> <verifier tokenizer>: N shared tokens (x% / y%)``.
+
+    Raises :class:`VocabularyMismatchError` (one line naming both tokenizers and the overlap) when the tokens both have
+    are fewer than ``min_overlap`` of either vocabulary."""
+    import dataclasses
+    import logging
+
+    from ..base.vocab_map import vocab_map
+
+    vmap = vocab_map(drafter_tokenizer, verifier_tokenizer)
+    if vmap.same_vocabulary:  # the same tokens with logits of different widths: the map still carries them across
+        vmap = dataclasses.replace(vmap, same_vocabulary=False)
+    cov = vmap.coverage()
+    d_name, v_name = tokenizer_name(drafter_tokenizer), tokenizer_name(verifier_tokenizer)
+    overlap = (
+        f"{cov['shared_tokens']} tokens in common ({cov['drafter_share']:.1%} of the drafter's {cov['drafter_vocabulary']}, "
+        f"{cov['verifier_share']:.1%} of the verifier's {cov['verifier_vocabulary']})"
+    )
+    if min(cov["drafter_share"], cov["verifier_share"]) < min_overlap:
         raise VocabularyMismatchError(
-            f"the {drafter_name} has {drafter_logits} output logits and the verifier {verifier_logits}: AsymSpec needs one "
-            "shared vocabulary (e.g. Qwen3-VL + Qwen3). Pick a pair from the same tokenizer family."
+            f"the drafter tokenizer {d_name!r} and the verifier tokenizer {v_name!r} have {overlap}, under the "
+            f"{min_overlap:.0%} of each vocabulary a cross-family pair needs to steer: pick a pair whose vocabularies "
+            "overlap more, or pass min_vocab_overlap= to load it anyway"
         )
-    why = vocabulary_difference(drafter_tokenizer, verifier_tokenizer, drafter_name)
-    if why:
-        raise VocabularyMismatchError(
-            f"the {drafter_name} and verifier tokenizers differ: {why}. AsymSpec fuses logits id by id, so both models "
-            "must use the same tokenizer."
-        )
+    logging.getLogger("asymspec_mm").info(
+        "vocabulary map %s -> %s: %d shared tokens (%.1f%% / %.1f%%)",
+        d_name,
+        v_name,
+        cov["shared_tokens"],
+        100 * cov["drafter_share"],
+        100 * cov["verifier_share"],
+    )
+    return vmap
+
+
+def cross_family_eos(vmap: VocabMap, drafter_eos: set[int], verifier_eos: set[int]) -> set[int]:
+    """The ids that end a cross-family pair's answer, in the verifier's ids (the loop's): the verifier's own, and each
+    of the drafter's that has a verifier id."""
+    mapped = {vmap.to_verifier[d] for d in drafter_eos if 0 <= d < len(vmap.to_verifier)}
+    return set(verifier_eos) | {v for v in mapped if v >= 0}
 
 
 def vocabulary_difference(drafter_tokenizer, verifier_tokenizer, drafter_name: str = "drafter") -> str | None:

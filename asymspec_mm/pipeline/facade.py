@@ -27,7 +27,7 @@ from ..base.unicode_check import check_text_fields
 from ..decode import Counters, TokenEvent, greedy_steps, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
-from ..engines.loading import check_backends, check_checkpoint, check_vocabularies, load_models, resolve_device
+from ..engines.loading import MIN_VOCAB_OVERLAP, check_backends, check_checkpoint, check_vocabularies, load_models, resolve_device
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES
 from ..requests.models import ModelSet
 from ..requests.preparing import RequestPreparer, ServingPipeline
@@ -81,10 +81,15 @@ class AsymSpecPipeline:
     """
 
     drafter = _Part("models", "The VL drafter (transformers): the full view, the compressed view, the captions.")
-    processor = _Part("models", "The drafter's processor (its tokenizer is :attr:`tokenizer`).")
-    tokenizer = _Part("models", "The drafter's tokenizer: token texts and answers are decoded with it.")
+    processor = _Part("models", "The drafter's processor (its tokenizer renders and tokenizes the drafter's prompts).")
+    tokenizer = _Part(
+        "models",
+        "The tokenizer of the answers' ids (token texts and answers are decoded with it): the drafter's, or for a "
+        "cross-family pair the verifier's.",
+    )
     verifier = _Part("models", "The text-only verifier (transformers or a served model).")
-    verifier_tokenizer = _Part("models", "The verifier's tokenizer (the same vocabulary as the drafter's).")
+    verifier_tokenizer = _Part("models", "The verifier's tokenizer (the drafter's vocabulary, or another: a cross-family pair).")
+    vocab_map = _Part("models", "A cross-family pair's map between the two vocabularies (``None``: one vocabulary).")
     drafter_comp = _Part("models", "A served model for the drafter's compressed stream, or ``None`` (the drafter).")
     drafter_full = _Part("models", "A served model for the drafter's full-view stream, or ``None`` (the drafter).")
     sd_drafter = _Part("models", "SD's own text drafter, or ``None`` (the VL drafter on the compressed view).")
@@ -120,6 +125,7 @@ class AsymSpecPipeline:
         prompt_style: PromptStyle | None = None,
         sd_drafter: Any = None,
         sd_drafter_tokenizer: Any = None,
+        min_vocab_overlap: float = MIN_VOCAB_OVERLAP,
     ):
         self.models = ModelSet(
             drafter,
@@ -134,6 +140,7 @@ class AsymSpecPipeline:
             drafter_full=drafter_full,
             sd_drafter=sd_drafter,
             sd_drafter_tokenizer=sd_drafter_tokenizer,
+            min_vocab_overlap=min_vocab_overlap,
         )
         #: the OCR worker processes' engine this pipeline made (``ocr_workers``), stopped by :meth:`close`
         self._ocr_pool = ocr_worker_engine(ocr, ocr_workers)
@@ -394,6 +401,7 @@ class AsymSpecPipeline:
             counters,
             timer,
             constraint=session.constraint,
+            vocab=session.vocab,
         )
         trace: list[TokenEvent] = []
 

@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 
+from ..base.errors import UnknownOptionError
 from ..base.locks import FairRLock
+from ..base.vocab_bridge import bridge_of
 from ..decode.rows import STREAMS_OF
 from ..engines import Engine, EngineFactory
-from ..engines.loading import check_vocabularies, eos_ids
+from ..engines.loading import MIN_VOCAB_OVERLAP, check_vocabularies, cross_family_eos, eos_ids
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES, PrefixKV
 from ..engines.vllm import logit_width
 from .prompts import Prompts
@@ -29,8 +31,12 @@ class ModelSet:
     ``drafter_comp`` / ``drafter_full``: a served model (a :class:`~asymspec_mm.engines.vllm.VLLMModel`) for the
     drafter's compressed / full-view stream (default: the drafter itself). ``sd_drafter``: the SD baseline's own
     text drafter (a causal LM sharing the verifier's vocabulary and reading the verifier's prompt; default: the VL
-    drafter on the compressed view). ``check_vocab`` refuses pairs whose vocabularies differ (the gate mixes their
-    logits position by position).
+    drafter on the compressed view).
+
+    ``check_vocab`` compares the two vocabularies: one vocabulary decodes as it always has; two (a cross-family pair)
+    get the map between them (:attr:`vocab_map`, :attr:`vocab`; refused when they overlap less than
+    ``min_vocab_overlap`` of either vocabulary), and the answers are then the verifier's ids (:attr:`tokenizer` is the
+    verifier's). Without ``check_vocab`` the pair is taken as one vocabulary, unchecked.
     """
 
     def __init__(
@@ -48,6 +54,7 @@ class ModelSet:
         drafter_full: Any = None,
         sd_drafter: Any = None,
         sd_drafter_tokenizer: Any = None,
+        min_vocab_overlap: float = MIN_VOCAB_OVERLAP,
     ):
         from vision_cache.features import VisionEncoder
 
@@ -58,10 +65,16 @@ class ModelSet:
         self.drafter_comp = drafter_comp
         self.drafter_full = drafter_full
         self.sd_drafter = sd_drafter.eval() if sd_drafter is not None else None
+        #: the tokenizer of the answers' ids: the drafter's (one vocabulary), the verifier's (a cross-family pair)
         self.tokenizer = processor.tokenizer
         self.device = device or next(drafter.parameters()).device
+        #: a cross-family pair's map between the vocabularies (None: one vocabulary) and its tensors for the decoder
+        self.vocab_map = None
         if check_vocab:
-            check_vocabularies(self.tokenizer, verifier_tokenizer, logit_width(drafter), logit_width(verifier))
+            widths = logit_width(drafter), logit_width(verifier)
+            self.vocab_map = check_vocabularies(
+                processor.tokenizer, verifier_tokenizer, *widths, cross_family=True, min_overlap=min_vocab_overlap
+            )
             if sd_drafter is not None:
                 sd_tok = sd_drafter_tokenizer or verifier_tokenizer
                 check_vocabularies(sd_tok, verifier_tokenizer, logit_width(sd_drafter), logit_width(verifier), "SD drafter")
@@ -73,7 +86,27 @@ class ModelSet:
         self.prefix_kv = PrefixKV(prefix_cache_bytes)
         # read by each set-up, so replacing it on a live pipeline (``pipe.eos_ids = ...``) takes effect at the next request
         self.eos_ids: set[int] = eos_ids((self.tokenizer, verifier_tokenizer), (self.drafter, self.verifier))
+        self.vocab = bridge_of(self.vocab_map, *widths) if self.vocab_map is not None else None
+        if self.vocab is not None:
+            self._cross_family(verifier_tokenizer)
         self._grammars = None
+
+    def _cross_family(self, verifier_tokenizer: Any) -> None:
+        """A pair of two vocabularies decodes in the verifier's ids: its tokenizer decodes the answers, and the ids that
+        end one are the verifier's and the drafter's that have a verifier id. Served models are refused (their streams
+        draft and score on vLLM, which this map does not reach)."""
+        served = [
+            name for name, m in (("verifier", self.verifier), ("drafter", self.drafter_comp or self.drafter_full)) if hasattr(m, "engine")
+        ]
+        if served:
+            raise UnknownOptionError(
+                f"a cross-family pair (two vocabularies) decodes on the transformers backend only; the {served[0]} is served "
+                "by vLLM: load it with the transformers backend, or pair models of one vocabulary"
+            )
+        self.tokenizer = verifier_tokenizer
+        self.eos_ids = cross_family_eos(
+            self.vocab_map, eos_ids([self.processor.tokenizer], [self.drafter]), eos_ids([verifier_tokenizer], [self.verifier])
+        )
 
     @property
     def grammars(self) -> Any:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from captioning.view import CompressedView
 
 from ..base.config import AsymSpecConfig
-from ..base.errors import ContextOverflowError
+from ..base.errors import ContextOverflowError, UnknownOptionError
 from ..decode import StopFn
 from ..engines import EngineFactory, PromptImages, TransformersEngines, model_device
 from ..engines.model_calls import model_runner
@@ -184,10 +184,21 @@ class RequestPreparer:
         prefill of :mod:`asymspec_mm.core.prefill`; streams served elsewhere (vLLM) are prefilled as usual.
         """
         request = request.checked()
+        self._check_pair(request)
         t_start = time.perf_counter()
         vision = self.models.encoder.thread_counts()
         rendered = self._render_chat(request) if request.is_chat else self._render_question(request, on_phase)
         return self._start_session(request, rendered, vision, t_start, engines, prefill, on_phase)
+
+    def _check_pair(self, req: Request) -> None:
+        """Refuse what a cross-family pair cannot run: symmetric SD with the VL drafter (it keeps the verifier's argmax
+        over its whole vocabulary, which the drafter cannot always read)."""
+        m = self.models
+        if m.vocab is not None and req.method == "sd" and m.sd_drafter is None:
+            raise UnknownOptionError(
+                "method='sd' needs a drafter of the verifier's vocabulary, and this cross-family pair's drafter has "
+                "another: use method='floor' (the tokens SD would give) or load sd_drafter= a text model of the verifier's family"
+            )
 
     def _render_question(self, req: Request, on_phase: Callable[[str], None] | None) -> _Rendered:
         """One question about one image: its compressed view and the prompts laid out by the request's style."""
@@ -288,6 +299,7 @@ class RequestPreparer:
         session = Session(req, r.prompts, r.view, streams, pending, eos, stops, prefill_s, t_start, stats, to_prefill)
         session.reuse_keys = self._reuse_keys(method, r.prompts, image_keys)
         session.warnings = r.warnings
+        session.vocab = m.vocab if method in ("asymspec", "drafter") else None  # Floor (and SD's own drafter): the verifier's ids alone
         forced = req.tool_choice not in (None, "none", "auto")
         if forced or req.response_format:
             from .grammar import GrammarConstraint

@@ -15,6 +15,7 @@ from captioning.view import CompressedView
 
 from ..base.config import AsymSpecConfig
 from ..decode import Counters, StopFn, TokenEvent
+from ..decode.rows import DRAFTER_STREAMS
 from ..engines import Engine
 from .prompts import Prompts
 from .request import Request
@@ -102,6 +103,9 @@ class Session:
     constraint: Any = None
     #: the request's warnings (:attr:`MMResult.warnings`), found and logged as it was set up
     warnings: list[str] = field(default_factory=list)
+    #: a cross-family pair's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge` when the method decodes with the
+    #: drafter (its tokens are then the verifier's ids, the drafter's streams fed the drafter's); None otherwise
+    vocab: Any = None
 
     @property
     def method(self) -> str:
@@ -112,6 +116,10 @@ class Session:
     def config(self) -> AsymSpecConfig:
         """The request's settings, as checked (its seed and the stop strings its tools need included)."""
         return self.request.config or AsymSpecConfig()
+
+    def fed_ids(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """The answer's token ids ``[n]`` as stream ``name`` reads them (a cross-family drafter stream: the drafter's)."""
+        return ids if self.vocab is None or name not in DRAFTER_STREAMS else self.vocab.drafter_ids(ids)
 
 
 def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, token_ids: list[int], contexts: dict[str, Any]) -> None:
@@ -135,7 +143,7 @@ def remember_answer(prefix_kv: Any, models: dict[str, Any], session: Session, to
         length, kv = context if isinstance(context, tuple) else (int(context.length), None)
         if kv is None and getattr(context, "cache", None) is None:
             continue
-        full = torch.cat([key, answer])[: min(length, key.numel() + len(token_ids) - 1)]
+        full = torch.cat([key, session.fed_ids(name, answer)])[: min(length, key.numel() + len(token_ids) - 1)]
         space = prefix_kv.space(models[name])
         start = prefix_kv.stored(space, full)
         if start >= full.numel():
