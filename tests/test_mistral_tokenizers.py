@@ -142,21 +142,17 @@ def test_a_verifier_standin_with_tekken_loads_renders_and_decodes(tmp_path_facto
 
 def test_the_pipeline_decodes_with_a_tekken_verifier(standin_dirs, tmp_path_factory):
     """A Qwen3-VL drafter stand-in steering the Tekken verifier stand-in: Floor is the verifier's own greedy decoding;
-    AsymSpec writes text both vocabularies spell. Skipped while the pipeline refuses two vocabularies."""
+    AsymSpec writes text both vocabularies spell."""
     from conftest import make_image
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from asymspec_mm.base.errors import VocabularyMismatchError
     from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
     from asymspec_mm.requests.prompts import verifier_chat_text
     from captioning.view import CompressedView
 
     verifier_dir = build_mistral_verifier_standin(tmp_path_factory.mktemp("tekken-loop"))
-    try:
-        pipe = AsymSpecPipeline.from_pretrained(standin_dirs[0], verifier_dir, ocr="none")
-    except VocabularyMismatchError as exc:
-        pytest.skip(f"the two-vocabulary AsymSpec loop (issue #44 item 2) has not landed: from_pretrained refuses the pair ({exc})")
+    pipe = AsymSpecPipeline.from_pretrained(standin_dirs[0], verifier_dir, ocr="none")
     from asymspec_mm.decode import AsymSpecConfig
 
     tok = AutoTokenizer.from_pretrained(verifier_dir)
