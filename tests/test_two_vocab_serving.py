@@ -142,6 +142,11 @@ def test_the_server_answers_an_openai_client_as_the_pipeline_alone(two_vocab_pip
             extra = {"asymspec": {"caption": c["caption"], "ocr": c["ocr"], "k": 3, "return_trace": True}}
             got = client.chat.completions.create(model="x", messages=messages, max_tokens=16, extra_body=extra)
             assert got.choices[0].message.content == alone.text
-            assert [t["token_id"] for t in got.model_extra["asymspec"]["trace"]] == alone.token_ids
+            trace = got.model_extra["asymspec"]["trace"]
+            assert [t["token_id"] for t in trace] == alone.token_ids
+            assert [(t["drafter_token_id"], t["verifier_alone"]) for t in trace] == [
+                (e.drafter_token_id, e.verifier_alone) for e in alone.trace
+            ]
+            assert all(t["drafter_token_id"] == two_vocab_pipe.vocab_map.to_drafter[t["token_id"]] for t in trace)
             streamed = client.chat.completions.create(model="x", messages=messages, max_tokens=16, extra_body=extra, stream=True)
             assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == alone.text

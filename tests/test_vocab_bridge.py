@@ -58,3 +58,22 @@ def test_where_the_verifier_decides_alone_it_is_not_steered_and_keeps_only_its_o
     assert g.fused[0] == own[0] and g.fused[2] == own[2]  # no steering there
     assert g.fused[1] == free.fused[1] and g.fused[3] == free.fused[3] == 0  # steered elsewhere
     torch.testing.assert_close(g.fused_logits[alone], t[alone])
+
+
+def test_a_grammar_that_leaves_no_token_both_models_have_fails_the_row_in_one_line():
+    """The loop cannot emit a token outside the map; a grammar whose allowed tokens all lie outside it would leave
+    argmax over FORBIDDEN logits (token 0), so the row fails with a one-line error instead."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from asymspec_mm.base.errors import VocabularyMismatchError
+    from asymspec_mm.decode.rows import _grammar_mask
+
+    bridge = VocabBridge(VMAP, drafter_width=7, verifier_width=8)
+    only = lambda ids: SimpleNamespace(mask=lambda: torch.isin(torch.arange(8), torch.tensor(ids)))  # noqa: E731
+    row = SimpleNamespace(vocab=bridge)
+    assert _grammar_mask(row, only([2, 6])).tolist() == [False, False, True, False, False, False, True, False]
+    with pytest.raises(VocabularyMismatchError, match=r"^the grammar allows only tokens outside the vocabulary map .*method='floor'"):
+        _grammar_mask(row, only([2, 4, 5, 7]))  # none of them has a drafter id
+    assert _grammar_mask(SimpleNamespace(vocab=None), only([2])).tolist()[2]  # one vocabulary: any mask goes

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..base.config import AsymSpecConfig, check_method
+from ..base.errors import VocabularyMismatchError
 from ..base.gate import gate_step
 from ..base.sampling import new_seed, row_generator
 from ..engines import Engine
@@ -293,7 +294,7 @@ class RowDecoder(BaselineSteps):
             (out,) = yield Ask(DRAFT, [Forward(storage, x)])
             last = self._in_loop(rows, name, stack_rows([out[r][-1] for r in x]).float())  # [R, V]
             for j, c in constrained:
-                masks.setdefault(j, []).append(c.mask())
+                masks.setdefault(j, []).append(_grammar_mask(rows[j], c))
                 last[j] = apply_masks(last[j], masks[j][-1])
             logits.append(last)
             d = last.argmax(-1) if draws is None else draws.draw(last, len(drafts))
@@ -303,7 +304,7 @@ class RowDecoder(BaselineSteps):
             fed = self._fed(rows, name, d)
             x = {r: fed[j : j + 1] for j, r in enumerate(x)}
         for j, c in constrained:
-            masks[j].append(c.mask())
+            masks[j].append(_grammar_mask(rows[j], c))
         return torch.stack(drafts, dim=1), torch.stack(logits, dim=1)
 
     @staticmethod
@@ -447,3 +448,17 @@ class RowDecoder(BaselineSteps):
             row.counters.record_bonus(bonus_row.accepted)
             slot[0].append(gate_event(row.step, k, bonus_row, tops_at(host.tops, 0)))
             slot[1] = d_bonus[j : j + 1] if bonus_row.accepted else fused[j : j + 1]
+
+
+def _grammar_mask(row: Row, constraint: Constraint) -> torch.Tensor:
+    """The tokens ``row``'s grammar allows next, ``[V]`` bool. On a cross-family row the grammar must leave a token
+    both models have: otherwise no token could be emitted, so the row fails with a one-line error instead."""
+    mask = constraint.mask()
+    inside = row.vocab.inside(mask.device) if row.vocab is not None else None
+    n = 0 if inside is None else min(mask.numel(), inside.numel())
+    if inside is not None and not bool((mask[:n] & inside[:n]).any()):
+        raise VocabularyMismatchError(
+            "the grammar allows only tokens outside the vocabulary map of this cross-family pair here: no token both "
+            "models have can continue the answer; loosen the schema or use method='floor' (the verifier alone)"
+        )
+    return mask

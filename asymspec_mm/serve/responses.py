@@ -72,8 +72,10 @@ def total_usage(results: list[MMResult]) -> dict[str, int]:
 
 
 def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
-    """One token's provenance; ``verifier_argmax`` is the verifier's own token as text."""
+    """One token's provenance; ``verifier_argmax`` is the verifier's own token as text. A cross-family pair's entry
+    also has the token's ``drafter_token_id`` (``token_id`` is the verifier's) and ``verifier_alone``."""
     argmax = ev.verifier_argmax
+    two_vocab = {} if ev.drafter_token_id is None else {"drafter_token_id": ev.drafter_token_id, "verifier_alone": ev.verifier_alone}
     return {
         "index": ev.index,
         "token_id": ev.token_id,
@@ -88,6 +90,7 @@ def trace_entry(ev: Any, tokenizer: Any) -> dict[str, Any]:
         "verifier_argmax": None if argmax is None else tokenizer.decode([argmax]),
         "verifier_argmax_id": argmax,
         "steered": ev.steered,
+        **two_vocab,
     }
 
 
