@@ -706,3 +706,21 @@ def test_pipeline_backend_options(request, monkeypatch):
     for seed, _, a, c in _generate_both(ref, comp_only, cfg, methods=("asymspec",)):
         assert c.token_ids == a.token_ids, seed
     assert pipe.complete("Say something", max_new_tokens=5) == ref.complete("Say something", max_new_tokens=5)
+
+
+@needs_vllm
+def test_a_cross_family_pair_on_vllm_is_refused_in_one_line():
+    """The vocabulary map reaches the transformers streams only: a cross-family pair with a vLLM-served verifier is
+    refused at load, naming the backend and what to do, rather than decoding without the map."""
+    from asymspec_mm import AsymSpecPipeline
+    from asymspec_mm.base.errors import UnknownOptionError
+    from asymspec_mm.pipeline.presets import TINY_DIR, TINY_XFAMILY_DIR
+
+    with pytest.raises(UnknownOptionError) as err:
+        AsymSpecPipeline.from_pretrained(
+            TINY_DIR / "drafter", TINY_XFAMILY_DIR / "verifier", ocr="none", verifier_backend="vllm", vllm_kwargs=LLM_KW
+        )
+    assert str(err.value) == (
+        "a cross-family pair (two vocabularies) decodes on the transformers backend only; the verifier is served by vLLM: "
+        "load it with the transformers backend, or pair models of one vocabulary"
+    )
