@@ -345,6 +345,8 @@ BAD = {
     "unknown_previous": ({"previous_response_id": "resp_nothing"}, "previous_response_id"),
     "unanswered_output": ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
     "ends_with_assistant": ({"input": [{"role": "assistant", "content": "hi"}]}, "input"),
+    # found by the fuzzer: the conversation skips reasoning items, which left nothing to answer (a 500 before)
+    "only_reasoning": ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     "asymspec_option": ({"asymspec": {"k": 0}}, "asymspec.k"),
     # refused by the engine's set-up, named by the Responses fields
     "uncompilable_schema": (

@@ -123,6 +123,11 @@ def check_conversation(messages: list[dict[str, Any]], max_images: int) -> list[
             images[max_images][1],
             "too_many_images",
         )
+    if not messages:  # every input item was one the conversation skips (reasoning)
+        raise bad_request(
+            "input holds no message to answer (reasoning items are not read): send the user's message or a function_call_output",
+            "input",
+        )
     last = messages[-1]
     if last["role"] not in ("user", "tool"):
         raise bad_request(
