@@ -12,29 +12,14 @@ than one prompt. The extensions are chat completions': ``top_k``, ``asymspec``, 
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from ..base.config import AsymSpecConfig
 from ..requests.request import Request
-from .models_chat import StructuredOutputs
+from .models_base import DecodeRequest
 from .models_common import (
-    AsymSpecOptions,
-    Choices,
-    ModelName,
-    NoLogitBias,
-    NoPenalty,
     RequestModel,
-    Seed,
-    Stop,
-    StreamOptions,
-    Temperature,
-    TopK,
-    TopP,
-    budget,
     checked_by,
-    flag,
-    hint,
-    no_penalty,
     refuse,
     unsupported,
 )
@@ -73,43 +58,21 @@ def _logprobs(v: Any) -> Any:
     return v
 
 
-class CompletionRequest(RequestModel):
+class _CompletionBody(RequestModel):
+    """The body's own leading field, a base listed last so pydantic validates it first (a missing one is named before any other error)."""
+
+    prompt: Annotated[str, checked_by(_prompt)]
+
+
+class CompletionRequest(DecodeRequest, _CompletionBody):
     """A text completion request (OpenAI's ``CreateCompletionRequest`` and the server's extensions)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"model": "tiny", "prompt": "Which bar is the tallest?", "max_tokens": 16}]})
 
-    prompt: Annotated[str, checked_by(_prompt)]
-    model: ModelName = None
-    max_tokens: budget("max_tokens") = None
-    stop: Stop = None
-    stream: flag("stream") = None
-    stream_options: StreamOptions | None = None
-    n: Choices = None
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    seed: Seed = None
     logprobs: Annotated[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None, checked_by(_logprobs)] = None
-    structured_outputs: StructuredOutputs | None = None
-    ignore_eos: flag("ignore_eos") = None
-    asymspec: AsymSpecOptions | None = None
-    user: hint(lambda v: isinstance(v, str), "a string", "user", str) = None
     echo: unsupported(lambda v: v is False, "false: the prompt is not repeated in the answer", "echo", Literal[False]) = None
     best_of: unsupported(lambda v: v == 1, "null or 1: each choice is its own row (use n)", "best_of", Literal[1]) = None
     suffix: unsupported(lambda v: False, "null: text insertion is not supported", "suffix") = None
-    frequency_penalty: unsupported(no_penalty, "0: penalties are not supported", "frequency_penalty", NoPenalty) = None
-    presence_penalty: unsupported(no_penalty, "0: penalties are not supported", "presence_penalty", NoPenalty) = None
-    logit_bias: unsupported(lambda v: v == {}, "empty: logit biases are not supported", "logit_bias", NoLogitBias) = None
-    guided_json: unsupported(lambda v: False, 'null: send structured_outputs={"json": ...}', "guided_json") = None
-    guided_regex: unsupported(lambda v: False, 'null: send structured_outputs={"regex": ...}', "guided_regex") = None
-    guided_choice: unsupported(lambda v: False, 'null: send structured_outputs={"choice": [...]}', "guided_choice") = None
-    guided_grammar: unsupported(lambda v: False, 'null: send structured_outputs={"grammar": ...}', "guided_grammar") = None
-
-    @model_validator(mode="after")
-    def _together(self) -> "CompletionRequest":
-        if self.stream_options is not None and not self.stream:
-            raise refuse("stream_options is only allowed with stream=true", param="stream_options")
-        return self
 
 
 def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | None = None) -> ChatRequest:

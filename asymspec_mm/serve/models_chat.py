@@ -16,28 +16,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from .models_base import DecodeRequest
 from .models_common import (
     MAX_MESSAGES,
     MAX_TOOLS,
-    AsymSpecOptions,
-    Choices,
     LooseModel,
-    ModelName,
-    NoLogitBias,
-    NoPenalty,
     OpenAIModel,
     RequestModel,
-    Seed,
-    Stop,
-    StreamOptions,
-    Temperature,
-    TopK,
-    TopP,
     budget,
     checked_by,
     flag,
     hint,
-    no_penalty,
     one_of,
     refuse,
     str_or_list,
@@ -222,32 +211,18 @@ class ChatTemplateKwargs(OpenAIModel):
     enable_thinking: flag("chat_template_kwargs.enable_thinking") = None
 
 
-class StructuredOutputs(OpenAIModel):
-    """vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema, as an object or its text), ``regex``,
-    ``choice`` (the answer is one of the strings) or ``grammar`` (EBNF, as xgrammar compiles it)."""
-
-    json_: dict[str, Any] | Annotated[str, Field(min_length=1)] | None = Field(None, alias="json")
-    regex: Annotated[str, Field(min_length=1)] | None = None
-    choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    grammar: Annotated[str, Field(min_length=1)] | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> "StructuredOutputs":
-        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, "json_" if k == "json" else k) is not None]
-        if len(given) != 1:
-            raise refuse(
-                f"structured_outputs must hold exactly one of json, regex, choice or grammar, not {len(given)} ({', '.join(given) or 'none'})",
-                param="structured_outputs",
-            )
-        return self
-
-
 # ---------------------------------------------------------------------------------------------- the request
 def _text_only(v: Any) -> bool:
     return v == ["text"]
 
 
-class ChatCompletionRequest(RequestModel):
+class _ChatBody(RequestModel):
+    """The body's own leading field, a base listed last so pydantic validates it first (a missing one is named before any other error)."""
+
+    messages: Annotated[Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)], checked_by(_messages)]  # type: ignore[valid-type]
+
+
+class ChatCompletionRequest(DecodeRequest, _ChatBody):
     """A chat completion request (OpenAI's ``CreateChatCompletionRequest`` and the server's extensions)."""
 
     model_config = ConfigDict(
@@ -256,18 +231,7 @@ class ChatCompletionRequest(RequestModel):
         }
     )
 
-    messages: Annotated[Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)], checked_by(_messages)]  # type: ignore[valid-type]
-    model: ModelName = None
-    max_tokens: budget("max_tokens") = None
     max_completion_tokens: budget("max_completion_tokens") = None
-    stop: Stop = None
-    stream: flag("stream") = None
-    stream_options: StreamOptions | None = None
-    n: Choices = None
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    seed: Seed = None
     logprobs: flag("logprobs") = None
     top_logprobs: Annotated[Annotated[int, Field(ge=0, le=20)] | None, checked_by(lambda v: _top_logprobs(v))] = None
     tools: Annotated[Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None, checked_by(_tools)] = None  # type: ignore[valid-type]
@@ -275,13 +239,9 @@ class ChatCompletionRequest(RequestModel):
     response_format: ResponseFormat | None = None  # type: ignore[valid-type]
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
-    structured_outputs: StructuredOutputs | None = None
-    ignore_eos: flag("ignore_eos") = None
-    asymspec: AsymSpecOptions | None = None
     # hints: accepted, no effect on the answer
     parallel_tool_calls: hint(lambda v: isinstance(v, bool), "a boolean", "parallel_tool_calls", bool) = None
     metadata: hint(lambda v: isinstance(v, dict), "an object", "metadata", dict[str, str]) = None
-    user: hint(lambda v: isinstance(v, str), "a string", "user", str) = None
     store: hint(lambda v: isinstance(v, bool), "a boolean (nothing is stored either way)", "store", bool) = None
     service_tier: hint(lambda v: isinstance(v, str), "a string", "service_tier", str) = None
     safety_identifier: hint(lambda v: isinstance(v, str), "a string", "safety_identifier", str) = None
@@ -292,9 +252,6 @@ class ChatCompletionRequest(RequestModel):
         lambda v: v in ("low", "medium", "high"), '"low", "medium" or "high"', "verbosity", Literal["low", "medium", "high"]
     ) = None
     # refused unless neutral
-    frequency_penalty: unsupported(no_penalty, "0: penalties are not supported", "frequency_penalty", NoPenalty) = None
-    presence_penalty: unsupported(no_penalty, "0: penalties are not supported", "presence_penalty", NoPenalty) = None
-    logit_bias: unsupported(lambda v: v == {}, "empty: logit biases are not supported", "logit_bias", NoLogitBias) = None
     modalities: unsupported(
         _text_only, '["text"]: answers are text', "modalities", Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)]
     ) = None
@@ -306,16 +263,9 @@ class ChatCompletionRequest(RequestModel):
     function_call: unsupported(lambda v: False, "null: send tool_choice (function_call is OpenAI's deprecated form)", "function_call") = (
         None
     )
-    # vLLM's older structured-output fields
-    guided_json: unsupported(lambda v: False, 'null: send structured_outputs={"json": ...}', "guided_json") = None
-    guided_regex: unsupported(lambda v: False, 'null: send structured_outputs={"regex": ...}', "guided_regex") = None
-    guided_choice: unsupported(lambda v: False, 'null: send structured_outputs={"choice": [...]}', "guided_choice") = None
-    guided_grammar: unsupported(lambda v: False, 'null: send structured_outputs={"grammar": ...}', "guided_grammar") = None
 
     @model_validator(mode="after")
     def _together(self) -> "ChatCompletionRequest":
-        if self.stream_options is not None and not self.stream:
-            raise refuse("stream_options is only allowed with stream=true", param="stream_options")
         if self.top_logprobs and not self.logprobs:
             raise refuse("top_logprobs needs logprobs=true", param="top_logprobs")
         if self.structured_outputs is not None and self.response_format is not None and self.response_format.type != "text":

@@ -14,18 +14,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from .models_base import EndpointRequest
 from .models_common import (
     MAX_MESSAGES,
     MAX_TOOLS,
-    AsymSpecOptions,
     LooseModel,
-    ModelName,
     OpenAIModel,
     RequestModel,
-    Seed,
-    Temperature,
-    TopK,
-    TopP,
     budget,
     checked_by,
     flag,
@@ -242,18 +237,22 @@ def _include(v: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- the request
-class CreateResponseRequest(RequestModel):
+class _ResponseBody(RequestModel):
+    """The body's own leading field, a base listed last so pydantic validates it first (a missing one is named before any other error)."""
+
+    input: Annotated[
+        one_of(str_or_list, {"string": str, "list": Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]}, "input_shape"),
+        checked_by(_input),
+    ]  # type: ignore[valid-type]
+
+
+class CreateResponseRequest(EndpointRequest, _ResponseBody):
     """A Responses API request (OpenAI's ``CreateResponse`` and the server's extensions)."""
 
     model_config = ConfigDict(
         json_schema_extra={"examples": [{"model": "tiny", "input": "Which bar is the tallest?", "max_output_tokens": 16}]}
     )
 
-    input: Annotated[
-        one_of(str_or_list, {"string": str, "list": Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]}, "input_shape"),
-        checked_by(_input),
-    ]  # type: ignore[valid-type]
-    model: ModelName = None
     instructions: Annotated[str | None, checked_by(lambda v: v if isinstance(v, str) else _not_string("instructions"))] = None
     tools: Annotated[
         Annotated[list[one_of(type_of, {"function": FunctionTool}, "tool_type")], Field(max_length=MAX_TOOLS)] | None,  # type: ignore[valid-type]
@@ -269,21 +268,14 @@ class CreateResponseRequest(RequestModel):
     ) = None  # type: ignore[valid-type]
     text: TextConfig | None = None
     max_output_tokens: budget("max_output_tokens") = None
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    seed: Seed = None
     top_logprobs: Annotated[Annotated[int, Field(ge=0, le=20)] | None, checked_by(lambda v: _top_logprobs(v))] = None
     include: Annotated[list[Literal[INCLUDABLE]] | None, checked_by(_include)] = None
-    stream: flag("stream") = None
     store: flag("store") = None
     previous_response_id: Annotated[str | None, checked_by(lambda v: v if isinstance(v, str) else _not_string("previous_response_id"))] = (
         None
     )
-    asymspec: AsymSpecOptions | None = None
     # hints: checked, echoed where the response has them, no effect on the answer
     metadata: hint(lambda v: isinstance(v, dict), "an object", "metadata", dict[str, str]) = None
-    user: hint(lambda v: isinstance(v, str), "a string", "user", str) = None
     safety_identifier: hint(lambda v: isinstance(v, str), "a string", "safety_identifier", str) = None
     prompt_cache_key: hint(lambda v: isinstance(v, str), "a string (the server reuses prompt KV on its own)", "prompt_cache_key", str) = (
         None
@@ -325,8 +317,6 @@ class CreateResponseRequest(RequestModel):
 
     @model_validator(mode="after")
     def _together(self) -> "CreateResponseRequest":
-        if self.stream_options is not None and not self.stream:
-            raise refuse("stream_options is only allowed with stream=true", param="stream_options")
         if self.top_logprobs and "message.output_text.logprobs" not in (self.include or ()):
             raise refuse('top_logprobs needs include=["message.output_text.logprobs"]', param="top_logprobs")
         return self

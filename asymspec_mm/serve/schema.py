@@ -29,7 +29,8 @@ from ..base.errors import UnknownOptionError
 from ..requests.request import Request
 from .errors import bad_request
 from .images import load_request_image
-from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart, StructuredOutputs
+from .models_base import StructuredOutputs
+from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart
 from .models_common import sampling_fields
 from .validation_errors import request_error
 
