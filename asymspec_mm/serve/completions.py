@@ -24,7 +24,7 @@ from .models_common import (
     unsupported,
 )
 from .responses import usage
-from .schema import ChatRequest, checked, config_of, response_format_of
+from .schema import ChatRequest, asymspec_fields, checked, config_of, decode_request, response_format_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..requests.session import MMResult
@@ -79,27 +79,15 @@ def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | N
     """The :class:`~asymspec_mm.serve.schema.ChatRequest` of a validated completion request: one user message holding
     the prompt; ``top_logprobs`` is ``logprobs`` (None: none asked)."""
     config = config_of(req, base, req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS, req.logprobs)
-    opts = req.asymspec
     request = Request(
         messages=[{"role": "user", "content": [{"type": "text", "text": req.prompt}]}],
-        method=(opts.method if opts else None) or "asymspec",
         config=config,
-        caption=opts.caption if opts else None,
-        ocr=opts.ocr if opts else None,
+        **asymspec_fields(req.asymspec),
         response_format=response_format_of(req),
         ignore_eos=bool(req.ignore_eos),
-        return_trace=bool(opts and opts.return_trace),
     )
     params = {"messages": "prompt", **({"response_format": "structured_outputs"} if req.structured_outputs is not None else {})}
-    request = checked(request, params)
-    return ChatRequest(
-        request=request,
-        stream=bool(req.stream),
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        model=req.model,
-        n=req.n or 1,
-        top_logprobs=req.logprobs,
-    )
+    return decode_request(checked(request, params), req, req.logprobs)
 
 
 # ---------------------------------------------------------------------------------------------- answers

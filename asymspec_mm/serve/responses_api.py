@@ -28,7 +28,7 @@ from ..base.config import AsymSpecConfig
 from ..requests.request import Request
 from .errors import RequestError, bad_request
 from .models_responses import CreateResponseRequest, FunctionCallItem, InputImage, ReasoningItem
-from .schema import DEFAULT_MAX_IMAGES, checked, config_of, load_images, validated
+from .schema import DEFAULT_MAX_IMAGES, asymspec_fields, checked, config_of, load_images, validated
 
 
 @dataclass
@@ -216,17 +216,13 @@ def parse_responses_request(
         }
         for m in system + conversation
     ]
-    opts = req.asymspec
     request = Request(
         messages=messages,
-        method=(opts.method if opts else None) or "asymspec",
         config=config,
-        caption=opts.caption if opts else None,
-        ocr=opts.ocr if opts else None,
+        **asymspec_fields(req.asymspec),
         tools=tools,
         tool_choice=chat_tool_choice(req, tools),
         response_format=response_format_of(req),
-        return_trace=bool(opts and opts.return_trace),
     )
     try:
         request = checked(request, PARAMS)  # before the images load: a bad tool costs no decoding

@@ -200,6 +200,29 @@ def load_images(messages: list[dict[str, Any]], refs: list[tuple[str, str]], all
         msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
 
 
+def asymspec_fields(opts: Any) -> dict[str, Any]:
+    """The engine :class:`Request`'s fields an ``asymspec`` extension object sets (``opts`` None: the defaults)."""
+    return {
+        "method": (opts.method if opts else None) or "asymspec",
+        "caption": opts.caption if opts else None,
+        "ocr": opts.ocr if opts else None,
+        "return_trace": bool(opts and opts.return_trace),
+    }
+
+
+def decode_request(request: Request, req: Any, top_logprobs: int | None) -> ChatRequest:
+    """The :class:`ChatRequest` of a checked engine ``request`` and the validated chat or text completion ``req`` it
+    came from (what only the HTTP answer reads: streaming, usage chunk, model name, choices)."""
+    return ChatRequest(
+        request=request,
+        stream=bool(req.stream),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        model=req.model,
+        n=req.n or 1,
+        top_logprobs=top_logprobs,
+    )
+
+
 def parse_chat_request(
     data: dict | ChatCompletionRequest,
     *,
@@ -213,28 +236,17 @@ def parse_chat_request(
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     config = config_of(req, base, req.budget, top_logprobs)
     messages, refs = conversation(req, max_images)
-    opts = req.asymspec
     request = Request(
         messages=messages,
-        method=(opts.method if opts else None) or "asymspec",
         config=config,
-        caption=opts.caption if opts else None,
-        ocr=opts.ocr if opts else None,
+        **asymspec_fields(req.asymspec),
         enable_thinking=req.enable_thinking,
         tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools is not None else None,
         tool_choice=req.tool_choice if isinstance(req.tool_choice, (str, type(None))) else req.tool_choice.model_dump(),
         response_format=response_format_of(req),
         ignore_eos=bool(req.ignore_eos),
-        return_trace=bool(opts and opts.return_trace),
     )
     # before the images load: a bad tool costs no decoding
     request = checked(request, {"response_format": "structured_outputs"} if req.structured_outputs is not None else {})
     load_images(messages, refs, allow_local_images)
-    return ChatRequest(
-        request=request,
-        stream=bool(req.stream),
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        model=req.model,
-        n=req.n or 1,
-        top_logprobs=top_logprobs,
-    )
+    return decode_request(request, req, top_logprobs)
