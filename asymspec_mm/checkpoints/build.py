@@ -160,11 +160,13 @@ def verifier_config(
     intermediate_size: int = 192,
     max_position_embeddings: int = 4096,
     num_kv_heads: int | None = None,
+    specials: tuple[str, str, str | None] = ("<|im_end|>", "<|endoftext|>", None),
 ):
-    """A small ``Qwen3Config`` sharing ``tokenizer``'s ids."""
+    """A small ``Qwen3Config`` sharing ``tokenizer``'s ids; ``specials``: the tokens that end an answer, pad, and begin a
+    text (None: none), Qwen's by default."""
     from transformers import Qwen3Config
 
-    ids = special_ids(tokenizer)
+    eos, pad, bos = (None if t is None else tokenizer.convert_tokens_to_ids(t) for t in specials)
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -175,9 +177,9 @@ def verifier_config(
         head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=bos,
     )
 
 

@@ -116,34 +116,12 @@ def xfamily_special_ids(tokenizer: Any) -> dict[str, int]:
     return {t: tokenizer.convert_tokens_to_ids(t) for t in XFAMILY_SPECIAL_TOKENS}
 
 
-def xfamily_verifier_config(
-    tokenizer: Any,
-    hidden_size: int = 96,
-    num_layers: int = 3,
-    num_heads: int = 3,
-    head_dim: int = 32,
-    intermediate_size: int = 192,
-    max_position_embeddings: int = 4096,
-) -> Any:
+def xfamily_verifier_config(tokenizer: Any, **sizes: Any) -> Any:
     """A small ``Qwen3Config`` over ``tokenizer``'s vocabulary, ending an answer at ``<|eot_id|>`` (Qwen3's layers; the
-    tokenizer, specials and template are the second family's)."""
-    from transformers import Qwen3Config
+    tokenizer, specials and template are the second family's); ``sizes`` as :func:`~.build.verifier_config`'s."""
+    from .build import verifier_config
 
-    ids = xfamily_special_ids(tokenizer)
-    return Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        head_dim=head_dim,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        eos_token_id=ids[XFAMILY_EOS],
-        pad_token_id=ids[XFAMILY_PAD],
-        bos_token_id=ids[XFAMILY_BOS],
-    )
+    return verifier_config(tokenizer, **sizes, specials=(XFAMILY_EOS, XFAMILY_PAD, XFAMILY_BOS))
 
 
 def generation_config_json(tokenizer: Any) -> str:
