@@ -13,6 +13,7 @@ import gc
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 from PIL import Image, ImageDraw
@@ -23,6 +24,7 @@ from captioning.ocr import DEFAULT_OCR_CACHE, OCREngine, OCRItem, RapidOCREngine
 from captioning.ocr.workers import OCRWorkerError, ProcessOCREngine
 
 CRASH_WIDTH = 13  # the stand-in engine's worker exits on an image this wide
+HANG_WIDTH = 17  # and hangs on an image this wide
 
 
 class StandInEngine(OCREngine):
@@ -35,6 +37,8 @@ class StandInEngine(OCREngine):
         w, h = image.size
         if w == CRASH_WIDTH:
             os._exit(7)
+        if w == HANG_WIDTH:
+            time.sleep(3600)
         return [OCRItem(box=[[0, 0], [w, 0], [w, h], [0, h]], text=f"{w}x{h} pid {os.getpid()}")]
 
 
@@ -151,6 +155,29 @@ def test_a_dying_worker_fails_its_read_and_the_next_read_gets_a_new_one() -> Non
         except OCRWorkerError:
             pass
         assert engine.read(Image.new("RGB", (23, 10)))[0].text.startswith("23x10 pid")
+
+
+def test_a_hung_worker_fails_its_read_after_the_timeout_and_is_stopped() -> None:
+    with ProcessOCREngine(StandInEngine, workers=1, read_timeout=5) as engine:
+        engine.read(Image.new("RGB", (20, 10)))  # the worker is up (spawning it is not part of the wait below)
+        (pid,) = engine.worker_pids()
+        start = time.monotonic()
+        with pytest.raises(OCRWorkerError) as failure:
+            engine.read(Image.new("RGB", (HANG_WIDTH, 10)))
+        assert 5 <= time.monotonic() - start < 30
+        assert str(failure.value) == (
+            f"the stand-in OCR worker did not answer within 5 s for this {HANG_WIDTH}x10 image (the request failed; the "
+            "worker was stopped and the next read starts a new one)"
+        )
+        (after,) = engine.read(Image.new("RGB", (21, 10)))
+        assert _pid(after) != pid
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    for bad in (0, -1, True, "5"):
+        with pytest.raises(ValueError, match="read_timeout="):
+            ProcessOCREngine(StandInEngine, read_timeout=bad)
 
 
 def test_close_and_garbage_collection_leave_no_worker() -> None:

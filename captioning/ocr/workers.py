@@ -25,6 +25,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -41,6 +42,9 @@ __all__ = ["OCRWorkerError", "ProcessOCREngine", "limit_threads"]
 _ENGINE: OCREngine | None = None
 
 #: The environment variables that bound the thread pools of OpenMP, BLAS and friends in a worker.
+#: How long a read waits for its worker by default: far above any real read (RapidOCR reads a page in about a second
+#: on one thread; a worker's first read also loads its models), so only a hung engine reaches it.
+DEFAULT_READ_TIMEOUT = 120.0
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -88,6 +92,13 @@ def _read_in_worker(size: tuple[int, int], pixels: bytes) -> list[tuple[Any, str
     return [(it.box, it.text, it.confidence) for it in items]
 
 
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill ``pool``'s worker processes (the executor keeps them in ``_processes``; it has no public way to)."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.kill()
+
+
 def _shut_down(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -102,6 +113,9 @@ class ProcessOCREngine(OCREngine):
         workers: processes in the pool (reads beyond that many at once wait for one).
         threads: compute threads of each worker (RapidOCR's ONNX Runtime sessions, OpenCV, torch for EasyOCR);
             ``None`` leaves the engine's own default (all cores).
+        read_timeout: seconds a read may wait for its worker's answer (``None``: no limit). A worker that does not
+            answer in time (a hung engine) is stopped and its read fails with :class:`OCRWorkerError`; the next read
+            starts a new worker (reads that shared the stopped pool fail too, as when a worker dies).
         nice: how much lower the workers' CPU priority is than this process's (``os.nice``, 0-19): the operating
             system then runs the models' threads first when both want a core. Off by default: at one thread it
             measured no gain, and while other programs kept the cores busy the workers starved (set-ups took
@@ -119,6 +133,7 @@ class ProcessOCREngine(OCREngine):
         *,
         threads: int | None = None,
         nice: int = 0,
+        read_timeout: float | None = DEFAULT_READ_TIMEOUT,
         **engine_kwargs: Any,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -129,7 +144,11 @@ class ProcessOCREngine(OCREngine):
             raise ValueError("engine keyword arguments go with an engine name, not with a factory")
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise ValueError(f"nice={nice!r} must be an integer from 0 to 19")
-        self.workers, self.threads, self.nice = workers, threads, nice
+        if read_timeout is not None and (
+            isinstance(read_timeout, bool) or not isinstance(read_timeout, (int, float)) or not read_timeout > 0
+        ):
+            raise ValueError(f"read_timeout={read_timeout!r} must be a number of seconds > 0 or None")
+        self.workers, self.threads, self.nice, self.read_timeout = workers, threads, nice, read_timeout
         self._spec, self._engine_kwargs = engine, engine_kwargs
         self._probe: OCREngine | None = None  # the engine made here (no models loaded): its name and cache key
         self._factory: Callable[[], OCREngine] | None = None
@@ -231,7 +250,14 @@ class ProcessOCREngine(OCREngine):
             pool = self._executor()
             future = pool.submit(_read_in_worker, size, pixels)
         try:
-            found = future.result()
+            found = future.result(timeout=self.read_timeout)
+        except FutureTimeout:
+            _stop_workers(pool)  # a hung worker never takes the shutdown message: stop it, or it holds its core
+            self._discard(pool)
+            raise OCRWorkerError(
+                f"the {self.name} OCR worker did not answer within {self.read_timeout:g} s for this {size[0]}x{size[1]} "
+                "image (the request failed; the worker was stopped and the next read starts a new one)"
+            ) from None
         except BrokenProcessPool:
             self._discard(pool)
             raise OCRWorkerError(
