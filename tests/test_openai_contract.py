@@ -90,6 +90,7 @@ def test_chat_answers_conform(server, fields):
     r = post(server, "/v1/chat/completions", chat_body(**fields))
     assert r.status_code == 200, r.text
     body = r.json()
+    assert "metrics" in body  # vLLM's per-request acceptance: an extra root field, valid beside OpenAI's
     assert_conforms("CreateChatCompletionResponse", body)
     assert "system_fingerprint" not in body or isinstance(body["system_fingerprint"], str)
     assert all(c["message"]["refusal"] is None for c in body["choices"])
@@ -117,6 +118,7 @@ def test_chat_chunks_conform(server, fields):
     assert r.status_code == 200, r.text
     events = sse(r.text)
     assert events[-1] == "[DONE]" and events[-2]["usage"] is not None and events[-2]["choices"] == []
+    assert [i for i, c in enumerate(events[:-1]) if "metrics" in c] == [len(events) - 2]  # on the usage chunk only
     for chunk in events[:-1]:
         assert_conforms("CreateChatCompletionStreamResponse", chunk)
 
@@ -138,6 +140,7 @@ def test_streamed_tool_call_deltas_conform(server):
 def test_completions_conform(server, fields):
     r = post(server, "/v1/completions", {"model": "tiny", "prompt": "Which bar is the tallest?", **fields})
     assert r.status_code == 200, r.text
+    assert r.json()["metrics"]["speculative_decoding"]["num_spec_tokens"] > 0
     assert_conforms("CreateCompletionResponse", r.json())
 
 
@@ -150,7 +153,7 @@ def test_completion_chunks_conform(server):
         "stream_options": {"include_usage": True},
     }
     events = sse(post(server, "/v1/completions", body).text)
-    assert events[-1] == "[DONE]" and events[-2]["usage"] is not None
+    assert events[-1] == "[DONE]" and events[-2]["usage"] is not None and "metrics" in events[-2]
     assert events[-3]["choices"][0]["finish_reason"] == "length" and events[0]["choices"][0]["finish_reason"] is None
     for chunk in events[:-1]:
         assert_conforms("CreateCompletionChunk", chunk)
@@ -176,6 +179,7 @@ def test_responses_conform(server, fields):
         pytest.importorskip("xgrammar")
     r = post(server, "/v1/responses", responses_body(**fields))
     assert r.status_code == 200, r.text
+    assert r.json()["metrics"]["speculative_decoding"]["num_spec_tokens"] > 0
     assert_conforms("Response", r.json())
 
 
@@ -190,6 +194,7 @@ def test_response_events_conform(server, fields):
     r = post(server, "/v1/responses", responses_body(stream=True, **fields))
     events = sse(r.text)
     assert events and events[-1]["type"] in ("response.completed", "response.incomplete")
+    assert [e["type"] for e in events if "metrics" in e.get("response", {})] == [events[-1]["type"]]  # the final one only
     for event in events:
         assert_conforms("ResponseStreamEvent", event)
 

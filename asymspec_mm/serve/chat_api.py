@@ -24,6 +24,7 @@ from .completions import total_usage as completion_usage
 from .errors import RequestError
 from .models_chat import ChatCompletionRequest
 from .openapi import answer_docs
+from .request_metrics import answer_metrics
 from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
 from .schema import ChatRequest, parse_chat_request
 from .streaming import chat_chunks, completion_chunks
@@ -119,7 +120,7 @@ def add_chat_routes(app: FastAPI, state: Any, *, submit: Callable[[ChatRequest],
         if len(results) > 1:
             info["choices"] = [asymspec_object(res, tokenizer, req.request.return_trace) for res in results]
         body = {"id": cid, "object": "chat.completion", "created": created, "model": state.model, "choices": choices}
-        body.update(usage=total_usage(results), asymspec=info)
+        body.update(usage=total_usage(results), asymspec=info, metrics=answer_metrics(results))
         return ChatCompletion.model_validate(body).model_dump(mode="json", exclude_unset=True, warnings=False)
 
     def completion(results: list[MMResult], req: ChatRequest, cid: str, created: int) -> dict:
@@ -130,7 +131,8 @@ def add_chat_routes(app: FastAPI, state: Any, *, submit: Callable[[ChatRequest],
             lp = logprobs(res.trace, req)
             choices.append(choice(i, res.text, finish_of(res), None if lp is None else completion_logprobs(lp["content"])))
         info = asymspec_object(results[0], tokenizer, req.request.return_trace)
-        return text_completion(cid, created, state.model, choices, usage=completion_usage(results), asymspec=info)
+        usage = completion_usage(results)
+        return text_completion(cid, created, state.model, choices, usage=usage, asymspec=info, metrics=answer_metrics(results))
 
     @app.post("/v1/chat/completions", responses=answer_docs("ChatCompletion"))
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:

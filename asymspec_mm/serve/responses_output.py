@@ -19,6 +19,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..requests.tools import parse_tool_calls
+from .request_metrics import answer_metrics
 from .responses import asymspec_object, logprobs_of, usage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,7 +126,8 @@ def response_object(
     """The ``response`` object: of the finished answer ``res`` (``completed`` or ``incomplete``), or without one
     (``status`` ``in_progress`` or ``failed``) as the stream announces it. The request's fields are echoed with the
     values the answer was decoded with (temperature, top_p, the token budget); ``asymspec`` is the chat
-    completions' extension object (stats, view, the trace when asked)."""
+    completions' extension object (stats, view, the trace when asked) and ``metrics`` vLLM's per-request acceptance
+    (:mod:`~asymspec_mm.serve.request_metrics`), both on a finished answer only."""
     cfg = req.config
     if status is None:
         status = "incomplete" if res is not None and is_cut(res) else "completed"
@@ -152,6 +154,7 @@ def response_object(
         body["completed_at"] = int(time.time())
     if res is not None:
         body["asymspec"] = asymspec_object(res, tokenizer, req.request.return_trace)
+        body["metrics"] = answer_metrics([res])  # vLLM's per-request acceptance, on the finished answer only
     return body
 
 

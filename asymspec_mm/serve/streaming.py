@@ -11,6 +11,7 @@ from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
 from ..requests.tools import ToolCallStream, parse_tool_calls
+from .request_metrics import answer_metrics
 from .responses import TextDeltas, asymspec_object, finish_reason, total_usage, trace_entry
 from .transport import Reader, dumps, error_of
 
@@ -98,7 +99,7 @@ async def chat_chunks(
 ) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed answer with ``len(readers)`` choices: each choice's role, a chunk per
     committed step (with that step's provenance under ``asymspec.trace`` when asked), its finish reason with stats and
-    view; then usage (every choice's tokens) and ``[DONE]`` once all have finished. A choice that fails ends the
+    view; then, when asked, the usage chunk (every choice's tokens, and vLLM's per-request ``metrics``) and ``[DONE]`` once all have finished. A choice that fails ends the
     stream with the error (the other choices are cancelled when the response closes)."""
     stops, tools = req.config.stop_strings, req.request.reads_tool_calls  # as the session decodes
     choices = [ChoiceDeltas(tokenizer, stops, call_id(cid, i), tools) for i in range(len(readers))]
@@ -136,7 +137,8 @@ async def chat_chunks(
     if len(results) < len(choices):
         return  # the client disconnected: the response's on_close cancels the rows
     if req.include_usage:
-        body = chat_chunk(cid, created, model, [], usage=total_usage([results[i] for i in range(len(choices))]))
+        done = [results[i] for i in range(len(choices))]
+        body = chat_chunk(cid, created, model, [], usage=total_usage(done), metrics=answer_metrics(done))
         yield b"data: " + dumps(body) + b"\n\n"
     yield b"data: [DONE]\n\n"
 
@@ -163,7 +165,7 @@ async def completion_chunks(
 ) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed text completion: a ``text_completion`` chunk per committed step of each
     choice (its text, its tokens' log-probabilities when asked), the choice's finish reason, then the usage chunk
-    when asked and ``[DONE]``; a failing choice ends the stream with the error."""
+    (with vLLM's per-request ``metrics``) when asked and ``[DONE]``; a failing choice ends the stream with the error."""
     from .completions import choice, completion_logprobs, finish_of, text_completion
     from .completions import total_usage as completion_usage
 
@@ -194,9 +196,7 @@ async def completion_chunks(
     if len(results) < len(readers):
         return
     if req.include_usage:
-        yield (
-            b"data: "
-            + dumps(text_completion(cid, created, model, [], usage=completion_usage([results[i] for i in range(len(readers))])))
-            + b"\n\n"
-        )
+        done = [results[i] for i in range(len(readers))]
+        last = text_completion(cid, created, model, [], usage=completion_usage(done), metrics=answer_metrics(done))
+        yield b"data: " + dumps(last) + b"\n\n"
     yield b"data: [DONE]\n\n"
