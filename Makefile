@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup quickstart test lint docs demo bench bench-serve eval-minivista clean
+.PHONY: setup quickstart test lint docs demo bench bench-serve bench-aiperf eval-minivista clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,11 @@ bench: setup
 # concurrency 1, 4 and 16; ~6 min on 2 cores; needs vLLM's venv (bash scripts/vllm_venv.sh, or VLLM_VENV=...)
 bench-serve: setup
 	VENV=$(VENV) bash scripts/serving_bench.sh
+
+# AIPerf against `serve --preset tiny` (issue #49): AIPerf's Spec Decode table from the answers' per-request
+# acceptance, beside the server's counters; ~3 min on 2 cores; needs aiperf (.venv-aiperf/bin/pip install aiperf)
+bench-aiperf: setup
+	VENV=$(VENV) bash scripts/aiperf_bench.sh
 
 eval-minivista: setup
 	$(VENV)/bin/asymspec-mm eval mathvista --dataset minivista --preset tiny --methods floor,drafter,asymspec --out runs/minivista

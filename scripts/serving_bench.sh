@@ -18,6 +18,8 @@
 # every answer is --max-tokens long.
 # Writes, under --out: dataset.jsonl, METHOD-cN.json (vLLM's result), METHOD-cN.{before,after}.prom,
 # METHOD-cN.load (/proc/loadavg before and after), server-METHOD-cN.log, summary.json and table.md (printed).
+# Then, where AIPerf is installed (AIPERF, .venv-aiperf/bin/aiperf or `aiperf` on PATH), an AIPerf pass under
+# --out/aiperf: scripts/aiperf_bench.sh for the methods that draft, at the first concurrency; elsewhere one line says so.
 #
 # Settings (environment): VENV (this project's venv, default .venv), VLLM_VENV (vLLM's, default .venv-vllm:
 # bash scripts/vllm_venv.sh), SERVE_ARGS (more `serve` options), READY_S (seconds to wait for a server, 180).
@@ -84,42 +86,9 @@ sys.argv = ["vllm", *sys.argv[1:]]
 from vllm.entrypoints.cli.main import main
 main()'
 
-SERVER_PID=""
-stop_server() {
-  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -INT "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  SERVER_PID=""
-}
-trap stop_server EXIT
-trap 'stop_server; exit 130' INT TERM
-
-# start_server LOG: the server on 127.0.0.1:$PORT; sets URL once /health answers (else one line and exit 1)
-start_server() {
-  local log=$1 deadline=$((SECONDS + READY_S)) line
-  : >"$log"  # before the server's own redirection opens it: the loop below reads it at once
-  # shellcheck disable=SC2086  # SERVE_ARGS is a list of options
-  ${THREADS:+env OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS} \
-    "$PY" -m asymspec_mm.cli serve --preset tiny --host 127.0.0.1 --port "$PORT" ${SERVE_ARGS:-} >"$log" 2>&1 &
-  SERVER_PID=$!
-  URL=""
-  while [ -z "$URL" ]; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      line=$(grep -v '^\s*$' "$log" | tail -n 1 || true)
-      echo "serving_bench: the server exited before it was ready: ${line:-no output} (log: $log)" >&2; exit 1
-    fi
-    [ $SECONDS -lt $deadline ] || { echo "serving_bench: the server was not ready within ${READY_S} s (log: $log); raise READY_S" >&2; exit 1; }
-    URL=$(sed -n 's|.* on \(http://[^ ]*\)/v1 .*|\1|p' "$log" | head -n 1 || true)
-    [ -n "$URL" ] || sleep 0.5
-  done
-  until curl -sf "$URL/health" >/dev/null; do
-    [ $SECONDS -lt $deadline ] || { echo "serving_bench: $URL/health did not answer within ${READY_S} s (log: $log)" >&2; exit 1; }
-    sleep 0.5
-  done
-}
+BENCH=serving_bench
+# shellcheck source=scripts/bench_server.sh
+source scripts/bench_server.sh  # start_server LOG (sets URL), stop_server
 
 "$PY" -m asymspec_mm.bench.serving dataset --out "$OUT/dataset.jsonl" --prompts "$PROMPTS"
 COMMAND="bash scripts/serving_bench.sh --prompts $PROMPTS --concurrency $CONCURRENCY --methods $METHODS --max-tokens $MAX_TOKENS ${IGNORE_EOS:+ --ignore-eos} --ocr $OCR${THREADS:+ --threads $THREADS}"
@@ -148,3 +117,13 @@ for m in "${METHOD_LIST[@]}"; do
   done
 done
 "$PY" -m asymspec_mm.bench.serving table --out "$OUT" --command "$COMMAND"
+
+# The AIPerf pass where AIPerf is installed (scripts/aiperf_bench.sh: AIPerf reads each answer's per-request
+# acceptance, vLLM's metrics.speculative_decoding), for the methods that draft, at the first concurrency
+if [ -n "${AIPERF:-}" ] || [ -x .venv-aiperf/bin/aiperf ] || command -v aiperf >/dev/null; then
+  DRAFTING=$(printf '%s\n' "${METHOD_LIST[@]}" | grep -xE 'asymspec|sd' | paste -sd, - || true)
+  [ -z "$DRAFTING" ] || VENV="$VENV" bash scripts/aiperf_bench.sh --prompts "$PROMPTS" --concurrency "${CONC_LIST[0]}" \
+    --methods "$DRAFTING" --max-tokens "$MAX_TOKENS" --ocr "$OCR" --port "$PORT" --out "$OUT/aiperf"
+else
+  echo "serving_bench: no AIPerf pass (aiperf is not installed; see scripts/aiperf_bench.sh)"
+fi
