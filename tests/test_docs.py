@@ -49,6 +49,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/files/BENCHMARKS.md", "vllm_batch_bench.py"): VLLM,
     ("docs/files/BENCHMARKS.md", "--ocr none --out runs/serving-bench-no-ocr"): VLLM
     + " beside this project's; ~5 min each; tests/test_serving_bench.py runs the script on 4 prompts",
+    ("docs/files/BENCHMARKS.md", "aiperf_bench.sh --prompts 8"): "needs AIPerf in its own venv (~3 min); "
+    "tests/test_aiperf_bench.py runs the script on 2 prompts where AIPerf is installed",
     ("docs/files/VLLM.md", 'verifier_backend="vllm"'): VLLM + " and the real models",
     ("docs/files/VLLM.md", "VLLMModel.from_pretrained"): VLLM + " and Qwen3-8B",
     ("docs/files/VLLM.md", "bash scripts/vllm_venv.sh"): VLLM + ": these lines create that venv and run those tests",
