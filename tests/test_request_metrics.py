@@ -6,8 +6,8 @@ Against ``asymspec-mm serve --preset tiny`` through the ``openai`` client, for c
 and the Responses API, streamed and not: each answer's object equals ours field by field (steps, drafts, accepted
 drafts; the histogram's tails are our accepted-per-position counts), and the objects summed over the requests
 equal the growth of the server's ``vllm:spec_decode_*`` counters. In a stream exactly one chunk carries it, the
-last (the usage chunk; the Responses API's final event), as vLLM sends it. With AIPerf installed (``aiperf`` on
-PATH or ``$AIPERF_PYTHON``; skipped otherwise) AIPerf's own parsing turns a real answer into its acceptance record.
+last (the usage chunk; the Responses API's final event), as vLLM sends it. With AIPerf installed (``$AIPERF``,
+``.venv-aiperf`` or ``aiperf`` on PATH; skipped otherwise) AIPerf's own parsing turns a real answer into its acceptance record.
 """
 
 from __future__ import annotations
@@ -186,16 +186,18 @@ def test_the_object_is_null_for_several_choices_and_absent_from_a_stream_without
 
 # ---------------------------------------------------------------------------------------------- AIPerf reads it
 def aiperf_python() -> Path | None:
-    """The interpreter AIPerf is installed in: ``$AIPERF_PYTHON``, or the one beside ``aiperf`` on PATH."""
+    """The interpreter AIPerf is installed in: ``$AIPERF_PYTHON``, else the one beside the ``aiperf`` command that
+    scripts/aiperf_bench.sh would run (``$AIPERF``, ``.venv-aiperf/bin/aiperf`` or ``aiperf`` on PATH)."""
     if os.environ.get("AIPERF_PYTHON"):
         return Path(os.environ["AIPERF_PYTHON"])
-    found = shutil.which("aiperf")
-    return Path(found).parent / "python" if found else None
+    local = Path(__file__).resolve().parents[1] / ".venv-aiperf" / "bin" / "aiperf"
+    found = os.environ.get("AIPERF") or (str(local) if local.exists() else shutil.which("aiperf"))
+    return Path(shutil.which(found) or found).parent / "python" if found else None
 
 
 _AIPERF = aiperf_python()
 needs_aiperf = pytest.mark.skipif(
-    _AIPERF is None or not _AIPERF.exists(), reason="AIPerf is not installed (pip install aiperf, or set AIPERF_PYTHON)"
+    _AIPERF is None or not _AIPERF.exists(), reason="AIPerf is not installed (pip install aiperf into .venv-aiperf, or set AIPERF)"
 )
 
 #: Run in AIPerf's interpreter: its chat endpoint's capture of the payload, then its record parser (adapter
