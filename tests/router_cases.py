@@ -198,7 +198,7 @@ def _response(client: Any, body: dict[str, Any]) -> dict[str, Any]:
         return _response_of(client.responses.create(model="tiny", **body))
     final = None
     for event in client.responses.create(model="tiny", **body):
-        if event.type == "response.completed":
+        if event.type in ("response.completed", "response.incomplete"):
             final = event.response
     return _response_of(final)
 
