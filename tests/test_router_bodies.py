@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from router_cases import ROUTERS, shown_command
 
 pytest.importorskip("fastapi")
 from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
@@ -122,3 +123,11 @@ def test_the_bodies_as_the_server_refused_them_before():
         for name, case in doc["cases"].items():
             if case["path"] != "/v1/responses" and "router_body" in case:
                 assert set(case["router_body"]) & set(ROUTER_FIELDS), (router, name)
+
+
+def test_the_deployment_page_shows_the_commands_the_tests_run():
+    page = (Path(__file__).parents[1] / "docs" / "deployment.md").read_text(encoding="utf-8")
+    readme = (DATA / "README.md").read_text(encoding="utf-8")
+    for router in ROUTERS:
+        assert shown_command(router) in page.splitlines() and f"`{shown_command(router)}`" in readme
+        assert RECORDED[router]["command"] == shown_command(router)
