@@ -60,11 +60,15 @@ def direct(server):
 
 
 @pytest.fixture(scope="module", params=list(ROUTERS))
-def routed(request, server, tmp_path_factory):
-    """(router name, an ``openai`` client on the router in front of the server)."""
+def routed(request, tmp_path_factory):
+    """(router name, an ``openai`` client on the router in front of the server); skipped before the server starts
+    when the router is not installed."""
     name = request.param
     if router_executable(name) is None:
-        pytest.skip(f"{name} is not installed: pip install {name}=={VERSIONS[name]} (or set ASYMSPEC_ROUTER_BIN)")
+        pytest.skip(
+            f"{name} is not installed: pip install {name}=={VERSIONS[name]} (or set ASYMSPEC_ROUTER_BIN to the bin folder holding it)"
+        )
+    server = request.getfixturevalue("server")
     log = tmp_path_factory.mktemp("router") / f"{name}.log"
     with running_router(name, server.url, log=log) as url:
         yield name, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
