@@ -269,6 +269,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         {"prompt": QUESTION, "max_tokens": BUDGET, "stop": ["\n\n"], "extra_body": {"asymspec": {"method": "asymspec", "k": 3}}},
     ),
     "responses_text": ("/v1/responses", {"input": QUESTION, "max_output_tokens": BUDGET}),
+    "responses_openai_defaults": (
+        "/v1/responses",
+        {"input": QUESTION, "max_output_tokens": BUDGET, "temperature": 1.0, "top_p": 1.0, "extra_body": {"seed": 5}},
+    ),
     "responses_greedy": ("/v1/responses", {"input": QUESTION, "max_output_tokens": BUDGET, "temperature": 0}),
     "responses_stream": ("/v1/responses", {"input": QUESTION, "max_output_tokens": BUDGET, "temperature": 0, "stream": True}),
     "responses_image_asymspec": (

@@ -104,7 +104,8 @@ def test_vllm_router_forwards_the_asymspec_extension_and_structured_outputs():
 
 def test_through_sglang_an_omitted_responses_temperature_samples():
     """The client's greedy body and the forwarded one differ only in OpenAI's sampling defaults: the server cannot
-    tell a client's explicit ``temperature: 1.0`` from the gateway's, so the forwarded body samples. A client that
+    tell a client's explicit ``temperature: 1.0`` from the gateway's (the two forwarded bodies are equal), so the
+    forwarded body samples. A client that
     sends ``temperature`` itself (0: greedy) gets its own value through: the same engine request (only the echoed
     ``top_p`` reads 1.0, the gateway's, for null)."""
     cases = RECORDED["sglang-router"]["cases"]
@@ -112,6 +113,8 @@ def test_through_sglang_an_omitted_responses_temperature_samples():
     assert "temperature" not in omitted["client_body"] and omitted["router_body"]["temperature"] == 1.0
     assert parse_responses_request(omitted["client_body"]).config.temperature == 0.0
     assert parse_responses_request(omitted["router_body"]).config.temperature == 1.0
+    # a client's own temperature 1.0 and top_p 1.0 (and a seed, which the gateway drops) arrive as the same bytes
+    assert cases["responses_openai_defaults"]["router_body"] == omitted["router_body"]
     greedy = cases["responses_greedy"]
     assert greedy["client_body"]["temperature"] == greedy["router_body"]["temperature"] == 0
     assert parse_responses_request(greedy["router_body"]).request == parse_responses_request(greedy["client_body"]).request

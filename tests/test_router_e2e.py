@@ -31,7 +31,11 @@ DROPPED = {
 }
 #: (router, case) -> the temperature a Responses body is answered with where the client's own answer is not the routed
 #: one: sampled without the client's seed (dropped) or at OpenAI's default 1.0 (the client sent none).
-SAMPLED = {("sglang-router", "responses_text"): 1.0, ("sglang-router", "responses_sampled"): 0.7}
+SAMPLED = {
+    ("sglang-router", "responses_text"): 1.0,
+    ("sglang-router", "responses_openai_defaults"): 1.0,
+    ("sglang-router", "responses_sampled"): 0.7,
+}
 #: (router, case) -> (status, param) of the error the client gets.
 FAILS = {
     ("sglang-router", "responses_image_asymspec"): (400, "input[0].content[1].type"),  # the image became {"type": "unknown"}
