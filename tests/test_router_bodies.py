@@ -134,3 +134,13 @@ def test_the_deployment_page_shows_the_commands_the_tests_run():
     for router in ROUTERS:
         assert shown_command(router) in page.splitlines() and f"`{shown_command(router)}`" in readme
         assert RECORDED[router]["command"] == shown_command(router)
+
+
+def test_the_registry_names_exactly_the_routers_that_add_each_field():
+    """:data:`ROUTER_FIELDS` says which router adds a field: each recorded router adds exactly the fields naming it."""
+    for router, doc in RECORDED.items():
+        added = set()
+        for case in doc["cases"].values():
+            if "router_body" in case:
+                added |= (set(case["router_body"]) - set(case["client_body"])) & set(ROUTER_FIELDS)
+        assert added == {name for name, by in ROUTER_FIELDS.items() if router in by}, router
