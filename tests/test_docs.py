@@ -55,6 +55,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/files/VLLM.md", "VLLMModel.from_pretrained"): VLLM + " and Qwen3-8B",
     ("docs/files/VLLM.md", "bash scripts/vllm_venv.sh"): VLLM + ": these lines create that venv and run those tests",
     ("docs/files/VLLM.md", "vllm_gpu_check.py"): VLLM + " on a GPU",
+    ("docs/deployment.md", "smg launch"): "starts a server and a router that run until stopped; tests/test_router_e2e.py "
+    "starts both routers with these flags on free ports, and tests/test_router_bodies.py checks the lines equal its commands",
 }
 
 

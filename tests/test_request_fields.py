@@ -2,7 +2,10 @@
 ``CreateCompletionRequest`` and ``CreateResponse`` of the pinned OpenAPI document, each property is declared by the
 server's request model as read (``supported``), a ``hint`` (accepted, no effect on the answer) or ``unsupported``
 (refused with code ``unsupported`` naming it unless it holds its neutral value), never left to "unknown request
-field"; a field added upstream fails here until it is classified. docs/serving.md's tables list the same."""
+field"; a field added upstream fails here until it is classified. docs/serving.md's tables list the same.
+
+The fields routers add to the bodies they forward (issue #50: vLLM's and SGLang's extras, :mod:`.models_router`)
+are classified the same way and listed in their own table; any other field stays a 400 ``unknown_field``."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from asymspec_mm.serve.errors import RequestError
 from asymspec_mm.serve.models_chat import ChatCompletionRequest
 from asymspec_mm.serve.models_common import field_support
 from asymspec_mm.serve.models_responses import CreateResponseRequest
+from asymspec_mm.serve.models_router import ROUTER_FIELDS, router_fields
 from asymspec_mm.serve.responses_api import parse_responses_request
 from asymspec_mm.serve.schema import parse_chat_request, validated
 
@@ -77,6 +81,11 @@ HINTS = {
     "prompt_cache_options": {"mode": "auto"},
     "verbosity": "low",
     "max_tool_calls": 3,
+    # fields routers add
+    "priority": 5,
+    "separate_reasoning": False,
+    "stream_reasoning": False,
+    "include_reasoning": False,
 }
 REFUSED = {
     "frequency_penalty": 0.5,
@@ -102,6 +111,32 @@ REFUSED = {
     "guided_regex": "[0-9]+",
     "guided_choice": ["yes", "no"],
     "guided_grammar": "root ::= 'yes'",
+    # fields routers add, at a value that would change the answer
+    "no_stop_trim": True,
+    "skip_special_tokens": False,
+    "return_hidden_states": True,
+    "continue_final_message": True,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "min_tokens": 4,
+    "stop_token_ids": [2],
+    "include_stop_str_in_output": True,
+}
+#: The neutral value of each field routers add (what vllm-router 0.1.17 and sglang-router 0.3.2 send).
+ROUTER_NEUTRAL = {
+    "no_stop_trim": False,
+    "skip_special_tokens": True,
+    "return_hidden_states": False,
+    "continue_final_message": False,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "include_reasoning": True,
+    "priority": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "min_tokens": 0,
+    "stop_token_ids": [],
+    "include_stop_str_in_output": False,
 }
 
 
@@ -110,8 +145,10 @@ def test_every_openai_field_is_classified(endpoint):
     schema, model, _, _, extensions = ENDPOINTS[endpoint]
     upstream = set(request_properties(schema))
     support = field_support(model)
+    routed = router_fields(model)
     assert upstream - set(support) == set(), f"{schema}: fields the server does not classify (declare them in {model.__name__})"
-    assert set(support) - upstream == extensions, "the server's own fields beyond OpenAI's"
+    assert set(support) - upstream - routed == extensions, "the server's own fields beyond OpenAI's"
+    assert routed <= set(ROUTER_FIELDS) and not routed & upstream
     assert set(support.values()) <= {"supported", "hint", "unsupported"}
     # every hint and refusal has an example below, so the next tests exercise each one
     assert {n for n, kind in support.items() if kind == "hint"} <= set(HINTS)
@@ -157,6 +194,55 @@ def test_an_unsupported_field_at_its_neutral_value_is_accepted(endpoint, name, n
     assert parse({**body, name: neutral}).request == parse(body).request
 
 
+def _router_cases() -> list[tuple[str, str]]:
+    return [(e, n) for e, (_, model, *_) in ENDPOINTS.items() for n in sorted(router_fields(model))]
+
+
+def test_every_endpoint_takes_the_fields_its_routers_add():
+    """Chat and text completions take every router field; Responses the three SGLang's gateway adds there."""
+    assert router_fields(ChatCompletionRequest) == set(ROUTER_FIELDS) == set(ROUTER_NEUTRAL)
+    assert router_fields(CompletionRequest) == set(ROUTER_FIELDS) - {
+        "continue_final_message",
+        "separate_reasoning",
+        "stream_reasoning",
+        "include_reasoning",
+    }
+    assert router_fields(CreateResponseRequest) == {"priority", "min_p", "repetition_penalty"}
+
+
+@pytest.mark.parametrize("endpoint,name", _router_cases())
+def test_a_router_field_at_its_neutral_value_changes_nothing(endpoint, name):
+    _, _, body, parse, _ = ENDPOINTS[endpoint]
+    assert parse({**body, name: ROUTER_NEUTRAL[name]}).request == parse(body).request
+
+
+def test_every_router_field_at_once_changes_nothing():
+    for endpoint, (_, model, body, parse, _) in ENDPOINTS.items():
+        extras = {n: ROUTER_NEUTRAL[n] for n in router_fields(model)}
+        assert parse({**body, **extras}).request == parse(body).request, endpoint
+
+
+@pytest.mark.parametrize(
+    "endpoint,name,value",
+    [
+        ("chat", "sampling_seed", 3),
+        ("chat", "lora_path", None),
+        ("chat", "regex", "[0-9]+"),
+        ("completions", "return_logprob", False),
+        ("responses", "no_stop_trim", False),
+        ("responses", "skip_special_tokens", True),
+        ("responses", "request_id", "r-1"),
+    ],
+)
+def test_a_field_outside_the_lists_stays_unknown(endpoint, name, value):
+    """A field the server does not know and that no router adds (or that no router adds on that endpoint) is a 400
+    ``unknown_field`` naming it, whatever its value."""
+    _, _, body, parse, _ = ENDPOINTS[endpoint]
+    with pytest.raises(RequestError) as info:
+        parse({**body, name: value})
+    assert (info.value.status, info.value.code) == (400, "unknown_field") and name in info.value.message
+
+
 def test_reasoning_effort_turns_thinking_on_or_off():
     assert parse_chat_request({"messages": MESSAGES, "reasoning_effort": "low"}).request.enable_thinking is True
     assert parse_chat_request({"messages": MESSAGES, "reasoning_effort": "none"}).request.enable_thinking is False
@@ -183,5 +269,11 @@ def _documented(section: str) -> dict[str, str]:
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_the_docs_table_lists_every_field_as_the_model_treats_it(endpoint):
     _, model, _, _, extensions = ENDPOINTS[endpoint]
-    want = {n: ("extension" if n in extensions and k == "supported" else k) for n, k in field_support(model).items()}
+    routed = router_fields(model)
+    want = {n: ("extension" if n in extensions and k == "supported" else k) for n, k in field_support(model).items() if n not in routed}
     assert _documented(endpoint) == want
+
+
+def test_the_docs_table_of_router_fields_lists_each_as_the_models_treat_it():
+    want = {n: k for _, (_, model, *_) in ENDPOINTS.items() for n, k in field_support(model).items() if n in router_fields(model)}
+    assert _documented("routers") == want

@@ -23,6 +23,7 @@ from .models_common import (
     refuse,
     unsupported,
 )
+from .models_router import DecodeExtras
 from .responses import usage
 from .schema import ChatRequest, asymspec_fields, checked, config_of, decode_request, response_format_of
 
@@ -64,8 +65,9 @@ class _CompletionBody(RequestModel):
     prompt: Annotated[str, checked_by(_prompt)]
 
 
-class CompletionRequest(DecodeRequest, _CompletionBody):
-    """A text completion request (OpenAI's ``CreateCompletionRequest`` and the server's extensions)."""
+class CompletionRequest(DecodeExtras, DecodeRequest, _CompletionBody):
+    """A text completion request (OpenAI's ``CreateCompletionRequest``, the server's extensions, and the fields
+    routers add: :mod:`.models_router`)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"model": "tiny", "prompt": "Which bar is the tallest?", "max_tokens": 16}]})
 

@@ -33,6 +33,7 @@ from .models_common import (
     type_of,
     unsupported,
 )
+from .models_router import ChatExtras, DecodeExtras
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -222,8 +223,9 @@ class _ChatBody(RequestModel):
     messages: Annotated[Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)], checked_by(_messages)]  # type: ignore[valid-type]
 
 
-class ChatCompletionRequest(DecodeRequest, _ChatBody):
-    """A chat completion request (OpenAI's ``CreateChatCompletionRequest`` and the server's extensions)."""
+class ChatCompletionRequest(ChatExtras, DecodeExtras, DecodeRequest, _ChatBody):
+    """A chat completion request (OpenAI's ``CreateChatCompletionRequest``, the server's extensions, and the fields
+    routers add: :mod:`.models_router`, listed first so that their fields come after the endpoint's)."""
 
     model_config = ConfigDict(
         json_schema_extra={

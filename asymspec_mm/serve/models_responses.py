@@ -31,6 +31,7 @@ from .models_common import (
     type_of,
     unsupported,
 )
+from .models_router import SamplingExtras
 
 #: What ``include`` may ask for: nothing is made for the reasoning items, and the answer's log-probabilities.
 INCLUDABLE = ("reasoning.encrypted_content", "message.output_text.logprobs")
@@ -246,8 +247,9 @@ class _ResponseBody(RequestModel):
     ]  # type: ignore[valid-type]
 
 
-class CreateResponseRequest(EndpointRequest, _ResponseBody):
-    """A Responses API request (OpenAI's ``CreateResponse`` and the server's extensions)."""
+class CreateResponseRequest(SamplingExtras, EndpointRequest, _ResponseBody):
+    """A Responses API request (OpenAI's ``CreateResponse``, the server's extensions, and the fields SGLang's gateway
+    adds: :mod:`.models_router`)."""
 
     model_config = ConfigDict(
         json_schema_extra={"examples": [{"model": "tiny", "input": "Which bar is the tallest?", "max_output_tokens": 16}]}
