@@ -19,9 +19,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e ".[all,dev]"
 	touch $@
 
-# 1) set up and answer a bundled question with the bundled tiny pair (prints the answer and its token provenance)
+# 1) set up and answer a bundled question with the bundled tiny pair (prints the answer and its token provenance),
+# then say how to run the command line: it lives in $(VENV)/bin, which a new shell does not have on its PATH
 quickstart: setup
 	$(VENV)/bin/asymspec-mm quickstart
+	@echo "next: source $(VENV)/bin/activate  (then asymspec-mm generate ..., serve, demo; or call $(VENV)/bin/asymspec-mm without activating)"
 
 # 2) set up, lint, build the docs strictly and run the whole test suite (browser tests use Debian's chromium, installed here when missing)
 test: setup
