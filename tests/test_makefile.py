@@ -68,3 +68,24 @@ def test_the_readme_says_so_where_it_first_uses_the_command_line() -> None:
     first_cli = readme.index("```bash\nasymspec-mm ")
     intro = readme[readme.rindex("\n\n", 0, first_cli - 1) : first_cli]
     assert "source .venv/bin/activate" in intro and ".venv/bin/asymspec-mm" in intro, intro
+
+
+def dry_run_setup(*assignments: str) -> list[str]:
+    """The commands `make setup` would run for a new venv (``-n``: none is run), one per line."""
+    proc = subprocess.run(
+        ["make", "-n", "-B", "setup", "VENV=/nonexistent/venv", *assignments], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_torch_comes_from_pypi_unless_an_index_is_named() -> None:
+    plain = dry_run_setup()
+    assert not any("--index-url" in line for line in plain)
+    cpu = "https://download.pytorch.org/whl/cpu"
+    named = dry_run_setup(f"TORCH_INDEX={cpu}")
+    (torch_line,) = [line for line in named if "torch==" in line]
+    assert torch_line.split()[-2:] == ["--index-url", cpu]
+    # only torch and torchvision come from it: the package and its other requirements still come from PyPI
+    assert [line for line in named if "--index-url" in line] == [torch_line]
+    assert [line for line in named if line != torch_line] == [line for line in plain if "torch==" not in line]
