@@ -3,6 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# An index to take torch and torchvision from instead of PyPI, whose torch wheel requires its CUDA libraries (3.2 GB)
+# even without a GPU: TORCH_INDEX=https://download.pytorch.org/whl/cpu is PyTorch's CPU-only build of the same versions
+TORCH_INDEX ?=
 export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -15,13 +18,15 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_PINS)
+	$(PIP) install -q $(TORCH_PINS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[all,dev]"
 	touch $@
 
-# 1) set up and answer a bundled question with the bundled tiny pair (prints the answer and its token provenance)
+# 1) set up and answer a bundled question with the bundled tiny pair (prints the answer and its token provenance),
+# then say how to run the command line: it lives in $(VENV)/bin, which a new shell does not have on its PATH
 quickstart: setup
 	$(VENV)/bin/asymspec-mm quickstart
+	@echo "next: source $(VENV)/bin/activate  (then asymspec-mm generate ..., serve, demo; or call $(VENV)/bin/asymspec-mm without activating)"
 
 # 2) set up, lint, build the docs strictly and run the whole test suite (browser tests use Debian's chromium, installed here when missing)
 test: setup

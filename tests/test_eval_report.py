@@ -177,6 +177,21 @@ def test_chart_legend_below_the_bars_and_zero_is_not_missing() -> None:
 
 def test_progress_shows_each_methods_accuracy() -> None:
     tally = _Tally()
-    tally.add("floor", True, {"drafted": 0, "acceptance_rate": 0.0}, 10, 1.0)
-    tally.add("asymspec", False, {"drafted": 8, "acceptance_rate": 0.75}, 10, 1.0)
-    assert tally.add("floor", False, {"drafted": 0}, 10, 1.0) == "floor 50.0% asymspec 0.0% | accept=0.75 | tok/s=10.0"
+    tally.add("floor", True, {"drafted": 0, "accepted": 0, "acceptance_rate": 0.0}, 10, 1.0)
+    tally.add("asymspec", False, {"drafted": 8, "accepted": 6, "acceptance_rate": 0.75}, 10, 1.0)
+    assert tally.add("floor", False, {"drafted": 0}, 10, 1.0) == "floor 50.0% asymspec 0.0% | accept (pooled) asymspec 0.750 | tok/s=10.0"
+
+
+def test_progress_shows_the_reports_pooled_acceptance() -> None:
+    """A long answer (8 of 8 drafts accepted) and a short one (0 of 2): the per-problem rates average 0.5, the
+    pooled rate (the paper's, and the report's) is 8 / 10; the bar ends on the report's number, named as pooled."""
+    stats = [{"drafted": 8, "accepted": 8, "acceptance_rate": 1.0}, {"drafted": 2, "accepted": 0, "acceptance_rate": 0.0}]
+    sd = [{"drafted": 4, "accepted": 1, "acceptance_rate": 0.25}]
+    tally = _Tally()
+    for st in stats:
+        tally.add("asymspec", True, st, 10, 1.0)
+    last = tally.add("sd", True, sd[0], 10, 1.0)
+    report = {name: summarize_records([{"method": name, "stats": st, "true_false": True} for st in sts])["acceptance_rate"]
+              for name, sts in (("asymspec", stats), ("sd", sd))}  # fmt: skip
+    assert report == {"asymspec": 0.8, "sd": 0.25}
+    assert last == "asymspec 100.0% sd 100.0% | accept (pooled) asymspec 0.800 sd 0.250 | tok/s=10.0"

@@ -329,6 +329,8 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
     if not selected:
         raise AsymSpecError("no problems selected: check --tasks/--require-caption/--limit/--shard")
     mv.check_images(selected)
+    if args.dataset == "minivista":  # generated in memory: the output JSON's images/<pid>.png are written here
+        mv.write_problem_images(selected, out_dir)
     identity, pipe = _identity_and_pipeline(args, records_path, problems=problems, variants=variants, text=text, tasks=tasks)
     llm = pipeline_llm(pipe) if args.extract in ("llm", "auto") else None
     summary = mv.run_mathvista(

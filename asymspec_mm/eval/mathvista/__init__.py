@@ -63,6 +63,7 @@ from .problems import (
     pid_key,
     select_problems,
     sort_problems,
+    write_problem_images,
 )
 from .query import HINTS, build_query, choices_text, hint_text, official_query, question_text
 from .records import (
@@ -172,10 +173,12 @@ __all__ = [
     "safe_name",
     "select_problems",
     "sort_problems",
+    "write_problem_images",
     "stats_subset",
     "style_for",
     "text_base",
     "text_dir_for",
     "view_for",
+    "write_problem_images",
     "write_prompt_rows",
 ]

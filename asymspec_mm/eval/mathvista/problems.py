@@ -204,6 +204,29 @@ def load_image(problem: Mapping[str, Any]) -> Any:
     return img
 
 
+def write_problem_images(problems: Iterable[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Save each problem's in-memory image (``decoded_image``) under ``out_dir`` at the relative path its ``image``
+    field names (MiniVista's ``images/<pid>.png``), so the path the run's output JSON records exists in the run
+    folder; returns the paths written. An image already there (a resumed run, another shard) is kept."""
+    from PIL import Image
+
+    out_dir = Path(out_dir)
+    written = []
+    for p in problems:
+        img, rel = p.get("decoded_image"), Path(str(p.get("image") or ""))
+        if img is None or not rel.parts or rel.is_absolute() or ".." in rel.parts:
+            continue  # an image on disk already (MathVista's folder) or no path of its own to write
+        path = out_dir / rel
+        if path.is_file():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        img.save(partial, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
+        partial.replace(path)  # a crash mid-write leaves no truncated image under the final name
+        written.append(path)
+    return written
+
+
 def parse_shard(spec: str | None) -> tuple[int, int] | None:
     """``"i/n"`` (0-based ``i``) -> ``(i, n)``."""
     if spec is None or spec == "":

@@ -72,32 +72,35 @@ class RunSummary:
 @dataclass
 class _Tally:
     """Each variant's running accuracy, plus acceptance and speed, over the pairs this run finished: the
-    progress bar's postfix (a variant's accuracy is its own: methods differ, so one number would mislead)."""
+    progress bar's postfix (a variant's accuracy is its own: methods differ, so one number would mislead).
+    Acceptance is each speculative variant's pooled rate, computed as the report computes it
+    (:func:`~asymspec_mm.eval.report.speculation_summary`), so the bar's last value is the report's."""
 
     per_variant: dict[str, list[int]] = field(default_factory=dict)
-    acc_sum: float = 0.0
-    acc_n: float = 0.0
+    stats: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     tok: float = 0.0
     wall: float = 0.0
 
     def add(self, variant: str, true_false: Any, stats: Mapping[str, Any], new_tokens: Any, wall_s: float) -> str:
-        """Count one finished pair; returns the postfix (``floor 40.0% asymspec 55.0% | accept=... tok/s=...``)."""
+        """Count one finished pair; returns the postfix (``floor 40.0% asymspec 55.0% | accept (pooled) asymspec 0.867 | tok/s=...``)."""
         counts = self.per_variant.setdefault(variant, [0, 0])
         counts[0] += bool(true_false)
         counts[1] += 1
-        # floor and drafter draft nothing: their 0.0 rate would drag the mean down
-        if isinstance(stats.get("acceptance_rate"), (int, float)) and stats.get("drafted") != 0:
-            self.acc_sum += float(stats["acceptance_rate"])
-            self.acc_n += 1
+        self.stats.setdefault(variant, []).append({"stats": dict(stats)})
         if new_tokens:
             self.tok += float(new_tokens)
         self.wall += wall_s
         return self.postfix()
 
     def postfix(self) -> str:
+        from ..report import speculation_summary
+
         parts = [" ".join(f"{name} {100 * c / n:.1f}%" for name, (c, n) in self.per_variant.items())]
-        if self.acc_n:
-            parts.append(f"accept={self.acc_sum / self.acc_n:.2f}")
+        pooled = {name: speculation_summary(recs)[0] for name, recs in self.stats.items()}
+        # floor and drafter draft nothing (no rate): a 0.0 for them would read as a failed speculation
+        shown = [f"{name} {rate:.3f}" for name, rate in pooled.items() if rate is not None]
+        if shown:
+            parts.append("accept (pooled) " + " ".join(shown))
         if self.wall > 0 and self.tok:
             parts.append(f"tok/s={self.tok / self.wall:.1f}")
         return " | ".join(parts)
