@@ -1,0 +1,133 @@
+"""Issue #49, items 1 and 3: tools on a verifier that cannot take them are refused up front (a ``ToolError`` in
+Python, a 400 naming ``tools`` from the server, which the ``openai`` client does not retry), decided from the chat
+template alone; and a tool's ``strict`` flag (or any key beyond name, description and parameters) never reaches the
+prompt, so the same request reads and answers the same with ``strict`` true, false or absent."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import start_serve, stop_serve
+
+from asymspec_mm import AsymSpecPipeline
+from asymspec_mm.requests.tool_support import template_tools_problem
+from asymspec_mm.requests.tools import ToolError
+
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "asymspec_mm" / "examples_data"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+    },
+}
+QUESTION = [{"role": "user", "content": "What is 4 plus 5?"}]
+
+
+def with_function_keys(tool: dict, **keys) -> dict:
+    """``tool`` with extra members in its ``function`` (``strict=True``, ...)."""
+    return {**tool, "function": {**tool["function"], **keys}}
+
+
+@pytest.fixture(scope="module")
+def xfamily():
+    return AsymSpecPipeline.from_preset("tiny-xfamily", ocr="none")
+
+
+@pytest.fixture(scope="module")
+def agent_example():
+    """The demo's first agent example (its image, question, caption, OCR text and the add / subtract tools)."""
+    from PIL import Image
+
+    ex = json.loads((EXAMPLES / "agent_examples.json").read_text(encoding="utf-8"))[0]
+    return ex, Image.open(EXAMPLES / ex["image"]).convert("RGB")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# item 1: a verifier that cannot take tools
+
+
+def test_the_template_decides_whether_a_verifier_takes_tools(xfamily, tiny_pipe, two_vocab_pipe):
+    """Qwen's template (the tiny pair's) takes tools; the cross-family preset's raises, another Llama-style template
+    silently drops them, and one that asks for another call format is no good either: each one reason."""
+    assert template_tools_problem(tiny_pipe.verifier_tokenizer) is None
+    assert "cannot render tools (this chat template has no tools block" in template_tools_problem(xfamily.verifier_tokenizer)
+    assert "has no tools block (it leaves the tools out" in template_tools_problem(two_vocab_pipe.verifier_tokenizer)
+    other = copy.deepcopy(tiny_pipe.verifier_tokenizer)
+    other.chat_template = "{{ bos_token }}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{{ messages[-1]['content'] }}"
+    assert "a format other than the <tool_call> blocks" in template_tools_problem(other)
+
+
+def test_pipe_chat_with_tools_on_the_cross_family_pair_is_one_tool_error_before_any_model_work(xfamily, agent_example):
+    """``pipe.chat(tools=...)`` raised jinja2's TemplateError after captioning; now one line naming ``tools`` and the
+    way out, before the image is captioned (no vision call); ``tool_choice="none"`` keeps the tools out and answers."""
+    ex, image = agent_example
+    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": ex["query"]}]}]
+    before = xfamily.models.encoder.thread_counts()
+    for choice in (None, "auto", "required", {"type": "function", "function": {"name": "add"}}):
+        with pytest.raises(ToolError) as err:
+            xfamily.chat(messages, tools=ex["tools"], tool_choice=choice, max_new_tokens=4)
+        assert err.value.param == "tools" and "\n" not in str(err.value)
+        assert "verifier cannot take tools" in str(err.value) and "tool_choice='none'" in str(err.value)
+    assert xfamily.models.encoder.thread_counts() == before  # refused before the drafter captioned the image
+    with xfamily.scheduler(max_batch_size=2) as sched:
+        with pytest.raises(ToolError, match="verifier cannot take tools"):
+            sched.submit_chat(QUESTION, tools=[ADD], max_new_tokens=4).result()
+    res = xfamily.chat(QUESTION, tools=[ADD], tool_choice="none", max_new_tokens=6)
+    assert res.token_ids and res.tool_calls is None
+
+
+@pytest.fixture(scope="module")
+def served_xfamily():
+    """``asymspec-mm serve --preset tiny-xfamily`` (OCR off) on a free loopback port."""
+    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny-xfamily", "--ocr-engine", "none", "--port", "0"]
+    proc, url = start_serve(cmd + ["--log-level", "warning"], ROOT, ENV)
+    try:
+        yield url
+    finally:
+        stop_serve(proc)
+
+
+def refused(metrics_text: str) -> dict[str, float]:
+    """``asymspec_refused_requests_total`` by status from the server's ``/metrics``."""
+    return {m[1]: float(m[2]) for m in re.finditer(r'^asymspec_refused_requests_total\{status="(\d+)"\} (\S+)$', metrics_text, re.M)}
+
+
+def test_the_server_answers_tools_on_the_cross_family_pair_with_one_400(served_xfamily):
+    """Chat (streamed and not, every tool_choice that puts tools in the prompt) and Responses (streamed and not):
+    each a 400 naming ``tools`` in OpenAI's error shape, sent once by the ``openai`` client (a 500 it retried twice:
+    6 calls made 18 failed requests); the server counts exactly 6 refusals, no 500, and goes on answering."""
+    client = openai.OpenAI(base_url=served_xfamily + "/v1", api_key="unused", timeout=120)  # the client's default retries
+    base = refused(httpx.get(served_xfamily + "/metrics").text)
+    calls = [
+        lambda: client.chat.completions.create(model="m", messages=QUESTION, tools=[ADD], max_tokens=4),
+        lambda: client.chat.completions.create(model="m", messages=QUESTION, tools=[ADD], max_tokens=4, stream=True),
+        lambda: client.chat.completions.create(model="m", messages=QUESTION, tools=[ADD], tool_choice="required", max_tokens=4),
+        lambda: client.chat.completions.create(
+            model="m", messages=QUESTION, tools=[ADD], tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=4
+        ),
+        lambda: client.responses.create(model="m", input="What is 4 plus 5?", tools=[{"type": "function", **ADD["function"]}]),
+        lambda: client.responses.create(model="m", input="What is 4 plus 5?", tools=[{"type": "function", **ADD["function"]}], stream=True),
+    ]
+    for call in calls:
+        with pytest.raises(openai.BadRequestError) as err:
+            call()
+        body = err.value.body
+        assert err.value.status_code == 400 and body["param"] == "tools" and body["code"] == "unsupported", body
+        assert body["type"] == "invalid_request_error" and "verifier cannot take tools" in body["message"] and "\n" not in body["message"]
+    now = refused(httpx.get(served_xfamily + "/metrics").text)
+    assert now.get("400", 0) - base.get("400", 0) == len(calls) and "500" not in now
+    ok = client.chat.completions.create(model="m", messages=QUESTION, tools=[ADD], tool_choice="none", max_tokens=4)
+    assert ok.choices[0].message.tool_calls is None and ok.usage.completion_tokens >= 1
