@@ -5,6 +5,7 @@ prompt, so the same request reads and answers the same with ``strict`` true, fal
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -131,3 +132,57 @@ def test_the_server_answers_tools_on_the_cross_family_pair_with_one_400(served_x
     assert now.get("400", 0) - base.get("400", 0) == len(calls) and "500" not in now
     ok = client.chat.completions.create(model="m", messages=QUESTION, tools=[ADD], tool_choice="none", max_tokens=4)
     assert ok.choices[0].message.tool_calls is None and ok.usage.completion_tokens >= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# item 3: strict stays out of the prompt
+
+
+def test_strict_and_other_keys_never_reach_the_prompt(shipped_tiny, agent_example):
+    """The agent example with its tools' ``strict`` true, false or absent, or an unknown key: the same prompt token
+    ids on all three streams and the same answer (before, ``strict`` was rendered into the tools block)."""
+    ex, image = agent_example
+    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": ex["query"]}]}]
+    variants = {
+        "absent": ex["tools"],
+        "true": [with_function_keys(t, strict=True) for t in ex["tools"]],
+        "false": [with_function_keys(t, strict=False) for t in ex["tools"]],
+        "other": [with_function_keys(t, **{"x-note": "internal"}) for t in ex["tools"]],
+    }
+    results = {
+        k: shipped_tiny.chat(messages, tools=tools, caption=ex["caption"], ocr=ex["ocr"], max_new_tokens=40)
+        for k, tools in variants.items()
+    }
+    want = results["absent"]
+    prompt = shipped_tiny.verifier_tokenizer.decode(want.prompts.verifier_ids[0])
+    assert '"name": "subtract"' in prompt and "strict" not in prompt
+    for name, res in results.items():
+        for ids in ("verifier_ids", "drafter_comp_ids", "drafter_full_ids"):
+            assert getattr(res.prompts, ids).tolist() == getattr(want.prompts, ids).tolist(), (name, ids)
+        assert (res.text, res.tool_calls) == (want.text, want.tool_calls), name
+    assert [c["function"]["name"] for c in want.tool_calls] == ["subtract"]  # the agent example's call, strict or not
+
+
+def test_strict_does_not_change_what_the_server_answers(served_tiny, agent_example):
+    """Through ``serve --preset tiny`` with the ``openai`` client (as pydantic-ai sends ``strict: true`` and inspect-ai
+    ``strict: false``): the same prompt token count and the same answer as without ``strict`` (before: 367 prompt
+    tokens instead of 343, and the text ``</tool_call>`` instead of the call ``subtract {"a": 5, "b": 2}``)."""
+    import io
+
+    ex, image = agent_example
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": ex["query"]}]}]
+    client = openai.OpenAI(base_url=served_tiny + "/v1", api_key="unused", max_retries=0, timeout=300)
+    answers = {}
+    for name, strict in (("absent", None), ("true", True), ("false", False)):
+        tools = ex["tools"] if strict is None else [with_function_keys(t, strict=strict) for t in ex["tools"]]
+        resp = client.chat.completions.create(
+            model="m", messages=messages, tools=tools, max_tokens=40, extra_body={"asymspec": {"caption": ex["caption"], "ocr": ex["ocr"]}}
+        )
+        msg = resp.choices[0].message
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []]
+        answers[name] = (resp.usage.prompt_tokens, msg.content, calls, resp.choices[0].finish_reason)
+    assert answers["true"] == answers["absent"] == answers["false"], answers
+    assert answers["absent"][2] and answers["absent"][3] == "tool_calls"

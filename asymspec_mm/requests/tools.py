@@ -97,12 +97,23 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Any:
     raise ToolError(f"tool_choice={json.dumps(tool_choice)[:60]} is not one of none, auto, required or a named function", "tool_choice")
 
 
+#: The members of a function that describe it to the model; the rest (``strict``, keys of other APIs) stay out of
+#: the prompt: they say how the server should treat the calls, and a model that reads them answers differently.
+PROMPT_FUNCTION_KEYS = ("name", "description", "parameters")
+
+
+def template_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A checked tool as the chat templates see it: ``{"type": "function", "function": {"name", "description"?,
+    "parameters"}}`` (:data:`PROMPT_FUNCTION_KEYS`), whatever else the request's entry holds."""
+    return {"type": "function", "function": {k: v for k, v in tool["function"].items() if k in PROMPT_FUNCTION_KEYS}}  # the caller's order
+
+
 def prompt_tools(tools: list[dict[str, Any]], tool_choice: Any) -> list[dict[str, Any]]:
-    """The tools the templates render: none under ``tool_choice="none"`` (OpenAI's meaning: the model does not call
-    a tool). Out of the prompt rather than masked by a grammar: it works on every engine (vLLM's cannot follow a
-    grammar here) and without the optional xgrammar, and a model that sees tools but may not open a call writes
-    what follows a blocked call (the tiny pair: ``</tool_call>``)."""
-    return [] if tool_choice == "none" else tools
+    """The tools the templates render (:func:`template_tool` of each): none under ``tool_choice="none"`` (OpenAI's
+    meaning: the model does not call a tool). Out of the prompt rather than masked by a grammar: it works on every
+    engine (vLLM's cannot follow a grammar here) and without the optional xgrammar, and a model that sees tools but
+    may not open a call writes what follows a blocked call (the tiny pair: ``</tool_call>``)."""
+    return [] if tool_choice == "none" else [template_tool(t) for t in tools]
 
 
 def answer_stop_strings(stop_strings: tuple[str, ...], tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, ...]:
