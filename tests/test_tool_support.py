@@ -1,7 +1,9 @@
-"""Issue #49, items 1 and 3: tools on a verifier that cannot take them are refused up front (a ``ToolError`` in
+"""Issue #49, items 1, 3 and 10: tools on a verifier that cannot take them are refused up front (a ``ToolError`` in
 Python, a 400 naming ``tools`` from the server, which the ``openai`` client does not retry), decided from the chat
 template alone; and a tool's ``strict`` flag (or any key beyond name, description and parameters) never reaches the
-prompt, so the same request reads and answers the same with ``strict`` true, false or absent."""
+prompt, so the same request reads and answers the same with ``strict`` true, false or absent; and on real forwards
+through the server, a call the model ended without ``</tool_call>`` and a bare string argument are read as vLLM's
+hermes parser reads them, streamed as whole (the parser's own cases: tests/test_tool_call_streams.py)."""
 
 from __future__ import annotations
 
@@ -186,3 +188,56 @@ def test_strict_does_not_change_what_the_server_answers(served_tiny, agent_examp
         answers[name] = (resp.usage.prompt_tokens, msg.content, calls, resp.choices[0].finish_reason)
     assert answers["true"] == answers["absent"] == answers["false"], answers
     assert answers["absent"][2] and answers["absent"][3] == "tool_calls"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# item 10 on real forwards: what the model writes, forced by a pattern, read as vLLM's hermes parser reads it
+
+UNCLOSED = '<tool_call>\n{"name": "add", "arguments": {"a": 4, "b": 5}}'
+BARE = '<tool_call>\n{"name": "add", "arguments": "hello"}\n</tool_call>'
+
+
+def streamed(client, **kwargs) -> tuple[str, list[tuple[str, str]], str]:
+    """A streamed chat answer joined: its content, its calls ``(name, arguments)`` (each with an id) and its finish
+    reason."""
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for c in choice.delta.tool_calls or []:
+            got = calls.setdefault(c.index, [c.id, c.function.name, ""])
+            got[2] += c.function.arguments or ""
+        finish = choice.finish_reason or finish
+    assert all(c[0].startswith("call_") for c in calls.values())
+    return content, [(name, args) for _, name, args in calls.values()], finish
+
+
+def test_a_call_the_model_ends_without_its_close_tag_and_a_bare_string_argument(served_tiny):
+    """The tiny pair made to write (by a pattern) a whole call object and then its end-of-turn token: a call with
+    finish_reason tool_calls, streamed and not (before: content, finish_reason stop); the same text cut by
+    ``max_tokens`` right after the object: content, finish_reason length. ``"arguments": "hello"``: a call whose
+    arguments are ``"hello"`` (before: no call)."""
+    client = openai.OpenAI(base_url=served_tiny + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def ask(pattern: str, max_tokens: int = 64) -> dict:
+        return dict(
+            model="m",
+            messages=QUESTION,
+            tools=[ADD],
+            max_tokens=max_tokens,
+            extra_body={"structured_outputs": {"regex": re.escape(pattern)}},
+        )
+
+    whole = client.chat.completions.create(**ask(UNCLOSED))
+    msg = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" and msg.content is None
+    assert [(c.function.name, c.function.arguments) for c in msg.tool_calls] == [("add", '{"a": 4, "b": 5}')]
+    assert streamed(client, **ask(UNCLOSED)) == ("", [("add", '{"a": 4, "b": 5}')], "tool_calls")
+    budget = whole.usage.completion_tokens - 1  # every token but the end-of-turn one
+    cut = client.chat.completions.create(**ask(UNCLOSED, budget))
+    assert (cut.choices[0].finish_reason, cut.choices[0].message.content, cut.choices[0].message.tool_calls) == ("length", UNCLOSED, None)
+    assert streamed(client, **ask(UNCLOSED, budget)) == (UNCLOSED, [], "length")
+    bare = client.chat.completions.create(**ask(BARE))
+    calls = [(c.function.name, c.function.arguments) for c in bare.choices[0].message.tool_calls]
+    assert calls == [("add", '"hello"')] and bare.choices[0].finish_reason == "tool_calls"
+    assert streamed(client, **ask(BARE)) == ("", calls, "tool_calls")
