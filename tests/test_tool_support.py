@@ -83,7 +83,7 @@ def test_pipe_chat_with_tools_on_the_cross_family_pair_is_one_tool_error_before_
         with pytest.raises(ToolError) as err:
             xfamily.chat(messages, tools=ex["tools"], tool_choice=choice, max_new_tokens=4)
         assert err.value.param == "tools" and "\n" not in str(err.value)
-        assert "verifier cannot take tools" in str(err.value) and "tool_choice='none'" in str(err.value)
+        assert "verifier cannot take tools" in str(err.value) and 'tool_choice "none"' in str(err.value)
     assert xfamily.models.encoder.thread_counts() == before  # refused before the drafter captioned the image
     with xfamily.scheduler(max_batch_size=2) as sched:
         with pytest.raises(ToolError, match="verifier cannot take tools"):

@@ -184,7 +184,7 @@ class RequestPreparer:
         session's ``to_prefill`` holds those streams' prompts (vision features encoded) for the batched, chunked
         prefill of :mod:`asymspec_mm.core.prefill`; streams served elsewhere (vLLM) are prefilled as usual.
         """
-        request = self.check_tools(request.checked())
+        request = self.check_tools(request)
         self._check_pair(request)
         t_start = time.perf_counter()
         vision = self.models.encoder.thread_counts()

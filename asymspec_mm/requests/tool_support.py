@@ -46,7 +46,7 @@ def check_verifier_tools(problem: str | None, prompt_tools: list[dict[str, Any]]
     :func:`template_tools_problem` of its tokenizer): a one-line :class:`ToolError` naming ``tools``."""
     if prompt_tools and problem is not None:
         raise ToolError(
-            f"tools: this pair's verifier cannot take tools: {problem}; send the request without tools (or with "
-            "tool_choice='none'), or load a verifier whose chat template renders tools in <tool_call> blocks (Qwen3's)",
+            f"tools: this pair's verifier cannot take tools: {problem}; send the request without tools or with "
+            'tool_choice "none", or load a verifier whose chat template renders tools in <tool_call> blocks (as Qwen3\'s does)',
             "tools",
         )
