@@ -271,7 +271,7 @@ def test_a_tool_call_answer_as_openai_shapes_it():
     from asymspec_mm.serve.responses import message_of
 
     text = 'I will add them.\n<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
-    res = SimpleNamespace(text=text, tool_calls=parse_tool_calls(text).tool_calls)
+    res = SimpleNamespace(text=text, tool_calls=parse_tool_calls(text).tool_calls, cut_by_budget=False)
     msg = message_of(res, "chatcmpl-1")
     assert msg["content"] == "I will add them." and msg["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 3, "b": 4}'}
     stream = ToolCallStream("chatcmpl-1")

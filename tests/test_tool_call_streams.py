@@ -43,15 +43,15 @@ def token_prefixes(tok, text: str, every: int = 1) -> tuple[list[str], str]:
     return [tok.decode(ids[:k]).rstrip("\ufffd") for k in cuts], tok.decode(ids)
 
 
-def stream(prefixes: list[str], final: str, prefix: str = PREFIX) -> tuple[list[dict], list[list[dict]]]:
-    """Feed ``prefixes`` (each extending the last, as the server's text deltas do) then ``final``: all the deltas, and
-    those of each push (the last entry: :meth:`ToolCallStream.finish`)."""
+def stream(prefixes: list[str], final: str, prefix: str = PREFIX, *, finished: bool = False) -> tuple[list[dict], list[list[dict]]]:
+    """Feed ``prefixes`` (each extending the last, as the server's text deltas do) then ``final`` (read with
+    ``finished``: the model ended it): all the deltas, and those of each push (the last entry: :meth:`ToolCallStream.finish`)."""
     s, per_push, sent = ToolCallStream(prefix), [], ""
     for text in prefixes:
         if text.startswith(sent):  # as TextDeltas: a prefix that would take text back is not pushed
             per_push.append(s.push(text))
             sent = text
-    per_push.append(s.finish(final, parse_tool_calls(final, prefix)))
+    per_push.append(s.finish(final, parse_tool_calls(final, prefix, finished=finished)))
     return [d for ds in per_push for d in ds], per_push
 
 
@@ -103,7 +103,7 @@ def test_a_forced_call_cut_by_the_budget_is_content_streamed_and_not(qwen):
         choice = ChoiceDeltas(qwen, (), PREFIX, tools=True)
         deltas = [d for i in ids[:n] for d in choice.step([i])]
         text = qwen.decode(ids[:n])
-        res = SimpleNamespace(text=text, tool_calls=parse_tool_calls(text).tool_calls)
+        res = SimpleNamespace(text=text, tool_calls=parse_tool_calls(text).tool_calls, cut_by_budget=True)
         deltas += choice.finish(res)
         msg = message_of(res, PREFIX)
         assert joined(deltas) == (msg["content"] or "", msg.get("tool_calls", [])), text
@@ -123,12 +123,18 @@ def test_a_close_tag_inside_a_json_string_does_not_end_the_block():
 
 def test_arguments_written_as_a_json_string_are_read_as_vllm_reads_them():
     """#43 problem 3: ``"arguments": "{\\"a\\": 1}"`` is a call whose arguments are that object's JSON (the string's
-    content); a string that holds no object is no call. Streamed, nothing that is not JSON goes out."""
+    content); #49 item 10: any other string is a call too, its arguments the string's JSON literal (vLLM's
+    ``bare_string_arguments``); arguments that are no object and no string are no call. Streamed, nothing that is not
+    JSON goes out."""
     text = block("add", json.dumps(json.dumps({"a": 1, "s": 'x"y'})))
     parsed = parse_tool_calls(text, PREFIX)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == [("add", {"a": 1, "s": 'x"y'})]
     assert_streams_as_parsed(chars(text), text)
-    for bad in ('"hello"', '"[1, 2]"', '"{\\"a\\": NaN}"', "[1]", "null", "3"):
+    for literal in ('"hello"', '"[1, 2]"', '"{\\"a\\": NaN}"'):
+        called = block("add", literal)
+        assert [c["function"]["arguments"] for c in parse_tool_calls(called).tool_calls] == [literal], literal
+        assert_streams_as_parsed(chars(called), called)
+    for bad in ("[1]", "null", "3"):
         broken = block("add", bad)
         assert parse_tool_calls(broken).tool_calls == [] and parse_tool_calls(broken).content == broken, bad
         assert_streams_as_parsed(chars(broken), broken)
@@ -261,15 +267,11 @@ def test_any_output_streams_as_it_reads(qwen, text, data):
 # ---------------------------------------------------------------------------------------------------------------
 # vLLM's hermes parser tests, ported as data
 
-#: Deliberate differences from vLLM's hermes parser, with the reason; each case's own outcome is asserted below.
-DIFFERENCES = {
-    "non_streaming_tool_call_until_eos": (
-        "a block with no </tool_call> is not a call here: the close tag is part of the format the template and the "
-        "grammar write, and an unclosed block is an answer cut short (by the token budget or a stop string), which "
-        "reads as content with finish_reason length, as OpenAI's cut answers do. Reading it as a call would also "
-        "keep a stream from sending any call before the answer ends."
-    ),
-}
+#: Deliberate differences from vLLM's hermes parser, with the reason; each case's own outcome is asserted below. None
+#: since #49 item 10: a block the model ended without </tool_call> is a call (non_streaming_tool_call_until_eos), and
+#: string arguments that hold no object are passed on as their JSON literal (the bare_string_arguments cases). Every
+#: case is a whole output the model ended, so it is read with finished=True.
+DIFFERENCES: dict[str, str] = {}
 
 
 def case_feed(case: dict, qwen) -> tuple[list[str], str]:
@@ -294,7 +296,7 @@ def agrees(case: dict, parsed) -> bool:
         return False
     for got, exp in zip(parsed.tool_calls, calls):
         fn = got["function"]
-        if fn["name"] != exp["name"] or json.loads(fn["arguments"]) != exp["arguments"]:
+        if fn["name"] != exp.get("name", fn["name"]) or json.loads(fn["arguments"]) != exp["arguments"]:
             return False
         if "arguments_text" in exp and fn["arguments"] != exp["arguments_text"]:
             return False
@@ -304,20 +306,37 @@ def agrees(case: dict, parsed) -> bool:
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_vllm_hermes_case(qwen, case):
     prefixes, final = case_feed(case, qwen)
-    parsed = parse_tool_calls(final, PREFIX)
-    assert joined(stream(prefixes, final)[0]) == (parsed.content or "", parsed.tool_calls)
-    if case["id"] in DIFFERENCES:
-        assert not agrees(case, parsed)
-        assert parsed.tool_calls == [] and parsed.content == final and "not closed" in parsed.problem
-    else:
-        assert agrees(case, parsed), (case["id"], parsed)
+    parsed = parse_tool_calls(final, PREFIX, finished=True)
+    assert joined(stream(prefixes, final, finished=True)[0]) == (parsed.content or "", parsed.tool_calls)
+    assert agrees(case, parsed), (case["id"], parsed)
+    for call in parsed.tool_calls:  # OpenAI's arguments are JSON text, whatever the model wrote
+        json.loads(call["function"]["arguments"])
 
 
 def test_vllm_hermes_agreement(qwen):
-    """How many of the ported cases agree (25 of 26): all but the deliberate differences."""
-    agreeing = [c["id"] for c in CASES if agrees(c, parse_tool_calls(case_feed(c, qwen)[1], PREFIX))]
-    assert len(CASES) == 26 and len(agreeing) == len(CASES) - len(DIFFERENCES) == 25
-    assert set(DIFFERENCES) <= {c["id"] for c in CASES} and not set(DIFFERENCES) & set(agreeing)
+    """All 45 ported cases agree (25 of 26 before #49 item 10 and its 19 newer cases)."""
+    agreeing = [c["id"] for c in CASES if agrees(c, parse_tool_calls(case_feed(c, qwen)[1], PREFIX, finished=True))]
+    assert len(CASES) == 45 and len(agreeing) == len(CASES) and not DIFFERENCES
+
+
+def test_a_block_left_unclosed_is_a_call_only_when_the_model_ended_the_answer(qwen):
+    """#49 item 10, vLLM's until_eos case: the model wrote a whole call object and its end-of-turn token (or a stop
+    string) instead of ``</tool_call>``: a call, streamed and not, also after earlier calls. Cut by the token budget
+    (``finished=False``) the same text stays content, and so does an unfinished object or text after the object."""
+    until_eos = next(c["output"] for c in CASES if c["id"] == "non_streaming_tool_call_until_eos")
+    two = block("add", '{"a": 1}') + "\n" + until_eos + "\n"
+    for text, names in ((until_eos, ["final_answer"]), (two, ["add", "final_answer"])):
+        ended, cut = parse_tool_calls(text, PREFIX, finished=True), parse_tool_calls(text, PREFIX)
+        assert [c["function"]["name"] for c in ended.tool_calls] == names and ended.problem is None
+        assert ended.tool_calls[-1]["function"]["arguments"] == '{"trigger": true}'
+        assert [c["function"]["name"] for c in cut.tool_calls] == names[:-1] and "not closed" in cut.problem
+        a, b = tool_call_spans(text, finished=True)[-1]
+        assert text[a:b] == '{"trigger": true}' and len(tool_call_spans(text)) == len(names) - 1
+        for finished, parsed in ((True, ended), (False, cut)):
+            prefixes, final = token_prefixes(qwen, text, 2)
+            assert joined(stream(prefixes, final, finished=finished)[0]) == (parsed.content or "", parsed.tool_calls)
+    for unfinished in (until_eos[:-1], until_eos + " and more", until_eos + "\n</tool_"):
+        assert parse_tool_calls(unfinished, finished=True).tool_calls == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -325,13 +344,14 @@ def test_vllm_hermes_agreement(qwen):
 
 
 def _result(text: str, stopped_by: str) -> MMResult:
-    parsed = parse_tool_calls(text)
+    parsed = parse_tool_calls(text, finished=stopped_by != "max_new_tokens")
     return MMResult(text, [], [], {"stopped_by": stopped_by}, None, None, tool_calls=parsed.tool_calls, content=parsed.content)
 
 
 def test_the_budget_ends_an_answer_with_length():
     """A forced call cut by the budget: ``length``, its text as the content and no call; calls read before the cut
-    stay (they were streamed), still ``length``. Ended by EOS: ``tool_calls`` with calls, else ``stop``."""
+    stay (they were streamed), still ``length``. Ended by EOS: ``tool_calls`` with calls, else ``stop`` (a cut
+    object is no call however the answer ended)."""
     one, cut = block("add", '{"a": 3, "b": 4}'), block("add", '{"a": 3, "b": 4}')[:-20]
     assert (finish_reason(_result(cut, "max_new_tokens")), _result(cut, "max_new_tokens").tool_calls) == ("length", [])
     assert message_of(_result(cut, "max_new_tokens"), PREFIX) == {"role": "assistant", "content": cut}
@@ -339,6 +359,14 @@ def test_the_budget_ends_an_answer_with_length():
     assert finish_reason(two) == "length" and [c["function"]["name"] for c in two.tool_calls] == ["add"]
     assert finish_reason(_result(one, "eos")) == "tool_calls" and finish_reason(_result(cut, "eos")) == "stop"
     assert finish_reason(_result("plain", "stop_string")) == "stop" and finish_reason(_result("plain", "max_new_tokens")) == "length"
+    unclosed = one.removesuffix(CLOSE)  # a whole call object, then the end of the answer (#49 item 10)
+    for stopped_by, reason, content, calls in (
+        ("eos", "tool_calls", None, 1),
+        ("stop_string", "tool_calls", None, 1),
+        ("max_new_tokens", "length", unclosed, 0),
+    ):
+        res = _result(unclosed, stopped_by)
+        assert (finish_reason(res), len(res.tool_calls), message_of(res, PREFIX)["content"]) == (reason, calls, content), stopped_by
 
 
 def test_a_stream_reads_each_block_about_once(monkeypatch):

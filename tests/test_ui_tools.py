@@ -221,6 +221,8 @@ def test_no_call_and_unreadable_calls_say_so():
     panel = read_panel(render_tool_calls_html(unclosed))
     assert panel.calls == [] and panel.panel["data-tool-state"] == "problem"
     assert panel.notes == ["The tool call could not be read: a <tool_call> block is not closed."]
+    ended = read_panel(render_tool_calls_html(unclosed, finished=True))  # the model ended it there: a call (#49 item 10)
+    assert [c["name"] for c in ended.calls] == ["add"] and [t["attrs"]["data-index"] for t in arg_of(ended, 0, "a")["tokens"]] == ["3", "4"]
     no_args = call_trace([("<tool_call>\n", "accepted", False), ('{"name": "add"}\n</tool_call>', "fused", False)])
     assert "does not hold" in read_panel(render_tool_calls_html(no_args)).notes[0]
     two = read_panel(render_tool_calls_html(call_trace([*ADD_CALL, ("\n", "bonus", False), *ADD_CALL])))

@@ -136,7 +136,9 @@ class RunOutputs:
         if snap is None:
             return render_tool_calls_html([], self.tok, empty=TOOLS_PENDING)
         main = snap.results.get("main")
-        return render_tool_calls_html(main.trace if main is not None else snap.traces["main"], self.tok)
+        if main is None:  # still decoding, stopped or failed: no end the model wrote
+            return render_tool_calls_html(snap.traces["main"], self.tok)
+        return render_tool_calls_html(main.trace, self.tok, finished=not main.cut_by_budget)
 
     # ---------------------------------------------------------------- status
     def rows(self, job: _Job, snap: _Snapshot) -> list[Row]:

@@ -112,14 +112,15 @@ def _overlaps(token: Span, value: Span) -> bool:
     return s < b and e > a if s < e else a <= s < b
 
 
-def tool_call_arguments(text: str, spans: Sequence[Span], calls: Sequence[dict[str, Any]]) -> list[list[Argument]]:
+def tool_call_arguments(text: str, spans: Sequence[Span], calls: Sequence[dict[str, Any]], finished: bool = False) -> list[list[Argument]]:
     """Per call (OpenAI-shaped, as parsed from ``text``), its arguments with the tokens that produced each value; a
     token that straddles two values belongs to the first one it overlaps. Where each call's arguments are written is
     the parser's to say (:func:`~asymspec_mm.requests.tools.tool_call_spans`: a close tag inside a string does not end
-    a block); arguments written as a JSON string are produced, every value, by the tokens of that string."""
+    a block); arguments written as a JSON string are produced, every value, by the tokens of that string. ``finished``:
+    as :func:`~asymspec_mm.requests.tools.parse_tool_calls` read the calls."""
     shown: set[int] = set()
     out = []
-    for call, (start, end) in zip(calls, tool_call_spans(text)):
+    for call, (start, end) in zip(calls, tool_call_spans(text, finished=finished)):
         written = text[start:end]
         if written.startswith("{"):
             members = [(key, value, (start + a, start + b)) for key, value, (a, b) in argument_spans(written)]
@@ -165,21 +166,22 @@ def _render_argument(arg: Argument, trace: Sequence[Any], text: str, spans: Sequ
     )
 
 
-def render_tool_calls_html(trace: Sequence[Any], tokenizer: Any = None, *, empty: str = NO_CALL_TEXT) -> str:
+def render_tool_calls_html(trace: Sequence[Any], tokenizer: Any = None, *, empty: str = NO_CALL_TEXT, finished: bool = False) -> str:
     """The tool-call panel of an answer's ``trace`` (:class:`~asymspec_mm.decode.TokenEvent` objects or their
     ``as_dict()``): per call (``div.asym-tool-call[data-name]``) its function's name and each argument
     (``div.asym-tool-arg[data-arg]``) as ``key = value``, the value drawn as its tokens (the answer panel's
     ``span.tok`` with their hover box; a token shows the characters it produced inside the value) with a count of
     their sources and a steered mark. ``empty`` when the answer calls no tool; why its calls could not be read when
-    a ``<tool_call>`` block is malformed."""
-    parsed = parse_tool_calls(answer_text(trace, tokenizer) if trace else "")
+    a ``<tool_call>`` block is malformed. ``finished``: the model ended the answer (not the token budget), so a last
+    block it left without ``</tool_call>`` may be a call, as the result reads it (``not res.cut_by_budget``)."""
+    parsed = parse_tool_calls(answer_text(trace, tokenizer) if trace else "", finished=finished)
     if not parsed.tool_calls:
         state, note = ("problem", f"The tool call could not be read: {parsed.problem}.") if parsed.problem else ("empty", empty)
         return _panel(state, 0, f'<p class="asym-empty">{esc(note)}</p>')
     text, spans = token_offsets(trace, tokenizer)  # only for an answer with calls: it decodes every prefix
     dec = _Decoder(tokenizer)
     parts = []
-    for n, (call, args) in enumerate(zip(parsed.tool_calls, tool_call_arguments(text, spans, parsed.tool_calls))):
+    for n, (call, args) in enumerate(zip(parsed.tool_calls, tool_call_arguments(text, spans, parsed.tool_calls, finished))):
         name = call["function"]["name"]
         rows = "".join(_render_argument(arg, trace, text, spans, dec) for arg in args)
         if not args:

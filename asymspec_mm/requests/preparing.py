@@ -13,6 +13,7 @@ pipeline, so those modules depend on this protocol rather than on the user-facin
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -183,12 +184,31 @@ class RequestPreparer:
         session's ``to_prefill`` holds those streams' prompts (vision features encoded) for the batched, chunked
         prefill of :mod:`asymspec_mm.core.prefill`; streams served elsewhere (vLLM) are prefilled as usual.
         """
-        request = request.checked()
+        request = self.check_tools(request)
         self._check_pair(request)
         t_start = time.perf_counter()
         vision = self.models.encoder.thread_counts()
         rendered = self._render_chat(request) if request.is_chat else self._render_question(request, on_phase)
         return self._start_session(request, rendered, vision, t_start, engines, prefill, on_phase)
+
+    @functools.cached_property
+    def verifier_tools_problem(self) -> str | None:
+        """Why the verifier cannot take tools (:func:`~asymspec_mm.requests.tool_support.template_tools_problem` of its
+        tokenizer; decided once, from its chat template alone), or ``None`` when it can."""
+        from .tool_support import template_tools_problem
+
+        return template_tools_problem(self.models.verifier_tokenizer)
+
+    def check_tools(self, request: Request) -> Request:
+        """``request`` (checked) when the verifier can take the tools its prompt would carry; a one-line
+        :class:`~asymspec_mm.requests.tools.ToolError` naming ``tools`` otherwise, before any model work."""
+        from .tool_support import check_verifier_tools
+        from .tools import prompt_tools
+
+        request = request.checked()
+        if request.is_chat and request.tools:
+            check_verifier_tools(self.verifier_tools_problem, prompt_tools(request.tools, request.tool_choice))
+        return request
 
     def _check_pair(self, req: Request) -> None:
         """Refuse what a cross-family pair cannot run: symmetric SD with the VL drafter (it keeps the verifier's argmax

@@ -44,11 +44,16 @@ class MMResult:
     request: Request | None = field(default=None, repr=False, compare=False)
 
     @property
+    def cut_by_budget(self) -> bool:
+        """Whether the token budget ended the answer (not the model's end-of-turn token or a stop string)."""
+        return self.stats.get("stopped_by") == "max_new_tokens"
+
+    @property
     def finish_reason(self) -> str:
         """OpenAI's reason: ``length`` when the token budget ended the answer (also when calls were read before the
         cut: a call it cut is not among them, and the model may have meant more), else ``tool_calls`` when the
         answer calls tools, else ``stop`` (EOS or a stop string)."""
-        if self.stats.get("stopped_by") == "max_new_tokens":
+        if self.cut_by_budget:
             return "length"
         return "tool_calls" if self.tool_calls else "stop"
 
@@ -221,7 +226,7 @@ def session_result(session: Session, counters: Counters, trace: list[TokenEvent]
     if session.request.reads_tool_calls:
         from .tools import parse_tool_calls
 
-        parsed = parse_tool_calls(text)
+        parsed = parse_tool_calls(text, finished=stats.get("stopped_by") != "max_new_tokens")
         calls, content = parsed.tool_calls, parsed.content
         if parsed.problem:
             stats["tool_call_problem"] = parsed.problem

@@ -7,16 +7,21 @@ Qwen3 and Qwen3-VL are trained (and their chat templates written) to call a func
 
 - a block is ``<tool_call>``, a JSON object, ``</tool_call>`` (blanks between). The object's end is found by reading
   the JSON (a ``</tool_call>`` inside a string is part of the string), and it is a call when it has a non-empty
-  string ``name`` and ``arguments`` that is an object, or a string holding an object's JSON (as vLLM's hermes
-  parser takes it; the arguments are then that string's content). Other members are ignored.
+  string ``name`` and ``arguments`` that is an object or a string, as vLLM's hermes parser takes them: an object's
+  text as the model wrote it; a string holding an object's JSON, that string's content; any other string (``"hello"``,
+  ``"{hello world}"``), the string's own JSON literal as written, so that ``arguments`` is always valid JSON. Other
+  members are ignored.
+- when the model ends its answer itself (its end-of-turn token or a stop string, ``finished=True``) with a block
+  whose call object is complete but whose ``</tool_call>`` never came, that block is a call too (vLLM reads a block
+  up to the end of the text the same way). A cut by the token budget is not: the model may have meant more.
 - the content is the text before the first ``<tool_call>`` (blanks at its end dropped; ``None`` when nothing is
   left). The calls are the blocks read from there; text between or after them is left out (as vLLM does), and
   reading stops at the first block that is not a call (it and what follows are left out).
-- when the first block is not a call (malformed, or not closed: an answer cut by the token budget or a stop string)
-  the answer has no calls and all of its text is the content, as from a model that did not call a tool.
+- when the first block is not a call (malformed, or not closed and not ended by the model: an answer cut by the token
+  budget) the answer has no calls and all of its text is the content, as from a model that did not call a tool.
 
 Those rules make a call final the moment its block closes and parses: nothing the model writes after it can take it
-back. :class:`ToolCallStream` relies on that to stream without contradicting the answer: it sends a call whole once
+back (a block the model ended without its close tag is known to be a call only at the end: it goes out then). :class:`ToolCallStream` relies on that to stream without contradicting the answer: it sends a call whole once
 its block is read, and content once no continuation can change it, so the deltas joined are exactly what
 :func:`parse_tool_calls` reads from the final text (``arguments`` are the JSON text the model wrote).
 """
@@ -92,12 +97,23 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Any:
     raise ToolError(f"tool_choice={json.dumps(tool_choice)[:60]} is not one of none, auto, required or a named function", "tool_choice")
 
 
+#: The members of a function that describe it to the model; the rest (``strict``, keys of other APIs) stay out of
+#: the prompt: they say how the server should treat the calls, and a model that reads them answers differently.
+PROMPT_FUNCTION_KEYS = ("name", "description", "parameters")
+
+
+def template_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A checked tool as the chat templates see it: ``{"type": "function", "function": {"name", "description"?,
+    "parameters"}}`` (:data:`PROMPT_FUNCTION_KEYS`), whatever else the request's entry holds."""
+    return {"type": "function", "function": {k: v for k, v in tool["function"].items() if k in PROMPT_FUNCTION_KEYS}}  # the caller's order
+
+
 def prompt_tools(tools: list[dict[str, Any]], tool_choice: Any) -> list[dict[str, Any]]:
-    """The tools the templates render: none under ``tool_choice="none"`` (OpenAI's meaning: the model does not call
-    a tool). Out of the prompt rather than masked by a grammar: it works on every engine (vLLM's cannot follow a
-    grammar here) and without the optional xgrammar, and a model that sees tools but may not open a call writes
-    what follows a blocked call (the tiny pair: ``</tool_call>``)."""
-    return [] if tool_choice == "none" else tools
+    """The tools the templates render (:func:`template_tool` of each): none under ``tool_choice="none"`` (OpenAI's
+    meaning: the model does not call a tool). Out of the prompt rather than masked by a grammar: it works on every
+    engine (vLLM's cannot follow a grammar here) and without the optional xgrammar, and a model that sees tools but
+    may not open a call writes what follows a blocked call (the tiny pair: ``</tool_call>``)."""
+    return [] if tool_choice == "none" else [template_tool(t) for t in tools]
 
 
 def answer_stop_strings(stop_strings: tuple[str, ...], tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, ...]:
@@ -218,10 +234,19 @@ def _member_span(obj: str, key: str) -> tuple[int, int]:
     return found
 
 
+def _holds_object(text: str) -> bool:
+    """Whether ``text`` is exactly one JSON object's text (blanks around it allowed)."""
+    try:
+        return isinstance(_DECODER.decode(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def _read_call(obj: str) -> tuple[str, str, tuple[int, int]] | None:
     """``(name, arguments JSON text, where the arguments are written in obj)`` of a block's JSON object, or ``None``
-    when it is not a call. ``arguments`` is an object, written as such (its text is kept as the model wrote it) or,
-    as vLLM's hermes parser also takes it, as a string holding an object's JSON (the string's content)."""
+    when it is not a call. ``arguments`` is an object, written as such (its text is kept as the model wrote it), or
+    a string, as vLLM's hermes parser takes it: one holding an object's JSON gives that content, any other gives
+    its own JSON literal as written (``"hello"``), so the arguments are JSON whatever the model wrote."""
     try:
         value = _DECODER.decode(obj)
     except (ValueError, RecursionError):
@@ -230,13 +255,9 @@ def _read_call(obj: str) -> tuple[str, str, tuple[int, int]] | None:
     if not isinstance(name, str) or not name or not isinstance(args, (dict, str)):
         return None
     span = _member_span(obj, "arguments")
-    if isinstance(args, dict):
-        return name, obj[span[0] : span[1]], span
-    inner = args.strip()
-    try:
-        return (name, inner, span) if isinstance(_DECODER.decode(inner), dict) else None
-    except (ValueError, RecursionError):
-        return None
+    if isinstance(args, str) and _holds_object(args):
+        return name, args.strip(), span
+    return name, obj[span[0] : span[1]], span
 
 
 def _block(text: str, at: int) -> tuple[str, Any]:
@@ -300,10 +321,37 @@ def _read(text: str, done: _Reading | None = None) -> _Reading:
         pos = end
 
 
-def parse_tool_calls(text: str, id_prefix: str = "") -> ParsedAnswer:
-    """The content and tool calls of an answer's ``text`` (module docstring); call ids from :func:`call_id` of
-    ``id_prefix`` (default: the text)."""
+def _unclosed_call(text: str, at: int) -> tuple[str, str, tuple[int, int]] | None:
+    """The call of the ``<tool_call>`` block at ``text[at]`` when its call object is complete and only blanks follow
+    it to the end of ``text`` (the model ended the answer there instead of writing ``</tool_call>``), else ``None``."""
+    i = _skip_ws(text, at + len(OPEN))
+    end = _object_end(text, i) if text.startswith("{", i) else -1
+    if end is None or end < 0 or _skip_ws(text, end) != len(text):
+        return None
+    call = _read_call(text[i:end])
+    if call is None:
+        return None
+    name, args, (a, b) = call
+    return name, args, (i + a, i + b)
+
+
+def _final_reading(text: str, finished: bool) -> _Reading:
+    """The reading of a whole answer: :func:`_read`'s, with a last block the model left unclosed read as a call when
+    it ``finished`` the answer itself (module docstring)."""
     r = _read(text)
+    if finished and r.state == "open":
+        last = _unclosed_call(text, text.find(OPEN, r.resume))
+        if last is not None:
+            r.calls.append(last)
+            r.state, r.resume = "after", len(text)
+    return r
+
+
+def parse_tool_calls(text: str, id_prefix: str = "", *, finished: bool = False) -> ParsedAnswer:
+    """The content and tool calls of an answer's ``text`` (module docstring); call ids from :func:`call_id` of
+    ``id_prefix`` (default: the text). ``finished``: the model ended the answer (its end-of-turn token or a stop
+    string; not the token budget), so a last block it left without ``</tool_call>`` may still be a call."""
+    r = _final_reading(text, finished)
     if r.first < 0:
         return ParsedAnswer(text)
     if not r.calls:
@@ -320,10 +368,10 @@ def parse_tool_calls(text: str, id_prefix: str = "") -> ParsedAnswer:
     return ParsedAnswer(text[: r.first].rstrip() or None, calls, problem)
 
 
-def tool_call_spans(text: str) -> list[tuple[int, int]]:
-    """Per call :func:`parse_tool_calls` reads in ``text``, where its arguments are written (``text[a:b]``: the
-    object, or the string that holds it), e.g. to show which tokens wrote them."""
-    r = _read(text)
+def tool_call_spans(text: str, *, finished: bool = False) -> list[tuple[int, int]]:
+    """Per call :func:`parse_tool_calls` reads in ``text`` (``finished`` as there), where its arguments are written
+    (``text[a:b]``: the object, or the string that holds it), e.g. to show which tokens wrote them."""
+    r = _final_reading(text, finished)
     return [span for _, _, span in r.calls] if r.first >= 0 else []
 
 

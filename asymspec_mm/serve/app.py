@@ -60,6 +60,20 @@ ENDPOINTS = (
 )
 
 
+def check_tools(pipe: Any, request: Any) -> None:
+    """A 400 naming ``tools`` (code ``unsupported``) when ``pipe``'s verifier cannot take the tools ``request``'s prompt
+    would carry (:meth:`~asymspec_mm.requests.preparing.RequestPreparer.check_tools`); the set-up checks it again."""
+    from ..requests.tools import ToolError
+
+    preparer = getattr(pipe, "preparer", None)
+    if preparer is None:
+        return
+    try:
+        preparer.check_tools(request)
+    except ToolError as exc:
+        raise RequestError(400, str(exc), param=exc.param, code="unsupported") from None
+
+
 # ---------------------------------------------------------------------------------------------- the app
 @dataclass
 class ServerState:
@@ -216,9 +230,11 @@ def create_app(
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def submit(req: ChatRequest) -> list[Any]:
-        """The request's rows in the scheduler, one per choice (``n``), each with its own seed."""
+        """The request's rows in the scheduler, one per choice (``n``), each with its own seed; tools the verifier
+        cannot take are refused first (a 400 naming ``tools``, before the request queues)."""
         from ..core.handle import QueueFullError
 
+        check_tools(state.pipe, req.request)
         handles: list[Any] = []
         try:
             for config in choice_configs(req.config, req.n):  # the request as checked; each choice its own seed

@@ -47,7 +47,7 @@ def message_of(res: MMResult, cid: str) -> dict[str, Any]:
         return {"role": "assistant", "content": res.text}
     from ..requests.tools import parse_tool_calls
 
-    parsed = parse_tool_calls(res.text, cid)
+    parsed = parse_tool_calls(res.text, cid, finished=not res.cut_by_budget)
     return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
 
 

@@ -91,7 +91,7 @@ class AnswerText:
         if final is None:
             deltas = self.calls.push(self.text)
         else:
-            deltas = self.calls.finish(final.text, parse_tool_calls(final.text, self.rid))
+            deltas = self.calls.finish(final.text, parse_tool_calls(final.text, self.rid, finished=not final.cut_by_budget))
         return "".join(d.get("content") or "" for d in deltas)  # calls are announced from the final parse
 
 

@@ -37,7 +37,7 @@ def answer_parts(res: MMResult, rid: str) -> tuple[str | None, list[dict[str, An
     (``None`` when empty) and the calls in the chat shape, their ids drawn from the response id ``rid``."""
     if not res.tool_calls:
         return res.text, []
-    parsed = parse_tool_calls(res.text, rid)
+    parsed = parse_tool_calls(res.text, rid, finished=not res.cut_by_budget)
     return parsed.content, parsed.tool_calls
 
 

@@ -54,7 +54,7 @@ class ChoiceDeltas:
             return [{"content": piece}] if piece else []
         if final is None:
             return self.calls.push(self.text)
-        return self.calls.finish(final.text, parse_tool_calls(final.text, self.call_prefix))
+        return self.calls.finish(final.text, parse_tool_calls(final.text, self.call_prefix, finished=not final.cut_by_budget))
 
 
 async def updates(readers: list[Reader], firsts: list[tuple[str, Any]], gone: asyncio.Future) -> AsyncIterator[Update]:
