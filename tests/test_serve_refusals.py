@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
+import zlib
 
 import httpx
 import pytest
@@ -21,10 +23,22 @@ pytest.importorskip("xgrammar")
 from asymspec_mm.serve import ServerThread, create_app
 from asymspec_mm.serve.metrics import parse_prometheus
 
+LIMIT = "over the limit of 67,108,864 pixels"  # the documented 64 MP default (ASYMSPEC_MAX_INPUT_PIXELS unset)
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nonsense"}}}  # valid JSON, no grammar: xgrammar refuses it
 
 
 # ---------------------------------------------------------------------------------------------- inputs
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` x ``height`` pixels in its header and holds none: a few dozen bytes on the wire, a
+    decompression bomb to a decoder that trusts the header."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
 def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
@@ -140,9 +154,41 @@ REFUSALS = {
         "tools[0].parameters: the JSON schema cannot be compiled",
     ),
     "context_overflow": (chat(max_tokens=100000), 400, "max_tokens", "context_length_exceeded", "context window is 4096"),
+    "image_over_the_limit": (
+        chat(messages=user("What is the largest value?", data_url(png_header(10000, 10000)))),
+        400,
+        "messages[0].content[0].image_url",
+        "invalid_image",
+        f"is 10000x10000 = 100,000,000 pixels, {LIMIT}; downscale it before sending it (the server's operator can raise "
+        "the limit by starting the server with ASYMSPEC_MAX_INPUT_PIXELS",
+    ),
+    "image_over_pillows_own_guard": (  # 400 MP: Pillow refuses the header before our check sees it
+        chat(messages=user("What is the largest value?", data_url(png_header(20000, 20000)))),
+        400,
+        "messages[0].content[0].image_url",
+        "invalid_image",
+        f"is 400,000,000 pixels, {LIMIT}; downscale it before sending it",
+    ),
+    "responses_image_over_the_limit": (
+        responses(
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": data_url(png_header(20000, 20000))},
+                        {"type": "input_text", "text": "What is the largest value?"},
+                    ],
+                }
+            ]
+        ),
+        400,
+        "input[0].content[0].image_url",
+        "invalid_image",
+        f"is 400,000,000 pixels, {LIMIT}",
+    ),
 }
 #: Words of the Python API that an HTTP client cannot act on.
-PYTHON_WORDS = ("None",)
+PYTHON_WORDS = ("None", "max_pixels_in", "decompression bomb DOS")
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +260,32 @@ def test_a_request_failed_by_the_server_is_an_error_and_a_cancelled_one_an_abort
         assert (error_of(exc).status < 500) == (outcome == "refused")
     assert outcome_of(RuntimeError("a bug")) == "error" and outcome_of(RequestError(503, "busy")) == "error"
     assert [finished_reason(o) for o in ("cancelled", "refused", "error")] == ["abort", None, "error"]
+
+
+# ---------------------------------------------------------------------------------------------- every front end
+def test_every_front_end_gives_the_documented_limit_for_a_huge_png(tmp_path):
+    """A 20000x20000 PNG (Pillow's own guard fires before ours sees the size) is refused by the 64 MP limit's
+    message, each front end naming the option it has."""
+    from asymspec_mm.base.errors import AsymSpecError
+    from asymspec_mm.cli.main import read_image
+    from ui import app as ui_app
+    from vision_cache.errors import InvalidImageError
+    from vision_cache.image import load_image
+
+    path = tmp_path / "huge.png"
+    path.write_bytes(png_header(20000, 20000))
+    with pytest.raises(InvalidImageError) as python:
+        load_image(path.read_bytes())
+    assert f"is 400,000,000 pixels, {LIMIT}; downscale it before passing it in, or raise max_pixels_in" in str(python.value)
+    with pytest.raises(AsymSpecError) as cli:
+        read_image(str(path))
+    assert LIMIT in str(cli.value) and "set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count" in str(cli.value)
+    with pytest.raises(InvalidImageError) as demo:
+        ui_app.DemoApp(object())._load_image({"path": str(path), "orig_name": "huge.png"})
+    assert LIMIT in str(demo.value) and "start the demo with ASYMSPEC_MAX_INPUT_PIXELS" in str(demo.value)
+    for err in (python.value, cli.value, demo.value):
+        assert "decompression bomb DOS" not in str(err) and "178956970" not in str(err)
+    with pytest.raises(
+        InvalidImageError, match="over the 178,956,970 pixels Pillow's decompression bomb guard allows"
+    ):  # no limit of ours: Pillow's guard, named
+        load_image(path.read_bytes(), max_pixels_in=None)

@@ -53,11 +53,14 @@ def size_error(path: str, size: tuple[int, int] | None, limit: int) -> str | Non
     limit; ``None`` when it fits or its size is unknown."""
     if size is None or size[0] * size[1] <= limit:
         return None
+    return f"--image {path} is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, over the limit of {limit:,} pixels: {oversize_advice(limit)}"
+
+
+def oversize_advice(limit: int) -> str:
+    """What the CLI tells a user whose image is over ``limit`` pixels: downscale it, or raise the limit with the
+    environment variable (the command has no flag for it)."""
     side = math.isqrt(limit)
-    return (
-        f"--image {path} is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, over the limit of {limit:,} pixels: "
-        f"downscale it (e.g. to fit {side}x{side}), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
-    )
+    return f"downscale it (e.g. to fit {side}x{side}), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
 
 
 def read_image(path: str) -> Any:
@@ -69,7 +72,7 @@ def read_image(path: str) -> Any:
     if (problem := size_error(path, image_size(path), DEFAULT_MAX_INPUT_PIXELS)) is not None:
         raise AsymSpecError(problem)
     try:
-        return load_image(path)
+        return load_image(path, oversize_advice=oversize_advice(DEFAULT_MAX_INPUT_PIXELS))
     except InvalidImageError as exc:
         raise AsymSpecError(f"--image: {exc}") from None
 
