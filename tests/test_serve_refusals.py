@@ -188,7 +188,7 @@ REFUSALS = {
     ),
 }
 #: Words of the Python API that an HTTP client cannot act on.
-PYTHON_WORDS = ("None", "max_pixels_in", "decompression bomb DOS")
+PYTHON_WORDS = ("None", "max_pixels_in", "decompression bomb DOS", "--choices")
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +260,39 @@ def test_a_request_failed_by_the_server_is_an_error_and_a_cancelled_one_an_abort
         assert (error_of(exc).status < 500) == (outcome == "refused")
     assert outcome_of(RuntimeError("a bug")) == "error" and outcome_of(RequestError(503, "busy")) == "error"
     assert [finished_reason(o) for o in ("cancelled", "refused", "error")] == ["abort", None, "error"]
+
+
+# ---------------------------------------------------------------------------------------------- wording
+def test_the_out_of_domain_warning_tells_an_http_client_what_it_can_send(client, shipped_tiny):
+    """The tiny pair's warning names the request's text for an HTTP client, the flags for the command line and the
+    Python calls for the Python API: each front end passes its own advice."""
+    from asymspec_mm.cli.main import DOMAIN_ADVICE as CLI_ADVICE
+    from asymspec_mm.requests.domain import HOW_TO
+    from asymspec_mm.serve.schema import DOMAIN_ADVICE as HTTP_ADVICE
+
+    answer = chat(messages=user("Tell me a story.", chart_url()), asymspec={"caption": "", "ocr": False})(client)
+    (served,) = answer.model_extra["asymspec"]["warnings"]
+    assert served.endswith(HTTP_ADVICE) and "--choices" not in served and "message text" in served
+    case = make_case(9)
+    (python,) = shipped_tiny.generate(case["image"], "Tell me a story.", caption="", ocr=False, max_new_tokens=1).warnings
+    assert python.endswith(HOW_TO) and "--" not in HOW_TO
+    (cli,) = shipped_tiny.generate(
+        case["image"], "Tell me a story.", caption="", ocr=False, max_new_tokens=1, domain_advice=CLI_ADVICE
+    ).warnings
+    assert cli.endswith("add --choices to a MiniVista question, or load a real pair (--preset qwen3)")
+    assert served.removesuffix(HTTP_ADVICE) == python.removesuffix(HOW_TO) == cli.removesuffix(CLI_ADVICE)
+
+
+def test_the_start_up_line_names_every_api_it_serves(server):
+    from asymspec_mm.serve.cli import SERVED_APIS, announcement
+
+    line = announcement("tiny", server.url)
+    assert line.startswith(f"asymspec-mm serve: serving tiny on {server.url}/v1 (")
+    for path, name in SERVED_APIS.items():
+        assert f"{name} (POST /v1/{path})" in line
+        r = httpx.post(f"{server.url}/v1/{path}", json={}, timeout=30)  # each one is served: a 400 naming a field
+        assert r.status_code == 400 and r.json()["error"]["code"] != "not_found", (path, r.text)
+    assert "chat completions" in line and "Responses" in line
 
 
 # ---------------------------------------------------------------------------------------------- every front end

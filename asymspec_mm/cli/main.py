@@ -77,11 +77,18 @@ def read_image(path: str) -> Any:
         raise AsymSpecError(f"--image: {exc}") from None
 
 
+#: What the tiny pair's out-of-domain warning advises on the command line (its flags; see ``domain_advice``).
+DOMAIN_ADVICE = (
+    "use a bundled example (asymspec-mm quickstart, asymspec_mm/examples_data), add --choices to a "
+    "MiniVista question, or load a real pair (--preset qwen3)"
+)
+
+
 def warn_out_of_domain(question: str, size: tuple[int, int]) -> None:
     """The tiny pair's warning before it loads (logged as the request's own, which the command says once)."""
     from ..requests.domain import TINY, warn_request
 
-    warn_request(TINY, question, [size])
+    warn_request(TINY, question, [size], DOMAIN_ADVICE)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -100,7 +107,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ocr = False
     elif args.ocr is not None:
         ocr = args.ocr
-    session = pipe.prepare(image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress)
+    session = pipe.prepare(
+        image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress, domain_advice=DOMAIN_ADVICE
+    )
     progress(f"decoding ({config_line(args.method, cfg)})")
     res = pipe.run(session).result
     print_result(res, pipe.tokenizer, args.json)

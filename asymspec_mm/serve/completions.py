@@ -25,6 +25,7 @@ from .models_common import (
 )
 from .responses import usage
 from .schema import (
+    DOMAIN_ADVICE,
     STRUCTURED_PARAMS,
     ChatRequest,
     asymspec_fields,
@@ -95,6 +96,7 @@ def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | N
         **asymspec_fields(req.asymspec),
         response_format=response_format_of(req),
         ignore_eos=bool(req.ignore_eos),
+        domain_advice=DOMAIN_ADVICE,
     )
     params = {"messages": "prompt", **(STRUCTURED_PARAMS if req.structured_outputs is not None else {})}
     return decode_request(checked(request, params), req, req.logprobs)

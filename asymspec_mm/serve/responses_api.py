@@ -29,7 +29,7 @@ from ..base.config import AsymSpecConfig
 from ..requests.request import Request
 from .errors import RequestError, bad_request, renamed
 from .models_responses import CreateResponseRequest, FunctionCallItem, InputImage, ReasoningItem
-from .schema import DEFAULT_MAX_IMAGES, asymspec_fields, check_per_image, checked, config_of, load_images, validated
+from .schema import DEFAULT_MAX_IMAGES, DOMAIN_ADVICE, asymspec_fields, check_per_image, checked, config_of, load_images, validated
 
 
 @dataclass
@@ -244,6 +244,7 @@ def parse_responses_request(
         tools=tools,
         tool_choice=chat_tool_choice(req, tools),
         response_format=response_format_of(req),
+        domain_advice=DOMAIN_ADVICE,
     )
     try:
         request = checked(request)  # before the images load: a bad tool costs no decoding

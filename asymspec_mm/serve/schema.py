@@ -36,6 +36,13 @@ from .validation_errors import request_error
 
 DEFAULT_MAX_IMAGES = 8
 """Images one request may hold unless the server says otherwise (``serve --max-images``)."""
+#: What the tiny pair's out-of-domain warning (``asymspec.warnings``) advises an HTTP client: what it can send (the
+#: message text), and what only the server's operator can change (the pair it serves).
+DOMAIN_ADVICE = (
+    "send a MiniVista question in MathVista's layout in the message text ('Hint: ...', then 'Question: ...', then "
+    "'Choices: (A) ...'; the bundled examples in asymspec_mm/examples_data show it), or ask the server's operator "
+    "to serve a real pair (asymspec-mm serve --preset qwen3)"
+)
 #: The engine's ``response_format`` paths -> vLLM's ``structured_outputs`` where a request sent that instead.
 STRUCTURED_PARAMS = {
     "response_format.json_schema.schema": "structured_outputs.json",
@@ -274,6 +281,7 @@ def parse_chat_request(
         tool_choice=req.tool_choice if isinstance(req.tool_choice, (str, type(None))) else req.tool_choice.model_dump(),
         response_format=response_format_of(req),
         ignore_eos=bool(req.ignore_eos),
+        domain_advice=DOMAIN_ADVICE,
     )
     # before the images load: a bad tool costs no decoding
     request = checked(request, STRUCTURED_PARAMS if req.structured_outputs is not None else {})
