@@ -153,6 +153,23 @@ REFUSALS = {
         "invalid_json_schema",
         "tools[0].parameters: the JSON schema cannot be compiled",
     ),
+    "tool_call_arguments_not_an_object": (
+        chat(
+            messages=[
+                *user("What is the largest value?", chart_url()),
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "[1, 2]"}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "3"},
+            ]
+        ),
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+        "invalid_value",
+        "messages[1].tool_calls[0].function.arguments must be a JSON object",
+    ),
     "context_overflow": (chat(max_tokens=100000), 400, "max_tokens", "context_length_exceeded", "context window is 4096"),
     "image_over_the_limit": (
         chat(messages=user("What is the largest value?", data_url(png_header(10000, 10000)))),

@@ -115,7 +115,7 @@ def conversation(req: ChatCompletionRequest, max_images: int) -> tuple[list[dict
             try:
                 message["tool_calls"] = [tool_call(c.model_dump(), f"{p}.tool_calls[{j}]") for j, c in enumerate(msg.tool_calls)]
             except ConversationError as exc:
-                raise bad_request(str(exc), f"{p}.tool_calls") from None
+                raise bad_request(str(exc), exc.param or f"{p}.tool_calls") from None
         if msg.role == "tool":
             known = {c["id"] for m in out for c in m.get("tool_calls", ())}
             if msg.tool_call_id not in known:
