@@ -132,6 +132,22 @@ def test_end_to_end_each_answer_equals_generate_alone(full_run, refs):
     assert f"{N} answered" in err
 
 
+def test_an_out_of_domain_line_is_warned_in_the_batch_file_s_terms(vista, tmp_path, shared_pipe):
+    """The tiny pair's warning on a line it cannot answer advises what a batch file's author can change (the line's
+    question, --preset), not the Python API's calls nor generate's --choices (issue #49)."""
+    root, lines = vista
+    inp = tmp_path / "q.jsonl"
+    inp.write_text(
+        json.dumps({**lines[0], "image": str(root / lines[0]["image"]), "question": "Tell me a story."}) + "\n", encoding="utf-8"
+    )
+    out = tmp_path / "a.jsonl"
+    rc, err = run_cli(batch_args(inp, out, "--no-progress", "--max-new-tokens", 2))
+    assert rc == 0, err
+    (warning,) = read_jsonl(out)[0]["warnings"]
+    assert warning.endswith(batch_cli.DOMAIN_ADVICE) and "not in MathVista's layout" in warning
+    assert "from_preset" not in warning and "--choices" not in warning
+
+
 def test_floor_method_and_images_dir(vista, pipe, tmp_path, shared_pipe):
     root, lines = vista
     inp = tmp_path / "q.jsonl"  # bare file names, resolved against --images-dir

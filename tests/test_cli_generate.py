@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from asymspec_mm.base.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
+from asymspec_mm.cli.main import DOMAIN_ADVICE
 from asymspec_mm.eval.mathvista.query import mathvista_question
-from asymspec_mm.requests.domain import QUESTION_FORMS, domain_problems, domain_warning
+from asymspec_mm.requests.domain import QUESTION_FORMS, domain_problems, domain_warning, request_warnings
 from asymspec_mm.requests.questions import check_question
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,8 +110,10 @@ def test_every_minivista_problem_is_in_the_domain():
     ],
 )
 def test_out_of_domain_requests_are_named(question, size, words):
-    warning = domain_warning(question, size)
-    assert warning is not None and words in warning and "--preset qwen3" in warning and "\n" not in warning
+    warning = domain_warning(question, size)  # the Python API's advice; the command line names its flags
+    assert warning is not None and words in warning and 'from_preset("qwen3")' in warning and "\n" not in warning
+    (cli,) = request_warnings("tiny", question, [size], DOMAIN_ADVICE)
+    assert words in cli and "add --choices" in cli and "--preset qwen3" in cli and "\n" not in cli
 
 
 # ----------------------------------------------------------------------------------------- errors before loading

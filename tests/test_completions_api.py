@@ -170,7 +170,7 @@ def test_structured_outputs_constrain_both_endpoints(client, tiny_pipe, kind):
         ({"structured_outputs": {}}, "structured_outputs", "not 0"),
         ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "not valid JSON"),
         ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "at least 1"),
-        ({"structured_outputs": {"grammar": "root ::= nothing_defined"}}, "structured_outputs", "grammar"),
+        ({"structured_outputs": {"grammar": "root ::= nothing_defined"}}, "structured_outputs.grammar", "grammar"),
         ({"guided_json": SCHEMA}, "guided_json", 'send structured_outputs={"json": ...}'),
         ({"guided_choice": ["a"]}, "guided_choice", 'send structured_outputs={"choice": [...]}'),
         ({"guided_regex": "a+"}, "guided_regex", "structured_outputs"),

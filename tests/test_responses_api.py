@@ -351,7 +351,7 @@ BAD = {
     # refused by the engine's set-up, named by the Responses fields
     "uncompilable_schema": (
         {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"properties": {"a": {"type": "frobnicate"}}}}}},
-        "text.format",
+        "text.format.schema",
     ),
     "budget_over_the_window": ({"max_output_tokens": 100000}, "max_output_tokens"),
     "prompt_over_the_window": ({"input": "red " * 6000}, "input"),

@@ -204,7 +204,7 @@ def test_tools_and_a_tool_result_with_an_image_equal_pipe_chat(live):
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}}}
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tiny", messages=turns, max_tokens=2, response_format=bad)
-    assert err.value.body["param"] == "response_format" and "cannot be compiled" in err.value.body["message"]
+    assert err.value.body["param"] == "response_format.json_schema.schema" and "cannot be compiled" in err.value.body["message"]
     orphan = [turns[0], {"role": "tool", "tool_call_id": "call_9", "content": "7"}]
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tiny", messages=orphan, tools=[ADD], max_tokens=2)

@@ -67,24 +67,30 @@ def test_every_method_answers_inside_the_language(tiny_pipe, method):
 
 
 @pytest.mark.parametrize(
-    ("fmt", "message"),
+    ("fmt", "message", "param"),
     [
         (
             {"type": "regex", "regex": "(["},
-            r"^response_format: the regex cannot be compiled to a grammar: Regex parsing error at position \d+",
+            r"^response_format.regex: the regex cannot be compiled to a grammar: Regex parsing error at position \d+",
+            "response_format.regex",
         ),
         (
             {"type": "grammar", "grammar": "root ::= foo"},
-            '^response_format: the EBNF grammar cannot be compiled to a grammar: EBNF parser error .*"foo"',
+            '^response_format.grammar: the EBNF grammar cannot be compiled to a grammar: EBNF parser error .*"foo"',
+            "response_format.grammar",
         ),
-        ({"type": "choice", "choice": []}, "^response_format choice needs a non-empty list of non-empty strings$"),
-        ({"type": "choice", "choice": ["a", ""]}, "^response_format choice needs a non-empty list"),
-        ({"type": "regex", "regex": 5}, "^response_format regex needs a non-empty string in 'regex'$"),
-        ({"type": "grammar"}, "^response_format grammar needs a non-empty string"),
-        ({"type": "xml"}, "^response_format=.* is not text, json_object, .*regex, choice or grammar$"),
+        (
+            {"type": "choice", "choice": []},
+            "^response_format choice needs a non-empty list of non-empty strings$",
+            "response_format.choice",
+        ),
+        ({"type": "choice", "choice": ["a", ""]}, "^response_format choice needs a non-empty list", "response_format.choice"),
+        ({"type": "regex", "regex": 5}, "^response_format regex needs a non-empty string in 'regex'$", "response_format.regex"),
+        ({"type": "grammar"}, "^response_format grammar needs a non-empty string", "response_format.grammar"),
+        ({"type": "xml"}, "^response_format=.* is not text, json_object, .*regex, choice or grammar$", "response_format"),
     ],
 )
-def test_what_cannot_be_compiled_is_one_line_naming_response_format(tiny_pipe, fmt, message):
+def test_what_cannot_be_compiled_is_one_line_naming_response_format(tiny_pipe, fmt, message, param):
     with pytest.raises(ToolError, match=message) as err:
         tiny_pipe.chat(_messages(0), caption="c", ocr=False, response_format=fmt, config=CFG)
-    assert err.value.param == "response_format" and "\n" not in str(err.value) and ".cc:" not in str(err.value)
+    assert err.value.param == param and "\n" not in str(err.value) and ".cc:" not in str(err.value)

@@ -38,6 +38,8 @@ DEFAULT_MAX_NEW_TOKENS = 64
 MAX_NEW_TOKENS_LIMIT = 1024
 #: Rows the app's scheduler decodes in shared steps (``asymspec-mm demo --max-batch-size``).
 DEFAULT_MAX_BATCH_SIZE = 8
+#: What the refusal of an upload over the pixel limit advises (the demo's limit is set when it starts).
+OVERSIZE_ADVICE = "downscale it before uploading it, or start the demo with ASYMSPEC_MAX_INPUT_PIXELS set to a larger pixel count"
 #: A running handler yields at least this often (Gradio can close a stopped handler only between two yields).
 HEARTBEAT_S = 0.5
 
@@ -203,7 +205,7 @@ class DemoApp(ViewFields):
         if size > self.max_upload_bytes:
             raise DemoInputError(f"the upload is {size / 2**20:.1f} MB; the limit is {self.max_upload_mb:g} MB")
         try:
-            return load_image(path)
+            return load_image(path, oversize_advice=OVERSIZE_ADVICE)
         except InvalidImageError as exc:  # name the user's file, not the server's temp copy
             shown = (payload.get("orig_name") if isinstance(payload, dict) else None) or Path(path).name
             raise InvalidImageError(str(exc).replace(path, shown)) from None

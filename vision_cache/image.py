@@ -22,8 +22,10 @@ import base64
 import binascii
 import io
 import os
+import re
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Union
 
 import numpy as np
@@ -62,6 +64,13 @@ __all__ = [
 #: environment variable ``ASYMSPEC_MAX_INPUT_PIXELS``.
 DEFAULT_MAX_INPUT_PIXELS: int = int(float(os.environ.get("ASYMSPEC_MAX_INPUT_PIXELS", 64 * 1024 * 1024)))
 
+#: What an over-the-limit refusal advises by default (the Python API's wording; each front end passes its own
+#: ``oversize_advice`` naming the option it has: the CLI and the server name ``ASYMSPEC_MAX_INPUT_PIXELS``).
+OVERSIZE_ADVICE = "downscale it before passing it in, or raise max_pixels_in if you trust the source"
+
+#: The pixel count in the message of Pillow's decompression-bomb guard (the only place it states the size).
+_BOMB_PIXELS = re.compile(r"Image size \((\d+) pixels\)")
+
 #: Longest/shortest side ratio accepted; qwen-vl-utils' ``smart_resize`` refuses anything above 200.
 DEFAULT_MAX_ASPECT_RATIO: float = 200.0
 
@@ -87,6 +96,7 @@ def load_image(
     *,
     max_pixels_in: int | None = DEFAULT_MAX_INPUT_PIXELS,
     max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+    oversize_advice: str = OVERSIZE_ADVICE,
 ) -> Image.Image:
     """Load ``x`` as a fully decoded, detached 8-bit RGB :class:`PIL.Image.Image`.
 
@@ -99,6 +109,8 @@ def load_image(
         max_pixels_in: Refuse inputs whose width*height exceeds this (checked from the header
             before decoding). ``None`` disables this check (Pillow's own bomb guard still holds).
         max_aspect_ratio: Refuse inputs whose long side / short side exceeds this.
+        oversize_advice: What the refusal of an input over ``max_pixels_in`` tells the user to do (the end of
+            its message): each front end names the option it has (:data:`OVERSIZE_ADVICE`: this function's).
 
     Returns:
         A new RGB image holding its own pixel buffer (no open file behind it). EXIF orientation
@@ -114,8 +126,7 @@ def load_image(
     if not max_aspect_ratio >= 1.0:
         raise InvalidImageError(f"max_aspect_ratio must be >= 1, got {max_aspect_ratio!r}")
 
-    def check(size: tuple[int, int], what: str) -> None:
-        _check_geometry(size, what, max_pixels_in, max_aspect_ratio)
+    check = _Limits(max_pixels_in, max_aspect_ratio, oversize_advice)
 
     if isinstance(x, Image.Image):
         # A caller-made image may still be lazy (Image.open without load): check its header size
@@ -140,6 +151,36 @@ def load_image(
     )
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """The size limits of one :func:`load_image` call: called with ``(size, label)`` it refuses a canvas over them;
+    :meth:`bomb` words Pillow's own guard firing (a canvas too large for Pillow to open) as the same refusal."""
+
+    max_pixels_in: int | None
+    max_aspect_ratio: float
+    oversize_advice: str
+
+    def __call__(self, size: tuple[int, int], label: str) -> None:
+        _check_geometry(size, label, self.max_pixels_in, self.max_aspect_ratio, self.oversize_advice)
+
+    def bomb(self, label: str, exc: Exception) -> InvalidImageError:
+        """The refusal of an image Pillow would not open as a possible decompression bomb: over our limit (the
+        usual case: Pillow's is larger), it is our over-the-limit message; else Pillow's limit is named."""
+        found = _BOMB_PIXELS.search(str(exc))
+        pixels = int(found.group(1)) if found else None
+        if self.max_pixels_in is not None and (pixels is None or pixels > self.max_pixels_in):
+            size = f"{pixels:,} pixels" if pixels is not None else "larger than Pillow opens"
+            return InvalidImageError(f"{label} is {size}, over the limit of {self.max_pixels_in:,} pixels; {self.oversize_advice}")
+        if pixels is None:
+            return InvalidImageError(f"{label} was refused by Pillow as a possible decompression bomb ({exc}); downscale it first")
+        # the Warning fires above Image.MAX_IMAGE_PIXELS (when warnings are errors), the Error above twice that
+        allowed = (Image.MAX_IMAGE_PIXELS or 0) * (1 if isinstance(exc, Image.DecompressionBombWarning) else 2)
+        return InvalidImageError(
+            f"{label} is {pixels:,} pixels, over the {allowed:,} pixels Pillow's decompression bomb guard allows "
+            "(PIL.Image.MAX_IMAGE_PIXELS); downscale it first"
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # input kinds
 # --------------------------------------------------------------------------------------------
@@ -150,7 +191,7 @@ def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _from_path_like(x: str | os.PathLike[str], check: Callable[[tuple[int, int], str], None]) -> Image.Image:
+def _from_path_like(x: str | os.PathLike[str], check: _Limits) -> Image.Image:
     """Handle paths and the string conventions qwen-vl-utils accepts (file://, data: URIs)."""
     if isinstance(x, str):
         stripped = x.strip()
@@ -198,7 +239,7 @@ def _from_path_like(x: str | os.PathLike[str], check: Callable[[tuple[int, int],
 def _open_and_decode(
     opener: Callable[[], IO[bytes]],
     label: str,
-    check: Callable[[tuple[int, int], str], None],
+    check: _Limits,
     *,
     close: bool = True,
 ) -> Image.Image:
@@ -215,12 +256,9 @@ def _open_and_decode(
                 f"{label} is not a recognised image (no supported format matched its bytes); pass a PNG, JPEG, GIF, WebP, BMP or TIFF file"
             ) from exc
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            # Pillow's own guard (Image.MAX_IMAGE_PIXELS) fired while parsing the header; the
-            # Warning arrives as an exception only when the caller's warning filters say "error".
-            raise InvalidImageError(
-                f"{label} claims a gigantic canvas and was refused as a possible decompression bomb ({exc}); "
-                "downscale the image before passing it in"
-            ) from exc
+            # Pillow's own guard (Image.MAX_IMAGE_PIXELS) fired while parsing the header, before our check could
+            # see the size; the Warning arrives as an exception only when the warning filters say "error".
+            raise check.bomb(label, exc) from exc
         except InvalidImageError:
             raise
         except Exception as exc:  # Pillow raises many types on malformed headers
@@ -266,7 +304,9 @@ def _strict_load(img: Image.Image, label: str) -> None:
         raise InvalidImageError(f"{label} could not be decoded ({reason}); {hint}") from exc
 
 
-def _check_geometry(size: tuple[int, int], label: str, max_pixels_in: int | None, max_aspect_ratio: float) -> None:
+def _check_geometry(
+    size: tuple[int, int], label: str, max_pixels_in: int | None, max_aspect_ratio: float, oversize_advice: str = OVERSIZE_ADVICE
+) -> None:
     """Refuse empty, oversized and absurdly elongated canvases, from their size alone."""
     width, height = size
     if width <= 0 or height <= 0:
@@ -274,8 +314,7 @@ def _check_geometry(size: tuple[int, int], label: str, max_pixels_in: int | None
     pixels = width * height
     if max_pixels_in is not None and pixels > max_pixels_in:
         raise InvalidImageError(
-            f"{label} is {width}x{height} = {pixels:,} pixels, over the limit of {max_pixels_in:,} pixels; "
-            "downscale it before passing it in, or raise max_pixels_in if you trust the source"
+            f"{label} is {width}x{height} = {pixels:,} pixels, over the limit of {max_pixels_in:,} pixels; {oversize_advice}"
         )
     ratio = max(width, height) / min(width, height)
     if ratio > max_aspect_ratio:

@@ -49,6 +49,13 @@ from .identity import checkpoint_identity, comparable, models_identity, ocr_engi
 from .identity import identity_diff as shared_identity_diff
 from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 
+#: What the tiny pair's out-of-domain warning (each answer's ``warnings``) advises a batch file's author: the line's
+#: question, or the pair the command loads (a batch line has no choices field: the layout goes in its question).
+DOMAIN_ADVICE = (
+    "write the line's question as a MiniVista question in MathVista's layout ('Hint: ...', then 'Question: ...', then "
+    "'Choices: (A) ...'; asymspec_mm/examples_data/examples.json holds such questions), or load a real pair (--preset qwen3)"
+)
+
 # ------------------------------------------------------------------------------------------- identity
 
 
@@ -217,7 +224,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
                     rid, item = nxt
                     try:
                         session = pipe.prepare(
-                            str(item.image), item.question, caption=item.caption, ocr=item.ocr, method=args.method, config=cfg
+                            str(item.image),
+                            item.question,
+                            caption=item.caption,
+                            ocr=item.ocr,
+                            method=args.method,
+                            config=cfg,
+                            domain_advice=DOMAIN_ADVICE,
                         )
                     except (ValueError, OSError) as exc:  # AsymSpecError is a ValueError: bad image, context overflow, no OCR
                         fail(LineError(item.line, item.id, str(exc) or type(exc).__name__, stage="prepare"))

@@ -53,11 +53,14 @@ def size_error(path: str, size: tuple[int, int] | None, limit: int) -> str | Non
     limit; ``None`` when it fits or its size is unknown."""
     if size is None or size[0] * size[1] <= limit:
         return None
+    return f"--image {path} is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, over the limit of {limit:,} pixels: {oversize_advice(limit)}"
+
+
+def oversize_advice(limit: int) -> str:
+    """What the CLI tells a user whose image is over ``limit`` pixels: downscale it, or raise the limit with the
+    environment variable (the command has no flag for it)."""
     side = math.isqrt(limit)
-    return (
-        f"--image {path} is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, over the limit of {limit:,} pixels: "
-        f"downscale it (e.g. to fit {side}x{side}), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
-    )
+    return f"downscale it (e.g. to fit {side}x{side}), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
 
 
 def read_image(path: str) -> Any:
@@ -69,16 +72,23 @@ def read_image(path: str) -> Any:
     if (problem := size_error(path, image_size(path), DEFAULT_MAX_INPUT_PIXELS)) is not None:
         raise AsymSpecError(problem)
     try:
-        return load_image(path)
+        return load_image(path, oversize_advice=oversize_advice(DEFAULT_MAX_INPUT_PIXELS))
     except InvalidImageError as exc:
         raise AsymSpecError(f"--image: {exc}") from None
+
+
+#: What the tiny pair's out-of-domain warning advises on the command line (its flags; see ``domain_advice``).
+DOMAIN_ADVICE = (
+    "use a bundled example (asymspec-mm quickstart, asymspec_mm/examples_data), add --choices to a "
+    "MiniVista question, or load a real pair (--preset qwen3)"
+)
 
 
 def warn_out_of_domain(question: str, size: tuple[int, int]) -> None:
     """The tiny pair's warning before it loads (logged as the request's own, which the command says once)."""
     from ..requests.domain import TINY, warn_request
 
-    warn_request(TINY, question, [size])
+    warn_request(TINY, question, [size], DOMAIN_ADVICE)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -97,7 +107,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ocr = False
     elif args.ocr is not None:
         ocr = args.ocr
-    session = pipe.prepare(image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress)
+    session = pipe.prepare(
+        image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress, domain_advice=DOMAIN_ADVICE
+    )
     progress(f"decoding ({config_line(args.method, cfg)})")
     res = pipe.run(session).result
     print_result(res, pipe.tokenizer, args.json)

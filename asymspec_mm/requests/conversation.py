@@ -38,7 +38,12 @@ IMAGE_ROLES = ("user", "tool")
 
 
 class ConversationError(UnknownOptionError):
-    """A message list the toolkit cannot read (unknown role, an image outside a user message, no question)."""
+    """A message list the toolkit cannot read (unknown role, an image outside a user message, no question);
+    ``param``: the field it is about, as a path (``messages[1].tool_calls[0].function.arguments``), where one is."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -160,15 +165,17 @@ def tool_call(call: Any, where: str) -> dict[str, Any]:
 
     fn = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not isinstance(call.get("id"), str):
-        raise ConversationError(f'{where}: a tool call is {{"id": ..., "type": "function", "function": {{"name": ..., "arguments": ...}}}}')
+        raise ConversationError(
+            f'{where}: a tool call is {{"id": ..., "type": "function", "function": {{"name": ..., "arguments": ...}}}}', where
+        )
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
-            raise ConversationError(f"{where}.function.arguments is not valid JSON ({exc.msg})") from None
+            raise ConversationError(f"{where}.function.arguments is not valid JSON ({exc.msg})", f"{where}.function.arguments") from None
     if not isinstance(args, Mapping):
-        raise ConversationError(f"{where}.function.arguments must be a JSON object")
+        raise ConversationError(f"{where}.function.arguments must be a JSON object", f"{where}.function.arguments")
     return {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
 
 
@@ -264,8 +271,8 @@ def per_image(value: Any, n: int, name: str) -> list[Any]:
         return [value] * n
     if isinstance(value, str):
         if n != 1:
-            raise ConversationError(f"{name}: the conversation has {n} images; give a list with one {name} per image")
+            raise ConversationError(f"{name}: the conversation has {n} images; give a list with one {name} per image", name)
         return [value]
     if isinstance(value, Sequence) and len(value) == n:
         return list(value)
-    raise ConversationError(f"{name}: give None, a string (one image) or a list of {n} (one per image, in order)")
+    raise ConversationError(f"{name}: give None, a string (one image) or a list of {n} (one per image, in order)", name)

@@ -45,9 +45,12 @@ SCOPE = (
     "the tiny pair answers only MiniVista questions (bar charts, coloured shapes, triangle angles) "
     "in MathVista's layout about 128x128 MiniVista images"
 )
+#: What the warning advises by default: the Python API's means (each front end passes its own through
+#: ``advice``, e.g. the CLI its flags and the server the request's fields; the demo words its page's own warning).
 HOW_TO = (
-    "use a bundled example (asymspec-mm quickstart, asymspec_mm/examples_data), add --choices to a "
-    "MiniVista question, or load a real pair (--preset qwen3)"
+    "use a bundled example (asymspec-mm quickstart, asymspec_mm/examples_data), ask a MiniVista question in "
+    "MathVista's layout with its choices (asymspec_mm.eval.mathvista.query.mathvista_question writes it), or load "
+    'a real pair (AsymSpecPipeline.from_preset("qwen3"))'
 )
 
 
@@ -100,16 +103,21 @@ def request_problems(pair: str | None, question: str, image_sizes: Iterable[tupl
     return problems
 
 
-def request_warnings(pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = ()) -> list[str]:
-    """:func:`request_problems` as the one-line warnings a result carries (``MMResult.warnings``): none, or one."""
+def request_warnings(
+    pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = (), advice: str | None = None
+) -> list[str]:
+    """:func:`request_problems` as the one-line warnings a result carries (``MMResult.warnings``): none, or one,
+    ending with ``advice`` (what the user can do, in the front end's words; ``None``: :data:`HOW_TO`)."""
     problems = request_problems(pair, question, image_sizes)
-    return [f"{SCOPE}; {'; '.join(problems)}, so expect a meaningless answer: {HOW_TO}"] if problems else []
+    return [f"{SCOPE}; {'; '.join(problems)}, so expect a meaningless answer: {advice or HOW_TO}"] if problems else []
 
 
-def warn_request(pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = ()) -> list[str]:
+def warn_request(
+    pair: str | None, question: str, image_sizes: Iterable[tuple[int, int] | None] = (), advice: str | None = None
+) -> list[str]:
     """:func:`request_warnings`, each also logged once (``logging.warning`` on ``asymspec_mm.domain``): a request
     is set up once, so this is called once per request."""
-    warnings = request_warnings(pair, question, image_sizes)
+    warnings = request_warnings(pair, question, image_sizes, advice)
     for warning in warnings:
         log.warning("%s", warning)
     return warnings

@@ -47,20 +47,24 @@ def _json(schema: Mapping[str, Any], param: str):
     import xgrammar as xgr
 
     grammar = _checked(
-        lambda: xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=SEPARATORS), param, "JSON schema"
+        lambda: xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=SEPARATORS),
+        param,
+        "JSON schema",
+        "invalid_json_schema",
     )
     ebnf = str(grammar)
     return xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHARS, _JSON_CHARS)) if _LOOSE_CHARS in ebnf else grammar
 
 
-def _checked(build, param: str, what: str):
-    """``build()``'s grammar, or a one-line :class:`ToolError` naming ``param`` with xgrammar's reason."""
+def _checked(build, param: str, what: str, code: str = "invalid_grammar"):
+    """``build()``'s grammar, or a one-line :class:`ToolError` naming ``param`` (the field's path, e.g.
+    ``response_format.json_schema.schema``) with xgrammar's reason and ``code``."""
     try:
         return build()
     except Exception as exc:  # noqa: BLE001 - xgrammar raises several types; the message is what the user needs
         line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         reason = _WHERE.sub("", line)[:200]
-        raise ToolError(f"{param}: the {what} cannot be compiled to a grammar: {reason}", param) from None
+        raise ToolError(f"{param}: the {what} cannot be compiled to a grammar: {reason}", param, code) from None
 
 
 def _literal(text: str) -> str:
@@ -73,7 +77,8 @@ def choice_grammar(choices: Sequence[str]):
     """Exactly one of ``choices`` (vLLM's ``choice``)."""
     import xgrammar as xgr
 
-    return _checked(lambda: xgr.Grammar.from_ebnf("root ::= " + " | ".join(_literal(c) for c in choices)), "response_format", "choice")
+    build = lambda: xgr.Grammar.from_ebnf("root ::= " + " | ".join(_literal(c) for c in choices))  # noqa: E731
+    return _checked(build, "response_format.choice", "choice")
 
 
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,13 +87,15 @@ def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params}, "required": ["name", "arguments"]}
 
 
-def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, repeat: bool = True):
-    """One call (``repeat``: one or more, a blank line between) to one of ``tools`` in Qwen's format."""
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, repeat: bool = True, indices: Sequence[int] | None = None):
+    """One call (``repeat``: one or more, a blank line between) to one of ``tools`` in Qwen's format; ``indices``:
+    each tool's place in the request's ``tools`` (default: their order), which a refusal of its parameters names."""
     import xgrammar as xgr
 
     if not tools:
         raise ToolError("a forced tool call needs tools: none are offered", "tool_choice")
-    calls = [_json(_call_schema(t), "tools") for t in tools]
+    places = range(len(tools)) if indices is None else indices
+    calls = [_json(_call_schema(t), f"tools[{i}].function.parameters") for i, t in zip(places, tools)]
     call = xgr.Grammar.union(*calls) if len(calls) > 1 else calls[0]
     block = xgr.Grammar.concat(
         xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'), call, xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"')
@@ -110,10 +117,10 @@ def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, respons
         return tool_call_grammar(tools)
     if isinstance(tool_choice, Mapping):
         name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
-        chosen = [t for t in tools if t["function"]["name"] == name]
+        chosen = [i for i, t in enumerate(tools) if t["function"]["name"] == name]
         if not chosen:
             raise ToolError(f"tool_choice names {name!r}, which is not among the offered tools", "tool_choice")
-        return tool_call_grammar(chosen, repeat=False)
+        return tool_call_grammar([tools[i] for i in chosen], repeat=False, indices=chosen)
     if response_format is None or response_format == {"type": "text"}:
         return None
     kind = response_format.get("type") if isinstance(response_format, Mapping) else None
@@ -123,16 +130,18 @@ def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, respons
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
         if not isinstance(schema, Mapping):
-            raise ToolError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format")
-        return _json(schema, "response_format")
+            raise ToolError(
+                'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format.json_schema"
+            )
+        return _json(schema, "response_format.json_schema.schema")
     import xgrammar as xgr
 
     if kind == "regex":
-        return _checked(lambda: xgr.Grammar.from_regex(response_format["regex"]), "response_format", "regex")
+        return _checked(lambda: xgr.Grammar.from_regex(response_format["regex"]), "response_format.regex", "regex")
     if kind == "choice":
         return choice_grammar(response_format["choice"])
     if kind == "grammar":
-        return _checked(lambda: xgr.Grammar.from_ebnf(response_format["grammar"]), "response_format", "EBNF grammar")
+        return _checked(lambda: xgr.Grammar.from_ebnf(response_format["grammar"]), "response_format.grammar", "EBNF grammar")
     raise ToolError(
         f"response_format type {kind!r} is not one of text, json_object, json_schema, regex, choice, grammar", "response_format"
     )

@@ -226,7 +226,7 @@ class RequestPreparer:
 
         m = self.models
         img = load_image(req.image)
-        warnings = warn_request(self.name, req.question, [img.size])  # logged before the slow part of the set-up
+        warnings = warn_request(self.name, req.question, [img.size], req.domain_advice)  # logged before the slow part of the set-up
         budget = {} if req.max_caption_chars is None else {"max_caption_chars": req.max_caption_chars}
         # The models' lock is held around each model call only (each caption token, the prefills), never across
         # OCR or tokenizing, so a request set up on one thread lets rows decoding on another step in between.
@@ -253,7 +253,7 @@ class RequestPreparer:
         m = self.models
         turns = parse_messages(req.messages)
         images = [load_image(part.source) for turn in turns for part in turn.images]
-        warnings = warn_request(self.name, task_text(turns), [img.size for img in images])
+        warnings = warn_request(self.name, task_text(turns), [img.size for img in images], req.domain_advice)
         captions, ocrs = per_image(req.caption, len(images), "caption"), per_image(req.ocr, len(images), "ocr")
         timings: dict[str, float] = {}
         with self._ocr_start:

@@ -37,7 +37,10 @@ class Request:
     the verifier's template; ``text_compressor`` shortens long text parts of the compressed view. ``ignore_eos``
     decodes to the token budget; ``max_caption_chars`` replaces the caption budget; ``prompt_style`` the pipeline's
     layout of the prompt texts. ``priority``: lower is preempted last and resumed first (vLLM's convention).
-    ``return_trace``: the server's answer carries the per-token trace.
+    ``return_trace``: the server's answer carries the per-token trace. ``domain_advice``: what the tiny pair's
+    out-of-domain warning tells the user to do, in the words of the front end that built the request (the CLI
+    names its flags, the server the request's fields; ``None``: the Python API's,
+    :data:`~asymspec_mm.requests.domain.HOW_TO`).
     """
 
     image: Any = None
@@ -58,6 +61,7 @@ class Request:
     prompt_style: Any = None
     priority: int = 0
     return_trace: bool = False
+    domain_advice: str | None = None
     #: set by :meth:`checked` on the copy it returns: a checked request is taken as it is
     is_checked: bool = field(default=False, repr=False, compare=False)
 

@@ -46,11 +46,12 @@ FREE_CHOICES = ("none", "auto")
 
 class ToolError(UnknownOptionError):
     """A ``tools`` / ``tool_choice`` / ``response_format`` argument the toolkit cannot use (one line naming the
-    problem; ``param``: the request field it is about)."""
+    problem; ``param``: the request field it is about, as a path such as ``tools[0].function.parameters``;
+    ``code``: a short machine code where a server should send one, e.g. ``invalid_json_schema``)."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -64,15 +65,15 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(fn, Mapping):
-            raise ToolError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}", "tools")
+            raise ToolError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}", f"tools[{i}]")
         name = fn.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
-            raise ToolError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-'", "tools")
+            raise ToolError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-'", f"tools[{i}].function.name")
         if name in names:
-            raise ToolError(f"tools[{i}].function.name {name!r} is offered twice", "tools")
+            raise ToolError(f"tools[{i}].function.name {name!r} is offered twice", f"tools[{i}].function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, Mapping):
-            raise ToolError(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+            raise ToolError(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}].function.parameters")
         names.add(name)
         out.append({"type": "function", "function": {**fn, "parameters": dict(params)}})
     return out
@@ -145,10 +146,10 @@ def check_response_format(response_format: Any) -> None:
         if kind == "choice":
             if isinstance(value, list) and value and all(isinstance(c, str) and c for c in value):
                 return
-            raise ToolError("response_format choice needs a non-empty list of non-empty strings", "response_format")
+            raise ToolError("response_format choice needs a non-empty list of non-empty strings", "response_format.choice")
         if isinstance(value, str) and value.strip():
             return
-        raise ToolError(f"response_format {kind} needs a non-empty string in {kind!r}", "response_format")
+        raise ToolError(f"response_format {kind} needs a non-empty string in {kind!r}", f"response_format.{kind}")
     raise ToolError(
         f"response_format={json.dumps(response_format)[:60]} is not text, json_object, "
         '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}, regex, choice or grammar',

@@ -21,12 +21,12 @@ from starlette.responses import Response
 
 from .completions import CompletionRequest, choice, completion_logprobs, finish_of, parse_completion_request, text_completion
 from .completions import total_usage as completion_usage
-from .errors import RequestError
+from .errors import RequestError, renamed
 from .models_chat import ChatCompletionRequest
 from .openapi import answer_docs
 from .request_metrics import answer_metrics
 from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
-from .schema import ChatRequest, parse_chat_request
+from .schema import STRUCTURED_PARAMS, ChatRequest, parse_chat_request
 from .streaming import chat_chunks, completion_chunks
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
@@ -41,15 +41,7 @@ COMPLETION_PARAMS = {"messages": "prompt"}
 
 def structured(body: Any, params: dict[str, str]) -> dict[str, str]:
     """``params`` naming ``structured_outputs`` where the engine names the ``response_format`` it became."""
-    return {**params, "response_format": "structured_outputs"} if getattr(body, "structured_outputs", None) is not None else params
-
-
-def renamed(err: RequestError, params: dict[str, str]) -> RequestError:
-    """``err`` naming the endpoint's field (``prompt`` where the engine says ``messages``)."""
-    if err.param in params:
-        old, err.param = err.param, params[err.param]
-        err.message = err.message.replace(old, err.param)
-    return err
+    return {**params, **STRUCTURED_PARAMS} if getattr(body, "structured_outputs", None) is not None else params
 
 
 def add_chat_routes(app: FastAPI, state: Any, *, submit: Callable[[ChatRequest], list[Any]], forget: Callable, end: Callable) -> None:

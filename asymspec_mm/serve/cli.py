@@ -16,14 +16,23 @@ DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_
 #: OCR worker processes of a server (BENCHMARKS.md, "OCR beside the loop": reading in the set-up thread stalls the
 #: decode loop; one worker suffices, the scheduler sets one request up at a time)
 DEFAULT_OCR_WORKERS = 1
+#: The OpenAI APIs the server answers, by their paths under ``/v1`` (the start-up line and the help name them all).
+SERVED_APIS = {"chat/completions": "chat completions", "completions": "completions", "responses": "Responses"}
+
+
+def announcement(name: str, url: str) -> str:
+    """The line ``serve`` prints once it listens: the pair, the base URL and every OpenAI API served under it."""
+    apis = ", ".join(f"{what} (POST /v1/{path})" for path, what in SERVED_APIS.items())
+    return f"asymspec-mm serve: serving {name} on {url}/v1 (OpenAI-compatible: {apis})"
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``serve`` on an argparse sub-parsers object; its ``func(args)`` loads the models and serves."""
     p = subparsers.add_parser(
         "serve",
-        help="an OpenAI-compatible HTTP server (POST /v1/chat/completions)",
-        description="Serve the pair behind OpenAI's chat completions API, decoding concurrent requests in shared steps. "
+        help="an OpenAI-compatible HTTP server (chat completions, completions, Responses)",
+        description="Serve the pair behind OpenAI's chat completions, completions and Responses APIs, decoding concurrent "
+        "requests in shared steps. "
         "Binds 127.0.0.1 by default; never fetches remote image URLs.",
     )
     add_model_args(p)
@@ -130,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             generation_config=args.generation_config,
         )
-        print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
+        print(announcement(pipe.name, url_of(sock)), file=sys.stderr, flush=True)
         serve(app, sock, log_level=args.log_level)
     finally:
         sock.close()

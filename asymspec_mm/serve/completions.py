@@ -25,7 +25,17 @@ from .models_common import (
 )
 from .models_router import DecodeExtras
 from .responses import usage
-from .schema import ChatRequest, asymspec_fields, checked, config_of, decode_request, response_format_of
+from .schema import (
+    DOMAIN_ADVICE,
+    STRUCTURED_PARAMS,
+    ChatRequest,
+    asymspec_fields,
+    check_per_image,
+    checked,
+    config_of,
+    decode_request,
+    response_format_of,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..requests.session import MMResult
@@ -81,14 +91,16 @@ def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | N
     """The :class:`~asymspec_mm.serve.schema.ChatRequest` of a validated completion request: one user message holding
     the prompt; ``top_logprobs`` is ``logprobs`` (None: none asked)."""
     config = config_of(req, base, req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS, req.logprobs)
+    check_per_image(req.asymspec, 0)  # the prompt is text alone
     request = Request(
         messages=[{"role": "user", "content": [{"type": "text", "text": req.prompt}]}],
         config=config,
         **asymspec_fields(req.asymspec),
         response_format=response_format_of(req),
         ignore_eos=bool(req.ignore_eos),
+        domain_advice=DOMAIN_ADVICE,
     )
-    params = {"messages": "prompt", **({"response_format": "structured_outputs"} if req.structured_outputs is not None else {})}
+    params = {"messages": "prompt", **(STRUCTURED_PARAMS if req.structured_outputs is not None else {})}
     return decode_request(checked(request, params), req, req.logprobs)
 
 

@@ -38,5 +38,27 @@ class RequestError(Exception):
         }
 
 
+def renamed_param(param: str | None, params: dict[str, str]) -> str | None:
+    """``param`` (an engine field's path) as the endpoint names it: the longest key of ``params`` that is the path
+    or its head (followed by ``.`` or ``[``) replaced by its value, e.g. ``response_format.json_schema.schema`` with
+    ``{"response_format.json_schema.schema": "text.format.schema"}``, ``response_format.regex`` with
+    ``{"response_format": "structured_outputs"}``; unchanged when no key matches."""
+    if param is None:
+        return None
+    for key in sorted(params, key=len, reverse=True):
+        if param == key or param.startswith((key + ".", key + "[")):
+            return params[key] + param[len(key) :]
+    return param
+
+
+def renamed(err: RequestError, params: dict[str, str]) -> RequestError:
+    """``err`` naming the endpoint's field (:func:`renamed_param`), in its param and in its message."""
+    new = renamed_param(err.param, params)
+    if new != err.param:
+        err.message = err.message.replace(str(err.param), str(new))
+        err.param = new
+    return err
+
+
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> RequestError:
     return RequestError(400, message, param=param, code=code)

@@ -16,6 +16,12 @@ from urllib.parse import unquote, urlparse
 
 from .errors import bad_request
 
+#: What the refusal of an image over the pixel limit tells an HTTP client (the limit is the server's, set when it
+#: starts: ``ASYMSPEC_MAX_INPUT_PIXELS``).
+OVERSIZE_ADVICE = (
+    "downscale it before sending it (the server's operator can raise the limit by starting the server with "
+    "ASYMSPEC_MAX_INPUT_PIXELS set to a larger pixel count)"
+)
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)$", re.S)
 
 
@@ -102,6 +108,6 @@ def load_request_image(url: str, allowed: Path | None, param: str):
     else:
         raise bad_request(f"unsupported image URL scheme {scheme!r}; send the image as a data URL ('data:image/png;base64,...')", param)
     try:
-        return load_image(source)
+        return load_image(source, oversize_advice=OVERSIZE_ADVICE)
     except InvalidImageError as exc:
         raise bad_request(f"bad image: {exc}", param, "invalid_image") from None

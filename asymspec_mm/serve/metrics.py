@@ -8,7 +8,15 @@ import threading
 from collections import Counter
 from typing import Any
 
-OUTCOMES = ("ok", "cancelled", "error")
+#: How a request the scheduler took ended (``asymspec_requests_total{outcome=...}``; docs/serving.md defines each):
+#: ``ok`` decoded to its end, ``cancelled`` its client went away (or the server shut down), ``refused`` its set-up
+#: found what it asks impossible (a 4xx: a prompt over the context window, a schema that does not compile),
+#: ``error`` the server failed it (a 5xx: an internal error, a stopped decode loop).
+OUTCOMES = ("ok", "cancelled", "refused", "error")
+#: vLLM's ``finished_reason`` label of ``vllm:request_success_total``: an answer's own reason (a tool call ends
+#: with ``stop``, as in vLLM's engine), ``abort`` for a cancelled request and ``error`` for a server failure; a
+#: refused request is not counted there (vLLM refuses such requests before its engine sees them).
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
 class Metrics:
@@ -16,7 +24,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests: Counter[str] = Counter()  # finished chat requests by outcome
+        self.requests: Counter[str] = Counter()  # requests the scheduler took, by outcome (OUTCOMES)
+        self.finished_reasons: Counter[str] = Counter()  # the same, by vLLM's finished_reason (FINISHED_REASONS)
         self.http_errors: Counter[int] = Counter()  # refused requests by status
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -31,10 +40,15 @@ class Metrics:
             self.in_flight += 1
 
     def finished(self, outcome: str, result: Any = None) -> None:
-        """A submitted request ended (``ok`` with its :class:`MMResult`, ``cancelled`` or ``error``)."""
+        """A submitted request ended: ``outcome`` is one of :data:`OUTCOMES` (``ok`` with its :class:`MMResult`)."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
         with self._lock:
             self.in_flight -= 1
             self.requests[outcome] += 1
+            reason = finished_reason(outcome, result)
+            if reason is not None:
+                self.finished_reasons[reason] += 1
             if result is not None:
                 self.prompt_tokens += int(result.prompts.verifier_ids.shape[1])
                 self.completion_tokens += len(result.token_ids)
@@ -66,7 +80,8 @@ class Metrics:
             metric(
                 "asymspec_requests_total",
                 "counter",
-                "Chat completion requests decoded, by outcome.",
+                "Requests the scheduler took (chat, completions, Responses), by how they ended: ok, cancelled, "
+                "refused (a 4xx found at set-up), error (a 5xx).",
                 [(f'outcome="{o}"', self.requests[o]) for o in OUTCOMES],
             )
             metric(
@@ -99,6 +114,12 @@ class Metrics:
             metric("asymspec_kv_peak_bytes", "gauge", "The most KV bytes the rows held at once so far.", [("", scheduler.peak_kv_bytes)])
             metric("asymspec_waiting_requests", "gauge", "Requests waiting for a row.", [("", scheduler.waiting)])
             name = f'model_name="{label}"'  # vLLM's label; its counters' samples carry the _total suffix
+            metric(
+                "vllm:request_success_total",
+                "counter",
+                "Count of successfully processed requests.",
+                [(f'{name},finished_reason="{r}"', self.finished_reasons[r]) for r in FINISHED_REASONS],
+            )
             metric("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", [(name, self.drafts)])
             metric("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", [(name, self.drafted)])
             metric("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", [(name, self.accepted)])
@@ -109,6 +130,14 @@ class Metrics:
                 [(f'{name},position="{pos}"', n) for pos, n in sorted(self.accepted_per_pos.items())],
             )
         return "\n".join(out) + "\n"
+
+
+def finished_reason(outcome: str, result: Any = None) -> str | None:
+    """vLLM's ``finished_reason`` of a request that ended with ``outcome`` (and ``result`` when ``ok``), or ``None``
+    for a refused one (see :data:`FINISHED_REASONS`)."""
+    if outcome == "ok":
+        return "length" if result is not None and result.finish_reason == "length" else "stop"
+    return {"cancelled": "abort", "error": "error"}.get(outcome)
 
 
 def speculative_decoding(stats: dict[str, Any]) -> dict[str, Any]:

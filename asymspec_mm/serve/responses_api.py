@@ -19,6 +19,7 @@ comes first. The sampling fields and the ``asymspec`` object are read as in chat
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,9 @@ from typing import Any
 
 from ..base.config import AsymSpecConfig
 from ..requests.request import Request
-from .errors import RequestError, bad_request
+from .errors import RequestError, bad_request, renamed
 from .models_responses import CreateResponseRequest, FunctionCallItem, InputImage, ReasoningItem
-from .schema import DEFAULT_MAX_IMAGES, asymspec_fields, checked, config_of, load_images, validated
+from .schema import DEFAULT_MAX_IMAGES, DOMAIN_ADVICE, asymspec_fields, check_per_image, checked, config_of, load_images, validated
 
 
 @dataclass
@@ -181,8 +182,27 @@ def response_format_of(req: CreateResponseRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
-#: The chat field an engine error names -> the Responses field.
-PARAMS = {"response_format": "text.format", "max_tokens": "max_output_tokens", "messages": "input"}
+#: The chat field an engine error names -> the Responses field (a path's head is renamed: ``response_format.regex``
+#: -> ``text.format.regex``; see :func:`~asymspec_mm.serve.errors.renamed_param`).
+PARAMS = {
+    "response_format.json_schema.schema": "text.format.schema",
+    "response_format.json_schema": "text.format",
+    "response_format": "text.format",
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+}
+#: A chat tool's path (``tools[0].function.parameters``) and the Responses one (``tools[0].parameters``).
+_CHAT_TOOL = re.compile(r"\b(tools\[\d+\])\.function\.")
+
+
+def responses_error(err: RequestError) -> RequestError:
+    """An engine (chat-shaped) error named by the Responses fields: ``max_output_tokens``, ``input``,
+    ``text.format.schema``, ``tools[0].parameters``, in its param and its message."""
+    err = renamed(err, PARAMS)
+    err.message = _CHAT_TOOL.sub(r"\1.", err.message.replace("response_format", "text.format"))
+    if err.param is not None:
+        err.param = _CHAT_TOOL.sub(r"\1.", err.param)
+    return err
 
 
 # ---------------------------------------------------------------------------------------------- the body
@@ -207,6 +227,7 @@ def parse_responses_request(
     conversation = [*history, *input_messages(req)]
     system = [{"role": "system", "content": [{"type": "text", "text": req.instructions}]}] if req.instructions else []
     refs = check_conversation(system + conversation, max_images)
+    check_per_image(req.asymspec, len(refs))
     tools = chat_tools(req)
     order = iter(range(len(refs)))  # image parts hold their index in refs until the images load
     messages = [
@@ -223,12 +244,12 @@ def parse_responses_request(
         tools=tools,
         tool_choice=chat_tool_choice(req, tools),
         response_format=response_format_of(req),
+        domain_advice=DOMAIN_ADVICE,
     )
     try:
-        request = checked(request, PARAMS)  # before the images load: a bad tool costs no decoding
-    except RequestError as err:  # the Responses shapes in the message
-        err.message = err.message.replace("response_format", "text.format").replace(".function.", ".")
-        raise
+        request = checked(request)  # before the images load: a bad tool costs no decoding
+    except RequestError as err:
+        raise responses_error(err) from None
     load_images(messages, refs, allow_local_images)
     echo = {
         "instructions": req.instructions,

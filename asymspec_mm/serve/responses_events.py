@@ -31,12 +31,12 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from ..requests.tools import ToolCallStream, parse_tool_calls
-from .errors import RequestError, bad_request
+from .errors import bad_request
 from .models_common import field_value
 from .models_responses import CreateResponseRequest
 from .openapi import answer_docs
 from .responses import TextDeltas
-from .responses_api import PARAMS, ResponsesRequest, parse_responses_request
+from .responses_api import ResponsesRequest, parse_responses_request, responses_error
 from .responses_output import (
     ResponseStore,
     answer_logprobs,
@@ -57,15 +57,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
 
     from ..requests.session import MMResult
-
-
-def responses_error(err: RequestError) -> RequestError:
-    """An engine error named by the Responses fields (``max_output_tokens``, ``input``, ``text.format``)."""
-    if err.param in PARAMS:
-        if err.param == "response_format":
-            err.message = str(err.message).replace("response_format", "text.format")
-        err.param = PARAMS[err.param]
-    return err
 
 
 class AnswerText:

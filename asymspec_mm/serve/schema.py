@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from ..base.config import AsymSpecConfig
 from ..base.errors import UnknownOptionError
 from ..requests.request import Request
-from .errors import bad_request
+from .errors import bad_request, renamed
 from .images import load_request_image
 from .models_base import StructuredOutputs
 from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart
@@ -36,6 +36,19 @@ from .validation_errors import request_error
 
 DEFAULT_MAX_IMAGES = 8
 """Images one request may hold unless the server says otherwise (``serve --max-images``)."""
+#: What the tiny pair's out-of-domain warning (``asymspec.warnings``) advises an HTTP client: what it can send (the
+#: message text), and what only the server's operator can change (the pair it serves).
+DOMAIN_ADVICE = (
+    "send a MiniVista question in MathVista's layout in the message text ('Hint: ...', then 'Question: ...', then "
+    "'Choices: (A) ...'; the bundled examples in asymspec_mm/examples_data show it), or ask the server's operator "
+    "to serve a real pair (asymspec-mm serve --preset qwen3)"
+)
+#: The engine's ``response_format`` paths -> vLLM's ``structured_outputs`` where a request sent that instead.
+STRUCTURED_PARAMS = {
+    "response_format.json_schema.schema": "structured_outputs.json",
+    "response_format.json_schema": "structured_outputs.json",
+    "response_format": "structured_outputs",
+}
 
 
 @dataclass
@@ -102,7 +115,7 @@ def conversation(req: ChatCompletionRequest, max_images: int) -> tuple[list[dict
             try:
                 message["tool_calls"] = [tool_call(c.model_dump(), f"{p}.tool_calls[{j}]") for j, c in enumerate(msg.tool_calls)]
             except ConversationError as exc:
-                raise bad_request(str(exc), f"{p}.tool_calls") from None
+                raise bad_request(str(exc), exc.param or f"{p}.tool_calls") from None
         if msg.role == "tool":
             known = {c["id"] for m in out for c in m.get("tool_calls", ())}
             if msg.tool_call_id not in known:
@@ -166,12 +179,10 @@ def checked(request: Request, params: dict[str, str] | None = None) -> Request:
     try:
         return request.checked()
     except ToolError as exc:
-        param = params.get(exc.param, exc.param)
-        code = "unsupported" if exc.param in ("tool_choice", "response_format") else "invalid_value"
-        raise bad_request(str(exc), param, code) from None
+        code = exc.code or ("unsupported" if exc.param in ("tool_choice", "response_format") else "invalid_value")
+        raise renamed(bad_request(str(exc), exc.param, code), params) from None
     except UnknownOptionError as exc:
-        param = getattr(exc, "param", None)
-        raise bad_request(str(exc), params.get(param, param)) from None
+        raise renamed(bad_request(str(exc), getattr(exc, "param", None)), params) from None
 
 
 def config_of(req: Any, base: AsymSpecConfig | None, budget: int | None, top_logprobs: int | None = None) -> AsymSpecConfig:
@@ -210,6 +221,30 @@ def asymspec_fields(opts: Any) -> dict[str, Any]:
     }
 
 
+#: What one entry of a per-image ``asymspec`` list is.
+_PER_IMAGE = {"caption": "caption", "ocr": "OCR text (or false for none)"}
+
+
+def check_per_image(opts: Any, n_images: int) -> None:
+    """An ``asymspec.caption`` / ``asymspec.ocr`` that does not fit the request's ``n_images`` images is a 400 naming
+    it (before anything is queued): a string is for a request with one image, a list holds one entry per image;
+    null (and ``false`` for OCR) fits any request."""
+    for name, entry in _PER_IMAGE.items():
+        value = getattr(opts, name, None) if opts is not None else None
+        if value is None or value is False:
+            continue
+        images = f"{n_images} image{'s' if n_images != 1 else ''}" if n_images else "no image"
+        if isinstance(value, str) and n_images != 1:
+            fix = f"send a list with one {entry} per image, in order" if n_images else "leave it out"
+            message = f"asymspec.{name} is a string, which fits a request with one image, but this request has {images}: {fix}"
+        elif isinstance(value, list) and len(value) != n_images:
+            fix = f"send one {entry} per image, in order" if n_images else "leave it out"
+            message = f"asymspec.{name} is a list of {len(value)} but this request has {images}: {fix}"
+        else:
+            continue
+        raise bad_request(message, f"asymspec.{name}", "invalid_value")
+
+
 def decode_request(request: Request, req: Any, top_logprobs: int | None) -> ChatRequest:
     """The :class:`ChatRequest` of a checked engine ``request`` and the validated chat or text completion ``req`` it
     came from (what only the HTTP answer reads: streaming, usage chunk, model name, choices)."""
@@ -236,6 +271,7 @@ def parse_chat_request(
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     config = config_of(req, base, req.budget, top_logprobs)
     messages, refs = conversation(req, max_images)
+    check_per_image(req.asymspec, len(refs))
     request = Request(
         messages=messages,
         config=config,
@@ -245,8 +281,9 @@ def parse_chat_request(
         tool_choice=req.tool_choice if isinstance(req.tool_choice, (str, type(None))) else req.tool_choice.model_dump(),
         response_format=response_format_of(req),
         ignore_eos=bool(req.ignore_eos),
+        domain_advice=DOMAIN_ADVICE,
     )
     # before the images load: a bad tool costs no decoding
-    request = checked(request, {"response_format": "structured_outputs"} if req.structured_outputs is not None else {})
+    request = checked(request, STRUCTURED_PARAMS if req.structured_outputs is not None else {})
     load_images(messages, refs, allow_local_images)
     return decode_request(request, req, top_logprobs)

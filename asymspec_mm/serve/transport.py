@@ -53,8 +53,7 @@ class Reader:
     def _update(self, kind: str, value: Any) -> None:
         self._put((kind, value))
         if kind != "events":
-            outcome = "ok" if kind == "result" else "cancelled" if isinstance(value, CancelledError) else "error"
-            self.metrics.finished(outcome, value if kind == "result" else None)
+            self.metrics.finished("ok" if kind == "result" else outcome_of(value), value if kind == "result" else None)
             self.on_end()
 
     def _put(self, item: tuple) -> None:
@@ -82,9 +81,12 @@ async def until_disconnected(receive: Callable) -> None:
 def error_code(exc: AsymSpecError) -> str:
     """The snake_case ``code`` of a library error, as every other code of the server: OpenAI's
     ``context_length_exceeded`` for a context overflow, else the class name's words (``InvalidImageError`` ->
-    ``invalid_image``, ``OCRUnavailableError`` -> ``ocr_unavailable``; the base class: ``invalid_request``)."""
+    ``invalid_image``, ``OCRUnavailableError`` -> ``ocr_unavailable``; the base class: ``invalid_request``), unless
+    the error carries its own ``code``."""
     if isinstance(exc, ContextOverflowError):
         return "context_length_exceeded"
+    if isinstance(getattr(exc, "code", None), str):  # the error names its own (a schema: invalid_json_schema)
+        return exc.code  # type: ignore[attr-defined]
     if type(exc) is AsymSpecError:
         return "invalid_request"
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", type(exc).__name__.removesuffix("Error")).lower()
@@ -96,6 +98,19 @@ def error_param(exc: AsymSpecError) -> str | None:
     if isinstance(exc, ContextOverflowError):
         return "max_tokens" if exc.too_long == "max_new_tokens" else "messages"
     return getattr(exc, "param", None)
+
+
+def outcome_of(exc: BaseException) -> str:
+    """How a request that failed in the scheduler ended, for the metrics (:data:`~.metrics.OUTCOMES`): ``cancelled``,
+    ``refused`` when its answer is a 4xx (the request asked for what cannot be done) or ``error`` when it is a 5xx
+    (the server failed); decided by the same rules as :func:`error_of`, without logging."""
+    if isinstance(exc, CancelledError):
+        return "cancelled"
+    if isinstance(exc, RequestError):
+        return "refused" if exc.status < 500 else "error"
+    if isinstance(exc, AsymSpecError) and not isinstance(exc, SchedulerStoppedError):
+        return "refused"
+    return "error"
 
 
 def error_of(exc: BaseException) -> RequestError:
