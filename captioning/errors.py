@@ -19,7 +19,14 @@ __all__ = [
 
 
 class UnknownOptionError(AsymSpecError):
-    """A method, gate, delta source, bonus rule or view name that does not exist."""
+    """A method, gate, delta source, bonus rule or view name that does not exist (or that this pair cannot run).
+
+    ``param``, where given, is the request field as an HTTP client spells it (``asymspec.method``), so that the
+    server's 400 names it."""
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class MissingCompressedViewError(AsymSpecError):

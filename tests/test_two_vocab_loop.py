@@ -102,4 +102,4 @@ def test_symmetric_sd_with_the_vl_drafter_is_refused_in_one_line(xpipe, problems
 
     with pytest.raises(UnknownOptionError) as err:
         _ask(xpipe, problems[0], method="sd")
-    assert "\n" not in str(err.value) and "method='floor'" in str(err.value)
+    assert "\n" not in str(err.value) and 'method "floor"' in str(err.value)

@@ -150,3 +150,8 @@ def test_the_server_answers_an_openai_client_as_the_pipeline_alone(two_vocab_pip
             assert all(t["drafter_token_id"] == two_vocab_pipe.vocab_map.to_drafter[t["token_id"]] for t in trace)
             streamed = client.chat.completions.create(model="x", messages=messages, max_tokens=16, extra_body=extra, stream=True)
             assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == alone.text
+        # symmetric SD cannot run on two vocabularies: a 400 naming the field as the client spelled it
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="x", messages=messages, max_tokens=4, extra_body={"asymspec": {"method": "sd"}})
+        body = err.value.body
+        assert body["param"] == "asymspec.method" and 'method "floor"' in body["message"]

@@ -216,8 +216,10 @@ class RequestPreparer:
         m = self.models
         if m.vocab is not None and req.method == "sd" and m.sd_drafter is None:
             raise UnknownOptionError(
-                "method='sd' needs a drafter of the verifier's vocabulary, and this cross-family pair's drafter has "
-                "another: use method='floor' (the tokens SD would give) or load sd_drafter= a text model of the verifier's family"
+                "method \"sd\" needs a drafter of the verifier's vocabulary, and this cross-family pair's drafter has "
+                'another: use method "floor" (the tokens SD would give), or load the pipeline with sd_drafter= a text '
+                "model of the verifier's family",
+                param="asymspec.method",
             )
 
     def _render_question(self, req: Request, on_phase: Callable[[str], None] | None) -> _Rendered:

@@ -90,7 +90,12 @@ class Metrics:
                 "Requests answered with an error status, by HTTP status.",
                 [(f'status="{s}"', n) for s, n in sorted(self.http_errors.items())],
             )
-            metric("asymspec_requests_in_flight", "gauge", "Requests (chat, completions, Responses) submitted and not yet finished.", [("", self.in_flight)])
+            metric(
+                "asymspec_requests_in_flight",
+                "gauge",
+                "Requests (chat, completions, Responses) submitted and not yet finished.",
+                [("", self.in_flight)],
+            )
             metric("asymspec_prompt_tokens_total", "counter", "Verifier prompt tokens of finished requests.", [("", self.prompt_tokens)])
             metric("asymspec_completion_tokens_total", "counter", "Tokens generated for finished requests.", [("", self.completion_tokens)])
             metric("asymspec_drafted_tokens_total", "counter", "Draft tokens put to the gate.", [("", self.drafted)])
