@@ -54,6 +54,8 @@ STREAMED = 6
 TOOLS_PENDING = "The answer's tool calls appear here when it is done."
 NO_TOOLS = "No tools offered: add some under Agent tools to see a call's arguments with their provenance."
 TOOLS_OFF = "Tool choice none: the answer is not read for tool calls."
+#: What the status's count of steered tokens counts (the alignment counts differing positions, a wider thing).
+STEERED_MEANING = "where the verifier alone would have picked another token after the same text"
 #: Panel names in the status line.
 ROW_NAMES = {"floor": "Floor", "drafter": "the drafter alone"}
 
@@ -64,15 +66,17 @@ def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
 
 
 def done_summary(seconds: float, trace: Sequence[Any], method: str, notes: Sequence[str] = ()) -> str:
-    """The status of a finished run, e.g. ``Done in 1.2 s: 7 tokens, 4 accepted, 3 fused; 1 token differs from the
-    verifier alone`` (the last part for AsymSpec only), then the run's ``notes`` in parentheses."""
+    """The status of a finished run, e.g. ``Done in 1.2 s: 7 tokens, 4 accepted, 3 fused; 1 token steered (...)`` (the
+    last part for AsymSpec only: the tokens the verifier alone would not have picked after the same text, which the
+    alignment's count of differing positions exceeds once the outputs part), then the run's ``notes`` in
+    parentheses."""
     counts = source_counts(trace)
     text = f"Done in {seconds:.1f} s: {plural(len(trace), 'token')}" + "".join(
         f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)
     )
     if method == "asymspec":
         n = counts["steered"]
-        text += f"; {plural(n, 'token')} {'differs' if n == 1 else 'differ'} from the verifier alone"
+        text += f"; {plural(n, 'token')} steered ({STEERED_MEANING})"
     return text + (" (" + "; ".join(notes) + ")" if notes else "")
 
 

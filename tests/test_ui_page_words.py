@@ -1,0 +1,72 @@
+"""Issue #49 (a fourth new user's trial of the demo), the units behind the page: the chart counts tokens in whole
+numbers, the hover box names fusion only where it happened, and the status and the alignment say what each counts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from test_ui import FakeTokenizer, parse, sample_trace  # noqa: E402
+
+from asymspec_mm.decode import TokenEvent  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio
+
+
+# ------------------------------------------------------------------------------------------ item 13: what the page says
+
+
+def _tick_values(fig) -> list[float]:
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    return [float(t) for t in ax.get_xticks() if lo <= t <= hi]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_the_charts_token_axis_has_whole_number_ticks(n):
+    """A few tokens gave matplotlib's default ticks 0, 0.25, 0.5, ...: the x axis counts emitted tokens."""
+    from ui.render import jsd_gamma_figure
+
+    trace = [TokenEvent(index=i, token_id=5, text="a", source="accepted", step=1, position=1, jsd=0.1 * i, gamma_eff=0.5) for i in range(n)]
+    ticks = _tick_values(jsd_gamma_figure(trace))
+    assert ticks and all(t == int(t) for t in ticks), ticks
+
+
+def test_the_hover_box_names_fusion_only_where_fusion_happened():
+    """An accepted (or bonus) token's box showed "top after fusion" though no fusion made it; a fused token's box keeps
+    both lists."""
+    from ui.render import render_trace_html
+
+    trace = sample_trace()  # an accepted token with fused alternatives recorded, a fused one, a bonus, a greedy
+    boxes = {t["attrs"]["data-source"]: t["tip"] for t in parse(render_trace_html(trace, FakeTokenizer())).tokens}
+    assert trace[0].source == "accepted" and trace[0].top_fused  # the case of the report
+    assert "top after fusion" in boxes["fused"] and "top before fusion" in boxes["fused"]
+    for source in ("accepted", "bonus", "greedy"):
+        assert "fusion" not in boxes[source], (source, boxes[source])
+    assert "verifier's top: 't5' 0.250, '<b>' 0.200" in boxes["accepted"]
+
+
+def test_the_status_and_the_alignment_say_what_each_counts():
+    """The report: "1 token differs from the verifier alone" beside "2 of 15 positions differ". The status counts the
+    steered tokens (where the verifier alone would have picked another token after the same text); the table counts
+    every position where the outputs differ, the ones after a first difference too. Both now say so."""
+    from ui.align import POSITIONS_MEANING, render_alignment_html
+    from ui.outputs import STEERED_MEANING, done_summary
+
+    def ev(i, tok, steered=False):
+        return TokenEvent(
+            index=i, token_id=tok, text=f"t{tok}", source="accepted", step=1, position=1, verifier_argmax=tok, steered=steered
+        )
+
+    # "The green bar ... (B)" against the verifier alone's "The red bar ... (A)": one steered token, two positions apart
+    asymspec = [ev(0, 1), ev(1, 2, steered=True), ev(2, 3), ev(3, 4)]
+    floor = [ev(0, 1), ev(1, 9), ev(2, 3), ev(3, 8)]
+    status = done_summary(1.0, asymspec, "asymspec")
+    assert status.endswith(f"; 1 token steered ({STEERED_MEANING})") and "differ" not in status
+    table = render_alignment_html([("AsymSpec", asymspec), ("Floor", floor)])
+    assert 'data-differing="2"' in table and "2 of 4 positions differ" in table
+    assert POSITIONS_MEANING.replace("'", "&#x27;") in table or POSITIONS_MEANING in table
