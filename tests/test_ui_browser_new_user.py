@@ -228,3 +228,37 @@ def test_on_a_phone_the_answer_is_a_tap_from_run_and_the_chart_is_drawn(browser_
     page.wait_for_timeout(300)
     assert not jump.is_visible()
     page.context.close()
+
+
+# ------------------------------------------------------------------------------------- issue 49: a fourth trial
+
+
+def test_a_plain_example_after_an_agent_example_runs_without_its_tools(browser_env):
+    """Item 2: the agent example ("What is the blue bar's value ... subtract"), then the figure example "Which bar is the
+    tallest?": the tools the agent example wrote went with the second example's run (the answer read the tools' prompt,
+    353 verifier tokens instead of 104). Every example now sets the tools and the tool choice: the plain one empties
+    them, and Run answers as the example does on a fresh page. Picking an example ends the conversation."""
+    from ui.examples import load_agent_examples
+
+    env, pipe = browser_env, browser_env["pipe"]
+    agents = load_agent_examples()
+    if not agents:
+        pytest.skip("the bundled agent examples are not in this checkout")
+    ex = _example("1")
+    page = _new_page(env, env["url"], DESKTOP)
+    page.get_by_text("Agent tools", exact=True).click()
+    page.locator("#asym-tools textarea").wait_for()
+    _click_example(page, agents[0])
+    page.wait_for_function("() => document.querySelector('#asym-tools textarea').value.includes('\"subtract\"')")
+    _click_example(page, ex)
+    page.wait_for_function("() => document.querySelector('#asym-tools textarea').value === ''", timeout=10_000)
+    assert page.locator("#asym-tool-choice input").input_value() == "auto"
+    _run_and_wait(page)
+    ref = pipe.generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"], max_new_tokens=MAX_NEW)
+    want = answer_ids(pipe, ref)
+    assert [t["id"] for t in read_answer_tokens(page, len(want))] == want
+    assert "No tools offered" in page.locator("#asym-tool-calls").inner_text()
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="1"]')
+    _press(page, page.get_by_text(ex["label"], exact=True).first)  # the same example again: a new conversation
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="0"]', timeout=10_000)
+    page.context.close()

@@ -1,8 +1,10 @@
-"""Issue #49 (a fourth new user's trial of the demo), the units behind the page: the chart counts tokens in whole
-numbers, the hover box names fusion only where it happened, and the status and the alignment say what each counts."""
+"""Issue #49 (a fourth new user's trial of the demo), the units behind the page: every example sets every field an
+example may use, the chart counts tokens in whole numbers, the hover box names fusion only where it happened, and the
+status and the alignment say what each counts. The page itself: tests/test_ui_browser_new_user.py."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -15,6 +17,27 @@ from test_ui import FakeTokenizer, parse, sample_trace  # noqa: E402
 from asymspec_mm.decode import TokenEvent  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio
+
+
+# ------------------------------------------------------------------------------------------ item 2: examples
+
+
+def test_every_example_sets_every_field_an_example_uses():
+    """A plain example empties the tools an agent example wrote (and sets the choice back to auto); an agent example
+    sets its own. Before, a plain example set only the image, question, caption and OCR."""
+    from ui.examples import EXAMPLE_FIELDS, example_row, load_agent_examples, load_examples
+
+    plain, agent = load_examples(), load_agent_examples()
+    if not plain or not agent:
+        pytest.skip("the bundled examples are not in this checkout")
+    assert EXAMPLE_FIELDS == ("image", "question", "caption", "ocr", "tools", "tool_choice")
+    for ex in plain:
+        row = dict(zip(EXAMPLE_FIELDS, example_row(ex)))
+        assert row == {**{f: ex[f] for f in ("image", "question", "caption", "ocr")}, "tools": "", "tool_choice": "auto"}
+    for ex in agent:
+        row = dict(zip(EXAMPLE_FIELDS, example_row(ex)))
+        assert row == {f: ex[f] for f in EXAMPLE_FIELDS}
+        assert {t["function"]["name"] for t in json.loads(row["tools"])} == {"add", "subtract"}
 
 
 # ------------------------------------------------------------------------------------------ item 13: what the page says

@@ -39,7 +39,7 @@ from asymspec_mm.cli.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
 from .conversation import render_conversation_html
-from .examples import EXAMPLES_DIR, example_label, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
+from .examples import EXAMPLE_FIELDS, EXAMPLES_DIR, example_label, example_row, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .handlers import STOP_IDLE, _session_handlers
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
@@ -221,22 +221,9 @@ def build_app(
                     with gr.Row():
                         autofill = gr.Checkbox(value=True, label="Auto-fill empty fields from the image", elem_id="asym-autofill")
                         describe_btn = gr.Button("Describe image", size="sm", elem_id="asym-describe")
-                example_sets = []  # their clicks fill the view with an example's text (wired below)
-                if examples:
-                    example_sets.append(
-                        gr.Examples(
-                            examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
-                            inputs=[image, question, caption, ocr],
-                            example_labels=[e.get("label") or example_label(e) for e in examples],
-                            label="Bundled examples (MiniVista), with the expected answer",
-                            cache_examples=False,
-                            examples_per_page=8,
-                        )
-                    )
-                    table = render_examples_table(list(examples))
-                    if table:
-                        with gr.Accordion("What the shipped tiny pair answers on these examples", open=False):
-                            gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
+                # The examples stand here; they are filled in once the tools inputs (further down) exist, since every
+                # example sets every field an example may use (a plain one empties the tools an agent example wrote).
+                examples_slot = gr.Column()
                 with gr.Accordion("Advanced settings", open=False):
                     method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)", elem_id="asym-method")
                     k = gr.Slider(*RANGES["k"].bounds(), value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")
@@ -266,14 +253,31 @@ def build_app(
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
                 tools, tool_choice = build_tool_inputs()
+                example_inputs = dict(image=image, question=question, caption=caption, ocr=ocr, tools=tools, tool_choice=tool_choice)
+                example_inputs = [example_inputs[f] for f in EXAMPLE_FIELDS]
+                example_sets = []  # their clicks fill the view with an example's text (wired below)
+                if examples:
+                    with examples_slot:
+                        example_sets.append(
+                            gr.Examples(
+                                examples=[example_row(e) for e in examples],
+                                inputs=example_inputs,
+                                example_labels=[e.get("label") or example_label(e) for e in examples],
+                                label="Bundled examples (MiniVista), with the expected answer",
+                                cache_examples=False,
+                                examples_per_page=8,
+                            )
+                        )
+                        table = render_examples_table(list(examples))
+                        if table:
+                            with gr.Accordion("What the shipped tiny pair answers on these examples", open=False):
+                                gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
                 agent_examples = load_agent_examples() if examples else []
                 if agent_examples:
                     example_sets.append(
                         gr.Examples(
-                            examples=[
-                                [e[k] for k in ("image", "question", "caption", "ocr", "tools", "tool_choice")] for e in agent_examples
-                            ],
-                            inputs=[image, question, caption, ocr, tools, tool_choice],
+                            examples=[example_row(e) for e in agent_examples],
+                            inputs=example_inputs,
                             example_labels=[e["label"] for e in agent_examples],
                             label="Agent examples: a tool call whose arguments only the image holds (see Tool calls)",
                             cache_examples=False,
@@ -380,14 +384,15 @@ def build_app(
             concurrency_limit=min(2, concurrency_limit),
             concurrency_id="describe",
         ).then(**settle)
-        # A click on an example fills the view with the example's text, which belongs to its image. A new image (or
-        # none) empties the fields that hold the old image's generated text, or an example's text once the image is
-        # not the example's, and ends the conversation, as Clear does; typing makes a field the user's. The click's
-        # own image.change may come before its record: the examples' texts of the new image are never emptied.
+        # A click on an example fills the view with the example's text, which belongs to its image, and ends the
+        # conversation. A new image (or none) empties the fields that hold the old image's generated text, or an
+        # example's text once the image is not the example's, and ends the conversation, as Clear does; typing makes
+        # a field the user's. The click's own image.change may come before its record: the examples' texts of the new
+        # image are never emptied.
         state.add_examples([*examples, *agent_examples])
         for example_set in example_sets:
             example_set.load_input_event.then(
-                h.example_loaded, [image, caption, ocr], [caption, ocr], queue=False, preprocess=False, **quiet
+                h.example_loaded, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet
             )
         image.change(h.image_changed, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet)
         clear_btn.click(h.clear, None, [conversation_html], queue=False, **quiet)
