@@ -117,7 +117,7 @@ def open_page(env):
 def fill(page, image_path, question, caption, ocr):
     if image_path is not None:
         page.locator("#asym-image input[type=file]").set_input_files(str(image_path))
-        if Path(image_path).suffix == ".png":
+        if Path(image_path).suffix == ".png" and Path(image_path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n":
             page.wait_for_selector("#asym-image img", state="attached")
     page.locator("#asym-question textarea").fill(question)
     page.locator("#asym-caption textarea").fill(caption)
@@ -294,13 +294,16 @@ def test_bad_inputs_show_errors_then_good_request(browser_env):
     text_file = tmp / "notes.txt"
     text_file.write_text("not an image")
 
-    # bytes that are no image, under an image name: refused by the server, shown in the page
+    # bytes that are no image, under an image name: refused as they are uploaded (the box empties, the status says
+    # why), and a run then asks for an image (#49: the box used to keep them, with a broken-image icon)
     page = open_page(env)
     fill(page, garbage, "What is shown?", "a chart", "")
-    page.locator("#asym-run").click()
     status = wait_status(page, "error")
-    assert "not a recognised image" in status
-    page.locator(".toast-body", has_text="not a recognised image").first.wait_for(state="visible")
+    assert "'garbage.png' is not a recognised image" in status
+    page.wait_for_function("() => !document.querySelector('#asym-image img')")
+    page.locator("#asym-run").click()
+    page.locator(".toast-body", has_text="upload an image").first.wait_for(state="visible")
+    assert "upload an image" in wait_status(page, "error")
     page.close()
 
     # a text file: the upload is refused, and running without an image says so

@@ -1,5 +1,6 @@
 """Issue #49 (a fourth new user's trial of the demo), the units behind the page: every example sets every field an
-example may use, the chart counts tokens in whole numbers, the hover box names fusion only where it happened, and the
+example may use, an upload that is no readable image is refused at once, the chart counts tokens in whole numbers, an
+empty OCR field says what happened to the image's text, the hover box names fusion only where it happened, and the
 status and the alignment say what each counts. The page itself: tests/test_ui_browser_new_user.py."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from test_ui import FakeTokenizer, parse, sample_trace  # noqa: E402
+from conftest import make_case  # noqa: E402
+from test_ui import FakeTokenizer, demo_args, parse, sample_trace  # noqa: E402
 
 from asymspec_mm.decode import TokenEvent  # noqa: E402
 
@@ -40,6 +42,46 @@ def test_every_example_sets_every_field_an_example_uses():
         assert {t["function"]["name"] for t in json.loads(row["tools"])} == {"add", "subtract"}
 
 
+# ------------------------------------------------------------------------------------------ item 4: uploads
+
+
+def _refused(state, path, session: str) -> tuple:
+    """The page's image.change for an upload of ``path``: (the image box's update, the status)."""
+    from ui.outputs import RUN_OUTPUTS
+
+    out = state.new_image({"path": str(path)}, "", "", session)
+    return out[0], out[1 + RUN_OUTPUTS.index("status")]
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's, as it reads the 144 MP header
+def test_an_upload_that_is_no_readable_image_is_refused_at_once(state, tmp_path):
+    """Bytes that are no image under a .png name, and a 12000x12000 picture: the image box empties and the status
+    says why, in the run's own words; the box's own change that follows keeps the error. A good picture stays."""
+    import gradio as gr
+    from PIL import Image
+
+    from ui.outputs import RUN_OUTPUTS
+
+    corrupt = tmp_path / "corrupt.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 2)
+    image, status = _refused(state, corrupt, "c")
+    assert image is None and 'data-status="error"' in status
+    assert "is not a recognised image" in status and "corrupt.png" in status and "\n" not in status
+    for _ in range(2):  # the emptied box's changes: the error stays until the next image
+        after = state.new_image(None, "", "", "c")
+        assert after[1 + RUN_OUTPUTS.index("status")] == gr.skip()
+
+    huge = tmp_path / "huge.png"
+    Image.new("1", (12000, 12000)).save(huge)  # 144 megapixels, a small file
+    image, status = _refused(state, huge, "h")
+    assert image is None and 'data-status="error"' in status and "12000x12000" in status
+
+    good = tmp_path / "good.png"
+    make_case(3)["image"].save(good)
+    image, status = _refused(state, good, "h")
+    assert image == gr.skip() and 'data-status="idle"' in status and "New image" in status
+
+
 # ------------------------------------------------------------------------------------------ item 13: what the page says
 
 
@@ -57,6 +99,37 @@ def test_the_charts_token_axis_has_whole_number_ticks(n):
     trace = [TokenEvent(index=i, token_id=5, text="a", source="accepted", step=1, position=1, jsd=0.1 * i, gamma_eff=0.5) for i in range(n)]
     ticks = _tick_values(jsd_gamma_figure(trace))
     assert ticks and all(t == int(t) for t in ticks), ticks
+
+
+def test_an_empty_ocr_field_says_what_happened():
+    """The OCR field's placeholder after a run left it empty: the engine read nothing, there is no engine, or auto-fill
+    was off (before, it kept "empty: OCR engine (if auto-fill is on and one is installed)")."""
+    from ui.view_marks import OCR_PLACEHOLDER, ocr_outcome
+
+    assert ocr_outcome("rapidocr") == "empty: the OCR engine (rapidocr) found no text in this image"
+    assert "without an OCR engine" in ocr_outcome("none")
+    assert ocr_outcome("off", ["OCR skipped (No usable OCR engine.)"]) == (
+        "empty: OCR skipped (No usable OCR engine.); the verifier read no OCR text"
+    )
+    assert "auto-fill is off" in ocr_outcome("off")
+    assert ocr_outcome(None) == ocr_outcome("given") == OCR_PLACEHOLDER
+
+
+def test_after_a_run_the_ocr_placeholder_says_what_happened_and_a_new_image_resets_it(state, tmp_path):
+    """Through the page's handlers: a run with auto-fill on and the "none" engine (the test pair's) leaves the field
+    empty and its placeholder says why; a new image, which nothing has read yet, brings the first placeholder back."""
+    from ui.view_marks import OCR_PLACEHOLDER
+
+    case = make_case(5)
+    path = tmp_path / "a.png"
+    case["image"].save(path)
+    out = list(state.run(*demo_args(path, {**case, "caption": "a chart", "ocr": ""}, autofill=True, max_new_tokens=2), session="o"))
+    assert out[-1][9] == ""  # the OCR field after the run: empty
+    _, ocr = state.view_marks("a chart", "", "o")
+    assert "without an OCR engine" in ocr["placeholder"]
+    _, ocr = state.image_changed("a chart", "", "o", {"path": str(path)})
+    assert ocr["placeholder"] == OCR_PLACEHOLDER
+    assert state.view_marks("a chart", "", "o")[1]["placeholder"] == OCR_PLACEHOLDER
 
 
 def test_the_hover_box_names_fusion_only_where_fusion_happened():

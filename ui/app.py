@@ -38,7 +38,6 @@ from asymspec_mm.base.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, M
 from asymspec_mm.cli.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
-from .conversation import render_conversation_html
 from .examples import EXAMPLE_FIELDS, EXAMPLES_DIR, example_label, example_row, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .handlers import STOP_IDLE, _session_handlers
 from .jobs import (  # noqa: F401 - re-exported
@@ -55,7 +54,6 @@ from .jobs import (  # noqa: F401 - re-exported
     _Request,
     outputs_as_dict,
 )
-from .outputs import NO_TOOLS
 from .page_js import LAYOUT_JS, TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
     PANEL_STATES,
@@ -158,10 +156,7 @@ def build_app(
         concurrency_limit=concurrency_limit,
     )
     defaults = AsymSpecConfig()
-    tok = pipe.tokenizer
-
-    def empty_panel(method: str, **kw: Any) -> str:
-        return render_panel(method_title(method), [], tok, subtitle=method_subtitle(method), **kw)
+    blank = state.outputs.blank()  # what the outputs show before a run (and again after a new image)
 
     with gr.Blocks(title="AsymSpec steering inspector", analytics_enabled=False) as demo:
         gr.HTML(
@@ -193,7 +188,7 @@ def build_app(
                     run_btn = gr.Button("Run", variant="primary", elem_id="asym-run", min_width=100)
                     stop_btn = gr.Button("Stop", elem_id="asym-stop", min_width=100, **STOP_IDLE)
                 status = gr.HTML(
-                    status_html("idle", "Upload an image, ask a question, press Run."),
+                    blank["status"],
                     js_on_load=None,
                     elem_id="asym-status",
                     label="status",
@@ -286,7 +281,7 @@ def build_app(
                 temperature, top_p, seed = build_sampling_inputs()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(
-                    empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
+                    blank["answer_html"],
                     js_on_load=None,
                     elem_id="asym-answer",
                     label="answer_html",
@@ -299,19 +294,15 @@ def build_app(
                     elem_id="asym-answer-text",
                     placeholder="The answer as plain text.",
                 )
-                tool_calls_html = gr.HTML(
-                    render_tool_calls_html([], tok, empty=NO_TOOLS), js_on_load=None, elem_id="asym-tool-calls", label="tool_calls_html"
-                )
+                tool_calls_html = gr.HTML(blank["tool_calls_html"], js_on_load=None, elem_id="asym-tool-calls", label="tool_calls_html")
                 with gr.Row(equal_height=False):
-                    floor_html = gr.HTML(empty_panel("floor"), js_on_load=None, elem_id="asym-floor", label="floor_html")
-                    drafter_html = gr.HTML(empty_panel("drafter"), js_on_load=None, elem_id="asym-drafter", label="drafter_html")
-                alignment_html = gr.HTML(
-                    render_alignment_html([("AsymSpec", []), ("Floor", [])]), js_on_load=None, elem_id="asym-align", label="alignment_html"
-                )
+                    floor_html = gr.HTML(blank["floor_html"], js_on_load=None, elem_id="asym-floor", label="floor_html")
+                    drafter_html = gr.HTML(blank["drafter_html"], js_on_load=None, elem_id="asym-drafter", label="drafter_html")
+                alignment_html = gr.HTML(blank["alignment_html"], js_on_load=None, elem_id="asym-align", label="alignment_html")
                 conversation_html = gr.HTML(
-                    render_conversation_html((), tok), js_on_load=None, elem_id="asym-conversation", label="conversation_html"
+                    blank["conversation_html"], js_on_load=None, elem_id="asym-conversation", label="conversation_html"
                 )
-                stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats", label="stats_html")
+                stats_html = gr.HTML(blank["stats_html"], js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
                     label="JSD and gamma_eff per token",
                     show_label=False,
@@ -365,9 +356,11 @@ def build_app(
             concurrency_id="runs",
             show_progress="hidden",
         )
-        # After a run: the fields that hold the view the app wrote are marked, and Stop turns off.
+        # After a run: the fields that hold the view the app wrote are marked, and Stop turns off. Gradio's page
+        # triggers .then only after a run that ended without an error: a refused request settles through .failure.
         settle = dict(fn=h.settle, inputs=[caption, ocr], outputs=[caption, ocr, stop_btn], queue=False, **quiet)
         run_event.then(**settle)
+        run_event.failure(**settle)
         # Gradio closes the session's /run handler; Stop itself cancels its rows and shows every unfinished
         # panel stopped; after a finished run it changes nothing. The same outputs come once more through the
         # queue, after whatever the cancelled handler had sent.
@@ -386,15 +379,16 @@ def build_app(
         ).then(**settle)
         # A click on an example fills the view with the example's text, which belongs to its image, and ends the
         # conversation. A new image (or none) empties the fields that hold the old image's generated text, or an
-        # example's text once the image is not the example's, and ends the conversation, as Clear does; typing makes
-        # a field the user's. The click's own image.change may come before its record: the examples' texts of the new
-        # image are never emptied.
+        # example's text once the image is not the example's, and the old image's answer, and ends the conversation,
+        # as Clear does; an upload that is no readable image is refused at once (the box empties, the status says
+        # why). Typing makes a field the user's. The click's own image.change may come before its record: the
+        # examples' texts of the new image are never emptied.
         state.add_examples([*examples, *agent_examples])
         for example_set in example_sets:
             example_set.load_input_event.then(
                 h.example_loaded, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet
             )
-        image.change(h.image_changed, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet)
+        image.change(h.image_changed, [image, caption, ocr, method], [image, *outputs], queue=False, preprocess=False, **quiet)
         clear_btn.click(h.clear, None, [conversation_html], queue=False, **quiet)
         for box in (caption, ocr):
             box.input(h.view_edited, [caption, ocr], [caption, ocr], queue=False, **quiet)

@@ -24,7 +24,7 @@ from .sampling_inputs import check_sampling_inputs
 from .settings_check import MAX_K, MAX_QUESTION_CHARS, MAX_VIEW_CHARS, check_settings
 from .tool_inputs import check_tool_inputs
 from .view_fields import ViewFields
-from .view_marks import ExampleTexts, GeneratedViews
+from .view_marks import ExampleTexts, GeneratedViews, ocr_outcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
@@ -84,6 +84,7 @@ class DemoApp(ViewFields):
         self._queued: list[str] = []
         self.views = GeneratedViews()
         self.examples = ExampleTexts()  # the page's examples (build_app adds them)
+        self.refused_uploads: set[str] = set()  # sessions whose last upload was refused (ViewFields.new_image)
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
     @property
@@ -117,6 +118,7 @@ class DemoApp(ViewFields):
             self._stopped.pop(session or "", None)
             self._queued = [q for q in self._queued if q != session]
         self.views.forget(session)
+        self.refused_uploads.discard(session or "")
         self.conversations.clear(session)
         for job in jobs:
             job.stop()
@@ -301,6 +303,9 @@ class DemoApp(ViewFields):
         except Exception as exc:
             raise _gr_error(exc, "Cannot describe this image") from None
         self.views.wrote(session, caption=view.caption, ocr=view.ocr_text if ocr_arg is None else None)
+        self.views.set_ocr_placeholder(
+            session, ocr_outcome(getattr(self.pipe.ocr_engine, "name", None) if ocr_arg is None else "off", notes)
+        )
         return view.caption, view.ocr_text
 
     def clear_conversation(self, session: str | None = None) -> str:
