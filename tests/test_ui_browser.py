@@ -750,9 +750,14 @@ def _example(pid: str) -> dict:
     return ex
 
 
+def mark_status_stale(page) -> None:
+    """Mark the status shown now (``data-stale``), so that a wait can tell the next one from it."""
+    page.evaluate("() => { const s = document.querySelector('#asym-status [data-status]'); if (s) s.dataset.stale = '1'; }")
+
+
 def _run_and_wait(page):
     """Press Run and wait until this run (not the last one) says done."""
-    page.evaluate("() => { const s = document.querySelector('#asym-status [data-status]'); if (s) s.dataset.stale = '1'; }")
+    mark_status_stale(page)
     _press(page, "#asym-run")
     page.wait_for_selector('#asym-status [data-status="ok"]:not([data-stale])', timeout=TIMEOUT_MS)
 

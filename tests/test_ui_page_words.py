@@ -56,7 +56,8 @@ def _refused(state, path, session: str) -> tuple:
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's, as it reads the 144 MP header
 def test_an_upload_that_is_no_readable_image_is_refused_at_once(state, tmp_path):
     """Bytes that are no image under a .png name, and a 12000x12000 picture: the image box empties and the status
-    says why, in the run's own words; the box's own change that follows keeps the error. A good picture stays."""
+    says why, in the run's own words; the box's own change that follows keeps the error. A good picture stays, and the
+    status with it (a run pressed at once may have written it)."""
     import gradio as gr
     from PIL import Image
 
@@ -67,9 +68,8 @@ def test_an_upload_that_is_no_readable_image_is_refused_at_once(state, tmp_path)
     image, status = _refused(state, corrupt, "c")
     assert image is None and 'data-status="error"' in status
     assert "is not a recognised image" in status and "corrupt.png" in status and "\n" not in status
-    for _ in range(2):  # the emptied box's changes: the error stays until the next image
-        after = state.new_image(None, "", "", "c")
-        assert after[1 + RUN_OUTPUTS.index("status")] == gr.skip()
+    after = state.new_image(None, "", "", "c")  # the emptied box's change: the error stays
+    assert after[1 + RUN_OUTPUTS.index("status")] == gr.skip()
 
     huge = tmp_path / "huge.png"
     Image.new("1", (12000, 12000)).save(huge)  # 144 megapixels, a small file
@@ -79,7 +79,7 @@ def test_an_upload_that_is_no_readable_image_is_refused_at_once(state, tmp_path)
     good = tmp_path / "good.png"
     make_case(3)["image"].save(good)
     image, status = _refused(state, good, "h")
-    assert image == gr.skip() and 'data-status="idle"' in status and "New image" in status
+    assert image == gr.skip() and status == gr.skip()
 
 
 # ------------------------------------------------------------------------------------------ item 13: what the page says

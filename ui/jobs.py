@@ -84,7 +84,6 @@ class DemoApp(ViewFields):
         self._queued: list[str] = []
         self.views = GeneratedViews()
         self.examples = ExampleTexts()  # the page's examples (build_app adds them)
-        self.refused_uploads: set[str] = set()  # sessions whose last upload was refused (ViewFields.new_image)
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
     @property
@@ -118,7 +117,6 @@ class DemoApp(ViewFields):
             self._stopped.pop(session or "", None)
             self._queued = [q for q in self._queued if q != session]
         self.views.forget(session)
-        self.refused_uploads.discard(session or "")
         self.conversations.clear(session)
         for job in jobs:
             job.stop()

@@ -28,7 +28,7 @@ from .sampling_inputs import sampling_note
 from .tool_calls import render_tool_calls_html
 from .trace_files import write_trace_files
 
-__all__ = ["IDLE_STATUS", "NEW_IMAGE_STATUS", "RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
+__all__ = ["IDLE_STATUS", "RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
 
 #: Output order of the ``/run`` endpoint (also the keys of :func:`outputs_as_dict` and the API's output names).
 RUN_OUTPUTS = (
@@ -54,9 +54,8 @@ STREAMED = 6
 TOOLS_PENDING = "The answer's tool calls appear here when it is done."
 NO_TOOLS = "No tools offered: add some under Agent tools to see a call's arguments with their provenance."
 TOOLS_OFF = "Tool choice none: the answer is not read for tool calls."
-#: The status of a page without a run (on load; after a new image, :meth:`RunOutputs.blank`).
+#: The status of a page that has not run yet.
 IDLE_STATUS = "Upload an image, ask a question, press Run."
-NEW_IMAGE_STATUS = "New image: ask a question and press Run."
 #: What the status's count of steered tokens counts (the alignment counts differing positions, a wider thing).
 STEERED_MEANING = "where the verifier alone would have picked another token after the same text"
 #: Panel names in the status line.
@@ -99,7 +98,8 @@ class RunOutputs:
 
     def blank(self, method: str = "asymspec", status: str = IDLE_STATUS) -> dict[str, Any]:
         """What the page shows before any run, by output name (:data:`RUN_OUTPUTS` but the caption and OCR fields,
-        which are the user's): the page's first state, and after a new image, whose old answer no longer holds."""
+        which are the user's): the page's first state, and after a new image (but its status), whose old answer no
+        longer holds."""
         tok = self.tok
 
         def empty_panel(m: str, **kw: Any) -> str:

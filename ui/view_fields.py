@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import _error_text
-from .outputs import IDLE_STATUS, NEW_IMAGE_STATUS, RUN_OUTPUTS
+from .outputs import RUN_OUTPUTS
 from .render import status_html
 from .view_marks import FIELDS, OCR_PLACEHOLDER, ExampleTexts, GeneratedViews, field_update, image_key, ocr_outcome
 
@@ -31,8 +31,6 @@ class ViewFields:
     examples: ExampleTexts
     conversations: Conversations
     outputs: RunOutputs
-    #: Sessions whose last upload was refused (the page then empties the image box: that change keeps the error).
-    refused_uploads: set[str]
 
     def busy(self, session: str | None) -> bool:  # pragma: no cover - DemoApp's
         raise NotImplementedError
@@ -112,19 +110,13 @@ class ViewFields:
                 self._load_image(image)
             except Exception as exc:  # the same one-line error a run would give
                 refused = f"Error: {_error_text(exc)}"
-        keeps_error = refused is None and image is None and session in self.refused_uploads
-        if session and image is not None:  # until the next image, an empty box is the refused upload's
-            self.refused_uploads.discard(session)
-            if refused is not None:
-                self.refused_uploads.add(session)
         fields = dict(zip(FIELDS, self.image_changed(caption, ocr, session, None if refused else image)))
         if self.busy(session):
             shown: dict[str, Any] = {"conversation_html": self.outputs.blank()["conversation_html"]}
         else:
-            shown = self.outputs.blank(method, NEW_IMAGE_STATUS if image is not None else IDLE_STATUS)
-            if refused is not None:
-                shown["status"] = status_html("error", refused)
-            elif keeps_error:  # the box emptied after a refused upload: its error stays
-                shown.pop("status")
+            shown = self.outputs.blank(method)
+        # The status changes only to refuse an upload: this answer may reach the page after a run's status when Run is
+        # pressed right after the upload (the run's own lines, its error included, must stay).
+        shown["status"] = status_html("error", refused) if refused is not None else gr.skip()
         shown.update(fields)
         return (None if refused is not None else gr.skip(), *(shown.get(name, gr.skip()) for name in RUN_OUTPUTS))
