@@ -173,8 +173,10 @@ def check_spans_match(html_text: str, trace, exact_floats: bool = False) -> None
             assert [g[1] for g in got] == [approx(float(p)) for _, p in tops]
         for word in ("step", "p_verifier", "p_base", "JSD", "gamma_eff"):
             assert word in tok["tip"]
-        if ev.top_fused:
+        if ev.top_fused and ev.source == "fused":
             assert "top before fusion" in tok["tip"] and "top after fusion" in tok["tip"]
+        else:  # no fusion made this token: the box names no fusion (#49)
+            assert "fusion" not in tok["tip"]
 
 
 # ------------------------------------------------------------------------------------------ pure functions
@@ -889,12 +891,12 @@ def test_app_close_closes_its_scheduler(tiny_pipe):
 
 def test_counts_read_as_english():
     from ui.align import alignment_summary
-    from ui.outputs import done_summary
+    from ui.outputs import STEERED_MEANING, done_summary
 
     trace = sample_trace()  # one steered token
-    assert done_summary(1.0, trace, "asymspec").endswith("; 1 token differs from the verifier alone")
-    assert "2 tokens differ" in done_summary(1.0, trace + trace[1:2], "asymspec")
-    assert "differ" not in done_summary(1.0, trace, "floor")
+    assert done_summary(1.0, trace, "asymspec").endswith(f"; 1 token steered ({STEERED_MEANING})")
+    assert "; 2 tokens steered (" in done_summary(1.0, trace + trace[1:2], "asymspec")
+    assert "steered" not in done_summary(1.0, trace, "floor")
     assert alignment_summary(1, 20, 3) == "1 of 20 positions differs; first difference at token #3"
     assert alignment_summary(3, 20, 3) == "3 of 20 positions differ; first difference at token #3"
     assert "1 token \u00b7" in render_panel("A", trace[:1], FakeTokenizer()) and "1 tokens" not in render_panel("A", trace[:1])

@@ -23,6 +23,7 @@ from test_ui_browser import (
     _run_and_wait,
     answer_ids,
     fill,
+    mark_status_stale,
     outside_requests,
     read_answer_tokens,
 )
@@ -227,4 +228,131 @@ def test_on_a_phone_the_answer_is_a_tap_from_run_and_the_chart_is_drawn(browser_
     page.set_viewport_size(DESKTOP)
     page.wait_for_timeout(300)
     assert not jump.is_visible()
+    page.context.close()
+
+
+# ------------------------------------------------------------------------------------- issue 49: a fourth trial
+
+
+def test_a_plain_example_after_an_agent_example_runs_without_its_tools(browser_env):
+    """Item 2: the agent example ("What is the blue bar's value ... subtract"), then the figure example "Which bar is the
+    tallest?": the tools the agent example wrote went with the second example's run (the answer read the tools' prompt,
+    353 verifier tokens instead of 104). Every example now sets the tools and the tool choice: the plain one empties
+    them, and Run answers as the example does on a fresh page. Picking an example ends the conversation."""
+    from ui.examples import load_agent_examples
+
+    env, pipe = browser_env, browser_env["pipe"]
+    agents = load_agent_examples()
+    if not agents:
+        pytest.skip("the bundled agent examples are not in this checkout")
+    ex = _example("1")
+    page = _new_page(env, env["url"], DESKTOP)
+    page.get_by_text("Agent tools", exact=True).click()
+    page.locator("#asym-tools textarea").wait_for()
+    _click_example(page, agents[0])
+    page.wait_for_function("() => document.querySelector('#asym-tools textarea').value.includes('\"subtract\"')")
+    _click_example(page, ex)
+    page.wait_for_function("() => document.querySelector('#asym-tools textarea').value === ''", timeout=10_000)
+    assert page.locator("#asym-tool-choice input").input_value() == "auto"
+    _run_and_wait(page)
+    ref = pipe.generate(ex["image"], ex["question"], caption=ex["caption"], ocr=ex["ocr"], max_new_tokens=MAX_NEW)
+    want = answer_ids(pipe, ref)
+    assert [t["id"] for t in read_answer_tokens(page, len(want))] == want
+    assert "No tools offered" in page.locator("#asym-tool-calls").inner_text()
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="1"]')
+    _press(page, page.get_by_text(ex["label"], exact=True).first)  # the same example again: a new conversation
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="0"]', timeout=10_000)
+    page.context.close()
+
+
+def test_stop_turns_off_after_a_refused_request_and_a_corrupt_upload_is_refused(browser_env):
+    """Item 4: a whitespace question, seed "abc" and seed "-5" each give their one-line error, and Stop (red and on while
+    the run was handed over) turns off again; it stayed on. A .png of bytes that are no image is refused as it is
+    uploaded: the box empties (it kept the file, with a broken-image icon) and the status says why."""
+    env = browser_env
+    case = make_case(8)
+    good, corrupt = env["tmp"] / "refused_good.png", env["tmp"] / "corrupt.png"
+    case["image"].save(good)
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 2)  # a PNG's signature, then no PNG
+    page = _new_page(env, env["url"], DESKTOP)
+    stop = page.locator("#asym-stop")
+    fill(page, good, case["question"], "a chart", "")
+    page.get_by_text("Sampling (temperature > 0)").click()
+    seed = page.locator("#asym-seed :is(input, textarea)")
+    seed.wait_for()
+    for question, seed_text, words in (
+        ("   ", "", "the question is empty"),
+        (case["question"], "abc", "seed='abc' must be a whole number"),
+        (case["question"], "-5", "seed='-5' must be a whole number"),
+    ):
+        page.locator("#asym-question textarea").fill(question)
+        seed.fill(seed_text)
+        mark_status_stale(page)
+        _press(page, "#asym-run")
+        page.wait_for_selector('#asym-status [data-status="error"]:not([data-stale])', timeout=TIMEOUT_MS)
+        assert words in page.locator("#asym-status").inner_text()
+        page.wait_for_function("() => document.querySelector('#asym-stop').disabled", timeout=10_000)
+        assert "stop" not in stop.get_attribute("class").split(), words
+
+    mark_status_stale(page)
+    page.locator("#asym-image input[type=file]").set_input_files(str(corrupt))
+    page.wait_for_selector('#asym-status [data-status="error"]:not([data-stale])', timeout=10_000)
+    status = page.locator("#asym-status [data-status]").inner_text()
+    assert "'corrupt.png' is not a recognised image" in status and "\n" not in status.strip(), status
+    page.wait_for_function("() => !document.querySelector('#asym-image img')", timeout=10_000)
+    page.wait_for_timeout(500)  # the emptied box's own change: the error stays
+    assert page.locator('#asym-status [data-status="error"]').count() == 1 and stop.is_disabled()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "inspector_refused_upload.png"))
+    page.context.close()
+
+
+def test_what_the_page_says_after_a_run_and_after_a_new_image(browser_env):
+    """Item 13, on one run of the figure example with its OCR field left empty: the empty OCR field says what happened
+    (it kept "empty: OCR engine (if auto-fill is on and one is installed)"); the status and the alignment say what
+    each counts (they read as a contradiction, "1 token differs" beside "2 of 15 positions differ"); an accepted
+    token's hover box names no fusion (it listed a "top after fusion"). A new image then clears the old answer, its
+    stats, chart and downloads with the conversation (they stayed)."""
+    from ui.align import POSITIONS_MEANING
+    from ui.outputs import STEERED_MEANING
+    from ui.view_marks import OCR_PLACEHOLDER, ocr_outcome
+
+    env, pipe = browser_env, browser_env["pipe"]
+    ex = _example("1")
+    page = _new_page(env, env["url"], DESKTOP)
+    fill(page, ex["image"], ex["question"], ex["caption"], "")  # auto-fill on: the OCR engine reads the image
+    _run_and_wait(page)
+    ref = pipe.generate(ex["image"], ex["question"], caption=ex["caption"], ocr=None, max_new_tokens=MAX_NEW)
+    toks = read_answer_tokens(page, len(answer_ids(pipe, ref)))
+    assert ref.view.ocr_text == "" and page.locator("#asym-ocr textarea").input_value() == ""
+    said = ocr_outcome(ref.stats["ocr_engine"])
+    assert said != OCR_PLACEHOLDER
+    page.wait_for_function("p => document.querySelector('#asym-ocr textarea').placeholder === p", arg=said, timeout=10_000)
+
+    steered = sum(ev.steered for ev in ref.trace)
+    status = page.locator("#asym-status").inner_text()
+    assert f"; {steered} token{'' if steered == 1 else 's'} steered ({STEERED_MEANING})" in status, status
+    assert "differ" not in status, status
+    assert POSITIONS_MEANING in page.locator("#asym-align .asym-align-sum").inner_text()
+
+    i = next(i for i, ev in enumerate(ref.trace) if ev.source == "accepted" and ev.top_fused)
+    tok = page.locator("#asym-answer .asym-trace .tok").nth(i)
+    assert toks[i]["source"] == "accepted"
+    tok.hover()
+    tip = tok.locator(".tok-tip")
+    tip.wait_for(state="visible")
+    assert "fusion" not in tip.inner_text() and "verifier's top" in tip.inner_text(), tip.inner_text()
+
+    page.wait_for_selector("#asym-chart img")
+    page.wait_for_selector("#asym-trace-json a", state="attached")
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="1"]')
+    page.locator("#asym-image input[type=file]").set_input_files(str(_triangle_and_square(env["tmp"] / "next_picture.png")))
+    page.wait_for_function("() => document.querySelectorAll('#asym-answer .asym-trace .tok').length === 0", timeout=10_000)
+    assert page.locator("#asym-answer-text textarea").input_value() == ""
+    assert "Statistics appear here after a run." in page.locator("#asym-stats").inner_text()
+    page.wait_for_function("() => !document.querySelector('#asym-chart img') && !document.querySelector('#asym-trace-json a')")
+    assert page.locator("#asym-floor .asym-trace .tok").count() == 0 and page.locator("#asym-align table").count() == 0
+    page.wait_for_selector('#asym-conversation .asym-conversation[data-turns="0"]')
+    assert page.locator("#asym-ocr textarea").get_attribute("placeholder") == OCR_PLACEHOLDER
+    assert outside_requests(env["requests"]) == []
     page.context.close()

@@ -117,3 +117,16 @@ def test_example_texts_by_image_content(tmp_path):
     assert texts.elsewhere("caption", "bars", kb) and texts.elsewhere("caption", "bars", None)
     assert not texts.elsewhere("ocr", "1 2", kb) and not texts.elsewhere("caption", "my words", kb)
     assert not texts.elsewhere("caption", "", None) and image_key(str(tmp_path / "missing.png")) is None
+
+
+def test_an_image_change_before_the_examples_record_leaves_its_marks_alone(state, examples, tmp_path):
+    """The page sends a click's image.change and its record at once, and their answers may reach it in either order:
+    the image.change that comes first must not unmark the example's text (the record marks it), or the field ends
+    unmarked whenever its answer lands last (#49: the image check made that answer slower)."""
+    import gradio as gr
+
+    ex = examples["4"]
+    state.image_changed("", "", "m", {"path": own_picture(tmp_path)})
+    assert state.image_changed(ex["caption"], ex["ocr"], "m", {"path": ex["image"]}) == (gr.skip(), gr.skip())
+    cap, ocr = state.example_loaded({"path": ex["image"]}, ex["caption"], ex["ocr"], "m")
+    assert cap["elem_classes"] == [MARK_CLASS] and ocr["elem_classes"] == [MARK_CLASS]

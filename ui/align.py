@@ -13,7 +13,13 @@ from typing import Any
 
 from .render import esc, plural, visible_text
 
-__all__ = ["alignment_columns", "alignment_summary", "render_alignment_html"]
+__all__ = ["POSITIONS_MEANING", "alignment_columns", "alignment_summary", "render_alignment_html"]
+
+#: What the count of differing positions counts, beside the status's steered tokens (which count less).
+POSITIONS_MEANING = (
+    "Each output goes on from its own earlier tokens, so the positions after a difference count too; a steered token "
+    "(the status's count) is one the verifier alone would not have picked after the same text."
+)
 
 
 def _get(ev: Any, name: str) -> Any:
@@ -74,7 +80,8 @@ def render_alignment_html(rows: Sequence[tuple[str, Sequence[Any]]], *, note: st
         body.append(f'<tr data-output="{esc(title)}"><th class="al-name">{esc(title)}</th>{"".join(cells)}</tr>')
     return (
         f'<div class="asym-align" data-columns="{len(cols)}" data-differing="{n_diff}">'
-        f'<div class="asym-align-sum">Aligned by position: {esc(summary)} (marked; \u2205: that output had ended).</div>'
+        f'<div class="asym-align-sum">Aligned by position: {esc(summary)} (marked; \u2205: that output had ended). '
+        f"{esc(POSITIONS_MEANING)}</div>"
         f'<div class="asym-align-scroll"><table><thead><tr><th class="al-name">#</th>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div></div>"
     )

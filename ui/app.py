@@ -38,8 +38,7 @@ from asymspec_mm.base.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, M
 from asymspec_mm.cli.options import load_pipeline  # noqa: F401 - re-exported
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
-from .conversation import render_conversation_html
-from .examples import EXAMPLES_DIR, example_label, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
+from .examples import EXAMPLE_FIELDS, EXAMPLES_DIR, example_label, example_row, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .handlers import STOP_IDLE, _session_handlers
 from .jobs import (  # noqa: F401 - re-exported
     DEFAULT_MAX_BATCH_SIZE,
@@ -55,7 +54,6 @@ from .jobs import (  # noqa: F401 - re-exported
     _Request,
     outputs_as_dict,
 )
-from .outputs import NO_TOOLS
 from .page_js import LAYOUT_JS, TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
     PANEL_STATES,
@@ -158,10 +156,7 @@ def build_app(
         concurrency_limit=concurrency_limit,
     )
     defaults = AsymSpecConfig()
-    tok = pipe.tokenizer
-
-    def empty_panel(method: str, **kw: Any) -> str:
-        return render_panel(method_title(method), [], tok, subtitle=method_subtitle(method), **kw)
+    blank = state.outputs.blank()  # what the outputs show before a run (and again after a new image)
 
     with gr.Blocks(title="AsymSpec steering inspector", analytics_enabled=False) as demo:
         gr.HTML(
@@ -193,7 +188,7 @@ def build_app(
                     run_btn = gr.Button("Run", variant="primary", elem_id="asym-run", min_width=100)
                     stop_btn = gr.Button("Stop", elem_id="asym-stop", min_width=100, **STOP_IDLE)
                 status = gr.HTML(
-                    status_html("idle", "Upload an image, ask a question, press Run."),
+                    blank["status"],
                     js_on_load=None,
                     elem_id="asym-status",
                     label="status",
@@ -221,22 +216,9 @@ def build_app(
                     with gr.Row():
                         autofill = gr.Checkbox(value=True, label="Auto-fill empty fields from the image", elem_id="asym-autofill")
                         describe_btn = gr.Button("Describe image", size="sm", elem_id="asym-describe")
-                example_sets = []  # their clicks fill the view with an example's text (wired below)
-                if examples:
-                    example_sets.append(
-                        gr.Examples(
-                            examples=[[e["image"], e["question"], e.get("caption", ""), e.get("ocr", "")] for e in examples],
-                            inputs=[image, question, caption, ocr],
-                            example_labels=[e.get("label") or example_label(e) for e in examples],
-                            label="Bundled examples (MiniVista), with the expected answer",
-                            cache_examples=False,
-                            examples_per_page=8,
-                        )
-                    )
-                    table = render_examples_table(list(examples))
-                    if table:
-                        with gr.Accordion("What the shipped tiny pair answers on these examples", open=False):
-                            gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
+                # The examples stand here; they are filled in once the tools inputs (further down) exist, since every
+                # example sets every field an example may use (a plain one empties the tools an agent example wrote).
+                examples_slot = gr.Column()
                 with gr.Accordion("Advanced settings", open=False):
                     method = gr.Dropdown(list(METHODS), value="asymspec", label="Method (main panel)", elem_id="asym-method")
                     k = gr.Slider(*RANGES["k"].bounds(), value=defaults.k, step=1, label="K (draft length)", elem_id="asym-k")
@@ -266,14 +248,31 @@ def build_app(
                     )
                     compare = gr.Checkbox(value=True, label="Also run Floor (verifier alone) and the drafter alone", elem_id="asym-compare")
                 tools, tool_choice = build_tool_inputs()
+                example_inputs = dict(image=image, question=question, caption=caption, ocr=ocr, tools=tools, tool_choice=tool_choice)
+                example_inputs = [example_inputs[f] for f in EXAMPLE_FIELDS]
+                example_sets = []  # their clicks fill the view with an example's text (wired below)
+                if examples:
+                    with examples_slot:
+                        example_sets.append(
+                            gr.Examples(
+                                examples=[example_row(e) for e in examples],
+                                inputs=example_inputs,
+                                example_labels=[e.get("label") or example_label(e) for e in examples],
+                                label="Bundled examples (MiniVista), with the expected answer",
+                                cache_examples=False,
+                                examples_per_page=8,
+                            )
+                        )
+                        table = render_examples_table(list(examples))
+                        if table:
+                            with gr.Accordion("What the shipped tiny pair answers on these examples", open=False):
+                                gr.HTML(table, js_on_load=None, elem_id="asym-examples-table")
                 agent_examples = load_agent_examples() if examples else []
                 if agent_examples:
                     example_sets.append(
                         gr.Examples(
-                            examples=[
-                                [e[k] for k in ("image", "question", "caption", "ocr", "tools", "tool_choice")] for e in agent_examples
-                            ],
-                            inputs=[image, question, caption, ocr, tools, tool_choice],
+                            examples=[example_row(e) for e in agent_examples],
+                            inputs=example_inputs,
                             example_labels=[e["label"] for e in agent_examples],
                             label="Agent examples: a tool call whose arguments only the image holds (see Tool calls)",
                             cache_examples=False,
@@ -282,7 +281,7 @@ def build_app(
                 temperature, top_p, seed = build_sampling_inputs()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(
-                    empty_panel("asymspec", legend=True, empty="The answer appears here, token by token."),
+                    blank["answer_html"],
                     js_on_load=None,
                     elem_id="asym-answer",
                     label="answer_html",
@@ -295,19 +294,15 @@ def build_app(
                     elem_id="asym-answer-text",
                     placeholder="The answer as plain text.",
                 )
-                tool_calls_html = gr.HTML(
-                    render_tool_calls_html([], tok, empty=NO_TOOLS), js_on_load=None, elem_id="asym-tool-calls", label="tool_calls_html"
-                )
+                tool_calls_html = gr.HTML(blank["tool_calls_html"], js_on_load=None, elem_id="asym-tool-calls", label="tool_calls_html")
                 with gr.Row(equal_height=False):
-                    floor_html = gr.HTML(empty_panel("floor"), js_on_load=None, elem_id="asym-floor", label="floor_html")
-                    drafter_html = gr.HTML(empty_panel("drafter"), js_on_load=None, elem_id="asym-drafter", label="drafter_html")
-                alignment_html = gr.HTML(
-                    render_alignment_html([("AsymSpec", []), ("Floor", [])]), js_on_load=None, elem_id="asym-align", label="alignment_html"
-                )
+                    floor_html = gr.HTML(blank["floor_html"], js_on_load=None, elem_id="asym-floor", label="floor_html")
+                    drafter_html = gr.HTML(blank["drafter_html"], js_on_load=None, elem_id="asym-drafter", label="drafter_html")
+                alignment_html = gr.HTML(blank["alignment_html"], js_on_load=None, elem_id="asym-align", label="alignment_html")
                 conversation_html = gr.HTML(
-                    render_conversation_html((), tok), js_on_load=None, elem_id="asym-conversation", label="conversation_html"
+                    blank["conversation_html"], js_on_load=None, elem_id="asym-conversation", label="conversation_html"
                 )
-                stats_html = gr.HTML(render_stats_html(None), js_on_load=None, elem_id="asym-stats", label="stats_html")
+                stats_html = gr.HTML(blank["stats_html"], js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
                     label="JSD and gamma_eff per token",
                     show_label=False,
@@ -361,9 +356,11 @@ def build_app(
             concurrency_id="runs",
             show_progress="hidden",
         )
-        # After a run: the fields that hold the view the app wrote are marked, and Stop turns off.
+        # After a run: the fields that hold the view the app wrote are marked, and Stop turns off. Gradio's page
+        # triggers .then only after a run that ended without an error: a refused request settles through .failure.
         settle = dict(fn=h.settle, inputs=[caption, ocr], outputs=[caption, ocr, stop_btn], queue=False, **quiet)
         run_event.then(**settle)
+        run_event.failure(**settle)
         # Gradio closes the session's /run handler; Stop itself cancels its rows and shows every unfinished
         # panel stopped; after a finished run it changes nothing. The same outputs come once more through the
         # queue, after whatever the cancelled handler had sent.
@@ -380,16 +377,18 @@ def build_app(
             concurrency_limit=min(2, concurrency_limit),
             concurrency_id="describe",
         ).then(**settle)
-        # A click on an example fills the view with the example's text, which belongs to its image. A new image (or
-        # none) empties the fields that hold the old image's generated text, or an example's text once the image is
-        # not the example's, and ends the conversation, as Clear does; typing makes a field the user's. The click's
-        # own image.change may come before its record: the examples' texts of the new image are never emptied.
+        # A click on an example fills the view with the example's text, which belongs to its image, and ends the
+        # conversation. A new image (or none) empties the fields that hold the old image's generated text, or an
+        # example's text once the image is not the example's, and the old image's answer, and ends the conversation,
+        # as Clear does; an upload that is no readable image is refused at once (the box empties, the status says
+        # why). Typing makes a field the user's. The click's own image.change may come before its record: the
+        # examples' texts of the new image are never emptied.
         state.add_examples([*examples, *agent_examples])
         for example_set in example_sets:
             example_set.load_input_event.then(
-                h.example_loaded, [image, caption, ocr], [caption, ocr], queue=False, preprocess=False, **quiet
+                h.example_loaded, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet
             )
-        image.change(h.image_changed, [image, caption, ocr], [caption, ocr, conversation_html], queue=False, preprocess=False, **quiet)
+        image.change(h.image_changed, [image, caption, ocr, method], [image, *outputs], queue=False, preprocess=False, **quiet)
         clear_btn.click(h.clear, None, [conversation_html], queue=False, **quiet)
         for box in (caption, ocr):
             box.input(h.view_edited, [caption, ocr], [caption, ocr], queue=False, **quiet)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 __all__ = [
     "EXAMPLES_DIR",
+    "EXAMPLE_FIELDS",
     "TINY_PAIR_ANSWERS",
     "TINY_PAIR_MAX_NEW_TOKENS",
     "example_label",
+    "example_row",
     "load_agent_examples",
     "load_examples",
     "outcome_text",
@@ -133,6 +135,19 @@ def load_agent_examples(path: str | Path | None = None) -> list[dict]:
             }
         )
     return out
+
+
+#: The page's inputs an example sets, in the order of :func:`example_row`: every example sets all of them, so that a
+#: click never leaves another example's value (an agent example's tools) in a field it does not use.
+EXAMPLE_FIELDS = ("image", "question", "caption", "ocr", "tools", "tool_choice")
+#: What a field holds for an example that does not use it: no tools, the tool choice's default.
+_UNUSED = {"caption": "", "ocr": "", "tools": "", "tool_choice": "auto"}
+
+
+def example_row(example: dict) -> list:
+    """An example's values of :data:`EXAMPLE_FIELDS`: its own where it has them, else the field's empty value (no
+    tools, tool choice auto)."""
+    return [example.get(f) or _UNUSED.get(f, "") for f in EXAMPLE_FIELDS]
 
 
 #: Gradio cuts an example's label after this many characters.

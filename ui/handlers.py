@@ -100,15 +100,15 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
     def describe(image, caption="", ocr="", request=None):
         return state.describe(image, caption, ocr, session=_session_of(request))
 
-    def image_changed(image=None, caption="", ocr="", request=None):
-        session = _session_of(request)
-        return *state.image_changed(caption, ocr, session, image), state.clear_conversation(session)
+    def image_changed(image=None, caption="", ocr="", method="asymspec", request=None):
+        return state.new_image(image, caption, ocr, _session_of(request), method)
 
     def view_edited(caption="", ocr="", request=None):
         return state.view_edited(caption, ocr, _session_of(request))
 
     def example_loaded(image=None, caption="", ocr="", request=None):
-        return state.example_loaded(image, caption, ocr, _session_of(request))
+        session = _session_of(request)
+        return *state.example_loaded(image, caption, ocr, session), state.clear_conversation(session)
 
     def forget(request=None):
         state.forget(_session_of(request))

@@ -24,7 +24,7 @@ from .sampling_inputs import check_sampling_inputs
 from .settings_check import MAX_K, MAX_QUESTION_CHARS, MAX_VIEW_CHARS, check_settings
 from .tool_inputs import check_tool_inputs
 from .view_fields import ViewFields
-from .view_marks import ExampleTexts, GeneratedViews
+from .view_marks import ExampleTexts, GeneratedViews, ocr_outcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
@@ -303,6 +303,9 @@ class DemoApp(ViewFields):
         except Exception as exc:
             raise _gr_error(exc, "Cannot describe this image") from None
         self.views.wrote(session, caption=view.caption, ocr=view.ocr_text if ocr_arg is None else None)
+        self.views.set_ocr_placeholder(
+            session, ocr_outcome(getattr(self.pipe.ocr_engine, "name", None) if ocr_arg is None else "off", notes)
+        )
         return view.caption, view.ocr_text
 
     def clear_conversation(self, session: str | None = None) -> str:

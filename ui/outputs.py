@@ -28,7 +28,7 @@ from .sampling_inputs import sampling_note
 from .tool_calls import render_tool_calls_html
 from .trace_files import write_trace_files
 
-__all__ = ["RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
+__all__ = ["IDLE_STATUS", "RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
 
 #: Output order of the ``/run`` endpoint (also the keys of :func:`outputs_as_dict` and the API's output names).
 RUN_OUTPUTS = (
@@ -54,6 +54,10 @@ STREAMED = 6
 TOOLS_PENDING = "The answer's tool calls appear here when it is done."
 NO_TOOLS = "No tools offered: add some under Agent tools to see a call's arguments with their provenance."
 TOOLS_OFF = "Tool choice none: the answer is not read for tool calls."
+#: The status of a page that has not run yet.
+IDLE_STATUS = "Upload an image, ask a question, press Run."
+#: What the status's count of steered tokens counts (the alignment counts differing positions, a wider thing).
+STEERED_MEANING = "where the verifier alone would have picked another token after the same text"
 #: Panel names in the status line.
 ROW_NAMES = {"floor": "Floor", "drafter": "the drafter alone"}
 
@@ -64,15 +68,17 @@ def outputs_as_dict(outputs: Sequence[Any]) -> dict[str, Any]:
 
 
 def done_summary(seconds: float, trace: Sequence[Any], method: str, notes: Sequence[str] = ()) -> str:
-    """The status of a finished run, e.g. ``Done in 1.2 s: 7 tokens, 4 accepted, 3 fused; 1 token differs from the
-    verifier alone`` (the last part for AsymSpec only), then the run's ``notes`` in parentheses."""
+    """The status of a finished run, e.g. ``Done in 1.2 s: 7 tokens, 4 accepted, 3 fused; 1 token steered (...)`` (the
+    last part for AsymSpec only: the tokens the verifier alone would not have picked after the same text, which the
+    alignment's count of differing positions exceeds once the outputs part), then the run's ``notes`` in
+    parentheses."""
     counts = source_counts(trace)
     text = f"Done in {seconds:.1f} s: {plural(len(trace), 'token')}" + "".join(
         f", {counts[s]} {s}" for s in SPECULATIVE_SOURCES if counts.get(s)
     )
     if method == "asymspec":
         n = counts["steered"]
-        text += f"; {plural(n, 'token')} {'differs' if n == 1 else 'differ'} from the verifier alone"
+        text += f"; {plural(n, 'token')} steered ({STEERED_MEANING})"
     return text + (" (" + "; ".join(notes) + ")" if notes else "")
 
 
@@ -89,6 +95,31 @@ class RunOutputs:
         """The job's session's conversation as it stands (the turns this run follows, or all of them once it recorded
         its own)."""
         return render_conversation_html(self.conversations.turns(job.session), self.tok)
+
+    def blank(self, method: str = "asymspec", status: str = IDLE_STATUS) -> dict[str, Any]:
+        """What the page shows before any run, by output name (:data:`RUN_OUTPUTS` but the caption and OCR fields,
+        which are the user's): the page's first state, and after a new image (but its status), whose old answer no
+        longer holds."""
+        tok = self.tok
+
+        def empty_panel(m: str, **kw: Any) -> str:
+            return render_panel(method_title(m), [], tok, subtitle=method_subtitle(m), **kw)
+
+        return {
+            "status": status_html("idle", status),
+            "answer_html": empty_panel(method, legend=True, empty="The answer appears here, token by token."),
+            "answer_text": "",
+            "floor_html": empty_panel("floor"),
+            "drafter_html": empty_panel("drafter"),
+            "alignment_html": render_alignment_html([("AsymSpec", []), ("Floor", [])]),
+            "stats_html": render_stats_html(None),
+            "chart": None,
+            "trace_json": None,
+            "trace_csv": None,
+            "result_json": None,
+            "conversation_html": render_conversation_html((), tok),
+            "tool_calls_html": render_tool_calls_html([], tok, empty=NO_TOOLS),
+        }
 
     # ---------------------------------------------------------------- panels
     def panel(self, job: _Job, snap: _Snapshot, key: str) -> str:

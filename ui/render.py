@@ -22,6 +22,7 @@ __all__ = [
     "STEERED_HELP",
     "esc",
     "jsd_gamma_chart",
+    "jsd_gamma_figure",
     "method_subtitle",
     "method_title",
     "plain_text",
@@ -183,6 +184,10 @@ def _tooltip(ev: Any, dec: _Decoder) -> str:
     lines.append(f"JSD        {_fmt(_get(ev, 'jsd'))}   gamma_eff {_fmt(_get(ev, 'gamma_eff'))}")
     top_v = _get(ev, "top_verifier") or []
     top_f = _get(ev, "top_fused") or []
+    if source != "fused":  # no fusion made this token: the fused alternatives, computed for the gate, would mislead
+        if top_v:
+            lines.append(f"verifier's top: {_tops_text(top_v, dec)}")
+        return "\n".join(lines)
     if top_v:
         lines.append(f"top before fusion: {_tops_text(top_v, dec)}")
     if top_f:
@@ -388,16 +393,30 @@ def render_stats_html(stats: dict | None, method: str = "asymspec") -> str:
 
 def jsd_gamma_chart(trace: Sequence[Any]) -> Any:
     """A small PNG-ready chart (PIL image) of JSD and gamma_eff per emitted position; None without data."""
+    fig = jsd_gamma_figure(trace)
+    if fig is None:
+        return None
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    buf.seek(0)
+    return Image.open(buf).convert("RGB")
+
+
+def jsd_gamma_figure(trace: Sequence[Any]) -> Any:
+    """The matplotlib figure of :func:`jsd_gamma_chart` (its x axis counts emitted tokens: whole-number ticks only);
+    None without data."""
     xs = [int(_get(ev, "index", i)) for i, ev in enumerate(trace)]
     jsd = [float("nan") if _get(ev, "jsd") is None else float(_get(ev, "jsd")) for ev in trace]
     gam = [float("nan") if _get(ev, "gamma_eff") is None else float(_get(ev, "gamma_eff")) for ev in trace]
     if not trace or all(math.isnan(v) for v in jsd + gam):
         return None
-    import io
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from PIL import Image
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(7.2, 2.7), dpi=100)
     FigureCanvasAgg(fig)
@@ -409,15 +428,13 @@ def jsd_gamma_chart(trace: Sequence[Any]) -> Any:
         ax.axvline(x, color="#fb923c", alpha=0.25, lw=3)
     ax.set_title("JSD and gamma_eff per emitted token", fontsize=9)
     ax.set_xlabel("emitted token #  (orange: fused at a rejection)", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # token numbers: no tick between two tokens
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right", framealpha=0.85)
     ax.set_ylim(bottom=0)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    buf.seek(0)
-    return Image.open(buf).convert("RGB")
+    return fig
 
 
 def status_html(kind: str, text: str, warning: str | None = None) -> str:

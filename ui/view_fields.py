@@ -8,10 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .view_marks import FIELDS, ExampleTexts, GeneratedViews, field_update, image_key
+from .errors import _error_text
+from .outputs import RUN_OUTPUTS
+from .render import status_html
+from .view_marks import FIELDS, OCR_PLACEHOLDER, ExampleTexts, GeneratedViews, field_update, image_key, ocr_outcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from .conversation import Conversations
+    from .outputs import RunOutputs
     from .runs import _Job
 
 __all__ = ["ViewFields"]
@@ -26,6 +30,13 @@ class ViewFields:
     #: The examples' texts, each belonging to its example's image (a new image that is an example's keeps them).
     examples: ExampleTexts
     conversations: Conversations
+    outputs: RunOutputs
+
+    def busy(self, session: str | None) -> bool:  # pragma: no cover - DemoApp's
+        raise NotImplementedError
+
+    def _load_image(self, payload: Any) -> Any:  # pragma: no cover - DemoApp's
+        raise NotImplementedError
 
     def add_examples(self, examples: Iterable[dict]) -> None:
         """The page's examples (dicts with ``image``, ``caption``, ``ocr``): their text goes when another image
@@ -38,11 +49,14 @@ class ViewFields:
         main = job.snapshot().results.get("main")
         if main is not None:
             self.views.ran(job.session, job.req.caption, job.req.ocr, main.view.caption, main.view.ocr_text)
+            self.views.set_ocr_placeholder(job.session, ocr_outcome(main.stats.get("ocr_engine"), job.req.notes))
 
     def view_marks(self, caption: str, ocr: str, session: str | None = None) -> tuple:
         """Caption and OCR updates after a run or Describe image: the fields that hold the page's text are marked."""
         origins = self.views.origins(session, {"caption": caption, "ocr": ocr})
-        return tuple(field_update(f, origins.get(f)) for f in FIELDS)
+        # an empty OCR field says what happened to the image's text (the engine found none, no engine, auto-fill off)
+        more = {"ocr": {"placeholder": self.views.ocr_placeholder(session)}}
+        return tuple(field_update(f, origins.get(f), **more.get(f, {})) for f in FIELDS)
 
     def view_edited(self, caption: str, ocr: str, session: str | None = None) -> tuple:
         """The user typed in a field: an edited field that held the page's text becomes theirs (its mark goes); else
@@ -65,8 +79,44 @@ class ViewFields:
         new image); text the user typed or edited stays. The session's conversation ends."""
         import gradio as gr
 
-        values = {"caption": caption, "ocr": ocr}
-        stale = self.views.image_changed(session, values, image_key(image), self.examples)
+        values, key = {"caption": caption, "ocr": ocr}, image_key(image)
+        stale = self.views.image_changed(session, values, key, self.examples)
         origins = self.views.origins(session, values)
         self.conversations.clear(session)
-        return tuple(gr.update(value="", elem_classes=[], info="") if f in stale else field_update(f, origins.get(f)) for f in FIELDS)
+        self.views.set_ocr_placeholder(session, None)  # nothing has read the new image yet
+        more = {"ocr": {"placeholder": OCR_PLACEHOLDER}}
+
+        def update(f: str) -> Any:
+            if f in stale:
+                return gr.update(value="", elem_classes=[], info="", **more.get(f, {}))
+            if f not in origins and self.examples.belongs(f, values[f], key):
+                # an example's own text before the click's record (example_loaded marks it): left alone, so that
+                # whichever of the two answers reaches the page last, the field ends marked as the example's
+                return gr.skip()
+            return field_update(f, origins.get(f), **more.get(f, {}))
+
+        return tuple(update(f) for f in FIELDS)
+
+    def new_image(self, image: Any, caption: str, ocr: str, session: str | None = None, method: str = "asymspec") -> tuple:
+        """The page's image.change: the image box's update (emptied when the upload is not an image the app can read),
+        then the :data:`RUN_OUTPUTS` updates. An unreadable upload is refused at once, with the run's one-line error in
+        the status. The fields change as :meth:`image_changed` says; the old image's answer, stats, chart, downloads and
+        conversation go (left alone while a run of the session goes: its own updates follow)."""
+        import gradio as gr
+
+        refused = None
+        if image is not None:
+            try:
+                self._load_image(image)
+            except Exception as exc:  # the same one-line error a run would give
+                refused = f"Error: {_error_text(exc)}"
+        fields = dict(zip(FIELDS, self.image_changed(caption, ocr, session, None if refused else image)))
+        if self.busy(session):
+            shown: dict[str, Any] = {"conversation_html": self.outputs.blank()["conversation_html"]}
+        else:
+            shown = self.outputs.blank(method)
+        # The status changes only to refuse an upload: this answer may reach the page after a run's status when Run is
+        # pressed right after the upload (the run's own lines, its error included, must stay).
+        shown["status"] = status_html("error", refused) if refused is not None else gr.skip()
+        shown.update(fields)
+        return (None if refused is not None else gr.skip(), *(shown.get(name, gr.skip()) for name in RUN_OUTPUTS))

@@ -23,11 +23,13 @@ __all__ = [
     "FIELDS",
     "MARK_CLASS",
     "MARK_INFO",
+    "OCR_PLACEHOLDER",
     "ExampleTexts",
     "GeneratedViews",
     "field_update",
     "generated_fields",
     "image_key",
+    "ocr_outcome",
 ]
 
 #: The fields of the compressed view, as the page's inputs name them.
@@ -44,6 +46,25 @@ MARK_INFO = {
     ("ocr", EXAMPLE): "The example's OCR text of its image: another image empties it. Edit it to make it yours.",
 }
 
+#: The OCR field's placeholder before a run has read the image.
+OCR_PLACEHOLDER = "empty: OCR engine (if auto-fill is on and one is installed)"
+
+
+def ocr_outcome(ocr_stat: str | None, notes: Iterable[str] = ()) -> str:
+    """The OCR field's placeholder once a run (or Describe image) left it empty: what happened to the image's text.
+    ``ocr_stat`` is the result's ``stats["ocr_engine"]`` (the engine that read the image, ``"given"`` or ``"off"``; None:
+    unknown) and ``notes`` the run's notes (``OCR skipped (...)`` says why an engine did not run)."""
+    if ocr_stat == "none":
+        return "empty: this demo runs without an OCR engine (OCR engine none), so the verifier read no OCR text"
+    if ocr_stat == "off":
+        skipped = next((n for n in notes if "OCR skipped" in n), None)
+        if skipped is not None:
+            return f"empty: {skipped}; the verifier read no OCR text"
+        return "empty: auto-fill is off, so the verifier read no OCR text (type some here)"
+    if ocr_stat and ocr_stat != "given":
+        return f"empty: the OCR engine ({ocr_stat}) found no text in this image"
+    return OCR_PLACEHOLDER
+
 
 def generated_fields(record: dict[str, str], values: dict[str, str | None]) -> set[str]:
     """The fields whose current ``values`` are still the text the page filled in (``record``); an empty field is
@@ -51,16 +72,17 @@ def generated_fields(record: dict[str, str], values: dict[str, str | None]) -> s
     return {f for f in FIELDS if values.get(f) and record.get(f) == values.get(f)}
 
 
-def field_update(field: str, origin: str | bool | None) -> Any:
+def field_update(field: str, origin: str | bool | None, **more: Any) -> Any:
     """The Gradio update that marks one field as holding text of ``origin`` (:data:`APP` or :data:`EXAMPLE`; True is
-    :data:`APP`), or unmarks it (None or False), its value untouched."""
+    :data:`APP`), or unmarks it (None or False), its value untouched; ``more``: other properties to set (a
+    placeholder)."""
     import gradio as gr
 
     if origin is True:
         origin = APP
     if not origin:  # an empty line: Gradio's page keeps the last line for info=None
-        return gr.update(elem_classes=[], info="")
-    return gr.update(elem_classes=[MARK_CLASS], info=MARK_INFO[(field, origin)])
+        return gr.update(elem_classes=[], info="", **more)
+    return gr.update(elem_classes=[MARK_CLASS], info=MARK_INFO[(field, origin)], **more)
 
 
 def image_key(image: Any) -> str | None:
@@ -126,6 +148,7 @@ class GeneratedViews:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_session: dict[str, _Fields] = {}
+        self._ocr_placeholders: dict[str, str] = {}  # what the last run did to an empty OCR field (ocr_outcome)
 
     def _get(self, session: str | None) -> _Fields:
         with self._lock:
@@ -157,6 +180,23 @@ class GeneratedViews:
     def forget(self, session: str | None) -> None:
         """The session's page went away."""
         self._put(session, _Fields())
+        self.set_ocr_placeholder(session, None)
+
+    def set_ocr_placeholder(self, session: str | None, text: str | None) -> None:
+        """The OCR field's placeholder from now on (:func:`ocr_outcome` of a run; None: :data:`OCR_PLACEHOLDER`, as for
+        an image nothing has read yet)."""
+        if not session:
+            return
+        with self._lock:
+            if text is None:
+                self._ocr_placeholders.pop(session, None)
+            else:
+                self._ocr_placeholders[session] = text
+
+    def ocr_placeholder(self, session: str | None) -> str:
+        """The OCR field's placeholder for the session's image."""
+        with self._lock:
+            return self._ocr_placeholders.get(session or "", OCR_PLACEHOLDER)
 
     def wrote(self, session: str | None, *, caption: str | None = None, ocr: str | None = None) -> None:
         """The app wrote these texts into the fields (None: that field was not written)."""
