@@ -24,7 +24,6 @@ from pydantic import TypeAdapter
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.serve.app import create_app
-from asymspec_mm.serve.responses_output import ResponseStore
 from asymspec_mm.serve.server import ServerThread
 
 VIEW = {"caption": "a bar chart with two bars", "ocr": False}  # the compressed view given: no captioning, no OCR
@@ -310,16 +309,6 @@ def test_previous_response_id_continues_the_stored_conversation(client):
     with pytest.raises(openai.BadRequestError) as err:
         create(client, previous_response_id=unstored.id, input="And the shortest?")
     assert err.value.body["param"] == "previous_response_id" and "store=false" in err.value.body["message"]
-
-
-def test_the_store_is_bounded():
-    store = ResponseStore(max_responses=2, max_bytes=1000)
-    for rid in ("a", "b", "c"):
-        assert store.put(rid, [{"role": "user", "content": [{"type": "text", "text": rid}]}])
-    assert store.get("a") is None and store.get("b") is not None and len(store) == 2
-    assert not store.put("big", [{"role": "user", "content": [{"type": "text", "text": "x" * 2000}]}])
-    store.put("d", [{"role": "user", "content": [{"type": "text", "text": "y" * 900}]}])  # over the bytes with b and c
-    assert store.get("d") is not None and store.get("c") is None
 
 
 # ---------------------------------------------------------------------------------------------- refusals

@@ -37,6 +37,7 @@ from .errors import RequestError
 from .metrics import Metrics
 from .openapi import openapi_of
 from .responses_events import add_responses_route
+from .responses_store import ResponseStore
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest
 from .transport import dumps, error_of
@@ -107,6 +108,7 @@ def create_app(
     model_name: str | None = None,
     max_images: int = DEFAULT_MAX_IMAGES,
     generation_config: str = "none",
+    responses_store: ResponseStore | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -117,6 +119,8 @@ def create_app(
     model_name: the id ``/v1/models`` lists (default ``pipe.name``). max_images: images one request may hold.
     generation_config: ``none`` (a request without temperature is greedy) or ``model`` (the verifier's
     ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
+    responses_store: where ``previous_response_id``'s conversations are kept (:mod:`.responses_store`; default:
+    this process's memory); the caller closes it.
     """
     if generation_config not in GENERATION_CONFIGS:
         raise AsymSpecError(f"generation_config={generation_config!r} is not valid; choose one of {', '.join(GENERATION_CONFIGS)}")
@@ -268,5 +272,5 @@ def create_app(
                 handle.cancel()
 
     add_chat_routes(app, state, submit=submit, forget=_forget, end=_end)
-    add_responses_route(app, state, submit=submit, forget=_forget, end=_end)
+    add_responses_route(app, state, submit=submit, forget=_forget, end=_end, store=responses_store)
     return app

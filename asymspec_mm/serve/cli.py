@@ -10,6 +10,7 @@ from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..cli.options import add_model_args, non_negative_int, positive_float, positive_int
+from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
 from .sampling_fields import GENERATION_CONFIGS
 
 DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_images": 8}  # as the DEFAULT_* of app and schema
@@ -99,6 +100,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="worker processes that read the images' text beside the decode loop (one compute thread each); 0 reads "
         "in the set-up thread, where OCR slows the loop's steps [default: %(default)s]",
     )
+    s.add_argument(
+        "--responses-store",
+        metavar="FILE",
+        default=None,
+        help="keep the Responses API's stored conversations (previous_response_id) in this SQLite file, shared by every "
+        "server on this host started with the same FILE, so that a conversation continues on any replica behind a "
+        f"router; the last {STORE_MAX_RESPONSES} responses and {STORE_MAX_BYTES // 2**20} MB in the file, all servers "
+        "together [default: this process's memory]",
+    )
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -119,8 +129,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
     from ..cli.options import pipeline_from_args
     from .app import create_app
+    from .responses_store import open_response_store
     from .server import bind_socket, serve, url_of, warn_if_exposed
 
+    store = open_response_store(args.responses_store)  # a bad path fails at once, before the port and the models
     sock = bind_socket(args.host, args.port)
     pipe = None
     try:
@@ -138,11 +150,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_request_mb=args.max_request_mb,
             max_images=args.max_images,
             generation_config=args.generation_config,
+            responses_store=store,
         )
         print(announcement(pipe.name, url_of(sock)), file=sys.stderr, flush=True)
         serve(app, sock, log_level=args.log_level)
     finally:
         sock.close()
+        store.close()
         if pipe is not None:
             pipe.close()  # the OCR worker processes
     return 0

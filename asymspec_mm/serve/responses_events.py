@@ -38,7 +38,6 @@ from .openapi import answer_docs
 from .responses import TextDeltas
 from .responses_api import ResponsesRequest, parse_responses_request, responses_error
 from .responses_output import (
-    ResponseStore,
     answer_logprobs,
     answer_message,
     answer_parts,
@@ -50,6 +49,7 @@ from .responses_output import (
     output_text,
     response_object,
 )
+from .responses_store import MemoryResponseStore, ResponseStore
 from .schema import ChatRequest
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
@@ -179,18 +179,18 @@ def add_responses_route(
     submit: Callable[[ChatRequest], list[Any]],
     forget: Callable[[Any], None],
     end: Callable[[list[Any], asyncio.Future], None],
+    store: ResponseStore | None = None,
 ) -> ResponseStore:
     """Register ``POST /v1/responses`` on ``app`` with the chat endpoint's helpers (the key check, the body's size
-    limit, the scheduler's rows); returns the app's :class:`ResponseStore` (also ``app.state.responses_store``)."""
-    store = app.state.responses_store = ResponseStore()
+    limit, the scheduler's rows) and ``store`` (:mod:`.responses_store`; None: a new one in this process's memory);
+    returns the store (also ``app.state.responses_store``)."""
+    store = app.state.responses_store = MemoryResponseStore() if store is None else store
 
     def stored(rid: str) -> list[dict[str, Any]]:
         history = store.get(rid)
         if history is None:
             raise bad_request(
-                f"{field_value('previous_response_id', rid)} names no stored response: the server keeps up to "
-                f"{store.max_responses} recent responses sent without store=false, in memory (gone when it restarts); "
-                "send the whole conversation in input instead",
+                f"{field_value('previous_response_id', rid)} names no stored response: {store.advice()}",
                 "previous_response_id",
                 "previous_response_not_found",
             )

@@ -1,6 +1,6 @@
 """The Responses API's answers: the ``response`` object (output items, usage, status) of a finished
-:class:`~asymspec_mm.requests.session.MMResult`, and :class:`ResponseStore`, the bounded in-memory store behind
-``previous_response_id``.
+:class:`~asymspec_mm.requests.session.MMResult`, and the assistant message a stored conversation keeps
+(:func:`answer_message`; the stores behind ``previous_response_id`` are in :mod:`.responses_store`).
 
 An answer is a ``message`` item (its ``output_text``) or, when it calls tools, a ``message`` with the text before
 the first call (none when there is none) and a ``function_call`` item per call (``call_id``, ``name``,
@@ -11,11 +11,7 @@ the response's id as the calls' id prefix, as chat completions read them. An ans
 
 from __future__ import annotations
 
-import copy
-import json
-import threading
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..requests.tools import parse_tool_calls
@@ -25,11 +21,6 @@ from .responses import asymspec_object, logprobs_of, usage
 if TYPE_CHECKING:  # pragma: no cover
     from ..requests.session import MMResult
     from .responses_api import ResponsesRequest
-
-#: Responses the store keeps for ``previous_response_id`` (the oldest go first).
-STORE_MAX_RESPONSES = 256
-#: Bytes of conversation (text and image data URLs) the store keeps at most, all responses together.
-STORE_MAX_BYTES = 64 * 2**20
 
 
 def answer_parts(res: MMResult, rid: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -167,41 +158,3 @@ def answer_message(res: MMResult, rid: str) -> dict[str, Any]:
     if calls:
         msg["tool_calls"] = [tool_call(c, f"output[{i}]") for i, c in enumerate(calls)]
     return msg
-
-
-class ResponseStore:
-    """The conversations of recent responses, for ``previous_response_id``: each response's messages (without its
-    ``instructions``, as OpenAI's API carries them over) and its answer, images kept as their URLs (loaded again when
-    a later turn names it). At most ``max_responses`` responses and ``max_bytes`` of conversation, the oldest
-    dropped first; in memory only, gone with the server."""
-
-    def __init__(self, max_responses: int = STORE_MAX_RESPONSES, max_bytes: int = STORE_MAX_BYTES):
-        self.max_responses, self.max_bytes = max_responses, max_bytes
-        self._items: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, rid: str, messages: list[dict[str, Any]]) -> bool:
-        """Keep ``messages`` under ``rid``; False when they alone are over ``max_bytes`` (not kept)."""
-        size = len(json.dumps(messages, default=str))
-        if size > self.max_bytes:
-            return False
-        with self._lock:
-            self._items[rid] = (messages, size)
-            self._bytes += size
-            while len(self._items) > self.max_responses or self._bytes > self.max_bytes:
-                _, (_, dropped) = self._items.popitem(last=False)
-                self._bytes -= dropped
-        return True
-
-    def get(self, rid: str) -> list[dict[str, Any]] | None:
-        """A copy of the conversation stored under ``rid``, or None (never stored, or dropped since)."""
-        with self._lock:
-            item = self._items.get(rid)
-            if item is None:
-                return None
-            self._items.move_to_end(rid)  # a conversation in use stays
-            return copy.deepcopy(item[0])
