@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..cli.options import add_model_args, non_negative_int, positive_float, positive_int
+from .drain import DEFAULT_DRAIN_TIMEOUT
 from .sampling_fields import GENERATION_CONFIGS
 
 DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_images": 8}  # as the DEFAULT_* of app and schema
@@ -90,6 +92,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="worker processes that read the images' text beside the decode loop (one compute thread each); 0 reads "
         "in the set-up thread, where OCR slows the loop's steps [default: %(default)s]",
     )
+    s.add_argument(
+        "--drain-timeout",
+        type=positive_float,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        help="seconds a server stopped with SIGTERM lets its requests in flight finish (new ones get 503 with "
+        "Retry-After, /ready says draining); requests still running then end with a 503 error, and the server exits "
+        "[default: %(default)s]",
+    )
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -110,12 +120,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
     from ..cli.options import pipeline_from_args
     from .app import create_app
+    from .loading import LoadingResponder
     from .server import bind_socket, serve, url_of, warn_if_exposed
 
     sock = bind_socket(args.host, args.port)
     pipe = None
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # while loading: unwind, so the clean-up below runs
+    loading = LoadingResponder(sock).start()  # probes and clients get 503 "loading" rather than a hanging connection
     try:
         warn_if_exposed(args.host, sock.getsockname()[1], args.api_key)
+        print(f"asymspec-mm serve: loading the models; {url_of(sock)} answers 503 until they are loaded", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         pipe = pipeline_from_args(args, ocr_workers=args.ocr_workers)
         print(f"asymspec-mm serve: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -130,10 +144,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             generation_config=args.generation_config,
         )
+        loading.stop()
         print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
-        serve(app, sock, log_level=args.log_level)
+        serve(app, sock, log_level=args.log_level, drain=app.state.asymspec.drain, drain_timeout=args.drain_timeout)
     finally:
+        loading.stop()
+        signal.signal(signal.SIGTERM, previous)
         sock.close()
         if pipe is not None:
             pipe.close()  # the OCR worker processes
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM before the server runs (the models loading): exit through the ``finally`` clauses (status 143, as a
+    process killed by SIGTERM reports), not at once, which would leave the OCR worker processes running."""
+    raise SystemExit(128 + signum)
