@@ -222,10 +222,10 @@ def create_app(
         """The request's rows in the scheduler, one per choice (``n``), each with its own seed."""
         from ..core.handle import QueueFullError
 
-        if state.drain.expired:  # set up after the drain ran out: it would only be cut off
-            raise timeout_error(state.drain.timeout or 0.0)
         handles: list[Any] = []
         try:
+            if state.drain.expired:  # set up after the drain ran out: it would only be cut off
+                raise timeout_error(state.drain.timeout or 0.0)
             for config in choice_configs(req.config, req.n):  # the request as checked; each choice its own seed
                 handles.append(state.scheduler.add(dataclasses.replace(req.request, config=config)))
                 state.metrics.started()

@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -125,7 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     sock = bind_socket(args.host, args.port)
     pipe = None
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # while loading: unwind, so the clean-up below runs
+    on_main = threading.current_thread() is threading.main_thread()  # only the main thread may set a signal handler
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if on_main else None  # while loading: unwind, so the clean-up runs
     loading = LoadingResponder(sock).start()  # probes and clients get 503 "loading" rather than a hanging connection
     try:
         warn_if_exposed(args.host, sock.getsockname()[1], args.api_key)
@@ -149,7 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve(app, sock, log_level=args.log_level, drain=app.state.asymspec.drain, drain_timeout=args.drain_timeout)
     finally:
         loading.stop()
-        signal.signal(signal.SIGTERM, previous)
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
         sock.close()
         if pipe is not None:
             pipe.close()  # the OCR worker processes
