@@ -25,6 +25,8 @@ from conftest import start_serve
 from test_ocr_workers import _alive
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Every answer runs its whole token budget (vLLM's ignore_eos): requests stay in flight as long as the test needs.
+LONG = {"ignore_eos": True}
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -80,7 +82,8 @@ def stream_answer(client: openai.OpenAI, messages: list[dict], max_tokens: int, 
     """One streamed chat answer: ``out[key]`` = (text, finish_reason), or the exception it raised."""
     try:
         text, finish = [], None
-        for chunk in client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, stream=True):
+        stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, stream=True, extra_body=LONG)
+        for chunk in stream:
             started.set()
             for choice in chunk.choices:
                 text.append(choice.delta.content or "")
@@ -121,7 +124,10 @@ def test_sigterm_finishes_the_requests_in_flight_refuses_new_ones_and_leaves_no_
             assert any("resource_tracker" in cmd for cmd in started_procs.values()), started_procs
             assert any("spawn_main" in cmd for cmd in started_procs.values()), started_procs
         max_tokens = 48
-        references = [client.chat.completions.create(model="tiny", messages=prompt(i), max_tokens=max_tokens).choices[0] for i in range(3)]
+        references = [
+            client.chat.completions.create(model="tiny", messages=prompt(i), max_tokens=max_tokens, extra_body=LONG).choices[0]
+            for i in range(3)
+        ]
 
         out: dict = {}
         events = [threading.Event() for _ in range(3)]
@@ -171,7 +177,7 @@ def test_a_drain_timeout_shorter_than_a_request_ends_it_with_an_error_and_the_se
 
         def whole() -> None:
             try:
-                out[1] = client.chat.completions.create(model="tiny", messages=prompt(2), max_tokens=2000)
+                out[1] = client.chat.completions.create(model="tiny", messages=prompt(2), max_tokens=2000, extra_body=LONG)
             except Exception as exc:  # noqa: BLE001 - the test reads it
                 out[1] = exc
 

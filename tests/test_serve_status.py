@@ -49,7 +49,8 @@ def test_get_load_and_metrics_follow_real_load(small_server, tiny_pipe):
     idle = httpx.get(url + "/get_load").json()
     assert idle == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "num_running_reqs": 0}]
     out: dict = {}
-    threads = [stream_in_thread(url, body_of(make_case(300 + i), max_tokens=300, method="floor"), out, i) for i in range(3)]
+    long = {"ignore_eos": True}  # every answer runs its whole budget: the load lasts
+    threads = [stream_in_thread(url, {**body_of(make_case(300 + i), max_tokens=300, method="floor"), **long}, out, i) for i in range(3)]
     name = f'model_name="{tiny_pipe.name}"'
     seen: dict = {}
 
