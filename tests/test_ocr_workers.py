@@ -269,7 +269,7 @@ def test_serve_reads_in_a_worker_and_stops_it_on_exit(tiny_dirs, in_process: Rap
         seen["pipe"] = load(args, **kwargs)
         return seen["pipe"]
 
-    def serving(app, sock, log_level="info", **drain):
+    def serving(app, sock, log_level="info"):
         with server.ServerThread(app) as srv:
             seen["response"] = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
             seen["pids"] = seen["pipe"].ocr_engine.worker_pids()

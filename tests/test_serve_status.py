@@ -130,6 +130,14 @@ def test_probes_need_no_key_and_router_endpoints_do(tiny_pipe):
             assert httpx.get(srv.url + path, headers={"Authorization": "Bearer k"}).status_code == 200
 
 
+def test_a_bad_drain_timeout_is_refused(tiny_pipe):
+    from asymspec_mm.base.errors import AsymSpecError
+
+    for bad in (0, -1.0, float("inf"), True, "20"):
+        with pytest.raises(AsymSpecError, match="drain_timeout=.* must be a positive number of seconds"):
+            create_app(tiny_pipe, drain_timeout=bad)
+
+
 def test_a_draining_app_refuses_new_work_and_keeps_its_probes(tiny_pipe):
     """What SIGTERM switches on (the drain itself, begun here as the server's signal handler does): new work gets
     503 with Retry-After and OpenAI's error object (the ``openai`` client sees an APIStatusError), /ready says
@@ -138,7 +146,7 @@ def test_a_draining_app_refuses_new_work_and_keeps_its_probes(tiny_pipe):
     with ServerThread(app) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
         assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1).choices
-        app.state.asymspec.drain.begin(30)
+        app.state.asymspec.drain.begin()
         with pytest.raises(openai.APIStatusError) as err:
             client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
         assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "1"

@@ -34,7 +34,7 @@ from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError
 from .body import CheckedBodyRoute
 from .chat_api import add_chat_routes
-from .drain import Drain, DrainGate, timeout_error
+from .drain import DEFAULT_DRAIN_TIMEOUT, Drain, DrainGate, timeout_error
 from .errors import RequestError
 from .load_metrics import load_series
 from .metrics import Metrics
@@ -99,6 +99,7 @@ def create_app(
     model_name: str | None = None,
     max_images: int = DEFAULT_MAX_IMAGES,
     generation_config: str = "none",
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -109,6 +110,7 @@ def create_app(
     model_name: the id ``/v1/models`` lists (default ``pipe.name``). max_images: images one request may hold.
     generation_config: ``none`` (a request without temperature is greedy) or ``model`` (the verifier's
     ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
+    drain_timeout: seconds the requests in flight get to finish once SIGTERM starts the drain (:mod:`.drain`).
     """
     if generation_config not in GENERATION_CONFIGS:
         raise AsymSpecError(f"generation_config={generation_config!r} is not valid; choose one of {', '.join(GENERATION_CONFIGS)}")
@@ -135,6 +137,7 @@ def create_app(
         max_images=max_images,
         base_config=base,
         own_scheduler=own,
+        drain=Drain(drain_timeout),
     )
 
     @contextlib.asynccontextmanager
@@ -225,7 +228,7 @@ def create_app(
         handles: list[Any] = []
         try:
             if state.drain.expired:  # set up after the drain ran out: it would only be cut off
-                raise timeout_error(state.drain.timeout or 0.0)
+                raise timeout_error(state.drain.timeout)
             for config in choice_configs(req.config, req.n):  # the request as checked; each choice its own seed
                 handles.append(state.scheduler.add(dataclasses.replace(req.request, config=config)))
                 state.metrics.started()

@@ -135,6 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         pipe = pipeline_from_args(args, ocr_workers=args.ocr_workers)
         print(f"asymspec-mm serve: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        loading.stop()  # the app takes the socket over from here
         app = create_app(
             pipe,
             max_batch_size=args.max_batch_size,
@@ -145,10 +146,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_request_mb=args.max_request_mb,
             max_images=args.max_images,
             generation_config=args.generation_config,
+            drain_timeout=args.drain_timeout,
         )
-        loading.stop()
         print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
-        serve(app, sock, log_level=args.log_level, drain=app.state.asymspec.drain, drain_timeout=args.drain_timeout)
+        serve(app, sock, log_level=args.log_level)
     finally:
         loading.stop()
         if on_main:

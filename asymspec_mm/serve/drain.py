@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..base.errors import AsymSpecError
 from .errors import RequestError
 
 #: Seconds a server drains by default (``--drain-timeout``): under Kubernetes' default 30 s grace period, so the
@@ -30,13 +31,16 @@ PROBE_PATHS = frozenset({"/health", "/ready", "/metrics", "/get_load", "/get_ser
 
 class Drain:
     """Whether the server drains, and the work requests in flight (thread-safe; the HTTP loop and the signal
-    handler share it). ``on_expire`` callbacks end the requests still running when the drain times out."""
+    handler share it). ``timeout``: the seconds a drain may last (``--drain-timeout``). ``on_expire`` callbacks end
+    the requests still running when it runs out."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise AsymSpecError(f"drain_timeout={timeout!r} must be a positive number of seconds (--drain-timeout)")
         self._lock = threading.Lock()
         self.in_flight = 0
         self.started_at: float | None = None  # time.monotonic() of begin()
-        self.timeout: float | None = None
+        self.timeout = float(timeout)
         self.expired = False
         self._on_expire: list[Callable[[RequestError], None]] = []
 
@@ -44,15 +48,15 @@ class Drain:
     def draining(self) -> bool:
         return self.started_at is not None
 
-    def begin(self, timeout: float) -> None:
+    def begin(self) -> None:
         """Start draining (once; a later call keeps the first deadline): new work is refused from now on."""
         with self._lock:
             if self.started_at is None:
-                self.started_at, self.timeout = time.monotonic(), timeout
+                self.started_at = time.monotonic()
 
     def left(self) -> float:
         """Seconds left until the drain's deadline (``inf`` while not draining)."""
-        if self.started_at is None or self.timeout is None:
+        if self.started_at is None:
             return float("inf")
         return self.started_at + self.timeout - time.monotonic()
 
@@ -80,7 +84,7 @@ class Drain:
             if self.expired:
                 return
             self.expired = True
-        error = timeout_error(self.timeout or 0.0)
+        error = timeout_error(self.timeout)
         for callback in self._on_expire:
             callback(error)
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
-from .drain import DEFAULT_DRAIN_TIMEOUT, Drain
+from .drain import Drain
 from .net import is_loopback
 
 
@@ -76,17 +76,18 @@ def _draining_server_class() -> type:
         """uvicorn's server, but SIGTERM drains: the app refuses new work (``503`` + ``Retry-After``, readiness
         down), the requests in flight finish, those still running after ``drain_timeout`` seconds end with a clear
         error, then the server shuts down and :meth:`run` returns (SIGINT stops at once, as uvicorn does).
+        ``drain``: the app's :class:`~asymspec_mm.serve.drain.Drain` (its timeout is ``--drain-timeout``).
 
         uvicorn alone re-raises a SIGTERM after its shutdown, which kills the process with the default action: the
         caller's clean-up (the OCR worker processes) never ran and they outlived the server."""
 
-        def __init__(self, config: Any, drain: Drain, drain_timeout: float) -> None:
+        def __init__(self, config: Any, drain: Drain) -> None:
             super().__init__(config)
-            self.drain, self.drain_timeout = drain, drain_timeout
+            self.drain = drain
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if sig == signal.SIGTERM:  # not captured: nothing is re-raised once the server has stopped
-                self.drain.begin(self.drain_timeout)
+                self.drain.begin()
                 return
             super().handle_exit(sig, frame)
 
@@ -100,14 +101,13 @@ def _draining_server_class() -> type:
     return DrainingServer
 
 
-def serve(
-    app: Any, sock: socket.socket, *, log_level: str = "info", drain: Drain | None = None, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-) -> None:
-    """Serve ``app`` on ``sock`` (from :func:`bind_socket`) until SIGINT, or until SIGTERM and its drain
-    (``drain``: the app's :class:`~asymspec_mm.serve.drain.Drain`, ``app.state.asymspec.drain`` for
-    :func:`~asymspec_mm.serve.app.create_app`; at most ``drain_timeout`` seconds); then returns."""
-    server_class = _draining_server_class()
-    server_class(_config(app, log_level), drain if drain is not None else Drain(), drain_timeout).run(sockets=[sock])
+def serve(app: Any, sock: socket.socket, *, log_level: str = "info") -> None:
+    """Serve ``app`` on ``sock`` (from :func:`bind_socket`) until SIGINT, or until SIGTERM and its drain (the app's
+    :class:`~asymspec_mm.serve.drain.Drain`, ``app.state.asymspec.drain`` of
+    :func:`~asymspec_mm.serve.app.create_app`: at most its ``drain_timeout``); then returns."""
+    state = getattr(getattr(app, "state", None), "asymspec", None)
+    drain = getattr(state, "drain", None) or Drain()  # another ASGI app: SIGTERM still stops it cleanly
+    _draining_server_class()(_config(app, log_level), drain).run(sockets=[sock])
 
 
 class ServerThread:
