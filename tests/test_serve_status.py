@@ -130,6 +130,20 @@ def test_probes_need_no_key_and_router_endpoints_do(tiny_pipe):
             assert httpx.get(srv.url + path, headers={"Authorization": "Bearer k"}).status_code == 200
 
 
+def test_get_load_in_vllm_routers_shape(tiny_pipe):
+    """vllm-router 0.1.17 reads ``{"load": n}`` (its /get_loads shows -1 for SGLang's list, and SGLang's gateway -1
+    for the object: measured with both): ``load_format="vllm-router"`` answers that shape; anything else is refused."""
+    from asymspec_mm.base.errors import AsymSpecError
+    from asymspec_mm.cli.main import build_parser
+
+    with ServerThread(create_app(tiny_pipe, load_format="vllm-router")) as srv:
+        assert httpx.get(srv.url + "/get_load").json() == {"load": 0}
+    with pytest.raises(AsymSpecError, match="load_format='vllm' is not valid; choose one of sglang, vllm-router"):
+        create_app(tiny_pipe, load_format="vllm")
+    assert build_parser().parse_args(["serve"]).load_format == "sglang"
+    assert build_parser().parse_args(["serve", "--load-format", "vllm-router"]).load_format == "vllm-router"
+
+
 def test_a_bad_drain_timeout_is_refused(tiny_pipe):
     from asymspec_mm.base.errors import AsymSpecError
 

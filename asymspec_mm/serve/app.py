@@ -42,7 +42,7 @@ from .openapi import openapi_of
 from .responses_events import add_responses_route
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest
-from .status import add_status_routes
+from .status import LOAD_FORMATS, add_status_routes
 from .transport import dumps, error_of
 from .validation_errors import request_error
 
@@ -83,6 +83,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     handles: set = field(default_factory=set)
     drain: Drain = field(default_factory=Drain)  # SIGTERM's drain (serve.server.DrainingServer begins it)
+    load_format: str = "sglang"  # the shape of GET /get_load (serve.status.LOAD_FORMATS)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -100,6 +101,7 @@ def create_app(
     max_images: int = DEFAULT_MAX_IMAGES,
     generation_config: str = "none",
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    load_format: str = "sglang",
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -111,7 +113,10 @@ def create_app(
     generation_config: ``none`` (a request without temperature is greedy) or ``model`` (the verifier's
     ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
     drain_timeout: seconds the requests in flight get to finish once SIGTERM starts the drain (:mod:`.drain`).
+    load_format: the shape of ``GET /get_load``, ``sglang`` or ``vllm-router`` (:mod:`.status`).
     """
+    if load_format not in LOAD_FORMATS:
+        raise AsymSpecError(f"load_format={load_format!r} is not valid; choose one of {', '.join(LOAD_FORMATS)}")
     if generation_config not in GENERATION_CONFIGS:
         raise AsymSpecError(f"generation_config={generation_config!r} is not valid; choose one of {', '.join(GENERATION_CONFIGS)}")
     base = AsymSpecConfig()
@@ -138,6 +143,7 @@ def create_app(
         base_config=base,
         own_scheduler=own,
         drain=Drain(drain_timeout),
+        load_format=load_format,
     )
 
     @contextlib.asynccontextmanager

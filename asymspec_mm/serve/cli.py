@@ -101,6 +101,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Retry-After, /ready says draining); requests still running then end with a 503 error, and the server exits "
         "[default: %(default)s]",
     )
+    s.add_argument(
+        "--load-format",
+        choices=("sglang", "vllm-router"),
+        default="sglang",
+        help="the shape of GET /get_load: sglang = SGLang's list (SGLang's gateway reads it), vllm-router = "
+        '{"load": n} (what vllm-router 0.1.17 reads) [default: %(default)s]',
+    )
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -147,6 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             generation_config=args.generation_config,
             drain_timeout=args.drain_timeout,
+            load_format=args.load_format,
         )
         print(f"asymspec-mm serve: serving {pipe.name} on {url_of(sock)}/v1 (OpenAI chat completions)", file=sys.stderr, flush=True)
         serve(app, sock, log_level=args.log_level)

@@ -6,10 +6,12 @@
 - ``/ready``: ``200 {"status": "ready"}`` while the server takes new requests; ``503`` with ``"draining"`` after
   SIGTERM, or ``"error"`` once the decoding worker stopped. While the models load, ``serve`` answers both (and
   every other request) with ``503`` ``"loading"``: :mod:`asymspec_mm.serve.loading`.
-- ``/get_load``: a list with one entry per data-parallel rank (one here), as SGLang answers: ``num_reqs`` (running
+- ``/get_load``: by default (``load_format="sglang"``) a list with one entry per data-parallel rank (one here), as
+  SGLang answers: ``num_reqs`` (running
   plus waiting), ``num_waiting_reqs`` and ``num_tokens`` (the context tokens the live rows hold; SGLang also counts
-  the waiting prompts, which are not tokenized here until set up). vllm-router sums ``num_waiting_reqs``, SGLang's
-  gateway ``num_tokens``.
+  the waiting prompts, which are not tokenized here until set up); SGLang's gateway (sglang-router 0.3.2) sums
+  ``num_tokens``. vllm-router 0.1.17 reads an object's ``load`` instead (and shows -1 for the list):
+  ``load_format="vllm-router"`` answers ``{"load": running + waiting}``. Measured with both routers' ``/get_loads``.
 - ``/get_server_info``: the fields the routers' worker registration reads (``model_id``, ``model_path``,
   ``tokenizer_path``, ``dp_size``, ``version``, ``max_running_requests``, ...) plus this server's limits.
 """
@@ -22,6 +24,9 @@ from fastapi import FastAPI
 from starlette.responses import Response
 
 from .. import __version__
+
+#: The shapes ``/get_load`` can answer in (``--load-format``): SGLang's list, or vllm-router's ``{"load": n}``.
+LOAD_FORMATS = ("sglang", "vllm-router")
 
 
 def load_of(scheduler: Any) -> dict[str, int]:
@@ -56,6 +61,8 @@ def add_status_routes(app: FastAPI, state: Any, json_response: Any) -> None:
     @app.get("/get_load")
     async def get_load() -> Response:
         load = load_of(state.scheduler)
+        if state.load_format == "vllm-router":
+            return json_response({"load": load["num_running_reqs"] + load["num_waiting_reqs"]})
         entry = {
             "dp_rank": 0,
             "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
