@@ -368,7 +368,7 @@ def test_an_unknown_path_names_the_endpoints(server):
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     assert r.json()["error"]["message"] == (
         "no endpoint /v1/foo; this server serves POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, "
-        "GET /health, GET /metrics, GET /openapi.json"
+        "GET /health, GET /ready, GET /get_load, GET /get_server_info, GET /metrics, GET /openapi.json"
     )
     assert httpx.get(server.url + "/v1/responses/resp_1").status_code == 404  # stored responses are not fetched
     assert httpx.get(server.url + "/v1/responses").status_code == 405

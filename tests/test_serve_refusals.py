@@ -276,6 +276,9 @@ def test_a_request_failed_by_the_server_is_an_error_and_a_cancelled_one_an_abort
         assert outcome_of(exc) == outcome
         assert (error_of(exc).status < 500) == (outcome == "refused")
     assert outcome_of(RuntimeError("a bug")) == "error" and outcome_of(RequestError(503, "busy")) == "error"
+    from asymspec_mm.serve.drain import timeout_error
+
+    assert outcome_of(timeout_error(1.0)) == "cancelled"  # cut off by a SIGTERM drain that ran out: not a failure
     assert [finished_reason(o) for o in ("cancelled", "refused", "error")] == ["abort", None, "error"]
 
 

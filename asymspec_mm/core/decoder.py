@@ -219,6 +219,11 @@ class BatchDecoder(RowDecoder):
         """KV bytes the row storages and the staging engines hold now (padding and holes included)."""
         return sum(e.kv_bytes() for e in self.engines.values()) + self.arriving.kv_bytes()
 
+    def held_tokens(self) -> int:
+        """Context tokens the live rows hold in the fullest row storage (each storage keeps one stream per row: the
+        verifier's and the drafter's; the longest of them is what a row costs)."""
+        return max((sum(e.length(r) for r in e.rows) for e in self.engines.values()), default=0)
+
     def step_need(self, joining: Session | None = None, resuming: int | None = None) -> int:
         """An upper bound of the KV bytes allocated through the next prefill forward and decode step: each storage's
         :meth:`~asymspec_mm.engines.rows.BatchEngine.step_bytes` with the step's most appended slots (K_max + 1

@@ -82,6 +82,8 @@ class Handle:
         self._listener: Listener | None = None
         self._deliver = threading.Lock()  # keeps a listener's updates in order with the backlog
         self.cancelled = False
+        #: what the request fails with once cancelled (``None``: a :class:`CancelledError`), see :meth:`cancel`
+        self.cancel_error: BaseException | None = None
 
     def __iter__(self):
         while True:
@@ -114,8 +116,11 @@ class Handle:
         """Seconds it has waited in the line for a row (up to now while it still waits)."""
         return (self.left_line_at or time.monotonic()) - self.submitted_at
 
-    def cancel(self) -> None:
-        """Stop decoding this request; its row leaves at the next step boundary."""
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Stop decoding this request; its row leaves at the next step boundary. ``error``: what its result and
+        listener get instead of a :class:`CancelledError` (a server ending a request on shutdown says why)."""
+        if error is not None and not self.cancelled:
+            self.cancel_error = error
         self.cancelled = True
         self._scheduler._wake()
 

@@ -98,6 +98,8 @@ class Scheduler(LoopCalls):
         self.preemptions = 0  # rows preempted to keep within max_kv_bytes
         self.peak_kv_bytes = 0  # the most KV bytes measured at once: the row storages' and staging engines' peaks summed each turn
         self.rows_stepped = 0  # sum over steps of the rows in the step (occupancy = rows_stepped / steps)
+        self.kv_bytes = 0  # KV bytes the row storages and staging engines held after the last step
+        self.live_tokens = 0  # context tokens the live rows held after the last step (BatchDecoder.held_tokens)
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
         self._setup = threading.Thread(target=self._prepare_loop, name="asymspec-setup", daemon=True)
         self._worker.start()
@@ -208,7 +210,7 @@ class Scheduler(LoopCalls):
         """Set one request up; it joins the ready line, or fails its own handle (a bad image, a context overflow)."""
         session = None
         if w.handle.cancelled:
-            self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+            self._drop(w.handle, _cancelled(w.handle))
         else:
             try:
                 with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
@@ -239,6 +241,7 @@ class Scheduler(LoopCalls):
                 self._run_jobs()  # a set-up waiting on the tower goes on before the step, not a turn later
                 self._step_one()
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
+                self.kv_bytes, self.live_tokens = self._decoder.allocated(), self._decoder.held_tokens()
                 with self._cond:
                     self._cond.notify_all()  # rows may have freed: the set-up thread may go on
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
@@ -290,7 +293,7 @@ class Scheduler(LoopCalls):
             w, session = self._ready[0]
             if w.handle.cancelled:
                 self._pop_ready(w)
-                self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+                self._drop(w.handle, _cancelled(w.handle))
                 continue
             decoder = self._decoder
             try:
@@ -419,13 +422,19 @@ class Scheduler(LoopCalls):
             gone += [w for w, _ in self._ready if w.handle.cancelled]
             self._ready = deque((w, s) for w, s in self._ready if not w.handle.cancelled)
         for w in gone:
-            self._drop(w.handle, CancelledError(f"request {w.handle.id} was cancelled"))
+            self._drop(w.handle, _cancelled(w.handle))
         decoder = self._decoder
         for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._handles[r].cancelled]:
             decoder.remove(rid)
-            self._drop(self._handles[rid], CancelledError(f"request {rid} was cancelled"))
+            handle = self._handles[rid]
+            self._drop(handle, _cancelled(handle))
 
     def _drop(self, handle: Handle, error: BaseException) -> None:
         handle.left_line_at = handle.left_line_at or time.monotonic()
         self._handles.pop(handle.id, None)
         handle._finish(error=error)
+
+
+def _cancelled(handle: Handle) -> BaseException:
+    """What a cancelled request fails with: the error its canceller gave, else a :class:`CancelledError`."""
+    return handle.cancel_error or CancelledError(f"request {handle.id} was cancelled")

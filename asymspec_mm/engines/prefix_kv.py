@@ -121,8 +121,9 @@ class PrefixKV:
     """The toolkit's KV reuse (module docstring): ``match(space, key)`` finds the longest stored prefix of ``key``,
     ``insert(space, key, layers)`` stores a context; LRU leaves are evicted past ``max_bytes`` (0 stores nothing).
 
-    Counters: ``hits`` / ``misses`` count matches that found any tokens or none, ``matched_tokens`` the tokens they
-    served, ``stored_tokens`` the tokens inserted (new ones only), ``evictions`` the leaves dropped.
+    Counters: ``hits`` / ``misses`` count matches that found any tokens or none, ``queried_tokens`` the tokens the
+    matches looked up, ``matched_tokens`` the tokens they served, ``stored_tokens`` the tokens inserted (new ones
+    only), ``evictions`` the leaves dropped.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_PREFIX_KV_BYTES):
@@ -134,7 +135,7 @@ class PrefixKV:
         self._clock = itertools.count(1)
         self._paused = 0
         self.nbytes = 0
-        self.hits = self.misses = self.matched_tokens = self.stored_tokens = self.evictions = 0
+        self.hits = self.misses = self.queried_tokens = self.matched_tokens = self.stored_tokens = self.evictions = 0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -174,6 +175,7 @@ class PrefixKV:
         key = key.reshape(-1).to("cpu", torch.long)
         with self._lock:
             path, n = self._walk(space, key) if not self._paused else ([], 0)
+            self.queried_tokens += key.numel()
             if not n:
                 self.misses += 1
                 return PrefixMatch(0, [])
@@ -252,6 +254,7 @@ class PrefixKV:
             "max_bytes": self.max_bytes,
             "hits": self.hits,
             "misses": self.misses,
+            "queried_tokens": self.queried_tokens,
             "matched_tokens": self.matched_tokens,
             "stored_tokens": self.stored_tokens,
             "evictions": self.evictions,

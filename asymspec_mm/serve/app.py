@@ -3,6 +3,7 @@
 Endpoints: ``POST /v1/chat/completions`` (see [asymspec_mm.serve.schema][] for what a request may hold),
 ``POST /v1/completions`` (a text prompt: [asymspec_mm.serve.completions][]), ``POST /v1/responses`` (OpenAI's
 Responses API: [asymspec_mm.serve.responses_api][]), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
+``GET /ready``, ``GET /get_load``, ``GET /get_server_info`` (what routers poll: [asymspec_mm.serve.status][]),
 ``GET /metrics`` (Prometheus text) and ``GET /openapi.json`` (the request models and the answers' schemas); any other
 path is a 404 naming them. Every request is one row of the scheduler (``pipe.scheduler(max_batch_size=...)``), so concurrent requests share
 decoding steps; each answer equals ``pipe.generate`` of that request alone. A client that disconnects, while
@@ -33,13 +34,16 @@ from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError
 from .body import CheckedBodyRoute
 from .chat_api import add_chat_routes
+from .drain import DEFAULT_DRAIN_TIMEOUT, Drain, DrainGate, timeout_error
 from .errors import RequestError
+from .load_metrics import load_series
 from .metrics import Metrics
 from .openapi import openapi_of
 from .responses_events import add_responses_route
 from .responses_store import ResponseStore
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
 from .schema import DEFAULT_MAX_IMAGES, ChatRequest
+from .status import LOAD_FORMATS, add_status_routes
 from .transport import dumps, error_of
 from .validation_errors import request_error
 
@@ -57,7 +61,8 @@ DEFAULT_MAX_REQUEST_MB = 20.0
 RETRY_AFTER_S = 1
 #: What a 404 names: the endpoints the server serves.
 ENDPOINTS = (
-    "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, GET /health, GET /metrics, GET /openapi.json"
+    "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, GET /health, GET /ready, GET /get_load, "
+    "GET /get_server_info, GET /metrics, GET /openapi.json"
 )
 
 
@@ -92,6 +97,8 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
     handles: set = field(default_factory=set)
+    drain: Drain = field(default_factory=Drain)  # SIGTERM's drain (serve.server.DrainingServer begins it)
+    load_format: str = "sglang"  # the shape of GET /get_load (serve.status.LOAD_FORMATS)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -109,6 +116,8 @@ def create_app(
     max_images: int = DEFAULT_MAX_IMAGES,
     generation_config: str = "none",
     responses_store: ResponseStore | None = None,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    load_format: str = "sglang",
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -121,7 +130,11 @@ def create_app(
     ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
     responses_store: where ``previous_response_id``'s conversations are kept (:mod:`.responses_store`; default:
     this process's memory); the caller closes it.
+    drain_timeout: seconds the requests in flight get to finish once SIGTERM starts the drain (:mod:`.drain`).
+    load_format: the shape of ``GET /get_load``, ``sglang`` or ``vllm-router`` (:mod:`.status`).
     """
+    if load_format not in LOAD_FORMATS:
+        raise AsymSpecError(f"load_format={load_format!r} is not valid; choose one of {', '.join(LOAD_FORMATS)}")
     if generation_config not in GENERATION_CONFIGS:
         raise AsymSpecError(f"generation_config={generation_config!r} is not valid; choose one of {', '.join(GENERATION_CONFIGS)}")
     base = AsymSpecConfig()
@@ -147,6 +160,8 @@ def create_app(
         max_images=max_images,
         base_config=base,
         own_scheduler=own,
+        drain=Drain(drain_timeout),
+        load_format=load_format,
     )
 
     @contextlib.asynccontextmanager
@@ -169,6 +184,7 @@ def create_app(
         strict_content_type=False,  # a body without a Content-Type is read as JSON, as before
     )
     app.router.route_class = CheckedBodyRoute  # the key, the body limit and the JSON parse before any model reads it
+    app.add_middleware(DrainGate, drain=state.drain, on_refused=state.metrics.refused)  # 503 to new work while draining
     app.state.asymspec = state
     app.openapi = lambda: openapi_of(app)  # type: ignore[method-assign]
 
@@ -204,12 +220,7 @@ def create_app(
         state.metrics.refused(err.status)
         return json_response(err.body(), err.status)
 
-    @app.get("/health")
-    async def health() -> Response:
-        error = getattr(state.scheduler, "error", None)
-        if error is not None:  # the decoding worker stopped: load balancers should take this server out
-            return json_response({"status": "error", "model": state.model, "error": str(error)}, status=503)
-        return json_response({"status": "ok", "model": state.model})
+    add_status_routes(app, state, json_response)
 
     def model_card() -> dict:
         # ``root``: where the verifier's tokenizer is (vLLM's field; its benchmark client loads the tokenizer from it)
@@ -231,6 +242,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         text = await asyncio.to_thread(state.metrics.render, state.scheduler, state.model)
+        text += load_series(state.scheduler, getattr(state.pipe, "prefix_kv", None), state.model)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def submit(req: ChatRequest) -> list[Any]:
@@ -241,6 +253,8 @@ def create_app(
         check_tools(state.pipe, req.request)
         handles: list[Any] = []
         try:
+            if state.drain.expired:  # set up after the drain ran out: it would only be cut off
+                raise timeout_error(state.drain.timeout)
             for config in choice_configs(req.config, req.n):  # the request as checked; each choice its own seed
                 handles.append(state.scheduler.add(dataclasses.replace(req.request, config=config)))
                 state.metrics.started()
@@ -271,6 +285,14 @@ def create_app(
             if not handle.done():
                 handle.cancel()
 
+    def _end_all(error: RequestError) -> None:
+        """The drain ran out: the requests still decoding fail with ``error`` (their clients get it as the answer)."""
+        with state.lock:
+            live = list(state.handles)
+        for handle in live:
+            handle.cancel(error)
+
+    state.drain.on_expire(_end_all)
     add_chat_routes(app, state, submit=submit, forget=_forget, end=_end)
     add_responses_route(app, state, submit=submit, forget=_forget, end=_end, store=responses_store)
     return app

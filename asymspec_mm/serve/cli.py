@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..cli.options import add_model_args, non_negative_int, positive_float, positive_int
+from .drain import DEFAULT_DRAIN_TIMEOUT
 from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
 from .sampling_fields import GENERATION_CONFIGS
 
@@ -109,6 +112,21 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"router; the last {STORE_MAX_RESPONSES} responses and {STORE_MAX_BYTES // 2**20} MB in the file, all servers "
         "together [default: this process's memory]",
     )
+    s.add_argument(
+        "--drain-timeout",
+        type=positive_float,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        help="seconds a server stopped with SIGTERM lets its requests in flight finish (new ones get 503 with "
+        "Retry-After, /ready says draining); requests still running then end with a 503 error, and the server exits "
+        "[default: %(default)s]",
+    )
+    s.add_argument(
+        "--load-format",
+        choices=("sglang", "vllm-router"),
+        default="sglang",
+        help="the shape of GET /get_load: sglang = SGLang's list (SGLang's gateway reads it), vllm-router = "
+        '{"load": n} (what vllm-router 0.1.17 reads) [default: %(default)s]',
+    )
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -129,17 +147,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
     from ..cli.options import pipeline_from_args
     from .app import create_app
+    from .loading import LoadingResponder
     from .responses_store import open_response_store
     from .server import bind_socket, serve, url_of, warn_if_exposed
 
     store = open_response_store(args.responses_store)  # a bad path fails at once, before the port and the models
     sock = bind_socket(args.host, args.port)
     pipe = None
+    on_main = threading.current_thread() is threading.main_thread()  # only the main thread may set a signal handler
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if on_main else None  # while loading: unwind, so the clean-up runs
+    loading = LoadingResponder(sock).start()  # probes and clients get 503 "loading" rather than a hanging connection
     try:
         warn_if_exposed(args.host, sock.getsockname()[1], args.api_key)
+        print(f"asymspec-mm serve: loading the models; {url_of(sock)} answers 503 until they are loaded", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         pipe = pipeline_from_args(args, ocr_workers=args.ocr_workers)
         print(f"asymspec-mm serve: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        loading.stop()  # the app takes the socket over from here
         app = create_app(
             pipe,
             max_batch_size=args.max_batch_size,
@@ -151,12 +175,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             generation_config=args.generation_config,
             responses_store=store,
+            drain_timeout=args.drain_timeout,
+            load_format=args.load_format,
         )
         print(announcement(pipe.name, url_of(sock)), file=sys.stderr, flush=True)
         serve(app, sock, log_level=args.log_level)
     finally:
+        loading.stop()
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
         sock.close()
         store.close()
         if pipe is not None:
             pipe.close()  # the OCR worker processes
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM before the server runs (the models loading): exit through the ``finally`` clauses (status 143, as a
+    process killed by SIGTERM reports), not at once, which would leave the OCR worker processes running."""
+    raise SystemExit(128 + signum)

@@ -167,7 +167,7 @@ async def response_events(
         yield event("response.function_call_arguments.delta", item_id=fid, output_index=index, delta=args)
         yield event("response.function_call_arguments.done", item_id=fid, output_index=index, arguments=args, name=call["function"]["name"])
         yield event("response.output_item.done", output_index=index, item=function_item(fid, call, "completed"))
-    on_result(res)
+    await asyncio.to_thread(on_result, res)  # a shared store's write may wait on another process's lock
     body = response_object(rid, created, model, req, res, tokenizer=tokenizer)
     yield event("response.incomplete" if body["status"] == "incomplete" else "response.completed", response=body)
 
@@ -235,7 +235,7 @@ def add_responses_route(
                     return Response(status_code=499)
             if item[0] == "error":
                 raise responses_error(error_of(item[1]))
-            keep(item[1])
+            await asyncio.to_thread(keep, item[1])  # off the event loop: a shared store's write may wait for its lock
             body = response_object(rid, created, state.model, req, item[1], tokenizer=state.pipe.tokenizer)
             return Response(dumps(body), media_type="application/json")
         finally:

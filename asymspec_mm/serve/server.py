@@ -1,10 +1,12 @@
 """Running the app: :func:`bind_socket` (a busy port is a one-line error naming the port and the fix),
-:func:`serve` (uvicorn in the foreground, a warning when the address is reachable from the network) and
-:class:`ServerThread` (uvicorn on a background thread, for tests and notebooks)."""
+:func:`serve` (uvicorn in the foreground, a warning when the address is reachable from the network; SIGTERM
+drains, :class:`DrainingServer`) and :class:`ServerThread` (uvicorn on a background thread, for tests and
+notebooks)."""
 
 from __future__ import annotations
 
 import errno
+import signal
 import socket
 import sys
 import threading
@@ -12,6 +14,7 @@ import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
+from .drain import Drain
 from .net import is_loopback
 
 
@@ -65,11 +68,46 @@ def _config(app: Any, log_level: str):
     return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5, server_header=False)
 
 
-def serve(app: Any, sock: socket.socket, *, log_level: str = "info") -> None:
-    """Serve ``app`` on ``sock`` (from :func:`bind_socket`) until interrupted."""
+def _draining_server_class() -> type:
+    """:class:`DrainingServer` (made on first use: uvicorn is imported only when a server runs)."""
     import uvicorn
 
-    uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, but SIGTERM drains: the app refuses new work (``503`` + ``Retry-After``, readiness
+        down), the requests in flight finish, those still running after ``drain_timeout`` seconds end with a clear
+        error, then the server shuts down and :meth:`run` returns (SIGINT stops at once, as uvicorn does).
+        ``drain``: the app's :class:`~asymspec_mm.serve.drain.Drain` (its timeout is ``--drain-timeout``).
+
+        uvicorn alone re-raises a SIGTERM after its shutdown, which kills the process with the default action: the
+        caller's clean-up (the OCR worker processes) never ran and they outlived the server."""
+
+        def __init__(self, config: Any, drain: Drain) -> None:
+            super().__init__(config)
+            self.drain = drain
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if sig == signal.SIGTERM:  # not captured: nothing is re-raised once the server has stopped
+                self.drain.begin()
+                return
+            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain.draining and self.drain.done():
+                if self.drain.left() <= 0:
+                    self.drain.expire()  # the late requests answer their error while uvicorn waits for them
+                return True
+            return await super().on_tick(counter)
+
+    return DrainingServer
+
+
+def serve(app: Any, sock: socket.socket, *, log_level: str = "info") -> None:
+    """Serve ``app`` on ``sock`` (from :func:`bind_socket`) until SIGINT, or until SIGTERM and its drain (the app's
+    :class:`~asymspec_mm.serve.drain.Drain`, ``app.state.asymspec.drain`` of
+    :func:`~asymspec_mm.serve.app.create_app`: at most its ``drain_timeout``); then returns."""
+    state = getattr(getattr(app, "state", None), "asymspec", None)
+    drain = getattr(state, "drain", None) or Drain()  # another ASGI app: SIGTERM still stops it cleanly
+    _draining_server_class()(_config(app, log_level), drain).run(sockets=[sock])
 
 
 class ServerThread:

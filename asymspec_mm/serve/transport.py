@@ -104,8 +104,8 @@ def outcome_of(exc: BaseException) -> str:
     """How a request that failed in the scheduler ended, for the metrics (:data:`~.metrics.OUTCOMES`): ``cancelled``,
     ``refused`` when its answer is a 4xx (the request asked for what cannot be done) or ``error`` when it is a 5xx
     (the server failed); decided by the same rules as :func:`error_of`, without logging."""
-    if isinstance(exc, CancelledError):
-        return "cancelled"
+    if isinstance(exc, CancelledError) or (isinstance(exc, RequestError) and exc.code == "drain_timeout"):
+        return "cancelled"  # the server shut down under it: neither the client's mistake nor a failure
     if isinstance(exc, RequestError):
         return "refused" if exc.status < 500 else "error"
     if isinstance(exc, AsymSpecError) and not isinstance(exc, SchedulerStoppedError):
