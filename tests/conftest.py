@@ -65,6 +65,17 @@ def standin_pipe(standin_dirs):
     return AsymSpecPipeline.from_pretrained(*standin_dirs, ocr="none")
 
 
+#: A function tool (OpenAI's chat shape) that the tests' tool parsing and tool-support checks share.
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+    },
+}
+
+
 def make_image(seed: int, size: tuple[int, int] | None = None):
     """A deterministic image with a few coloured rectangles."""
     from PIL import Image, ImageDraw

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import ADD_TOOL as ADD
 from conftest import start_serve, stop_serve
 
 from asymspec_mm import AsymSpecPipeline
@@ -28,14 +29,6 @@ openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "asymspec_mm" / "examples_data"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two numbers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
-    },
-}
 QUESTION = [{"role": "user", "content": "What is 4 plus 5?"}]
 
 
