@@ -5,8 +5,10 @@ on free 127.0.0.1 ports, one shared ``--responses-store``) behind vllm-router, a
 1. **with session keys** (``X-Session-Id``, router policy ``consistent_hash``): most of the run;
 2. **without keys**, through a second router with ``round_robin`` (what a conversation meets when nothing keeps it
    on one replica): the cached share per turn to compare;
-3. **failover**, with keys again: replica 1 gets SIGTERM (it drains, is restarted once it exits), then SIGKILL; what
-   each cost (failed requests, seconds until requests succeed again), with the routers' default settings.
+3. **failover**, with keys again: replica 1 gets SIGTERM (it drains, is restarted once it exits), then, once the
+   router sends it requests again, SIGKILL; what each cost (failed requests, seconds until requests succeed again,
+   how long the restarted replica stayed out of rotation), with vllm-router's default retry, health-check and
+   circuit-breaker settings.
 
 Each replica's resident memory (``VmRSS`` from ``/proc``, its child processes included) is read after the warm-up and
 at the end of phase 2. The report (JSON and markdown, :mod:`asymspec_mm.bench.soak_report`) goes to ``--out``.
@@ -40,6 +42,8 @@ ROUTER_BIN_ENV = "ASYMSPEC_ROUTER_BIN"
 SESSION_HEADER = "X-Session-Id"
 POLICIES = {"keyed": "consistent_hash", "keyless": "round_robin", "failover": "consistent_hash"}
 STARTUP_S = 120.0
+#: Seconds of the failover phase kept after the SIGKILL, at the least, to see what it costs.
+KILL_WINDOW_S = 30.0
 
 
 def free_port() -> int:
@@ -111,15 +115,23 @@ class Replica:
         """Resident memory of the server and its child processes (OCR workers), MB, from ``/proc``."""
         return sum(rss_kb(pid) for pid in process_tree(self.proc.pid)) / 1024
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Send ``sig`` and wait for the exit (SIGKILL after ``timeout``); the child processes (OCR workers) still
+        alive after it, which are then killed, so that no process of the run outlives it."""
         if self.proc is None or self.proc.poll() is not None:
-            return
+            return 0
+        children = process_tree(self.proc.pid)[1:]
         self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+        left = [pid for pid in children if rss_kb(pid) > 0]
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return len(left)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -189,25 +201,40 @@ def measured_phase(
 
 
 def failover_phase(url: str, clients: int, seconds: float, victim: Replica) -> dict[str, Any]:
-    """Keyed load for ``seconds`` while ``victim`` gets SIGTERM 2 s in (restarted once it has exited), then SIGKILL
-    halfway through (or once the restarted replica is ready, if later); the cost of each."""
+    """Keyed load for ``seconds`` while ``victim`` gets SIGTERM 2 s in (restarted once it has exited), then, once the
+    restarted replica takes requests again (the router may hold it out of rotation for a while), SIGKILL: at
+    half time or then, whichever is later (at the latest :data:`KILL_WINDOW_S` before the end); the cost of each."""
     t0 = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
         load = pool.submit(run_clients, url, "failover", clients, seconds, SESSION_HEADER)
         time.sleep(2.0)
         term_at = time.monotonic()
-        victim.stop(signal.SIGTERM)
+        term_children = victim.stop(signal.SIGTERM)
         term_exit_s = time.monotonic() - term_at
         victim.start().wait_ready()
-        restarted_s = time.monotonic() - term_at
-        time.sleep(max(0.0, t0 + seconds / 2 - time.monotonic()))
+        ready_s = time.monotonic() - term_at
+        back_s = None
+        while back_s is None and time.monotonic() < t0 + seconds - KILL_WINDOW_S:
+            if victim.served() > 0:  # its counter starts at 0 with the process: a request routed to it again
+                back_s = time.monotonic() - term_at
+            else:
+                time.sleep(1.0)
+        time.sleep(max(0.0, min(t0 + seconds / 2, t0 + seconds - KILL_WINDOW_S) - time.monotonic()))
         kill_at = time.monotonic()
-        victim.stop(signal.SIGKILL)
+        kill_served = victim.served()
+        kill_children = victim.stop(signal.SIGKILL)
         records = load.result()
     end = max([kill_at, *(r.end for r in records)])
     term = failover_cost(records, term_at, kill_at)
-    term.update(exited_after_s=round(term_exit_s, 2), ready_again_after_s=round(restarted_s, 2))
-    return {"SIGTERM": term, "SIGKILL": failover_cost(records, kill_at, end)}
+    term.update(
+        exited_after_s=round(term_exit_s, 2),
+        ready_again_after_s=round(ready_s, 2),
+        routed_to_again_after_s=None if back_s is None else round(back_s, 2),
+        children_left=term_children,
+    )
+    kill = failover_cost(records, kill_at, end)
+    kill.update(victim_requests_before=kill_served, children_left=kill_children)
+    return {"SIGTERM": term, "SIGKILL": kill}
 
 
 def warm_up(replicas: list[Replica]) -> None:
@@ -219,7 +246,7 @@ def warm_up(replicas: list[Replica]) -> None:
     problem = make_agent_problem(0, 0)
     for r in replicas:
         client = openai.OpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        stream_turn(client, problem["messages"], problem, {})
+        stream_turn(client, problem["messages"], problem, {}, "warm-up")
 
 
 def run(duration: float, clients: int, out: Path, router_exe: str, keyless_s: float, failover_s: float) -> dict[str, Any]:
@@ -273,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of load, all phases [default: %(default)s]")
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients, each in sessions [default: %(default)s]")
     ap.add_argument("--keyless", type=float, default=None, help="seconds without session keys [default: 15%% of --duration]")
-    ap.add_argument("--failover", type=float, default=None, help="seconds of the failover phase; 0 skips it [default: 20%% of --duration]")
+    ap.add_argument("--failover", type=float, default=None, help="seconds of the failover phase; 0 skips it [default: 25%% of --duration]")
     ap.add_argument("--router-bin", default=None, help=f"folder holding {ROUTER} [default: ${ROUTER_BIN_ENV}, this Python's bin, PATH]")
     ap.add_argument("--out", default="runs/soak", help="folder for soak.json, soak.md and the logs [default: %(default)s]")
     args = ap.parse_args(argv)
@@ -283,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if exe is None:
         ap.error(f"{ROUTER} is not installed: pip install vllm-router==0.1.17 (or name its folder with --router-bin)")
     keyless = 0.15 * args.duration if args.keyless is None else args.keyless
-    failover = 0.2 * args.duration if args.failover is None else args.failover
+    failover = 0.25 * args.duration if args.failover is None else args.failover
     try:
         report = run(args.duration, args.clients, Path(args.out), exe, keyless, failover)
     except (RuntimeError, ValueError) as exc:

@@ -156,4 +156,13 @@ def markdown(report: dict[str, Any]) -> str:
             shown = ", ".join(f"{k}: {v}" for k, v in f["failures"].items()) or "none"
             recovered = f"{f['recovered_after_s']} s" if f["recovered_after_s"] is not None else f"not within {f['window_s']} s"
             lines.append(f"| {name} | {f['requests']} | {f['failed']} ({f['failed_in_flight']}) | {shown} | {recovered} |")
+        term = report["failover"]["SIGTERM"]
+        back = term["routed_to_again_after_s"]
+        lines += [
+            "",
+            f"After SIGTERM replica 1 exited in {term['exited_after_s']} s, was restarted and ready {term['ready_again_after_s']} s "
+            f"after the signal, and took requests again {back if back is not None else 'never within the phase'}"
+            f"{' s' if back is not None else ''} after it; it had taken "
+            f"{report['failover']['SIGKILL']['victim_requests_before']} requests when it got SIGKILL.",
+        ]
     return "\n".join(lines) + "\n"

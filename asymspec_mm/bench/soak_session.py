@@ -3,7 +3,8 @@
 A session is a MiniVista agent task (a bar chart and a question that needs ``add`` or ``subtract``) played as an
 agent plays it, with the ``openai`` client, every request streamed: turn 1 sends the image, the question and the
 tools; a tool call the model makes is executed (:func:`~asymspec_mm.eval.minivista_agent.run_tool`) and its result
-appended; later turns add a follow-up question, so the history grows turn after turn. Each request records its
+appended (the next turn answers it); a turn answered without a tool call is followed by a user's follow-up question,
+so the history grows turn after turn. Each request records its
 timings (time to the first streamed token, the gaps between chunks), its usage (prompt and cached tokens) and its
 outcome; a failed request ends its session (an agent would retry from scratch). Every loop is bounded in count and
 in time.
@@ -20,7 +21,7 @@ from ..eval.minivista_agent import AgentToolError, make_agent_problem, run_tool
 
 #: Turns per session: the image and question, the answer after the tool's result, two follow-ups.
 TURNS = 4
-FOLLOWUPS = ("Which of the two bars is taller?", "Say the final number once more.")
+FOLLOWUPS = ("Which of the two bars is taller?", "Say the final number once more.", "Thank you. Is that all?")
 #: Tokens each turn may generate: a tool call of the tiny pair is some 30 tokens.
 MAX_TOKENS = 48
 #: Seconds one request may take before it counts as failed.
@@ -61,13 +62,16 @@ class RequestRecord:
         return int(self.outcome[5:]) if self.outcome.startswith("http_") else None
 
 
-def view_of(problem: dict[str, Any]) -> dict[str, Any]:
-    """The ``asymspec`` extension giving the task's compressed view, so that no replica runs OCR or captioning."""
-    return {"caption": problem["caption"], "ocr": problem["ocr"]}
+def view_of(problem: dict[str, Any], session: str) -> dict[str, Any]:
+    """The ``asymspec`` extension giving the task's compressed view, so that no replica runs OCR or captioning. The
+    caption opens with the session's name: the verifier's prompt is then the session's own from the image
+    description on (the system prompt and the tools before it are what every session shares, as agents share
+    theirs), so that a turn on another replica finds no more than that shared start in its cache."""
+    return {"caption": f"Chart {session}: {problem['caption']}", "ocr": problem["ocr"]}
 
 
 def stream_turn(
-    client: Any, messages: list[dict[str, Any]], problem: dict[str, Any], headers: dict[str, str]
+    client: Any, messages: list[dict[str, Any]], problem: dict[str, Any], headers: dict[str, str], session: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One streamed chat request: (``{"ttft_s", "itl_s", "prompt_tokens", "cached_tokens", "completion_tokens"}``,
     the assistant message to append to the history, its tool calls executed by the caller)."""
@@ -81,7 +85,7 @@ def stream_turn(
         stream=True,
         stream_options={"include_usage": True},
         extra_headers=headers,
-        extra_body={"asymspec": view_of(problem)},
+        extra_body={"asymspec": view_of(problem, session)},
     )
     arrivals, text, calls, usage = [], [], {}, None
     for chunk in stream:
@@ -139,14 +143,16 @@ def run_session(client: Any, phase: str, name: str, index: int, deadline: float,
     problem = make_agent_problem(SEED, index)
     messages = [dict(m) for m in problem["messages"]]
     records: list[RequestRecord] = []
+    asked = 0
     for turn in range(1, TURNS + 1):
         if time.monotonic() >= deadline:
             break
-        if turn > 2:
-            messages.append({"role": "user", "content": FOLLOWUPS[turn - 3]})
+        if messages[-1]["role"] == "assistant":  # answered (no tool call to answer first): the user asks on
+            messages.append({"role": "user", "content": FOLLOWUPS[min(asked, len(FOLLOWUPS) - 1)]})
+            asked += 1
         start = time.monotonic()
         try:
-            stats, message = stream_turn(client, messages, problem, headers)
+            stats, message = stream_turn(client, messages, problem, headers, name)
         except Exception as exc:  # noqa: BLE001 - every failure is a result of the soak, recorded by its name
             detail = " ".join(str(exc).split())[:200]
             records.append(RequestRecord(phase, name, turn, start, time.monotonic(), failure_name(exc), detail=detail))
