@@ -102,14 +102,22 @@ class Replica:
 
         wait_until(lambda: httpx.get(self.url + "/ready", timeout=2).status_code == 200, self.proc, f"replica {self.url}")
 
-    def served(self) -> int:
-        """Requests this replica took (``asymspec_requests_total``, all outcomes) since it started."""
+    def metric(self, name: str) -> float:
+        """The sum of series ``name`` (all labels) in this replica's ``/metrics``."""
         import httpx
 
         from ..serve.metrics import parse_prometheus
 
         values = parse_prometheus(httpx.get(self.url + "/metrics", timeout=10).text)
-        return int(sum(v for k, v in values.items() if k.startswith("asymspec_requests_total{")))
+        return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+
+    def served(self) -> int:
+        """Requests this replica took (``asymspec_requests_total``, all outcomes) since it started."""
+        return int(self.metric("asymspec_requests_total"))
+
+    def memory_mb(self) -> dict[str, float]:
+        """Resident memory (:meth:`rss_mb`) and what its bounded stores hold: the prefix KV store (1 GiB by default)."""
+        return {"rss_mb": round(self.rss_mb(), 1), "prefix_kv_mb": round(self.metric("asymspec_prefix_cache_bytes") / 2**20, 1)}
 
     def rss_mb(self) -> float:
         """Resident memory of the server and its child processes (OCR workers), MB, from ``/proc``."""
@@ -266,7 +274,7 @@ def run(duration: float, clients: int, out: Path, router_exe: str, keyless_s: fl
         for r in replicas:
             r.wait_ready()
         warm_up(replicas)
-        rss_start = [r.rss_mb() for r in replicas]
+        memory_start = [r.memory_mb() for r in replicas]
         urls = [r.url for r in replicas]
         phases: dict[str, Any] = {}
         with running_router(router_exe, urls, POLICIES["keyed"], out / "router-consistent_hash.log") as url:
@@ -274,7 +282,7 @@ def run(duration: float, clients: int, out: Path, router_exe: str, keyless_s: fl
             if keyless_s > 0:
                 with running_router(router_exe, urls, POLICIES["keyless"], out / "router-round_robin.log") as plain:
                     _, phases["keyless"] = measured_phase(plain, "keyless", clients, keyless_s, None, replicas)
-            rss_end = [r.rss_mb() for r in replicas]
+            memory_end = [r.memory_mb() for r in replicas]
             failover = failover_phase(url, clients, failover_s, replicas[1]) if failover_s > 0 else {}
     finally:
         for r in replicas:
@@ -287,7 +295,10 @@ def run(duration: float, clients: int, out: Path, router_exe: str, keyless_s: fl
         },
         "phases": phases,
         "five_xx": sum(p["five_xx"] for p in phases.values()),
-        "replicas": [{"rss_start_mb": round(a, 1), "rss_end_mb": round(b, 1)} for a, b in zip(rss_start, rss_end)],
+        "replicas": [
+            {"rss_start_mb": a["rss_mb"], "rss_end_mb": b["rss_mb"], "prefix_kv_start_mb": a["prefix_kv_mb"], "prefix_kv_end_mb": b["prefix_kv_mb"]}
+            for a, b in zip(memory_start, memory_end)
+        ],
         "failover": failover,
     }  # fmt: skip
     (out / "soak.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -143,9 +143,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_ms(p['itl_ms'])} | {_shares(p['cached_share_by_turn'])} | {stayed} of {continuing} "
             f"| {' + '.join(map(str, p['replica_requests']))} | {p['failed']} ({p['five_xx']}) |"
         )
-    lines += ["", "| replica | resident memory at start | at the end of the steady load |", "|---|---|---|"]
+    lines += [
+        "",
+        "| replica | resident memory at start | at the end of the steady load | prefix KV store at start | at the end |",
+        "|---|---|---|---|---|",
+    ]
     for i, r in enumerate(report["replicas"]):
-        lines.append(f"| {i} | {r['rss_start_mb']:.0f} MB | {r['rss_end_mb']:.0f} MB |")
+        kv = [r.get(k) for k in ("prefix_kv_start_mb", "prefix_kv_end_mb")]
+        shown = " | ".join("–" if v is None else f"{v:.0f} MB" for v in kv)
+        lines.append(f"| {i} | {r['rss_start_mb']:.0f} MB | {r['rss_end_mb']:.0f} MB | {shown} |")
     if report.get("failover"):
         lines += [
             "",
