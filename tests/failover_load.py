@@ -36,8 +36,9 @@ CLIENTS = 4
 KILL_AFTER = 16
 BUDGET = 8
 TIMEOUT = 60.0  # seconds per request: a hung request fails instead of stalling the loop
-#: Replica flags: each answer runs its whole budget, so requests stay in flight a while.
-REPLICA_FLAGS = ("--max-batch-size", "4")
+#: Replica flags: a drain long enough for the requests in flight on a slow, shared machine (an 8-token answer took
+#: over 20 s there, the default --drain-timeout, with four replicas on two cores).
+REPLICA_FLAGS = ("--max-batch-size", "4", "--drain-timeout", "60")
 
 
 @dataclass
