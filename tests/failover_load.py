@@ -4,8 +4,9 @@ got, and the counts docs/deployment.md's Failover table shows.
 :func:`run_failover` starts two ``serve --preset tiny`` replicas and a router (with extra flags), sends
 :data:`REQUESTS` small chat requests from :data:`CLIENTS` threads (every other one streamed) with the ``openai``
 client (``max_retries=0``: only the router retries), stops replica 0 once :data:`KILL_AFTER` requests have finished,
-and returns a :class:`FailoverRun`: each request's start, end and outcome, and the stop's time. Run as a script it
-prints the table for both routers, with their default settings and with :data:`FAILOVER_FLAGS`.
+and returns a :class:`FailoverRun`: each request's start, end and outcome, and the stop's time. Run as a script
+(``python tests/failover_load.py ROUTER [POLICY [SIGKILL|SIGTERM ...]]``, with ``tests`` importable) it prints one
+JSON line per run, with the router's default settings and with :data:`FAILOVER_FLAGS`: docs/deployment.md's table.
 """
 
 from __future__ import annotations
