@@ -47,29 +47,36 @@ def router_executable(name: str) -> str | None:
     return shutil.which(exe)
 
 
-def router_command(name: str, exe: str, port: int, worker: str | list[str], policy: str = POLICY) -> list[str]:
+def router_command(
+    name: str, exe: str, port: int, worker: str | list[str], policy: str = POLICY, extra: list[str] | None = None
+) -> list[str]:
     """The command line starting router ``name`` on 127.0.0.1:``port`` in front of the replica ``worker`` (or each of
-    a list) with ``policy`` (its metrics exporter on a free loopback port too, so that two routers never share one)."""
+    a list) with ``policy`` and the ``extra`` flags at its end (its metrics exporter on a free loopback port too, so
+    that two routers never share one)."""
     workers = [worker] if isinstance(worker, str) else list(worker)
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", policy]
     metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     if name == "vllm-router":
-        return [exe, *common, *metrics, "--worker-startup-timeout-secs", "30", "--log-level", "warning"]
-    return [exe, "launch", *common, *metrics, "--worker-startup-timeout-secs", "30", "--log-level", "warn"]
+        return [exe, *common, *metrics, "--worker-startup-timeout-secs", "30", "--log-level", "warning", *(extra or [])]
+    return [exe, "launch", *common, *metrics, "--worker-startup-timeout-secs", "30", "--log-level", "warn", *(extra or [])]
 
 
-def shown_command(name: str, worker: str | list[str] = "http://127.0.0.1:8000", port: int = 30000, policy: str = POLICY) -> str:
+def shown_command(
+    name: str, worker: str | list[str] = "http://127.0.0.1:8000", port: int = 30000, policy: str = POLICY, extra: list[str] | None = None
+) -> str:
     """The command line of :func:`router_command` as the docs show it (fixed ports)."""
-    cmd = router_command(name, ROUTERS[name], port, worker, policy)
+    cmd = router_command(name, ROUTERS[name], port, worker, policy, extra)
     at = cmd.index("--prometheus-port")
     cmd[at + 1] = "29000"
     return " ".join(cmd)
 
 
 @contextlib.contextmanager
-def running_router(name: str, worker: str | list[str], log: Path | None = None, policy: str = POLICY) -> Iterator[str]:
-    """Router ``name`` in front of ``worker`` (a base URL without ``/v1``, or a list of them) with ``policy``: its base
-    URL once it routes a request
+def running_router(
+    name: str, worker: str | list[str], log: Path | None = None, policy: str = POLICY, extra: list[str] | None = None
+) -> Iterator[str]:
+    """Router ``name`` in front of ``worker`` (a base URL without ``/v1``, or a list of them) with ``policy`` and the
+    ``extra`` flags: its base URL once it routes a request
     (``GET /v1/models`` answered), stopped (SIGTERM, then SIGKILL) on exit. Raises RuntimeError naming the log tail
     when it does not start within :data:`STARTUP_S`."""
     import httpx
@@ -79,7 +86,7 @@ def running_router(name: str, worker: str | list[str], log: Path | None = None, 
         raise RuntimeError(f"{name} is not installed: pip install {name}=={VERSIONS[name]}")
     port = free_port()
     out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(router_command(name, exe, port, worker, policy), stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(router_command(name, exe, port, worker, policy, extra), stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_S

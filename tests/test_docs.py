@@ -55,8 +55,13 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/files/VLLM.md", "VLLMModel.from_pretrained"): VLLM + " and Qwen3-8B",
     ("docs/files/VLLM.md", "bash scripts/vllm_venv.sh"): VLLM + ": these lines create that venv and run those tests",
     ("docs/files/VLLM.md", "vllm_gpu_check.py"): VLLM + " on a GPU",
-    ("docs/deployment.md", "smg launch"): "starts a server and a router that run until stopped; tests/test_router_e2e.py "
-    "starts both routers with these flags on free ports, and tests/test_router_bodies.py checks the lines equal its commands",
+    ("docs/deployment.md", "pip install vllm-router=="): "starts a server and a router that run until stopped; "
+    "tests/test_router_e2e.py starts both routers with these flags on free ports, and tests/test_router_bodies.py "
+    "checks the lines equal its commands",
+    ("docs/deployment.md", "--policy manual"): "starts two servers and a router that run until stopped; "
+    "tests/test_router_sessions.py starts them on free ports and checks the router lines equal its commands",
+    ("docs/deployment.md", "--cb-failure-threshold"): "routers that run until stopped; tests/test_router_failover.py "
+    "starts them in front of two replicas on free ports and checks the lines equal its commands",
 }
 
 

@@ -1,0 +1,174 @@
+"""A bounded request loop through a router while one replica dies (SIGKILL) or drains (SIGTERM): what each request
+got, and the counts docs/deployment.md's Failover table shows.
+
+:func:`run_failover` starts two ``serve --preset tiny`` replicas and a router (with extra flags), sends
+:data:`REQUESTS` small chat requests from :data:`CLIENTS` threads (every other one streamed) with the ``openai``
+client (``max_retries=0``: only the router retries), stops replica 0 once :data:`KILL_AFTER` requests have finished,
+and returns a :class:`FailoverRun`: each request's start, end and outcome, and the stop's time. Run as a script
+(``python tests/failover_load.py ROUTER [POLICY [SIGKILL|SIGTERM ...]]``, with ``tests`` importable) it prints one
+JSON line per run, with the router's default settings and with :data:`FAILOVER_FLAGS`: docs/deployment.md's table.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+from replicas import running_replicas, start_router
+
+#: The router settings docs/deployment.md documents for failover (the same flag names in both routers): a health
+#: check every second that marks a replica down after 2 failures, a circuit breaker that opens after 2 failed
+#: requests and tries the replica again after 30 s, and 3 retries on another replica.
+FAILOVER_FLAGS = [
+    "--health-check-interval-secs", "1",
+    "--health-check-timeout-secs", "2",
+    "--health-failure-threshold", "2",
+    "--cb-failure-threshold", "2",
+    "--cb-timeout-duration-secs", "30",
+    "--retry-max-retries", "3",
+]  # fmt: skip
+REQUESTS = 60
+CLIENTS = 4
+KILL_AFTER = 16
+BUDGET = 8
+TIMEOUT = 60.0  # seconds per request: a hung request fails instead of stalling the loop
+#: Replica flags: a drain long enough for the requests in flight on a slow, shared machine (an 8-token answer took
+#: over 20 s there, the default --drain-timeout, with four replicas on two cores).
+REPLICA_FLAGS = ("--max-batch-size", "4", "--drain-timeout", "60")
+
+
+@dataclass
+class Outcome:
+    """One request: when it started and ended (``time.monotonic()``), whether streamed, and what the client got:
+    ``None`` for a whole answer, else the error (status code or exception name, and the start of its body)."""
+
+    index: int
+    streamed: bool
+    start: float
+    end: float
+    error: str | None
+
+
+@dataclass
+class FailoverRun:
+    """The outcomes of one run and the time replica 0 was stopped."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    stopped_at: float = 0.0
+
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.error is not None]
+
+    def in_flight(self) -> list[Outcome]:
+        """The requests that started before the stop and ended after it."""
+        return [o for o in self.outcomes if o.start < self.stopped_at < o.end]
+
+    def failed_after(self) -> list[Outcome]:
+        """The failed requests that started after the stop."""
+        return [o for o in self.failed() if o.start >= self.stopped_at]
+
+    def recovery_s(self) -> float:
+        """Seconds from the stop to the end of the last failed request (0 when none failed)."""
+        return max((o.end - self.stopped_at for o in self.failed()), default=0.0)
+
+    def summary(self) -> dict:
+        return {
+            "requests": len(self.outcomes),
+            "in_flight_at_stop": len(self.in_flight()),
+            "streamed_in_flight": len([o for o in self.in_flight() if o.streamed]),
+            "failed_in_flight": len([o for o in self.failed() if o.start < self.stopped_at]),
+            "failed_after": len(self.failed_after()),
+            "recovery_s": round(self.recovery_s(), 2),
+            "errors": sorted({o.error for o in self.failed()}),
+        }
+
+
+def _describe(exc: Exception) -> str:
+    """What the client got, in one short line: the status and whether the body was OpenAI's error object."""
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.response.text
+        try:
+            kind = "OpenAI error JSON" if isinstance(json.loads(body).get("error", json.loads(body)).get("message"), str) else "JSON"
+        except (ValueError, AttributeError):
+            kind = f"text {body[:60]!r}"
+        return f"{exc.status_code} {kind}"
+    return type(exc).__name__
+
+
+def _one(client: openai.OpenAI, index: int, streamed: bool) -> str | None:
+    messages = [{"role": "user", "content": f"Request {index}: which bar is the tallest?"}]
+    try:
+        if streamed:
+            finish = None
+            for chunk in client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=BUDGET, stream=True, extra_body={"ignore_eos": True}
+            ):
+                for choice in chunk.choices:
+                    finish = choice.finish_reason or finish
+            return None if finish == "length" else f"stream ended without a finish reason ({finish})"
+        out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=BUDGET, extra_body={"ignore_eos": True})
+        return None if out.choices[0].finish_reason == "length" else f"finish {out.choices[0].finish_reason}"
+    except Exception as exc:  # noqa: BLE001 - the outcome is what the run records
+        return _describe(exc)
+
+
+def load_loop(url: str, stop, requests: int = REQUESTS, clients: int = CLIENTS, kill_after: int = KILL_AFTER) -> FailoverRun:
+    """:data:`REQUESTS` requests through the router at ``url`` from ``clients`` threads; ``stop()`` is called once
+    ``kill_after`` have finished (its time recorded)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+    run = FailoverRun()
+    lock = threading.Lock()
+    counter = iter(range(requests))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            start = time.monotonic()
+            error = _one(client, index, streamed=index % 2 == 1)
+            with lock:
+                run.outcomes.append(Outcome(index, index % 2 == 1, start, time.monotonic(), error))
+                fire = len(run.outcomes) == kill_after
+            if fire:
+                run.stopped_at = time.monotonic()
+                stop()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT * requests)
+    return run
+
+
+def run_failover(
+    router: str,
+    flags: list[str],
+    how: signal.Signals = signal.SIGKILL,
+    log: Path | None = None,
+    policy: str = "round_robin",
+    **loop,
+) -> FailoverRun:
+    """Two replicas behind ``router`` (``policy``, extra ``flags``); replica 0 gets ``how`` mid-run."""
+    with running_replicas(2, *REPLICA_FLAGS) as replicas, start_router(router, replicas, *flags, log=log, policy=policy) as url:
+        victim = replicas[0]
+        return load_loop(url, lambda: victim.kill() if how == signal.SIGKILL else victim.terminate(), **loop)
+
+
+if __name__ == "__main__":
+    import sys
+
+    # python tests/failover_load.py ROUTER [POLICY [SIGNAL ...]]: both settings, each signal (default both)
+    name, policy = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "round_robin")
+    signals = [signal.Signals[s] for s in sys.argv[3:]] or [signal.SIGKILL, signal.SIGTERM]
+    for label, flags in (("default", []), ("failover flags", FAILOVER_FLAGS)):
+        for how in signals:
+            run = run_failover(name, flags, how, policy=policy)
+            print(json.dumps({"router": name, "policy": policy, "settings": label, "signal": how.name, **run.summary()}), flush=True)
