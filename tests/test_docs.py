@@ -62,6 +62,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
     "tests/test_router_sessions.py starts them on free ports and checks the router lines equal its commands",
     ("docs/deployment.md", "--cb-failure-threshold"): "routers that run until stopped; tests/test_router_failover.py "
     "starts them in front of two replicas on free ports and checks the lines equal its commands",
+    ("docs/deployment.md", "# serve_tp.py"): GPU_QWEN + ", vLLM and several GPUs (a tensor-parallel verifier)",
 }
 
 
