@@ -15,6 +15,7 @@ import copy
 import json
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -195,7 +196,7 @@ def _open(path: Path) -> sqlite3.Connection:
         raise AsymSpecError(f"{where} is a folder; name a file, e.g. {str(path / 'responses.sqlite')!r}")
     try:
         db = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = _journal_mode_wal(db)
         if mode.lower() != "wal":
             db.close()
             raise AsymSpecError(f"{where}: SQLite cannot use WAL mode there (got {mode!r}); put the file on a local disk")
@@ -214,6 +215,20 @@ def _open(path: Path) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise AsymSpecError(f"{where} cannot be opened as a SQLite database ({exc}); name a new file or one this server made") from None
     return db
+
+
+def _journal_mode_wal(db: sqlite3.Connection) -> str:
+    """Switch ``db``'s file to WAL and return the journal mode SQLite reports. Several servers starting on a new file
+    at once race for the switch, and SQLite answers "database is locked" at once there, without its busy handler:
+    retry for up to the busy timeout, as any other write waits."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            return db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def open_response_store(path: str | Path | None = None) -> ResponseStore:
