@@ -3,8 +3,8 @@ behind vllm-router and behind SGLang's gateway, started with the failover settin
 (:data:`failover_load.FAILOVER_FLAGS`), a bounded loop of small chat requests (streamed and not) from the ``openai``
 client with ``max_retries=0``, and one replica stopped mid-run:
 
-- SIGKILL: at most the requests in flight at the kill fail, every request started after it is answered, and the
-  last failure ends within :data:`RECOVERY_S` of the kill;
+- SIGKILL: at most the requests in flight at the kill fail, and every request started after it is answered (the
+  time to the last failure is printed for docs/deployment.md's table, not asserted: speed lives in benchmarks);
 - SIGTERM: the replica drains (503 + ``Retry-After`` to new requests, which the router retries on the other
   replica); no request is lost.
 
@@ -22,9 +22,6 @@ from replicas import router_or_skip
 from router_cases import ROUTERS, shown_command
 
 pytestmark = pytest.mark.slow
-#: Seconds from the kill to the end of the last failed request that the test allows (generous: a slow, shared
-#: machine; measured values are in docs/deployment.md's Failover table).
-RECOVERY_S = 30.0
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
@@ -35,8 +32,7 @@ def test_a_killed_replica_costs_at_most_its_requests_in_flight(router, tmp_path)
     print(json.dumps({"router": router, "signal": "SIGKILL", **summary}))  # the numbers docs/deployment.md shows
     assert len(run.outcomes) == 60, summary
     assert not run.failed_after(), summary  # every request started after the kill was answered
-    assert len(run.failed()) <= len(run.in_flight()), summary
-    assert run.recovery_s() < RECOVERY_S, summary
+    assert len(run.failed()) <= len(run.in_flight()), summary  # the recovery time is printed and measured, not asserted
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
