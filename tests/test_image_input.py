@@ -692,3 +692,46 @@ def test_resize_like_qwen_refusals() -> None:
         resize_like_qwen(Image.new("RGB", (0, 10)))
     with pytest.raises(InvalidImageError, match="PIL"):
         resize_like_qwen(np.zeros((4, 4, 3), dtype=np.uint8))  # type: ignore[arg-type]
+
+
+_OOM_SCRIPT = """
+import resource, sys
+{imports}
+big = sys.argv[1]
+sys.argv[1] = sys.argv[2]
+{call}  # a small image first: what the call imports lazily is loaded before the address space is capped
+sys.argv[1] = big
+vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.RLIM_INFINITY))  # 49 MP of RGB needs 147 MB
+try:
+    {call}
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("imports", "call", "option"),
+    [
+        ("from vision_cache.image import load_image", "load_image(sys.argv[1])", "lower max_pixels_in"),
+        (
+            "from pathlib import Path\nfrom asymspec_mm.serve.images import load_request_image",
+            "load_request_image(sys.argv[1], Path(sys.argv[1]).parent, 'messages[0].content[1].image_url')",
+            "lower the server's ASYMSPEC_MAX_INPUT_PIXELS",
+        ),
+        ("from asymspec_mm.cli.main import read_image", "read_image(sys.argv[1])", "lower ASYMSPEC_MAX_INPUT_PIXELS"),
+    ],
+    ids=["api", "server", "cli"],
+)
+def test_an_image_that_does_not_fit_in_memory_names_the_front_ends_limit(tmp_path, imports, call, option):
+    """An image under the pixel limit that still cannot be decoded in the memory left is refused in one line that
+    names the limit as the caller's front end spells it (the server's operator sets an environment variable; only
+    the Python API has ``max_pixels_in``). Memory is really exhausted: the child process caps its address space."""
+    path = tmp_path / "big.png"
+    Image.new("RGB", (7000, 7000), "red").save(path)
+    Image.new("RGB", (70, 70), "red").save(tmp_path / "small.png")
+    script = _OOM_SCRIPT.format(imports=imports, call=call)
+    argv = [sys.executable, "-c", script, str(path), str(tmp_path / "small.png")]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    line = out.stdout.strip()
+    assert "not enough memory to decode" in line and option in line, (line, out.stderr[-2000:])

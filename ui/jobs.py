@@ -205,7 +205,7 @@ class DemoApp(ViewFields):
         if size > self.max_upload_bytes:
             raise DemoInputError(f"the upload is {size / 2**20:.1f} MB; the limit is {self.max_upload_mb:g} MB")
         try:
-            return load_image(path, oversize_advice=OVERSIZE_ADVICE)
+            return load_image(path, oversize_advice=OVERSIZE_ADVICE, limit_option="ASYMSPEC_MAX_INPUT_PIXELS")
         except InvalidImageError as exc:  # name the user's file, not the server's temp copy
             shown = (payload.get("orig_name") if isinstance(payload, dict) else None) or Path(path).name
             raise InvalidImageError(str(exc).replace(path, shown)) from None

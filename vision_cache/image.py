@@ -97,6 +97,7 @@ def load_image(
     max_pixels_in: int | None = DEFAULT_MAX_INPUT_PIXELS,
     max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     oversize_advice: str = OVERSIZE_ADVICE,
+    limit_option: str = "max_pixels_in",
 ) -> Image.Image:
     """Load ``x`` as a fully decoded, detached 8-bit RGB :class:`PIL.Image.Image`.
 
@@ -111,6 +112,8 @@ def load_image(
         max_aspect_ratio: Refuse inputs whose long side / short side exceeds this.
         oversize_advice: What the refusal of an input over ``max_pixels_in`` tells the user to do (the end of
             its message): each front end names the option it has (:data:`OVERSIZE_ADVICE`: this function's).
+        limit_option: How the caller's front end spells the pixel limit, named when an image under the limit still
+            does not fit in memory (the fix is a lower limit, so that such images are refused before decoding).
 
     Returns:
         A new RGB image holding its own pixel buffer (no open file behind it). EXIF orientation
@@ -126,13 +129,13 @@ def load_image(
     if not max_aspect_ratio >= 1.0:
         raise InvalidImageError(f"max_aspect_ratio must be >= 1, got {max_aspect_ratio!r}")
 
-    check = _Limits(max_pixels_in, max_aspect_ratio, oversize_advice)
+    check = _Limits(max_pixels_in, max_aspect_ratio, oversize_advice, limit_option)
 
     if isinstance(x, Image.Image):
         # A caller-made image may still be lazy (Image.open without load): check its header size
         # before touching the pixels, exactly as for a file.
         check(x.size, "the PIL image")
-        _strict_load(x, "the PIL image")
+        _strict_load(x, "the PIL image", check)
         return _finish(x, "the PIL image")
     if isinstance(x, np.ndarray):
         return _from_array(x, check)
@@ -159,6 +162,7 @@ class _Limits:
     max_pixels_in: int | None
     max_aspect_ratio: float
     oversize_advice: str
+    limit_option: str = "max_pixels_in"
 
     def __call__(self, size: tuple[int, int], label: str) -> None:
         _check_geometry(size, label, self.max_pixels_in, self.max_aspect_ratio, self.oversize_advice)
@@ -274,15 +278,16 @@ def _open_and_decode(
                     f"{label} is {img.format}, which is refused because decoding it runs an external interpreter; convert it to PNG first"
                 )
             check(img.size, label)
-            _strict_load(img, label)
+            _strict_load(img, label, check)
             return _finish(img, label)
     finally:
         if close:
             fp.close()
 
 
-def _strict_load(img: Image.Image, label: str) -> None:
-    """Decode all pixel data, turning truncation and corruption into :class:`InvalidImageError`."""
+def _strict_load(img: Image.Image, label: str, check: _Limits) -> None:
+    """Decode all pixel data, turning truncation and corruption into :class:`InvalidImageError` (running out of
+    memory names ``check``'s limit option)."""
     try:
         if ImageFile.LOAD_TRUNCATED_IMAGES:
             with _TRUNCATION_LOCK:
@@ -297,7 +302,7 @@ def _strict_load(img: Image.Image, label: str) -> None:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise InvalidImageError(f"{label} was refused as a possible decompression bomb ({exc}); downscale it first") from exc
     except MemoryError as exc:
-        raise InvalidImageError(f"not enough memory to decode {label}; downscale it or lower max_pixels_in") from exc
+        raise InvalidImageError(f"not enough memory to decode {label}; downscale it or lower {check.limit_option}") from exc
     except Exception as exc:  # OSError (truncated), SyntaxError, zlib.error, struct.error, EOFError, ...
         reason = str(exc) or type(exc).__name__
         hint = "the file is truncated or corrupt; re-export or re-download it"

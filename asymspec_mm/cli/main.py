@@ -72,7 +72,7 @@ def read_image(path: str) -> Any:
     if (problem := size_error(path, image_size(path), DEFAULT_MAX_INPUT_PIXELS)) is not None:
         raise AsymSpecError(problem)
     try:
-        return load_image(path, oversize_advice=oversize_advice(DEFAULT_MAX_INPUT_PIXELS))
+        return load_image(path, oversize_advice=oversize_advice(DEFAULT_MAX_INPUT_PIXELS), limit_option="ASYMSPEC_MAX_INPUT_PIXELS")
     except InvalidImageError as exc:
         raise AsymSpecError(f"--image: {exc}") from None
 

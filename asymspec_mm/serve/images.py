@@ -108,6 +108,6 @@ def load_request_image(url: str, allowed: Path | None, param: str):
     else:
         raise bad_request(f"unsupported image URL scheme {scheme!r}; send the image as a data URL ('data:image/png;base64,...')", param)
     try:
-        return load_image(source, oversize_advice=OVERSIZE_ADVICE)
+        return load_image(source, oversize_advice=OVERSIZE_ADVICE, limit_option="the server's ASYMSPEC_MAX_INPUT_PIXELS")
     except InvalidImageError as exc:
         raise bad_request(f"bad image: {exc}", param, "invalid_image") from None
