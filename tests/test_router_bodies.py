@@ -8,7 +8,8 @@ starts) doing it fails: SGLang's gateway strips ``asymspec`` and ``structured_ou
 ``asymspec`` and ``seed`` from Responses bodies, sends a Responses body without ``temperature`` / ``top_p`` with
 OpenAI's defaults (1.0, 1.0: sampled, where the client's own body decodes greedily), replaces a Responses
 ``input_image`` part with ``{"type": "unknown"}`` (refused: the image is gone) and refuses a Responses
-``tool_choice`` naming a function itself."""
+``tool_choice`` naming a function itself. The same extensions inside ``chat_template_kwargs`` (chat) and ``metadata``
+(Responses), which the gateway forwards as sent, are read as at the top level, refused by the path as sent."""
 
 from __future__ import annotations
 
