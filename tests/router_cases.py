@@ -304,4 +304,34 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "/v1/responses",
         {"input": QUESTION, "max_output_tokens": BUDGET, "temperature": 0.7, "top_p": 0.9, "extra_body": {"seed": 3, "top_k": 20}},
     ),
+    # the extensions in the objects SGLang's gateway forwards verbatim (asymspec_mm.serve.models_router.CARRIERS)
+    "chat_image_carried": (
+        "/v1/chat/completions",
+        {
+            "messages": _chat_image(),
+            "max_completion_tokens": BUDGET,
+            "extra_body": {"chat_template_kwargs": {"asymspec": {**VIEW, "k": 4}}},
+        },
+    ),
+    "chat_method_carried": (
+        "/v1/chat/completions",
+        {"messages": _ASKED, "max_tokens": BUDGET, "extra_body": {"chat_template_kwargs": {"asymspec": {"method": "drafter"}}}},
+    ),
+    "chat_structured_outputs_carried": (
+        "/v1/chat/completions",
+        {
+            "messages": _ASKED,
+            "max_tokens": BUDGET,
+            "extra_body": {"chat_template_kwargs": {"structured_outputs": {"choice": ["left", "right"]}, "enable_thinking": False}},
+        },
+    ),
+    "responses_carried": (
+        "/v1/responses",
+        {
+            "input": QUESTION,
+            "max_output_tokens": BUDGET,
+            "temperature": 0.7,
+            "extra_body": {"metadata": {"asymspec": {"method": "drafter", "k": 3}, "seed": 3, "team": "charts"}},
+        },
+    ),
 }

@@ -8,7 +8,8 @@ starts) doing it fails: SGLang's gateway strips ``asymspec`` and ``structured_ou
 ``asymspec`` and ``seed`` from Responses bodies, sends a Responses body without ``temperature`` / ``top_p`` with
 OpenAI's defaults (1.0, 1.0: sampled, where the client's own body decodes greedily), replaces a Responses
 ``input_image`` part with ``{"type": "unknown"}`` (refused: the image is gone) and refuses a Responses
-``tool_choice`` naming a function itself."""
+``tool_choice`` naming a function itself. The same extensions inside ``chat_template_kwargs`` (chat) and ``metadata``
+(Responses), which the gateway forwards as sent, are read as at the top level, refused by the path as sent."""
 
 from __future__ import annotations
 
@@ -144,3 +145,146 @@ def test_the_registry_names_exactly_the_routers_that_add_each_field():
             if "router_body" in case:
                 added |= (set(case["router_body"]) - set(case["client_body"])) & set(ROUTER_FIELDS)
         assert added == {name for name, by in ROUTER_FIELDS.items() if router in by}, router
+
+
+# ---------------------------------------------------------------------------------------------- carriers
+#: The recorded cases sending an extension in the object SGLang's gateway forwards verbatim -> the client's body with
+#: the carried fields at the top level instead (the request it must read as).
+CARRIED = {
+    "chat_image_carried": ("chat_template_kwargs", {"asymspec"}),
+    "chat_method_carried": ("chat_template_kwargs", {"asymspec"}),
+    "chat_structured_outputs_carried": ("chat_template_kwargs", {"structured_outputs"}),
+    "responses_carried": ("metadata", {"asymspec", "seed"}),
+}
+
+
+def _lifted(body: dict, carrier: str, names: set[str]) -> tuple[dict, dict]:
+    """(``body`` with ``names`` moved from its ``carrier`` to the top level, ``body`` without them at all)."""
+    kept = {k: v for k, v in body[carrier].items() if k not in names}
+    rest = {k: v for k, v in body.items() if k != carrier} | ({carrier: kept} if kept else {})
+    return rest | {n: body[carrier][n] for n in names}, rest
+
+
+@pytest.mark.parametrize("name", list(CARRIED))
+def test_through_sglang_a_carrier_brings_the_extension(name):
+    """The gateway forwards ``chat_template_kwargs`` (chat) and ``metadata`` (Responses) as sent, and the server reads
+    the extension there as at the top level (which the gateway drops): the same engine request, unlike the body
+    without it."""
+    carrier, names = CARRIED[name]
+    case = RECORDED["sglang-router"]["cases"][name]
+    assert case["router_body"][carrier] == case["client_body"][carrier]
+    parse = PARSE[case["path"]]
+    top, without = _lifted(case["client_body"], carrier, names)
+    assert parse(case["router_body"]).request == parse(top).request
+    assert parse(case["router_body"]).request != parse(without).request
+
+
+def test_the_gateway_drops_the_top_level_fields_the_carriers_stand_for():
+    """What the carriers are for: the same fields at the top level never arrive (a new gateway version that forwards
+    them fails here, and the docs' advice can change)."""
+    from asymspec_mm.serve.models_router import CARRIERS
+
+    cases = RECORDED["sglang-router"]["cases"]
+    for path, carried in CARRIERS.items():
+        sent = [c for c in cases.values() if c["path"] == path and "router_body" in c]
+        for field in carried:
+            with_it = [c for c in sent if field in c["client_body"]]
+            assert with_it and all(field not in c["router_body"] for c in with_it), (path, field)
+
+
+MESSAGES = [{"role": "user", "content": "Which bar is the tallest?"}]
+
+
+@pytest.mark.parametrize(
+    "endpoint,body,param,code",
+    [
+        ("chat", {"chat_template_kwargs": {"asymspec": {"method": "fast"}}}, "chat_template_kwargs.asymspec.method", "invalid_value"),
+        ("chat", {"chat_template_kwargs": {"asymspec": {"k": 0}}}, "chat_template_kwargs.asymspec.k", "invalid_value"),
+        ("chat", {"chat_template_kwargs": {"asymspec": {"beta": "x"}}}, "chat_template_kwargs.asymspec.beta", "invalid_value"),
+        ("chat", {"chat_template_kwargs": {"asymspec": {"kk": 3}}}, "chat_template_kwargs.asymspec.kk", "unknown_option"),
+        ("chat", {"chat_template_kwargs": {"asymspec": {"caption": ["a", "b"]}}}, "chat_template_kwargs.asymspec.caption", "invalid_value"),
+        ("chat", {"chat_template_kwargs": {"structured_outputs": {}}}, "chat_template_kwargs.structured_outputs", "invalid_value"),
+        (
+            "chat",
+            {"chat_template_kwargs": {"structured_outputs": {"json": "{"}}},
+            "chat_template_kwargs.structured_outputs.json",
+            "invalid_value",
+        ),
+        (
+            "chat",
+            {"chat_template_kwargs": {"structured_outputs": {"choice": ["a"]}}, "response_format": {"type": "json_object"}},
+            "chat_template_kwargs.structured_outputs",
+            "invalid_value",
+        ),
+        ("chat", {"chat_template_kwargs": {"other": 1}}, "chat_template_kwargs.other", "unsupported"),
+        ("responses", {"metadata": {"asymspec": {"k": 0}}}, "metadata.asymspec.k", "invalid_value"),
+        ("responses", {"metadata": {"asymspec": {"ocr": 3}}}, "metadata.asymspec.ocr", "invalid_value"),
+        ("responses", {"metadata": {"seed": "3"}}, "metadata.seed", "invalid_value"),
+        ("responses", {"metadata": {"seed": -1}}, "metadata.seed", "invalid_value"),
+        ("responses", {"metadata": {"team": 3}}, "metadata.team", "invalid_value"),
+    ],
+)
+def test_a_carried_field_is_refused_by_the_path_the_client_sent(endpoint, body, param, code):
+    """The carriers validate exactly as the top-level fields, and the refusal names the field as the client spelled it
+    (in ``param`` and at the start of the message)."""
+    base, parse = (
+        ({"messages": MESSAGES}, parse_chat_request) if endpoint == "chat" else ({"input": MESSAGES[0]["content"]}, parse_responses_request)
+    )
+    with pytest.raises(RequestError) as info:
+        parse({**base, **body})
+    err = info.value
+    assert (err.status, err.param, err.code) == (400, param, code), err.body()
+    named = param.rsplit(".", 1)[0] if code == "unknown_option" else param  # an unknown option: the object it is in
+    assert named in err.message and "\n" not in err.message, err.message
+    # the same value at the top level is refused the same way, named there
+    carrier, field = param.split(".")[:2]
+    if (
+        carrier in ("chat_template_kwargs", "metadata")
+        and field in ("asymspec", "structured_outputs", "seed")
+        and "response_format" not in body
+    ):
+        top = {field: body[carrier][field]}
+        with pytest.raises(RequestError) as plain:
+            parse({**base, **top})
+        tail = param.split(".", 1)[1]
+        assert (plain.value.param, plain.value.code) == (tail, code)
+        if code != "unknown_option":
+            assert plain.value.message == err.message.replace(param, tail)
+
+
+@pytest.mark.parametrize(
+    "endpoint,field,carrier,one,other",
+    [
+        ("chat", "asymspec", "chat_template_kwargs", {"k": 3}, {"k": 4}),
+        ("chat", "structured_outputs", "chat_template_kwargs", {"choice": ["a"]}, {"choice": ["b"]}),
+        ("responses", "asymspec", "metadata", {"method": "drafter"}, {"method": "floor"}),
+        ("responses", "seed", "metadata", 3, 4),
+    ],
+)
+def test_a_field_sent_both_ways(endpoint, field, carrier, one, other):
+    """Both at once: the same value is read once; different values are a 400 naming both."""
+    base, parse = (
+        ({"messages": MESSAGES}, parse_chat_request) if endpoint == "chat" else ({"input": MESSAGES[0]["content"]}, parse_responses_request)
+    )
+    both = parse({**base, field: one, carrier: {field: one}}).request
+    assert both == parse({**base, field: one}).request == parse({**base, carrier: {field: one}}).request
+    with pytest.raises(RequestError) as info:
+        parse({**base, field: one, carrier: {field: other}})
+    err = info.value
+    assert (err.status, err.param) == (400, f"{carrier}.{field}") and f"{field} and {carrier}.{field} differ" in err.message
+
+
+def test_chat_template_kwargs_keeps_its_own_key_beside_the_carried_ones():
+    thinking = {"chat_template_kwargs": {"enable_thinking": True, "asymspec": {"method": "drafter"}}}
+    req = parse_chat_request({"messages": MESSAGES, **thinking}).request
+    assert (req.enable_thinking, req.method) == (True, "drafter")
+
+
+def test_responses_metadata_is_echoed_as_sent_and_its_other_keys_stay_hints():
+    meta = {"team": "charts", "asymspec": {"method": "drafter"}, "seed": 3}
+    got = parse_responses_request({"input": "Which bar?", "metadata": meta})
+    assert got.echo["metadata"] == meta
+    assert (
+        parse_responses_request({"input": "Which bar?", "metadata": {"team": "charts"}}).request
+        == parse_responses_request({"input": "Which bar?"}).request
+    )

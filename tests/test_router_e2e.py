@@ -6,7 +6,9 @@ with the ``openai`` client through the router equals the same call sent straight
 Where a router changes the request's meaning (SGLang's gateway, pinned by test_router_bodies.py too), the routed answer
 is compared with the direct answer of the request as the gateway forwards it (its extensions dropped), or its
 documented outcome is checked (an omitted Responses temperature samples at 1.0; a lost image is a 400 naming the part;
-a Responses ``tool_choice`` naming a function is the gateway's own 400).
+a Responses ``tool_choice`` naming a function is the gateway's own 400). The same extensions sent inside the objects
+the gateway forwards verbatim (``chat_template_kwargs`` on chat, ``metadata`` on Responses) answer through either
+router exactly as at the top level straight to the server.
 
 A router whose console script is not installed is skipped with the reason (``pip install vllm-router==0.1.17
 sglang-router==0.3.2``, or ``ASYMSPEC_ROUTER_BIN`` naming the ``bin`` folder of a venv holding them)."""
@@ -108,3 +110,43 @@ def test_sglang_drops_the_extension_so_the_answer_is_the_drafters_own_view(route
     with_view, without = direct("chat_image_asymspec"), direct("chat_image_asymspec", DROPPED[(router, "/v1/chat/completions")])
     assert send(client, "chat_image_asymspec") == without
     assert with_view["usage"][0] != without["usage"][0]
+
+
+#: Carried case -> (the same call with the extension at the top level: the ``openai`` call's ``extra_body``).
+TOP_LEVEL = {
+    "chat_image_carried": {"asymspec": {"caption": "a bar chart with two bars", "ocr": False, "k": 4}},
+    "chat_method_carried": {"asymspec": {"method": "drafter"}},
+    "chat_structured_outputs_carried": {"structured_outputs": {"choice": ["left", "right"]}},
+    "responses_carried": {"asymspec": {"method": "drafter", "k": 3}, "seed": 3, "metadata": {"team": "charts"}},
+}
+
+
+@pytest.mark.parametrize("case", list(TOP_LEVEL))
+def test_through_either_router_a_carried_extension_answers_as_the_top_level_one(routed, server, case):
+    """The extension in ``chat_template_kwargs`` (chat) or ``metadata`` (Responses), which SGLang's gateway forwards
+    verbatim, answers through the router exactly as the same extension at the top level sent straight to the server
+    (the method, the caption and OCR given, structured_outputs, a seeded sampled Responses answer)."""
+    from router_cases import CALLS
+
+    router, client = routed
+    endpoint, body = CASES[case]
+    direct = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+    top = CALLS[endpoint](direct, {**body, "extra_body": TOP_LEVEL[case]})
+    assert send(client, case) == top
+    without = CALLS[endpoint](direct, {k: v for k, v in body.items() if k != "extra_body"})
+    assert without != top, "the extension changes this answer, so the test can tell it arrived"
+
+
+def test_the_routers_list_the_served_model_id(routed, server):
+    """The model id: both routers answer ``GET /v1/models`` with the replica's own id, and SGLang's gateway lists it
+    for the worker (read from ``GET /get_server_info``). vllm-router 0.1.17's worker listing (``GET /workers``) reads
+    the id from a worker label that its registration never sets and never asks the replica (its src/core/worker.rs:
+    ``model_id`` falls back to "unknown"), so it shows ``unknown`` whatever the server answers; pinned here so that a
+    version that reads it shows up."""
+    import httpx
+
+    router, client = routed
+    served = [m.id for m in openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0).models.list().data]
+    assert [m.id for m in client.models.list().data] == served and len(served) == 1
+    workers = httpx.get(str(client.base_url).removesuffix("/v1/") + "/workers", timeout=10).json()["workers"]
+    assert [w["model_id"] for w in workers] == (["unknown"] if router == "vllm-router" else served)

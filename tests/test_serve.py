@@ -587,7 +587,7 @@ BAD_REQUESTS = {
     ),
     "bad_template_kwargs": (
         _case_body(chat_template_kwargs={"add_vision_id": True}),
-        "only enable_thinking",
+        "it takes enable_thinking, asymspec and structured_outputs",
         "chat_template_kwargs.add_vision_id",
     ),
     "audio_part": (_with_content(_text_part(), {"type": "input_audio", "input_audio": {}}), "'input_audio'", "messages[0].content[1].type"),

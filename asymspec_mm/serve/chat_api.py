@@ -26,7 +26,7 @@ from .models_chat import ChatCompletionRequest
 from .openapi import answer_docs
 from .request_metrics import answer_metrics
 from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
-from .schema import STRUCTURED_PARAMS, ChatRequest, parse_chat_request
+from .schema import ChatRequest, parse_chat_request, structured_params
 from .streaming import chat_chunks, completion_chunks
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
@@ -41,7 +41,7 @@ COMPLETION_PARAMS = {"messages": "prompt"}
 
 def structured(body: Any, params: dict[str, str]) -> dict[str, str]:
     """``params`` naming ``structured_outputs`` where the engine names the ``response_format`` it became."""
-    return {**params, **STRUCTURED_PARAMS} if getattr(body, "structured_outputs", None) is not None else params
+    return {**params, **structured_params(body)}
 
 
 def add_chat_routes(app: FastAPI, state: Any, *, submit: Callable[[ChatRequest], list[Any]], forget: Callable, end: Callable) -> None:

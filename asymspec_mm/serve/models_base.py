@@ -10,7 +10,7 @@ first, and of several invalid fields the base's is the one named.
 
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from .models_common import (
     AsymSpecOptions,
@@ -48,9 +48,9 @@ class StructuredOutputs(OpenAIModel):
     def _one(self) -> "StructuredOutputs":
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, "json_" if k == "json" else k) is not None]
         if len(given) != 1:
+            # {param}: the path as sent (structured_outputs, or chat_template_kwargs.structured_outputs)
             raise refuse(
-                f"structured_outputs must hold exactly one of json, regex, choice or grammar, not {len(given)} ({', '.join(given) or 'none'})",
-                param="structured_outputs",
+                f"{{param}} must hold exactly one of json, regex, choice or grammar, not {len(given)} ({', '.join(given) or 'none'})"
             )
         return self
 
@@ -67,6 +67,14 @@ class EndpointRequest(RequestModel):
     seed: Seed = None
     asymspec: AsymSpecOptions | None = None
     user: hint(lambda v: isinstance(v, str), "a string", "user", str) = None
+    #: field -> the path it was sent by where a carrier brought it (:func:`~.models_router.adopt_carried`)
+    _carried: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def carried(self) -> dict[str, str]:
+        """Field -> the path the client sent it by, for the fields a carrier object brought (``asymspec`` ->
+        ``chat_template_kwargs.asymspec``): what renames a refusal's ``param`` after validation."""
+        return dict(self._carried)
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> "EndpointRequest":

@@ -16,10 +16,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .models_base import DecodeRequest
+from .models_base import DecodeRequest, StructuredOutputs
 from .models_common import (
     MAX_MESSAGES,
     MAX_TOOLS,
+    AsymSpecOptions,
     LooseModel,
     OpenAIModel,
     RequestModel,
@@ -33,7 +34,7 @@ from .models_common import (
     type_of,
     unsupported,
 )
-from .models_router import ChatExtras, DecodeExtras
+from .models_router import ChatExtras, DecodeExtras, adopt_carried
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -207,9 +208,13 @@ ResponseFormat = one_of(type_of, {"text": FormatText, "json_object": FormatJSONO
 
 
 class ChatTemplateKwargs(OpenAIModel):
-    """What the chat template is given: ``enable_thinking`` (default false, as the paper's harness)."""
+    """What the chat template is given: ``enable_thinking`` (default false, as the paper's harness); and the carriers
+    of the extensions SGLang's gateway drops from a chat body but forwards here (:data:`~.models_router.CARRIERS`):
+    ``asymspec`` and ``structured_outputs``, read as the top-level fields."""
 
     enable_thinking: flag("chat_template_kwargs.enable_thinking") = None
+    asymspec: AsymSpecOptions | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 # ---------------------------------------------------------------------------------------------- the request
@@ -268,10 +273,12 @@ class ChatCompletionRequest(ChatExtras, DecodeExtras, DecodeRequest, _ChatBody):
 
     @model_validator(mode="after")
     def _together(self) -> "ChatCompletionRequest":
+        self._carried = adopt_carried(self, "/v1/chat/completions")
         if self.top_logprobs and not self.logprobs:
             raise refuse("top_logprobs needs logprobs=true", param="top_logprobs")
         if self.structured_outputs is not None and self.response_format is not None and self.response_format.type != "text":
-            raise refuse("send either response_format or structured_outputs, not both", param="structured_outputs")
+            so = self._carried.get("structured_outputs", "structured_outputs")
+            raise refuse(f"send either response_format or {so}, not both", param=so)
         thinking = None if self.chat_template_kwargs is None else self.chat_template_kwargs.enable_thinking
         if self.reasoning_effort is not None and thinking is not None and thinking != (self.reasoning_effort != "none"):
             raise refuse(

@@ -153,7 +153,7 @@ def _top_k(v: Any) -> Any:
 
 def _seed(v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < SEED_LIMIT:
-        raise refuse(f"seed={shown(v)} must be an integer >= 0 and < 2**63")
+        raise refuse(f"{{param}}={shown(v)} must be an integer >= 0 and < 2**63")  # seed, or metadata.seed (a carrier)
     return v
 
 
@@ -233,12 +233,17 @@ def sampling_fields(req: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- asymspec
+#: A refusal's placeholder for the field's path as the client sent it: ``asymspec.k``, or
+#: ``chat_template_kwargs.asymspec.k`` where the extension came through a carrier (:mod:`.models_router`).
+PARAM = "{param}"
+
+
 def _choice(name: str) -> Callable[[Any], Any]:
     options = METHODS if name == "method" else CHOICES[name]
 
     def check(v: Any) -> Any:
         if v not in options:
-            raise refuse(f"{field_value('asymspec.' + name, v)} is not valid; choose one of {', '.join(options)}")
+            raise refuse(f"{field_value(PARAM, v)} is not valid; choose one of {', '.join(options)}")
         return v
 
     return check
@@ -246,17 +251,17 @@ def _choice(name: str) -> Callable[[Any], Any]:
 
 def _k(v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise refuse(f"asymspec.k must be an integer >= 1, got {shown(v)}")
-    return in_range("k", "asymspec.k")(v)
+        raise refuse(f"{PARAM} must be an integer >= 1, got {shown(v)}")
+    return in_range("k", PARAM)(v)
 
 
 def _fraction(name: str) -> Callable[[Any], Any]:
     def check(v: Any) -> Any:
         if not is_number(v):
-            raise refuse(f"asymspec.{name} must be a number, got {shown(v)}")
+            raise refuse(f"{PARAM} must be a number, got {shown(v)}")
         if not math.isfinite(v):
-            raise refuse(f"asymspec.{name}={v} must be a finite number (NaN and infinities are refused)")
-        return in_range(name, f"asymspec.{name}")(float(v))
+            raise refuse(f"{PARAM}={v} must be a finite number (NaN and infinities are refused)")
+        return in_range(name, PARAM)(float(v))
 
     return check
 
@@ -268,17 +273,13 @@ def _strings(v: Any, allow_false: bool = False) -> bool:
 
 def _caption(v: Any) -> Any:
     if not _strings(v):
-        raise refuse(
-            "asymspec.caption must be a string (the caption the verifier reads; a list: one per image) or null (the drafter captions)"
-        )
+        raise refuse(f"{PARAM} must be a string (the caption the verifier reads; a list: one per image) or null (the drafter captions)")
     return v
 
 
 def _ocr(v: Any) -> Any:
     if v is not False and not _strings(v, allow_false=True):
-        raise refuse(
-            "asymspec.ocr must be a string (the OCR text; a list: one per image), false (no OCR) or null (the server's OCR engine)"
-        )
+        raise refuse(f"{PARAM} must be a string (the OCR text; a list: one per image), false (no OCR) or null (the server's OCR engine)")
     return v
 
 
@@ -299,7 +300,7 @@ class AsymSpecOptions(OpenAIModel):
     bonus: Annotated[Literal[CHOICES["bonus"]] | None, checked_by(_choice("bonus"))] = None  # type: ignore[valid-type]
     caption: Annotated[str | list[str] | None, checked_by(_caption)] = None
     ocr: Annotated[str | Literal[False] | list[str | Literal[False]] | None, checked_by(_ocr)] = None
-    return_trace: flag("asymspec.return_trace") = None
+    return_trace: flag(PARAM) = None
 
     def config_fields(self) -> dict[str, Any]:
         """The settings it gives (the config's fields it sets)."""

@@ -18,9 +18,12 @@ from .models_base import EndpointRequest
 from .models_common import (
     MAX_MESSAGES,
     MAX_TOOLS,
+    SUPPORT,
+    AsymSpecOptions,
     LooseModel,
     OpenAIModel,
     RequestModel,
+    Seed,
     budget,
     checked_by,
     flag,
@@ -31,7 +34,7 @@ from .models_common import (
     type_of,
     unsupported,
 )
-from .models_router import SamplingExtras
+from .models_router import SamplingExtras, adopt_carried
 
 #: What ``include`` may ask for: nothing is made for the reasoning items, and the answer's log-probabilities.
 INCLUDABLE = ("reasoning.encrypted_content", "message.output_text.logprobs")
@@ -211,6 +214,18 @@ class TextConfig(OpenAIModel):
     ) = None
 
 
+class ResponseMetadata(OpenAIModel):
+    """``metadata``: OpenAI's string pairs (a hint: echoed, no effect on the answer), and the carriers of the fields
+    SGLang's gateway drops from a Responses body but forwards here (:data:`~.models_router.CARRIERS`): ``asymspec``
+    and ``seed``, read as the top-level fields."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, str]
+
+    asymspec: AsymSpecOptions | None = None
+    seed: Seed = None
+
+
 class ResponseStreamOptions(OpenAIModel):
     include_obfuscation: flag("stream_options.include_obfuscation") = None
 
@@ -277,7 +292,7 @@ class CreateResponseRequest(SamplingExtras, EndpointRequest, _ResponseBody):
         None
     )
     # hints: checked, echoed where the response has them, no effect on the answer
-    metadata: hint(lambda v: isinstance(v, dict), "an object", "metadata", dict[str, str]) = None
+    metadata: Annotated[ResponseMetadata | None, Field(json_schema_extra={SUPPORT: "hint"})] = None
     safety_identifier: hint(lambda v: isinstance(v, str), "a string", "safety_identifier", str) = None
     prompt_cache_key: hint(lambda v: isinstance(v, str), "a string (the server reuses prompt KV on its own)", "prompt_cache_key", str) = (
         None
@@ -319,6 +334,7 @@ class CreateResponseRequest(SamplingExtras, EndpointRequest, _ResponseBody):
 
     @model_validator(mode="after")
     def _together(self) -> "CreateResponseRequest":
+        self._carried = adopt_carried(self, "/v1/responses")
         if self.top_logprobs and "message.output_text.logprobs" not in (self.include or ()):
             raise refuse('top_logprobs needs include=["message.output_text.logprobs"]', param="top_logprobs")
         return self

@@ -8,13 +8,18 @@ request type and serialise that type again, defaults included, so every body the
 never sent (``no_stop_trim: false``, ``skip_special_tokens: true``, ...; on the Responses API, SGLang's gateway adds
 ``priority``, ``min_p`` and ``repetition_penalty``). The bodies they really send are kept under
 ``tests/data/router_bodies/``; :data:`ROUTER_FIELDS` says which router adds which field.
+
+SGLang's gateway also drops fields it has no slot for (chat: ``asymspec``, ``structured_outputs``; Responses:
+``asymspec``, ``seed``) but forwards some objects verbatim (chat: ``chat_template_kwargs``; Responses:
+``metadata``). :data:`CARRIERS` names the object that carries each dropped field through the gateway, and
+:func:`adopt_carried` reads it from there exactly as from the top level.
 """
 
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .models_common import OpenAIModel, hint, is_number, unsupported
+from .models_common import OpenAIModel, hint, is_number, refuse, unsupported
 
 #: field -> the routers that add it to every body they forward (others are vLLM's and SGLang's sampling extras a
 #: client of theirs may send at the neutral value). docs/serving.md's "Fields routers add" table lists the same.
@@ -124,3 +129,32 @@ def router_fields(model: type[OpenAIModel]) -> set[str]:
         for name, info in model.model_fields.items()
         if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(ROUTER_MARK)
     }
+
+
+# ---------------------------------------------------------------------------------------------- carriers
+#: endpoint -> {field SGLang's gateway (sglang-router 0.3.2) drops: the object it forwards verbatim that carries the
+#: field through it}. docs/serving.md's field lists and docs/deployment.md say the same.
+CARRIERS: dict[str, dict[str, str]] = {
+    "/v1/chat/completions": {"asymspec": "chat_template_kwargs", "structured_outputs": "chat_template_kwargs"},
+    "/v1/responses": {"asymspec": "metadata", "seed": "metadata"},
+}
+
+
+def adopt_carried(req: OpenAIModel, endpoint: str) -> dict[str, str]:
+    """Each field of :data:`CARRIERS` [``endpoint``] that its carrier object on the validated ``req`` holds, set on
+    ``req`` itself (the carrier's value was validated by the same type as the top-level field's, so it is read the
+    same way). Returns field -> the path the client sent it by (``chat_template_kwargs.asymspec``), which names the
+    field in a later refusal. A field sent both ways with different values is refused naming both."""
+    came: dict[str, str] = {}
+    for name, carrier in CARRIERS[endpoint].items():
+        held = getattr(req, carrier, None)
+        value = None if held is None else getattr(held, name, None)
+        if value is None:
+            continue
+        path = f"{carrier}.{name}"
+        own = getattr(req, name)
+        if own is not None and own != value:
+            raise refuse(f"{name} and {path} differ: send one of them ({path} reaches the server through SGLang's gateway)", param=path)
+        setattr(req, name, value)
+        came[name] = path
+    return came

@@ -218,6 +218,19 @@ def parse_responses_request(
     its images loaded; ``stored`` gives the conversation a ``previous_response_id`` names, or raises the 400 naming
     the field (None: no store)."""
     req = data if isinstance(data, CreateResponseRequest) else validated(CreateResponseRequest, data)
+    try:
+        return _responses_request(req, stored, allow_local_images, base, max_images)
+    except RequestError as err:  # a field a carrier brought is named as the client sent it
+        raise renamed(err, req.carried) from None
+
+
+def _responses_request(
+    req: CreateResponseRequest,
+    stored: Callable[[str], list[dict[str, Any]]] | None,
+    allow_local_images: Path | None,
+    base: AsymSpecConfig | None,
+    max_images: int,
+) -> ResponsesRequest:
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         if stored is None:
@@ -262,7 +275,7 @@ def parse_responses_request(
         "top_logprobs": req.top_logprobs,
         "previous_response_id": req.previous_response_id,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "metadata": req.metadata,
+        "metadata": None if req.metadata is None else req.metadata.model_dump(exclude_unset=True),
         "store": req.store is not False,
     }
     if req.user is not None:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from ..base.config import AsymSpecConfig
 from ..base.errors import UnknownOptionError
 from ..requests.request import Request
-from .errors import bad_request, renamed
+from .errors import RequestError, bad_request, renamed, renamed_param
 from .images import load_request_image
 from .models_base import StructuredOutputs
 from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart
@@ -268,6 +268,21 @@ def parse_chat_request(
     """The :class:`ChatRequest` of a body (a parsed JSON object, validated here, or the validated model) with its
     images loaded (see the module docstring)."""
     req = data if isinstance(data, ChatCompletionRequest) else validated(ChatCompletionRequest, data)
+    try:
+        return _chat_request(req, allow_local_images, base, max_images)
+    except RequestError as err:  # a field a carrier brought is named as the client sent it
+        raise renamed(err, req.carried) from None
+
+
+def structured_params(req: Any) -> dict[str, str]:
+    """The engine's ``response_format`` paths -> the request's ``structured_outputs`` as the client sent it (top
+    level, or in a carrier: ``chat_template_kwargs.structured_outputs``); empty when the request has none."""
+    if getattr(req, "structured_outputs", None) is None:
+        return {}
+    return {k: renamed_param(v, req.carried) or v for k, v in STRUCTURED_PARAMS.items()}
+
+
+def _chat_request(req: ChatCompletionRequest, allow_local_images: Path | None, base: AsymSpecConfig | None, max_images: int) -> ChatRequest:
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     config = config_of(req, base, req.budget, top_logprobs)
     messages, refs = conversation(req, max_images)

@@ -19,13 +19,22 @@ UNKNOWN_IN = {
         f"unknown AsymSpec option(s) {', '.join(names)}; the options are {', '.join(ASYMSPEC_OPTIONS)}",
         "unknown_option",
     ),
-    "chat_template_kwargs": lambda names: (f"chat_template_kwargs.{names[0]} is not supported; only enable_thinking is", "unsupported"),
+    "chat_template_kwargs": lambda names: (
+        f"chat_template_kwargs.{names[0]} is not supported; it takes enable_thinking, asymspec and structured_outputs",
+        "unsupported",
+    ),
     "text": lambda names: (f"text.{names[0]} is not supported; text takes format and verbosity", "unknown_field"),
     "stream_options": lambda names: (
         f"stream_options.{names[0]} is not supported; stream_options takes include_usage and include_obfuscation",
         "unknown_field",
     ),
 }
+# the carriers of the extension through SGLang's gateway (models_router.CARRIERS) refuse an unknown option naming where
+for _carrier in ("chat_template_kwargs.asymspec", "metadata.asymspec"):
+    UNKNOWN_IN[_carrier] = lambda names, where=_carrier: (
+        f"unknown AsymSpec option(s) {', '.join(names)} in {where}; the options are {', '.join(ASYMSPEC_OPTIONS)}",
+        "unknown_option",
+    )
 _LABEL = re.compile(r"^~|^[a-z-]+\[.*\]$|^(str|int|float|bool|dict|list|none)$")
 
 
