@@ -54,9 +54,6 @@ class Variant:
         """``base`` (default: the library's defaults) with this variant's fields set, validated."""
         return (base or AsymSpecConfig()).with_(**dict(self.config)).validated()
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "method": self.method, "config": dict(self.config)}
-
     @classmethod
     def parse(cls, spec: str) -> Variant:
         """``NAME[@field=value,...]`` -> a variant named by its canonical spelling."""
