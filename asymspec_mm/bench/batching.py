@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..base.checks import is_int
 from ..base.timing import BucketTimer, CallRecord, Clock, Ledger, median, wrap_streams
 from .pairs import BenchPair
 from .runner import rotate, synthetic_prefill
@@ -45,7 +46,7 @@ def parse_sizes(sizes: Sequence[int]) -> list[int]:
     """The batch sizes to run: unique, ascending, each >= 1, with the sequential reference B = 1 first."""
     from ..base.errors import UnknownOptionError
 
-    bad = [b for b in sizes if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+    bad = [b for b in sizes if not is_int(b, minimum=1)]
     if bad:
         raise UnknownOptionError(f"batch size {bad[0]!r} must be an integer >= 1")
     return sorted({1, *sizes})

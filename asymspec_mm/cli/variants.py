@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.checks import is_int
 from ..base.config import METHODS, AsymSpecConfig
 from ..base.errors import UnknownOptionError
 
@@ -77,7 +78,7 @@ def format_value(value: Any) -> str:
 def _typed(field: str, value: Any) -> Any:
     """An int written for a float field becomes that float (``beta=0`` sets 0.0, as ``beta0`` does)."""
     default = AsymSpecConfig.__dataclass_fields__.get(field)
-    if default is not None and isinstance(default.default, float) and isinstance(value, int) and not isinstance(value, bool):
+    if default is not None and isinstance(default.default, float) and is_int(value):
         return float(value)
     return value
 

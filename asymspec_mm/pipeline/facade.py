@@ -20,6 +20,7 @@ import torch
 from captioning.view import CompressedView
 
 from ..base.chatter import quiet_loading
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
 from ..base.errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError
 from ..base.locks import FairRLock
@@ -458,7 +459,7 @@ def ocr_worker_engine(ocr: str | Any, workers: int) -> Any:
         UnknownOptionError: ``workers`` is not an integer >= 0, or ``ocr`` is an engine object (workers build their
             engine by name; wrap a custom engine's factory in ``ProcessOCREngine`` yourself).
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+    if not is_int(workers, minimum=0):
         raise UnknownOptionError(f"ocr_workers={workers!r} must be an integer >= 0 (0 reads in-process)")
     if not workers or (isinstance(ocr, str) and ocr.strip().lower() == "none"):
         return None

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig, check_method
 from ..base.errors import UnknownOptionError
 from ..base.unicode_check import chat_text_fields, check_text_fields
@@ -85,11 +86,9 @@ class Request:
         method = check_method(DEFAULT_METHOD if self.method is None else self.method)
         cfg = self.config or AsymSpecConfig()
         cfg = (cfg.with_(seed=self.seed) if self.seed is not None else cfg).validated()
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+        if not is_int(self.priority):
             raise UnknownOptionError(f"priority={self.priority!r} must be an integer (lower is served first)")
-        if self.max_caption_chars is not None and (
-            isinstance(self.max_caption_chars, bool) or not isinstance(self.max_caption_chars, int) or self.max_caption_chars < 1
-        ):
+        if self.max_caption_chars is not None and not is_int(self.max_caption_chars, minimum=1):
             raise UnknownOptionError(f"max_caption_chars={self.max_caption_chars!r} must be an integer >= 1")
         if not self.is_chat:
             if self.tools or self.tool_choice is not None or self.response_format is not None:

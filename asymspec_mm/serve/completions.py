@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
 from ..requests.request import Request
 from .models_base import DecodeRequest
@@ -48,7 +49,7 @@ MAX_LOGPROBS = 5
 
 def _prompt(v: Any) -> Any:
     if isinstance(v, list):
-        if v and all(isinstance(x, int) and not isinstance(x, bool) for x in v) or any(isinstance(x, list) for x in v):
+        if v and all(is_int(x) for x in v) or any(isinstance(x, list) for x in v):
             raise refuse("prompt as token ids is not supported: send the prompt's text", "unsupported")
         if len(v) != 1 or not isinstance(v[0], str):
             raise refuse(
@@ -64,7 +65,7 @@ def _prompt(v: Any) -> Any:
 
 
 def _logprobs(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS:
+    if not is_int(v, 0, MAX_LOGPROBS):
         raise refuse(f"logprobs={v!r} must be an integer >= 0 and <= {MAX_LOGPROBS} (the alternatives shown per token)")
     return v
 

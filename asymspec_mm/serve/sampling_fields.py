@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from ..base.checks import is_number
 from ..base.config import RANGES, SEED_LIMIT, AsymSpecConfig, range_error
 
 #: ``serve --generation-config``: ``none`` (greedy unless a request sends temperature) or ``model``.
@@ -19,7 +20,7 @@ GENERATION_CONFIGS = ("none", "model")
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return is_number(v)
 
 
 def choice_seed(seed: int, index: int) -> int:
