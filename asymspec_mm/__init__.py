@@ -20,7 +20,7 @@ _LAZY = {
     "Session": "asymspec_mm.requests.session",
     "Request": "asymspec_mm.requests.request",
     "TokenEvent": "asymspec_mm.decode",
-    "mathvista_question": "asymspec_mm.eval.mathvista.query",
+    "mathvista_question": "asymspec_mm.requests.mathvista_query",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover
     from .base.config import AsymSpecConfig
     from .decode import TokenEvent
-    from .eval.mathvista.query import mathvista_question
     from .pipeline.facade import AsymSpecPipeline, MMResult, Prompts, mm_generate
+    from .requests.mathvista_query import mathvista_question
     from .requests.request import Request
     from .requests.session import GenerationStream, Session

@@ -14,8 +14,8 @@ import pytest
 
 from asymspec_mm.base.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
 from asymspec_mm.cli.main import DOMAIN_ADVICE
-from asymspec_mm.eval.mathvista.query import mathvista_question
 from asymspec_mm.requests.domain import QUESTION_FORMS, domain_problems, domain_warning, request_warnings
+from asymspec_mm.requests.mathvista_query import mathvista_question
 from asymspec_mm.requests.questions import check_question
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,8 +24,8 @@ pytest.importorskip("uvicorn")
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.base.errors import AsymSpecError
+from asymspec_mm.frontend.prometheus import parse_prometheus
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
-from asymspec_mm.serve.metrics import parse_prometheus
 from asymspec_mm.serve.models_common import field_value
 from asymspec_mm.serve.responses import TextDeltas
 from asymspec_mm.serve.server import warn_if_exposed

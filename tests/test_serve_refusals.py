@@ -20,8 +20,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("xgrammar")
 
+from asymspec_mm.frontend.prometheus import parse_prometheus
 from asymspec_mm.serve import ServerThread, create_app
-from asymspec_mm.serve.metrics import parse_prometheus
 
 LIMIT = "over the limit of 67,108,864 pixels"  # the documented 64 MP default (ASYMSPEC_MAX_INPUT_PIXELS unset)
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nonsense"}}}  # valid JSON, no grammar: xgrammar refuses it

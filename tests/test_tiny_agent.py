@@ -114,8 +114,8 @@ def test_a_failing_agent_task_is_logged_and_retried_on_resume(shipped, tmp_path)
     import copy
 
     from asymspec_mm.base.errors import AsymSpecError
-    from asymspec_mm.cli.variants import Variant
     from asymspec_mm.eval.agent_eval import run_agent_eval
+    from asymspec_mm.frontend.variants import Variant
 
     good, broken = make_agent_problem(1, 0), copy.deepcopy(make_agent_problem(1, 1))
     for part in broken["messages"][-1]["content"]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.base.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
-from asymspec_mm.cli.options import load_pipeline  # noqa: F401 - re-exported
+from asymspec_mm.frontend.options import load_pipeline  # noqa: F401 - re-exported
 from vision_cache.checks import is_int
 
 from .align import render_alignment_html  # noqa: F401 - re-exported

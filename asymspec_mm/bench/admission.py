@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..base.config import AsymSpecConfig
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 if TYPE_CHECKING:
     from ..requests.preparing import ServingPipeline
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioning.ocr import DEFAULT_OCR_CACHE
 
     from ..checkpoints.small import build_tiny_checkpoints
-    from ..cli.options import load_pipeline
+    from ..frontend.options import load_pipeline
     from .pairs import bench_cases
 
     arms = arms_of(args.ocr, args.ocr_workers, args.ocr_threads, args.ocr_nice)

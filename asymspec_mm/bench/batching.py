@@ -30,7 +30,7 @@ from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS
 
 if TYPE_CHECKING:
     from ..base.config import AsymSpecConfig
-    from ..cli.variants import Variant
+    from ..frontend.variants import Variant
     from ..requests.session import Session
 
 #: Synthetic contexts: case i's streams hold ``base + SYNTHETIC_STAGGER * i`` positions, so rows are ragged.

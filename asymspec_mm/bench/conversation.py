@@ -20,8 +20,8 @@ import statistics
 import time
 from typing import Any
 
-from ..cli.help import terminal_text
 from ..engines.prefix_kv import common_prefix
+from ..frontend.help import terminal_text
 from ..requests.conversation import truncate
 
 #: The conversation's user turns: (text parts, which of the two images they show).

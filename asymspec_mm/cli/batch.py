@@ -29,6 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import AsymSpecError
+from ..frontend.help import terminal_text
+from ..frontend.identity import (
+    checkpoint_identity,
+    comparable,
+    models_identity,
+    ocr_engine_of,
+    read_identity_file,
+    show_value,
+    write_identity_file,
+)
+from ..frontend.identity import identity_diff as shared_identity_diff
+from ..frontend.options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from ..pipeline.presets import ocr_layout_of
 from .batch_files import (
     DEFAULT_BATCH_SIZE,
@@ -44,10 +56,6 @@ from .batch_files import (
     meta_path,
     read_input,
 )
-from .help import terminal_text
-from .identity import checkpoint_identity, comparable, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
-from .identity import identity_diff as shared_identity_diff
-from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 
 #: What the tiny pair's out-of-domain warning (each answer's ``warnings``) advises a batch file's author: the line's
 #: question, or the pair the command loads (a batch line has no choices field: the layout goes in its question).

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from ..base.checks import is_int
 from ..base.errors import AsymSpecError
 from ..base.unicode_check import check_text_fields, text_problem
-from .jsonl import complete_lines
+from ..frontend.jsonl import complete_lines
 from .trace_json import TokenTexts, jsonable, trace_entry  # noqa: F401 - re-exported for batch.cli
 
 FORMAT = "asymspec-mm batch"

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 #: The paper's Table 10: tokens Qwen3's and Llama-3's vocabularies spell identically.
 PAPER_QWEN3_LLAMA3_SHARED = 109_566

@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, encode_perception_of, model_inputs
 from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 from . import PRESET_DIR
 from .data import collate, model_inputs
 from .evaluate import fmt_tf, greedy, teacher_forced

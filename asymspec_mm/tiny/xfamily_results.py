@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 from . import DRAFTER_DIR
 from .xfamily import XFAMILY_VERIFIER_DIR, mapped_ids
 
