@@ -120,16 +120,13 @@ def pipe(tiny_pipe):
 
 
 @pytest.fixture(scope="module")
-def server(pipe):
-    app = create_app(pipe, max_batch_size=16, max_queue=64)
-    with ServerThread(app) as srv:
-        srv.state = app.state.asymspec
-        yield srv
+def server_pipe(pipe):
+    return pipe
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def server_options():
+    return {"max_batch_size": 16, "max_queue": 64}
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("xgrammar")
 
 from asymspec_mm.frontend.prometheus import parse_prometheus
-from asymspec_mm.serve import ServerThread, create_app
 
 LIMIT = "over the limit of 67,108,864 pixels"  # the documented 64 MP default (ASYMSPEC_MAX_INPUT_PIXELS unset)
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nonsense"}}}  # valid JSON, no grammar: xgrammar refuses it
@@ -209,15 +208,13 @@ PYTHON_WORDS = ("None", "max_pixels_in", "decompression bomb DOS", "--choices")
 
 
 @pytest.fixture(scope="module")
-def server(shipped_tiny):
-    app = create_app(shipped_tiny)
-    with ServerThread(app) as srv:
-        yield srv
+def server_pipe(shipped_tiny):
+    return shipped_tiny
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def server_options():
+    return {}
 
 
 def metrics(server) -> dict[str, float]:
