@@ -222,7 +222,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             text_of = TokenTexts(pipe.tokenizer) if args.trace else None
             decoder = BatchDecoder(pipe)
             upcoming = iter(enumerate(todo))
-            acc_sum = acc_n = 0.0
+            drafted = accepted = 0  # summed over the answers: the bar shows pooled acceptance, as eval reports
 
             def refill() -> None:
                 while len(decoder.rows) < args.batch_size:
@@ -254,10 +254,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
                         continue
                     answers.write(answer_record(todo[row.id], res, text_of))
                     answered += 1
-                    if res.stats.get("drafted"):
-                        acc_sum += float(res.stats.get("acceptance_rate") or 0.0)
-                        acc_n += 1
-                    postfix = f"accept={acc_sum / acc_n:.2f}" if acc_n else ""
+                    drafted += int(res.stats.get("drafted") or 0)
+                    accepted += int(res.stats.get("accepted") or 0)
+                    postfix = f"accept (pooled)={accepted / drafted:.2f}" if drafted else ""
                     progress.update(f"{postfix} failed={failed}".strip())
                 refill()
     except KeyboardInterrupt:  # Ctrl-C: every finished row is already durable, so say how to go on
