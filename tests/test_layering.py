@@ -1,5 +1,5 @@
 """Imports go one way: between the top-level packages (vision_cache < captioning < asymspec_mm < ui) and, inside
-``asymspec_mm``, between its layers (base < engines < decode < requests < core < pipeline < frontend < the edges).
+``asymspec_mm``, between its layers (base < engines < decode < request < core < pipeline < frontend < the edges).
 
 A package or layer may import itself and those below it, never one above. The one exception is
 ``asymspec_mm/cli/main.py``, the command-line composition root, which may import ``ui`` (to add the ``demo`` command);
@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("base", "checkpoints"),
     ("engines",),
     ("decode",),
-    ("requests",),
+    ("request",),
     ("core",),
     ("pipeline",),
     ("frontend",),
@@ -213,7 +213,7 @@ def test_scanner_sees_the_project_imports() -> None:
     imports = project_imports()
     # Known imports of each kind: module level, function level, relative.
     assert ("asymspec_mm.engines.single", "vision_cache.features.VisionFeatures") in imports
-    assert ("asymspec_mm.requests.preparing", "asymspec_mm.requests.captioner.DrafterCaptioner") in imports
+    assert ("asymspec_mm.request.preparing", "asymspec_mm.request.captioner.DrafterCaptioner") in imports
     assert ("captioning.ocr.cache", "vision_cache.store.LRUCache") in imports
 
 
@@ -298,7 +298,7 @@ def test_the_package_top_imports_no_edge() -> None:
 
 def test_the_admission_benchmark_measures_the_core_without_the_facade() -> None:
     bad = facade_imports(project_imports(), below=("asymspec_mm.bench.admission",))
-    assert not bad, f"the admission benchmark types against asymspec_mm.requests.preparing.ServingPipeline:\n{_listing(bad)}"
+    assert not bad, f"the admission benchmark types against asymspec_mm.request.preparing.ServingPipeline:\n{_listing(bad)}"
 
 
 def test_no_import_cycle_between_modules() -> None:
@@ -386,24 +386,24 @@ def test_rules_on_synthetic_imports() -> None:
 
 def test_module_graph_and_cycles_on_a_small_tree(tmp_path: Path) -> None:
     pkg = tmp_path / "asymspec_mm"
-    for layer in ("pipeline", "core", "requests"):
+    for layer in ("pipeline", "core", "request"):
         (pkg / layer).mkdir(parents=True)
         (pkg / layer / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("from .pipeline.facade import Facade\n")
     (pkg / "pipeline" / "facade.py").write_text("def f():\n    from ..core.decoder import Decoder\n")
-    (pkg / "requests" / "models.py").write_text("import torch\n")
+    (pkg / "request" / "models.py").write_text("import torch\n")
     (pkg / "core" / "decoder.py").write_text(
-        "from typing import TYPE_CHECKING\nfrom ..requests.models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline.facade import Facade\n"
+        "from typing import TYPE_CHECKING\nfrom ..request.models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline.facade import Facade\n"
     )
     graph = module_graph(root=tmp_path)
-    assert graph["asymspec_mm.core.decoder"] == {"asymspec_mm.requests.models", "asymspec_mm.pipeline.facade"}
+    assert graph["asymspec_mm.core.decoder"] == {"asymspec_mm.request.models", "asymspec_mm.pipeline.facade"}
     assert graph["asymspec_mm.pipeline.facade"] == {"asymspec_mm.core.decoder"}
     assert cycle_through(graph, "asymspec_mm.pipeline.facade") == [
         "asymspec_mm.pipeline.facade",
         "asymspec_mm.core.decoder",
         "asymspec_mm.pipeline.facade",
     ]
-    assert cycle_through(graph, "asymspec_mm.requests.models") is None
+    assert cycle_through(graph, "asymspec_mm.request.models") is None
     imports = [
         ("asymspec_mm.core.decoder", "asymspec_mm.pipeline.facade.Facade"),
         ("asymspec_mm.cli.main", "asymspec_mm.pipeline.facade.Facade"),
@@ -419,7 +419,7 @@ def test_layer_rule_on_synthetic_imports() -> None:
         ("asymspec_mm.bench.serving", "asymspec_mm.serve.metrics"),  # any other edge-to-edge import: refused
         ("asymspec_mm.frontend.options", "asymspec_mm.cli.output"),  # below the edges, importing one: refused
         ("asymspec_mm.checkpoints.small", "asymspec_mm.base.errors"),  # beside base, importing it: fine
-        ("asymspec_mm.requests.preparing", "asymspec_mm.core.prefill"),  # above: refused
+        ("asymspec_mm.request.preparing", "asymspec_mm.core.prefill"),  # above: refused
         ("asymspec_mm.base.config", "asymspec_mm.checkpoints.build"),  # base never imports its neighbour
         ("asymspec_mm.decode.rows", "asymspec_mm.gate.jsd"),  # a public path from inside: refused
         ("asymspec_mm.engines.single", "asymspec_mm.AsymSpecConfig"),  # the package top from inside: refused
@@ -428,7 +428,7 @@ def test_layer_rule_on_synthetic_imports() -> None:
     assert layer_violations(imports) == [
         ("asymspec_mm.bench.serving", "asymspec_mm.serve.metrics"),
         ("asymspec_mm.frontend.options", "asymspec_mm.cli.output"),
-        ("asymspec_mm.requests.preparing", "asymspec_mm.core.prefill"),
+        ("asymspec_mm.request.preparing", "asymspec_mm.core.prefill"),
         ("asymspec_mm.base.config", "asymspec_mm.checkpoints.build"),
         ("asymspec_mm.decode.rows", "asymspec_mm.gate.jsd"),
         ("asymspec_mm.engines.single", "asymspec_mm.AsymSpecConfig"),

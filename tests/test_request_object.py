@@ -11,8 +11,8 @@ from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig, Request
 from asymspec_mm.base.errors import InvalidTextError, UnknownOptionError
-from asymspec_mm.requests.request import request_of
-from asymspec_mm.requests.tools import ToolError
+from asymspec_mm.request.request import request_of
+from asymspec_mm.request.tools import ToolError
 
 _TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
 _SHORT = AsymSpecConfig(max_new_tokens=6)

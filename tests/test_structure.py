@@ -20,7 +20,7 @@ from asymspec_mm.decode import SOURCES, Counters, steps_for
 from asymspec_mm.decode.stats import STOP_REASONS
 from asymspec_mm.engines import StaticEngines, StaticTextEngine, StaticVLEngine, TextEngine, TransformersEngines
 from asymspec_mm.frontend.variants import build_variants, parse_variant, parse_variants
-from asymspec_mm.requests.session import GenerationStream, Session
+from asymspec_mm.request.session import GenerationStream, Session
 
 
 def _request(seed: int) -> tuple[tuple, dict]:

@@ -42,7 +42,7 @@ def tiny_tokenizers():
 
 
 def test_tool_tokens_are_in_the_shipped_vocabulary_and_never_fire_on_the_four_families(tiny_tokenizers):
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
 
     proc, tok = tiny_tokenizers
     ids = {tok.convert_tokens_to_ids(t) for t in TOOL_TOKENS}

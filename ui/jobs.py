@@ -249,7 +249,7 @@ class DemoApp(ViewFields):
     def warning(self, question: str, image_size: tuple[int, int] | None) -> str | None:
         """The page's warning for a request the loaded pair cannot answer (the bundled tiny pair outside
         MiniVista), else None."""
-        from asymspec_mm.requests.domain import request_problems
+        from asymspec_mm.request.domain import request_problems
 
         if not request_problems(getattr(self.pipe, "name", None), question, [image_size]):  # every path's rule
             return None

@@ -8,7 +8,7 @@ its mean step during their set-up against its mean step after, and how many step
 tokens); ``--ocr-workers N`` reads the images in N worker processes (:mod:`captioning.ocr.workers`) instead of the
 set-up thread, ``--ocr-threads N`` bounds the OCR engine's compute threads; ``--contention`` measures OCR beside the
 live row alone (:func:`measure_contention`) and the wait for the interpreter lock it adds (:func:`measure_lock_wait`).
-:func:`measure_stall` takes any pipeline (a :class:`~asymspec_mm.requests.preparing.ServingPipeline`: the measure is
+:func:`measure_stall` takes any pipeline (a :class:`~asymspec_mm.request.preparing.ServingPipeline`: the measure is
 the scheduler's, not the facade's).
 """
 
@@ -27,7 +27,7 @@ from ..base.config import AsymSpecConfig
 from ..frontend.help import terminal_text
 
 if TYPE_CHECKING:
-    from ..requests.preparing import ServingPipeline
+    from ..request.preparing import ServingPipeline
 
 
 def _p99(values: list[float]) -> float:

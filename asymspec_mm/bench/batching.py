@@ -31,7 +31,7 @@ from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS
 if TYPE_CHECKING:
     from ..base.config import AsymSpecConfig
     from ..frontend.variants import Variant
-    from ..requests.session import Session
+    from ..request.session import Session
 
 #: Synthetic contexts: case i's streams hold ``base + SYNTHETIC_STAGGER * i`` positions, so rows are ragged.
 SYNTHETIC_STAGGER = 4
@@ -132,8 +132,8 @@ class BatchSweep:
             return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)
         import torch
 
-        from ..requests.request import Request
-        from ..requests.session import Session
+        from ..request.request import Request
+        from ..request.session import Session
 
         factory = self.pipe.engines
         streams: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..engines.prefix_kv import common_prefix
 from ..frontend.help import terminal_text
-from ..requests.conversation import truncate
+from ..request.conversation import truncate
 
 #: The conversation's user turns: (text parts, which of the two images they show).
 TURNS: tuple[tuple[str, tuple[int, ...]], ...] = (

@@ -8,7 +8,7 @@ used as is; ``"ocr": false``: no OCR text). Ids are strings or integers, compare
 
 Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, appended, flushed and fsynced
 as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "warnings", "stats", "view":
-{"caption", "ocr_text"}, "method", "config"}`` (``warnings``: :attr:`~asymspec_mm.requests.session.MMResult.warnings`) plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
+{"caption", "ocr_text"}, "method", "config"}`` (``warnings``: :attr:`~asymspec_mm.request.session.MMResult.warnings`) plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
 effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
 skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (a line
 that is not UTF-8, invalid JSON, a missing or mistyped field, text that is not valid Unicode such as a lone

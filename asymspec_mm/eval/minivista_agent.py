@@ -199,7 +199,7 @@ def smolagents_requests(problem: dict[str, Any], call_id: str | None = None) -> 
     writes its earlier call back as assistant text (``Calling tools:`` and the calls' Python repr) and the tool's
     result as a user message that repeats the task's image. ``call_id``: the id the server gave the call (default: one
     in the server's format)."""
-    from ..requests.tools import call_id as server_call_id
+    from ..request.tools import call_id as server_call_id
 
     call_id = call_id or server_call_id(str(problem["pid"]), 0)
     url = data_url(problem["image"])

@@ -68,8 +68,8 @@ ENDPOINTS = (
 
 def check_tools(pipe: Any, request: Any) -> None:
     """A 400 naming ``tools`` (code ``unsupported``) when ``pipe``'s verifier cannot take the tools ``request``'s prompt
-    would carry (:meth:`~asymspec_mm.requests.preparing.RequestPreparer.check_tools`); the set-up checks it again."""
-    from ..requests.tools import ToolError
+    would carry (:meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`); the set-up checks it again."""
+    from ..request.tools import ToolError
 
     preparer = getattr(pipe, "preparer", None)
     if preparer is None:

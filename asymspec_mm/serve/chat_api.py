@@ -3,7 +3,7 @@
 Both take the same way: FastAPI validates the body against the endpoint's pydantic model
 (:class:`~asymspec_mm.serve.models_chat.ChatCompletionRequest`,
 :class:`~asymspec_mm.serve.completions.CompletionRequest`), the model becomes one checked
-:class:`~asymspec_mm.requests.request.Request` (images loaded) off the event loop, each choice (``n``) is a row of
+:class:`~asymspec_mm.request.request.Request` (images loaded) off the event loop, each choice (``n``) is a row of
 the scheduler, and the answer is one object (a ``chat.completion`` / ``text_completion`` built as the ``openai``
 package's types) or server-sent chunks.
 """
@@ -33,7 +33,7 @@ from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
 
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 #: The chat field an engine error names -> the completions field.
 COMPLETION_PARAMS = {"messages": "prompt"}

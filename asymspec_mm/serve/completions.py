@@ -1,6 +1,6 @@
 """``POST /v1/completions``: a plain text prompt answered as a chat request with one user message and no image
 (the prompt rendered by the verifier's chat template, exactly as ``pipe.chat([{"role": "user", "content":
-prompt}])``), one :class:`~asymspec_mm.requests.request.Request` per request like every endpoint's.
+prompt}])``), one :class:`~asymspec_mm.request.request.Request` per request like every endpoint's.
 
 :class:`CompletionRequest` is OpenAI's ``CreateCompletionRequest``: ``prompt`` (a string, or a list of one string),
 ``max_tokens`` (default 16, as OpenAI's), ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 to 8),
@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field
 
 from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
-from ..requests.request import Request
+from ..request.request import Request
 from .models_base import DecodeRequest
 from .models_common import (
     RequestModel,
@@ -39,7 +39,7 @@ from .schema import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 #: OpenAI's default budget of a text completion.
 DEFAULT_COMPLETION_TOKENS = 16

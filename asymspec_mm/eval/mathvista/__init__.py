@@ -25,7 +25,7 @@ Paper protocol (:mod:`.paper_prompts`, :mod:`.dump`)
     ``--protocol paper`` reproduces the authors' released harness behind Table 3: the raw Bard caption
     (1,600 characters) and the EasyOCR texts joined by spaces (800) as ``Image caption:`` / ``OCR text
     from image:``, the query plus a step-by-step suffix, laid out by :data:`PAPER_STYLE` (a
-    :class:`~asymspec_mm.requests.prompts.PromptStyle` the pipeline is built with), and the regex extraction and
+    :class:`~asymspec_mm.request.prompts.PromptStyle` the pipeline is built with), and the regex extraction and
     scoring of :mod:`asymspec_mm.eval.paper_extraction`. :func:`prompt_rows` gives each problem's texts
     with no model (``--dump-prompts``).
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from ...base.config import METHODS
 from ...frontend.variants import ALIASES, Variant, build_variants, parse_list, parse_variant, parse_variants
-from ...requests.mathvista_query import HINTS, build_query, choices_text, hint_text, question_text
+from ...request.mathvista_query import HINTS, build_query, choices_text, hint_text, question_text
 from .dump import load_verifier_tokenizer, problem_view, prompt_rows, style_for, write_prompt_rows
 from .outputs import finalize_run, group_by_variant, official_output, safe_name
 from .paper_prompts import PAPER_STYLE, PROTOCOLS, PaperPromptStyle, check_protocol, in_paper_subset, paper_user_texts, paper_view

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import AsymSpecError
-from ...requests.prompts import DEFAULT_STYLE, PromptStyle, verifier_chat_text
+from ...request.prompts import DEFAULT_STYLE, PromptStyle, verifier_chat_text
 from .paper_prompts import PAPER_STYLE, paper_view
 from .texts import TextData, official_query, view_for
 

@@ -20,7 +20,7 @@ from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # no
 from captioning.static import refine_bard_caption as refine_caption
 
 from ...base.errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
-from ...requests.mathvista_query import build_query
+from ...request.mathvista_query import build_query
 from .shipped import SHIPPED_DIR
 
 ENV_TEXT_DIR = "ASYMSPEC_MATHVISTA_DIR"

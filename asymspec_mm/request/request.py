@@ -2,7 +2,7 @@
 
 Every edge (the Python API, the CLI, a batch file, the server, the demo, the evaluation) builds a :class:`Request`;
 :meth:`Request.checked` validates it once and returns the checked copy, which every later layer (the scheduler's
-line, set-up, the decoder's row through :attr:`~asymspec_mm.requests.session.Session.request`) reads as it is. A
+line, set-up, the decoder's row through :attr:`~asymspec_mm.request.session.Session.request`) reads as it is. A
 checked request is never checked again, so no layer re-spells or re-validates its fields.
 """
 
@@ -41,7 +41,7 @@ class Request:
     ``return_trace``: the server's answer carries the per-token trace. ``domain_advice``: what the tiny pair's
     out-of-domain warning tells the user to do, in the words of the front end that built the request (the CLI
     names its flags, the server the request's fields; ``None``: the Python API's,
-    :data:`~asymspec_mm.requests.domain.HOW_TO`).
+    :data:`~asymspec_mm.request.domain.HOW_TO`).
     """
 
     image: Any = None
