@@ -26,8 +26,8 @@ from asymspec_mm import AsymSpecConfig
 from asymspec_mm.base.errors import AsymSpecError
 from asymspec_mm.frontend.prometheus import parse_prometheus
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
-from asymspec_mm.serve.models_common import field_value
-from asymspec_mm.serve.responses import TextDeltas
+from asymspec_mm.serve.chat_answers import TextDeltas
+from asymspec_mm.serve.models_fields import field_value
 from asymspec_mm.serve.server import warn_if_exposed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,8 +188,8 @@ def test_completion_equals_generate(pipe, client, method, options):
 def test_ignore_eos_decodes_to_the_budget(pipe, client):
     """vLLM's ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` sends) reaches the request on both endpoints that
     take it, and the answer runs to ``max_tokens``, token for token the library's ``ignore_eos``."""
+    from asymspec_mm.serve.chat_request import parse_chat_request, validated
     from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
-    from asymspec_mm.serve.schema import parse_chat_request, validated
 
     case = make_case(2)
     body = body_of(case, max_tokens=40, return_trace=True)

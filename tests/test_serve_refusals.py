@@ -285,7 +285,7 @@ def test_the_out_of_domain_warning_tells_an_http_client_what_it_can_send(client,
     Python calls for the Python API: each front end passes its own advice."""
     from asymspec_mm.cli.main import DOMAIN_ADVICE as CLI_ADVICE
     from asymspec_mm.request.domain import HOW_TO
-    from asymspec_mm.serve.schema import DOMAIN_ADVICE as HTTP_ADVICE
+    from asymspec_mm.serve.chat_request import DOMAIN_ADVICE as HTTP_ADVICE
 
     answer = chat(messages=user("Tell me a story.", chart_url()), asymspec={"caption": "", "ocr": False})(client)
     (served,) = answer.model_extra["asymspec"]["warnings"]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from asymspec_mm.request.session import MMResult
 from asymspec_mm.request.tools import CLOSE, OPEN, ToolCallStream, call_id, parse_tool_calls, tool_call_spans
-from asymspec_mm.serve.responses import finish_reason, message_of
+from asymspec_mm.serve.chat_answers import finish_reason, message_of
 from asymspec_mm.serve.streaming import ChoiceDeltas
 
 PREFIX = "chatcmpl-test"

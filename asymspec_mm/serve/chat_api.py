@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from starlette.responses import Response
 
+from .chat_answers import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
+from .chat_request import STRUCTURED_PARAMS, ChatRequest, parse_chat_request
 from .completions import CompletionRequest, choice, completion_logprobs, finish_of, parse_completion_request, text_completion
 from .completions import total_usage as completion_usage
 from .errors import RequestError, renamed
 from .models_chat import ChatCompletionRequest
 from .openapi import answer_docs
 from .request_metrics import answer_metrics
-from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
-from .schema import STRUCTURED_PARAMS, ChatRequest, parse_chat_request
 from .streaming import chat_chunks, completion_chunks
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 

@@ -17,16 +17,8 @@ from pydantic import ConfigDict, Field
 from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
 from ..request.request import Request
-from .models_base import DecodeRequest
-from .models_common import (
-    RequestModel,
-    checked_by,
-    refuse,
-    unsupported,
-)
-from .models_router import DecodeExtras
-from .responses import usage
-from .schema import (
+from .chat_answers import usage
+from .chat_request import (
     DOMAIN_ADVICE,
     STRUCTURED_PARAMS,
     ChatRequest,
@@ -37,6 +29,14 @@ from .schema import (
     decode_request,
     response_format_of,
 )
+from .models_endpoint import DecodeRequest
+from .models_fields import (
+    RequestModel,
+    checked_by,
+    refuse,
+    unsupported,
+)
+from .models_router import DecodeExtras
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request.session import MMResult
@@ -89,7 +89,7 @@ class CompletionRequest(DecodeExtras, DecodeRequest, _CompletionBody):
 
 
 def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | None = None) -> ChatRequest:
-    """The :class:`~asymspec_mm.serve.schema.ChatRequest` of a validated completion request: one user message holding
+    """The :class:`~asymspec_mm.serve.chat_request.ChatRequest` of a validated completion request: one user message holding
     the prompt; ``top_logprobs`` is ``logprobs`` (None: none asked)."""
     config = config_of(req, base, req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS, req.logprobs)
     check_per_image(req.asymspec, 0)  # the prompt is text alone
@@ -107,7 +107,7 @@ def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | N
 
 # ---------------------------------------------------------------------------------------------- answers
 def completion_logprobs(content: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
-    """The chat ``logprobs.content`` entries (:func:`~asymspec_mm.serve.responses.logprobs_of`) in the text
+    """The chat ``logprobs.content`` entries (:func:`~asymspec_mm.serve.chat_answers.logprobs_of`) in the text
     completion's layout: ``tokens``, ``token_logprobs``, ``top_logprobs`` (token -> log-probability) and
     ``text_offset`` (each token's first character in the answer, from ``offset``)."""
     offsets, at = [], offset

@@ -12,7 +12,7 @@ is a system message before them all. Images load exactly as chat completions' (:
 under ``--allow-local-images``). Function ``tools`` in the Responses shape (``{"type": "function", "name", ...}``),
 ``tool_choice`` and ``text.format`` are turned into their chat shapes (``tools``, ``tool_choice``,
 ``response_format``). With ``previous_response_id`` the conversation of a stored response (:mod:`.responses_output`)
-comes first. The sampling fields and the ``asymspec`` object are read as in chat completions (:mod:`.schema`);
+comes first. The sampling fields and the ``asymspec`` object are read as in chat completions (:mod:`.chat_request`);
 ``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` asks for the output text's log-probabilities.
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 
 from ..base.config import AsymSpecConfig
 from ..request.request import Request
+from .chat_request import DEFAULT_MAX_IMAGES, DOMAIN_ADVICE, asymspec_fields, check_per_image, checked, config_of, load_images, validated
 from .errors import RequestError, bad_request, renamed
 from .models_responses import CreateResponseRequest, FunctionCallItem, InputImage, ReasoningItem
-from .schema import DEFAULT_MAX_IMAGES, DOMAIN_ADVICE, asymspec_fields, check_per_image, checked, config_of, load_images, validated
 
 
 @dataclass

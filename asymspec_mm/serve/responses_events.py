@@ -31,11 +31,12 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from ..request.tools import ToolCallStream, parse_tool_calls
+from .chat_answers import TextDeltas
+from .chat_request import ChatRequest
 from .errors import bad_request
-from .models_common import field_value
+from .models_fields import field_value
 from .models_responses import CreateResponseRequest
 from .openapi import answer_docs
-from .responses import TextDeltas
 from .responses_api import ResponsesRequest, parse_responses_request, responses_error
 from .responses_output import (
     answer_logprobs,
@@ -50,7 +51,6 @@ from .responses_output import (
     response_object,
 )
 from .responses_store import MemoryResponseStore, ResponseStore
-from .schema import ChatRequest
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover

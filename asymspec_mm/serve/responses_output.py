@@ -15,8 +15,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..request.tools import parse_tool_calls
+from .chat_answers import asymspec_object, logprobs_of, usage
 from .request_metrics import answer_metrics
-from .responses import asymspec_object, logprobs_of, usage
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request.session import MMResult
@@ -53,7 +53,7 @@ def output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict
 
 def answer_logprobs(trace: list[Any], tokenizer: Any, top: int | None) -> list[dict[str, Any]]:
     """The answer's tokens' log-probabilities as chat completions compute them
-    (:func:`~asymspec_mm.serve.responses.logprobs_of`: each token and its ``top`` alternatives; special tokens left
+    (:func:`~asymspec_mm.serve.chat_answers.logprobs_of`: each token and its ``top`` alternatives; special tokens left
     out), or none when none were asked (``top`` None). With tool calls, the calls' tokens are among them."""
     if top is None:
         return []
@@ -90,7 +90,7 @@ def output_items(res: MMResult, rid: str, logprobs: list[dict[str, Any]] | None 
 
 
 def usage_of(res: MMResult) -> dict[str, Any]:
-    """``usage``: chat completions' counts (:func:`~asymspec_mm.serve.responses.usage`: ``input_tokens`` is the
+    """``usage``: chat completions' counts (:func:`~asymspec_mm.serve.chat_answers.usage`: ``input_tokens`` is the
     verifier's prompt, ``cached_tokens`` how much of it was reused from earlier requests) in the Responses names; no
     reasoning tokens, no billed cache writes."""
     counts = usage(res)

@@ -1,6 +1,6 @@
 """The sampling side of a request's choices: the seeds of ``n`` choices, and the model's own sampling defaults for
 ``serve --generation-config model`` (the fields themselves, ``temperature``, ``top_p``, ``top_k`` and ``seed``, are
-the request models': :mod:`.models_common`).
+the request models': :mod:`.models_fields`).
 
 A request without ``temperature`` is greedy unless the server was started with ``--generation-config model``: its
 verifier's ``generation_config.json`` then supplies temperature, top_p and top_k (as vLLM's

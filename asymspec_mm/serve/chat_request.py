@@ -29,9 +29,9 @@ from ..base.errors import UnknownOptionError
 from ..request.request import Request
 from .errors import bad_request, renamed
 from .images import load_request_image
-from .models_base import StructuredOutputs
 from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart
-from .models_common import sampling_fields
+from .models_endpoint import StructuredOutputs
+from .models_fields import sampling_fields
 from .validation_errors import request_error
 
 DEFAULT_MAX_IMAGES = 8
