@@ -1,5 +1,6 @@
-"""The OpenAI-shaped parts of a response: finish reason, usage, the ``asymspec`` object with the trace, and the
-streamed text deltas (held back where a stop string or an unfinished character may still be forming)."""
+"""The OpenAI-shaped parts of a chat answer (the Responses API's answers reuse them): finish reason, usage, logprobs,
+the ``asymspec`` object with the trace, and the streamed text deltas (held back where a stop string or an unfinished
+character may still be forming)."""
 
 from __future__ import annotations
 
