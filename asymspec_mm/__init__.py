@@ -16,11 +16,11 @@ _LAZY = {
     "MMResult": "asymspec_mm.pipeline.facade",
     "Prompts": "asymspec_mm.pipeline.facade",
     "AsymSpecConfig": "asymspec_mm.base.config",
-    "GenerationStream": "asymspec_mm.requests.session",
-    "Session": "asymspec_mm.requests.session",
-    "Request": "asymspec_mm.requests.request",
+    "GenerationStream": "asymspec_mm.request.session",
+    "Session": "asymspec_mm.request.session",
+    "Request": "asymspec_mm.request.request",
     "TokenEvent": "asymspec_mm.decode",
-    "mathvista_question": "asymspec_mm.eval.mathvista.query",
+    "mathvista_question": "asymspec_mm.request.mathvista_query",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover
     from .base.config import AsymSpecConfig
     from .decode import TokenEvent
-    from .eval.mathvista.query import mathvista_question
     from .pipeline.facade import AsymSpecPipeline, MMResult, Prompts, mm_generate
-    from .requests.request import Request
-    from .requests.session import GenerationStream, Session
+    from .request.mathvista_query import mathvista_question
+    from .request.request import Request
+    from .request.session import GenerationStream, Session

@@ -1,6 +1,6 @@
 """The public path of tool-call parsing named in the design card (``asymspec_mm.tools.parse_tool_calls``); it lives
-in :mod:`asymspec_mm.requests.tools`, the requests layer."""
+in :mod:`asymspec_mm.request.tools`, the requests layer."""
 
-from .requests.tools import ParsedAnswer, ToolCallStream, ToolError, parse_tool_calls
+from .request.tools import ParsedAnswer, ToolCallStream, ToolError, parse_tool_calls
 
 __all__ = ["ParsedAnswer", "ToolCallStream", "ToolError", "parse_tool_calls"]

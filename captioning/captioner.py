@@ -1,7 +1,7 @@
 """The captioner interface, the caption cache and ``compress``: the compressed view of any image.
 
 A captioner turns an image into a caption (the pipeline's default,
-:class:`asymspec_mm.requests.captioner.DrafterCaptioner`, prompts its own drafter with
+:class:`asymspec_mm.request.captioner.DrafterCaptioner`, prompts its own drafter with
 :data:`CAPTION_PROMPT`, as MathVista prompted Bard for its captions). :func:`compress` combines the
 caption with OCR into the :class:`CompressedView` the verifier reads. Captions and OCR are cached
 by image hash.

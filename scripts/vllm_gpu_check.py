@@ -121,7 +121,7 @@ def check_vl(args, work: Path, llm_kw: dict) -> dict:
     from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
     from asymspec_mm.checkpoints.small import build_tiny_checkpoints
     from asymspec_mm.engines import VLEngine
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -160,6 +160,44 @@ def served_tiny():
         stop_serve(proc)
 
 
+@pytest.fixture(scope="module")
+def server_pipe(tiny_pipe):
+    """The pipeline :func:`server` serves: the tiny random pair (a module overrides this fixture to serve another)."""
+    return tiny_pipe
+
+
+@pytest.fixture(scope="module")
+def server_options():
+    """``create_app``'s keyword arguments for :func:`server` (a module overrides this fixture for other limits)."""
+    return {"max_batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def server(server_pipe, server_options):
+    """``create_app(server_pipe, **server_options)`` served in a thread on a free loopback port, one per module:
+    ``srv.url``, ``srv.state`` (the app's engine state: its scheduler, metrics) and ``srv.store`` (its Responses store)."""
+    from asymspec_mm.serve import ServerThread, create_app
+
+    app = create_app(server_pipe, **server_options)
+    with ServerThread(app) as srv:
+        srv.state = app.state.asymspec
+        srv.store = app.state.responses_store
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client_timeout():
+    """Seconds the :func:`client` waits for an answer (a module overrides this fixture to fail faster)."""
+    return 300
+
+
+@pytest.fixture(scope="module")
+def client(server, client_timeout):
+    """The ``openai`` package's client of :func:`server`, without retries."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=client_timeout)
+
+
 def deliver_in_thread(handle, listener) -> None:
     """A stand-in handle's ``listen`` (the scheduler's delivery): every step's events from iterating ``handle``, then
     its cancellation as an error, on a thread of its own."""

@@ -132,6 +132,18 @@ def test_end_to_end_each_answer_equals_generate_alone(full_run, refs):
     assert f"{N} answered" in err
 
 
+def test_the_progress_bar_shows_pooled_acceptance(full_run):
+    """The bar's acceptance is accepted over drafted tokens summed over the answers (eval's measure), not the mean of
+    the per-answer rates, which would give a short answer's few drafts the weight of a long one's many."""
+    _, records, err = full_run
+    drafted = sum(r["stats"]["drafted"] for r in records)
+    accepted = sum(r["stats"]["accepted"] for r in records)
+    rates = [r["stats"]["accepted"] / r["stats"]["drafted"] for r in records if r["stats"]["drafted"]]
+    pooled, mean = accepted / drafted, sum(rates) / len(rates)
+    assert f"{pooled:.2f}" != f"{mean:.2f}", "these answers cannot tell the two measures apart"
+    assert f"accept (pooled)={pooled:.2f}" in err.rsplit(f"{N}/{N}", 1)[-1]  # the bar's last refresh, on stderr
+
+
 def test_an_out_of_domain_line_is_warned_in_the_batch_file_s_terms(vista, tmp_path, shared_pipe):
     """The tiny pair's warning on a line it cannot answer advises what a batch file's author can change (the line's
     question, --preset), not the Python API's calls nor generate's --choices (issue #49)."""

@@ -227,7 +227,7 @@ def test_variant_parsing():
         Variant.parse("asymspec:gate=bogus").apply(AsymSpecConfig())
     with pytest.raises(UnknownOptionError):
         Variant.parse("asymspec@loop=alt")  # not a config field
-    from asymspec_mm.cli.variants import parse_variants
+    from asymspec_mm.frontend.variants import parse_variants
 
     assert [v.name for v in parse_variants(bench.DEFAULT_VARIANTS)] == list(bench.DEFAULT_VARIANTS)  # written canonically
 

@@ -11,7 +11,7 @@ from conftest import make_case, make_image
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.decode import steps_for
 from asymspec_mm.engines import TextEngine, VLEngine
-from asymspec_mm.requests.conversation import ConversationError
+from asymspec_mm.request.conversation import ConversationError
 
 CFG = AsymSpecConfig(k=3, max_new_tokens=10)
 

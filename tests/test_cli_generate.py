@@ -14,9 +14,9 @@ import pytest
 
 from asymspec_mm.base.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
 from asymspec_mm.cli.main import DOMAIN_ADVICE
-from asymspec_mm.eval.mathvista.query import mathvista_question
-from asymspec_mm.requests.domain import QUESTION_FORMS, domain_problems, domain_warning, request_warnings
-from asymspec_mm.requests.questions import check_question
+from asymspec_mm.request.domain import QUESTION_FORMS, domain_problems, domain_warning, request_warnings
+from asymspec_mm.request.mathvista_query import mathvista_question
+from asymspec_mm.request.questions import check_question
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "examples" / "chart.png"
@@ -83,7 +83,7 @@ def test_every_minivista_problem_is_in_the_domain():
 
     from asymspec_mm.eval.minivista import make_problem
     from asymspec_mm.eval.minivista_agent import make_agent_problem
-    from asymspec_mm.requests.domain import question_stem
+    from asymspec_mm.request.domain import question_stem
 
     stems = set()
     for seed in (0, 1):

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from asymspec_mm.cli.help import terminal_text
 from asymspec_mm.cli.main import build_parser, main
+from asymspec_mm.frontend.help import terminal_text
 
 #: What a terminal would show literally: ``code``, Sphinx roles, **bold**.
 MARKUP = re.compile(r"``|:(?:meth|class|func|mod|attr|data|obj|exc|ref|doc|py:[a-z]+):`|\*\*\w")

@@ -16,24 +16,10 @@ from openai_contract import assert_conforms
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.serve.app import create_app
 from asymspec_mm.serve.completions import DEFAULT_COMPLETION_TOKENS
 from asymspec_mm.serve.sampling_fields import choice_seed
-from asymspec_mm.serve.server import ServerThread
 
 PROMPT = "Which bar is the tallest?"
-
-
-@pytest.fixture(scope="module")
-def server(tiny_pipe):
-    app = create_app(tiny_pipe, max_batch_size=4)
-    with ServerThread(app) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def as_chat(pipe, prompt: str = PROMPT, **cfg):

@@ -9,8 +9,8 @@ import torch
 from conftest import make_image
 
 from asymspec_mm.base.errors import UnknownOptionError
-from asymspec_mm.requests.conversation import ConversationError, ImagePart, parse_messages, truncate, view_messages
-from asymspec_mm.requests.prompts import chat_texts, default_user_texts
+from asymspec_mm.request.conversation import ConversationError, ImagePart, parse_messages, truncate, view_messages
+from asymspec_mm.request.prompts import chat_texts, default_user_texts
 
 VIEW_1 = "Image description: a bar chart with three bars\nText in the image: 12 30 7"
 VIEW_2 = "Image description: a red triangle"

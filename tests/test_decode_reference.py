@@ -9,7 +9,7 @@ from conftest import make_case
 from reference import Reference
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.requests.prompts import build_prompts
+from asymspec_mm.request.prompts import build_prompts
 
 SETTINGS = [
     AsymSpecConfig(k=4, beta=1.0, gamma=0.5, max_new_tokens=8),

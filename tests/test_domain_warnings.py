@@ -1,4 +1,4 @@
-"""The tiny pair's out-of-domain warning (#41): one rule (:func:`asymspec_mm.requests.domain.request_warnings`, only for
+"""The tiny pair's out-of-domain warning (#41): one rule (:func:`asymspec_mm.request.domain.request_warnings`, only for
 the tiny preset) in every path: ``res.warnings`` of ``pipe.generate`` / ``pipe.chat`` / ``generate_batch``, a log
 line per request, the server's ``asymspec.warnings`` (streamed and not), the CLI. An out-of-domain request warns,
 a MiniVista one does not."""
@@ -36,7 +36,7 @@ def _check(res, warned: bool) -> None:
 
 
 def test_the_rule_applies_to_the_tiny_preset_only():
-    from asymspec_mm.requests.domain import request_warnings
+    from asymspec_mm.request.domain import request_warnings
 
     assert request_warnings("tiny", STORY, [(128, 128)]) and not request_warnings("qwen3", STORY, [(640, 480)])
     assert request_warnings("tiny", MINI["query"], [(128, 128)]) == [] and request_warnings("tiny", MINI["query"], [(64, 64)])

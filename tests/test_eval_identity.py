@@ -18,11 +18,11 @@ from test_eval_run import ScriptedPipe, make_problems
 
 from asymspec_mm import __version__
 from asymspec_mm.base.config import AsymSpecConfig
-from asymspec_mm.cli.identity import checkpoint_identity, content_hash, file_sha256, identity_diff, sampled_sha256, show_value
 from asymspec_mm.eval import cli as eval_cli
 from asymspec_mm.eval import mathvista as mv
 from asymspec_mm.eval.cli import main as cli_main
 from asymspec_mm.eval.mathvista import identity as run_id
+from asymspec_mm.frontend.identity import checkpoint_identity, content_hash, file_sha256, identity_diff, sampled_sha256, show_value
 from asymspec_mm.pipeline.presets import TINY_DIR
 
 BASE = ["eval", "mathvista", "--dataset", "minivista", "--minivista-n", "4", "--limit", "2", "--preset", "tiny"]

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asymspec_mm.cli.variants import Variant
 from asymspec_mm.eval.cli import main as cli_main
 from asymspec_mm.eval.samples import base_name, problem_seed, sample_variants, sampled_summary
+from asymspec_mm.frontend.variants import Variant
 
 BASE = ["eval", "mathvista", "--dataset", "minivista", "--minivista-n", "6", "--limit", "3", "--preset", "tiny"]
 BASE += ["--max-new-tokens", "24", "--no-chart", "--no-progress", "--methods", "asymspec"]

@@ -22,7 +22,7 @@ from schemathesis.checks import content_type_conformance, not_a_server_error, re
 
 from asymspec_mm.serve.app import create_app
 from asymspec_mm.serve.body import MAX_JSON_DEPTH
-from asymspec_mm.serve.models_common import MAX_MESSAGES
+from asymspec_mm.serve.models_fields import MAX_MESSAGES
 from asymspec_mm.serve.server import ServerThread
 
 #: Generated requests, all three endpoints and both modes together (a CI-sized run on a 2-core box).

@@ -1,11 +1,12 @@
 """Imports go one way: between the top-level packages (vision_cache < captioning < asymspec_mm < ui) and, inside
-``asymspec_mm``, between its layers (base < engines < decode < requests < core < pipeline < the edges).
+``asymspec_mm``, between its layers (base < engines < decode < request < core < pipeline < frontend < the edges).
 
 A package or layer may import itself and those below it, never one above. The one exception is
 ``asymspec_mm/cli/main.py``, the command-line composition root, which may import ``ui`` (to add the ``demo`` command);
 in exchange nothing may import it (tests aside), so the exception cannot leak a dependency on ``ui`` into the rest of
-``asymspec_mm``. The edges (``cli``, ``serve``, ``eval``, ``bench``, ``tiny``) may use each other's helpers;
-``checkpoints`` (model folders built from scratch) sits beside ``base``. The only modules at the top of
+``asymspec_mm``. Nothing outside ``cli`` imports ``cli`` at all. What the edges (``cli``, ``serve``, ``eval``,
+``bench``, ``tiny``) share lives in ``frontend``, below them; of the edges only ``bench`` and ``tiny`` import another
+(``eval``: its MiniVista problems and agent tasks), and the package's ``__init__`` imports no edge. ``checkpoints`` (model folders built from scratch) sits beside ``base``. The only modules at the top of
 ``asymspec_mm`` are its ``__init__`` and the two public paths the design card names (``asymspec_mm.gate``,
 ``asymspec_mm.tools``), which nothing inside the package imports. No import cycle runs between modules.
 
@@ -37,11 +38,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("base", "checkpoints"),
     ("engines",),
     ("decode",),
-    ("requests",),
+    ("request",),
     ("core",),
     ("pipeline",),
+    ("frontend",),
     ("cli", "serve", "eval", "bench", "tiny"),
 )
+EDGES = LAYERS[-1]
+#: The only imports from one edge into another: (importer, imported).
+EDGE_TO_EDGE = {("bench", "eval"), ("tiny", "eval")}
 LAYER_RANK = {layer: rank for rank, names in enumerate(LAYERS) for layer in names}
 #: ``checkpoints`` sits beside ``base`` and imports only it (and itself): neither may import the other's rank-mates.
 SIDE_BY_SIDE = {("base", "checkpoints"), ("checkpoints", "base")}
@@ -208,7 +213,7 @@ def test_scanner_sees_the_project_imports() -> None:
     imports = project_imports()
     # Known imports of each kind: module level, function level, relative.
     assert ("asymspec_mm.engines.single", "vision_cache.features.VisionFeatures") in imports
-    assert ("asymspec_mm.requests.preparing", "asymspec_mm.requests.captioner.DrafterCaptioner") in imports
+    assert ("asymspec_mm.request.preparing", "asymspec_mm.request.captioner.DrafterCaptioner") in imports
     assert ("captioning.ocr.cache", "vision_cache.store.LRUCache") in imports
 
 
@@ -248,7 +253,24 @@ def layer_violations(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
             bad.append((module, name))
         elif LAYER_RANK[imported] > LAYER_RANK[importer]:
             bad.append((module, name))
+        elif importer in EDGES and imported in EDGES and importer != imported and (importer, imported) not in EDGE_TO_EDGE:
+            bad.append((module, name))
     return bad
+
+
+def command_line_imports(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Imports of ``asymspec_mm.cli`` (the command line) by any module outside it, ``ui`` and the package top
+    included."""
+    return [
+        (module, name)
+        for module, name in imports
+        if (name == "asymspec_mm.cli" or name.startswith("asymspec_mm.cli.")) and not module.startswith("asymspec_mm.cli")
+    ]
+
+
+def edge_imports_of_the_top(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Imports of an edge by the package's ``__init__`` (the public API lives below the edges)."""
+    return [(module, name) for module, name in imports if module == "asymspec_mm" and layer_of(name) in EDGES]
 
 
 def test_the_package_top_holds_only_its_init_and_the_public_paths() -> None:
@@ -264,9 +286,19 @@ def test_layers_import_only_themselves_and_layers_below() -> None:
     assert not bad, f"imports against the layer order {order} (or of the public paths / the package top):\n{_listing(bad)}"
 
 
+def test_only_the_command_line_imports_the_command_line() -> None:
+    bad = command_line_imports(project_imports())
+    assert not bad, f"what the edges share lives in asymspec_mm.frontend; nothing outside asymspec_mm.cli imports it:\n{_listing(bad)}"
+
+
+def test_the_package_top_imports_no_edge() -> None:
+    bad = edge_imports_of_the_top(project_imports())
+    assert not bad, f"asymspec_mm/__init__ names the public API, which lives below the edges:\n{_listing(bad)}"
+
+
 def test_the_admission_benchmark_measures_the_core_without_the_facade() -> None:
     bad = facade_imports(project_imports(), below=("asymspec_mm.bench.admission",))
-    assert not bad, f"the admission benchmark types against asymspec_mm.requests.preparing.ServingPipeline:\n{_listing(bad)}"
+    assert not bad, f"the admission benchmark types against asymspec_mm.request.preparing.ServingPipeline:\n{_listing(bad)}"
 
 
 def test_no_import_cycle_between_modules() -> None:
@@ -354,24 +386,24 @@ def test_rules_on_synthetic_imports() -> None:
 
 def test_module_graph_and_cycles_on_a_small_tree(tmp_path: Path) -> None:
     pkg = tmp_path / "asymspec_mm"
-    for layer in ("pipeline", "core", "requests"):
+    for layer in ("pipeline", "core", "request"):
         (pkg / layer).mkdir(parents=True)
         (pkg / layer / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("from .pipeline.facade import Facade\n")
     (pkg / "pipeline" / "facade.py").write_text("def f():\n    from ..core.decoder import Decoder\n")
-    (pkg / "requests" / "models.py").write_text("import torch\n")
+    (pkg / "request" / "models.py").write_text("import torch\n")
     (pkg / "core" / "decoder.py").write_text(
-        "from typing import TYPE_CHECKING\nfrom ..requests.models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline.facade import Facade\n"
+        "from typing import TYPE_CHECKING\nfrom ..request.models import ModelSet\nif TYPE_CHECKING:\n    from ..pipeline.facade import Facade\n"
     )
     graph = module_graph(root=tmp_path)
-    assert graph["asymspec_mm.core.decoder"] == {"asymspec_mm.requests.models", "asymspec_mm.pipeline.facade"}
+    assert graph["asymspec_mm.core.decoder"] == {"asymspec_mm.request.models", "asymspec_mm.pipeline.facade"}
     assert graph["asymspec_mm.pipeline.facade"] == {"asymspec_mm.core.decoder"}
     assert cycle_through(graph, "asymspec_mm.pipeline.facade") == [
         "asymspec_mm.pipeline.facade",
         "asymspec_mm.core.decoder",
         "asymspec_mm.pipeline.facade",
     ]
-    assert cycle_through(graph, "asymspec_mm.requests.models") is None
+    assert cycle_through(graph, "asymspec_mm.request.models") is None
     imports = [
         ("asymspec_mm.core.decoder", "asymspec_mm.pipeline.facade.Facade"),
         ("asymspec_mm.cli.main", "asymspec_mm.pipeline.facade.Facade"),
@@ -382,17 +414,38 @@ def test_module_graph_and_cycles_on_a_small_tree(tmp_path: Path) -> None:
 def test_layer_rule_on_synthetic_imports() -> None:
     imports = [
         ("asymspec_mm.core.decoder", "asymspec_mm.decode.rows.RowDecoder"),  # below: fine
-        ("asymspec_mm.serve.app", "asymspec_mm.cli.options"),  # edge to edge: fine
+        ("asymspec_mm.serve.app", "asymspec_mm.frontend.options"),  # the edges' shared layer: fine
+        ("asymspec_mm.bench.pairs", "asymspec_mm.eval.minivista"),  # an allowed edge-to-edge import: fine
+        ("asymspec_mm.bench.serving", "asymspec_mm.serve.metrics"),  # any other edge-to-edge import: refused
+        ("asymspec_mm.frontend.options", "asymspec_mm.cli.output"),  # below the edges, importing one: refused
         ("asymspec_mm.checkpoints.small", "asymspec_mm.base.errors"),  # beside base, importing it: fine
-        ("asymspec_mm.requests.preparing", "asymspec_mm.core.prefill"),  # above: refused
+        ("asymspec_mm.request.preparing", "asymspec_mm.core.prefill"),  # above: refused
         ("asymspec_mm.base.config", "asymspec_mm.checkpoints.build"),  # base never imports its neighbour
         ("asymspec_mm.decode.rows", "asymspec_mm.gate.jsd"),  # a public path from inside: refused
         ("asymspec_mm.engines.single", "asymspec_mm.AsymSpecConfig"),  # the package top from inside: refused
         ("asymspec_mm.gate", "asymspec_mm.base.gate.jsd"),  # the public path itself: not a layer, not checked
     ]
     assert layer_violations(imports) == [
-        ("asymspec_mm.requests.preparing", "asymspec_mm.core.prefill"),
+        ("asymspec_mm.bench.serving", "asymspec_mm.serve.metrics"),
+        ("asymspec_mm.frontend.options", "asymspec_mm.cli.output"),
+        ("asymspec_mm.request.preparing", "asymspec_mm.core.prefill"),
         ("asymspec_mm.base.config", "asymspec_mm.checkpoints.build"),
         ("asymspec_mm.decode.rows", "asymspec_mm.gate.jsd"),
         ("asymspec_mm.engines.single", "asymspec_mm.AsymSpecConfig"),
     ]
+
+
+def test_command_line_and_top_rules_on_synthetic_imports() -> None:
+    imports = [
+        ("asymspec_mm.cli.batch", "asymspec_mm.cli.output.print_result"),  # inside the command line: fine
+        ("asymspec_mm.eval.cli", "asymspec_mm.frontend.options.add_model_args"),  # the shared layer: fine
+        ("asymspec_mm.eval.cli", "asymspec_mm.cli.variants.parse_list"),  # an edge reaching into the CLI: refused
+        ("ui.serve", "asymspec_mm.cli.options"),  # ui too
+        ("asymspec_mm", "asymspec_mm.pipeline.facade.mm_generate"),  # the top importing a layer: fine
+        ("asymspec_mm", "asymspec_mm.eval.mathvista.query.mathvista_question"),  # the top importing an edge: refused
+    ]
+    assert command_line_imports(imports) == [
+        ("asymspec_mm.eval.cli", "asymspec_mm.cli.variants.parse_list"),
+        ("ui.serve", "asymspec_mm.cli.options"),
+    ]
+    assert edge_imports_of_the_top(imports) == [("asymspec_mm", "asymspec_mm.eval.mathvista.query.mathvista_question")]

@@ -10,7 +10,7 @@ import pytest
 
 from asymspec_mm.eval.minivista import make_problem
 from asymspec_mm.eval.minivista_agent import TOOLS, AgentToolError, gold_conversation, make_agent_problem, run_tool, tool_call_text
-from asymspec_mm.requests.tools import check_tools, parse_tool_calls
+from asymspec_mm.request.tools import check_tools, parse_tool_calls
 
 
 def bar_values_from_pixels(image, colors) -> list[int]:
@@ -71,7 +71,7 @@ def test_the_gold_conversation_renders_with_the_real_templates(standin_pipe):
     """Both views of the exchange (request, tool call, tool result, answer, the follow-up question) through the pipeline's
     conversation rendering and the real Qwen3 / Qwen3-VL templates: the call and its result appear in both, the image
     only in the full view, and the compressed view holds the caption and OCR text, no bar's value."""
-    from asymspec_mm.requests.conversation import parse_messages, view_messages, view_texts
+    from asymspec_mm.request.conversation import parse_messages, view_messages, view_texts
 
     p = next(q for q in (make_agent_problem(4, i) for i in range(40)) if q["followup"] is not None)
     messages = gold_conversation(p)[:-1]  # up to the follow-up question: the turn an agent would ask for next

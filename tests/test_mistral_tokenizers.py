@@ -116,7 +116,7 @@ def test_a_verifier_standin_with_tekken_loads_renders_and_decodes(tmp_path_facto
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin, mistral_file
-    from asymspec_mm.requests.prompts import verifier_chat_text
+    from asymspec_mm.request.prompts import verifier_chat_text
     from asymspec_mm.tiny.evaluate import greedy
 
     folder = build_mistral_verifier_standin(tmp_path_factory.mktemp("tekken-standin"))
@@ -148,7 +148,7 @@ def test_the_pipeline_decodes_with_a_tekken_verifier(standin_dirs, tmp_path_fact
 
     from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
-    from asymspec_mm.requests.prompts import verifier_chat_text
+    from asymspec_mm.request.prompts import verifier_chat_text
     from captioning.view import CompressedView
 
     verifier_dir = build_mistral_verifier_standin(tmp_path_factory.mktemp("tekken-loop"))

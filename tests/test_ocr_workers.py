@@ -244,7 +244,7 @@ def test_serve_reads_in_a_worker_and_stops_it_on_exit(tiny_dirs, in_process: Rap
 
     import httpx
 
-    import asymspec_mm.cli.options as options
+    import asymspec_mm.frontend.options as options
     import asymspec_mm.serve.server as server
     from asymspec_mm.cli.main import build_parser, main
 

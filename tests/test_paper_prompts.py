@@ -270,7 +270,7 @@ def test_drafter_thinking_switch_reaches_templates_that_read_it() -> None:
     from transformers import AutoProcessor, AutoTokenizer
 
     from asymspec_mm.checkpoints.build import DRAFTER_CHAT_TEMPLATE
-    from asymspec_mm.requests.prompts import UserTexts, chat_texts
+    from asymspec_mm.request.prompts import UserTexts, chat_texts
 
     drafter_dir = TINY_VERIFIER.parent / "drafter"
     tok = AutoTokenizer.from_pretrained(TINY_VERIFIER)

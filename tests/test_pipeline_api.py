@@ -278,8 +278,8 @@ def test_cli_generate_without_caption_or_ocr(tiny_dirs, tmp_path, capsys):
 def test_the_facade_reads_and_writes_through_to_its_parts(tiny_pipe):
     """The pipeline composes a ModelSet and a RequestPreparer: its attributes are theirs, read and written (a
     request set up after ``pipe.eos_ids = ...`` uses the new ids), and it has every member of ServingPipeline."""
-    from asymspec_mm.requests.models import ModelSet
-    from asymspec_mm.requests.preparing import RequestPreparer, ServingPipeline
+    from asymspec_mm.request.models import ModelSet
+    from asymspec_mm.request.preparing import RequestPreparer, ServingPipeline
 
     pipe = tiny_pipe
     assert isinstance(pipe.models, ModelSet) and isinstance(pipe.preparer, RequestPreparer)

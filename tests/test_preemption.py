@@ -164,7 +164,7 @@ def test_a_server_under_a_tight_kv_budget_answers_every_client_as_alone(tiny_pip
         assert sched.preemptions > 0 and 0 < sched.peak_kv_bytes <= budget
         import httpx
 
-        from asymspec_mm.serve.metrics import parse_prometheus
+        from asymspec_mm.frontend.prometheus import parse_prometheus
 
         metrics = parse_prometheus(httpx.get(srv.url + "/metrics", timeout=30).text)
         assert metrics["asymspec_preemptions_total"] == sched.preemptions and metrics["asymspec_kv_peak_bytes"] == sched.peak_kv_bytes

@@ -98,7 +98,7 @@ def test_tiny_pair_templates_are_the_real_ones_and_minivista_prompts_keep_their_
 
     from asymspec_mm.eval import minivista as mv
     from asymspec_mm.pipeline.presets import resolve_preset
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
 
     preset = resolve_preset("tiny")
     proc, tok = AutoProcessor.from_pretrained(preset.drafter), AutoTokenizer.from_pretrained(preset.verifier)

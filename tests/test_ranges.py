@@ -9,8 +9,8 @@ import pytest
 from asymspec_mm.base.config import RANGES, AsymSpecConfig, Range, range_error
 from asymspec_mm.base.errors import UnknownOptionError
 from asymspec_mm.eval.cli import main as eval_main
+from asymspec_mm.serve.chat_request import parse_chat_request
 from asymspec_mm.serve.errors import RequestError
-from asymspec_mm.serve.schema import parse_chat_request
 
 ENDS = {"k": (1, 16), "beta": (0.0, 4.0), "gamma": (0.0, 1.0), "lam": (0.0, 10.0), "max_new_tokens": (1, None), "trace_top": (0, 20)}
 ENDS |= {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (0, None)}

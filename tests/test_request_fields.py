@@ -16,14 +16,14 @@ import pytest
 from openai_contract import request_properties
 
 pytest.importorskip("fastapi")
+from asymspec_mm.serve.chat_request import parse_chat_request, validated
 from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
 from asymspec_mm.serve.errors import RequestError
 from asymspec_mm.serve.models_chat import ChatCompletionRequest
-from asymspec_mm.serve.models_common import field_support
+from asymspec_mm.serve.models_fields import field_support
 from asymspec_mm.serve.models_responses import CreateResponseRequest
 from asymspec_mm.serve.models_router import ROUTER_FIELDS, router_fields
 from asymspec_mm.serve.responses_api import parse_responses_request
-from asymspec_mm.serve.schema import parse_chat_request, validated
 
 ROOT = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "user", "content": "Which bar is the tallest?"}]

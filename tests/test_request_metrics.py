@@ -23,7 +23,7 @@ import pytest
 
 from asymspec_mm.bench.serving import chat_content
 from asymspec_mm.eval.minivista import make_problem
-from asymspec_mm.serve.metrics import parse_prometheus
+from asymspec_mm.frontend.prometheus import parse_prometheus
 from asymspec_mm.serve.request_metrics import acceptance_histogram, vllm_speculative_decoding
 
 openai = pytest.importorskip("openai")

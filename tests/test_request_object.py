@@ -11,8 +11,8 @@ from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig, Request
 from asymspec_mm.base.errors import InvalidTextError, UnknownOptionError
-from asymspec_mm.requests.request import request_of
-from asymspec_mm.requests.tools import ToolError
+from asymspec_mm.request.request import request_of
+from asymspec_mm.request.tools import ToolError
 
 _TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
 _SHORT = AsymSpecConfig(max_new_tokens=6)
@@ -90,7 +90,7 @@ def test_a_requests_own_method_and_settings_hold_in_a_batch(tiny_pipe):
 def test_the_server_builds_the_request_once(tiny_pipe):
     """The server's parsed body holds the engine's Request, checked: the tools normalized, the default tool choice,
     the AsymSpec extension's method and settings; the fields only the HTTP answer reads stay beside it."""
-    from asymspec_mm.serve.schema import parse_chat_request
+    from asymspec_mm.serve.chat_request import parse_chat_request
 
     body = {
         "messages": [{"role": "user", "content": "Add 2 and 3."}],

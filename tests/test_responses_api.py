@@ -23,8 +23,6 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.serve.app import create_app
-from asymspec_mm.serve.server import ServerThread
 
 VIEW = {"caption": "a bar chart with two bars", "ocr": False}  # the compressed view given: no captioning, no OCR
 EXTRA = {"asymspec": VIEW}
@@ -55,19 +53,6 @@ def user_input(text: str, seed: int | None = 71) -> list[dict]:
     if seed is not None:
         content.append({"type": "input_image", "image_url": data_url(make_image(seed))})
     return [{"role": "user", "content": content}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_pipe):
-    app = create_app(tiny_pipe, max_batch_size=4)
-    with ServerThread(app) as srv:
-        srv.store = app.state.responses_store
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def create(client, **body) -> Response:

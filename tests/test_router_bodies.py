@@ -20,11 +20,11 @@ import pytest
 from router_cases import ROUTERS, shown_command
 
 pytest.importorskip("fastapi")
+from asymspec_mm.serve.chat_request import parse_chat_request, validated
 from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
 from asymspec_mm.serve.errors import RequestError
 from asymspec_mm.serve.models_router import ROUTER_FIELDS
 from asymspec_mm.serve.responses_api import parse_responses_request
-from asymspec_mm.serve.schema import parse_chat_request, validated
 
 DATA = Path(__file__).parent / "data" / "router_bodies"
 RECORDED = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(DATA.glob("*.json"))}

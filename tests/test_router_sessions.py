@@ -20,8 +20,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 import httpx
 
+from asymspec_mm.frontend.prometheus import parse_prometheus
 from asymspec_mm.serve.app import create_app
-from asymspec_mm.serve.metrics import parse_prometheus
 from asymspec_mm.serve.responses_store import SQLiteResponseStore
 from asymspec_mm.serve.server import ServerThread
 

@@ -26,8 +26,6 @@ pytest.importorskip("xgrammar")
 from pydantic import BaseModel
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.serve.app import create_app
-from asymspec_mm.serve.server import ServerThread
 
 TIMEOUT = 60  # seconds per request: a tiny answer takes a few; a client that hangs fails instead of stalling the suite
 QUESTION = "Which bar is the tallest?"
@@ -67,15 +65,8 @@ def with_image(text: str, seed: int = 71) -> tuple[list[dict], list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_pipe):
-    app = create_app(tiny_pipe, max_batch_size=4)
-    with ServerThread(app) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+def client_timeout():
+    return TIMEOUT
 
 
 # ---------------------------------------------------------------------------------------------- langchain-openai

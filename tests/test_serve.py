@@ -24,10 +24,10 @@ pytest.importorskip("uvicorn")
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.base.errors import AsymSpecError
+from asymspec_mm.frontend.prometheus import parse_prometheus
 from asymspec_mm.serve import ServerThread, bind_socket, create_app, is_loopback
-from asymspec_mm.serve.metrics import parse_prometheus
-from asymspec_mm.serve.models_common import field_value
-from asymspec_mm.serve.responses import TextDeltas
+from asymspec_mm.serve.chat_answers import TextDeltas
+from asymspec_mm.serve.models_fields import field_value
 from asymspec_mm.serve.server import warn_if_exposed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,16 +120,13 @@ def pipe(tiny_pipe):
 
 
 @pytest.fixture(scope="module")
-def server(pipe):
-    app = create_app(pipe, max_batch_size=16, max_queue=64)
-    with ServerThread(app) as srv:
-        srv.state = app.state.asymspec
-        yield srv
+def server_pipe(pipe):
+    return pipe
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def server_options():
+    return {"max_batch_size": 16, "max_queue": 64}
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +188,8 @@ def test_completion_equals_generate(pipe, client, method, options):
 def test_ignore_eos_decodes_to_the_budget(pipe, client):
     """vLLM's ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` sends) reaches the request on both endpoints that
     take it, and the answer runs to ``max_tokens``, token for token the library's ``ignore_eos``."""
+    from asymspec_mm.serve.chat_request import parse_chat_request, validated
     from asymspec_mm.serve.completions import CompletionRequest, parse_completion_request
-    from asymspec_mm.serve.schema import parse_chat_request, validated
 
     case = make_case(2)
     body = body_of(case, max_tokens=40, return_trace=True)

@@ -267,8 +267,8 @@ def test_a_tool_call_answer_as_openai_shapes_it():
     to the same call with the same id."""
     from types import SimpleNamespace
 
-    from asymspec_mm.requests.tools import ToolCallStream, parse_tool_calls
-    from asymspec_mm.serve.responses import message_of
+    from asymspec_mm.request.tools import ToolCallStream, parse_tool_calls
+    from asymspec_mm.serve.chat_answers import message_of
 
     text = 'I will add them.\n<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
     res = SimpleNamespace(text=text, tool_calls=parse_tool_calls(text).tool_calls, cut_by_budget=False)

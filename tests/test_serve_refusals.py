@@ -20,8 +20,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("xgrammar")
 
-from asymspec_mm.serve import ServerThread, create_app
-from asymspec_mm.serve.metrics import parse_prometheus
+from asymspec_mm.frontend.prometheus import parse_prometheus
 
 LIMIT = "over the limit of 67,108,864 pixels"  # the documented 64 MP default (ASYMSPEC_MAX_INPUT_PIXELS unset)
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nonsense"}}}  # valid JSON, no grammar: xgrammar refuses it
@@ -209,15 +208,13 @@ PYTHON_WORDS = ("None", "max_pixels_in", "decompression bomb DOS", "--choices")
 
 
 @pytest.fixture(scope="module")
-def server(shipped_tiny):
-    app = create_app(shipped_tiny)
-    with ServerThread(app) as srv:
-        yield srv
+def server_pipe(shipped_tiny):
+    return shipped_tiny
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def server_options():
+    return {}
 
 
 def metrics(server) -> dict[str, float]:
@@ -287,8 +284,8 @@ def test_the_out_of_domain_warning_tells_an_http_client_what_it_can_send(client,
     """The tiny pair's warning names the request's text for an HTTP client, the flags for the command line and the
     Python calls for the Python API: each front end passes its own advice."""
     from asymspec_mm.cli.main import DOMAIN_ADVICE as CLI_ADVICE
-    from asymspec_mm.requests.domain import HOW_TO
-    from asymspec_mm.serve.schema import DOMAIN_ADVICE as HTTP_ADVICE
+    from asymspec_mm.request.domain import HOW_TO
+    from asymspec_mm.serve.chat_request import DOMAIN_ADVICE as HTTP_ADVICE
 
     answer = chat(messages=user("Tell me a story.", chart_url()), asymspec={"caption": "", "ocr": False})(client)
     (served,) = answer.model_extra["asymspec"]["warnings"]

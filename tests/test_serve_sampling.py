@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 from conftest import make_case
 from test_serve import CHAT, data_url, metrics_of, user_message, wait_for
@@ -19,16 +18,8 @@ SAMPLED = dict(temperature=0.7, top_p=0.8, seed=1)
 
 
 @pytest.fixture(scope="module")
-def server(tiny_pipe):
-    app = create_app(tiny_pipe, max_batch_size=8)
-    with ServerThread(app) as srv:
-        srv.state = app.state.asymspec
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def server_options():
+    return {"max_batch_size": 8}
 
 
 def chat_args(case):

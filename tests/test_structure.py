@@ -16,11 +16,11 @@ from asymspec_mm import AsymSpecConfig
 from asymspec_mm.base.config import METHODS
 from asymspec_mm.base.errors import UnknownOptionError
 from asymspec_mm.base.gate import context_gain, gate_step
-from asymspec_mm.cli.variants import build_variants, parse_variant, parse_variants
 from asymspec_mm.decode import SOURCES, Counters, steps_for
 from asymspec_mm.decode.stats import STOP_REASONS
 from asymspec_mm.engines import StaticEngines, StaticTextEngine, StaticVLEngine, TextEngine, TransformersEngines
-from asymspec_mm.requests.session import GenerationStream, Session
+from asymspec_mm.frontend.variants import build_variants, parse_variant, parse_variants
+from asymspec_mm.request.session import GenerationStream, Session
 
 
 def _request(seed: int) -> tuple[tuple, dict]:

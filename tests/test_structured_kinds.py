@@ -14,8 +14,8 @@ pytest.importorskip("xgrammar")
 from xgrammar.testing import _is_grammar_accept_string
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.requests.grammar import output_grammar
-from asymspec_mm.requests.tools import ToolError, check_response_format
+from asymspec_mm.request.grammar import output_grammar
+from asymspec_mm.request.tools import ToolError, check_response_format
 
 CFG = AsymSpecConfig(k=3, max_new_tokens=40)
 METHODS = ("asymspec", "floor", "sd", "drafter")

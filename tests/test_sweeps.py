@@ -6,7 +6,7 @@ import pytest
 
 from asymspec_mm.base.errors import UnknownOptionError
 from asymspec_mm.bench.cli import main_variants
-from asymspec_mm.cli.variants import build_variants, parse_variant
+from asymspec_mm.frontend.variants import build_variants, parse_variant
 
 GAMMAS = [0.4, 0.5, 0.6, 0.7]
 

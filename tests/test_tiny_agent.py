@@ -42,7 +42,7 @@ def tiny_tokenizers():
 
 
 def test_tool_tokens_are_in_the_shipped_vocabulary_and_never_fire_on_the_four_families(tiny_tokenizers):
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
 
     proc, tok = tiny_tokenizers
     ids = {tok.convert_tokens_to_ids(t) for t in TOOL_TOKENS}
@@ -114,8 +114,8 @@ def test_a_failing_agent_task_is_logged_and_retried_on_resume(shipped, tmp_path)
     import copy
 
     from asymspec_mm.base.errors import AsymSpecError
-    from asymspec_mm.cli.variants import Variant
     from asymspec_mm.eval.agent_eval import run_agent_eval
+    from asymspec_mm.frontend.variants import Variant
 
     good, broken = make_agent_problem(1, 0), copy.deepcopy(make_agent_problem(1, 1))
     for part in broken["messages"][-1]["content"]:

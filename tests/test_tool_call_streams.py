@@ -16,9 +16,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asymspec_mm.requests.session import MMResult
-from asymspec_mm.requests.tools import CLOSE, OPEN, ToolCallStream, call_id, parse_tool_calls, tool_call_spans
-from asymspec_mm.serve.responses import finish_reason, message_of
+from asymspec_mm.request.session import MMResult
+from asymspec_mm.request.tools import CLOSE, OPEN, ToolCallStream, call_id, parse_tool_calls, tool_call_spans
+from asymspec_mm.serve.chat_answers import finish_reason, message_of
 from asymspec_mm.serve.streaming import ChoiceDeltas
 
 PREFIX = "chatcmpl-test"
@@ -373,7 +373,7 @@ def test_a_stream_reads_each_block_about_once(monkeypatch):
     """The server pushes the whole text at every step: reading resumes after the calls already read, so a push
     reads the block still open (and those just closed), not every block again. A long answer with many calls,
     pushed a few characters at a time, reads blocks about once per push (without resuming: some 20 times)."""
-    from asymspec_mm.requests import tools
+    from asymspec_mm.request import tools
 
     reads = []
     monkeypatch.setattr(tools, "_block", lambda text, at, _read=tools._block: reads.append(at) or _read(text, at))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asymspec_mm.eval.minivista import make_problem
-from asymspec_mm.requests.tools import OPEN
+from asymspec_mm.request.tools import OPEN
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -19,7 +19,7 @@ OPTIONS = {"max_new_tokens": 40}
 
 
 def test_the_rule_keeps_tools_out_of_the_prompt_and_stops_at_call_markup():
-    from asymspec_mm.requests.tools import answer_stop_strings, prompt_tools
+    from asymspec_mm.request.tools import answer_stop_strings, prompt_tools
 
     tools = PROBLEMS[0]["tools"]
     assert prompt_tools(tools, "none") == [] and prompt_tools(tools, "auto") == tools

@@ -21,8 +21,8 @@ from conftest import ADD_TOOL as ADD
 from conftest import start_serve, stop_serve
 
 from asymspec_mm import AsymSpecPipeline
-from asymspec_mm.requests.tool_support import template_tools_problem
-from asymspec_mm.requests.tools import ToolError
+from asymspec_mm.request.tool_support import template_tools_problem
+from asymspec_mm.request.tools import ToolError
 
 openai = pytest.importorskip("openai")
 

@@ -12,8 +12,8 @@ from conftest import ADD_TOOL as ADD
 from conftest import make_image
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.requests.conversation import ConversationError, parse_messages, view_messages, view_texts
-from asymspec_mm.requests.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls
+from asymspec_mm.request.conversation import ConversationError, parse_messages, view_messages, view_texts
+from asymspec_mm.request.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 VIEW_1, VIEW_2 = "Image description: a bar chart", "Image description: the tool's plot"

@@ -383,7 +383,7 @@ def test_image_rows_draft_and_extend_equal_vlengine(vl):
 
     from asymspec_mm.engines import VLEngine
     from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
 
     batch = VLLMBatchEngine(vl.served, "drafter_full")
     refs, pend = {}, {}

@@ -455,7 +455,7 @@ def _full_view(vl, seed, size=(256, 160)):
     """(prompt ids [L] with expanded image pads, mm types, vision features, PIL image) of one request."""
     from conftest import make_case, make_image
 
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
 
     case = make_case(seed)
     image = make_image(seed, size)

@@ -102,7 +102,7 @@ def test_the_llama3_style_template_renders_roles_and_refuses_tools(vtok):
 def test_the_training_prompt_is_the_pipelines_and_the_problems_are_train_pys(vtok, drafter_tok):
     from transformers import Qwen3VLProcessor
 
-    from asymspec_mm.requests.prompts import build_prompts
+    from asymspec_mm.request.prompts import build_prompts
     from asymspec_mm.tiny import data, train
 
     proc = Qwen3VLProcessor.from_pretrained(TINY / "drafter")

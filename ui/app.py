@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asymspec_mm.base.config import BONUS_RULES, DELTAS, DRAFTER_VIEWS, GATES, METHODS, RANGES, AsymSpecConfig
-from asymspec_mm.cli.options import load_pipeline  # noqa: F401 - re-exported
+from asymspec_mm.frontend.options import load_pipeline  # noqa: F401 - re-exported
+from vision_cache.checks import is_int
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
 from .examples import EXAMPLE_FIELDS, EXAMPLES_DIR, example_label, example_row, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
@@ -144,7 +145,7 @@ def build_app(
         examples = load_examples()
     if concurrency_limit is None:
         concurrency_limit = max(1, min(MAX_DEFAULT_CONCURRENCY, CONCURRENCY_PER_ROW * max_batch_size))
-    if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1:
+    if not is_int(concurrency_limit, minimum=1):
         raise ValueError(f"concurrency_limit={concurrency_limit!r} must be an integer >= 1")
     state = DemoApp(
         pipe,

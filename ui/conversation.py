@@ -35,7 +35,7 @@ STREAM_LABELS: dict[str, str] = {
     "drafter_full": "drafter full view",
     "drafter_comp": "drafter compressed view",
 }
-#: Each stream's prompt ids in :class:`~asymspec_mm.requests.prompts.Prompts`.
+#: Each stream's prompt ids in :class:`~asymspec_mm.request.prompts.Prompts`.
 _PROMPT_IDS = {"verifier": "verifier_ids", "drafter_full": "drafter_full_ids", "drafter_comp": "drafter_comp_ids"}
 #: The line under the conversation: what ends it.
 CONVERSATION_NOTE = "A new image or Clear conversation starts a new conversation."
@@ -60,7 +60,7 @@ class Turn:
 
     @classmethod
     def of(cls, question: str, result: Any) -> Turn:
-        """The turn of a finished result (:class:`~asymspec_mm.requests.session.MMResult`) that answered ``question``."""
+        """The turn of a finished result (:class:`~asymspec_mm.request.session.MMResult`) that answered ``question``."""
         cached = {str(k): int(v) for k, v in (result.stats.get("cached_tokens") or {}).items()}
         prompts = getattr(result, "prompts", None)
         lengths = {}

@@ -201,7 +201,7 @@ def render_examples_table(examples: list[dict]) -> str:
 def tiny_pair_warning(question: str, image_size: tuple[int, int] | None = None) -> str | None:
     """What the page says before the tiny pair answers a request outside MiniVista (None inside it): why, in the
     page's own terms (the bundled examples, the question box), where the command line names its flags."""
-    from asymspec_mm.requests.domain import domain_problems
+    from asymspec_mm.request.domain import domain_problems
 
     problems = domain_problems(question, image_size)
     if not problems:

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vision_cache.checks import is_int
+
 from .conversation import Conversations, Turn, render_conversation_html
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .examples import tiny_pair_warning
@@ -64,7 +66,7 @@ class DemoApp(ViewFields):
         scheduler: Any = None,
         concurrency_limit: int | None = None,
     ) -> None:
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        if not is_int(max_batch_size, minimum=1):
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         self.pipe = pipe
         #: Each session's conversation about its current image (follow-up questions continue it).
@@ -247,7 +249,7 @@ class DemoApp(ViewFields):
     def warning(self, question: str, image_size: tuple[int, int] | None) -> str | None:
         """The page's warning for a request the loaded pair cannot answer (the bundled tiny pair outside
         MiniVista), else None."""
-        from asymspec_mm.requests.domain import request_problems
+        from asymspec_mm.request.domain import request_problems
 
         if not request_problems(getattr(self.pipe, "name", None), question, [image_size]):  # every path's rule
             return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asymspec_mm.cli.explain import field, gate_decision, num
+from asymspec_mm.frontend.explain import field, gate_decision, num
 
 __all__ = ["FUSION_CHANGED", "FUSION_SAME", "fusion_kind", "fusion_line", "gate_line", "num", "sampling_line"]
 
@@ -21,7 +21,7 @@ def gate_line(ev: Any, draft_text: str = "") -> str | None:
     """The gate's decision at this token, spelled out with the event's values, e.g.
     ``gate: p_v = 0.31 > gamma_eff * p_base = 0.5 * 0.62 = 0.31 -> accepted``; None when no gate decided it.
 
-    Accepted and fused tokens: :func:`asymspec_mm.cli.explain.gate_decision` (a fused token's line compares the
+    Accepted and fused tokens: :func:`asymspec_mm.frontend.explain.gate_decision` (a fused token's line compares the
     rejected draft's numbers, which is what the gate did).
     """
     source = field(ev, "source")

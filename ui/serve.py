@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.cli.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int
+from asymspec_mm.frontend.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int
 from asymspec_mm.serve.net import is_loopback
 
 from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS

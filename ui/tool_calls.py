@@ -2,7 +2,7 @@
 coloured by their source (accepted draft, fused at a rejection, bonus, ...) as in the answer panel, and a short
 count per argument. Pure functions of a trace and a tokenizer; no Gradio.
 
-The answer's text is the one :class:`~asymspec_mm.requests.session.MMResult` reads calls from (the tokenizer's decoding of
+The answer's text is the one :class:`~asymspec_mm.request.session.MMResult` reads calls from (the tokenizer's decoding of
 all its tokens, special tokens skipped), and each token's characters in it are found by decoding the growing
 prefix, so that a token that ends inside a multi-byte character, or that the tokenizer merges with the next,
 still gets the characters it produced.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asymspec_mm.requests.tools import parse_tool_calls, tool_call_spans
+from asymspec_mm.request.tools import parse_tool_calls, tool_call_spans
 
 from .render import SOURCES, _Decoder, _get, esc, plural, render_token
 
@@ -115,9 +115,9 @@ def _overlaps(token: Span, value: Span) -> bool:
 def tool_call_arguments(text: str, spans: Sequence[Span], calls: Sequence[dict[str, Any]], finished: bool = False) -> list[list[Argument]]:
     """Per call (OpenAI-shaped, as parsed from ``text``), its arguments with the tokens that produced each value; a
     token that straddles two values belongs to the first one it overlaps. Where each call's arguments are written is
-    the parser's to say (:func:`~asymspec_mm.requests.tools.tool_call_spans`: a close tag inside a string does not end
+    the parser's to say (:func:`~asymspec_mm.request.tools.tool_call_spans`: a close tag inside a string does not end
     a block); arguments written as a JSON string are produced, every value, by the tokens of that string. ``finished``:
-    as :func:`~asymspec_mm.requests.tools.parse_tool_calls` read the calls."""
+    as :func:`~asymspec_mm.request.tools.parse_tool_calls` read the calls."""
     shown: set[int] = set()
     out = []
     for call, (start, end) in zip(calls, tool_call_spans(text, finished=finished)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asymspec_mm.requests.tools import ToolError, check_tool_choice, check_tools
+from asymspec_mm.request.tools import ToolError, check_tool_choice, check_tools
 
 from .errors import DemoInputError
 

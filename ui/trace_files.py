@@ -1,6 +1,6 @@
 """The run's trace as downloadable files: JSON (the whole result of each method) and CSV (one row per token).
 
-Pure functions of the results (:class:`~asymspec_mm.requests.session.MMResult`-like objects with ``trace``, ``text``,
+Pure functions of the results (:class:`~asymspec_mm.request.session.MMResult`-like objects with ``trace``, ``text``,
 ``stats``, ``view``) plus a tokenizer for the texts of the verifier's argmax and the rejected draft.
 """
 

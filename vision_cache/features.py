@@ -34,14 +34,6 @@ class VisionFeatures:
     image_grid_thw: torch.Tensor
     key: str = ""  # content key in the encoder's cache (prefix KV reuse keys on it too)
 
-    def as_encoder_outputs(self) -> dict:
-        """The ``mm_encoder_outputs`` argument of ``Qwen3VLModel.forward`` (skips the tower)."""
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
-
-        out = BaseModelOutputWithDeepstackFeatures(pooler_output=self.embeds)
-        out.deepstack_features = [tuple(layer) for layer in self.deepstack]
-        return {"image": out}
-
     @property
     def num_tokens(self) -> int:
         return sum(e.shape[0] for e in self.embeds)

@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
+from .checks import is_int
+
 __all__ = ["DEFAULT_MAX_BYTES", "FeatureStore", "LRUCache", "tensor_nbytes"]
 
 #: Default byte budget: 256 MiB.
@@ -108,7 +110,7 @@ def tensor_nbytes(value: Any) -> int:
 
 def _check_limit(name: str, value: int | None) -> int | None:
     """``value`` if it is ``None`` or a non-negative int, else a ``ValueError``."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+    if value is not None and not is_int(value, minimum=0):
         raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
     return value
 
@@ -219,7 +221,7 @@ class LRUCache(Generic[K, V]):
         Raises:
             ValueError: ``nbytes`` is not a non-negative int.
         """
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        if not is_int(nbytes, minimum=0):
             raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
         with self._lock:
             old = self._entries.pop(key, None)
@@ -305,7 +307,7 @@ class FeatureStore(Generic[V]):
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, size_fn: Callable[[Any], int] | None = None) -> None:
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+        if not is_int(max_bytes, minimum=0):
             raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
         self._max_bytes = max_bytes
         self._size_fn: Callable[[Any], int] = size_fn if size_fn is not None else tensor_nbytes
@@ -419,6 +421,6 @@ class FeatureStore(Generic[V]):
     def _measure(self, value: Any) -> int:
         """Size of ``value`` via ``size_fn``, validated (done outside the lock: it may be slow)."""
         size = self._size_fn(value)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        if not is_int(size, minimum=0):
             raise ValueError(f"size_fn must return a non-negative int, got {size!r}")
         return size

@@ -6,7 +6,7 @@ sequence length is longer...", RapidOCR's coloured ``[WARNING]`` lines, re-logge
 the toolkit: ``asymspec-mm -v`` / ``asymspec-mm <command> --verbose``, or in Python
 ``logging.basicConfig(level=logging.INFO)``. Without it, progress bars of the toolkit's own (the batch command's)
 stay intact and a server's log holds its requests and warnings only. The toolkit's own warnings (the tiny pair's
-out-of-domain warning, :mod:`asymspec_mm.requests.domain`) always show.
+out-of-domain warning, :mod:`asymspec_mm.request.domain`) always show.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class _LowerLevel(logging.Formatter):
 def configure_cli_logging(verbose: bool, *, say_once: bool = False) -> None:
     """The command line's logging: one stderr handler (``warning: ...``) for WARNING and above; with ``verbose``
     INFO for the toolkit's loggers and the libraries' notices and bars; without, transformers' kept to errors and its
-    bars off. ``say_once``: each distinct warning of :mod:`asymspec_mm.requests.domain` once (:class:`SayOnce`)."""
+    bars off. ``say_once``: each distinct warning of :mod:`asymspec_mm.request.domain` once (:class:`SayOnce`)."""
     # transformers reads its verbosity as it is first imported, over any level set before: the variable first
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning" if verbose else "error")
     root = logging.getLogger()

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .checks import is_int, is_number
 from .errors import UnknownOptionError
 from .unicode_check import check_text_fields
 
@@ -73,12 +74,11 @@ def range_error(name: str, value: Any, label: str | None = None) -> str | None:
     ``None`` when :data:`RANGES` holds it: ``"k=100 must be an integer >= 1 and <= 16"``."""
     rng = RANGES[name]
     label = label if label is not None else f"{name}={value!r}"
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if rng.integer:
-        if not (isinstance(value, int) and is_number and rng.holds(value)):
+        if not (is_int(value) and rng.holds(value)):
             return f"{label} must be an integer {rng.bound_text()}"
         return None
-    if not is_number or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         return f"{label} must be a finite number {rng.bound_text()}"
     if not rng.holds(value):
         return f"{label} must be {rng.bound_text()}"
@@ -136,7 +136,7 @@ class AsymSpecConfig:
         if self.top_p <= 0:
             raise UnknownOptionError(f"top_p={self.top_p!r} must be > 0 and <= 1 (1 keeps every token)")
         seed = self.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+        if seed is not None and not is_int(seed, 0, SEED_LIMIT - 1):
             raise UnknownOptionError(f"seed={seed!r} must be None or an integer >= 0 and < 2**63")
         if not isinstance(self.stop_strings, tuple) or not all(isinstance(s, str) for s in self.stop_strings):
             raise UnknownOptionError(f"stop_strings={self.stop_strings!r} must be a tuple of strings")

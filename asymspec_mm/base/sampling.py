@@ -29,11 +29,6 @@ from dataclasses import dataclass
 import torch
 
 
-def as_positions(value: float | int | torch.Tensor, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``value`` (one for every position, or ``[n]``) as a ``[n]`` tensor of ``dtype`` on ``device``."""
-    return torch.as_tensor(value, dtype=dtype, device=device).expand(n)
-
-
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """Top-k then top-p filtering of each row of ``logits`` ``[P, V]``; removed entries become -inf.
 

@@ -31,12 +31,6 @@ class Clock:
         self.sync = bool(sync) and torch.cuda.is_available()
         self._torch = torch
 
-    @classmethod
-    def for_device(cls, device: Any) -> Clock:
-        import torch
-
-        return cls(sync=torch.device(device).type == "cuda" if device is not None else False)
-
     def now(self) -> float:
         if self.sync:
             self._torch.cuda.synchronize()

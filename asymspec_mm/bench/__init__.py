@@ -26,7 +26,7 @@ What it measures (see ``BENCHMARKS.md`` for results):
   statistics (the paper's AR 0.78-0.92, MAL 2.6-4.1); on a trained pair the same model is checked
   against the measurement.
 
-Variants are written in :mod:`asymspec_mm.cli.variants`' grammar (``asymspec@gate=fixed``; lists separated by
+Variants are written in :mod:`asymspec_mm.frontend.variants`' grammar (``asymspec@gate=fixed``; lists separated by
 ``;`` or ``,``).
 
 Pairs (``--preset``, also spelled ``--pair``): ``tiny`` (the bundled trained pair; falls back to random
@@ -44,7 +44,7 @@ a decode-cost measurement, labelled as such).
 
 from __future__ import annotations
 
-from ..cli.variants import Variant
+from ..frontend.variants import Variant
 from .aggregate import (
     TARGETS,
     call_costs,

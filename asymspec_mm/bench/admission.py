@@ -8,7 +8,7 @@ its mean step during their set-up against its mean step after, and how many step
 tokens); ``--ocr-workers N`` reads the images in N worker processes (:mod:`captioning.ocr.workers`) instead of the
 set-up thread, ``--ocr-threads N`` bounds the OCR engine's compute threads; ``--contention`` measures OCR beside the
 live row alone (:func:`measure_contention`) and the wait for the interpreter lock it adds (:func:`measure_lock_wait`).
-:func:`measure_stall` takes any pipeline (a :class:`~asymspec_mm.requests.preparing.ServingPipeline`: the measure is
+:func:`measure_stall` takes any pipeline (a :class:`~asymspec_mm.request.preparing.ServingPipeline`: the measure is
 the scheduler's, not the facade's).
 """
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..base.config import AsymSpecConfig
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 if TYPE_CHECKING:
-    from ..requests.preparing import ServingPipeline
+    from ..request.preparing import ServingPipeline
 
 
 def _p99(values: list[float]) -> float:
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioning.ocr import DEFAULT_OCR_CACHE
 
     from ..checkpoints.small import build_tiny_checkpoints
-    from ..cli.options import load_pipeline
+    from ..frontend.options import load_pipeline
     from .pairs import bench_cases
 
     arms = arms_of(args.ocr, args.ocr_workers, args.ocr_threads, args.ocr_nice)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 from .serving import acceptance_length, counter_delta, dataset_records, spec_counters
 
 

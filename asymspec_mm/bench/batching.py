@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..base.checks import is_int
 from ..base.timing import BucketTimer, CallRecord, Clock, Ledger, median, wrap_streams
 from .pairs import BenchPair
 from .runner import rotate, synthetic_prefill
@@ -29,8 +30,8 @@ from .settings import STREAMS, SYNTHETIC_PENDING_TOKEN, TIMER_BUCKETS
 
 if TYPE_CHECKING:
     from ..base.config import AsymSpecConfig
-    from ..cli.variants import Variant
-    from ..requests.session import Session
+    from ..frontend.variants import Variant
+    from ..request.session import Session
 
 #: Synthetic contexts: case i's streams hold ``base + SYNTHETIC_STAGGER * i`` positions, so rows are ragged.
 SYNTHETIC_STAGGER = 4
@@ -45,7 +46,7 @@ def parse_sizes(sizes: Sequence[int]) -> list[int]:
     """The batch sizes to run: unique, ascending, each >= 1, with the sequential reference B = 1 first."""
     from ..base.errors import UnknownOptionError
 
-    bad = [b for b in sizes if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+    bad = [b for b in sizes if not is_int(b, minimum=1)]
     if bad:
         raise UnknownOptionError(f"batch size {bad[0]!r} must be an integer >= 1")
     return sorted({1, *sizes})
@@ -131,8 +132,8 @@ class BatchSweep:
             return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)
         import torch
 
-        from ..requests.request import Request
-        from ..requests.session import Session
+        from ..request.request import Request
+        from ..request.session import Session
 
         factory = self.pipe.engines
         streams: dict[str, Any] = {}

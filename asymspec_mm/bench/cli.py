@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
-from ..cli.options import add_sd_drafter_arg, finite_float
-from ..cli.variants import build_variants, parse_list
+from ..frontend.help import terminal_text
+from ..frontend.options import add_sd_drafter_arg, finite_float
+from ..frontend.variants import build_variants, parse_list
 from .aggregate import target_verdict
 from .report import render_markdown, update_section, write_outputs
 from .runner import ENGINES

@@ -20,9 +20,9 @@ import statistics
 import time
 from typing import Any
 
-from ..cli.help import terminal_text
 from ..engines.prefix_kv import common_prefix
-from ..requests.conversation import truncate
+from ..frontend.help import terminal_text
+from ..request.conversation import truncate
 
 #: The conversation's user turns: (text parts, which of the two images they show).
 TURNS: tuple[tuple[str, tuple[int, ...]], ...] = (

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 SCHEMA = {
     "type": "object",

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..base.config import AsymSpecConfig
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 
 def run(pipe: Any, cases: list[dict], tokens: int, budget: int | None) -> dict[str, Any]:

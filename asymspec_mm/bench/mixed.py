@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ..base.config import AsymSpecConfig
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 #: The four setting groups of the mixed traffic (method, settings).
 GROUPS: tuple[tuple[str, dict[str, Any]], ...] = (

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..base.checks import is_number
+
 TASK_ORDER = ("GPS", "VQA", "FQA")
 TASK_NAMES = {
     "geometry problem solving": "GPS",
@@ -32,7 +34,7 @@ def task_code(record: Mapping[str, Any]) -> str:
 
 
 def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    return float(x) if is_number(x) else None
 
 
 def summarize_slice(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..base.config import AsymSpecConfig
-    from ..cli.variants import Variant
     from ..engines import Engine, EngineFactory
+    from ..frontend.variants import Variant
 
 
 def rotate(items: Sequence, r: int) -> list:

@@ -30,8 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
-from ..serve.metrics import parse_prometheus
+from ..frontend.help import terminal_text
+from ..frontend.prometheus import parse_prometheus
 
 #: The vLLM counters summed over their labels, by the names of vLLM's ``speculative_decoding`` object.
 SPEC_COUNTERS = {

@@ -106,7 +106,7 @@ class Replica:
         """The sum of series ``name`` (all labels) in this replica's ``/metrics``."""
         import httpx
 
-        from ..serve.metrics import parse_prometheus
+        from ..frontend.prometheus import parse_prometheus
 
         values = parse_prometheus(httpx.get(self.url + "/metrics", timeout=10).text)
         return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))

@@ -7,12 +7,13 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ..base.checks import is_number
 from ..base.timing import median
 
 
 def finite(values: Iterable[Any]) -> list[float]:
     """The values that are real numbers (None, NaN and infinities left out), as floats, in their order."""
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return [float(v) for v in values if is_number(v) and math.isfinite(v)]
 
 
 def spread(values: Iterable[Any]) -> dict[str, float | int]:

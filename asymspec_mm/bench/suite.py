@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli.variants import Variant, parse_variant, parse_variants, split_variants
+from ..frontend.variants import Variant, parse_variant, parse_variants, split_variants
 from .aggregate import call_costs, collect_checks, evaluate_targets, projection, rep_summary, summarize
 from .batch_targets import batch_targets
 from .batching import batch_sweep, parse_sizes
@@ -70,7 +70,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run the benchmark and return its results (JSON-ready). See the package docstring.
 
-    ``variants`` / ``length_variants`` / ``k_variants``: variant lists in :mod:`asymspec_mm.cli.variants`' grammar
+    ``variants`` / ``length_variants`` / ``k_variants``: variant lists in :mod:`asymspec_mm.frontend.variants`' grammar
     (``method@field=value,...``; a string or a sequence of specs); Floor is added where missing, since every
     ratio is paired against it; an empty ``variants`` skips the main comparison (and the projection).
     ``pipeline``: reuse a loaded :class:`AsymSpecPipeline` (``pair`` is then only its label).

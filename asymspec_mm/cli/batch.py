@@ -8,7 +8,7 @@ used as is; ``"ocr": false``: no OCR text). Ids are strings or integers, compare
 
 Output (``ANSWERS.jsonl``): one line per answered id, in the order rows finish, appended, flushed and fsynced
 as each row finishes (a kill loses at most the rows in flight): ``{"id", "answer", "warnings", "stats", "view":
-{"caption", "ocr_text"}, "method", "config"}`` (``warnings``: :attr:`~asymspec_mm.requests.session.MMResult.warnings`) plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
+{"caption", "ocr_text"}, "method", "config"}`` (``warnings``: :attr:`~asymspec_mm.request.session.MMResult.warnings`) plus ``"trace"`` with ``--trace``. The run's identity (models, method, the
 effective config, dtype, OCR engine and layout, trace, package version) is in ``ANSWERS.jsonl.meta.json``; ``--resume``
 skips the ids already answered and refuses a run whose identity differs, naming the keys. Bad lines (a line
 that is not UTF-8, invalid JSON, a missing or mistyped field, text that is not valid Unicode such as a lone
@@ -29,6 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import AsymSpecError
+from ..frontend.help import terminal_text
+from ..frontend.identity import (
+    checkpoint_identity,
+    comparable,
+    models_identity,
+    ocr_engine_of,
+    read_identity_file,
+    show_value,
+    write_identity_file,
+)
+from ..frontend.identity import identity_diff as shared_identity_diff
+from ..frontend.options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 from ..pipeline.presets import ocr_layout_of
 from .batch_files import (
     DEFAULT_BATCH_SIZE,
@@ -44,10 +56,6 @@ from .batch_files import (
     meta_path,
     read_input,
 )
-from .help import terminal_text
-from .identity import checkpoint_identity, comparable, models_identity, ocr_engine_of, read_identity_file, show_value, write_identity_file
-from .identity import identity_diff as shared_identity_diff
-from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
 
 #: What the tiny pair's out-of-domain warning (each answer's ``warnings``) advises a batch file's author: the line's
 #: question, or the pair the command loads (a batch line has no choices field: the layout goes in its question).
@@ -214,7 +222,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             text_of = TokenTexts(pipe.tokenizer) if args.trace else None
             decoder = BatchDecoder(pipe)
             upcoming = iter(enumerate(todo))
-            acc_sum = acc_n = 0.0
+            drafted = accepted = 0  # summed over the answers: the bar shows pooled acceptance, as eval reports
 
             def refill() -> None:
                 while len(decoder.rows) < args.batch_size:
@@ -246,10 +254,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
                         continue
                     answers.write(answer_record(todo[row.id], res, text_of))
                     answered += 1
-                    if res.stats.get("drafted"):
-                        acc_sum += float(res.stats.get("acceptance_rate") or 0.0)
-                        acc_n += 1
-                    postfix = f"accept={acc_sum / acc_n:.2f}" if acc_n else ""
+                    drafted += int(res.stats.get("drafted") or 0)
+                    accepted += int(res.stats.get("accepted") or 0)
+                    postfix = f"accept (pooled)={accepted / drafted:.2f}" if drafted else ""
                     progress.update(f"{postfix} failed={failed}".strip())
                 refill()
     except KeyboardInterrupt:  # Ctrl-C: every finished row is already durable, so say how to go on

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..base.checks import is_int
 from ..base.errors import AsymSpecError
 from ..base.unicode_check import check_text_fields, text_problem
-from .jsonl import complete_lines
+from ..frontend.jsonl import complete_lines
 from .trace_json import TokenTexts, jsonable, trace_entry  # noqa: F401 - re-exported for batch.cli
 
 FORMAT = "asymspec-mm batch"
@@ -100,7 +101,7 @@ def _parse_line(n: int, text: str, base: Path) -> Item:
     if missing:
         raise ValueError(f"missing field(s) {', '.join(map(repr, missing))}")
     rid = obj["id"]
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+    if not (isinstance(rid, str) or is_int(rid)) or rid == "":
         raise ValueError("'id' must be a non-empty string or an integer")
     question = obj["question"]
     if not isinstance(question, str) or not question.strip():
@@ -186,7 +187,7 @@ def _id_of(text: str) -> Any:
     rid = obj.get("id") if isinstance(obj, dict) else None
     if isinstance(rid, str) and text_problem(rid) is not None:  # the errors file is UTF-8: it cannot hold it
         return None
-    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+    return rid if isinstance(rid, str) or is_int(rid) else None
 
 
 def duplicate_id_message(key: str, first: int) -> str:

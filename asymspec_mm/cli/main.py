@@ -12,8 +12,8 @@ from typing import Any
 from ..base.config import BONUS_RULES
 from ..base.errors import AsymSpecError, UnknownOptionError
 from ..base.unicode_check import check_text_fields
-from ..requests.questions import check_question
-from .options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
+from ..frontend.options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
+from ..request.questions import check_question
 from .output import Progress, config_line, format_provenance, print_result  # noqa: F401 - format_provenance: re-exported
 
 ANSWER_TYPES = ("integer", "float1", "float2", "list")  # mathvista_question's answer types
@@ -28,7 +28,7 @@ def compose_question(question: str, choices: list[str] | None, answer_type: str 
         return question
     if choices and answer_type:
         raise UnknownOptionError("give --choices (multiple choice) or --answer-type (free form), not both")
-    from ..eval.mathvista.query import mathvista_question  # the eval package loads only for this layout
+    from ..request.mathvista_query import mathvista_question
 
     return mathvista_question(question, choices, answer_type)
 
@@ -86,7 +86,7 @@ DOMAIN_ADVICE = (
 
 def warn_out_of_domain(question: str, size: tuple[int, int]) -> None:
     """The tiny pair's warning before it loads (logged as the request's own, which the command says once)."""
-    from ..requests.domain import TINY, warn_request
+    from ..request.domain import TINY, warn_request
 
     warn_request(TINY, question, [size], DOMAIN_ADVICE)
 

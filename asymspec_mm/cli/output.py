@@ -9,7 +9,7 @@ import time
 from typing import Any, TextIO
 
 from ..base.config import AsymSpecConfig
-from .explain import gate_decision
+from ..frontend.explain import gate_decision
 from .trace_json import TokenTexts, result_json
 
 SOURCE_MARK = {"accepted": "", "fused": "*", "bonus": "+", "corrected": "!", "greedy": ""}

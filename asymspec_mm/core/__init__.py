@@ -5,7 +5,7 @@ per phase of a step for all rows, whatever their methods and settings.
 preemption) and its callers' API (:mod:`.handle` a submitted request's handle), :mod:`.loop_calls` the set-up's
 model calls run in the loop, :mod:`.decoder` the one decoder over sessions on row storage (:mod:`asymspec_mm.engines`:
 ``rows``, ``static_rows``, ``vllm_rows``), :mod:`.prefill` the batched, chunked prefill of arriving rows,
-:mod:`.generate` ``pipe.generate_batch``. Requests arrive as :class:`~asymspec_mm.requests.request.Request` objects.
+:mod:`.generate` ``pipe.generate_batch``. Requests arrive as :class:`~asymspec_mm.request.request.Request` objects.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _LAZY = {
     "RowView": "..engines.rows",
     "StaticBatchEngine": "..engines.static_rows",
     "static_batch_engines": "..engines.static_rows",
-    "Request": "..requests.request",
+    "Request": "..request.request",
     "generate_batch": "generate",
     "Handle": "handle",
     "QueueFullError": "handle",
@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines.rows import BatchEngine, RowView
     from ..engines.static_rows import StaticBatchEngine, static_batch_engines
-    from ..requests.request import Request
+    from ..request.request import Request
     from .decoder import BatchDecoder, Row
     from .generate import generate_batch
     from .handle import Handle, QueueFullError

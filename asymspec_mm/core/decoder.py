@@ -1,5 +1,5 @@
 """Pipeline requests decoded together: the one decoder (:class:`~asymspec_mm.decode.rows.RowDecoder`) over rows
-that are prepared :class:`~asymspec_mm.requests.session.Session` objects, on batched engines.
+that are prepared :class:`~asymspec_mm.request.session.Session` objects, on batched engines.
 
 A request arrives either prefilled alone (:meth:`AsymSpecPipeline.prepare`: its streams join the batched engines,
 their KV copied and the single-row streams released) or set up without prefill (``prepare(..., prefill=False)``,
@@ -28,12 +28,12 @@ from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_set
 from ..engines import default_row_storage
 from ..engines.model_calls import TokenRequest, TokenResult
 from ..engines.pieces import resumed_prompt
-from ..requests.session import remember_answer
+from ..request.session import remember_answer
 from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
 
 if TYPE_CHECKING:
-    from ..requests.preparing import ServingPipeline
-    from ..requests.session import Session
+    from ..request.preparing import ServingPipeline
+    from ..request.session import Session
 
 #: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`~asymspec_mm.engines.default_row_storage`).
 BatchEngineFactory = Callable[[Any, str], Any]

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..base.config import AsymSpecConfig, check_method, resolve_config
 from ..base.errors import UnknownOptionError
-from ..requests.request import Request
+from ..request.request import Request
 
 if TYPE_CHECKING:
-    from ..requests.preparing import ServingPipeline
-    from ..requests.session import MMResult
+    from ..request.preparing import ServingPipeline
+    from ..request.session import MMResult
 
 DEFAULT_BATCH_SIZE = 8
 

@@ -15,8 +15,8 @@ from ..base.errors import AsymSpecError
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
-    from ..requests.request import Request
-    from ..requests.session import MMResult
+    from ..request.request import Request
+    from ..request.session import MMResult
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Handle:
 
     def __init__(self, scheduler: Line, rid: int, priority: int = 0, request: Request | None = None):
         self.id = rid
-        #: The checked :class:`~asymspec_mm.requests.request.Request` it answers (None for a caption row); its result's
+        #: The checked :class:`~asymspec_mm.request.request.Request` it answers (None for a caption row); its result's
         #: ``request`` is this same object.
         self.request = request
         #: Its priority (vLLM's convention: lower is served first; preemption takes the highest value, latest first).

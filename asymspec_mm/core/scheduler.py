@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
 from ..engines.model_calls import using_loop
-from ..requests.request import Request, request_of
+from ..request.request import Request, request_of
 from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError, _Waiting
 from .loop_calls import LoopCalls
@@ -48,8 +48,8 @@ MIN_PREFILL_TOKENS = 16
 DEFAULT_TOKEN_BUDGET = 2048
 
 if TYPE_CHECKING:
-    from ..requests.preparing import ServingPipeline
-    from ..requests.session import Session
+    from ..request.preparing import ServingPipeline
+    from ..request.session import Session
 
 
 class Scheduler(LoopCalls):
@@ -107,7 +107,7 @@ class Scheduler(LoopCalls):
 
     # ---------------------------------------------------------------- callers
     def submit(self, image, question: str, *, config: AsymSpecConfig | None = None, **options) -> Handle:
-        """Queue one question about one image; ``options``: any :class:`~asymspec_mm.requests.request.Request`
+        """Queue one question about one image; ``options``: any :class:`~asymspec_mm.request.request.Request`
         field (``caption``, ``ocr``, ``method``, ``ignore_eos``, ``priority``, ...) or :class:`AsymSpecConfig` field
         (``k=2``). Bad options raise here, in the caller's thread. Returns its :class:`Handle`."""
         return self.add(request_of(config, image=image, question=question, **options))
@@ -119,7 +119,7 @@ class Scheduler(LoopCalls):
         return self.add(request_of(config, messages=messages, **options))
 
     def add(self, request: Request) -> Handle:
-        """Queue a :class:`~asymspec_mm.requests.request.Request` (checked here, in the caller's thread, unless it
+        """Queue a :class:`~asymspec_mm.request.request.Request` (checked here, in the caller's thread, unless it
         already is; it reaches its row unchanged). ``request.priority``: lower is preempted last and resumed first
         (vLLM's convention; new requests join first come, first served). Returns its :class:`Handle`."""
         request = request.checked()

@@ -1,6 +1,6 @@
 """Constrained rows in the decoder: what a row's output constraint must do, and how its masks meet the logits.
 
-A row may carry a :class:`Constraint` (a grammar: :class:`asymspec_mm.requests.grammar.GrammarConstraint`). The decoder asks
+A row may carry a :class:`Constraint` (a grammar: :class:`asymspec_mm.request.grammar.GrammarConstraint`). The decoder asks
 it for the allowed tokens at every position it computes logits for, in order along the step's tentative path
 (each draft is pushed as it is made), and settles it once the step's tokens are committed. A forbidden token's
 logit becomes :data:`FORBIDDEN`, the same finite value in every stream, so the drafter's contrast ``a - b`` is 0

@@ -163,12 +163,3 @@ def read_host(flat: list[float], positions: int, rows: int, bonus: bool = False,
             ]
         out.append(StepOnHost(gate_rows, bonus_row, host_tops))
     return out
-
-
-def to_host(
-    gate: torch.Tensor, bonus: torch.Tensor | None = None, tops: torch.Tensor | None = None, top: int = 0, rows: int = 1
-) -> list[StepOnHost]:
-    """One transfer of packed ``gate`` ``[R*P, 15]``, ``bonus`` ``[R, 5]`` and ``tops`` ``[R*P', 4*top]`` for R
-    ``rows``; returns each row's decision."""
-    flat = pack_host(gate, bonus, tops).tolist()
-    return read_host(flat, gate.shape[0] // rows, rows, bonus is not None, tops.shape[0] // rows if tops is not None else 0, top)

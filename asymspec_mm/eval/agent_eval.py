@@ -16,7 +16,7 @@ from typing import Any
 
 from ..base.config import AsymSpecConfig
 from ..base.errors import UnknownOptionError
-from ..cli.variants import Variant
+from ..frontend.variants import Variant
 from .agent_loop import run_agent_task
 from .mathvista.identity import bind_identity
 from .mathvista.outputs import group_by_variant

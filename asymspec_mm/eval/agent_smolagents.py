@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 from .minivista_agent import SMOLAGENTS_SYSTEM_PROMPT, make_agent_problem, run_tool
 
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from ..base.config import CHOICES, RANGES, AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
-from ..cli.help import terminal_text
-from ..cli.options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
-from ..cli.variants import parse_list
+from ..frontend.help import terminal_text
+from ..frontend.options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
+from ..frontend.variants import parse_list
 from .agent_eval import add_agent_arguments, minivista_families
 from .samples import sample_variants
 
@@ -245,7 +245,7 @@ def pipeline_llm(pipe: Any) -> Any:
 def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: Any) -> tuple[dict[str, Any], Any]:
     """The run's identity (:mod:`.mathvista.identity`) and its pipeline; a ``--resume`` of other records is
     refused before any model loads (models named by hub id alone, not yet downloaded, are checked after)."""
-    from ..cli.identity import checkpoint_identity, models_identity
+    from ..frontend.identity import checkpoint_identity, models_identity
     from . import mathvista as mv
     from .mathvista.identity import check_resume, eval_identity
 

@@ -374,7 +374,7 @@ def llm_extract(response: str, problem: Mapping[str, Any], llm: LLM, *, quick_ex
             return m.group(1)
     query = problem.get("query")
     if not query:
-        from .mathvista.query import build_query
+        from ..request.mathvista_query import build_query
 
         query = build_query(problem)
     return _clean_llm_output(llm(build_extraction_prompt(str(query), response)))

@@ -303,22 +303,3 @@ def example_problems(n: int = 10, seed: int = EXAMPLES_SEED) -> list[dict[str, A
             out.append(p)
         i += 1
     return out
-
-
-def write_examples(out_dir, n: int = 10, seed: int = EXAMPLES_SEED) -> list[dict[str, Any]]:
-    """Write :func:`example_problems` as PNGs plus ``examples.json``: a list of
-    ``{image, question, caption, ocr, answer, family, kind, pid, seed}`` (``question`` is the MathVista query)."""
-    import json
-    from pathlib import Path
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    items = []
-    for p in example_problems(n, seed):
-        fam = family_of(p)
-        name = f"minivista_{fam}_{p['pid']}.png"
-        p["decoded_image"].save(out / name, format="PNG")
-        items.append({"image": name, "question": p["query"], "caption": p["caption"], "ocr": p["ocr"],
-                      "answer": p["answer"], "family": fam, "kind": p["metadata"]["kind"], "pid": p["pid"], "seed": seed})  # fmt: skip
-    (out / "examples.json").write_text(json.dumps(items, indent=1, ensure_ascii=False) + "\n")
-    return items

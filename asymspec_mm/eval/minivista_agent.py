@@ -20,6 +20,7 @@ import json
 import random
 from typing import Any
 
+from ..base.checks import is_int
 from .minivista_scenes import IMAGE_SIZE, _bar_chart, _join
 
 AGENT_FAMILY = "agent"
@@ -57,7 +58,7 @@ def run_tool(name: str, arguments: str | dict[str, Any]) -> str:
     args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
     if name not in ("add", "subtract"):
         raise AgentToolError(f"unknown tool {name!r}; the agent family's tools are add and subtract")
-    if set(args) != {"a", "b"} or not all(isinstance(args[k], int) and not isinstance(args[k], bool) for k in "ab"):
+    if set(args) != {"a", "b"} or not all(is_int(args[k]) for k in "ab"):
         raise AgentToolError(f"{name} takes two integers a and b, got {json.dumps(args)[:80]}")
     return str(args["a"] + args["b"] if name == "add" else args["a"] - args["b"])
 
@@ -198,7 +199,7 @@ def smolagents_requests(problem: dict[str, Any], call_id: str | None = None) -> 
     writes its earlier call back as assistant text (``Calling tools:`` and the calls' Python repr) and the tool's
     result as a user message that repeats the task's image. ``call_id``: the id the server gave the call (default: one
     in the server's format)."""
-    from ..requests.tools import call_id as server_call_id
+    from ..request.tools import call_id as server_call_id
 
     call_id = call_id or server_call_id(str(problem["pid"]), 0)
     url = data_url(problem["image"])

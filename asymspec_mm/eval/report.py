@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..base.checks import is_number
 from .mathvista.tasks import TASK_SHORT
 from .minivista import REPORT_LABELS as MINIVISTA_LABELS
 from .report_chart import TASK_ORDER, task_columns
@@ -95,7 +96,7 @@ def _task_of(record: Mapping[str, Any]) -> str:
 
 
 def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    return float(x) if is_number(x) else None
 
 
 def _cell(outcomes: list[bool]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..base.config import SEED_LIMIT
-from ..cli.variants import Variant
+from ..frontend.variants import Variant
 
 SAMPLE_MARK = "#s"
 _SAMPLE_NAME = re.compile(r"^(?P<base>.+)#s(?P<index>\d+)$")

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..cli.help import terminal_text
+from ..frontend.help import terminal_text
 
 #: The paper's Table 10: tokens Qwen3's and Llama-3's vocabularies spell identically.
 PAPER_QWEN3_LLAMA3_SHARED = 109_566
@@ -90,7 +90,7 @@ def round_trips(texts: list[str], drafter: Any, verifier: Any, to_verifier: list
 
 def minivista_texts(n: int = 300, seed: int = 1) -> list[str]:
     """The verifier's user texts of MiniVista problems ``0..n-1`` of ``seed`` (compressed view, blank line, question)."""
-    from ..requests.prompts import compressed_user_text
+    from ..request.prompts import compressed_user_text
     from . import minivista as mv
 
     return [compressed_user_text(mv.view_text(p), p["query"]) for p in mv.generate(n, seed)]

@@ -1,11 +1,11 @@
 """The user-facing API: :class:`AsymSpecPipeline` and :func:`mm_generate`.
 
-The pipeline is a facade over two parts: :class:`~asymspec_mm.requests.models.ModelSet` (the loaded models, their lock and
-caches, which model and prompt serve each stream) and :class:`~asymspec_mm.requests.preparing.RequestPreparer` (caption, OCR,
+The pipeline is a facade over two parts: :class:`~asymspec_mm.request.models.ModelSet` (the loaded models, their lock and
+caches, which model and prompt serve each stream) and :class:`~asymspec_mm.request.preparing.RequestPreparer` (caption, OCR,
 prompts, context check, stream start). It adds loading (:meth:`AsymSpecPipeline.from_pretrained`,
 :meth:`~AsymSpecPipeline.from_preset`), single-row decoding (:meth:`~AsymSpecPipeline.run`) and the conveniences
 (``generate``, ``stream``, ``generate_batch``, ``scheduler``, ``complete``). Nothing below imports this module:
-batched serving types against :class:`~asymspec_mm.requests.preparing.ServingPipeline`, which the facade satisfies.
+batched serving types against :class:`~asymspec_mm.request.preparing.ServingPipeline`, which the facade satisfies.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from captioning.view import CompressedView
 
 from ..base.chatter import quiet_loading
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
 from ..base.errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError
 from ..base.locks import FairRLock
@@ -29,11 +30,11 @@ from ..decode.loops import Timer
 from ..engines import EngineFactory
 from ..engines.loading import MIN_VOCAB_OVERLAP, check_backends, check_checkpoint, check_vocabularies, load_models, resolve_device
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES
-from ..requests.models import ModelSet
-from ..requests.preparing import RequestPreparer, ServingPipeline
-from ..requests.prompts import Prompts, PromptStyle
-from ..requests.request import Request, request_of
-from ..requests.session import GenerationStream, MMResult, Session, remember_answer, session_result
+from ..request.models import ModelSet
+from ..request.preparing import RequestPreparer, ServingPipeline
+from ..request.prompts import Prompts, PromptStyle
+from ..request.request import Request, request_of
+from ..request.session import GenerationStream, MMResult, Session, remember_answer, session_result
 
 #: Compute threads of each OCR worker process (``ocr_workers``): one, so OCR leaves the models' threads their cores
 #: (BENCHMARKS.md, "OCR beside the loop").
@@ -306,7 +307,7 @@ class AsymSpecPipeline:
     ) -> Session:
         """Set a conversation up: OpenAI-format ``messages`` (system/developer, user with any number of images,
         assistant with tool calls, tool), ``caption`` / ``ocr`` one per image (or a string for the only one).
-        ``options``: any other :class:`~asymspec_mm.requests.request.Request` field (``tools``, ``tool_choice``,
+        ``options``: any other :class:`~asymspec_mm.request.request.Request` field (``tools``, ``tool_choice``,
         ``response_format``, ``enable_thinking``, ``text_compressor``, ``ignore_eos``, ...) or
         :class:`AsymSpecConfig` field (``k=2``). The rest as :meth:`set_up`."""
         request = request_of(config, messages=messages, caption=caption, ocr=ocr, method=method, **options)
@@ -378,7 +379,7 @@ class AsymSpecPipeline:
     ) -> Session:
         """Set one question about one image up. ``caption``/``ocr``: ``None`` produce them, a string is used as is,
         ``ocr=False`` skips OCR; ``method``: asymspec | floor | drafter | sd. ``options``: any other
-        :class:`~asymspec_mm.requests.request.Request` field (``ignore_eos``, ``max_caption_chars``, ``prompt_style``,
+        :class:`~asymspec_mm.request.request.Request` field (``ignore_eos``, ``max_caption_chars``, ``prompt_style``,
         ``seed``, ...) or :class:`AsymSpecConfig` field (``k=2``, ``max_new_tokens=64``). The rest as :meth:`set_up`."""
         request = request_of(config, image=image, question=question, caption=caption, ocr=ocr, method=method, **options)
         return self.set_up(request, engines=engines, on_phase=on_phase, prefill=prefill)
@@ -458,7 +459,7 @@ def ocr_worker_engine(ocr: str | Any, workers: int) -> Any:
         UnknownOptionError: ``workers`` is not an integer >= 0, or ``ocr`` is an engine object (workers build their
             engine by name; wrap a custom engine's factory in ``ProcessOCREngine`` yourself).
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+    if not is_int(workers, minimum=0):
         raise UnknownOptionError(f"ocr_workers={workers!r} must be an integer >= 0 (0 reads in-process)")
     if not workers or (isinstance(ocr, str) and ocr.strip().lower() == "none"):
         return None

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP app: :func:`create_app` (FastAPI) on one pipeline's batching scheduler.
 
-Endpoints: ``POST /v1/chat/completions`` (see [asymspec_mm.serve.schema][] for what a request may hold),
+Endpoints: ``POST /v1/chat/completions`` (see [asymspec_mm.serve.chat_request][] for what a request may hold),
 ``POST /v1/completions`` (a text prompt: [asymspec_mm.serve.completions][]), ``POST /v1/responses`` (OpenAI's
 Responses API: [asymspec_mm.serve.responses_api][]), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
 ``GET /ready``, ``GET /get_load``, ``GET /get_server_info`` (what routers poll: [asymspec_mm.serve.status][]),
@@ -34,6 +34,7 @@ from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError
 from .body import CheckedBodyRoute
 from .chat_api import add_chat_routes
+from .chat_request import DEFAULT_MAX_IMAGES, ChatRequest
 from .drain import DEFAULT_DRAIN_TIMEOUT, Drain, DrainGate, timeout_error
 from .errors import RequestError
 from .load_metrics import load_series
@@ -42,7 +43,6 @@ from .openapi import openapi_of
 from .responses_events import add_responses_route
 from .responses_store import ResponseStore
 from .sampling_fields import GENERATION_CONFIGS, choice_configs, model_sampling_defaults
-from .schema import DEFAULT_MAX_IMAGES, ChatRequest
 from .status import LOAD_FORMATS, add_status_routes
 from .transport import dumps, error_of
 from .validation_errors import request_error
@@ -68,8 +68,8 @@ ENDPOINTS = (
 
 def check_tools(pipe: Any, request: Any) -> None:
     """A 400 naming ``tools`` (code ``unsupported``) when ``pipe``'s verifier cannot take the tools ``request``'s prompt
-    would carry (:meth:`~asymspec_mm.requests.preparing.RequestPreparer.check_tools`); the set-up checks it again."""
-    from ..requests.tools import ToolError
+    would carry (:meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`); the set-up checks it again."""
+    from ..request.tools import ToolError
 
     preparer = getattr(pipe, "preparer", None)
     if preparer is None:

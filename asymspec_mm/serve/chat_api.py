@@ -3,7 +3,7 @@
 Both take the same way: FastAPI validates the body against the endpoint's pydantic model
 (:class:`~asymspec_mm.serve.models_chat.ChatCompletionRequest`,
 :class:`~asymspec_mm.serve.completions.CompletionRequest`), the model becomes one checked
-:class:`~asymspec_mm.requests.request.Request` (images loaded) off the event loop, each choice (``n``) is a row of
+:class:`~asymspec_mm.request.request.Request` (images loaded) off the event loop, each choice (``n``) is a row of
 the scheduler, and the answer is one object (a ``chat.completion`` / ``text_completion`` built as the ``openai``
 package's types) or server-sent chunks.
 """
@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from starlette.responses import Response
 
+from .chat_answers import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
+from .chat_request import ChatRequest, parse_chat_request, structured_params
 from .completions import CompletionRequest, choice, completion_logprobs, finish_of, parse_completion_request, text_completion
 from .completions import total_usage as completion_usage
 from .errors import RequestError, renamed
 from .models_chat import ChatCompletionRequest
 from .openapi import answer_docs
 from .request_metrics import answer_metrics
-from .responses import asymspec_object, finish_reason, logprobs_of, message_of, total_usage
-from .schema import ChatRequest, parse_chat_request, structured_params
 from .streaming import chat_chunks, completion_chunks
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
 
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 #: The chat field an engine error names -> the completions field.
 COMPLETION_PARAMS = {"messages": "prompt"}

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
-from ..cli.options import add_model_args, non_negative_int, positive_float, positive_int
+from ..frontend.options import add_model_args, non_negative_int, positive_float, positive_int
 from .drain import DEFAULT_DRAIN_TIMEOUT
 from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
 from .sampling_fields import GENERATION_CONFIGS
@@ -145,7 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if args.allow_local_images is not None and not os.path.isdir(args.allow_local_images):
         raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
-    from ..cli.options import pipeline_from_args
+    from ..frontend.options import pipeline_from_args
     from .app import create_app
     from .loading import LoadingResponder
     from .responses_store import open_response_store

@@ -1,6 +1,6 @@
 """``POST /v1/completions``: a plain text prompt answered as a chat request with one user message and no image
 (the prompt rendered by the verifier's chat template, exactly as ``pipe.chat([{"role": "user", "content":
-prompt}])``), one :class:`~asymspec_mm.requests.request.Request` per request like every endpoint's.
+prompt}])``), one :class:`~asymspec_mm.request.request.Request` per request like every endpoint's.
 
 :class:`CompletionRequest` is OpenAI's ``CreateCompletionRequest``: ``prompt`` (a string, or a list of one string),
 ``max_tokens`` (default 16, as OpenAI's), ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 to 8),
@@ -14,18 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
-from ..requests.request import Request
-from .models_base import DecodeRequest
-from .models_common import (
-    RequestModel,
-    checked_by,
-    refuse,
-    unsupported,
-)
-from .models_router import DecodeExtras
-from .responses import usage
-from .schema import (
+from ..request.request import Request
+from .chat_answers import usage
+from .chat_request import (
     DOMAIN_ADVICE,
     STRUCTURED_PARAMS,
     ChatRequest,
@@ -36,9 +29,17 @@ from .schema import (
     decode_request,
     response_format_of,
 )
+from .models_endpoint import DecodeRequest
+from .models_fields import (
+    RequestModel,
+    checked_by,
+    refuse,
+    unsupported,
+)
+from .models_router import DecodeExtras
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 #: OpenAI's default budget of a text completion.
 DEFAULT_COMPLETION_TOKENS = 16
@@ -48,7 +49,7 @@ MAX_LOGPROBS = 5
 
 def _prompt(v: Any) -> Any:
     if isinstance(v, list):
-        if v and all(isinstance(x, int) and not isinstance(x, bool) for x in v) or any(isinstance(x, list) for x in v):
+        if v and all(is_int(x) for x in v) or any(isinstance(x, list) for x in v):
             raise refuse("prompt as token ids is not supported: send the prompt's text", "unsupported")
         if len(v) != 1 or not isinstance(v[0], str):
             raise refuse(
@@ -64,7 +65,7 @@ def _prompt(v: Any) -> Any:
 
 
 def _logprobs(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS:
+    if not is_int(v, 0, MAX_LOGPROBS):
         raise refuse(f"logprobs={v!r} must be an integer >= 0 and <= {MAX_LOGPROBS} (the alternatives shown per token)")
     return v
 
@@ -88,7 +89,7 @@ class CompletionRequest(DecodeExtras, DecodeRequest, _CompletionBody):
 
 
 def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | None = None) -> ChatRequest:
-    """The :class:`~asymspec_mm.serve.schema.ChatRequest` of a validated completion request: one user message holding
+    """The :class:`~asymspec_mm.serve.chat_request.ChatRequest` of a validated completion request: one user message holding
     the prompt; ``top_logprobs`` is ``logprobs`` (None: none asked)."""
     config = config_of(req, base, req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS, req.logprobs)
     check_per_image(req.asymspec, 0)  # the prompt is text alone
@@ -106,7 +107,7 @@ def parse_completion_request(req: CompletionRequest, *, base: AsymSpecConfig | N
 
 # ---------------------------------------------------------------------------------------------- answers
 def completion_logprobs(content: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
-    """The chat ``logprobs.content`` entries (:func:`~asymspec_mm.serve.responses.logprobs_of`) in the text
+    """The chat ``logprobs.content`` entries (:func:`~asymspec_mm.serve.chat_answers.logprobs_of`) in the text
     completion's layout: ``tokens``, ``token_logprobs``, ``top_logprobs`` (token -> log-probability) and
     ``text_offset`` (each token's first character in the answer, from ``offset``)."""
     offsets, at = [], offset

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..base.checks import is_number
 from ..base.errors import AsymSpecError
 from .errors import RequestError
 
@@ -35,7 +36,7 @@ class Drain:
     the requests still running when it runs out."""
 
     def __init__(self, timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        if not is_number(timeout) or not 0 < timeout < float("inf"):
             raise AsymSpecError(f"drain_timeout={timeout!r} must be a positive number of seconds (--drain-timeout)")
         self._lock = threading.Lock()
         self.in_flight = 0

@@ -161,13 +161,3 @@ def speculative_decoding(stats: dict[str, Any]) -> dict[str, Any]:
         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
         "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
     }
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """``{"name{labels}": value}`` of a Prometheus text (for tests and quick checks)."""
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
-    return values

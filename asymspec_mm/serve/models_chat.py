@@ -7,7 +7,7 @@ The messages are OpenAI's: ``system`` / ``developer`` and ``assistant`` messages
 ``tool`` messages with text and ``image_url`` parts, an assistant's ``tool_calls``; keys a message may carry that
 the server has no use for (``name``, ``refusal``, an image's ``detail``) are ignored. What needs the whole
 conversation (a tool message answering an earlier call, the last message's role, the number of images) is checked
-where the conversation is built (:mod:`.schema`).
+where the conversation is built (:mod:`.chat_request`).
 """
 
 import json
@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .models_base import DecodeRequest, StructuredOutputs
-from .models_common import (
+from .models_endpoint import DecodeRequest, StructuredOutputs
+from .models_fields import (
     MAX_MESSAGES,
     MAX_TOOLS,
     AsymSpecOptions,

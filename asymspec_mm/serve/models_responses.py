@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .models_base import EndpointRequest
-from .models_common import (
+from .models_endpoint import EndpointRequest
+from .models_fields import (
     MAX_MESSAGES,
     MAX_TOOLS,
     SUPPORT,

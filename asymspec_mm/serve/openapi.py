@@ -1,7 +1,7 @@
 """The server's own OpenAPI document (``GET /openapi.json``): FastAPI's, from the request models, with each POST
 endpoint's answers stated as the server sends them: ``200`` as the ``openai`` package's type of the answer (JSON)
 or server-sent events, and every error status as OpenAI's error object. FastAPI's ``422`` is left out: the server
-answers a body its model refuses with a ``400`` (:func:`~asymspec_mm.serve.models_common.request_error`).
+answers a body its model refuses with a ``400`` (:func:`~asymspec_mm.serve.models_fields.request_error`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 
 def acceptance_histogram(accepted_per_position: list[int], steps: int, k: int) -> list[int]:

@@ -1,6 +1,6 @@
 """``POST /v1/responses`` bodies (OpenAI's Responses API): a validated
 :class:`~asymspec_mm.serve.models_responses.CreateResponseRequest` turned into a :class:`ResponsesRequest` holding the
-engine's :class:`~asymspec_mm.requests.request.Request`, or refused with a 400 whose one-line message names the field
+engine's :class:`~asymspec_mm.request.request.Request`, or refused with a 400 whose one-line message names the field
 (``input[2].content[0].image_url``, ``text.format``, ...).
 
 ``input`` (a string, or a list of items) becomes the chat conversation the toolkit reads (``pipe.chat``'s
@@ -12,7 +12,7 @@ is a system message before them all. Images load exactly as chat completions' (:
 under ``--allow-local-images``). Function ``tools`` in the Responses shape (``{"type": "function", "name", ...}``),
 ``tool_choice`` and ``text.format`` are turned into their chat shapes (``tools``, ``tool_choice``,
 ``response_format``). With ``previous_response_id`` the conversation of a stored response (:mod:`.responses_output`)
-comes first. The sampling fields and the ``asymspec`` object are read as in chat completions (:mod:`.schema`);
+comes first. The sampling fields and the ``asymspec`` object are read as in chat completions (:mod:`.chat_request`);
 ``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` asks for the output text's log-probabilities.
 """
 
@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from ..base.config import AsymSpecConfig
-from ..requests.request import Request
+from ..request.request import Request
+from .chat_request import DEFAULT_MAX_IMAGES, DOMAIN_ADVICE, asymspec_fields, check_per_image, checked, config_of, load_images, validated
 from .errors import RequestError, bad_request, renamed
 from .models_responses import CreateResponseRequest, FunctionCallItem, InputImage, ReasoningItem
-from .schema import DEFAULT_MAX_IMAGES, DOMAIN_ADVICE, asymspec_fields, check_per_image, checked, config_of, load_images, validated
 
 
 @dataclass
 class ResponsesRequest:
-    """One checked Responses request: the engine's :class:`~asymspec_mm.requests.request.Request` (its ``messages``
+    """One checked Responses request: the engine's :class:`~asymspec_mm.request.request.Request` (its ``messages``
     as ``pipe.chat`` takes them, every image loaded), the conversation to store (``history``: the messages without
     ``instructions``, images as their URLs), and what only the HTTP answer reads (streaming, storing, log-probabilities,
     the echoed fields)."""
@@ -67,7 +67,7 @@ def _parts(content: Any, p: str) -> list[dict[str, Any]]:
 
 def _call_of(item: FunctionCallItem, p: str) -> dict[str, Any]:
     """A ``function_call`` item as a chat tool call (arguments parsed to an object)."""
-    from ..requests.conversation import ConversationError, tool_call
+    from ..request.conversation import ConversationError, tool_call
 
     call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
     try:

@@ -10,7 +10,7 @@ an unfinished character or the start of a ``<tool_call>`` may be forming), ``res
 ``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when the token budget cut the
 answer) with the whole response and its usage. Every event has its ``sequence_number``. Function calls are
 announced once the answer has ended: a call is certain as soon as its block closes
-(:class:`~asymspec_mm.requests.tools.ToolCallStream`), but the message item before it closes with the answer's
+(:class:`~asymspec_mm.request.tools.ToolCallStream`), but the message item before it closes with the answer's
 final status (``incomplete`` when the budget cuts the answer later), and a stream never takes back or restates an
 item it has announced; a model writes its calls last, so they arrive moments later than they could. The joined
 deltas equal the non-streamed response's text and arguments. A failure mid-stream sends ``error`` and
@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from ..requests.tools import ToolCallStream, parse_tool_calls
+from ..request.tools import ToolCallStream, parse_tool_calls
+from .chat_answers import TextDeltas
+from .chat_request import ChatRequest
 from .errors import bad_request
-from .models_common import field_value
+from .models_fields import field_value
 from .models_responses import CreateResponseRequest
 from .openapi import answer_docs
-from .responses import TextDeltas
 from .responses_api import ResponsesRequest, parse_responses_request, responses_error
 from .responses_output import (
     answer_logprobs,
@@ -50,13 +51,12 @@ from .responses_output import (
     response_object,
 )
 from .responses_store import MemoryResponseStore, ResponseStore
-from .schema import ChatRequest
 from .transport import Reader, SSEResponse, dumps, error_of, until_disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
 
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 
 class AnswerText:

@@ -1,10 +1,10 @@
 """The Responses API's answers: the ``response`` object (output items, usage, status) of a finished
-:class:`~asymspec_mm.requests.session.MMResult`, and the assistant message a stored conversation keeps
+:class:`~asymspec_mm.request.session.MMResult`, and the assistant message a stored conversation keeps
 (:func:`answer_message`; the stores behind ``previous_response_id`` are in :mod:`.responses_store`).
 
 An answer is a ``message`` item (its ``output_text``) or, when it calls tools, a ``message`` with the text before
 the first call (none when there is none) and a ``function_call`` item per call (``call_id``, ``name``,
-``arguments``: the JSON text the model wrote), read by :func:`~asymspec_mm.requests.tools.parse_tool_calls` with
+``arguments``: the JSON text the model wrote), read by :func:`~asymspec_mm.request.tools.parse_tool_calls` with
 the response's id as the calls' id prefix, as chat completions read them. An answer cut by the token budget has
 ``status: "incomplete"`` and ``incomplete_details.reason: "max_output_tokens"``.
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..requests.tools import parse_tool_calls
+from ..request.tools import parse_tool_calls
+from .chat_answers import asymspec_object, logprobs_of, usage
 from .request_metrics import answer_metrics
-from .responses import asymspec_object, logprobs_of, usage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
     from .responses_api import ResponsesRequest
 
 
@@ -53,7 +53,7 @@ def output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict
 
 def answer_logprobs(trace: list[Any], tokenizer: Any, top: int | None) -> list[dict[str, Any]]:
     """The answer's tokens' log-probabilities as chat completions compute them
-    (:func:`~asymspec_mm.serve.responses.logprobs_of`: each token and its ``top`` alternatives; special tokens left
+    (:func:`~asymspec_mm.serve.chat_answers.logprobs_of`: each token and its ``top`` alternatives; special tokens left
     out), or none when none were asked (``top`` None). With tool calls, the calls' tokens are among them."""
     if top is None:
         return []
@@ -90,7 +90,7 @@ def output_items(res: MMResult, rid: str, logprobs: list[dict[str, Any]] | None 
 
 
 def usage_of(res: MMResult) -> dict[str, Any]:
-    """``usage``: chat completions' counts (:func:`~asymspec_mm.serve.responses.usage`: ``input_tokens`` is the
+    """``usage``: chat completions' counts (:func:`~asymspec_mm.serve.chat_answers.usage`: ``input_tokens`` is the
     verifier's prompt, ``cached_tokens`` how much of it was reused from earlier requests) in the Responses names; no
     reasoning tokens, no billed cache writes."""
     counts = usage(res)
@@ -151,7 +151,7 @@ def response_object(
 
 def answer_message(res: MMResult, rid: str) -> dict[str, Any]:
     """The answer as the assistant message a later turn's conversation holds (calls with parsed arguments)."""
-    from ..requests.conversation import tool_call
+    from ..request.conversation import tool_call
 
     content, calls = answer_parts(res, rid)
     msg: dict[str, Any] = {"role": "assistant", "content": [{"type": "text", "text": content}] if content else []}

@@ -1,6 +1,6 @@
 """The sampling side of a request's choices: the seeds of ``n`` choices, and the model's own sampling defaults for
 ``serve --generation-config model`` (the fields themselves, ``temperature``, ``top_p``, ``top_k`` and ``seed``, are
-the request models': :mod:`.models_common`).
+the request models': :mod:`.models_fields`).
 
 A request without ``temperature`` is greedy unless the server was started with ``--generation-config model``: its
 verifier's ``generation_config.json`` then supplies temperature, top_p and top_k (as vLLM's
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from ..base.checks import is_number
 from ..base.config import RANGES, SEED_LIMIT, AsymSpecConfig, range_error
 
 #: ``serve --generation-config``: ``none`` (greedy unless a request sends temperature) or ``model``.
@@ -19,7 +20,7 @@ GENERATION_CONFIGS = ("none", "model")
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return is_number(v)
 
 
 def choice_seed(seed: int, index: int) -> int:

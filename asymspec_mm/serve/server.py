@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from ..base.checks import is_int
 from ..base.errors import AsymSpecError
 from .drain import Drain
 from .net import is_loopback
@@ -20,7 +21,7 @@ from .net import is_loopback
 
 def bind_socket(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
     """A TCP socket bound to ``host:port`` (``port=0``: any free port; read it with ``sock.getsockname()[1]``)."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port, 0, 65535):
         raise AsymSpecError(f"--port {port!r} must be an integer between 0 and 65535")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

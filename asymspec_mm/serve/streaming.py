@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
-from ..requests.tools import ToolCallStream, parse_tool_calls
+from ..request.tools import ToolCallStream, parse_tool_calls
+from .chat_answers import TextDeltas, asymspec_object, finish_reason, total_usage, trace_entry
 from .request_metrics import answer_metrics
-from .responses import TextDeltas, asymspec_object, finish_reason, total_usage, trace_entry
 from .transport import Reader, dumps, error_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..requests.session import MMResult
-    from .schema import ChatRequest
+    from ..request.session import MMResult
+    from .chat_request import ChatRequest
 
 #: One update of one choice: its index and its reader's ``(kind, value)``.
 Update = tuple[int, tuple[str, Any]]
@@ -30,9 +30,9 @@ def call_id(cid: str, index: int) -> str:
 
 class ChoiceDeltas:
     """One choice's message as OpenAI deltas while it grows: plain ``content`` pieces, or with tools offered the
-    content and tool-call pieces of :class:`~asymspec_mm.requests.tools.ToolCallStream`: a call once its block has
+    content and tool-call pieces of :class:`~asymspec_mm.request.tools.ToolCallStream`: a call once its block has
     closed and parsed, content once no continuation can change it, so that the deltas joined are the non-streamed
-    message (:func:`~asymspec_mm.serve.responses.message_of`; its ``None`` content streams as no content)."""
+    message (:func:`~asymspec_mm.serve.chat_answers.message_of`; its ``None`` content streams as no content)."""
 
     def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...], call_prefix: str, tools: bool):
         self.text_deltas = TextDeltas(tokenizer, stop_strings)

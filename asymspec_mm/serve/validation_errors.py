@@ -1,7 +1,7 @@
 """pydantic's validation errors as the server's refusals: :func:`request_error` turns the errors of a request body
 the request models refused into OpenAI's error object, a 400 with a one-line message naming the field (the unknown
 top-level fields first, all of them named; else the first error). A refusal written by a model's check
-(:func:`~asymspec_mm.serve.models_common.refuse`) keeps its words, ``{param}`` filled in with the field's path; one of
+(:func:`~asymspec_mm.serve.models_fields.refuse`) keeps its words, ``{param}`` filled in with the field's path; one of
 pydantic's own error types is worded by :data:`WORDS`, the way the server words its refusals
 (``messages[0].role is required``, ``n must be an integer, got "2"``).
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import RequestError, bad_request
-from .models_common import ASYMSPEC_OPTIONS, field_value, shown, type_of
+from .models_fields import ASYMSPEC_OPTIONS, field_value, shown, type_of
 
 #: What an unknown key below the top level is told, by the object it is in.
 UNKNOWN_IN = {

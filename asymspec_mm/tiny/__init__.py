@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..requests.domain import IMAGE_SIZE  # training resolution (the out-of-domain rule reads it too)
+from ..request.domain import IMAGE_SIZE  # training resolution (the out-of-domain rule reads it too)
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets_data" / "tiny"
 DRAFTER_DIR = PRESET_DIR / "drafter"

@@ -66,8 +66,8 @@ def encode_request(
     its answer; the keys of :func:`.data.encode` (``dec_idx`` / ``final_idx``: the first and last number of the
     answer, the call's two values or the final answer; ``read_idx``: the call's values, weighted for the drafter;
     ``copy_idx``: a final answer's copy of the tool's result)."""
-    from ..requests.conversation import parse_messages, view_messages, view_texts
-    from ..requests.prompts import tokenize_prompts
+    from ..request.conversation import parse_messages, view_messages, view_texts
+    from ..request.prompts import tokenize_prompts
 
     turns = parse_messages(messages)
     images = [problem["image"] for turn in turns for _ in turn.images]

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
-from ..cli.variants import Variant
 from ..eval.agent_eval import agent_record, agent_table, summarize_agent
 from ..eval.agent_loop import run_agent_task
 from ..eval.minivista_agent import make_agent_problem
+from ..frontend.help import terminal_text
+from ..frontend.variants import Variant
 from .results import RESULTS_MD, load_pipeline
 
 HEADING = "## Agent tasks"

@@ -39,7 +39,7 @@ def mixed_answer_ids(tok) -> list[int]:
 
 
 def prompt_fields(pr) -> dict[str, Any]:
-    """An example's prompt entries from a request's :class:`~asymspec_mm.requests.prompts.Prompts`: the three views' ids
+    """An example's prompt entries from a request's :class:`~asymspec_mm.request.prompts.Prompts`: the three views' ids
     (``full``, ``comp``, ``ver``, each ``[L]``), ``pixel_values``, ``grid`` (``[n_images, 3]``) and ``mm`` (``[L]``)."""
     return {
         "full": pr.drafter_full_ids[0],
@@ -53,7 +53,7 @@ def prompt_fields(pr) -> dict[str, Any]:
 
 def encode(problem: dict[str, Any], proc, tok) -> dict[str, Any]:
     """Token ids of the three prompts (via build_prompts) and the answer, for one problem."""
-    from ..requests.prompts import build_prompts
+    from ..request.prompts import build_prompts
 
     pr = build_prompts(proc, tok, problem["decoded_image"], mv.view_text(problem), problem["query"], "image+text")
     ans = answer_ids(problem["response"], tok)

@@ -61,7 +61,7 @@ def greedy(model, prompt: dict[str, Any], eos_id: int, max_new: int = 32) -> lis
 
 def greedy_accuracy(model, problems: list[dict[str, Any]], view: str, proc, tok) -> dict[str, float]:
     """Accuracy of one model alone (greedy) per family; view in {"full", "comp", "ver"}."""
-    from ..requests.prompts import build_prompts
+    from ..request.prompts import build_prompts
 
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     model.eval()

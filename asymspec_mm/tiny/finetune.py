@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
 from ..eval.minivista_agent import make_agent_problem
+from ..frontend.help import terminal_text
 from .agent_data import AgentStream, FinalStream, add_tool_tokens, agent_requests
 from .data import Stream, collate, encode, encode_caption, model_inputs
 from .evaluate import fmt_tf, teacher_forced

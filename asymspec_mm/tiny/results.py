@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 
 RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
 #: Each shipped pair's results file (``--preset``).
@@ -267,7 +267,7 @@ def mixed_table(res: dict[str, Any]) -> list[str]:
 
 def load_pipeline(drafter: str | None, verifier: str | None, preset: str = "tiny"):
     """The pair in ``drafter``/``verifier`` (a retrained pair's folders), else the shipped ``preset``; no OCR."""
-    from ..cli.options import load_pipeline as load
+    from ..frontend.options import load_pipeline as load
 
     return load(preset, drafter, verifier, device="cpu", dtype="fp32", ocr_engine="none", local_files_only=True)
 

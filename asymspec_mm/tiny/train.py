@@ -7,7 +7,7 @@
 2. A Qwen3-VL drafter and a Qwen3 verifier (several times the drafter's text parameters) built
    by ``checkpoints.drafter_config`` / ``verifier_config`` from that tokenizer.
 3. Training data from the MiniVista generator (seed ``TRAIN_SEED``, a fresh problem each time),
-   tokenized with :func:`asymspec_mm.requests.prompts.build_prompts` -- exactly what the pipeline feeds the
+   tokenized with :func:`asymspec_mm.request.prompts.build_prompts` -- exactly what the pipeline feeds the
    models at inference. Loss on the answer tokens only (the reference response + ``<|im_end|>``).
    The drafter trains on both of its views (image+text full view and text-only compressed view);
    the verifier on the compressed view only.
@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, encode_perception_of, model_inputs
 from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 from . import PRESET_DIR
 from .data import collate, model_inputs
 from .evaluate import fmt_tf, greedy, teacher_forced
@@ -89,8 +89,8 @@ def check_answers_aligned(drafter_tokenizer: Any, verifier_tokenizer: Any, probl
 
 def verifier_prompt_ids(problem: dict[str, Any], tok) -> torch.Tensor:
     """``[L]`` ids of the verifier's prompt: the compressed view and the question through ``tok``'s chat template,
-    tokenized as ``requests.prompts.build_prompts`` does (its ``verifier_ids[0]``, without processing the image)."""
-    from ..requests.prompts import compressed_user_text, verifier_chat_text
+    tokenized as ``request.prompts.build_prompts`` does (its ``verifier_ids[0]``, without processing the image)."""
+    from ..request.prompts import compressed_user_text, verifier_chat_text
 
     text = verifier_chat_text(tok, compressed_user_text(mv.view_text(problem), problem["query"]))
     return torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)

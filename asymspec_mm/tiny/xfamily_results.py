@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..cli.help import terminal_text
 from ..eval import minivista as mv
+from ..frontend.help import terminal_text
 from . import DRAFTER_DIR
 from .xfamily import XFAMILY_VERIFIER_DIR, mapped_ids
 
@@ -32,7 +32,7 @@ def map_figures(drafter_tok, verifier_tok, problems: list[dict[str, Any]]) -> di
     (``corpus_coverage``), and the answers that tokenize to the same bytes in both vocabularies (the drafter's ids
     through the map equal the verifier's own)."""
     from ..base.vocab_map import vocab_map
-    from ..requests.prompts import compressed_user_text
+    from ..request.prompts import compressed_user_text
 
     m = vocab_map(drafter_tok, verifier_tok)
     enc = lambda t: verifier_tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731

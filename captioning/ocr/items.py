@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from captioning.errors import UnknownOptionError
+from vision_cache.checks import is_number
 
 __all__ = [
     "NOMINAL_LINE_HEIGHT",
@@ -42,7 +43,7 @@ Box = tuple[Point, Point, Point, Point]
 
 def _to_int(value: Any) -> int:
     """``int()`` of a coordinate; truncation matches MathVista's own ``int(...)`` conversion."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    if not (is_number(value) or isinstance(value, (np.integer, np.floating))):
         raise ValueError(f"box coordinate must be a number, got {value!r}")
     if isinstance(value, (float, np.floating)) and not math.isfinite(float(value)):
         raise ValueError(f"box coordinate must be finite, got {value!r}")

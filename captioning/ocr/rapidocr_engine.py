@@ -12,6 +12,7 @@ from typing import Any
 from PIL import Image
 
 from captioning.errors import OCRUnavailableError
+from vision_cache.checks import is_int
 
 from .base import OCREngine
 from .items import OCRItem
@@ -84,7 +85,7 @@ class RapidOCREngine(OCREngine):
         # RapidOCR logs every call at INFO level; warnings are enough inside a pipeline.
         self.params: dict[str, Any] = {"Global.log_level": "warning"}
         if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            if not is_int(threads, minimum=1):
                 raise ValueError(f"threads={threads!r} must be an integer >= 1 or None")
             self.params.update({_ORT + "intra_op_num_threads": threads, _ORT + "inter_op_num_threads": 1})
         self.params.update(params or {})

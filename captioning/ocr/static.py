@@ -8,6 +8,7 @@ from typing import Any
 
 from captioning.errors import AsymSpecError
 from captioning.static import MissingStaticTextError, PidTable, TextSource, load_text_table
+from vision_cache.checks import is_number
 
 from .items import OCRItem, render_text
 
@@ -89,7 +90,7 @@ def parse_ocr_literal(text: str) -> list[OCRItem]:
         confidence = entry[2] if len(entry) == 3 else 1.0
         if not isinstance(label, str):
             raise OCRParseError(f"OCR entry text must be a string, got {label!r}")
-        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
+        if not is_number(confidence):
             raise OCRParseError(f"OCR entry confidence must be a number, got {confidence!r}")
         try:
             items.append(OCRItem(box=box, text=label, confidence=confidence))

@@ -31,6 +31,7 @@ from typing import Any
 
 from PIL import Image
 
+from vision_cache.checks import is_int, is_number
 from vision_cache.rgb import to_rgb
 
 from .base import OCREngine
@@ -136,17 +137,15 @@ class ProcessOCREngine(OCREngine):
         read_timeout: float | None = DEFAULT_READ_TIMEOUT,
         **engine_kwargs: Any,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        if not is_int(workers, minimum=1):
             raise ValueError(f"workers={workers!r} must be an integer >= 1")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        if threads is not None and not is_int(threads, minimum=1):
             raise ValueError(f"threads={threads!r} must be an integer >= 1 or None")
         if not isinstance(engine, str) and engine_kwargs:
             raise ValueError("engine keyword arguments go with an engine name, not with a factory")
-        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+        if not is_int(nice, 0, 19):
             raise ValueError(f"nice={nice!r} must be an integer from 0 to 19")
-        if read_timeout is not None and (
-            isinstance(read_timeout, bool) or not isinstance(read_timeout, (int, float)) or not read_timeout > 0
-        ):
+        if read_timeout is not None and (not is_number(read_timeout) or not read_timeout > 0):
             raise ValueError(f"read_timeout={read_timeout!r} must be a number of seconds > 0 or None")
         self.workers, self.threads, self.nice, self.read_timeout = workers, threads, nice, read_timeout
         self._spec, self._engine_kwargs = engine, engine_kwargs

@@ -25,13 +25,13 @@ Paper protocol (:mod:`.paper_prompts`, :mod:`.dump`)
     ``--protocol paper`` reproduces the authors' released harness behind Table 3: the raw Bard caption
     (1,600 characters) and the EasyOCR texts joined by spaces (800) as ``Image caption:`` / ``OCR text
     from image:``, the query plus a step-by-step suffix, laid out by :data:`PAPER_STYLE` (a
-    :class:`~asymspec_mm.requests.prompts.PromptStyle` the pipeline is built with), and the regex extraction and
+    :class:`~asymspec_mm.request.prompts.PromptStyle` the pipeline is built with), and the regex extraction and
     scoring of :mod:`asymspec_mm.eval.paper_extraction`. :func:`prompt_rows` gives each problem's texts
     with no model (``--dump-prompts``).
 
 Runner (:mod:`.run`, :mod:`.records`, :mod:`.outputs`)
     :func:`run_mathvista` runs method variants (:func:`build_variants`, the grammar of
-    :mod:`asymspec_mm.cli.variants`) over problems, appending one JSON line per finished (variant, pid)
+    :mod:`asymspec_mm.frontend.variants`) over problems, appending one JSON line per finished (variant, pid)
     to a records file (flush + fsync), so an interrupt loses nothing; ``resume=True`` skips finished
     pairs and never writes a pair twice. :func:`finalize_run` writes the official output/scores JSON
     per variant plus a report.
@@ -45,7 +45,8 @@ Identity (:mod:`.identity`)
 from __future__ import annotations
 
 from ...base.config import METHODS
-from ...cli.variants import ALIASES, Variant, build_variants, parse_list, parse_variant, parse_variants
+from ...frontend.variants import ALIASES, Variant, build_variants, parse_list, parse_variant, parse_variants
+from ...request.mathvista_query import HINTS, build_query, choices_text, hint_text, question_text
 from .dump import load_verifier_tokenizer, problem_view, prompt_rows, style_for, write_prompt_rows
 from .outputs import finalize_run, group_by_variant, official_output, safe_name
 from .paper_prompts import PAPER_STYLE, PROTOCOLS, PaperPromptStyle, check_protocol, in_paper_subset, paper_user_texts, paper_view
@@ -65,7 +66,6 @@ from .problems import (
     sort_problems,
     write_problem_images,
 )
-from .query import HINTS, build_query, choices_text, hint_text, official_query, question_text
 from .records import (
     PROBLEM_FIELDS,
     STATS_KEYS,
@@ -95,6 +95,7 @@ from .texts import (
     _texts,
     default_text_dir,
     has_bard_caption,
+    official_query,
     problem_caption,
     problem_ocr,
     refine_caption,

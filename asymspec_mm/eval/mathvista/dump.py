@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import AsymSpecError
-from ...requests.prompts import DEFAULT_STYLE, PromptStyle, verifier_chat_text
+from ...request.prompts import DEFAULT_STYLE, PromptStyle, verifier_chat_text
 from .paper_prompts import PAPER_STYLE, paper_view
-from .query import official_query
-from .texts import TextData, view_for
+from .texts import TextData, official_query, view_for
 
 
 def style_for(protocol: str) -> PromptStyle:

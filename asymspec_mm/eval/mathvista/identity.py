@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import AsymSpecError
-from ...cli.identity import comparable, file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
+from ...frontend.identity import comparable, file_sha256, identity_diff, ocr_engine_of, read_identity_file, show_value, write_identity_file
 from .records import PROBLEM_FIELDS, _json_default
 
 FORMAT = "asymspec-mm eval"

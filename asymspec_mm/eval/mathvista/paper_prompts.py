@@ -23,7 +23,7 @@ from typing import Any
 from captioning.ocr.static import ocr_literal
 
 from ...base.errors import UnknownOptionError
-from ...requests.prompts import PromptStyle, UserTexts
+from ...request.prompts import PromptStyle, UserTexts
 from .tasks import DEFAULT_TASKS, TASK_ALIASES
 from .texts import TextData, has_bard_caption
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...cli.jsonl import complete_lines
+from ...frontend.jsonl import complete_lines
 from .problems import pid_key
 
 #: Problem fields kept in records and official outputs (MathVista's schema, images excluded).

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...base.config import AsymSpecConfig
 from ...base.errors import DatasetUnavailableError, UnknownOptionError
-from ...cli.variants import Variant
+from ...frontend.variants import Variant
 from ..extraction import LLM, extract_answer_detailed
 from ..paper_extraction import paper_score
 from ..samples import request_config
@@ -20,9 +20,8 @@ from ..scoring import score_problem
 from .identity import bind_identity
 from .paper_prompts import check_protocol, check_records_protocol, paper_view, record_marks
 from .problems import load_image
-from .query import official_query
 from .records import RecordStore, _json_default, log_failure, problem_fields, stats_subset
-from .texts import TextData, view_for
+from .texts import TextData, official_query, view_for
 
 
 class _Progress:

@@ -20,6 +20,7 @@ from captioning.static import BARD_NONSENSE_PHRASES as CAPTION_BOILERPLATE  # no
 from captioning.static import refine_bard_caption as refine_caption
 
 from ...base.errors import DatasetUnavailableError, MissingCompressedViewError, UnknownOptionError
+from ...request.mathvista_query import build_query
 from .shipped import SHIPPED_DIR
 
 ENV_TEXT_DIR = "ASYMSPEC_MATHVISTA_DIR"
@@ -198,3 +199,13 @@ def view_for(
     caption = problem_caption(problem, text)
     ocr = problem_ocr(problem, text)
     return caption, (ocr if ocr else False)
+
+
+def official_query(problem: Mapping[str, Any], text: TextData | None = None) -> str:
+    """The problem's own ``query``, else ``query.json``'s, else :func:`build_query`."""
+    q = problem.get("query")
+    if isinstance(q, str) and q:
+        return q
+    if text is not None and str(problem.get("pid")) in text.queries:
+        return text.queries[str(problem["pid"])]
+    return build_query(problem)

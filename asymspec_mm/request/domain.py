@@ -49,7 +49,7 @@ SCOPE = (
 #: ``advice``, e.g. the CLI its flags and the server the request's fields; the demo words its page's own warning).
 HOW_TO = (
     "use a bundled example (asymspec-mm quickstart, asymspec_mm/examples_data), ask a MiniVista question in "
-    "MathVista's layout with its choices (asymspec_mm.eval.mathvista.query.mathvista_question writes it), or load "
+    "MathVista's layout with its choices (asymspec_mm.request.mathvista_query.mathvista_question writes it), or load "
     'a real pair (AsymSpecPipeline.from_preset("qwen3"))'
 )
 

@@ -1,10 +1,10 @@
 """Whether a verifier can take tools: its chat template must render them, and ask for calls in the ``<tool_call>``
-format that :func:`~asymspec_mm.requests.tools.parse_tool_calls` reads.
+format that :func:`~asymspec_mm.request.tools.parse_tool_calls` reads.
 
 Decided once per template by rendering a probe conversation with one probe tool (no model runs): a template that
 raises (the cross-family preset's says it has no tools block), one that leaves the tool out of the prompt (a
 template without a tools block silently drops them), and one that asks for another call format all get the same
-one-line :class:`~asymspec_mm.requests.tools.ToolError` naming ``tools``, before any caption, OCR or forward is
+one-line :class:`~asymspec_mm.request.tools.ToolError` naming ``tools``, before any caption, OCR or forward is
 spent on the request. ``tool_choice="none"`` keeps tools out of the prompt, so such requests still run.
 """
 

@@ -1,10 +1,10 @@
-"""Setting a request up: :class:`RequestPreparer` turns a :class:`~asymspec_mm.requests.request.Request` into a
-:class:`~asymspec_mm.requests.session.Session`.
+"""Setting a request up: :class:`RequestPreparer` turns a :class:`~asymspec_mm.request.request.Request` into a
+:class:`~asymspec_mm.request.session.Session`.
 
 Set-up is the compressed view (caption and OCR), the three prompts, the context-window check and each stream's
 start: prefilled here, or left in ``Session.to_prefill`` for the batched, chunked prefill of
 :mod:`asymspec_mm.core.prefill`. Which model serves a stream and which prompt it reads is the
-:class:`~asymspec_mm.requests.models.ModelSet`'s to say; this module only asks.
+:class:`~asymspec_mm.request.models.ModelSet`'s to say; this module only asks.
 
 :class:`ServingPipeline` is what batched serving (:mod:`asymspec_mm.core`, the admission benchmark) needs of a
 pipeline, so those modules depend on this protocol rather than on the user-facing facade that composes them
@@ -193,7 +193,7 @@ class RequestPreparer:
 
     @functools.cached_property
     def verifier_tools_problem(self) -> str | None:
-        """Why the verifier cannot take tools (:func:`~asymspec_mm.requests.tool_support.template_tools_problem` of its
+        """Why the verifier cannot take tools (:func:`~asymspec_mm.request.tool_support.template_tools_problem` of its
         tokenizer; decided once, from its chat template alone), or ``None`` when it can."""
         from .tool_support import template_tools_problem
 
@@ -201,7 +201,7 @@ class RequestPreparer:
 
     def check_tools(self, request: Request) -> Request:
         """``request`` (checked) when the verifier can take the tools its prompt would carry; a one-line
-        :class:`~asymspec_mm.requests.tools.ToolError` naming ``tools`` otherwise, before any model work."""
+        :class:`~asymspec_mm.request.tools.ToolError` naming ``tools`` otherwise, before any model work."""
         from .tool_support import check_verifier_tools
         from .tools import prompt_tools
 
@@ -244,9 +244,9 @@ class RequestPreparer:
         return _Rendered(prompts, [img], view, timings, _ocr_stat(ocr_engine, req.ocr), warnings)
 
     def _render_chat(self, req: Request) -> _Rendered:
-        """A conversation (OpenAI-format ``messages``, see :mod:`asymspec_mm.requests.conversation`): each image's
+        """A conversation (OpenAI-format ``messages``, see :mod:`asymspec_mm.request.conversation`): each image's
         compressed view, the two views rendered by the real templates (tools in them unless ``tool_choice`` is
-        ``none``, :func:`~asymspec_mm.requests.tools.prompt_tools`). The view kept is the last image's."""
+        ``none``, :func:`~asymspec_mm.request.tools.prompt_tools`). The view kept is the last image's."""
         from vision_cache.image import load_image
 
         from .conversation import parse_messages, per_image, task_text, view_messages, view_texts

@@ -33,14 +33,14 @@ class MMResult:
     view: CompressedView
     method: str = "asymspec"
     config: AsymSpecConfig = field(default_factory=AsymSpecConfig)
-    #: the calls the answer makes when the request offered tools (OpenAI's shape, :mod:`asymspec_mm.requests.tools`), else None
+    #: the calls the answer makes when the request offered tools (OpenAI's shape, :mod:`asymspec_mm.request.tools`), else None
     tool_calls: list[dict[str, Any]] | None = None
     #: the message's content when the answer calls tools: the text before the first call (None if there is none)
     content: str | None = None
     #: why the loaded pair cannot answer this request (the tiny preset outside MiniVista:
-    #: :func:`~asymspec_mm.requests.domain.request_warnings`), one line each; empty when it can
+    #: :func:`~asymspec_mm.request.domain.request_warnings`), one line each; empty when it can
     warnings: list[str] = field(default_factory=list)
-    #: the checked :class:`~asymspec_mm.requests.request.Request` it answers (the same object the edge built)
+    #: the checked :class:`~asymspec_mm.request.request.Request` it answers (the same object the edge built)
     request: Request | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -104,7 +104,7 @@ class Session:
     #: each transformers stream's whole prompt as a reuse key ``[L]`` (:func:`~asymspec_mm.engines.prefix_kv.reuse_key`):
     #: what the stream's context is stored under once the answer is known (:func:`remember_answer`)
     reuse_keys: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: the grammar the answer follows (forced tool calls, JSON: :class:`~asymspec_mm.requests.grammar.GrammarConstraint`)
+    #: the grammar the answer follows (forced tool calls, JSON: :class:`~asymspec_mm.request.grammar.GrammarConstraint`)
     constraint: Any = None
     #: the request's warnings (:attr:`MMResult.warnings`), found and logged as it was set up
     warnings: list[str] = field(default_factory=list)

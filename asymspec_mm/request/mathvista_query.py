@@ -1,4 +1,5 @@
-"""MathVista's query text: :func:`build_query` reproduces ``query.json`` (and ``build_query.py``'s prompt layout).
+"""MathVista's query text: :func:`build_query` reproduces ``query.json`` (and ``build_query.py``'s prompt layout);
+:func:`mathvista_question` writes a question of the user's in it (``from asymspec_mm import mathvista_question``).
 
 Zero-shot, shot type ``solution``, no caption/OCR in the query: hint line, ``Question: ...`` with
 ``(Unit: u)``, then ``Choices:`` with ``(A) ...`` lines, stripped. The pipeline gets this query as
@@ -10,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...base.errors import UnknownOptionError
-from ...requests.questions import check_question
-from .texts import TextData
+from ..base.errors import UnknownOptionError
+from .questions import check_question
 
 HINTS: dict[str, str] = {
     "multi_choice": "Hint: Please answer the question and provide the correct option letter, e.g., A, B, C, D, at the end.",
@@ -87,16 +87,6 @@ def build_query(
     else:
         raise UnknownOptionError(f"layout={layout!r}: expected 'query' or 'prompt'")
     return "\n".join(p for p in parts if p != "").strip()
-
-
-def official_query(problem: Mapping[str, Any], text: TextData | None = None) -> str:
-    """The problem's own ``query``, else ``query.json``'s, else :func:`build_query`."""
-    q = problem.get("query")
-    if isinstance(q, str) and q:
-        return q
-    if text is not None and str(problem.get("pid")) in text.queries:
-        return text.queries[str(problem["pid"])]
-    return build_query(problem)
 
 
 def mathvista_question(

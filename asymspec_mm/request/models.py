@@ -2,7 +2,7 @@
 
 A request decodes up to three streams (``drafter_full``, ``drafter_comp``, ``verifier``; which ones its method
 needs: :data:`~asymspec_mm.decode.rows.STREAMS_OF`). This module is the one place that says which model serves
-each stream and which prompt it reads, so single-row set-up (:mod:`asymspec_mm.requests.preparing`), batched prefill and
+each stream and which prompt it reads, so single-row set-up (:mod:`asymspec_mm.request.preparing`), batched prefill and
 batched decoding (:mod:`asymspec_mm.core`) cannot disagree about it. It also owns what the models share across
 requests: their lock, the vision-feature cache and the KV kept for reuse (:class:`~asymspec_mm.engines.PrefixKV`).
 """
@@ -110,7 +110,7 @@ class ModelSet:
 
     @property
     def grammars(self) -> Any:
-        """The :class:`~asymspec_mm.requests.grammar.GrammarCompiler` of the pair's vocabulary (made on first use: only forced
+        """The :class:`~asymspec_mm.request.grammar.GrammarCompiler` of the pair's vocabulary (made on first use: only forced
         tool calls and JSON answers need it)."""
         if self._grammars is None:
             from .grammar import GrammarCompiler

@@ -2,7 +2,7 @@
 
 Every edge (the Python API, the CLI, a batch file, the server, the demo, the evaluation) builds a :class:`Request`;
 :meth:`Request.checked` validates it once and returns the checked copy, which every later layer (the scheduler's
-line, set-up, the decoder's row through :attr:`~asymspec_mm.requests.session.Session.request`) reads as it is. A
+line, set-up, the decoder's row through :attr:`~asymspec_mm.request.session.Session.request`) reads as it is. A
 checked request is never checked again, so no layer re-spells or re-validates its fields.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig, check_method
 from ..base.errors import UnknownOptionError
 from ..base.unicode_check import chat_text_fields, check_text_fields
@@ -40,7 +41,7 @@ class Request:
     ``return_trace``: the server's answer carries the per-token trace. ``domain_advice``: what the tiny pair's
     out-of-domain warning tells the user to do, in the words of the front end that built the request (the CLI
     names its flags, the server the request's fields; ``None``: the Python API's,
-    :data:`~asymspec_mm.requests.domain.HOW_TO`).
+    :data:`~asymspec_mm.request.domain.HOW_TO`).
     """
 
     image: Any = None
@@ -85,11 +86,9 @@ class Request:
         method = check_method(DEFAULT_METHOD if self.method is None else self.method)
         cfg = self.config or AsymSpecConfig()
         cfg = (cfg.with_(seed=self.seed) if self.seed is not None else cfg).validated()
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+        if not is_int(self.priority):
             raise UnknownOptionError(f"priority={self.priority!r} must be an integer (lower is served first)")
-        if self.max_caption_chars is not None and (
-            isinstance(self.max_caption_chars, bool) or not isinstance(self.max_caption_chars, int) or self.max_caption_chars < 1
-        ):
+        if self.max_caption_chars is not None and not is_int(self.max_caption_chars, minimum=1):
             raise UnknownOptionError(f"max_caption_chars={self.max_caption_chars!r} must be an integer >= 1")
         if not self.is_chat:
             if self.tools or self.tool_choice is not None or self.response_format is not None:

@@ -1,12 +1,13 @@
-"""The OpenAI-shaped parts of a response: finish reason, usage, the ``asymspec`` object with the trace, and the
-streamed text deltas (held back where a stop string or an unfinished character may still be forming)."""
+"""The OpenAI-shaped parts of a chat answer (the Responses API's answers reuse them): finish reason, usage, logprobs,
+the ``asymspec`` object with the trace, and the streamed text deltas (held back where a stop string or an unfinished
+character may still be forming)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..requests.session import MMResult
+    from ..request.session import MMResult
 
 
 def logprobs_of(trace: list[Any], tokenizer: Any, top: int, special_ids: frozenset[int] = frozenset()) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def message_of(res: MMResult, cid: str) -> dict[str, Any]:
     call, ``None`` when empty) and the calls, their ids drawn from the completion's id ``cid`` (as streamed)."""
     if not res.tool_calls:
         return {"role": "assistant", "content": res.text}
-    from ..requests.tools import parse_tool_calls
+    from ..request.tools import parse_tool_calls
 
     parsed = parse_tool_calls(res.text, cid, finished=not res.cut_by_budget)
     return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
@@ -114,7 +115,7 @@ def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[s
 
 
 def _stop_truncated(text: str, stop_strings: tuple[str, ...]) -> str:
-    """``text`` cut at its stop strings exactly as :func:`~asymspec_mm.requests.session.session_result` cuts the answer."""
+    """``text`` cut at its stop strings exactly as :func:`~asymspec_mm.request.session.session_result` cuts the answer."""
     for s in stop_strings:
         if s and s in text:
             text = text[: text.index(s)]

@@ -1,5 +1,5 @@
 """``POST /v1/chat/completions`` bodies: a validated :class:`~asymspec_mm.serve.models_chat.ChatCompletionRequest`
-turned into a :class:`ChatRequest` (the engine's :class:`~asymspec_mm.requests.request.Request`, checked once), or
+turned into a :class:`ChatRequest` (the engine's :class:`~asymspec_mm.request.request.Request`, checked once), or
 refused with a :class:`~asymspec_mm.serve.errors.RequestError` whose one-line message names the field.
 
 The conversation is the whole history, as ``pipe.chat`` takes it: ``system`` / ``developer``, ``user`` messages
@@ -7,7 +7,7 @@ with text parts and any number of ``image_url`` parts (data URLs, or files under
 ``max_images`` in the request), ``assistant`` messages with text and ``tool_calls``, ``tool`` messages (text and
 images) answering them by ``tool_call_id``; the last message is the user's (with text) or a tool's. ``tools`` with
 ``tool_choice`` ``auto`` are rendered by the templates and the answer read for calls; under ``none`` the model does
-not call a tool (the tools stay out of the prompt: :func:`~asymspec_mm.requests.tools.prompt_tools`). Each
+not call a tool (the tools stay out of the prompt: :func:`~asymspec_mm.request.tools.prompt_tools`). Each
 image is loaded here, so a bad one is refused before anything is queued; the answer equals ``pipe.chat`` of the
 same messages. ``chat_template_kwargs`` takes ``enable_thinking`` (default false, as the paper's harness;
 ``reasoning_effort`` other than ``none`` turns it on). vLLM's ``structured_outputs`` becomes the request's
@@ -26,12 +26,12 @@ from pydantic import ValidationError
 
 from ..base.config import AsymSpecConfig
 from ..base.errors import UnknownOptionError
-from ..requests.request import Request
+from ..request.request import Request
 from .errors import RequestError, bad_request, renamed, renamed_param
 from .images import load_request_image
-from .models_base import StructuredOutputs
 from .models_chat import ChatCompletionRequest, ImagePart, RefusalPart
-from .models_common import sampling_fields
+from .models_endpoint import StructuredOutputs
+from .models_fields import sampling_fields
 from .validation_errors import request_error
 
 DEFAULT_MAX_IMAGES = 8
@@ -53,7 +53,7 @@ STRUCTURED_PARAMS = {
 
 @dataclass
 class ChatRequest:
-    """One checked chat request: the engine's :class:`~asymspec_mm.requests.request.Request` (checked, ``messages``
+    """One checked chat request: the engine's :class:`~asymspec_mm.request.request.Request` (checked, ``messages``
     as ``pipe.chat`` takes them, every image loaded into an ``{"type": "image"}`` part), and what only the HTTP answer
     reads (streaming, the model name echoed, ``n`` choices, logprobs)."""
 
@@ -98,7 +98,7 @@ def conversation(req: ChatCompletionRequest, max_images: int) -> tuple[list[dict
     """The messages as ``pipe.chat`` takes them (image parts holding their index in the refs) and every image's
     ``(url, param)``, in order; a tool message must answer an earlier call, the last message must be the user's
     (with text) or a tool's, and the request holds at most ``max_images`` images."""
-    from ..requests.conversation import ConversationError, tool_call
+    from ..request.conversation import ConversationError, tool_call
 
     out: list[dict[str, Any]] = []
     images: list[tuple[str, str]] = []
@@ -173,7 +173,7 @@ def response_format_of(req: Any) -> dict[str, Any] | None:
 def checked(request: Request, params: dict[str, str] | None = None) -> Request:
     """``request`` checked; a tool, tool choice or response format the toolkit cannot use is a 400 naming it (by the
     endpoint's name for it: ``params`` maps the engine's field to it)."""
-    from ..requests.tools import ToolError
+    from ..request.tools import ToolError
 
     params = params or {}
     try:

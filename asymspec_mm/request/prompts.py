@@ -28,16 +28,6 @@ def compressed_user_text(view_text: str, question: str) -> str:
     return f"{view_text}\n\n{question}" if view_text else question
 
 
-def verifier_messages(view_text: str, question: str) -> list[dict[str, Any]]:
-    """Chat messages of the verifier (and of the drafter's compressed stream)."""
-    return [{"role": "user", "content": compressed_user_text(view_text, question)}]
-
-
-def drafter_comp_messages(view_text: str, question: str) -> list[dict[str, Any]]:
-    """Chat messages of the drafter on the compressed view (text only, VL content format)."""
-    return [{"role": "user", "content": [{"type": "text", "text": compressed_user_text(view_text, question)}]}]
-
-
 def drafter_full_messages(view_text: str, question: str, drafter_view: str = "image+text") -> list[dict[str, Any]]:
     """Chat messages of the drafter on the full view: the image first, then the text."""
     if drafter_view not in DRAFTER_VIEWS:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from .models_common import (
+from .models_fields import (
     AsymSpecOptions,
     Choices,
     ModelName,

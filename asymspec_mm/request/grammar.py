@@ -112,7 +112,7 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, repeat: bool = True
 def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any):
     """The grammar a request's options ask for, or ``None`` (free output): ``tool_choice`` ``required`` or
     ``{"type": "function", "function": {"name": ...}}``, ``response_format`` ``json_object``, ``json_schema``,
-    ``regex``, ``choice`` or ``grammar`` (:data:`~asymspec_mm.requests.tools.EXTRA_FORMATS`)."""
+    ``regex``, ``choice`` or ``grammar`` (:data:`~asymspec_mm.request.tools.EXTRA_FORMATS`)."""
     if tool_choice == "required":
         return tool_call_grammar(tools)
     if isinstance(tool_choice, Mapping):

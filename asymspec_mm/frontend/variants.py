@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.checks import is_int
 from ..base.config import METHODS, AsymSpecConfig
 from ..base.errors import UnknownOptionError
 
@@ -54,9 +55,6 @@ class Variant:
         """``base`` (default: the library's defaults) with this variant's fields set, validated."""
         return (base or AsymSpecConfig()).with_(**dict(self.config)).validated()
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "method": self.method, "config": dict(self.config)}
-
     @classmethod
     def parse(cls, spec: str) -> Variant:
         """``NAME[@field=value,...]`` -> a variant named by its canonical spelling."""
@@ -80,7 +78,7 @@ def format_value(value: Any) -> str:
 def _typed(field: str, value: Any) -> Any:
     """An int written for a float field becomes that float (``beta=0`` sets 0.0, as ``beta0`` does)."""
     default = AsymSpecConfig.__dataclass_fields__.get(field)
-    if default is not None and isinstance(default.default, float) and isinstance(value, int) and not isinstance(value, bool):
+    if default is not None and isinstance(default.default, float) and is_int(value):
         return float(value)
     return value
 
