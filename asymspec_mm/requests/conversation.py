@@ -218,26 +218,33 @@ class ViewMessages:
 
 
 def view_messages(
-    turns: Sequence[Turn], views: Mapping[int, str], *, drafter_view: str = "image+text", text_compressor: TextCompressor | None = None
+    turns: Sequence[Turn],
+    views: Mapping[int, str],
+    *,
+    drafter_view: str = "image+text",
+    text_compressor: TextCompressor | None = None,
+    verifier_turns: Sequence[Turn] | None = None,
 ) -> ViewMessages:
     """The chat messages of both views of ``turns`` (see the module docstring); ``views[k]`` the k-th image's
-    rendered compressed view."""
+    rendered compressed view. ``verifier_turns``: the same messages as the compressed view reads them (older turns
+    compressed, :func:`~asymspec_mm.requests.compression.compress_turns`); the full view reads ``turns``."""
     if drafter_view not in DRAFTER_VIEWS:
         raise UnknownOptionError(f"drafter_view={drafter_view!r} is not one of {DRAFTER_VIEWS}")
     compressed, compressed_vl, full = [], [], []
-    for turn in turns:
+    for turn, seen in zip(turns, verifier_turns if verifier_turns is not None else turns):
         extra: dict[str, Any] = {}
         if turn.tool_calls:
             extra["tool_calls"] = [dict(c) for c in turn.tool_calls]
         if turn.tool_call_id is not None:
             extra["tool_call_id"] = turn.tool_call_id
         if turn.role not in IMAGE_ROLES:
-            text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
+            text = "\n\n".join(t.strip() for t in seen.texts if t.strip())
             compressed.append({"role": turn.role, "content": text, **extra})
             compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
+            text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
             full.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
             continue
-        text = compressed_text(turn, views, text_compressor)
+        text = compressed_text(seen, views, text_compressor)
         compressed.append({"role": turn.role, "content": text, **extra})
         compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
         # the drafter's full view reads long texts whole: compressing them is the other context asymmetry
