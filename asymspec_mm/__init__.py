@@ -19,6 +19,7 @@ _LAZY = {
     "GenerationStream": "asymspec_mm.requests.session",
     "Session": "asymspec_mm.requests.session",
     "Request": "asymspec_mm.requests.request",
+    "Compression": "asymspec_mm.requests.compression",
     "TokenEvent": "asymspec_mm.decode",
     "mathvista_question": "asymspec_mm.eval.mathvista.query",
 }
@@ -40,5 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .decode import TokenEvent
     from .eval.mathvista.query import mathvista_question
     from .pipeline.facade import AsymSpecPipeline, MMResult, Prompts, mm_generate
+    from .requests.compression import Compression
     from .requests.request import Request
     from .requests.session import GenerationStream, Session

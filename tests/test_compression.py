@@ -19,8 +19,10 @@ from asymspec_mm.requests.request import Request
 LOG = "\n".join(f"row {i}: sensor {i % 7} reading {i * 13 % 97} units status ok" for i in range(30))
 
 
-def agent_messages(steps: int) -> list[dict]:
-    """A system prompt, the task, then ``steps`` (tool call, long tool output) pairs: an agent's history."""
+def agent_messages(steps: int, rows: int = 30) -> list[dict]:
+    """A system prompt, the task, then ``steps`` (tool call, long tool output: the log's first ``rows`` rows)
+    pairs: an agent's history."""
+    log = "\n".join(LOG.splitlines()[:rows])
     msgs = [
         {"role": "system", "content": "You are an agent. Use the tools to answer."},
         {"role": "user", "content": "Which sensor read 42?"},
@@ -28,7 +30,7 @@ def agent_messages(steps: int) -> list[dict]:
     for s in range(steps):
         call = {"id": f"c{s}", "type": "function", "function": {"name": "read_log", "arguments": {"page": s}}}
         msgs += [{"role": "assistant", "content": f"Reading page {s}.", "tool_calls": [call]}]
-        msgs += [{"role": "tool", "tool_call_id": f"c{s}", "content": f"{LOG}\npage {s}"}]
+        msgs += [{"role": "tool", "tool_call_id": f"c{s}", "content": f"{log}\npage {s}"}]
     return msgs
 
 
