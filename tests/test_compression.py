@@ -307,3 +307,28 @@ def test_the_scheduler_takes_compression_too(tiny):
     alone = tiny.chat(msgs, compression=comp, max_new_tokens=3)
     assert res.token_ids == alone.token_ids
     assert res.prompts.verifier_ids.tolist() == alone.prompts.verifier_ids.tolist()
+
+
+def test_a_batch_takes_compression_per_request_and_names_the_request_in_errors(tiny):
+    comp = {"method": "truncate", "limit": 20, "keep_last_turns": 2}
+    msgs = agent_messages(2)
+    batch = tiny.generate_batch([{"messages": msgs, "compression": comp}, {"messages": msgs}], max_new_tokens=3)
+    alone = tiny.chat(msgs, compression=comp, max_new_tokens=3)
+    assert batch[0].token_ids == alone.token_ids and batch[0].stats["compression_ratio"] == alone.stats["compression_ratio"] > 1
+    assert "compression_ratio" not in batch[1].stats
+    with pytest.raises(CompressionError, match=r"^requests\[1\]\.compression\.rate=2 must be"):
+        tiny.generate_batch([{"messages": msgs}, {"messages": msgs, "compression": {"method": "truncate", "rate": 2}}])
+
+
+def test_a_compressor_that_answers_differently_each_call_still_renders_each_message_once(tiny):
+    """A summary written by a sampled model differs call by call: the cache makes each message's compressed text the
+    one written the first time, so later turns still extend earlier ones."""
+    import itertools
+
+    calls = itertools.count()
+    comp = Compression(lambda text: f"{text[:12]} (summary {next(calls)})", keep_last_turns=2)
+    tok = tiny.verifier_tokenizer
+    v_n, _ = _ids(tiny, agent_messages(2), comp)
+    v_next, _ = _ids(tiny, agent_messages(3), comp)
+    assert common_prefix(v_n, v_next) >= message_start(v_n, tok, len(agent_messages(2)) - 2)
+    assert next(calls) == 6  # 4 messages compressed for turn 2, the 2 that aged out for turn 3

@@ -108,7 +108,7 @@ class Request:
         choice = check_tool_choice(self.tool_choice, offered)
         check_response_format(self.response_format)
         cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
-        compression = Compression.of(self.compression)
+        compression = Compression.of(self.compression, f"{where}.compression" if where else "compression")
         return dataclasses.replace(
             self, method=method, config=cfg, tools=offered, tool_choice=choice, compression=compression, is_checked=True
         )
