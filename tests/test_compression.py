@@ -141,14 +141,16 @@ def test_any_callable_and_summary_are_compressors():
 def test_an_older_message_is_compressed_once_and_the_cache_is_bounded():
     calls = []
     comp = Compression(lambda t: calls.append(t) or t[:5], keep_last_turns=2).checked()
-    cache = CompressedTurns(size=3)
-    turns = parse_messages(agent_messages(2))  # 6 messages: the first 4 compressed
-    first = compress_turns(turns, comp, cache=cache)
-    again = compress_turns(turns, comp, cache=cache)
+    turns = parse_messages(agent_messages(2))  # 6 messages: the first 4 compressed, the last 2 verbatim
+    roomy = CompressedTurns(size=4)
+    first, again = compress_turns(turns, comp, cache=roomy), compress_turns(turns, comp, cache=roomy)
     assert first.turns == again.turns and first.compressed_messages == 4
-    # 4 texts, 3 slots: the first one left the cache; the second pass compressed it again, then the one it pushed out...
-    assert len(cache._items) == 3 and cache.misses + cache.hits == 8
-    assert [t.texts for t in first.turns[4:]] == [t.texts for t in turns[4:]]  # the last two verbatim
+    assert (len(calls), roomy.misses, roomy.hits) == (4, 4, 4)  # each message compressed once
+    assert [t.texts for t in first.turns[4:]] == [t.texts for t in turns[4:]]
+    assert [t.texts for t in first.turns[:4]] == [[t.texts[0][:5]] for t in turns[:4]]
+    tight = CompressedTurns(size=3)  # least recently used out: a scan of 4 through 3 slots never hits
+    compress_turns(turns, comp, cache=tight), compress_turns(turns, comp, cache=tight)
+    assert (len(tight._items), tight.misses, tight.hits) == (3, 8, 0)
 
 
 # ---------------------------------------------------------------------------------------------- LLMLingua-2

@@ -199,7 +199,16 @@ class CompressedTurns:
 
 #: The process's cache of compressed messages (shared by every pipeline: the key holds the settings).
 COMPRESSED = CompressedTurns()
-_BUILT: dict[tuple, RoleCompressor] = {}
+#: Built compressors by settings and tokenizer (bounded: each request of a server may name its own settings).
+_BUILT: OrderedDict[tuple, RoleCompressor] = OrderedDict()
+_BUILT_SIZE = 64
+
+
+def tokenizer_key(tokenizer: Any) -> tuple:
+    """What tells two tokenizers apart in a cache key: its class, its source and its vocabulary's size."""
+    if tokenizer is None:
+        return ()
+    return (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", None), len(tokenizer))
 
 
 def compressor_of(compression: Compression, tokenizer: Any = None) -> RoleCompressor:
@@ -207,9 +216,11 @@ def compressor_of(compression: Compression, tokenizer: Any = None) -> RoleCompre
     if callable(compression.method):
         user = compression.method
         return lambda text, role: str(user(text))
-    key = (compression.key, id(tokenizer))
+    key = (compression.key, tokenizer_key(tokenizer))
     if key not in _BUILT:
         _BUILT[key] = COMPRESSORS[compression.method](compression, CompressorContext(tokenizer))
+        while len(_BUILT) > _BUILT_SIZE:
+            _BUILT.popitem(last=False)
     return _BUILT[key]
 
 
@@ -236,7 +247,9 @@ def compress_turns(
             continue
         role = turn.role
         parts = tuple(
-            cache.get((compression.key, id(tokenizer), role, p), lambda p=p, role=role: compress(p, role)) if isinstance(p, str) else p
+            cache.get((compression.key, tokenizer_key(tokenizer), role, p), lambda p=p, role=role: compress(p, role))
+            if isinstance(p, str)
+            else p
             for p in turn.parts
         )
         out.append(dataclasses.replace(turn, parts=parts))

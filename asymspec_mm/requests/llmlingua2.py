@@ -49,7 +49,11 @@ class TokenClassifier:
 
         self.name = name
         self.tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
+        import torch
+
         self.model = AutoModelForTokenClassification.from_pretrained(name, local_files_only=True, trust_remote_code=False).eval()
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"  # beside the pair: the classifier is small
+        self.model.to(self.device)
         self._lock = threading.Lock()  # one forward at a time: the set-up threads share it
 
     def _chunks(self, words: Sequence[str]) -> list[list[str]]:
@@ -74,7 +78,8 @@ class TokenClassifier:
         for chunk in self._chunks(words):
             enc = self.tokenizer(list(chunk), is_split_into_words=True, return_tensors="pt", truncation=True, max_length=MAX_TOKENS)
             with self._lock, torch.no_grad():
-                logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[0]  # [L, labels]
+                ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+                logits = self.model(input_ids=ids, attention_mask=mask).logits[0].cpu()  # [L, labels]
             keep = torch.softmax(logits.float(), dim=-1)[:, 1]
             sums, ns = [0.0] * len(chunk), [0] * len(chunk)
             for pos, w in enumerate(enc.word_ids()):
