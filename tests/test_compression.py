@@ -298,6 +298,13 @@ def test_chat_reports_the_compression_ratio_in_verifier_tokens(tiny):
     assert res.stats["prompt_tokens_full"] == len(plain)
     assert res.stats["compression_ratio"] == pytest.approx(len(plain) / res.prompts.verifier_ids.shape[-1])
     assert res.stats["compression_ratio"] > 2 and res.stats["compressed_messages"] == 6 and res.stats["compression_s"] >= 0
+    from asymspec_mm.requests.compression import compressor_of
+
+    cut = compressor_of(Compression("truncate", limit=20).checked(), tiny.verifier_tokenizer)
+    view = res.stats["compressed_view"]
+    assert [(v["index"], v["role"]) for v in view] == [(i, m["role"]) for i, m in enumerate(msgs[:6])]
+    assert [v["text"] for v in view] == [cut(m["content"], m["role"]) for m in msgs[:6]]
+    assert view[3]["text"].endswith("tokens cut ...]") and view[3]["text"] in tiny.verifier_tokenizer.decode(res.prompts.verifier_ids[0])
     print("compression_ratio", res.stats["compression_ratio"])
 
 
@@ -334,3 +341,37 @@ def test_a_compressor_that_answers_differently_each_call_still_renders_each_mess
     v_next, _ = _ids(tiny, agent_messages(3), comp)
     assert common_prefix(v_n, v_next) >= message_start(v_n, tok, len(agent_messages(2)) - 2)
     assert next(calls) == 6  # 4 messages compressed for turn 2, the 2 that aged out for turn 3
+
+
+READ_LOG = {
+    "type": "function",
+    "function": {
+        "name": "read_log",
+        "description": "Reads one page of the plant's sensor log, thirty rows a page, oldest first.",
+        "parameters": {
+            "type": "object",
+            "properties": {"page": {"type": "integer", "description": "the page, from 0"}},
+            "required": ["page"],
+        },
+    },
+}
+
+
+def test_signature_reduces_the_offered_tools_for_the_verifier_only(tiny):
+    msgs = agent_messages(1)
+    comp = Compression("signature", roles=("tools",))
+    session = tiny.prepare_chat(msgs, tools=[READ_LOG], compression=comp, max_new_tokens=2, prefill=False)
+    bare = {
+        "type": "function",
+        "function": {
+            "name": "read_log",
+            "parameters": {"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]},
+        },
+    }
+    expected = tiny.verifier_tokenizer.apply_chat_template(
+        msgs, tools=[bare], tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert session.prompts.verifier_ids[0].tolist() == tiny.verifier_tokenizer(expected, add_special_tokens=False)["input_ids"]
+    full = tiny.processor.tokenizer.decode(session.prompts.drafter_full_ids[0])
+    assert "Reads one page of the plant's sensor log" in full and "the page, from 0" in full
+    assert session.stats["compression_ratio"] > 1 and session.stats["compressed_messages"] == 0

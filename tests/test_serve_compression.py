@@ -68,6 +68,9 @@ def test_cached_tokens_per_turn_with_and_without_compression(live):
             )
             cached.append(r.usage.prompt_tokens_details.cached_tokens)
             prompt.append(r.usage.prompt_tokens)
+            view = r.model_extra["asymspec"]["view"]
+            # each compressed message as the verifier read it: all but the last two, under the server's default only
+            assert [m["index"] for m in view.get("messages", [])] == (list(range(2 * steps)) if setting else [])
         print(f"compression={name}: prompt_tokens per turn {prompt}, cached_tokens per turn {cached}")
         for i, steps in enumerate(range(1, 6)):
             v = verifier_ids(pipe, agent_messages(steps, ROWS), setting)

@@ -27,8 +27,10 @@ from ..base.errors import UnknownOptionError
 from .compressors import COMPRESSORS, CompressorContext, RoleCompressor
 from .conversation import Turn
 
-#: The roles a compression may apply to (``developer`` messages are ``system`` ones).
+#: The messages a compression applies to by default (``developer`` messages are ``system`` ones).
 COMPRESSIBLE_ROLES = ("system", "user", "assistant", "tool")
+#: ``roles`` may also name ``tools``: the offered tools' definitions (descriptions compressed; ``signature``: dropped).
+TOOLS = "tools"
 UNITS = ("tokens", "chars")
 KEEPS = ("head", "tail", "both")
 #: The settings' fields as a request spells them (the server's ``asymspec.compression``, the CLI's ``--compression``).
@@ -114,8 +116,8 @@ class Compression:
             raise CompressionError(f"{at('keep')}={self.keep!r} is not one of {', '.join(KEEPS)}", at("keep"))
         roles = ("system" if r == "developer" else r for r in self.roles) if isinstance(self.roles, (tuple, list)) else None
         roles = tuple(roles) if roles is not None else ()
-        if not roles or any(r not in COMPRESSIBLE_ROLES for r in roles):
-            raise CompressionError(f"{at('roles')}={self.roles!r} must be a list of {', '.join(COMPRESSIBLE_ROLES)}", at("roles"))
+        if not roles or any(r not in (*COMPRESSIBLE_ROLES, TOOLS) for r in roles):
+            raise CompressionError(f"{at('roles')}={self.roles!r} must be a list of {', '.join((*COMPRESSIBLE_ROLES, TOOLS))}", at("roles"))
         if self.method == "summary" and not callable(self.summarizer):
             raise CompressionError(f"{at('summarizer')}: the summary compressor needs a callable text -> summary", at("summarizer"))
         if self.method == "llmlingua2":
@@ -229,8 +231,12 @@ class CompressedConversation:
     """The turns the verifier reads (older messages of the chosen roles compressed) and what it cost."""
 
     turns: list[Turn]
-    compressed_messages: int
+    indices: frozenset[int]  # the messages compressed
     seconds: float
+
+    @property
+    def compressed_messages(self) -> int:
+        return len(self.indices)
 
 
 def compress_turns(
@@ -240,7 +246,7 @@ def compress_turns(
     ``compression.roles`` only; images stay as they are), each through ``cache``."""
     compress = compressor_of(compression, tokenizer)
     older = len(turns) - compression.keep_last_turns
-    out, n, t0 = [], 0, time.perf_counter()
+    out, indices, t0 = [], set(), time.perf_counter()
     for i, turn in enumerate(turns):
         if i >= older or turn.role not in compression.roles or not turn.texts:
             out.append(turn)
@@ -253,8 +259,8 @@ def compress_turns(
             for p in turn.parts
         )
         out.append(dataclasses.replace(turn, parts=parts))
-        n += 1
-    return CompressedConversation(out, n, time.perf_counter() - t0)
+        indices.add(i)
+    return CompressedConversation(out, frozenset(indices), time.perf_counter() - t0)
 
 
 def compression_stats(
@@ -263,7 +269,8 @@ def compression_stats(
     """``res.stats``' compression figures: ``compression_ratio`` = |x_full| / |x_comp| in verifier tokens (the
     paper's definition: the verifier's prompt of the uncompressed conversation, ``full`` the view messages, over
     the prompt it read, ``comp_tokens``; an image counts as its caption + OCR on both sides, so the ratio is the
-    text compression's), ``compression_s`` (the compressor's seconds this request) and ``compressed_messages``."""
+    text compression's), ``compression_s`` (the compressor's seconds this request), ``compressed_messages`` and
+    ``compressed_view``: each compressed message's index, role and text as the verifier read it."""
     kw: dict[str, Any] = {"tools": list(tools)} if tools else {}
     text = tokenizer.apply_chat_template(full.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kw)
     full_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -272,4 +279,37 @@ def compression_stats(
         "prompt_tokens_full": full_tokens,
         "compression_s": squeezed.seconds,
         "compressed_messages": squeezed.compressed_messages,
+        "compressed_view": [
+            {"index": i, "role": t.role, "text": "\n\n".join(t.texts)} for i, t in enumerate(squeezed.turns) if i in squeezed.indices
+        ],
     }
+
+
+def compress_tools(
+    tools: Sequence[Mapping[str, Any]], compression: Compression, tokenizer: Any = None, cache: CompressedTurns = COMPRESSED
+) -> list[dict[str, Any]]:
+    """The offered tools as the verifier's template renders them when ``compression.roles`` names ``tools`` (else
+    as they are): ``signature`` keeps each function's name and its parameters' names, types and ``required`` (no
+    descriptions: the API-Bank setting); any other compressor compresses each description (role ``tools``)."""
+    if TOOLS not in compression.roles:
+        return list(tools)
+    compress = compressor_of(compression, tokenizer)
+    out = []
+    for tool in tools:
+        fn = dict(tool["function"])
+        if compression.method == "signature":
+            fn.pop("description", None)
+            fn["parameters"] = _typed_only(fn.get("parameters"))
+        elif isinstance(fn.get("description"), str):
+            text = fn["description"]
+            fn["description"] = cache.get((compression.key, tokenizer_key(tokenizer), TOOLS, text), lambda t=text: compress(t, TOOLS))
+        out.append({**tool, "function": fn})
+    return out
+
+
+def _typed_only(schema: Any) -> Any:
+    """A parameters schema with only its properties' types (and ``required``)."""
+    if not isinstance(schema, Mapping) or not isinstance(schema.get("properties"), Mapping):
+        return schema
+    props = {k: {"type": v["type"]} if isinstance(v, Mapping) and "type" in v else {} for k, v in schema["properties"].items()}
+    return {"type": schema.get("type", "object"), "properties": props, **({"required": schema["required"]} if "required" in schema else {})}

@@ -257,16 +257,24 @@ def view_messages(
 
 
 def view_texts(
-    processor, verifier_tokenizer, vm: ViewMessages, *, enable_thinking: bool = False, tools: Sequence[Mapping] | None = None
+    processor,
+    verifier_tokenizer,
+    vm: ViewMessages,
+    *,
+    enable_thinking: bool = False,
+    tools: Sequence[Mapping] | None = None,
+    compressed_tools: Sequence[Mapping] | None = None,
 ) -> tuple[str, str, str]:
     """``(verifier, drafter_comp, drafter_full)`` prompt strings of ``vm`` through the real chat templates, each with
     the generation prompt (the verifier's with thinking disabled unless ``enable_thinking``, as a single request's)
-    and, given ``tools`` (OpenAI function tools), the templates' own tools block."""
+    and, given ``tools`` (OpenAI function tools), the templates' own tools block (the compressed view's:
+    ``compressed_tools`` where given)."""
     kw: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    ckw: dict[str, Any] = {"tools": list(compressed_tools)} if compressed_tools else kw
     v_text = verifier_tokenizer.apply_chat_template(
-        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kw
+        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **ckw
     )
-    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True, **kw)
+    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True, **ckw)
     f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True, **kw)
     return v_text, c_text, f_text
 

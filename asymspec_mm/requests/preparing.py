@@ -250,7 +250,7 @@ class RequestPreparer:
         ``none``, :func:`~asymspec_mm.requests.tools.prompt_tools`). The view kept is the last image's."""
         from vision_cache.image import load_image
 
-        from .compression import compress_turns, compression_stats
+        from .compression import compress_tools, compress_turns, compression_stats
         from .conversation import parse_messages, per_image, task_text, view_messages, view_texts
         from .tools import prompt_tools
 
@@ -278,7 +278,10 @@ class RequestPreparer:
             verifier_turns=squeezed.turns if squeezed is not None else None,
         )
         tools = prompt_tools(req.tools, req.tool_choice)
-        texts = view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=req.enable_thinking, tools=tools)
+        short_tools = compress_tools(tools, req.compression, m.verifier_tokenizer) if req.compression is not None and tools else None
+        texts = view_texts(
+            m.processor, m.verifier_tokenizer, vm, enable_thinking=req.enable_thinking, tools=tools, compressed_tools=short_tools
+        )
         prompts = tokenize_prompts(m.processor, m.verifier_tokenizer, images, texts)
         given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
         stats = {}
