@@ -52,6 +52,10 @@ def agent_messages(steps: int, rows: int = 30) -> list[dict]:
             "huggingface-cli download nobody/no-such-classifier",
         ),
         ("truncate,limit", "compression.limit", "key=value"),
+        ({"method": ["truncate"]}, "compression.method", "is not a compressor"),
+        ({"method": "truncate", "model": ["x"]}, "compression.model", "must be a string"),
+        ({"method": "truncate", "summarizer": "abc"}, "compression.summarizer", "must be a callable"),
+        ({"method": "truncate", "unit": ["tokens"]}, "compression.unit", "tokens, chars"),
     ],
 )
 def test_a_bad_setting_is_a_one_line_error_naming_its_field(value, field, words):

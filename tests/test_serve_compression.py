@@ -96,6 +96,8 @@ def test_cached_tokens_per_turn_with_and_without_compression(live):
         ({"method": "llmlingua2", "rate": 0.3}, "asymspec.compression.model", "huggingface-cli download microsoft/llmlingua-2"),
         ("gzip", "asymspec.compression.method", "is not a compressor"),
         (3, "asymspec.compression", "a compressor's name"),
+        ({"method": ["truncate"]}, "asymspec.compression.method", "is not a compressor"),
+        ({"method": "summary", "summarizer": "abc"}, "asymspec.compression.summarizer", "must be a callable"),
     ],
 )
 def test_a_bad_setting_is_a_400_naming_its_field(live, compression, param, words):

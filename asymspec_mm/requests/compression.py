@@ -96,7 +96,7 @@ class Compression:
     def checked(self, field: str = "compression") -> Compression:
         """Itself, each setting checked: a bad one raises :class:`CompressionError` naming ``field.name``."""
         at = lambda name: f"{field}.{name}"  # noqa: E731
-        if not callable(self.method) and self.method not in COMPRESSORS:
+        if not callable(self.method) and not (isinstance(self.method, str) and self.method in COMPRESSORS):
             raise CompressionError(
                 f"{at('method')}={self.method!r} is not a compressor; choose one of {', '.join(COMPRESSORS)} (or pass a callable)",
                 at("method"),
@@ -118,6 +118,10 @@ class Compression:
         roles = tuple(roles) if roles is not None else ()
         if not roles or any(r not in (*COMPRESSIBLE_ROLES, TOOLS) for r in roles):
             raise CompressionError(f"{at('roles')}={self.roles!r} must be a list of {', '.join((*COMPRESSIBLE_ROLES, TOOLS))}", at("roles"))
+        if self.model is not None and not isinstance(self.model, str):
+            raise CompressionError(f"{at('model')} must be a string: a hub id in the local cache or a directory", at("model"))
+        if self.summarizer is not None and not callable(self.summarizer):
+            raise CompressionError(f"{at('summarizer')} must be a callable text -> summary", at("summarizer"))
         if self.method == "summary" and not callable(self.summarizer):
             raise CompressionError(f"{at('summarizer')}: the summary compressor needs a callable text -> summary", at("summarizer"))
         if self.method == "llmlingua2":
