@@ -19,6 +19,7 @@ _LAZY = {
     "GenerationStream": "asymspec_mm.request.session",
     "Session": "asymspec_mm.request.session",
     "Request": "asymspec_mm.request.request",
+    "Compression": "asymspec_mm.request.compression",
     "TokenEvent": "asymspec_mm.decode",
     "mathvista_question": "asymspec_mm.request.mathvista_query",
 }
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base.config import AsymSpecConfig
     from .decode import TokenEvent
     from .pipeline.facade import AsymSpecPipeline, MMResult, Prompts, mm_generate
+    from .request.compression import Compression
     from .request.mathvista_query import mathvista_question
     from .request.request import Request
     from .request.session import GenerationStream, Session

@@ -63,6 +63,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/deployment.md", "--cb-failure-threshold"): "routers that run until stopped; tests/test_router_failover.py "
     "starts them in front of two replicas on free ports and checks the lines equal its commands",
     ("docs/deployment.md", "# serve_tp.py"): GPU_QWEN + ", vLLM and several GPUs (a tensor-parallel verifier)",
+    ("docs/compressed-views.md", 'Compression("llmlingua2"'): "needs the LLMLingua-2 classifier in the local cache "
+    "and the caller's `messages`; tests/test_compression.py runs pipe.chat and submit_chat with compression=",
+    ("docs/compressed-views.md", '"compression": False'): "a sketch: `client` and `history` stand for the caller's; "
+    "tests/test_serve_compression.py sends both bodies with the openai client",
 }
 
 

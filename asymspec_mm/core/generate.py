@@ -20,7 +20,7 @@ DEFAULT_BATCH_SIZE = 8
 
 def as_request(item: Request | Mapping[str, Any], index: int, method: str, config: AsymSpecConfig) -> Request:
     """The checked :class:`Request` of a request or a dict with ``image`` and ``question`` (or ``messages``) and
-    optional ``caption``, ``ocr`` and ``seed``; the batch's ``method`` and ``config`` where the request leaves them
+    optional ``caption``, ``ocr`` and ``seed`` (a conversation: and ``compression``); the batch's ``method`` and ``config`` where the request leaves them
     unset. An error names ``requests[index]`` (and the field, e.g. ``requests[3].question``)."""
     request = item if isinstance(item, Request) else _from_mapping(item, index)
     if not request.is_checked:
@@ -32,7 +32,9 @@ def _from_mapping(item: Any, index: int) -> Request:
     """The :class:`Request` of a dict (``image`` and ``question``, or ``messages``); a bad shape names its index."""
     if not isinstance(item, Mapping) or not ({"image", "question"} <= set(item) or "messages" in item):
         raise UnknownOptionError(f"request {index}: expected a Request or a dict with 'image' and 'question', or 'messages'")
-    allowed = {"messages", "caption", "ocr", "seed"} if "messages" in item else {"image", "question", "caption", "ocr", "seed"}
+    allowed = (
+        {"messages", "caption", "ocr", "seed", "compression"} if "messages" in item else {"image", "question", "caption", "ocr", "seed"}
+    )
     unknown = sorted(set(item) - allowed)
     if unknown:
         raise UnknownOptionError(f"request {index}: unknown field(s) {', '.join(unknown)}; use {', '.join(sorted(allowed))}")

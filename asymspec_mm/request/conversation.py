@@ -218,26 +218,33 @@ class ViewMessages:
 
 
 def view_messages(
-    turns: Sequence[Turn], views: Mapping[int, str], *, drafter_view: str = "image+text", text_compressor: TextCompressor | None = None
+    turns: Sequence[Turn],
+    views: Mapping[int, str],
+    *,
+    drafter_view: str = "image+text",
+    text_compressor: TextCompressor | None = None,
+    verifier_turns: Sequence[Turn] | None = None,
 ) -> ViewMessages:
     """The chat messages of both views of ``turns`` (see the module docstring); ``views[k]`` the k-th image's
-    rendered compressed view."""
+    rendered compressed view. ``verifier_turns``: the same messages as the compressed view reads them (older turns
+    compressed, :func:`~asymspec_mm.request.compression.compress_turns`); the full view reads ``turns``."""
     if drafter_view not in DRAFTER_VIEWS:
         raise UnknownOptionError(f"drafter_view={drafter_view!r} is not one of {DRAFTER_VIEWS}")
     compressed, compressed_vl, full = [], [], []
-    for turn in turns:
+    for turn, seen in zip(turns, verifier_turns if verifier_turns is not None else turns):
         extra: dict[str, Any] = {}
         if turn.tool_calls:
             extra["tool_calls"] = [dict(c) for c in turn.tool_calls]
         if turn.tool_call_id is not None:
             extra["tool_call_id"] = turn.tool_call_id
         if turn.role not in IMAGE_ROLES:
-            text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
+            text = "\n\n".join(t.strip() for t in seen.texts if t.strip())
             compressed.append({"role": turn.role, "content": text, **extra})
             compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
+            text = "\n\n".join(t.strip() for t in turn.texts if t.strip())
             full.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
             continue
-        text = compressed_text(turn, views, text_compressor)
+        text = compressed_text(seen, views, text_compressor)
         compressed.append({"role": turn.role, "content": text, **extra})
         compressed_vl.append({"role": turn.role, "content": [{"type": "text", "text": text}], **extra})
         # the drafter's full view reads long texts whole: compressing them is the other context asymmetry
@@ -250,16 +257,24 @@ def view_messages(
 
 
 def view_texts(
-    processor, verifier_tokenizer, vm: ViewMessages, *, enable_thinking: bool = False, tools: Sequence[Mapping] | None = None
+    processor,
+    verifier_tokenizer,
+    vm: ViewMessages,
+    *,
+    enable_thinking: bool = False,
+    tools: Sequence[Mapping] | None = None,
+    compressed_tools: Sequence[Mapping] | None = None,
 ) -> tuple[str, str, str]:
     """``(verifier, drafter_comp, drafter_full)`` prompt strings of ``vm`` through the real chat templates, each with
     the generation prompt (the verifier's with thinking disabled unless ``enable_thinking``, as a single request's)
-    and, given ``tools`` (OpenAI function tools), the templates' own tools block."""
+    and, given ``tools`` (OpenAI function tools), the templates' own tools block (the compressed view's:
+    ``compressed_tools`` where given)."""
     kw: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    ckw: dict[str, Any] = {"tools": list(compressed_tools)} if compressed_tools else kw
     v_text = verifier_tokenizer.apply_chat_template(
-        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kw
+        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **ckw
     )
-    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True, **kw)
+    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True, **ckw)
     f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True, **kw)
     return v_text, c_text, f_text
 

@@ -17,7 +17,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from captioning.view import CompressedView
@@ -85,6 +85,7 @@ class _Rendered:
     timings: dict[str, float]  # caption_s / ocr_s spent
     ocr_stat: str  # stats["ocr_engine"]: the engine that read the images, "given" or "off"
     warnings: list[str]
+    stats: dict[str, Any] = field(default_factory=dict)  # what rendering measured for res.stats (compression)
 
 
 def _ocr_stat(ocr_engine: Any, ocr: Any) -> str:
@@ -249,6 +250,7 @@ class RequestPreparer:
         ``none``, :func:`~asymspec_mm.request.tools.prompt_tools`). The view kept is the last image's."""
         from vision_cache.image import load_image
 
+        from .compression import compress_tools, compress_turns, compression_stats
         from .conversation import parse_messages, per_image, task_text, view_messages, view_texts
         from .tools import prompt_tools
 
@@ -266,17 +268,28 @@ class RequestPreparer:
             views.append(self._compress(img, cap, text, ocr_engine if text is None else None, spent))
             for key, seconds in spent.items():
                 timings[key] = timings.get(key, 0.0) + seconds
+        rendered_views = {i + 1: v.render() for i, v in enumerate(views)}
+        squeezed = compress_turns(turns, req.compression, m.verifier_tokenizer) if req.compression is not None else None
         vm = view_messages(
             turns,
-            {i + 1: v.render() for i, v in enumerate(views)},
+            rendered_views,
             drafter_view=req.config.drafter_view,
             text_compressor=req.text_compressor,
+            verifier_turns=squeezed.turns if squeezed is not None else None,
         )
         tools = prompt_tools(req.tools, req.tool_choice)
-        texts = view_texts(m.processor, m.verifier_tokenizer, vm, enable_thinking=req.enable_thinking, tools=tools)
+        short_tools = compress_tools(tools, req.compression, m.verifier_tokenizer) if req.compression is not None and tools else None
+        texts = view_texts(
+            m.processor, m.verifier_tokenizer, vm, enable_thinking=req.enable_thinking, tools=tools, compressed_tools=short_tools
+        )
         prompts = tokenize_prompts(m.processor, m.verifier_tokenizer, images, texts)
         given = None if any(o is None for o in ocrs) else (ocrs[0] if ocrs else False)
-        return _Rendered(prompts, images, views[-1] if views else CompressedView(), timings, _ocr_stat(ocr_engine, given), warnings)
+        stats = {}
+        if squeezed is not None:
+            full_vm = view_messages(turns, rendered_views, drafter_view=req.config.drafter_view, text_compressor=req.text_compressor)
+            stats = compression_stats(m.verifier_tokenizer, full_vm, prompts.verifier_ids.shape[-1], squeezed, req.enable_thinking, tools)
+        view = views[-1] if views else CompressedView()
+        return _Rendered(prompts, images, view, timings, _ocr_stat(ocr_engine, given), warnings, stats)
 
     def _start_session(
         self,
@@ -316,6 +329,7 @@ class RequestPreparer:
         )
         if req.is_chat:
             stats["images"] = len(r.images)
+        stats.update(r.stats)
         stops = stop_fn(m.tokenizer, cfg.stop_strings) if cfg.stop_strings else None
         eos = set() if req.ignore_eos else m.eos_ids
         session = Session(req, r.prompts, r.view, streams, pending, eos, stops, prefill_s, t_start, stats, to_prefill)

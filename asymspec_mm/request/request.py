@@ -17,6 +17,7 @@ from ..base.checks import is_int
 from ..base.config import AsymSpecConfig, check_method
 from ..base.errors import UnknownOptionError
 from ..base.unicode_check import chat_text_fields, check_text_fields
+from .compression import Compression
 from .questions import check_question
 from .tools import answer_stop_strings, check_response_format, check_tool_choice, check_tools
 
@@ -35,7 +36,9 @@ class Request:
     ``method`` (asymspec | floor | drafter | sd) and ``config`` (:class:`AsymSpecConfig`: K, gate, beta, sampling,
     budgets, stop strings): ``None`` takes the defaults, or a batch's (:func:`~asymspec_mm.core.generate_batch`).
     ``tools``, ``tool_choice``, ``response_format``: OpenAI's shapes (a conversation only). ``enable_thinking`` goes to
-    the verifier's template; ``text_compressor`` shortens long text parts of the compressed view. ``ignore_eos``
+    the verifier's template; ``text_compressor`` shortens long text parts of the compressed view; ``compression``
+    compresses the verifier's view turn by turn, the last turns verbatim (a conversation only:
+    :class:`~asymspec_mm.request.compression.Compression`, a compressor's name, a callable or a dict). ``ignore_eos``
     decodes to the token budget; ``max_caption_chars`` replaces the caption budget; ``prompt_style`` the pipeline's
     layout of the prompt texts. ``priority``: lower is preempted last and resumed first (vLLM's convention).
     ``return_trace``: the server's answer carries the per-token trace. ``domain_advice``: what the tiny pair's
@@ -57,6 +60,7 @@ class Request:
     response_format: Any = None
     enable_thinking: bool = False
     text_compressor: Callable[..., Any] | None = None
+    compression: Any = None
     ignore_eos: bool = False
     max_caption_chars: int | None = None
     prompt_style: Any = None
@@ -94,6 +98,8 @@ class Request:
             if self.tools or self.tool_choice is not None or self.response_format is not None:
                 raise UnknownOptionError("tools, tool_choice and response_format need a conversation: pass messages, e.g. pipe.chat(...)")
             check_text_fields({"question": self.question, "caption": self.caption, "ocr": self.ocr}, prefix=where)
+            if self.compression is not None:
+                raise UnknownOptionError("compression needs a conversation: pass messages, e.g. pipe.chat(...)")
             return dataclasses.replace(self, question=check_question(self.question), method=method, config=cfg, is_checked=True)
         fields = chat_text_fields(self.messages, self.caption, self.ocr, self.tools, self.tool_choice, self.response_format)
         check_text_fields(fields, prefix=where)
@@ -101,7 +107,10 @@ class Request:
         choice = check_tool_choice(self.tool_choice, offered)
         check_response_format(self.response_format)
         cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
-        return dataclasses.replace(self, method=method, config=cfg, tools=offered, tool_choice=choice, is_checked=True)
+        compression = Compression.of(self.compression, f"{where}.compression" if where else "compression")
+        return dataclasses.replace(
+            self, method=method, config=cfg, tools=offered, tool_choice=choice, compression=compression, is_checked=True
+        )
 
 
 REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked"}

@@ -99,6 +99,7 @@ class ServerState:
     handles: set = field(default_factory=set)
     drain: Drain = field(default_factory=Drain)  # SIGTERM's drain (serve.server.DrainingServer begins it)
     load_format: str = "sglang"  # the shape of GET /get_load (serve.status.LOAD_FORMATS)
+    compression: Any = None  # a chat request's compression unless it names its own (--compression)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -118,6 +119,7 @@ def create_app(
     responses_store: ResponseStore | None = None,
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     load_format: str = "sglang",
+    compression: Any = None,
 ) -> FastAPI:
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
@@ -132,11 +134,16 @@ def create_app(
     this process's memory); the caller closes it.
     drain_timeout: seconds the requests in flight get to finish once SIGTERM starts the drain (:mod:`.drain`).
     load_format: the shape of ``GET /get_load``, ``sglang`` or ``vllm-router`` (:mod:`.status`).
+    compression: the verifier view's per-turn compression of a chat request that sets no
+    ``asymspec.compression`` (:class:`~asymspec_mm.request.compression.Compression`, a name or settings).
     """
     if load_format not in LOAD_FORMATS:
         raise AsymSpecError(f"load_format={load_format!r} is not valid; choose one of {', '.join(LOAD_FORMATS)}")
     if generation_config not in GENERATION_CONFIGS:
         raise AsymSpecError(f"generation_config={generation_config!r} is not valid; choose one of {', '.join(GENERATION_CONFIGS)}")
+    from ..request.compression import Compression
+
+    compression = Compression.of(compression, "--compression")  # a bad default fails at start, not per request
     base = AsymSpecConfig()
     if generation_config == "model":
         base = base.with_(**model_sampling_defaults(getattr(getattr(pipe, "verifier", None), "generation_config", None)))
@@ -162,6 +169,7 @@ def create_app(
         own_scheduler=own,
         drain=Drain(drain_timeout),
         load_format=load_format,
+        compression=compression,
     )
 
     @contextlib.asynccontextmanager

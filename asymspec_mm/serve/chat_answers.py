@@ -105,10 +105,12 @@ def asymspec_object(res: MMResult, tokenizer: Any, return_trace: bool) -> dict[s
         "warnings": res.warnings,
         "method": res.method,
         "config": res.config.as_dict(),
-        "stats": res.stats,
+        "stats": {k: v for k, v in res.stats.items() if k != "compressed_view"},
         "speculative_decoding": speculative_decoding(res.stats),
         "view": {"caption": res.view.caption, "ocr_text": res.view.ocr_text},
     }
+    if "compressed_view" in res.stats:  # per-turn compression: each compressed message as the verifier read it
+        out["view"]["messages"] = res.stats["compressed_view"]
     if return_trace:
         out["trace"] = [trace_entry(ev, tokenizer) for ev in res.trace]
     return out

@@ -131,7 +131,11 @@ def add_chat_routes(app: FastAPI, state: Any, *, submit: Callable[[ChatRequest],
         """A chat completion (OpenAI's chat completions API; the ``asymspec`` object sets the method and its options)."""
         req = await asyncio.to_thread(
             lambda: parse_chat_request(
-                body, allow_local_images=state.allow_local_images, max_images=state.max_images, base=state.base_config
+                body,
+                allow_local_images=state.allow_local_images,
+                max_images=state.max_images,
+                base=state.base_config,
+                compression=state.compression,
             )
         )
         return await answer(request, req, "chatcmpl", chat_completion, chat_chunks, structured(body, {}))

@@ -211,13 +211,17 @@ def load_images(messages: list[dict[str, Any]], refs: list[tuple[str, str]], all
         msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
 
 
-def asymspec_fields(opts: Any) -> dict[str, Any]:
-    """The engine :class:`Request`'s fields an ``asymspec`` extension object sets (``opts`` None: the defaults)."""
+def asymspec_fields(opts: Any, compression: Any = None) -> dict[str, Any]:
+    """The engine :class:`Request`'s fields an ``asymspec`` extension object sets (``opts`` None: the defaults);
+    ``compression`` the server's default (``serve --compression``), which ``asymspec.compression`` replaces
+    (``false``: none)."""
+    asked = opts.compression if opts else None
     return {
         "method": (opts.method if opts else None) or "asymspec",
         "caption": opts.caption if opts else None,
         "ocr": opts.ocr if opts else None,
         "return_trace": bool(opts and opts.return_trace),
+        "compression": compression if asked is None else (None if asked is False else asked),
     }
 
 
@@ -264,12 +268,13 @@ def parse_chat_request(
     allow_local_images: Path | None = None,
     base: AsymSpecConfig | None = None,
     max_images: int = DEFAULT_MAX_IMAGES,
+    compression: Any = None,
 ) -> ChatRequest:
     """The :class:`ChatRequest` of a body (a parsed JSON object, validated here, or the validated model) with its
-    images loaded (see the module docstring)."""
+    images loaded (see the module docstring); ``compression`` the server's default."""
     req = data if isinstance(data, ChatCompletionRequest) else validated(ChatCompletionRequest, data)
     try:
-        return _chat_request(req, allow_local_images, base, max_images)
+        return _chat_request(req, allow_local_images, base, max_images, compression)
     except RequestError as err:  # a field a carrier brought is named as the client sent it
         raise renamed(err, req.carried) from None
 
@@ -282,7 +287,9 @@ def structured_params(req: Any) -> dict[str, str]:
     return {k: renamed_param(v, req.carried) or v for k, v in STRUCTURED_PARAMS.items()}
 
 
-def _chat_request(req: ChatCompletionRequest, allow_local_images: Path | None, base: AsymSpecConfig | None, max_images: int) -> ChatRequest:
+def _chat_request(
+    req: ChatCompletionRequest, allow_local_images: Path | None, base: AsymSpecConfig | None, max_images: int, compression: Any
+) -> ChatRequest:
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     config = config_of(req, base, req.budget, top_logprobs)
     messages, refs = conversation(req, max_images)
@@ -290,7 +297,7 @@ def _chat_request(req: ChatCompletionRequest, allow_local_images: Path | None, b
     request = Request(
         messages=messages,
         config=config,
-        **asymspec_fields(req.asymspec),
+        **asymspec_fields(req.asymspec, compression),
         enable_thinking=req.enable_thinking,
         tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools is not None else None,
         tool_choice=req.tool_choice if isinstance(req.tool_choice, (str, type(None))) else req.tool_choice.model_dump(),

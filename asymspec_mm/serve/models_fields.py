@@ -22,7 +22,7 @@ from ..base.config import CHOICES, METHODS, RANGES, SEED_LIMIT, range_error
 from ..base.unicode_check import find_bad_text, invalid_text_message
 
 #: The AsymSpec options a request may set under ``"asymspec"``.
-ASYMSPEC_OPTIONS = ("method", "k", "beta", "gamma", "gate", "delta", "bonus", "caption", "ocr", "return_trace")
+ASYMSPEC_OPTIONS = ("method", "k", "beta", "gamma", "gate", "delta", "bonus", "caption", "ocr", "return_trace", "compression")
 MAX_STOP = 4
 """Stop strings one request may give, as OpenAI's API allows (the Python API takes any number)."""
 #: Choices one request may ask for (``n``); each is a row of the batch.
@@ -283,6 +283,22 @@ def _ocr(v: Any) -> Any:
     return v
 
 
+def _compression(v: Any) -> Any:
+    """``asymspec.compression``: a compressor's name or an object of settings, checked as the engine checks it
+    (:class:`~asymspec_mm.request.compression.Compression`); ``false`` turns the server's default off."""
+    from ..request.compression import Compression, CompressionError
+
+    if v is False:
+        return v
+    if not isinstance(v, (str, dict)):
+        raise refuse(f"{PARAM} must be a compressor's name, an object of settings or false (none)")
+    try:  # {param}: the path as sent (asymspec.compression, or chat_template_kwargs.asymspec.compression)
+        Compression.of(v, PARAM)
+    except CompressionError as exc:
+        raise refuse(str(exc), suffix=(exc.param or PARAM).removeprefix(PARAM)) from None
+    return v
+
+
 def _range(name: str) -> dict[str, float]:
     low, high = RANGES[name].bounds()
     return {"ge": low, **({"le": high} if high is not None else {})}
@@ -301,6 +317,7 @@ class AsymSpecOptions(OpenAIModel):
     caption: Annotated[str | list[str] | None, checked_by(_caption)] = None
     ocr: Annotated[str | Literal[False] | list[str | Literal[False]] | None, checked_by(_ocr)] = None
     return_trace: flag(PARAM) = None
+    compression: Annotated[str | Literal[False] | dict[str, Any] | None, checked_by(_compression)] = None
 
     def config_fields(self) -> dict[str, Any]:
         """The settings it gives (the config's fields it sets)."""

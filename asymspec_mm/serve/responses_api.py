@@ -213,13 +213,14 @@ def parse_responses_request(
     allow_local_images: Path | None = None,
     base: AsymSpecConfig | None = None,
     max_images: int = DEFAULT_MAX_IMAGES,
+    compression: Any = None,
 ) -> ResponsesRequest:
     """The :class:`ResponsesRequest` of a body (a parsed JSON object, validated here, or the validated model) with
     its images loaded; ``stored`` gives the conversation a ``previous_response_id`` names, or raises the 400 naming
-    the field (None: no store)."""
+    the field (None: no store); ``compression`` the server's default."""
     req = data if isinstance(data, CreateResponseRequest) else validated(CreateResponseRequest, data)
     try:
-        return _responses_request(req, stored, allow_local_images, base, max_images)
+        return _responses_request(req, stored, allow_local_images, base, max_images, compression)
     except RequestError as err:  # a field a carrier brought is named as the client sent it
         raise renamed(err, req.carried) from None
 
@@ -230,6 +231,7 @@ def _responses_request(
     allow_local_images: Path | None,
     base: AsymSpecConfig | None,
     max_images: int,
+    compression: Any,
 ) -> ResponsesRequest:
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
@@ -253,7 +255,7 @@ def _responses_request(
     request = Request(
         messages=messages,
         config=config,
-        **asymspec_fields(req.asymspec),
+        **asymspec_fields(req.asymspec, compression),
         tools=tools,
         tool_choice=chat_tool_choice(req, tools),
         response_format=response_format_of(req),

@@ -198,7 +198,12 @@ def add_responses_route(
 
     def parse(body: CreateResponseRequest) -> ResponsesRequest:
         return parse_responses_request(
-            body, stored=stored, allow_local_images=state.allow_local_images, max_images=state.max_images, base=state.base_config
+            body,
+            stored=stored,
+            allow_local_images=state.allow_local_images,
+            max_images=state.max_images,
+            base=state.base_config,
+            compression=state.compression,
         )
 
     @app.post("/v1/responses", responses=answer_docs("Response"))
