@@ -29,8 +29,23 @@ ROUTERS = {"vllm-router": "vllm-router", "sglang-router": "smg"}
 VERSIONS = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
 #: The routing policy of a router started without one (both routers' default).
 POLICY = "cache_aware"
+#: Each router's session policy and the header it reads the session key from (docs/deployment.md, "Sessions").
+SESSION_POLICY = {"vllm-router": "consistent_hash", "sglang-router": "manual"}
+SESSION_HEADER = {"vllm-router": "X-Session-Id", "sglang-router": "X-SMG-Routing-Key"}
 #: Environment variable naming a folder holding the routers' console scripts (a venv's ``bin``) when they are not on PATH.
 ROUTER_BIN_ENV = "ASYMSPEC_ROUTER_BIN"
+#: The router settings docs/deployment.md documents for failover (the same flag names in both routers): a health
+#: check every second that marks a replica down after 2 failures, a circuit breaker that opens after 2 failed
+#: requests and tries the replica again after 30 s, and 3 retries (with a session policy, the first ones go to the
+#: session's replica again: the circuit breaker opening after 2 is what moves the third to another one).
+FAILOVER_FLAGS = (
+    "--health-check-interval-secs", "1",
+    "--health-check-timeout-secs", "2",
+    "--health-failure-threshold", "2",
+    "--cb-failure-threshold", "2",
+    "--cb-timeout-duration-secs", "30",
+    "--retry-max-retries", "3",
+)  # fmt: skip
 ROUTER_STARTUP_S = 60.0
 REPLICA_READY_S = 180.0
 
@@ -212,6 +227,15 @@ def shown_command(
     at = cmd.index("--prometheus-port")
     cmd[at + 1] = "29000"
     return " ".join(cmd)
+
+
+def worker_health(router_url: str) -> dict[str, bool]:
+    """The router's health view: each worker URL and whether the router counts it healthy (``GET /workers``, which
+    vllm-router 0.1.17 and sglang-router 0.3.2 both answer with ``is_healthy`` per worker)."""
+    import httpx
+
+    workers = httpx.get(router_url + "/workers", timeout=5).json()["workers"]
+    return {w["url"]: bool(w["is_healthy"]) for w in workers}
 
 
 @contextlib.contextmanager
