@@ -56,16 +56,10 @@ fi
 [ -x "$PY" ] || { echo "aiperf_bench: no $PY: run \`make setup\` (or set VENV to this project's venv)" >&2; exit 1; }
 [ -n "$AIPERF" ] && [ -x "$AIPERF" ] ||
   { echo "aiperf_bench: no aiperf: python3 -m venv .venv-aiperf && .venv-aiperf/bin/pip install aiperf (or set AIPERF)" >&2; exit 1; }
-command -v curl >/dev/null || { echo "aiperf_bench: curl is needed (apt-get install curl)" >&2; exit 1; }
-TOKENIZER="$ROOT/asymspec_mm/presets_data/tiny/verifier"
-[ -f "$TOKENIZER/tokenizer.json" ] || { echo "aiperf_bench: the tiny pair is missing ($TOKENIZER): reinstall asymspec-mm" >&2; exit 1; }
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
-mkdir -p "$OUT"
-rm -f "$OUT"/*.before.prom "$OUT"/*.after.prom "$OUT"/summary.json "$OUT"/table.md  # no method of an earlier run in the table
-
 BENCH=aiperf_bench
 # shellcheck source=scripts/bench_server.sh
-source scripts/bench_server.sh  # start_server LOG (sets URL), stop_server
+source scripts/bench_server.sh  # prepare_bench (sets TOKENIZER), start_server LOG (sets URL), stop_server
+prepare_bench
 
 "$PY" -m asymspec_mm.bench.aiperf_pass dataset --out "$OUT/dataset.jsonl" --prompts "$PROMPTS" --max-tokens "$MAX_TOKENS"
 COMMAND="bash scripts/aiperf_bench.sh --prompts $PROMPTS --concurrency $CONCURRENCY --methods $METHODS --max-tokens $MAX_TOKENS --ocr $OCR"

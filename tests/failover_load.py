@@ -6,7 +6,8 @@ got, and the counts docs/deployment.md's Failover table shows.
 client (``max_retries=0``: only the router retries), stops replica 0 once :data:`KILL_AFTER` requests have finished,
 and returns a :class:`FailoverRun`: each request's start, end and outcome, and the stop's time. Run as a script
 (``python tests/failover_load.py ROUTER [POLICY [SIGKILL|SIGTERM ...]]``, with ``tests`` importable) it prints one
-JSON line per run, with the router's default settings and with :data:`FAILOVER_FLAGS`: docs/deployment.md's table.
+JSON line per run, with the router's default settings and with ``FAILOVER_FLAGS`` (the documented ones, from
+:mod:`asymspec_mm.bench.replicas`): docs/deployment.md's table.
 """
 
 from __future__ import annotations
@@ -15,26 +16,20 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
 from replicas import running_replicas, start_router
 
-#: The router settings docs/deployment.md documents for failover (the same flag names in both routers): a health
-#: check every second that marks a replica down after 2 failures, a circuit breaker that opens after 2 failed
-#: requests and tries the replica again after 30 s, and 3 retries on another replica.
-FAILOVER_FLAGS = [
-    "--health-check-interval-secs", "1",
-    "--health-check-timeout-secs", "2",
-    "--health-failure-threshold", "2",
-    "--cb-failure-threshold", "2",
-    "--cb-timeout-duration-secs", "30",
-    "--retry-max-retries", "3",
-]  # fmt: skip
+from asymspec_mm.bench.replicas import FAILOVER_FLAGS, SESSION_HEADER, SESSION_POLICY
+
 REQUESTS = 60
 CLIENTS = 4
 KILL_AFTER = 16
+#: Session keys of a keyed run: enough that both replicas hold some (a session policy hashes each to one replica).
+SESSIONS = 8
 BUDGET = 8
 TIMEOUT = 60.0  # seconds per request: a hung request fails instead of stalling the loop
 #: Replica flags: a drain long enough for the requests in flight on a slow, shared machine (an 8-token answer took
@@ -100,26 +95,28 @@ def _describe(exc: Exception) -> str:
     return type(exc).__name__
 
 
-def _one(client: openai.OpenAI, index: int, streamed: bool) -> str | None:
+def _one(client: openai.OpenAI, index: int, streamed: bool, headers: dict[str, str]) -> str | None:
     messages = [{"role": "user", "content": f"Request {index}: which bar is the tallest?"}]
+    extra = {"extra_body": {"ignore_eos": True}, "extra_headers": headers}
     try:
         if streamed:
             finish = None
-            for chunk in client.chat.completions.create(
-                model="tiny", messages=messages, max_tokens=BUDGET, stream=True, extra_body={"ignore_eos": True}
-            ):
+            for chunk in client.chat.completions.create(model="tiny", messages=messages, max_tokens=BUDGET, stream=True, **extra):
                 for choice in chunk.choices:
                     finish = choice.finish_reason or finish
             return None if finish == "length" else f"stream ended without a finish reason ({finish})"
-        out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=BUDGET, extra_body={"ignore_eos": True})
+        out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=BUDGET, **extra)
         return None if out.choices[0].finish_reason == "length" else f"finish {out.choices[0].finish_reason}"
     except Exception as exc:  # noqa: BLE001 - the outcome is what the run records
         return _describe(exc)
 
 
-def load_loop(url: str, stop, requests: int = REQUESTS, clients: int = CLIENTS, kill_after: int = KILL_AFTER) -> FailoverRun:
+def load_loop(
+    url: str, stop, requests: int = REQUESTS, clients: int = CLIENTS, kill_after: int = KILL_AFTER, session_header: str | None = None
+) -> FailoverRun:
     """:data:`REQUESTS` requests through the router at ``url`` from ``clients`` threads; ``stop()`` is called once
-    ``kill_after`` have finished (its time recorded)."""
+    ``kill_after`` have finished (its time recorded). With ``session_header``, request ``i`` carries the session key
+    ``session-{i % SESSIONS}`` in that header (keyed sessions, which a session policy pins to one replica each)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
     run = FailoverRun()
     lock = threading.Lock()
@@ -132,7 +129,8 @@ def load_loop(url: str, stop, requests: int = REQUESTS, clients: int = CLIENTS, 
             if index is None:
                 return
             start = time.monotonic()
-            error = _one(client, index, streamed=index % 2 == 1)
+            headers = {session_header: f"session-{index % SESSIONS}"} if session_header else {}
+            error = _one(client, index, index % 2 == 1, headers)
             with lock:
                 run.outcomes.append(Outcome(index, index % 2 == 1, start, time.monotonic(), error))
                 fire = len(run.outcomes) == kill_after
@@ -150,7 +148,7 @@ def load_loop(url: str, stop, requests: int = REQUESTS, clients: int = CLIENTS, 
 
 def run_failover(
     router: str,
-    flags: list[str],
+    flags: Sequence[str],
     how: signal.Signals = signal.SIGKILL,
     log: Path | None = None,
     policy: str = "round_robin",
@@ -168,7 +166,8 @@ if __name__ == "__main__":
     # python tests/failover_load.py ROUTER [POLICY [SIGNAL ...]]: both settings, each signal (default both)
     name, policy = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "round_robin")
     signals = [signal.Signals[s] for s in sys.argv[3:]] or [signal.SIGKILL, signal.SIGTERM]
+    header = SESSION_HEADER[name] if policy == SESSION_POLICY[name] else None
     for label, flags in (("default", []), ("failover flags", FAILOVER_FLAGS)):
         for how in signals:
-            run = run_failover(name, flags, how, policy=policy)
+            run = run_failover(name, flags, how, policy=policy, session_header=header)
             print(json.dumps({"router": name, "policy": policy, "settings": label, "signal": how.name, **run.summary()}), flush=True)

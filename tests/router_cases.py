@@ -4,112 +4,25 @@ through them: vllm-router (PyPI ``vllm-router``) and SGLang's Model Gateway (PyP
 Used twice: by ``scripts/record_router_bodies.py``, which sends :data:`CASES` through each router to a stand-in
 backend that records the bodies the router forwards (kept under ``tests/data/router_bodies/``), and by
 ``tests/test_router_e2e.py``, which sends the same cases through each router to a real server and compares the
-answers with direct ones. Each case is a real ``openai``-client call returning what a user reads of the answer.
+answers with direct ones. Each case is a real ``openai``-client call returning what a user reads of the answer. The
+routers' commands and processes are :mod:`asymspec_mm.bench.replicas`'s (re-exported here).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-#: The routers, their console scripts, and the versions the recorded bodies come from.
-ROUTERS = {"vllm-router": "vllm-router", "sglang-router": "smg"}
-VERSIONS = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
-#: The routing policy of every run (both routers' default; one replica makes it moot, but it is what users get).
-POLICY = "cache_aware"
-#: Environment variable naming a folder holding the routers' console scripts (a venv's ``bin``) when they are not on PATH.
-ROUTER_BIN_ENV = "ASYMSPEC_ROUTER_BIN"
-STARTUP_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def router_executable(name: str) -> str | None:
-    """The path of router ``name``'s console script: in ``$ASYMSPEC_ROUTER_BIN``, next to this Python, or on PATH."""
-    exe = ROUTERS[name]
-    for folder in (os.environ.get(ROUTER_BIN_ENV), str(Path(sys.executable).parent)):
-        if folder and (Path(folder) / exe).is_file():
-            return str(Path(folder) / exe)
-    return shutil.which(exe)
-
-
-def router_command(
-    name: str, exe: str, port: int, worker: str | list[str], policy: str = POLICY, extra: list[str] | None = None
-) -> list[str]:
-    """The command line starting router ``name`` on 127.0.0.1:``port`` in front of the replica ``worker`` (or each of
-    a list) with ``policy`` and the ``extra`` flags at its end (its metrics exporter on a free loopback port too, so
-    that two routers never share one)."""
-    workers = [worker] if isinstance(worker, str) else list(worker)
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", policy]
-    metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-    if name == "vllm-router":
-        return [exe, *common, *metrics, "--worker-startup-timeout-secs", "30", "--log-level", "warning", *(extra or [])]
-    return [exe, "launch", *common, *metrics, "--worker-startup-timeout-secs", "30", "--log-level", "warn", *(extra or [])]
-
-
-def shown_command(
-    name: str, worker: str | list[str] = "http://127.0.0.1:8000", port: int = 30000, policy: str = POLICY, extra: list[str] | None = None
-) -> str:
-    """The command line of :func:`router_command` as the docs show it (fixed ports)."""
-    cmd = router_command(name, ROUTERS[name], port, worker, policy, extra)
-    at = cmd.index("--prometheus-port")
-    cmd[at + 1] = "29000"
-    return " ".join(cmd)
-
-
-@contextlib.contextmanager
-def running_router(
-    name: str, worker: str | list[str], log: Path | None = None, policy: str = POLICY, extra: list[str] | None = None
-) -> Iterator[str]:
-    """Router ``name`` in front of ``worker`` (a base URL without ``/v1``, or a list of them) with ``policy`` and the
-    ``extra`` flags: its base URL once it routes a request
-    (``GET /v1/models`` answered), stopped (SIGTERM, then SIGKILL) on exit. Raises RuntimeError naming the log tail
-    when it does not start within :data:`STARTUP_S`."""
-    import httpx
-
-    exe = router_executable(name)
-    if exe is None:
-        raise RuntimeError(f"{name} is not installed: pip install {name}=={VERSIONS[name]}")
-    port = free_port()
-    out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(router_command(name, exe, port, worker, policy, extra), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}" + (f"; see {log}" if log else ""))
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not route within {STARTUP_S:.0f} s" + (f"; see {log}" if log else ""))
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        if log is not None:
-            out.close()
-
+from asymspec_mm.bench.replicas import (  # noqa: F401 - the routers' names and commands, for the tests and the recorder
+    POLICY,
+    ROUTER_BIN_ENV,
+    ROUTERS,
+    VERSIONS,
+    router_executable,
+    running_router,
+    shown_command,
+)
 
 # ---------------------------------------------------------------------------------------------- the requests
 QUESTION = "Which bar is the tallest?"

@@ -6,7 +6,14 @@ client with ``max_retries=0``, and one replica stopped mid-run:
 - SIGKILL: at most the requests in flight at the kill fail, and every request started after it is answered (the
   time to the last failure is printed for docs/deployment.md's table, not asserted: speed lives in benchmarks);
 - SIGTERM: the replica drains (503 + ``Retry-After`` to new requests, which the router retries on the other
-  replica); no request is lost.
+  replica); no request is lost;
+- SIGKILL under each router's session policy (vllm-router ``consistent_hash`` with ``X-Session-Id``, the gateway's
+  ``manual`` with ``X-SMG-Routing-Key``), 8 keyed sessions: a policy keeps choosing a dead session replica until the
+  circuit breaker opens (2 failures) or the health check marks it down, so the retries must outlast the breaker;
+  with the documented settings at most the requests in flight fail;
+- ``--health-check-endpoint /ready``: a draining replica (SIGTERM, a long stream still in flight) is shown unhealthy
+  by the router's own ``/workers`` view while its ``/health`` is still 200, and with retries off every new request
+  is answered by the other replica: no 503 reaches the client.
 
 A router whose console script is not installed is skipped with the install line (see tests/replicas.py)."""
 
@@ -16,10 +23,15 @@ import json
 import signal
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from failover_load import FAILOVER_FLAGS, run_failover
-from replicas import router_or_skip
+from replicas import router_or_skip, running_replicas, start_router
 from router_cases import ROUTERS, shown_command
+
+from asymspec_mm.bench.replicas import SESSION_HEADER, SESSION_POLICY, worker_health
+from asymspec_mm.bench.router_health import seconds_until, stream_in_flight
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +53,45 @@ def test_a_draining_replica_loses_no_request(router, tmp_path):
     run = run_failover(router, FAILOVER_FLAGS, signal.SIGTERM, log=tmp_path / f"{router}.log")
     print(json.dumps({"router": router, "signal": "SIGTERM", **run.summary()}))
     assert len(run.outcomes) == 60 and not run.failed(), run.summary()
+
+
+@pytest.mark.parametrize("router", list(ROUTERS))
+def test_a_killed_replica_costs_keyed_sessions_at_most_their_requests_in_flight(router, tmp_path):
+    router_or_skip(router)
+    policy, header = SESSION_POLICY[router], SESSION_HEADER[router]
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=tmp_path / f"{router}.log", policy=policy, session_header=header)
+    summary = run.summary()
+    print(json.dumps({"router": router, "policy": policy, "signal": "SIGKILL", **summary}))
+    assert len(run.outcomes) == 60, summary
+    assert not run.failed_after(), summary  # the dead replica's sessions moved to the survivor, none lost
+    assert len(run.failed()) <= len(run.in_flight()), summary
+
+
+#: The documented settings with the health check on ``/ready`` and no retries: only the health check can keep a
+#: request off a draining replica, so a 503 that reached the client would show that it did not.
+READY_FLAGS = (*FAILOVER_FLAGS, "--health-check-endpoint", "/ready", "--disable-retries")
+NEW_REQUESTS = 8
+
+
+@pytest.mark.parametrize("router", list(ROUTERS))
+def test_a_health_check_on_ready_takes_a_draining_replica_out_of_rotation(router, tmp_path):
+    router_or_skip(router)
+    flags = ("--max-batch-size", "4", "--drain-timeout", "120")
+    with (
+        running_replicas(2, *flags) as (victim, survivor),
+        start_router(router, [victim, survivor], *READY_FLAGS, log=tmp_path / "r.log") as url,
+    ):
+        with stream_in_flight(victim):  # a request in flight: the victim drains instead of exiting
+            victim.terminate()
+            assert seconds_until(lambda: not worker_health(url)[victim.url], limit=60) is not None, worker_health(url)
+            assert httpx.get(victim.url + "/health", timeout=10).status_code == 200  # alive: only /ready says draining
+            before = survivor.served()
+            routed = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            for i in range(NEW_REQUESTS):  # an error (a 503 from the draining replica) raises here
+                out = routed.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Turn {i}."}], max_tokens=4)
+                assert out.choices[0].finish_reason in ("length", "stop")
+            assert survivor.served() - before == NEW_REQUESTS
+        victim.kill()
 
 
 def test_the_documented_failover_commands_are_the_tested_ones():

@@ -14,7 +14,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from router_cases import ROUTERS, VERSIONS, image_url, router_executable, running_router, shown_command
+from replicas import router_or_skip
+from router_cases import ROUTERS, image_url, running_router, shown_command
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -52,13 +53,6 @@ def replicas(tiny_dirs, tmp_path_factory):
         server.stop()
         store.close()
         pipe.close()
-
-
-def router_or_skip(name: str) -> None:
-    if router_executable(name) is None:
-        pytest.skip(
-            f"{name} is not installed: pip install {name}=={VERSIONS[name]} (or set ASYMSPEC_ROUTER_BIN to the bin folder holding it)"
-        )
 
 
 def served(servers) -> list[int]:

@@ -19,174 +19,39 @@ at the end of phase 2. The report (JSON and markdown, :mod:`asymspec_mm.bench.so
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .replicas import ROUTER_BIN_ENV, Replica, free_port, router_executable, running_router
 from .soak_report import failover_cost, markdown, phase_summary
 from .soak_session import RequestRecord, client_loop, stream_turn
 
 ROUTER = "vllm-router"
-#: Environment variable naming the folder holding the routers' console scripts when they are not on PATH.
-ROUTER_BIN_ENV = "ASYMSPEC_ROUTER_BIN"
 SESSION_HEADER = "X-Session-Id"
 POLICIES = {"keyed": "consistent_hash", "keyless": "round_robin", "failover": "consistent_hash"}
-STARTUP_S = 120.0
 #: Seconds of the failover phase kept after the SIGKILL, at the least, to see what it costs.
 KILL_WINDOW_S = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def find_router(folder: str | None) -> str | None:
     """vllm-router's console script: in ``folder``, ``$ASYMSPEC_ROUTER_BIN``, next to this Python, or on PATH."""
-    for where in (folder, os.environ.get(ROUTER_BIN_ENV), str(Path(sys.executable).parent)):
-        if where and (Path(where) / ROUTER).is_file():
-            return str(Path(where) / ROUTER)
-    return shutil.which(ROUTER)
+    return router_executable(ROUTER, folder)
 
 
-def wait_until(check: Any, proc: subprocess.Popen, what: str, timeout: float = STARTUP_S) -> None:
-    """Poll ``check()`` until it is true; RuntimeError naming ``what`` when ``proc`` exits or ``timeout`` passes."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if check():
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} was not ready within {timeout:.0f} s")
-        time.sleep(0.2)
+def soak_replica(port: int, store: Path, log: Path) -> Replica:
+    """A tiny replica on ``port`` with the shared Responses ``store`` and vllm-router's load format, logging to ``log``."""
+    flags = ["--responses-store", str(store), "--load-format", "vllm-router", "--log-level", "warning"]
+    return Replica(port, flags, log)
 
 
-class Replica:
-    """One ``asymspec-mm serve --preset tiny`` subprocess on a fixed loopback port (kept across a restart, so that
-    the router finds it again), its log appended to ``log``."""
-
-    def __init__(self, port: int, store: Path, log: Path) -> None:
-        self.port, self.store, self.log = port, store, log
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny", "--host", "127.0.0.1",
-            "--port", str(self.port), "--responses-store", str(self.store), "--load-format", "vllm-router",
-            "--log-level", "warning",
-        ]  # fmt: skip
-
-    def start(self) -> Replica:
-        with open(self.log, "a") as out:
-            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
-        return self
-
-    def wait_ready(self) -> None:
-        import httpx
-
-        wait_until(lambda: httpx.get(self.url + "/ready", timeout=2).status_code == 200, self.proc, f"replica {self.url}")
-
-    def metric(self, name: str) -> float:
-        """The sum of series ``name`` (all labels) in this replica's ``/metrics``."""
-        import httpx
-
-        from ..frontend.prometheus import parse_prometheus
-
-        values = parse_prometheus(httpx.get(self.url + "/metrics", timeout=10).text)
-        return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
-
-    def served(self) -> int:
-        """Requests this replica took (``asymspec_requests_total``, all outcomes) since it started."""
-        return int(self.metric("asymspec_requests_total"))
-
-    def memory_mb(self) -> dict[str, float]:
-        """Resident memory (:meth:`rss_mb`) and what its bounded stores hold: the prefix KV store (1 GiB by default)."""
-        return {"rss_mb": round(self.rss_mb(), 1), "prefix_kv_mb": round(self.metric("asymspec_prefix_cache_bytes") / 2**20, 1)}
-
-    def rss_mb(self) -> float:
-        """Resident memory of the server and its child processes (OCR workers), MB, from ``/proc``."""
-        return sum(rss_kb(pid) for pid in process_tree(self.proc.pid)) / 1024
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        """Send ``sig`` and wait for the exit (SIGKILL after ``timeout``); the child processes (OCR workers) still
-        alive after it, which are then killed, so that no process of the run outlives it."""
-        if self.proc is None or self.proc.poll() is not None:
-            return 0
-        children = process_tree(self.proc.pid)[1:]
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        left = [pid for pid in children if rss_kb(pid) > 0]
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        return len(left)
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (``/proc/PID/task/*/children``)."""
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                todo += [int(c) for c in task.read_text().split()]
-    return tree
-
-
-def rss_kb(pid: int) -> int:
-    """``VmRSS`` of ``pid`` in kB (0 once it has exited)."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-@contextlib.contextmanager
-def running_router(exe: str, workers: list[str], policy: str, log: Path) -> Iterator[str]:
-    """vllm-router on a free loopback port in front of ``workers`` with ``policy`` and its default health and retry
-    settings: its base URL once it routes (``GET /v1/models`` answered); stopped on exit."""
-    import httpx
-
-    port = free_port()
-    cmd = [
-        exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", policy,
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning",
-    ]  # fmt: skip
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(url + "/v1/models", timeout=2).status_code == 200, proc, f"{ROUTER} ({policy})")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+def memory_mb(replica: Replica) -> dict[str, float]:
+    """Resident memory (:meth:`Replica.rss_mb`) and what its bounded stores hold: the prefix KV store (1 GiB by default)."""
+    return {"rss_mb": round(replica.rss_mb(), 1), "prefix_kv_mb": round(replica.metric("asymspec_prefix_cache_bytes") / 2**20, 1)}
 
 
 def run_clients(url: str, phase: str, clients: int, seconds: float, header: str | None) -> list[RequestRecord]:
@@ -269,20 +134,20 @@ def run(duration: float, clients: int, out: Path, router_exe: str, keyless_s: fl
         )
     store = out / "responses.sqlite"
     store.unlink(missing_ok=True)
-    replicas = [Replica(free_port(), store, out / f"replica{i}.log").start() for i in range(2)]
+    replicas = [soak_replica(free_port(), store, out / f"replica{i}.log").start() for i in range(2)]
     try:
         for r in replicas:
             r.wait_ready()
         warm_up(replicas)
-        memory_start = [r.memory_mb() for r in replicas]
+        memory_start = [memory_mb(r) for r in replicas]
         urls = [r.url for r in replicas]
         phases: dict[str, Any] = {}
-        with running_router(router_exe, urls, POLICIES["keyed"], out / "router-consistent_hash.log") as url:
+        with running_router(ROUTER, urls, out / "router-consistent_hash.log", POLICIES["keyed"], exe=router_exe) as url:
             _, phases["keyed"] = measured_phase(url, "keyed", clients, keyed_s, SESSION_HEADER, replicas)
             if keyless_s > 0:
-                with running_router(router_exe, urls, POLICIES["keyless"], out / "router-round_robin.log") as plain:
+                with running_router(ROUTER, urls, out / "router-round_robin.log", POLICIES["keyless"], exe=router_exe) as plain:
                     _, phases["keyless"] = measured_phase(plain, "keyless", clients, keyless_s, None, replicas)
-            memory_end = [r.memory_mb() for r in replicas]
+            memory_end = [memory_mb(r) for r in replicas]
             failover = failover_phase(url, clients, failover_s, replicas[1]) if failover_s > 0 else {}
     finally:
         for r in replicas:

@@ -38,6 +38,7 @@ class Compression(Protocol):
     model: str | None
     summarizer: Callable[[str], str] | None
 
+
 #: A built compressor: ``(text, role) -> compressed text``.
 RoleCompressor = Callable[[str, str], str]
 
