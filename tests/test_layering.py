@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("decode",),
     ("requests",),
     ("core",),
+    ("attribution",),
     ("pipeline",),
     ("cli", "serve", "eval", "bench", "tiny"),
 )
