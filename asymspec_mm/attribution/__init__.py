@@ -3,6 +3,7 @@ token (:func:`attribute`, ``pipe.attribute``), the region grid (:mod:`.regions`)
 (:mod:`.occlusion`) and heat-map images (:mod:`.heatmap`)."""
 
 from .attribute import METHODS, Attribution, ImageGrid, NothingToAttributeError, Region, attribute, result_images
+from .heatmap import heat_image, overlay, write_heatmaps
 from .occlusion import BASELINES
 from .regions import Box, RegionCell, region_cells, spans
 
@@ -16,6 +17,9 @@ __all__ = [
     "Region",
     "RegionCell",
     "attribute",
+    "heat_image",
+    "overlay",
+    "write_heatmaps",
     "region_cells",
     "result_images",
     "spans",
