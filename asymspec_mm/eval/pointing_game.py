@@ -169,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", type=int, default=8)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--out", type=Path, required=True, help="folder for pointing.json and pointing.md")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: no waiting at barriers on a shared machine)")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
     from ..pipeline.facade import AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_preset(args.preset, ocr="none")
@@ -185,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             points.extend(got)
             for k, v in why.items():
                 skipped[k] += v
+            print(f"{fam} {i}: {sum(p.hit for p in got)} of {len(got)} hits", flush=True)
     rows = summary(points)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pointing.json").write_text(
