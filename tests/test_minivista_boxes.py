@@ -30,6 +30,17 @@ def test_recording_boxes_changes_no_image_and_no_text(seed):
     assert h.hexdigest() == DIGESTS[seed]
 
 
+def test_the_agent_tasks_are_unchanged_too():
+    from asymspec_mm.eval.minivista_agent import make_agent_problem
+
+    h = hashlib.sha256()
+    for i in range(20):
+        p = make_agent_problem(HELDOUT_SEED, i)
+        h.update(p["image"].tobytes())
+        h.update(json.dumps(p["messages"], sort_keys=True, default=str).encode())
+    assert h.hexdigest() == "7d6775c47458ce06e16a44d40541ff63acd4502993799d98dc2cd2b3c657ecf9"  # taken before the boxes
+
+
 def _pixels_of(image, rgb, within=(0, 0, 128, 128)):
     x0, y0, x1, y1 = within
     px = image.load()
