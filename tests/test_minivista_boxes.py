@@ -99,3 +99,28 @@ def test_chance_levels_count_the_regions_a_box_meets():
     # a bar in the third column from y 26 to 116 meets rows 0..3 of that column: 4 of 16 regions
     chance, area = chance_levels((80, 26, 94, 116), (128, 128), (4, 4), 8)
     assert chance == 4 / 16 and area == pytest.approx(14 * 90 / 128**2)
+
+
+def test_the_pointing_game_scores_an_answer_with_the_tiny_pair(shipped_tiny):
+    from asymspec_mm.eval.pointing_game import play, summary, table
+
+    # held-out visual 0: "Which shape is furthest to the right?", answered with the drafter's accepted draft
+    problem = make_problem(HELDOUT_SEED, 0, "visual")
+    points, skipped = play(shipped_tiny, problem)
+    assert skipped == {"wrong": 0, "verifier": 0}
+    assert [(p.baseline, p.token.strip(), p.source) for p in points] == [
+        ("mean", problem["decisive"], "accepted"),
+        ("zero", problem["decisive"], "accepted"),
+    ]
+    target = targets(problem)[0]
+    for p in points:
+        assert p.target_box == target.box and p.hit  # the top region meets the rightmost shape
+        assert p.chance == chance_levels(target.box, (128, 128), (4, 4), 8)[0]
+    rows = summary(points)
+    assert [(r["family"], r["baseline"], r["tokens"], r["hit_rate"]) for r in rows] == [
+        ("visual", "mean", 1, 1.0),
+        ("visual", "zero", 1, 1.0),
+        ("all", "mean", 1, 1.0),
+        ("all", "zero", 1, 1.0),
+    ]
+    assert table(rows).splitlines()[2].startswith("| visual | mean | 1 | 100% |")
