@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("decode",),
     ("request",),
     ("core",),
+    ("attribution",),
     ("pipeline",),
     ("frontend",),
     ("cli", "serve", "eval", "bench", "tiny"),

@@ -306,3 +306,22 @@ def test_the_tiny_agent_example_solves_its_task(server, workdir):
     task = make_agent_problem(1, 2)
     calls = [(task["gold_call"]["name"], task["gold_call"]["arguments"]), ("final_answer", {"answer": task["answer"]})]
     assert proc.stdout.splitlines()[-2:] == [f"{task['question']} {calls}", f"answer {task['answer']} expected {task['answer']}"]
+
+
+def test_the_attribution_page_runs_and_its_images_are_what_it_writes(workdir):
+    from PIL import Image
+
+    code = block_with("docs/attribution.md", "python", "pipe.attribute(res, position, grid=8)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "The triangle is yellow, so the answer is (D)." and lines[1] == " yellow accepted delta 2.99"
+    assert lines[2] == "(32, 96, 64, 128) +6.50"  # the triangle's cell, as the page's comments say
+    for made, committed in (("yellow_image0.png", "attribution_yellow.png"), ("yellow_image0_heat.png", "attribution_yellow_heat.png")):
+        assert Image.open(workdir / "heatmaps" / made).tobytes() == Image.open(REPO / "docs" / committed).tobytes()
+    command = block_with("docs/attribution.md", "bash", "asymspec-mm explain").strip()
+    run = sh(command, workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    trace = json.loads((workdir / "runs" / "explain" / "trace.json").read_text())
+    assert [a["position"] for a in trace["attributions"]] == [3]  # the steered " yellow"
+    assert (workdir / "runs" / "explain" / "trace_tok3_image0.png").is_file()

@@ -81,7 +81,7 @@ def make_agent_problem(seed: int, index: int) -> dict[str, Any]:
     text), ``response`` (the final turn), ``followup`` (``{"question", "answer", "response"}`` or None), the compressed
     view (``caption``, ``ocr``), ``scene`` and ``query`` (the request's text)."""
     rng = random.Random(f"minivista/{seed}/{AGENT_FAMILY}/{index}")
-    cv, colors, values = _bar_chart(rng)
+    cv, colors, values, _boxes = _bar_chart(rng)
     i, j = rng.sample(range(len(colors)), 2)
     kind = rng.choice(["add", "subtract"])
     if kind == "subtract" and values[i] < values[j]:

@@ -45,7 +45,8 @@ def _font():
 
 
 class _Canvas:
-    """A white 128x128 image that remembers the text it draws (for the OCR text)."""
+    """A white 128x128 image that remembers the text it draws (for the OCR text) and where (``labels``: each
+    string and its box ``[x0, y0, x1, y1]`` in pixels, x1 and y1 exclusive)."""
 
     def __init__(self):
         from PIL import Image, ImageDraw
@@ -53,6 +54,7 @@ class _Canvas:
         self.image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), (255, 255, 255))
         self.draw = ImageDraw.Draw(self.image)
         self.texts: list[tuple[float, float, str]] = []
+        self.labels: list[tuple[str, list[float]]] = []
 
     def text(self, x: float, y: float, s: str, anchor_center: bool = True) -> None:
         left, top, right, bottom = _font().getbbox(s)
@@ -62,6 +64,7 @@ class _Canvas:
         y0 = min(max(0, y0), IMAGE_SIZE - h)
         self.draw.text((round(x0), round(y0)), s, fill=(0, 0, 0), font=_font())
         self.texts.append((y0 + h / 2, x0, s))
+        self.labels.append((s, [round(x0), round(y0), round(x0) + w, round(y0) + h]))
 
     def ocr(self) -> str:
         """Drawn strings in reading order: rows (text centres within 6 px) top to bottom, then left to right."""
@@ -88,8 +91,9 @@ def _join(words: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _bar_chart(rng: random.Random) -> tuple[_Canvas, list[str], list[int]]:
-    """Four bars of distinct colours and distinct values 1..9 over a labelled 0..10 axis."""
+def _bar_chart(rng: random.Random) -> tuple[_Canvas, list[str], list[int], list[list[float]]]:
+    """Four bars of distinct colours and distinct values 1..9 over a labelled 0..10 axis; the last item is each
+    bar's box ``[x0, y0, x1, y1]`` (pixels, x1 and y1 exclusive), in the order of the colours."""
     n = 4
     colors = rng.sample(list(COLORS), n)
     values = rng.sample(range(1, 10), n)  # distinct, so tallest/shortest is unique
@@ -105,14 +109,16 @@ def _bar_chart(rng: random.Random) -> tuple[_Canvas, list[str], list[int]]:
         cv.text(x_axis - 8, y, str(v))
     # bar i fills the middle of the image's i-th 32-px column (one column of image tokens), so every
     # bar is seen whole by one column of merged patches
+    boxes = []
     for i, (c, v) in enumerate(zip(colors, values)):
         xl = i * BAR_SLOT + 16
         d.rectangle([xl, y0 - v * unit, xl + 13, y0 - 1], fill=COLORS[c])
-    return cv, colors, values
+        boxes.append([xl, y0 - v * unit, xl + 14, y0])  # the rectangle's corners are inclusive
+    return cv, colors, values, boxes
 
 
 def _figure(rng: random.Random) -> dict[str, Any]:
-    cv, colors, values = _bar_chart(rng)
+    cv, colors, values, boxes = _bar_chart(rng)
     caption = f"A bar chart with {_join(colors)} bars."
     kind = rng.choice(["tallest", "shortest", "value"])
     if kind in ("tallest", "shortest"):
@@ -131,13 +137,13 @@ def _figure(rng: random.Random) -> dict[str, Any]:
         decisive = str(values[idx])
     meta = dict(context="bar chart", category="math-targeted-vqa", skills=["statistical reasoning"], kind=kind)
     return dict(rec, image_obj=cv.image, caption=caption, ocr=cv.ocr(), response=response, decisive=decisive, meta=meta,
-                scene=dict(colors=colors, values=values))  # fmt: skip
+                scene=dict(colors=colors, values=values, boxes=boxes, labels=cv.labels))  # fmt: skip
 
 
 def _mixed(rng: random.Random) -> dict[str, Any]:
     """A bar chart and arithmetic on two of its bars: the values are only in the pixels (the drafter's
     side), the sum or difference is reasoning (the verifier's side, once the values are written out)."""
-    cv, colors, values = _bar_chart(rng)
+    cv, colors, values, boxes = _bar_chart(rng)
     i, j = rng.sample(range(len(colors)), 2)
     kind = rng.choice(["sum", "difference"])
     if kind == "difference" and values[i] < values[j]:
@@ -155,17 +161,20 @@ def _mixed(rng: random.Random) -> dict[str, Any]:
     caption = f"A bar chart with {_join(colors)} bars."
     meta = dict(context="bar chart", category="math-targeted-vqa", skills=["statistical reasoning", "arithmetic reasoning"], kind=kind)
     return dict(rec, image_obj=cv.image, caption=caption, ocr=cv.ocr(), response=response, decisive=str(r), meta=meta,
-                scene=dict(colors=colors, values=values, asked=[colors[i], colors[j]]))  # fmt: skip
+                scene=dict(colors=colors, values=values, asked=[colors[i], colors[j]], boxes=boxes, labels=cv.labels))  # fmt: skip
 
 
-def _draw_shape(d, kind: str, cx: float, cy: float, r: float, color) -> None:
+def _draw_shape(d, kind: str, cx: float, cy: float, r: float, color) -> list[float]:
+    """Draw one shape; returns its box ``[x0, y0, x1, y1]`` (the pixels it fills, x1 and y1 exclusive)."""
     if kind == "circle":
         d.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color)
-    elif kind == "square":
+        return [cx - r, cy - r, cx + r + 1, cy + r + 1]
+    if kind == "square":
         s = r * 0.85
         d.rectangle([cx - s, cy - s, cx + s, cy + s], fill=color)
-    else:
-        d.polygon([(cx, cy - r), (cx - r, cy + r * 0.8), (cx + r, cy + r * 0.8)], fill=color)
+        return [math.floor(cx - s), math.floor(cy - s), math.floor(cx + s) + 1, math.floor(cy + s) + 1]  # PIL floors them
+    d.polygon([(cx, cy - r), (cx - r, cy + r * 0.8), (cx + r, cy + r * 0.8)], fill=color)
+    return [cx - r, cy - r, cx + r + 1, math.floor(cy + r * 0.8) + 1]
 
 
 def _visual(rng: random.Random) -> dict[str, Any]:
@@ -189,10 +198,11 @@ def _visual(rng: random.Random) -> dict[str, Any]:
         else:
             break
     cv = _Canvas()
+    boxes = []
     for cell, k, c in zip(cells, kinds, cols):
         cx = (cell % 4) * 32 + 16 + rng.randint(-2, 2)
         cy = (cell // 4) * 32 + 16 + rng.randint(-2, 2)
-        _draw_shape(cv.draw, k, cx, cy, rng.randint(10, 12), COLORS[c])
+        boxes.append(_draw_shape(cv.draw, k, cx, cy, rng.randint(10, 12), COLORS[c]))
     present = [k for k in SHAPES if k in kinds]
     caption = f"Colored shapes, including {_join(['a ' + k for k in present])}."
     if kind == "color":
@@ -221,7 +231,7 @@ def _visual(rng: random.Random) -> dict[str, Any]:
         kind=kind,
     )
     return dict(rec, image_obj=cv.image, caption=caption, ocr="", response=response, decisive=decisive, meta=meta,
-                scene=dict(cells=cells, kinds=kinds, colors=cols))  # fmt: skip
+                scene=dict(cells=cells, kinds=kinds, colors=cols, boxes=boxes))  # fmt: skip
 
 
 def _geometry(rng: random.Random) -> dict[str, Any]:
@@ -264,7 +274,7 @@ def _geometry(rng: random.Random) -> dict[str, Any]:
         context="geometry diagram", category="math-targeted-vqa", skills=["geometry reasoning", "arithmetic reasoning"], kind="angle"
     )
     return dict(rec, image_obj=cv.image, caption=caption, ocr=ocr, response=response, decisive=str(r), meta=meta,
-                scene=dict(angles=angles, unknown=unknown))  # fmt: skip
+                scene=dict(angles=angles, unknown=unknown, labels=cv.labels))  # fmt: skip
 
 
 # family -> builder: ``builder(rng)`` gives the raw problem (question, choices, answer, types, image_obj,

@@ -428,6 +428,14 @@ class AsymSpecPipeline:
         """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's."""
         return session_result(session, counters, trace, self.tokenizer, self.sd_drafter_name)
 
+    def attribute(self, result: MMResult, position: int, method: str = "occlusion", grid: int = 8, **options: Any):
+        """Which image regions the drafter's steering of the token at ``position`` of ``result`` came from: an
+        :class:`~asymspec_mm.attribution.Attribution` (``options``: ``baseline``, ``batch``; see
+        :func:`asymspec_mm.attribution.attribute`)."""
+        from ..attribution import attribute
+
+        return attribute(self, result, position, method, grid, **options)
+
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy text completion by the verifier alone (a one-turn chat, thinking off).
 
