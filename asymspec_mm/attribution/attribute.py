@@ -131,7 +131,7 @@ def result_images(result) -> list:
     if request.image is not None:
         return [load_image(request.image)]
     if request.messages:
-        from ..requests.conversation import parse_messages
+        from ..request.conversation import parse_messages
 
         return [load_image(part.source) for turn in parse_messages(request.messages) for part in turn.images]
     return []
