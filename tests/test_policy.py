@@ -233,3 +233,17 @@ def test_a_status_changes_only_along_its_transitions():
     assert state.status.stage == "done" and state.finished_at is not None
     with pytest.raises(TransitionError, match="FINISHED_STOPPED"):
         state.move(S.ABORTED)
+
+
+def test_the_architecture_page_lists_exactly_the_transitions():
+    """docs/architecture.md's transition list is the state machine's (:data:`TRANSITIONS`), no more, no less."""
+    import re
+    from pathlib import Path
+
+    from asymspec_mm.core.request_state import TRANSITIONS
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = set()
+    for source, targets in re.findall(r"^([A-Z_]+) +-> ([A-Z_ |]+?)(?: {2,}| \(|$)", page, flags=re.MULTILINE):
+        listed |= {(source, t.strip()) for t in targets.split("|") if t.strip()}
+    assert listed == {(s.name, t.name) for s, targets in TRANSITIONS.items() for t in targets}

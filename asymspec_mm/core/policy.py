@@ -213,25 +213,40 @@ def schedule(view: TurnView) -> TurnPlan:
 @dataclass
 class TurnOutcome:
     """What happened when a plan ran: rows that finished (rid -> FINISHED_STOPPED or FINISHED_LENGTH), rows that
-    failed on their own error (a failing forward or join), rows cancelled."""
+    failed on their own error or were cancelled; ``joined`` (the rows whose prompts are all in) and ``computed``
+    (rid -> stream -> prompt tokens in its KV) as they came out, where they differ from the plan's (a stored prefix
+    found on joining shortens a prompt); ``None``: as planned."""
 
     finished: Mapping[int, RequestStatus] = field(default_factory=dict)
     failed: Iterable[int] = ()
     aborted: Iterable[int] = ()
+    joined: Iterable[int] | None = None
+    computed: Mapping[int, Mapping[str, int]] | None = None
 
 
 def update(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome | None = None) -> None:
-    """Apply ``plan`` and the turn's ``outcome`` to ``states`` (rid -> :class:`RequestState`): statuses move along
-    the plan (a preempted new request back to READY, a preempted or resumed row to PREEMPTED), each stream's
-    ``computed`` tokens grow by its chunks, finished and failed rows end. Rows already gone are skipped."""
+    """Apply ``plan`` and the turn's ``outcome`` to ``states`` (rid -> :class:`RequestState`): :func:`admitted`,
+    then :func:`prefilled`. Rows already gone are skipped."""
     outcome = outcome or TurnOutcome()
-    gone = set(outcome.failed) | set(outcome.aborted)
+    admitted(states, plan, outcome.failed)
+    prefilled(states, plan, outcome)
 
+
+def _mover(states: Mapping[int, Any], gone: set[int]) -> Callable[[int, RequestStatus], None]:
     def move(rid: int, status: RequestStatus) -> None:
         state = states.get(rid)
         if state is not None and rid not in gone and not state.status.finished:
             state.move(status)
 
+    return move
+
+
+def admitted(states: Mapping[int, Any], plan: TurnPlan, failed: Iterable[int] = ()) -> None:
+    """The plan's row decisions, once carried out (the engine loop applies them before the turn's prefill, so that
+    a request's status says at once that it has a row): resumed and admitted rows to PREFILLING (RUNNING when they
+    join at once), refused ones to FAILED, a preempted new request back to READY, a preempted decoding or resumed
+    row to PREEMPTED. ``failed``: ids that failed on their own error meanwhile (skipped)."""
+    move = _mover(states, set(failed))
     for rid in plan.resume:
         move(rid, RequestStatus.PREFILLING)
     for rid in plan.admit:
@@ -242,7 +257,7 @@ def update(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome | Non
         move(rid, RequestStatus.FAILED)
     for rid in plan.preempt:
         state = states.get(rid)
-        if state is None or rid in gone:
+        if state is None or state.status.finished or rid in set(failed):
             continue
         if state.status is RequestStatus.PREFILLING and not state.preemptions:
             move(rid, RequestStatus.READY)  # a new request taken back out: to the head of the line
@@ -250,18 +265,28 @@ def update(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome | Non
             state.preemptions += state.status is RequestStatus.RUNNING
             move(rid, RequestStatus.PREEMPTED)
         state.computed = {}
-    for name, pieces in plan.chunks.items():
-        for rid, n in pieces:
-            state = states.get(rid)
-            if state is not None and state.status is RequestStatus.PREFILLING:
-                state.computed[name] = state.computed.get(name, 0) + n
-    for rid in plan.joins:
+
+
+def prefilled(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome) -> None:
+    """The turn's prefill and step: each stream's ``computed`` tokens grow by its chunks (or are ``outcome``'s),
+    the rows whose prompts are in to RUNNING, finished, failed and cancelled rows end."""
+    gone = set(outcome.failed) | set(outcome.aborted)
+    move = _mover(states, gone)
+    if outcome.computed is None:
+        for name, pieces in plan.chunks.items():
+            for rid, n in pieces:
+                state = states.get(rid)
+                if state is not None and state.status is RequestStatus.PREFILLING:
+                    state.computed[name] = state.computed.get(name, 0) + n
+    else:
+        for rid, per_stream in outcome.computed.items():
+            if rid in states:
+                states[rid].computed = dict(per_stream)
+    for rid in plan.joins if outcome.joined is None else outcome.joined:
         move(rid, RequestStatus.RUNNING)
     for rid, status in outcome.finished.items():
         move(rid, status)
-    for rid in outcome.failed:
-        if rid in states and not states[rid].status.finished:
-            states[rid].move(RequestStatus.FAILED)
-    for rid in outcome.aborted:
-        if rid in states and not states[rid].status.finished:
-            states[rid].move(RequestStatus.ABORTED)
+    for rid, status in [(r, RequestStatus.FAILED) for r in outcome.failed] + [(r, RequestStatus.ABORTED) for r in outcome.aborted]:
+        state = states.get(rid)
+        if state is not None and not state.status.finished:
+            state.move(status)

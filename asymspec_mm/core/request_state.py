@@ -105,9 +105,16 @@ class RequestState:
     computed: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0  # times its KV was dropped while it decoded (a PREFILLING row with some is resuming)
     alone_kv: int | None = None  # KV bytes it can need by itself (admission's bound), once measured
-    submitted_at: float = field(default_factory=time.monotonic)
-    admitted_at: float | None = None  # when it left the line for a row (or was dropped)
-    finished_at: float | None = None
+    finished_at: float | None = None  # when it ended (``time.monotonic()``); submitted and admitted: its handle's
+
+    @property
+    def submitted_at(self) -> float | None:
+        return self.handle.submitted_at if self.handle is not None else None
+
+    @property
+    def admitted_at(self) -> float | None:
+        """When it left the line for a row (or was dropped), else None."""
+        return self.handle.left_line_at if self.handle is not None else None
 
     @property
     def order(self) -> tuple[int, int]:
