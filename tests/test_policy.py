@@ -60,6 +60,16 @@ def test_preemption_takes_highest_priority_value_latest_arrival_and_spares_the_l
     assert plan.preempt == (1,) and plan.step == (0,)  # over budget alone: the last row stays
 
 
+def test_a_request_that_joins_at_once_is_never_the_victim():
+    rows = [row(0, S.RUNNING, 0), row(1, S.READY, 5), row(2, S.READY, 3, left={"v": 9})]
+    plan = schedule(view(rows, {0: 10, 1: 10, 2: 10}, budget=100))
+    assert plan.admit == (1, 2) and plan.join_now == (1,) and plan.step == (0, 1, 2)
+    plan = schedule(view(rows, {0: 10, 1: 10, 2: 30}, budget=45))
+    assert plan.admit == (1,)  # 2 would pass the budget: it waits
+    plan = schedule(view([row(0, S.RUNNING, 0), row(1, S.RUNNING, 5, preemptible=False)], {0: 30, 1: 30}, budget=45))
+    assert plan.preempt == (0,)  # the row that cannot be preempted stays, whatever its priority
+
+
 def test_a_new_arriving_row_is_taken_back_before_a_decoding_row_of_lower_order():
     rows = [row(0, S.RUNNING, 1), row(8, S.PREFILLING, 0, left={"v": 30}), row(9, S.PREFILLING, 1, left={"v": 30})]
     plan = schedule(view(rows, {0: 10, 8: 10, 9: 10}, budget=20))

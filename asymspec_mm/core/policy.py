@@ -16,7 +16,8 @@ The rules (one turn):
    even alone is refused (it could never run); the first that does not fit now waits at the head of the line.
 3. **Preempt** while the batch needs more than the budget and more than one row holds KV: the victim is the
    preemptible row with the highest priority value, latest arrival first (a row still being prefilled is taken back
-   out: a new request to the head of the line, a resumed row preempted again).
+   out: a new request to the head of the line, a resumed row preempted again; a request that joined at once, its
+   prompts prefilled elsewhere, is not preemptible).
 4. **Prompt chunks** under one token budget (vLLM's ``max_num_batched_tokens``): the step's decode tokens first,
    the prompts share what is left, at least :data:`MIN_PREFILL_TOKENS`; every stream storage with prompt tokens
    left runs one forward of at most ``prefill_chunk_tokens`` and its equal share, rows first come first served.
@@ -179,7 +180,8 @@ def schedule(view: TurnView) -> TurnPlan:
     if budget is not None:
         need = view.need(members)
         while need > budget and len(members) > 1:
-            candidates = [rid for rid in members if rid not in running_now or by_id[rid].preemptible]
+            # a row that joined at once holds KV prefilled elsewhere: no prompt of its own to rebuild it from
+            candidates = [rid for rid in members if rid not in running_now or (rid in running and by_id[rid].preemptible)]
             if not candidates:
                 break
             victim = max(candidates, key=lambda rid: by_id[rid].order)
