@@ -145,59 +145,20 @@ def schedule(view: TurnView) -> TurnPlan:
     """Decide one turn from ``view`` (see the module docstring); pure: ``view`` is not changed."""
     by_id = {r.rid: r for r in view.rows}
     running = [r.rid for r in view.rows if r.status is RequestStatus.RUNNING]
-    prefilling = [r.rid for r in view.rows if r.status is RequestStatus.PREFILLING]
-    parked = sorted((r for r in view.rows if r.status is RequestStatus.PREEMPTED), key=lambda r: r.order)
-    line = [r for r in view.rows if r.status is RequestStatus.READY]
-    budget = view.max_kv_bytes
-    members = running + prefilling  # rows holding KV, in batch order
-    rows = len(members) + len(parked)
-    resumed: list[int] = []
-    admitted: list[int] = []
-    join_now: list[int] = []
-    refused: list[int] = []
-    blocked = False
-    for r in parked:
-        if budget is not None and members and view.need([*members, r.rid]) > budget:
-            blocked = True  # first in line until its KV fits; new requests wait behind it
-            break
-        resumed.append(r.rid)
-        members.append(r.rid)
-    for r in [] if blocked else line:
-        if rows >= view.max_batch_size:
-            break
-        if budget is not None and r.alone_kv is not None and r.alone_kv > budget:
-            refused.append(r.rid)
-            continue
-        if budget is not None and members and view.need([*members, r.rid]) > budget:
-            break  # first in line until its KV fits
-        admitted.append(r.rid)
-        members.append(r.rid)
-        rows += 1
-        if not any(n > 0 for n in r.prompt_left.values()):
-            join_now.append(r.rid)
+    members = running + [r.rid for r in view.rows if r.status is RequestStatus.PREFILLING]  # rows holding KV, in order
+    resumed, admitted, refused = _admissions(view, members)
+    join_now = [rid for rid in admitted if not any(n > 0 for n in by_id[rid].prompt_left.values())]
     running_now = set(running) | set(join_now)
-    victims: list[int] = []
-    if budget is not None:
-        need = view.need(members)
-        while need > budget and len(members) > 1:
-            # a row that joined at once holds KV prefilled elsewhere: no prompt of its own to rebuild it from
-            candidates = [rid for rid in members if rid not in running_now or (rid in running and by_id[rid].preemptible)]
-            if not candidates:
-                break
-            victim = max(candidates, key=lambda rid: by_id[rid].order)
-            victims.append(victim)
-            members.remove(victim)
-            need = view.need(members)
+    # a row that joined at once holds KV prefilled elsewhere: no prompt of its own to rebuild it from
+    preemptible = {rid for rid in members if rid not in running_now or (rid in running and by_id[rid].preemptible)}
+    victims = _victims(view, members, preemptible)  # takes them out of members
     arriving = [rid for rid in members if rid not in running_now]
     stepping = [rid for rid in members if rid in running_now]
     left = [(rid, by_id[rid].prompt_left) for rid in arriving]
     tokens = prefill_budget(view.token_budget, sum(by_id[rid].step_tokens for rid in stepping)) if arriving else 0
     chunks = prompt_chunks(left, tokens, view.prefill_chunk_tokens) if arriving else {}
-    taken: dict[int, dict[str, int]] = {}
-    for name, pieces in chunks.items():
-        for rid, n in pieces:
-            taken.setdefault(rid, {})[name] = n
-    joins = [rid for rid, per_stream in left if all(n <= taken.get(rid, {}).get(name, 0) for name, n in per_stream.items())]
+    taken = {(rid, name): n for name, pieces in chunks.items() for rid, n in pieces}
+    joins = [rid for rid, per_stream in left if all(n <= taken.get((rid, name), 0) for name, n in per_stream.items())]
     return TurnPlan(
         resume=tuple(resumed),
         admit=tuple(admitted),
@@ -208,8 +169,52 @@ def schedule(view: TurnView) -> TurnPlan:
         chunks=chunks,
         joins=tuple(joins),
         step=tuple(stepping + joins),
-        kv_need=view.need(members) if budget is not None else None,
+        kv_need=view.need(members) if view.max_kv_bytes is not None else None,
     )
+
+
+def _admissions(view: TurnView, members: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Rules 1 and 2: the preempted rows that resume and the ready requests that take a row (appended to
+    ``members``), and those refused; returns ``(resumed, admitted, refused)``."""
+    budget = view.max_kv_bytes
+    parked = sorted((r for r in view.rows if r.status is RequestStatus.PREEMPTED), key=lambda r: r.order)
+    rows = len(members) + len(parked)
+    resumed: list[int] = []
+    for r in parked:
+        if budget is not None and members and view.need([*members, r.rid]) > budget:
+            return resumed, [], []  # first in line until its KV fits; new requests wait behind it
+        resumed.append(r.rid)
+        members.append(r.rid)
+    admitted: list[int] = []
+    refused: list[int] = []
+    for r in (r for r in view.rows if r.status is RequestStatus.READY):
+        if rows >= view.max_batch_size:
+            break
+        if budget is not None and r.alone_kv is not None and r.alone_kv > budget:
+            refused.append(r.rid)
+            continue
+        if budget is not None and members and view.need([*members, r.rid]) > budget:
+            break  # first in line until its KV fits
+        admitted.append(r.rid)
+        members.append(r.rid)
+        rows += 1
+    return resumed, admitted, refused
+
+
+def _victims(view: TurnView, members: list[int], preemptible: set[int]) -> list[int]:
+    """Rule 3: the rows preempted, in the order taken (removed from ``members``), while the batch needs more than
+    the budget and more than one row holds KV."""
+    if view.max_kv_bytes is None:
+        return []
+    order = {r.rid: r.order for r in view.rows}
+    victims: list[int] = []
+    while len(members) > 1 and view.need(members) > view.max_kv_bytes:
+        candidates = [rid for rid in members if rid in preemptible]
+        if not candidates:
+            break
+        victims.append(max(candidates, key=order.__getitem__))
+        members.remove(victims[-1])
+    return victims
 
 
 @dataclass
