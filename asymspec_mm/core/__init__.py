@@ -25,7 +25,12 @@ _LAZY = {
     "generate_batch": "generate",
     "Handle": "handle",
     "QueueFullError": "handle",
+    "RequestState": "request_state",
+    "RequestStatus": "request_state",
     "Scheduler": "scheduler",
+    "TurnPlan": "policy",
+    "TurnView": "policy",
+    "schedule": "policy",
 }
 
 __all__ = sorted(_LAZY)
@@ -50,4 +55,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .decoder import BatchDecoder, Row
     from .generate import generate_batch
     from .handle import Handle, QueueFullError
+    from .policy import TurnPlan, TurnView, schedule
+    from .request_state import RequestState, RequestStatus
     from .scheduler import Scheduler
