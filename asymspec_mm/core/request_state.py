@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..requests.request import Request
-    from .handle import Handle
 
 
 class RequestStatus(enum.Enum):
@@ -96,7 +95,7 @@ class RequestState:
     storage already in its KV (vLLM's ``num_computed_tokens``, per stream: a request has a prompt per stream)."""
 
     rid: int
-    handle: Handle | None
+    handle: Any  # its Handle (None in the policy's tests; typed loosely: handle.py imports this module)
     request: Request | None = None
     priority: int = 0
     status: RequestStatus = RequestStatus.WAITING
