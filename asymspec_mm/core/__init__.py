@@ -1,8 +1,10 @@
 """The engine core: one loop that owns the models and decodes many requests together, one forward per row storage
 per phase of a step for all rows, whatever their methods and settings.
 
-:mod:`.scheduler` the loop (schedule under a token budget, then one decode step, then update; admission and
-preemption) and its callers' API (:mod:`.handle` a submitted request's handle), :mod:`.loop_calls` the set-up's
+:mod:`.scheduler` the loop (a plan under the token and KV budgets, then the prefill and one decode step, then
+update) and its callers' API (:mod:`.handle` a submitted request's handle), :mod:`.policy` the pure scheduling
+policy (``schedule(view) -> TurnPlan``: admission, preemption, prompt chunks), :mod:`.request_state` one record
+and status per request, :mod:`.loop_calls` the set-up's
 model calls run in the loop, :mod:`.decoder` the one decoder over sessions on row storage (:mod:`asymspec_mm.engines`:
 ``rows``, ``static_rows``, ``vllm_rows``), :mod:`.prefill` the batched, chunked prefill of arriving rows,
 :mod:`.generate` ``pipe.generate_batch``. Requests arrive as :class:`~asymspec_mm.request.request.Request` objects.
@@ -23,7 +25,12 @@ _LAZY = {
     "generate_batch": "generate",
     "Handle": "handle",
     "QueueFullError": "handle",
+    "RequestState": "request_state",
+    "RequestStatus": "request_state",
     "Scheduler": "scheduler",
+    "TurnPlan": "policy",
+    "TurnView": "policy",
+    "schedule": "policy",
 }
 
 __all__ = sorted(_LAZY)
@@ -48,4 +55,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .decoder import BatchDecoder, Row
     from .generate import generate_batch
     from .handle import Handle, QueueFullError
+    from .policy import TurnPlan, TurnView, schedule
+    from .request_state import RequestState, RequestStatus
     from .scheduler import Scheduler

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,6 +37,28 @@ if TYPE_CHECKING:
 
 #: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`~asymspec_mm.engines.default_row_storage`).
 BatchEngineFactory = Callable[[Any, str], Any]
+
+#: Tokens one decode step forwards for a row of each method over all its storages, by its draft length K: K drafts
+#: and K + 1 scored positions on each scoring stream of a speculative row, one token of a plain row.
+STEP_TOKENS: dict[str, Callable[[int], int]] = {
+    "asymspec": lambda k: 3 * k + 2,
+    "sd": lambda k: 2 * k + 1,
+    "floor": lambda k: 1,
+    "drafter": lambda k: 1,
+}
+
+
+@dataclass
+class Staged:
+    """The decoder's record of a row in the batched prefill: its session (or caption request), the most tokens each
+    storage holds for it (:meth:`BatchDecoder.final_lengths`), when its prefill began, its storages (stream ->
+    storage name), and the row itself when it is a preempted row coming back."""
+
+    session: Any
+    final: dict[str, int]
+    t0: float
+    storage: dict[str, str]
+    row: Row | None = None
 
 
 class BatchDecoder(RowDecoder):
@@ -92,7 +114,7 @@ class BatchDecoder(RowDecoder):
                 raise ValueError(f"row {rid} is already live")
             prompts = {storage[name]: p for name, p in session.to_prefill.items()}
             streams = {storage[name]: s for name, s in session.streams.items()}
-            self.arriving.add(rid, prompts, streams=streams, extra=(session, final, time.perf_counter(), storage))
+            self.arriving.add(rid, prompts, streams=streams, record=Staged(session, final, time.perf_counter(), storage))
             return None
         return self._join_session(rid, session, session.streams, final, storage)
 
@@ -113,10 +135,8 @@ class BatchDecoder(RowDecoder):
         return row
 
     def step_tokens(self) -> int:
-        """Tokens the next step forwards over every storage: K drafts and K + 1 scored positions on each scoring
-        stream of a speculative row, one token of a plain row."""
-        per_method = {"asymspec": lambda k: 3 * k + 2, "sd": lambda k: 2 * k + 1, "floor": lambda k: 1, "drafter": lambda k: 1}
-        return sum(per_method[row.method](row.config.k) for row in self.rows.values())
+        """Tokens the next step forwards over every storage (:data:`STEP_TOKENS` of each live row)."""
+        return sum(STEP_TOKENS[row.method](row.config.k) for row in self.rows.values())
 
     def prefill_step(self, budget: int | None = None, failures: list[tuple[int, BaseException]] | None = None) -> list[Row]:
         """One batched prefill forward per stream with prompt tokens waiting (``budget``: the prompt tokens all of them
@@ -130,11 +150,12 @@ class BatchDecoder(RowDecoder):
         for rid in self.arriving.step(budget):
             try:
                 prompts = self.arriving.prompts(rid)
-                by_storage, (session, final, t0, storage, *parked) = self.arriving.take(rid)
+                by_storage, staged = self.arriving.take(rid)
+                session, storage = staged.session, staged.storage
                 streams = {name: by_storage[key] for name, key in storage.items()}
-                if parked:  # a preempted row back with its contexts rebuilt
-                    self.rejoin(parked[0], streams)
-                    joined.append(parked[0])
+                if staged.row is not None:  # a preempted row back with its contexts rebuilt
+                    self.rejoin(staged.row, streams)
+                    joined.append(staged.row)
                     continue
                 full = prompts.get(storage.get("drafter_full", ""))
                 session.stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or session.stats.get(
@@ -143,8 +164,8 @@ class BatchDecoder(RowDecoder):
                 session.stats.setdefault("cached_tokens", {}).update(
                     {name: prompts[key].cached for name, key in storage.items() if key in prompts}
                 )
-                session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - t0
-                joined.append(self._join_session(rid, session, streams, final, storage))
+                session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - staged.t0
+                joined.append(self._join_session(rid, session, streams, staged.final, storage))
             except Exception as exc:  # noqa: BLE001 - this row fails alone; its slots are already free
                 failed.append((rid, exc))
         if failures is not None:
@@ -198,7 +219,7 @@ class BatchDecoder(RowDecoder):
         """A parked row's prompts go to the batched prefill; it rejoins the steps once they are in (it stays parked
         if that fails)."""
         row, prompts = self.parked[rid]
-        self.arriving.add(rid, prompts, extra=(row.session, row.final_lengths, time.perf_counter(), row.storage, row))
+        self.arriving.add(rid, prompts, record=Staged(row.session, row.final_lengths, time.perf_counter(), row.storage, row))
         del self.parked[rid]
 
     def unstage(self, rid: int) -> Session | TokenRequest | None:
@@ -206,10 +227,11 @@ class BatchDecoder(RowDecoder):
         go first): a preempted row is parked again (returns None); a new request's session is returned, its prompts
         to be prefilled from the start when it is admitted again."""
         prompts = {key: replace(p, done=0, cached=0) for key, p in self.arriving.prompts(rid).items()}
-        session, _, _, _, *parked = self.arriving.extra(rid)
+        staged = self.arriving.record(rid)
+        session = staged.session
         self.arriving.remove(rid)
-        if parked:
-            self.parked[rid] = (parked[0], prompts)
+        if staged.row is not None:
+            self.parked[rid] = (staged.row, prompts)
             return None
         for prompt in session.to_prefill.values():
             prompt.done = prompt.cached = 0
@@ -224,37 +246,50 @@ class BatchDecoder(RowDecoder):
         verifier's and the drafter's; the longest of them is what a row costs)."""
         return max((sum(e.length(r) for r in e.rows) for e in self.engines.values()), default=0)
 
-    def step_need(self, joining: Session | None = None, resuming: int | None = None) -> int:
-        """An upper bound of the KV bytes allocated through the next prefill forward and decode step: each storage's
+    def step_need(self, members: Sequence[int] | None = None, joining: Mapping[int, Any] | None = None) -> int:
+        """An upper bound of the KV bytes allocated through the next prefill forward and decode step with the rows
+        ``members`` holding KV (default: the live and arriving rows): live rows decode, arriving rows are staged, a
+        parked row resumes, any other id is a set-up session of ``joining`` taking a row. Each storage's
         :meth:`~asymspec_mm.engines.rows.BatchEngine.step_bytes` with the step's most appended slots (K_max + 1
-        drafting, K_max + 1 scoring and a gated bonus: 2 K_max + 3), with ``joining`` (a session) or ``resuming`` (a
-        parked row) added as a row of its prompt's length, plus the staging engines' bound for the prompts waiting."""
-        rows = [r.config.k for r in self.rows.values()] + [self.arriving.extra(r)[0].config.k for r in self.arriving.rows]
-        new_lengths: dict[str, int] = {}
+        drafting, K_max + 1 scoring and a gated bonus: 2 K_max + 3) and the rows joining it as rows of their prompts'
+        lengths, plus the staging engines' bound for the prompts waiting. A live row left out (preempted) frees its
+        share of a padded storage; the storage's time width is kept, so the bound holds whatever its leaving trims."""
+        members = list(self.rows) + list(self.arriving.rows) if members is None else list(members)
+        joining = joining or {}
+        ks: list[int] = []
         staged: dict[str, list[int]] = {}
-        for rid in self.arriving.rows:
-            for key, prompt in self.arriving.prompts(rid).items():
-                staged.setdefault(key, []).append(int(prompt.ids.numel()))
-                new_lengths[key] = max(new_lengths.get(key, 0), int(prompt.ids.numel()))
-        extra = []
-        if joining is not None:
-            storage = self._storage_for(joining)
-            extra.append(({storage[n]: p for n, p in joining.to_prefill.items()}, joining.config.k))
-        if resuming is not None:
-            row, prompts = self.parked[resuming]
-            extra.append((prompts, row.config.k))
-        for prompts, k in extra:
-            rows.append(k)
+        kept: dict[str, int] = dict.fromkeys(self.engines, 0)
+        for rid in members:
+            if rid in self.rows:
+                row = self.rows[rid]
+                ks.append(row.config.k)
+                for key in row.storage.values():
+                    kept[key] += 1
+                continue
+            if rid in self.arriving.rows:
+                k, prompts = self.arriving.record(rid).session.config.k, self.arriving.prompts(rid)
+            elif rid in self.parked:
+                row, prompts = self.parked[rid]
+                k = row.config.k
+            else:
+                session = joining[rid]
+                storage = self._storage_for(session)
+                k, prompts = session.config.k, {storage[n]: p for n, p in session.to_prefill.items()}
+            ks.append(k)
             for key, prompt in prompts.items():
                 staged.setdefault(key, []).append(int(prompt.ids.numel()))
-                new_lengths[key] = max(new_lengths.get(key, 0), int(prompt.ids.numel()))
-        grow = 2 * max(rows, default=0) + 3
+        grow = 2 * max(ks, default=0) + 3
         total = 0
         for key, engine in self.engines.items():
-            arriving = sum(1 for r in self.arriving.rows if key in self.arriving.prompts(r)) + sum(key in p for p, _ in extra)
-            total += (
-                engine.step_bytes(grow, new_lengths.get(key)) if arriving <= 1 else self._many(engine, grow, new_lengths[key], arriving)
-            )
+            lengths = staged.get(key, [])
+            join = max(lengths) if lengths else None
+            if kept.get(key, 0) == len(engine.rows) and len(lengths) <= 1:
+                total += engine.step_bytes(grow, join)
+            elif kept.get(key, 0) == len(engine.rows):
+                total += self._many(engine, grow, join, len(lengths))
+            else:  # rows leave: each row's share of the padded storage, its width kept
+                base = engine.step_bytes(grow, join)
+                total += base // (len(engine.rows) + (join is not None)) * (kept[key] + len(lengths))
         return total + self.arriving.kv_bound(staged)
 
     @staticmethod
@@ -291,9 +326,9 @@ class BatchDecoder(RowDecoder):
         storage's ``kv_bound`` says (padding, holes and join transients included; a storage without one counts
         its tokens), plus the batched prefill's staging KV of the rows still arriving."""
         live = [] if alone else [(r.final_lengths, r.config.k) for r in self.rows.values()]
-        arriving = [] if alone else [self.arriving.extra(r) for r in self.arriving.rows]
-        rows = live + [(extra[1], extra[0].config.k) for extra in arriving]
-        staged = [(extra[0], extra[3]) for extra in arriving]
+        arriving = [] if alone else [self.arriving.record(r) for r in self.arriving.rows]
+        rows = live + [(a.final, a.session.config.k) for a in arriving]
+        staged = [(a.session, a.storage) for a in arriving]
         if session is not None:
             storage = self._storage_for(session)
             rows.append((self.final_lengths(session, storage), session.config.k))

@@ -8,10 +8,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..base.errors import AsymSpecError
+from .request_state import RequestStatus
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
@@ -32,7 +32,7 @@ class Line(Protocol):
 _END = object()
 
 
-#: A request's stages, in order (:attr:`Handle.stage`).
+#: A request's stages, in order (:attr:`Handle.stage`: the word for its :class:`~.request_state.RequestStatus`).
 STAGES = ("queued", "setting_up", "set_up", "prefill", "decoding", "preempted", "done")
 
 
@@ -70,10 +70,8 @@ class Handle:
         self.submitted_at = time.monotonic()
         #: When it left the line (admitted, or dropped), else None.
         self.left_line_at: float | None = None
-        #: Where it stands (:data:`STAGES`): ``queued`` -> ``setting_up`` -> ``set_up`` (waiting for a row) ->
-        #: ``prefill`` (its prompts in the batched prefill) -> ``decoding`` -> ``done``; ``preempted`` while its KV is
-        #: dropped to make room (then ``prefill`` again, and it decodes on where it stopped).
-        self.stage = "queued"
+        #: Where it stands: its :class:`~.request_state.RequestStatus` (the scheduler's record of the request moves it)
+        self.status = RequestStatus.WAITING
         self._scheduler = scheduler
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
@@ -84,6 +82,13 @@ class Handle:
         self.cancelled = False
         #: what the request fails with once cancelled (``None``: a :class:`CancelledError`), see :meth:`cancel`
         self.cancel_error: BaseException | None = None
+
+    @property
+    def stage(self) -> str:
+        """Where it stands, in a word (:data:`STAGES`): ``queued`` -> ``setting_up`` -> ``set_up`` (waiting for a
+        row) -> ``prefill`` (its prompts in the batched prefill) -> ``decoding`` -> ``done``; ``preempted`` while its
+        KV is dropped to make room (then ``prefill`` again, and it decodes on where it stopped)."""
+        return "done" if self._done.is_set() else self.status.stage
 
     def __iter__(self):
         while True:
@@ -160,16 +165,6 @@ class Handle:
     def _finish(self, result: MMResult | None = None, error: BaseException | None = None) -> None:
         if self._done.is_set():
             return
-        self.stage = "done"
         self._result, self._error = result, error
         self._done.set()
         self._put(_END)
-
-
-@dataclass
-class _Waiting:
-    """A request in the scheduler's line: its handle and its checked :class:`Request`, which set-up reads (``None``
-    for an entry already set up: a caption row, or a request taken back out of the prefill)."""
-
-    handle: Handle
-    request: Request | None = None

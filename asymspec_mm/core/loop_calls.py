@@ -1,6 +1,6 @@
 """A set-up's model calls, run by the scheduler's decode loop: ``run(fn)`` (the vision tower's pass on a cache miss,
-between two steps, in the caller's context), ``decode_row(request)`` (a caption, decoded as a row of the batch ahead
-of the waiting requests: together the :class:`~asymspec_mm.engines.model_calls.ModelLoop`) and the loop's ``_run_jobs``. A
+between two steps, in the caller's context), ``decode_row(request)`` (a caption, a child request of the one being set up, decoded as a row of the batch
+ahead of the waiting requests: together the :class:`~asymspec_mm.engines.model_calls.ModelLoop`) and the loop's ``_run_jobs``. A
 mixin of :class:`~asymspec_mm.core.scheduler.Scheduler`, which provides the state it reads."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ..engines.model_calls import TokenRequest, TokenResult
-from .handle import Handle, SchedulerStoppedError, _Waiting
+from .handle import Handle, SchedulerStoppedError
+from .request_state import RequestState, RequestStatus, RequestTable
 
 if TYPE_CHECKING:
     from collections import deque
@@ -24,11 +25,13 @@ class LoopCalls:
     _cond: threading.Condition
     _jobs: deque
     _worker: threading.Thread
+    _setup: threading.Thread
     error: SchedulerStoppedError | None
     pipe: Any
     _ids: Any
-    _handles: dict[int, Handle]
+    _table: RequestTable
     _ready: deque
+    _preparing: int | None
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run one set-up model call (``fn``: the vision tower's) in the decode loop between two steps, and return its
@@ -65,8 +68,12 @@ class LoopCalls:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
             handle = Handle(self, next(self._ids), priority=-1)
-            handle.stage = "set_up"
-            self._handles[handle.id] = handle
-            self._ready.appendleft((_Waiting(handle), request))
+            # a child of the request being set up (when the set-up thread asks): it needs no set-up of its own
+            parent = self._preparing if threading.current_thread() is self._setup else None
+            state = RequestState(handle.id, handle, None, priority=-1, work=request, parent=parent)
+            state.move(RequestStatus.SETTING_UP)
+            state.move(RequestStatus.READY)
+            self._table.add(state)
+            self._ready.appendleft(handle.id)
             self._cond.notify_all()
         return handle.result()

@@ -25,6 +25,7 @@ from typing import Any
 from ..engines.pieces import StreamPrompt, image_prompt, remember, start_context, text_prompt
 from ..engines.prefix_kv import PrefixKV
 from ..engines.rows import BatchEngine
+from .policy import prompt_chunks
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "ChunkedPrefill", "StreamPrompt", "image_prompt", "text_prompt"]
 
@@ -36,7 +37,7 @@ DEFAULT_CHUNK_TOKENS = 512
 class _Arriving:
     prompts: dict[str, StreamPrompt]
     forwards: int = 0
-    extra: Any = None  # the caller's (the decoder keeps the row's session here)
+    record: Any = None  # the caller's (the decoder keeps its record of the row here)
     streams: dict[str, Any] = field(default_factory=dict)  # streams prefilled elsewhere (joined as they are)
 
 
@@ -66,11 +67,12 @@ class ChunkedPrefill:
             self._staging[name] = BatchEngine(self._models[name], f"{name} (prefill)", compact_at=0.0)
         return self._staging[name]
 
-    def add(self, rid: int, prompts: dict[str, StreamPrompt], *, streams: dict[str, Any] | None = None, extra: Any = None) -> None:
-        """Queue row ``rid``: ``prompts`` to prefill here, ``streams`` already prefilled (joined later as they are)."""
+    def add(self, rid: int, prompts: dict[str, StreamPrompt], *, streams: dict[str, Any] | None = None, record: Any = None) -> None:
+        """Queue row ``rid``: ``prompts`` to prefill here, ``streams`` already prefilled (joined later as they are);
+        ``record``: the caller's, handed back by :meth:`record` and :meth:`take`."""
         if rid in self.rows:
             raise ValueError(f"row {rid} is already being prefilled")
-        row = _Arriving(prompts, extra=extra, streams=dict(streams or {}))
+        row = _Arriving(prompts, record=record, streams=dict(streams or {}))
         joined = []
         try:
             for name, prompt in prompts.items():
@@ -85,30 +87,25 @@ class ChunkedPrefill:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def extra(self, rid: int) -> Any:
-        return self.rows[rid].extra
+    def record(self, rid: int) -> Any:
+        """The caller's record of row ``rid`` (given to :meth:`add`)."""
+        return self.rows[rid].record
+
+    def left(self) -> list[tuple[int, dict[str, int]]]:
+        """Each row's prompt tokens left per stream, first come first (what :func:`~.policy.prompt_chunks` reads)."""
+        return [(rid, {name: p.left for name, p in row.prompts.items()}) for rid, row in self.rows.items()]
 
     def step(self, budget: int | None = None) -> list[int]:
         """One forward per stream with waiting prompt tokens: at most ``chunk_tokens`` each, or ``budget`` tokens
-        shared by all of them (a turn's token budget less its decode tokens, at least one token a stream); returns
-        the rows whose prompts are now all in (take each with :meth:`take`)."""
-        names = sorted({n for row in self.rows.values() for n, p in row.prompts.items() if p.left})
-        share = self.chunk_tokens if budget is None else max(1, budget // max(1, len(names)))
-        for name in names:
-            self._forward(name, min(share, self.chunk_tokens))
+        shared by all of them (a turn's token budget less its decode tokens, at least one token a stream; the pieces
+        are :func:`~.policy.prompt_chunks`'); returns the rows whose prompts are now all in (take each with
+        :meth:`take`)."""
+        for name, pieces in prompt_chunks(self.left(), budget, self.chunk_tokens).items():
+            self._forward(name, pieces)
         return [rid for rid, row in self.rows.items() if not any(p.left for p in row.prompts.values())]
 
-    def _forward(self, name: str, budget: int) -> None:
-        pieces = {}
-        for rid, row in self.rows.items():  # first come, first served
-            prompt = row.prompts.get(name)
-            if prompt is None or not prompt.left:
-                continue
-            if budget <= 0:
-                break
-            n = min(budget, prompt.left)
-            pieces[rid] = (prompt, n)
-            budget -= n
+    def _forward(self, name: str, chunks: tuple[tuple[int, int], ...]) -> None:
+        pieces = {rid: (self.rows[rid].prompts[name], n) for rid, n in chunks}
         engine = self._engine(name)
         with self.lock:
             engine.prefill({rid: prompt.piece(n) for rid, (prompt, n) in pieces.items()})
@@ -120,14 +117,14 @@ class ChunkedPrefill:
 
     def take(self, rid: int) -> tuple[dict[str, Any], Any]:
         """Row ``rid`` leaves the prefill (its prompts stored for reuse): ``({stream: RowContext or its prefilled
-        stream}, extra)``; each :class:`StreamPrompt` says how much of it was reused (``cached``)."""
+        stream}, record)``; each :class:`StreamPrompt` says how much of it was reused (``cached``)."""
         row = self.rows.pop(rid)
         out = dict(row.streams)
         for name, prompt in row.prompts.items():
             out[name] = context = self._staging[name].detach(rid)
             self._staging[name].leave(rid)
             remember(self.prefix_kv, self._models[name], prompt.key, context.cache, context.length)
-        return out, row.extra
+        return out, row.record
 
     def prompts(self, rid: int) -> dict[str, StreamPrompt]:
         """Row ``rid``'s prompts being prefilled."""

@@ -4,10 +4,13 @@ Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle
 waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
 ``prefill=False``, one at a time) while fewer than ``max_batch_size`` wait set up (they hold no KV); it takes the models'
 lock only for each model call (a caption token, the vision tower), so it never holds up the rows being decoded for
-longer than one such call. One decode thread owns the batch. Each turn it lets preempted rows back and prepared
-requests in while what the next step would allocate fits ``max_kv_bytes`` (admission takes what a row needs now;
-rows grow as they decode), preempts rows (highest priority value, latest arrival first: their KV is dropped and
-rebuilt from their prompt and committed tokens when there is room again, the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts under one token budget a turn
+longer than one such call. Every request has one record (:mod:`.request_state`: its status, its session, its
+handle); the lines hold ids. One decode thread owns the batch. Each turn it asks the pure policy for a plan
+(:func:`.policy.schedule` over a snapshot of the records and the decoder's numbers) and executes it: it lets
+preempted rows back and prepared requests in while what the next step would allocate fits ``max_kv_bytes``
+(admission takes what a row needs now; rows grow as they decode), preempts rows (highest priority value, latest
+arrival first: their KV is dropped and rebuilt from their prompt and committed tokens when there is room again,
+the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts under one token budget a turn
 (``token_budget``, vLLM's ``max_num_batched_tokens`` rule: the step's decode tokens first, the prompt pieces of all
 streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's forward at most
 ``prefill_chunk_tokens``; a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
@@ -23,6 +26,7 @@ every waiting and live handle raises :class:`SchedulerStoppedError` at once (no 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -35,17 +39,25 @@ from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
 from ..engines.model_calls import using_loop
 from ..request.request import Request, request_of
-from .decoder import BatchDecoder, BatchEngineFactory
-from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError, _Waiting
+from .decoder import STEP_TOKENS, BatchDecoder, BatchEngineFactory
+from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
 from .loop_calls import LoopCalls
+from .policy import (
+    DEFAULT_TOKEN_BUDGET,
+    MIN_PREFILL_TOKENS,
+    RowInfo,
+    TurnOutcome,
+    TurnPlan,
+    TurnView,
+    admitted,
+    prefill_budget,
+    prefilled,
+    schedule,
+)
 from .prefill import DEFAULT_CHUNK_TOKENS
+from .request_state import RequestState, RequestStatus, RequestTable
 
-#: The fewest prompt tokens a turn prefills, however many the step decodes (arriving rows always make progress).
-MIN_PREFILL_TOKENS = 16
-#: Tokens a turn's forwards carry, decode and prefill together, unless a scheduler says otherwise (vLLM's default
-#: ``max_num_batched_tokens`` for chunked prefill); a smaller budget shortens the longest gap a decoding row sees
-#: while prompts arrive, a larger one lets them in sooner.
-DEFAULT_TOKEN_BUDGET = 2048
+__all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_PREFILL_TOKENS", "Scheduler"]
 
 if TYPE_CHECKING:
     from ..request.preparing import ServingPipeline
@@ -85,11 +97,11 @@ class Scheduler(LoopCalls):
         self.on_step = on_step
         #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
         self.error: SchedulerStoppedError | None = None
-        self._waiting: deque[_Waiting] = deque()  # not set up yet
-        self._preparing: _Waiting | None = None  # being set up on the set-up thread
-        self._ready: deque[tuple[_Waiting, Session]] = deque()  # set up, waiting to join (first: for KV room)
+        self._table = RequestTable()  # every request not finished, by id (its status says where it stands)
+        self._waiting: deque[int] = deque()  # ids not set up yet, in arrival order
+        self._preparing: int | None = None  # the id being set up on the set-up thread
+        self._ready: deque[int] = deque()  # ids set up, waiting for a row (the head first, for KV room)
         self._jobs: deque[tuple[Callable[[], Any], Future]] = deque()  # set-up model calls the loop runs (the tower)
-        self._handles: dict[int, Handle] = {}
         self._decoder = BatchDecoder(pipe, engines=batch_engines, prefill_chunk_tokens=prefill_chunk_tokens)
         self._ids = itertools.count()
         self._cond = threading.Condition()
@@ -133,8 +145,8 @@ class Scheduler(LoopCalls):
                     f"{self.waiting} requests are already waiting for a row (max_queue={self.max_queue}); retry later or raise max_queue"
                 )
             handle = Handle(self, next(self._ids), request.priority, request)
-            self._handles[handle.id] = handle
-            self._waiting.append(_Waiting(handle, request))
+            self._table.add(RequestState(handle.id, handle, request, request.priority))
+            self._waiting.append(handle.id)
             self._cond.notify_all()
         return handle
 
@@ -155,12 +167,13 @@ class Scheduler(LoopCalls):
         if handle.cancelled:
             return None
         with self._cond:
-            line = [w for w, _ in self._ready] + ([self._preparing] if self._preparing else []) + list(self._waiting)
+            line = [*self._ready, *([] if self._preparing is None else [self._preparing]), *self._waiting]
+            handles = [self._table[rid].handle for rid in line if rid in self._table]
         ahead = 0
-        for w in line:
-            if w.handle is handle:
+        for other in handles:
+            if other is handle:
                 return ahead
-            ahead += not w.handle.cancelled
+            ahead += not other.cancelled
         return None
 
     def close(self, timeout: float | None = None) -> None:
@@ -200,28 +213,30 @@ class Scheduler(LoopCalls):
                         self._cond.wait()
                     if self.error is not None or not self._waiting:
                         return
-                    w = self._preparing = self._waiting.popleft()
-                    w.handle.stage = "setting_up"
-                self._prepare(w)
+                    rid = self._preparing = self._waiting.popleft()
+                    state = self._table[rid]
+                    state.move(RequestStatus.SETTING_UP)
+                self._prepare(state)
         except BaseException as exc:  # noqa: BLE001 - a dead thread must not leave callers waiting forever
             self._stop_on(exc)
 
-    def _prepare(self, w: _Waiting) -> None:
+    def _prepare(self, state: RequestState) -> None:
         """Set one request up; it joins the ready line, or fails its own handle (a bad image, a context overflow)."""
         session = None
-        if w.handle.cancelled:
-            self._drop(w.handle, _cancelled(w.handle))
+        if state.handle.cancelled:
+            self._end(state.rid, error=_cancelled(state.handle))
         else:
             try:
                 with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
-                    session = self.pipe.set_up(w.request, prefill=False)
+                    session = self.pipe.set_up(state.request, prefill=False)
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
-                self._drop(w.handle, exc)
+                self._end(state.rid, error=exc)
         with self._cond:
             self._preparing = None
-            if session is not None:
-                w.handle.stage = "set_up"
-                self._ready.append((w, session))
+            if session is not None and state.rid in self._table:
+                state.work = session
+                state.move(RequestStatus.READY)
+                self._ready.append(state.rid)
             self._cond.notify_all()
 
     def _run(self) -> None:
@@ -234,10 +249,10 @@ class Scheduler(LoopCalls):
                         return
                 self._run_jobs()
                 self._retire_cancelled()
-                self._admit()
-                self._make_room()
+                plan = schedule(self._view())
+                admitted(self._table, plan, self._admit(plan) + self._make_room(plan))
                 self._decoder.reset_peaks()
-                self._prefill()
+                prefilled(self._table, plan, self._prefill(plan))
                 self._run_jobs()  # a set-up waiting on the tower goes on before the step, not a turn later
                 self._step_one()
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
@@ -261,128 +276,142 @@ class Scheduler(LoopCalls):
             self._waiting.clear()
             self._ready.clear()
             jobs, self._jobs = list(self._jobs), deque()
-            handles = list(self._handles.values())
-            self._handles.clear()
+            states = self._table.clear()
             self._cond.notify_all()
-        for handle in handles:
-            handle._finish(error=error)
+        for state in states:
+            state.move(RequestStatus.FAILED)
+            state.handle._finish(error=error)
         for _, future in jobs:
             future.set_exception(error)
 
-    def _order(self, rid: int) -> tuple[int, int]:
-        """Who goes first: lower priority value, then earlier arrival (preemption takes the last)."""
-        return (self._handles[rid].priority, rid)
+    # ---------------------------------------------------------------- one turn: view, plan, execute
+    def _view(self) -> TurnView:
+        """What the policy decides from: the rows (decoding, being prefilled, preempted), the ready line in order
+        (each measured once against ``max_kv_bytes`` alone; one whose measure fails fails alone), the limits and a
+        KV meter over the decoder (:meth:`BatchDecoder.step_need`)."""
+        d = self._decoder
+        table = self._table
+        rows = [
+            RowInfo(rid, RequestStatus.RUNNING, table[rid].priority, {}, STEP_TOKENS[row.method](row.config.k), None, d.preemptible(rid))
+            for rid, row in d.rows.items()
+        ]
+        for rid, left in d.arriving.left():
+            session = d.arriving.record(rid).session
+            step = STEP_TOKENS[session.method](session.config.k)
+            rows.append(RowInfo(rid, RequestStatus.PREFILLING, table[rid].priority, left, step))
+        for rid, (row, prompts) in d.parked.items():
+            left = {key: p.left for key, p in prompts.items()}
+            rows.append(RowInfo(rid, RequestStatus.PREEMPTED, table[rid].priority, left, STEP_TOKENS[row.method](row.config.k)))
+        with self._cond:
+            line = [table[rid] for rid in self._ready if not table[rid].handle.cancelled]
+        joining = {}
+        for state in line:
+            session = state.work
+            if self.max_kv_bytes is not None and state.alone_kv is None:
+                try:
+                    state.alone_kv = d.kv_bound(session, alone=True)
+                except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
+                    self._leave_line(state.rid)
+                    self._end(state.rid, error=exc)
+                    continue
+            left = {name: p.left for name, p in session.to_prefill.items()}  # by stream: its storages are chosen on joining
+            step = STEP_TOKENS[session.method](session.config.k)
+            rows.append(RowInfo(state.rid, RequestStatus.READY, state.priority, left, step, state.alone_kv))
+            joining[state.rid] = session
+        meter = functools.partial(d.step_need, joining=joining) if self.max_kv_bytes is not None else None
+        return TurnView(tuple(rows), self.max_batch_size, self.token_budget, self.prefill_chunk_tokens, self.max_kv_bytes, meter)
 
-    def _admit(self) -> None:
-        """Preempted rows come back first, then set-up requests join while rows are free and what the next prefill
-        and step would allocate with them (:meth:`BatchDecoder.step_need`) fits ``max_kv_bytes``: admission takes what
-        a row needs now, not its whole budget (one always fits when no row is live; one whose whole need alone
-        exceeds the budget is refused with the numbers). Each fails alone: only its own handle errors."""
-        decoder = self._decoder
-        for rid in sorted(decoder.parked, key=self._order):
-            if self.max_kv_bytes is not None and (decoder.rows or decoder.arriving) and decoder.step_need(resuming=rid) > self.max_kv_bytes:
-                return  # first in line until its KV fits; new requests wait behind it
+    def _admit(self, plan: TurnPlan) -> list[int]:
+        """The plan's preempted rows come back (their prompts to the batched prefill), requests that can never fit
+        are refused with the numbers, and its set-up requests take rows. Each fails alone: only its own handle errors.
+        Returns the ids that failed."""
+        decoder, failed = self._decoder, []
+        for rid in plan.resume:
             try:
                 decoder.resume(rid)
             except Exception as exc:  # noqa: BLE001 - that row fails alone
                 decoder.remove(rid)
-                self._drop(self._handles[rid], exc)
-                continue
-            self._handles[rid].stage = "prefill"
-        while self._ready and self.live_rows < self.max_batch_size:
-            w, session = self._ready[0]
-            if w.handle.cancelled:
-                self._pop_ready(w)
-                self._drop(w.handle, _cancelled(w.handle))
-                continue
-            decoder = self._decoder
-            try:
-                alone = decoder.kv_bound(session, alone=True) if self.max_kv_bytes is not None else 0
-                if self.max_kv_bytes is not None and alone > self.max_kv_bytes:
-                    raise KVBudgetError(
-                        f"request {w.handle.id} needs up to {alone:,} bytes of KV cache (its prompts plus max_new_tokens, "
-                        f"with the storage's padding and compaction slack) but max_kv_bytes is {self.max_kv_bytes:,}: "
-                        "lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
-                    )
-            except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
-                self._pop_ready(w)
-                self._drop(w.handle, exc)
-                continue
-            if self.live_rows and self.max_kv_bytes is not None and decoder.step_need(joining=session) > self.max_kv_bytes:
-                return  # first in line until its KV fits
+                self._end(rid, error=exc)
+                failed.append(rid)
+        for rid in plan.refuse:
+            alone = self._table[rid].alone_kv
+            self._leave_line(rid)
+            self._end(
+                rid,
+                error=KVBudgetError(
+                    f"request {rid} needs up to {alone:,} bytes of KV cache (its prompts plus max_new_tokens, "
+                    f"with the storage's padding and compaction slack) but max_kv_bytes is {self.max_kv_bytes:,}: "
+                    "lower max_new_tokens, shorten the prompt or raise max_kv_bytes"
+                ),
+            )
+        for rid in plan.admit:
+            state = self._table[rid]
             with self._cond:
-                w.handle.left_line_at = time.monotonic()
+                state.handle.left_line_at = time.monotonic()
             try:
-                w.handle.stage = "decoding" if decoder.add(w.handle.id, session) is not None else "prefill"
+                decoder.add(rid, state.work)
             except Exception as exc:  # noqa: BLE001
-                self._drop(w.handle, exc)
+                self._end(rid, error=exc)
+                failed.append(rid)
             finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
-                self._pop_ready(w)
+                self._leave_line(rid)
+        return failed
 
-    def _make_room(self) -> None:
-        """Preempt rows (highest priority value, latest arrival first) while what the next prefill and step would
-        allocate exceeds ``max_kv_bytes``; a preempted row's KV is dropped and rebuilt from its tokens later (the same
-        output). The last live row is never preempted (admission refused any row that cannot fit alone)."""
-        decoder = self._decoder
-        if self.max_kv_bytes is None:
-            return
-        while decoder.step_need() > self.max_kv_bytes and len(decoder.rows) + len(decoder.arriving) > 1:
-            candidates = [rid for rid in decoder.rows if decoder.preemptible(rid)] + list(decoder.arriving.rows)
-            if not candidates:
-                return
-            victim = max(candidates, key=self._order)  # an arriving row that goes after the decoding ones waits instead
-            handle = self._handles[victim]
+    def _make_room(self, plan: TurnPlan) -> list[int]:
+        """The plan's victims give their KV back: a decoding row is preempted (dropped and rebuilt from its tokens
+        later, the same output), a row being prefilled is taken back out (a new request to the head of the line, a
+        resumed row parked again). Returns the ids that failed."""
+        decoder, failed = self._decoder, []
+        for rid in plan.preempt:
             try:
-                if victim in decoder.arriving.rows:
-                    session = decoder.unstage(victim)
-                    if session is not None:  # a new request: back to the front of the line
+                if rid in decoder.arriving.rows:
+                    if decoder.unstage(rid) is not None:  # a new request: back to the front of the line
                         with self._cond:
-                            self._ready.appendleft((_Waiting(handle), session))
-                        handle.stage = "set_up"
-                        continue
-                else:
-                    decoder.preempt(victim)
+                            self._ready.appendleft(rid)
+                elif rid in decoder.rows:
+                    decoder.preempt(rid)
                     self.preemptions += 1
             except Exception as exc:  # noqa: BLE001 - that row fails alone
                 with contextlib.suppress(Exception):
-                    decoder.remove(victim)
-                self._drop(handle, exc)
-                continue
-            handle.stage = "preempted"
+                    decoder.remove(rid)
+                self._end(rid, error=exc)
+                failed.append(rid)
+        return failed
 
     def kv_bound(self, session: Session | None = None) -> int:
         """The most KV bytes the batch can allocate at once, with ``session`` joining (:meth:`BatchDecoder.kv_bound`):
         what ``max_kv_bytes`` bounds."""
         return self._decoder.kv_bound(session)
 
-    def _pop_ready(self, w: _Waiting) -> None:
-        """Take ``w`` out of the ready line (by identity: a caption row may have been put before it meanwhile)."""
+    def _leave_line(self, rid: int) -> None:
+        """Take ``rid`` out of the ready line."""
         with self._cond:
-            for i, (other, _) in enumerate(self._ready):
-                if other is w:
-                    del self._ready[i]
-                    break
+            with contextlib.suppress(ValueError):
+                self._ready.remove(rid)
             self._cond.notify_all()
 
-    def _prefill(self) -> None:
-        """One batched prefill forward per stream with rows arriving (their pieces together at most the turn's budget
-        less the step's decode tokens); rows whose prompts are in decode from the next step on. A failing forward fails the rows being
-        prefilled."""
+    def _prefill(self, plan: TurnPlan) -> TurnOutcome:
+        """One batched prefill forward per stream with rows arriving, their pieces together within the plan's prompt
+        tokens (the pieces are cut from the prompts as they are once the admitted rows found their stored prefixes);
+        rows whose prompts are in decode from this turn's step on. A failing forward fails the rows being prefilled.
+        Returns the rows that joined and each arriving row's computed prompt tokens."""
         decoder = self._decoder
         if not decoder.arriving:
-            return
-        # one token budget a turn (vLLM's rule): the step's decode tokens first, the prompt pieces get what is left
-        budget = max(MIN_PREFILL_TOKENS, self.token_budget - decoder.step_tokens())
+            return TurnOutcome(joined=(), computed={})
+        prompts = {rid: decoder.arriving.prompts(rid) for rid in decoder.arriving.rows}
+        budget = plan.prefill_budget or prefill_budget(self.token_budget, decoder.step_tokens())
         failed: list[tuple[int, BaseException]] = []
+        joined = []
         try:
-            for row in decoder.prefill_step(budget, failed):
-                self._handles[row.id].stage = "decoding"
+            joined = [row.id for row in decoder.prefill_step(budget, failed)]
         except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on (parked rows took no part)
             for rid in list(decoder.arriving.rows):
                 decoder.remove(rid)
-                self._drop(self._handles[rid], exc)
+                self._end(rid, error=exc)
         for rid, exc in failed:  # their prompts were in but joining failed: each fails alone
-            self._drop(self._handles[rid], exc)
+            self._end(rid, error=exc)
+        computed = {rid: {key: p.done for key, p in per.items()} for rid, per in prompts.items()}
+        return TurnOutcome(joined=tuple(joined), computed=computed)
 
     def _step_one(self) -> None:
         """Step every live row once (all methods and settings in one step)."""
@@ -396,43 +425,50 @@ class Scheduler(LoopCalls):
         except Exception as exc:  # noqa: BLE001 - fail the step's rows, keep serving
             for row in stepping:
                 if row.result is not None:  # it finished in this step before the failure: its answer stands
-                    self._handles.pop(row.id, None)._finish(row.result)
+                    self._end(row.id, result=row.result)
                     continue
                 if row.id in decoder.rows:
                     decoder.remove(row.id)
-                self._drop(self._handles[row.id], exc)
+                self._end(row.id, error=exc)
             return
         if self.on_step is not None:
             self.on_step(n, decoder.engine_calls - calls, time.perf_counter() - t0)
         self.steps += 1
         self.rows_stepped += n
         for row, events in out:
-            handle = self._handles[row.id]
-            if events:
-                handle._step(events)
+            state = self._table.get(row.id)
+            if events and state is not None:
+                state.handle._step(events)
             if row.result is not None:
-                self._handles.pop(row.id, None)
-                handle._finish(row.result)
+                self._end(row.id, result=row.result)
 
     def _retire_cancelled(self) -> None:
         with self._cond:
-            gone = [w for w in self._waiting if w.handle.cancelled]
-            for w in gone:
-                self._waiting.remove(w)
-            gone += [w for w, _ in self._ready if w.handle.cancelled]
-            self._ready = deque((w, s) for w, s in self._ready if not w.handle.cancelled)
-        for w in gone:
-            self._drop(w.handle, _cancelled(w.handle))
+            gone = [rid for rid in (*self._waiting, *self._ready) if self._table[rid].handle.cancelled]
+            self._waiting = deque(rid for rid in self._waiting if rid not in gone)
+            self._ready = deque(rid for rid in self._ready if rid not in gone)
+        for rid in gone:
+            self._end(rid, error=_cancelled(self._table[rid].handle))
         decoder = self._decoder
-        for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._handles[r].cancelled]:
+        for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._table[r].handle.cancelled]:
             decoder.remove(rid)
-            handle = self._handles[rid]
-            self._drop(handle, _cancelled(handle))
+            self._end(rid, error=_cancelled(self._table[rid].handle))
 
-    def _drop(self, handle: Handle, error: BaseException) -> None:
+    def _end(self, rid: int, result: Any = None, error: BaseException | None = None) -> None:
+        """Request ``rid`` leaves the table: finished with ``result`` (FINISHED_LENGTH when its token budget cut it,
+        else FINISHED_STOPPED), cancelled (ABORTED) or failed on ``error`` (FAILED); its handle gets the answer."""
+        with self._cond:
+            state = self._table.pop(rid)
+        if state is None:
+            return
+        handle = state.handle
         handle.left_line_at = handle.left_line_at or time.monotonic()
-        self._handles.pop(handle.id, None)
-        handle._finish(error=error)
+        if error is None:
+            status = RequestStatus.FINISHED_LENGTH if getattr(result, "cut_by_budget", False) else RequestStatus.FINISHED_STOPPED
+        else:
+            status = RequestStatus.ABORTED if handle.cancelled else RequestStatus.FAILED
+        state.move(status)
+        handle._finish(result, error)
 
 
 def _cancelled(handle: Handle) -> BaseException:

@@ -1,0 +1,299 @@
+"""The scheduling policy: what one turn of the engine loop does, decided from numbers alone.
+
+:func:`schedule` takes a :class:`TurnView` (each request's status, priority, arrival, prompt tokens left per stream,
+decode tokens per step; the KV budget and a meter of what a batch needs; the token budget; the batch size) and
+returns a :class:`TurnPlan`: which preempted rows resume, which set-up requests take a row, which can never fit,
+which rows are preempted, the prompt chunks the turn's prefill forwards carry and the rows that step. It owns no
+thread, lock, model or storage (vLLM v1's ``Scheduler.schedule`` returning a ``SchedulerOutput``, without the
+allocation): the :class:`~asymspec_mm.core.scheduler.Scheduler`'s decode thread executes the plan, and
+:func:`update` applies it and the turn's outcome to the :class:`~asymspec_mm.core.request_state.RequestState` table.
+
+The rules (one turn):
+
+1. **Resume** preempted rows, lowest priority value then earliest arrival first, while the batch with each fits the
+   KV budget (one always fits when nothing else holds a row); the first that does not blocks the line.
+2. **Admit** set-up requests in line order while rows are free and the batch with each fits; one that would not fit
+   even alone is refused (it could never run); the first that does not fit now waits at the head of the line.
+3. **Preempt** while the batch needs more than the budget and more than one row holds KV: the victim is the
+   preemptible row with the highest priority value, latest arrival first (a row still being prefilled is taken back
+   out: a new request to the head of the line, a resumed row preempted again; a request that joined at once, its
+   prompts prefilled elsewhere, is not preemptible).
+4. **Prompt chunks** under one token budget (vLLM's ``max_num_batched_tokens``): the step's decode tokens first,
+   the prompts share what is left, at least :data:`MIN_PREFILL_TOKENS`; every stream storage with prompt tokens
+   left runs one forward of at most ``prefill_chunk_tokens`` and its equal share, rows first come first served.
+5. **Step** the running rows and those whose prompts are all in after the chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .request_state import RequestStatus
+
+#: The fewest prompt tokens a turn prefills, however many the step decodes (arriving rows always make progress).
+MIN_PREFILL_TOKENS = 16
+#: Tokens a turn's forwards carry, decode and prefill together, unless a scheduler says otherwise (vLLM's default
+#: ``max_num_batched_tokens`` for chunked prefill); a smaller budget shortens the longest gap a decoding row sees
+#: while prompts arrive, a larger one lets them in sooner.
+DEFAULT_TOKEN_BUDGET = 2048
+
+#: KV bytes the next prefill forward and decode step allocate with these rows holding KV (running and prefilling,
+#: ids in the order they would be in the batch). A pure function of the ids for one turn.
+KVMeter = Callable[[tuple[int, ...]], int]
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    """One request as the policy sees it.
+
+    ``status``: READY (set up, waiting for a row: in line order in the view), PREFILLING (in prefill order), RUNNING
+    or PREEMPTED. ``prompt_left``: prompt tokens each stream storage still has to prefill (for a READY or PREEMPTED
+    row, all it will have to prefill once it takes a row; empty: it joins the decoding rows at once).
+    ``step_tokens``: tokens one decode step forwards for it. ``alone_kv``: the most KV bytes it can need by itself
+    (READY rows; ``None``: not bounded)."""
+
+    rid: int
+    status: RequestStatus
+    priority: int = 0
+    prompt_left: Mapping[str, int] = field(default_factory=dict)
+    step_tokens: int = 1
+    alone_kv: int | None = None
+    preemptible: bool = True
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Who goes first: lower priority value, then earlier arrival (ids grow with arrival)."""
+        return (self.priority, self.rid)
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """A snapshot of the engine for one turn: its requests (see :class:`RowInfo`) and limits. ``kv_need`` is required
+    when ``max_kv_bytes`` is set."""
+
+    rows: tuple[RowInfo, ...]
+    max_batch_size: int
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    prefill_chunk_tokens: int = 512
+    max_kv_bytes: int | None = None
+    kv_need: KVMeter | None = None
+
+    def need(self, members: Iterable[int]) -> int:
+        assert self.kv_need is not None, "a KV budget needs a meter"
+        return self.kv_need(tuple(members))
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """What one turn does, in this order (see the module docstring): ``resume``, ``admit`` (to PREFILLING, or RUNNING
+    for ``join_now``), ``refuse`` (never fits: KVBudgetError), ``preempt`` (victims in the order taken: a running
+    row or a resumed one is parked, a new one goes back to the head of the line), one prefill forward per stream of
+    ``chunks`` (stream -> ``(rid, tokens)`` pieces) within ``prefill_budget`` tokens, then ``step`` (the rows that
+    decode, ``joins`` among them: their prompts all in after the chunks). ``kv_need``: the meter's bytes for the
+    rows holding KV after the plan (``None`` without a budget)."""
+
+    resume: tuple[int, ...] = ()
+    admit: tuple[int, ...] = ()
+    join_now: tuple[int, ...] = ()
+    refuse: tuple[int, ...] = ()
+    preempt: tuple[int, ...] = ()
+    prefill_budget: int = 0
+    chunks: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    joins: tuple[int, ...] = ()
+    step: tuple[int, ...] = ()
+    kv_need: int | None = None
+
+    def tokens(self) -> int:
+        """Prompt tokens the chunks carry, all streams together."""
+        return sum(n for pieces in self.chunks.values() for _, n in pieces)
+
+
+def prompt_chunks(
+    left: Iterable[tuple[int, Mapping[str, int]]], budget: int | None, chunk_tokens: int
+) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The pieces of one prefill turn: ``left`` is each arriving row's prompt tokens left per stream, first come
+    first; every stream with tokens left gets one forward of at most ``chunk_tokens`` tokens and its equal share of
+    ``budget`` (all streams' forwards together; at least one token each; ``None``: ``chunk_tokens`` each), taken
+    from the rows in order. Returns stream -> ``((rid, tokens), ...)``."""
+    rows = [(rid, dict(per_stream)) for rid, per_stream in left]
+    names = sorted({name for _, per_stream in rows for name, n in per_stream.items() if n > 0})
+    share = chunk_tokens if budget is None else max(1, budget // max(1, len(names)))
+    out: dict[str, tuple[tuple[int, int], ...]] = {}
+    for name in names:
+        room, pieces = min(share, chunk_tokens), []
+        for rid, per_stream in rows:
+            n = per_stream.get(name, 0)
+            if n <= 0:
+                continue
+            if room <= 0:
+                break
+            pieces.append((rid, min(room, n)))
+            room -= pieces[-1][1]
+        out[name] = tuple(pieces)
+    return out
+
+
+def prefill_budget(token_budget: int, decode_tokens: int) -> int:
+    """Prompt tokens a turn may prefill: what the token budget leaves after the step's decode tokens, at least
+    :data:`MIN_PREFILL_TOKENS`."""
+    return max(MIN_PREFILL_TOKENS, token_budget - decode_tokens)
+
+
+def schedule(view: TurnView) -> TurnPlan:
+    """Decide one turn from ``view`` (see the module docstring); pure: ``view`` is not changed."""
+    by_id = {r.rid: r for r in view.rows}
+    running = [r.rid for r in view.rows if r.status is RequestStatus.RUNNING]
+    members = running + [r.rid for r in view.rows if r.status is RequestStatus.PREFILLING]  # rows holding KV, in order
+    resumed, admitted, refused = _admissions(view, members)
+    join_now = [rid for rid in admitted if not any(n > 0 for n in by_id[rid].prompt_left.values())]
+    running_now = set(running) | set(join_now)
+    # a row that joined at once holds KV prefilled elsewhere: no prompt of its own to rebuild it from
+    preemptible = {rid for rid in members if rid not in running_now or (rid in running and by_id[rid].preemptible)}
+    victims = _victims(view, members, preemptible)  # takes them out of members
+    arriving = [rid for rid in members if rid not in running_now]
+    stepping = [rid for rid in members if rid in running_now]
+    left = [(rid, by_id[rid].prompt_left) for rid in arriving]
+    tokens = prefill_budget(view.token_budget, sum(by_id[rid].step_tokens for rid in stepping)) if arriving else 0
+    chunks = prompt_chunks(left, tokens, view.prefill_chunk_tokens) if arriving else {}
+    taken = {(rid, name): n for name, pieces in chunks.items() for rid, n in pieces}
+    joins = [rid for rid, per_stream in left if all(n <= taken.get((rid, name), 0) for name, n in per_stream.items())]
+    return TurnPlan(
+        resume=tuple(resumed),
+        admit=tuple(admitted),
+        join_now=tuple(join_now),
+        refuse=tuple(refused),
+        preempt=tuple(victims),
+        prefill_budget=tokens,
+        chunks=chunks,
+        joins=tuple(joins),
+        step=tuple(stepping + joins),
+        kv_need=view.need(members) if view.max_kv_bytes is not None else None,
+    )
+
+
+def _admissions(view: TurnView, members: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Rules 1 and 2: the preempted rows that resume and the ready requests that take a row (appended to
+    ``members``), and those refused; returns ``(resumed, admitted, refused)``."""
+    budget = view.max_kv_bytes
+    parked = sorted((r for r in view.rows if r.status is RequestStatus.PREEMPTED), key=lambda r: r.order)
+    rows = len(members) + len(parked)
+    resumed: list[int] = []
+    for r in parked:
+        if budget is not None and members and view.need([*members, r.rid]) > budget:
+            return resumed, [], []  # first in line until its KV fits; new requests wait behind it
+        resumed.append(r.rid)
+        members.append(r.rid)
+    admitted: list[int] = []
+    refused: list[int] = []
+    for r in (r for r in view.rows if r.status is RequestStatus.READY):
+        if rows >= view.max_batch_size:
+            break
+        if budget is not None and r.alone_kv is not None and r.alone_kv > budget:
+            refused.append(r.rid)
+            continue
+        if budget is not None and members and view.need([*members, r.rid]) > budget:
+            break  # first in line until its KV fits
+        admitted.append(r.rid)
+        members.append(r.rid)
+        rows += 1
+    return resumed, admitted, refused
+
+
+def _victims(view: TurnView, members: list[int], preemptible: set[int]) -> list[int]:
+    """Rule 3: the rows preempted, in the order taken (removed from ``members``), while the batch needs more than
+    the budget and more than one row holds KV."""
+    if view.max_kv_bytes is None:
+        return []
+    order = {r.rid: r.order for r in view.rows}
+    victims: list[int] = []
+    while len(members) > 1 and view.need(members) > view.max_kv_bytes:
+        candidates = [rid for rid in members if rid in preemptible]
+        if not candidates:
+            break
+        victims.append(max(candidates, key=order.__getitem__))
+        members.remove(victims[-1])
+    return victims
+
+
+@dataclass
+class TurnOutcome:
+    """What happened when a plan ran: rows that finished (rid -> FINISHED_STOPPED or FINISHED_LENGTH), rows that
+    failed on their own error or were cancelled; ``joined`` (the rows whose prompts are all in) and ``computed``
+    (rid -> stream -> prompt tokens in its KV) as they came out, where they differ from the plan's (a stored prefix
+    found on joining shortens a prompt); ``None``: as planned."""
+
+    finished: Mapping[int, RequestStatus] = field(default_factory=dict)
+    failed: Iterable[int] = ()
+    aborted: Iterable[int] = ()
+    joined: Iterable[int] | None = None
+    computed: Mapping[int, Mapping[str, int]] | None = None
+
+
+def update(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome | None = None) -> None:
+    """Apply ``plan`` and the turn's ``outcome`` to ``states`` (rid -> :class:`RequestState`): :func:`admitted`,
+    then :func:`prefilled`. Rows already gone are skipped."""
+    outcome = outcome or TurnOutcome()
+    admitted(states, plan, outcome.failed)
+    prefilled(states, plan, outcome)
+
+
+def _mover(states: Mapping[int, Any], gone: set[int]) -> Callable[[int, RequestStatus], None]:
+    def move(rid: int, status: RequestStatus) -> None:
+        state = states.get(rid)
+        if state is not None and rid not in gone and not state.status.finished:
+            state.move(status)
+
+    return move
+
+
+def admitted(states: Mapping[int, Any], plan: TurnPlan, failed: Iterable[int] = ()) -> None:
+    """The plan's row decisions, once carried out (the engine loop applies them before the turn's prefill, so that
+    a request's status says at once that it has a row): resumed and admitted rows to PREFILLING (RUNNING when they
+    join at once), refused ones to FAILED, a preempted new request back to READY, a preempted decoding or resumed
+    row to PREEMPTED. ``failed``: ids that failed on their own error meanwhile (skipped)."""
+    move = _mover(states, set(failed))
+    for rid in plan.resume:
+        move(rid, RequestStatus.PREFILLING)
+    for rid in plan.admit:
+        move(rid, RequestStatus.RUNNING if rid in plan.join_now else RequestStatus.PREFILLING)
+        if rid in states:
+            states[rid].computed = {}
+    for rid in plan.refuse:
+        move(rid, RequestStatus.FAILED)
+    for rid in plan.preempt:
+        state = states.get(rid)
+        if state is None or state.status.finished or rid in set(failed):
+            continue
+        if state.status is RequestStatus.PREFILLING and not state.preemptions:
+            move(rid, RequestStatus.READY)  # a new request taken back out: to the head of the line
+        else:
+            state.preemptions += state.status is RequestStatus.RUNNING
+            move(rid, RequestStatus.PREEMPTED)
+        state.computed = {}
+
+
+def prefilled(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome) -> None:
+    """The turn's prefill and step: each stream's ``computed`` tokens grow by its chunks (or are ``outcome``'s),
+    the rows whose prompts are in to RUNNING, finished, failed and cancelled rows end."""
+    gone = set(outcome.failed) | set(outcome.aborted)
+    move = _mover(states, gone)
+    if outcome.computed is None:
+        for name, pieces in plan.chunks.items():
+            for rid, n in pieces:
+                state = states.get(rid)
+                if state is not None and state.status is RequestStatus.PREFILLING:
+                    state.computed[name] = state.computed.get(name, 0) + n
+    else:
+        for rid, per_stream in outcome.computed.items():
+            if rid in states:
+                states[rid].computed = dict(per_stream)
+    for rid in plan.joins if outcome.joined is None else outcome.joined:
+        move(rid, RequestStatus.RUNNING)
+    for rid, status in outcome.finished.items():
+        move(rid, status)
+    for rid, status in [(r, RequestStatus.FAILED) for r in outcome.failed] + [(r, RequestStatus.ABORTED) for r in outcome.aborted]:
+        state = states.get(rid)
+        if state is not None and not state.status.finished:
+            state.move(status)

@@ -1,0 +1,177 @@
+"""One record per request the engine loop holds: :class:`RequestState` in a :class:`RequestTable`.
+
+A request's state is its :class:`RequestStatus`, not the container that holds it: the scheduler's lines (not set up,
+set up and waiting for a row) hold request ids, and everything else about a request (its checked
+:class:`~asymspec_mm.request.request.Request`, its set-up :class:`~asymspec_mm.request.session.Session`, its
+:class:`~asymspec_mm.core.handle.Handle`, the prompt tokens each stream has computed, its timings) lives in its
+record. The statuses and their transitions (vLLM v1's ``RequestStatus``, with the set-up this engine does before a
+request can take a row)::
+
+    WAITING -> SETTING_UP -> READY -> PREFILLING -> RUNNING -> FINISHED_STOPPED | FINISHED_LENGTH
+                               ^          |  ^           |
+                               +----------+  |           v
+                             (taken back out |      PREEMPTED (its KV dropped, rebuilt later)
+                              to make room)  +-----------+
+    any status -> ABORTED (cancelled) | FAILED (its own error)
+
+A caption the set-up asks for is a child request of the request being set up (:attr:`RequestState.parent`): it
+enters the table ``READY`` (its prompts are known), ahead of the requests waiting to join.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..request.request import Request
+
+
+class RequestStatus(enum.Enum):
+    """Where a request stands (:attr:`stage` is the word :attr:`Handle.stage` shows)."""
+
+    WAITING = enum.auto()  # in the line, not set up yet
+    SETTING_UP = enum.auto()  # image, caption, OCR, prompts being prepared on the set-up thread
+    READY = enum.auto()  # set up (holds no KV), waiting for a row
+    PREFILLING = enum.auto()  # has a row; its prompts (or a preempted row's prompt and tokens) are being prefilled
+    RUNNING = enum.auto()  # decoded each step
+    PREEMPTED = enum.auto()  # its KV dropped to make room; rebuilt from its prompt and tokens when it resumes
+    FINISHED_STOPPED = enum.auto()  # ended by EOS, a stop string or a tool call
+    FINISHED_LENGTH = enum.auto()  # ended by its token budget
+    ABORTED = enum.auto()  # cancelled by its caller
+    FAILED = enum.auto()  # failed on its own error (a bad image, a failing forward), or the worker stopped
+
+    @property
+    def stage(self) -> str:
+        """The word :attr:`Handle.stage` shows (``done`` for every finished status)."""
+        return "done" if self.finished else _STAGES[self]
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED
+
+    @property
+    def has_row(self) -> bool:
+        """Whether it counts against ``max_batch_size`` (admitted and not finished)."""
+        return self in (RequestStatus.PREFILLING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+
+
+_STAGES = {
+    RequestStatus.WAITING: "queued",
+    RequestStatus.SETTING_UP: "setting_up",
+    RequestStatus.READY: "set_up",
+    RequestStatus.PREFILLING: "prefill",
+    RequestStatus.RUNNING: "decoding",
+    RequestStatus.PREEMPTED: "preempted",
+}
+
+FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.ABORTED, RequestStatus.FAILED})
+
+#: The transitions a request may take (any status may also end ABORTED or FAILED).
+TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    RequestStatus.WAITING: frozenset({RequestStatus.SETTING_UP}),
+    RequestStatus.SETTING_UP: frozenset({RequestStatus.READY}),
+    RequestStatus.READY: frozenset({RequestStatus.PREFILLING, RequestStatus.RUNNING}),
+    RequestStatus.PREFILLING: frozenset({RequestStatus.RUNNING, RequestStatus.READY, RequestStatus.PREEMPTED}),
+    RequestStatus.RUNNING: frozenset({RequestStatus.PREEMPTED, RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH}),
+    RequestStatus.PREEMPTED: frozenset({RequestStatus.PREFILLING}),
+}
+
+
+class TransitionError(RuntimeError):
+    """A status change the request's state machine does not allow (a bug in the engine loop, never the caller's)."""
+
+
+@dataclass(eq=False)
+class RequestState:
+    """Everything the engine knows about one request, under its id (see the module docstring).
+
+    ``request`` is the checked request as its caller sent it (never changed here); ``work`` what set-up made of it
+    (a :class:`~asymspec_mm.request.session.Session`, or a caption's
+    :class:`~asymspec_mm.engines.model_calls.TokenRequest`); ``computed`` the prompt tokens of each stream
+    storage already in its KV (vLLM's ``num_computed_tokens``, per stream: a request has a prompt per stream)."""
+
+    rid: int
+    handle: Any  # its Handle (None in the policy's tests; typed loosely: handle.py imports this module)
+    request: Request | None = None
+    priority: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    work: Any = None
+    parent: int | None = None  # the request whose set-up asked for this one (a caption)
+    computed: dict[str, int] = field(default_factory=dict)
+    preemptions: int = 0  # times its KV was dropped while it decoded (a PREFILLING row with some is resuming)
+    alone_kv: int | None = None  # KV bytes it can need by itself (admission's bound), once measured
+    finished_at: float | None = None  # when it ended (``time.monotonic()``); submitted and admitted: its handle's
+
+    @property
+    def submitted_at(self) -> float | None:
+        return self.handle.submitted_at if self.handle is not None else None
+
+    @property
+    def admitted_at(self) -> float | None:
+        """When it left the line for a row (or was dropped), else None."""
+        return self.handle.left_line_at if self.handle is not None else None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Who goes first: lower priority value, then earlier arrival (ids grow with arrival)."""
+        return (self.priority, self.rid)
+
+    def move(self, status: RequestStatus) -> None:
+        """Change status along :data:`TRANSITIONS` (or to a finished status from any live one)."""
+        if status is self.status:
+            return
+        if self.status.finished:
+            raise TransitionError(f"request {self.rid} is {self.status.name}: it cannot become {status.name}")
+        if status not in (RequestStatus.ABORTED, RequestStatus.FAILED) and status not in TRANSITIONS.get(self.status, ()):
+            raise TransitionError(f"request {self.rid}: {self.status.name} -> {status.name} is not a transition")
+        self.status = status
+        if self.handle is not None:
+            self.handle.status = status
+        if status.finished:
+            self.finished_at = time.monotonic()
+
+
+class RequestTable:
+    """The engine's requests by id, in arrival order (ids grow with arrival). Not thread-safe: the scheduler reads and
+    writes it under its condition's lock."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, RequestState] = {}
+
+    def add(self, state: RequestState) -> RequestState:
+        if state.rid in self._by_id:
+            raise ValueError(f"request {state.rid} is already in the table")
+        self._by_id[state.rid] = state
+        return state
+
+    def __getitem__(self, rid: int) -> RequestState:
+        return self._by_id[rid]
+
+    def get(self, rid: int) -> RequestState | None:
+        return self._by_id.get(rid)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._by_id
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[RequestState]:
+        return iter(list(self._by_id.values()))
+
+    def pop(self, rid: int) -> RequestState | None:
+        """Take a finished request out (its handle already has its answer or error)."""
+        return self._by_id.pop(rid, None)
+
+    def with_status(self, *statuses: RequestStatus) -> list[RequestState]:
+        """The requests in ``statuses``, in arrival order."""
+        return [s for s in self._by_id.values() if s.status in statuses]
+
+    def clear(self) -> list[RequestState]:
+        """Empty the table; returns what it held."""
+        out, self._by_id = list(self._by_id.values()), {}
+        return out
