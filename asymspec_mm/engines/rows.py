@@ -164,6 +164,7 @@ class BatchEngine(RowBook):
     drafts_itself = False
     rebuilds = True
     hands_out_rows = True
+    detach_copies = True  # detach gathers the row into a new single-row cache
 
     def __init__(self, model, name: str, *, vision: bool | None = None, compact_at: float = 0.5):
         if not 0.0 <= compact_at <= 1.0:
