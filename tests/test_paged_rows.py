@@ -266,3 +266,37 @@ def test_empty_context_and_rows_left_out_of_a_forward(tiny_pipe):
     _close(got[0], single_empty.extend(torch.tensor([60, 61])), "empty row")
     _close(got[1], twin.extend(torch.tensor([64])), "prompt row")
     assert engine.tokens_forwarded == {0: 2 + empty.tokens_forwarded, 1: 2 + single.tokens_forwarded}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_pool_stays_within_its_bounds(tiny_pipe, seed):
+    """Rows join with ragged prompts, decode ragged extends of up to ``step`` tokens and roll back: after every
+    operation the pool's bytes are within ``kv_bound`` of the rows' final lengths and within the ``step_bytes`` the
+    storage promised before the step; the bound is tight (within 1.25x of the most seen once the rows are long)."""
+    rng = random.Random(seed)
+    model, step = tiny_pipe.verifier, 5
+    engine = PagedBatchEngine(model, "verifier", block_size=8)
+    finals, live, seen = {}, {}, 0
+    for rid in range(6):
+        prompt = rng.randint(3, 40)
+        finals[rid] = prompt + rng.randint(40, 90)
+        single = TextEngine(model, "verifier")
+        single.prefill(torch.tensor([rng.randint(20, 480) for _ in range(prompt)]))
+        engine.join(rid, single)
+        live[rid] = prompt
+    bound = engine.kv_bound(list(finals.values()), step)
+    for _ in range(200):
+        rows = [r for r in live if live[r] < finals[r] - step]
+        if not rows:
+            break
+        promised = engine.step_bytes(step)
+        ids = {r: torch.tensor([rng.randint(20, 480) for _ in range(rng.randint(1, step))]) for r in rows}
+        engine.extend(ids)
+        assert engine.kv_bytes() <= promised
+        for r, t in ids.items():
+            keep = engine.length(r) - rng.randint(0, t.numel() - 1)  # a rejection keeps a prefix of the new tokens
+            engine.truncate(r, keep)
+            live[r] = keep
+        seen = max(seen, engine.kv_bytes())
+        assert engine.kv_bytes() <= bound
+    assert sum(live.values()) * engine.slot_bytes() <= seen <= bound <= 1.25 * seen
