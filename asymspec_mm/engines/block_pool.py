@@ -38,12 +38,14 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 def capacity_bound(capacity: int, need: int, growth: float, min_segment: int) -> int:
-    """The most blocks a pool of ``capacity`` blocks holds once ``need`` blocks are in use, allocated in any order
-    (:meth:`BlockPool.allocate` adds a segment only when the free blocks run short, each of at most
-    ``max(short, ceil(capacity * growth), min_segment)`` blocks)."""
+    """The most blocks a pool of ``capacity`` blocks holds once ``need`` blocks are in use, allocated in any order.
+
+    :meth:`BlockPool.allocate` adds a segment only when the free blocks run short, of ``max(short, ceil(capacity *
+    growth), min_segment)`` blocks: either exactly what is needed then, or, from a capacity of at most ``need - 1``,
+    at most ``max(ceil(need * growth), min_segment)`` more."""
     if need <= capacity:
         return capacity
-    return need + max(math.ceil(need * growth), min_segment)
+    return need - 1 + max(math.ceil(need * growth), min_segment)
 
 
 class BlockPool:
@@ -53,7 +55,7 @@ class BlockPool:
     far, and a floor in blocks). ``segments``: the blocks of each segment, in id order.
     """
 
-    def __init__(self, block_size: int = 16, *, growth: float = 1 / 16, min_segment: int = 2):
+    def __init__(self, block_size: int = 16, *, growth: float = 1 / 16, min_segment: int = 1):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size={block_size!r} must be an integer >= 1")
         if not 0.0 <= growth <= 1.0 or min_segment < 1:

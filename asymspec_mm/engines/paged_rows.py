@@ -48,13 +48,14 @@ def paged_kv_for(model, *, block_size: int = DEFAULT_BLOCK_TOKENS, growth: float
     return PagedKV(BlockPool(block_size, growth=growth), kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, devices=layer_devices(model))
 
 
-def paged_kv_bound(block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int], step_tokens: int) -> int:
-    """The most KV bytes a pool holds while rows that reach ``lengths`` tokens live in it, each forward appending
-    at most ``step_tokens`` slots: every row's blocks at its length plus a step (a block shared by several rows counts
-    once per row, which covers its copy-on-write), and the pool's growth slack (:func:`~.block_pool.capacity_bound` from empty)."""
+def paged_kv_bound(block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int]) -> int:
+    """The most KV bytes a pool holds while rows that reach ``lengths`` tokens live in it: every row's blocks at its
+    length (a block shared by several rows counts once per row, which covers its copy-on-write) and the pool's growth
+    slack (:func:`~.block_pool.capacity_bound` from empty). A forward's tokens are part of the length a row reaches,
+    so a forward's step (the padded storage's time-width slack) adds nothing here: no row spans another's width."""
     if not lengths:
         return 0
-    need = sum(blocks_for(n + step_tokens, block_size) for n in lengths)
+    need = sum(blocks_for(n, block_size) for n in lengths)
     return capacity_bound(0, need, growth, min_segment) * block_bytes
 
 
@@ -269,13 +270,13 @@ class PagedBatchEngine:
         return self.slot_bytes() * self.pool.block_size
 
     def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
-        """The most KV bytes this storage's rows take in the pool while they reach ``lengths`` tokens
-        (:func:`paged_kv_bound`); 0 for a staging storage on a shared pool (its rows move to a decode storage, whose
+        """The most KV bytes this storage's rows take in the pool while they reach ``lengths`` tokens, forwards
+        included (:func:`paged_kv_bound`; ``step_tokens`` adds nothing: no row spans another's width); 0 for a staging storage on a shared pool (its rows move to a decode storage, whose
         bound counts them at their final lengths)."""
         if not self.counts_rows:
             return 0
         pool = self.pool
-        return paged_kv_bound(self.block_bytes(), pool.block_size, pool.growth, pool.min_segment, lengths, step_tokens)
+        return paged_kv_bound(self.block_bytes(), pool.block_size, pool.growth, pool.min_segment, lengths)
 
     def step_bytes(self, grow: int, join: int | None = None) -> int:
         """An upper bound of the pool bytes this storage accounts for while its rows (and a row of ``join`` tokens
