@@ -300,3 +300,23 @@ def test_the_pool_stays_within_its_bounds(tiny_pipe, seed):
         seen = max(seen, engine.kv_bytes())
         assert engine.kv_bytes() <= bound
     assert sum(live.values()) * engine.slot_bytes() <= seen <= bound <= 1.25 * seen
+
+
+def test_a_request_alone_is_bounded_by_its_own_blocks(tiny_pipe):
+    """Admission's bound of a request alone (prompt + 100 new tokens, K=4) on paged storage is within 1.15x of the
+    tokens it will hold over its three streams; the padded storage's is more than twice that (its padding,
+    compaction slack, a layer copied beside and the staging copy at join), which the paged one has none of."""
+    from asymspec_mm.core.decoder import BatchDecoder
+    from asymspec_mm.engines import RowStorages
+
+    cfg = AsymSpecConfig(k=4, max_new_tokens=100)
+    case = make_case(71)
+    session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg, prefill=False)
+    held = 0
+    for name, prompt in session.to_prefill.items():
+        engine = PagedBatchEngine(_model(tiny_pipe, name), name)
+        held += (prompt.ids.numel() + 1 + cfg.max_new_tokens) * engine.slot_bytes()
+    paged = BatchDecoder(tiny_pipe, engines=RowStorages("paged")).kv_bound(session, alone=True)
+    padded = BatchDecoder(tiny_pipe, engines=RowStorages("padded")).kv_bound(session, alone=True)
+    assert held < paged <= 1.15 * held
+    assert padded > 2 * held
