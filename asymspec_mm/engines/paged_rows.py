@@ -28,7 +28,7 @@ import torch
 from .block_pool import BlockPool, BlockTable, blocks_for, capacity_bound
 from .paged_kv import ForwardPlan, PagedCache, PagedKV, PagedRowContext
 from .pieces import PrefillChunk, vision_inputs
-from .rows import RowView
+from .rows import RowView, ragged_inputs
 from .single import model_device
 from .static_rows import layer_devices
 
@@ -210,17 +210,7 @@ class PagedBatchEngine:
         n = {r: int(chunks[r].ids.numel()) for r in order}
         n_max = max(n.values())
         starts = torch.tensor([self._tables[r].length + self._delta[r] for r in order])
-        input_ids = torch.nn.utils.rnn.pad_sequence(
-            [chunks[r].ids.reshape(-1).to(self.device, torch.long) for r in order], batch_first=True, padding_value=self._pad_id
-        )
-        positions = (starts.unsqueeze(1) + torch.arange(n_max)).to(self.device)
-        if self.vision:
-            positions = positions.unsqueeze(0).expand(3, len(order), n_max)
-            given = [(b, r) for b, r in enumerate(order) if chunks[r].positions is not None]
-            if given:  # a prompt piece with an image: its own M-RoPE positions
-                positions = positions.clone()
-                for b, r in given:
-                    positions[:, b, : n[r]] = chunks[r].positions.to(self.device)
+        input_ids, positions = ragged_inputs([chunks[r] for r in order], starts, self.vision, self.device, self._pad_id)
         plan, mask = self._plan(order, n, n_max)
         self.cache.set_plan(plan)
         try:
