@@ -21,8 +21,6 @@ shapes and addresses never change, which a pool that grows and a gathered view p
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .block_pool import BlockPool, BlockTable, blocks_for, capacity_bound
@@ -304,10 +302,6 @@ class PagedBatchEngine:
             return self.length(row) * self.slot_bytes()
         return self.kv.nbytes() if self.reports_pool else 0
 
-    def used_bytes(self) -> int:
-        """Bytes of the blocks in use in the pool (what its rows and contexts hold, rounded up to blocks)."""
-        return self.pool.used_blocks * self.block_bytes()
-
     def view(self, row: int) -> RowView:
         self._table(row)
         return RowView(self, row)
@@ -339,8 +333,3 @@ class PagedStorages:
         no bytes and its rows count in the decode storages' bounds), else on a new pool of its own."""
         kv, new = self._pool(model)
         return PagedBatchEngine(model, name, kv=kv, reports_pool=new, counts_rows=new)
-
-
-def blocks_ratio(held_tokens: int, block_size: int) -> float:
-    """Blocks over tokens for one row of ``held_tokens``: what a row wastes in its last block (for reports)."""
-    return blocks_for(held_tokens, block_size) * block_size / held_tokens if held_tokens else math.nan
