@@ -89,18 +89,31 @@ class PagedKV:
             self.keys[layer][s].index_copy_(0, offsets.to(device), k.to(self.dtype))
             self.values[layer][s].index_copy_(0, offsets.to(device), v.to(self.dtype))
 
-    def _flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``layer``'s keys and values over the whole pool ``[capacity * bs, H, D]`` (a transient copy when the
-        pool has several segments)."""
-        k, v = self.keys[layer], self.values[layer]
-        return (k[0], v[0]) if len(k) == 1 else (torch.cat(k), torch.cat(v))
+    def read_plan(self, slots: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]:
+        """Where the tokens at ``slots`` ``[N]`` (CPU, long) are read from (once per forward, used by every layer):
+        each segment's offsets, and the order that puts the segments' reads back in the order of ``slots``
+        (``None``: one segment, already in order)."""
+        parts = self._split(slots.reshape(-1).to("cpu", torch.long))
+        if len(parts) == 1:
+            return [(parts[0][0], parts[0][2])], None
+        back = torch.argsort(torch.cat([at for _, at, _ in parts])) if parts else torch.zeros(0, dtype=torch.long)
+        return [(s, offsets) for s, _, offsets in parts], back
 
-    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of layer ``layer`` at ``slots`` (any shape ``S``, on the layer's device): ``[*S, H, D]``."""
-        k, v = self._flat(layer)
-        flat = slots.reshape(-1)
-        shape = (*slots.shape, self.kv_heads, self.head_dim)
-        return k.index_select(0, flat).view(shape), v.index_select(0, flat).view(shape)
+    def gather(self, layer: int, plan: tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`): ``[N, H, D]`` each. Each
+        segment is read at its own slots only (never concatenated whole: that would copy the pool every layer)."""
+        device, keys, values = self.devices[layer], self.keys[layer], self.values[layer]
+        parts, back = plan
+        if not parts:
+            empty = torch.zeros(0, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
+            return empty, empty
+        offsets = [o.to(device) for _, o in parts]
+        k = [keys[s].index_select(0, o) for (s, _), o in zip(parts, offsets)]
+        v = [values[s].index_select(0, o) for (s, _), o in zip(parts, offsets)]
+        if back is None:
+            return k[0], v[0]
+        back = back.to(device)
+        return torch.cat(k).index_select(0, back), torch.cat(v).index_select(0, back)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy each ``(source, destination)`` block on every layer (copy-on-write of a shared last block)."""
@@ -109,9 +122,9 @@ class PagedKV:
         bs = self.pool.block_size
         src = [b * bs + i for b, _ in copies for i in range(bs)]
         dst = [b * bs + i for _, b in copies for i in range(bs)]
-        plan = self.write_plan(dst)
-        for layer, device in enumerate(self.devices):
-            k, v = self.gather(layer, torch.tensor(src, device=device))
+        plan, read = self.write_plan(dst), self.read_plan(torch.tensor(src))
+        for layer in range(self.n_layers):
+            k, v = self.gather(layer, read)
             self.write(layer, plan, k, v)
 
     def store(self, table: BlockTable, start: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -124,21 +137,24 @@ class PagedKV:
 
     def read(self, table: BlockTable, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Tokens ``start .. stop - 1`` of ``table``, gathered: ``[(keys, values)]`` per layer, each ``[1, H, n, D]``."""
-        slots = torch.tensor(self.pool.slots(table, start, stop), dtype=torch.long)
+        read = self.read_plan(torch.tensor(self.pool.slots(table, start, stop), dtype=torch.long))
         out = []
-        for layer, device in enumerate(self.devices):
-            k, v = self.gather(layer, slots.to(device))
+        for layer in range(self.n_layers):
+            k, v = self.gather(layer, read)
             out.append((k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)))
         return out
 
 
 @dataclass
 class ForwardPlan:
-    """What one batched forward reads and writes (module docstring): ``past`` ``[B, P]`` slots of each row's context
-    (hole columns point at slot 0 and are masked), ``write`` (:meth:`PagedKV.write_plan` of the real new tokens'
-    slots) and ``new`` ``[N]``: where those tokens are in the forward's flattened ``[B * n]`` new columns."""
+    """What one batched forward reads and writes (module docstring): ``rows`` x ``past`` columns of context (``read``:
+    :meth:`PagedKV.read_plan` of each row's context slots, row-major; hole columns read slot 0 and are masked),
+    ``write`` (:meth:`PagedKV.write_plan` of the real new tokens' slots) and ``new`` ``[N]``: where those tokens are
+    in the forward's flattened ``[B * n]`` new columns."""
 
-    past: torch.Tensor
+    rows: int
+    past: int
+    read: tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]
     write: list[tuple[int, torch.Tensor, torch.Tensor]]
     new: torch.Tensor
 
@@ -165,17 +181,18 @@ class PagedLayer(CacheLayerMixin):
         fresh_k = key_states.transpose(1, 2).reshape(B * n, H, D).index_select(0, new)
         fresh_v = value_states.transpose(1, 2).reshape(B * n, H, D).index_select(0, new)
         # gather before writing: the forward's own tokens come from key_states, the pool only holds the context
-        past_k, past_v = self.kv.gather(self.index, plan.past.to(self.device))
+        past_k, past_v = self.kv.gather(self.index, plan.read)
         self.kv.write(self.index, plan.write, fresh_k, fresh_v)
-        keys = torch.cat([past_k.transpose(1, 2).to(key_states.dtype), key_states], dim=2)
-        values = torch.cat([past_v.transpose(1, 2).to(value_states.dtype), value_states], dim=2)
+        shape = (B, plan.past, H, D)
+        keys = torch.cat([past_k.view(shape).transpose(1, 2).to(key_states.dtype), key_states], dim=2)
+        values = torch.cat([past_v.view(shape).transpose(1, 2).to(value_states.dtype), value_states], dim=2)
         return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
-        return 0 if self.plan is None else int(self.plan.past.shape[1])
+        return 0 if self.plan is None else self.plan.past
 
     def get_max_length(self) -> int:
         return -1

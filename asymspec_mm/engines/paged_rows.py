@@ -196,7 +196,8 @@ class PagedBatchEngine:
         if any(length != past for length in lengths):
             live = torch.arange(past).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
             mask = torch.cat([live, torch.ones(len(order), n_max, dtype=torch.bool)], dim=1).to(self.device)
-        return ForwardPlan(index, self.kv.write_plan(slots), torch.tensor(new, dtype=torch.long)), mask
+        plan = ForwardPlan(len(order), past, self.kv.read_plan(index), self.kv.write_plan(slots), torch.tensor(new, dtype=torch.long))
+        return plan, mask
 
     @torch.no_grad()
     def _forward(self, chunks: dict[int, PrefillChunk], keep: int) -> dict[int, torch.Tensor]:
