@@ -1,8 +1,8 @@
 """The tensors behind a :class:`~.block_pool.BlockPool`: one model's paged KV, and the cache a forward attends through.
 
-:class:`PagedKV` keeps, per layer, one keys and one values tensor per pool segment, ``[segment_blocks *
-block_size, H, D]`` (slot-major: slot ``s`` of the pool is row ``s`` of the concatenated segments). Growing the pool
-adds a segment (zeros: a hole gathered into attention is masked, and must never carry a NaN into it); trimming
+:class:`PagedKV` keeps, per layer, one tensor per pool segment, ``[segment_blocks * block_size, 2, H, D]``
+(slot-major, each slot's keys and values side by side: slot ``s`` of the pool is row ``s`` of the segments in
+order, and one read takes both). Growing the pool adds a segment (zeros: a hole gathered into attention is masked, and must never carry a NaN into it); trimming
 drops the last ones. No existing tensor is ever reallocated, so the memory the pool holds is exactly its segments.
 
 :class:`PagedCache` is the transformers ``Cache`` a batched forward runs on. Before the forward the storage sets its
@@ -31,8 +31,8 @@ class PagedKV:
     def __init__(self, pool: BlockPool, *, kv_heads: int, head_dim: int, dtype: torch.dtype, devices: list[torch.device]):
         self.pool = pool
         self.kv_heads, self.head_dim, self.dtype, self.devices = kv_heads, head_dim, dtype, devices
-        self.keys: list[list[torch.Tensor]] = [[] for _ in devices]  # layer -> segment -> [blocks * bs, H, D]
-        self.values: list[list[torch.Tensor]] = [[] for _ in devices]
+        # layer -> segment -> [blocks * bs, 2, H, D]: a slot's keys and values side by side, read in one op
+        self.segments: list[list[torch.Tensor]] = [[] for _ in devices]
         self._starts: list[int] = []  # the first slot of each segment
         self.peak_bytes = 0  # the most bytes the segments held (the owning storage resets it)
 
@@ -55,12 +55,11 @@ class PagedKV:
         for size in self.pool.segments[have:]:
             self._starts.append(sum(self.pool.segments[: len(self._starts)]) * bs)
             for i, device in enumerate(self.devices):
-                for part in (self.keys, self.values):
-                    part[i].append(torch.zeros(size * bs, self.kv_heads, self.head_dim, dtype=self.dtype, device=device))
+                self.segments[i].append(torch.zeros(size * bs, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device))
         if want < have:
             del self._starts[want:]
             for i in range(self.n_layers):
-                del self.keys[i][want:], self.values[i][want:]
+                del self.segments[i][want:]
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
     def _split(self, slots: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -81,13 +80,13 @@ class PagedKV:
 
     def write(self, layer: int, plan: list[tuple[int, torch.Tensor, torch.Tensor]], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``keys`` / ``values`` ``[N, H, D]`` of layer ``layer`` at the slots of ``plan`` (:meth:`write_plan`)."""
+        if not plan:
+            return
+        both = torch.stack([keys, values], dim=1).to(self.dtype)  # [N, 2, H, D]
+        device = self.devices[layer]
         for s, at, offsets in plan:
-            device = self.devices[layer]
-            src = at.to(keys.device) if len(plan) > 1 else None
-            k = keys if src is None else keys.index_select(0, src)
-            v = values if src is None else values.index_select(0, src)
-            self.keys[layer][s].index_copy_(0, offsets.to(device), k.to(self.dtype))
-            self.values[layer][s].index_copy_(0, offsets.to(device), v.to(self.dtype))
+            part = both if len(plan) == 1 else both.index_select(0, at.to(both.device))
+            self.segments[layer][s].index_copy_(0, offsets.to(device), part.to(device))
 
     def read_plan(self, slots: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]:
         """Where the tokens at ``slots`` ``[N]`` (CPU, long) are read from (once per forward, used by every layer):
@@ -102,18 +101,14 @@ class PagedKV:
     def gather(self, layer: int, plan: tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`): ``[N, H, D]`` each. Each
         segment is read at its own slots only (never concatenated whole: that would copy the pool every layer)."""
-        device, keys, values = self.devices[layer], self.keys[layer], self.values[layer]
+        device, segments = self.devices[layer], self.segments[layer]
         parts, back = plan
         if not parts:
             empty = torch.zeros(0, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
             return empty, empty
-        offsets = [o.to(device) for _, o in parts]
-        k = [keys[s].index_select(0, o) for (s, _), o in zip(parts, offsets)]
-        v = [values[s].index_select(0, o) for (s, _), o in zip(parts, offsets)]
-        if back is None:
-            return k[0], v[0]
-        back = back.to(device)
-        return torch.cat(k).index_select(0, back), torch.cat(v).index_select(0, back)
+        got = [segments[s].index_select(0, o.to(device)) for s, o in parts]
+        both = got[0] if back is None else torch.cat(got).index_select(0, back.to(device))
+        return both[:, 0], both[:, 1]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy each ``(source, destination)`` block on every layer (copy-on-write of a shared last block)."""
