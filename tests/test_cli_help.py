@@ -68,6 +68,7 @@ MODULE_COMMANDS = (
     "asymspec_mm.bench.admission",
     "asymspec_mm.bench.mixed",
     "asymspec_mm.bench.memory",
+    "asymspec_mm.bench.kv_peak",
     "asymspec_mm.bench.serving",
 )
 

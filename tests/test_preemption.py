@@ -99,7 +99,8 @@ def test_preemption_takes_the_highest_priority_value_latest_first(tiny_pipe):
     cfg = AsymSpecConfig(k=3, max_new_tokens=64)
     probe = BatchDecoder(tiny_pipe)
     one = max(probe.kv_bound(tiny_pipe.prepare(**c, config=cfg, ignore_eos=True, prefill=False), alone=True) for c in cases)
-    with tiny_pipe.scheduler(max_batch_size=3, max_kv_bytes=int(1.2 * one)) as sched:
+    # one and a half rows: the bound of a row alone is close to what it holds on paged storage (BENCHMARKS.md)
+    with tiny_pipe.scheduler(max_batch_size=3, max_kv_bytes=int(1.5 * one)) as sched:
         handles = [sched.submit(**c, config=cfg, ignore_eos=True, priority=p) for c, p in zip(cases, (5, 5, -1))]
         got = [h.result(timeout=600) for h in handles]
     assert got[2].stats["preemptions"] == 0 and got[0].stats["preemptions"] + got[1].stats["preemptions"] > 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
-from ..engines import default_row_storage
+from ..engines import RowStorages
 from ..engines.model_calls import TokenRequest, TokenResult
 from ..engines.pieces import resumed_prompt
 from ..request.session import remember_answer
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..request.preparing import ServingPipeline
     from ..request.session import Session
 
-#: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :func:`~asymspec_mm.engines.default_row_storage`).
+#: Builds the batched engine of one stream: ``(model, stream name) -> engine`` (the default is :class:`~asymspec_mm.engines.RowStorages`).
 BatchEngineFactory = Callable[[Any, str], Any]
 
 #: Tokens one decode step forwards for a row of each method over all its storages, by its draft length K: K drafts
@@ -64,7 +64,7 @@ class Staged:
 class BatchDecoder(RowDecoder):
     """Pipeline sessions of any method and settings, stepped together on one batched row storage per stream
     (``engines(model, stream_name)`` builds each when a row first needs it; default
-    :func:`~asymspec_mm.engines.default_row_storage`).
+    :class:`~asymspec_mm.engines.RowStorages`: paged KV).
 
     A session set up without prefill (``pipe.prepare(..., prefill=False)``) first waits in the decoder's
     :class:`~asymspec_mm.core.prefill.ChunkedPrefill`: :meth:`prefill_step` runs one batched forward per stream of
@@ -76,9 +76,13 @@ class BatchDecoder(RowDecoder):
     ):
         super().__init__({}, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
         self.pipe = pipe
-        self._make = engines or default_row_storage
+        self._make = engines or RowStorages()
         self.models: dict[str, Any] = {}  # storage name -> its model (the prefill reads the same dict)
-        self.arriving = ChunkedPrefill(self.models, chunk_tokens=prefill_chunk_tokens, prefix_kv=pipe.prefix_kv, lock=pipe.models_lock)
+        # a factory with a ``staging`` method (paged storages) also builds the prefill's storages, on the same pools
+        staging = getattr(self._make, "staging", None)
+        self.arriving = ChunkedPrefill(
+            self.models, chunk_tokens=prefill_chunk_tokens, prefix_kv=pipe.prefix_kv, lock=pipe.models_lock, staging=staging
+        )
         self.parked: dict[int, tuple[Row, dict[str, Any]]] = {}  # preempted rows: the row and its prompts to prefill anew
 
     def storage_of(self, method: str) -> dict[str, str]:

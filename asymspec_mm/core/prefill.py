@@ -18,6 +18,7 @@ stores its whole prompt when it is in, as single-row prefill does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,22 +46,35 @@ class ChunkedPrefill:
     """Prefills arriving rows of ``models`` (stream name -> model) in batched, chunked forwards (module docstring).
 
     ``lock`` is held around each forward (the models are shared); ``prefix_kv`` (a
-    :class:`~asymspec_mm.engines.prefix_kv.PrefixKV`) serves every stream's prompt prefix and keeps its prompt.
+    :class:`~asymspec_mm.engines.prefix_kv.PrefixKV`) serves every stream's prompt prefix and keeps its prompt;
+    ``staging(model, name)`` builds each stream's staging storage (default: a compacting
+    :class:`~asymspec_mm.engines.rows.BatchEngine`; a paged factory's puts it on the decode storage's pool).
     """
 
-    def __init__(self, models: dict[str, Any], *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, prefix_kv: PrefixKV | None = None, lock=None):
+    def __init__(
+        self,
+        models: dict[str, Any],
+        *,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        prefix_kv: PrefixKV | None = None,
+        lock=None,
+        staging: Callable[[Any, str], Any] | None = None,
+    ):
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an integer >= 1")
         self.chunk_tokens = chunk_tokens
         self.prefix_kv = prefix_kv
         self.lock = lock if lock is not None else nullcontext()
         self._models = models
+        self._make_staging = staging
         self._staging: dict[str, BatchEngine] = {}
         self.rows: dict[int, _Arriving] = {}
         self.forwards = 0  # staging forwards run
         self.tokens = 0  # prompt tokens prefilled
 
     def _engine(self, name: str) -> BatchEngine:
+        if name not in self._staging and self._make_staging is not None:
+            self._staging[name] = self._make_staging(self._models[name], f"{name} (prefill)")
         if name not in self._staging:
             # compacted before every forward that would leave holes: a staging row lives a few forwards, and its KV
             # is gathered on the way out anyway, so keeping the time dimension at the longest prompt is cheap
@@ -140,13 +154,14 @@ class ChunkedPrefill:
 
     def kv_bound(self, prompt_lengths: dict[str, list[int]]) -> int:
         """The most KV bytes the staging engines hold at once for prompts of ``prompt_lengths`` (per stream), pieces
-        of ``chunk_tokens``, plus the single-row copy a finished row makes on its way out (:meth:`take`)."""
+        of ``chunk_tokens``, plus the single-row copy a finished row makes on its way out (:meth:`take`) where the
+        staging storage's ``detach`` copies."""
         total = 0
         for name, lengths in prompt_lengths.items():
             if lengths:
                 engine = self._engine(name)
                 piece = min(self.chunk_tokens, max(lengths))  # the most columns one staging forward appends
-                total += engine.kv_bound(lengths, piece) + max(lengths) * engine.slot_bytes()
+                total += engine.kv_bound(lengths, piece) + (max(lengths) * engine.slot_bytes() if engine.detach_copies else 0)
         return total
 
     def kv_bytes(self) -> int:

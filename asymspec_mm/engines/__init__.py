@@ -7,13 +7,15 @@
   :mod:`.pieces`: a prompt's prefill pieces and where a prefill starts from it.
 - :mod:`.rows`: :class:`~.rows.BatchEngine`, rows of one model in one growing KV cache (holes, compaction,
   ragged prefill pieces), :class:`~.rows.RowContext` (one row's KV between storages) and its KV bound.
+- :mod:`.block_pool` / :mod:`.paged_kv` / :mod:`.paged_rows`: :class:`~.paged_rows.PagedBatchEngine`, rows in
+  fixed-size KV blocks with a block table each (no padding, rollbacks free blocks, prefixes shared by reference).
 - :mod:`.static_rows`: :class:`~.static_rows.StaticBatchEngine`, rows in preallocated slots (the GPU fast path,
   compiled fixed-shape forwards) and :func:`~.static_rows.static_batch_engines`.
 - :mod:`.vllm` / :mod:`.vllm_rows`: the same stream protocol and row storage served by vLLM (:mod:`.vllm_calls`: their
   ``LLM.generate`` calls).
 
 The decoder (:class:`asymspec_mm.decode.RowDecoder`) steps any of them through the ``RowEngine`` protocol;
-:func:`default_row_storage` is the one place that picks a row storage for a model (custom factories replace it).
+:class:`RowStorages` is the one place that picks a row storage for a model (custom factories replace it).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "TextEngine",
     "TransformersEngines",
     "VLEngine",
+    "RowStorages",
     "default_row_storage",
     "model_device",
     "PrefixKV",
@@ -64,3 +67,34 @@ def default_row_storage(model, name: str) -> Any:
     from .rows import BatchEngine
 
     return BatchEngine(model, name)
+
+
+class RowStorages:
+    """The batch-engine factory a decoder uses when none is given: ``(model, stream name) -> row storage``, vLLM rows
+    when ``model`` is served there, else ``kind``: ``"paged"`` (default; :class:`~.paged_rows.PagedBatchEngine`, one
+    block pool per model shared by its streams and by the batched prefill's :meth:`staging` storages, so a prefilled
+    row joins without a copy) or ``"padded"`` (:class:`~.rows.BatchEngine`, one padded cache per stream).
+    ``block_size``: tokens per KV block (paged)."""
+
+    def __init__(self, kind: str = "paged", *, block_size: int = 16):
+        if kind not in ("paged", "padded"):
+            raise ValueError(f"kind={kind!r}: use 'paged' or 'padded'")
+        from .paged_rows import PagedStorages
+
+        self.kind = kind
+        self._paged = PagedStorages(block_size=block_size)
+
+    def __call__(self, model, name: str) -> Any:
+        from .vllm import VLLMModel
+
+        if isinstance(model, VLLMModel) or self.kind == "padded":
+            return default_row_storage(model, name)
+        return self._paged(model, name)
+
+    def staging(self, model, name: str) -> Any:
+        """The batched prefill's storage of one stream (paged: on the decode storages' pool)."""
+        if self.kind == "padded":
+            from .rows import BatchEngine
+
+            return BatchEngine(model, name, compact_at=0.0)
+        return self._paged.staging(model, name)

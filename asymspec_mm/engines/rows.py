@@ -67,6 +67,31 @@ def dynamic_kv_bound(slot_bytes: int, n_layers: int, compact_at: float, lengths:
     return slot_bytes * time * rows + per_layer * time * (rows - 1)
 
 
+def ragged_inputs(
+    pieces: list[PrefillChunk | None], starts: torch.Tensor, vision: bool, device: torch.device, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``input_ids`` ``[B, n_max]`` and ``position_ids`` of one ragged forward: each batch row's piece (``None``:
+    no tokens) right-padded with ``pad_id`` (a token that is never an image pad; ids stay on their device, so drafts
+    on the GPU cost no host sync); positions ``starts[b] + i`` (``[B]``: each row's length plus rope delta; pads
+    continue the count), ``[3, B, n_max]`` on every M-RoPE axis with ``vision``, a piece's own positions where it
+    gives them (a prompt piece with an image)."""
+    none = torch.zeros(0, dtype=torch.long, device=device)
+    input_ids = torch.nn.utils.rnn.pad_sequence(
+        [none if c is None else c.ids.reshape(-1).to(device, torch.long) for c in pieces], batch_first=True, padding_value=pad_id
+    )
+    n_max = input_ids.shape[1]
+    positions = (starts.unsqueeze(1) + torch.arange(n_max)).to(device)
+    if not vision:
+        return input_ids, positions
+    positions = positions.unsqueeze(0).expand(3, len(pieces), n_max)
+    given = [(b, c) for b, c in enumerate(pieces) if c is not None and c.positions is not None]
+    if given:
+        positions = positions.clone()
+        for b, c in given:
+            positions[:, b, : c.ids.numel()] = c.positions.to(device)
+    return input_ids, positions
+
+
 class RowBook:
     """The logical side of a row storage: each row's live columns in order (its length, from which its next
     positions follow), over a time width shared by the rows (``_width``: the cache's time dimension, or a static
@@ -164,6 +189,7 @@ class BatchEngine(RowBook):
     drafts_itself = False
     rebuilds = True
     hands_out_rows = True
+    detach_copies = True  # detach gathers the row into a new single-row cache
 
     def __init__(self, model, name: str, *, vision: bool | None = None, compact_at: float = 0.5):
         if not 0.0 <= compact_at <= 1.0:
@@ -334,23 +360,8 @@ class BatchEngine(RowBook):
         B, T = len(self._rows), self._T
         n = {r: int(c.ids.numel()) for r, c in chunks.items()}
         n_max = max(n.values())
-        none = torch.zeros(0, dtype=torch.long, device=self.device)
-        # ids stay where they are (drafts on the GPU: no host sync); pads are a token that is never an image pad
-        input_ids = torch.nn.utils.rnn.pad_sequence(
-            [chunks[r].ids.reshape(-1).to(self.device, torch.long) if r in chunks else none for r in self._rows],
-            batch_first=True,
-            padding_value=self._pad_id,
-        )
         starts = torch.tensor([len(self._slots[r]) + self._delta[r] for r in self._rows])
-        # real tokens of row b at slots T .. T+n_r-1, positions length_r + i (+ rope delta); pads continue the count
-        positions = (starts.unsqueeze(1) + torch.arange(n_max)).to(self.device)
-        if self.vision:
-            positions = positions.unsqueeze(0).expand(3, B, n_max)
-            given = [(b, r) for b, r in enumerate(self._rows) if r in chunks and chunks[r].positions is not None]
-            if given:  # a prompt piece with an image: its own M-RoPE positions
-                positions = positions.clone()
-                for b, r in given:
-                    positions[:, b, : n[r]] = chunks[r].positions.to(self.device)
+        input_ids, positions = ragged_inputs([chunks.get(r) for r in self._rows], starts, self.vision, self.device, self._pad_id)
         # The new columns are all visible in this forward: causality over slots keeps a real token from seeing the
         # pads after it, and a pad query always sees itself (never a fully masked row, whose NaN would be cached).
         # Without holes (one row, or rows of one length in step) the plain causal mask is the same thing.

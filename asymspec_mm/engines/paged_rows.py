@@ -1,0 +1,336 @@
+"""Paged row storage: the rows of one model in fixed-size KV blocks, a block table per row.
+
+A :class:`PagedBatchEngine` is a :class:`~.rows.BatchEngine` in interface (``join`` / ``leave`` / ``extend`` /
+``prefill`` / ``truncate`` / ``detach`` / ``row_kv`` and the memory accounting the decoder and scheduler read), but
+its rows hold no padded time dimension: each row's context is a :class:`~.block_pool.BlockTable` over a shared
+:class:`~.paged_kv.PagedKV`, so a row costs its own tokens rounded up to a block. A rollback frees the blocks past
+the new length, a row that leaves frees its blocks, and no compaction ever runs (there are no holes to reclaim).
+
+Several storages of one model may share one ``PagedKV`` (:class:`PagedStorages` gives the batched prefill's
+staging storage the decode storage's pool): a row prefilled there moves to the decode storage by reference
+(``detach`` hands out a :class:`~.paged_kv.PagedRowContext`, ``join`` shares its blocks): nothing is copied. A
+context from anywhere else (a single-row engine, the prefix-KV store) is copied into blocks once. Two rows joined
+from one context share its blocks until one writes into the last partly filled one (copy-on-write).
+
+A forward runs only the rows it extends (a row not given costs nothing), on the :class:`~.paged_kv.PagedCache`:
+each layer writes its new keys into the rows' blocks and attends over a transient row-major view of their contexts.
+
+The static-slot GPU path (:class:`~.static_rows.StaticBatchEngine`) stays as it is: CUDA graphs need buffers whose
+shapes and addresses never change, which a pool that grows and a gathered view per forward do not give.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .block_pool import BlockPool, BlockTable, blocks_for, capacity_bound
+from .paged_kv import ForwardPlan, PagedCache, PagedKV, PagedRowContext
+from .pieces import PrefillChunk, vision_inputs
+from .rows import RowView, ragged_inputs
+from .single import model_device
+from .static_rows import layer_devices
+
+#: Tokens per KV block unless a storage says otherwise.
+DEFAULT_BLOCK_TOKENS = 16
+
+
+def paged_kv_for(model, *, block_size: int = DEFAULT_BLOCK_TOKENS, growth: float = 1 / 16) -> PagedKV:
+    """An empty :class:`PagedKV` shaped for ``model``'s text layers (full attention only)."""
+    text = model.config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None) or ()
+    if any(t != "full_attention" for t in types):
+        raise NotImplementedError(f"paged KV needs full-attention layers only (got {set(types)})")
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    dtype = model.get_input_embeddings().weight.dtype
+    return PagedKV(BlockPool(block_size, growth=growth), kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, devices=layer_devices(model))
+
+
+def paged_kv_bound(block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int]) -> int:
+    """The most KV bytes a pool holds while rows that reach ``lengths`` tokens live in it: every row's blocks at its
+    length (a block shared by several rows counts once per row, which covers its copy-on-write) and the pool's growth
+    slack (:func:`~.block_pool.capacity_bound` from empty). A forward's tokens are part of the length a row reaches,
+    so a forward's step (the padded storage's time-width slack) adds nothing here: no row spans another's width."""
+    if not lengths:
+        return 0
+    need = sum(blocks_for(n, block_size) for n in lengths)
+    return capacity_bound(0, need, growth, min_segment) * block_bytes
+
+
+class PagedBatchEngine:
+    """Rows of one model in paged KV (module docstring). ``kv``: the pool to share (default: a new one of
+    ``block_size`` tokens per block); ``reports_pool``: whether ``kv_bytes()`` / ``peak_kv_bytes`` report the pool's
+    bytes (one storage per pool does, so the sum over storages counts it once); ``counts_rows``: whether the KV
+    bounds count this storage's rows (not a staging storage whose rows move on to a decode storage of the pool).
+
+    vision: Qwen3-VL text positions (3D ``[3, B, n]``); default: detected from ``model.config``.
+    """
+
+    adopts = False
+    drafts_itself = False
+    rebuilds = True
+    hands_out_rows = True
+    detach_copies = False  # detach shares the row's blocks
+
+    def __init__(
+        self,
+        model,
+        name: str,
+        *,
+        kv: PagedKV | None = None,
+        reports_pool: bool = True,
+        counts_rows: bool = True,
+        block_size: int = DEFAULT_BLOCK_TOKENS,
+        vision: bool | None = None,
+    ):
+        self.model, self.name = model, name
+        self.vision = hasattr(model.config, "vision_config") if vision is None else vision
+        self.device: torch.device = model_device(model)
+        self.kv = kv if kv is not None else paged_kv_for(model, block_size=block_size)
+        self.reports_pool, self.counts_rows = reports_pool, counts_rows
+        self.cache = PagedCache(self.kv)
+        self.tokens_forwarded: dict[int, int] = {}
+        self.forward_calls: dict[int, int] = {}
+        self.batch_forwards = 0
+        self.compactions = 0  # never: a paged storage has no holes to reclaim
+        self._rows: list[int] = []  # join order
+        self._tables: dict[int, BlockTable] = {}
+        self._delta: dict[int, int] = {}
+        # ragged rows are padded with a token that is never an image pad (the model scatters image embeddings there)
+        self._pad_id = 1 if getattr(model.config, "image_token_id", None) == 0 else 0
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.kv.pool
+
+    # ------------------------------------------------------------------ rows
+    @property
+    def rows(self) -> list[int]:
+        """Live row ids, in join order."""
+        return list(self._rows)
+
+    def _table(self, row: int) -> BlockTable:
+        try:
+            return self._tables[row]
+        except KeyError:
+            raise KeyError(f"{self.name}: no live row {row}") from None
+
+    def length(self, row: int) -> int:
+        """Logical cached tokens of ``row``."""
+        return self._table(row).length
+
+    def blocks(self, row: int) -> list[int]:
+        """``row``'s block table (block ids in logical order)."""
+        return list(self._table(row).blocks)
+
+    @torch.no_grad()
+    def join(self, row: int, engine) -> None:
+        """Add ``row`` with the context of ``engine``: a :class:`PagedRowContext` of this pool is shared by reference
+        (nothing copied; the caller may release it), anything else with ``.cache`` and ``.length`` (a single-row
+        engine, a :class:`~.pieces.RowContext`) is copied into new blocks."""
+        if row in self._tables:
+            raise ValueError(f"{self.name}: row {row} is already live")
+        length = int(engine.length)
+        if isinstance(engine, PagedRowContext) and engine.kv is self.kv:
+            table = self.pool.fork(engine.table)
+        else:
+            src = engine.cache
+            if length and (src is None or src.layers[0].keys.shape[0] != 1):
+                raise ValueError(f"{self.name}: join needs a single-row engine with a filled cache")
+            table = BlockTable()
+            self.pool.append(table, length)
+            self.kv.sync()
+            if length:
+                self.kv.store(table, 0, [(layer.keys[..., :length, :], layer.values[..., :length, :]) for layer in src.layers])
+        self._rows.append(row)
+        self._tables[row] = table
+        self._delta[row] = int(getattr(engine, "rope_delta", 0) or 0)
+        self.tokens_forwarded[row] = int(getattr(engine, "tokens_forwarded", 0))
+        self.forward_calls[row] = int(getattr(engine, "forward_calls", 0))
+
+    def leave(self, row: int) -> None:
+        """Free ``row``'s blocks (shared ones stay with their other holders); its counters stay."""
+        table = self._table(row)
+        self._rows.remove(row)
+        del self._tables[row], self._delta[row]
+        self.pool.release(table)
+        self.pool.trim()
+        self.kv.sync()
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep the first ``length`` tokens of ``row``; the blocks past them are freed."""
+        table = self._table(row)
+        if not 0 <= length <= table.length:
+            raise ValueError(f"{self.name}: row {row} has {table.length} tokens, cannot keep {length}")
+        self.pool.truncate(table, length)
+
+    # ------------------------------------------------------------------ decoding
+    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; ``{row: logits [n_r, V]}``."""
+        if not ids:
+            return {}
+        return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0)
+
+    def prefill(self, chunks: dict[int, PrefillChunk]) -> None:
+        """Append a piece of each given row's prompt in one forward (images and M-RoPE positions per row)."""
+        if chunks:
+            self._forward(chunks, keep=1)
+
+    def _plan(self, order: list[int], n: dict[int, int], n_max: int) -> tuple[ForwardPlan, torch.Tensor | None]:
+        """Allocate the new tokens' blocks (copy-on-write first) and build the forward's plan and 2D mask."""
+        lengths = [self._tables[r].length for r in order]
+        past = max(lengths)
+        index = torch.zeros(len(order), past, dtype=torch.long)
+        for b, r in enumerate(order):
+            if lengths[b]:
+                index[b, : lengths[b]] = torch.tensor(self.pool.slots(self._tables[r]))
+        slots, new, copies = [], [], []
+        for b, r in enumerate(order):
+            got, copy = self.pool.append(self._tables[r], n[r])
+            slots += got
+            copies += copy
+            new.extend(range(b * n_max, b * n_max + n[r]))
+        self.kv.sync()
+        self.kv.copy_blocks(copies)
+        mask = None
+        if any(length != past for length in lengths):
+            live = torch.arange(past).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+            mask = torch.cat([live, torch.ones(len(order), n_max, dtype=torch.bool)], dim=1).to(self.device)
+        plan = ForwardPlan(len(order), past, self.kv.read_plan(index), self.kv.write_plan(slots), torch.tensor(new, dtype=torch.long))
+        return plan, mask
+
+    @torch.no_grad()
+    def _forward(self, chunks: dict[int, PrefillChunk], keep: int) -> dict[int, torch.Tensor]:
+        for row, c in chunks.items():
+            self._table(row)
+            if c.ids.numel() < 1:
+                raise ValueError(f"{self.name}: row {row}: extend needs at least one token")
+        order = [r for r in self._rows if r in chunks]
+        n = {r: int(chunks[r].ids.numel()) for r in order}
+        n_max = max(n.values())
+        starts = torch.tensor([self._tables[r].length + self._delta[r] for r in order])
+        input_ids, positions = ragged_inputs([chunks[r] for r in order], starts, self.vision, self.device, self._pad_id)
+        plan, mask = self._plan(order, n, n_max)
+        self.cache.set_plan(plan)
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+                **vision_inputs([chunks[r] for r in order]),
+            )
+        except BaseException:
+            for r in order:  # the forward never happened: the rows keep their contexts
+                self.pool.truncate(self._tables[r], self._tables[r].length - n[r])
+            raise
+        finally:
+            self.cache.set_plan(None)
+        self.batch_forwards += 1
+        for r in order:
+            self.tokens_forwarded[r] += n[r]
+            self.forward_calls[r] += 1
+        if keep:
+            return {}
+        at = {r: b for b, r in enumerate(order)}
+        return {r: out.logits[at[r], : n[r]] for r in chunks}
+
+    def detach(self, row: int) -> PagedRowContext:
+        """``row``'s context by reference (its blocks shared, nothing copied), ready to :meth:`join` a storage on the
+        same pool (or any storage, through its gathered ``cache``); the row stays here (:meth:`leave` frees it)."""
+        table = self._table(row)
+        return PagedRowContext(self.kv, self.pool.fork(table), self._delta[row], self.tokens_forwarded[row], self.forward_calls[row])
+
+    @torch.no_grad()
+    def row_kv(self, row: int, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Tokens ``start .. stop - 1`` of ``row``, gathered: ``[(keys, values)]`` per layer, each ``[1, H, n, D]``."""
+        table = self._table(row)
+        stop = min(stop, table.length)
+        return self.kv.read(table, start, stop) if stop > start else []
+
+    # ------------------------------------------------------------------ memory
+    def slot_bytes(self) -> int:
+        """Bytes of one token of one row over all layers (keys and values)."""
+        return self.kv.slot_bytes()
+
+    def block_bytes(self) -> int:
+        return self.slot_bytes() * self.pool.block_size
+
+    def kv_bound(self, lengths: list[int], step_tokens: int) -> int:
+        """The most KV bytes this storage's rows take in the pool while they reach ``lengths`` tokens, forwards
+        included (:func:`paged_kv_bound`; ``step_tokens`` adds nothing: no row spans another's width); 0 for a staging storage on a shared pool (its rows move to a decode storage, whose
+        bound counts them at their final lengths)."""
+        if not self.counts_rows:
+            return 0
+        pool = self.pool
+        return paged_kv_bound(self.block_bytes(), pool.block_size, pool.growth, pool.min_segment, lengths)
+
+    def step_bytes(self, grow: int, join: int | None = None) -> int:
+        """An upper bound of the pool bytes this storage accounts for while its rows (and a row of ``join`` tokens
+        joining) append up to ``grow`` tokens: the blocks its rows hold and will take, with the pool's growth
+        slack; the storage that reports the pool adds its free blocks. Summed over the storages on a pool, this
+        bounds the pool (a block shared by several rows counts once per holder, which covers its copy-on-write)."""
+        pool = self.pool
+        free = (pool.capacity - pool.used_blocks) if self.reports_pool else 0
+        rows = len(self._rows) + (join is not None)
+        if not self.counts_rows or not rows:
+            return free * self.block_bytes()
+        need = sum(len(t.blocks) for t in self._tables.values()) + rows * blocks_for(grow, pool.block_size)
+        if join is not None:
+            need += blocks_for(join, pool.block_size)
+        return (capacity_bound(0, need, pool.growth, pool.min_segment) + free) * self.block_bytes()
+
+    @property
+    def peak_kv_bytes(self) -> int:
+        """The most bytes the pool held since the caller last set this (0 for a storage that does not report it)."""
+        return self.kv.peak_bytes if self.reports_pool else 0
+
+    @peak_kv_bytes.setter
+    def peak_kv_bytes(self, value: int) -> None:
+        if self.reports_pool:
+            self.kv.peak_bytes = value
+
+    @property
+    def engine_calls(self) -> int:
+        return self.batch_forwards
+
+    def kv_bytes(self, row: int | None = None) -> int:
+        """KV memory held by ``row``'s tokens; ``None``: the pool's segments (every block, free or not; 0 for a
+        storage that does not own the pool)."""
+        if row is not None:
+            return self.length(row) * self.slot_bytes()
+        return self.kv.nbytes() if self.reports_pool else 0
+
+    def view(self, row: int) -> RowView:
+        self._table(row)
+        return RowView(self, row)
+
+
+class PagedStorages:
+    """A batch-engine factory (``(model, stream name) -> storage``) whose storages of one model share one pool, and
+    whose :meth:`staging` storages (the batched prefill's) share it too, so a prefilled row joins without a copy."""
+
+    def __init__(self, *, block_size: int = DEFAULT_BLOCK_TOKENS):
+        self.block_size = block_size
+        self._kv: dict[int, tuple[object, PagedKV]] = {}  # id(model) -> (model, its pool)
+
+    def _pool(self, model) -> tuple[PagedKV, bool]:
+        """The model's pool, and whether it is new (its first storage owns it)."""
+        held = self._kv.get(id(model))
+        if held is not None and held[0] is model:
+            return held[1], False
+        kv = paged_kv_for(model, block_size=self.block_size)
+        self._kv[id(model)] = (model, kv)
+        return kv, True
+
+    def __call__(self, model, name: str) -> PagedBatchEngine:
+        kv, new = self._pool(model)
+        return PagedBatchEngine(model, name, kv=kv, reports_pool=new)
+
+    def staging(self, model, name: str) -> PagedBatchEngine:
+        """The batched prefill's storage of ``model``: on the decode storages' pool when one exists (then it reports
+        no bytes and its rows count in the decode storages' bounds), else on a new pool of its own."""
+        kv, new = self._pool(model)
+        return PagedBatchEngine(model, name, kv=kv, reports_pool=new, counts_rows=new)

@@ -1,0 +1,322 @@
+"""Paged row storage (issue #51): every row of a PagedBatchEngine equals its own single-row engine and the padded
+BatchEngine fed the same tokens (ragged joins and extends, rollbacks, leaves and rejoins, image rows with M-RoPE,
+chunked prefill, prefix sharing by reference), and its blocks are exactly what its rows hold."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import make_case
+
+from asymspec_mm import AsymSpecConfig
+from asymspec_mm.core import BatchEngine
+from asymspec_mm.core.prefill import ChunkedPrefill
+from asymspec_mm.engines import TextEngine, VLEngine
+from asymspec_mm.engines.block_pool import blocks_for
+from asymspec_mm.engines.paged_kv import PagedRowContext
+from asymspec_mm.engines.paged_rows import PagedBatchEngine, PagedStorages
+
+STREAMS = ("drafter_full", "drafter_comp", "verifier")
+CFG = AsymSpecConfig(k=3, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def eager_pipe(tiny_dirs):
+    """The tiny pair with eager attention (the 2D mask becomes an additive float mask instead of SDPA's boolean)."""
+    from asymspec_mm import AsymSpecPipeline
+
+    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
+    pipe.drafter.set_attn_implementation("eager")
+    pipe.verifier.set_attn_implementation("eager")
+    return pipe
+
+
+def _session(pipe, seed: int, **extra):
+    case = make_case(seed)
+    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG, **extra)
+
+
+def _model(pipe, name: str):
+    return pipe.verifier if name == "verifier" else pipe.drafter
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what) -> None:
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert torch.allclose(got, want, atol=1e-5), (what, (got - want).abs().max())
+    assert torch.equal(got.argmax(-1), want.argmax(-1)), what
+
+
+def _single(pipe, name: str, context) -> TextEngine | VLEngine:
+    """A single-row engine holding a copy of ``context`` (a prefilled engine or a RowContext)."""
+    from asymspec_mm.engines.prefix_kv import cache_layers, new_cache
+
+    engine = TextEngine(pipe.verifier, name) if name == "verifier" else VLEngine(pipe.drafter, name)
+    engine.cache = new_cache(None, [(k.clone(), v.clone()) for k, v in cache_layers(context.cache)]) if context.length else None
+    if name != "verifier":
+        engine.rope_delta = context.rope_delta
+    return engine
+
+
+class Trio:
+    """One PagedBatchEngine, one BatchEngine and, per row, a single-row engine, fed the same tokens."""
+
+    def __init__(self, pipe, name: str, block_size: int):
+        self.pipe, self.name = pipe, name
+        self.paged = PagedBatchEngine(_model(pipe, name), name, block_size=block_size)
+        self.batch = BatchEngine(_model(pipe, name), name, compact_at=0.25)
+        self.single: dict[int, object] = {}
+
+    def join(self, row: int, engine) -> None:
+        self.paged.join(row, engine)
+        self.batch.join(row, engine)
+        self.single[row] = _single(self.pipe, self.name, engine)
+        assert self.paged.length(row) == self.batch.length(row) == engine.length
+
+    def leave(self, row: int) -> None:
+        self.paged.leave(row)
+        self.batch.leave(row)
+        del self.single[row]
+
+    def extend(self, ids: dict[int, list[int]]) -> None:
+        ids = {r: torch.tensor(t) for r, t in ids.items()}
+        got, padded = self.paged.extend(ids), self.batch.extend(ids)
+        assert list(got) == list(ids)
+        for r, t in ids.items():
+            _close(got[r], self.single[r].extend(t), (self.name, r, "single"))
+            _close(got[r], padded[r], (self.name, r, "batch"))
+            assert self.paged.length(r) == self.single[r].length
+
+    def truncate(self, row: int, length: int) -> None:
+        for e in (self.paged, self.batch):
+            e.truncate(row, length)
+        self.single[row].truncate(length)
+
+    def check_blocks(self) -> None:
+        """Each row holds exactly the blocks its tokens fill; the pool's used blocks are those rows' blocks."""
+        pool, held = self.paged.pool, set()
+        for r in self.paged.rows:
+            blocks = self.paged.blocks(r)
+            assert len(blocks) == blocks_for(self.paged.length(r), pool.block_size), (self.name, r)
+            held.update(blocks)
+        assert pool.used_blocks == len(held)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_paged_rows_equal_single_row_engines_and_the_padded_batch(request, attn):
+    """5 rows per stream (image prompts, text-only VL, text verifier), 30 rounds of ragged extends on random subsets,
+    random rollbacks, leaves and joins (and a row that leaves and joins again on its own context); every row's
+    logits equal its single-row engine's and the BatchEngine's, and the blocks are exactly the rows' tokens."""
+    pipe = request.getfixturevalue("tiny_pipe" if attn == "sdpa" else "eager_pipe")
+    rng = random.Random(11)
+    sessions = sorted((_session(pipe, seed) for seed in range(5)), key=lambda s: s.streams["drafter_full"].length)
+    assert len({s.streams["verifier"].length for s in sessions}) > 1
+    trios = {name: Trio(pipe, name, block_size=4) for name in STREAMS}
+    for row, s in enumerate(sessions):
+        for name in STREAMS:
+            trios[name].join(row, s.streams[name])
+    assert any(s.streams["drafter_full"].rope_delta != 0 for s in sessions)
+    next_row, ragged = len(sessions), 0
+    for rnd in range(30):
+        if rnd in (6, 17):  # a random row leaves
+            gone = rng.choice(trios["verifier"].paged.rows)
+            for t in trios.values():
+                t.leave(gone)
+        if rnd in (9, 21):  # a new request joins
+            s = _session(pipe, 100 + rnd)
+            for name in STREAMS:
+                trios[name].join(next_row, s.streams[name])
+            next_row += 1
+        if rnd == 25:  # a row leaves and comes back on its own context (what preemption and resume do)
+            back = trios["verifier"].paged.rows[0]
+            for t in trios.values():
+                context = t.paged.detach(back)
+                t.paged.leave(back)
+                t.batch.leave(back)
+                t.paged.join(back, context)
+                context.release()
+                t.batch.join(back, t.single[back])
+        for t in trios.values():
+            live = t.paged.rows
+            subset = rng.sample(live, rng.randint(1, len(live)))
+            ids = {r: [rng.randint(20, 480) for _ in range(rng.randint(1, 6))] for r in subset}
+            ragged += len({len(x) for x in ids.values()}) > 1
+            t.extend(ids)
+            for r in live:
+                if rng.random() < 0.5:
+                    t.truncate(r, max(1, t.paged.length(r) - rng.randint(0, 7)))
+            t.check_blocks()
+    assert ragged >= 15
+
+
+def test_chunked_prefill_on_the_decode_pool_joins_without_a_copy(tiny_pipe):
+    """Image prompts prefilled in pieces of 5 tokens on a staging storage of the decode storage's pool: the rows
+    join the decode storages by reference (the same blocks, no block allocated or copied), their next logits equal
+    single-row prefill, and the staging storage reports no bytes of its own (the pool counts once)."""
+    seeds = [31, 32, 33]
+    alone = [_session(tiny_pipe, s) for s in seeds]
+    staged = [_session(tiny_pipe, s, prefill=False) for s in seeds]
+    storages = PagedStorages(block_size=8)
+    models = tiny_pipe.stream_models("asymspec")
+    decode = {name: storages(model, name) for name, model in models.items()}
+    stage = ChunkedPrefill(models, chunk_tokens=5, staging=storages.staging)
+    for i, s in enumerate(staged):
+        stage.add(i, s.to_prefill)
+    while len(stage.step()) < len(seeds):
+        pass
+    assert stage.forwards > 3  # the prompts went in pieces
+    assert decode["drafter_full"].kv is decode["drafter_comp"].kv  # one pool per model
+    for name, engine in stage._staging.items():
+        assert engine.kv is decode[name].kv and engine.kv_bytes() == 0 and engine.kv_bound([100], 4) == 0
+    for i in range(len(seeds)):
+        before = {name: (d.pool.used_blocks, d.pool.capacity) for name, d in decode.items()}
+        contexts, _ = stage.take(i)
+        for name, context in contexts.items():
+            assert isinstance(context, PagedRowContext)
+            decode[name].join(i, context)
+            context.release()
+            assert decode[name].blocks(i) and decode[name].length(i) == alone[i].streams[name].length
+        assert {name: (d.pool.used_blocks, d.pool.capacity) for name, d in decode.items()} == before
+    for name, engine in decode.items():
+        pending = {i: alone[i].pending[name].reshape(-1) for i in range(len(seeds))}
+        got = engine.extend(pending)
+        for i in range(len(seeds)):
+            _close(got[i], alone[i].streams[name].extend(pending[i]), (name, i))
+
+
+def test_a_shared_prefix_is_one_set_of_blocks_with_copy_on_write(tiny_pipe):
+    """Three rows join from one prefilled context: they hold the same blocks (no copy); the first write of each into
+    the shared, partly filled last block copies that block alone; every row decodes equal to its own single-row
+    engine; when all leave, every block is free and the pool's segments are given back."""
+    s = _session(tiny_pipe, 51)
+    for name in STREAMS:
+        bs = next(b for b in (7, 9, 11) if s.streams[name].length % b)  # the prompt ends inside a block
+        source = PagedBatchEngine(_model(tiny_pipe, name), name, block_size=bs)
+        source.join(0, s.streams[name])
+        used = source.pool.used_blocks
+        context = source.detach(0)
+        source.leave(0)
+        for row in (1, 2, 3):
+            source.join(row, context)
+        context.release()
+        assert source.blocks(1) == source.blocks(2) == source.blocks(3) and source.pool.used_blocks == used
+        singles = {row: _single(tiny_pipe, name, s.streams[name]) for row in (1, 2, 3)}
+        got = source.extend({1: torch.tensor([40]), 2: torch.tensor([41, 42]), 3: torch.tensor([43])})
+        length = s.streams[name].length
+        grown = sum(blocks_for(length + n, bs) - blocks_for(length, bs) for n in (1, 2, 1))
+        assert source.pool.used_blocks == used + 2 + grown  # two rows copied the last block; the third writes in place
+        full = length // bs  # the prompt's full blocks stay shared; its last, partly filled one is each row's own
+        assert source.blocks(1)[:full] == source.blocks(2)[:full] == source.blocks(3)[:full]
+        assert len({source.blocks(r)[full] for r in (1, 2, 3)}) == 3
+        for row, ids in ((1, [40]), (2, [41, 42]), (3, [43])):
+            _close(got[row], singles[row].extend(torch.tensor(ids)), (name, row))
+        got = source.extend({r: torch.arange(50, 50 + 9) for r in (1, 2, 3)})
+        for row in (1, 2, 3):
+            _close(got[row], singles[row].extend(torch.arange(50, 50 + 9)), (name, row))
+        for row in (1, 2, 3):
+            source.leave(row)
+        assert source.pool.used_blocks == 0 and source.pool.capacity == 0 and source.kv_bytes() == 0
+
+
+def test_blocks_follow_the_rows_exactly(tiny_pipe):
+    """A rollback frees exactly the blocks past the new length, a leave all of a row's; kv_bytes(row) is its tokens,
+    kv_bytes() the pool's segments; row_kv gathers what the single-row engine holds."""
+    s = _session(tiny_pipe, 61)
+    engine = PagedBatchEngine(tiny_pipe.verifier, "verifier", block_size=4)
+    single = s.streams["verifier"]
+    engine.join(0, single)
+    n = single.length
+    assert len(engine.blocks(0)) == blocks_for(n, 4)
+    engine.extend({0: torch.arange(30, 42)})  # 12 more tokens: 3 blocks
+    assert len(engine.blocks(0)) == blocks_for(n + 12, 4)
+    engine.truncate(0, n + 1)
+    assert len(engine.blocks(0)) == blocks_for(n + 1, 4) and engine.pool.used_blocks == blocks_for(n + 1, 4)
+    assert engine.kv_bytes(0) == (n + 1) * engine.slot_bytes()
+    assert engine.kv_bytes() == engine.pool.capacity * 4 * engine.slot_bytes()
+    engine.truncate(0, n)
+    for (k, v), (sk, sv) in zip(engine.row_kv(0, 0, n), [(layer.keys, layer.values) for layer in single.cache.layers]):
+        assert torch.equal(k, sk[..., :n, :]) and torch.equal(v, sv[..., :n, :])
+    with pytest.raises(ValueError, match="already live"):
+        engine.join(0, single)
+    engine.leave(0)
+    assert engine.rows == [] and engine.pool.used_blocks == 0 and engine.kv_bytes() == 0
+    with pytest.raises(KeyError, match="no live row 0"):
+        engine.extend({0: torch.tensor([1])})
+
+
+def test_empty_context_and_rows_left_out_of_a_forward(tiny_pipe):
+    """A row with an empty context starts at position 0; rows not given to a forward are not in it at all (their
+    blocks untouched), and two rows of one length run without a mask."""
+    ver = tiny_pipe.verifier
+    empty, single_empty = TextEngine(ver), TextEngine(ver)
+    empty.prefill(torch.tensor([], dtype=torch.long))
+    single_empty.prefill(torch.tensor([], dtype=torch.long))
+    prompt = torch.tensor([40, 41, 42, 43, 44])
+    single = TextEngine(ver)
+    single.prefill(prompt)
+    engine = PagedBatchEngine(ver, "verifier", block_size=4)
+    engine.join(0, empty)
+    engine.join(1, single)
+    twin = _single(tiny_pipe, "verifier", single)
+    blocks = engine.blocks(0)
+    _close(engine.extend({1: torch.tensor([62])})[1], twin.extend(torch.tensor([62])), "alone")
+    assert engine.blocks(0) == blocks and engine.batch_forwards == 1
+    got = engine.extend({0: torch.tensor([60, 61]), 1: torch.tensor([64])})
+    _close(got[0], single_empty.extend(torch.tensor([60, 61])), "empty row")
+    _close(got[1], twin.extend(torch.tensor([64])), "prompt row")
+    assert engine.tokens_forwarded == {0: 2 + empty.tokens_forwarded, 1: 2 + single.tokens_forwarded}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_pool_stays_within_its_bounds(tiny_pipe, seed):
+    """Rows join with ragged prompts, decode ragged extends of up to ``step`` tokens and roll back: after every
+    operation the pool's bytes are within ``kv_bound`` of the rows' final lengths and within the ``step_bytes`` the
+    storage promised before the step; the bound is tight (within 1.25x of the most seen once the rows are long)."""
+    rng = random.Random(seed)
+    model, step = tiny_pipe.verifier, 5
+    engine = PagedBatchEngine(model, "verifier", block_size=8)
+    finals, live, seen = {}, {}, 0
+    for rid in range(6):
+        prompt = rng.randint(3, 40)
+        finals[rid] = prompt + rng.randint(40, 90)
+        single = TextEngine(model, "verifier")
+        single.prefill(torch.tensor([rng.randint(20, 480) for _ in range(prompt)]))
+        engine.join(rid, single)
+        live[rid] = prompt
+    bound = engine.kv_bound(list(finals.values()), step)
+    for _ in range(200):
+        rows = [r for r in live if live[r] < finals[r] - step]
+        if not rows:
+            break
+        promised = engine.step_bytes(step)
+        ids = {r: torch.tensor([rng.randint(20, 480) for _ in range(rng.randint(1, step))]) for r in rows}
+        engine.extend(ids)
+        assert engine.kv_bytes() <= promised
+        for r, t in ids.items():
+            keep = engine.length(r) - rng.randint(0, t.numel() - 1)  # a rejection keeps a prefix of the new tokens
+            engine.truncate(r, keep)
+            live[r] = keep
+        seen = max(seen, engine.kv_bytes())
+        assert engine.kv_bytes() <= bound
+    assert sum(live.values()) * engine.slot_bytes() <= seen <= bound <= 1.25 * seen
+
+
+def test_a_request_alone_is_bounded_by_its_own_blocks(tiny_pipe):
+    """Admission's bound of a request alone (prompt + 100 new tokens, K=4) on paged storage is within 1.15x of the
+    tokens it will hold over its three streams; the padded storage's is more than twice that (its padding,
+    compaction slack, a layer copied beside and the staging copy at join), which the paged one has none of."""
+    from asymspec_mm.core.decoder import BatchDecoder
+    from asymspec_mm.engines import RowStorages
+
+    cfg = AsymSpecConfig(k=4, max_new_tokens=100)
+    case = make_case(71)
+    session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg, prefill=False)
+    held = 0
+    for name, prompt in session.to_prefill.items():
+        engine = PagedBatchEngine(_model(tiny_pipe, name), name)
+        held += (prompt.ids.numel() + 1 + cfg.max_new_tokens) * engine.slot_bytes()
+    paged = BatchDecoder(tiny_pipe, engines=RowStorages("paged")).kv_bound(session, alone=True)
+    padded = BatchDecoder(tiny_pipe, engines=RowStorages("padded")).kv_bound(session, alone=True)
+    assert held < paged <= 1.15 * held
+    assert padded > 2 * held
