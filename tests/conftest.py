@@ -32,6 +32,19 @@ def tiny_pipe(tiny_dirs):
     return AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
 
 
+@pytest.fixture(scope="module")
+def eager_pipe(tiny_dirs):
+    """The tiny pair with eager attention (the 2D mask becomes an additive float mask instead of SDPA's boolean)."""
+    from asymspec_mm import AsymSpecPipeline
+
+    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
+    pipe.drafter.set_attn_implementation("eager")
+    pipe.verifier.set_attn_implementation("eager")
+    assert pipe.verifier.config._attn_implementation == "eager"
+    assert pipe.drafter.config.get_text_config()._attn_implementation == "eager"
+    return pipe
+
+
 @pytest.fixture(scope="session")
 def two_vocab_verifier(tmp_path_factory):
     """A random Qwen3 verifier with a tokenizer of another family than the tiny drafter's (tests/two_vocab_pair.py)."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import make_case
 from reference import Reference
+from row_checks import assert_logits_close, stream_model
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core import BatchEngine, RowView
@@ -18,36 +19,13 @@ STREAMS = ("drafter_full", "drafter_comp", "verifier")
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def eager_pipe(tiny_dirs):
-    """The tiny pair with eager attention (the 2D mask becomes an additive float mask instead of SDPA's boolean)."""
-    from asymspec_mm import AsymSpecPipeline
-
-    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
-    pipe.drafter.set_attn_implementation("eager")
-    pipe.verifier.set_attn_implementation("eager")
-    assert pipe.verifier.config._attn_implementation == "eager"
-    assert pipe.drafter.config.get_text_config()._attn_implementation == "eager"
-    return pipe
-
-
 def _session(pipe, seed: int):
     case = make_case(seed)
     return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG)
 
 
-def _model(pipe, name: str):
-    return pipe.verifier if name == "verifier" else pipe.drafter
-
-
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randint(20, 480) for _ in range(n)]
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what) -> None:
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    assert torch.allclose(got, want, atol=1e-5), (what, (got - want).abs().max())
-    assert torch.equal(got.argmax(-1), want.argmax(-1)), what
 
 
 class Mirror:
@@ -55,7 +33,7 @@ class Mirror:
 
     def __init__(self, pipe, name: str, compact_at: float = 0.5):
         self.name = name
-        self.batch = BatchEngine(_model(pipe, name), name, compact_at=compact_at)
+        self.batch = BatchEngine(stream_model(pipe, name), name, compact_at=compact_at)
         self.single: dict[int, object] = {}
 
     def join(self, row: int, engine) -> None:
@@ -71,7 +49,7 @@ class Mirror:
         got = self.batch.extend({r: torch.tensor(t) for r, t in ids.items()})
         assert list(got) == list(ids)
         for r, t in ids.items():
-            _close(got[r], self.single[r].extend(torch.tensor(t)), (self.name, r))
+            assert_logits_close(got[r], self.single[r].extend(torch.tensor(t)), (self.name, r))
             assert self.batch.length(r) == self.single[r].length
 
     def truncate(self, row: int, length: int) -> None:
@@ -137,7 +115,7 @@ def test_rollback_of_one_row_leaves_the_others_equal_to_a_no_cache_forward(tiny_
         "verifier": lambda i, t: refs[i].verifier(t),
     }
     for name in STREAMS:
-        batch = BatchEngine(_model(tiny_pipe, name), name)
+        batch = BatchEngine(stream_model(tiny_pipe, name), name)
         for row, s in enumerate(sessions):
             batch.join(row, s.streams[name])
         # each stream caches prompt[:-1]; its first forward starts with the pending prompt token
@@ -155,7 +133,7 @@ def test_rollback_of_one_row_leaves_the_others_equal_to_a_no_cache_forward(tiny_
             for r, t in new.items():
                 fed[r] += t
                 want = full_forward[name](r, fed[r][1:])[-len(t) :]
-                _close(got[r], want, (name, step, r))
+                assert_logits_close(got[r], want, (name, step, r))
                 assert batch.length(r) == sessions[r].streams[name].length + len(fed[r])
         assert batch.compactions >= 1
 
@@ -164,7 +142,7 @@ def test_kv_bytes(tiny_pipe):
     """Per row: layers x 2 x kv heads x head dim x dtype size x length; the whole cache (holes too) at least the sum."""
     sessions = [_session(tiny_pipe, 40 + i) for i in range(3)]
     for name in STREAMS:
-        model = _model(tiny_pipe, name)
+        model = stream_model(tiny_pipe, name)
         cfg = model.config.get_text_config(decoder=True)
         size = torch.empty((), dtype=model.dtype).element_size()
         per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * size
@@ -198,7 +176,7 @@ def test_counters_per_row_are_exact(tiny_pipe):
     (pads and rows left out not counted); RowView shows them with the single-row attribute names."""
     sessions = [_session(tiny_pipe, 60 + i) for i in range(3)]
     for name in STREAMS:
-        batch = BatchEngine(_model(tiny_pipe, name), name)
+        batch = BatchEngine(stream_model(tiny_pipe, name), name)
         want_tok, want_calls = {}, {}
         for row, s in enumerate(sessions):
             e = s.streams[name]
@@ -252,10 +230,10 @@ def test_empty_and_static_engines_join(tiny_pipe):
     static.truncate(3)
     static.extend(torch.tensor([52, 53]))  # and over positions 3, 4 the row holds
     # the empty row left out: its slots of this forward are all pads (never a fully masked query); the cache stays finite
-    _close(batch.extend({1: torch.tensor([62])})[1], single.extend(torch.tensor([62])), "static row")
+    assert_logits_close(batch.extend({1: torch.tensor([62])})[1], single.extend(torch.tensor([62])), "static row")
     got = batch.extend({0: torch.tensor([60, 61]), 1: torch.tensor([64])})
-    _close(got[0], single_empty.extend(torch.tensor([60, 61])), "empty row")
-    _close(got[1], single.extend(torch.tensor([64])), "static row")
+    assert_logits_close(got[0], single_empty.extend(torch.tensor([60, 61])), "empty row")
+    assert_logits_close(got[1], single.extend(torch.tensor([64])), "static row")
     assert all(torch.isfinite(layer.keys).all() and torch.isfinite(layer.values).all() for layer in batch.cache.layers)
     batch.leave(0)
     batch.leave(1)
@@ -266,12 +244,12 @@ def test_empty_and_static_engines_join(tiny_pipe):
     batch.join(6, twin)  # two rows, same length: no holes, so no 2D mask is passed
     assert batch.holes() == 0
     got = batch.extend({5: torch.tensor([63]), 6: torch.tensor([65])})
-    _close(got[5], single.extend(torch.tensor([63])), "rejoined")
-    _close(got[6], twin.extend(torch.tensor([65])), "twin")
+    assert_logits_close(got[5], single.extend(torch.tensor([63])), "rejoined")
+    assert_logits_close(got[6], twin.extend(torch.tensor([65])), "twin")
     got = batch.extend({5: torch.tensor([66, 67]), 6: torch.tensor([68])})  # ragged: holes from here on
     assert batch.holes() == 1
-    _close(got[5], single.extend(torch.tensor([66, 67])), "rejoined")
-    _close(got[6], twin.extend(torch.tensor([68])), "twin")
+    assert_logits_close(got[5], single.extend(torch.tensor([66, 67])), "rejoined")
+    assert_logits_close(got[6], twin.extend(torch.tensor([68])), "twin")
 
 
 def test_vl_rows_keep_their_own_rope_delta(tiny_pipe):
@@ -292,4 +270,4 @@ def test_vl_rows_keep_their_own_rope_delta(tiny_pipe):
         ids = {r: torch.arange(30, 30 + n + (r % 2)) for r in batch.rows}
         got = batch.extend(ids)
         for r, t in ids.items():
-            _close(got[r], singles[r].extend(t), r)
+            assert_logits_close(got[r], singles[r].extend(t), r)

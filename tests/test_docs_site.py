@@ -52,7 +52,7 @@ def test_each_step_table_has_a_header_row(site):
 
 
 def test_serve_page_shows_the_defaults_values_and_links_the_schema(site):
-    from asymspec_mm.serve import app, schema
+    from asymspec_mm.serve import app, chat_request
 
     html = (site / "api" / "serve" / "index.html").read_text(encoding="utf-8")
     text = re.sub(r"<[^>]+>", "", html)
@@ -60,11 +60,11 @@ def test_serve_page_shows_the_defaults_values_and_links_the_schema(site):
         ("DEFAULT_MAX_QUEUE", app.DEFAULT_MAX_QUEUE),
         ("DEFAULT_MAX_BATCH_SIZE", app.DEFAULT_MAX_BATCH_SIZE),
         ("DEFAULT_MAX_REQUEST_MB", app.DEFAULT_MAX_REQUEST_MB),
-        ("DEFAULT_MAX_IMAGES", schema.DEFAULT_MAX_IMAGES),
+        ("DEFAULT_MAX_IMAGES", chat_request.DEFAULT_MAX_IMAGES),
     ):
         assert f"{name} = {value}" in text, name
         assert re.search(rf'href="#asymspec_mm\.serve\.\w+\.{name}"', html), f"{name}: the signature does not link its value"
-    assert re.search(r'<a [^>]*href="#asymspec_mm\.serve\.schema"[^>]*>asymspec_mm\.serve\.schema</a> for what', html)
+    assert re.search(r'<a [^>]*href="#asymspec_mm\.serve\.chat_request"[^>]*>asymspec_mm\.serve\.chat_request</a> for what', html)
 
 
 def test_code_wraps_instead_of_being_cut_off(site):

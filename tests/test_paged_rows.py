@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from conftest import make_case
+from row_checks import assert_logits_close, stream_model
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core import BatchEngine
@@ -22,30 +23,9 @@ STREAMS = ("drafter_full", "drafter_comp", "verifier")
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def eager_pipe(tiny_dirs):
-    """The tiny pair with eager attention (the 2D mask becomes an additive float mask instead of SDPA's boolean)."""
-    from asymspec_mm import AsymSpecPipeline
-
-    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none")
-    pipe.drafter.set_attn_implementation("eager")
-    pipe.verifier.set_attn_implementation("eager")
-    return pipe
-
-
 def _session(pipe, seed: int, **extra):
     case = make_case(seed)
     return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG, **extra)
-
-
-def _model(pipe, name: str):
-    return pipe.verifier if name == "verifier" else pipe.drafter
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what) -> None:
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    assert torch.allclose(got, want, atol=1e-5), (what, (got - want).abs().max())
-    assert torch.equal(got.argmax(-1), want.argmax(-1)), what
 
 
 def _single(pipe, name: str, context) -> TextEngine | VLEngine:
@@ -64,8 +44,8 @@ class Trio:
 
     def __init__(self, pipe, name: str, block_size: int):
         self.pipe, self.name = pipe, name
-        self.paged = PagedBatchEngine(_model(pipe, name), name, block_size=block_size)
-        self.batch = BatchEngine(_model(pipe, name), name, compact_at=0.25)
+        self.paged = PagedBatchEngine(stream_model(pipe, name), name, block_size=block_size)
+        self.batch = BatchEngine(stream_model(pipe, name), name, compact_at=0.25)
         self.single: dict[int, object] = {}
 
     def join(self, row: int, engine) -> None:
@@ -84,8 +64,8 @@ class Trio:
         got, padded = self.paged.extend(ids), self.batch.extend(ids)
         assert list(got) == list(ids)
         for r, t in ids.items():
-            _close(got[r], self.single[r].extend(t), (self.name, r, "single"))
-            _close(got[r], padded[r], (self.name, r, "batch"))
+            assert_logits_close(got[r], self.single[r].extend(t), (self.name, r, "single"))
+            assert_logits_close(got[r], padded[r], (self.name, r, "batch"))
             assert self.paged.length(r) == self.single[r].length
 
     def truncate(self, row: int, length: int) -> None:
@@ -182,7 +162,7 @@ def test_chunked_prefill_on_the_decode_pool_joins_without_a_copy(tiny_pipe):
         pending = {i: alone[i].pending[name].reshape(-1) for i in range(len(seeds))}
         got = engine.extend(pending)
         for i in range(len(seeds)):
-            _close(got[i], alone[i].streams[name].extend(pending[i]), (name, i))
+            assert_logits_close(got[i], alone[i].streams[name].extend(pending[i]), (name, i))
 
 
 def test_a_shared_prefix_is_one_set_of_blocks_with_copy_on_write(tiny_pipe):
@@ -192,7 +172,7 @@ def test_a_shared_prefix_is_one_set_of_blocks_with_copy_on_write(tiny_pipe):
     s = _session(tiny_pipe, 51)
     for name in STREAMS:
         bs = next(b for b in (7, 9, 11) if s.streams[name].length % b)  # the prompt ends inside a block
-        source = PagedBatchEngine(_model(tiny_pipe, name), name, block_size=bs)
+        source = PagedBatchEngine(stream_model(tiny_pipe, name), name, block_size=bs)
         source.join(0, s.streams[name])
         used = source.pool.used_blocks
         context = source.detach(0)
@@ -210,10 +190,10 @@ def test_a_shared_prefix_is_one_set_of_blocks_with_copy_on_write(tiny_pipe):
         assert source.blocks(1)[:full] == source.blocks(2)[:full] == source.blocks(3)[:full]
         assert len({source.blocks(r)[full] for r in (1, 2, 3)}) == 3
         for row, ids in ((1, [40]), (2, [41, 42]), (3, [43])):
-            _close(got[row], singles[row].extend(torch.tensor(ids)), (name, row))
+            assert_logits_close(got[row], singles[row].extend(torch.tensor(ids)), (name, row))
         got = source.extend({r: torch.arange(50, 50 + 9) for r in (1, 2, 3)})
         for row in (1, 2, 3):
-            _close(got[row], singles[row].extend(torch.arange(50, 50 + 9)), (name, row))
+            assert_logits_close(got[row], singles[row].extend(torch.arange(50, 50 + 9)), (name, row))
         for row in (1, 2, 3):
             source.leave(row)
         assert source.pool.used_blocks == 0 and source.pool.capacity == 0 and source.kv_bytes() == 0
@@ -260,11 +240,11 @@ def test_empty_context_and_rows_left_out_of_a_forward(tiny_pipe):
     engine.join(1, single)
     twin = _single(tiny_pipe, "verifier", single)
     blocks = engine.blocks(0)
-    _close(engine.extend({1: torch.tensor([62])})[1], twin.extend(torch.tensor([62])), "alone")
+    assert_logits_close(engine.extend({1: torch.tensor([62])})[1], twin.extend(torch.tensor([62])), "alone")
     assert engine.blocks(0) == blocks and engine.batch_forwards == 1
     got = engine.extend({0: torch.tensor([60, 61]), 1: torch.tensor([64])})
-    _close(got[0], single_empty.extend(torch.tensor([60, 61])), "empty row")
-    _close(got[1], twin.extend(torch.tensor([64])), "prompt row")
+    assert_logits_close(got[0], single_empty.extend(torch.tensor([60, 61])), "empty row")
+    assert_logits_close(got[1], twin.extend(torch.tensor([64])), "prompt row")
     assert engine.tokens_forwarded == {0: 2 + empty.tokens_forwarded, 1: 2 + single.tokens_forwarded}
 
 
@@ -314,7 +294,7 @@ def test_a_request_alone_is_bounded_by_its_own_blocks(tiny_pipe):
     session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg, prefill=False)
     held = 0
     for name, prompt in session.to_prefill.items():
-        engine = PagedBatchEngine(_model(tiny_pipe, name), name)
+        engine = PagedBatchEngine(stream_model(tiny_pipe, name), name)
         held += (prompt.ids.numel() + 1 + cfg.max_new_tokens) * engine.slot_bytes()
     paged = BatchDecoder(tiny_pipe, engines=RowStorages("paged")).kv_bound(session, alone=True)
     padded = BatchDecoder(tiny_pipe, engines=RowStorages("padded")).kv_bound(session, alone=True)

@@ -135,6 +135,18 @@ def test_a_temperature_near_zero_gives_the_greedy_tokens(method):
         assert cold.token_ids == greedy.token_ids, ex["question"]
 
 
+@pytest.mark.parametrize("temperature", [1.2410491815171935e-106, 1e-30, 9.9e-6])
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(tiny_pipe, temperature):
+    """Logits divided by a temperature under 1e-5 overflow float32 (NaN probabilities drew a token id past the
+    vocabulary, an IndexError in the next forward: the server's fuzzer found it as a 500). Such a row decodes
+    greedily, as vLLM's do, with the greedy tokens and no seed reported; 1e-5 itself still samples."""
+    messages = [{"role": "user", "content": "Z\u00dd\u00ea H"}]
+    greedy = tiny_pipe.chat(messages, max_new_tokens=8)
+    cold = tiny_pipe.chat(messages, max_new_tokens=8, temperature=temperature, seed=1)
+    assert cold.token_ids == greedy.token_ids
+    assert not AsymSpecConfig(temperature=temperature).sampling and AsymSpecConfig(temperature=1e-5).sampling
+
+
 @pytest.mark.parametrize(
     "bad",
     [dict(temperature=3.0), dict(temperature=-0.1), dict(top_p=0.0), dict(top_k=-1), dict(seed=-1), dict(seed=2**63), dict(seed=1.5)],

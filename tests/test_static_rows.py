@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 from conftest import make_case
+from row_checks import assert_logits_close, stream_model
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core import BatchDecoder, BatchEngine
@@ -25,23 +26,13 @@ def _session(pipe, seed: int, method: str = "asymspec", cfg: AsymSpecConfig = CF
     return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg)
 
 
-def _model(pipe, name: str):
-    return pipe.verifier if name == "verifier" else pipe.drafter
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what) -> None:
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    assert torch.allclose(got, want, atol=1e-5), (what, (got - want).abs().max())
-    assert torch.equal(got.argmax(-1), want.argmax(-1)), what
-
-
 class Pair:
     """A dynamic BatchEngine and a StaticBatchEngine over the same rows, fed the same calls."""
 
     def __init__(self, pipe, name: str, max_rows: int, max_len: int, **kw):
         self.name = name
-        self.dyn = BatchEngine(_model(pipe, name), name)
-        self.static = StaticBatchEngine(_model(pipe, name), name, max_rows=max_rows, max_len=max_len, **kw)
+        self.dyn = BatchEngine(stream_model(pipe, name), name)
+        self.static = StaticBatchEngine(stream_model(pipe, name), name, max_rows=max_rows, max_len=max_len, **kw)
 
     def join(self, row: int, engine) -> None:
         self.dyn.join(row, engine)
@@ -57,7 +48,7 @@ class Pair:
         got = self.static.extend(ids)
         assert list(got) == list(ids)
         for r in ids:
-            _close(got[r], want[r], (self.name, r))
+            assert_logits_close(got[r], want[r], (self.name, r))
             assert self.static.length(r) == self.dyn.length(r)
         return got
 
@@ -132,7 +123,7 @@ def test_eager_attention_and_views(tiny_dirs):
         p.truncate(0, p.static.length(0) - 2)
         p.extend({r: torch.arange(40, 40 + 1 + r) for r in p.static.rows})
         view = p.static.view(1)
-        _close(view.extend(torch.tensor([50, 51])), p.dyn.view(1).extend(torch.tensor([50, 51])), (name, "view"))
+        assert_logits_close(view.extend(torch.tensor([50, 51])), p.dyn.view(1).extend(torch.tensor([50, 51])), (name, "view"))
         view.truncate(view.length - 1)
         p.dyn.truncate(1, view.length)
         p.extend({1: torch.tensor([52])})
@@ -240,7 +231,7 @@ def test_compiled_decode_equals_eager(tiny_pipe):
             ids = {r: torch.arange(30 + rnd, 30 + rnd + n) for r in eager.rows}
             want, got = eager.extend(ids), compiled.extend(ids)
             for r in ids:
-                _close(got[r], want[r], (rnd, r))
+                assert_logits_close(got[r], want[r], (rnd, r))
             eager.truncate(rnd % 3, eager.length(rnd % 3) - 1)
             compiled.truncate(rnd % 3, compiled.length(rnd % 3) - 1)
     assert compiled.compile_decode and compiled._compiled is not None
@@ -274,9 +265,9 @@ def test_a_compile_failure_falls_back_to_eager_once(tiny_pipe):
     broken.join(0, s.streams["verifier"])
     with pytest.warns(UserWarning, match="compiled decode failed"):
         got = broken.extend({0: torch.tensor([30])})
-    _close(got[0], eager.extend({0: torch.tensor([30])})[0], "fallback")
+    assert_logits_close(got[0], eager.extend({0: torch.tensor([30])})[0], "fallback")
     assert not broken.compile_decode and broken.length(0) == eager.length(0)
-    _close(broken.extend({0: torch.tensor([31, 32])})[0], eager.extend({0: torch.tensor([31, 32])})[0], "after")
+    assert_logits_close(broken.extend({0: torch.tensor([31, 32])})[0], eager.extend({0: torch.tensor([31, 32])})[0], "after")
 
 
 def test_generate_batch_on_static_rows_with_batched_prefill(tiny_pipe):

@@ -23,6 +23,10 @@ DRAFTER_VIEWS = ("image+text", "image")
 CHOICES: dict[str, tuple[str, ...]] = {"gate": GATES, "delta": DELTAS, "bonus": BONUS_RULES, "drafter_view": DRAFTER_VIEWS}
 
 
+#: Temperatures below this decode greedily (vLLM's rule): logits divided by a smaller one overflow float32.
+SAMPLING_EPS = 1e-5
+
+
 @dataclass(frozen=True)
 class Range:
     """The values a numeric :class:`AsymSpecConfig` field may take, both ends included (``high=None``: no upper end)."""
@@ -98,7 +102,7 @@ class AsymSpecConfig:
     acceptances (``verifier``: argmax t_{K+1}, the paper; ``gated``: the drafter's a_{K+1} through the gate).
     stop_strings: decoding stops once the text contains one (any number of non-empty strings; the server takes at
     most 4, as OpenAI's ``stop``). trace_top: top tokens kept per trace event.
-    temperature: 0 decodes greedily (the paper's rule); above 0 every method samples (AsymSpec by the sampled rule of
+    temperature: 0 (or any value under :data:`SAMPLING_EPS`) decodes greedily (the paper's rule); above it every method samples (AsymSpec by the sampled rule of
     :mod:`asymspec_mm.base.sampling`), after top_k (0: off) then top_p (1: off) filtering. seed: the row's random
     generator (None: a fresh seed, reported in the result's stats), so a seeded request repeats its tokens.
     """
@@ -121,8 +125,9 @@ class AsymSpecConfig:
 
     @property
     def sampling(self) -> bool:
-        """Whether tokens are sampled (temperature > 0) rather than chosen greedily."""
-        return self.temperature > 0
+        """Whether tokens are sampled rather than chosen greedily: a temperature under :data:`SAMPLING_EPS` decodes
+        greedily, as vLLM does (dividing logits by it would overflow float32 into NaN probabilities)."""
+        return self.temperature >= SAMPLING_EPS
 
     def validated(self) -> AsymSpecConfig:
         """Return self after checking every option; raises :class:`UnknownOptionError` naming the bad one."""
