@@ -174,6 +174,7 @@ def test_kv_bytes(tiny_pipe):
 def test_counters_per_row_are_exact(tiny_pipe):
     """tokens_forwarded / forward_calls carry the joined engine's counts, then count each row's real tokens only
     (pads and rows left out not counted); RowView shows them with the single-row attribute names."""
+    tiny_pipe.prefix_kv.clear()  # prompts an earlier test stored would be restored, not forwarded (counts of 0)
     sessions = [_session(tiny_pipe, 60 + i) for i in range(3)]
     for name in STREAMS:
         batch = BatchEngine(stream_model(tiny_pipe, name), name)
