@@ -34,7 +34,7 @@ test: setup
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 --ignore=tests/test_ui_browser.py --ignore=tests/test_ui_browser_new_user.py
-	$(PY) -m pytest -q -p no:cacheprovider --durations=5 tests/test_ui_browser.py tests/test_ui_browser_new_user.py
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=5 tests/test_ui_browser.py tests/test_ui_browser_new_user.py
 
 # ruff: lint and format check (pyproject.toml's [tool.ruff])
 lint: setup
