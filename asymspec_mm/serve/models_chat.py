@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from ..base.checks import is_int
 from .models_endpoint import DecodeRequest, StructuredOutputs
 from .models_fields import (
     MAX_MESSAGES,
@@ -302,6 +303,6 @@ class ChatCompletionRequest(ChatExtras, DecodeExtras, DecodeRequest, _ChatBody):
 
 
 def _top_logprobs(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 20:
+    if not is_int(v, 0, 20):
         raise refuse(f"top_logprobs={json.dumps(v)[:40]} must be an integer >= 0 and <= 20")
     return v

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..base.checks import is_int, is_number
 from ..base.config import CHOICES, METHODS, RANGES, SEED_LIMIT, range_error
 from ..base.unicode_check import find_bad_text, invalid_text_message
 
@@ -60,10 +61,6 @@ def field_value(name: str, v: Any, limit: int = 60) -> str:
     else:
         what = f"{len(text)} characters of JSON"
     return f"{name} ({what})"
-
-
-def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def shown(v: Any) -> str:
@@ -126,7 +123,7 @@ def token_budget(param: str) -> Callable[[Any], Any]:
     """``max_tokens`` and its kin: an integer >= 1."""
 
     def check(v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v, 1):
             raise refuse(f"{param} must be an integer >= 1, got {shown(v)}")
         return in_range("max_new_tokens", param)(v)
 
@@ -146,19 +143,19 @@ def _top_p(v: Any) -> Any:
 
 
 def _top_k(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or v < -1:  # vLLM's -1 and 0 both mean off
+    if not is_int(v, -1):  # vLLM's -1 and 0 both mean off
         raise refuse(f"top_k={shown(v)} must be an integer >= 0 (0 or -1: off)")
     return v
 
 
 def _seed(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < SEED_LIMIT:
+    if not is_int(v, 0, SEED_LIMIT - 1):
         raise refuse(f"{{param}}={shown(v)} must be an integer >= 0 and < 2**63")  # seed, or metadata.seed (a carrier)
     return v
 
 
 def _n(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CHOICES:
+    if not is_int(v, 1, MAX_CHOICES):
         raise refuse(f"n={shown(v)} must be an integer >= 1 and <= {MAX_CHOICES}")
     return v
 
@@ -250,7 +247,7 @@ def _choice(name: str) -> Callable[[Any], Any]:
 
 
 def _k(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if not is_int(v, 1):
         raise refuse(f"{PARAM} must be an integer >= 1, got {shown(v)}")
     return in_range("k", PARAM)(v)
 

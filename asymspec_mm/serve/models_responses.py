@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from ..base.checks import is_int
 from .models_endpoint import EndpointRequest
 from .models_fields import (
     MAX_MESSAGES,
@@ -350,6 +351,6 @@ def _not_string(name: str) -> Any:
 
 
 def _top_logprobs(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 20:
+    if not is_int(v, 0, 20):
         raise refuse(f"top_logprobs={v!r} must be an integer >= 0 and <= 20")
     return v

@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .models_fields import OpenAIModel, hint, is_number, refuse, unsupported
+from ..base.checks import is_number
+from .models_fields import OpenAIModel, hint, refuse, unsupported
 
 #: field -> the routers that add it to every body they forward (others are vLLM's and SGLang's sampling extras a
 #: client of theirs may send at the neutral value). docs/serving.md's "Fields routers add" table lists the same.
