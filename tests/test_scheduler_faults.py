@@ -214,8 +214,9 @@ def test_a_live_row_keeps_stepping_while_new_requests_are_captioned(tiny_pipe):
     got = measure_stall(tiny_pipe, live, new, live_tokens=300, warm_steps=3, new_tokens=4)
     assert got["live_steps"] == 300
     assert got["caption_tokens"] >= 600, got  # the captions were really written, token by token: longer than the row
-    # every step the live row had left happened while the four were still being set up (turn by turn at the models)
-    assert got["steps_during_setup"] == 297, got
+    # the live row stepped beside the caption rows while the four were set up (the old scheduler made 2 steps in that
+    # window): in every step the loop made until the longest caption was written, or in all it had left
+    assert got["steps_during_setup"] >= min(297, got["caption_tokens"] // 4), got
 
 
 def test_listen_hands_over_the_backlog_then_every_update_in_order(tiny_pipe):
