@@ -298,4 +298,4 @@ def test_generate_batch_sets_requests_up_ahead_and_raises_a_bad_one_at_its_turn(
     with pytest.raises(InvalidImageError):
         tiny_pipe.generate_batch(bad, config=cfg, batch_size=2, on_step=lambda *a: steps.append(a))
     assert steps  # the rows set up before the broken one were decoding when its error came
-    assert not [t for t in threading.enumerate() if t.name in ("asymspec-setup", "asymspec-scheduler")]
+    assert not [t for t in threading.enumerate() if t.name in ("asymspec-setup", "asymspec-scheduler", "asymspec-output")]

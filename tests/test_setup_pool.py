@@ -145,3 +145,19 @@ def test_a_stop_string_ends_the_row_at_the_token_it_ends_it_alone(tiny_pipe):
 def test_setup_workers_must_be_a_positive_integer(tiny_pipe, workers):
     with pytest.raises(Exception, match="setup_workers"):
         tiny_pipe.scheduler(setup_workers=workers)
+
+
+def test_two_questions_about_one_new_image_set_up_at_once_share_one_caption(tiny_pipe):
+    """Set up side by side, both ask for the caption of the same new image: it is written once (the second set-up
+    waits for the first's caption row instead of decoding its own)."""
+    c = make_case(1780)
+    cfg = AsymSpecConfig(k=3, max_new_tokens=6)
+    tiny_pipe.captioner.cache.clear()
+    with tiny_pipe.prefix_kv.paused(), tiny_pipe.scheduler(max_batch_size=4, setup_workers=2) as sched:
+        a, b = (sched.submit(c["image"], q, caption=None, ocr=False, config=cfg) for q in (c["question"], "What is shown?"))
+        got = [h.result(timeout=300) for h in (a, b)]
+        after = sched.submit(c["image"], c["question"], caption="given", ocr=False, config=cfg)
+        after.result(timeout=120)
+    assert a.times[SETTING_UP] < b.times[READY] and b.times[SETTING_UP] < a.times[READY]  # set up side by side
+    assert after.id == b.id + 2  # one caption row was given an id between them (two captions: + 3)
+    assert got[0].view.caption == got[1].view.caption != ""
