@@ -91,6 +91,9 @@ def measure_stall(
     requests' caption seconds and tokens, and their OCR seconds (``ocr_s``, summed)."""
     from ..core.scheduler import Scheduler
 
+    # each step's end, stamped in the decode loop: the texts are made on the output thread, which hands a consumer
+    # several steps at once when it falls behind, so a consumer's stamps are not the row's steps. The live row takes
+    # part in every step from the first until its last (it is alone at first, and a Floor row never skips a step).
     stamps: list[float] = []
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
@@ -98,7 +101,8 @@ def measure_stall(
         chunk["token_budget"] = token_budget
     if setup_workers is not None:
         chunk["setup_workers"] = setup_workers
-    with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
+    on_step = lambda *_: stamps.append(time.monotonic())  # noqa: E731
+    with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, on_step=on_step, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
             live["image"],
@@ -112,7 +116,6 @@ def measure_stall(
         steps = iter(h)
         for _ in range(warm_steps):
             next(steps)
-            stamps.append(time.monotonic())
         new_cfg = AsymSpecConfig(max_new_tokens=new_tokens)  # they decode a while beside the live row (the step with all rows)
         handles = [
             sched.submit(r["image"], r["question"], caption=r.get("caption"), ocr=r.get("ocr"), config=new_cfg, ignore_eos=True)
@@ -127,16 +130,17 @@ def measure_stall(
         for w in watchers:
             w.start()
         for _ in steps:
-            stamps.append(time.monotonic())
+            pass
+        live_steps = h.result().stats["steps"]
         results = [x.result(timeout=600) for x in handles]
         for w in watchers:
             w.join(60)
     window = (min(x.submitted_at for x in handles), max(joined.values()))
     return {
-        **stall_figures(stamps, window),
+        **stall_figures(stamps[:live_steps], window),
         "setup_window_s": window[1] - window[0],
         "first_token_s": [joined[x.id] - x.submitted_at for x in handles],
-        "live_steps": len(stamps),
+        "live_steps": live_steps,
         "longest_prefill_s": max(r.stats["prefill_s"] for r in results),
         "caption_s": sum(r.stats["caption_s"] for r in results),
         "ocr_s": sum(r.stats["ocr_s"] for r in results),
