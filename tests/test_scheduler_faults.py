@@ -214,8 +214,10 @@ def test_a_live_row_keeps_stepping_while_new_requests_are_captioned(tiny_pipe):
     got = measure_stall(tiny_pipe, live, new, live_tokens=300, warm_steps=3, new_tokens=4)
     assert got["live_steps"] == 300
     assert got["caption_tokens"] >= 600, got  # the captions were really written, token by token: longer than the row
-    # every step the live row had left happened while the four were still being set up (turn by turn at the models)
-    assert got["steps_during_setup"] == 297, got
+    # the live row stepped beside the caption rows while the four were set up (the old scheduler made 2 steps in that
+    # window; one set-up thread at a time, 297: all it had left). Set up side by side, the four captions are written
+    # in the same steps, and the window can close before the live row ends: counted, not timed
+    assert got["steps_during_setup"] >= 100, got
 
 
 def test_listen_hands_over_the_backlog_then_every_update_in_order(tiny_pipe):
@@ -297,4 +299,4 @@ def test_generate_batch_sets_requests_up_ahead_and_raises_a_bad_one_at_its_turn(
     with pytest.raises(InvalidImageError):
         tiny_pipe.generate_batch(bad, config=cfg, batch_size=2, on_step=lambda *a: steps.append(a))
     assert steps  # the rows set up before the broken one were decoding when its error came
-    assert not [t for t in threading.enumerate() if t.name in ("asymspec-setup", "asymspec-scheduler")]
+    assert not [t for t in threading.enumerate() if t.name in ("asymspec-setup", "asymspec-scheduler", "asymspec-output")]

@@ -79,21 +79,30 @@ def measure_stall(
     new_tokens: int = 40,
     prefill_chunk_tokens: int | None = None,
     token_budget: int | None = None,
+    setup_workers: int | None = None,
 ) -> dict:
     """Run the scenario once on a scheduler of ``pipe``. ``live`` / ``new[i]``: ``image``, ``question`` and optional
     ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
     stop it early, and the lengths are the scenario); ``prefill_chunk_tokens``: the scheduler's batched prefill budget
-    (``None``: its default). Returns :func:`stall_figures` plus the set-up window's length, the live row's steps, the
+    (``None``: its default); ``setup_workers``: its set-up threads (``None``: its default). Returns :func:`stall_figures`
+    plus the set-up window's length, each new request's time to its first token (``first_token_s``, in submission
+    order), the live row's steps, the
     longest time a request spent in the batched prefill (its pieces interleaved with the steps), the new
     requests' caption seconds and tokens, and their OCR seconds (``ocr_s``, summed)."""
     from ..core.scheduler import Scheduler
 
+    # each step's end, stamped in the decode loop: the texts are made on the output thread, which hands a consumer
+    # several steps at once when it falls behind, so a consumer's stamps are not the row's steps. The live row takes
+    # part in every step from the first until its last (it is alone at first, and a Floor row never skips a step).
     stamps: list[float] = []
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
     if token_budget is not None:
         chunk["token_budget"] = token_budget
-    with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, **chunk) as sched:
+    if setup_workers is not None:
+        chunk["setup_workers"] = setup_workers
+    on_step = lambda *_: stamps.append(time.monotonic())  # noqa: E731
+    with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, on_step=on_step, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
             live["image"],
@@ -107,7 +116,6 @@ def measure_stall(
         steps = iter(h)
         for _ in range(warm_steps):
             next(steps)
-            stamps.append(time.monotonic())
         new_cfg = AsymSpecConfig(max_new_tokens=new_tokens)  # they decode a while beside the live row (the step with all rows)
         handles = [
             sched.submit(r["image"], r["question"], caption=r.get("caption"), ocr=r.get("ocr"), config=new_cfg, ignore_eos=True)
@@ -122,15 +130,17 @@ def measure_stall(
         for w in watchers:
             w.start()
         for _ in steps:
-            stamps.append(time.monotonic())
+            pass
+        live_steps = h.result().stats["steps"]
         results = [x.result(timeout=600) for x in handles]
         for w in watchers:
             w.join(60)
     window = (min(x.submitted_at for x in handles), max(joined.values()))
     return {
-        **stall_figures(stamps, window),
+        **stall_figures(stamps[:live_steps], window),
         "setup_window_s": window[1] - window[0],
-        "live_steps": len(stamps),
+        "first_token_s": [joined[x.id] - x.submitted_at for x in handles],
+        "live_steps": live_steps,
         "longest_prefill_s": max(r.stats["prefill_s"] for r in results),
         "caption_s": sum(r.stats["caption_s"] for r in results),
         "ocr_s": sum(r.stats["ocr_s"] for r in results),
@@ -297,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-tokens", type=int, default=3000, help="the live row's length: it must outlast the set-up")
     ap.add_argument("--prefill-chunk-tokens", type=int, default=None, help="the batched prefill's tokens per forward")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens a scheduler turn's forwards carry, decode first")
+    ap.add_argument("--setup-workers", type=int, default=None, help="the scheduler's set-up threads [default: the scheduler's]")
     ap.add_argument(
         "--ocr",
         default="none",
@@ -359,9 +370,12 @@ def main(argv: list[str] | None = None) -> int:
                         live_tokens=args.live_tokens,
                         prefill_chunk_tokens=args.prefill_chunk_tokens,
                         token_budget=args.token_budget,
+                        setup_workers=args.setup_workers,
                     )
                 runs[arm].append(r)
-                shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                shown = {
+                    k: round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v] if isinstance(v, list) else v for k, v in r.items()
+                }
                 print(("warm-up " if rep < args.warmup else "") + json.dumps({"arm": arm.label, **shown}), flush=True)
                 if not args.contention and math.isnan(r["mean_step_after_s"]):
                     print(f"  the live row ended before the set-up did: raise --live-tokens (now {args.live_tokens})", flush=True)
@@ -394,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         ocr_s = sorted(r["ocr_s"] for r in counted)
         window = sorted(r["setup_window_s"] for r in counted)
+        first = sorted(statistics.fmean(r["first_token_s"]) for r in counted)
         print(
             f"  OCR seconds of the {args.new} requests: {statistics.median(ocr_s):.2f} s; set-up window "
-            f"(first submitted to last joined): {statistics.median(window):.2f} s"
+            f"(first submitted to last joined): {statistics.median(window):.2f} s; their mean time to first token "
+            f"{statistics.median(first):.2f} s"
         )
     return 0
 

@@ -72,10 +72,16 @@ class BatchDecoder(RowDecoder):
     """
 
     def __init__(
-        self, pipe: ServingPipeline, *, engines: BatchEngineFactory | None = None, prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+        self,
+        pipe: ServingPipeline,
+        *,
+        engines: BatchEngineFactory | None = None,
+        prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        texts: bool = True,
     ):
-        super().__init__({}, lock=pipe.models_lock, decode_token=lambda i: pipe.tokenizer.decode([i]))
-        self.pipe = pipe
+        # texts=False: token ids only, the events' and answers' texts made on an output side (the scheduler's)
+        super().__init__({}, lock=pipe.models_lock, decode_token=(lambda i: pipe.tokenizer.decode([i])) if texts else None)
+        self.pipe, self.texts = pipe, texts
         self._make = engines or RowStorages()
         self.models: dict[str, Any] = {}  # storage name -> its model (the prefill reads the same dict)
         # a factory with a ``staging`` method (paged storages) also builds the prefill's storages, on the same pools
@@ -362,7 +368,7 @@ class BatchDecoder(RowDecoder):
     def _finish_session(self, row: Row) -> None:
         """The row's :class:`MMResult` (with the batch's statistics), its context stored for the conversation's next
         turn (storages that can hand a row out), then its slots are freed."""
-        row.result = self.pipe.result_of(row.session, row.counters, row.trace)
+        row.result = self.pipe.result_of(row.session, row.counters, row.trace, text=self.texts)
         engines = {name: self.engines[key] for name, key in row.storage.items()}
         contexts = {
             name: (e.length(row.id), functools.partial(e.row_kv, row.id))

@@ -72,6 +72,9 @@ class Handle:
         self.left_line_at: float | None = None
         #: Where it stands: its :class:`~.request_state.RequestStatus` (the scheduler's record of the request moves it)
         self.status = RequestStatus.WAITING
+        #: When it entered each status it went through (``time.monotonic()``): set-up's window is
+        #: ``times[SETTING_UP]`` to ``times[READY]``
+        self.times: dict[RequestStatus, float] = {RequestStatus.WAITING: self.submitted_at}
         self._scheduler = scheduler
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
 from .request_state import RequestState, RequestStatus, RequestTable
+from .setup_pool import setting_up
 
 if TYPE_CHECKING:
     from collections import deque
@@ -25,13 +26,11 @@ class LoopCalls:
     _cond: threading.Condition
     _jobs: deque
     _worker: threading.Thread
-    _setup: threading.Thread
     error: SchedulerStoppedError | None
     pipe: Any
     _ids: Any
     _table: RequestTable
     _ready: deque
-    _preparing: int | None
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run one set-up model call (``fn``: the vision tower's) in the decode loop between two steps, and return its
@@ -68,8 +67,8 @@ class LoopCalls:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
             handle = Handle(self, next(self._ids), priority=-1)
-            # a child of the request being set up (when the set-up thread asks): it needs no set-up of its own
-            parent = self._preparing if threading.current_thread() is self._setup else None
+            # a child of the request being set up (when a set-up thread asks): it needs no set-up of its own
+            parent = setting_up()
             state = RequestState(handle.id, handle, None, priority=-1, work=request, parent=parent)
             state.move(RequestStatus.SETTING_UP)
             state.move(RequestStatus.READY)

@@ -105,6 +105,14 @@ class RequestState:
     preemptions: int = 0  # times its KV was dropped while it decoded (a PREFILLING row with some is resuming)
     alone_kv: int | None = None  # KV bytes it can need by itself (admission's bound), once measured
     finished_at: float | None = None  # when it ended (``time.monotonic()``); submitted and admitted: its handle's
+    #: when it entered each status (``time.monotonic()``); the handle's :attr:`~.handle.Handle.times` when it has one
+    times: dict[RequestStatus, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        shared = getattr(self.handle, "times", None)
+        if shared is not None:
+            self.times = shared
+        self.times.setdefault(self.status, time.monotonic())
 
     @property
     def submitted_at(self) -> float | None:
@@ -129,6 +137,7 @@ class RequestState:
         if status not in (RequestStatus.ABORTED, RequestStatus.FAILED) and status not in TRANSITIONS.get(self.status, ()):
             raise TransitionError(f"request {self.rid}: {self.status.name} -> {status.name} is not a transition")
         self.status = status
+        self.times[status] = time.monotonic()
         if self.handle is not None:
             self.handle.status = status
         if status.finished:

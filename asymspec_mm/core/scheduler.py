@@ -1,10 +1,11 @@
 """Continuous batching for concurrent callers: ``sched = pipe.scheduler(max_batch_size=16)``.
 
-Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. A set-up thread prepares
-waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
-``prefill=False``, one at a time) while fewer than ``max_batch_size`` wait set up (they hold no KV); it takes the models'
-lock only for each model call (a caption token, the vision tower), so it never holds up the rows being decoded for
-longer than one such call. Every request has one record (:mod:`.request_state`: its status, its session, its
+Callers on any thread :meth:`Scheduler.submit` requests and get a :class:`Handle`. ``setup_workers`` set-up threads
+prepare waiting requests (image, vision features, caption, OCR, prompts: :meth:`AsymSpecPipeline.prepare` with
+``prefill=False``, several at once: :mod:`.setup_pool`) while fewer than ``max_batch_size`` wait set up (they hold no
+KV); their model calls (a caption's tokens, the vision tower) run in the decode loop, so a set-up never holds up the
+rows being decoded. An output thread (:mod:`.output_processor`) detokenizes what the loop commits and hands it to the
+handles. Every request has one record (:mod:`.request_state`: its status, its session, its
 handle); the lines hold ids. One decode thread owns the batch. Each turn it asks the pure policy for a plan
 (:func:`.policy.schedule` over a snapshot of the records and the decoder's numbers) and executes it: it lets
 preempted rows back and prepared requests in while what the next step would allocate fits ``max_kv_bytes``
@@ -32,16 +33,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
-from ..engines.model_calls import using_loop
 from ..request.request import Request, request_of
 from .decoder import STEP_TOKENS, BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
 from .loop_calls import LoopCalls
+from .output_processor import OutputProcessor
 from .policy import (
     DEFAULT_TOKEN_BUDGET,
     MIN_PREFILL_TOKENS,
@@ -56,6 +57,7 @@ from .policy import (
 )
 from .prefill import DEFAULT_CHUNK_TOKENS
 from .request_state import RequestState, RequestStatus, RequestTable
+from .setup_pool import DEFAULT_SETUP_WORKERS, SetupPool, cancelled_error
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_PREFILL_TOKENS", "Scheduler"]
 
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     from ..request.session import Session
 
 
-class Scheduler(LoopCalls):
+class Scheduler(LoopCalls, SetupPool):
     """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
 
     def __init__(
@@ -78,6 +80,7 @@ class Scheduler(LoopCalls):
         prefill_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         on_step: Callable[[int, int, float], None] | None = None,
+        setup_workers: int = DEFAULT_SETUP_WORKERS,
     ):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
@@ -94,15 +97,18 @@ class Scheduler(LoopCalls):
         if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
             raise UnknownOptionError(f"token_budget={token_budget!r} must be an integer >= 1 (tokens a turn's forwards carry)")
         self.token_budget = token_budget
+        if isinstance(setup_workers, bool) or not isinstance(setup_workers, int) or setup_workers < 1:
+            raise UnknownOptionError(f"setup_workers={setup_workers!r} must be an integer >= 1 (requests set up at once)")
         self.on_step = on_step
         #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
         self.error: SchedulerStoppedError | None = None
         self._table = RequestTable()  # every request not finished, by id (its status says where it stands)
         self._waiting: deque[int] = deque()  # ids not set up yet, in arrival order
-        self._preparing: int | None = None  # the id being set up on the set-up thread
+        self._setting_up: set[int] = set()  # the ids being set up on the set-up threads
         self._ready: deque[int] = deque()  # ids set up, waiting for a row (the head first, for KV room)
         self._jobs: deque[tuple[Callable[[], Any], Future]] = deque()  # set-up model calls the loop runs (the tower)
-        self._decoder = BatchDecoder(pipe, engines=batch_engines, prefill_chunk_tokens=prefill_chunk_tokens)
+        self._decoder = BatchDecoder(pipe, engines=batch_engines, prefill_chunk_tokens=prefill_chunk_tokens, texts=False)
+        self._output = OutputProcessor(pipe.tokenizer)  # texts and answers made off the decode thread
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._closing = False
@@ -113,9 +119,8 @@ class Scheduler(LoopCalls):
         self.kv_bytes = 0  # KV bytes the row storages and staging engines held after the last step
         self.live_tokens = 0  # context tokens the live rows held after the last step (BatchDecoder.held_tokens)
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
-        self._setup = threading.Thread(target=self._prepare_loop, name="asymspec-setup", daemon=True)
         self._worker.start()
-        self._setup.start()
+        self._setups = self._start_setup(setup_workers)
 
     # ---------------------------------------------------------------- callers
     def submit(self, image, question: str, *, config: AsymSpecConfig | None = None, **options) -> Handle:
@@ -159,15 +164,15 @@ class Scheduler(LoopCalls):
     @property
     def waiting(self) -> int:
         """Requests waiting for a row: not set up yet, being set up, or set up and waiting to join."""
-        return len(self._waiting) + len(self._ready) + (self._preparing is not None)
+        return len(self._waiting) + len(self._ready) + len(self._setting_up)
 
     def _position(self, handle: Handle) -> int | None:
-        """``handle``'s place in the line: requests set up (in admission order) first, then the one being set up, then
+        """``handle``'s place in the line: requests set up (in admission order) first, then those being set up, then
         the queue in order (cancelled requests, which leave at the next step boundary, count for nothing)."""
         if handle.cancelled:
             return None
         with self._cond:
-            line = [*self._ready, *([] if self._preparing is None else [self._preparing]), *self._waiting]
+            line = [*self._ready, *sorted(self._setting_up), *self._waiting]
             handles = [self._table[rid].handle for rid in line if rid in self._table]
         ahead = 0
         for other in handles:
@@ -181,8 +186,11 @@ class Scheduler(LoopCalls):
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._setup.join(timeout)
+        for thread in self._setups:
+            thread.join(timeout)
         self._worker.join(timeout)
+        if not self._worker.is_alive():
+            self._output.close()  # every answer handed over
 
     def __enter__(self) -> Scheduler:
         return self
@@ -197,47 +205,7 @@ class Scheduler(LoopCalls):
 
     def _finished(self) -> bool:
         """Closing, and nothing is left to set up or decode (called with ``_cond`` held)."""
-        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self.live_rows
-
-    def _room(self) -> bool:
-        """Whether the set-up thread may prepare one more request (called with ``_cond`` held): a prepared request
-        holds no KV (its prompts are prefilled once it has a row), so up to a batch of them wait set up, ready to
-        take the rows that free."""
-        return len(self._ready) < self.max_batch_size
-
-    def _prepare_loop(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while self.error is None and not (self._waiting and self._room()) and not (self._closing and not self._waiting):
-                        self._cond.wait()
-                    if self.error is not None or not self._waiting:
-                        return
-                    rid = self._preparing = self._waiting.popleft()
-                    state = self._table[rid]
-                    state.move(RequestStatus.SETTING_UP)
-                self._prepare(state)
-        except BaseException as exc:  # noqa: BLE001 - a dead thread must not leave callers waiting forever
-            self._stop_on(exc)
-
-    def _prepare(self, state: RequestState) -> None:
-        """Set one request up; it joins the ready line, or fails its own handle (a bad image, a context overflow)."""
-        session = None
-        if state.handle.cancelled:
-            self._end(state.rid, error=_cancelled(state.handle))
-        else:
-            try:
-                with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
-                    session = self.pipe.set_up(state.request, prefill=False)
-            except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
-                self._end(state.rid, error=exc)
-        with self._cond:
-            self._preparing = None
-            if session is not None and state.rid in self._table:
-                state.work = session
-                state.move(RequestStatus.READY)
-                self._ready.append(state.rid)
-            self._cond.notify_all()
+        return self._closing and not self._waiting and not self._setting_up and not self._ready and not self.live_rows
 
     def _run(self) -> None:
         try:
@@ -280,7 +248,7 @@ class Scheduler(LoopCalls):
             self._cond.notify_all()
         for state in states:
             state.move(RequestStatus.FAILED)
-            state.handle._finish(error=error)
+            self._output.finish(state.handle, error=error)
         for _, future in jobs:
             future.set_exception(error)
 
@@ -438,7 +406,7 @@ class Scheduler(LoopCalls):
         for row, events in out:
             state = self._table.get(row.id)
             if events and state is not None:
-                state.handle._step(events)
+                self._output.events(state.handle, events)  # token ids: their texts are made on the output thread
             if row.result is not None:
                 self._end(row.id, result=row.result)
 
@@ -448,11 +416,11 @@ class Scheduler(LoopCalls):
             self._waiting = deque(rid for rid in self._waiting if rid not in gone)
             self._ready = deque(rid for rid in self._ready if rid not in gone)
         for rid in gone:
-            self._end(rid, error=_cancelled(self._table[rid].handle))
+            self._end(rid, error=cancelled_error(self._table[rid].handle))
         decoder = self._decoder
         for rid in [r for r in [*decoder.rows, *decoder.waiting_rows] if self._table[r].handle.cancelled]:
             decoder.remove(rid)
-            self._end(rid, error=_cancelled(self._table[rid].handle))
+            self._end(rid, error=cancelled_error(self._table[rid].handle))
 
     def _end(self, rid: int, result: Any = None, error: BaseException | None = None) -> None:
         """Request ``rid`` leaves the table: finished with ``result`` (FINISHED_LENGTH when its token budget cut it,
@@ -468,9 +436,4 @@ class Scheduler(LoopCalls):
         else:
             status = RequestStatus.ABORTED if handle.cancelled else RequestStatus.FAILED
         state.move(status)
-        handle._finish(result, error)
-
-
-def _cancelled(handle: Handle) -> BaseException:
-    """What a cancelled request fails with: the error its canceller gave, else a :class:`CancelledError`."""
-    return handle.cancel_error or CancelledError(f"request {handle.id} was cancelled")
+        self._output.finish(handle, result, error)

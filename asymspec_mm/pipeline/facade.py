@@ -424,9 +424,10 @@ class AsymSpecPipeline:
 
         return GenerationStream(decoded_steps(), finish)
 
-    def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent]) -> MMResult:
-        """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's."""
-        return session_result(session, counters, trace, self.tokenizer, self.sd_drafter_name)
+    def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent], *, text: bool = True) -> MMResult:
+        """The :class:`MMResult` of a decoded session: its trace, the counters' statistics and set-up's (``text=False``:
+        its text left to :func:`~asymspec_mm.request.session.with_answer_text`, an engine loop's output side)."""
+        return session_result(session, counters, trace, self.tokenizer, self.sd_drafter_name, text=text)
 
     def attribute(self, result: MMResult, position: int, method: str = "occlusion", grid: int = 8, **options: Any):
         """Which image regions the drafter's steering of the token at ``position`` of ``result`` came from: an

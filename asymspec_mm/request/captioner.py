@@ -45,21 +45,43 @@ class DrafterCaptioner:
         self.max_new_tokens = max_new_tokens
         self.cache = CaptionCache()
         self.name = "drafter"
+        # captions being written, by cache key: a set-up asking for one waits for it rather than writing it twice
+        # (several requests about one new image are set up at once)
+        self._writing: dict[str, threading.Event] = {}
+        self._writing_lock = threading.Lock()
+
+    def caption(self, image, image_hash: str | None = None) -> str:
+        """The caption of ``image``: from the cache, or written once however many threads ask for it at once (the
+        others wait for it; should its writer fail, the next of them writes it)."""
+        key = CaptionCache.key(image_hash or image_content_hash(image), self.prompt, self.max_new_tokens)
+        while True:
+            cached = self.cache.get(key)
+            if cached is not None:
+                return cached
+            with self._writing_lock:
+                writing = self._writing.get(key)
+                if writing is None:
+                    writing = self._writing[key] = threading.Event()
+                    break
+            writing.wait()
+        try:
+            caption = self._write(image)
+            self.cache.put(key, caption)
+            return caption
+        finally:
+            with self._writing_lock:
+                del self._writing[key]
+            writing.set()
 
     @torch.no_grad()
-    def caption(self, image, image_hash: str | None = None) -> str:
-        key = CaptionCache.key(image_hash or image_content_hash(image), self.prompt, self.max_new_tokens)
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
+    def _write(self, image) -> str:
+        """Write ``image``'s caption (in the serving loop when there is one)."""
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         enc = self.processor(text=[text], images=[image], return_tensors="pt")
         loop = current_loop() if isinstance(self.model, torch.nn.Module) else None  # a loop batches transformers rows
         tokens = self._in_loop(loop, enc) if loop is not None else self._here(image, enc)
-        caption = self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        self.cache.put(key, caption)
-        return caption
+        return self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
     def _config(self) -> AsymSpecConfig:
         return AsymSpecConfig(max_new_tokens=self.max_new_tokens, trace_top=0)

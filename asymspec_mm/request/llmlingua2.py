@@ -54,7 +54,7 @@ class TokenClassifier:
         self.model = AutoModelForTokenClassification.from_pretrained(name, local_files_only=True, trust_remote_code=False).eval()
         self.device = "cuda" if torch.cuda.is_available() else "cpu"  # beside the pair: the classifier is small
         self.model.to(self.device)
-        self._lock = threading.Lock()  # one forward at a time: the set-up threads share it
+        self._lock = threading.Lock()  # one forward (and tokenizer call) at a time: the set-up threads share it
 
     def _chunks(self, words: Sequence[str]) -> list[list[str]]:
         """``words`` in runs of at most :data:`MAX_TOKENS` tokens with the special tokens (a word is never split)."""
@@ -75,9 +75,13 @@ class TokenClassifier:
         import torch
 
         probs: list[float] = []
-        for chunk in self._chunks(words):
-            enc = self.tokenizer(list(chunk), is_split_into_words=True, return_tensors="pt", truncation=True, max_length=MAX_TOKENS)
+        # its tokenizer too under the lock: these calls switch truncation on and off, and a fast tokenizer changing its
+        # settings while another thread encodes with it raises "Already borrowed" (huggingface/tokenizers#537)
+        with self._lock:
+            chunks = self._chunks(words)
+        for chunk in chunks:
             with self._lock, torch.no_grad():
+                enc = self.tokenizer(list(chunk), is_split_into_words=True, return_tensors="pt", truncation=True, max_length=MAX_TOKENS)
                 ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
                 logits = self.model(input_ids=ids, attention_mask=mask).logits[0].cpu()  # [L, labels]
             keep = torch.softmax(logits.float(), dim=-1)[:, 1]

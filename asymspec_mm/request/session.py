@@ -204,10 +204,13 @@ class GenerationStream(Iterator[list[TokenEvent]]):
             close()
 
 
-def session_result(session: Session, counters: Counters, trace: list[TokenEvent], tokenizer: Any, sd_drafter_name: str) -> MMResult:
+def session_result(
+    session: Session, counters: Counters, trace: list[TokenEvent], tokenizer: Any, sd_drafter_name: str, *, text: bool = True
+) -> MMResult:
     """The :class:`MMResult` of a decoded session: its trace (the answer's text decoded by ``tokenizer``, cut at
-    the first stop string), the counters' statistics and set-up's; an SD answer names its drafter
-    (``sd_drafter_name``)."""
+    the first stop string: :func:`with_answer_text`), the counters' statistics and set-up's; an SD answer names its
+    drafter (``sd_drafter_name``). ``text=False`` leaves the text, and the tool calls read from it, to
+    :func:`with_answer_text` on another thread (an engine loop's output side)."""
     stats = counters.as_dict()
     stats.update(
         session.stats,
@@ -217,24 +220,9 @@ def session_result(session: Session, counters: Counters, trace: list[TokenEvent]
     )
     if session.method == "sd":
         stats["sd_drafter"] = sd_drafter_name
-    token_ids = [ev.token_id for ev in trace]
-    text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    for s in session.config.stop_strings:
-        if s and s in text:
-            text = text[: text.index(s)]
-    calls, content = None, text
-    if session.request.reads_tool_calls:
-        from .tools import parse_tool_calls
-
-        parsed = parse_tool_calls(text, finished=stats.get("stopped_by") != "max_new_tokens")
-        calls, content = parsed.tool_calls, parsed.content
-        if parsed.problem:
-            stats["tool_call_problem"] = parsed.problem
-    return MMResult(
-        tool_calls=calls,
-        content=content,
-        text=text,
-        token_ids=token_ids,
+    result = MMResult(
+        text="",
+        token_ids=[ev.token_id for ev in trace],
         trace=trace,
         stats=stats,
         prompts=session.prompts,
@@ -244,3 +232,22 @@ def session_result(session: Session, counters: Counters, trace: list[TokenEvent]
         warnings=list(session.warnings),
         request=session.request,
     )
+    return with_answer_text(result, tokenizer) if text else result
+
+
+def with_answer_text(result: MMResult, tokenizer: Any) -> MMResult:
+    """``result`` with its text: its token ids decoded by ``tokenizer``, cut at the first stop string, and the tool
+    calls its request reads parsed from it (``tool_calls``, ``content``). Returns ``result`` itself."""
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    for s in result.config.stop_strings:
+        if s and s in text:
+            text = text[: text.index(s)]
+    result.text, result.content = text, text
+    if result.request is not None and result.request.reads_tool_calls:
+        from .tools import parse_tool_calls
+
+        parsed = parse_tool_calls(text, finished=result.stats.get("stopped_by") != "max_new_tokens")
+        result.tool_calls, result.content = parsed.tool_calls, parsed.content
+        if parsed.problem:
+            result.stats["tool_call_problem"] = parsed.problem
+    return result

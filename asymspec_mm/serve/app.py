@@ -32,6 +32,7 @@ from starlette.responses import Response
 from .. import __version__
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError
+from ..core.setup_pool import DEFAULT_SETUP_WORKERS
 from .body import CheckedBodyRoute
 from .chat_api import add_chat_routes
 from .chat_request import DEFAULT_MAX_IMAGES, ChatRequest
@@ -110,6 +111,7 @@ def create_app(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     max_queue: int | None = DEFAULT_MAX_QUEUE,
     max_kv_bytes: int | None = None,
+    setup_workers: int = DEFAULT_SETUP_WORKERS,
     api_key: str | None = None,
     allow_local_images: str | Path | None = None,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
@@ -124,7 +126,7 @@ def create_app(
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
     scheduler: a ``pipe.scheduler(...)`` to use (default: one made here with ``max_batch_size``, ``max_queue``
-    and ``max_kv_bytes``, closed when the app shuts down). api_key: bearer key every ``/v1`` and ``/metrics``
+    and ``max_kv_bytes``, ``setup_workers`` set-up threads, closed when the app shuts down). api_key: bearer key every ``/v1`` and ``/metrics``
     request must send (``/health`` stays open). allow_local_images: the folder local image paths may point
     into (default: none, only data URLs). max_request_mb: largest request body (413 beyond).
     model_name: the id ``/v1/models`` lists (default ``pipe.name``). max_images: images one request may hold.
@@ -156,7 +158,9 @@ def create_app(
             raise AsymSpecError(f"--allow-local-images {str(allow_local_images)!r} is not a directory")
     own = scheduler is None
     if own:
-        scheduler = pipe.scheduler(max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes)
+        scheduler = pipe.scheduler(
+            max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, setup_workers=setup_workers
+        )
     state = ServerState(
         pipe=pipe,
         scheduler=scheduler,

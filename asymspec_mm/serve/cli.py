@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ..base.errors import AsymSpecError
+from ..core.setup_pool import DEFAULT_SETUP_WORKERS
 from ..frontend.options import add_model_args, non_negative_int, positive_float, positive_int
 from .drain import DEFAULT_DRAIN_TIMEOUT
 from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
@@ -104,6 +105,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "in the set-up thread, where OCR slows the loop's steps [default: %(default)s]",
     )
     s.add_argument(
+        "--setup-workers",
+        type=positive_int,
+        default=DEFAULT_SETUP_WORKERS,
+        help="threads that set requests up at once (images, caption, OCR, prompts, grammar); while one waits for its "
+        "caption or vision tower, which the decode loop runs, another goes on [default: %(default)s]",
+    )
+    s.add_argument(
         "--responses-store",
         metavar="FILE",
         default=None,
@@ -179,6 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_batch_size=args.max_batch_size,
             max_queue=args.max_queue,
             max_kv_bytes=args.max_kv_bytes,
+            setup_workers=args.setup_workers,
             api_key=args.api_key,
             allow_local_images=args.allow_local_images,
             max_request_mb=args.max_request_mb,
