@@ -422,7 +422,7 @@ class EndlessScheduler:
 
 def test_abandoned_job_stops_and_releases_the_rows():
     sched = EndlessScheduler()
-    req = ui_app._Request(image=None, question="q", caption="c", ocr=False, method="asymspec", overrides={}, compare=("floor", "drafter"))
+    req = ui_app._RunInputs(image=None, question="q", caption="c", ocr=False, method="asymspec", overrides={}, compare=("floor", "drafter"))
     job = ui_app._Job(sched, req)
     job.abandon_after_s = 0.2
     job.start()

@@ -197,7 +197,7 @@ class Scheduler(LoopCalls):
 
     def _finished(self) -> bool:
         """Closing, and nothing is left to set up or decode (called with ``_cond`` held)."""
-        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self.live_rows
+        return self._closing and not self._waiting and self._preparing is None and not self._ready and not self.live_rows and not self._jobs
 
     def _room(self) -> bool:
         """Whether the set-up thread may prepare one more request (called with ``_cond`` held): a prepared request
