@@ -133,7 +133,7 @@ def result_images(result) -> list:
     if request.messages:
         from ..request.conversation import parse_messages
 
-        return [load_image(part.source) for turn in parse_messages(request.messages) for part in turn.images]
+        return [load_image(request.image_of(part.source)) for turn in parse_messages(request.messages) for part in turn.images]
     return []
 
 

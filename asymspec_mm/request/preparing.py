@@ -256,7 +256,7 @@ class RequestPreparer:
 
         m = self.models
         turns = parse_messages(req.messages)
-        images = [load_image(part.source) for turn in turns for part in turn.images]
+        images = [load_image(req.image_of(part.source)) for turn in turns for part in turn.images]
         warnings = warn_request(self.name, task_text(turns), [img.size for img in images], req.domain_advice)
         captions, ocrs = per_image(req.caption, len(images), "caption"), per_image(req.ocr, len(images), "ocr")
         timings: dict[str, float] = {}
