@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+import torch
 from conftest import make_case
 from test_loop_setup import _threads_running
 
@@ -117,3 +118,28 @@ def test_the_demos_describe_runs_no_forward_on_the_handlers_thread(state, tmp_pa
             h.remove()
     assert caption
     assert seen == {DECODE_THREAD}, seen
+
+
+def test_a_served_streams_prefill_in_a_schedulers_set_up_runs_in_the_loop(tiny_pipe, tiny_dirs):
+    """A stream served outside transformers (the vLLM backend; here its transformers stand-in from the vLLM tests)
+    is not filled by the batched chunked prefill, so set-up prefills it: under the scheduler's ``using_loop`` that
+    prefill is a model call of the loop, run on the decode thread, and the stream holds the prompt it prefilled."""
+    from test_vllm_engine import _ServedByTransformers
+
+    from asymspec_mm import AsymSpecPipeline, Request
+    from asymspec_mm.engines.model_calls import using_loop
+
+    served = _ServedByTransformers(tiny_dirs[1], torch.float32)
+    pipe = AsymSpecPipeline(tiny_pipe.drafter, tiny_pipe.processor, served, tiny_pipe.verifier_tokenizer, ocr="none")
+    c = make_case(5700)
+    request = Request(c["image"], c["question"], caption=c["caption"], ocr=False, method="floor").checked()
+    seen, hooks = _threads_running([served.model])
+    try:
+        with pipe.scheduler(max_batch_size=1) as sched, using_loop(sched):  # as the scheduler's set-up thread runs it
+            session = pipe.set_up(request, prefill=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {DECODE_THREAD}, seen
+    assert "verifier" in session.streams and not session.to_prefill  # prefilled in set-up, not by the batched prefill
+    assert session.streams["verifier"].length == session.prompts.verifier_ids.shape[1] - 1
