@@ -93,11 +93,18 @@ def test_the_callers_never_take_the_models_lock_while_a_loop_runs(tiny_pipe):
     c = make_case(5300)
     cfg = AsymSpecConfig(max_new_tokens=6)
     lock = tiny_pipe.models_lock
-    with tiny_pipe.scheduler(max_batch_size=2), lock.recording() as takers:
-        tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
-        tiny_pipe.complete("Say yes.", max_new_tokens=4)
-        tiny_pipe.compressed_view(c["image"], ocr=False)
+    seen, hooks = _watch(tiny_pipe)
+    try:
+        with tiny_pipe.scheduler(max_batch_size=2), lock.recording() as takers:
+            res = tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
+            tiny_pipe.complete("Say yes.", max_new_tokens=4)
+            tiny_pipe.compressed_view(c["image"], ocr=False)
+            tiny_pipe.attribute(res, 0, grid=2)  # its occlusion forwards too
+    finally:
+        for h in hooks:
+            h.remove()
     assert takers == {DECODE_THREAD}, takers
+    assert seen == {DECODE_THREAD}, seen
     with lock.recording() as takers:
         tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
     assert takers == {threading.current_thread().name}, takers
