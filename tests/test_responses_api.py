@@ -265,9 +265,9 @@ def test_input_items_become_the_chat_conversation():
     assert [c["id"] for c in req.messages[3]["tool_calls"]] == ["c1", "c2"] and req.messages[3]["tool_calls"][1]["function"][
         "arguments"
     ] == {"bar": "right"}
-    assert [m.get("tool_call_id") for m in req.messages[4:]] == ["c1", "c2"] and req.messages[5]["content"][1]["image"].size == make_image(
-        3
-    ).size
+    assert [m.get("tool_call_id") for m in req.messages[4:]] == ["c1", "c2"] and req.images[
+        req.messages[5]["content"][1]["image"]
+    ].size == (make_image(3).size)
     assert req.tools[0]["function"]["name"] == "pick_bar" and req.tool_choice == {"type": "function", "function": {"name": "pick_bar"}}
 
 

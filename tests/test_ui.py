@@ -349,6 +349,9 @@ def test_describe_fills_view(tmp_path):
             calls.append((image.size, caption, ocr))
             return CompressedView(caption="a red bar", ocr_text="")
 
+        def scheduler(self, max_batch_size):  # the app's loop, which Describe's caption runs in
+            return EndlessScheduler()
+
     make_image(3, (40, 30)).save(tmp_path / "x.png")
     state = ui_app.DemoApp(FakePipe())
     assert state.describe({"path": str(tmp_path / "x.png")}, "", "") == ("a red bar", "")
@@ -408,8 +411,8 @@ class EndlessScheduler:
         self.delay = delay
         self.handles: list[EndlessHandle] = []
 
-    def submit(self, image, question, *, caption=None, ocr=None, method="asymspec", config=None, **overrides):
-        self.handles.append(EndlessHandle(method, self.delay))
+    def add(self, request):
+        self.handles.append(EndlessHandle(request.method, self.delay))
         return self.handles[-1]
 
     @property
@@ -422,7 +425,7 @@ class EndlessScheduler:
 
 def test_abandoned_job_stops_and_releases_the_rows():
     sched = EndlessScheduler()
-    req = ui_app._Request(image=None, question="q", caption="c", ocr=False, method="asymspec", overrides={}, compare=("floor", "drafter"))
+    req = ui_app._RunInputs(image=None, question="q", caption="c", ocr=False, method="asymspec", overrides={}, compare=("floor", "drafter"))
     job = ui_app._Job(sched, req)
     job.abandon_after_s = 0.2
     job.start()

@@ -52,7 +52,7 @@ from .jobs import (  # noqa: F401 - re-exported
     DemoApp,
     DemoInputError,
     _Job,
-    _Request,
+    _RunInputs,
     outputs_as_dict,
 )
 from .page_js import LAYOUT_JS, TOOLTIP_JS

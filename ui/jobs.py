@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asymspec_mm.engines.model_calls import using_loop
 from vision_cache.checks import is_int
 
 from .conversation import Conversations, Turn, render_conversation_html
@@ -21,7 +22,7 @@ from .examples import tiny_pair_warning
 from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
 from .progress import ordinal, setup_steps
 from .render import plural, status_html
-from .runs import _file_path, _Job, _Request, _Snapshot  # noqa: F401 - _Job, _Request: ui.app re-exports them
+from .runs import _file_path, _Job, _RunInputs, _Snapshot  # noqa: F401 - _Job, _RunInputs: ui.app re-exports them
 from .sampling_inputs import check_sampling_inputs
 from .settings_check import MAX_K, MAX_QUESTION_CHARS, MAX_VIEW_CHARS, check_settings
 from .tool_inputs import check_tool_inputs
@@ -230,7 +231,7 @@ class DemoApp(ViewFields):
 
     def prepare(
         self, image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, compare
-    ) -> _Request:
+    ) -> _RunInputs:
         """Check the page's inputs (a :class:`DemoInputError` for the first bad one) and load the image."""
         question, caption, ocr, method, overrides = check_settings(
             question, caption, ocr, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, self.max_new_tokens_limit
@@ -244,7 +245,7 @@ class DemoApp(ViewFields):
         # the "none" engine reads nothing: no OCR to speak of while the run is set up
         reads = ocr_arg is None and getattr(self.pipe.ocr_engine, "name", None) != "none"
         setup = setup_steps(caption=cap_arg is None, ocr=reads)
-        return _Request(img, question, cap_arg, ocr_arg, method, overrides, others, notes, warning, setup)
+        return _RunInputs(img, question, cap_arg, ocr_arg, method, overrides, others, notes, warning, setup)
 
     def warning(self, question: str, image_size: tuple[int, int] | None) -> str | None:
         """The page's warning for a request the loaded pair cannot answer (the bundled tiny pair outside
@@ -295,13 +296,15 @@ class DemoApp(ViewFields):
         )
 
     def describe(self, image: Any, caption: str, ocr: str, session: str | None = None) -> tuple[str, str]:
-        """Fill the compressed view from the image (drafter caption; OCR when an engine is available); both are
-        then the app's text (:attr:`views`), which a new image replaces."""
+        """Fill the compressed view from the image (drafter caption, written as a row of the app's scheduler beside the
+        runs' rows; OCR when an engine is available); both are then the app's text (:attr:`views`), which a new image
+        replaces."""
         try:
             img = self._load_image(image)
             notes: list[str] = []
             ocr_arg = self._ocr_arg("", True, notes)
-            view = self.pipe.compressed_view(img, caption=None, ocr=ocr_arg)
+            with using_loop(self.scheduler):  # the caption is a row of the app's batch: no forward on Gradio's thread
+                view = self.pipe.compressed_view(img, caption=None, ocr=ocr_arg)
         except Exception as exc:
             raise _gr_error(exc, "Cannot describe this image") from None
         self.views.wrote(session, caption=view.caption, ocr=view.ocr_text if ocr_arg is None else None)

@@ -9,9 +9,12 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from asymspec_mm.request.request import Request, request_of
 
 from .conversation import user_message
 from .errors import DemoInputError
@@ -23,8 +26,9 @@ log = logging.getLogger("asymspec_mm.ui")
 
 
 @dataclass
-class _Request:
-    """A checked request: the loaded image, the view arguments for ``pipe.stream`` and the comparison runs."""
+class _RunInputs:
+    """A run's checked inputs: the loaded image, the view arguments and the comparison runs; :meth:`requests` makes
+    the engine requests of its rows."""
 
     image: Any
     question: str
@@ -41,6 +45,20 @@ class _Request:
     #: The OpenAI function tools the run offers (checked; None: none) and its ``tool_choice``.
     tools: list[dict] | None = None
     tool_choice: Any = None
+
+    def requests(self, methods: Iterable[str]) -> Iterator[Request]:
+        """The engine :class:`~asymspec_mm.request.request.Request` of each row, one per method (the main one, then the
+        comparisons), built as every edge builds one (``request_of``; checked when the scheduler adds it)."""
+        messages = self.conversation.messages(self.image, self.question) if self.conversation is not None else None
+        if self.tools and messages is None:  # tools are offered to a conversation: a first turn is one user message
+            messages = [user_message(self.question, self.image)]
+        tools = dict(tools=self.tools, tool_choice=self.tool_choice) if self.tools else {}
+        for method in methods:
+            fields = dict(caption=self.caption, ocr=self.ocr, method=method, **self.overrides)
+            if messages is None:
+                yield request_of(image=self.image, question=self.question, **fields)
+            else:  # a follow-up or tools: every row answers the same conversation
+                yield request_of(messages=messages, **tools, **fields)
 
 
 def _file_path(payload: Any) -> str | None:
@@ -67,7 +85,7 @@ class _Job:
     #: without Gradio closing the handler), so an abandoned request does not hold rows of the batch.
     abandon_after_s = 30.0
 
-    def __init__(self, scheduler: Any, req: _Request, session: str | None = None) -> None:
+    def __init__(self, scheduler: Any, req: _RunInputs, session: str | None = None) -> None:
         self.scheduler = scheduler
         self.req = req
         self.session = session
@@ -94,18 +112,9 @@ class _Job:
     def start(self) -> _Job:
         """Submit every row (bad settings raise here; rows already submitted are then cancelled) and listen to each
         row's updates (:meth:`Handle.listen`: on the scheduler's thread, no thread per row); returns self."""
-        r = self.req
-        messages = r.conversation.messages(r.image, r.question) if r.conversation is not None else None
-        if r.tools and messages is None:  # tools are offered to a conversation: a first turn is one user message
-            messages = [user_message(r.question, r.image)]
-        tools = dict(tools=r.tools, tool_choice=r.tool_choice) if r.tools else {}
         try:
-            for key in self.keys:
-                kw = dict(caption=r.caption, ocr=r.ocr, method=self.methods[key], **r.overrides)
-                if messages is None:
-                    self.handles[key] = self.scheduler.submit(r.image, r.question, **kw)
-                else:  # a follow-up or tools: every row answers the same conversation
-                    self.handles[key] = self.scheduler.submit_chat(messages, **tools, **kw)
+            for key, request in zip(self.keys, self.req.requests(self.methods[key] for key in self.keys)):
+                self.handles[key] = self.scheduler.add(request)
         except BaseException:
             self.stop()
             raise

@@ -18,6 +18,7 @@ import torch
 
 from ..base.errors import AsymSpecError
 from ..base.gate import context_gain, fusion_logits, gate_step
+from ..core.loop_client import model_call
 from .occlusion import BASELINES, Mask, full_view_input, occluded_logits
 from .regions import Box, merged_shape, region_cells
 
@@ -133,7 +134,7 @@ def result_images(result) -> list:
     if request.messages:
         from ..request.conversation import parse_messages
 
-        return [load_image(part.source) for turn in parse_messages(request.messages) for part in turn.images]
+        return [load_image(request.image_of(part.source)) for turn in parse_messages(request.messages) for part in turn.images]
     return []
 
 
@@ -185,8 +186,8 @@ def attribute(
     merge = vision.spatial_merge_size
     answer = [e.token_id for e in result.trace[:position]]
     images = result_images(result)
-    with pipe.models_lock:
-        features, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
+    # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
+    features, _ = model_call(pipe, lambda: pipe.encoder.encode(p.pixel_values, p.image_grid_thw), pipe.models_lock)
     t_features = time.perf_counter()
     grids, masks = [], [Mask(0, ())]  # the first row masks nothing: the reference in the same batched numerics
     cells = []
@@ -199,17 +200,13 @@ def attribute(
             masks.append(Mask(i, c.tokens))
             cells.append((i, c))
     view = full_view_input(p.drafter_full_ids[0], p.mm_token_type_ids[0], answer, p.image_grid_thw, merge)
-    with pipe.models_lock:
-        a = occluded_logits(drafter, view, features, masks, baseline, batch)
-        t_masks = time.perf_counter()
-        models = pipe.stream_models("asymspec")
-        b = _stream_logits(
-            VLEngine(models["drafter_comp"], "drafter_comp"),
-            torch.cat([p.drafter_comp_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)]),
-        )
-        t = _stream_logits(
-            TextEngine(models["verifier"], "verifier"), torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
-        )
+    a = model_call(pipe, lambda: occluded_logits(drafter, view, features, masks, baseline, batch), pipe.models_lock)
+    t_masks = time.perf_counter()
+    models = pipe.stream_models("asymspec")
+    comp_ids = torch.cat([p.drafter_comp_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
+    b = model_call(pipe, lambda: _stream_logits(VLEngine(models["drafter_comp"], "drafter_comp"), comp_ids), pipe.models_lock)
+    verifier_ids = torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
+    t = model_call(pipe, lambda: _stream_logits(TextEngine(models["verifier"], "verifier"), verifier_ids), pipe.models_lock)
     t_streams = time.perf_counter()
     n = a.shape[0]
     b_rows, t_rows = b.expand(n, -1), t.expand(n, -1)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class FairRLock:
@@ -20,6 +22,18 @@ class FairRLock:
         self._owner: int | None = None
         self._depth = 0
         self._line: deque[object] = deque()
+        self._takers: set[str] | None = None  # the names of the threads that took it, while recorded
+
+    @contextmanager
+    def recording(self) -> Iterator[set[str]]:
+        """Within the block, the names of the threads that take the lock are added to the set it yields (which
+        threads run model calls: with an engine loop running, only the loop's)."""
+        takers: set[str] = set()
+        self._takers = takers
+        try:
+            yield takers
+        finally:
+            self._takers = None
 
     def acquire(self) -> bool:
         me = threading.get_ident()
@@ -33,6 +47,8 @@ class FairRLock:
                 self._cond.wait()
             self._line.popleft()
             self._owner, self._depth = me, 1
+            if self._takers is not None:
+                self._takers.add(threading.current_thread().name)
             return True
 
     def release(self) -> None:

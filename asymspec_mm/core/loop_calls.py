@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
 from .request_state import RequestState, RequestStatus, RequestTable
@@ -18,6 +19,10 @@ from .setup_pool import setting_up
 
 if TYPE_CHECKING:
     from collections import deque
+
+
+class LoopClosedError(AsymSpecError):
+    """A row was handed to a scheduler that has closed and finished its work (it would never be decoded)."""
 
 
 class LoopCalls:
@@ -31,20 +36,32 @@ class LoopCalls:
     _ids: Any
     _table: RequestTable
     _ready: deque
+    _closing: bool
+    _finished: Callable[[], bool]
+
+    @property
+    def takes_calls(self) -> bool:
+        """Whether a caller on another thread may hand it requests and model calls now (:mod:`.loop_client`): it
+        runs, is not closing, and the caller is not its own decode thread (which would wait for itself)."""
+        return self.error is None and not self._closing and threading.current_thread() is not self._worker
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run one set-up model call (``fn``: the vision tower's) in the decode loop between two steps, and return its
         value (:class:`~asymspec_mm.engines.model_calls.ModelLoop`); on the loop's own thread it runs at once."""
-        if threading.current_thread() is self._worker:
-            with self.pipe.models_lock:
-                return fn()
         future: Future = Future()
         context = contextvars.copy_context()  # the call counts as the caller's (its vision statistics)
         with self._cond:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
-            self._jobs.append((lambda: context.run(fn), future))
+            # the loop's own thread, or a loop that has finished its work and leaves (it takes no more jobs): here,
+            # under the lock its own calls take
+            here = threading.current_thread() is self._worker or self._finished()
+            if not here:
+                self._jobs.append((lambda: context.run(fn), future))
             self._cond.notify_all()
+        if here:
+            with self.pipe.models_lock:
+                return fn()
         return future.result()
 
     def _run_jobs(self) -> None:
@@ -66,6 +83,8 @@ class LoopCalls:
         with self._cond:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
+            if self._finished():  # closed, and its worker leaves: it would never decode the row
+                raise LoopClosedError("the scheduler is closed: decode on the calling thread or start a new scheduler")
             handle = Handle(self, next(self._ids), priority=-1)
             # a child of the request being set up (when a set-up thread asks): it needs no set-up of its own
             parent = setting_up()

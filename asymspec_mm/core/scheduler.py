@@ -205,7 +205,7 @@ class Scheduler(LoopCalls, SetupPool):
 
     def _finished(self) -> bool:
         """Closing, and nothing is left to set up or decode (called with ``_cond`` held)."""
-        return self._closing and not self._waiting and not self._setting_up and not self._ready and not self.live_rows
+        return self._closing and not self._waiting and not self._setting_up and not self._ready and not self.live_rows and not self._jobs
 
     def _run(self) -> None:
         try:

@@ -22,10 +22,10 @@ from captioning.view import CompressedView
 from ..base.chatter import quiet_loading
 from ..base.checks import is_int
 from ..base.config import AsymSpecConfig
-from ..base.errors import ContextOverflowError, EmptyQuestionError, UnknownOptionError
+from ..base.errors import UnknownOptionError
 from ..base.locks import FairRLock
-from ..base.unicode_check import check_text_fields
-from ..decode import Counters, TokenEvent, greedy_steps, steps_for
+from ..core.loop_client import attach, handle_stream, loop_handle, loop_scope, model_call
+from ..decode import Counters, TokenEvent, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
 from ..engines.loading import MIN_VOCAB_OVERLAP, check_backends, check_checkpoint, check_vocabularies, load_models, resolve_device
@@ -278,7 +278,8 @@ class AsymSpecPipeline:
         self, image, caption: str | None = None, ocr: str | bool | None = None, timings: dict | None = None
     ) -> CompressedView:
         """What the verifier will read about ``image`` (caption/OCR produced when ``None``)."""
-        return self.preparer.compressed_view(image, caption, ocr, timings)
+        with loop_scope(self):  # the caption is a row of a running loop
+            return self.preparer.compressed_view(image, caption, ocr, timings)
 
     def generate(self, image, question: str, **kwargs) -> MMResult:
         """Answer ``question`` about ``image``: keywords as in :meth:`prepare`."""
@@ -290,8 +291,10 @@ class AsymSpecPipeline:
         return self.chat_stream(messages, **kwargs).result
 
     def chat_stream(self, messages, **kwargs) -> GenerationStream:
-        """:meth:`prepare_chat` then :meth:`run`: iterate for each step's events, then read ``.result``."""
-        return self.run(self.prepare_chat(messages, **kwargs))
+        """:meth:`prepare_chat` then :meth:`run`: iterate for each step's events, then read ``.result`` (a row of the
+        running loop's batch when one runs, as :meth:`stream`)."""
+        handle = loop_handle(self, kwargs, messages=messages)
+        return handle_stream(handle) if handle is not None else self.run(self.prepare_chat(messages, **kwargs))
 
     def prepare_chat(
         self,
@@ -352,16 +355,23 @@ class AsymSpecPipeline:
         ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``.
         ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows);
         ``options``: ``prefill_chunk_tokens`` (prompt tokens per batched prefill forward), ``token_budget`` (tokens a
-        turn's forwards carry, decode first), ``on_step``."""
+        turn's forwards carry, decode first), ``on_step``. While it runs (until :meth:`~asymspec_mm.core.Scheduler.close`),
+        :meth:`generate`, :meth:`chat`, :meth:`stream`, :meth:`complete` and every other model call of this pipeline
+        made on another thread go through its loop."""
         from ..core.scheduler import Scheduler
 
-        return Scheduler(
+        sched = Scheduler(
             self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, batch_engines=batch_engines, **options
         )
+        attach(self, sched)  # while it runs, this pipeline's own calls go through it (asymspec_mm.core.loop_client)
+        return sched
 
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
-        """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``."""
-        return self.run(self.prepare(image, question, **kwargs))
+        """:meth:`prepare` then :meth:`run`: iterate for each step's events, then read ``.result``. While a loop runs on
+        the pipeline (:meth:`scheduler`), the request is a row of its batch instead (the same answer; set-up errors
+        then raise while iterating)."""
+        handle = loop_handle(self, kwargs, image=image, question=question)
+        return handle_stream(handle) if handle is not None else self.run(self.prepare(image, question, **kwargs))
 
     def prepare(
         self,
@@ -386,8 +396,10 @@ class AsymSpecPipeline:
 
     @functools.wraps(RequestPreparer.set_up)
     def set_up(self, request: Request, **kwargs: Any) -> Session:
-        # the preparer's signature and docstring (functools.wraps): one definition of the set-up's options
-        return self.preparer.set_up(request, **kwargs)
+        # the preparer's signature and docstring (functools.wraps): one definition of the set-up's options; a running
+        # loop runs its model calls (caption, tower, prefills)
+        with loop_scope(self):
+            return self.preparer.set_up(request, **kwargs)
 
     def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
         """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""
@@ -408,8 +420,8 @@ class AsymSpecPipeline:
 
         def decoded_steps():
             while True:
-                with self.models.lock:  # the models are shared: one step at a time across requests
-                    events = next(steps, None)
+                # one step at a time across requests: in the running loop, else here under the models' lock
+                events = model_call(self, lambda: next(steps, None), self.models.lock)
                 if events is None:
                     return
                 for ev in events:
@@ -440,24 +452,12 @@ class AsymSpecPipeline:
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy text completion by the verifier alone (a one-turn chat, thinking off).
 
-        Used for MathVista's LLM answer extraction, so no external API is needed.
+        Used for MathVista's LLM answer extraction, so no external API is needed. While a loop runs on the pipeline
+        (:meth:`scheduler`) it is a row of the loop's batch (:mod:`asymspec_mm.core.loop_client`).
         """
-        check_text_fields({"prompt": prompt})
-        if not prompt.strip():
-            raise EmptyQuestionError("the completion prompt is empty")
-        text = self.verifier_tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False
-        )
-        ids = torch.tensor(self.verifier_tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        limit = getattr(self.verifier.config, "max_position_embeddings", None)
-        if limit and ids.numel() + max_new_tokens > limit:
-            raise ContextOverflowError(f"the extraction prompt has {ids.numel()} tokens; the verifier's window is {limit}")
-        with self.models.lock:
-            engine = self.models.verifier_engine(self.engines)
-            engine.prefill(ids[:-1])
-            cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
-            tokens = [ev.token_id for events in greedy_steps(engine, ids[-1:], cfg, self.eos_ids) for ev in events]
-        return self.verifier_tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        from .completion import complete
+
+        return complete(self, prompt, max_new_tokens)
 
 
 def ocr_worker_engine(ocr: str | Any, workers: int) -> Any:

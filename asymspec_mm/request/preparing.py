@@ -26,7 +26,7 @@ from ..base.config import AsymSpecConfig
 from ..base.errors import ContextOverflowError, UnknownOptionError
 from ..decode import StopFn
 from ..engines import EngineFactory, PromptImages, TransformersEngines, model_device
-from ..engines.model_calls import model_runner
+from ..engines.model_calls import model_runner, run_model
 from ..engines.prefix_kv import reuse_key
 from .domain import warn_request
 from .models import ModelSet
@@ -256,7 +256,7 @@ class RequestPreparer:
 
         m = self.models
         turns = parse_messages(req.messages)
-        images = [load_image(part.source) for turn in turns for part in turn.images]
+        images = [load_image(req.image_of(part.source)) for turn in turns for part in turn.images]
         warnings = warn_request(self.name, task_text(turns), [img.size for img in images], req.domain_advice)
         captions, ocrs = per_image(req.caption, len(images), "caption"), per_image(req.ocr, len(images), "ocr")
         timings: dict[str, float] = {}
@@ -410,8 +410,8 @@ class RequestPreparer:
         """Prefill the streams ``method`` needs but ``skip`` (each caches ``prompt[:-1]``); return them and every
         stream's pending token.
 
-        Each stream's prefill takes the models' lock on its own, so rows decoding on another thread step between
-        them rather than after the whole set-up."""
+        Each stream's prefill is one model call of its own (in the serving loop, else under the models' lock), so
+        rows decoding on another thread step between them rather than after the whole set-up."""
         m = self.models
         models, ids = m.stream_models(method), m.stream_ids(method, p)
         streams: dict[str, Any] = {}
@@ -436,8 +436,8 @@ class RequestPreparer:
                 engine = engines.vision(model, name, prefix_kv=m.prefix_kv)  # the drafter's text-only stream (rope delta 0)
             else:
                 engine = engines.text(model, name, prefix_kv=m.prefix_kv)
-            with m.lock:
-                engine.prefill(*args)
+            # in the serving loop when one serves this set-up (a vLLM-served stream's prefill too), else here
+            run_model(functools.partial(engine.prefill, *args), m.lock)
             streams[name] = engine
         devices = {name: streams[name].device if name in streams else model_device(x) for name, x in models.items()}
         return streams, {name: ids[name][0, -1:].to(devices[name]) for name in models}

@@ -16,6 +16,7 @@ from typing import Any
 from ..base.checks import is_int
 from ..base.config import AsymSpecConfig, check_method
 from ..base.errors import UnknownOptionError
+from ..base.frozen import frozen
 from ..base.unicode_check import chat_text_fields, check_text_fields
 from .compression import Compression
 from .questions import check_question
@@ -67,6 +68,10 @@ class Request:
     priority: int = 0
     return_trace: bool = False
     domain_advice: str | None = None
+    #: The images an edge decoded after the check (decoding costs: it comes after the cheap checks), by index: an
+    #: image part ``{"type": "image", "image": i}`` of ``messages`` with an integer ``i`` is ``images[i]``
+    #: (:meth:`with_images`, :meth:`image_of`). ``None``: the parts hold their images themselves.
+    images: tuple[Any, ...] | None = None
     #: set by :meth:`checked` on the copy it returns: a checked request is taken as it is
     is_checked: bool = field(default=False, repr=False, compare=False)
 
@@ -74,6 +79,18 @@ class Request:
     def is_chat(self) -> bool:
         """Whether it is a conversation (``messages``) rather than one question about one image."""
         return self.messages is not None
+
+    def image_of(self, source: Any) -> Any:
+        """An image part's source as set-up reads it: the decoded image it names by index in :attr:`images`, else
+        the source itself (a PIL image, bytes, a path, a data: URL)."""
+        if self.images is not None and is_int(source):
+            return self.images[source]
+        return source
+
+    def with_images(self, images: Any) -> Request:
+        """A copy of this checked request with the images its edge decoded (:attr:`images`); the request itself is
+        left as it is (a checked request is never changed)."""
+        return dataclasses.replace(self, images=tuple(images))
 
     @property
     def reads_tool_calls(self) -> bool:
@@ -109,11 +126,18 @@ class Request:
         cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
         compression = Compression.of(self.compression, f"{where}.compression" if where else "compression")
         return dataclasses.replace(
-            self, method=method, config=cfg, tools=offered, tool_choice=choice, compression=compression, is_checked=True
+            self,
+            messages=frozen(self.messages),  # a read-only copy: the edge's list and the request no longer share parts
+            method=method,
+            config=cfg,
+            tools=offered,
+            tool_choice=choice,
+            compression=compression,
+            is_checked=True,
         )
 
 
-REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked"}
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked", "images"}
 
 
 def request_of(config: AsymSpecConfig | None = None, **fields: Any) -> Request:

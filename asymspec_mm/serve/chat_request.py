@@ -54,7 +54,8 @@ STRUCTURED_PARAMS = {
 @dataclass
 class ChatRequest:
     """One checked chat request: the engine's :class:`~asymspec_mm.request.request.Request` (checked, ``messages``
-    as ``pipe.chat`` takes them, every image loaded into an ``{"type": "image"}`` part), and what only the HTTP answer
+    as ``pipe.chat`` takes them, each image part ``{"type": "image", "image": i}`` naming the ``i``-th image the
+    server decoded into ``Request.images``; never changed after its check), and what only the HTTP answer
     reads (streaming, the model name echoed, ``n`` choices, logprobs)."""
 
     request: Request
@@ -204,11 +205,10 @@ def config_of(req: Any, base: AsymSpecConfig | None, budget: int | None, top_log
         raise bad_request(str(exc), "asymspec") from None
 
 
-def load_images(messages: list[dict[str, Any]], refs: list[tuple[str, str]], allow_local_images: Path | None) -> None:
-    """Load every image of ``refs`` into the image parts of ``messages`` (in place); a bad one is a 400 naming it."""
-    loaded = [load_request_image(url, allow_local_images, param) for url, param in refs]
-    for msg in messages:
-        msg["content"] = [{"type": "image", "image": loaded[part["image"]]} if part["type"] == "image" else part for part in msg["content"]]
+def load_images(request: Request, refs: list[tuple[str, str]], allow_local_images: Path | None) -> Request:
+    """The checked ``request`` with every image of ``refs`` decoded into :attr:`Request.images` (its image parts name
+    them by index); ``request`` itself is left unchanged. A bad image is a 400 naming it."""
+    return request.with_images(load_request_image(url, allow_local_images, param) for url, param in refs)
 
 
 def asymspec_fields(opts: Any, compression: Any = None) -> dict[str, Any]:
@@ -307,5 +307,4 @@ def _chat_request(
     )
     # before the images load: a bad tool costs no decoding
     request = checked(request, STRUCTURED_PARAMS if req.structured_outputs is not None else {})
-    load_images(messages, refs, allow_local_images)
-    return decode_request(request, req, top_logprobs)
+    return decode_request(load_images(request, refs, allow_local_images), req, top_logprobs)

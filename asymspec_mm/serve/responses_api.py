@@ -35,7 +35,7 @@ from .models_responses import CreateResponseRequest, FunctionCallItem, InputImag
 @dataclass
 class ResponsesRequest:
     """One checked Responses request: the engine's :class:`~asymspec_mm.request.request.Request` (its ``messages``
-    as ``pipe.chat`` takes them, every image loaded), the conversation to store (``history``: the messages without
+    as ``pipe.chat`` takes them, its images decoded into ``Request.images``), the conversation to store (``history``: the messages without
     ``instructions``, images as their URLs), and what only the HTTP answer reads (streaming, storing, log-probabilities,
     the echoed fields)."""
 
@@ -265,7 +265,7 @@ def _responses_request(
         request = checked(request)  # before the images load: a bad tool costs no decoding
     except RequestError as err:
         raise responses_error(err) from None
-    load_images(messages, refs, allow_local_images)
+    request = load_images(request, refs, allow_local_images)
     echo = {
         "instructions": req.instructions,
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or ()],

@@ -1,0 +1,123 @@
+"""The pipeline's own calls through a running engine loop: while a scheduler started with ``pipe.scheduler(...)``
+runs (the server and the demo run one), ``pipe.generate`` / ``chat`` / ``stream`` hand their request to it and read
+its :class:`~.handle.Handle`, ``pipe.complete`` is a verifier row of its batch, and every other model call the
+pipeline makes from a caller's thread (``prepare``'s set-up, ``run``'s steps, ``compressed_view``'s caption) runs in
+the loop between two of its steps. So one thread, the loop's, runs every forward while it runs, and a caller's
+thread never waits for the models' lock. With no loop running the calls keep their direct path (decoded on the
+caller's thread under the lock, as fast as before).
+
+The registry is per pipeline and holds the loops weakly; the latest loop started that still takes calls serves.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from ..base.config import AsymSpecConfig
+from ..base.errors import AsymSpecError
+from ..engines.model_calls import TokenRequest, current_loop, using_loop
+from ..request.request import request_of
+from ..request.session import GenerationStream
+
+if TYPE_CHECKING:
+    from ..decode import TokenEvent
+    from .handle import Handle
+    from .scheduler import Scheduler
+
+T = TypeVar("T")
+
+_LOOPS: weakref.WeakKeyDictionary[Any, list[weakref.ref]] = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
+
+
+def attach(pipe: Any, loop: Scheduler) -> None:
+    """``loop`` serves ``pipe``'s calls from now on, while it takes calls (:attr:`Scheduler.takes_calls`)."""
+    with _GUARD:
+        loops = [ref for ref in _LOOPS.get(pipe, []) if ref() is not None]
+        _LOOPS[pipe] = [*loops, weakref.ref(loop)]
+
+
+def serving_loop(pipe: Any) -> Scheduler | None:
+    """The loop that serves a call of ``pipe`` made on this thread, or ``None`` (the direct path): the latest loop
+    attached to ``pipe`` that takes calls. ``None`` on that loop's own decode thread (a listener calling the
+    pipeline) and inside a set-up a loop already serves (its model calls go to that loop), which must not wait for
+    the loop they run in."""
+    if current_loop() is not None:
+        return None
+    with _GUARD:
+        loops = [ref() for ref in _LOOPS.get(pipe, [])]
+    for loop in reversed(loops):
+        if loop is not None and loop.takes_calls:
+            return loop
+    return None
+
+
+def model_call(pipe: Any, fn: Callable[[], T], lock: AbstractContextManager) -> T:
+    """One model call of ``pipe`` (``fn``): in its serving loop between two steps when one runs, else here under
+    ``lock`` (a loop that ends meanwhile runs it on this thread under the same lock, :meth:`LoopCalls.run`)."""
+    loop = serving_loop(pipe)
+    if loop is not None:
+        return loop.run(fn)
+    with lock:
+        return fn()
+
+
+def add_request(loop: Scheduler, request: Any) -> Handle | None:
+    """``request``'s handle in ``loop``, or ``None`` when the loop turns it away (full, closing, stopped): the caller
+    then decodes it on the direct path."""
+    try:
+        return loop.add(request)
+    except AsymSpecError:
+        return None
+
+
+#: Options of the single-row set-up a request in the loop cannot take: calls with them keep the direct path.
+LOOP_OPTIONS = frozenset({"engines", "on_phase", "prefill"})
+
+
+def loop_handle(pipe: Any, kwargs: dict[str, Any], **fields: Any) -> Handle | None:
+    """The handle of the request ``fields`` + ``kwargs`` (``pipe.stream``'s or ``chat_stream``'s keywords) in the
+    loop serving ``pipe``, or ``None``: no loop runs, the loop turns it away (full, closing), or ``kwargs`` ask for
+    :data:`LOOP_OPTIONS`. Bad options raise here, as on the direct path."""
+    loop = serving_loop(pipe)
+    if loop is None or not LOOP_OPTIONS.isdisjoint(kwargs):
+        return None
+    opts = dict(kwargs)
+    return add_request(loop, request_of(opts.pop("config", None), **fields, **opts).checked())
+
+
+def loop_scope(pipe: Any) -> AbstractContextManager:
+    """Within it, set-up model calls (caption, tower, prefills) go to the loop serving ``pipe`` (none: they run on
+    the calling thread, under the models' lock)."""
+    loop = serving_loop(pipe)
+    return using_loop(loop) if loop is not None else nullcontext()
+
+
+def handle_stream(handle: Handle) -> GenerationStream:
+    """The :class:`GenerationStream` of a request decoded by the loop: each step's committed events as its handle
+    gives them (their text filled in by the loop), then its result. Closing the stream early cancels the request."""
+
+    def steps() -> Iterator[list[TokenEvent]]:
+        try:
+            yield from handle
+        finally:
+            if not handle.done():
+                handle.cancel()
+
+    return GenerationStream(steps(), handle.result)
+
+
+def completion_tokens(loop: Scheduler, ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> list[int]:
+    """The verifier's greedy completion of the prompt ``ids`` ``[L]`` as a row of ``loop``'s batch (the ``floor``
+    method's one stream: the verifier alone), ahead of the requests waiting to join."""
+    from ..engines.pieces import text_prompt
+
+    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
+    request = TokenRequest("floor", cfg, {"verifier": text_prompt(ids[:-1], reuse=False)}, {"verifier": ids[-1:]}, set(eos_ids))
+    return loop.decode_row(request).token_ids

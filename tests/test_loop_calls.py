@@ -1,0 +1,152 @@
+"""Every model call through the loop when one runs (issue #51, item 6): while ``pipe.scheduler(...)`` runs,
+``pipe.generate`` / ``chat`` / ``stream`` / ``complete`` from any thread are rows of its batch and ``pipe.prepare`` /
+``run`` / ``compressed_view`` run their model calls in it, so every forward runs on the decode thread and a caller
+never takes the models' lock; the answers equal the direct path's. Real forwards of the tiny pair; which thread ran
+each forward is read with forward hooks on the real modules, which thread took the lock with the lock's own record."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from conftest import make_case
+from test_loop_setup import _threads_running
+
+from asymspec_mm import AsymSpecConfig
+
+DECODE_THREAD = "asymspec-scheduler"
+
+
+def _watch(pipe):
+    return _threads_running([pipe.drafter, pipe.verifier, pipe.drafter.model.visual])
+
+
+def test_generate_from_three_threads_runs_every_forward_on_the_decode_thread(tiny_pipe):
+    cases = [make_case(5100 + i) for i in range(3)]
+    cfg = AsymSpecConfig(k=3, max_new_tokens=12)
+    kw = [dict(caption=c["caption"], ocr=False, config=cfg, method=m) for c, m in zip(cases, ("asymspec", "floor", "sd"))]
+    with tiny_pipe.prefix_kv.paused():
+        alone = [tiny_pipe.generate(c["image"], c["question"], **k) for c, k in zip(cases, kw)]
+    got: dict[int, object] = {}
+    errors: list[BaseException] = []
+    seen, hooks = _watch(tiny_pipe)
+    try:
+        with tiny_pipe.prefix_kv.paused(), tiny_pipe.scheduler(max_batch_size=4) as sched:
+
+            def ask(i: int) -> None:
+                try:
+                    got[i] = tiny_pipe.generate(cases[i]["image"], cases[i]["question"], **kw[i])
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=ask, args=(i,), name=f"caller-{i}") for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert sched.steps > 0  # the loop decoded them
+    finally:
+        for h in hooks:
+            h.remove()
+    assert not errors, errors
+    assert seen == {DECODE_THREAD}, seen  # no forward on a caller's thread
+    for res, ref in zip((got[i] for i in range(3)), alone):
+        assert res.token_ids == ref.token_ids and res.text == ref.text
+        assert [ev.token_id for ev in res.trace] == [ev.token_id for ev in ref.trace]
+        assert [ev.text for ev in res.trace] == [ev.text for ev in ref.trace]
+        assert res.stats["accepted_per_position"] == ref.stats["accepted_per_position"] and res.stats["steps"] == ref.stats["steps"]
+
+
+def test_chat_complete_stream_and_prepare_run_in_the_loop(tiny_pipe):
+    """The other entry points: a conversation, the verifier's completion (a floor row of the batch), a stream read
+    step by step and ``prepare`` + ``run`` (their model calls as the loop's jobs) give the direct path's answers with
+    every forward on the decode thread."""
+    c = make_case(5200)
+    cfg = AsymSpecConfig(k=2, max_new_tokens=10)
+    messages = [{"role": "user", "content": [{"type": "image", "image": c["image"]}, {"type": "text", "text": c["question"]}]}]
+    with tiny_pipe.prefix_kv.paused():
+        ref_chat = tiny_pipe.chat(messages, caption=c["caption"], ocr=False, config=cfg)
+        ref_complete = tiny_pipe.complete("What is two plus two?", max_new_tokens=8)
+        ref_stream = tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
+    tiny_pipe.encoder.store.clear()
+    seen, hooks = _watch(tiny_pipe)
+    try:
+        with tiny_pipe.prefix_kv.paused(), tiny_pipe.scheduler(max_batch_size=2):
+            chat = tiny_pipe.chat(messages, caption=c["caption"], ocr=False, config=cfg)
+            completion = tiny_pipe.complete("What is two plus two?", max_new_tokens=8)
+            pieces = list(tiny_pipe.stream(c["image"], c["question"], caption="", ocr=False, config=cfg).texts())
+            session = tiny_pipe.prepare(c["image"], c["question"], caption="", ocr=False, config=cfg)
+            prepared = tiny_pipe.run(session).result
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {DECODE_THREAD}, seen
+    assert chat.token_ids == ref_chat.token_ids
+    assert completion == ref_complete
+    assert "".join(pieces) == "".join(ev.text for ev in ref_stream.trace)
+    assert prepared.token_ids == ref_stream.token_ids
+
+
+def test_the_callers_never_take_the_models_lock_while_a_loop_runs(tiny_pipe):
+    """The lock's record of the threads that took it: the decode thread only (the caller's thread decodes nothing);
+    with no loop the caller takes it, as before."""
+    c = make_case(5300)
+    cfg = AsymSpecConfig(max_new_tokens=6)
+    lock = tiny_pipe.models_lock
+    seen, hooks = _watch(tiny_pipe)
+    try:
+        with tiny_pipe.scheduler(max_batch_size=2), lock.recording() as takers:
+            res = tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
+            tiny_pipe.complete("Say yes.", max_new_tokens=4)
+            tiny_pipe.compressed_view(c["image"], ocr=False)
+            tiny_pipe.attribute(res, 0, grid=2)  # its occlusion forwards too
+    finally:
+        for h in hooks:
+            h.remove()
+    assert takers == {DECODE_THREAD}, takers
+    assert seen == {DECODE_THREAD}, seen
+    with lock.recording() as takers:
+        tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
+    assert takers == {threading.current_thread().name}, takers
+
+
+def test_the_demos_describe_runs_no_forward_on_the_handlers_thread(state, tmp_path):
+    """The demo's Describe image handler (called as Gradio calls it, on its own thread): the caption is a row of the
+    app's scheduler and the tower's call runs in its loop, so no forward runs on the handler's thread."""
+    path = tmp_path / "describe.png"
+    make_case(5400)["image"].save(path)
+    state.pipe.captioner.cache.clear()
+    state.pipe.encoder.store.clear()
+    seen, hooks = _watch(state.pipe)
+    try:
+        caption, _ = state.describe({"path": str(path)}, "", "", session="s1")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert caption
+    assert seen == {DECODE_THREAD}, seen
+
+
+def test_a_served_streams_prefill_in_a_schedulers_set_up_runs_in_the_loop(tiny_pipe, tiny_dirs):
+    """A stream served outside transformers (the vLLM backend; here its transformers stand-in from the vLLM tests)
+    is not filled by the batched chunked prefill, so set-up prefills it: under the scheduler's ``using_loop`` that
+    prefill is a model call of the loop, run on the decode thread, and the stream holds the prompt it prefilled."""
+    from test_vllm_engine import _ServedByTransformers
+
+    from asymspec_mm import AsymSpecPipeline, Request
+    from asymspec_mm.engines.model_calls import using_loop
+
+    served = _ServedByTransformers(tiny_dirs[1], torch.float32)
+    pipe = AsymSpecPipeline(tiny_pipe.drafter, tiny_pipe.processor, served, tiny_pipe.verifier_tokenizer, ocr="none")
+    c = make_case(5700)
+    request = Request(c["image"], c["question"], caption=c["caption"], ocr=False, method="floor").checked()
+    seen, hooks = _threads_running([served.model])
+    try:
+        with pipe.scheduler(max_batch_size=1) as sched, using_loop(sched):  # as the scheduler's set-up thread runs it
+            session = pipe.set_up(request, prefill=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {DECODE_THREAD}, seen
+    assert "verifier" in session.streams and not session.to_prefill  # prefilled in set-up, not by the batched prefill
+    assert session.streams["verifier"].length == session.prompts.verifier_ids.shape[1] - 1
