@@ -228,6 +228,7 @@ class RequestPreparer:
         from vision_cache.image import load_image
 
         m = self.models
+        m.check_images(1)
         img = load_image(req.image)
         warnings = warn_request(self.name, req.question, [img.size], req.domain_advice)  # logged before the slow part of the set-up
         budget = {} if req.max_caption_chars is None else {"max_caption_chars": req.max_caption_chars}
@@ -256,6 +257,7 @@ class RequestPreparer:
 
         m = self.models
         turns = parse_messages(req.messages)
+        m.check_images(sum(len(turn.images) for turn in turns))
         images = [load_image(part.source) for turn in turns for part in turn.images]
         warnings = warn_request(self.name, task_text(turns), [img.size for img in images], req.domain_advice)
         captions, ocrs = per_image(req.caption, len(images), "caption"), per_image(req.ocr, len(images), "ocr")
@@ -421,9 +423,7 @@ class RequestPreparer:
             args: tuple = (ids[name][0, :-1],)
             if name == "drafter_full":
                 served = m.drafter_full is not None  # on vLLM, which runs its own tower; its prefix cache keeps the KV
-                engine = (
-                    m.drafter_full.vision_engine(name) if served else engines.vision(model, name, encoder=m.encoder, prefix_kv=m.prefix_kv)
-                )
+                engine = m.drafter_full.vision_engine(name) if served else m.drafter_engine(engines, name, encoder=m.encoder)
                 if images:  # a conversation without images reads the full view as text
                     # the features first, never under the lock (the feature cache may wait on the serving loop)
                     features = None if served else m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))[0]
@@ -433,7 +433,7 @@ class RequestPreparer:
             elif hasattr(model, "engine"):  # a served model (vLLM)
                 engine = model.engine(name)
             elif model is m.drafter:
-                engine = engines.vision(model, name, prefix_kv=m.prefix_kv)  # the drafter's text-only stream (rope delta 0)
+                engine = m.drafter_engine(engines, name)  # the drafter's text-only stream (a VL drafter's: rope delta 0)
             else:
                 engine = engines.text(model, name, prefix_kv=m.prefix_kv)
             with m.lock:

@@ -1,0 +1,125 @@
+"""Text-only drafters (issue #52 item 3): a Qwen3-4B-like text drafter stand-in, built from the real Qwen3 hub files,
+loads through ``from_pretrained`` next to the Qwen3-32B stand-in and decodes a compressed conversation (its full view
+the whole text, its compressed view and the verifier's the compressed text) equal to the independent no-cache
+reference; a cross-family text pair decodes through the vocabulary map; an image is one line naming the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import make_image
+from reference import Reference
+from two_vocab_reference import TwoVocabReference
+
+from asymspec_mm import AsymSpecConfig, AsymSpecPipeline, Compression
+from asymspec_mm.base.errors import TextDrafterImageError, UnknownOptionError
+from asymspec_mm.checkpoints.standins import build_text_drafter_standin
+
+PRESETS = Path(__file__).resolve().parents[1] / "asymspec_mm" / "presets_data"
+LOG = "\n".join(f"row {i}: sensor {i % 7} read {i * 37 % 101} at step {i * 3}" for i in range(6))
+HISTORY = [
+    {"role": "system", "content": "You are a careful agent. Read the tool output and answer the question."},
+    {"role": "user", "content": "Which sensor read 74?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "log", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": LOG},
+    {"role": "user", "content": "Answer with the sensor number."},
+]
+COMP = Compression("truncate", limit=6, keep_last_turns=1)
+SETTINGS = [AsymSpecConfig(k=3, beta=1.0, gamma=0.5, max_new_tokens=8)]
+
+
+@pytest.fixture(scope="module")
+def text_dir(standin_dirs):
+    return build_text_drafter_standin(standin_dirs[1].parent, standin_dirs[1])
+
+
+@pytest.fixture(scope="module")
+def text_pipe(text_dir, standin_dirs):
+    return AsymSpecPipeline.from_pretrained(text_dir, standin_dirs[1], ocr="none")
+
+
+def _equal_but_ties(got: list, ref: list, margins: list[float]) -> int:
+    """1 when the runs part at a decision within float rounding of a tie in the reference, 0 when equal."""
+    if got == ref:
+        return 0
+    first = next(i for i, (x, y) in enumerate(zip(got + [None] * len(ref), ref + [None] * len(got))) if x != y)
+    assert first < len(margins) and margins[first] < 1e-4, (got, ref, first)
+    return 1
+
+
+def test_a_text_drafter_loads_from_its_hub_layout(text_pipe, text_dir):
+    assert type(text_pipe.drafter).__name__ == "Qwen3ForCausalLM" and not text_pipe.models.reads_images
+    assert text_pipe.vocab_map is None  # the Qwen3 tokenizer on both sides: one vocabulary, checked id by id
+    assert text_pipe.drafter.config.vocab_size == 151936 and text_pipe.drafter.config.tie_word_embeddings
+    assert text_pipe.eos_ids == {151645, 151643}
+    assert (text_dir / "tokenizer.json").read_bytes() == (Path(text_pipe.verifier_tokenizer.name_or_path) / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("cfg", SETTINGS)
+def test_asymspec_on_a_compressed_conversation_equals_the_reference(text_pipe, cfg):
+    res = text_pipe.chat(HISTORY, compression=COMP, config=cfg)
+    full = text_pipe.tokenizer.decode(res.prompts.drafter_full_ids[0])
+    comp = text_pipe.tokenizer.decode(res.prompts.drafter_comp_ids[0])
+    assert LOG in full and LOG not in comp and "tokens cut" in comp  # the drafter reads it whole, the verifier truncated
+    assert text_pipe.verifier_tokenizer.decode(res.prompts.verifier_ids[0]) == comp
+    assert res.prompts.pixel_values is None and res.stats["compression_ratio"] > 1.5
+    assert [m["role"] for m in res.stats["compressed_view"]] == ["system", "user", "assistant", "tool"]
+    reference = Reference(text_pipe, res.prompts)
+    ref = reference.run(cfg, text_pipe.eos_ids)
+    got = [(ev.token_id, ev.source) for ev in res.trace]
+    _equal_but_ties(got, ref, reference.margins)  # equal, or parted at a float tie
+    assert {src for _, src in got} & {"accepted", "fused"}
+
+
+def test_floor_sd_and_the_drafter_alone_equal_greedy_references(text_pipe):
+    cfg = AsymSpecConfig(k=3, max_new_tokens=6)
+    floor = text_pipe.chat(HISTORY, compression=COMP, method="floor", config=cfg)
+    ref = Reference(text_pipe, floor.prompts)
+    assert floor.token_ids == ref.greedy("verifier", 6, text_pipe.eos_ids)
+    sd = text_pipe.chat(HISTORY, compression=COMP, method="sd", config=cfg)
+    assert sd.token_ids == floor.token_ids and sd.stats["drafted"] > 0  # the text drafter on the compressed view drafts
+    alone = text_pipe.chat(HISTORY, compression=COMP, method="drafter", config=cfg)
+    assert alone.token_ids == ref.greedy("drafter_full", 6, text_pipe.eos_ids)
+
+
+def test_a_question_without_an_image_is_its_one_turn_conversation(text_pipe):
+    cfg = AsymSpecConfig(max_new_tokens=8)
+    res = text_pipe.generate(None, "What is the capital of France?", config=cfg)
+    chat = text_pipe.chat([{"role": "user", "content": "What is the capital of France?"}], config=cfg)
+    assert res.token_ids == chat.token_ids and res.request.is_chat
+    with pytest.raises(UnknownOptionError, match="caption describes an image but the request has none") as err:
+        text_pipe.generate(None, "What?", caption="a cat")
+    assert err.value.param == "caption"
+    batch = text_pipe.generate_batch(
+        [{"image": None, "question": "What is the capital of France?"}, {"messages": HISTORY, "compression": COMP}],
+        config=cfg,
+        batch_size=2,
+    )
+    assert batch[0].token_ids == res.token_ids  # batched rows: the text drafter's streams on text row engines
+    assert batch[1].token_ids == text_pipe.chat(HISTORY, compression=COMP, config=cfg).token_ids
+
+
+def test_an_image_sent_to_a_text_pair_is_one_line_naming_a_vl_drafter(text_pipe):
+    img = make_image(1, (64, 64))
+    with_image = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What?"}]}]
+    for call in (lambda: text_pipe.generate(img, "What is it?"), lambda: text_pipe.chat(with_image)):
+        with pytest.raises(TextDrafterImageError) as err:
+            call()
+        msg = str(err.value)
+        assert "text-only model and cannot read images" in msg and "vision-language drafter" in msg and "\n" not in msg
+
+
+def test_a_cross_family_text_pair_decodes_through_the_vocabulary_map():
+    """The bundled tiny verifier (a Qwen3 text model, byte-level BPE) drafts for the tiny-xfamily verifier (Llama-3
+    style SentencePiece): two vocabularies, the map between them, the loop equal to the two-vocabulary reference."""
+    pipe = AsymSpecPipeline.from_pretrained(PRESETS / "tiny" / "verifier", PRESETS / "tiny-xfamily" / "verifier", ocr="none")
+    assert pipe.vocab_map is not None and not pipe.models.reads_images
+    history = [{"role": "user", "content": "Which sensor read 74?"}]
+    cfg = AsymSpecConfig(k=3, max_new_tokens=8)
+    res = pipe.chat(history, config=cfg)
+    reference = TwoVocabReference(pipe, res.prompts)
+    ref = reference.run(cfg, pipe.eos_ids)
+    _equal_but_ties([(ev.token_id, ev.source, ev.verifier_alone) for ev in res.trace], ref, reference.margins)
+    floor = pipe.chat(history, config=cfg, method="floor")
+    assert floor.token_ids == reference.greedy_verifier(8, pipe.eos_ids)
