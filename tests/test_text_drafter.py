@@ -123,3 +123,74 @@ def test_a_cross_family_text_pair_decodes_through_the_vocabulary_map():
     _equal_but_ties([(ev.token_id, ev.source, ev.verifier_alone) for ev in res.trace], ref, reference.margins)
     floor = pipe.chat(history, config=cfg, method="floor")
     assert floor.token_ids == reference.greedy_verifier(8, pipe.eos_ids)
+
+
+def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe):
+    """``summary`` with ``summarizer="verifier"`` (or ``"drafter"``): the pipeline's own model writes each older
+    message's summary through its engines; the text equals that model's greedy answer to the summary prompt, decoded
+    here without the pipeline's engines (a full forward per token)."""
+    import torch
+
+    from asymspec_mm.request.summarizer import SUMMARY_PROMPT, chat_prompt_ids
+
+    history = [
+        {"role": "user", "content": "Read the log.\n" + LOG},
+        {"role": "assistant", "content": "Read."},
+        {"role": "user", "content": "Which?"},
+    ]
+    for who in ("verifier", "drafter"):
+        res = tiny_pipe.chat(history, compression=f"summary,summarizer={who},limit=5,keep_last_turns=1", max_new_tokens=2, ocr=False)
+        model = tiny_pipe.verifier if who == "verifier" else tiny_pipe.drafter
+        tok = tiny_pipe.verifier_tokenizer if who == "verifier" else tiny_pipe.processor.tokenizer
+        ids, want = chat_prompt_ids(tiny_pipe.models, who, SUMMARY_PROMPT.format(text=history[0]["content"])), []
+        with torch.no_grad():
+            while len(want) < 5 and (not want or want[-1] not in tiny_pipe.eos_ids):
+                want.append(int(model(input_ids=torch.tensor([ids + want])).logits[0, -1].argmax()))
+        assert res.stats["compressed_view"][0]["text"] == tok.decode(want, skip_special_tokens=True).strip()
+    with pytest.raises(UnknownOptionError, match="summarizer='gpt' must be a model the pipeline holds") as err:
+        Compression.of({"method": "summary", "summarizer": "gpt"})
+    assert err.value.param == "compression.summarizer"
+
+
+def test_the_cli_answers_a_text_conversation_compressed(text_dir, standin_dirs, tmp_path, capsys):
+    """``asymspec-mm chat --messages FILE --compression SPEC`` and ``generate`` without ``--image`` on the text pair:
+    the answer equals the library's, the output lists each compressed message as the verifier read it."""
+    import json
+
+    from asymspec_mm.cli.main import main
+
+    path = tmp_path / "messages.json"
+    path.write_text(json.dumps(HISTORY), encoding="utf-8")
+    models = ["--drafter", str(text_dir), "--verifier", str(standin_dirs[1]), "--ocr-engine", "none", "-q"]
+    assert (
+        main(
+            [
+                "chat",
+                "--messages",
+                str(path),
+                "--compression",
+                "truncate,limit=6,keep_last_turns=1",
+                "--max-new-tokens",
+                "4",
+                "--json",
+                *models,
+            ]
+        )
+        == 0
+    )
+    got = json.loads(capsys.readouterr().out)
+    pipe = AsymSpecPipeline.from_pretrained(text_dir, standin_dirs[1], ocr="none")
+    want = pipe.chat(HISTORY, compression=COMP, max_new_tokens=4)
+    assert got["token_ids"] == want.token_ids and got["stats"]["compressed_view"] == want.stats["compressed_view"]
+    assert (
+        main(["chat", "--messages", str(path), "--compression", "truncate,limit=6,keep_last_turns=1", "--max-new-tokens", "4", *models])
+        == 0
+    )
+    assert "[3] tool: row 0:" in capsys.readouterr().out
+    assert main(["generate", "--question", "What is the capital of France?", "--max-new-tokens", "4", "--json", *models]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["token_ids"]
+        == pipe.generate(None, "What is the capital of France?", max_new_tokens=4).token_ids
+    )
+    assert main(["chat", "--messages", str(path), "--compression", "truncate,rate=2", *models]) == 2
+    assert "--compression.rate=2 must be a number in (0, 1]" in capsys.readouterr().err

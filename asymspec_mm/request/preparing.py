@@ -193,6 +193,14 @@ class RequestPreparer:
         return self._start_session(request, rendered, vision, t_start, engines, prefill, on_phase)
 
     @functools.cached_property
+    def summarizer(self) -> Any:
+        """The ``summary`` compressor's writer of summaries by the pipeline's own models (the verifier by default,
+        or the drafter): :class:`~asymspec_mm.request.summarizer.ModelSummarizer` on this preparer's engines."""
+        from .summarizer import ModelSummarizer
+
+        return ModelSummarizer(self.models, self.engines)
+
+    @functools.cached_property
     def verifier_tools_problem(self) -> str | None:
         """Why the verifier cannot take tools (:func:`~asymspec_mm.request.tool_support.template_tools_problem` of its
         tokenizer; decided once, from its chat template alone), or ``None`` when it can."""
@@ -271,7 +279,10 @@ class RequestPreparer:
             for key, seconds in spent.items():
                 timings[key] = timings.get(key, 0.0) + seconds
         rendered_views = {i + 1: v.render() for i, v in enumerate(views)}
-        squeezed = compress_turns(turns, req.compression, m.verifier_tokenizer) if req.compression is not None else None
+        summarize = self.summarizer
+        squeezed = (
+            compress_turns(turns, req.compression, m.verifier_tokenizer, summarize=summarize) if req.compression is not None else None
+        )
         vm = view_messages(
             turns,
             rendered_views,
@@ -280,7 +291,11 @@ class RequestPreparer:
             verifier_turns=squeezed.turns if squeezed is not None else None,
         )
         tools = prompt_tools(req.tools, req.tool_choice)
-        short_tools = compress_tools(tools, req.compression, m.verifier_tokenizer) if req.compression is not None and tools else None
+        short_tools = (
+            compress_tools(tools, req.compression, m.verifier_tokenizer, summarize=summarize)
+            if req.compression is not None and tools
+            else None
+        )
         texts = view_texts(
             m.processor, m.verifier_tokenizer, vm, enable_thinking=req.enable_thinking, tools=tools, compressed_tools=short_tools
         )
