@@ -194,3 +194,27 @@ def test_the_cli_answers_a_text_conversation_compressed(text_dir, standin_dirs, 
     )
     assert main(["chat", "--messages", str(path), "--compression", "truncate,rate=2", *models]) == 2
     assert "--compression.rate=2 must be a number in (0, 1]" in capsys.readouterr().err
+
+
+def test_the_demo_loads_a_text_pair_and_answers_a_question_without_an_image(text_pipe, tmp_path):
+    """The inspector on a text pair: the image input says images need a VL drafter and takes none; a question alone
+    runs (AsymSpec with Floor and the drafter alone beside it) and answers as the library does; an upload is the
+    library's one-line refusal."""
+    import gradio as gr
+
+    from ui import app as ui_app
+
+    demo = ui_app.build_app(text_pipe, examples=[])
+    (image,) = [c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "asym-image"]
+    assert "images need a vision-language drafter" in image.label and image.interactive is False
+    state = ui_app.DemoApp(text_pipe, stream_interval=0.0)
+    try:
+        args = ("", "", False, "asymspec", 4, 1.0, 0.5, "cda", "contrast", "verifier", 4, "image+text", True)
+        last = ui_app.outputs_as_dict(list(state.run(None, "What is the capital of France?", *args, session="text"))[-1])
+        assert "Done" in last["status"]
+        assert last["answer_text"] == text_pipe.generate(None, "What is the capital of France?", max_new_tokens=4).text
+        make_image(2, (32, 32)).save(tmp_path / "q.png")
+        with pytest.raises(gr.Error, match="text-only model and cannot read images"):
+            list(state.run({"path": str(tmp_path / "q.png")}, "What?", *args, session="image"))
+    finally:
+        state.close()
