@@ -218,3 +218,38 @@ def test_the_demo_loads_a_text_pair_and_answers_a_question_without_an_image(text
             list(state.run({"path": str(tmp_path / "q.png")}, "What?", *args, session="image"))
     finally:
         state.close()
+
+
+@pytest.fixture(scope="module")
+def server_pipe(text_pipe):
+    """This module's server serves the text pair."""
+    return text_pipe
+
+
+def test_the_server_answers_a_text_pair_on_chat_completions_and_responses(text_pipe, client):
+    """The openai client against the text pair: chat completions with compression and the Responses API each answer
+    as ``pipe.chat``; an image is a 400 naming the fix, and the server keeps serving."""
+    import openai
+
+    resp = client.chat.completions.create(
+        model=text_pipe.name,
+        messages=HISTORY,
+        max_tokens=4,
+        extra_body={"asymspec": {"compression": {"method": "truncate", "limit": 6, "keep_last_turns": 1}, "return_trace": True}},
+    )
+    want = text_pipe.chat(HISTORY, compression=COMP, max_new_tokens=4)
+    assert [t["token_id"] for t in resp.model_extra["asymspec"]["trace"]] == want.token_ids
+    assert resp.model_extra["asymspec"]["view"]["messages"] == want.stats["compressed_view"]
+    answer = client.responses.create(model=text_pipe.name, input="What is the capital of France?", max_output_tokens=4)
+    assert answer.output_text == text_pipe.chat([{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=4).text
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    make_image(3, (32, 32)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    with_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What?"}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=text_pipe.name, messages=with_image, max_tokens=2)
+    assert "text-only model and cannot read images: load a vision-language drafter" in str(err.value)
+    assert client.chat.completions.create(model=text_pipe.name, messages=HISTORY[1:2], max_tokens=1).choices[0].message is not None
