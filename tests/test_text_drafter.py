@@ -192,6 +192,16 @@ def test_the_cli_answers_a_text_conversation_compressed(text_dir, standin_dirs, 
         json.loads(capsys.readouterr().out)["token_ids"]
         == pipe.generate(None, "What is the capital of France?", max_new_tokens=4).token_ids
     )
+    inp, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    make_image(4, (32, 32)).save(tmp_path / "x.png")
+    lines = [{"id": 1, "question": "What is the capital of France?"}, {"id": 2, "image": "x.png", "question": "What?"}]
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    assert main(["batch", "--input", str(inp), "--output", str(out), "--max-new-tokens", "4", "--no-progress", *models[:-1]]) == 1
+    (answer,) = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert answer["id"] == 1 and answer["answer"] == pipe.generate(None, "What is the capital of France?", max_new_tokens=4).text
+    (error,) = [json.loads(x) for x in (tmp_path / "a.jsonl.errors.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert error["id"] == 2 and "vision-language drafter" in error["error"]
+    capsys.readouterr()
     assert main(["chat", "--messages", str(path), "--compression", "truncate,rate=2", *models]) == 2
     assert "--compression.rate=2 must be a number in (0, 1]" in capsys.readouterr().err
 
