@@ -202,6 +202,9 @@ def test_the_cli_answers_a_text_conversation_compressed(text_dir, standin_dirs, 
     (error,) = [json.loads(x) for x in (tmp_path / "a.jsonl.errors.jsonl").read_text(encoding="utf-8").splitlines()]
     assert error["id"] == 2 and "vision-language drafter" in error["error"]
     capsys.readouterr()
+    evaluation = ["eval", "mathvista", "--dataset", "minivista", "--limit", "1", "--out", str(tmp_path / "eval"), *models[:-1]]
+    assert main(evaluation) == 2  # every MiniVista problem has an image: refused once, not problem by problem
+    assert "eval mathvista asks about images: this pair's drafter" in capsys.readouterr().err
     assert main(["chat", "--messages", str(path), "--compression", "truncate,rate=2", *models]) == 2
     assert "--compression.rate=2 must be a number in (0, 1]" in capsys.readouterr().err
 
