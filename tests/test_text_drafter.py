@@ -26,7 +26,9 @@ HISTORY = [
     {"role": "user", "content": "Answer with the sensor number."},
 ]
 COMP = Compression("truncate", limit=6, keep_last_turns=1)
-SETTINGS = [AsymSpecConfig(k=3, beta=1.0, gamma=0.5, max_new_tokens=8)]
+# gamma 1 with the fixed gate: a draft passes only where the verifier likes it more than the compressed drafter does,
+# so with a drafter this close to the verifier the gate both accepts and rejects (CDA's gamma 0.5 accepts everything)
+SETTINGS = [AsymSpecConfig(k=3, gate="fixed", gamma=1.0, beta=1.0, max_new_tokens=6)]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def test_asymspec_on_a_compressed_conversation_equals_the_reference(text_pipe, c
     ref = reference.run(cfg, text_pipe.eos_ids)
     got = [(ev.token_id, ev.source) for ev in res.trace]
     _equal_but_ties(got, ref, reference.margins)  # equal, or parted at a float tie
-    assert {src for _, src in got} & {"accepted", "fused"}
+    assert {src for _, src in got} >= {"accepted", "fused"}
 
 
 def test_floor_sd_and_the_drafter_alone_equal_greedy_references(text_pipe):
@@ -116,13 +118,13 @@ def test_a_cross_family_text_pair_decodes_through_the_vocabulary_map():
     pipe = AsymSpecPipeline.from_pretrained(PRESETS / "tiny" / "verifier", PRESETS / "tiny-xfamily" / "verifier", ocr="none")
     assert pipe.vocab_map is not None and not pipe.models.reads_images
     history = [{"role": "user", "content": "Which sensor read 74?"}]
-    cfg = AsymSpecConfig(k=3, max_new_tokens=8)
+    cfg = AsymSpecConfig(k=3, max_new_tokens=5)
     res = pipe.chat(history, config=cfg)
     reference = TwoVocabReference(pipe, res.prompts)
     ref = reference.run(cfg, pipe.eos_ids)
     _equal_but_ties([(ev.token_id, ev.source, ev.verifier_alone) for ev in res.trace], ref, reference.margins)
     floor = pipe.chat(history, config=cfg, method="floor")
-    assert floor.token_ids == reference.greedy_verifier(8, pipe.eos_ids)
+    assert floor.token_ids == reference.greedy_verifier(5, pipe.eos_ids)
 
 
 def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe):
@@ -152,9 +154,11 @@ def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe
     assert err.value.param == "compression.summarizer"
 
 
-def test_the_cli_answers_a_text_conversation_compressed(text_dir, standin_dirs, tmp_path, capsys):
-    """``asymspec-mm chat --messages FILE --compression SPEC`` and ``generate`` without ``--image`` on the text pair:
-    the answer equals the library's, the output lists each compressed message as the verifier read it."""
+def test_the_cli_answers_a_text_pair_on_every_command(text_pipe, text_dir, standin_dirs, tmp_path, capsys):
+    """The commands on the text pair: ``chat --messages FILE --compression SPEC`` answers as ``pipe.chat`` and lists
+    each compressed message as the verifier read it; ``generate`` without ``--image`` and a ``batch`` line without
+    ``image`` answer as ``pipe.generate(None, q)`` (a line with an image fails alone, naming a VL drafter); ``eval
+    mathvista`` is refused once; a bad ``--compression`` is one line before any model loads."""
     import json
 
     from asymspec_mm.cli.main import main
@@ -162,43 +166,22 @@ def test_the_cli_answers_a_text_conversation_compressed(text_dir, standin_dirs, 
     path = tmp_path / "messages.json"
     path.write_text(json.dumps(HISTORY), encoding="utf-8")
     models = ["--drafter", str(text_dir), "--verifier", str(standin_dirs[1]), "--ocr-engine", "none", "-q"]
-    assert (
-        main(
-            [
-                "chat",
-                "--messages",
-                str(path),
-                "--compression",
-                "truncate,limit=6,keep_last_turns=1",
-                "--max-new-tokens",
-                "4",
-                "--json",
-                *models,
-            ]
-        )
-        == 0
-    )
-    got = json.loads(capsys.readouterr().out)
-    pipe = AsymSpecPipeline.from_pretrained(text_dir, standin_dirs[1], ocr="none")
-    want = pipe.chat(HISTORY, compression=COMP, max_new_tokens=4)
-    assert got["token_ids"] == want.token_ids and got["stats"]["compressed_view"] == want.stats["compressed_view"]
-    assert (
-        main(["chat", "--messages", str(path), "--compression", "truncate,limit=6,keep_last_turns=1", "--max-new-tokens", "4", *models])
-        == 0
-    )
-    assert "[3] tool: row 0:" in capsys.readouterr().out
-    assert main(["generate", "--question", "What is the capital of France?", "--max-new-tokens", "4", "--json", *models]) == 0
-    assert (
-        json.loads(capsys.readouterr().out)["token_ids"]
-        == pipe.generate(None, "What is the capital of France?", max_new_tokens=4).token_ids
-    )
+    chat = ["chat", "--messages", str(path), "--compression", "truncate,limit=6,keep_last_turns=1", "--max-new-tokens", "4"]
+    assert main([*chat, *models]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    want = text_pipe.chat(HISTORY, compression=COMP, max_new_tokens=4)
+    assert printed[0] == f"answer: {want.text}" and any(line.startswith("  [3] tool: row 0:") and "tokens cut" in line for line in printed)
+    question = "What is the capital of France?"
+    alone = text_pipe.generate(None, question, max_new_tokens=4)
+    assert main(["generate", "--question", question, "--max-new-tokens", "4", "--json", *models]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == alone.token_ids
     inp, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
     make_image(4, (32, 32)).save(tmp_path / "x.png")
-    lines = [{"id": 1, "question": "What is the capital of France?"}, {"id": 2, "image": "x.png", "question": "What?"}]
+    lines = [{"id": 1, "question": question}, {"id": 2, "image": "x.png", "question": "What?"}]
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     assert main(["batch", "--input", str(inp), "--output", str(out), "--max-new-tokens", "4", "--no-progress", *models[:-1]]) == 1
     (answer,) = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
-    assert answer["id"] == 1 and answer["answer"] == pipe.generate(None, "What is the capital of France?", max_new_tokens=4).text
+    assert answer["id"] == 1 and answer["answer"] == alone.text
     (error,) = [json.loads(x) for x in (tmp_path / "a.jsonl.errors.jsonl").read_text(encoding="utf-8").splitlines()]
     assert error["id"] == 2 and "vision-language drafter" in error["error"]
     capsys.readouterr()
