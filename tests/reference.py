@@ -43,8 +43,11 @@ class Reference:
 
     @torch.no_grad()
     def drafter_full(self, tokens: list[int]) -> torch.Tensor:
-        """Logits ``[L, V]`` of the drafter over the full prompt + tokens (image through the tower)."""
+        """Logits ``[L, V]`` of the drafter over the full prompt + tokens (image through the tower; a text drafter's
+        full view is text alone)."""
         ids = torch.cat([self.p.drafter_full_ids[0], torch.tensor(tokens, dtype=torch.long)])
+        if not hasattr(self.pipe.drafter.config, "vision_config"):
+            return self.pipe.drafter(input_ids=ids[None]).logits[0]
         types = torch.cat([self.p.mm_token_type_ids[0], torch.zeros(len(tokens), dtype=torch.long)])
         self.pipe.drafter.model.rope_deltas = None  # make the model recompute its positions from scratch
         return self.pipe.drafter(
@@ -54,7 +57,8 @@ class Reference:
     @torch.no_grad()
     def drafter_comp(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.cat([self.p.drafter_comp_ids[0], torch.tensor(tokens, dtype=torch.long)])
-        self.pipe.drafter.model.rope_deltas = None
+        if hasattr(self.pipe.drafter.config, "vision_config"):
+            self.pipe.drafter.model.rope_deltas = None
         return self.pipe.drafter(input_ids=ids[None]).logits[0]
 
     @torch.no_grad()

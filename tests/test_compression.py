@@ -45,7 +45,7 @@ def agent_messages(steps: int, rows: int = 30) -> list[dict]:
         ({"method": "truncate", "limit": 0}, "compression.limit", ">= 1"),
         ({"method": "truncate", "roles": ["narrator"]}, "compression.roles", "system, user"),
         ({"method": "truncate", "speed": 2}, "compression.speed", "not a compression setting"),
-        ({"method": "summary"}, "compression.summarizer", "callable"),
+        ({"method": "summary", "summarizer": "critic"}, "compression.summarizer", "a model the pipeline holds (verifier, drafter)"),
         (
             {"method": "llmlingua2", "model": "nobody/no-such-classifier"},
             "compression.model",
@@ -54,7 +54,7 @@ def agent_messages(steps: int, rows: int = 30) -> list[dict]:
         ("truncate,limit", "compression.limit", "key=value"),
         ({"method": ["truncate"]}, "compression.method", "is not a compressor"),
         ({"method": "truncate", "model": ["x"]}, "compression.model", "must be a string"),
-        ({"method": "truncate", "summarizer": "abc"}, "compression.summarizer", "must be a callable"),
+        ({"method": "truncate", "summarizer": "abc"}, "compression.summarizer", "or a callable text -> summary"),
         ({"method": "truncate", "unit": ["tokens"]}, "compression.unit", "tokens, chars"),
     ],
 )

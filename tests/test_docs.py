@@ -65,6 +65,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/deployment.md", "# serve_tp.py"): GPU_QWEN + ", vLLM and several GPUs (a tensor-parallel verifier)",
     ("docs/compressed-views.md", 'Compression("llmlingua2"'): "needs the LLMLingua-2 classifier in the local cache "
     "and the caller's `messages`; tests/test_compression.py runs pipe.chat and submit_chat with compression=",
+    ("docs/compressed-views.md", 'from_pretrained("Qwen/Qwen3-4B"'): "needs the real Qwen3-4B / Qwen3-32B weights and the "
+    "caller's `history`; tests/test_text_drafter.py runs the same calls on stand-ins built from the real Qwen3 files",
+    ("docs/cli.md", "--drafter Qwen/Qwen3-4B --verifier Qwen/Qwen3-32B"): "needs the real Qwen3-4B / Qwen3-32B weights "
+    "and the caller's history.json; tests/test_text_drafter.py runs generate and chat with these flags on stand-ins",
     ("docs/compressed-views.md", '"compression": False'): "a sketch: `client` and `history` stand for the caller's; "
     "tests/test_serve_compression.py sends both bodies with the openai client",
 }

@@ -97,7 +97,7 @@ def test_cached_tokens_per_turn_with_and_without_compression(live):
         ("gzip", "asymspec.compression.method", "is not a compressor"),
         (3, "asymspec.compression", "a compressor's name"),
         ({"method": ["truncate"]}, "asymspec.compression.method", "is not a compressor"),
-        ({"method": "summary", "summarizer": "abc"}, "asymspec.compression.summarizer", "must be a callable"),
+        ({"method": "summary", "summarizer": "abc"}, "asymspec.compression.summarizer", "or a callable text -> summary"),
     ],
 )
 def test_a_bad_setting_is_a_400_naming_its_field(live, compression, param, words):

@@ -54,6 +54,7 @@ from .jobs import (  # noqa: F401 - re-exported
     _Job,
     _RunInputs,
     outputs_as_dict,
+    pair_reads_images,
 )
 from .page_js import LAYOUT_JS, TOOLTIP_JS
 from .render import (  # noqa: F401 - re-exported
@@ -112,6 +113,13 @@ def __getattr__(name: str) -> Any:
     if name == "CSS":
         return stylesheet()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def image_label(pipe: AsymSpecPipeline) -> str:
+    """The image input's label: what it is for, or, for a text-only drafter, that images need a VL drafter."""
+    if pair_reads_images(pipe):
+        return "Image"
+    return "Image: not read by this pair (its drafter is a text-only model); images need a vision-language drafter, e.g. Qwen/Qwen3-VL-2B-Instruct"
 
 
 def build_app(
@@ -173,7 +181,13 @@ def build_app(
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=320):
                 image = gr.Image(
-                    label="Image", type="filepath", image_mode=None, sources=["upload", "clipboard"], height=220, elem_id="asym-image"
+                    label=image_label(pipe),
+                    type="filepath",
+                    image_mode=None,
+                    sources=["upload", "clipboard"],
+                    height=220,
+                    elem_id="asym-image",
+                    interactive=pair_reads_images(pipe),  # a text-only drafter reads no image
                 )
                 question = gr.Textbox(
                     label="Question",

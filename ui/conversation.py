@@ -123,7 +123,7 @@ class Conversations:
         earlier turns are gone). A run without a session has no conversation to continue."""
         from vision_cache.image import image_content_hash
 
-        image_hash = image_content_hash(image)
+        image_hash = image_content_hash(image) if image is not None else ""  # a text pair's conversation has no image
         if not session:
             return ConversationStart(None, 0, image_hash)
         with self._lock:

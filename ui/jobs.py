@@ -47,6 +47,19 @@ OVERSIZE_ADVICE = "downscale it before uploading it, or start the demo with ASYM
 HEARTBEAT_S = 0.5
 
 
+def pair_reads_images(pipe: Any) -> bool:
+    """Whether the page's pair reads images (its drafter is a vision-language model); a stand-in without models does."""
+    models = getattr(pipe, "models", None)
+    return bool(getattr(models, "reads_images", True))
+
+
+def text_pair_image_refusal(pipe: Any) -> str:
+    """The page's refusal of an image sent to a pair whose drafter reads text only (the library's words)."""
+    from asymspec_mm.engines.text_processor import image_refusal
+
+    return image_refusal(str(getattr(pipe.drafter, "name_or_path", "") or "a text model"))
+
+
 class DemoApp(ViewFields):
     """State and handlers behind the Blocks: one loaded pipeline and one batching scheduler, shared by all
     sessions (every run's rows decode in the scheduler's shared steps)."""
@@ -236,11 +249,15 @@ class DemoApp(ViewFields):
         question, caption, ocr, method, overrides = check_settings(
             question, caption, ocr, method, k, beta, gamma, gate, delta, bonus, max_new_tokens, drafter_view, self.max_new_tokens_limit
         )
+        others = tuple(m for m in ("floor", "drafter") if m != method) if compare else ()
+        if not pair_reads_images(self.pipe):  # a text-only drafter: the question alone, no image, no caption or OCR
+            if _file_path(image):
+                raise DemoInputError(text_pair_image_refusal(self.pipe))
+            return _Request(None, question, None, None, method, overrides, others, [], None, setup_steps(caption=False, ocr=False))
         img = self._load_image(image)
         notes: list[str] = []
         cap_arg = caption if caption.strip() else (None if autofill else "")
         ocr_arg = self._ocr_arg(ocr, bool(autofill), notes)
-        others = tuple(m for m in ("floor", "drafter") if m != method) if compare else ()
         warning = self.warning(question, img.size)
         # the "none" engine reads nothing: no OCR to speak of while the run is set up
         reads = ocr_arg is None and getattr(self.pipe.ocr_engine, "name", None) != "none"

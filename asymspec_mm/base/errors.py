@@ -31,6 +31,7 @@ __all__ = [
     "OCRUnavailableError",
     "DatasetUnavailableError",
     "InvalidImageError",
+    "TextDrafterImageError",
 ]
 
 
@@ -68,3 +69,7 @@ class ContextOverflowError(AsymSpecError):
 
 class VocabularyMismatchError(AsymSpecError):
     """Drafter and verifier do not share one output vocabulary."""
+
+
+class TextDrafterImageError(InvalidImageError):
+    """An image sent to a pair whose drafter is a text-only model (no vision tower reads it)."""

@@ -132,3 +132,51 @@ def build_standin_pair(
         (folder / "config.json").write_text(json.dumps(configs[name], indent=2) + "\n", encoding="utf-8")
         (folder / "generation_config.json").write_bytes(snapshot_bytes(name, "generation_config.json"))
     return d_dir, v_dir
+
+
+#: The folder of the text drafter stand-in (the paper's text settings draft with Qwen3-4B or Qwen3-1.7B).
+TEXT_DRAFTER = "qwen3-4b"
+
+
+def text_drafter_standin_config(shape: StandinShape = StandinShape()) -> dict[str, Any]:
+    """A Qwen3-4B-like text drafter's ``config.json``: Qwen3-32B's real config (the same tokenizer ids, rope theta and
+    context window as Qwen3-4B's and Qwen3-1.7B's) with reduced sizes and tied embeddings, as those two have."""
+    cfg = verifier_standin_config(shape)
+    cfg["tie_word_embeddings"] = True
+    return cfg
+
+
+def build_text_drafter_standin(
+    out_dir: str | Path,
+    verifier_dir: str | Path | None = None,
+    shape: StandinShape = StandinShape(),
+    *,
+    seed: int = 2,
+    init_std: float = 0.1,
+    correlated: float | None = 0.03,
+) -> Path:
+    """Write ``out_dir/qwen3-4b``, a text drafter stand-in laid out as a hub snapshot of Qwen3 (the real tokenizer and
+    chat template, :func:`text_drafter_standin_config`, random weights) and return it. With ``verifier_dir`` (a
+    :func:`build_standin_pair` verifier) and ``correlated``, its weights are the verifier's plus relative noise of that
+    size, so the pair both accepts and rejects. An existing folder is reused."""
+    import torch
+    from transformers import AutoConfig, Qwen3ForCausalLM
+
+    from .small import correlate_
+
+    folder = Path(out_dir) / TEXT_DRAFTER
+    if (folder / "model.safetensors").exists():
+        return folder
+    cfg_dict = text_drafter_standin_config(shape)
+    hub_snapshot(VERIFIER, folder)
+    (folder / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
+    cfg = AutoConfig.from_pretrained(folder)
+    cfg.initializer_range = init_std
+    torch.manual_seed(seed)
+    drafter = Qwen3ForCausalLM(cfg).eval()
+    if verifier_dir is not None and correlated is not None:
+        correlate_(drafter, Qwen3ForCausalLM.from_pretrained(verifier_dir).eval(), correlated)
+    drafter.save_pretrained(folder)  # its own config.json / generation_config.json: put the real-layout ones back
+    (folder / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
+    (folder / "generation_config.json").write_bytes(snapshot_bytes(VERIFIER, "generation_config.json"))
+    return folder

@@ -232,7 +232,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                     rid, item = nxt
                     try:
                         session = pipe.prepare(
-                            str(item.image),
+                            str(item.image) if item.image is not None else None,
                             item.question,
                             caption=item.caption,
                             ocr=item.ocr,
@@ -296,7 +296,12 @@ def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     io = p.add_argument_group("files")
-    io.add_argument("--input", required=True, metavar="QUESTIONS.jsonl", help='one {"id", "image", "question", "caption"?, "ocr"?} a line')
+    io.add_argument(
+        "--input",
+        required=True,
+        metavar="QUESTIONS.jsonl",
+        help='one {"id", "image"?, "question", "caption"?, "ocr"?} a line (no image: a text question)',
+    )
     io.add_argument("--output", required=True, metavar="ANSWERS.jsonl", help="answers, appended as rows finish")
     io.add_argument("--images-dir", default=None, help="folder relative image paths are resolved against [default: the input's folder]")
     mode = io.add_mutually_exclusive_group()

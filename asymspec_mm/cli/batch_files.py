@@ -22,7 +22,7 @@ FORMAT = "asymspec-mm batch"
 FORMAT_VERSION = 1
 DEFAULT_BATCH_SIZE = 8
 FIELDS = ("id", "image", "question", "caption", "ocr")
-REQUIRED = ("id", "image", "question")
+REQUIRED = ("id", "question")  # a line without "image" (or with null) asks a text question: a text-only pair's kind
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://|^(data):", re.IGNORECASE)
 _MAX_ECHO = 1000  # characters of a bad input line kept in the errors file
 
@@ -44,7 +44,7 @@ class Item:
     line: int
     id: Any
     key: str
-    image: Path
+    image: Path | None
     question: str
     caption: str | None
     ocr: str | bool | None
@@ -113,7 +113,7 @@ def _parse_line(n: int, text: str, base: Path) -> Item:
     if ocr is not None and not isinstance(ocr, str) and ocr is not False:
         raise ValueError("'ocr' must be a string, false (no OCR text) or null (run the OCR engine)")
     check_text_fields({name: obj.get(name) for name in ("id", "question", "caption", "ocr")})
-    image = _check_image(obj["image"], base)
+    image = _check_image(obj["image"], base) if obj.get("image") is not None else None
     return Item(n, rid, str(rid), image, question, caption, ocr)
 
 

@@ -1,4 +1,4 @@
-"""``asymspec-mm``: generate, explain, quickstart, batch, demo, eval, bench, serve."""
+"""``asymspec-mm``: generate, chat, explain, quickstart, batch, demo, eval, bench, serve."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from typing import Any
 from ..base.config import BONUS_RULES
 from ..base.errors import AsymSpecError, UnknownOptionError
 from ..base.unicode_check import check_text_fields
-from ..frontend.options import add_decode_args, add_model_args, config_from_args, pipeline_from_args
+from ..frontend.options import (
+    add_compression_arg,
+    add_decode_args,
+    add_model_args,
+    compression_from_args,
+    config_from_args,
+    pipeline_from_args,
+)
 from ..request.questions import check_question
 from .output import Progress, config_line, format_provenance, print_result  # noqa: F401 - format_provenance: re-exported
 
@@ -117,8 +124,14 @@ def answer_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     # an undecodable byte on the command line arrives as a lone surrogate: refuse it before any model loads
     check_text_fields({"--caption": args.caption, "--ocr": args.ocr})
     cfg = config_from_args(args)
-    image = read_image(args.image)  # before the domain warning and the models: a bad file is refused at once
-    if args.preset == "tiny":  # before loading: the answer would be meaningless (prepare warns for "auto")
+    compression = compression_from_args(args)
+    if compression is not None and args.image:
+        raise UnknownOptionError(
+            "--compression compresses a conversation's older turns, and a question about an image is one turn: use "
+            "asymspec-mm chat --messages FILE, or leave --compression out"
+        )
+    image = read_image(args.image) if args.image else None  # before the domain warning and the models: a bad file is refused at once
+    if args.preset == "tiny" and image is not None:  # before loading: the answer would be meaningless (prepare warns for "auto")
         warn_out_of_domain(question, image.size)
     progress = Progress(enabled=not args.quiet)
     progress(f"loading the models ({args.preset or 'auto'})" if not args.drafter else "loading the models")
@@ -128,8 +141,18 @@ def answer_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
         ocr = False
     elif args.ocr is not None:
         ocr = args.ocr
+    # without an image the question is the one-turn conversation (all a text-only pair answers), compressed if asked
+    extra: dict[str, Any] = {"compression": compression} if compression is not None else {}
     session = pipe.prepare(
-        image, question, caption=args.caption, ocr=ocr, method=args.method, config=cfg, on_phase=progress, domain_advice=DOMAIN_ADVICE
+        image,
+        question,
+        caption=args.caption,
+        ocr=ocr,
+        method=args.method,
+        config=cfg,
+        on_phase=progress,
+        domain_advice=DOMAIN_ADVICE,
+        **extra,
     )
     progress(f"decoding ({config_line(args.method, cfg)})")
     return pipe, pipe.run(session).result
@@ -172,13 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asymspec-mm", description="Cross-modal AsymSpec: a vision-language drafter steers a text-only verifier."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="{generate,explain,quickstart,batch,demo,eval,bench,serve}")
+    sub = parser.add_subparsers(dest="command", metavar="{generate,chat,explain,quickstart,batch,demo,eval,bench,serve}")
     sub.required = True
 
-    g = sub.add_parser("generate", help="answer a question about an image")
+    g = sub.add_parser("generate", help="answer a question about an image (or, without --image, a text question)")
     add_question_args(g)
+    add_compression_arg(g, "a text question (no --image) as a one-turn conversation, compressed")
     g.add_argument("--json", action="store_true", help="print the full result (trace, stats) as JSON")
     g.set_defaults(func=cmd_generate)
+
+    from .chat import add_chat_parser
+
+    add_chat_parser(sub)
 
     e = sub.add_parser("explain", help="answer a question and write its trace as JSON (--attribute: heat maps beside it)")
     add_question_args(e)
@@ -201,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_question_args(g: argparse.ArgumentParser) -> None:
     """The question, its image and views, the models and the decoding settings (``generate`` and ``explain``)."""
-    g.add_argument("--image", required=True, help="image file")
+    g.add_argument("--image", default=None, help="image file (leave it out for a text question: a text-only drafter takes no image)")
     g.add_argument("--question", required=True, help="the question (with --choices/--answer-type: the bare question)")
     g.add_argument(
         "--choices", nargs="+", default=None, metavar="CHOICE", help="answer options: asks in MathVista's multiple-choice layout"
@@ -264,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..base.chatter import configure_cli_logging
 
     # a command that answers one request (or a file of them) says each distinct warning once; a server, per request
-    configure_cli_logging(args.verbose, say_once=args.command in ("generate", "explain", "quickstart", "batch"))
+    configure_cli_logging(args.verbose, say_once=args.command in ("generate", "chat", "explain", "quickstart", "batch"))
     if not args.verbose:
         import warnings
 

@@ -104,6 +104,10 @@ def print_result(res, tokenizer: Any = None, as_json: bool = False, out: TextIO 
         file=out,
     )
     print(view_line(res), file=out)
+    for line in compression_lines(res):
+        print(line, file=out)
+    if getattr(res, "tool_calls", None):
+        print(f"tool calls: {json.dumps(res.tool_calls, ensure_ascii=False)}", file=out)
     if (line := sampling_line(res)) is not None:
         print(line, file=out)
     cfg = res.config.with_(seed=s.get("seed")) if res.config.sampling else res.config  # the seed the run drew
@@ -123,6 +127,22 @@ def view_line(res) -> str:
     elif engine:
         ocr += f" ({engine}, {s.get('ocr_s', 0.0):.2f} s)"
     return f"compressed view: {caption}, {ocr}"
+
+
+def compression_lines(res, width: int = 160) -> list[str]:
+    """What per-turn compression did (none without it): the ratio, the compressor's time, and each compressed
+    message as the verifier read it (``[index] role: text``, cut at ``width`` characters)."""
+    s = res.stats
+    if "compression_ratio" not in s:
+        return []
+    lines = [
+        f"compressed text: ratio {s['compression_ratio']:.2f} ({s.get('prompt_tokens_full')} -> "
+        f"{res.prompts.verifier_ids.shape[-1]} verifier tokens), compressor {s.get('compression_s', 0.0):.2f} s"
+    ]
+    for m in s.get("compressed_view") or []:
+        text = " ".join(str(m.get("text", "")).split())
+        lines.append(f"  [{m.get('index')}] {m.get('role')}: {text if len(text) <= width else text[: width - 3] + '...'}")
+    return lines
 
 
 class Progress:

@@ -207,6 +207,15 @@ def load_sd_drafter(
     return model.eval(), tok
 
 
+def checkpoint_reads_images(ref: str | Path, trust_remote_code: bool, extra: dict) -> bool:
+    """Whether the checkpoint at ``ref`` is a vision-language model (its config has a ``vision_config``, as
+    Qwen3-VL's does) rather than a text causal LM (Qwen3-4B's has none), read from its config alone."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(ref), trust_remote_code=trust_remote_code, **extra)
+    return hasattr(cfg, "vision_config")
+
+
 def load_kwargs(dtype: torch.dtype, device_map: Any, trust_remote_code: bool) -> dict:
     """Keyword arguments of a transformers ``from_pretrained``."""
     kw: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
@@ -273,8 +282,15 @@ def load_models(
 
     dev, dt = resolve_device(device, dtype)
     extra = {} if local_files_only is None else {"local_files_only": local_files_only}
-    processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
-    d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **load_kwargs(dt, device_map, trust_remote_code), **extra)
+    text_only = not checkpoint_reads_images(drafter, trust_remote_code, extra)
+    if text_only:  # a text drafter (Qwen3-4B, ...): its tokenizer behind the processor's calls
+        from .text_processor import TextProcessor
+
+        processor = TextProcessor(AutoTokenizer.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra), str(drafter))
+        d_model = AutoModelForCausalLM.from_pretrained(str(drafter), **load_kwargs(dt, device_map, trust_remote_code), **extra)
+    else:
+        processor = AutoProcessor.from_pretrained(str(drafter), trust_remote_code=trust_remote_code, **extra)
+        d_model = AutoModelForImageTextToText.from_pretrained(str(drafter), **load_kwargs(dt, device_map, trust_remote_code), **extra)
     if device_map is None:
         d_model.to(dev)
     v_tok = AutoTokenizer.from_pretrained(str(verifier), trust_remote_code=trust_remote_code, **extra)
@@ -291,7 +307,8 @@ def load_models(
     if drafter_backend == "vllm":
         from .vllm import VLLMModel
 
-        comp_kw = {"dtype": dt, "limit_mm_per_prompt": {"image": 1, "video": 0}, **(drafter_vllm_kwargs or {})}
+        images = {} if text_only else {"limit_mm_per_prompt": {"image": 1, "video": 0}}
+        comp_kw = {"dtype": dt, **images, **(drafter_vllm_kwargs or {})}
         comp = VLLMModel.from_pretrained(drafter, trust_remote_code=trust_remote_code, **extra, **comp_kw)
     full = comp if comp is not None and getattr(comp, "accepts_images", False) else None
     sd_model, sd_tok = (None, None)

@@ -262,6 +262,12 @@ def _identity_and_pipeline(args: argparse.Namespace, records_path: Path, **run: 
     pipe = pipeline_from_args(
         argparse.Namespace(**{**vars(args), "preset": preset_name or args.preset}), prompt_style=mv.style_for(args.protocol)
     )
+    if not pipe.models.reads_images:  # every MathVista / MiniVista problem (the agent family's too) has an image
+        from ..engines.text_processor import image_refusal
+
+        raise AsymSpecError(
+            f"eval mathvista asks about images: {image_refusal(str(getattr(pipe.drafter, 'name_or_path', '') or 'a text model'))}"
+        )
     if pending:  # downloaded by the load: now named by revision and file hashes
         sd = {"sd_drafter": checkpoint_identity(args.sd_drafter)} if "sd_drafter" in models else {}
         identity["models"] = models_identity(preset_name, args.drafter, args.verifier, args.device, args.dtype)[0] | sd

@@ -107,6 +107,24 @@ def add_sd_drafter_arg(g: Any) -> None:
     )
 
 
+#: ``--compression``'s value on every command that takes it (``serve``, ``generate``, ``chat``).
+COMPRESSION_SPEC = "a compressor (truncate, question-only, signature, summary, llmlingua2) with settings, e.g. 'llmlingua2,rate=0.3,keep_last_turns=2' or a JSON object"
+
+
+def add_compression_arg(p: Any, what: str) -> None:
+    """``--compression SPEC`` (one spelling everywhere: :meth:`~asymspec_mm.request.compression.Compression.of` reads
+    it); ``what`` says what it compresses on this command."""
+    p.add_argument("--compression", default=None, metavar="SPEC", help=f"{what}: {COMPRESSION_SPEC} [default: none]")
+
+
+def compression_from_args(args: argparse.Namespace) -> Any:
+    """The checked :class:`~asymspec_mm.request.compression.Compression` of ``--compression`` (``None`` when not given):
+    a bad setting is one line naming the option, before any model loads."""
+    from ..request.compression import Compression
+
+    return Compression.of(getattr(args, "compression", None), "--compression")
+
+
 def add_decode_args(p: argparse.ArgumentParser, *, method: bool = True, skip: tuple[str, ...] = ()) -> None:
     """One option per documented :class:`AsymSpecConfig` field (``--max-new-tokens`` for ``max_new_tokens``),
     with its default, choices and range (:data:`~asymspec_mm.base.config.RANGES`), plus ``--method`` unless ``method=False``."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import UnknownOptionError
-from .compressors import COMPRESSORS, CompressorContext, RoleCompressor
+from .compressors import COMPRESSORS, SUMMARY_MODELS, CompressorContext, RoleCompressor
 from .conversation import Turn
 
 #: The messages a compression applies to by default (``developer`` messages are ``system`` ones).
@@ -34,7 +34,7 @@ TOOLS = "tools"
 UNITS = ("tokens", "chars")
 KEEPS = ("head", "tail", "both")
 #: The settings' fields as a request spells them (the server's ``asymspec.compression``, the CLI's ``--compression``).
-FIELDS = ("method", "rate", "limit", "unit", "keep", "keep_last_turns", "roles", "model")
+FIELDS = ("method", "rate", "limit", "unit", "keep", "keep_last_turns", "roles", "model", "summarizer")
 
 
 class CompressionError(UnknownOptionError):
@@ -56,7 +56,8 @@ class Compression:
     ``tail`` or ``both``. ``keep_last_turns``: the last messages left verbatim (default 2, the paper's
     ``keep_last_k``). ``roles``: which messages are compressed (default all: tool outputs, user messages with their
     documents, earlier assistant answers and the system prompt). ``model``: LLMLingua-2's classifier (a hub id in
-    the local cache, or a directory). ``summarizer``: the ``summary`` method's callable ``text -> summary``.
+    the local cache, or a directory). ``summarizer``: who writes the ``summary`` method's summaries: ``"verifier"``
+    (the default) or ``"drafter"``, a model the pipeline holds, or a callable ``text -> summary``.
     """
 
     method: str | Callable[[str], str]
@@ -67,7 +68,7 @@ class Compression:
     keep_last_turns: int = 2
     roles: tuple[str, ...] = COMPRESSIBLE_ROLES
     model: str | None = None
-    summarizer: Callable[[str], str] | None = None
+    summarizer: Callable[[str], str] | str | None = None
 
     @classmethod
     def of(cls, value: Any, field: str = "compression") -> Compression | None:
@@ -80,7 +81,7 @@ class Compression:
         if isinstance(value, str):
             return cls(**_parse_spec(value, field)).checked(field)
         if isinstance(value, Mapping):
-            unknown = [k for k in value if k not in FIELDS and k != "summarizer"]
+            unknown = [k for k in value if k not in FIELDS]
             if unknown:
                 raise CompressionError(
                     f"{field}.{unknown[0]} is not a compression setting; use {', '.join(FIELDS)}", f"{field}.{unknown[0]}"
@@ -120,10 +121,12 @@ class Compression:
             raise CompressionError(f"{at('roles')}={self.roles!r} must be a list of {', '.join((*COMPRESSIBLE_ROLES, TOOLS))}", at("roles"))
         if self.model is not None and not isinstance(self.model, str):
             raise CompressionError(f"{at('model')} must be a string: a hub id in the local cache or a directory", at("model"))
-        if self.summarizer is not None and not callable(self.summarizer):
-            raise CompressionError(f"{at('summarizer')} must be a callable text -> summary", at("summarizer"))
-        if self.method == "summary" and not callable(self.summarizer):
-            raise CompressionError(f"{at('summarizer')}: the summary compressor needs a callable text -> summary", at("summarizer"))
+        if self.summarizer is not None and not callable(self.summarizer) and self.summarizer not in SUMMARY_MODELS:
+            raise CompressionError(
+                f"{at('summarizer')}={self.summarizer!r} must be a model the pipeline holds ({', '.join(SUMMARY_MODELS)}) "
+                "or a callable text -> summary",
+                at("summarizer"),
+            )
         if self.method == "llmlingua2":
             from .llmlingua2 import DEFAULT_MODEL, missing_model_message, model_is_local
 
@@ -217,14 +220,22 @@ def tokenizer_key(tokenizer: Any) -> tuple:
     return (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", None), len(tokenizer))
 
 
-def compressor_of(compression: Compression, tokenizer: Any = None) -> RoleCompressor:
-    """The ``(text, role) -> text`` compressor of ``compression`` (built once per settings and tokenizer)."""
+def summarizer_key(compression: Compression, summarize: Any) -> tuple:
+    """What tells apart the summaries of two pipelines' models in a cache key (nothing for other compressors)."""
+    if compression.method != "summary" or callable(compression.summarizer) or summarize is None:
+        return ()
+    return tuple(getattr(summarize, "key", (id(summarize),)))
+
+
+def compressor_of(compression: Compression, tokenizer: Any = None, summarize: Any = None) -> RoleCompressor:
+    """The ``(text, role) -> text`` compressor of ``compression`` (built once per settings, tokenizer and, for a
+    summary by a model the pipeline holds, ``summarize``: :class:`~asymspec_mm.request.summarizer.ModelSummarizer`)."""
     if callable(compression.method):
         user = compression.method
         return lambda text, role: str(user(text))
-    key = (compression.key, tokenizer_key(tokenizer))
+    key = (compression.key, tokenizer_key(tokenizer), summarizer_key(compression, summarize))
     if key not in _BUILT:
-        _BUILT[key] = COMPRESSORS[compression.method](compression, CompressorContext(tokenizer))
+        _BUILT[key] = COMPRESSORS[compression.method](compression, CompressorContext(tokenizer, summarize))
         while len(_BUILT) > _BUILT_SIZE:
             _BUILT.popitem(last=False)
     return _BUILT[key]
@@ -244,11 +255,13 @@ class CompressedConversation:
 
 
 def compress_turns(
-    turns: Sequence[Turn], compression: Compression, tokenizer: Any = None, cache: CompressedTurns = COMPRESSED
+    turns: Sequence[Turn], compression: Compression, tokenizer: Any = None, cache: CompressedTurns = COMPRESSED, summarize: Any = None
 ) -> CompressedConversation:
     """``turns`` with each text part of every message before the last ``keep_last_turns`` compressed (messages of
-    ``compression.roles`` only; images stay as they are), each through ``cache``."""
-    compress = compressor_of(compression, tokenizer)
+    ``compression.roles`` only; images stay as they are), each through ``cache``; ``summarize``: the pipeline's
+    summaries by its own models (:func:`compressor_of`)."""
+    compress = compressor_of(compression, tokenizer, summarize)
+    skey = summarizer_key(compression, summarize)
     older = len(turns) - compression.keep_last_turns
     out, indices, t0 = [], set(), time.perf_counter()
     for i, turn in enumerate(turns):
@@ -257,7 +270,7 @@ def compress_turns(
             continue
         role = turn.role
         parts = tuple(
-            cache.get((compression.key, tokenizer_key(tokenizer), role, p), lambda p=p, role=role: compress(p, role))
+            cache.get((compression.key, tokenizer_key(tokenizer), *skey, role, p), lambda p=p, role=role: compress(p, role))
             if isinstance(p, str)
             else p
             for p in turn.parts
@@ -290,14 +303,19 @@ def compression_stats(
 
 
 def compress_tools(
-    tools: Sequence[Mapping[str, Any]], compression: Compression, tokenizer: Any = None, cache: CompressedTurns = COMPRESSED
+    tools: Sequence[Mapping[str, Any]],
+    compression: Compression,
+    tokenizer: Any = None,
+    cache: CompressedTurns = COMPRESSED,
+    summarize: Any = None,
 ) -> list[dict[str, Any]]:
     """The offered tools as the verifier's template renders them when ``compression.roles`` names ``tools`` (else
     as they are): ``signature`` keeps each function's name and its parameters' names, types and ``required`` (no
     descriptions: the API-Bank setting); any other compressor compresses each description (role ``tools``)."""
     if TOOLS not in compression.roles:
         return list(tools)
-    compress = compressor_of(compression, tokenizer)
+    compress = compressor_of(compression, tokenizer, summarize)
+    skey = summarizer_key(compression, summarize)
     out = []
     for tool in tools:
         fn = dict(tool["function"])
@@ -306,7 +324,9 @@ def compress_tools(
             fn["parameters"] = _typed_only(fn.get("parameters"))
         elif isinstance(fn.get("description"), str):
             text = fn["description"]
-            fn["description"] = cache.get((compression.key, tokenizer_key(tokenizer), TOOLS, text), lambda t=text: compress(t, TOOLS))
+            fn["description"] = cache.get(
+                (compression.key, tokenizer_key(tokenizer), *skey, TOOLS, text), lambda t=text: compress(t, TOOLS)
+            )
         out.append({**tool, "function": fn})
     return out
 

@@ -11,7 +11,9 @@ settings and a :class:`CompressorContext` (the verifier's tokenizer), and called
   every other role's text is dropped.
 - ``signature``: a tool's documentation reduced to its signature: JSON API descriptions (OpenAI function tools,
   API-Bank's ``input_parameters``) become ``name(arg: type, ...)``; in free text, the lines that read as calls.
-- ``summary``: the ``summarizer`` callable's summary (``text -> summary``).
+- ``summary``: a summary written by a model the pipeline holds (``summarizer="verifier"``, the default, or
+  ``"drafter"``: through the pipeline's own engines, :mod:`asymspec_mm.request.summarizer`) or by a callable
+  ``text -> summary``.
 - ``llmlingua2``: LLMLingua-2's token classifier keeps the ``rate`` most important words
   (:mod:`asymspec_mm.request.llmlingua2`).
 
@@ -36,7 +38,7 @@ class Compression(Protocol):
     unit: str
     keep: str
     model: str | None
-    summarizer: Callable[[str], str] | None
+    summarizer: Callable[[str], str] | str | None
 
 
 #: A built compressor: ``(text, role) -> compressed text``.
@@ -45,9 +47,18 @@ RoleCompressor = Callable[[str, str], str]
 
 @dataclass(frozen=True)
 class CompressorContext:
-    """What a factory may use: ``tokenizer`` the verifier's (token counts are the verifier's)."""
+    """What a factory may use: ``tokenizer`` the verifier's (token counts are the verifier's); ``summarize``, where
+    the pipeline gives one, ``(model, text, max_new_tokens) -> summary`` by a model it holds (``"verifier"`` or ``"drafter"``,
+    :class:`~asymspec_mm.request.summarizer.ModelSummarizer`)."""
 
     tokenizer: Any = None
+    summarize: Any = None
+
+
+#: The models the ``summary`` compressor may have write a summary, as ``summarizer=`` names them (default: the first).
+SUMMARY_MODELS = ("verifier", "drafter")
+#: The longest summary such a model writes, in its tokens, unless the setting's ``limit`` says otherwise.
+SUMMARY_TOKENS = 128
 
 
 #: name -> factory ``(compression, context) -> RoleCompressor``
@@ -151,7 +162,19 @@ def _signature(c: Compression, ctx: CompressorContext) -> RoleCompressor:
 # ---------------------------------------------------------------------------------------------- summary, llmlingua2
 def _summary(c: Compression, ctx: CompressorContext) -> RoleCompressor:
     summarize = c.summarizer
-    return lambda text, role: str(summarize(text))
+    if callable(summarize):
+        return lambda text, role: str(summarize(text))
+    which = summarize or SUMMARY_MODELS[0]
+    if ctx.summarize is None:
+        from ..base.errors import UnknownOptionError
+
+        raise UnknownOptionError(
+            f"compression.summarizer={which!r} writes summaries with the pipeline's {which}, and none is at hand here: "
+            "compress through a pipeline (pipe.chat(..., compression=...)), or pass a callable text -> summary",
+            param="compression.summarizer",
+        )
+    budget = c.limit if c.limit is not None else SUMMARY_TOKENS
+    return lambda text, role: ctx.summarize(which, text, budget)
 
 
 def _llmlingua2(c: Compression, ctx: CompressorContext) -> RoleCompressor:

@@ -20,6 +20,7 @@ from ..decode.rows import STREAMS_OF
 from ..engines import Engine, EngineFactory
 from ..engines.loading import MIN_VOCAB_OVERLAP, check_vocabularies, cross_family_eos, eos_ids
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES, PrefixKV
+from ..engines.text_processor import image_refusal, reads_images
 from ..engines.vllm import logit_width
 from .prompts import Prompts
 
@@ -65,6 +66,8 @@ class ModelSet:
         self.drafter_comp = drafter_comp
         self.drafter_full = drafter_full
         self.sd_drafter = sd_drafter.eval() if sd_drafter is not None else None
+        #: whether the drafter reads images (a vision-language model); a text drafter's full view is the whole text
+        self.reads_images = reads_images(drafter)
         #: the tokenizer of the answers' ids: the drafter's (one vocabulary), the verifier's (a cross-family pair)
         self.tokenizer = processor.tokenizer
         self.device = device or next(drafter.parameters()).device
@@ -147,6 +150,20 @@ class ModelSet:
     def staged_streams(self, method: str) -> tuple[str, ...]:
         """The streams of ``method`` that batched chunked prefill can fill: those on a transformers model."""
         return tuple(name for name, model in self.stream_models(method).items() if isinstance(model, torch.nn.Module))
+
+    def check_images(self, count: int) -> None:
+        """Refuse ``count`` > 0 images when the drafter reads text only (one line naming the fix: a VL drafter)."""
+        if count and not self.reads_images:
+            from ..base.errors import TextDrafterImageError
+
+            raise TextDrafterImageError(image_refusal(str(getattr(self.drafter, "name_or_path", "") or "a text model")))
+
+    def drafter_engine(self, engines: EngineFactory, name: str, **kwargs: Any) -> Engine:
+        """A fresh stream of the transformers drafter from ``engines``: a VL stream (M-RoPE positions; ``kwargs`` such
+        as ``encoder``) for a vision-language drafter, a text stream for a text one."""
+        if self.reads_images:
+            return engines.vision(self.drafter, name, prefix_kv=self.prefix_kv, **kwargs)
+        return engines.text(self.drafter, name, prefix_kv=self.prefix_kv)
 
     def verifier_engine(self, engines: EngineFactory, name: str = "verifier") -> Engine:
         """A fresh verifier stream: on vLLM when the verifier is served there, else from ``engines``."""

@@ -193,6 +193,14 @@ class RequestPreparer:
         return self._start_session(request, rendered, vision, t_start, engines, prefill, on_phase)
 
     @functools.cached_property
+    def summarizer(self) -> Any:
+        """The ``summary`` compressor's writer of summaries by the pipeline's own models (the verifier by default,
+        or the drafter): :class:`~asymspec_mm.request.summarizer.ModelSummarizer` on this preparer's engines."""
+        from .summarizer import ModelSummarizer
+
+        return ModelSummarizer(self.models, self.engines)
+
+    @functools.cached_property
     def verifier_tools_problem(self) -> str | None:
         """Why the verifier cannot take tools (:func:`~asymspec_mm.request.tool_support.template_tools_problem` of its
         tokenizer; decided once, from its chat template alone), or ``None`` when it can."""
@@ -228,6 +236,7 @@ class RequestPreparer:
         from vision_cache.image import load_image
 
         m = self.models
+        m.check_images(1)
         img = load_image(req.image)
         warnings = warn_request(self.name, req.question, [img.size], req.domain_advice)  # logged before the slow part of the set-up
         budget = {} if req.max_caption_chars is None else {"max_caption_chars": req.max_caption_chars}
@@ -256,6 +265,7 @@ class RequestPreparer:
 
         m = self.models
         turns = parse_messages(req.messages)
+        m.check_images(sum(len(turn.images) for turn in turns))
         images = [load_image(req.image_of(part.source)) for turn in turns for part in turn.images]
         warnings = warn_request(self.name, task_text(turns), [img.size for img in images], req.domain_advice)
         captions, ocrs = per_image(req.caption, len(images), "caption"), per_image(req.ocr, len(images), "ocr")
@@ -269,7 +279,10 @@ class RequestPreparer:
             for key, seconds in spent.items():
                 timings[key] = timings.get(key, 0.0) + seconds
         rendered_views = {i + 1: v.render() for i, v in enumerate(views)}
-        squeezed = compress_turns(turns, req.compression, m.verifier_tokenizer) if req.compression is not None else None
+        summarize = self.summarizer
+        squeezed = (
+            compress_turns(turns, req.compression, m.verifier_tokenizer, summarize=summarize) if req.compression is not None else None
+        )
         vm = view_messages(
             turns,
             rendered_views,
@@ -278,7 +291,11 @@ class RequestPreparer:
             verifier_turns=squeezed.turns if squeezed is not None else None,
         )
         tools = prompt_tools(req.tools, req.tool_choice)
-        short_tools = compress_tools(tools, req.compression, m.verifier_tokenizer) if req.compression is not None and tools else None
+        short_tools = (
+            compress_tools(tools, req.compression, m.verifier_tokenizer, summarize=summarize)
+            if req.compression is not None and tools
+            else None
+        )
         texts = view_texts(
             m.processor, m.verifier_tokenizer, vm, enable_thinking=req.enable_thinking, tools=tools, compressed_tools=short_tools
         )
@@ -421,9 +438,7 @@ class RequestPreparer:
             args: tuple = (ids[name][0, :-1],)
             if name == "drafter_full":
                 served = m.drafter_full is not None  # on vLLM, which runs its own tower; its prefix cache keeps the KV
-                engine = (
-                    m.drafter_full.vision_engine(name) if served else engines.vision(model, name, encoder=m.encoder, prefix_kv=m.prefix_kv)
-                )
+                engine = m.drafter_full.vision_engine(name) if served else m.drafter_engine(engines, name, encoder=m.encoder)
                 if images:  # a conversation without images reads the full view as text
                     # the features first, never under the lock (the feature cache may wait on the serving loop)
                     features = None if served else m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))[0]
@@ -433,7 +448,7 @@ class RequestPreparer:
             elif hasattr(model, "engine"):  # a served model (vLLM)
                 engine = model.engine(name)
             elif model is m.drafter:
-                engine = engines.vision(model, name, prefix_kv=m.prefix_kv)  # the drafter's text-only stream (rope delta 0)
+                engine = m.drafter_engine(engines, name)  # the drafter's text-only stream (a VL drafter's: rope delta 0)
             else:
                 engine = engines.text(model, name, prefix_kv=m.prefix_kv)
             # in the serving loop when one serves this set-up (a vLLM-served stream's prefill too), else here

@@ -115,6 +115,8 @@ class Request:
             if self.tools or self.tool_choice is not None or self.response_format is not None:
                 raise UnknownOptionError("tools, tool_choice and response_format need a conversation: pass messages, e.g. pipe.chat(...)")
             check_text_fields({"question": self.question, "caption": self.caption, "ocr": self.ocr}, prefix=where)
+            if self.image is None:
+                return self.as_conversation(where).checked(where)
             if self.compression is not None:
                 raise UnknownOptionError("compression needs a conversation: pass messages, e.g. pipe.chat(...)")
             return dataclasses.replace(self, question=check_question(self.question), method=method, config=cfg, is_checked=True)
@@ -135,6 +137,20 @@ class Request:
             compression=compression,
             is_checked=True,
         )
+
+    def as_conversation(self, where: str = "") -> Request:
+        """A question without an image as the one-turn conversation it is: ``[{"role": "user", "content":
+        question}]`` (what a text-only pair answers; a VL pair answers it too, its full view the text alone). A
+        caption or OCR text describes an image, so either without one is refused, naming the field."""
+        for name in ("caption", "ocr"):
+            if getattr(self, name) not in (None, False):
+                raise UnknownOptionError(
+                    f"{where + '.' if where else ''}{name} describes an image but the request has none: give the image, "
+                    f"or leave {name} out",
+                    param=f"{where + '.' if where else ''}{name}",
+                )
+        question = check_question(self.question)
+        return dataclasses.replace(self, image=None, question="", messages=[{"role": "user", "content": question}], ocr=None)
 
 
 REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked", "images"}

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..core.setup_pool import DEFAULT_SETUP_WORKERS
-from ..frontend.options import add_model_args, non_negative_int, positive_float, positive_int
+from ..frontend.options import add_compression_arg, add_model_args, non_negative_int, positive_float, positive_int
 from .drain import DEFAULT_DRAIN_TIMEOUT
 from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
 from .sampling_fields import GENERATION_CONFIGS
@@ -135,14 +135,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the shape of GET /get_load: sglang = SGLang's list (SGLang's gateway reads it), vllm-router = "
         '{"load": n} (what vllm-router 0.1.17 reads) [default: %(default)s]',
     )
-    s.add_argument(
-        "--compression",
-        default=None,
-        metavar="SPEC",
-        help="compress the verifier's view of each chat request turn by turn unless it sets asymspec.compression: "
-        "a compressor (truncate, question-only, signature, llmlingua2) with settings, e.g. "
-        "'llmlingua2,rate=0.3,keep_last_turns=2' or a JSON object [default: none]",
-    )
+    add_compression_arg(s, "compress the verifier's view of each chat request turn by turn unless it sets asymspec.compression")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="[default: %(default)s]")
     p.set_defaults(func=cmd_serve)
     return p
@@ -161,14 +154,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if args.allow_local_images is not None and not os.path.isdir(args.allow_local_images):
         raise AsymSpecError(f"--allow-local-images {args.allow_local_images!r} is not a directory")
-    from ..frontend.options import pipeline_from_args
-    from ..request.compression import Compression
+    from ..frontend.options import compression_from_args, pipeline_from_args
     from .app import create_app
     from .loading import LoadingResponder
     from .responses_store import open_response_store
     from .server import bind_socket, serve, url_of, warn_if_exposed
 
-    args.compression = Compression.of(args.compression, "--compression")  # a bad setting fails before the models load
+    args.compression = compression_from_args(args)  # a bad setting fails before the models load
     store = open_response_store(args.responses_store)  # a bad path fails at once, before the port and the models
     sock = bind_socket(args.host, args.port)
     pipe = None

@@ -1,0 +1,81 @@
+"""Summaries written by a model the pipeline already holds (the ``summary`` compressor's ``summarizer="verifier"``
+or ``"drafter"``): one greedy answer through the pipeline's own engines, under its models' lock, with no second copy
+of any model.
+
+The paper's LongBench and MultiChallenge settings compress a context into a summary; here the verifier (by default)
+or the drafter writes it from :data:`SUMMARY_PROMPT`. Each summary is cached by its text and settings like any
+compressed message, so an older turn is summarized once and reads the same in every later request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..base.config import AsymSpecConfig
+from ..base.errors import ContextOverflowError
+from ..decode import greedy_steps
+from ..engines import EngineFactory
+from ..engines.loading import eos_ids
+from .models import ModelSet
+
+#: What the model is asked; ``{text}`` is the message's text.
+SUMMARY_PROMPT = (
+    "Summarize the text below in a few sentences. Keep every name, number and fact that a later question may ask about.\n\n{text}"
+)
+
+
+def chat_prompt_ids(models: ModelSet, which: str, prompt: str) -> list[int]:
+    """``prompt`` as one user turn through ``which`` model's chat template (generation prompt, thinking off), its ids."""
+    if which == "verifier":
+        tok = models.verifier_tokenizer
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+    else:
+        tok = models.processor.tokenizer
+        text = models.processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "text", "text": prompt}]}], tokenize=False, add_generation_prompt=True
+        )
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: str, max_new_tokens: int) -> str:
+    """``which`` model's greedy answer to ``prompt`` (``verifier`` or ``drafter``), decoded on a fresh stream of the
+    pipeline's engines; the models' lock is held per model call, so rows decoding elsewhere step in between."""
+    model = models.verifier if which == "verifier" else models.drafter
+    tok = models.verifier_tokenizer if which == "verifier" else models.processor.tokenizer
+    ids = torch.tensor(chat_prompt_ids(models, which, prompt), dtype=torch.long)
+    conf = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(conf, "max_position_embeddings", None)
+    if limit and ids.numel() + max_new_tokens > limit:
+        raise ContextOverflowError(f"the summary prompt has {ids.numel()} tokens; the {which}'s window is {limit}")
+    with models.lock:
+        engine = models.verifier_engine(engines, "summary") if which == "verifier" else models.drafter_engine(engines, "summary")
+        engine.prefill(ids[:-1])
+    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
+    steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([tok], [model]), is_verifier=which == "verifier")
+    tokens: list[int] = []
+    while True:
+        with models.lock:
+            events = next(steps, None)
+        if events is None:
+            break
+        tokens += [ev.token_id for ev in events]
+    return tok.decode(tokens, skip_special_tokens=True).strip()
+
+
+class ModelSummarizer:
+    """``summarize(which, text)``: the summary of ``text`` by the pipeline's ``which`` model (see the module)."""
+
+    def __init__(self, models: ModelSet, engines: EngineFactory):
+        self.models, self.engines = models, engines
+
+    @property
+    def key(self) -> tuple:
+        """What tells two pipelines' summaries apart in a cache key: their models' sources."""
+        name = lambda m: str(getattr(m, "name_or_path", "") or id(m))  # noqa: E731
+        return (name(self.models.verifier), name(self.models.drafter))
+
+    def __call__(self, which: str, text: str, max_new_tokens: int) -> str:
+        """``which`` model's summary of ``text``, at most ``max_new_tokens`` long."""
+        return model_answer(self.models, self.engines, which, SUMMARY_PROMPT.format(text=text), max_new_tokens)
