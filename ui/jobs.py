@@ -253,7 +253,7 @@ class DemoApp(ViewFields):
         if not pair_reads_images(self.pipe):  # a text-only drafter: the question alone, no image, no caption or OCR
             if _file_path(image):
                 raise DemoInputError(text_pair_image_refusal(self.pipe))
-            return _Request(None, question, None, None, method, overrides, others, [], None, setup_steps(caption=False, ocr=False))
+            return _RunInputs(None, question, None, None, method, overrides, others, [], None, setup_steps(caption=False, ocr=False))
         img = self._load_image(image)
         notes: list[str] = []
         cap_arg = caption if caption.strip() else (None if autofill else "")
