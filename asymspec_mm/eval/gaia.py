@@ -253,25 +253,26 @@ def run_gaia(
     cache: ToolCache,
     out: str | Path | None = None,
     log: Any = print,
+    note: str = "",
 ) -> list[TaskRecord]:
-    """Every task under every row (row by row), appending each record to ``out``/records.jsonl as it finishes."""
+    """Every task under every row (row by row). With ``out``: each record is appended to ``records.jsonl`` as it
+    finishes and ``table4.md`` (``note``, then :func:`table4`) rewritten, so a run cut short keeps its table."""
     settings = settings.checked()
     rows = check_rows(rows)
-    path = Path(out) / "records.jsonl" if out is not None else None
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(out) if out is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
     records = []
     for row in rows:
         for task in tasks:
             rec = run_task(base_url, row, task, cache, settings)
             records.append(rec)
-            if path is not None:
-                with path.open("a", encoding="utf-8") as f:
+            if folder is not None:
+                with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
                     f.write(json.dumps(asdict(rec)) + "\n")
-            log(
-                f"{row} {task.task_id} ({task.subset}): {'right' if rec.correct else 'wrong'}, {len(rec.requests)} requests"
-                + (f", {rec.error}" if rec.error else "")
-            )
+                (folder / "table4.md").write_text(note + table4(records) + "\n", encoding="utf-8")
+            error = f", {rec.error}" if rec.error else ""
+            log(f"{row} {task.task_id} ({task.subset}): {'right' if rec.correct else 'wrong'}, {len(rec.requests)} requests{error}")
     return records
 
 

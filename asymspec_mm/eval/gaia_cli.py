@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import AsymSpecError
+from ..frontend.help import terminal_text
 from ..frontend.options import add_model_args, pipeline_from_args
 
 DEFAULT_OUT = "runs/gaia"
@@ -23,7 +24,12 @@ def add_gaia_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``eval gaia`` on ``eval``'s subparsers."""
     from .gaia import REACT_COMPRESSION, ROWS
 
-    g = sub.add_parser("gaia", help="the paper's GAIA harness (smolagents ReAct loop, per-turn compression): Table 4")
+    g = sub.add_parser(
+        "gaia",
+        help="the paper's GAIA harness (smolagents ReAct loop, per-turn compression): Table 4",
+        description=terminal_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     d = g.add_argument_group("data")
     d.add_argument("--gaia-dir", default=None, help="a GAIA split's folder: metadata.jsonl and its files (e.g. DIR/2023/validation)")
     d.add_argument("--bundled", action="store_true", help="the bundled GAIA-shaped tasks (MiniVista images): a protocol check")
@@ -106,11 +112,9 @@ def cmd_gaia(args: argparse.Namespace) -> int:
         print(f"{len(tasks)} tasks x {len(rows)} rows: {', '.join(rows)}")
         with _server(args) as url:
             settings = dataclasses.replace(settings, model_id=args.model or served_model(url))
-            records = run_gaia(url, tasks, rows, settings, cache, out=out)
+            note = "Bundled GAIA-shaped tasks: a protocol check, not a GAIA score.\n\n" if args.bundled else ""
+            records = run_gaia(url, tasks, rows, settings, cache, out=out, note=note)
     summary = {row: row_summary([r for r in records if r.row == row]) for row in rows}
     (out / "summary.json").write_text(json.dumps({"rows": summary, "bundled": args.bundled}, indent=1), encoding="utf-8")
-    table = table4(records)
-    note = "Bundled GAIA-shaped tasks: a protocol check, not a GAIA score.\n\n" if args.bundled else ""
-    (out / "table4.md").write_text(note + table + "\n", encoding="utf-8")
-    print(table)
+    print(table4(records))
     return 0
