@@ -75,6 +75,7 @@ class _Job:
         self.keys: tuple[str, ...] = ("main", *req.compare)
         self.methods = {"main": req.method, **{m: m for m in req.compare}}
         self.handles: dict[str, Any] = {}
+        self.messages: list[dict[str, Any]] | None = None
         self.traces: dict[str, list] = {k: [] for k in self.keys}
         self.results: dict[str, Any] = {}
         self.errors: dict[str, BaseException] = {}
@@ -96,8 +97,10 @@ class _Job:
         row's updates (:meth:`Handle.listen`: on the scheduler's thread, no thread per row); returns self."""
         r = self.req
         messages = r.conversation.messages(r.image, r.question) if r.conversation is not None else None
-        if r.tools and messages is None:  # tools are offered to a conversation: a first turn is one user message
+        if (r.tools or "compression" in r.overrides) and messages is None:  # tools and compression need a conversation:
+            # a first turn is one user message
             messages = [user_message(r.question, r.image)]
+        self.messages = messages  # what the rows read (None: a first turn, one question about the image)
         tools = dict(tools=r.tools, tool_choice=r.tool_choice) if r.tools else {}
         try:
             for key in self.keys:
