@@ -1,4 +1,4 @@
-"""The 10-turn agent conversation benchmark (asymspec_mm.bench.agent_turns), shortened to three turns on the tiny
+"""The 10-turn agent conversation benchmark (asymspec_mm.bench.agent_turns), shortened to two turns on the tiny
 random pair: every arm reads the same history, the compressed arm's verifier prompt is the uncompressed one's
 divided by its ratio, each arm reuses only its own earlier turns, and the table is its records side by side."""
 
@@ -13,7 +13,7 @@ TRUNCATE = "truncate,limit=12,keep_last_turns=2"
 
 @pytest.fixture(scope="module")
 def runs(tiny_pipe):
-    return run_bench(tiny_pipe, ["none", TRUNCATE], reps=1, turns=3, rows=4, max_new_tokens=2)
+    return run_bench(tiny_pipe, ["none", TRUNCATE], reps=1, turns=2, rows=3, max_new_tokens=2)
 
 
 def test_each_arm_reads_the_same_history_its_own_way(runs, tiny_pipe):
@@ -21,7 +21,7 @@ def test_each_arm_reads_the_same_history_its_own_way(runs, tiny_pipe):
     none, squeezed = runs["none|asymspec"][0], runs[f"{TRUNCATE}|asymspec"][0]
     tok = tiny_pipe.verifier_tokenizer
     for turn, (a, b) in enumerate(zip(none, squeezed), start=1):
-        text = tok.apply_chat_template(agent_history(turn, 4), tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        text = tok.apply_chat_template(agent_history(turn, 3), tokenize=False, add_generation_prompt=True, enable_thinking=False)
         assert a["prompt_tokens"] == len(tok(text, add_special_tokens=False)["input_ids"])  # the whole history, rendered
         assert b["prompt_tokens_full"] == a["prompt_tokens"] and a["compression_ratio"] == 1.0
         assert b["compression_ratio"] == pytest.approx(b["prompt_tokens_full"] / b["prompt_tokens"])
@@ -38,7 +38,7 @@ def test_each_arm_reads_the_same_history_its_own_way(runs, tiny_pipe):
 def test_the_table_puts_the_arms_side_by_side(runs):
     table = format_table(summarize(runs), ["none", TRUNCATE]).splitlines()
     assert table[0].startswith("| turn | verifier prompt tokens (none / truncate) | cached tokens (none / truncate) |")
-    assert len(table) == 2 + 3
+    assert len(table) == 2 + 2
     n, s, nf, sf = (runs[k][0][1] for k in ("none|asymspec", f"{TRUNCATE}|asymspec", "none|floor", f"{TRUNCATE}|floor"))
     assert table[3] == (
         f"| 2 | {n['prompt_tokens']} / {s['prompt_tokens']} | {n['cached_tokens']} / {s['cached_tokens']} "

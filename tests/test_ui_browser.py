@@ -1018,7 +1018,7 @@ def test_the_full_and_compressed_views_side_by_side_turn_by_turn(browser_env):
     img = env["tmp"] / "views.png"
     case["image"].save(img)
     page = _new_page(env, env["url"], DESKTOP)
-    page.locator("#asym-views-box").get_by_text("Full and compressed views, turn by turn").first.click()
+    page.locator("#asym-compression-box").get_by_text("Per-turn compression").first.click()
     page.locator("#asym-compression textarea").fill(spec)
     fill(page, img, case["question"], "a chart", "")
     _run_and_wait(page)

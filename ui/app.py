@@ -78,7 +78,7 @@ from .sampling_inputs import build_sampling_inputs
 from .serve import add_demo_parser, is_loopback, launch, main, serve  # noqa: F401 - re-exported
 from .tool_calls import render_tool_calls_html  # noqa: F401 - re-exported
 from .tool_inputs import build_tool_inputs
-from .views_side import build_views_panel, views_handler
+from .views_side import build_compression_input, build_views_panel, views_handler
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -282,7 +282,7 @@ def build_app(
                         )
                     )
                 temperature, top_p, seed = build_sampling_inputs()
-                compression, views_html = build_views_panel()
+                compression = build_compression_input()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(
                     blank["answer_html"],
@@ -306,6 +306,7 @@ def build_app(
                 conversation_html = gr.HTML(
                     blank["conversation_html"], js_on_load=None, elem_id="asym-conversation", label="conversation_html"
                 )
+                views_html = build_views_panel()
                 stats_html = gr.HTML(blank["stats_html"], js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
                     label="JSD and gamma_eff per token",

@@ -21,6 +21,7 @@ __all__ = [
     "COMPRESSION_PLACEHOLDER",
     "SideViews",
     "ViewRow",
+    "build_compression_input",
     "build_views_panel",
     "check_compression_input",
     "render_views_html",
@@ -161,19 +162,25 @@ class SideViews:
         return render_views_html(view_rows(messages, result, tokenizer), result.stats.get("compression_ratio"))
 
 
-def build_views_panel() -> tuple[Any, Any]:
-    """The "Per-turn compression" field and the side-by-side panel (Gradio components, inside the current Blocks)."""
+def build_compression_input() -> Any:
+    """The "Per-turn compression" field (a Gradio component, inside the current Blocks: the inputs' column)."""
     import gradio as gr
 
-    with gr.Accordion("Full and compressed views, turn by turn", open=False, elem_id="asym-views-box"):
-        box = gr.Textbox(
-            label="Per-turn compression (the verifier's view of earlier turns; empty: off)",
+    with gr.Accordion("Per-turn compression", open=False, elem_id="asym-compression-box"):
+        return gr.Textbox(
+            label="The verifier's view of earlier turns (empty: off); the views show under the conversation",
             placeholder=COMPRESSION_PLACEHOLDER,
             lines=1,
             elem_id="asym-compression",
         )
-        panel = gr.HTML(render_views_html([]), js_on_load=None, elem_id="asym-views", label="views_html")
-    return box, panel
+
+
+def build_views_panel() -> Any:
+    """The side-by-side panel (a Gradio component, inside the current Blocks: the outputs' column)."""
+    import gradio as gr
+
+    with gr.Accordion("Full and compressed views, turn by turn", open=True, elem_id="asym-views-box"):
+        return gr.HTML(render_views_html([]), js_on_load=None, elem_id="asym-views", label="views_html")
 
 
 def views_handler(state: Any, request_type: type) -> Any:
