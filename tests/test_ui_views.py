@@ -17,7 +17,11 @@ def test_the_field_is_off_when_empty_and_a_compression_otherwise():
 
 @pytest.mark.parametrize(
     ("spec", "field"),
-    [("truncate,rate=2", "compression.rate"), ("gzip", "compression.method"), ("truncate,keep_last_turns=-1", "compression.keep_last_turns")],
+    [
+        ("truncate,rate=2", "compression.rate"),
+        ("gzip", "compression.method"),
+        ("truncate,keep_last_turns=-1", "compression.keep_last_turns"),
+    ],
 )
 def test_a_bad_setting_is_one_line_naming_its_field(spec, field):
     with pytest.raises(CompressionError) as err:
