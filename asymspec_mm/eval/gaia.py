@@ -17,10 +17,9 @@ length.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,15 +233,6 @@ def served_model(base_url: str) -> str:
     import httpx
 
     return httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
-
-
-@contextlib.contextmanager
-def served(pipe: Any) -> Iterator[str]:
-    """``pipe`` served on a free loopback port for the harness: its base URL."""
-    from ..serve import ServerThread, create_app
-
-    with ServerThread(create_app(pipe, max_batch_size=1)) as srv:
-        yield srv.url
 
 
 def run_gaia(

@@ -1,6 +1,6 @@
 """``asymspec-mm eval gaia``: the paper's GAIA harness (:mod:`.gaia`) over a local copy of GAIA, or over the
 bundled GAIA-shaped tasks (``--bundled``: a protocol check, not a score), against a running server (``--url``) or a
-pipeline it loads and serves on a loopback port. Writes ``records.jsonl`` (one line per row and task, each request's
+``asymspec-mm serve`` it starts on a loopback port with the model options. Writes ``records.jsonl`` (one line per row and task, each request's
 server figures), ``summary.json`` and ``table4.md`` (the paper's Table 4 layout) into ``--out``.
 """
 
@@ -9,13 +9,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..frontend.help import terminal_text
-from ..frontend.options import add_model_args, pipeline_from_args
+from ..frontend.options import add_model_args
 
 DEFAULT_OUT = "runs/gaia"
 
@@ -69,15 +75,59 @@ def add_gaia_parser(sub: Any) -> argparse.ArgumentParser:
     return g
 
 
-@contextlib.contextmanager
-def _server(args: argparse.Namespace):
-    from .gaia import served
+#: the model options ``eval gaia`` passes on to the ``serve`` it starts
+SERVE_OPTIONS = ("preset", "drafter", "verifier", "device", "dtype", "ocr_engine", "sd_drafter")
 
+
+def serve_command(args: argparse.Namespace) -> list[str]:
+    """``asymspec-mm serve`` on a free loopback port with ``args``' model options."""
+    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "warning"]
+    for name in SERVE_OPTIONS:
+        if getattr(args, name, None) is not None:
+            cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return cmd
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace) -> Iterator[str]:
+    """``--url``, or a ``serve`` subprocess with the models (its URL read from its start-up line; stopped after)."""
     if args.url:
         yield args.url
         return
-    with served(pipeline_from_args(args)) as url:
+    proc = subprocess.Popen(serve_command(args), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        url, seen = None, []
+        for line in proc.stderr:  # the models load first: minutes for a real pair
+            seen.append(line)
+            if "serving" in line and " on http://" in line:
+                url = line.split(" on ", 1)[1].split()[0].removesuffix("/v1")
+                break
+        if url is None:
+            raise AsymSpecError("the server did not start: " + (seen[-1].strip() if seen else f"exit code {proc.wait()}"))
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
+        _wait_healthy(url, proc)
         yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AsymSpecError(f"the server at {url} did not become healthy")
 
 
 def cmd_gaia(args: argparse.Namespace) -> int:
