@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real-shape benchmark on one GPU, in under 9 minutes (prepared on CPU; NOT YET RUN ON A GPU).
 #
-#   scripts/gpu_bench.sh [--paper-slice | --paper-slice-only | --no-paper-slice] [--dry-run] [-- SLICE OPTIONS]
+#   scripts/gpu_bench.sh [--paper-slice | --paper-slice-only | --no-paper-slice] [--gaia | --no-gaia] [--dry-run] [-- SLICE OPTIONS]
 #                                   # outputs in $OUT (when set, e.g. on the device machine) or runs/gpu-bench
 #
 # Phase 0, the paper slice (scripts/gpu_paper_slice.sh: 30 MathVista problems, the paper's protocol, the REAL pair
@@ -10,6 +10,13 @@
 # whatever the cache says (it then fails in seconds when a model is missing), --paper-slice-only gives it the whole
 # budget, --no-paper-slice skips it. Options after -- go to the slice (e.g. -- --images-dir DIR --limit 20).
 # --dry-run: no GPU needed; the slice's dry run (its eval selection, no model) and the phases that would run.
+#
+# Phase 0b, the GAIA harness (asymspec-mm eval gaia: the smolagents ReAct loop with per-turn LLMLingua-2 at 0.3, the
+# last 2 turns verbatim, K = 2, beta = 1; the REAL pair): by default it runs when both models and the LLMLingua-2
+# classifier are in the local Hugging Face cache and $GAIA_DIR holds a GAIA split (metadata.jsonl and its files; the
+# dataset is gated: see docs/compressed-views.md), on the first $GAIA_LIMIT tasks (default 4) with the rows
+# $GAIA_ROWS (default floor,asymspec) in GAIA_S seconds (default 240); --gaia runs it whatever the cache says,
+# --no-gaia skips it. Its records and table4.md are in $OUT/gaia even when its time runs out.
 #
 # Needs: a CUDA build of torch, transformers 5.x and matplotlib in $PYTHON (default: .venv/bin/python if present,
 # else python3). No network: the models are RANDOM-weight, built in memory with the published shapes
@@ -37,15 +44,17 @@ PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
 fi
-SLICE=auto DRY=0 SLICE_ARGS=()
+SLICE=auto GAIA=auto DRY=0 SLICE_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --paper-slice) SLICE=yes; shift ;;
     --paper-slice-only) SLICE=only; shift ;;
     --no-paper-slice) SLICE=no; shift ;;
+    --gaia) GAIA=yes; shift ;;
+    --no-gaia) GAIA=no; shift ;;
     --dry-run) DRY=1; shift ;;
     --) shift; SLICE_ARGS=("$@"); break ;;
-    *) echo "gpu_bench.sh: unknown option $1 (--paper-slice | --paper-slice-only | --no-paper-slice | --dry-run | -- SLICE OPTIONS)" >&2; exit 2 ;;
+    *) echo "gpu_bench.sh: unknown option $1 (--paper-slice | --paper-slice-only | --no-paper-slice | --gaia | --no-gaia | --dry-run | -- SLICE OPTIONS)" >&2; exit 2 ;;
   esac
 done
 BUDGET=530   # seconds for everything (one device command: <= 10 min)
@@ -57,11 +66,24 @@ if [ "$SLICE" = auto ]; then
     SLICE=no; echo "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache"
   fi
 fi
+GAIA_S="${GAIA_S:-240}"
+if [ "$GAIA" = auto ]; then
+  if [ "$SLICE" = only ]; then GAIA=no
+  elif [ ! -f "${GAIA_DIR:-}/metadata.jsonl" ]; then
+    GAIA=no; echo "gaia harness skipped: GAIA_DIR does not name a GAIA split (a folder holding metadata.jsonl and its files)"
+  elif ! "$PY" -c "import sys; from huggingface_hub import try_to_load_from_cache as c; sys.exit(0 if all(isinstance(c(m, 'config.json'), str) for m in ('Qwen/Qwen3-VL-2B-Instruct', 'Qwen/Qwen3-32B', 'microsoft/llmlingua-2-xlm-roberta-large-meetingbank')) else 1)" 2>/dev/null; then
+    GAIA=no; echo "gaia harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
+  else GAIA=yes
+  fi
+fi
+GAIA_CMD=("$PY" -m asymspec_mm.cli eval gaia --gaia-dir "${GAIA_DIR:-}" --limit "${GAIA_LIMIT:-4}" --rows "${GAIA_ROWS:-floor,asymspec}"
+  --drafter Qwen/Qwen3-VL-2B-Instruct --verifier Qwen/Qwen3-32B --device cuda --dtype bf16 --out "${OUT:-runs/gpu-bench}/gaia")
 SLICE_S=$([ "$SLICE" = only ] && echo $(( BUDGET - 20 )) || echo "${PAPER_SLICE_S:-300}")
 # Phase 2b's options (the dry run checks that the bench parses them)
 STATIC_ROWS=(--variants "" --lengths "" --k-values "" --no-probe --batch-sizes 1,8,32 --batch-cases 32 --batch-variants asymspec
   --batch-engine static-compile --batch-max-len 1024 --reps 1 --warmup 1 --max-new-tokens 32)
 if [ "$DRY" = 1 ]; then
+  echo "dry run: gaia harness: $GAIA (${GAIA_S}s)$([ "$GAIA" = yes ] && printf ': %s' "${GAIA_CMD[*]}")"
   echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1, 1b (cost curve), 2, 2b, 3, 4 in the time left")"
   if [ "$SLICE" != only ]; then
     "$PY" -c 'import argparse, sys
@@ -93,6 +115,12 @@ if [ "$SLICE" != no ]; then
   OUT="$OUTDIR" PYTHON="$PY" scripts/gpu_paper_slice.sh --budget "$SLICE_S" "${SLICE_ARGS[@]}" 2>&1 | tee -a "$LOG"
   echo "phase 0 (paper slice) rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
   [ "$SLICE" = only ] && { echo "== done in $(( $(date +%s) - T0 ))s; outputs in $OUTDIR" | tee -a "$LOG"; exit 0; }
+fi
+
+# Phase 0b: the GAIA harness with the real pair (records and table4.md are written as each task finishes).
+if [ "$GAIA" = yes ] && [ "$(left)" -gt $(( GAIA_S + 30 )) ]; then
+  timeout "$GAIA_S" "${GAIA_CMD[@]}" 2>&1 | tee -a "$LOG"
+  echo "phase 0b (gaia harness) rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 fi
 
 COMMON=(--device cuda --dtype bf16 --prefill pipeline --ignore-eos yes --plain-runs yes --cases 1 --out "$OUTDIR" --update-benchmarks "$OUTDIR/BENCHMARKS-gpu.md")

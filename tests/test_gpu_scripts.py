@@ -101,13 +101,15 @@ def test_gpu_bench_dry_run_plans_the_phases(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache",
+        "gaia harness skipped: GAIA_DIR does not name a GAIA split (a folder holding metadata.jsonl and its files)",
+        "dry run: gaia harness: no (240s)",
         "dry run: paper slice: no (300s); shape phases: 1, 1b (cost curve), 2, 2b, 3, 4 in the time left",
         # the static-slot phase's options, parsed by the bench's own parser
         "phase 2b: batch sweep at B=1,8,32 on static-compile rows (1024 columns), asymspec",
     ]
     text = _text_dir()
     only = _run(["scripts/gpu_bench.sh", "--dry-run", "--paper-slice-only", "--", "--text-dir", str(text), "--limit", "12"], tmp_path)
-    assert only.stdout.splitlines()[0] == "dry run: paper slice: only (510s); shape phases: none"
+    assert only.stdout.splitlines()[:2] == ["dry run: gaia harness: no (240s)", "dry run: paper slice: only (510s); shape phases: none"]
     if _help_has_protocol():
         assert only.returncode == 0, only.stderr
         assert "12 problems (mathvista, tasks=GPS,VQA,FQA, require_caption=True)" in only.stdout
@@ -115,6 +117,50 @@ def test_gpu_bench_dry_run_plans_the_phases(tmp_path):
         assert only.returncode == 2 and only.stderr.strip() == NO_PROTOCOL
     bad = _run(["scripts/gpu_bench.sh", "--bogus"], tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("gpu_bench.sh: unknown option --bogus")
+
+
+def test_gpu_bench_gaia_step_is_the_papers_harness_on_the_real_pair(tmp_path):
+    """The GAIA step: skipped without the models and the classifier in the cache (named), and, forced, the harness'
+    command on the real pair, which ``asymspec-mm eval gaia`` parses."""
+    from asymspec_mm.cli.main import build_parser
+    from asymspec_mm.eval.gaia_data import write_bundled_tasks
+
+    split = write_bundled_tasks(tmp_path / "split")
+    env = {**os.environ, "GAIA_DIR": str(split)}
+    skipped = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice"], tmp_path, env)
+    assert skipped.stdout.splitlines()[0] == (
+        "gaia harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and "
+        "microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
+    )
+    forced = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--gaia"], tmp_path, {**env, "GAIA_LIMIT": "6"})
+    assert forced.returncode == 0, forced.stderr
+    line = forced.stdout.splitlines()[0]
+    assert line.startswith("dry run: gaia harness: yes (240s): ")
+    cmd = line.split("(240s): ", 1)[1].split()
+    assert cmd[1:5] == ["-m", "asymspec_mm.cli", "eval", "gaia"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.gaia_dir, args.limit, args.rows, args.drafter, args.verifier) == (
+        str(split),
+        6,
+        "floor,asymspec",
+        "Qwen/Qwen3-VL-2B-Instruct",
+        "Qwen/Qwen3-32B",
+    )
+    assert (args.compression, args.k, args.beta, args.max_steps, args.max_tokens, args.file_limit) == (
+        "llmlingua2,rate=0.3,keep_last_turns=2",
+        2,
+        1.0,
+        8,
+        1024,
+        2000,
+    )  # the paper's settings are the command's defaults
+    assert args.out == str(tmp_path / "out" / "gaia")
+
+
+def _run_env(args: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**env, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OUT": str(tmp_path / "out")}
+    env["HF_HUB_CACHE"] = str(tmp_path / "empty-hf-cache")
+    return subprocess.run(["bash", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
 def _record(variant: str, task: str, ok: bool, tokens: int, seconds: float, **stats) -> dict:

@@ -1006,6 +1006,61 @@ def test_a_follow_up_shows_both_turns_and_clear_starts_over(browser_env):
     page.context.close()
 
 
+def test_the_full_and_compressed_views_side_by_side_turn_by_turn(browser_env):
+    """With per-turn compression set, a follow-up's panel shows each message as the drafter read it (whole) beside
+    what the verifier read (the older ones truncated, the last verbatim), with each message's token ratio; the
+    verifier's texts are those pipe.chat's compressed view gives for the same conversation."""
+    from vision_cache.image import load_image
+
+    env, pipe = browser_env, browser_env["pipe"]
+    spec = "truncate,limit=2,keep_last_turns=1"
+    case = make_case(72)
+    img = env["tmp"] / "views.png"
+    case["image"].save(img)
+    page = _new_page(env, env["url"], DESKTOP)
+    page.locator("#asym-compression-box").get_by_text("Per-turn compression").first.click()
+    page.locator("#asym-compression textarea").fill(spec)
+    fill(page, img, case["question"], "a chart", "")
+    _run_and_wait(page)
+    page.wait_for_selector("#asym-views tr[data-turn]")
+    assert "0 of 1 messages compressed" in page.locator("#asym-views").inner_text()  # one message: the verbatim last
+    first_answer = page.locator("#asym-answer-text textarea").input_value()
+    follow_up = "Which bar is the largest?"
+    page.locator("#asym-followup input[type=checkbox]").check()
+    page.locator("#asym-question textarea").fill(follow_up)
+    _run_and_wait(page)
+    page.wait_for_selector('#asym-views tr[data-turn="2"]')
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": load_image(str(img))}, {"type": "text", "text": case["question"]}]},
+        {"role": "assistant", "content": first_answer},
+        {"role": "user", "content": [{"type": "text", "text": follow_up}]},
+    ]
+    ref = pipe.chat(messages, caption="a chart", ocr=False, max_new_tokens=MAX_NEW, compression=spec)
+    squeezed = {m["index"]: m["text"] for m in ref.stats["compressed_view"]}
+    assert sorted(squeezed) == [0, 1]
+    rows = page.locator("#asym-views tr[data-turn]")
+    assert rows.count() == 3 and "2 of 3 messages compressed" in page.locator("#asym-views").inner_text()
+    tok = pipe.verifier_tokenizer
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    for i, full in enumerate((case["question"], first_answer, follow_up)):
+        row = rows.nth(i)
+        drafter, verifier = row.locator(".asym-view-full").inner_text(), row.locator(".asym-view-comp").inner_text()
+        assert full in drafter
+        if i in squeezed:
+            assert verifier.endswith(squeezed[i]) and full not in verifier and "asym-squeezed" in row.get_attribute("class")
+        else:
+            assert verifier == full == drafter
+        want = count(full) / count(squeezed.get(i, full))  # text only, in verifier tokens
+        assert row.locator(".asym-view-ratio").inner_text().startswith(f"{want:.2f}x")
+    assert "[image: the drafter reads its pixels]" in rows.nth(0).locator(".asym-view-full").inner_text()
+    assert "a chart" in rows.nth(0).locator(".asym-view-comp").inner_text()  # the verifier reads the caption
+    assert f"compression ratio {ref.stats['compression_ratio']:.2f}x" in page.locator("#asym-views").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#asym-views").screenshot(path=str(ARTIFACTS / "inspector_views_side_by_side.png"))
+    assert outside_requests(env["requests"]) == []
+    page.context.close()
+
+
 # ------------------------------------------------------------------------------------- agent tools: the tool-call panel
 
 

@@ -18,6 +18,7 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
 - :mod:`ui.tool_inputs` - the Agent tools inputs and their checks; :mod:`ui.tool_calls` - the answer's tool calls,
   each argument's value as the tokens that produced it (:func:`render_tool_calls_html`).
 - :mod:`ui.conversation` - a session's conversation about its image (follow-up questions, their turns' HTML).
+- :mod:`ui.views_side` - the per-turn compression field and the conversation's full and compressed views side by side.
 - :mod:`ui.page_js` - the scripts that open one hover box at a time, inside the viewport, draw the chart at once and
   show the jump to the answer where it stands below Run.
 - :mod:`ui.handlers` - the handlers as Gradio calls them (the session put in), the Stop button's looks.
@@ -78,6 +79,7 @@ from .sampling_inputs import build_sampling_inputs
 from .serve import add_demo_parser, is_loopback, launch, main, serve  # noqa: F401 - re-exported
 from .tool_calls import render_tool_calls_html  # noqa: F401 - re-exported
 from .tool_inputs import build_tool_inputs
+from .views_side import build_compression_input, build_views_panel, views_handler
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -294,6 +296,7 @@ def build_app(
                         )
                     )
                 temperature, top_p, seed = build_sampling_inputs()
+                compression = build_compression_input()
             with gr.Column(scale=3, min_width=420):
                 answer_html = gr.HTML(
                     blank["answer_html"],
@@ -317,6 +320,7 @@ def build_app(
                 conversation_html = gr.HTML(
                     blank["conversation_html"], js_on_load=None, elem_id="asym-conversation", label="conversation_html"
                 )
+                views_html = build_views_panel()
                 stats_html = gr.HTML(blank["stats_html"], js_on_load=None, elem_id="asym-stats", label="stats_html")
                 chart = gr.Image(
                     label="JSD and gamma_eff per token",
@@ -336,7 +340,7 @@ def build_app(
 
         inputs = [image, question, caption, ocr, autofill, method, k, beta, gamma, gate, delta, bonus, max_new, drafter_view, compare]
         # last, so that API callers that send only the inputs before them keep working
-        inputs += [followup, tools, tool_choice, temperature, top_p, seed]
+        inputs += [followup, tools, tool_choice, temperature, top_p, seed, compression]
         named = dict(
             status=status,
             answer_html=answer_html,
@@ -375,6 +379,7 @@ def build_app(
         # triggers .then only after a run that ended without an error: a refused request settles through .failure.
         settle = dict(fn=h.settle, inputs=[caption, ocr], outputs=[caption, ocr, stop_btn], queue=False, **quiet)
         run_event.then(**settle)
+        run_event.then(views_handler(state, gr.Request), None, views_html, queue=False, **quiet)
         run_event.failure(**settle)
         # Gradio closes the session's /run handler; Stop itself cancels its rows and shows every unfinished
         # panel stopped; after a finished run it changes nothing. The same outputs come once more through the

@@ -57,6 +57,7 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
         temperature=0.0,
         top_p=1.0,
         seed=None,
+        compression="",
         request=None,
     ):
         yield from state.run(
@@ -81,6 +82,7 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
             temperature,
             top_p,
             seed,
+            compression,
             session=_session_of(request),
         )
 

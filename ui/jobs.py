@@ -28,6 +28,7 @@ from .settings_check import MAX_K, MAX_QUESTION_CHARS, MAX_VIEW_CHARS, check_set
 from .tool_inputs import check_tool_inputs
 from .view_fields import ViewFields
 from .view_marks import ExampleTexts, GeneratedViews, ocr_outcome
+from .views_side import SideViews, check_compression_input
 
 if TYPE_CHECKING:  # pragma: no cover
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
@@ -101,6 +102,7 @@ class DemoApp(ViewFields):
         #: Runs the page has handed to Gradio's queue whose handler has not started, in queue order (by session).
         self._queued: list[str] = []
         self.views = GeneratedViews()
+        self.side_views = SideViews()  # each session's last conversation, as the drafter and the verifier read it
         self.examples = ExampleTexts()  # the page's examples (build_app adds them)
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
 
@@ -135,6 +137,7 @@ class DemoApp(ViewFields):
             self._stopped.pop(session or "", None)
             self._queued = [q for q in self._queued if q != session]
         self.views.forget(session)
+        self.side_views.forget(session)
         self.conversations.clear(session)
         for job in jobs:
             job.stop()
@@ -400,6 +403,7 @@ class DemoApp(ViewFields):
         temperature=0.0,
         top_p=1.0,
         seed=None,
+        compression="",
         *,
         session: str | None = None,
     ) -> Iterator[tuple]:
@@ -411,7 +415,8 @@ class DemoApp(ViewFields):
         ``tools`` (a JSON list of OpenAI function tools; empty: none) and ``tool_choice`` (auto, required, none or a
         tool's name) are offered to every row; the last output shows the main answer's calls with their provenance.
         ``temperature`` (0: greedy), ``top_p`` and ``seed`` (None: a fresh one per row, named in the status) make every
-        row sample (:mod:`ui.sampling_inputs`).
+        row sample (:mod:`ui.sampling_inputs`). ``compression`` (a spec; empty: off) compresses the conversation's
+        older messages for the verifier (:mod:`ui.views_side` shows both views after the run).
         """
         import gradio as gr
 
@@ -431,6 +436,7 @@ class DemoApp(ViewFields):
             )
             req.tools, req.tool_choice = check_tool_inputs(tools, tool_choice)
             req.overrides.update(check_sampling_inputs(temperature, top_p, seed))
+            req.overrides.update(check_compression_input(compression))
             req.conversation = self.conversations.begin(session, req.image, bool(followup))
             job = _Job(self.scheduler, req, session)
             job.start()
@@ -477,6 +483,7 @@ class DemoApp(ViewFields):
                     job.t_end = job.t_end or time.perf_counter()
             if not job.cancel.is_set():
                 self._record_turn(job)
+                self.side_views.record(job)
             out = self.outputs.final(job)
             if not job.cancel.is_set():
                 self._finished(job)

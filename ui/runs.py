@@ -46,12 +46,18 @@ class _RunInputs:
     tools: list[dict] | None = None
     tool_choice: Any = None
 
+    def messages(self) -> list[dict[str, Any]] | None:
+        """The conversation the rows answer (None: a first turn, one question about the image)."""
+        messages = self.conversation.messages(self.image, self.question) if self.conversation is not None else None
+        if (self.tools or "compression" in self.overrides) and messages is None:
+            # tools and compression need a conversation: a first turn is one user message
+            messages = [user_message(self.question, self.image)]
+        return messages
+
     def requests(self, methods: Iterable[str]) -> Iterator[Request]:
         """The engine :class:`~asymspec_mm.request.request.Request` of each row, one per method (the main one, then the
         comparisons), built as every edge builds one (``request_of``; checked when the scheduler adds it)."""
-        messages = self.conversation.messages(self.image, self.question) if self.conversation is not None else None
-        if self.tools and messages is None:  # tools are offered to a conversation: a first turn is one user message
-            messages = [user_message(self.question, self.image)]
+        messages = self.messages()
         tools = dict(tools=self.tools, tool_choice=self.tool_choice) if self.tools else {}
         for method in methods:
             fields = dict(caption=self.caption, ocr=self.ocr, method=method, **self.overrides)
@@ -93,6 +99,7 @@ class _Job:
         self.keys: tuple[str, ...] = ("main", *req.compare)
         self.methods = {"main": req.method, **{m: m for m in req.compare}}
         self.handles: dict[str, Any] = {}
+        self.messages: list[dict[str, Any]] | None = None
         self.traces: dict[str, list] = {k: [] for k in self.keys}
         self.results: dict[str, Any] = {}
         self.errors: dict[str, BaseException] = {}
@@ -112,6 +119,7 @@ class _Job:
     def start(self) -> _Job:
         """Submit every row (bad settings raise here; rows already submitted are then cancelled) and listen to each
         row's updates (:meth:`Handle.listen`: on the scheduler's thread, no thread per row); returns self."""
+        self.messages = self.req.messages()  # what the rows read (None: a first turn, one question about the image)
         try:
             for key, request in zip(self.keys, self.req.requests(self.methods[key] for key in self.keys)):
                 self.handles[key] = self.scheduler.add(request)

@@ -2,6 +2,7 @@
 
 * ``eval mathvista``: run method variants over MathVista testmini (or MiniVista), appending
   records as they finish, then write official output/scores JSON per variant and a report.
+* ``eval gaia``: the paper's GAIA harness (:mod:`.gaia_cli`), Table 4's rows.
 * ``eval score --input OUTPUT.json [--out SCORES.json]``: MathVista's official scoring of an
   output file (uses ``extraction``; extracts from ``response`` by rules when it is missing).
 * ``eval merge INPUT... --out DIR``: merge shard record files and write the outputs.
@@ -22,6 +23,7 @@ from ..frontend.help import terminal_text
 from ..frontend.options import add_model_args, check_option_ranges, finite_float, pipeline_from_args
 from ..frontend.variants import parse_list
 from .agent_eval import add_agent_arguments, minivista_families
+from .gaia_cli import add_gaia_parser, cmd_gaia
 from .samples import sample_variants
 
 DEFAULT_OUT = "runs/mathvista"
@@ -35,8 +37,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=terminal_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="eval_command", metavar="{mathvista,score,merge,report}")
+    sub = p.add_subparsers(dest="eval_command", metavar="{mathvista,gaia,score,merge,report}")
     sub.required = True
+    add_gaia_parser(sub)
 
     m = sub.add_parser("mathvista", help="run method variants on MathVista testmini (or MiniVista)")
     g = m.add_argument_group("methods")
@@ -480,7 +483,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Dispatch an ``eval`` subcommand; user errors print one line and return 2, Ctrl-C returns 130."""
-    handlers = {"mathvista": _cmd_mathvista, "score": _cmd_score, "merge": _cmd_merge, "report": _cmd_report}
+    handlers = {"mathvista": _cmd_mathvista, "gaia": cmd_gaia, "score": _cmd_score, "merge": _cmd_merge, "report": _cmd_report}
     try:
         return handlers[args.eval_command](args)
     except (AsymSpecError, FileExistsError, FileNotFoundError) as exc:
