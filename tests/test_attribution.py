@@ -52,9 +52,10 @@ def figure(shipped_tiny):
     return p, res
 
 
-def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, ...]) -> torch.Tensor:
-    """The drafter's full-view logits at ``position`` with ``tokens`` of image ``image_index`` set to that image's
-    mean feature (deepstack layers too), through a fresh :class:`VLEngine` prefill: the slow path."""
+def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, ...], mix: float = 1.0) -> torch.Tensor:
+    """The drafter's full-view logits at ``position`` with ``tokens`` of image ``image_index`` moved ``mix`` of the way
+    to that image's mean feature (1: set to it; deepstack layers too), through a fresh :class:`VLEngine` prefill: the
+    slow path."""
     p = res.prompts
     feats, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
     idx = list(tokens)
@@ -62,7 +63,7 @@ def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, 
     def masked(x: torch.Tensor, i: int) -> torch.Tensor:
         x = x.clone()
         if i == image_index and idx:
-            x[idx] = x.mean(0)
+            x[idx] = x[idx] + mix * (x.mean(0) - x[idx])
         return x
 
     from vision_cache.features import VisionFeatures
@@ -139,6 +140,44 @@ def test_the_same_result_gives_the_same_map(shipped_tiny, figure):
     assert [r.score for r in zero.regions] != [r.score for r in first.regions]
 
 
+def test_gradient_scores_are_the_first_order_change_of_the_drafters_logit(shipped_tiny, figure):
+    """``method="gradient"``: each region's score is the derivative of ``a[token]`` along the move of its features
+    towards the baseline, which a small finite move through the slow path measures independently."""
+    _, res = figure
+    pos = next(i for i, ev in enumerate(res.trace) if ev.steered or ev.source == "fused")
+    att = shipped_tiny.attribute(res, pos, method="gradient", grid=8)
+    occ = shipped_tiny.attribute(res, pos, grid=8)
+    assert att.method == "gradient" and att.delta == pytest.approx(occ.delta, abs=1e-4) and att.draft == occ.draft
+    assert len(att.regions) == 16 and att.timings["masks"] == 0
+    tok, eps = att.token_id, 1e-2
+    a0 = _reference_a(shipped_tiny, res, pos, 0, ())
+    for region in (att.regions[0], att.regions[-1]):
+        row, col = region.cell
+        moved = _reference_a(shipped_tiny, res, pos, 0, (row * 4 + col,), mix=eps)
+        assert region.score == pytest.approx(float(a0[tok] - moved[tok]) / eps, rel=0.05, abs=2e-3)
+        assert region.delta == pytest.approx(att.delta - region.score, abs=1e-5)
+    steps = []
+    shipped_tiny.attribute(res, pos, method="gradient", grid=8, progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(0, 16), (16, 16)]
+
+
+def test_progress_reports_each_batch_and_an_exception_in_it_stops_the_call(shipped_tiny, figure):
+    _, res = figure
+    steps = []
+    shipped_tiny.attribute(res, 1, grid=8, batch=5, progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(0, 16), (4, 16), (9, 16), (14, 16), (16, 16)]  # the first batch also holds the unmasked row
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(done: int, total: int) -> None:
+        if done:
+            raise Stop
+
+    with pytest.raises(Stop):
+        shipped_tiny.attribute(res, 1, grid=8, batch=5, progress=stop_after_first)
+
+
 def test_the_tower_runs_once_per_image(shipped_tiny, figure):
     _, res = figure
     before = shipped_tiny.encoder.tower_calls
@@ -205,3 +244,5 @@ def test_bad_arguments_are_named(shipped_tiny, figure):
         shipped_tiny.attribute(res, 0, baseline="blur")
     with pytest.raises(ValueError, match="unknown attribution method"):
         shipped_tiny.attribute(res, 0, method="gradcam")
+    with pytest.raises(ValueError, match="'occlusion', 'gradient'"):
+        shipped_tiny.attribute(res, 0, method="rollout")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from vision_cache.checks import is_int
 
+from .attributions import TokenAttributions
 from .conversation import Conversations, Turn, render_conversation_html
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .examples import tiny_pair_warning
@@ -89,6 +90,7 @@ class DemoApp(ViewFields):
         self.views = GeneratedViews()
         self.examples = ExampleTexts()  # the page's examples (build_app adds them)
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
+        self.attributions = TokenAttributions(pipe)  # the heat maps of each session's last answer, on demand
 
     @property
     def scheduler(self) -> Any:
@@ -122,6 +124,7 @@ class DemoApp(ViewFields):
             self._queued = [q for q in self._queued if q != session]
         self.views.forget(session)
         self.conversations.clear(session)
+        self.attributions.forget(session)
         for job in jobs:
             job.stop()
 
@@ -457,6 +460,7 @@ class DemoApp(ViewFields):
                     job.t_end = job.t_end or time.perf_counter()
             if not job.cancel.is_set():
                 self._record_turn(job)
+                self.attributions.finished(session, job.snapshot().results.get("main"))
             out = self.outputs.final(job)
             if not job.cancel.is_set():
                 self._finished(job)

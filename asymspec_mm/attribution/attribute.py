@@ -11,6 +11,7 @@ decides about the drafter's draft (``argmax a``) without it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -18,10 +19,13 @@ import torch
 
 from ..base.errors import AsymSpecError
 from ..base.gate import context_gain, fusion_logits, gate_step
+from .gradient import token_gradient_scores
 from .occlusion import BASELINES, Mask, full_view_input, occluded_logits
 from .regions import Box, merged_shape, region_cells
 
-METHODS = ("occlusion",)
+#: ``occlusion``: a forward of the full view per region (measured); ``gradient``: gradient x input on the vision
+#: features, one forward and one backward whatever the grid (a first-order estimate of occlusion's scores).
+METHODS = ("occlusion", "gradient")
 
 
 class NothingToAttributeError(AsymSpecError):
@@ -170,11 +174,25 @@ def _stream_logits(engine, ids: torch.Tensor) -> torch.Tensor:
 
 
 def attribute(
-    pipe, result, position: int, method: str = "occlusion", grid: int = 8, *, baseline: str = "mean", batch: int = 16
+    pipe,
+    result,
+    position: int,
+    method: str = "occlusion",
+    grid: int = 8,
+    *,
+    baseline: str = "mean",
+    batch: int = 16,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Attribution:
     """Attribute the token at ``position`` (0-based, an index of ``result.trace``) of an AsymSpec ``result`` to the
-    regions of its images, at most ``grid x grid`` regions an image; ``baseline``: :data:`BASELINES`; ``batch``:
-    masks per forward. Deterministic: the same result gives the same map."""
+    regions of its images, at most ``grid x grid`` regions an image; ``method``: :data:`METHODS`; ``baseline``:
+    :data:`BASELINES`; ``batch``: masks per forward. ``progress(done, total)``: called with the regions done so far
+    (occlusion: after each batch; gradient: 0 then all); an exception it raises stops the call (how the inspector
+    cancels). Deterministic: the same result gives the same map.
+
+    ``gradient`` scores are first-order estimates of occlusion's (:mod:`.gradient`); each region's ``delta`` and
+    ``fused`` are the estimates of those numbers with it hidden, and its ``draft``, ``accepted`` and ``emitted`` the
+    unmasked ones (no masked forward runs)."""
     _checked(pipe, result, position, method, grid, baseline)
     from ..engines.single import TextEngine, VLEngine
 
@@ -199,8 +217,21 @@ def attribute(
             masks.append(Mask(i, c.tokens))
             cells.append((i, c))
     view = full_view_input(p.drafter_full_ids[0], p.mm_token_type_ids[0], answer, p.image_grid_thw, merge)
+    tok = ev.token_id
+    regions_total = len(masks) - 1
+
+    def report(done: int, total: int) -> None:  # masks include the unmasked reference row
+        if progress is not None:
+            progress(max(0, done - (total - regions_total)), regions_total)
+
     with pipe.models_lock:
-        a = occluded_logits(drafter, view, features, masks, baseline, batch)
+        if method == "occlusion":
+            a = occluded_logits(drafter, view, features, masks, baseline, batch, report)
+        else:
+            report(0, len(masks))
+            a0, per_token = token_gradient_scores(drafter, view, features, tok, baseline)
+            a = a0[None]
+            report(len(masks), len(masks))
         t_masks = time.perf_counter()
         models = pipe.stream_models("asymspec")
         b = _stream_logits(
@@ -217,21 +248,40 @@ def attribute(
     gated = gate_step(a, b_rows, t_rows, drafts, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
     delta = context_gain(a, b_rows, t_rows, cfg.delta)
     fused = fusion_logits(t_rows, delta, cfg.beta)
-    tok = ev.token_id
     emitted = torch.where(gated.accepted, drafts, gated.fused) == tok
     d_tok, f_tok = delta[:, tok].tolist(), fused[:, tok].tolist()
-    regions = [
-        Region(c.box, d_tok[0] - d_tok[k], i, (c.row, c.col), d_tok[k], f_tok[k], int(drafts[k]), bool(gated.accepted[k]), bool(emitted[k]))
-        for k, (i, c) in enumerate(cells, start=1)
-    ]
+    if method == "occlusion":
+        regions = [
+            Region(
+                c.box, d_tok[0] - d_tok[k], i, (c.row, c.col), d_tok[k], f_tok[k], int(drafts[k]), bool(gated.accepted[k]), bool(emitted[k])
+            )
+            for k, (i, c) in enumerate(cells, start=1)
+        ]
+    else:
+        regions = []
+        for i, c in cells:
+            score = float(per_token[i][list(c.tokens)].sum())
+            regions.append(
+                Region(
+                    c.box,
+                    score,
+                    i,
+                    (c.row, c.col),
+                    d_tok[0] - score,
+                    f_tok[0] - cfg.beta * score,
+                    int(drafts[0]),
+                    bool(gated.accepted[0]),
+                    bool(emitted[0]),
+                )
+            )
     regions.sort(key=lambda r: (-r.score, r.image_index, r.cell))
     t_end = time.perf_counter()
     timings = {
         "features_s": t_features - t0,
-        "masked_forwards_s": t_masks - t_features,
+        "masked_forwards_s" if method == "occlusion" else "gradient_s": t_masks - t_features,
         "streams_s": t_streams - t_masks,
         "total_s": t_end - t0,
-        "masks": float(len(masks) - 1),
+        "masks": float(regions_total if method == "occlusion" else 0),
     }
     return Attribution(
         position,
