@@ -155,6 +155,10 @@ class TokenAttributions:
             yield panel_note("error", f"position {position} is outside the answer's {len(s.result.trace)} tokens")
             return
         ev = s.result.trace[position]
+        reason = _why_nothing(self.pipe, s.result)
+        if reason is not None:
+            yield _nothing(reason)
+            return
 
         def one(work: _Work) -> str:
             att = self._attribution(s, position, work)
@@ -179,6 +183,10 @@ class TokenAttributions:
             return
         from asymspec_mm.cli.explain_files import default_positions
 
+        reason = _why_nothing(self.pipe, s.result)
+        if reason is not None:
+            yield _nothing(reason)
+            return
         positions = default_positions(s.result)
         if not positions:
             yield panel_note("nothing", "No token of this answer was steered or accepted: the footprint is empty.")
@@ -213,7 +221,7 @@ class TokenAttributions:
             if isinstance(work.error, AttributionCancelled):
                 yield panel_note("cancelled", "Cancelled. Click a token to attribute it again.")
             elif isinstance(work.error, NothingToAttributeError):
-                yield panel_note("nothing", str(work.error)[:1].upper() + str(work.error)[1:] + ".")
+                yield _nothing(str(work.error))
             elif work.error is not None:
                 yield panel_note("error", f"Attribution failed: {work.error}")
             else:
@@ -259,6 +267,18 @@ def wire_heatmap_panel(state: TokenAttributions, run_button: Any, image: Any) ->
     run_button.click(reset, None, [panel, footprint], queue=False, **quiet)
     image.change(reset, None, [panel, footprint], queue=False, **quiet)
     return panel
+
+
+def _why_nothing(pipe: Any, result: Any) -> str | None:
+    # imported here: ui is imported without torch (``asymspec-mm --help`` stays fast)
+    from asymspec_mm.attribution import nothing_to_attribute
+
+    return nothing_to_attribute(pipe, result)
+
+
+def _nothing(reason: str) -> str:
+    """The panel's one line for a result with nothing to attribute (``reason``: the API's refusal)."""
+    return panel_note("nothing", reason[:1].upper() + reason[1:] + ".")
 
 
 def _session_of(request: Any) -> str | None:

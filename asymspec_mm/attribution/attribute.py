@@ -141,6 +141,22 @@ def result_images(result) -> list:
     return []
 
 
+def nothing_to_attribute(pipe, result) -> str | None:
+    """Why no token of ``result`` can be attributed, in one line (``"nothing to attribute: ..."``), or None when
+    its tokens can be."""
+    if result.method != "asymspec":
+        return f"nothing to attribute: a {result.method!r} answer is not steered by the drafter's view of the image; attribute an asymspec result"
+    if result.prompts is None or result.prompts.pixel_values is None:
+        return "nothing to attribute: the request has no image (a text-only answer)"
+    if result.config.delta == "scd":
+        return "nothing to attribute: delta='scd' (t - b) does not read the image"
+    if pipe.vocab_map is not None:
+        return "attribution needs a pair of one vocabulary; this pair's two vocabularies are bridged"
+    if not isinstance(pipe.stream_models("asymspec")["drafter_full"], torch.nn.Module):
+        return "attribution needs the drafter's full view on transformers (it is served elsewhere)"
+    return None
+
+
 def _checked(pipe, result, position: int, method: str, grid: int, baseline: str) -> None:
     """One-line refusals, before any model runs."""
     if method not in METHODS:
@@ -149,18 +165,9 @@ def _checked(pipe, result, position: int, method: str, grid: int, baseline: str)
         raise AsymSpecError(f"unknown masking baseline {baseline!r}; choose one of {BASELINES}")
     if not isinstance(grid, int) or grid < 1:
         raise AsymSpecError(f"grid must be a positive integer (regions per image side), got {grid!r}")
-    if result.method != "asymspec":
-        raise NothingToAttributeError(
-            f"nothing to attribute: a {result.method!r} answer is not steered by the drafter's view of the image; attribute an asymspec result"
-        )
-    if result.prompts is None or result.prompts.pixel_values is None:
-        raise NothingToAttributeError("nothing to attribute: the request has no image (a text-only answer)")
-    if result.config.delta == "scd":
-        raise NothingToAttributeError("nothing to attribute: delta='scd' (t - b) does not read the image")
-    if pipe.vocab_map is not None:
-        raise NothingToAttributeError("attribution needs a pair of one vocabulary; this pair's two vocabularies are bridged")
-    if not isinstance(pipe.stream_models("asymspec")["drafter_full"], torch.nn.Module):
-        raise NothingToAttributeError("attribution needs the drafter's full view on transformers (it is served elsewhere)")
+    reason = nothing_to_attribute(pipe, result)
+    if reason is not None:
+        raise NothingToAttributeError(reason)
     if not 0 <= position < len(result.trace):
         raise AsymSpecError(f"position {position} is outside the answer's {len(result.trace)} tokens (0..{len(result.trace) - 1})")
 
