@@ -73,7 +73,7 @@ def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, 
         tuple(tuple(masked(x, i) for i, x in enumerate(layer)) for layer in feats.deepstack),
         feats.image_grid_thw,
     )
-    answer = torch.tensor([e.token_id for e in res.trace[:position]], dtype=torch.long)
+    answer = torch.tensor(_drafter_answer(res, position), dtype=torch.long)
     ids = torch.cat([p.drafter_full_ids[0], answer])
     types = torch.cat([p.mm_token_type_ids[0], torch.zeros_like(answer)])
     engine = VLEngine(pipe.drafter, "reference")
@@ -81,8 +81,14 @@ def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, 
     return engine.extend(ids[-1:])[-1].float()
 
 
+def _drafter_answer(res, position: int) -> list[int]:
+    """The answer's first ``position`` tokens in the drafter's ids, as the decoder recorded them (a cross-family pair's
+    trace holds both ids of each token)."""
+    return [e.token_id if e.drafter_token_id is None else e.drafter_token_id for e in res.trace[:position]]
+
+
 def _reference_b(pipe, res, position: int) -> torch.Tensor:
-    answer = torch.tensor([e.token_id for e in res.trace[:position]], dtype=torch.long)
+    answer = torch.tensor(_drafter_answer(res, position), dtype=torch.long)
     engine = VLEngine(pipe.drafter, "reference_comp")
     ids = torch.cat([res.prompts.drafter_comp_ids[0], answer])
     engine.prefill(ids[:-1])
@@ -176,6 +182,29 @@ def test_progress_reports_each_batch_and_an_exception_in_it_stops_the_call(shipp
 
     with pytest.raises(Stop):
         shipped_tiny.attribute(res, 1, grid=8, batch=5, progress=stop_after_first)
+
+
+def test_a_cross_family_result_is_attributed_in_the_verifiers_ids(figure):
+    """``tiny-xfamily`` (two vocabularies): the drafter's streams re-read the answer in the drafter's ids, the gate
+    runs in the verifier's; the unmasked numbers equal the trace's and a masked region's delta the slow path's."""
+    from asymspec_mm import AsymSpecPipeline
+
+    xfamily = AsymSpecPipeline.from_preset("tiny-xfamily", ocr="none")
+    p, _ = figure
+    res = xfamily.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], max_new_tokens=4)
+    assert res.trace[0].drafter_token_id is not None
+    pos = next(i for i, ev in enumerate(res.trace) if ev.source == "accepted" and i > 0)
+    ev, att = res.trace[pos], xfamily.attribute(res, pos, grid=8)
+    assert att.token_id == ev.token_id and att.draft == ev.token_id and att.accepted  # the verifier's id
+    assert att.p_verifier == pytest.approx(ev.p_verifier, rel=1e-4, abs=1e-6)
+    assert att.p_base == pytest.approx(ev.p_base, rel=1e-4, abs=1e-6)
+    assert att.jsd == pytest.approx(ev.jsd, rel=1e-3, abs=1e-6)
+    d_tok = ev.drafter_token_id
+    b = _reference_b(xfamily, res, pos)
+    region = att.regions[0]
+    a = _reference_a(xfamily, res, pos, 0, (region.cell[0] * 4 + region.cell[1],))
+    assert region.delta == pytest.approx(float(a[d_tok] - b[d_tok]), abs=1e-4)
+    assert xfamily.attribute(res, pos, method="gradient", grid=8).delta == pytest.approx(att.delta, abs=1e-4)
 
 
 def test_the_tower_runs_once_per_image(shipped_tiny, figure):

@@ -150,8 +150,6 @@ def nothing_to_attribute(pipe, result) -> str | None:
         return "nothing to attribute: the request has no image (a text-only answer)"
     if result.config.delta == "scd":
         return "nothing to attribute: delta='scd' (t - b) does not read the image"
-    if pipe.vocab_map is not None:
-        return "attribution needs a pair of one vocabulary; this pair's two vocabularies are bridged"
     if not isinstance(pipe.stream_models("asymspec")["drafter_full"], torch.nn.Module):
         return "attribution needs the drafter's full view on transformers (it is served elsewhere)"
     return None
@@ -208,7 +206,13 @@ def attribute(
     drafter = pipe.stream_models("asymspec")["drafter_full"]
     vision = drafter.config.vision_config
     merge = vision.spatial_merge_size
-    answer = [e.token_id for e in result.trace[:position]]
+    # a cross-family pair decodes in the verifier's ids: the drafter's streams read the same answer in its own ids
+    bridge = getattr(getattr(pipe, "models", None), "vocab", None)
+    answer_v = [e.token_id for e in result.trace[:position]]
+    answer = answer_v if bridge is None else bridge.drafter_ids(torch.tensor(answer_v, dtype=torch.long)).tolist()
+    tok_d = ev.token_id if bridge is None else bridge.drafter_id(ev.token_id)
+    if tok_d is None:
+        raise AsymSpecError(f"the token at position {position} has no id in the drafter's vocabulary: it cannot be attributed")
     images = result_images(result)
     with pipe.models_lock:
         features, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
@@ -236,7 +240,7 @@ def attribute(
             a = occluded_logits(drafter, view, features, masks, baseline, batch, report)
         else:
             report(0, len(masks))
-            a0, per_token = token_gradient_scores(drafter, view, features, tok, baseline)
+            a0, per_token = token_gradient_scores(drafter, view, features, tok_d, baseline)
             a = a0[None]
             report(len(masks), len(masks))
         t_masks = time.perf_counter()
@@ -246,13 +250,20 @@ def attribute(
             torch.cat([p.drafter_comp_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)]),
         )
         t = _stream_logits(
-            TextEngine(models["verifier"], "verifier"), torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
+            TextEngine(models["verifier"], "verifier"), torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer_v, dtype=torch.long)])
         )
     t_streams = time.perf_counter()
+    alone = None
+    if bridge is not None:  # the gate's space: the verifier's ids, restricted to the tokens both vocabularies have
+        a, b = bridge.verifier_order(a), bridge.verifier_order(b)
+        t, alone = bridge.restrict(t)
     n = a.shape[0]
     b_rows, t_rows = b.expand(n, -1), t.expand(n, -1)
     drafts = a.argmax(-1)
-    gated = gate_step(a, b_rows, t_rows, drafts, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
+    gated = gate_step(
+        a, b_rows, t_rows, drafts, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam,
+        alone=None if alone is None else alone.expand(n),
+    )  # fmt: skip
     delta = context_gain(a, b_rows, t_rows, cfg.delta)
     fused = fusion_logits(t_rows, delta, cfg.beta)
     emitted = torch.where(gated.accepted, drafts, gated.fused) == tok
