@@ -237,8 +237,13 @@ def wire_heatmap_panel(state: TokenAttributions, run_button: Any, image: Any) ->
     import gradio as gr
 
     with gr.Accordion("Where in the image: click a token of the answer", open=True, elem_id="asym-heat-box"):
-        gr.HTML(f"<style>{STYLESHEET.read_text(encoding='utf-8')}</style>", js_on_load=None, padding=False)
-        panel = gr.HTML(state.reset(None), js_on_load=TOKEN_CLICK_JS, elem_id="asym-heatmap", label="heatmap_html")
+        panel = gr.HTML(
+            state.reset(None),
+            js_on_load=TOKEN_CLICK_JS,
+            head=f"<style>{STYLESHEET.read_text(encoding='utf-8')}</style>",
+            elem_id="asym-heatmap",
+            label="heatmap_html",
+        )
         with gr.Row():
             footprint = gr.Checkbox(value=False, label="Footprint: every steered token's top region at once", elem_id="asym-footprint")
             cancel = gr.Button("Cancel", size="sm", elem_id="asym-heat-cancel", min_width=80)
