@@ -32,7 +32,7 @@ def conversation(shipped_tiny):
         {"role": "user", "content": [{"type": "image", "image": p2["decoded_image"]}, {"type": "text", "text": p2["query"]}]},
     ]
     return shipped_tiny.chat(
-        messages, caption=[p1["caption"], p2["caption"]], ocr=[p1["ocr"] or False, p2["ocr"] or False], max_new_tokens=8
+        messages, caption=[p1["caption"], p2["caption"]], ocr=[p1["ocr"] or False, p2["ocr"] or False], max_new_tokens=4
     )
 
 
