@@ -149,7 +149,7 @@ class TokenAttributions:
         with self._lock:
             s = self._sessions.get(session or "")
         if s is None or s.result is None:
-            yield panel_note("empty", "The answer is not finished yet: click a token once the run is done.")
+            yield panel_note("empty", "No finished answer to attribute yet: click a token once a run is done.")
             return
         if not 0 <= position < len(s.result.trace):
             yield panel_note("error", f"position {position} is outside the answer's {len(s.result.trace)} tokens")
@@ -179,7 +179,7 @@ class TokenAttributions:
                 yield panel_note("empty", HINT)
             return
         if s is None or s.result is None:
-            yield panel_note("empty", "The answer is not finished yet: turn the footprint on once the run is done.")
+            yield panel_note("empty", "No finished answer to attribute yet: turn the footprint on once a run is done.")
             return
         from asymspec_mm.cli.explain_files import default_positions
 
