@@ -1,7 +1,9 @@
 """Regenerate docs/inspector.png: the steering inspector on a bundled `mixed` example, with the shipped tiny
-pair, the tooltip of the first fused token (the verifier's arithmetic) open.
+pair, the tooltip of the first fused token (the verifier's arithmetic) open. With ``--heatmap``, docs/inspector_heatmap.png
+instead: the answer and, under it, the heat map of its first steered token (clicked), cropped to those two.
 
     python scripts/inspector_screenshot.py [--out docs/inspector.png] [--family mixed]
+    python scripts/inspector_screenshot.py --heatmap --family figure --out docs/inspector_heatmap.png
 
 Needs the `ui` extra, playwright (without `playwright install`) and Debian's chromium at /usr/bin/chromium.
 The server binds 127.0.0.1 on a free port and is closed at the end.
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/inspector.png")
     ap.add_argument("--family", default="mixed", help="which bundled example to show (its MiniVista family)")
+    ap.add_argument("--heatmap", action="store_true", help="click the first steered token; keep the answer and its heat map")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -60,16 +63,40 @@ def main(argv: list[str] | None = None) -> int:
             page.locator("#asym-ocr textarea").fill(pick["ocr"])
             page.locator("#asym-run").click()
             page.wait_for_selector('#asym-status [data-status="ok"]', timeout=300_000)
-            fused = page.locator("#asym-answer .asym-trace .tok.tok-fused")
-            (fused.first if fused.count() else page.locator("#asym-answer .asym-trace .tok").first).hover()
-            page.wait_for_timeout(500)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=args.out, full_page=True)
+            if args.heatmap:
+                _heatmap_shot(page, args.out)
+            else:
+                fused = page.locator("#asym-answer .asym-trace .tok.tok-fused")
+                (fused.first if fused.count() else page.locator("#asym-answer .asym-trace .tok").first).hover()
+                page.wait_for_timeout(500)
+                page.screenshot(path=args.out, full_page=True)
             browser.close()
     finally:
         demo.close()
     print(f"wrote {args.out} ({pick['label']})")
     return 0
+
+
+def _heatmap_shot(page, out: str) -> None:
+    """Click the answer's first steered token (else its first token), wait for its heat map, and keep the answer
+    and the map's panel, without the token's hover box."""
+    steered = page.locator('#asym-answer .asym-trace .tok[data-steered="1"]')
+    token = steered.first if steered.count() else page.locator("#asym-answer .asym-trace .tok").first
+    token.click()
+    page.wait_for_selector('#asym-heatmap .asym-heatmap[data-state="done"]', timeout=120_000)
+    page.keyboard.press("Escape")  # close the token's hover box
+    page.mouse.move(0, 0)
+    page.wait_for_timeout(300)
+    top = page.locator("#asym-answer .asym-trace").bounding_box()
+    bottom = page.locator("#asym-heat-box").bounding_box()
+    x0, y0 = min(top["x"], bottom["x"]), top["y"]
+    x1, y1 = max(top["x"] + top["width"], bottom["x"] + bottom["width"]), bottom["y"] + bottom["height"]
+    page.screenshot(path=out, clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0}, full_page=True)
+    from PIL import Image
+
+    with Image.open(out) as shot:  # a palette keeps the docs' copy small (the page has few colours)
+        shot.convert("RGB").quantize(colors=128).save(out, optimize=True)
 
 
 if __name__ == "__main__":

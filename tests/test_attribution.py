@@ -52,9 +52,10 @@ def figure(shipped_tiny):
     return p, res
 
 
-def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, ...]) -> torch.Tensor:
-    """The drafter's full-view logits at ``position`` with ``tokens`` of image ``image_index`` set to that image's
-    mean feature (deepstack layers too), through a fresh :class:`VLEngine` prefill: the slow path."""
+def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, ...], mix: float = 1.0) -> torch.Tensor:
+    """The drafter's full-view logits at ``position`` with ``tokens`` of image ``image_index`` moved ``mix`` of the way
+    to that image's mean feature (1: set to it; deepstack layers too), through a fresh :class:`VLEngine` prefill: the
+    slow path."""
     p = res.prompts
     feats, _ = pipe.encoder.encode(p.pixel_values, p.image_grid_thw)
     idx = list(tokens)
@@ -62,7 +63,7 @@ def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, 
     def masked(x: torch.Tensor, i: int) -> torch.Tensor:
         x = x.clone()
         if i == image_index and idx:
-            x[idx] = x.mean(0)
+            x[idx] = x[idx] + mix * (x.mean(0) - x[idx])
         return x
 
     from vision_cache.features import VisionFeatures
@@ -72,7 +73,7 @@ def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, 
         tuple(tuple(masked(x, i) for i, x in enumerate(layer)) for layer in feats.deepstack),
         feats.image_grid_thw,
     )
-    answer = torch.tensor([e.token_id for e in res.trace[:position]], dtype=torch.long)
+    answer = torch.tensor(_drafter_answer(res, position), dtype=torch.long)
     ids = torch.cat([p.drafter_full_ids[0], answer])
     types = torch.cat([p.mm_token_type_ids[0], torch.zeros_like(answer)])
     engine = VLEngine(pipe.drafter, "reference")
@@ -80,8 +81,14 @@ def _reference_a(pipe, res, position: int, image_index: int, tokens: tuple[int, 
     return engine.extend(ids[-1:])[-1].float()
 
 
+def _drafter_answer(res, position: int) -> list[int]:
+    """The answer's first ``position`` tokens in the drafter's ids, as the decoder recorded them (a cross-family pair's
+    trace holds both ids of each token)."""
+    return [e.token_id if e.drafter_token_id is None else e.drafter_token_id for e in res.trace[:position]]
+
+
 def _reference_b(pipe, res, position: int) -> torch.Tensor:
-    answer = torch.tensor([e.token_id for e in res.trace[:position]], dtype=torch.long)
+    answer = torch.tensor(_drafter_answer(res, position), dtype=torch.long)
     engine = VLEngine(pipe.drafter, "reference_comp")
     ids = torch.cat([res.prompts.drafter_comp_ids[0], answer])
     engine.prefill(ids[:-1])
@@ -137,6 +144,67 @@ def test_the_same_result_gives_the_same_map(shipped_tiny, figure):
     zero = shipped_tiny.attribute(res, 1, grid=8, baseline="zero")
     assert zero.baseline == "zero" and zero.delta == first.delta
     assert [r.score for r in zero.regions] != [r.score for r in first.regions]
+
+
+def test_gradient_scores_are_the_first_order_change_of_the_drafters_logit(shipped_tiny, figure):
+    """``method="gradient"``: each region's score is the derivative of ``a[token]`` along the move of its features
+    towards the baseline, which a small finite move through the slow path measures independently."""
+    _, res = figure
+    pos = next(i for i, ev in enumerate(res.trace) if ev.steered or ev.source == "fused")
+    att = shipped_tiny.attribute(res, pos, method="gradient", grid=8)
+    occ = shipped_tiny.attribute(res, pos, grid=8)
+    assert att.method == "gradient" and att.delta == pytest.approx(occ.delta, abs=1e-4) and att.draft == occ.draft
+    assert len(att.regions) == 16 and att.timings["masks"] == 0
+    tok, eps = att.token_id, 1e-2
+    a0 = _reference_a(shipped_tiny, res, pos, 0, ())
+    for region in (att.regions[0], att.regions[-1]):
+        row, col = region.cell
+        moved = _reference_a(shipped_tiny, res, pos, 0, (row * 4 + col,), mix=eps)
+        assert region.score == pytest.approx(float(a0[tok] - moved[tok]) / eps, rel=0.05, abs=2e-3)
+        assert region.delta == pytest.approx(att.delta - region.score, abs=1e-5)
+    steps = []
+    shipped_tiny.attribute(res, pos, method="gradient", grid=8, progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(0, 16), (16, 16)]
+
+
+def test_progress_reports_each_batch_and_an_exception_in_it_stops_the_call(shipped_tiny, figure):
+    _, res = figure
+    steps = []
+    shipped_tiny.attribute(res, 1, grid=8, batch=5, progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(0, 16), (4, 16), (9, 16), (14, 16), (16, 16)]  # the first batch also holds the unmasked row
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(done: int, total: int) -> None:
+        if done:
+            raise Stop
+
+    with pytest.raises(Stop):
+        shipped_tiny.attribute(res, 1, grid=8, batch=5, progress=stop_after_first)
+
+
+def test_a_cross_family_result_is_attributed_in_the_verifiers_ids(figure):
+    """``tiny-xfamily`` (two vocabularies): the drafter's streams re-read the answer in the drafter's ids, the gate
+    runs in the verifier's; the unmasked numbers equal the trace's and a masked region's delta the slow path's."""
+    from asymspec_mm import AsymSpecPipeline
+
+    xfamily = AsymSpecPipeline.from_preset("tiny-xfamily", ocr="none")
+    p, _ = figure
+    res = xfamily.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=p["ocr"], max_new_tokens=4)
+    assert res.trace[0].drafter_token_id is not None
+    pos = next(i for i, ev in enumerate(res.trace) if ev.source == "accepted" and i > 0)
+    ev, att = res.trace[pos], xfamily.attribute(res, pos, grid=8)
+    assert att.token_id == ev.token_id and att.draft == ev.token_id and att.accepted  # the verifier's id
+    assert att.p_verifier == pytest.approx(ev.p_verifier, rel=1e-4, abs=1e-6)
+    assert att.p_base == pytest.approx(ev.p_base, rel=1e-4, abs=1e-6)
+    assert att.jsd == pytest.approx(ev.jsd, rel=1e-3, abs=1e-6)
+    d_tok = ev.drafter_token_id
+    b = _reference_b(xfamily, res, pos)
+    region = att.regions[0]
+    a = _reference_a(xfamily, res, pos, 0, (region.cell[0] * 4 + region.cell[1],))
+    assert region.delta == pytest.approx(float(a[d_tok] - b[d_tok]), abs=1e-4)
+    assert xfamily.attribute(res, pos, method="gradient", grid=8).delta == pytest.approx(att.delta, abs=1e-4)
 
 
 def test_the_tower_runs_once_per_image(shipped_tiny, figure):
@@ -205,3 +273,5 @@ def test_bad_arguments_are_named(shipped_tiny, figure):
         shipped_tiny.attribute(res, 0, baseline="blur")
     with pytest.raises(ValueError, match="unknown attribution method"):
         shipped_tiny.attribute(res, 0, method="gradcam")
+    with pytest.raises(ValueError, match="'occlusion', 'gradient'"):
+        shipped_tiny.attribute(res, 0, method="rollout")

@@ -49,3 +49,18 @@ def test_explain_refuses_a_position_outside_the_answer(tmp_path, capsys):
     rc = main([*argv, "--trace-json", str(tmp_path / "t.json"), "--attribute", "--positions", "999", "--max-new-tokens", "4"])
     assert rc == 2
     assert "--positions 999 is outside the answer's 4 tokens" in capsys.readouterr().err
+
+
+def test_explain_attributes_with_the_gradient_method(tmp_path):
+    p = make_problem(HELDOUT_SEED, 1, "figure")
+    image = tmp_path / "chart.png"
+    p["decoded_image"].save(image)
+    trace = tmp_path / "trace.json"
+    argv = ["explain", "--preset", "tiny", "--no-ocr", "-q", "--image", str(image), "--question", p["query"], "--caption", p["caption"]]
+    rc = main(
+        [*argv, "--trace-json", str(trace), "--attribute", "--positions", "1", "--attribution-method", "gradient", "--max-new-tokens", "4"]
+    )
+    assert rc == 0
+    (att,) = json.loads(trace.read_text())["attributions"]
+    assert att["method"] == "gradient" and att["timings"]["masks"] == 0 and len(att["regions"]) == 16
+    assert (trace.parent / "trace_tok1_image0_heat.png").is_file()

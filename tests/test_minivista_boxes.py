@@ -102,25 +102,45 @@ def test_chance_levels_count_the_regions_a_box_meets():
 
 
 def test_the_pointing_game_scores_an_answer_with_the_tiny_pair(shipped_tiny):
-    from asymspec_mm.eval.pointing_game import play, summary, table
+    from asymspec_mm.eval.pointing_game import agreement, play, spearman, summary, table
 
     # held-out visual 0: "Which shape is furthest to the right?", answered with the drafter's accepted draft
     problem = make_problem(HELDOUT_SEED, 0, "visual")
-    points, skipped = play(shipped_tiny, problem)
+    points, skipped = play(shipped_tiny, problem, methods=("occlusion", "gradient"))
     assert skipped == {"wrong": 0, "verifier": 0}
-    assert [(p.baseline, p.token.strip(), p.source) for p in points] == [
-        ("mean", problem["decisive"], "accepted"),
-        ("zero", problem["decisive"], "accepted"),
+    assert [(p.method, p.baseline, p.token.strip(), p.source) for p in points] == [
+        (m, b, problem["decisive"], "accepted") for m in ("occlusion", "gradient") for b in ("mean", "zero")
     ]
     target = targets(problem)[0]
     for p in points:
-        assert p.target_box == target.box and p.hit  # the top region meets the rightmost shape
+        assert p.target_box == target.box and len(p.scores) == 16
         assert p.chance == chance_levels(target.box, (128, 128), (4, 4), 8)[0]
+    assert all(p.hit for p in points if p.method == "occlusion")  # the top region meets the rightmost shape
     rows = summary(points)
-    assert [(r["family"], r["baseline"], r["tokens"], r["hit_rate"]) for r in rows] == [
-        ("visual", "mean", 1, 1.0),
-        ("visual", "zero", 1, 1.0),
-        ("all", "mean", 1, 1.0),
-        ("all", "zero", 1, 1.0),
+    assert [(r["family"], r["method"], r["baseline"], r["tokens"]) for r in rows] == [
+        ("visual", "gradient", "mean", 1),
+        ("visual", "gradient", "zero", 1),
+        ("visual", "occlusion", "mean", 1),
+        ("visual", "occlusion", "zero", 1),
+        ("all", "gradient", "mean", 1),
+        ("all", "gradient", "zero", 1),
+        ("all", "occlusion", "mean", 1),
+        ("all", "occlusion", "zero", 1),
     ]
-    assert table(rows).splitlines()[2].startswith("| visual | mean | 1 | 100% |")
+    assert table(rows).splitlines()[4].startswith("| visual | occlusion | mean | 1 | 100% |")
+    # the agreement of the two methods on this token: the same numbers computed here from the points
+    occ, grad = (next(p for p in points if p.method == m and p.baseline == "mean") for m in ("occlusion", "gradient"))
+    agree = {(r["family"], r["baseline"]): r for r in agreement(points)}
+    assert agree[("all", "mean")]["same_top"] == float(occ.top_box == grad.top_box)
+    assert agree[("all", "mean")]["spearman"] == pytest.approx(spearman(occ.scores, grad.scores))
+
+
+def test_spearman_equals_scipys():
+    from scipy.stats import spearmanr
+
+    from asymspec_mm.eval.pointing_game import spearman
+
+    x = (0.5, -1.0, 2.0, 2.0, 0.0, 3.5, 0.5)
+    y = (1.0, 0.0, 1.5, 3.0, -2.0, 2.0, 0.25)
+    assert spearman(x, y) == pytest.approx(spearmanr(x, y).statistic)
+    assert spearman(x, x) == pytest.approx(1.0) and spearman(x, (1.0,) * 7) == 0.0

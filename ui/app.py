@@ -21,6 +21,8 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
 - :mod:`ui.views_side` - the per-turn compression field and the conversation's full and compressed views side by side.
 - :mod:`ui.page_js` - the scripts that open one hover box at a time, inside the viewport, draw the chart at once and
   show the jump to the answer where it stands below Run.
+- :mod:`ui.attributions` - the heat maps of a clicked token and the answer's footprint, on demand (drawn by
+  :mod:`ui.heatmap`).
 - :mod:`ui.handlers` - the handlers as Gradio calls them (the session put in), the Stop button's looks.
 - :mod:`ui.serve` - :func:`launch`, :func:`serve` and the ``asymspec-mm demo`` sub-command (:func:`add_demo_parser`).
 - ``ui/style.css`` - the page's stylesheet, read when an app is built.
@@ -40,6 +42,7 @@ from asymspec_mm.frontend.options import load_pipeline  # noqa: F401 - re-export
 from vision_cache.checks import is_int
 
 from .align import render_alignment_html  # noqa: F401 - re-exported
+from .attributions import wire_heatmap_panel
 from .examples import EXAMPLE_FIELDS, EXAMPLES_DIR, example_label, example_row, load_agent_examples, load_examples, render_examples_table  # noqa: F401 - re-exported
 from .handlers import STOP_IDLE, _session_handlers
 from .jobs import (  # noqa: F401 - re-exported
@@ -312,6 +315,7 @@ def build_app(
                     elem_id="asym-answer-text",
                     placeholder="The answer as plain text.",
                 )
+                wire_heatmap_panel(state.attributions, run_btn, image)  # click a token: where in the image (ui.attributions)
                 tool_calls_html = gr.HTML(blank["tool_calls_html"], js_on_load=None, elem_id="asym-tool-calls", label="tool_calls_html")
                 with gr.Row(equal_height=False):
                     floor_html = gr.HTML(blank["floor_html"], js_on_load=None, elem_id="asym-floor", label="floor_html")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from asymspec_mm.engines.model_calls import using_loop
 from vision_cache.checks import is_int
 
+from .attributions import TokenAttributions
 from .conversation import Conversations, Turn, render_conversation_html
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .examples import tiny_pair_warning
@@ -105,6 +106,7 @@ class DemoApp(ViewFields):
         self.side_views = SideViews()  # each session's last conversation, as the drafter and the verifier read it
         self.examples = ExampleTexts()  # the page's examples (build_app adds them)
         self.concurrency_limit = concurrency_limit  # runs Gradio handles at once (for the queued status); None: unknown
+        self.attributions = TokenAttributions(pipe)  # the heat maps of each session's last answer, on demand
 
     @property
     def scheduler(self) -> Any:
@@ -139,6 +141,7 @@ class DemoApp(ViewFields):
         self.views.forget(session)
         self.side_views.forget(session)
         self.conversations.clear(session)
+        self.attributions.forget(session)
         for job in jobs:
             job.stop()
 
@@ -484,6 +487,7 @@ class DemoApp(ViewFields):
             if not job.cancel.is_set():
                 self._record_turn(job)
                 self.side_views.record(job)
+                self.attributions.finished(session, job.snapshot().results.get("main"))
             out = self.outputs.final(job)
             if not job.cancel.is_set():
                 self._finished(job)

@@ -2,7 +2,7 @@
 token (:func:`attribute`, ``pipe.attribute``), the region grid (:mod:`.regions`), the occlusion forwards
 (:mod:`.occlusion`) and heat-map images (:mod:`.heatmap`)."""
 
-from .attribute import METHODS, Attribution, ImageGrid, NothingToAttributeError, Region, attribute, result_images
+from .attribute import METHODS, Attribution, ImageGrid, NothingToAttributeError, Region, attribute, nothing_to_attribute, result_images
 from .heatmap import heat_image, overlay, write_heatmaps
 from .occlusion import BASELINES
 from .regions import Box, RegionCell, region_cells, spans
@@ -18,6 +18,7 @@ __all__ = [
     "RegionCell",
     "attribute",
     "heat_image",
+    "nothing_to_attribute",
     "overlay",
     "write_heatmaps",
     "region_cells",

@@ -11,6 +11,7 @@ decides about the drafter's draft (``argmax a``) without it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -19,10 +20,13 @@ import torch
 from ..base.errors import AsymSpecError
 from ..base.gate import context_gain, fusion_logits, gate_step
 from ..core.loop_client import model_call
+from .gradient import token_gradient_scores
 from .occlusion import BASELINES, Mask, full_view_input, occluded_logits
 from .regions import Box, merged_shape, region_cells
 
-METHODS = ("occlusion",)
+#: ``occlusion``: a forward of the full view per region (measured); ``gradient``: gradient x input on the vision
+#: features, one forward and one backward whatever the grid (a first-order estimate of occlusion's scores).
+METHODS = ("occlusion", "gradient")
 
 
 class NothingToAttributeError(AsymSpecError):
@@ -138,6 +142,20 @@ def result_images(result) -> list:
     return []
 
 
+def nothing_to_attribute(pipe, result) -> str | None:
+    """Why no token of ``result`` can be attributed, in one line (``"nothing to attribute: ..."``), or None when
+    its tokens can be."""
+    if result.method != "asymspec":
+        return f"nothing to attribute: a {result.method!r} answer is not steered by the drafter's view of the image; attribute an asymspec result"
+    if result.prompts is None or result.prompts.pixel_values is None:
+        return "nothing to attribute: the request has no image (a text-only answer)"
+    if result.config.delta == "scd":
+        return "nothing to attribute: delta='scd' (t - b) does not read the image"
+    if not isinstance(pipe.stream_models("asymspec")["drafter_full"], torch.nn.Module):
+        return "attribution needs the drafter's full view on transformers (it is served elsewhere)"
+    return None
+
+
 def _checked(pipe, result, position: int, method: str, grid: int, baseline: str) -> None:
     """One-line refusals, before any model runs."""
     if method not in METHODS:
@@ -146,18 +164,9 @@ def _checked(pipe, result, position: int, method: str, grid: int, baseline: str)
         raise AsymSpecError(f"unknown masking baseline {baseline!r}; choose one of {BASELINES}")
     if not isinstance(grid, int) or grid < 1:
         raise AsymSpecError(f"grid must be a positive integer (regions per image side), got {grid!r}")
-    if result.method != "asymspec":
-        raise NothingToAttributeError(
-            f"nothing to attribute: a {result.method!r} answer is not steered by the drafter's view of the image; attribute an asymspec result"
-        )
-    if result.prompts is None or result.prompts.pixel_values is None:
-        raise NothingToAttributeError("nothing to attribute: the request has no image (a text-only answer)")
-    if result.config.delta == "scd":
-        raise NothingToAttributeError("nothing to attribute: delta='scd' (t - b) does not read the image")
-    if pipe.vocab_map is not None:
-        raise NothingToAttributeError("attribution needs a pair of one vocabulary; this pair's two vocabularies are bridged")
-    if not isinstance(pipe.stream_models("asymspec")["drafter_full"], torch.nn.Module):
-        raise NothingToAttributeError("attribution needs the drafter's full view on transformers (it is served elsewhere)")
+    reason = nothing_to_attribute(pipe, result)
+    if reason is not None:
+        raise NothingToAttributeError(reason)
     if not 0 <= position < len(result.trace):
         raise AsymSpecError(f"position {position} is outside the answer's {len(result.trace)} tokens (0..{len(result.trace) - 1})")
 
@@ -171,11 +180,25 @@ def _stream_logits(engine, ids: torch.Tensor) -> torch.Tensor:
 
 
 def attribute(
-    pipe, result, position: int, method: str = "occlusion", grid: int = 8, *, baseline: str = "mean", batch: int = 16
+    pipe,
+    result,
+    position: int,
+    method: str = "occlusion",
+    grid: int = 8,
+    *,
+    baseline: str = "mean",
+    batch: int = 16,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Attribution:
     """Attribute the token at ``position`` (0-based, an index of ``result.trace``) of an AsymSpec ``result`` to the
-    regions of its images, at most ``grid x grid`` regions an image; ``baseline``: :data:`BASELINES`; ``batch``:
-    masks per forward. Deterministic: the same result gives the same map."""
+    regions of its images, at most ``grid x grid`` regions an image; ``method``: :data:`METHODS`; ``baseline``:
+    :data:`BASELINES`; ``batch``: masks per forward. ``progress(done, total)``: called with the regions done so far
+    (occlusion: after each batch; gradient: 0 then all); an exception it raises stops the call (how the inspector
+    cancels). Deterministic: the same result gives the same map.
+
+    ``gradient`` scores are first-order estimates of occlusion's (:mod:`.gradient`); each region's ``delta`` and
+    ``fused`` are the estimates of those numbers with it hidden, and its ``draft``, ``accepted`` and ``emitted`` the
+    unmasked ones (no masked forward runs)."""
     _checked(pipe, result, position, method, grid, baseline)
     from ..engines.single import TextEngine, VLEngine
 
@@ -184,7 +207,13 @@ def attribute(
     drafter = pipe.stream_models("asymspec")["drafter_full"]
     vision = drafter.config.vision_config
     merge = vision.spatial_merge_size
-    answer = [e.token_id for e in result.trace[:position]]
+    # a cross-family pair decodes in the verifier's ids: the drafter's streams read the same answer in its own ids
+    bridge = getattr(getattr(pipe, "models", None), "vocab", None)
+    answer_v = [e.token_id for e in result.trace[:position]]
+    answer = answer_v if bridge is None else bridge.drafter_ids(torch.tensor(answer_v, dtype=torch.long)).tolist()
+    tok_d = ev.token_id if bridge is None else bridge.drafter_id(ev.token_id)
+    if tok_d is None:
+        raise AsymSpecError(f"the token at position {position} has no id in the drafter's vocabulary: it cannot be attributed")
     images = result_images(result)
     # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
     features, _ = model_call(pipe, lambda: pipe.encoder.encode(p.pixel_values, p.image_grid_thw), pipe.models_lock)
@@ -200,35 +229,77 @@ def attribute(
             masks.append(Mask(i, c.tokens))
             cells.append((i, c))
     view = full_view_input(p.drafter_full_ids[0], p.mm_token_type_ids[0], answer, p.image_grid_thw, merge)
-    a = model_call(pipe, lambda: occluded_logits(drafter, view, features, masks, baseline, batch), pipe.models_lock)
+    tok = ev.token_id
+    regions_total = len(masks) - 1
+
+    def report(done: int, total: int) -> None:  # masks include the unmasked reference row
+        if progress is not None:
+            progress(max(0, done - (total - regions_total)), regions_total)
+
+    def full_view_logits() -> tuple[torch.Tensor, Any]:
+        if method == "occlusion":
+            return occluded_logits(drafter, view, features, masks, baseline, batch, report), None
+        report(0, len(masks))
+        a0, scores = token_gradient_scores(drafter, view, features, tok_d, baseline)
+        report(len(masks), len(masks))
+        return a0[None], scores
+
+    # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
+    a, per_token = model_call(pipe, full_view_logits, pipe.models_lock)
     t_masks = time.perf_counter()
     models = pipe.stream_models("asymspec")
     comp_ids = torch.cat([p.drafter_comp_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
     b = model_call(pipe, lambda: _stream_logits(VLEngine(models["drafter_comp"], "drafter_comp"), comp_ids), pipe.models_lock)
-    verifier_ids = torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
+    verifier_ids = torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer_v, dtype=torch.long)])
     t = model_call(pipe, lambda: _stream_logits(TextEngine(models["verifier"], "verifier"), verifier_ids), pipe.models_lock)
     t_streams = time.perf_counter()
+    alone = None
+    if bridge is not None:  # the gate's space: the verifier's ids, restricted to the tokens both vocabularies have
+        a, b = bridge.verifier_order(a), bridge.verifier_order(b)
+        t, alone = bridge.restrict(t)
     n = a.shape[0]
     b_rows, t_rows = b.expand(n, -1), t.expand(n, -1)
     drafts = a.argmax(-1)
-    gated = gate_step(a, b_rows, t_rows, drafts, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam)
+    gated = gate_step(
+        a, b_rows, t_rows, drafts, gamma=cfg.gamma, beta=cfg.beta, gate=cfg.gate, delta=cfg.delta, lam=cfg.lam,
+        alone=None if alone is None else alone.expand(n),
+    )  # fmt: skip
     delta = context_gain(a, b_rows, t_rows, cfg.delta)
     fused = fusion_logits(t_rows, delta, cfg.beta)
-    tok = ev.token_id
     emitted = torch.where(gated.accepted, drafts, gated.fused) == tok
     d_tok, f_tok = delta[:, tok].tolist(), fused[:, tok].tolist()
-    regions = [
-        Region(c.box, d_tok[0] - d_tok[k], i, (c.row, c.col), d_tok[k], f_tok[k], int(drafts[k]), bool(gated.accepted[k]), bool(emitted[k]))
-        for k, (i, c) in enumerate(cells, start=1)
-    ]
+    if method == "occlusion":
+        regions = [
+            Region(
+                c.box, d_tok[0] - d_tok[k], i, (c.row, c.col), d_tok[k], f_tok[k], int(drafts[k]), bool(gated.accepted[k]), bool(emitted[k])
+            )
+            for k, (i, c) in enumerate(cells, start=1)
+        ]
+    else:
+        regions = []
+        for i, c in cells:
+            score = float(per_token[i][list(c.tokens)].sum())
+            regions.append(
+                Region(
+                    c.box,
+                    score,
+                    i,
+                    (c.row, c.col),
+                    d_tok[0] - score,
+                    f_tok[0] - cfg.beta * score,
+                    int(drafts[0]),
+                    bool(gated.accepted[0]),
+                    bool(emitted[0]),
+                )
+            )
     regions.sort(key=lambda r: (-r.score, r.image_index, r.cell))
     t_end = time.perf_counter()
     timings = {
         "features_s": t_features - t0,
-        "masked_forwards_s": t_masks - t_features,
+        "masked_forwards_s" if method == "occlusion" else "gradient_s": t_masks - t_features,
         "streams_s": t_streams - t_masks,
         "total_s": t_end - t0,
-        "masks": float(len(masks) - 1),
+        "masks": float(regions_total if method == "occlusion" else 0),
     }
     return Attribution(
         position,

@@ -10,7 +10,7 @@ reads the rest of the prompt and the committed answer tokens with its masked fea
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,29 +89,47 @@ def masked_features(features: VisionFeatures, mask: Mask, fill: list[tuple[torch
     return VisionFeatures(embeds, deep, features.image_grid_thw, features.key)
 
 
+def prefix_cache(model, view: FullViewInput, device: torch.device) -> object:
+    """A fresh ``DynamicCache`` holding the KV of ``view``'s text before its first image (empty when there is none):
+    the part of the full view that no mask changes."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    if view.first_pad:
+        model(
+            input_ids=view.ids[None, : view.first_pad].to(device),
+            position_ids=view.positions[:, None, : view.first_pad].to(device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return cache
+
+
 @torch.no_grad()
 def occluded_logits(
-    model, view: FullViewInput, features: VisionFeatures, masks: Sequence[Mask], baseline: str = "mean", batch: int = 16
+    model,
+    view: FullViewInput,
+    features: VisionFeatures,
+    masks: Sequence[Mask],
+    baseline: str = "mean",
+    batch: int = 16,
+    progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
     """The drafter's next-token logits ``[len(masks), V]`` (float32) after ``view`` with each mask applied, ``batch``
-    masks per forward. The text before the first image is forwarded once and its KV repeated over each batch."""
+    masks per forward. The text before the first image is forwarded once and its KV repeated over each batch.
+    ``progress(done, total)`` is called before the first forward and after each batch with the masks done so far;
+    an exception it raises stops the work there (how a caller cancels)."""
     from transformers import DynamicCache
 
     device = model.get_input_embeddings().weight.device
     fill = baseline_rows(features, baseline)
-    prefix = None
-    if view.first_pad:
-        prefix = DynamicCache(config=model.config)
-        model(
-            input_ids=view.ids[None, : view.first_pad].to(device),
-            position_ids=view.positions[:, None, : view.first_pad].to(device),
-            cache=prefix,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+    prefix = prefix_cache(model, view, device) if view.first_pad else None
     tail_ids = view.ids[view.first_pad :].to(device)
     tail_pos = view.positions[:, view.first_pad :].to(device)
     out = []
+    if progress is not None:
+        progress(0, len(masks))
     for start in range(0, len(masks), batch):
         group = masks[start : start + batch]
         rows = []
@@ -133,4 +151,6 @@ def occluded_logits(
             **vision_inputs(rows),
         ).logits
         out.append(logits[:, -1].float().cpu())
+        if progress is not None:
+            progress(start + len(group), len(masks))
     return torch.cat(out)

@@ -23,7 +23,15 @@ def default_positions(res: Any) -> list[int]:
 
 
 def write_explanation(
-    pipe: Any, res: Any, trace_path: Path, *, attribute: bool, positions: list[int] | None, grid: int, baseline: str
+    pipe: Any,
+    res: Any,
+    trace_path: Path,
+    *,
+    attribute: bool,
+    positions: list[int] | None,
+    grid: int,
+    baseline: str,
+    method: str = "occlusion",
 ) -> list[Path]:
     """Write the trace JSON at ``trace_path`` and, with ``attribute``, the heat maps of ``positions`` (default:
     :func:`default_positions`) next to it; returns every file written, the JSON first."""
@@ -39,7 +47,7 @@ def write_explanation(
         images = result_images(res)
         data["attributions"] = []
         for p in chosen:
-            att = pipe.attribute(res, p, grid=grid, baseline=baseline)
+            att = pipe.attribute(res, p, method=method, grid=grid, baseline=baseline)
             files = write_heatmaps(att, images, trace_path.parent, f"{trace_path.stem}_tok{p}")
             written += files
             data["attributions"].append({**jsonable(att.as_dict()), "files": [f.name for f in files]})

@@ -112,7 +112,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     pipe, res = answer_from_args(args)
     print_result(res, pipe.tokenizer)
-    kw = dict(attribute=args.attribute, positions=args.positions, grid=args.grid, baseline=args.baseline)
+    kw = dict(attribute=args.attribute, positions=args.positions, grid=args.grid, baseline=args.baseline, method=args.attribution_method)
     for path in write_explanation(pipe, res, Path(args.trace_json), **kw):
         print(f"wrote {path}")
     return 0
@@ -215,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--positions", type=int, nargs="+", default=None, help="tokens to attribute [default: the steered or fused ones]")
     e.add_argument("--grid", type=int, default=8, help="at most GRID x GRID regions an image [default: %(default)s]")
     e.add_argument("--baseline", default="mean", choices=("mean", "zero"), help="what a masked region becomes [default: %(default)s]")
+    e.add_argument(
+        "--attribution-method",
+        default="occlusion",
+        choices=("occlusion", "gradient"),
+        help="occlusion (a forward per region) or gradient (a cheaper first-order estimate) [default: %(default)s]",
+    )
     e.set_defaults(func=cmd_explain)
 
     q = sub.add_parser("quickstart", help="run a bundled example on the bundled tiny pair")
