@@ -14,12 +14,11 @@ drops, and the drafter reads whole.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from asymspec_mm.eval.minivista_log import LOG_COMPRESSIONS, READ_LOG_TOOL, log_requests, make_log_problem
+from asymspec_mm.eval.minivista_log import LOG_COMPRESSIONS, log_requests, make_log_problem
 from asymspec_mm.pipeline.presets import TINY_DIR
 from asymspec_mm.request.llmlingua2 import TINY_CLASSIFIER
 
