@@ -87,3 +87,11 @@ def test_the_released_meetingbank_classifier_runs_when_it_is_cached():
     assert isinstance(classifier, PackageCompressor)
     out = classifier.compress(make_log_problem(1, 0)["table"], 0.3)
     assert 0 < len(out.split()) < len(make_log_problem(1, 0)["table"].split())
+
+
+def test_the_familys_questions_are_in_the_tiny_pairs_domain():
+    from asymspec_mm.request.domain import question_problems
+
+    p = make_log_problem(1, 0)
+    assert question_problems(p["question"]) == [] and question_problems(p["messages"][0]["content"]) == []
+    assert question_problems("What is the value of bar seventeen?")  # only the family's own form
