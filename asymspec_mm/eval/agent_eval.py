@@ -33,9 +33,17 @@ def add_agent_arguments(group: Any) -> None:
         "--families",
         default=None,
         help="MiniVista families: a comma list of figure, visual, geometry, mixed, or 'agent' alone (each task an agent "
-        "loop with tools: asymspec_mm.eval.agent_eval) [default: the four in rotation]",
+        "loop with tools: asymspec_mm.eval.agent_eval), or 'agent-log' alone (a question about a long tool output the "
+        "verifier's compressed view drops: asymspec_mm.eval.log_eval) [default: the four in rotation]",
     )
     group.add_argument("--max-turns", type=int, default=3, help="agent family: requests per task at most [default: %(default)s]")
+    group.add_argument(
+        "--compression",
+        action="append",
+        default=None,
+        help="agent-log family: the verifier's view, one of truncate, llmlingua2, question-only (the family's settings; "
+        "llmlingua2 on the shipped tiny classifier) or a 'method,key=value,...' spec; repeat for several [default: the three]",
+    )
     group.add_argument(
         "--tool-choice",
         choices=["auto", "required"],
@@ -55,14 +63,15 @@ def minivista_families(spec: str | None, dataset: str, *, shard: str | None = No
     fams = [f.strip() for f in spec.split(",") if f.strip()]
     if dataset != "minivista":
         raise AsymSpecError(f"--families {spec} needs --dataset minivista (MathVista's own subsets are --tasks)")
-    if "agent" in fams and fams != ["agent"]:
-        raise AsymSpecError(f"--families {spec}: run the agent family on its own (--families agent)")
-    if fams == ["agent"] and (shard or dump_prompts):
-        flag = "--shard" if shard else "--dump-prompts"
-        raise AsymSpecError(f"{flag} does not apply to --families agent (each task is a conversation of several requests): leave it out")
-    bad = [f for f in fams if f not in (*FAMILIES, "agent")]
+    for alone in ("agent", "agent-log"):
+        if alone in fams and fams != [alone]:
+            raise AsymSpecError(f"--families {spec}: run the {alone} family on its own (--families {alone})")
+        if fams == [alone] and (shard or dump_prompts):
+            flag = "--shard" if shard else "--dump-prompts"
+            raise AsymSpecError(f"{flag} does not apply to --families {alone} (each task is a conversation): leave it out")
+    bad = [f for f in fams if f not in (*FAMILIES, "agent", "agent-log")]
     if bad or not fams:
-        raise AsymSpecError(f"--families {spec}: choose among {', '.join(FAMILIES)}, or agent alone")
+        raise AsymSpecError(f"--families {spec}: choose among {', '.join(FAMILIES)}, or agent or agent-log alone")
     return fams
 
 

@@ -323,6 +323,10 @@ def _cmd_mathvista(args: argparse.Namespace) -> int:
         common=common,
     )
     variants = sample_variants(variants, args.samples, sampling)
+    if families == ["agent-log"]:
+        from .log_eval import log_command
+
+        return log_command(args, problems, selected, variants, _identity_and_pipeline)
     if families == ["agent"]:
         from .agent_eval import agent_command
 

@@ -3,7 +3,7 @@
 The tiny pair was trained only on MiniVista (:mod:`asymspec_mm.eval.minivista`): 128x128 renders of bar
 charts, coloured shapes and triangles, asked in MathVista's query layout (a hint line, ``Question: ...``,
 then ``Choices:`` for multiple choice) with one of eight question forms (and the agent family's two, also in
-smolagents' ``New task:`` layout). Anything else gets fluent-looking but meaningless text, so every path warns by one
+smolagents' ``New task:`` layout; the agent-log family's two, asked plainly). Anything else gets fluent-looking but meaningless text, so every path warns by one
 rule, :func:`request_warnings` (only when the loaded pair is the tiny preset): the result's ``warnings``, the
 server's ``asymspec.warnings``, a log line per request (:func:`warn_request`), the CLI before loading and the demo
 before the run. Torch-free: the CLI checks before loading a model.
@@ -35,11 +35,15 @@ QUESTION_FORMS: tuple[str, ...] = (
     r"As shown in the figure, what is the measure of angle {w}\?",
     r"What is the {w} bar's value (plus|minus) the {w} bar's\?",  # the agent family (with its add / subtract tools)
     r"Which of the two bars is taller, the {w} one or the {w} one\?",  # its follow-up
+    r"Read the log of bar values\.",  # the agent-log family's task (eval.minivista_log), asked as it is
+    r"What is the value of bar \d+\?",  # and its question about one line of the log
 )
 _FORMS = tuple(re.compile(form.replace("{w}", r"[A-Za-z]+")) for form in QUESTION_FORMS)
 _HINT = re.compile(r"^Hint: Please answer the question\b[^\n]*\nQuestion: (?P<question>[^\n]+)(?P<rest>\n[\s\S]*)?$")
 #: smolagents' ToolCallingAgent opens its task so (what the agent family trained on, eval.minivista_agent)
 _SMOLAGENTS = re.compile(r"^New task:\n(?P<question>[^\n]+)$")
+#: the agent-log family asks plainly, no hint line (eval.minivista_log)
+_LOG = re.compile(r"^(?P<question>Read the log of bar values\.|What is the value of bar \d+\?)$")
 
 SCOPE = (
     "the tiny pair answers only MiniVista questions (bar charts, coloured shapes, triangle angles) "
@@ -57,7 +61,7 @@ HOW_TO = (
 def question_stem(text: str) -> str | None:
     """The ``Question: ...`` line of a MathVista-layout prompt (without the prefix), or the task of smolagents'
     ``New task:`` layout, else ``None``."""
-    m = _HINT.match(text.strip()) or _SMOLAGENTS.match(text.strip())
+    m = _HINT.match(text.strip()) or _SMOLAGENTS.match(text.strip()) or _LOG.match(text.strip())
     return m.group("question").strip() if m else None
 
 

@@ -241,8 +241,10 @@ def collate(examples: list[dict[str, Any]], view: str, pad_id: int, dec_weight: 
                 if len(pos) == len(e["img_targets"]):
                     img_labels[i, pos] = e["img_targets"]
         batch["img_labels"] = img_labels
-        batch["pixel_values"] = torch.cat([e["pixel_values"] for e in examples])
-        batch["image_grid_thw"] = torch.cat([e["grid"] for e in examples])
+        with_images = [e for e in examples if e["pixel_values"] is not None]  # text-only requests have none
+        if with_images:
+            batch["pixel_values"] = torch.cat([e["pixel_values"] for e in with_images])
+            batch["image_grid_thw"] = torch.cat([e["grid"] for e in with_images])
     return batch
 
 

@@ -37,6 +37,7 @@ from ..frontend.help import terminal_text
 from .agent_data import AgentStream, FinalStream, add_tool_tokens, agent_requests
 from .data import Stream, collate, encode, encode_caption, model_inputs
 from .evaluate import fmt_tf, teacher_forced
+from .log_data import TRAIN_COMPRESSIONS, LogStream, log_examples
 from .losses import LayerTap, lm_loss
 from .models import load_tokenizer_and_processor
 from .runs import EVAL_START, export_and_report, run_workers
@@ -109,10 +110,16 @@ def worker(
     done: int = 0,
     copy_weight: float = 1.0,
     finals: int = 0,
+    log_batch: int = 0,
+    agent_batch: int = AGENT_BATCH,
+    freeze_vision: bool = False,
 ) -> None:
     """Continue ``role`` from ``work/role`` for ``steps`` steps and save it there (see the module docstring); ``done``:
     the steps of earlier phases (fresh problems from there on), ``copy_weight``: of the tokens a final answer copies,
-    ``finals``: smolagents' final requests in a step's agent batch (see :data:`PHASES`)."""
+    ``finals``: smolagents' final requests in a step's agent batch (see :data:`PHASES`), ``log_batch``: ``agent-log``
+    requests a step besides (:class:`~.log_data.LogStream`; their compressed views are the family's compressors'),
+    ``agent_batch``: agent requests a step, ``freeze_vision``: the drafter's vision tower is left as it is (its text
+    model learns; no captions or descriptions: a cheaper step for a text-only family)."""
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     torch.set_num_threads(1)
@@ -124,7 +131,9 @@ def worker(
     cls = Qwen3VLForConditionalGeneration if role == "drafter" else Qwen3ForCausalLM
     model = cls.from_pretrained(Path(work) / role)
     model.train()
-    params = list(model.parameters())
+    if freeze_vision and role == "drafter":
+        model.model.visual.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     tap = LayerTap(model) if role == "drafter" else None
     offset = 0 if role == "drafter" else 1
@@ -132,12 +141,17 @@ def worker(
     families = Stream(proc, tok, start=REHEARSAL_START + offset + 2 * batch * done, stride=2, mix=mix)
     agents = AgentStream(proc, tok, start=offset + 2 * AGENT_BATCH * done, stride=2)
     final_answers = FinalStream(proc, tok, start=FINALS_START + offset + 2 * 64 * done, stride=2)
+    logs = LogStream(proc, tok, start=offset + 2 * log_batch * done, stride=2)
     evals = [encode(p, proc, tok) for p in mv.generate(40, mv.HELDOUT_SEED, start=EVAL_START)] + agent_evals(proc, tok)
+    if log_batch:  # a shorter check of the rest (a quarter), so that frequent checkpoints stay cheap
+        evals = evals[::4] + log_evals(proc, tok)
     t0 = time.time()
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup=50)
-        reg, ag = families.take(batch), agents.take(AGENT_BATCH - finals) + final_answers.take(finals)
+        reg, ag = families.take(batch), agents.take(agent_batch - finals) + final_answers.take(finals)
+        lg = logs.take(log_batch)
+        ag, ag_comp = ag + lg, ag[: len(ag) // 2] + lg[: len(lg) // 2]
         if role == "verifier":
             b = collate(reg, "ver", pad_id, final_weight=VERIFIER_FINAL_WEIGHT)
             a = weight_copies(collate(ag, "ver", pad_id), ag, copy_weight)
@@ -145,13 +159,16 @@ def worker(
             la = lm_loss(model(**model_inputs(a), use_cache=False).logits, a["labels"], a["weights"] if copy_weight != 1.0 else None)
             loss, parts = lr_ + la, {"ver": lr_.item(), "agent": la.item()}
         else:
-            caps = [encode_caption(mv.make_problem(mv.TRAIN_SEED, 20_000_000 + step * 2 + j), proc, tok) for j in range(2)]
-            loss, parts = shared_vision_step(
-                model, None, tap, reg, caps, proc, tok, pad_id, IMAGE_COLOUR_WEIGHT, min(PERCEPTION_BATCH, len(reg))
+            caps = (
+                []
+                if freeze_vision
+                else [encode_caption(mv.make_problem(mv.TRAIN_SEED, 20_000_000 + step * 2 + j), proc, tok) for j in range(2)]
             )
+            n_perception = 0 if freeze_vision else min(PERCEPTION_BATCH, len(reg))
+            loss, parts = shared_vision_step(model, None, tap, reg, caps, proc, tok, pad_id, IMAGE_COLOUR_WEIGHT, n_perception)
             bf = weight_copies(collate(ag, "full", pad_id, dec_weight=DRAFTER_DECISIVE_WEIGHT), ag, copy_weight)
             lf = lm_loss(model(**model_inputs(bf), use_cache=False).logits, bf["labels"], bf["weights"])
-            bc = weight_copies(collate(ag[: len(ag) // 2], "comp", pad_id), ag, copy_weight)
+            bc = weight_copies(collate(ag_comp, "comp", pad_id), ag_comp, copy_weight)
             lc = lm_loss(model(**model_inputs(bc), use_cache=False).logits, bc["labels"], bc["weights"] if copy_weight != 1.0 else None)
             loss = loss + 0.6 * lf + 0.4 * lc
             parts.update(agent_full=lf.item(), agent_comp=lc.item())
@@ -167,6 +184,16 @@ def worker(
                 print(f"[{role}] EVAL step {done + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(res)}", file=log)
             model.save_pretrained(Path(work) / role)
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
+
+
+def log_evals(proc, tok) -> list[dict[str, Any]]:
+    """Held-out ``agent-log`` answers the log's EVAL lines score (seed 1), each compressor's view in turn."""
+    from ..eval.minivista_log import make_log_problem
+
+    return [
+        log_examples(make_log_problem(mv.HELDOUT_SEED, EVAL_START + i), proc, tok, TRAIN_COMPRESSIONS[i % 3], answers_only=True)[0]
+        for i in range(AGENT_EVAL_TASKS)
+    ]
 
 
 def weight_copies(batch: dict[str, Any], examples: list[dict[str, Any]], weight: float) -> dict[str, Any]:
@@ -212,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16, help="problems of the four families a step")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--agent-batch", type=int, default=AGENT_BATCH, help="agent requests a step [default: %(default)s]")
+    ap.add_argument("--freeze-vision", action="store_true", help="leave the drafter's vision tower as it is (a cheaper step)")
+    ap.add_argument(
+        "--log-batch", type=int, default=0, help="agent-log requests a step besides (the long tool output the compressor drops)"
+    )
     ap.add_argument("--eval-n", type=int, default=60, help="greedy check of each model alone at the end (0: skip)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -233,7 +265,22 @@ def main(argv: list[str] | None = None) -> int:
             procs = [
                 ctx.Process(
                     target=worker,
-                    args=(role, str(work), steps, lr, seed, args.batch, args.eval_every, log_path, done, copy_weight, finals),
+                    args=(
+                        role,
+                        str(work),
+                        steps,
+                        lr,
+                        seed,
+                        args.batch,
+                        args.eval_every,
+                        log_path,
+                        done,
+                        copy_weight,
+                        finals,
+                        args.log_batch,
+                        args.agent_batch,
+                        args.freeze_vision,
+                    ),
                 )
                 for role, seed in (("verifier", args.seed + 1), ("drafter", args.seed))
             ]

@@ -119,11 +119,15 @@ def load_hf_problems(split: str = "testmini", *, dataset: str = HF_DATASET, cach
 
 def load_minivista_problems(n: int = 100, seed: int = 0, families: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Synthetic MiniVista problems from :mod:`asymspec_mm.eval.minivista` (MathVista schema): the first ``n`` of
-    ``seed``, kept to ``families`` (None: all four); ``["agent"]``: the first ``n`` agent tasks instead."""
+    ``seed``, kept to ``families`` (None: all four); ``["agent"]`` / ``["agent-log"]``: the first ``n`` tasks of that family instead."""
     if families is not None and list(families) == ["agent"]:
         from ..minivista_agent import agent_problems
 
         return agent_problems(n, seed)
+    if families is not None and list(families) == ["agent-log"]:
+        from ..minivista_log import log_problems
+
+        return log_problems(n, seed)
     try:
         from .. import minivista  # type: ignore[attr-defined]
     except ImportError as exc:
