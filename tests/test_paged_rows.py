@@ -59,14 +59,27 @@ class Trio:
         self.batch.leave(row)
         del self.single[row]
 
-    def extend(self, ids: dict[int, list[int]]) -> None:
+    def extend(self, ids: dict[int, list[int]]) -> int:
+        """Extend every engine; returns the token positions the paged forward's model computed (its embedding's
+        input, counted by a forward hook)."""
         ids = {r: torch.tensor(t) for r, t in ids.items()}
-        got, padded = self.paged.extend(ids), self.batch.extend(ids)
+        computed: list[int] = []
+        hook = (
+            stream_model(self.pipe, self.name)
+            .get_input_embeddings()
+            .register_forward_hook(lambda m, args, out: computed.append(args[0].numel()))
+        )
+        try:
+            got = self.paged.extend(ids)
+        finally:
+            hook.remove()
+        padded = self.batch.extend(ids)
         assert list(got) == list(ids)
         for r, t in ids.items():
             assert_logits_close(got[r], self.single[r].extend(t), (self.name, r, "single"))
             assert_logits_close(got[r], padded[r], (self.name, r, "batch"))
             assert self.paged.length(r) == self.single[r].length
+        return sum(computed)
 
     def truncate(self, row: int, length: int) -> None:
         for e in (self.paged, self.batch):
@@ -300,3 +313,69 @@ def test_a_request_alone_is_bounded_by_its_own_blocks(tiny_pipe):
     padded = BatchDecoder(tiny_pipe, engines=RowStorages("padded")).kv_bound(session, alone=True)
     assert held < paged <= 1.15 * held
     assert padded > 2 * held
+
+
+def test_rows_of_1_5_37_and_256_new_tokens_run_as_one_packed_forward(tiny_pipe):
+    """Rows with 1, 5, 37 and 256 new tokens (a long prompt chunk beside decode rows; image rows with M-RoPE on the
+    drafter), one of them sharing another's prompt by reference (a fork) and diverging: ONE forward whose model
+    computes exactly the sum of the new tokens (nothing padded), every row equal to itself alone and to the padded
+    storage; then rollbacks (one into the shared prompt) and another packed forward, equal again."""
+    rng = random.Random(5)
+    sessions = [_session(tiny_pipe, seed) for seed in (81, 82, 83)]
+    for name in ("drafter_full", "verifier"):
+        trio = Trio(tiny_pipe, name, block_size=16)
+        for row, s in enumerate(sessions):
+            trio.join(row, s.streams[name])
+        context = trio.paged.detach(2)  # row 3: row 2's prompt, by reference
+        trio.paged.join(3, context)
+        context.release()
+        trio.batch.join(3, sessions[2].streams[name])
+        trio.single[3] = _single(tiny_pipe, name, sessions[2].streams[name])
+        assert trio.paged.blocks(3) == trio.paged.blocks(2)
+        forwards = trio.paged.batch_forwards
+        counts = {0: 1, 1: 5, 2: 37, 3: 256}
+        computed = trio.extend({r: [rng.randint(20, 480) for _ in range(n)] for r, n in counts.items()})
+        assert computed == sum(counts.values()) and trio.paged.batch_forwards == forwards + 1, (name, computed)
+        full = sessions[2].streams[name].length // 16
+        assert trio.paged.blocks(3)[:full] == trio.paged.blocks(2)[:full] and trio.paged.blocks(3)[full] != trio.paged.blocks(2)[full]
+        trio.check_blocks()
+        for row, keep in ((0, trio.paged.length(0) - 1), (1, trio.paged.length(1) - 3), (2, trio.paged.length(2) - 20), (3, full * 16 - 5)):
+            trio.truncate(row, keep)  # row 3 rolls back into the prompt it shares with row 2
+        counts = {0: 3, 1: 1, 2: 7, 3: 2}
+        assert trio.extend({r: [rng.randint(20, 480) for _ in range(n)] for r, n in counts.items()}) == sum(counts.values())
+        trio.check_blocks()
+
+
+def test_paged_attention_is_chosen_through_the_config_and_calls_without_a_plan_keep_the_models_own(tiny_pipe):
+    """A paged storage selects its attention through the text config (the drafter's vision tower keeps its own);
+    a single-row engine on the same model gives bit-identical logits before and after (its calls carry no plan and
+    run the model's own sdpa), and a model whose attention is reset afterwards is switched back at the next forward."""
+    from asymspec_mm.engines.paged_attention import implementation_name
+
+    ids = torch.arange(20, 44)
+    for name in ("verifier", "drafter_full"):
+        model = stream_model(tiny_pipe, name)
+        text = model.config.get_text_config(decoder=True)
+        _set_sdpa(model)
+        before = _prefilled(model, name, ids[:20]).extend(ids[20:])
+        paged = PagedBatchEngine(model, name)
+        assert text._attn_implementation == implementation_name("sdpa")
+        if name != "verifier":
+            assert model.config.vision_config._attn_implementation == "sdpa"
+        assert torch.equal(_prefilled(model, name, ids[:20]).extend(ids[20:]), before)
+        _set_sdpa(model)
+        paged.join(0, _prefilled(model, name, ids[:20]))
+        got = paged.extend({0: ids[20:]})[0]
+        assert text._attn_implementation == implementation_name("sdpa")
+        assert_logits_close(got, before, name)
+
+
+def _set_sdpa(model) -> None:
+    """Select plain sdpa for ``model``'s text layers."""
+    model.set_attn_implementation({"text_config": "sdpa"} if model.config.get_text_config(decoder=True) is not model.config else "sdpa")
+
+
+def _prefilled(model, name: str, ids: torch.Tensor) -> TextEngine:
+    engine = TextEngine(model, name) if name == "verifier" else VLEngine(model, name)
+    engine.prefill(ids)
+    return engine

@@ -1,27 +1,25 @@
-"""The tensors behind a :class:`~.block_pool.BlockPool`: one model's paged KV, and the cache a forward attends through.
+"""The tensors behind a :class:`~.block_pool.BlockPool`: one model's paged KV, and a row's context by reference.
 
 :class:`PagedKV` keeps, per layer, one tensor per pool segment, ``[segment_blocks * block_size, 2, H, D]``
 (slot-major, each slot's keys and values side by side: slot ``s`` of the pool is row ``s`` of the segments in
-order, and one read takes both). Growing the pool adds a segment (zeros: a hole gathered into attention is masked, and must never carry a NaN into it); trimming
-drops the last ones. No existing tensor is ever reallocated, so the memory the pool holds is exactly its segments.
-
-:class:`PagedCache` is the transformers ``Cache`` a batched forward runs on. Before the forward the storage sets its
-:class:`ForwardPlan`: for each row in the batch, the slots of its context (left-aligned, hole slots after a
-shorter row's context up to the longest, ``past`` columns in all) and the slots its new tokens go to. Each layer's
-``update`` writes the row's new keys/values into their slots and returns that row-major view ``[B, H, past + n,
-D]``: the gathered context, then the new keys (pads included, as the forward computed them). The view is transient
-(one layer at a time, freed after that layer's attention); the 2D mask ``[B, past + n]`` hides the hole columns,
-and causality over columns hides the pads after a row's last real token, as for the batched dynamic cache.
+order, and one read takes both). Growing the pool adds a segment (zeros: a hole slot read into attention is masked,
+and must never carry a NaN into it); trimming drops the last ones. No existing tensor is ever reallocated, so the
+memory the pool holds is exactly its segments. Reads and writes go through plans (:meth:`PagedKV.read_plan`,
+:meth:`PagedKV.write_plan`: slots split by segment) computed once per forward and used by every layer; the
+attention over the pool is :mod:`.paged_attention`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .block_pool import BlockPool, BlockTable
+
+#: Where a forward's tokens go: the order that groups them by segment (``None``: one segment), and per segment
+#: ``(segment, first, stop, offsets)``: the grouped tokens ``first .. stop - 1`` go to ``offsets`` in it.
+WritePlan = tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]
+#: Where tokens are read from: each segment's offsets, and the order that puts the reads back (``None``: in order).
+ReadPlan = tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]
 
 
 class PagedKV:
@@ -62,52 +60,65 @@ class PagedKV:
                 del self.segments[i][want:]
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
-    def _split(self, slots: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-        """``slots`` ``[N]`` (CPU, long) by segment: ``(segment, positions in slots, offsets in the segment)``."""
+    def _split(self, slots: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]:
+        """``slots`` ``[N]`` (CPU, long) by segment: the order that sorts them by segment (``None``: one segment, in
+        order) and, per segment, ``(segment, first, stop, offsets)``: sorted positions ``first .. stop - 1`` go to
+        (or come from) ``offsets`` in that segment."""
         if len(self._starts) == 1:
-            return [(0, torch.arange(slots.numel()), slots)]
+            return None, [(0, 0, slots.numel(), slots)]
         starts = torch.tensor(self._starts)
         seg = torch.bucketize(slots, starts, right=True) - 1
-        out = []
-        for s in seg.unique().tolist():
-            at = (seg == s).nonzero().reshape(-1)
-            out.append((s, at, slots[at] - self._starts[s]))
-        return out
+        order = torch.argsort(seg, stable=True)
+        offsets = slots[order] - starts[seg[order]]
+        counts = torch.bincount(seg, minlength=len(self._starts)).tolist()
+        parts, first = [], 0
+        for s, count in enumerate(counts):
+            if count:
+                parts.append((s, first, first + count, offsets[first : first + count]))
+                first += count
+        return (None if len(parts) == 1 else order), parts
 
-    def write_plan(self, slots: list[int]) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    def _on(self, plan: tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]], device: torch.device):
+        order, parts = plan
+        return (None if order is None else order.to(device)), [(s, a, b, o.to(device)) for s, a, b, o in parts]
+
+    def write_plan(self, slots: list[int]) -> WritePlan:
         """Where tokens bound for ``slots`` go, by segment (computed once per forward, used by every layer)."""
-        return self._split(torch.tensor(slots, dtype=torch.long)) if slots else []
+        return self._on(self._split(torch.tensor(slots, dtype=torch.long)), self.devices[0]) if slots else (None, [])
 
-    def write(self, layer: int, plan: list[tuple[int, torch.Tensor, torch.Tensor]], keys: torch.Tensor, values: torch.Tensor) -> None:
+    def write(self, layer: int, plan: WritePlan, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``keys`` / ``values`` ``[N, H, D]`` of layer ``layer`` at the slots of ``plan`` (:meth:`write_plan`)."""
-        if not plan:
+        order, parts = plan
+        if not parts:
             return
-        both = torch.stack([keys, values], dim=1).to(self.dtype)  # [N, 2, H, D]
         device = self.devices[layer]
-        for s, at, offsets in plan:
-            part = both if len(plan) == 1 else both.index_select(0, at.to(both.device))
-            self.segments[layer][s].index_copy_(0, offsets.to(device), part.to(device))
+        both = torch.stack([keys, values], dim=1).to(device, self.dtype)  # [N, 2, H, D]
+        if order is not None:  # grouped by segment: each segment takes one slice
+            both = both.index_select(0, order.to(device))
+        for s, first, stop, offsets in parts:
+            self.segments[layer][s].index_copy_(0, offsets.to(device), both[first:stop])
 
-    def read_plan(self, slots: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]:
-        """Where the tokens at ``slots`` ``[N]`` (CPU, long) are read from (once per forward, used by every layer):
-        each segment's offsets, and the order that puts the segments' reads back in the order of ``slots``
-        (``None``: one segment, already in order)."""
-        parts = self._split(slots.reshape(-1).to("cpu", torch.long))
-        if len(parts) == 1:
-            return [(parts[0][0], parts[0][2])], None
-        back = torch.argsort(torch.cat([at for _, at, _ in parts])) if parts else torch.zeros(0, dtype=torch.long)
-        return [(s, offsets) for s, _, offsets in parts], back
+    def read_plan(self, slots: torch.Tensor) -> ReadPlan:
+        """Where the tokens at ``slots`` (CPU, long; any shape, read flattened) are read from (once per forward, used
+        by every layer): each segment's offsets, and the order that puts the segments' reads back in the order of
+        ``slots`` (``None``: one segment, already in order)."""
+        order, parts = self._on(self._split(slots.reshape(-1).to("cpu", torch.long)), self.devices[0])
+        back = None if order is None else torch.argsort(order)
+        return [(s, offsets) for s, _, _, offsets in parts], back
 
-    def gather(self, layer: int, plan: tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`): ``[N, H, D]`` each. Each
-        segment is read at its own slots only (never concatenated whole: that would copy the pool every layer)."""
+    def gather_both(self, layer: int, plan: ReadPlan) -> torch.Tensor:
+        """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`), side by side: ``[N, 2, H,
+        D]``. Each segment is read at its own slots only (never concatenated whole: that would copy the pool)."""
         device, segments = self.devices[layer], self.segments[layer]
         parts, back = plan
         if not parts:
-            empty = torch.zeros(0, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
-            return empty, empty
+            return torch.zeros(0, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
         got = [segments[s].index_select(0, o.to(device)) for s, o in parts]
-        both = got[0] if back is None else torch.cat(got).index_select(0, back.to(device))
+        return got[0] if back is None else torch.cat(got).index_select(0, back.to(device))
+
+    def gather(self, layer: int, plan: ReadPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`): ``[N, H, D]`` each."""
+        both = self.gather_both(layer, plan)
         return both[:, 0], both[:, 1]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -138,70 +149,6 @@ class PagedKV:
             k, v = self.gather(layer, read)
             out.append((k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)))
         return out
-
-
-@dataclass
-class ForwardPlan:
-    """What one batched forward reads and writes (module docstring): ``rows`` x ``past`` columns of context (``read``:
-    :meth:`PagedKV.read_plan` of each row's context slots, row-major; hole columns read slot 0 and are masked),
-    ``write`` (:meth:`PagedKV.write_plan` of the real new tokens' slots) and ``new`` ``[N]``: where those tokens are
-    in the forward's flattened ``[B * n]`` new columns."""
-
-    rows: int
-    past: int
-    read: tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]
-    write: list[tuple[int, torch.Tensor, torch.Tensor]]
-    new: torch.Tensor
-
-
-class PagedLayer(CacheLayerMixin):
-    """One layer of a :class:`PagedCache`: writes a forward's new keys into the pool, returns the row-major view."""
-
-    is_sliding = False
-
-    def __init__(self, kv: PagedKV, index: int):
-        super().__init__()
-        self.kv, self.index = kv, index
-        self.plan: ForwardPlan | None = None
-        self.device = kv.devices[index]
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        pass
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        plan = self.plan
-        B, H, n, D = key_states.shape
-        new = plan.new.to(key_states.device)
-        fresh_k = key_states.transpose(1, 2).reshape(B * n, H, D).index_select(0, new)
-        fresh_v = value_states.transpose(1, 2).reshape(B * n, H, D).index_select(0, new)
-        # gather before writing: the forward's own tokens come from key_states, the pool only holds the context
-        past_k, past_v = self.kv.gather(self.index, plan.read)
-        self.kv.write(self.index, plan.write, fresh_k, fresh_v)
-        shape = (B, plan.past, H, D)
-        keys = torch.cat([past_k.view(shape).transpose(1, 2).to(key_states.dtype), key_states], dim=2)
-        values = torch.cat([past_v.view(shape).transpose(1, 2).to(value_states.dtype), value_states], dim=2)
-        return keys, values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return 0 if self.plan is None else self.plan.past
-
-    def get_max_length(self) -> int:
-        return -1
-
-
-class PagedCache(Cache):
-    """The cache of one batched forward over paged rows: a :class:`PagedLayer` per layer, all reading one plan."""
-
-    def __init__(self, kv: PagedKV):
-        super().__init__(layers=[PagedLayer(kv, i) for i in range(kv.n_layers)])
-
-    def set_plan(self, plan: ForwardPlan | None) -> None:
-        for layer in self.layers:
-            layer.plan = plan
 
 
 class PagedRowContext:

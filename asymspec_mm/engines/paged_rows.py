@@ -12,11 +12,12 @@ staging storage the decode storage's pool): a row prefilled there moves to the d
 context from anywhere else (a single-row engine, the prefix-KV store) is copied into blocks once. Two rows joined
 from one context share its blocks until one writes into the last partly filled one (copy-on-write).
 
-A forward runs only the rows it extends (a row not given costs nothing), on the :class:`~.paged_kv.PagedCache`:
-each layer writes its new keys into the rows' blocks and attends over a transient row-major view of their contexts.
+A forward runs only the rows it extends (a row not given costs nothing), as ONE packed sequence of their new tokens
+(:func:`packed_inputs`: nothing padded, each token at its own position); :mod:`.paged_attention` writes each layer's
+new keys into the rows' blocks and attends each row over its own slots, and the logits are split per row.
 
 The static-slot GPU path (:class:`~.static_rows.StaticBatchEngine`) stays as it is: CUDA graphs need buffers whose
-shapes and addresses never change, which a pool that grows and a gathered view per forward do not give.
+shapes and addresses never change, which a pool that grows and a gather per forward do not give.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from __future__ import annotations
 import torch
 
 from .block_pool import BlockPool, BlockTable, blocks_for, capacity_bound
-from .paged_kv import ForwardPlan, PagedCache, PagedKV, PagedRowContext
+from .paged_attention import PagedCache, ragged_plan, use_paged_attention, uses_paged_attention
+from .paged_kv import PagedKV, PagedRowContext
 from .pieces import PrefillChunk, vision_inputs
-from .rows import RowView, ragged_inputs
+from .rows import RowView
 from .single import model_device
 from .static_rows import layer_devices
 
@@ -44,6 +46,26 @@ def paged_kv_for(model, *, block_size: int = DEFAULT_BLOCK_TOKENS, growth: float
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     dtype = model.get_input_embeddings().weight.dtype
     return PagedKV(BlockPool(block_size, growth=growth), kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, devices=layer_devices(model))
+
+
+def packed_inputs(pieces: list[PrefillChunk], starts: list[int], vision: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``input_ids`` ``[1, N]`` and ``position_ids`` of one packed forward: the pieces' tokens one after another
+    (``N`` = their sum, nothing padded; ids stay on their device, so drafts on the GPU cost no host sync); piece
+    ``r``'s positions ``starts[r] + i`` (each row's length plus rope delta), ``[1, N]``, or ``[3, 1, N]`` on every
+    M-RoPE axis with ``vision``, a piece's own positions where it gives them (a prompt piece with an image)."""
+    input_ids = torch.cat([c.ids.reshape(-1).to(device, torch.long) for c in pieces]).unsqueeze(0)
+    n = [c.ids.numel() for c in pieces]
+    positions = torch.tensor([s + i for s, count in zip(starts, n) for i in range(count)], dtype=torch.long)
+    if not vision:
+        return input_ids, positions.unsqueeze(0).to(device)
+    positions = positions.view(1, 1, -1).expand(3, 1, -1)
+    if any(c.positions is not None for c in pieces):
+        positions, at = positions.clone(), 0
+        for c, count in zip(pieces, n):
+            if c.positions is not None:
+                positions[:, 0, at : at + count] = c.positions.reshape(3, -1)
+            at += count
+    return input_ids, positions.to(device)
 
 
 def paged_kv_bound(block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int]) -> int:
@@ -88,7 +110,9 @@ class PagedBatchEngine:
         self.device: torch.device = model_device(model)
         self.kv = kv if kv is not None else paged_kv_for(model, block_size=block_size)
         self.reports_pool, self.counts_rows = reports_pool, counts_rows
-        self.cache = PagedCache(self.kv)
+        self.cache = PagedCache(self.kv.n_layers)
+        use_paged_attention(model)
+        self._text = model.config.get_text_config(decoder=True)
         self.tokens_forwarded: dict[int, int] = {}
         self.forward_calls: dict[int, int] = {}
         self.batch_forwards = 0
@@ -96,8 +120,6 @@ class PagedBatchEngine:
         self._rows: list[int] = []  # join order
         self._tables: dict[int, BlockTable] = {}
         self._delta: dict[int, int] = {}
-        # ragged rows are padded with a token that is never an image pad (the model scatters image embeddings there)
-        self._pad_id = 1 if getattr(model.config, "image_token_id", None) == 0 else 0
 
     @property
     def pool(self) -> BlockPool:
@@ -176,66 +198,53 @@ class PagedBatchEngine:
         if chunks:
             self._forward(chunks, keep=1)
 
-    def _plan(self, order: list[int], n: dict[int, int], n_max: int) -> tuple[ForwardPlan, torch.Tensor | None]:
-        """Allocate the new tokens' blocks (copy-on-write first) and build the forward's plan and 2D mask."""
-        lengths = [self._tables[r].length for r in order]
-        past = max(lengths)
-        index = torch.zeros(len(order), past, dtype=torch.long)
-        for b, r in enumerate(order):
-            if lengths[b]:
-                index[b, : lengths[b]] = torch.tensor(self.pool.slots(self._tables[r]))
-        slots, new, copies = [], [], []
-        for b, r in enumerate(order):
-            got, copy = self.pool.append(self._tables[r], n[r])
-            slots += got
-            copies += copy
-            new.extend(range(b * n_max, b * n_max + n[r]))
-        self.kv.sync()
-        self.kv.copy_blocks(copies)
-        mask = None
-        if any(length != past for length in lengths):
-            live = torch.arange(past).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
-            mask = torch.cat([live, torch.ones(len(order), n_max, dtype=torch.bool)], dim=1).to(self.device)
-        plan = ForwardPlan(len(order), past, self.kv.read_plan(index), self.kv.write_plan(slots), torch.tensor(new, dtype=torch.long))
-        return plan, mask
-
     @torch.no_grad()
     def _forward(self, chunks: dict[int, PrefillChunk], keep: int) -> dict[int, torch.Tensor]:
+        """One packed forward of every given row's new tokens (module docstring); ``keep``: logits to keep (0: all)."""
         for row, c in chunks.items():
             self._table(row)
             if c.ids.numel() < 1:
                 raise ValueError(f"{self.name}: row {row}: extend needs at least one token")
+        if not uses_paged_attention(self._text):  # someone reset the model's attention since
+            use_paged_attention(self.model)
         order = [r for r in self._rows if r in chunks]
-        n = {r: int(chunks[r].ids.numel()) for r in order}
-        n_max = max(n.values())
-        starts = torch.tensor([self._tables[r].length + self._delta[r] for r in order])
-        input_ids, positions = ragged_inputs([chunks[r] for r in order], starts, self.vision, self.device, self._pad_id)
-        plan, mask = self._plan(order, n, n_max)
-        self.cache.set_plan(plan)
+        n = [int(chunks[r].ids.numel()) for r in order]
+        tables = [self._tables[r] for r in order]
+        starts = [t.length + self._delta[r] for r, t in zip(order, tables)]
+        input_ids, positions = packed_inputs([chunks[r] for r in order], starts, self.vision, self.device)
+        past = [t.length for t in tables]
+        fresh, copies = [], []
+        for table, count in zip(tables, n):
+            got, copy = self.pool.append(table, count)
+            fresh += got
+            copies += copy
+        self.kv.sync()
+        self.kv.copy_blocks(copies)
         try:
             out = self.model(
                 input_ids=input_ids,
                 position_ids=positions,
-                attention_mask=mask,
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                paged_plan=ragged_plan(self.kv, tables, n, fresh, self.device),
                 **vision_inputs([chunks[r] for r in order]),
             )
         except BaseException:
-            for r in order:  # the forward never happened: the rows keep their contexts
-                self.pool.truncate(self._tables[r], self._tables[r].length - n[r])
+            for table, p in zip(tables, past):  # the forward never happened: the rows keep their contexts
+                self.pool.truncate(table, p)
             raise
-        finally:
-            self.cache.set_plan(None)
         self.batch_forwards += 1
-        for r in order:
-            self.tokens_forwarded[r] += n[r]
+        for r, count in zip(order, n):
+            self.tokens_forwarded[r] += count
             self.forward_calls[r] += 1
         if keep:
             return {}
-        at = {r: b for b, r in enumerate(order)}
-        return {r: out.logits[at[r], : n[r]] for r in chunks}
+        logits, at, offset = out.logits[0], {}, 0
+        for r, count in zip(order, n):
+            at[r] = logits[offset : offset + count]
+            offset += count
+        return {r: at[r] for r in chunks}
 
     def detach(self, row: int) -> PagedRowContext:
         """``row``'s context by reference (its blocks shared, nothing copied), ready to :meth:`join` a storage on the
