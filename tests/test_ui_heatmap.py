@@ -51,7 +51,7 @@ def test_a_conversations_token_gets_a_map_over_each_image(shipped_tiny, conversa
 
 
 def test_the_footprint_marks_each_steered_tokens_top_region(shipped_tiny, conversation):
-    from asymspec_mm.cli.explain_files import default_positions
+    from asymspec_mm.attribution import default_positions
 
     state = TokenAttributions(shipped_tiny)
     state.finished("s", conversation)

@@ -32,7 +32,7 @@ def _click_token(page, position: int) -> None:
 def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_env):  # noqa: F811 - the imported fixture
     from PIL import Image
 
-    from asymspec_mm.cli.explain_files import default_positions
+    from asymspec_mm.attribution import default_positions
 
     env, pipe = browser_env, browser_env["pipe"]
     ex = _example("1")  # "Which bar is the tallest?": the drafter reads the colour from the bars

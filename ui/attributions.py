@@ -181,7 +181,7 @@ class TokenAttributions:
         if s is None or s.result is None:
             yield panel_note("empty", "No finished answer to attribute yet: turn the footprint on once a run is done.")
             return
-        from asymspec_mm.cli.explain_files import default_positions
+        from asymspec_mm.attribution import default_positions
 
         reason = _why_nothing(self.pipe, s.result)
         if reason is not None:

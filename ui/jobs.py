@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.engines.model_calls import using_loop
 from vision_cache.checks import is_int
 
 from .attributions import TokenAttributions
@@ -326,6 +325,8 @@ class DemoApp(ViewFields):
             img = self._load_image(image)
             notes: list[str] = []
             ocr_arg = self._ocr_arg("", True, notes)
+            from asymspec_mm.engines.model_calls import using_loop  # here: the page's parser imports no torch
+
             with using_loop(self.scheduler):  # the caption is a row of the app's batch: no forward on Gradio's thread
                 view = self.pipe.compressed_view(img, caption=None, ocr=ocr_arg)
         except Exception as exc:

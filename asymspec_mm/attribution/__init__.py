@@ -2,7 +2,17 @@
 token (:func:`attribute`, ``pipe.attribute``), the region grid (:mod:`.regions`), the occlusion forwards
 (:mod:`.occlusion`) and heat-map images (:mod:`.heatmap`)."""
 
-from .attribute import METHODS, Attribution, ImageGrid, NothingToAttributeError, Region, attribute, nothing_to_attribute, result_images
+from .attribute import (
+    METHODS,
+    Attribution,
+    ImageGrid,
+    NothingToAttributeError,
+    Region,
+    attribute,
+    default_positions,
+    nothing_to_attribute,
+    result_images,
+)
 from .heatmap import heat_image, overlay, write_heatmaps
 from .occlusion import BASELINES
 from .regions import Box, RegionCell, region_cells, spans
@@ -17,6 +27,7 @@ __all__ = [
     "Region",
     "RegionCell",
     "attribute",
+    "default_positions",
     "heat_image",
     "nothing_to_attribute",
     "overlay",

@@ -142,6 +142,13 @@ def result_images(result) -> list:
     return []
 
 
+def default_positions(res: Any) -> list[int]:
+    """The tokens worth attributing when none are named: those the image steered (the verifier alone would have
+    emitted another) or fusion emitted; without any, the drafter's accepted drafts."""
+    steered = [i for i, ev in enumerate(res.trace) if ev.steered or ev.source == "fused"]
+    return steered or [i for i, ev in enumerate(res.trace) if ev.source == "accepted"]
+
+
 def nothing_to_attribute(pipe, result) -> str | None:
     """Why no token of ``result`` can be attributed, in one line (``"nothing to attribute: ..."``), or None when
     its tokens can be."""

@@ -15,13 +15,6 @@ from ..base.errors import AsymSpecError
 from .trace_json import jsonable, result_json
 
 
-def default_positions(res: Any) -> list[int]:
-    """The tokens worth attributing when none are named: those the image steered (the verifier alone would have
-    emitted another) or fusion emitted; without any, the drafter's accepted drafts."""
-    steered = [i for i, ev in enumerate(res.trace) if ev.steered or ev.source == "fused"]
-    return steered or [i for i, ev in enumerate(res.trace) if ev.source == "accepted"]
-
-
 def write_explanation(
     pipe: Any,
     res: Any,
@@ -35,7 +28,7 @@ def write_explanation(
 ) -> list[Path]:
     """Write the trace JSON at ``trace_path`` and, with ``attribute``, the heat maps of ``positions`` (default:
     :func:`default_positions`) next to it; returns every file written, the JSON first."""
-    from ..attribution import result_images, write_heatmaps
+    from ..attribution import default_positions, result_images, write_heatmaps
 
     data = result_json(res, pipe.tokenizer)
     written: list[Path] = []
