@@ -138,7 +138,8 @@ class Scheduler(LoopCalls, SetupPool):
     def add(self, request: Request) -> Handle:
         """Queue a :class:`~asymspec_mm.request.request.Request` (checked here, in the caller's thread, unless it
         already is; it reaches its row unchanged). ``request.priority``: lower is preempted last and resumed first
-        (vLLM's convention; new requests join first come, first served). Returns its :class:`Handle`."""
+        (vLLM's convention); set up, requests take rows in priority, then arrival order (set-ups run side by side and may
+        end in another order). Returns its :class:`Handle`."""
         request = request.checked()
         with self._cond:
             if self.error is not None:

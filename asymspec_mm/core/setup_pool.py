@@ -13,8 +13,10 @@ arrival order (:func:`ready_position`), so it never passes a request that goes b
 
 What a set-up touches from several threads at once, and why that is safe: the vision feature store computes each
 image once however many ask (:class:`vision_cache.store.FeatureStore`, a lock and an in-flight table); the caption
-cache and the prefix store are locked LRUs (a caption asked for twice at once is written twice, the same text); the
-grammar compiler holds its lock around its cache (:class:`~asymspec_mm.request.grammar.GrammarCompiler`); the fast
+cache is a locked LRU, and a caption two set-ups ask for at once is written once (the drafter's captioner lets the
+second wait for the first's row); the prefix store (locked) is only asked its size here, its lookups run in the loop
+when a row joins; the grammar compiler compiles under its lock, one grammar at a time
+(:class:`~asymspec_mm.request.grammar.GrammarCompiler`); the fast
 tokenizers are only read (encoding and decoding borrow the Rust tokenizer shared; only a change of its truncation or
 padding settings borrows it exclusively, which set-up never asks of the pair's tokenizers, and the LLMLingua-2
 compressor, whose calls switch truncation on and off, tokenizes under its own lock). Each set-up counts its own
