@@ -77,8 +77,8 @@ class _Part:
 class AsymSpecPipeline:
     """A drafter (Qwen3-VL) and a verifier (text LM) ready to answer questions about images.
 
-    Models load once; each request gets fresh KV caches. Model calls are serialised by a lock (the
-    models are shared), so one pipeline can serve several threads.
+    Models load once; each request gets fresh KV caches. One pipeline serves several threads: while a scheduler
+    runs on it (:meth:`scheduler`) every model call goes through its loop, else calls take turns under a lock.
     """
 
     drafter = _Part("models", "The VL drafter (transformers): the full view, the compressed view, the captions.")

@@ -81,7 +81,10 @@ class ModelSet:
             if sd_drafter is not None:
                 sd_tok = sd_drafter_tokenizer or verifier_tokenizer
                 check_vocabularies(sd_tok, verifier_tokenizer, logit_width(sd_drafter), logit_width(verifier), "SD drafter")
-        # one model call at a time across threads, in arrival order: set-up and decoding take turns at the models
+        # one model call at a time across threads, in arrival order. Needed by the direct path only: callers that decode
+        # on their own threads when no engine loop runs. While one runs every call goes through it
+        # (asymspec_mm.core.loop_client) and only its decode thread takes the lock, uncontended; it still takes it per
+        # call so that a direct call already between two steps when the loop started never runs beside it.
         self.lock = FairRLock()
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
         # every stream's prompts (and finished answers), reused by any later request that starts the same way: the
