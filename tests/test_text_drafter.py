@@ -105,7 +105,8 @@ def test_a_question_without_an_image_is_its_one_turn_conversation(text_pipe):
 def test_an_image_sent_to_a_text_pair_is_one_line_naming_a_vl_drafter(text_pipe):
     img = make_image(1, (64, 64))
     with_image = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What?"}]}]
-    for call in (lambda: text_pipe.generate(img, "What is it?"), lambda: text_pipe.chat(with_image)):
+    calls = (lambda: text_pipe.generate(img, "What is it?"), lambda: text_pipe.chat(with_image), lambda: text_pipe.compressed_view(img))
+    for call in calls:
         with pytest.raises(TextDrafterImageError) as err:
             call()
         msg = str(err.value)

@@ -143,6 +143,7 @@ class RequestPreparer:
         from captioning.captioner import compress
         from vision_cache.image import load_image
 
+        self.models.check_images(1)  # a text-only drafter writes no caption
         image = load_image(image)
         with self._ocr_start:
             ocr_engine = self.ocr_engine if ocr is None else None
