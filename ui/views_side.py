@@ -168,6 +168,7 @@ def build_compression_input() -> Any:
 
     with gr.Accordion("Per-turn compression", open=False, elem_id="asym-compression-box"):
         return gr.Textbox(
+            value="",  # a default, so that API callers that leave it out get no compression
             label="The verifier's view of earlier turns (empty: off); the views show under the conversation",
             placeholder=COMPRESSION_PLACEHOLDER,
             lines=1,
