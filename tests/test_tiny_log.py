@@ -6,14 +6,18 @@ drops, and the drafter reads whole.
   verifier's view, while the last two messages stay verbatim;
 - the shipped tiny classifier runs offline through the package's own ``PromptCompressor`` (and the released
   ``microsoft/llmlingua-2-xlm-roberta-large-meetingbank`` when it is in the local cache);
-- ``eval mathvista --dataset minivista --families agent-log`` on a held-out slice: AsymSpec recovers the Floor ->
-  drafter gap (the figures in asymspec_mm/tiny/RESULTS.md);
-- the openai-agents SDK against ``serve --preset tiny`` reads the log with the tool, and then answers the question
-  from its whole history.
+- ``eval mathvista --dataset minivista --families agent-log`` runs the family under each compressor (records, the
+  Table 17 report);
+- the openai-agents SDK against ``serve --preset tiny`` calls read_log, then sends its whole history with the question,
+  and the server's view of that request holds the tool output compressed.
+
+The shipped pair is not yet trained on this family (asymspec_mm/tiny/README.md says what was tried): the last two
+tests check the paths, not accuracy.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,9 +25,6 @@ import pytest
 from asymspec_mm.eval.minivista_log import LOG_COMPRESSIONS, log_requests, make_log_problem
 from asymspec_mm.pipeline.presets import TINY_DIR
 from asymspec_mm.request.llmlingua2 import TINY_CLASSIFIER
-
-#: The figure the held-out slice must reach (RESULTS.md's truncate row on 10 problems, less a margin): recovery in %.
-SLICE_RECOVERY_AT_LEAST = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +96,62 @@ def test_the_familys_questions_are_in_the_tiny_pairs_domain():
     p = make_log_problem(1, 0)
     assert question_problems(p["question"]) == [] and question_problems(p["messages"][0]["content"]) == []
     assert question_problems("What is the value of bar seventeen?")  # only the family's own form
+
+
+def test_eval_command_runs_the_family_under_each_compressor(tmp_path):
+    """The evaluation path (a protocol check: the shipped pair is not trained on this family, see the tiny README)."""
+    from asymspec_mm.cli.main import main
+
+    out = tmp_path / "run"
+    argv = ["eval", "mathvista", "--dataset", "minivista", "--families", "agent-log", "--minivista-n", "2", "--seed", "1"]
+    argv += ["--preset", "tiny", "--ocr-engine", "none", "--methods", "floor,asymspec"]
+    argv += ["--compression", "truncate", "--compression", "question-only", "--out", str(out), "--on-error", "raise"]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted({r["variant"] for r in records}) == [
+        "question-only/asymspec",
+        "question-only/floor",
+        "truncate/asymspec",
+        "truncate/floor",
+    ]
+    assert len(records) == 8 and not any(r["line_in_view"] for r in records)
+    summary = json.loads((out / "summary.json").read_text())["compressors"]
+    assert summary["truncate"]["n"] == 2 and summary["question-only"]["compression_ratio"] > summary["truncate"]["compression_ratio"] > 1.3
+    report = (out / "report.md").read_text()
+    assert "| truncate | 2 |" in report and "| question-only | 2 |" in report
+
+
+def test_openai_agents_sends_the_whole_history_and_the_server_compresses_the_old_tool_output(served_tiny):
+    """The openai-agents SDK (Chat Completions) against ``serve --preset tiny``: the reader calls read_log (forced on
+    its first request), the SDK runs it and sends the output back, then the answerer is sent the whole history and
+    the question; the server's compressed view of that last request holds the table truncated, without the line."""
+    pytest.importorskip("agents")
+    import httpx
+
+    from asymspec_mm.eval.log_agents import solve
+    from asymspec_mm.eval.log_eval import log_compression
+
+    answers: list[dict] = []
+
+    async def keep(response):
+        await response.aread()
+        answers.append(response.json())
+
+    p = make_log_problem(1, 0)
+    client = httpx.AsyncClient(event_hooks={"response": [keep]}, timeout=300)
+    asymspec = {"method": "asymspec", "compression": log_compression("truncate")}
+    row = solve(served_tiny, p, asymspec, http_client=client, reader_tool_choice="required")
+    assert row["called"]
+    assert [item.get("type", item.get("role")) for item in row["history"]] == [
+        "user",
+        "function_call",
+        "function_call_output",
+        "message",
+        "user",
+    ]
+    assert answers[0]["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_log"
+    last = answers[-1]["asymspec"]
+    tool = [m for m in last["view"]["messages"] if m["role"] == "tool"]
+    assert len(tool) == 1 and p["line"] not in tool[0]["text"] and "tokens cut" in tool[0]["text"]
+    assert tool[0]["text"].startswith(p["table"].split("\n")[0])
+    assert last["stats"]["compression_ratio"] > 1.3

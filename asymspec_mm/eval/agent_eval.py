@@ -71,7 +71,7 @@ def minivista_families(spec: str | None, dataset: str, *, shard: str | None = No
             raise AsymSpecError(f"{flag} does not apply to --families {alone} (each task is a conversation): leave it out")
     bad = [f for f in fams if f not in (*FAMILIES, "agent", "agent-log")]
     if bad or not fams:
-        raise AsymSpecError(f"--families {spec}: choose among {', '.join(FAMILIES)}, or agent or agent-log alone")
+        raise AsymSpecError(f"--families {spec}: choose among {', '.join(FAMILIES)}, or agent alone, or agent-log alone")
     return fams
 
 

@@ -23,11 +23,18 @@ from .minivista_log import TASK, make_log_problem
 
 
 def solve(
-    base_url: str, problem: dict[str, Any], asymspec: dict[str, Any], model_id: str = "tiny", http_client: Any = None
+    base_url: str,
+    problem: dict[str, Any],
+    asymspec: dict[str, Any],
+    model_id: str = "tiny",
+    http_client: Any = None,
+    reader_tool_choice: str | None = None,
 ) -> dict[str, Any]:
     """Run one task with the two agents; ``asymspec``: the request's ``asymspec`` object (``method``,
-    ``compression``, ...). Returns ``answer`` (the answerer's text), ``correct``, ``called`` (the reader called
-    ``read_log``) and ``history`` (the items the answerer was sent, the question last)."""
+    ``compression``, ...); ``reader_tool_choice``: the reader's first request's ``tool_choice`` (``"required"``:
+    the server's grammar makes it a call; the SDK sends ``auto`` after it). Returns ``answer`` (the answerer's
+    text), ``correct``, ``called`` (the reader called ``read_log``) and ``history`` (the items the answerer was
+    sent, the question last)."""
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
@@ -43,7 +50,8 @@ def solve(
         called.append("read_log")
         return problem["table"]
 
-    reader = Agent(name="reader", model=model, tools=[read_log], model_settings=settings)
+    reader_settings = settings.resolve(ModelSettings(tool_choice=reader_tool_choice)) if reader_tool_choice else settings
+    reader = Agent(name="reader", model=model, tools=[read_log], model_settings=reader_settings)
     answerer = Agent(name="answerer", model=model, model_settings=settings)
     config = RunConfig(tracing_disabled=True)
     first = Runner.run_sync(reader, TASK, max_turns=3, run_config=config)
