@@ -11,6 +11,8 @@ reads its rows' slots in one gather (each row: its context, then its own new tok
 group's longest context) and runs one batched SDPA ``[G, H, n, P + n]`` under a boolean mask built once per
 forward: a query sees its row's context and its row's new tokens up to itself. Decode rows (every row the same
 ``n``) are one group; a long prompt chunk beside them is a group of its own, so no decode row computes its width.
+When the groups read at least half of a pool in several segments, each layer reads its segments whole once (one
+copy) and the groups take their slots from that, instead of one read per segment and group.
 
 The function is chosen through the model's config (:func:`use_paged_attention` sets the text model's
 ``_attn_implementation`` to a registered name, once per model): the single-row engines and the padded storage
