@@ -69,6 +69,7 @@ MODULE_COMMANDS = (
     "asymspec_mm.bench.mixed",
     "asymspec_mm.bench.memory",
     "asymspec_mm.bench.kv_peak",
+    "asymspec_mm.bench.paged_forward",
     "asymspec_mm.bench.serving",
 )
 

@@ -11,6 +11,8 @@ reads its rows' slots in one gather (each row: its context, then its own new tok
 group's longest context) and runs one batched SDPA ``[G, H, n, P + n]`` under a boolean mask built once per
 forward: a query sees its row's context and its row's new tokens up to itself. Decode rows (every row the same
 ``n``) are one group; a long prompt chunk beside them is a group of its own, so no decode row computes its width.
+When the groups read at least half of a pool in several segments, each layer reads its segments whole once (one
+copy) and the groups take their slots from that, instead of one read per segment and group.
 
 The function is chosen through the model's config (:func:`use_paged_attention` sets the text model's
 ``_attn_implementation`` to a registered name, once per model): the single-row engines and the padded storage
@@ -30,7 +32,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .block_pool import BlockTable
-from .paged_kv import PagedKV, ReadPlan, WritePlan
+from .paged_kv import PagedKV, ReadPlan, WritePlan, _on
 
 PREFIX = "asymspec_paged_"
 
@@ -44,24 +46,28 @@ def implementation_name(base: str) -> str:
 class RowGroup:
     """Rows of one forward with the same number of new tokens ``n``: ``rows`` of them, ``tokens`` ``[rows * n]``
     their new tokens' places in the packed sequence (``None``: the whole sequence, in order), ``read`` the
-    :meth:`PagedKV.read_plan` of ``[rows, width]`` slots (context, new tokens, holes) and ``mask`` ``[rows, 1, n,
-    width]`` (``None``: every query sees every slot)."""
+    :meth:`PagedKV.read_plan` of ``[rows, width]`` slots (context, new tokens, holes; in a forward that reads the
+    whole pool, the slots themselves ``[rows * width]``) and ``mask`` ``[rows, 1, n, width]`` (``None``: every query
+    sees every slot)."""
 
     rows: int
     n: int
     width: int
     tokens: torch.Tensor | None
-    read: ReadPlan
+    read: ReadPlan | torch.Tensor
     mask: torch.Tensor | None
 
 
 @dataclass
 class RaggedPlan:
-    """One packed forward's reads and writes (module docstring): ``write`` the new tokens' slots in packed order."""
+    """One packed forward's reads and writes (module docstring): ``write`` the new tokens' slots in packed order;
+    ``whole``: the groups read most of the pool, so each layer reads it whole once (:meth:`PagedKV.whole`) and the
+    groups take their slots from that, rather than one read per segment and group."""
 
     kv: PagedKV
     write: WritePlan
     groups: list[RowGroup]
+    whole: bool = False
 
 
 def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list[int], device: torch.device) -> RaggedPlan:
@@ -74,34 +80,47 @@ def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list
     starts = [0]
     for count in n:
         starts.append(starts[-1] + count)
-    groups = []
+    indexes = {}
     for count, rows in by_n.items():
         # row b reads tokens 0 .. length_b - 1 of its table (its context, then its new tokens), then hole slots:
         # the rest of its blocks, or block 0 past them (any slot: the mask hides them)
-        lengths = [tables[r].length for r in rows]
-        width, most = max(lengths), max(len(tables[r].blocks) for r in rows)
+        width, most = max(tables[r].length for r in rows), max(len(tables[r].blocks) for r in rows)
         blocks = torch.tensor([tables[r].blocks + [0] * (most - len(tables[r].blocks)) for r in rows], dtype=torch.long)
-        index = (blocks.unsqueeze(2) * bs + torch.arange(bs)).view(len(rows), -1)[:, :width]
+        indexes[count] = (blocks.unsqueeze(2) * bs + torch.arange(bs)).view(len(rows), -1)[:, :width]
+    # several segments: reading the pool whole per layer (one copy) beats one read per segment once the forward
+    # reads at least half of it
+    whole = len(kv.pool.segments) > 1 and 2 * sum(i.numel() for i in indexes.values()) >= kv.pool.capacity * bs
+    groups = []
+    for count, rows in by_n.items():
+        lengths = [tables[r].length for r in rows]
+        index = indexes[count]
+        width = index.shape[1]
         mask = None
         if count > 1 or min(lengths) != width:
             # query i of row b sees slots j <= length_b - n + i: its context and its new tokens up to itself
-            seen = torch.tensor(lengths).view(-1, 1, 1) - count + torch.arange(1, count + 1).view(1, -1, 1)
-            mask = (torch.arange(width).view(1, 1, -1) < seen).unsqueeze(1).to(device)
+            seen = torch.tensor([[length - count + i + 1 for i in range(count)] for length in lengths]).unsqueeze(2)
+            mask = (torch.arange(width) < seen).unsqueeze(1).to(device)
         tokens = None
         if len(rows) != len(n):
             tokens = torch.tensor([t for r in rows for t in range(starts[r], starts[r + 1])], dtype=torch.long, device=device)
-        groups.append(RowGroup(len(rows), count, width, tokens, kv.read_plan(index), mask))
-    return RaggedPlan(kv, kv.write_plan(fresh), groups)
+        read = index.reshape(-1).to(kv.devices[0]) if whole else kv.read_plan(index)
+        groups.append(RowGroup(len(rows), count, width, tokens, read, mask))
+    return RaggedPlan(kv, kv.write_plan(fresh), groups, whole)
 
 
-def _group_attention(plan: RaggedPlan, group: RowGroup, layer: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
-    """One group's attention output ``[rows * n, Hq, D]``; ``query`` ``[Hq, N, D]`` (the packed sequence)."""
+def _group_attention(
+    plan: RaggedPlan, group: RowGroup, layer: int, query: torch.Tensor, scaling: float | None, pool: torch.Tensor | None
+) -> torch.Tensor:
+    """One group's attention output ``[rows * n, Hq, D]``; ``query`` ``[Hq, N, D]`` (the packed sequence); ``pool``:
+    the layer's slots read whole (:attr:`RaggedPlan.whole`), ``None``: read per segment."""
     heads, _, dim = query.shape
     q = query if group.tokens is None else query.index_select(1, group.tokens)
     q = q.view(heads, group.rows, group.n, dim).transpose(0, 1)  # [G, Hq, n, D]
-    both = plan.kv.gather_both(layer, group.read).view(group.rows, group.width, 2, plan.kv.kv_heads, dim)
-    keys = both[:, :, 0].transpose(1, 2).to(q.dtype)  # [G, Hkv, width, D]
-    values = both[:, :, 1].transpose(1, 2).to(q.dtype)
+    both = plan.kv.gather_both(layer, group.read) if pool is None else pool.index_select(0, _on(group.read, pool.device))
+    both = both.view(group.rows, group.width, 2, plan.kv.kv_heads, dim)
+    if both.dtype != q.dtype:
+        both = both.to(q.dtype)
+    keys, values = both[:, :, 0].transpose(1, 2), both[:, :, 1].transpose(1, 2)  # [G, Hkv, width, D]
     out = torch.nn.functional.scaled_dot_product_attention(
         q, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=heads != keys.shape[1]
     )
@@ -129,11 +148,12 @@ def _paged(base: str):
         layer = module.layer_idx
         plan.kv.write(layer, plan.write, key[0].transpose(0, 1), value[0].transpose(0, 1))
         q = query[0]
+        pool = plan.kv.whole(layer) if plan.whole else None
         if len(plan.groups) == 1:
-            return _group_attention(plan, plan.groups[0], layer, q, scaling).unsqueeze(0), None
+            return _group_attention(plan, plan.groups[0], layer, q, scaling, pool).unsqueeze(0), None
         out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])
         for group in plan.groups:
-            out.index_copy_(0, group.tokens, _group_attention(plan, group, layer, q, scaling))
+            out.index_copy_(0, group.tokens, _group_attention(plan, group, layer, q, scaling, pool))
         return out.unsqueeze(0), None
 
     return paged_attention

@@ -92,11 +92,13 @@ class PagedKV:
         if not parts:
             return
         device = self.devices[layer]
-        both = torch.stack([keys, values], dim=1).to(device, self.dtype)  # [N, 2, H, D]
+        both = torch.stack([keys, values], dim=1)  # [N, 2, H, D]
+        if both.device != device or both.dtype != self.dtype:
+            both = both.to(device, self.dtype)
         if order is not None:  # grouped by segment: each segment takes one slice
-            both = both.index_select(0, order.to(device))
+            both = both.index_select(0, _on(order, device))
         for s, first, stop, offsets in parts:
-            self.segments[layer][s].index_copy_(0, offsets.to(device), both[first:stop])
+            self.segments[layer][s].index_copy_(0, _on(offsets, device), both if len(parts) == 1 else both[first:stop])
 
     def read_plan(self, slots: torch.Tensor) -> ReadPlan:
         """Where the tokens at ``slots`` (CPU, long; any shape, read flattened) are read from (once per forward, used
@@ -113,8 +115,14 @@ class PagedKV:
         parts, back = plan
         if not parts:
             return torch.zeros(0, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
-        got = [segments[s].index_select(0, o.to(device)) for s, o in parts]
-        return got[0] if back is None else torch.cat(got).index_select(0, back.to(device))
+        got = [segments[s].index_select(0, _on(o, device)) for s, o in parts]
+        return got[0] if back is None else torch.cat(got).index_select(0, _on(back, device))
+
+    def whole(self, layer: int) -> torch.Tensor:
+        """Every slot of layer ``layer`` in one tensor ``[slots, 2, H, D]`` (a copy when the pool has several
+        segments): what a forward that reads most of the pool gathers from, one read instead of one per segment."""
+        segments = self.segments[layer]
+        return segments[0] if len(segments) == 1 else torch.cat(segments)
 
     def gather(self, layer: int, plan: ReadPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`): ``[N, H, D]`` each."""
@@ -149,6 +157,11 @@ class PagedKV:
             k, v = self.gather(layer, read)
             out.append((k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)))
         return out
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` (the plans are made on the first layer's device; a device_map may put a layer elsewhere)."""
+    return t if t.device == device else t.to(device)
 
 
 class PagedRowContext:
