@@ -12,6 +12,7 @@ from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core.prefill import ChunkedPrefill
+from asymspec_mm.core.request_state import RequestStatus
 from asymspec_mm.engines import PrefixKV, TextEngine, VLEngine
 
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)
@@ -161,15 +162,19 @@ def test_admission_holds_a_live_row_up_for_at_most_one_forward_per_stream(tiny_p
 
     hooks = [m.register_forward_hook(hook, with_kwargs=True) for m in (tiny_pipe.drafter, tiny_pipe.verifier)]
     try:
-        with tiny_pipe.scheduler(max_batch_size=5, prefill_chunk_tokens=chunk) as sched:
+        # the live row's steps marked by the decode loop itself (a handle's listener runs on the output thread, which
+        # may hand it several steps at once): a step the live row took part in, which is every step while it decodes
+        # (the loop calls on_step before a row that finished in the step leaves)
+        held: list = []
+
+        def on_step(*_):
+            if held and held[0].status is RequestStatus.RUNNING:
+                with lock:
+                    log.append(("step", None, None))
+
+        with tiny_pipe.scheduler(max_batch_size=5, prefill_chunk_tokens=chunk, on_step=on_step) as sched:
             live = sched.submit(**_kwargs(40), config=AsymSpecConfig(k=3, max_new_tokens=400), ignore_eos=True)
-
-            def on_step(kind, payload):
-                if kind == "events":
-                    with lock:
-                        log.append(("step", None, None))
-
-            live.listen(on_step)
+            held.append(live)
             for _ in range(200):  # the live row is decoding
                 with lock:
                     if sum(e[0] == "step" for e in log) >= 3:
