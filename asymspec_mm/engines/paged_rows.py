@@ -70,6 +70,7 @@ class PagedBatchEngine:
     drafts_itself = False
     rebuilds = True
     hands_out_rows = True
+    takes_chunks = True  # extend(ids, prompts=...): arriving rows' prompt pieces ride in a decode forward
     detach_copies = False  # detach shares the row's blocks
 
     def __init__(
@@ -165,11 +166,35 @@ class PagedBatchEngine:
         self.pool.truncate(table, length)
 
     # ------------------------------------------------------------------ decoding
-    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; ``{row: logits [n_r, V]}``."""
+    def extend(self, ids: dict[int, torch.Tensor], prompts: dict[int, PrefillChunk] | None = None) -> dict[int, torch.Tensor]:
+        """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; ``{row: logits [n_r, V]}``.
+
+        ``prompts``: pieces of other rows' prompts (arriving rows, images and M-RoPE positions per piece) that ride in
+        the same forward: their KV is written and no logits are made for them (a decode step's forward carries the
+        turn's prompt chunks, vLLM's mixed prefill/decode batch). A piece with image pads rides apart from ids that
+        hold the image pad token (the model fills every image pad of a forward with the images' embeddings)."""
+        if not prompts:
+            return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0) if ids else {}
+        both = set(ids) & set(prompts)
+        if both:
+            raise ValueError(f"{self.name}: rows {sorted(both)} are given both decode ids and a prompt piece")
+        if ids and self._pads_in(ids, prompts):
+            self._forward(dict(prompts), keep=1)
+            return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0)
+        chunks = {**{r: PrefillChunk(t) for r, t in ids.items()}, **prompts}
         if not ids:
+            self._forward(chunks, keep=1)
             return {}
-        return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0)
+        # logits at the decode rows' positions only (each row's tokens sit left-aligned): [B, longest ids, V]
+        keep = torch.arange(max(int(t.numel()) for t in ids.values()), device=self.device)
+        return self._forward(chunks, keep=keep, wanted=list(ids))
+
+    def _pads_in(self, ids: dict[int, torch.Tensor], prompts: dict[int, PrefillChunk]) -> bool:
+        """Whether ``prompts`` carry image embeddings while some ``ids`` hold the image pad token."""
+        pad = getattr(self.model.config, "image_token_id", None)
+        if pad is None or not any(c.image_embeds is not None and c.image_embeds.shape[0] for c in prompts.values()):
+            return False
+        return any(bool((t == pad).any()) for t in ids.values())
 
     def prefill(self, chunks: dict[int, PrefillChunk]) -> None:
         """Append a piece of each given row's prompt in one forward (images and M-RoPE positions per row)."""
@@ -200,7 +225,11 @@ class PagedBatchEngine:
         return plan, mask
 
     @torch.no_grad()
-    def _forward(self, chunks: dict[int, PrefillChunk], keep: int) -> dict[int, torch.Tensor]:
+    def _forward(
+        self, chunks: dict[int, PrefillChunk], keep: int | torch.Tensor, wanted: list[int] | None = None
+    ) -> dict[int, torch.Tensor]:
+        """One forward over ``chunks``; ``keep``: the model's ``logits_to_keep`` (0: every position, 1: none wanted,
+        a tensor: those positions); returns the logits of the ``wanted`` rows (default: every row when keep is 0)."""
         for row, c in chunks.items():
             self._table(row)
             if c.ids.numel() < 1:
@@ -232,10 +261,10 @@ class PagedBatchEngine:
         for r in order:
             self.tokens_forwarded[r] += n[r]
             self.forward_calls[r] += 1
-        if keep:
+        if wanted is None and isinstance(keep, int) and keep:
             return {}
         at = {r: b for b, r in enumerate(order)}
-        return {r: out.logits[at[r], : n[r]] for r in chunks}
+        return {r: out.logits[at[r], : n[r]] for r in (chunks if wanted is None else wanted)}
 
     def detach(self, row: int) -> PagedRowContext:
         """``row``'s context by reference (its blocks shared, nothing copied), ready to :meth:`join` a storage on the
