@@ -104,8 +104,8 @@ def test_preemption_takes_the_highest_priority_value_latest_first(tiny_pipe):
         handles = [sched.submit(**c, config=cfg, ignore_eos=True, priority=p) for c, p in zip(cases, (5, 5, -1))]
         got = [h.result(timeout=600) for h in handles]
     assert got[2].stats["preemptions"] == 0 and got[0].stats["preemptions"] + got[1].stats["preemptions"] > 0
-    with pytest.raises(Exception, match="priority"):
-        tiny_pipe.scheduler().submit(**cases[0], priority="high")
+    with tiny_pipe.scheduler() as sched, pytest.raises(Exception, match="priority"):  # closed: no threads left behind
+        sched.submit(**cases[0], priority="high")
 
 
 def test_a_server_under_a_tight_kv_budget_answers_every_client_as_alone(tiny_pipe):

@@ -4,7 +4,7 @@ that are prepared :class:`~asymspec_mm.request.session.Session` objects, on batc
 A request arrives either prefilled alone (:meth:`AsymSpecPipeline.prepare`: its streams join the batched engines,
 their KV copied and the single-row streams released) or set up without prefill (``prepare(..., prefill=False)``,
 what the scheduler and ``generate_batch`` do): then its prompts wait in the decoder's batched, chunked prefill
-(:mod:`.prefill`) and it joins once they are in. Every step is Algorithm 1 over all live rows at once: K drafting
+(:mod:`.prefill`; on paged storages their pieces ride in the steps' forwards) and it joins once they are in. Every step is Algorithm 1 over all live rows at once: K drafting
 forwards of R rows, one scoring forward of R rows on each other stream, the gate over ``[R*K, V]``, and one
 device-to-host transfer for the whole batch.
 
@@ -67,8 +67,10 @@ class BatchDecoder(RowDecoder):
     :class:`~asymspec_mm.engines.RowStorages`: paged KV).
 
     A session set up without prefill (``pipe.prepare(..., prefill=False)``) first waits in the decoder's
-    :class:`~asymspec_mm.core.prefill.ChunkedPrefill`: :meth:`prefill_step` runs one batched forward per stream of
-    at most ``prefill_chunk_tokens`` prompt tokens and lets the rows whose prompts are in join the decoding rows.
+    :class:`~asymspec_mm.core.prefill.ChunkedPrefill`, as a row of its decode storages where they take prompt pieces
+    in their own forwards: each turn :meth:`stage` cuts at most ``prefill_chunk_tokens`` prompt tokens a stream,
+    :meth:`step` carries them in its forwards (``rides``) and :meth:`join_ready` lets the rows whose prompts are in
+    decode from the next step; :meth:`prefill_step` runs the pieces in forwards of their own instead.
     """
 
     def __init__(

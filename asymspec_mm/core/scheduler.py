@@ -10,12 +10,13 @@ handle); the lines hold ids. One decode thread owns the batch. Each turn it asks
 preempted rows back and prepared requests in while what the next step would allocate fits ``max_kv_bytes``
 (admission takes what a row needs now; rows grow as they decode), preempts rows (highest priority value, latest
 arrival first: their KV is dropped and rebuilt from their prompt and committed tokens when there is room again,
-the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts under one token budget a turn
+the same output) while it would not, cuts the arriving prompts' pieces under one token budget a turn
 (``token_budget``, vLLM's ``max_num_batched_tokens`` rule: the step's decode tokens first, the prompt pieces of all
-streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's forward at most
-``prefill_chunk_tokens``; a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
-events to its handle and retires finished or cancelled rows at once. So a decoding row waits at most one bounded
-prefill forward per stream between two of its steps, whatever arrives. Every request joins the one batch whatever
+streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's at most ``prefill_chunk_tokens``; a
+long prompt takes several turns, see :mod:`.prefill`), steps the batch with the pieces riding in its forwards (an
+arriving row is a row of its paged decode storages from admission), hands each row's committed events to its
+handle and retires finished or cancelled rows at once. So a turn with arriving rows makes the forwards of a step
+(plus one forward of pieces alone on a storage the step does not call), whatever arrives. Every request joins the one batch whatever
 its method and settings: the decoder groups rows by step shape and the groups share each step's forwards (see
 :class:`~asymspec_mm.decode.rows.RowDecoder`). A failing request fails only its own handle; a failing step fails
 the rows of that step and the worker goes on. Should the worker itself stop on an error,
