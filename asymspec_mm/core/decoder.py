@@ -4,9 +4,9 @@ that are prepared :class:`~asymspec_mm.request.session.Session` objects, on batc
 A request arrives either prefilled alone (:meth:`AsymSpecPipeline.prepare`: its streams join the batched engines,
 their KV copied and the single-row streams released) or set up without prefill (``prepare(..., prefill=False)``,
 what the scheduler and ``generate_batch`` do): then its prompts wait in the decoder's batched, chunked prefill
-(:mod:`.prefill`; on paged storages their pieces ride in the steps' forwards) and it joins once they are in. Every step is Algorithm 1 over all live rows at once: K drafting
-forwards of R rows, one scoring forward of R rows on each other stream, the gate over ``[R*K, V]``, and one
-device-to-host transfer for the whole batch.
+(:mod:`.prefill`; on paged storages their pieces ride in the steps' forwards) and it joins once they are in. Every
+step is Algorithm 1 over all live rows at once: K drafting forwards of R rows, one scoring forward of R rows on each
+other stream, the gate over ``[R*K, V]``, and one device-to-host transfer for the whole batch.
 
 Rows of one decoder may differ in every setting, the method included (:class:`~asymspec_mm.decode.rows.RowDecoder`
 groups them by step shape and lets the groups share each phase's forwards): a Floor row adds its token to the
