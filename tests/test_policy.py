@@ -63,7 +63,7 @@ def test_preemption_takes_highest_priority_value_latest_arrival_and_spares_the_l
 def test_a_request_that_joins_at_once_is_never_the_victim():
     rows = [row(0, S.RUNNING, 0), row(1, S.READY, 5), row(2, S.READY, 3, left={"v": 9})]
     plan = schedule(view(rows, {0: 10, 1: 10, 2: 10}, budget=100))
-    assert plan.admit == (1, 2) and plan.join_now == (1,) and plan.step == (0, 1, 2)
+    assert plan.admit == (1, 2) and plan.join_now == (1,) and plan.step == (0, 1) and plan.joins == (2,)
     plan = schedule(view(rows, {0: 10, 1: 10, 2: 30}, budget=45))
     assert plan.admit == (1,)  # 2 would pass the budget: it waits
     plan = schedule(view([row(0, S.RUNNING, 0), row(1, S.RUNNING, 5, preemptible=False)], {0: 30, 1: 30}, budget=45))
@@ -74,7 +74,7 @@ def test_a_new_arriving_row_is_taken_back_before_a_decoding_row_of_lower_order()
     rows = [row(0, S.RUNNING, 1), row(8, S.PREFILLING, 0, left={"v": 30}), row(9, S.PREFILLING, 1, left={"v": 30})]
     plan = schedule(view(rows, {0: 10, 8: 10, 9: 10}, budget=20))
     assert plan.preempt == (9,)
-    assert plan.chunks == {"v": ((8, 30),)} and plan.joins == (8,) and plan.step == (0, 8)
+    assert plan.chunks == {"v": ((8, 30),)} and plan.joins == (8,) and plan.step == (0,)  # 8 decodes from the next step
 
 
 def test_chunk_boundaries_under_the_token_budget():
@@ -106,7 +106,7 @@ def test_a_request_alone_is_prefilled_in_bounded_chunks_then_steps():
         left = {k: n - dict(plan.chunks.get(k, ())).get(0, 0) for k, n in left.items()}
         turns += 1
         if plan.joins:
-            assert plan.step == (0,) and not any(left.values())
+            assert plan.step == () and not any(left.values())  # it decodes from the next turn
     assert turns == 6 and tokens == [256, 256, 256, 144, 256, 232]  # 128 a stream while both have tokens left
     assert prompt_chunks([(0, {"v": 1000})], None, 512) == {"v": ((0, 512),)}
 

@@ -104,7 +104,7 @@ def test_preemption_takes_the_highest_priority_value_latest_first(tiny_pipe):
         handles = [sched.submit(**c, config=cfg, ignore_eos=True, priority=p) for c, p in zip(cases, (5, 5, -1))]
         got = [h.result(timeout=600) for h in handles]
     assert got[2].stats["preemptions"] == 0 and got[0].stats["preemptions"] + got[1].stats["preemptions"] > 0
-    with tiny_pipe.scheduler() as sched, pytest.raises(Exception, match="priority"):
+    with tiny_pipe.scheduler() as sched, pytest.raises(Exception, match="priority"):  # closed: no threads left behind
         sched.submit(**cases[0], priority="high")
 
 

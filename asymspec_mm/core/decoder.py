@@ -4,9 +4,9 @@ that are prepared :class:`~asymspec_mm.request.session.Session` objects, on batc
 A request arrives either prefilled alone (:meth:`AsymSpecPipeline.prepare`: its streams join the batched engines,
 their KV copied and the single-row streams released) or set up without prefill (``prepare(..., prefill=False)``,
 what the scheduler and ``generate_batch`` do): then its prompts wait in the decoder's batched, chunked prefill
-(:mod:`.prefill`) and it joins once they are in. Every step is Algorithm 1 over all live rows at once: K drafting
-forwards of R rows, one scoring forward of R rows on each other stream, the gate over ``[R*K, V]``, and one
-device-to-host transfer for the whole batch.
+(:mod:`.prefill`; on paged storages their pieces ride in the steps' forwards) and it joins once they are in. Every
+step is Algorithm 1 over all live rows at once: K drafting forwards of R rows, one scoring forward of R rows on each
+other stream, the gate over ``[R*K, V]``, and one device-to-host transfer for the whole batch.
 
 Rows of one decoder may differ in every setting, the method included (:class:`~asymspec_mm.decode.rows.RowDecoder`
 groups them by step shape and lets the groups share each phase's forwards): a Floor row adds its token to the
@@ -29,7 +29,7 @@ from ..engines import RowStorages
 from ..engines.model_calls import TokenRequest, TokenResult
 from ..engines.pieces import resumed_prompt
 from ..request.session import remember_answer
-from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill
+from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill, Rides
 
 if TYPE_CHECKING:
     from ..request.preparing import ServingPipeline
@@ -67,8 +67,10 @@ class BatchDecoder(RowDecoder):
     :class:`~asymspec_mm.engines.RowStorages`: paged KV).
 
     A session set up without prefill (``pipe.prepare(..., prefill=False)``) first waits in the decoder's
-    :class:`~asymspec_mm.core.prefill.ChunkedPrefill`: :meth:`prefill_step` runs one batched forward per stream of
-    at most ``prefill_chunk_tokens`` prompt tokens and lets the rows whose prompts are in join the decoding rows.
+    :class:`~asymspec_mm.core.prefill.ChunkedPrefill`, as a row of its decode storages where they take prompt pieces
+    in their own forwards: each turn :meth:`stage` cuts at most ``prefill_chunk_tokens`` prompt tokens a stream,
+    :meth:`step` carries them in its forwards (``rides``) and :meth:`join_ready` lets the rows whose prompts are in
+    decode from the next step; :meth:`prefill_step` runs the pieces in forwards of their own instead.
     """
 
     def __init__(
@@ -87,7 +89,12 @@ class BatchDecoder(RowDecoder):
         # a factory with a ``staging`` method (paged storages) also builds the prefill's storages, on the same pools
         staging = getattr(self._make, "staging", None)
         self.arriving = ChunkedPrefill(
-            self.models, chunk_tokens=prefill_chunk_tokens, prefix_kv=pipe.prefix_kv, lock=pipe.models_lock, staging=staging
+            self.models,
+            chunk_tokens=prefill_chunk_tokens,
+            prefix_kv=pipe.prefix_kv,
+            lock=pipe.models_lock,
+            staging=staging,
+            decode=self.engines,
         )
         self.parked: dict[int, tuple[Row, dict[str, Any]]] = {}  # preempted rows: the row and its prompts to prefill anew
 
@@ -128,7 +135,15 @@ class BatchDecoder(RowDecoder):
             return None
         return self._join_session(rid, session, session.streams, final, storage)
 
-    def _join_session(self, rid: int, session: Session, streams: dict[str, Any], final: dict[str, int], storage: dict[str, str]) -> Row:
+    def _join_session(
+        self,
+        rid: int,
+        session: Session,
+        streams: dict[str, Any],
+        final: dict[str, int],
+        storage: dict[str, str],
+        held: frozenset[str] = frozenset(),
+    ) -> Row:
         row = self.join(
             rid,
             session.method,
@@ -140,6 +155,7 @@ class BatchDecoder(RowDecoder):
             constraint=session.constraint,
             storage=storage,
             vocab=getattr(session, "vocab", None),
+            held=held,
         )
         row.session, row.final_lengths = session, final
         return row
@@ -150,21 +166,42 @@ class BatchDecoder(RowDecoder):
 
     def prefill_step(self, budget: int | None = None, failures: list[tuple[int, BaseException]] | None = None) -> list[Row]:
         """One batched prefill forward per stream with prompt tokens waiting (``budget``: the prompt tokens all of them
-        may carry, see :meth:`ChunkedPrefill.step`); returns the rows that joined. A row whose join then fails is
-        gone (its slots freed): it goes to ``failures`` as ``(row, error)``, or without that list its error is raised
-        once the others have joined."""
+        may carry, see :meth:`ChunkedPrefill.step`; the pieces for decode storages in forwards of their own, where
+        :meth:`step` would carry them); returns the rows that joined (see :meth:`join_ready`)."""
         if not self.arriving:
             return []
+        self.arriving.step(budget)
+        return self.join_ready(failures)
+
+    def stage(self, budget: int | None = None) -> Rides:
+        """The turn's prompt pieces: the staging storages' forwards run now; the decode storages' pieces are returned
+        for :meth:`step` to carry (:meth:`ChunkedPrefill.stage`)."""
+        return self.arriving.stage(budget) if self.arriving else {}
+
+    def step(self, timer: Any = None, rides: Rides | None = None) -> list[tuple[Row, list]]:
+        """One step of every live row, its forwards carrying ``rides`` (:meth:`stage`); the arriving rows' prompts
+        go on past them once the step ran (:meth:`join_ready` lets the rows whose prompts are in join)."""
+        out = super().step(timer, rides)
+        if rides:
+            self.arriving.rode(rides)
+        return out
+
+    def join_ready(self, failures: list[tuple[int, BaseException]] | None = None) -> list[Row]:
+        """The rows whose prompts are all in join the decoding rows (a row held by its decode storages stays where it
+        is: nothing is copied); returns them. A row whose join fails is gone (its slots freed): it goes to
+        ``failures`` as ``(row, error)``, or without that list its error is raised once the others have joined."""
         joined = []
         failed: list[tuple[int, BaseException]] = []
-        for rid in self.arriving.step(budget):
+        for rid in self.arriving.ready():
             try:
                 prompts = self.arriving.prompts(rid)
+                held_keys = self.arriving.held(rid)
                 by_storage, staged = self.arriving.take(rid)
                 session, storage = staged.session, staged.storage
                 streams = {name: by_storage[key] for name, key in storage.items()}
+                held = frozenset(name for name, key in storage.items() if key in held_keys)
                 if staged.row is not None:  # a preempted row back with its contexts rebuilt
-                    self.rejoin(staged.row, streams)
+                    self.rejoin(staged.row, streams, held)
                     joined.append(staged.row)
                     continue
                 full = prompts.get(storage.get("drafter_full", ""))
@@ -175,8 +212,11 @@ class BatchDecoder(RowDecoder):
                     {name: prompts[key].cached for name, key in storage.items() if key in prompts}
                 )
                 session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - staged.t0
-                joined.append(self._join_session(rid, session, streams, staged.final, storage))
-            except Exception as exc:  # noqa: BLE001 - this row fails alone; its slots are already free
+                joined.append(self._join_session(rid, session, streams, staged.final, storage, held))
+            except Exception as exc:  # noqa: BLE001 - this row fails alone
+                for key, engine in self.engines.items():  # a row its storages held: its slots go
+                    if key in held_keys and rid in engine.rows and rid not in self.rows:
+                        engine.leave(rid)
                 failed.append((rid, exc))
         if failures is not None:
             failures.extend(failed)
@@ -229,8 +269,12 @@ class BatchDecoder(RowDecoder):
         """A parked row's prompts go to the batched prefill; it rejoins the steps once they are in (it stays parked
         if that fails)."""
         row, prompts = self.parked[rid]
+        counted = {key: (self.engines[key].tokens_forwarded.get(rid, 0), self.engines[key].forward_calls.get(rid, 0)) for key in prompts}
         self.arriving.add(rid, prompts, record=Staged(row.session, row.final_lengths, time.perf_counter(), row.storage, row))
         del self.parked[rid]
+        for key in self.arriving.held(rid):  # its storages hold it again: the re-prefill counts on top
+            self.engines[key].tokens_forwarded[rid] += counted[key][0]
+            self.engines[key].forward_calls[rid] += counted[key][1]
 
     def unstage(self, rid: int) -> Session | TokenRequest | None:
         """Take an arriving row back out of the batched prefill, its staging KV dropped (to make room for rows that
@@ -278,6 +322,12 @@ class BatchDecoder(RowDecoder):
                 continue
             if rid in self.arriving.rows:
                 k, prompts = self.arriving.record(rid).session.config.k, self.arriving.prompts(rid)
+                ks.append(k)
+                for key, prompt in prompts.items():  # a row its decode storage holds grows by what is left
+                    held = key in self.arriving.held(rid)
+                    kept[key] += held
+                    staged.setdefault(key, []).append(prompt.left if held else int(prompt.ids.numel()))
+                continue
             elif rid in self.parked:
                 row, prompts = self.parked[rid]
                 k = row.config.k

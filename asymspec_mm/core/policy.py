@@ -20,8 +20,9 @@ The rules (one turn):
    prompts prefilled elsewhere, is not preemptible).
 4. **Prompt chunks** under one token budget (vLLM's ``max_num_batched_tokens``): the step's decode tokens first,
    the prompts share what is left, at least :data:`MIN_PREFILL_TOKENS`; every stream storage with prompt tokens
-   left runs one forward of at most ``prefill_chunk_tokens`` and its equal share, rows first come first served.
-5. **Step** the running rows and those whose prompts are all in after the chunks.
+   left gets at most ``prefill_chunk_tokens`` and its equal share, rows first come first served. The pieces ride in
+   the first forward the step makes on that storage (one forward of them alone where the step makes none).
+5. **Step** the running rows; those whose prompts are all in after the chunks join and decode from the next step.
 """
 
 from __future__ import annotations
@@ -89,10 +90,11 @@ class TurnView:
 class TurnPlan:
     """What one turn does, in this order (see the module docstring): ``resume``, ``admit`` (to PREFILLING, or RUNNING
     for ``join_now``), ``refuse`` (never fits: KVBudgetError), ``preempt`` (victims in the order taken: a running
-    row or a resumed one is parked, a new one goes back to the head of the line), one prefill forward per stream of
-    ``chunks`` (stream -> ``(rid, tokens)`` pieces) within ``prefill_budget`` tokens, then ``step`` (the rows that
-    decode, ``joins`` among them: their prompts all in after the chunks). ``kv_need``: the meter's bytes for the
-    rows holding KV after the plan (``None`` without a budget)."""
+    row or a resumed one is parked, a new one goes back to the head of the line), ``chunks`` (stream ->
+    ``(rid, tokens)`` pieces, within ``prefill_budget`` tokens) riding in ``step``'s forwards (the rows that decode),
+    and ``joins`` (their prompts all in after the chunks: they decode from the next step on; a storage that cannot
+    carry pieces in its forwards prefills them in a staging forward first, and its rows step at once).
+    ``kv_need``: the meter's bytes for the rows holding KV after the plan (``None`` without a budget)."""
 
     resume: tuple[int, ...] = ()
     admit: tuple[int, ...] = ()
@@ -168,7 +170,7 @@ def schedule(view: TurnView) -> TurnPlan:
         prefill_budget=tokens,
         chunks=chunks,
         joins=tuple(joins),
-        step=tuple(stepping + joins),
+        step=tuple(stepping),
         kv_need=view.need(members) if view.max_kv_bytes is not None else None,
     )
 

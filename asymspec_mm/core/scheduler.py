@@ -11,12 +11,13 @@ handle); the lines hold ids. One decode thread owns the batch. Each turn it asks
 preempted rows back and prepared requests in while what the next step would allocate fits ``max_kv_bytes``
 (admission takes what a row needs now; rows grow as they decode), preempts rows (highest priority value, latest
 arrival first: their KV is dropped and rebuilt from their prompt and committed tokens when there is room again,
-the same output) while it would not, runs one batched prefill forward per stream over the arriving prompts under one token budget a turn
+the same output) while it would not, cuts the arriving prompts' pieces under one token budget a turn
 (``token_budget``, vLLM's ``max_num_batched_tokens`` rule: the step's decode tokens first, the prompt pieces of all
-streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's forward at most
-``prefill_chunk_tokens``; a long prompt takes several turns, see :mod:`.prefill`), steps the batch, hands each row's committed
-events to its handle and retires finished or cancelled rows at once. So a decoding row waits at most one bounded
-prefill forward per stream between two of its steps, whatever arrives. Every request joins the one batch whatever
+streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's at most ``prefill_chunk_tokens``; a
+long prompt takes several turns, see :mod:`.prefill`), steps the batch with the pieces riding in its forwards (an
+arriving row is a row of its paged decode storages from admission), hands each row's committed events to its
+handle and retires finished or cancelled rows at once. So a turn with arriving rows makes the forwards of a step
+(plus one forward of pieces alone on a storage the step does not call), whatever arrives. Every request joins the one batch whatever
 its method and settings: the decoder groups rows by step shape and the groups share each step's forwards (see
 :class:`~asymspec_mm.decode.rows.RowDecoder`). A failing request fails only its own handle; a failing step fails
 the rows of that step and the worker goes on. Should the worker itself stop on an error,
@@ -55,7 +56,7 @@ from .policy import (
     prefilled,
     schedule,
 )
-from .prefill import DEFAULT_CHUNK_TOKENS
+from .prefill import DEFAULT_CHUNK_TOKENS, Rides
 from .request_state import RequestState, RequestStatus, RequestTable
 from .setup_pool import DEFAULT_SETUP_WORKERS, SetupPool, cancelled_error
 
@@ -221,9 +222,10 @@ class Scheduler(LoopCalls, SetupPool):
                 plan = schedule(self._view())
                 admitted(self._table, plan, self._admit(plan) + self._make_room(plan))
                 self._decoder.reset_peaks()
-                prefilled(self._table, plan, self._prefill(plan))
+                outcome, rides = self._prefill(plan)
+                prefilled(self._table, plan, outcome)
                 self._run_jobs()  # a set-up waiting on the tower goes on before the step, not a turn later
-                self._step_one()
+                prefilled(self._table, plan, self._step_one(rides))
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
                 self.kv_bytes, self.live_tokens = self._decoder.allocated(), self._decoder.held_tokens()
                 with self._cond:
@@ -359,39 +361,52 @@ class Scheduler(LoopCalls, SetupPool):
                 self._ready.remove(rid)
             self._cond.notify_all()
 
-    def _prefill(self, plan: TurnPlan) -> TurnOutcome:
-        """One batched prefill forward per stream with rows arriving, their pieces together within the plan's prompt
-        tokens (the pieces are cut from the prompts as they are once the admitted rows found their stored prefixes);
-        rows whose prompts are in decode from this turn's step on. A failing forward fails the rows being prefilled.
-        Returns the rows that joined and each arriving row's computed prompt tokens."""
+    def _prefill(self, plan: TurnPlan) -> tuple[TurnOutcome, Rides]:
+        """The turn's prompt pieces, together within the plan's prompt tokens (cut from the prompts as they are once
+        the admitted rows found their stored prefixes): one staging forward per stream whose storage takes no pieces
+        in its own forwards (its rows whose prompts are in decode from this turn's step on; a failing forward fails
+        the rows being prefilled), and the pieces that ride in the step's forwards (:meth:`BatchDecoder.stage`).
+        Returns the rows that joined with each arriving row's computed prompt tokens, and the rides."""
         decoder = self._decoder
         if not decoder.arriving:
-            return TurnOutcome(joined=(), computed={})
-        prompts = {rid: decoder.arriving.prompts(rid) for rid in decoder.arriving.rows}
+            return TurnOutcome(joined=(), computed={}), {}
         budget = plan.prefill_budget or prefill_budget(self.token_budget, decoder.step_tokens())
-        failed: list[tuple[int, BaseException]] = []
-        joined = []
+        rides: Rides = {}
         try:
-            joined = [row.id for row in decoder.prefill_step(budget, failed)]
+            rides = decoder.stage(budget)
         except Exception as exc:  # noqa: BLE001 - those rows fail, the others go on (parked rows took no part)
             for rid in list(decoder.arriving.rows):
                 decoder.remove(rid)
                 self._end(rid, error=exc)
-        for rid, exc in failed:  # their prompts were in but joining failed: each fails alone
+        return self._joined(), rides
+
+    def _joined(self) -> TurnOutcome:
+        """The arriving rows whose prompts are in join (one whose join fails fails alone); the rows that joined and
+        each arriving row's computed prompt tokens."""
+        decoder = self._decoder
+        prompts = {rid: decoder.arriving.prompts(rid) for rid in decoder.arriving.rows}
+        failed: list[tuple[int, BaseException]] = []
+        joined = [row.id for row in decoder.join_ready(failed)]
+        for rid, exc in failed:
             self._end(rid, error=exc)
         computed = {rid: {key: p.done for key, p in per.items()} for rid, per in prompts.items()}
         return TurnOutcome(joined=tuple(joined), computed=computed)
 
-    def _step_one(self) -> None:
-        """Step every live row once (all methods and settings in one step)."""
+    def _step_one(self, rides: Rides) -> TurnOutcome:
+        """Step every live row once (all methods and settings in one step), its forwards carrying ``rides``; the rows
+        whose prompts are in after it join (they decode from the next step)."""
         decoder = self._decoder
-        if not decoder.rows:
-            return
+        if not decoder.rows and not rides:
+            return TurnOutcome(joined=(), computed={})
         n, calls, t0 = len(decoder.rows), decoder.engine_calls, time.perf_counter()
         stepping = list(decoder.rows.values())
         try:
-            out = decoder.step()
-        except Exception as exc:  # noqa: BLE001 - fail the step's rows, keep serving
+            out = decoder.step(rides=rides)
+        except Exception as exc:  # noqa: BLE001 - fail the step's rows and the rows riding in it, keep serving
+            riding = {rid for pieces in rides.values() for rid in pieces if rid in decoder.arriving.rows}
+            for rid in riding:
+                decoder.remove(rid)
+                self._end(rid, error=exc)
             for row in stepping:
                 if row.result is not None:  # it finished in this step before the failure: its answer stands
                     self._end(row.id, result=row.result)
@@ -399,7 +414,9 @@ class Scheduler(LoopCalls, SetupPool):
                 if row.id in decoder.rows:
                     decoder.remove(row.id)
                 self._end(row.id, error=exc)
-            return
+            return TurnOutcome(joined=(), computed={})
+        if not n:
+            return self._joined()
         if self.on_step is not None:
             self.on_step(n, decoder.engine_calls - calls, time.perf_counter() - t0)
         self.steps += 1
@@ -410,6 +427,7 @@ class Scheduler(LoopCalls, SetupPool):
                 self._output.events(state.handle, events)  # token ids: their texts are made on the output thread
             if row.result is not None:
                 self._end(row.id, result=row.result)
+        return self._joined()
 
     def _retire_cancelled(self) -> None:
         with self._cond:

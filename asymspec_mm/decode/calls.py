@@ -53,8 +53,11 @@ class Storages(Protocol):
     def __getitem__(self, name: str) -> Any: ...
 
 
-def drive(groups: Sequence[GroupStep], engines: Storages) -> list[list]:
-    """Run every group's step to its end; returns each group's result, in order."""
+def drive(groups: Sequence[GroupStep], engines: Storages, rides: dict[str, dict[int, Any]] | None = None) -> list[list]:
+    """Run every group's step to its end; returns each group's result, in order. ``rides``: storage -> ``{row:
+    PrefillChunk}``, arriving rows' prompt pieces that ride in the first forward the step makes on that storage
+    (``extend(ids, prompts=...)``); each storage's pieces are taken out of ``rides`` as they ride, so what is left
+    in it are the storages the step did not call."""
     waiting: dict[int, Ask] = {}
     results: list[list] = [[] for _ in groups]
 
@@ -70,14 +73,15 @@ def drive(groups: Sequence[GroupStep], engines: Storages) -> list[list]:
     while waiting:
         phase = min(ask.phase for ask in waiting.values())
         ready = [i for i, ask in waiting.items() if ask.phase == phase]
-        answers = _answer([waiting[i] for i in ready], engines)
+        answers = _answer([waiting[i] for i in ready], engines, rides if rides is not None else {})
         for i, answer in zip(ready, answers):
             resume(i, answer)
     return results
 
 
-def _answer(asks: list[Ask], engines: Storages) -> list[Any]:
-    """One call per storage for every forward of ``asks`` (rows merged), one transfer for every tensor."""
+def _answer(asks: list[Ask], engines: Storages, rides: dict[str, dict[int, Any]]) -> list[Any]:
+    """One call per storage for every forward of ``asks`` (rows merged; a storage's waiting ``rides`` go with its
+    first), one transfer for every tensor."""
     if any(ask.transfer is not None for ask in asks):
         tensors = [ask.transfer.flatten() for ask in asks]
         device = tensors[0].device  # the verifier may live on another device: one gather there, one sync
@@ -93,7 +97,12 @@ def _answer(asks: list[Ask], engines: Storages) -> list[Any]:
             merged.setdefault((fw.storage, fw.k), {}).update(fw.ids)
     outs: dict[tuple[str, int], Any] = {}
     for (storage, k), ids in merged.items():
-        outs[(storage, k)] = engines[storage].extend(ids) if k == 0 else _split_drafts(engines[storage].draft(ids, k), ids)
+        if k:
+            outs[(storage, k)] = _split_drafts(engines[storage].draft(ids, k), ids)
+        elif storage in rides:
+            outs[(storage, k)] = engines[storage].extend(ids, prompts=rides.pop(storage))
+        else:
+            outs[(storage, k)] = engines[storage].extend(ids)
     answers = []
     for ask in asks:
         per = []

@@ -112,10 +112,12 @@ class RowDecoder(BaselineSteps):
         constraint: Constraint | None = None,
         storage: dict[str, str] | None = None,
         vocab: Any = None,
+        held: frozenset[str] = frozenset(),
     ) -> Row:
         """Add a row of ``method`` from its prefilled single-row ``streams`` and their pending tokens (``constraint``:
         the grammar its output follows; ``storage``: the row storage of each stream, default its name; ``vocab``: a
-        cross-family pair's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge`, the row's ids then the verifier's).
+        cross-family pair's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge`, the row's ids then the verifier's;
+        ``held``: streams whose storage holds the row already, its prompt prefilled there in the steps' forwards).
         All or nothing: if any stream's join fails, the ones it joined already leave again and it raises."""
         check_method(method)
         config = config.validated()
@@ -137,14 +139,15 @@ class RowDecoder(BaselineSteps):
         joined = []
         try:
             for name, key in storage.items():
-                self.engines[key].join(rid, streams[name])
-                joined.append(key)
+                if name not in held:
+                    self.engines[key].join(rid, streams[name])
+                    joined.append(key)
         except BaseException:
             for key in joined:
                 self.engines[key].leave(rid)
             raise
         for name, key in storage.items():
-            if not self.engines[key].adopts:
+            if name not in held and not self.engines[key].adopts:
                 streams[name].release()  # the storage holds its own copy of the row's KV now
         views = {name: self.engines[key].view(rid) for name, key in storage.items()}
         counters = counters or Counters(config.k, views)
@@ -176,12 +179,15 @@ class RowDecoder(BaselineSteps):
         row.preemptions += 1
         return row
 
-    def rejoin(self, row: Row, contexts: dict[str, Engine]) -> None:
+    def rejoin(self, row: Row, contexts: dict[str, Engine], held: frozenset[str] = frozenset()) -> None:
         """A parked row joins again with ``contexts`` (per stream: its prompt and the tokens its stream had cached,
-        prefilled anew); its tokens-forwarded count goes on from where it was. All or nothing, as :meth:`join`."""
+        prefilled anew; ``held``: streams whose storage holds the row again already); its tokens-forwarded count
+        goes on from where it was. All or nothing, as :meth:`join`."""
         joined = []
         try:
             for name, key in row.storage.items():
+                if name in held:
+                    continue
                 engine, context = self.engines[key], contexts[name]
                 if not engine.rebuilds:
                     raise ValueError(f"{key}: this storage cannot take a row back on a rebuilt context")
@@ -195,7 +201,7 @@ class RowDecoder(BaselineSteps):
                 self.engines[key].leave(row.id)
             raise
         for name, key in row.storage.items():
-            if not self.engines[key].adopts:
+            if name not in held and not self.engines[key].adopts:
                 contexts[name].release()
             view = self.engines[key].view(row.id)
             row.streams[name].engine = view
@@ -208,10 +214,14 @@ class RowDecoder(BaselineSteps):
         """Model calls made so far by the storages (transformers forwards or ``LLM.generate`` calls)."""
         return sum(engine.engine_calls for engine in self.engines.values())
 
-    def step(self, timer: Timer | None = None) -> list[tuple[Row, list[TokenEvent]]]:
-        """One step of every live row; rows that finish leave (see :meth:`finish`). Returns (row, committed events)."""
+    def step(self, timer: Timer | None = None, rides: dict[str, dict[int, Any]] | None = None) -> list[tuple[Row, list[TokenEvent]]]:
+        """One step of every live row; rows that finish leave (see :meth:`finish`). Returns (row, committed events).
+
+        ``rides``: storage -> ``{row: PrefillChunk}``, prompt pieces of rows still arriving (rows of those storages,
+        not yet decoding) carried by the first forward the step makes on each storage (:func:`~.calls.drive`); a
+        storage the step does not call runs one forward of its pieces alone, after the step's forwards."""
         rows = list(self.rows.values())
-        if not rows:
+        if not rows and not rides:
             return []
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
@@ -222,12 +232,15 @@ class RowDecoder(BaselineSteps):
             shape = (step_shape(row.method, row.config), tuple(sorted(row.storage.items())), row.vocab is not None)
             groups.setdefault(shape, []).append(row)
         calls = self.engine_calls
+        left = dict(rides or {})
         with self.lock:
             steps = [self._group_step(key, members, timer or no_timer) for key, members in groups.items()]
-            results = drive(steps, self.engines)
+            results = drive(steps, self.engines, left)
+            calls = self.engine_calls - calls  # the step's calls (a forward of prompt pieces alone is not one)
+            for storage, pieces in left.items():
+                self.engines[storage].extend({}, prompts=pieces)
         for key in [k for k in self._draw_settings if k not in groups]:  # groups gone: their cached settings go too
             del self._draw_settings[key]
-        calls = self.engine_calls - calls
         emitted = {row.id: e for members, res in zip(groups.values(), results) for row, e in zip(members, res)}
         out = []
         for row in rows:

@@ -92,6 +92,7 @@ class PagedBatchEngine:
     drafts_itself = False
     rebuilds = True
     hands_out_rows = True
+    takes_chunks = True  # extend(ids, prompts=...): arriving rows' prompt pieces ride in a decode forward
     detach_copies = False  # detach shares the row's blocks
 
     def __init__(
@@ -187,11 +188,33 @@ class PagedBatchEngine:
         self.pool.truncate(table, length)
 
     # ------------------------------------------------------------------ decoding
-    def extend(self, ids: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; ``{row: logits [n_r, V]}``."""
+    def extend(self, ids: dict[int, torch.Tensor], prompts: dict[int, PrefillChunk] | None = None) -> dict[int, torch.Tensor]:
+        """Append ``ids[row]`` ``[n_r]`` (``n_r >= 1``) to each given row in one forward; ``{row: logits [n_r, V]}``.
+
+        ``prompts``: pieces of other rows' prompts (arriving rows, images and M-RoPE positions per piece) that ride in
+        the same forward: their KV is written and no logits are made for them (a decode step's forward carries the
+        turn's prompt chunks, vLLM's mixed prefill/decode batch). A piece with image pads rides apart from ids that
+        hold the image pad token (the model fills every image pad of a forward with the images' embeddings)."""
+        if not prompts:
+            return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0) if ids else {}
+        both = set(ids) & set(prompts)
+        if both:
+            raise ValueError(f"{self.name}: rows {sorted(both)} are given both decode ids and a prompt piece")
+        if ids and self._pads_in(ids, prompts):
+            self._forward(dict(prompts), keep=1)
+            return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0)
+        chunks = {**{r: PrefillChunk(t) for r, t in ids.items()}, **prompts}
         if not ids:
+            self._forward(chunks, keep=1)
             return {}
-        return self._forward({r: PrefillChunk(t) for r, t in ids.items()}, keep=0)
+        return self._forward(chunks, keep=0, wanted=list(ids))
+
+    def _pads_in(self, ids: dict[int, torch.Tensor], prompts: dict[int, PrefillChunk]) -> bool:
+        """Whether ``prompts`` carry image embeddings while some ``ids`` hold the image pad token."""
+        pad = getattr(self.model.config, "image_token_id", None)
+        if pad is None or not any(c.image_embeds is not None and c.image_embeds.shape[0] for c in prompts.values()):
+            return False
+        return any(bool((t == pad).any()) for t in ids.values())
 
     def prefill(self, chunks: dict[int, PrefillChunk]) -> None:
         """Append a piece of each given row's prompt in one forward (images and M-RoPE positions per row)."""
@@ -199,8 +222,11 @@ class PagedBatchEngine:
             self._forward(chunks, keep=1)
 
     @torch.no_grad()
-    def _forward(self, chunks: dict[int, PrefillChunk], keep: int) -> dict[int, torch.Tensor]:
-        """One packed forward of every given row's new tokens (module docstring); ``keep``: logits to keep (0: all)."""
+    def _forward(
+        self, chunks: dict[int, PrefillChunk], keep: int | torch.Tensor, wanted: list[int] | None = None
+    ) -> dict[int, torch.Tensor]:
+        """One packed forward of every given row's new tokens (module docstring); ``keep``: logits to keep (0: all, 1:
+        none wanted); ``wanted``: only these rows' logits (the others' pieces ride without any), ``{row: [n_r, V]}``."""
         for row, c in chunks.items():
             self._table(row)
             if c.ids.numel() < 1:
@@ -212,6 +238,9 @@ class PagedBatchEngine:
         tables = [self._tables[r] for r in order]
         starts = [t.length + self._delta[r] for r, t in zip(order, tables)]
         input_ids, positions = packed_inputs([chunks[r] for r in order], starts, self.vision, self.device)
+        if wanted is not None:  # the lm head runs over the wanted rows' tokens only, never over a riding prompt piece
+            offsets = [sum(n[:i]) for i in range(len(n))]
+            keep = torch.tensor([o + i for r, o, c in zip(order, offsets, n) if r in wanted for i in range(c)], device=self.device)
         past = [t.length for t in tables]
         fresh, copies = [], []
         for table, count in zip(tables, n):
@@ -238,13 +267,14 @@ class PagedBatchEngine:
         for r, count in zip(order, n):
             self.tokens_forwarded[r] += count
             self.forward_calls[r] += 1
-        if keep:
+        if wanted is None and isinstance(keep, int) and keep:
             return {}
         logits, at, offset = out.logits[0], {}, 0
         for r, count in zip(order, n):
-            at[r] = logits[offset : offset + count]
-            offset += count
-        return {r: at[r] for r in chunks}
+            if wanted is None or r in wanted:
+                at[r] = logits[offset : offset + count]
+                offset += count
+        return {r: at[r] for r in (chunks if wanted is None else wanted)}
 
     def detach(self, row: int) -> PagedRowContext:
         """``row``'s context by reference (its blocks shared, nothing copied), ready to :meth:`join` a storage on the
