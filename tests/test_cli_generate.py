@@ -83,6 +83,7 @@ def test_every_minivista_problem_is_in_the_domain():
 
     from asymspec_mm.eval.minivista import make_problem
     from asymspec_mm.eval.minivista_agent import make_agent_problem
+    from asymspec_mm.eval.minivista_log import TASK, make_log_problem
     from asymspec_mm.request.domain import question_stem
 
     stems = set()
@@ -97,6 +98,11 @@ def test_every_minivista_problem_is_in_the_domain():
         stems.add(question_stem(p["query"]))
         if p["followup"]:
             stems.add(p["followup"]["question"])
+    for i in range(10):  # the agent-log family: its task and its question, asked plainly
+        p = make_log_problem(1, i)
+        for text in (TASK, p["question"]):
+            assert domain_problems(text, None) == [], text
+            stems.add(question_stem(text))
     for form in QUESTION_FORMS:  # every form was drawn
         assert any(re.fullmatch(form.replace("{w}", "[A-Za-z]+"), stem) for stem in stems), form
 

@@ -69,6 +69,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     "caller's `history`; tests/test_text_drafter.py runs the same calls on stand-ins built from the real Qwen3 files",
     ("docs/cli.md", "--drafter Qwen/Qwen3-4B --verifier Qwen/Qwen3-32B"): "needs the real Qwen3-4B / Qwen3-32B weights "
     "and the caller's history.json; tests/test_text_drafter.py runs generate and chat with these flags on stand-ins",
+    ("docs/compressed-views.md", "--families agent-log --minivista-n 40"): "the agent-log evaluation and its openai-agents "
+    "run against a server: tests/test_tiny_log.py runs both paths on a few tasks",
     ("docs/compressed-views.md", '"compression": False'): "a sketch: `client` and `history` stand for the caller's; "
     "tests/test_serve_compression.py sends both bodies with the openai client",
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from conftest import make_case
 from test_loop_setup import _threads_running
@@ -15,6 +16,17 @@ from test_loop_setup import _threads_running
 from asymspec_mm import AsymSpecConfig
 
 DECODE_THREAD = "asymspec-scheduler"
+
+
+@pytest.fixture
+def no_other_loop(tiny_pipe):
+    """``tiny_pipe`` with no scheduler of another test still serving its calls (a module-scoped demo server, say):
+    the direct path these tests compare against needs none."""
+    from asymspec_mm.core.loop_client import serving_loop
+
+    while (loop := serving_loop(tiny_pipe)) is not None:
+        loop.close()
+    return tiny_pipe
 
 
 def _watch(pipe):
@@ -87,7 +99,7 @@ def test_chat_complete_stream_and_prepare_run_in_the_loop(tiny_pipe):
     assert prepared.token_ids == ref_stream.token_ids
 
 
-def test_the_callers_never_take_the_models_lock_while_a_loop_runs(tiny_pipe):
+def test_the_callers_never_take_the_models_lock_while_a_loop_runs(tiny_pipe, no_other_loop):
     """The lock's record of the threads that took it: the decode thread only (the caller's thread decodes nothing);
     with no loop the caller takes it, as before."""
     c = make_case(5300)

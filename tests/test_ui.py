@@ -906,30 +906,28 @@ def test_counts_read_as_english():
 
 
 def test_set_up_status_of_a_lone_user_says_what_happens(tiny_pipe, tmp_path):
-    """A lone user's run: while its first row is set up (the drafter writes the caption) its other rows wait behind
-    it, which the status says in those words, not as a queue of other users."""
+    """A lone user's run: its rows are set up side by side (the scheduler's set-up threads) while the drafter writes
+    the caption, which the status says in those words, not as a queue of other users."""
+    import time
+
     case = make_case(60)
     path = tmp_path / "alone.png"
     case["image"].save(path)
     state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
-    sched = state.scheduler
-    tiny_pipe.models_lock.acquire()  # the scheduler sets rows up under this lock: the first row's set-up stands still
+    tiny_pipe.models_lock.acquire()  # the loop runs the caption's forwards under this lock: the set-ups stand still
     held = True
     try:
         gen = state.run(*demo_args(path, {**case, "caption": ""}, autofill=True), session="alone")
-        first = outputs_as_dict(next(gen))
-        import time
-
+        out = first = outputs_as_dict(next(gen))
+        status = first["status"]
         deadline = time.monotonic() + 30
-        while sched.waiting != 2 and time.monotonic() < deadline:  # the worker took the first row
-            time.sleep(0.01)
-        out = outputs_as_dict(next(gen))  # a heartbeat: the status as the rows now stand
-        status = out["status"] if isinstance(out["status"], str) else first["status"]
-        assert "Setting up AsymSpec: writing the caption, then prefill." in status, status
-        assert "Floor and the drafter alone follow: rows are set up one at a time." in status, status
+        while "Setting up AsymSpec, Floor and the drafter alone" not in status and time.monotonic() < deadline:
+            out = outputs_as_dict(next(gen))  # a heartbeat: the status as the rows now stand
+            status = out["status"] if isinstance(out["status"], str) else status
+        assert "Setting up AsymSpec, Floor and the drafter alone: writing the caption, then prefill." in status, status
         assert "in line" not in status and "Queued" not in status and "waiting" not in status
-        assert "next: rows are set up one at a time" in out["floor_html"]
         assert "setting up: writing the caption, then prefill" in out["answer_html"]
+        assert "setting up: prefill" in out["floor_html"]  # its set-up waits for the same caption, written once
         tiny_pipe.models_lock.release()
         held = False
         last = outputs_as_dict(list(gen)[-1])

@@ -856,8 +856,7 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
 
 
 def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
-    """Point 6: alone on the server, a run whose first row is being set up says so, and that its other rows follow
-    (not that they queue); Stop is off and neutral while idle, red while the run goes."""
+    """Point 6: alone on the server, a run whose rows are being set up says so (not that they queue); Stop is off and neutral while idle, red while the run goes."""
     from ui.app import build_app, serve
 
     env, pipe = browser_env, browser_env["pipe"]
@@ -877,13 +876,15 @@ def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
         pipe.models_lock.acquire()  # the first row's set-up waits here
         held = True
         page.locator("#asym-run").click()
-        page.wait_for_function("() => /Setting up/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
-        page.wait_for_timeout(1200)  # a heartbeat later: the rows as they stand
+        # the three rows are set up side by side (the scheduler's set-up threads), the caption written once
+        page.wait_for_function(
+            "() => /Setting up AsymSpec, Floor and the drafter alone/.test(document.querySelector('#asym-status').innerText)",
+            timeout=TIMEOUT_MS,
+        )
         status = page.locator("#asym-status").inner_text()
-        assert "Setting up AsymSpec: writing the caption, then prefill." in status, status
-        assert "Floor and the drafter alone follow: rows are set up one at a time." in status, status
+        assert "Setting up AsymSpec, Floor and the drafter alone: writing the caption, then prefill." in status, status
         assert "in line" not in status and "Queued" not in status and "waiting" not in status, status
-        assert "next: rows are set up one at a time" in page.locator("#asym-floor").inner_text()
+        assert "setting up: prefill" in page.locator("#asym-floor").inner_text()
         assert not stop.is_disabled() and "stop" in stop.get_attribute("class").split()
         assert stop.evaluate("e => getComputedStyle(e).backgroundColor") != idle_colour
         pipe.models_lock.release()

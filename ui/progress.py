@@ -1,8 +1,8 @@
 """What the status line and the panels say while a run's rows are set up, wait for a place in the batch, or decode.
 
-The app's scheduler sets rows up one at a time (the compressed view, then prefill) and keeps a line of rows that
-wait for a place in the batch. A run's own rows stand in that line too: while its first row is set up, the next
-ones wait behind it, which is not waiting for other users. These pure functions tell the two apart from each
+The app's scheduler sets rows up on a few set-up threads (the compressed view, then prefill) and keeps a line of rows
+that wait for a place in the batch. A run's own rows stand in that line too: while its first rows take every set-up
+thread, the next ones wait behind them, which is not waiting for other users. These pure functions tell the two apart from each
 row's place in line (:class:`Row`), so a lone user reads what is happening to their rows, and a user behind
 others reads how many rows of other users are ahead.
 """
@@ -104,7 +104,7 @@ def waiting_sentence(waiting: Sequence[Row], rows: Sequence[Row], *, live_rows: 
         )
         return text + (f"; waiting {waited:.1f} s." if waited is not None else ".")
     if any(r.setting_up for r in rows):
-        return f"{_cap(names)} {_verb(waiting, 'follows', 'follow')}: rows are set up one at a time."
+        return f"{_cap(names)} {_verb(waiting, 'follows', 'follow')} once a set-up thread is free."
     if max_batch_size is not None and live_rows >= max_batch_size:
         return f"{_cap(names)} {_verb(waiting, 'waits', 'wait')} for a free row: the batch is full ({plural(live_rows, 'row')} decoding)."
     return f"{_cap(names)} {_verb(waiting, 'is', 'are')} next to be set up."
@@ -112,7 +112,7 @@ def waiting_sentence(waiting: Sequence[Row], rows: Sequence[Row], *, live_rows: 
 
 def progress_text(rows: Sequence[Row], *, waiting_total: int = 0, live_rows: int = 0, max_batch_size: int | None = None) -> str:
     """The status while a run is under way, e.g. ``Setting up AsymSpec: writing the caption, then prefill. Floor and
-    the drafter alone follow: rows are set up one at a time.`` or ``Running AsymSpec 5 tokens, Floor 12 tokens
+    the drafter alone follow once a set-up thread is free.`` or ``Running AsymSpec 5 tokens, Floor 12 tokens
     (done). The drafter alone waits behind 2 rows of other users for a place in the batch (3rd in line); waiting
     1.2 s.`` ``waiting_total``: rows in the scheduler's line (shown when it does not say where rows stand)."""
     started = [r for r in rows if not r.pending]
@@ -143,5 +143,5 @@ def panel_wait_text(row: Row, rows: Sequence[Row]) -> str:
         behind = others_ahead(row, rows)
         if behind:
             return f"waiting behind {plural(behind, 'row')} of other users ({ordinal(_place(row) + 1)} in line)"
-        return "next: rows are set up one at a time" if any(r.setting_up for r in rows) else "next to be set up..."
+        return "next: once a set-up thread is free" if any(r.setting_up for r in rows) else "next to be set up..."
     return "waiting for the models..."

@@ -259,11 +259,28 @@ class ProcessOCREngine(OCREngine):
             ) from None
         except BrokenProcessPool:
             self._discard(pool)
-            raise OCRWorkerError(
-                f"the {self.name} OCR worker process died while reading this {size[0]}x{size[1]} image (the request "
-                "failed; the next read starts a new worker)"
-            ) from None
+            # several set-ups read at once: a worker that dies breaks every read in flight in its pool, not only the
+            # one that killed it; each is read again once, alone in a worker of its own, so only the image that
+            # kills a worker fails
+            found = self._read_alone(size, pixels)
         return [OCRItem(box=box, text=text, confidence=conf) for box, text, conf in found]
+
+    def _read_alone(self, size: tuple[int, int], pixels: bytes) -> list:
+        """Read once in a fresh single-worker pool that nothing else uses (after a read's pool broke)."""
+        _, factory = self._resolve()
+        pool = ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker, initargs=(factory, self.threads, self.nice)
+        )
+        try:
+            return pool.submit(_read_in_worker, size, pixels).result(timeout=self.read_timeout)
+        except (BrokenProcessPool, FutureTimeout):
+            _stop_workers(pool)
+            raise OCRWorkerError(
+                f"the {self.name} OCR worker process died while reading this {size[0]}x{size[1]} image, twice (the "
+                "request failed; the next read starts a new worker)"
+            ) from None
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _read_unordered(self, image: Image.Image) -> list[OCRItem]:
         return self.read(image)
