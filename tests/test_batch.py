@@ -110,7 +110,7 @@ def test_batched_rows_equal_each_request_alone(tiny_pipe, method, cfg):
     alone = _with_stop_strings(tiny_pipe, reqs, method, cfg)
     assert any(a.stats["stopped_by"] == "stop_string" for a in alone)
     assert len({len(a.token_ids) for a in alone}) > 3  # rows stop at different points
-    for batch_size in (2, 5, 8):
+    for batch_size in (3, 8):  # rows joining as others leave (3), and every row at once
         _same(_batched(tiny_pipe, reqs, method, cfg, batch_size), alone)
 
 
