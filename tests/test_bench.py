@@ -30,11 +30,12 @@ def test_every_run_passes_its_bookkeeping_checks(result):
         assert ch["forwarded_ok"], (run["variant"], run["decode_forwarded"], ch["expected_forwarded"])
         assert ch["tokens_ok"] and ch["per_position_monotone"], run
         assert ch["split_nonnegative"], run["split"]
-        # The split (forwards + gate + trace + rest) sums to the loop's own wall clock within 5%.
-        assert ch["split_sum_rel_err"] < 0.05, (run["variant"], sum(run["split"].values()), run["decode_s"])
+        # The split (forwards + gate + trace + rest) sums to the loop's own wall clock within 5% (+5 ms of jitter
+        # between the two clocks); a missing or double-counted bucket is far more on these 10-30 ms runs.
+        assert ch["split_sum_ok"], (run["variant"], sum(run["split"].values()), run["decode_s"])
         assert sum(run["split"].values()) == pytest.approx(run["loop_s"], rel=1e-9)
         assert run["new_tokens"] == 8  # random weights: EOS ignored, every request decodes max_new_tokens
-    assert result["checks"]["forwarded_ok"] and result["checks"]["split_sum_max_rel_err"] < 0.05
+    assert result["checks"]["forwarded_ok"] and result["checks"]["split_sum_ok"]
 
 
 def test_proxy_records_match_the_engines_counters(result):
@@ -170,7 +171,7 @@ def test_synthetic_runs_and_length_sweep(tiny_pipe):
         **{**FAST, "reps": 1, "warmup": 0, "prompt_lengths": (16, 48)},
     )
     for run in res["main"]["runs"]:
-        assert run["synthetic"] and run["checks"]["forwarded_ok"] and run["checks"]["split_sum_rel_err"] < 0.05
+        assert run["synthetic"] and run["checks"]["forwarded_ok"] and run["checks"]["split_sum_ok"]
     asym = [r for r in res["main"]["runs"] if r["method"] == "asymspec"][0]
     assert asym["context"] == {"drafter_full": 16 + 5 + 1, "drafter_comp": 17, "verifier": 17}
     sl = res["scaling_length"]

@@ -224,6 +224,7 @@ def collect_checks(runs: list[dict]) -> dict[str, Any]:
         "per_position_monotone": all(r["checks"]["per_position_monotone"] for r in runs),
         "split_nonnegative": all(r["checks"].get("split_nonnegative", True) for r in runs),
         "split_sum_max_rel_err": max(errs) if errs else 0.0,
+        "split_sum_ok": all(r["checks"].get("split_sum_ok", True) for r in runs),
     }
 
 

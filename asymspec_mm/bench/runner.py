@@ -88,6 +88,10 @@ def _expected_forwarded(method: str, k: int, steps: int, full_accept_steps: int,
     return {"drafter_full": steps}
 
 
+SPLIT_SUM_REL_TOL = 0.05  # the split (forwards + gate + trace + rest) sums to the loop's own clock within 5% ...
+SPLIT_SUM_JITTER_S = 0.005  # ... plus one scheduler time slice of jitter between the two clocks
+
+
 def check_run(run: dict[str, Any]) -> dict[str, Any]:
     """Bookkeeping checks of one run: forwarded counts, accepted-per-position, token bounds, split sum."""
     k, steps = run["k"], run["steps"]
@@ -108,7 +112,11 @@ def check_run(run: dict[str, Any]) -> dict[str, Any]:
     }
     if run.get("split"):
         total = sum(run["split"].values())
-        checks["split_sum_rel_err"] = abs(total - run["decode_s"]) / run["decode_s"] if run["decode_s"] > 0 else 0.0
+        gap = abs(total - run["decode_s"])
+        checks["split_sum_rel_err"] = gap / run["decode_s"] if run["decode_s"] > 0 else 0.0
+        # The two clocks start and stop a few statements apart, so a thread switch between them (a loaded machine,
+        # short runs) shows as a few ms of gap that no bookkeeping error explains.
+        checks["split_sum_ok"] = gap <= SPLIT_SUM_REL_TOL * run["decode_s"] + SPLIT_SUM_JITTER_S
         checks["split_nonnegative"] = min(run["split"].values()) >= -0.01 * total
     return checks
 
