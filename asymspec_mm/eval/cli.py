@@ -3,6 +3,7 @@
 * ``eval mathvista``: run method variants over MathVista testmini (or MiniVista), appending
   records as they finish, then write official output/scores JSON per variant and a report (:mod:`.mathvista_cli`).
 * ``eval gaia``: the paper's GAIA harness (:mod:`.gaia_cli`), Table 4's rows.
+* ``eval simpleqa``: SimpleQA through the same agent harness (:mod:`.simpleqa_cli`), Table 4's rows.
 * ``eval score --input OUTPUT.json [--out SCORES.json]``: MathVista's official scoring of an
   output file (uses ``extraction``; extracts from ``response`` by rules when it is missing).
 * ``eval merge INPUT... --out DIR``: merge shard record files and write the outputs.
@@ -20,17 +21,19 @@ from ..frontend.help import documented_parser
 from .gaia_cli import add_gaia_parser, cmd_gaia
 from .mathvista_cli import add_mathvista_parser, cmd_mathvista
 from .scores_cli import add_scores_parsers, cmd_merge, cmd_report, cmd_score
+from .simpleqa_cli import add_simpleqa_parser, cmd_simpleqa
 
-COMMANDS = ("mathvista", "gaia", "score", "merge", "report")
+COMMANDS = ("mathvista", "gaia", "simpleqa", "score", "merge", "report")
 
 
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` (with :data:`COMMANDS`) on a subparsers object."""
-    p = documented_parser(subparsers, "eval", "benchmarks: run MathVista, GAIA, score outputs, merge shards", __doc__)
+    p = documented_parser(subparsers, "eval", "benchmarks: run MathVista, GAIA, SimpleQA, score outputs, merge shards", __doc__)
     sub = p.add_subparsers(dest="eval_command", metavar="{" + ",".join(COMMANDS) + "}")
     sub.required = True
     add_mathvista_parser(sub)
     add_gaia_parser(sub)
+    add_simpleqa_parser(sub)
     add_scores_parsers(sub)
     p.set_defaults(func=run_eval)
     return p
@@ -41,6 +44,7 @@ def run_eval(args: argparse.Namespace) -> int:
     handlers = {
         "mathvista": cmd_mathvista,
         "gaia": cmd_gaia,
+        "simpleqa": cmd_simpleqa,
         "score": cmd_score,
         "merge": cmd_merge,
         "report": cmd_report,
