@@ -41,7 +41,7 @@ PATHS = command_paths(build_parser())
 def test_every_command_is_covered():
     names = {p[0] for p in PATHS if p}
     assert {"generate", "quickstart", "batch", "demo", "eval", "bench", "serve"} <= names
-    assert {("eval", "mathvista"), ("eval", "score"), ("eval", "merge"), ("eval", "report")} <= set(PATHS)
+    assert {("eval", c) for c in ("mathvista", "gaia", "simpleqa", "score", "merge", "report")} <= set(PATHS)
 
 
 @pytest.mark.parametrize("words", PATHS, ids=lambda p: " ".join(p) or "asymspec-mm")

@@ -18,8 +18,8 @@ from test_eval_run import ScriptedPipe, make_problems
 
 from asymspec_mm import __version__
 from asymspec_mm.base.config import AsymSpecConfig
-from asymspec_mm.eval import cli as eval_cli
 from asymspec_mm.eval import mathvista as mv
+from asymspec_mm.eval import mathvista_cli as eval_cli  # the module that loads the pipeline
 from asymspec_mm.eval.cli import main as cli_main
 from asymspec_mm.eval.mathvista import identity as run_id
 from asymspec_mm.frontend.identity import checkpoint_identity, content_hash, file_sha256, identity_diff, sampled_sha256, show_value

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..frontend.help import terminal_text
+from ..frontend.help import documented_parser
 from ..frontend.options import add_sd_drafter_arg, finite_float
 from ..frontend.variants import build_variants, parse_list
 from .aggregate import target_verdict
@@ -58,11 +58,8 @@ def main_variants(spec: str, beta: str | None = None, gamma: str | None = None) 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on a subparsers object (``func`` = :func:`bench_main`)."""
-    p = subparsers.add_parser(
-        "bench",
-        help="side-by-side speed benchmark: methods interleaved, medians and ratios",
-        description=terminal_text(sys.modules[__package__].__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = documented_parser(
+        subparsers, "bench", "side-by-side speed benchmark: methods interleaved, medians and ratios", sys.modules[__package__].__doc__
     )
     p.add_argument(
         "--preset",

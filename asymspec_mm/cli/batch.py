@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import AsymSpecError
-from ..frontend.help import terminal_text
+from ..frontend.help import documented_parser
 from ..frontend.identity import (
     checkpoint_identity,
     comparable,
@@ -289,12 +289,7 @@ def interrupted_message(output: Path, kept: int, left: int, overwrite: bool) -> 
 
 def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``batch`` on a subparsers object."""
-    p = subparsers.add_parser(
-        "batch",
-        help="answer a JSONL file of questions (continuous batching, resumable)",
-        description=terminal_text(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = documented_parser(subparsers, "batch", "answer a JSONL file of questions (continuous batching, resumable)", __doc__)
     io = p.add_argument_group("files")
     io.add_argument(
         "--input",

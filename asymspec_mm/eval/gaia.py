@@ -17,15 +17,16 @@ length.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..base.errors import AsymSpecError
-from .gaia_data import GaiaTask, ToolCache, attachment_image, attachment_text
+from .gaia_data import GaiaTask, ToolCache, attachment_image
+from .gaia_files import MAX_ATTACHMENT_MB, attachment_text
+from .gaia_runs import TaskRecord, open_run, results_table, run_rows
 from .gaia_score import final_answer_of, gaia_match
 
 #: Table 4's rows: name -> (the server's method, whether the verifier reads the compressed view).
@@ -35,7 +36,6 @@ ROWS: dict[str, tuple[str, bool]] = {
     "sd": ("sd", False),
     "asymspec": ("asymspec", True),
 }
-LABELS = {"floor": "Floor", "verifier-full": "Verifier, full context", "sd": "SD", "asymspec": "AsymSpec"}
 #: the paper's per-turn compression for the ReAct loop (Appendix B)
 REACT_COMPRESSION = "llmlingua2,rate=0.3,keep_last_turns=2"
 #: the file-QA harness: the verifier reads the file's text truncated to 2,000 tokens (the question stays whole)
@@ -56,7 +56,8 @@ class HarnessSettings:
     """How the harness runs: the ReAct loop's ``compression`` (a spec ``Compression.of`` reads), the file-QA
     harness' ``file_compression``, ``k`` and ``beta``, ``max_steps`` (8: the paper's GAIA bound), ``max_tokens``
     per request (1,024), ``file_harness`` (``single-shot``: the paper's; ``react``), the CodeAgent's
-    ``system_prompt`` (None: smolagents' own) and the served ``model_id``."""
+    ``system_prompt`` (None: smolagents' own), the served ``model_id`` and ``max_attachment_mb`` (the largest
+    attachment the harness reads, in MiB)."""
 
     compression: Any = REACT_COMPRESSION
     file_compression: Any = field(default_factory=lambda: dict(FILE_COMPRESSION))
@@ -67,6 +68,7 @@ class HarnessSettings:
     file_harness: str = "single-shot"
     system_prompt: str | None = None
     model_id: str = "tiny"
+    max_attachment_mb: float = MAX_ATTACHMENT_MB
 
     def checked(self) -> HarnessSettings:
         from ..request.compression import Compression
@@ -77,6 +79,8 @@ class HarnessSettings:
             raise AsymSpecError(f"file_harness={self.file_harness!r}: choose single-shot (the paper's) or react")
         if self.max_steps < 1 or self.max_tokens < 1:
             raise AsymSpecError("max_steps and max_tokens must be 1 or more")
+        if not self.max_attachment_mb > 0:
+            raise AsymSpecError(f"max_attachment_mb={self.max_attachment_mb!r} must be more than 0 (MiB)")
         return self
 
 
@@ -159,9 +163,9 @@ def cached_tools(cache: ToolCache) -> list[Any]:
     return [web_search, visit_webpage]
 
 
-def react_answer(model: Any, task: GaiaTask, cache: ToolCache, settings: HarnessSettings, image: Any) -> str | None:
-    """Run the CodeAgent ReAct loop on ``task`` (its attachment's text appended to the question, its image
-    attached); the final answer as text, None when there is none."""
+def react_answer(model: Any, question: str, cache: ToolCache, settings: HarnessSettings, image: Any = None) -> str | None:
+    """Run the CodeAgent ReAct loop on ``question`` (``image`` attached, when given) with the cached tools; the
+    final answer as text, None when there is none."""
     import importlib.resources
 
     import yaml
@@ -171,60 +175,73 @@ def react_answer(model: Any, task: GaiaTask, cache: ToolCache, settings: Harness
     if settings.system_prompt is not None:
         templates["system_prompt"] = settings.system_prompt
     agent = CodeAgent(tools=cached_tools(cache), model=model, max_steps=settings.max_steps, verbosity_level=-1, prompt_templates=templates)
-    text = attachment_text(task)
-    question = task.question if text is None else f"{task.question}\n\nAttached file {task.file.name}:\n{text}"
     answer = agent.run(question, images=[image] if image is not None else None)
     return None if answer is None else str(answer)
 
 
-def file_answer(model: Any, task: GaiaTask, image: Any) -> str | None:
-    """The single-shot file-QA harness: one request with the question, then the file's text (its own part, so the
-    verifier's truncation leaves the question whole) or its image."""
-    text = attachment_text(task)
+def react_question(task: GaiaTask, max_mb: float = MAX_ATTACHMENT_MB) -> str:
+    """The ReAct loop's task text: the question, then the attachment's extracted text (when it has one)."""
+    text = attachment_text(task, max_mb)
+    return task.question if text is None else f"{task.question}\n\nAttached file {task.file.name}:\n{text}"
+
+
+def file_qa_messages(task: GaiaTask, image: Any, max_mb: float = MAX_ATTACHMENT_MB) -> list[dict[str, Any]]:
+    """The single-shot file-QA request: the system prompt, then one user message with the question and the file's
+    extracted text as its own part (a document of the user turn: the file compression cuts it for the verifier
+    and leaves the question whole) or the image."""
+    text = attachment_text(task, max_mb)
     parts: list[dict[str, Any]] = [{"type": "text", "text": task.question}]
     if text is not None:
         parts.append({"type": "text", "text": f"Attached file {task.file.name}:\n{text}"})
     if image is not None:
         parts.append({"type": "image", "image": image})
-    messages = [{"role": "system", "content": [{"type": "text", "text": FILE_QA_PROMPT}]}, {"role": "user", "content": parts}]
-    return final_answer_of(model.generate(messages).content)
+    return [{"role": "system", "content": [{"type": "text", "text": FILE_QA_PROMPT}]}, {"role": "user", "content": parts}]
 
 
-@dataclass
-class TaskRecord:
-    """One (row, task) outcome: the answer, its score, and each request's server figures (``requests``: prompt
-    tokens, cached tokens, the ``asymspec`` stats)."""
-
-    row: str
-    task_id: str
-    subset: str
-    level: int
-    truth: str
-    answer: str | None = None
-    correct: bool = False
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-    error: str | None = None
+def file_answer(model: Any, task: GaiaTask, image: Any, max_mb: float = MAX_ATTACHMENT_MB) -> str | None:
+    """The single-shot file-QA harness: one request (:func:`file_qa_messages`), its ``FINAL ANSWER``."""
+    return final_answer_of(model.generate(file_qa_messages(task, image, max_mb)).content)
 
 
-def run_task(base_url: str, row: str, task: GaiaTask, cache: ToolCache, settings: HarnessSettings) -> TaskRecord:
-    """``task`` under Table 4's ``row`` on the server at ``base_url``."""
+def row_body(row: str, settings: HarnessSettings, compression: Any) -> dict[str, Any]:
+    """The ``asymspec`` object every request of Table 4's ``row`` carries: its method, K, beta, and ``compression``
+    when the row's verifier reads the compressed view (else none)."""
     method, compressed = ROWS[row]
-    single_shot = task.subset == "file" and settings.file_harness == "single-shot"
-    compression = (settings.file_compression if single_shot else settings.compression) if compressed else False
-    asymspec = {"method": method, "k": settings.k, "beta": settings.beta, "compression": compression}
-    image = attachment_image(task)
-    captions = {id(image): task.caption} if image is not None and task.caption else {}
-    model = server_model(base_url, asymspec, captions, settings)
-    record = TaskRecord(row, task.task_id, task.subset, task.level, task.answer)
+    return {"method": method, "k": settings.k, "beta": settings.beta, "compression": compression if compressed else False}
+
+
+def answered(record: TaskRecord, model: Any, answer: Callable[[], str | None]) -> TaskRecord:
+    """``record`` with ``answer()``'s answer (its exception, as one line, the record's error: the run goes on), the
+    seconds it took and the requests ``model`` (:func:`server_model`) made."""
     t0 = time.perf_counter()
     try:
-        record.answer = file_answer(model, task, image) if single_shot else react_answer(model, task, cache, settings, image)
+        record.answer = answer()
     except Exception as exc:  # one task's failure is its record; the run goes on
         record.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     record.wall_s = time.perf_counter() - t0
-    record.correct = gaia_match(record.answer, task.answer)
     record.requests = model.answers
+    return record
+
+
+def run_task(base_url: str, row: str, task: GaiaTask, cache: ToolCache, settings: HarnessSettings) -> TaskRecord:
+    """``task`` under Table 4's ``row`` on the server at ``base_url``; an attachment the harness cannot read fails
+    the task (its record's error names the file and the fix)."""
+    single_shot = task.subset == "file" and settings.file_harness == "single-shot"
+    captions: dict[int, str] = {}  # filled once the image is read: the model looks its captions up per request
+    model = server_model(
+        base_url, row_body(row, settings, settings.file_compression if single_shot else settings.compression), captions, settings
+    )
+
+    def answer() -> str | None:
+        image = attachment_image(task)
+        if image is not None and task.caption:
+            captions[id(image)] = task.caption
+        if single_shot:
+            return file_answer(model, task, image, settings.max_attachment_mb)
+        return react_answer(model, react_question(task, settings.max_attachment_mb), cache, settings, image)
+
+    record = answered(TaskRecord(row, task.task_id, task.subset, task.level, task.answer), model, answer)
+    record.correct = gaia_match(record.answer, task.answer)
     return record
 
 
@@ -235,56 +252,40 @@ def served_model(base_url: str) -> str:
     return httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
 
 
+def run_identity(benchmark: str, data_files: Sequence[str | Path], settings: HarnessSettings) -> dict[str, Any]:
+    """What a harness run's records depend on (:mod:`.gaia_runs`): the benchmark, a hash of its data files (tasks,
+    captions, tool cache), the settings and the served model (``model_id``)."""
+    from dataclasses import asdict
+
+    from .gaia_runs import files_sha256
+
+    return {"benchmark": benchmark, "data": files_sha256(data_files), "settings": asdict(settings)}
+
+
 def run_gaia(
     base_url: str,
     tasks: Sequence[GaiaTask],
     rows: Sequence[str],
     settings: HarnessSettings,
     cache: ToolCache,
-    out: str | Path | None = None,
+    out: str | Path,
     log: Any = print,
     note: str = "",
+    identity: dict[str, Any] | None = None,
+    resume: bool = False,
 ) -> list[TaskRecord]:
-    """Every task under every row (row by row). With ``out``: each record is appended to ``records.jsonl`` as it
-    finishes and ``table4.md`` (``note``, then :func:`table4`) rewritten, so a run cut short keeps its table."""
+    """Every task under every row (row by row) into the run folder ``out`` (:func:`~.gaia_runs.run_rows`): each
+    record appended to ``records.jsonl`` as it finishes and ``table4.md`` (``note``, then :func:`table4`) rewritten,
+    so a run cut short keeps its table; ``resume`` continues the records of the same run (``identity``)."""
     settings = settings.checked()
     rows = check_rows(rows)
-    folder = Path(out) if out is not None else None
-    if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-    records = []
-    for row in rows:
-        for task in tasks:
-            rec = run_task(base_url, row, task, cache, settings)
-            records.append(rec)
-            if folder is not None:
-                with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(asdict(rec)) + "\n")
-                (folder / "table4.md").write_text(note + table4(records) + "\n", encoding="utf-8")
-            error = f", {rec.error}" if rec.error else ""
-            log(f"{row} {task.task_id} ({task.subset}): {'right' if rec.correct else 'wrong'}, {len(rec.requests)} requests{error}")
-    return records
+    folder = Path(out)
+    done = open_run(folder, identity or run_identity("gaia", [], settings), resume)
 
+    def write_table(records: Sequence[TaskRecord]) -> None:
+        (folder / "table4.md").write_text(note + table4(records) + "\n", encoding="utf-8")
 
-def row_summary(records: Sequence[TaskRecord]) -> dict[str, Any]:
-    """Accuracy (%), the token compression ratio over all requests (sum of |x_full| over sum of |x_comp|),
-    the acceptance rate (accepted / drafted drafts) and mean accepted length (tokens per decoding step)."""
-    reqs = [r for rec in records for r in rec.requests]
-    stats = [r["stats"] for r in reqs]
-    full = sum(s.get("prompt_tokens_full", r["prompt_tokens"]) for s, r in zip(stats, reqs))
-    comp = sum(r["prompt_tokens"] for r in reqs)
-    drafted, accepted = sum(s.get("drafted", 0) for s in stats), sum(s.get("accepted", 0) for s in stats)
-    steps = sum(s.get("steps", 0) for s in stats)
-    tokens = sum(s.get("mean_accepted_length", 0.0) * s.get("steps", 0) for s in stats)
-    return {
-        "n": len(records),
-        "accuracy": 100.0 * sum(r.correct for r in records) / len(records) if records else 0.0,
-        "compression_ratio": full / comp if comp else None,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_length": tokens / steps if steps and drafted else None,
-        "requests": len(reqs),
-        "errors": sum(r.error is not None for r in records),
-    }
+    return run_rows(tasks, rows, lambda row, task: run_task(base_url, row, task, cache, settings), folder, done, write_table, log)
 
 
 SUBSETS = (("Web-only", "web"), ("File-attach", "file"), ("Full", None))
@@ -292,17 +293,4 @@ SUBSETS = (("Web-only", "web"), ("File-attach", "file"), ("Full", None))
 
 def table4(records: Sequence[TaskRecord]) -> str:
     """Table 4's layout: per subset (web-only, file-attachment, all) and row, accuracy, compression ratio, AR, MAL."""
-    f = lambda v, fmt: "—" if v is None else fmt.format(v)  # noqa: E731
-    lines = ["| Setting | Method | n | Acc | ratio | AR | MAL |", "|---|---|---|---|---|---|---|"]
-    rows = list(dict.fromkeys(r.row for r in records))
-    for label, subset in SUBSETS:
-        for row in rows:
-            mine = [r for r in records if r.row == row and (subset is None or r.subset == subset)]
-            if not mine:
-                continue
-            s = row_summary(mine)
-            lines.append(
-                f"| {label} | {LABELS[row]} | {s['n']} | {s['accuracy']:.1f} | {f(s['compression_ratio'], '{:.2f}x')} "
-                f"| {f(s['acceptance_rate'], '{:.2f}')} | {f(s['mean_accepted_length'], '{:.2f}')} |"
-            )
-    return "\n".join(lines)
+    return results_table(records, SUBSETS)

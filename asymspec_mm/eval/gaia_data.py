@@ -5,12 +5,13 @@ A GAIA split is a folder holding ``metadata.jsonl`` (one task a line: ``task_id`
 ``Final answer``, ``file_name``) and the attached files next to it; :func:`load_gaia` reads it. The dataset is gated
 on the Hugging Face hub (``gaia-benchmark/GAIA``): when the folder is not there the error says how to get it.
 Attachments: an image goes to the drafter as pixels and to the verifier as its pre-computed caption (``captions.json``
-beside ``metadata.jsonl``, ``{file_name: caption}``; a missing caption is the pipeline's own); a text-like file
-(``.txt``, ``.csv``, ``.json``, ``.md``, ``.py``, ...) is read as text; other formats are named, not read.
+beside ``metadata.jsonl``, ``{file_name: caption}``; a missing caption is the pipeline's own); any other file is
+turned into text by :mod:`.gaia_files` (text files, spreadsheets, PDFs, Word documents).
 
 The paper's agent calls web search and page visits from a cache so that tool returns are deterministic
 (Appendix B). :class:`ToolCache` is that cache: ``tool_cache.json`` beside ``metadata.jsonl`` (or any file),
-``{"search": {query: results}, "pages": {url: text}}``; a query or page it does not hold returns a line saying so.
+``{"search": {query: results}, "pages": {url: text}}``; it never fetches: a query or page it does not hold raises
+:class:`ToolCacheMiss`, one line the agent reads as the tool's error.
 
 :func:`write_bundled_tasks` writes three GAIA-shaped tasks (a web task whose answer sits in a long cached page, a
 MiniVista chart attached as an image, a CSV attached as text) in that layout: a check of the protocol, not a score.
@@ -27,7 +28,6 @@ from typing import Any
 from ..base.errors import AsymSpecError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp")
-TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".json", ".jsonl", ".md", ".py", ".xml", ".html", ".log")
 GATED = (
     "GAIA is gated on the Hugging Face hub: accept its terms for the dataset gaia-benchmark/GAIA, then "
     "`huggingface-cli download gaia-benchmark/GAIA --repo-type dataset --local-dir DIR` and pass --gaia-dir "
@@ -92,16 +92,6 @@ def load_gaia(folder: str | Path, limit: int | None = None, level: int | None = 
     return tasks[:limit] if limit is not None else tasks
 
 
-def attachment_text(task: GaiaTask) -> str | None:
-    """The attached file's text when it is text-like; a line naming it when it is in another format; None without
-    a file or for an image (an image reaches the drafter as pixels)."""
-    if task.file is None or task.has_image:
-        return None
-    if task.file.suffix.lower() in TEXT_SUFFIXES:
-        return task.file.read_text(encoding="utf-8", errors="replace")
-    return f"[attachment {task.file.name}: {task.file.suffix} files are not extracted by this harness]"
-
-
 def attachment_image(task: GaiaTask) -> Any:
     """The attached image as an RGB ``PIL.Image`` (None when the attachment is not an image)."""
     if not task.has_image:
@@ -112,9 +102,14 @@ def attachment_image(task: GaiaTask) -> Any:
         return img.convert("RGB")
 
 
+class ToolCacheMiss(AsymSpecError):
+    """A web search or page the tool cache does not hold (the harness never fetches)."""
+
+
 class ToolCache:
     """Cached web search and page visits: ``search(query)`` returns the cached results of the query (matched
-    case-insensitively, else the cached query sharing the most words with it), ``visit(url)`` the cached page."""
+    case-insensitively, else the cached query sharing the most words with it), ``visit(url)`` the cached page;
+    a miss raises :class:`ToolCacheMiss`."""
 
     def __init__(self, search: dict[str, str] | None = None, pages: dict[str, str] | None = None):
         self.searches = {self._key(q): text for q, text in (search or {}).items()}
@@ -140,10 +135,18 @@ class ToolCache:
         scored = sorted(((len(words & set(k.split())), k) for k in self.searches), reverse=True)
         if scored and scored[0][0] > 0:
             return self.searches[scored[0][1]]
-        return f"No cached search results for {query!r}."
+        raise ToolCacheMiss(
+            f"web_search({query!r}): not in the tool cache ({len(self.searches)} cached queries share no word with it); "
+            "this harness reads its cache and never searches the web"
+        )
 
     def visit(self, url: str) -> str:
-        return self.pages.get(str(url).strip(), f"No cached page for {url!r}.")
+        key = str(url).strip()
+        if key not in self.pages:
+            raise ToolCacheMiss(
+                f"visit_webpage({key!r}): not in the tool cache ({len(self.pages)} cached pages); this harness reads its cache and never fetches"
+            )
+        return self.pages[key]
 
 
 def _long_log(rows: int = 40) -> tuple[str, str]:

@@ -6,7 +6,9 @@ description as given, so each command's parser passes its docstring through :fun
 
 from __future__ import annotations
 
+import argparse
 import re
+from typing import Any
 
 # :meth:`AsymSpecPipeline.prepare`, :class:`~asymspec_mm.base.timing.BucketTimer`, :mod:`.batching`, :ref:`text <target>`
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(?:([^`<]*?)\s*<[^`>]*>|~?\.?([^`]*))`")
@@ -31,3 +33,9 @@ def terminal_text(doc: str | None) -> str:
     # punctuation alone (``;``) would vanish into the sentence: quote it
     text = _LITERAL.sub(lambda m: m.group(1) if re.search(r"\w", m.group(1)) else f"'{m.group(1)}'", text)
     return _STRONG.sub(r"\1", text)
+
+
+def documented_parser(sub: Any, name: str, help: str, doc: str | None) -> argparse.ArgumentParser:
+    """Add the subcommand ``name`` to ``sub`` (an argparse subparsers object): ``help`` in its parent's list,
+    ``doc`` (its module's docstring) as its ``--help`` description, printed as :func:`terminal_text` lays it out."""
+    return sub.add_parser(name, help=help, description=terminal_text(doc), formatter_class=argparse.RawDescriptionHelpFormatter)
