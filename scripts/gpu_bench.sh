@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real-shape benchmark on one GPU, in under 9 minutes (prepared on CPU; NOT YET RUN ON A GPU).
 #
-#   scripts/gpu_bench.sh [--paper-slice | --paper-slice-only | --no-paper-slice] [--gaia | --no-gaia] [--dry-run] [-- SLICE OPTIONS]
+#   scripts/gpu_bench.sh [--paper-slice | --paper-slice-only | --no-paper-slice] [--gaia | --no-gaia]
+#                        [--simpleqa | --no-simpleqa] [--dry-run] [-- SLICE OPTIONS]
 #                                   # outputs in $OUT (when set, e.g. on the device machine) or runs/gpu-bench
 #
 # Phase 0, the paper slice (scripts/gpu_paper_slice.sh: 30 MathVista problems, the paper's protocol, the REAL pair
@@ -17,6 +18,10 @@
 # dataset is gated: see docs/compressed-views.md), on the first $GAIA_LIMIT tasks (default 4) with the rows
 # $GAIA_ROWS (default floor,asymspec) in GAIA_S seconds (default 240); --gaia runs it whatever the cache says,
 # --no-gaia skips it. Its records and table4.md are in $OUT/gaia even when its time runs out.
+# Phase 0c, SimpleQA through the same harness (asymspec-mm eval simpleqa), when $SIMPLEQA_CSV names OpenAI's
+# simple_qa_test_set.csv, $SIMPLEQA_TOOL_CACHE the web tools' cached returns (the device has no network) and the same
+# models are cached: $SIMPLEQA_N questions drawn with seed 0 (default 8), rows $SIMPLEQA_ROWS (default floor,asymspec),
+# in SIMPLEQA_S seconds (default 120); --simpleqa / --no-simpleqa force it. Records in $OUT/simpleqa.
 #
 # Needs: a CUDA build of torch, transformers 5.x and matplotlib in $PYTHON (default: .venv/bin/python if present,
 # else python3). No network: the models are RANDOM-weight, built in memory with the published shapes
@@ -44,7 +49,7 @@ PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
 fi
-SLICE=auto GAIA=auto DRY=0 SLICE_ARGS=()
+SLICE=auto GAIA=auto SIMPLEQA=auto DRY=0 SLICE_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --paper-slice) SLICE=yes; shift ;;
@@ -52,9 +57,11 @@ while [ $# -gt 0 ]; do
     --no-paper-slice) SLICE=no; shift ;;
     --gaia) GAIA=yes; shift ;;
     --no-gaia) GAIA=no; shift ;;
+    --simpleqa) SIMPLEQA=yes; shift ;;
+    --no-simpleqa) SIMPLEQA=no; shift ;;
     --dry-run) DRY=1; shift ;;
     --) shift; SLICE_ARGS=("$@"); break ;;
-    *) echo "gpu_bench.sh: unknown option $1 (--paper-slice | --paper-slice-only | --no-paper-slice | --gaia | --no-gaia | --dry-run | -- SLICE OPTIONS)" >&2; exit 2 ;;
+    *) echo "gpu_bench.sh: unknown option $1 (--paper-slice | --paper-slice-only | --no-paper-slice | --gaia | --no-gaia | --simpleqa | --no-simpleqa | --dry-run | -- SLICE OPTIONS)" >&2; exit 2 ;;
   esac
 done
 BUDGET=530   # seconds for everything (one device command: <= 10 min)
@@ -66,16 +73,33 @@ if [ "$SLICE" = auto ]; then
     SLICE=no; echo "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache"
   fi
 fi
+# the agent harnesses' models: the real pair and the LLMLingua-2 classifier of their per-turn compression
+harness_models_cached() {
+  "$PY" -c "import sys; from huggingface_hub import try_to_load_from_cache as c; sys.exit(0 if all(isinstance(c(m, 'config.json'), str) for m in ('Qwen/Qwen3-VL-2B-Instruct', 'Qwen/Qwen3-32B', 'microsoft/llmlingua-2-xlm-roberta-large-meetingbank')) else 1)" 2>/dev/null
+}
 GAIA_S="${GAIA_S:-240}"
 if [ "$GAIA" = auto ]; then
   if [ "$SLICE" = only ]; then GAIA=no
   elif [ ! -f "${GAIA_DIR:-}/metadata.jsonl" ]; then
     GAIA=no; echo "gaia harness skipped: GAIA_DIR does not name a GAIA split (a folder holding metadata.jsonl and its files)"
-  elif ! "$PY" -c "import sys; from huggingface_hub import try_to_load_from_cache as c; sys.exit(0 if all(isinstance(c(m, 'config.json'), str) for m in ('Qwen/Qwen3-VL-2B-Instruct', 'Qwen/Qwen3-32B', 'microsoft/llmlingua-2-xlm-roberta-large-meetingbank')) else 1)" 2>/dev/null; then
+  elif ! harness_models_cached; then
     GAIA=no; echo "gaia harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
   else GAIA=yes
   fi
 fi
+SIMPLEQA_S="${SIMPLEQA_S:-120}"
+if [ "$SIMPLEQA" = auto ]; then
+  if [ "$SLICE" = only ]; then SIMPLEQA=no
+  elif [ ! -f "${SIMPLEQA_CSV:-}" ] || [ ! -f "${SIMPLEQA_TOOL_CACHE:-}" ]; then
+    SIMPLEQA=no; echo "simpleqa harness skipped: SIMPLEQA_CSV and SIMPLEQA_TOOL_CACHE do not both name files (the questions' CSV, the web tools' cache)"
+  elif ! harness_models_cached; then
+    SIMPLEQA=no; echo "simpleqa harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
+  else SIMPLEQA=yes
+  fi
+fi
+SIMPLEQA_CMD=("$PY" -m asymspec_mm.cli eval simpleqa --simpleqa-csv "${SIMPLEQA_CSV:-}" --tool-cache "${SIMPLEQA_TOOL_CACHE:-}"
+  --sample "${SIMPLEQA_N:-8}" --rows "${SIMPLEQA_ROWS:-floor,asymspec}"
+  --drafter Qwen/Qwen3-VL-2B-Instruct --verifier Qwen/Qwen3-32B --device cuda --dtype bf16 --out "${OUT:-runs/gpu-bench}/simpleqa")
 GAIA_CMD=("$PY" -m asymspec_mm.cli eval gaia --gaia-dir "${GAIA_DIR:-}" --limit "${GAIA_LIMIT:-4}" --rows "${GAIA_ROWS:-floor,asymspec}"
   --drafter Qwen/Qwen3-VL-2B-Instruct --verifier Qwen/Qwen3-32B --device cuda --dtype bf16 --out "${OUT:-runs/gpu-bench}/gaia")
 SLICE_S=$([ "$SLICE" = only ] && echo $(( BUDGET - 20 )) || echo "${PAPER_SLICE_S:-300}")
@@ -84,6 +108,7 @@ STATIC_ROWS=(--variants "" --lengths "" --k-values "" --no-probe --batch-sizes 1
   --batch-engine static-compile --batch-max-len 1024 --reps 1 --warmup 1 --max-new-tokens 32)
 if [ "$DRY" = 1 ]; then
   echo "dry run: gaia harness: $GAIA (${GAIA_S}s)$([ "$GAIA" = yes ] && printf ': %s' "${GAIA_CMD[*]}")"
+  echo "dry run: simpleqa harness: $SIMPLEQA (${SIMPLEQA_S}s)$([ "$SIMPLEQA" = yes ] && printf ': %s' "${SIMPLEQA_CMD[*]}")"
   echo "dry run: paper slice: $SLICE (${SLICE_S}s); shape phases: $([ "$SLICE" = only ] && echo none || echo "1, 1b (cost curve), 2, 2b, 3, 4 in the time left")"
   if [ "$SLICE" != only ]; then
     "$PY" -c 'import argparse, sys
@@ -121,6 +146,12 @@ fi
 if [ "$GAIA" = yes ] && [ "$(left)" -gt $(( GAIA_S + 30 )) ]; then
   timeout "$GAIA_S" "${GAIA_CMD[@]}" 2>&1 | tee -a "$LOG"
   echo "phase 0b (gaia harness) rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
+fi
+
+# Phase 0c: SimpleQA through the same harness (records written as each question finishes).
+if [ "$SIMPLEQA" = yes ] && [ "$(left)" -gt $(( SIMPLEQA_S + 30 )) ]; then
+  timeout "$SIMPLEQA_S" "${SIMPLEQA_CMD[@]}" 2>&1 | tee -a "$LOG"
+  echo "phase 0c (simpleqa harness) rc=${PIPESTATUS[0]} ($(left)s left)" | tee -a "$LOG"
 fi
 
 COMMON=(--device cuda --dtype bf16 --prefill pipeline --ignore-eos yes --plain-runs yes --cases 1 --out "$OUTDIR" --update-benchmarks "$OUTDIR/BENCHMARKS-gpu.md")

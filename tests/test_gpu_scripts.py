@@ -102,14 +102,20 @@ def test_gpu_bench_dry_run_plans_the_phases(tmp_path):
     assert proc.stdout.splitlines() == [
         "paper slice skipped: Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-32B are not both in the local Hugging Face cache",
         "gaia harness skipped: GAIA_DIR does not name a GAIA split (a folder holding metadata.jsonl and its files)",
+        "simpleqa harness skipped: SIMPLEQA_CSV and SIMPLEQA_TOOL_CACHE do not both name files (the questions' CSV, the web tools' cache)",
         "dry run: gaia harness: no (240s)",
+        "dry run: simpleqa harness: no (120s)",
         "dry run: paper slice: no (300s); shape phases: 1, 1b (cost curve), 2, 2b, 3, 4 in the time left",
         # the static-slot phase's options, parsed by the bench's own parser
         "phase 2b: batch sweep at B=1,8,32 on static-compile rows (1024 columns), asymspec",
     ]
     text = _text_dir()
     only = _run(["scripts/gpu_bench.sh", "--dry-run", "--paper-slice-only", "--", "--text-dir", str(text), "--limit", "12"], tmp_path)
-    assert only.stdout.splitlines()[:2] == ["dry run: gaia harness: no (240s)", "dry run: paper slice: only (510s); shape phases: none"]
+    assert only.stdout.splitlines()[:3] == [
+        "dry run: gaia harness: no (240s)",
+        "dry run: simpleqa harness: no (120s)",
+        "dry run: paper slice: only (510s); shape phases: none",
+    ]
     if _help_has_protocol():
         assert only.returncode == 0, only.stderr
         assert "12 problems (mathvista, tasks=GPS,VQA,FQA, require_caption=True)" in only.stdout
@@ -132,7 +138,9 @@ def test_gpu_bench_gaia_step_is_the_papers_harness_on_the_real_pair(tmp_path):
         "gaia harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and "
         "microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
     )
-    forced = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--gaia"], tmp_path, {**env, "GAIA_LIMIT": "6"})
+    forced = _run_env(
+        ["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--gaia", "--no-simpleqa"], tmp_path, {**env, "GAIA_LIMIT": "6"}
+    )
     assert forced.returncode == 0, forced.stderr
     line = forced.stdout.splitlines()[0]
     assert line.startswith("dry run: gaia harness: yes (240s): ")
@@ -210,3 +218,38 @@ def test_slice_summary_of_a_run_cut_short(tmp_path, capsys):
     assert printed == (tmp_path / "slice_summary.md").read_text().strip()
     assert printed.splitlines()[-1] == "| asymspec | 1 | 100.0 (1/1) | – | – | 100.0 (1/1) | 0.38 | 2.50 | 50.0 |"
     assert slice_main([str(tmp_path / "missing")]) == 1
+
+
+def test_gpu_bench_simpleqa_step_is_the_papers_harness_on_the_real_pair(tmp_path):
+    """The SimpleQA step: skipped without the models in the cache (named), and, forced, ``eval simpleqa``'s command
+    on the real pair with the paper's harness settings, which the CLI's own parser reads."""
+    from asymspec_mm.cli.main import build_parser
+
+    csv, cache = tmp_path / "simple_qa_test_set.csv", tmp_path / "tool_cache.json"
+    csv.write_text("metadata,problem,answer\n")
+    cache.write_text("{}")
+    env = {**os.environ, "SIMPLEQA_CSV": str(csv), "SIMPLEQA_TOOL_CACHE": str(cache)}
+    skipped = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--no-gaia"], tmp_path, env)
+    assert skipped.stdout.splitlines()[0] == (
+        "simpleqa harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and "
+        "microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
+    )
+    forced = _run_env(
+        ["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--no-gaia", "--simpleqa"], tmp_path, {**env, "SIMPLEQA_N": "5"}
+    )
+    assert forced.returncode == 0, forced.stderr
+    line = next(x for x in forced.stdout.splitlines() if x.startswith("dry run: simpleqa harness: "))
+    assert line.startswith("dry run: simpleqa harness: yes (120s): ")
+    cmd = line.split("(120s): ", 1)[1].split()
+    assert cmd[1:5] == ["-m", "asymspec_mm.cli", "eval", "simpleqa"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.simpleqa_csv, args.tool_cache, args.sample, args.rows, args.drafter, args.verifier) == (
+        str(csv),
+        str(cache),
+        5,
+        "floor,asymspec",
+        "Qwen/Qwen3-VL-2B-Instruct",
+        "Qwen/Qwen3-32B",
+    )
+    assert (args.compression, args.k, args.beta) == ("llmlingua2,rate=0.3,keep_last_turns=2", 2, 1.0)
+    assert args.out == str(tmp_path / "out" / "simpleqa")
