@@ -6,6 +6,7 @@ each forward is read with forward hooks on the real modules, which thread took t
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -14,6 +15,7 @@ from conftest import make_case
 from test_loop_setup import _threads_running
 
 from asymspec_mm import AsymSpecConfig
+from asymspec_mm.core.handle import Handle
 
 DECODE_THREAD = "asymspec-scheduler"
 
@@ -120,6 +122,33 @@ def test_the_callers_never_take_the_models_lock_while_a_loop_runs(tiny_pipe, no_
     with lock.recording() as takers:
         tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
     assert takers == {threading.current_thread().name}, takers
+
+
+def test_generate_in_the_loop_wakes_its_caller_for_the_answer_not_at_every_step(tiny_pipe, no_other_loop):
+    """``pipe.generate`` through the loop waits for the answer alone: its thread never takes the handle's step events
+    (it was woken at each step to take events it dropped); a stream still gets every step, and both equal the direct
+    path. Which frames run on the caller's thread is read with a profile of that thread."""
+    c = make_case(5320)
+    kw = dict(caption=c["caption"], ocr=False, config=AsymSpecConfig(max_new_tokens=12), method="floor", ignore_eos=True)
+    alone = tiny_pipe.generate(c["image"], c["question"], **kw)
+    resumed: list[str] = []  # each time the handle's event iterator ran on this thread
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is Handle.__iter__.__code__:
+            resumed.append(threading.current_thread().name)
+
+    with tiny_pipe.scheduler(max_batch_size=1) as sched:
+        sys.setprofile(profile)
+        try:
+            got = tiny_pipe.generate(c["image"], c["question"], **kw)
+        finally:
+            sys.setprofile(None)
+        steps = sched.steps
+        streamed = list(tiny_pipe.stream(c["image"], c["question"], **kw))
+    assert steps == len(alone.token_ids) == 12  # the loop decoded it, a step a token
+    assert resumed == [], resumed
+    assert got.token_ids == alone.token_ids and got.text == alone.text
+    assert [ev.token_id for events in streamed for ev in events] == alone.token_ids
 
 
 def test_the_demos_describe_runs_no_forward_on_the_handlers_thread(state, tmp_path):

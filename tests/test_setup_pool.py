@@ -161,3 +161,16 @@ def test_two_questions_about_one_new_image_set_up_at_once_share_one_caption(tiny
     assert a.times[SETTING_UP] < b.times[READY] and b.times[SETTING_UP] < a.times[READY]  # set up side by side
     assert after.id == b.id + 2  # one caption row was given an id between them (two captions: + 3)
     assert got[0].view.caption == got[1].view.caption != ""
+
+
+def test_a_decoding_row_wakes_no_set_up_thread(tiny_pipe):
+    """While a row decodes and nothing waits to be set up, the set-up threads sleep: no step wakes them (each step
+    woke all four, to find no work, and each took the interpreter's lock from the decode thread on the way)."""
+    cfg = AsymSpecConfig(max_new_tokens=24)
+    held: list = []
+    seen: list[int] = []  # the set-up threads' wake-ups so far, read after each step
+    with tiny_pipe.scheduler(max_batch_size=1, setup_workers=4, on_step=lambda *_: seen.append(held[0].wakeups["setup"])) as sched:
+        held.append(sched)
+        res = sched.submit(**make_case(1790), config=cfg, method="floor", ignore_eos=True).result(timeout=120)
+    assert len(seen) == res.stats["steps"] == 24
+    assert seen[-1] == seen[0], seen

@@ -27,6 +27,7 @@ from ..request.session import GenerationStream
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
+    from ..request.session import MMResult
     from .handle import Handle
     from .scheduler import Scheduler
 
@@ -99,18 +100,47 @@ def loop_scope(pipe: Any) -> AbstractContextManager:
     return using_loop(loop) if loop is not None else nullcontext()
 
 
-def handle_stream(handle: Handle) -> GenerationStream:
+class HandleStream(GenerationStream):
     """The :class:`GenerationStream` of a request decoded by the loop: each step's committed events as its handle
-    gives them (their text filled in by the loop), then its result. Closing the stream early cancels the request."""
+    gives them (their text filled in by the loop), then its result. Closing the stream early cancels the request.
 
-    def steps() -> Iterator[list[TokenEvent]]:
+    Reading :attr:`result` before iterating (``pipe.generate``, ``pipe.chat``) waits for the answer alone: the
+    caller's thread sleeps until the request ends instead of waking at every step to take events it drops (on a
+    busy machine each such wake-up also took the interpreter's lock from the decode thread)."""
+
+    def __init__(self, handle: Handle):
+        super().__init__(self._events(handle), handle.result)
+        self._handle = handle
+        self._iterated = False
+
+    @staticmethod
+    def _events(handle: Handle) -> Iterator[list[TokenEvent]]:
         try:
             yield from handle
         finally:
             if not handle.done():
                 handle.cancel()
 
-    return GenerationStream(steps(), handle.result)
+    def __next__(self) -> list[TokenEvent]:
+        self._iterated = True
+        return super().__next__()
+
+    @property
+    def result(self) -> MMResult:
+        """The answer (raises the request's error); waits for it alone unless the steps are being read."""
+        if self._iterated:
+            return super().result
+        try:
+            return self._handle.result()
+        except BaseException:  # interrupted while it waits (^C): the request stops, as when a stream is left
+            if not self._handle.done():
+                self._handle.cancel()
+            raise
+
+
+def handle_stream(handle: Handle) -> GenerationStream:
+    """The :class:`HandleStream` of ``handle``."""
+    return HandleStream(handle)
 
 
 def completion_tokens(loop: Scheduler, ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> list[int]:

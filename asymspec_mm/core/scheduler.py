@@ -119,6 +119,8 @@ class Scheduler(LoopCalls, SetupPool):
         self.rows_stepped = 0  # sum over steps of the rows in the step (occupancy = rows_stepped / steps)
         self.kv_bytes = 0  # KV bytes the row storages and staging engines held after the last step
         self.live_tokens = 0  # context tokens the live rows held after the last step (BatchDecoder.held_tokens)
+        #: times each kind of worker thread woke from waiting for work (a row decoding wakes no set-up thread)
+        self.wakeups = {"decode": 0, "setup": 0}
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
         self._worker.start()
         self._setups = self._start_setup(setup_workers)
@@ -215,6 +217,7 @@ class Scheduler(LoopCalls, SetupPool):
                 with self._cond:
                     while not self._ready and not self._jobs and not self.live_rows and not self._finished() and self.error is None:
                         self._cond.wait()
+                        self.wakeups["decode"] += 1
                     if self._finished() or self.error is not None:
                         return
                 self._run_jobs()
@@ -228,8 +231,9 @@ class Scheduler(LoopCalls, SetupPool):
                 prefilled(self._table, plan, self._step_one(rides))
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
                 self.kv_bytes, self.live_tokens = self._decoder.allocated(), self._decoder.held_tokens()
-                with self._cond:
-                    self._cond.notify_all()  # rows may have freed: the set-up thread may go on
+                # no wake-up here: a set-up thread waits for room in the ready line, which only admission
+                # (_leave_line) and retiring (_retire_cancelled) make; waking every set-up thread after each step
+                # only made them contend with this thread for the interpreter's lock
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
 
@@ -434,6 +438,8 @@ class Scheduler(LoopCalls, SetupPool):
             gone = [rid for rid in (*self._waiting, *self._ready) if self._table[rid].handle.cancelled]
             self._waiting = deque(rid for rid in self._waiting if rid not in gone)
             self._ready = deque(rid for rid in self._ready if rid not in gone)
+            if gone:  # room in the ready line: a set-up thread may go on
+                self._cond.notify_all()
         for rid in gone:
             self._end(rid, error=cancelled_error(self._table[rid].handle))
         decoder = self._decoder

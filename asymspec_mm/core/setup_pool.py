@@ -71,6 +71,7 @@ class SetupPool:
     error: Any
     pipe: Any
     max_batch_size: int
+    wakeups: dict[str, int]  # the scheduler's count of worker wake-ups
     _end: Callable[..., None]  # the scheduler's: a request leaves the table with its answer or error
     _stop_on: Callable[[BaseException], None]  # the scheduler's: a worker thread stopped
 
@@ -93,6 +94,7 @@ class SetupPool:
                 with self._cond:
                     while self.error is None and not (self._waiting and self._room()) and not (self._closing and not self._waiting):
                         self._cond.wait()
+                        self.wakeups["setup"] += 1
                     if self.error is not None or not self._waiting:
                         return
                     rid = self._waiting.popleft()
