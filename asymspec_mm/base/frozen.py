@@ -1,6 +1,7 @@
 """Read-only copies of JSON-shaped values: what a checked :class:`~asymspec_mm.request.request.Request` holds, so
 that nothing can change a request after its check (a frozen dataclass stops attribute assignment, not a change
-inside the list of messages it holds)."""
+inside the list of messages or tools it holds). :func:`frozen` makes the copy; :func:`thawed` gives a plain,
+changeable copy back to code outside the toolkit that may want ``list``/``dict`` (chat templates, xgrammar)."""
 
 from __future__ import annotations
 
@@ -37,4 +38,16 @@ def frozen(value: Any) -> Any:
         return value if isinstance(value, FrozenDict) else FrozenDict({k: frozen(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
+    return value
+
+
+def thawed(value: Any) -> Any:
+    """A plain copy of ``value`` (:func:`frozen`'s inverse): every ``dict`` (a :class:`FrozenDict` included) a new
+    ``dict`` and every ``tuple`` or ``list`` a new ``list``, all the way down; other values are kept as they are. What
+    a checked request's tools and formats are handed to templates and grammar compilers as, so that neither sees our
+    read-only types nor can change the request."""
+    if isinstance(value, dict):
+        return {k: thawed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thawed(v) for v in value]
     return value

@@ -11,12 +11,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..base.errors import AsymSpecError
-from .request_state import RequestStatus
+from .request_state import RequestKind, RequestStatus
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
+    from ..engines.model_calls import TokenRequest
     from ..request.request import Request
     from ..request.session import MMResult
+    from .request_state import RequestState
 
 log = logging.getLogger(__name__)
 
@@ -57,24 +59,17 @@ class Handle:
     """One submitted request. Iterate it for each step's committed :class:`TokenEvent` list; :meth:`result`
     waits for the :class:`MMResult`; :meth:`cancel` frees its row. :attr:`position` and :meth:`waited` say
     where it stands in the line for a row while it waits. :meth:`listen` hands the same updates to a
-    callback instead (an event loop needs no thread per request to follow one)."""
+    callback instead (an event loop needs no thread per request to follow one).
 
-    def __init__(self, scheduler: Line, rid: int, priority: int = 0, request: Request | None = None):
-        self.id = rid
-        #: The checked :class:`~asymspec_mm.request.request.Request` it answers (None for a caption row); its result's
-        #: ``request`` is this same object.
-        self.request = request
-        #: Its priority (vLLM's convention: lower is served first; preemption takes the highest value, latest first).
-        self.priority = priority
-        #: When it was submitted (``time.monotonic()``).
-        self.submitted_at = time.monotonic()
-        #: When it left the line (admitted, or dropped), else None.
-        self.left_line_at: float | None = None
-        #: Where it stands: its :class:`~.request_state.RequestStatus` (the scheduler's record of the request moves it)
-        self.status = RequestStatus.WAITING
-        #: When it entered each status it went through (``time.monotonic()``): set-up's window is
-        #: ``times[SETTING_UP]`` to ``times[READY]``
-        self.times: dict[RequestStatus, float] = {RequestStatus.WAITING: self.submitted_at}
+    A handle is its caller's view of the scheduler's record of the request (``state``, a
+    :class:`~.request_state.RequestState`): its status, times, priority and request are read from the record, never
+    kept here; what the handle holds is the caller's side (the updates not read yet, the answer, the cancel)."""
+
+    def __init__(self, scheduler: Line, state: RequestState):
+        #: Its id in the scheduler's table.
+        self.id = state.rid
+        self._state = state  # the scheduler's record of the request: where its status, times and request are read
+        state.handle = self
         self._scheduler = scheduler
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
@@ -85,6 +80,44 @@ class Handle:
         self.cancelled = False
         #: what the request fails with once cancelled (``None``: a :class:`CancelledError`), see :meth:`cancel`
         self.cancel_error: BaseException | None = None
+
+    @property
+    def request(self) -> Request | TokenRequest | None:
+        """The checked :class:`~asymspec_mm.request.request.Request` it answers (its result's ``request`` is this same
+        object); a caption's or completion's :class:`~asymspec_mm.engines.model_calls.TokenRequest`."""
+        return self._state.request
+
+    @property
+    def kind(self) -> RequestKind:
+        """What it is for (:class:`~.request_state.RequestKind`): a caption's or completion's steps carry token ids
+        alone (nobody reads their texts) and it ends with a :class:`~asymspec_mm.engines.model_calls.TokenResult`."""
+        return self._state.kind
+
+    @property
+    def priority(self) -> int:
+        """Its priority (vLLM's convention: lower is served first; preemption takes the highest value, latest first)."""
+        return self._state.priority
+
+    @property
+    def status(self) -> RequestStatus:
+        """Where it stands: its record's :class:`~.request_state.RequestStatus`."""
+        return self._state.status
+
+    @property
+    def times(self) -> dict[RequestStatus, float]:
+        """When it entered each status it went through (``time.monotonic()``, its record's): set-up's window is
+        ``times[SETTING_UP]`` to ``times[READY]``."""
+        return self._state.times
+
+    @property
+    def submitted_at(self) -> float:
+        """When it was submitted (``time.monotonic()``)."""
+        return self._state.submitted_at
+
+    @property
+    def left_line_at(self) -> float | None:
+        """When it left the line (admitted, or dropped), else None."""
+        return self._state.left_line_at
 
     @property
     def stage(self) -> str:

@@ -1,6 +1,6 @@
 """A set-up's model calls, run by the scheduler's decode loop: ``run(fn)`` (the vision tower's pass on a cache miss,
 between two steps, in the caller's context), ``decode_row(request)`` (a caption, a child request of the one being set up, decoded as a row of the batch
-ahead of the waiting requests: together the :class:`~asymspec_mm.engines.model_calls.ModelLoop`) and the loop's ``_run_jobs``. A
+ahead of the waiting requests; or a completion: together the :class:`~asymspec_mm.engines.model_calls.ModelLoop`) and the loop's ``_run_jobs``. A
 mixin of :class:`~asymspec_mm.core.scheduler.Scheduler`, which provides the state it reads."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
-from .request_state import RequestState, RequestStatus, RequestTable
+from .request_state import RequestKind, RequestState, RequestTable
 from .setup_pool import setting_up
 
 if TYPE_CHECKING:
@@ -85,13 +85,12 @@ class LoopCalls:
                 raise SchedulerStoppedError(str(self.error))
             if self._finished():  # closed, and its worker leaves: it would never decode the row
                 raise LoopClosedError("the scheduler is closed: decode on the calling thread or start a new scheduler")
-            handle = Handle(self, next(self._ids), priority=-1)
-            # a child of the request being set up (when a set-up thread asks): it needs no set-up of its own
-            parent = setting_up()
-            state = RequestState(handle.id, handle, None, priority=-1, work=request, parent=parent)
-            state.move(RequestStatus.SETTING_UP)
-            state.move(RequestStatus.READY)
-            self._table.add(state)
+            kind = RequestKind(request.kind)
+            # a caption a set-up thread asks for is a child of the request it sets up (it goes when that one is
+            # cancelled); its prompt is known, so it enters READY (RequestKind.entry), its own set-up being its parent's
+            parent = setting_up() if kind is RequestKind.CAPTION else None
+            state = RequestState(next(self._ids), None, request, -1, kind.entry, work=request, kind=kind, parent=parent)
+            handle = Handle(self, self._table.add(state))
             self._ready.appendleft(handle.id)
             self._cond.notify_all()
         return handle.result()

@@ -149,5 +149,6 @@ def completion_tokens(loop: Scheduler, ids: torch.Tensor, max_new_tokens: int, e
     from ..engines.pieces import text_prompt
 
     cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
-    request = TokenRequest("floor", cfg, {"verifier": text_prompt(ids[:-1], reuse=False)}, {"verifier": ids[-1:]}, set(eos_ids))
+    prompt = {"verifier": text_prompt(ids[:-1], reuse=False)}
+    request = TokenRequest("floor", cfg, prompt, {"verifier": ids[-1:]}, set(eos_ids), kind="completion")
     return loop.decode_row(request).token_ids

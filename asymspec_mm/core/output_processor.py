@@ -84,7 +84,7 @@ class OutputProcessor:
         kind, handle = item[0], item[1]
         if kind == "events":
             events = item[2]
-            if handle.request is not None:  # a caption's events are never read: only its tokens are wanted
+            if handle.kind.answers:  # a caption's or completion's events are never read: only its tokens are wanted
                 for ev in events:
                     ev.text = self.tokenizer.decode([ev.token_id])
             handle._step(events)

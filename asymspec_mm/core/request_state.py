@@ -14,8 +14,21 @@ request can take a row)::
                               to make room)  +-----------+
     any status -> ABORTED (cancelled) | FAILED (its own error)
 
-A caption the set-up asks for is a child request of the request being set up (:attr:`RequestState.parent`): it
-enters the table ``READY`` (its prompts are known), ahead of the requests waiting to join.
+A request's :class:`RequestKind` says what it is for and where it enters: a caller's request (``ANSWER``) enters
+``WAITING`` and is set up; a caption the set-up asks for (``CAPTION``) is a child request of the request being set
+up (:attr:`RequestState.parent`, :meth:`RequestTable.children`): it comes with its prompt, so it enters ``READY``,
+ahead of the requests waiting to join, and goes on from there as every request does (its own id, handle, statuses
+and timings); a cancelled parent takes its children with it (:meth:`RequestTable.abandoned`). A ``COMPLETION`` (the
+verifier's tokens for ``pipe.complete`` while a loop runs) enters ``READY`` too, with no parent::
+
+    ANSWER:             WAITING -> SETTING_UP -> READY -> ...
+    CAPTION (a child):                           READY -> PREFILLING -> RUNNING -> FINISHED_*   (its parent SETTING_UP)
+    COMPLETION:                                  READY -> ...
+
+The record is the engine's state of a request (vLLM v1's ``Request`` less its inputs): status, prompt tokens computed
+per stream, preemptions, timings, handle. What set-up made of the request (the prompts, the view, the streams, the
+grammar: a :class:`~asymspec_mm.request.session.Session`, vLLM's processed ``EngineCoreRequest``) is the record's
+:attr:`~RequestState.work`, read, not changed, by the loop.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..engines.model_calls import TokenRequest
     from ..request.request import Request
 
 
@@ -70,6 +84,26 @@ _STAGES = {
 
 FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.ABORTED, RequestStatus.FAILED})
 
+
+class RequestKind(enum.Enum):
+    """What a request is for (the value is what :class:`~asymspec_mm.engines.model_calls.TokenRequest` names)."""
+
+    ANSWER = "answer"  # a caller's request: set up, then answered with an MMResult, its steps streamed to its handle
+    CAPTION = "caption"  # a child of the request being set up: the drafter's tokens for its image's caption
+    COMPLETION = "completion"  # the verifier's greedy tokens of a prompt (``pipe.complete`` while a loop runs)
+
+    @property
+    def entry(self) -> RequestStatus:
+        """The status it enters the table in: a caller's request waits to be set up; a token request comes with its
+        prompts (set up by whoever asked for it) and waits for a row."""
+        return RequestStatus.WAITING if self is RequestKind.ANSWER else RequestStatus.READY
+
+    @property
+    def answers(self) -> bool:
+        """Whether its caller reads an answer (texts, a result) rather than token ids alone."""
+        return self is RequestKind.ANSWER
+
+
 #: The transitions a request may take (any status may also end ABORTED or FAILED).
 TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     RequestStatus.WAITING: frozenset({RequestStatus.SETTING_UP}),
@@ -89,39 +123,35 @@ class TransitionError(RuntimeError):
 class RequestState:
     """Everything the engine knows about one request, under its id (see the module docstring).
 
-    ``request`` is the checked request as its caller sent it (never changed here); ``work`` what set-up made of it
-    (a :class:`~asymspec_mm.request.session.Session`, or a caption's
-    :class:`~asymspec_mm.engines.model_calls.TokenRequest`); ``computed`` the prompt tokens of each stream
-    storage already in its KV (vLLM's ``num_computed_tokens``, per stream: a request has a prompt per stream)."""
+    ``request`` is what its caller sent (never changed here): the checked
+    :class:`~asymspec_mm.request.request.Request` of an ``ANSWER``, the
+    :class:`~asymspec_mm.engines.model_calls.TokenRequest` of a caption or completion; ``work`` what set-up made of it
+    (a :class:`~asymspec_mm.request.session.Session`; a token request is its own); ``computed`` the prompt tokens of
+    each stream storage already in its KV (vLLM's ``num_computed_tokens``, per stream: a request has a prompt per
+    stream)."""
 
     rid: int
-    handle: Any  # its Handle (None in the policy's tests; typed loosely: handle.py imports this module)
-    request: Request | None = None
+    #: its :class:`~.handle.Handle`, the caller's view of this record (set by the handle; None in the policy's tests;
+    #: typed loosely: handle.py imports this module)
+    handle: Any = None
+    request: Request | TokenRequest | None = None
     priority: int = 0
     status: RequestStatus = RequestStatus.WAITING
     work: Any = None
-    parent: int | None = None  # the request whose set-up asked for this one (a caption)
+    kind: RequestKind = RequestKind.ANSWER
+    parent: int | None = None  # the request whose set-up asked for this one (a caption's)
     computed: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0  # times its KV was dropped while it decoded (a PREFILLING row with some is resuming)
     alone_kv: int | None = None  # KV bytes it can need by itself (admission's bound), once measured
-    finished_at: float | None = None  # when it ended (``time.monotonic()``); submitted and admitted: its handle's
-    #: when it entered each status (``time.monotonic()``); the handle's :attr:`~.handle.Handle.times` when it has one
+    #: when it entered the table (``time.monotonic()``)
+    submitted_at: float = field(default_factory=time.monotonic)
+    left_line_at: float | None = None  # when it left the line for a row (admitted, or dropped)
+    finished_at: float | None = None  # when it ended
+    #: when it entered each status (``time.monotonic()``): its handle's :attr:`~.handle.Handle.times`
     times: dict[RequestStatus, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        shared = getattr(self.handle, "times", None)
-        if shared is not None:
-            self.times = shared
-        self.times.setdefault(self.status, time.monotonic())
-
-    @property
-    def submitted_at(self) -> float | None:
-        return self.handle.submitted_at if self.handle is not None else None
-
-    @property
-    def admitted_at(self) -> float | None:
-        """When it left the line for a row (or was dropped), else None."""
-        return self.handle.left_line_at if self.handle is not None else None
+        self.times.setdefault(self.status, self.submitted_at)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -138,10 +168,8 @@ class RequestState:
             raise TransitionError(f"request {self.rid}: {self.status.name} -> {status.name} is not a transition")
         self.status = status
         self.times[status] = time.monotonic()
-        if self.handle is not None:
-            self.handle.status = status
         if status.finished:
-            self.finished_at = time.monotonic()
+            self.finished_at = self.times[status]
 
 
 class RequestTable:
@@ -152,10 +180,31 @@ class RequestTable:
         self._by_id: dict[int, RequestState] = {}
 
     def add(self, state: RequestState) -> RequestState:
+        """Enter ``state``, at its kind's entry status (:attr:`RequestKind.entry`); a child's parent must be in the
+        table (it is being set up)."""
         if state.rid in self._by_id:
             raise ValueError(f"request {state.rid} is already in the table")
+        if state.status is not state.kind.entry:
+            raise TransitionError(f"request {state.rid} ({state.kind.value}) enters {state.kind.entry.name}, not {state.status.name}")
+        if state.parent is not None and state.parent not in self._by_id:
+            raise ValueError(f"request {state.rid}'s parent {state.parent} is not in the table")
         self._by_id[state.rid] = state
         return state
+
+    def children(self, rid: int) -> list[RequestState]:
+        """The requests ``rid``'s set-up asked for (its captions), in arrival order."""
+        return [s for s in self._by_id.values() if s.parent == rid]
+
+    def abandoned(self) -> list[RequestState]:
+        """The children still live whose parent is cancelled or gone: nobody waits for them any more."""
+        out = []
+        for state in self._by_id.values():
+            if state.parent is None or state.status.finished or state.handle is None or state.handle.cancelled:
+                continue
+            parent = self._by_id.get(state.parent)
+            if parent is None or (parent.handle is not None and parent.handle.cancelled):
+                out.append(state)
+        return out
 
     def __getitem__(self, rid: int) -> RequestState:
         return self._by_id[rid]

@@ -153,8 +153,7 @@ class Scheduler(LoopCalls, SetupPool):
                 raise QueueFullError(
                     f"{self.waiting} requests are already waiting for a row (max_queue={self.max_queue}); retry later or raise max_queue"
                 )
-            handle = Handle(self, next(self._ids), request.priority, request)
-            self._table.add(RequestState(handle.id, handle, request, request.priority))
+            handle = Handle(self, self._table.add(RequestState(next(self._ids), None, request, request.priority)))
             self._waiting.append(handle.id)
             self._cond.notify_all()
         return handle
@@ -322,7 +321,7 @@ class Scheduler(LoopCalls, SetupPool):
         for rid in plan.admit:
             state = self._table[rid]
             with self._cond:
-                state.handle.left_line_at = time.monotonic()
+                state.left_line_at = time.monotonic()
             try:
                 decoder.add(rid, state.work)
             except Exception as exc:  # noqa: BLE001
@@ -435,6 +434,8 @@ class Scheduler(LoopCalls, SetupPool):
 
     def _retire_cancelled(self) -> None:
         with self._cond:
+            for child in self._table.abandoned():  # a cancelled request's captions go with it
+                child.handle.cancel()
             gone = [rid for rid in (*self._waiting, *self._ready) if self._table[rid].handle.cancelled]
             self._waiting = deque(rid for rid in self._waiting if rid not in gone)
             self._ready = deque(rid for rid in self._ready if rid not in gone)
@@ -455,7 +456,7 @@ class Scheduler(LoopCalls, SetupPool):
         if state is None:
             return
         handle = state.handle
-        handle.left_line_at = handle.left_line_at or time.monotonic()
+        state.left_line_at = state.left_line_at or time.monotonic()
         if error is None:
             status = RequestStatus.FINISHED_LENGTH if getattr(result, "cut_by_budget", False) else RequestStatus.FINISHED_STOPPED
         else:

@@ -119,7 +119,8 @@ class SetupPool:
                 with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
                     session = self.pipe.set_up(state.request, prefill=False)
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
-                self._end(state.rid, error=exc)
+                # cancelled while it set up (its caption was cancelled with it): it fails as cancelled, not on the caption
+                self._end(state.rid, error=cancelled_error(state.handle) if state.handle.cancelled else exc)
             finally:
                 _SETTING_UP.reset(token)
         with self._cond:

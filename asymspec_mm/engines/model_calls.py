@@ -25,9 +25,11 @@ T = TypeVar("T")
 
 @dataclass
 class TokenRequest:
-    """A row that only wants its tokens (a caption): ``method`` over ``to_prefill`` (stream -> its
+    """A request that only wants its tokens: ``method`` over ``to_prefill`` (stream -> its
     :class:`~asymspec_mm.engines.pieces.StreamPrompt`, ``prompt[:-1]``) with ``pending`` (stream -> the prompt's last
-    token ``[1]``). What a :class:`~asymspec_mm.core.decoder.BatchDecoder` needs of a session, and no more."""
+    token ``[1]``). What a :class:`~asymspec_mm.core.decoder.BatchDecoder` needs of a session, and no more. ``kind``:
+    ``caption`` (a child of the request whose set-up asks for it) or ``completion`` (the verifier's tokens of a
+    prompt), the loop's :class:`~asymspec_mm.core.request_state.RequestKind`."""
 
     method: str
     config: AsymSpecConfig
@@ -41,6 +43,7 @@ class TokenRequest:
     stats: dict[str, Any] = field(default_factory=dict)
     prefill_s: float = 0.0
     model: Any = None  # the model its stream runs on (None: the pipeline's for the stream)
+    kind: str = "caption"
 
 
 @dataclass

@@ -356,9 +356,10 @@ class RequestPreparer:
         session.vocab = m.vocab if method in ("asymspec", "drafter") else None  # Floor (and SD's own drafter): the verifier's ids alone
         forced = req.tool_choice not in (None, "none", "auto")
         if forced or req.response_format:
+            from ..base.frozen import thawed
             from .grammar import GrammarConstraint
 
-            compiled = m.grammars.compile(req.tools, req.tool_choice, req.response_format)
+            compiled = m.grammars.compile(*thawed((req.tools, req.tool_choice, req.response_format)))  # plain copies for xgrammar
             if compiled is not None:
                 session.constraint = GrammarConstraint(compiled, m.grammars.vocab_size)
         return session

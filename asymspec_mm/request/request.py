@@ -119,7 +119,9 @@ class Request:
                 return self.as_conversation(where).checked(where)
             if self.compression is not None:
                 raise UnknownOptionError("compression needs a conversation: pass messages, e.g. pipe.chat(...)")
-            return dataclasses.replace(self, question=check_question(self.question), method=method, config=cfg, is_checked=True)
+            return dataclasses.replace(
+                self, **_frozen_data(self), question=check_question(self.question), method=method, config=cfg, is_checked=True
+            )
         fields = chat_text_fields(self.messages, self.caption, self.ocr, self.tools, self.tool_choice, self.response_format)
         check_text_fields(fields, prefix=where)
         offered = check_tools(self.tools)
@@ -127,16 +129,8 @@ class Request:
         check_response_format(self.response_format)
         cfg = cfg.with_(stop_strings=answer_stop_strings(cfg.stop_strings, offered, choice))
         compression = Compression.of(self.compression, f"{where}.compression" if where else "compression")
-        return dataclasses.replace(
-            self,
-            messages=frozen(self.messages),  # a read-only copy: the edge's list and the request no longer share parts
-            method=method,
-            config=cfg,
-            tools=offered,
-            tool_choice=choice,
-            compression=compression,
-            is_checked=True,
-        )
+        checked = dataclasses.replace(self, tools=offered, tool_choice=choice)
+        return dataclasses.replace(checked, **_frozen_data(checked), method=method, config=cfg, compression=compression, is_checked=True)
 
     def as_conversation(self, where: str = "") -> Request:
         """A question without an image as the one-turn conversation it is: ``[{"role": "user", "content":
@@ -151,6 +145,19 @@ class Request:
                 )
         question = check_question(self.question)
         return dataclasses.replace(self, image=None, question="", messages=[{"role": "user", "content": question}], ocr=None)
+
+
+#: The fields that hold JSON-shaped data a caller may keep a reference to (lists and dicts): a checked request holds
+#: read-only copies of them (:func:`~asymspec_mm.base.frozen.frozen`), so neither the edge that built it nor any later
+#: layer can change it. The other fields are immutable already (strings, numbers, frozen dataclasses), or objects
+#: that are not data (an image, a callable, a prompt style).
+DATA_FIELDS = ("messages", "caption", "ocr", "tools", "tool_choice", "response_format")
+
+
+def _frozen_data(request: Request) -> dict[str, Any]:
+    """Read-only copies of ``request``'s :data:`DATA_FIELDS`: the edge's lists and the request no longer share parts."""
+    images = None if request.images is None else tuple(request.images)  # images are kept, not copied
+    return {name: frozen(getattr(request, name)) for name in DATA_FIELDS} | {"images": images}
 
 
 REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked", "images"}

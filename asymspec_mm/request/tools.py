@@ -37,6 +37,7 @@ from json.decoder import scanstring
 from typing import Any
 
 from ..base.errors import UnknownOptionError
+from ..base.frozen import thawed
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -113,8 +114,9 @@ def prompt_tools(tools: list[dict[str, Any]], tool_choice: Any) -> list[dict[str
     """The tools the templates render (:func:`template_tool` of each): none under ``tool_choice="none"`` (OpenAI's
     meaning: the model does not call a tool). Out of the prompt rather than masked by a grammar: it works on every
     engine (vLLM's cannot follow a grammar here) and without the optional xgrammar, and a model that sees tools but
-    may not open a call writes what follows a blocked call (the tiny pair: ``</tool_call>``)."""
-    return [] if tool_choice == "none" else [template_tool(t) for t in tools]
+    may not open a call writes what follows a blocked call (the tiny pair: ``</tool_call>``). Plain ``dict`` and ``list``
+    copies (:func:`~asymspec_mm.base.frozen.thawed`): a checked request's tools are read-only, a template gets its own."""
+    return [] if tool_choice == "none" else [thawed(template_tool(t)) for t in tools]
 
 
 def answer_stop_strings(stop_strings: tuple[str, ...], tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, ...]:
@@ -144,7 +146,7 @@ def check_response_format(response_format: Any) -> None:
     if kind in EXTRA_FORMATS:
         value = response_format.get(kind)
         if kind == "choice":
-            if isinstance(value, list) and value and all(isinstance(c, str) and c for c in value):
+            if isinstance(value, (list, tuple)) and value and all(isinstance(c, str) and c for c in value):
                 return
             raise ToolError("response_format choice needs a non-empty list of non-empty strings", "response_format.choice")
         if isinstance(value, str) and value.strip():
