@@ -68,6 +68,25 @@ def stall_figures(live_stamps: list[float], window: tuple[float, float], after_s
     }
 
 
+def cpu_stall(live_stamps: list[float], loop_cpu: list[float], window: tuple[float, float], after_steps: int = 10) -> dict[str, Any]:
+    """The live row's gaps in the decode loop's own CPU time (``loop_cpu``: the loop thread's ``time.thread_time()``
+    at each step's end, beside ``live_stamps``): ``longest_gap_cpu_s`` of the gaps that overlap the set-up ``window``,
+    ``median_step_all_cpu_s`` over the ``after_steps`` after it and their ratio ``stall_all_cpu``. A busy machine
+    stretches wall gaps with waits for a core; the loop's CPU time counts only the work it did in them."""
+    start, end = window
+    gaps = [(a, cb - ca) for a, ca, cb in zip(live_stamps, loop_cpu, loop_cpu[1:])]
+    walls = [b - a for a, b in zip(live_stamps, live_stamps[1:])]
+    during = [g for (t, g), w in zip(gaps, walls) if t < end and t + w > start]
+    after = [g for t, g in gaps if t >= end][:after_steps]
+    longest = max(during) if during else 0.0
+    median_all = statistics.median(after) if after else float("nan")
+    return {
+        "longest_gap_cpu_s": longest,
+        "median_step_all_cpu_s": median_all,
+        "stall_all_cpu": longest / median_all if after and median_all > 0 else float("nan"),
+    }
+
+
 def measure_stall(
     pipe: ServingPipeline,
     live: dict,
@@ -80,11 +99,13 @@ def measure_stall(
     prefill_chunk_tokens: int | None = None,
     token_budget: int | None = None,
     setup_workers: int | None = None,
+    max_stall: float | None = None,
 ) -> dict:
     """Run the scenario once on a scheduler of ``pipe``. ``live`` / ``new[i]``: ``image``, ``question`` and optional
     ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
     stop it early, and the lengths are the scenario); ``prefill_chunk_tokens``: the scheduler's batched prefill budget
-    (``None``: its default); ``setup_workers``: its set-up threads (``None``: its default). Returns :func:`stall_figures`
+    (``None``: its default); ``setup_workers``: its set-up threads (``None``: its default); ``max_stall``: its stall bound (``None``: off). Returns :func:`stall_figures` and
+    :func:`cpu_stall`
     plus the set-up window's length, each new request's time to its first token (``first_token_s``, in submission
     order), the live row's steps, the
     longest time a request spent in the batched prefill (its pieces interleaved with the steps), the new
@@ -95,13 +116,20 @@ def measure_stall(
     # several steps at once when it falls behind, so a consumer's stamps are not the row's steps. The live row takes
     # part in every step from the first until its last (it is alone at first, and a Floor row never skips a step).
     stamps: list[float] = []
+    loop_cpu: list[float] = []  # the loop thread's CPU seconds at the same moments (the callback runs on it)
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
     if token_budget is not None:
         chunk["token_budget"] = token_budget
     if setup_workers is not None:
         chunk["setup_workers"] = setup_workers
-    on_step = lambda *_: stamps.append(time.monotonic())  # noqa: E731
+    if max_stall is not None:
+        chunk["max_stall"] = max_stall
+
+    def on_step(*_: Any) -> None:
+        stamps.append(time.monotonic())
+        loop_cpu.append(time.thread_time())
+
     with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, on_step=on_step, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
@@ -138,6 +166,7 @@ def measure_stall(
     window = (min(x.submitted_at for x in handles), max(joined.values()))
     return {
         **stall_figures(stamps[:live_steps], window),
+        **cpu_stall(stamps[:live_steps], loop_cpu[:live_steps], window),
         "setup_window_s": window[1] - window[0],
         "first_token_s": [joined[x.id] - x.submitted_at for x in handles],
         "live_steps": live_steps,
@@ -309,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-budget", type=int, default=None, help="tokens a scheduler turn's forwards carry, decode first")
     ap.add_argument("--setup-workers", type=int, default=None, help="the scheduler's set-up threads [default: the scheduler's]")
     ap.add_argument(
+        "--max-stall",
+        type=float,
+        default=None,
+        help="the scheduler's stall bound: a turn's set-up calls and prompt pieces cost at most this times its step [default: off]",
+    )
+    ap.add_argument(
         "--ocr",
         default="none",
         help="OCR engines the new requests are read with, comma-separated (none, rapidocr, easyocr, auto); each is an "
@@ -371,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                         prefill_chunk_tokens=args.prefill_chunk_tokens,
                         token_budget=args.token_budget,
                         setup_workers=args.setup_workers,
+                        max_stall=args.max_stall,
                     )
                 runs[arm].append(r)
                 shown = {
@@ -400,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"  stall_all (longest gap during set-up / the step with every row decoding): {_summary(counted, 'stall_all')}")
         print(f"  stall (longest gap during set-up / the row's step alone): {_summary(counted, 'stall')}")
+        print(f"  stall_all in the loop thread's CPU time: {_summary(counted, 'stall_all_cpu')}")
         print(f"  the live row's mean step during set-up / after: {_summary(counted, 'setup_vs_after')}")
         print(
             f"  the live row's gaps during set-up, ms: longest {_median_of(counted, 'longest_gap_s', 1e3)}, p99 "
