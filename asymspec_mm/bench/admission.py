@@ -266,20 +266,22 @@ def measure_lock_wait(images: list, engine: Any, seconds: float = 3.0) -> dict:
 class Arm:
     """One OCR setting the run measures: the engine (``none``: no OCR), read in ``workers`` worker processes (0: in
     the set-up thread, as before) with ``threads`` compute threads (0: the engine's default) at ``nice`` lower CPU
-    priority (workers only)."""
+    priority (workers only), on a scheduler with the stall bound ``max_stall`` (``None``: off)."""
 
     ocr: str
     workers: int = 0
     threads: int = 0
     nice: int = 0
+    max_stall: float | None = None
 
     @property
     def label(self) -> str:
+        bound = f", max stall {self.max_stall:g}x" if self.max_stall is not None else ""
         if self.ocr == "none":
-            return "no OCR"
+            return "no OCR" + bound
         where = f"{self.workers} worker process{'es' * (self.workers > 1)}" if self.workers else "the set-up thread"
         niced = f", nice {self.nice}" if self.nice else ""
-        return f"{self.ocr} in {where}, {self.threads or 'default'} thread{'s' * (self.threads != 1)}{niced}"
+        return f"{self.ocr} in {where}, {self.threads or 'default'} thread{'s' * (self.threads != 1)}{niced}{bound}"
 
     def engine(self) -> Any:
         """The OCR engine the arm's pipeline gets (``"none"``: the engine that finds nothing)."""
@@ -294,21 +296,23 @@ class Arm:
         return get_ocr_engine(self.ocr, **({"threads": threads} if threads else {}))
 
 
-def arms_of(engines: str, workers: str, threads: str, nice: str = "0") -> list[Arm]:
+def arms_of(engines: str, workers: str, threads: str, nice: str = "0", stalls: str = "none") -> list[Arm]:
     """Every combination of the comma-separated ``engines`` x ``workers`` x ``threads`` x ``nice`` (one arm for
-    ``none``; ``nice`` only with workers)."""
+    ``none``; ``nice`` only with workers) x ``stalls`` (``none``: no stall bound)."""
 
     def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
 
+    bounds = [None if x.strip() == "none" else float(x) for x in stalls.split(",") if x.strip()]
     arms: list[Arm] = []
     for ocr in (e.strip() for e in engines.split(",") if e.strip()):
-        combos = (
-            [Arm(ocr)]
-            if ocr == "none"
-            else [Arm(ocr, w, t, n if w else 0) for w in ints(workers) for t in ints(threads) for n in ints(nice)]
-        )
-        arms += [arm for i, arm in enumerate(combos) if arm not in arms and arm not in combos[:i]]
+        for bound in bounds:
+            combos = (
+                [Arm(ocr, max_stall=bound)]
+                if ocr == "none"
+                else [Arm(ocr, w, t, n if w else 0, bound) for w in ints(workers) for t in ints(threads) for n in ints(nice)]
+            )
+            arms += [arm for i, arm in enumerate(combos) if arm not in arms and arm not in combos[:i]]
     return arms
 
 
@@ -339,9 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setup-workers", type=int, default=None, help="the scheduler's set-up threads [default: the scheduler's]")
     ap.add_argument(
         "--max-stall",
-        type=float,
-        default=None,
-        help="the scheduler's stall bound: a turn's set-up calls and prompt pieces cost at most this times its step [default: off]",
+        default="none",
+        help="the scheduler's stall bound (a turn's set-up calls and prompt pieces cost at most this times its step), "
+        "comma-separated; none is off; each is an arm [default: %(default)s]",
     )
     ap.add_argument(
         "--ocr",
@@ -378,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..frontend.options import load_pipeline
     from .pairs import bench_cases
 
-    arms = arms_of(args.ocr, args.ocr_workers, args.ocr_threads, args.ocr_nice)
+    arms = arms_of(args.ocr, args.ocr_workers, args.ocr_threads, args.ocr_nice, args.max_stall)
     drafter_dir, verifier_dir = build_tiny_checkpoints(args.dir)
     # one pipeline per arm (their caption caches apart): the same images in every arm of a repetition
     pipes = [load_pipeline(drafter=str(drafter_dir), verifier=str(verifier_dir), ocr_engine=arm.engine()) for arm in arms]
@@ -406,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                         prefill_chunk_tokens=args.prefill_chunk_tokens,
                         token_budget=args.token_budget,
                         setup_workers=args.setup_workers,
-                        max_stall=args.max_stall,
+                        max_stall=arm.max_stall,
                     )
                 runs[arm].append(r)
                 shown = {

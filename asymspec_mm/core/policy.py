@@ -27,9 +27,11 @@ The rules (one turn):
    times the step the decoding rows make now, by the loop's measured :class:`TurnCosts` (Sarathi-Serve's stall-free
    batching, its token budget derived from a time-between-tokens target): the set-up model calls waiting (the vision
    tower's passes) first, at least one a turn so that none starves; then the prompt tokens, at least
-   :data:`MIN_PREFILL_TOKENS`, never more than the token budget leaves. A cost not measured yet bounds nothing, but a
-   prompt token is taken to cost what a decode token does until one is measured. A turn with no row decoding
-   stalls nobody: it is not bounded.
+   :data:`MIN_PREFILL_TOKENS`, never more than the token budget leaves. Steps are measured by their decode tokens;
+   a turn whose step is not measured yet carries no prompt pieces (it measures the step: one call at most), unless
+   the turn before held its pieces too (then the nearest smaller step measured stands in, so that prompts move at
+   least every other turn). Until measured, one call runs a turn and a prompt token is taken to cost what a decode
+   token does. A turn with no row decoding stalls nobody: it is not bounded.
 """
 
 from __future__ import annotations
@@ -78,13 +80,25 @@ class RowInfo:
 
 @dataclass(frozen=True)
 class TurnCosts:
-    """Seconds the engine loop measured (moving averages; ``None``: not measured yet): ``step_s``, a decode step of
-    the rows decoding; ``token_s``, one prompt token the turn's forwards carry beside the step; ``job_s``, one set-up
-    model call (a vision tower pass)."""
+    """Seconds the engine loop measured (moving averages; ``None``: not measured yet): ``steps``, a decode step by its
+    decode tokens; ``token_s``, one prompt token the turn's forwards carry beside the step; ``job_s``, one set-up model
+    call (a vision tower pass). ``may_hold``: the last turn did not hold its prompt pieces back (this one may, to
+    measure a step)."""
 
-    step_s: float | None = None
+    steps: Mapping[int, float] = field(default_factory=dict)
     token_s: float | None = None
     job_s: float | None = None
+    may_hold: bool = True
+
+    def step_s(self, decode_tokens: int) -> float | None:
+        """The step of ``decode_tokens`` decode tokens: measured, or ``None`` (hold the pieces and measure it) where
+        the turn may hold, else the nearest smaller step measured (the smallest, where none is smaller)."""
+        if decode_tokens in self.steps:
+            return self.steps[decode_tokens]
+        if self.may_hold or not self.steps:
+            return None
+        below = [d for d in self.steps if d <= decode_tokens]
+        return self.steps[max(below) if below else min(self.steps)]
 
 
 @dataclass(frozen=True)
@@ -169,16 +183,20 @@ def prefill_budget(token_budget: int, decode_tokens: int) -> int:
 
 def stall_bounded(max_stall: float, costs: TurnCosts, jobs: int, tokens: int, decode_tokens: int) -> tuple[int, int]:
     """Rule 6: ``(calls, prompt tokens)`` a turn takes on beside a step of ``decode_tokens`` so that it costs at most
-    ``max_stall`` times the step (``costs.step_s``): of the ``jobs`` waiting calls as many as fit, at least one; then
-    of the ``tokens`` the token budget allows as many as the rest of the time fits at ``costs.token_s`` each (a decode
-    token's share of the step until measured), at least :data:`MIN_PREFILL_TOKENS`. Unmeasured steps bound nothing."""
-    if costs.step_s is None:
-        return jobs, tokens
-    spare = max(0.0, max_stall - 1.0) * costs.step_s
-    if jobs and costs.job_s:
+    ``max_stall`` times the step (:meth:`TurnCosts.step_s`): of the ``jobs`` waiting calls as many as fit, at least
+    one (one until a call is measured); then of the ``tokens`` the token budget allows as many as the rest of the time
+    fits at ``costs.token_s`` each (a decode token's share of the step until measured), at least
+    :data:`MIN_PREFILL_TOKENS`. A step to measure: one call at most and no prompt tokens."""
+    step_s = costs.step_s(decode_tokens)
+    if step_s is None:
+        return min(jobs, 1), 0
+    spare = max(0.0, max_stall - 1.0) * step_s
+    if jobs and costs.job_s is None:
+        jobs = 1  # one call measures what a call costs
+    elif jobs and costs.job_s is not None:
         jobs = max(1, min(jobs, int(spare / costs.job_s + 1e-9)))  # 1e-9: what float division loses
         spare -= jobs * costs.job_s
-    token_s = costs.token_s if costs.token_s is not None else costs.step_s / max(1, decode_tokens)
+    token_s = costs.token_s if costs.token_s is not None else step_s / max(1, decode_tokens)
     if token_s > 0:
         tokens = min(tokens, max(MIN_PREFILL_TOKENS, int(max(0.0, spare) / token_s + 1e-9)))
     return jobs, tokens
@@ -204,7 +222,7 @@ def schedule(view: TurnView) -> TurnPlan:
     if view.max_stall is not None and stepping:  # no row decoding: nobody waits on the turn
         jobs, tokens = stall_bounded(view.max_stall, view.costs, view.jobs, tokens, decode)
         tokens = tokens if arriving else 0
-    chunks = prompt_chunks(left, tokens, view.prefill_chunk_tokens) if arriving else {}
+    chunks = prompt_chunks(left, tokens, view.prefill_chunk_tokens) if arriving and tokens else {}  # 0: held (rule 6)
     taken = {(rid, name): n for name, pieces in chunks.items() for rid, n in pieces}
     joins = [rid for rid, per_stream in left if all(n <= taken.get((rid, name), 0) for name, n in per_stream.items())]
     return TurnPlan(

@@ -237,9 +237,10 @@ class Scheduler(LoopCalls, SetupPool):
                 prefilled(self._table, plan, outcome)
                 # a set-up waiting on the tower goes on before the step, not a turn later
                 self._run_jobs(None if plan.jobs is None else max(0, plan.jobs - ran))
-                stepped, t0 = bool(self._decoder.rows), time.perf_counter()
+                decode, t0 = self._decoder.step_tokens() if self._decoder.rows else 0, time.perf_counter()
                 prefilled(self._table, plan, self._step_one(rides))
-                self._costs.turn(prefill_s + time.perf_counter() - t0, plan.tokens(), stepped)
+                held = plan.jobs is not None and plan.prefill_budget == 0 and bool(self._decoder.arriving)
+                self._costs.turn(prefill_s + time.perf_counter() - t0, plan.tokens(), decode, held)
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
                 self.kv_bytes, self.live_tokens = self._decoder.allocated(), self._decoder.held_tokens()
                 with self._cond:
@@ -396,6 +397,8 @@ class Scheduler(LoopCalls, SetupPool):
         decoder = self._decoder
         if not decoder.arriving:
             return TurnOutcome(joined=(), computed={}), {}
+        if plan.jobs is not None and not plan.prefill_budget:  # the stall bound holds the pieces: the turn measures its step
+            return self._joined(), {}
         budget = plan.prefill_budget or prefill_budget(self.token_budget, decoder.step_tokens())
         rides: Rides = {}
         try:
