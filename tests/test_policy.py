@@ -6,7 +6,17 @@ import random
 
 import pytest
 
-from asymspec_mm.core.policy import MIN_PREFILL_TOKENS, RowInfo, TurnOutcome, TurnView, prompt_chunks, schedule, update
+from asymspec_mm.core.policy import (
+    MIN_PREFILL_TOKENS,
+    RowInfo,
+    TurnCosts,
+    TurnOutcome,
+    TurnView,
+    prompt_chunks,
+    schedule,
+    stall_bounded,
+    update,
+)
 from asymspec_mm.core.request_state import RequestState, RequestStatus, TransitionError
 
 S = RequestStatus
@@ -257,3 +267,77 @@ def test_the_architecture_page_lists_exactly_the_transitions():
     for source, targets in re.findall(r"^([A-Z_]+) +-> ([A-Z_ |]+?)(?: {2,}| \(|$)", page, flags=re.MULTILINE):
         listed |= {(source, t.strip()) for t in targets.split("|") if t.strip()}
     assert listed == {(s.name, t.name) for s, targets in TRANSITIONS.items() for t in targets}
+
+
+def test_the_stall_bound_takes_the_waiting_calls_then_the_prompt_tokens_that_fit():
+    # a 10 ms step of 20 decode tokens, max 2x: 10 ms spare; four 4 ms calls: two fit; 2 ms left: 200 tokens of 0.01 ms
+    costs = TurnCosts({20: 0.010}, token_s=0.00001, job_s=0.004)
+    assert stall_bounded(2.0, costs, jobs=4, tokens=2000, decode_tokens=20) == (2, 200)
+    assert stall_bounded(2.0, costs, jobs=0, tokens=2000, decode_tokens=20) == (0, 1000)
+    assert stall_bounded(2.0, costs, jobs=0, tokens=300, decode_tokens=20) == (0, 300)  # never past the token budget
+    # one call always runs (nothing starves), however long; the prompts still get MIN_PREFILL_TOKENS
+    assert stall_bounded(1.5, TurnCosts({20: 0.010}, 0.00001, 0.050), jobs=3, tokens=2000, decode_tokens=20) == (1, MIN_PREFILL_TOKENS)
+    # a prompt token not measured yet costs a decode token's share of the step: 5 ms spare / (10 ms / 20) = 10 -> 16;
+    # a call not measured yet runs alone
+    assert stall_bounded(1.5, TurnCosts({20: 0.010}), jobs=2, tokens=2000, decode_tokens=20) == (1, MIN_PREFILL_TOKENS)
+    assert stall_bounded(3.0, TurnCosts({20: 0.010}), jobs=2, tokens=2000, decode_tokens=20) == (1, 40)
+
+
+def test_a_step_not_measured_holds_the_pieces_once_then_the_nearest_smaller_step_stands_in():
+    costs = TurnCosts({5: 0.004, 30: 0.020}, token_s=0.00001, job_s=0.001)
+    assert costs.step_s(30) == 0.020 and costs.step_s(20) is None  # not measured: this turn measures it
+    assert stall_bounded(2.0, costs, jobs=3, tokens=2000, decode_tokens=20) == (1, 0)
+    after_a_hold = TurnCosts(costs.steps, costs.token_s, costs.job_s, may_hold=False)
+    assert after_a_hold.step_s(20) == 0.004 and after_a_hold.step_s(2) == 0.004  # the nearest smaller, else the smallest
+    assert stall_bounded(2.0, after_a_hold, jobs=3, tokens=2000, decode_tokens=20) == (3, 100)
+    assert TurnCosts().step_s(1) is None and TurnCosts(may_hold=False).step_s(1) is None  # nothing measured: measure
+
+
+def test_schedule_bounds_a_turn_only_while_rows_decode_and_only_when_asked():
+    rows = [row(0, S.RUNNING, step=11), row(7, S.PREFILLING, left={"v": 900, "d": 900})]
+    costs = TurnCosts({11: 0.010}, token_s=0.00001, job_s=0.004)
+    plain = schedule(TurnView(tuple(rows), 4, jobs=3, costs=costs))
+    assert plain.jobs is None and plain.prefill_budget == 2048 - 11 and plain.tokens() == 1024  # today's turn: 512 a stream
+    bounded = schedule(TurnView(tuple(rows), 4, jobs=3, max_stall=2.0, costs=costs))
+    assert bounded.jobs == 2 and bounded.prefill_budget == 200
+    assert bounded.chunks == {"d": ((7, 100),), "v": ((7, 100),)} and bounded.step == (0,)
+    held = schedule(TurnView(tuple(rows), 4, jobs=3, max_stall=2.0, costs=TurnCosts({5: 0.010})))
+    assert held.jobs == 1 and held.prefill_budget == 0 and held.chunks == {} and held.joins == () and held.step == (0,)
+    # no row decoding: nobody waits on the turn, every call runs and the token budget alone bounds the prompts
+    alone = schedule(TurnView((rows[1],), 4, jobs=3, max_stall=2.0, costs=costs))
+    assert alone.jobs is None and alone.tokens() == 1024
+
+
+def test_random_views_under_a_stall_bound_cost_at_most_the_bound_past_the_floors():
+    rng = random.Random(6)
+    for _ in range(2000):
+        v, _ = _random_view(rng)
+        steps = {d: rng.uniform(0.001, 0.05) for d in rng.sample(range(0, 60), rng.randint(0, 30))}
+        costs = TurnCosts(
+            steps, rng.choice([None, rng.uniform(1e-6, 1e-3)]), rng.choice([None, rng.uniform(1e-4, 0.02)]), rng.random() < 0.5
+        )
+        stall = rng.uniform(1.0, 3.0)
+        v = TurnView(
+            v.rows, v.max_batch_size, v.token_budget, v.prefill_chunk_tokens, v.max_kv_bytes, v.kv_need, rng.randint(0, 5), stall, costs
+        )
+        plan = schedule(v)
+        unbounded = schedule(TurnView(v.rows, v.max_batch_size, v.token_budget, v.prefill_chunk_tokens, v.max_kv_bytes, v.kv_need, v.jobs))
+        # the bound only ever takes work away, and leaves the rows' decisions alone
+        assert (plan.admit, plan.resume, plan.preempt, plan.step) == (unbounded.admit, unbounded.resume, unbounded.preempt, unbounded.step)
+        assert plan.prefill_budget <= unbounded.prefill_budget
+        if not plan.step:
+            assert plan.jobs is None and plan.chunks == unbounded.chunks
+            continue
+        assert (plan.jobs >= 1 if v.jobs else plan.jobs == 0) and plan.jobs <= v.jobs
+        decode = sum(r.step_tokens for r in v.rows if r.rid in plan.step)
+        step_s = costs.step_s(decode)
+        if step_s is None:  # held: the turn measures its step
+            assert plan.jobs <= 1 and plan.chunks == {} and plan.prefill_budget == 0
+            continue
+        jobs_s = plan.jobs * (costs.job_s or 0.0)
+        token_s = costs.token_s if costs.token_s is not None else step_s / max(1, decode)
+        spare = (stall - 1) * step_s
+        # within the bound, unless at a floor: one call, MIN_PREFILL_TOKENS
+        assert plan.jobs <= 1 or jobs_s <= spare + 1e-12
+        if plan.chunks:
+            assert plan.prefill_budget == MIN_PREFILL_TOKENS or jobs_s + plan.prefill_budget * token_s <= spare + 1e-9

@@ -178,3 +178,39 @@ def test_the_scheduler_admits_a_request_beside_a_live_row_with_no_forward_of_its
     assert None not in turns[0][1] and log.turn[None] == 0  # no staging storage, no single-row engine ran a forward
     assert got.token_ids == tiny_pipe.generate(**_case(521), config=AsymSpecConfig(k=3, max_new_tokens=10), ignore_eos=True).token_ids
     assert live_result.token_ids == tiny_pipe.generate(**_case(520), config=cfg, ignore_eos=True).token_ids
+
+
+@pytest.mark.parametrize("max_stall", [None, 1.5])
+def test_a_stall_bound_cuts_the_pieces_beside_a_live_row_and_no_token_changes(tiny_pipe, max_stall):
+    """``max_stall`` (the policy's rule 6): once the live row's step is measured, the first turn that carries the
+    arriving request's prompt takes MIN_PREFILL_TOKENS (a prompt token counts as a decode token's share of the step
+    until measured: 0.5 x 11 tokens is below the floor), 5 tokens on each of its three storages; without the bound
+    the token budget takes its whole prompt at once. Both rows equal themselves alone either way."""
+    from asymspec_mm.core.policy import MIN_PREFILL_TOKENS
+    from asymspec_mm.core.scheduler import Scheduler
+
+    tiny_pipe.prefix_kv.clear()
+    cfg, new_cfg = AsymSpecConfig(k=3, max_new_tokens=60), AsymSpecConfig(k=3, max_new_tokens=6)
+    per_turn: list[int] = []
+    with Scheduler(tiny_pipe, max_batch_size=2, max_stall=max_stall) as sched:
+        done = [0]
+
+        def on_step(rows, calls, seconds) -> None:  # on the loop thread, after the step's forwards
+            per_turn.append(sched._decoder.arriving.tokens - done[0])
+            done[0] = sched._decoder.arriving.tokens
+
+        sched.on_step = on_step
+        live = sched.submit(**_case(530), config=cfg, ignore_eos=True)
+        steps = iter(live)
+        for _ in range(3):
+            next(steps)
+        new = sched.submit(**_case(531), config=new_cfg, ignore_eos=True)
+        got, live_result = new.result(timeout=300), live.result(timeout=300)
+    pieces = [n for n in per_turn[1:] if n]  # the first step's count is the live row's own prompt
+    prompt = sum(pieces)
+    if max_stall is None:
+        assert pieces == [prompt], pieces  # the whole prompt beside one step (it fits the token budget)
+    else:
+        assert pieces[0] == 3 * (MIN_PREFILL_TOKENS // 3) and len(pieces) > 1 and max(pieces) < prompt
+    assert got.token_ids == _alone(tiny_pipe, 531, "asymspec", new_cfg)
+    assert live_result.token_ids == _alone(tiny_pipe, 530, "asymspec", cfg)

@@ -68,6 +68,25 @@ def stall_figures(live_stamps: list[float], window: tuple[float, float], after_s
     }
 
 
+def cpu_stall(live_stamps: list[float], loop_cpu: list[float], window: tuple[float, float], after_steps: int = 10) -> dict[str, Any]:
+    """The live row's gaps in the decode loop's own CPU time (``loop_cpu``: the loop thread's ``time.thread_time()``
+    at each step's end, beside ``live_stamps``): ``longest_gap_cpu_s`` of the gaps that overlap the set-up ``window``,
+    ``median_step_all_cpu_s`` over the ``after_steps`` after it and their ratio ``stall_all_cpu``. A busy machine
+    stretches wall gaps with waits for a core; the loop's CPU time counts only the work it did in them."""
+    start, end = window
+    gaps = [(a, cb - ca) for a, ca, cb in zip(live_stamps, loop_cpu, loop_cpu[1:])]
+    walls = [b - a for a, b in zip(live_stamps, live_stamps[1:])]
+    during = [g for (t, g), w in zip(gaps, walls) if t < end and t + w > start]
+    after = [g for t, g in gaps if t >= end][:after_steps]
+    longest = max(during) if during else 0.0
+    median_all = statistics.median(after) if after else float("nan")
+    return {
+        "longest_gap_cpu_s": longest,
+        "median_step_all_cpu_s": median_all,
+        "stall_all_cpu": longest / median_all if after and median_all > 0 else float("nan"),
+    }
+
+
 def measure_stall(
     pipe: ServingPipeline,
     live: dict,
@@ -80,11 +99,13 @@ def measure_stall(
     prefill_chunk_tokens: int | None = None,
     token_budget: int | None = None,
     setup_workers: int | None = None,
+    max_stall: float | None = None,
 ) -> dict:
     """Run the scenario once on a scheduler of ``pipe``. ``live`` / ``new[i]``: ``image``, ``question`` and optional
     ``caption``/``ocr`` (``None`` makes them); every row decodes its whole budget (EOS ignored: random weights could
     stop it early, and the lengths are the scenario); ``prefill_chunk_tokens``: the scheduler's batched prefill budget
-    (``None``: its default); ``setup_workers``: its set-up threads (``None``: its default). Returns :func:`stall_figures`
+    (``None``: its default); ``setup_workers``: its set-up threads (``None``: its default); ``max_stall``: its stall bound (``None``: off). Returns :func:`stall_figures` and
+    :func:`cpu_stall`
     plus the set-up window's length, each new request's time to its first token (``first_token_s``, in submission
     order), the live row's steps, the
     longest time a request spent in the batched prefill (its pieces interleaved with the steps), the new
@@ -95,13 +116,20 @@ def measure_stall(
     # several steps at once when it falls behind, so a consumer's stamps are not the row's steps. The live row takes
     # part in every step from the first until its last (it is alone at first, and a Floor row never skips a step).
     stamps: list[float] = []
+    loop_cpu: list[float] = []  # the loop thread's CPU seconds at the same moments (the callback runs on it)
     joined: dict[int, float] = {}
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
     if token_budget is not None:
         chunk["token_budget"] = token_budget
     if setup_workers is not None:
         chunk["setup_workers"] = setup_workers
-    on_step = lambda *_: stamps.append(time.monotonic())  # noqa: E731
+    if max_stall is not None:
+        chunk["max_stall"] = max_stall
+
+    def on_step(*_: Any) -> None:
+        stamps.append(time.monotonic())
+        loop_cpu.append(time.thread_time())
+
     with pipe.prefix_kv.paused(), Scheduler(pipe, max_batch_size=len(new) + 1, on_step=on_step, **chunk) as sched:
         cfg = AsymSpecConfig(max_new_tokens=live_tokens)
         h = sched.submit(
@@ -138,6 +166,7 @@ def measure_stall(
     window = (min(x.submitted_at for x in handles), max(joined.values()))
     return {
         **stall_figures(stamps[:live_steps], window),
+        **cpu_stall(stamps[:live_steps], loop_cpu[:live_steps], window),
         "setup_window_s": window[1] - window[0],
         "first_token_s": [joined[x.id] - x.submitted_at for x in handles],
         "live_steps": live_steps,
@@ -237,20 +266,22 @@ def measure_lock_wait(images: list, engine: Any, seconds: float = 3.0) -> dict:
 class Arm:
     """One OCR setting the run measures: the engine (``none``: no OCR), read in ``workers`` worker processes (0: in
     the set-up thread, as before) with ``threads`` compute threads (0: the engine's default) at ``nice`` lower CPU
-    priority (workers only)."""
+    priority (workers only), on a scheduler with the stall bound ``max_stall`` (``None``: off)."""
 
     ocr: str
     workers: int = 0
     threads: int = 0
     nice: int = 0
+    max_stall: float | None = None
 
     @property
     def label(self) -> str:
+        bound = f", max stall {self.max_stall:g}x" if self.max_stall is not None else ""
         if self.ocr == "none":
-            return "no OCR"
+            return "no OCR" + bound
         where = f"{self.workers} worker process{'es' * (self.workers > 1)}" if self.workers else "the set-up thread"
         niced = f", nice {self.nice}" if self.nice else ""
-        return f"{self.ocr} in {where}, {self.threads or 'default'} thread{'s' * (self.threads != 1)}{niced}"
+        return f"{self.ocr} in {where}, {self.threads or 'default'} thread{'s' * (self.threads != 1)}{niced}{bound}"
 
     def engine(self) -> Any:
         """The OCR engine the arm's pipeline gets (``"none"``: the engine that finds nothing)."""
@@ -265,21 +296,23 @@ class Arm:
         return get_ocr_engine(self.ocr, **({"threads": threads} if threads else {}))
 
 
-def arms_of(engines: str, workers: str, threads: str, nice: str = "0") -> list[Arm]:
+def arms_of(engines: str, workers: str, threads: str, nice: str = "0", stalls: str = "none") -> list[Arm]:
     """Every combination of the comma-separated ``engines`` x ``workers`` x ``threads`` x ``nice`` (one arm for
-    ``none``; ``nice`` only with workers)."""
+    ``none``; ``nice`` only with workers) x ``stalls`` (``none``: no stall bound)."""
 
     def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
 
+    bounds = [None if x.strip() == "none" else float(x) for x in stalls.split(",") if x.strip()]
     arms: list[Arm] = []
     for ocr in (e.strip() for e in engines.split(",") if e.strip()):
-        combos = (
-            [Arm(ocr)]
-            if ocr == "none"
-            else [Arm(ocr, w, t, n if w else 0) for w in ints(workers) for t in ints(threads) for n in ints(nice)]
-        )
-        arms += [arm for i, arm in enumerate(combos) if arm not in arms and arm not in combos[:i]]
+        for bound in bounds:
+            combos = (
+                [Arm(ocr, max_stall=bound)]
+                if ocr == "none"
+                else [Arm(ocr, w, t, n if w else 0, bound) for w in ints(workers) for t in ints(threads) for n in ints(nice)]
+            )
+            arms += [arm for i, arm in enumerate(combos) if arm not in arms and arm not in combos[:i]]
     return arms
 
 
@@ -308,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-chunk-tokens", type=int, default=None, help="the batched prefill's tokens per forward")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens a scheduler turn's forwards carry, decode first")
     ap.add_argument("--setup-workers", type=int, default=None, help="the scheduler's set-up threads [default: the scheduler's]")
+    ap.add_argument(
+        "--max-stall",
+        default="none",
+        help="the scheduler's stall bound (a turn's set-up calls and prompt pieces cost at most this times its step), "
+        "comma-separated; none is off; each is an arm [default: %(default)s]",
+    )
     ap.add_argument(
         "--ocr",
         default="none",
@@ -343,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..frontend.options import load_pipeline
     from .pairs import bench_cases
 
-    arms = arms_of(args.ocr, args.ocr_workers, args.ocr_threads, args.ocr_nice)
+    arms = arms_of(args.ocr, args.ocr_workers, args.ocr_threads, args.ocr_nice, args.max_stall)
     drafter_dir, verifier_dir = build_tiny_checkpoints(args.dir)
     # one pipeline per arm (their caption caches apart): the same images in every arm of a repetition
     pipes = [load_pipeline(drafter=str(drafter_dir), verifier=str(verifier_dir), ocr_engine=arm.engine()) for arm in arms]
@@ -371,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                         prefill_chunk_tokens=args.prefill_chunk_tokens,
                         token_budget=args.token_budget,
                         setup_workers=args.setup_workers,
+                        max_stall=arm.max_stall,
                     )
                 runs[arm].append(r)
                 shown = {
@@ -400,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"  stall_all (longest gap during set-up / the step with every row decoding): {_summary(counted, 'stall_all')}")
         print(f"  stall (longest gap during set-up / the row's step alone): {_summary(counted, 'stall')}")
+        print(f"  stall_all in the loop thread's CPU time: {_summary(counted, 'stall_all_cpu')}")
         print(f"  the live row's mean step during set-up / after: {_summary(counted, 'setup_vs_after')}")
         print(
             f"  the live row's gaps during set-up, ms: longest {_median_of(counted, 'longest_gap_s', 1e3)}, p99 "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
 from .request_state import RequestKind, RequestState, RequestTable
 from .setup_pool import setting_up
+from .turn_costs import CostMeter
 
 if TYPE_CHECKING:
     from collections import deque
@@ -38,6 +40,7 @@ class LoopCalls:
     _ready: deque
     _closing: bool
     _finished: Callable[[], bool]
+    _costs: CostMeter
 
     @property
     def takes_calls(self) -> bool:
@@ -64,18 +67,24 @@ class LoopCalls:
                 return fn()
         return future.result()
 
-    def _run_jobs(self) -> None:
-        """The set-up model calls waiting, each under the models' lock; a failing one fails its caller alone."""
-        while True:
+    def _run_jobs(self, limit: int | None = None) -> int:
+        """The set-up model calls waiting (at most ``limit``; ``None``: all, those that come meanwhile too), each under
+        the models' lock and timed for the policy's costs; a failing one fails its caller alone. Returns how many ran."""
+        ran = 0
+        while limit is None or ran < limit:
             with self._cond:
                 if not self._jobs:
-                    return
+                    return ran
                 fn, future = self._jobs.popleft()
+            ran += 1
+            t0 = time.perf_counter()
             try:
                 with self.pipe.models_lock:
                     future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - the caller's error, whatever it is (it must not wait forever)
                 future.set_exception(exc)
+            self._costs.job(time.perf_counter() - t0)
+        return ran
 
     def decode_row(self, request: TokenRequest) -> TokenResult:
         """Decode ``request`` (a caption) as a row of the batch, ahead of the requests waiting to join; returns its

@@ -23,6 +23,15 @@ The rules (one turn):
    left gets at most ``prefill_chunk_tokens`` and its equal share, rows first come first served. The pieces ride in
    the first forward the step makes on that storage (one forward of them alone where the step makes none).
 5. **Step** the running rows; those whose prompts are all in after the chunks join and decode from the next step.
+6. **Stall bound** (``max_stall``, off by default): a turn's work beside its step costs at most ``max_stall - 1``
+   times the step the decoding rows make now, by the loop's measured :class:`TurnCosts` (Sarathi-Serve's stall-free
+   batching, its token budget derived from a time-between-tokens target): the set-up model calls waiting (the vision
+   tower's passes) first, at least one a turn so that none starves; then the prompt tokens, at least
+   :data:`MIN_PREFILL_TOKENS`, never more than the token budget leaves. Steps are measured by their decode tokens;
+   a turn whose step is not measured yet carries no prompt pieces (it measures the step: one call at most), unless
+   the turn before held its pieces too (then the nearest smaller step measured stands in, so that prompts move at
+   least every other turn). Until measured, one call runs a turn and a prompt token is taken to cost what a decode
+   token does. A turn with no row decoding stalls nobody: it is not bounded.
 """
 
 from __future__ import annotations
@@ -70,9 +79,33 @@ class RowInfo:
 
 
 @dataclass(frozen=True)
+class TurnCosts:
+    """Seconds the engine loop measured (moving averages; ``None``: not measured yet): ``steps``, a decode step by its
+    decode tokens; ``token_s``, one prompt token the turn's forwards carry beside the step; ``job_s``, one set-up model
+    call (a vision tower pass). ``may_hold``: the last turn did not hold its prompt pieces back (this one may, to
+    measure a step)."""
+
+    steps: Mapping[int, float] = field(default_factory=dict)
+    token_s: float | None = None
+    job_s: float | None = None
+    may_hold: bool = True
+
+    def step_s(self, decode_tokens: int) -> float | None:
+        """The step of ``decode_tokens`` decode tokens: measured, or ``None`` (hold the pieces and measure it) where
+        the turn may hold, else the nearest smaller step measured (the smallest, where none is smaller)."""
+        if decode_tokens in self.steps:
+            return self.steps[decode_tokens]
+        if self.may_hold or not self.steps:
+            return None
+        below = [d for d in self.steps if d <= decode_tokens]
+        return self.steps[max(below) if below else min(self.steps)]
+
+
+@dataclass(frozen=True)
 class TurnView:
     """A snapshot of the engine for one turn: its requests (see :class:`RowInfo`) and limits. ``kv_need`` is required
-    when ``max_kv_bytes`` is set."""
+    when ``max_kv_bytes`` is set. ``jobs``: set-up model calls waiting for the loop; ``max_stall`` and ``costs``: rule
+    6 (``None``: every waiting call runs and the token budget alone bounds the prompts)."""
 
     rows: tuple[RowInfo, ...]
     max_batch_size: int
@@ -80,6 +113,9 @@ class TurnView:
     prefill_chunk_tokens: int = 512
     max_kv_bytes: int | None = None
     kv_need: KVMeter | None = None
+    jobs: int = 0
+    max_stall: float | None = None
+    costs: TurnCosts = TurnCosts()
 
     def need(self, members: Iterable[int]) -> int:
         assert self.kv_need is not None, "a KV budget needs a meter"
@@ -94,7 +130,8 @@ class TurnPlan:
     ``(rid, tokens)`` pieces, within ``prefill_budget`` tokens) riding in ``step``'s forwards (the rows that decode),
     and ``joins`` (their prompts all in after the chunks: they decode from the next step on; a storage that cannot
     carry pieces in its forwards prefills them in a staging forward first, and its rows step at once).
-    ``kv_need``: the meter's bytes for the rows holding KV after the plan (``None`` without a budget)."""
+    ``kv_need``: the meter's bytes for the rows holding KV after the plan (``None`` without a budget). ``jobs``: how
+    many of the waiting set-up model calls the turn runs (``None``: all, as they come)."""
 
     resume: tuple[int, ...] = ()
     admit: tuple[int, ...] = ()
@@ -106,6 +143,7 @@ class TurnPlan:
     joins: tuple[int, ...] = ()
     step: tuple[int, ...] = ()
     kv_need: int | None = None
+    jobs: int | None = None
 
     def tokens(self) -> int:
         """Prompt tokens the chunks carry, all streams together."""
@@ -143,6 +181,27 @@ def prefill_budget(token_budget: int, decode_tokens: int) -> int:
     return max(MIN_PREFILL_TOKENS, token_budget - decode_tokens)
 
 
+def stall_bounded(max_stall: float, costs: TurnCosts, jobs: int, tokens: int, decode_tokens: int) -> tuple[int, int]:
+    """Rule 6: ``(calls, prompt tokens)`` a turn takes on beside a step of ``decode_tokens`` so that it costs at most
+    ``max_stall`` times the step (:meth:`TurnCosts.step_s`): of the ``jobs`` waiting calls as many as fit, at least
+    one (one until a call is measured); then of the ``tokens`` the token budget allows as many as the rest of the time
+    fits at ``costs.token_s`` each (a decode token's share of the step until measured), at least
+    :data:`MIN_PREFILL_TOKENS`. A step to measure: one call at most and no prompt tokens."""
+    step_s = costs.step_s(decode_tokens)
+    if step_s is None:
+        return min(jobs, 1), 0
+    spare = max(0.0, max_stall - 1.0) * step_s
+    if jobs and costs.job_s is None:
+        jobs = 1  # one call measures what a call costs
+    elif jobs and costs.job_s is not None:
+        jobs = max(1, min(jobs, int(spare / costs.job_s + 1e-9)))  # 1e-9: what float division loses
+        spare -= jobs * costs.job_s
+    token_s = costs.token_s if costs.token_s is not None else step_s / max(1, decode_tokens)
+    if token_s > 0:
+        tokens = min(tokens, max(MIN_PREFILL_TOKENS, int(max(0.0, spare) / token_s + 1e-9)))
+    return jobs, tokens
+
+
 def schedule(view: TurnView) -> TurnPlan:
     """Decide one turn from ``view`` (see the module docstring); pure: ``view`` is not changed."""
     by_id = {r.rid: r for r in view.rows}
@@ -157,8 +216,13 @@ def schedule(view: TurnView) -> TurnPlan:
     arriving = [rid for rid in members if rid not in running_now]
     stepping = [rid for rid in members if rid in running_now]
     left = [(rid, by_id[rid].prompt_left) for rid in arriving]
-    tokens = prefill_budget(view.token_budget, sum(by_id[rid].step_tokens for rid in stepping)) if arriving else 0
-    chunks = prompt_chunks(left, tokens, view.prefill_chunk_tokens) if arriving else {}
+    decode = sum(by_id[rid].step_tokens for rid in stepping)
+    tokens = prefill_budget(view.token_budget, decode) if arriving else 0
+    jobs: int | None = None
+    if view.max_stall is not None and stepping:  # no row decoding: nobody waits on the turn
+        jobs, tokens = stall_bounded(view.max_stall, view.costs, view.jobs, tokens, decode)
+        tokens = tokens if arriving else 0
+    chunks = prompt_chunks(left, tokens, view.prefill_chunk_tokens) if arriving and tokens else {}  # 0: held (rule 6)
     taken = {(rid, name): n for name, pieces in chunks.items() for rid, n in pieces}
     joins = [rid for rid, per_stream in left if all(n <= taken.get((rid, name), 0) for name, n in per_stream.items())]
     return TurnPlan(
@@ -172,6 +236,7 @@ def schedule(view: TurnView) -> TurnPlan:
         joins=tuple(joins),
         step=tuple(stepping),
         kv_need=view.need(members) if view.max_kv_bytes is not None else None,
+        jobs=jobs,
     )
 
 

@@ -59,6 +59,7 @@ from .policy import (
 from .prefill import DEFAULT_CHUNK_TOKENS, Rides
 from .request_state import RequestState, RequestStatus, RequestTable
 from .setup_pool import DEFAULT_SETUP_WORKERS, SetupPool, cancelled_error
+from .turn_costs import CostMeter
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_PREFILL_TOKENS", "Scheduler"]
 
@@ -82,6 +83,7 @@ class Scheduler(LoopCalls, SetupPool):
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         on_step: Callable[[int, int, float], None] | None = None,
         setup_workers: int = DEFAULT_SETUP_WORKERS,
+        max_stall: float | None = None,
     ):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
@@ -100,6 +102,10 @@ class Scheduler(LoopCalls, SetupPool):
         self.token_budget = token_budget
         if isinstance(setup_workers, bool) or not isinstance(setup_workers, int) or setup_workers < 1:
             raise UnknownOptionError(f"setup_workers={setup_workers!r} must be an integer >= 1 (requests set up at once)")
+        if max_stall is not None and (isinstance(max_stall, bool) or not isinstance(max_stall, (int, float)) or not max_stall >= 1):
+            raise UnknownOptionError(f"max_stall={max_stall!r} must be a number >= 1 (a turn's cost over its step's) or None")
+        self.max_stall = max_stall  # the policy's rule 6: a turn's set-up calls and prompt pieces within it
+        self._costs = CostMeter()  # what the loop's work costs, measured (read by the stall bound)
         self.on_step = on_step
         #: why the worker stopped (a :class:`SchedulerStoppedError`), or ``None`` while it runs
         self.error: SchedulerStoppedError | None = None
@@ -219,15 +225,24 @@ class Scheduler(LoopCalls, SetupPool):
                         self.wakeups["decode"] += 1
                     if self._finished() or self.error is not None:
                         return
-                self._run_jobs()
+                bounded = self.max_stall is not None  # the plan says how many set-up calls run (rule 6)
+                if not bounded:
+                    self._run_jobs()
                 self._retire_cancelled()
                 plan = schedule(self._view())
+                ran = self._run_jobs(plan.jobs) if bounded else 0
                 admitted(self._table, plan, self._admit(plan) + self._make_room(plan))
                 self._decoder.reset_peaks()
+                t0 = time.perf_counter()
                 outcome, rides = self._prefill(plan)
+                prefill_s = time.perf_counter() - t0
                 prefilled(self._table, plan, outcome)
-                self._run_jobs()  # a set-up waiting on the tower goes on before the step, not a turn later
+                # a set-up waiting on the tower goes on before the step, not a turn later
+                self._run_jobs(None if plan.jobs is None else max(0, plan.jobs - ran))
+                decode, t0 = self._decoder.step_tokens() if self._decoder.rows else 0, time.perf_counter()
                 prefilled(self._table, plan, self._step_one(rides))
+                held = plan.jobs is not None and plan.prefill_budget == 0 and bool(self._decoder.arriving)
+                self._costs.turn(prefill_s + time.perf_counter() - t0, plan.tokens(), decode, held)
                 self.peak_kv_bytes = max(self.peak_kv_bytes, self._decoder.peak())
                 self.kv_bytes, self.live_tokens = self._decoder.allocated(), self._decoder.held_tokens()
                 # no wake-up here: a set-up thread waits for room in the ready line, which only admission
@@ -293,7 +308,19 @@ class Scheduler(LoopCalls, SetupPool):
             rows.append(RowInfo(state.rid, RequestStatus.READY, state.priority, left, step, state.alone_kv))
             joining[state.rid] = session
         meter = functools.partial(d.step_need, joining=joining) if self.max_kv_bytes is not None else None
-        return TurnView(tuple(rows), self.max_batch_size, self.token_budget, self.prefill_chunk_tokens, self.max_kv_bytes, meter)
+        with self._cond:
+            jobs = len(self._jobs)
+        return TurnView(
+            tuple(rows),
+            self.max_batch_size,
+            self.token_budget,
+            self.prefill_chunk_tokens,
+            self.max_kv_bytes,
+            meter,
+            jobs,
+            self.max_stall,
+            self._costs.costs(),
+        )
 
     def _admit(self, plan: TurnPlan) -> list[int]:
         """The plan's preempted rows come back (their prompts to the batched prefill), requests that can never fit
@@ -373,6 +400,8 @@ class Scheduler(LoopCalls, SetupPool):
         decoder = self._decoder
         if not decoder.arriving:
             return TurnOutcome(joined=(), computed={}), {}
+        if plan.jobs is not None and not plan.prefill_budget:  # the stall bound holds the pieces: the turn measures its step
+            return self._joined(), {}
         budget = plan.prefill_budget or prefill_budget(self.token_budget, decoder.step_tokens())
         rides: Rides = {}
         try:
