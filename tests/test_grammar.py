@@ -119,6 +119,10 @@ def test_what_the_grammar_engine_cannot_take_is_refused(tiny_pipe):
         tiny_pipe.chat(_messages(0), caption="c", ocr=False, tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}})
     with pytest.raises(ToolError, match="no tools are offered"):
         tiny_pipe.chat(_messages(0), caption="c", ocr=False, tool_choice="required")
+    with tiny_pipe.scheduler(max_batch_size=1) as sched:  # at submission, not at result(): nothing queues
+        with pytest.raises(ToolError, match="cannot be compiled"):
+            sched.submit_chat(_messages(0), caption="c", ocr=False, response_format=bad, config=CFG)
+        assert sched.waiting == 0 and sched.steps == 0
 
 
 @pytest.mark.parametrize(

@@ -191,3 +191,49 @@ def test_a_served_streams_prefill_in_a_schedulers_set_up_runs_in_the_loop(tiny_p
     assert seen == {DECODE_THREAD}, seen
     assert "verifier" in session.streams and not session.to_prefill  # prefilled in set-up, not by the batched prefill
     assert session.streams["verifier"].length == session.prompts.verifier_ids.shape[1] - 1
+
+
+def test_a_call_from_another_thread_during_generate_batch_joins_its_loop(tiny_pipe, no_other_loop):
+    """``generate_batch`` registers its scheduler while it runs: ``pipe.generate`` from a second thread, made while
+    the batch decodes, is a row of that loop (the models' lock taken by the decode thread alone, every forward on
+    it, a step shared with the batch's rows) and gives the tokens it gives alone. Before, it decoded on the caller's
+    thread beside the batch, taking turns with it under the lock."""
+    from asymspec_mm.request.request import request_of
+
+    cases = [make_case(5400 + i) for i in range(4)]
+    cfg = AsymSpecConfig(k=2, max_new_tokens=24)
+    batch = [request_of(cfg, image=c["image"], question=c["question"], caption=c["caption"], ocr=False, ignore_eos=True) for c in cases[:3]]
+    side = cases[3]
+    kw = dict(caption=side["caption"], ocr=False, config=cfg.with_(max_new_tokens=8), ignore_eos=True)
+    with tiny_pipe.prefix_kv.paused():
+        alone = tiny_pipe.generate(side["image"], side["question"], **kw)
+    got: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            got["side"] = tiny_pipe.generate(side["image"], side["question"], **kw)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    caller = threading.Thread(target=ask, name="caller")
+
+    def on_step(rows: int, calls: int, seconds: float) -> None:
+        if not caller.is_alive() and caller.ident is None:  # the batch decodes: the second caller comes now
+            caller.start()
+
+    seen, hooks = _watch(tiny_pipe)
+    try:
+        with tiny_pipe.prefix_kv.paused(), tiny_pipe.models_lock.recording() as takers:
+            results = tiny_pipe.generate_batch(batch, batch_size=2, on_step=on_step)
+            caller.join(120)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert not errors, errors
+    assert len(results) == 3 and caller.ident is not None
+    assert takers == {DECODE_THREAD}, takers  # the caller's thread never took the lock
+    assert seen == {DECODE_THREAD}, seen
+    res = got["side"]
+    assert res.token_ids == alone.token_ids and [ev.token_id for ev in res.trace] == [ev.token_id for ev in alone.trace]
+    assert res.stats["batch_size"] >= 2  # it shared steps with the batch's rows

@@ -52,6 +52,8 @@ def test_the_tools_run_and_refuse_bad_calls():
         ("multiply", {"a": 1, "b": 2}, "unknown tool"),
         ("add", {"a": 1}, "two integers"),
         ("add", {"a": 1.5, "b": 2}, "two integers"),
+        ("add", "[1, 2]", "two integers"),  # a call's arguments may be any JSON: a list is refused, not a TypeError
+        ("subtract", "null", "two integers"),
     ):
         with pytest.raises(AgentToolError, match=words):
             run_tool(name, args)

@@ -132,6 +132,61 @@ def test_a_forced_call_its_output_and_the_final_message(client, tiny_pipe):
     assert final.usage.input_tokens == chat.usage.prompt_tokens
 
 
+#: Tools whose arguments are not an object (a list, a number, null); each forced call ends in a few tokens.
+NOT_OBJECTS = {
+    "pick_bars": {"type": "array", "items": {"enum": ["left", "right"]}, "minItems": 1, "maxItems": 2},
+    "scale": {"enum": [2, 0.5]},
+    "reset": {"type": "null"},
+}
+
+
+def test_arguments_that_are_a_list_a_number_or_null_are_the_json_the_model_wrote(client, tiny_pipe):
+    """A forced call to a tool whose parameters are not an object: chat completions and the Responses API carry its
+    arguments as the JSON text the model wrote (``pipe.chat``'s answer holds ``"arguments": <it>``; they read as
+    no call before), and the call sent back (chat messages; a stored response named by previous_response_id)
+    is taken."""
+    jsonschema = pytest.importorskip("jsonschema")
+    task = user_input("Which bars?")
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Which bars?"},
+                {"type": "image_url", "image_url": {"url": task[0]["content"][1]["image_url"]}},
+            ],
+        }
+    ]
+    image = [{"role": "user", "content": ["Which bars?", {"type": "image", "image": make_image(71)}]}]
+    for name, schema in NOT_OBJECTS.items():
+        tool = {"type": "function", "function": {"name": name, "parameters": schema}}
+        named = {"type": "function", "function": {"name": name}}
+        want = tiny_pipe.chat(image, tools=[tool], tool_choice=named, config=AsymSpecConfig(max_new_tokens=120), **VIEW)
+        chat = client.chat.completions.create(
+            model="tiny", messages=messages, tools=[tool], tool_choice=named, max_tokens=120, extra_body=EXTRA
+        )
+        (call,) = chat.choices[0].message.tool_calls
+        args = call.function.arguments
+        assert (call.function.name, chat.choices[0].finish_reason) == (name, "tool_calls") and f'"arguments": {args}}}' in want.text
+        jsonschema.validate(json.loads(args), schema)
+        again = [
+            *messages,
+            chat.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "7"},
+        ]
+        assert client.chat.completions.create(model="tiny", messages=again, max_tokens=2, extra_body=EXTRA).usage.completion_tokens >= 1
+        first = create(
+            client,
+            input=task,
+            tools=[{"type": "function", "name": name, "parameters": schema}],
+            tool_choice={"type": "function", "name": name},
+            max_output_tokens=120,
+        )
+        (item,) = [it for it in first.output if it.type == "function_call"]
+        assert item.arguments == args
+        output = [{"type": "function_call_output", "call_id": item.call_id, "output": "7"}]
+        assert create(client, previous_response_id=first.id, input=output, max_output_tokens=2).status in ("completed", "incomplete")
+
+
 def test_text_format_json_schema_constrains_the_answer(client):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {

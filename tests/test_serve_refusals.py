@@ -152,14 +152,14 @@ REFUSALS = {
         "invalid_json_schema",
         "tools[0].parameters: the JSON schema cannot be compiled",
     ),
-    "tool_call_arguments_not_an_object": (
+    "tool_call_arguments_not_json": (
         chat(
             messages=[
                 *user("What is the largest value?", chart_url()),
                 {
                     "role": "assistant",
                     "content": None,
-                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "[1, 2]"}}],
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{1: 2}"}}],
                 },
                 {"role": "tool", "tool_call_id": "c1", "content": "3"},
             ]
@@ -167,7 +167,7 @@ REFUSALS = {
         400,
         "messages[1].tool_calls[0].function.arguments",
         "invalid_value",
-        "messages[1].tool_calls[0].function.arguments must be a JSON object",
+        "messages[1].tool_calls[0].function.arguments is not valid JSON (Expecting property name enclosed in double quotes)",
     ),
     "context_overflow": (chat(max_tokens=100000), 400, "max_tokens", "context_length_exceeded", "context window is 4096"),
     "image_over_the_limit": (
@@ -234,8 +234,9 @@ def test_each_refusal_names_the_field_as_the_client_spelled_it(client, name):
 
 # ---------------------------------------------------------------------------------------------- metrics
 def test_refused_requests_are_not_server_errors_in_the_metrics(client, server, shipped_tiny):
-    """A 400 found at set-up (a prompt over the context window, a schema xgrammar cannot compile) is ``refused``,
-    never ``error``; a finished answer is ``ok`` and counted by vLLM's ``finished_reason``."""
+    """A 400 found at set-up (a prompt over the context window) is ``refused``, never ``error``; a schema xgrammar
+    cannot compile is refused before the scheduler takes the request (a refused 400 that no request outcome counts);
+    a finished answer is ``ok`` and counted by vLLM's ``finished_reason``."""
     before = metrics(server)
     for name in ("context_overflow", "uncompilable_json_schema", "uncompilable_tool_parameters"):
         with pytest.raises(openai.BadRequestError):
@@ -244,7 +245,7 @@ def test_refused_requests_are_not_server_errors_in_the_metrics(client, server, s
     after = metrics(server)
     delta = lambda key: after.get(key, 0.0) - before.get(key, 0.0)  # noqa: E731
     outcome = lambda o: delta(f'asymspec_requests_total{{outcome="{o}"}}')  # noqa: E731
-    assert (outcome("ok"), outcome("refused"), outcome("error"), outcome("cancelled")) == (1, 3, 0, 0)
+    assert (outcome("ok"), outcome("refused"), outcome("error"), outcome("cancelled")) == (1, 1, 0, 0)
     assert delta('asymspec_refused_requests_total{status="400"}') == 3
     reason = {"length": "length", "stop": "stop", "tool_calls": "stop"}[answer.choices[0].finish_reason]
     vllm = {
@@ -252,6 +253,28 @@ def test_refused_requests_are_not_server_errors_in_the_metrics(client, server, s
     }
     assert vllm == {"stop": 0, "length": 0, "abort": 0, "error": 0, reason: 1}
     assert after["asymspec_requests_in_flight"] == 0
+
+
+#: The refusals the set-up used to find after the request had queued (and its image had been captioned).
+BEFORE_THE_QUEUE = sorted(name for name in REFUSALS if "uncompilable" in name)
+
+
+def test_what_the_set_up_would_refuse_is_refused_before_the_request_queues(client, server):
+    """A forced tool call or a response format whose grammar cannot be built is a 400 at submission: the scheduler
+    never takes the request (no request outcome moves, nothing is added to it), so a client gets the 400 at once
+    rather than after waiting its turn and the captioning of its image; the refusal reads as the table says."""
+    sched = server.state.scheduler
+    before, steps = metrics(server), sched.steps
+    for name in BEFORE_THE_QUEUE:
+        call, status, param, code, fragment = REFUSALS[name]
+        with pytest.raises(openai.BadRequestError) as info:
+            call(client)
+        assert (info.value.body["param"], info.value.body["code"]) == (param, code) and fragment in info.value.body["message"]
+    after = metrics(server)
+    delta = lambda key: after.get(key, 0.0) - before.get(key, 0.0)  # noqa: E731
+    assert len(BEFORE_THE_QUEUE) == 7 and delta('asymspec_refused_requests_total{status="400"}') == len(BEFORE_THE_QUEUE)
+    assert [delta(f'asymspec_requests_total{{outcome="{o}"}}') for o in ("ok", "refused", "error", "cancelled")] == [0, 0, 0, 0]
+    assert sched.steps == steps and after["asymspec_requests_in_flight"] == 0
 
 
 def test_a_request_failed_by_the_server_is_an_error_and_a_cancelled_one_an_abort():

@@ -12,8 +12,8 @@ from conftest import ADD_TOOL as ADD
 from conftest import make_image
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.request.conversation import ConversationError, parse_messages, view_messages, view_texts
-from asymspec_mm.request.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls
+from asymspec_mm.request.conversation import ConversationError, parse_messages, tool_call, view_messages, view_texts
+from asymspec_mm.request.tools import ToolCallStream, ToolError, call_id, check_tool_choice, check_tools, parse_tool_calls, tool_call_spans
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 VIEW_1, VIEW_2 = "Image description: a bar chart", "Image description: the tool's plot"
@@ -62,7 +62,7 @@ def test_hand_written_answers_parse():
     for bad, why in (
         ('<tool_call>\n{"name": "add", "arguments": {"a": 2,}}\n</tool_call>', "does not hold"),
         ('<tool_call>\n{"name": "add", "arguments": {"a": 2}}', "not closed"),
-        ('<tool_call>\n{"name": "add", "arguments": [1]}\n</tool_call>', "does not hold"),
+        ('<tool_call>\n{"name": "add"}\n</tool_call>', "does not hold"),
     ):
         parsed = parse_tool_calls(bad)
         assert parsed.content == bad and parsed.tool_calls == [] and why in parsed.problem
@@ -71,6 +71,46 @@ def test_hand_written_answers_parse():
     after = parse_tool_calls('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call> and more')
     assert after.content is None and [c["function"]["name"] for c in after.tool_calls] == ["add"] and "left out" in after.problem
     assert parse_tool_calls("just text").content == "just text"
+
+
+#: Arguments of every JSON kind as a model writes them (a tool whose parameters schema is a list, a number, ...),
+#: and the arguments text OpenAI's shape carries: what was written, but a string holding an object (its content).
+WRITTEN_ARGUMENTS = {
+    "[1, 2]": "[1, 2]",
+    '[{"a": [true, null]}, "x"]': '[{"a": [true, null]}, "x"]',
+    "[]": "[]",
+    "-2.5e3": "-2.5e3",
+    "7": "7",
+    "null": "null",
+    "true": "true",
+    '"hello"': '"hello"',
+    '"{\\"a\\": 1}"': '{"a": 1}',
+}
+
+
+def test_arguments_of_every_json_kind_are_the_text_the_model_wrote(standin_pipe):
+    """A list, a number, ``true`` or ``null`` as ``arguments`` is a call (as vLLM's hermes parser reads it:
+    ``json.dumps`` of the value), its arguments the JSON text as written, streamed the same in any pieces, and
+    where the parser says they stand; sent back as an earlier assistant call it renders through the real template
+    (a value is written back as JSON: ``-2.5e3`` as ``-2500.0``). A block without ``arguments`` stays no call."""
+    tok = standin_pipe.verifier_tokenizer
+    for written, carried in WRITTEN_ARGUMENTS.items():
+        text = f'Calling.\n<tool_call>\n{{"name": "f", "arguments": {written}}}\n</tool_call>'
+        parsed = parse_tool_calls(text, "x")
+        assert parsed.problem is None and parsed.content == "Calling.", written
+        assert parsed.tool_calls == [{"id": call_id("x", 0), "type": "function", "function": {"name": "f", "arguments": carried}}]
+        ((a, b),) = tool_call_spans(text)
+        assert text[a:b] == written
+        stream = ToolCallStream("x")
+        deltas = [d for cut in range(1, len(text) + 1) for d in stream.push(text[:cut])] + stream.finish(text, parsed)
+        assert "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", [])) == carried
+        value = json.loads(carried)
+        back = carried if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        calls = [tool_call(c, "messages[1].tool_calls[0]") for c in parsed.tool_calls]  # as a later turn sends it back
+        messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+        rendered = tok.apply_chat_template(messages, tokenize=False)
+        assert f'<tool_call>\n{{"name": "f", "arguments": {back}}}\n</tool_call>' in rendered, (written, rendered)
+    assert parse_tool_calls('<tool_call>\n{"name": "f", "argument": [1]}\n</tool_call>').tool_calls == []
 
 
 @pytest.mark.parametrize("seed", range(6))

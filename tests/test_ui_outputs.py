@@ -196,6 +196,44 @@ def test_streamed_plain_answer_never_shows_special_tokens(shipped_pipe, example_
     assert plain_text(ref.trace, shipped_pipe.tokenizer.all_special_ids) == ref.text
 
 
+def test_the_trace_files_are_the_apps_and_go_when_it_closes(shipped_pipe, example_runs):
+    """Each finished run's downloads are written into one ``asymspec_trace_*`` temporary folder of the app, which
+    ``close()`` removes with every file in it (before, every run left a folder of its own in the temp directory)."""
+    from ui.jobs import DemoApp
+
+    ex, _ = example_runs
+    state = DemoApp(shipped_pipe, stream_interval=0.0)
+    try:
+        outs = [outputs_as_dict(list(state.run(*demo_args(ex, "floor", False, 2), session=f"files-{i}"))[-1]) for i in range(2)]
+        files = [Path(o[k]) for o in outs for k in ("trace_json", "trace_csv")]
+        (root,) = {f.parents[1] for f in files}
+        assert root.name.startswith("asymspec_trace_") and all(f.is_file() for f in files) and len(set(files)) == 4
+        assert json.loads(files[2].read_text(encoding="utf-8"))["methods"]["floor"]["text"] == outs[1]["answer_text"]
+    finally:
+        state.close()
+    assert not root.exists()
+
+
+def test_trace_folders_keep_the_last_runs_and_remove_the_rest():
+    """The last ``keep`` runs' folders stay (Gradio has copied older ones into its cache), ``close()`` removes them
+    all, a later write starts a new folder, and a folder its owner never closed goes with the owner."""
+    import gc
+
+    from ui.trace_files import TraceFolders
+
+    folders = TraceFolders(keep=2)
+    written = [Path(folders.write({}, question=str(i))[0]) for i in range(3)]
+    assert [p.is_file() for p in written] == [False, True, True] and json.loads(written[2].read_text(encoding="utf-8"))["question"] == "2"
+    root = folders.root
+    folders.close()
+    assert not root.exists() and folders.root is None
+    again = Path(folders.write({})[1])
+    assert again.is_file() and again.parents[1] != root
+    del folders
+    gc.collect()
+    assert not again.parents[1].exists()
+
+
 def test_method_floor_shows_floor_once_and_no_empty_chart(shipped_pipe, example_runs):
     from ui.jobs import DemoApp
 

@@ -20,7 +20,7 @@ from test_ui import RUN_DEFAULTS, demo_args, run_args  # noqa: E402
 from asymspec_mm.decode import TokenEvent  # noqa: E402
 from ui.app import RUN_OUTPUTS, DemoInputError, outputs_as_dict  # noqa: E402
 from ui.outputs import NO_TOOLS, TOOLS_OFF, TOOLS_PENDING  # noqa: E402
-from ui.tool_calls import NO_CALL_TEXT, argument_spans, render_tool_calls_html, token_offsets  # noqa: E402
+from ui.tool_calls import ARGUMENTS_KEY, NO_CALL_TEXT, argument_spans, render_tool_calls_html, token_offsets  # noqa: E402
 from ui.tool_inputs import EXAMPLE_TOOLS, MAX_TOOLS_CHARS, check_tool_inputs, example_tools_text, tool_choice_info  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")  # inside gradio
@@ -210,6 +210,21 @@ def test_offsets_follow_the_tokenizers_text_across_split_characters():
     assert json.loads(city["attrs"]["data-value"]) == "Zürich" and [t["text"] for t in city["tokens"]] == ['"Z', 'ürich"']
     assert json.loads(n["attrs"]["data-value"]) == [1, 2] and [t["text"] for t in n["tokens"]] == ["[1, ", "2]"]
     assert [t["attrs"]["data-source"] for t in n["tokens"]] == ["fused", "accepted"]
+
+
+def test_arguments_that_are_one_value_are_one_row_of_their_tokens():
+    """A call whose arguments are a list (a tool whose parameters are an array) shows them as one row, the value
+    drawn as the tokens that wrote it (before, such a block read as no call)."""
+    trace = call_trace(
+        [
+            ("<tool_call>\n", "accepted", False),
+            ('{"name": "pick", "arguments": [1, ', "fused", True),
+            ("2]}\n</tool_call>", "accepted", False),
+        ]
+    )
+    ((row,),) = [c["args"] for c in read_panel(render_tool_calls_html(trace)).calls]
+    assert row["attrs"]["data-arg"] == ARGUMENTS_KEY and json.loads(row["attrs"]["data-value"]) == [1, 2]
+    assert [t["text"] for t in row["tokens"]] == ["[1, ", "2]"] and row["attrs"]["data-steered"] == "1"
 
 
 def test_no_call_and_unreadable_calls_say_so():

@@ -130,6 +130,7 @@ class DemoApp(ViewFields):
             job.stop()
         if sched is not None and own:
             sched.close(timeout)
+        self.outputs.close()  # the runs' trace files
 
     def forget(self, session: str | None) -> None:
         """The session's page went away: stop its job, drop its conversation."""

@@ -26,7 +26,7 @@ from .render import (
 from .runs import _Job, _Snapshot
 from .sampling_inputs import sampling_note
 from .tool_calls import render_tool_calls_html
-from .trace_files import write_trace_files
+from .trace_files import TraceFolders
 
 __all__ = ["IDLE_STATUS", "RUN_OUTPUTS", "STREAMED", "RunOutputs", "done_summary", "outputs_as_dict"]
 
@@ -90,6 +90,11 @@ class RunOutputs:
         self.tok = tokenizer
         self.special_ids = special_ids(tokenizer)
         self.conversations = conversations if conversations is not None else Conversations()
+        self.trace_folders = TraceFolders()  # the download files' folder, removed by close()
+
+    def close(self) -> None:
+        """Remove the runs' trace files (a later run writes new ones)."""
+        self.trace_folders.close()
 
     def conversation(self, job: _Job) -> str:
         """The job's session's conversation as it stands (the turns this run follows, or all of them once it recorded
@@ -267,7 +272,7 @@ class RunOutputs:
                 *(self.conversation(job), self.tool_calls(job, snap)),
             )
         results = {job.methods[k]: snap.results[k] for k in job.keys if k in snap.results}
-        json_path, csv_path = write_trace_files(results, self.tok, question=req.question, settings=req.overrides)
+        json_path, csv_path = self.trace_folders.write(results, self.tok, question=req.question, settings=req.overrides)
         payload = {"main": main.as_dict()}
         for m in ("floor", "drafter"):
             if m in snap.results:

@@ -20,12 +20,23 @@ from asymspec_mm.request.tools import parse_tool_calls, tool_call_spans
 
 from .render import SOURCES, _Decoder, _get, esc, plural, render_token
 
-__all__ = ["NO_CALL_TEXT", "Argument", "answer_text", "argument_spans", "render_tool_calls_html", "token_offsets", "tool_call_arguments"]
+__all__ = [
+    "ARGUMENTS_KEY",
+    "NO_CALL_TEXT",
+    "Argument",
+    "answer_text",
+    "argument_spans",
+    "render_tool_calls_html",
+    "token_offsets",
+    "tool_call_arguments",
+]
 
 #: The panel's text when the answer calls no tool.
 NO_CALL_TEXT = "No tool call in this answer."
 PANEL_TITLE = "Tool calls"
 PANEL_SUB = "each argument's value as the tokens that wrote it"
+#: The row of arguments that are one value rather than an object's members (``[1, 2]``, ``3``, ``null``).
+ARGUMENTS_KEY = "(arguments)"
 #: A character range of the answer's text, end exclusive.
 Span = tuple[int, int]
 
@@ -116,16 +127,19 @@ def tool_call_arguments(text: str, spans: Sequence[Span], calls: Sequence[dict[s
     """Per call (OpenAI-shaped, as parsed from ``text``), its arguments with the tokens that produced each value; a
     token that straddles two values belongs to the first one it overlaps. Where each call's arguments are written is
     the parser's to say (:func:`~asymspec_mm.request.tools.tool_call_spans`: a close tag inside a string does not end
-    a block); arguments written as a JSON string are produced, every value, by the tokens of that string. ``finished``:
+    a block); arguments written as a JSON string are produced, every value, by the tokens of that string; arguments
+    that are one value (a list, a number, ...) are one row, :data:`ARGUMENTS_KEY`. ``finished``:
     as :func:`~asymspec_mm.request.tools.parse_tool_calls` read the calls."""
     shown: set[int] = set()
     out = []
     for call, (start, end) in zip(calls, tool_call_spans(text, finished=finished)):
-        written = text[start:end]
+        written, carried = text[start:end], call["function"]["arguments"]
         if written.startswith("{"):
             members = [(key, value, (start + a, start + b)) for key, value, (a, b) in argument_spans(written)]
-        else:
-            members = [(key, value, (start, end)) for key, value, _ in argument_spans(call["function"]["arguments"])]
+        elif carried.startswith("{"):  # a string holding an object: every value by the string's tokens
+            members = [(key, value, (start, end)) for key, value, _ in argument_spans(carried)]
+        else:  # a list, a number, true / false, null or a plain string: the arguments are one value
+            members = [(ARGUMENTS_KEY, json.loads(carried), (start, end))]
         args = []
         for key, value, span in members:
             tokens = tuple(i for i, t in enumerate(spans) if i not in shown and _overlaps(t, span))

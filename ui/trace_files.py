@@ -9,12 +9,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import tempfile
+import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CSV_COLUMNS", "trace_csv", "trace_json", "write_trace_files"]
+__all__ = ["CSV_COLUMNS", "TraceFolders", "trace_csv", "trace_json", "write_trace_files"]
 
 #: Columns of the CSV, in order (``method`` first: one file holds every output of the run).
 CSV_COLUMNS = (
@@ -83,12 +86,53 @@ def trace_csv(results: Mapping[str, Any], tokenizer: Any = None) -> str:
 
 
 def write_trace_files(
-    results: Mapping[str, Any], tokenizer: Any = None, *, question: str = "", settings: Mapping | None = None
+    results: Mapping[str, Any], folder: str | Path, tokenizer: Any = None, *, question: str = "", settings: Mapping | None = None
 ) -> tuple[str, str]:
-    """Write ``asymspec_trace.json`` and ``asymspec_trace.csv`` to a new temporary folder; their paths.
-    (Gradio copies a returned file into its cache and serves it from there.)"""
-    folder = Path(tempfile.mkdtemp(prefix="asymspec_trace_"))
+    """Write ``asymspec_trace.json`` and ``asymspec_trace.csv`` into ``folder`` (which exists); their paths."""
+    folder = Path(folder)
     json_path, csv_path = folder / "asymspec_trace.json", folder / "asymspec_trace.csv"
     json_path.write_text(trace_json(results, tokenizer, question=question, settings=settings), encoding="utf-8")
     csv_path.write_text(trace_csv(results, tokenizer), encoding="utf-8")
     return str(json_path), str(csv_path)
+
+
+class TraceFolders:
+    """Where the runs' trace files are written: one temporary folder (``asymspec_trace_*``) that holds a folder per
+    run, the last :attr:`keep` of them kept (Gradio copies a returned file into its cache as the run's last update
+    goes out, so an older run's files are no longer read), removed by :meth:`close` and, for a process that never
+    calls it, when the process exits. A write after :meth:`close` starts a new folder."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._root: Path | None = None
+        self._runs: list[Path] = []
+        self._count = 0
+        self._cleanup: weakref.finalize | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def root(self) -> Path | None:
+        """The folder of the runs' folders (``None`` before the first write and after :meth:`close`)."""
+        return self._root
+
+    def write(self, results: Mapping[str, Any], tokenizer: Any = None, **fields: Any) -> tuple[str, str]:
+        """:func:`write_trace_files` into a new run folder (``fields``: ``question``, ``settings``); their paths."""
+        with self._lock:
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="asymspec_trace_"))
+                self._cleanup = weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
+            run = self._root / f"run{self._count}"
+            self._count += 1
+            run.mkdir()
+            self._runs.append(run)
+            old, self._runs = self._runs[: -self.keep], self._runs[-self.keep :]
+        for folder in old:
+            shutil.rmtree(folder, ignore_errors=True)
+        return write_trace_files(results, run, tokenizer, **fields)
+
+    def close(self) -> None:
+        """Remove the folder and every run's files in it."""
+        with self._lock:
+            cleanup, self._cleanup, self._root, self._runs = self._cleanup, None, None, []
+        if cleanup is not None:
+            cleanup()

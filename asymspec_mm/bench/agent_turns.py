@@ -19,14 +19,12 @@ alternating, medians of the times); ``--compressions "none;truncate,limit=40"`` 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..frontend.help import terminal_text
+from .script import add_repetition_options, script_parser, write_json
 
 TURNS = 10
 ROWS = 9  # each tool output about 250 verifier tokens of the tiny pair: ten turns fit its 4,096-token window
@@ -140,14 +138,11 @@ def format_table(summary: dict[str, list[dict]], compressions: Sequence[str]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.agent_turns", description=terminal_text(__doc__.split("\n\n")[0]))
-    ap.add_argument("--preset", default="tiny")
+    ap = script_parser("asymspec_mm.bench.agent_turns", __doc__)
     ap.add_argument("--compressions", default=";".join(DEFAULT_COMPRESSIONS), help="arms, ';' between them [default: %(default)s]")
     ap.add_argument("--turns", type=int, default=TURNS)
     ap.add_argument("--rows", type=int, default=ROWS, help="lines of each tool output [default: %(default)s]")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--json", default=None, help="write every repetition's figures here")
+    add_repetition_options(ap)
     args = ap.parse_args(argv)
     from ..pipeline.facade import AsymSpecPipeline
 
@@ -158,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_bench(pipe, compressions, reps=args.reps, **kwargs)
     summary = summarize(runs)
     print(format_table(summary, compressions))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"runs": runs, "summary": summary}, f, indent=1)
+    write_json(args.json, {"runs": runs, "summary": summary})
     return 0
 
 

@@ -13,16 +13,14 @@ answer as the template renders it, the new message and the generation prompt).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import statistics
 import time
 from typing import Any
 
 from ..engines.prefix_kv import common_prefix
-from ..frontend.help import terminal_text
 from ..request.conversation import truncate
+from .script import add_repetition_options, script_parser, write_json
 
 #: The conversation's user turns: (text parts, which of the two images they show).
 TURNS: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -145,11 +143,8 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.conversation", description=terminal_text(__doc__.split("\n\n")[0]))
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--json", default=None, help="write every repetition's figures here")
+    ap = script_parser("asymspec_mm.bench.conversation", __doc__)
+    add_repetition_options(ap)
     args = ap.parse_args(argv)
     from ..eval.minivista import make_problem
     from ..pipeline.facade import AsymSpecPipeline
@@ -164,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         reps.append(run_conversation(pipe, *views, max_new_tokens=args.max_new_tokens, scratch_first=bool(rep % 2)))
     rows = summarize(reps)
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"reps": reps, "summary": rows}, f, indent=1)
+    write_json(args.json, {"reps": reps, "summary": rows})
     return 0 if all(r["bound_ok"] for r in rows) else 1
 
 

@@ -67,8 +67,11 @@ def generate_batch(
     (as :meth:`AsymSpecPipeline.scheduler`'s, e.g. :func:`~asymspec_mm.core.static_batch_engines`). A request that fails raises its error here, the first in
     input order, once the requests before it have finished; the rest are cancelled. Each result's
     ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]`` the KV bytes it held
-    per stream when it finished.
+    per stream when it finished. While it runs, the scheduler serves the pipeline's own calls made on other threads
+    (``pipe.generate``, ``chat``, ...: rows of its batch, as under :meth:`AsymSpecPipeline.scheduler`), so no call
+    decodes beside it under the models' lock.
     """
+    from .loop_client import attach
     from .scheduler import Scheduler
 
     check_method(method)
@@ -79,6 +82,7 @@ def generate_batch(
     todo = [as_request(r, i, method, cfg) for i, r in enumerate(requests)]
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
     sched = Scheduler(pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk)
+    attach(pipe, sched)  # until it closes, other threads' calls of this pipeline join its loop (core.loop_client)
     handles = []
     try:
         handles = [sched.add(r) for r in todo]

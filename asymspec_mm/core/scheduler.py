@@ -148,8 +148,11 @@ class Scheduler(LoopCalls, SetupPool):
         """Queue a :class:`~asymspec_mm.request.request.Request` (checked here, in the caller's thread, unless it
         already is; it reaches its row unchanged). ``request.priority``: lower is preempted last and resumed first
         (vLLM's convention); set up, requests take rows in priority, then arrival order (set-ups run side by side and may
-        end in another order). Returns its :class:`Handle`."""
-        request = request.checked()
+        end in another order). Tools the verifier cannot take and an output grammar that cannot be built raise here
+        too (:meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`), not at ``result()``. Returns its
+        :class:`Handle`."""
+        preparer = getattr(self.pipe, "preparer", None)  # a stand-in pipeline without one: checked at set-up
+        request = request.checked() if preparer is None else preparer.check_tools(request)
         with self._cond:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))

@@ -18,6 +18,7 @@ from ..base.config import AsymSpecConfig
 from ..base.errors import UnknownOptionError
 from ..frontend.variants import Variant
 from .agent_loop import run_agent_task
+from .family_command import Tasks, run_family_command, write_report
 from .mathvista.identity import bind_identity
 from .mathvista.outputs import group_by_variant
 from .mathvista.records import RecordStore, log_failure
@@ -215,22 +216,12 @@ def agent_report(summary: Mapping[str, Mapping[str, Any]], title: str = "MiniVis
 
 def finalize_agent_run(records: Sequence[Mapping[str, Any]], out_dir: str | Path, identity: Mapping[str, Any] | None = None) -> dict:
     """Write ``summary.json`` and ``report.md`` under ``out_dir``; returns the summary."""
-    import json
-
-    out_dir = Path(out_dir)
     summary = summarize_agent(records)
-    (out_dir / "report.md").write_text(agent_report(summary), encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps({"run": identity, "variants": summary}, indent=1), encoding="utf-8")
+    write_report(out_dir, agent_report(summary), identity, "variants", summary)
     return summary
 
 
-def agent_command(
-    args: Any,
-    problems: Sequence[Mapping[str, Any]],
-    selected: Sequence[Mapping[str, Any]],
-    variants: Sequence[Variant],
-    identity_and_pipeline: Callable,
-) -> int:
+def agent_command(args: Any, problems: Tasks, selected: Tasks, variants: Sequence[Variant], identity_and_pipeline: Callable) -> int:
     """``eval mathvista --dataset minivista --families agent``: the ``selected`` tasks of ``problems`` (``--limit``,
     ``--shard``) with each variant, at most ``--max-turns`` requests each, then ``report.md`` / ``summary.json`` in
     ``--out``; 0 when done."""
@@ -238,24 +229,11 @@ def agent_command(
 
     if args.max_turns < 1:
         raise AsymSpecError(f"--max-turns {args.max_turns}: give 1 or more requests per task")
-    out_dir = Path(args.out)
-    records_path = out_dir / "records.jsonl"
-    print(f"{len(selected)} agent tasks (minivista seed {args.seed}) x {len(variants)} variants: {', '.join(v.name for v in variants)}")
-    if args.dry_run:
-        return 0
-    identity, pipe = identity_and_pipeline(args, records_path, problems=problems, variants=variants, text=None, tasks=[AGENT_FAMILY])
-    records = run_agent_eval(
-        pipe,
-        selected,
-        variants,
-        records_path,
-        identity=identity,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        max_turns=args.max_turns,
-        tool_choice=args.tool_choice,
-        on_error=args.on_error,
+
+    def run(pipe: Any, records_path: Path, **options: Any) -> list[dict]:
+        return run_agent_eval(pipe, selected, variants, records_path, max_turns=args.max_turns, tool_choice=args.tool_choice, **options)
+
+    plan = f"{len(selected)} agent tasks (minivista seed {args.seed}) x {len(variants)} variants: {', '.join(v.name for v in variants)}"
+    return run_family_command(
+        args, problems, variants, identity_and_pipeline, family=AGENT_FAMILY, plan=plan, run=run, report=finalize_agent_run
     )
-    finalize_agent_run(records, out_dir, identity)
-    print((out_dir / "report.md").read_text(encoding="utf-8"))
-    return 0

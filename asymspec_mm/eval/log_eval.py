@@ -10,7 +10,6 @@ question-only); ``--compression NAME`` (repeatable: one of those, or any ``metho
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from ..base.config import AsymSpecConfig
 from ..frontend.variants import Variant
 from .agent_loop import final_number
+from .family_command import Tasks, run_family_command, write_report
 from .mathvista.identity import bind_identity
 from .mathvista.records import RecordStore, log_failure
 from .minivista_log import LOG_COMPRESSIONS, LOG_FAMILY
@@ -171,39 +171,26 @@ def log_report(summary: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(head + log_table(summary)) + "\n"
 
 
-def log_command(
-    args: Any,
-    problems: Sequence[Mapping[str, Any]],
-    selected: Sequence[Mapping[str, Any]],
-    variants: Sequence[Variant],
-    identity_and_pipeline: Callable,
-) -> int:
+def finalize_log_run(records: Sequence[Mapping[str, Any]], out_dir: str | Path, identity: Mapping[str, Any] | None = None) -> dict:
+    """Write ``summary.json`` and ``report.md`` (Table 17's layout per compressor) under ``out_dir``; the summary."""
+    summary = summarize_log(records)
+    write_report(out_dir, log_report(summary), identity, "compressors", summary)
+    return summary
+
+
+def log_command(args: Any, problems: Tasks, selected: Tasks, variants: Sequence[Variant], identity_and_pipeline: Callable) -> int:
     """``eval mathvista --dataset minivista --families agent-log``: the ``selected`` tasks with each variant under each
     ``--compression`` (default the family's three), then ``report.md`` / ``summary.json`` in ``--out``; 0 when done."""
     compressions = list(args.compression or LOG_COMPRESSIONS)
     for name in compressions:
         log_compression(name)  # a bad setting fails before any model loads
-    out_dir = Path(args.out)
-    records_path = out_dir / "records.jsonl"
-    print(
+
+    def run(pipe: Any, records_path: Path, **options: Any) -> list[dict]:
+        return run_log_eval(pipe, selected, variants, compressions, records_path, **options)
+
+    plan = (
         f"{len(selected)} agent-log tasks (minivista seed {args.seed}) x {len(variants)} variants x compressors {', '.join(compressions)}"
     )
-    if args.dry_run:
-        return 0
-    identity, pipe = identity_and_pipeline(args, records_path, problems=problems, variants=variants, text=None, tasks=[LOG_FAMILY])
-    records = run_log_eval(
-        pipe,
-        selected,
-        variants,
-        compressions,
-        records_path,
-        identity=identity,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        on_error=args.on_error,
+    return run_family_command(
+        args, problems, variants, identity_and_pipeline, family=LOG_FAMILY, plan=plan, run=run, report=finalize_log_run
     )
-    summary = summarize_log(records)
-    (out_dir / "report.md").write_text(log_report(summary), encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps({"run": identity, "compressors": summary}, indent=1), encoding="utf-8")
-    print((out_dir / "report.md").read_text(encoding="utf-8"))
-    return 0

@@ -55,10 +55,11 @@ class AgentToolError(ValueError):
 def run_tool(name: str, arguments: str | dict[str, Any]) -> str:
     """Execute one of :data:`TOOLS` on ``arguments`` (the call's JSON text or a dict); the result as the tool message's
     text (the number)."""
-    args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+    args = json.loads(arguments) if isinstance(arguments, str) else arguments
     if name not in ("add", "subtract"):
         raise AgentToolError(f"unknown tool {name!r}; the agent family's tools are add and subtract")
-    if set(args) != {"a", "b"} or not all(is_int(args[k]) for k in "ab"):
+    # a call's arguments may be any JSON value (a list, a number, null): only an object of two integers runs
+    if not isinstance(args, dict) or set(args) != {"a", "b"} or not all(is_int(args[k]) for k in "ab"):
         raise AgentToolError(f"{name} takes two integers a and b, got {json.dumps(args)[:80]}")
     return str(args["a"] + args["b"] if name == "add" else args["a"] - args["b"])
 

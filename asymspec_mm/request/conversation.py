@@ -160,7 +160,10 @@ def task_text(turns: Sequence[Turn]) -> str:
 
 def tool_call(call: Any, where: str) -> dict[str, Any]:
     """An assistant message's tool call in OpenAI's shape (``{"id", "type": "function", "function": {"name",
-    "arguments"}}``, arguments a JSON string or an object), with its arguments parsed to an object."""
+    "arguments"}}``, arguments a JSON string or an object), with its arguments parsed: an object, or the list,
+    number, boolean or null that a call to a tool whose parameters are not an object carries (the templates write
+    them back as JSON); a JSON string value stays its JSON text, which the templates write as it is. So every call
+    the model made, sent back in a later turn, reads as it was written."""
     import json
 
     fn = call.get("function") if isinstance(call, Mapping) else None
@@ -170,13 +173,18 @@ def tool_call(call: Any, where: str) -> dict[str, Any]:
         )
     args = fn.get("arguments", {})
     if isinstance(args, str):
+        text = args.strip()
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = json.loads(text) if text else {}
         except json.JSONDecodeError as exc:
             raise ConversationError(f"{where}.function.arguments is not valid JSON ({exc.msg})", f"{where}.function.arguments") from None
-    if not isinstance(args, Mapping):
-        raise ConversationError(f"{where}.function.arguments must be a JSON object", f"{where}.function.arguments")
-    return {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
+        if isinstance(args, str):  # a string value: the templates write a string as it is, so its JSON text goes in
+            args = text
+    return {
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": dict(args) if isinstance(args, Mapping) else args},
+    }
 
 
 def truncate(limit: int = 2000, head: int = 1000, tail: int = 500) -> TextCompressor:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .tools import ToolError
+from .tools import FREE_CHOICES, ToolError
 
 #: Separators of the JSON the grammars allow (Qwen's, and ``json.dumps``'s), with no free whitespace.
 SEPARATORS = (", ", ": ")
@@ -147,15 +147,31 @@ def output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, respons
     )
 
 
+def _xgrammar() -> Any:
+    """The xgrammar module, or a one-line :class:`ToolError` saying how to install it."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise ToolError("forced tool calls and JSON answers need xgrammar: pip install 'asymspec-mm[grammar]'") from None
+    return xgr
+
+
+def check_output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any) -> None:
+    """Refuse options whose grammar cannot be built (a JSON schema, regex or EBNF xgrammar rejects, or no xgrammar):
+    the :class:`ToolError` that :meth:`GrammarCompiler.compile` would raise at set-up, raised before the request
+    queues. Building the grammar is what fails on bad options and takes microseconds; compiling it against the
+    vocabulary (the slow part) is left to the set-up."""
+    if (tool_choice is None or tool_choice in FREE_CHOICES) and response_format in (None, {"type": "text"}):
+        return  # free output: no grammar
+    _xgrammar()
+    output_grammar(tools, tool_choice, response_format)
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer and vocabulary width (the models' logits), caching by request options."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int]):
-        try:
-            import xgrammar as xgr
-        except ImportError:
-            raise ToolError("forced tool calls and JSON answers need xgrammar: pip install 'asymspec-mm[grammar]'") from None
-
+        xgr = _xgrammar()
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
         self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(self.info)

@@ -210,14 +210,20 @@ class RequestPreparer:
         return template_tools_problem(self.models.verifier_tokenizer)
 
     def check_tools(self, request: Request) -> Request:
-        """``request`` (checked) when the verifier can take the tools its prompt would carry; a one-line
-        :class:`~asymspec_mm.request.tools.ToolError` naming ``tools`` otherwise, before any model work."""
+        """``request`` (checked) when the verifier can take the tools its prompt would carry and the grammar a forced
+        tool call or a ``response_format`` asks for can be built; a one-line
+        :class:`~asymspec_mm.request.tools.ToolError` naming the field otherwise (``tools``,
+        ``tools[0].function.parameters``, ``response_format.json_schema.schema``, ...), before any model work: a
+        scheduler and the server refuse at submission what the set-up would refuse later."""
+        from .grammar import check_output_grammar
         from .tool_support import check_verifier_tools
         from .tools import prompt_tools
 
         request = request.checked()
         if request.is_chat and request.tools:
             check_verifier_tools(self.verifier_tools_problem, prompt_tools(request.tools, request.tool_choice))
+        if request.is_chat:
+            check_output_grammar(request.tools or [], request.tool_choice, request.response_format)
         return request
 
     def _check_pair(self, req: Request) -> None:

@@ -7,10 +7,12 @@ Qwen3 and Qwen3-VL are trained (and their chat templates written) to call a func
 
 - a block is ``<tool_call>``, a JSON object, ``</tool_call>`` (blanks between). The object's end is found by reading
   the JSON (a ``</tool_call>`` inside a string is part of the string), and it is a call when it has a non-empty
-  string ``name`` and ``arguments`` that is an object or a string, as vLLM's hermes parser takes them: an object's
-  text as the model wrote it; a string holding an object's JSON, that string's content; any other string (``"hello"``,
-  ``"{hello world}"``), the string's own JSON literal as written, so that ``arguments`` is always valid JSON. Other
-  members are ignored.
+  string ``name`` and an ``arguments`` member, any JSON value, as vLLM's hermes parser takes them: its text as the
+  model wrote it (an object, and also a list, a number, ``true`` / ``false`` or ``null``: a tool whose parameters
+  schema is not an object gets those, and a forced call's grammar writes them); a string holding an object's JSON,
+  that string's content; any other string (``"hello"``, ``"{hello world}"``), the string's own JSON literal as
+  written, so that ``arguments`` is always valid JSON. Other members are ignored; a block without ``arguments`` is
+  not a call.
 - when the model ends its answer itself (its end-of-turn token or a stop string, ``finished=True``) with a block
   whose call object is complete but whose ``</tool_call>`` never came, that block is a call too (vLLM reads a block
   up to the end of the text the same way). A cut by the token budget is not: the model may have meant more.
@@ -168,7 +170,7 @@ def call_id(prefix: str, index: int) -> str:
 @dataclass
 class ParsedAnswer:
     """An answer read for tool calls: ``content`` (the text before the first call, ``None`` when blank; the whole
-    text when there is no call), ``tool_calls`` (OpenAI's shape, ``arguments`` a JSON object's text) and what was
+    text when there is no call), ``tool_calls`` (OpenAI's shape, ``arguments`` the JSON text the model wrote) and what was
     not read (``problem``: why there are no calls, or what the calls leave out)."""
 
     content: str | None
@@ -176,7 +178,7 @@ class ParsedAnswer:
     problem: str | None = None
 
 
-NOT_A_CALL = "a <tool_call> block does not hold {'name': ..., 'arguments': {...}}"
+NOT_A_CALL = "a <tool_call> block does not hold {'name': ..., 'arguments': ...}"
 NOT_CLOSED = "a <tool_call> block is not closed"
 _WS = " \t\n\r"  # JSON's whitespace, the only blanks a block may hold around its object
 #: the next character that matters outside a JSON string: a brace, a quote, or one no JSON text has there (a letter
@@ -247,15 +249,16 @@ def _holds_object(text: str) -> bool:
 
 def _read_call(obj: str) -> tuple[str, str, tuple[int, int]] | None:
     """``(name, arguments JSON text, where the arguments are written in obj)`` of a block's JSON object, or ``None``
-    when it is not a call. ``arguments`` is an object, written as such (its text is kept as the model wrote it), or
-    a string, as vLLM's hermes parser takes it: one holding an object's JSON gives that content, any other gives
-    its own JSON literal as written (``"hello"``), so the arguments are JSON whatever the model wrote."""
+    when it is not a call. ``arguments`` is any JSON value, its text kept as the model wrote it (``{"a": 1}``,
+    ``[1, 2]``, ``3``, ``null``), or a string, as vLLM's hermes parser takes it: one holding an object's JSON gives
+    that content, any other gives its own JSON literal as written (``"hello"``), so the arguments are JSON whatever
+    the model wrote."""
     try:
         value = _DECODER.decode(obj)
     except (ValueError, RecursionError):
         return None
     name, args = value.get("name"), value.get("arguments")
-    if not isinstance(name, str) or not name or not isinstance(args, (dict, str)):
+    if not isinstance(name, str) or not name or "arguments" not in value:
         return None
     span = _member_span(obj, "arguments")
     if isinstance(args, str) and _holds_object(args):

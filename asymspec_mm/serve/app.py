@@ -68,8 +68,10 @@ ENDPOINTS = (
 
 
 def check_tools(pipe: Any, request: Any) -> None:
-    """A 400 naming ``tools`` (code ``unsupported``) when ``pipe``'s verifier cannot take the tools ``request``'s prompt
-    would carry (:meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`); the set-up checks it again."""
+    """A 400 when ``pipe``'s verifier cannot take the tools ``request``'s prompt would carry (naming ``tools``, code
+    ``unsupported``) or the grammar of its forced tool call or response format cannot be built (naming the field,
+    code ``invalid_json_schema`` / ``invalid_grammar``):
+    :meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`, before the request queues."""
     from ..request.tools import ToolError
 
     preparer = getattr(pipe, "preparer", None)
@@ -78,7 +80,7 @@ def check_tools(pipe: Any, request: Any) -> None:
     try:
         preparer.check_tools(request)
     except ToolError as exc:
-        raise RequestError(400, str(exc), param=exc.param, code="unsupported") from None
+        raise RequestError(400, str(exc), param=exc.param, code=exc.code or "unsupported") from None
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -259,7 +261,8 @@ def create_app(
 
     def submit(req: ChatRequest) -> list[Any]:
         """The request's rows in the scheduler, one per choice (``n``), each with its own seed; tools the verifier
-        cannot take are refused first (a 400 naming ``tools``, before the request queues)."""
+        cannot take and output grammars that cannot be built are refused first (a 400 naming the field, before the
+        request queues: the client gets it at once, however long the queue)."""
         from ..core.handle import QueueFullError
 
         check_tools(state.pipe, req.request)

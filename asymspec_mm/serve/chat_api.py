@@ -56,7 +56,10 @@ def add_chat_routes(app: FastAPI, state: Any, *, submit: Callable[[ChatRequest],
     async def answer(
         request: Request, req: ChatRequest, prefix: str, whole: Callable, chunks: Callable, params: dict[str, str]
     ) -> Response:
-        handles = submit(req)
+        try:
+            handles = submit(req)
+        except RequestError as err:  # refused before it queued: named as this endpoint names the field
+            raise renamed(err, params) from None
         loop = asyncio.get_running_loop()
         readers = [Reader(h, loop, state.metrics, lambda h=h: forget(h)) for h in handles]
         gone = asyncio.ensure_future(until_disconnected(request.receive))

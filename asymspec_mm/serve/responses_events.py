@@ -33,7 +33,7 @@ from starlette.responses import Response
 from ..request.tools import ToolCallStream, parse_tool_calls
 from .chat_answers import TextDeltas
 from .chat_request import ChatRequest
-from .errors import bad_request
+from .errors import RequestError, bad_request
 from .models_fields import field_value
 from .models_responses import CreateResponseRequest
 from .openapi import answer_docs
@@ -210,7 +210,10 @@ def add_responses_route(
     async def responses(request: HTTPRequest, body: CreateResponseRequest) -> Response:
         """A response (OpenAI's Responses API; the ``asymspec`` object sets the method and its options)."""
         req = await asyncio.to_thread(lambda: parse(body))
-        handles = submit(ChatRequest(request=req.request))
+        try:
+            handles = submit(ChatRequest(request=req.request))
+        except RequestError as err:  # refused before it queued: named by the Responses fields
+            raise responses_error(err) from None
         handle = handles[0]
         reader = Reader(handle, asyncio.get_running_loop(), state.metrics, lambda: forget(handle))
         gone = asyncio.ensure_future(until_disconnected(request.receive))
