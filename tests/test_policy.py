@@ -12,6 +12,7 @@ from asymspec_mm.core.policy import (
     TurnCosts,
     TurnOutcome,
     TurnView,
+    decoding_only,
     prompt_chunks,
     schedule,
     stall_bounded,
@@ -85,6 +86,15 @@ def test_a_new_arriving_row_is_taken_back_before_a_decoding_row_of_lower_order()
     plan = schedule(view(rows, {0: 10, 8: 10, 9: 10}, budget=20))
     assert plan.preempt == (9,)
     assert plan.chunks == {"v": ((8, 30),)} and plan.joins == (8,) and plan.step == (0,)  # 8 decodes from the next step
+
+
+def test_decoding_rows_alone_without_a_budget_plan_what_decoding_only_says():
+    """The engine loop's shortcut while only decoding rows are left: the same plan as the policy's, for any such rows
+    (none, one, several of mixed priorities, step sizes and preemptibility)."""
+    cases = [[], [row(0, S.RUNNING)], [row(3, S.RUNNING, 2, step=11), row(1, S.RUNNING), row(7, S.RUNNING, -1, preemptible=False)]]
+    for rows in cases:
+        assert schedule(view(rows)) == decoding_only(r.rid for r in rows)
+    assert decoding_only([3, 1]).step == (3, 1)  # the rows' order is kept
 
 
 def test_chunk_boundaries_under_the_token_budget():

@@ -202,6 +202,13 @@ def stall_bounded(max_stall: float, costs: TurnCosts, jobs: int, tokens: int, de
     return jobs, tokens
 
 
+def decoding_only(running: Iterable[int]) -> TurnPlan:
+    """The plan of a turn whose only requests are the ``running`` rows, with no KV budget: nothing to resume, admit,
+    refuse, preempt or prefill, every row steps. What :func:`schedule` decides for such a view, without one: the
+    engine loop's turns while rows decode and nothing else waits cost no view and no policy pass."""
+    return TurnPlan(step=tuple(running))
+
+
 def schedule(view: TurnView) -> TurnPlan:
     """Decide one turn from ``view`` (see the module docstring); pure: ``view`` is not changed."""
     by_id = {r.rid: r for r in view.rows}

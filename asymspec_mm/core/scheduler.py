@@ -52,6 +52,7 @@ from .policy import (
     TurnPlan,
     TurnView,
     admitted,
+    decoding_only,
     prefill_budget,
     prefilled,
     schedule,
@@ -232,7 +233,7 @@ class Scheduler(LoopCalls, SetupPool):
                 if not bounded:
                     self._run_jobs()
                 self._retire_cancelled()
-                plan = schedule(self._view())
+                plan = self._plan()
                 ran = self._run_jobs(plan.jobs) if bounded else 0
                 admitted(self._table, plan, self._admit(plan) + self._make_room(plan))
                 self._decoder.reset_peaks()
@@ -277,6 +278,14 @@ class Scheduler(LoopCalls, SetupPool):
             future.set_exception(error)
 
     # ---------------------------------------------------------------- one turn: view, plan, execute
+    def _plan(self) -> TurnPlan:
+        """The turn's plan: :func:`schedule` of :meth:`_view`; while only decoding rows are left and no KV budget
+        applies, what it would decide (:func:`decoding_only`: every row steps) without building the view."""
+        d = self._decoder
+        if self.max_kv_bytes is None and self.max_stall is None and not self._ready and not d.arriving and not d.parked:
+            return decoding_only(d.rows)
+        return schedule(self._view())
+
     def _view(self) -> TurnView:
         """What the policy decides from: the rows (decoding, being prefilled, preempted), the ready line in order
         (each measured once against ``max_kv_bytes`` alone; one whose measure fails fails alone), the limits and a
@@ -419,6 +428,8 @@ class Scheduler(LoopCalls, SetupPool):
         """The arriving rows whose prompts are in join (one whose join fails fails alone); the rows that joined and
         each arriving row's computed prompt tokens."""
         decoder = self._decoder
+        if not decoder.arriving:  # no row arriving: none joins
+            return TurnOutcome(joined=(), computed={})
         prompts = {rid: decoder.arriving.prompts(rid) for rid in decoder.arriving.rows}
         failed: list[tuple[int, BaseException]] = []
         joined = [row.id for row in decoder.join_ready(failed)]
@@ -469,9 +480,9 @@ class Scheduler(LoopCalls, SetupPool):
             for child in self._table.abandoned():  # a cancelled request's captions go with it
                 child.handle.cancel()
             gone = [rid for rid in (*self._waiting, *self._ready) if self._table[rid].handle.cancelled]
-            self._waiting = deque(rid for rid in self._waiting if rid not in gone)
-            self._ready = deque(rid for rid in self._ready if rid not in gone)
-            if gone:  # room in the ready line: a set-up thread may go on
+            if gone:  # out of the lines; room in the ready line: a set-up thread may go on
+                self._waiting = deque(rid for rid in self._waiting if rid not in gone)
+                self._ready = deque(rid for rid in self._ready if rid not in gone)
                 self._cond.notify_all()
         for rid in gone:
             self._end(rid, error=cancelled_error(self._table[rid].handle))
