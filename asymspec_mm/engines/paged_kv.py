@@ -1,15 +1,21 @@
 """The tensors behind a :class:`~.block_pool.BlockPool`: one model's paged KV, and a row's context by reference.
 
-:class:`PagedKV` keeps, per layer, one tensor per pool segment, ``[segment_blocks * block_size, 2, H, D]``
-(slot-major, each slot's keys and values side by side: slot ``s`` of the pool is row ``s`` of the segments in
-order, and one read takes both). Growing the pool adds a segment (zeros: a hole slot read into attention is masked,
-and must never carry a NaN into it); trimming drops the last ones. No existing tensor is ever reallocated, so the
-memory the pool holds is exactly its segments. Reads and writes go through plans (:meth:`PagedKV.read_plan`,
-:meth:`PagedKV.write_plan`: slots split by segment) computed once per forward and used by every layer; the
-attention over the pool is :mod:`.paged_attention`'s.
+:class:`PagedKV` keeps one tensor per pool segment (per device, when a device_map spreads the layers), holding every
+layer: ``[layers, segment_blocks * block_size, 2, H, D]`` (each slot's keys and values side by side, so one read
+takes both; slot ``s`` of the pool is row ``s`` of the segments in order). Growing the pool adds a segment (zeros: a
+hole slot read into attention is masked, and must never carry a NaN into it); trimming drops the last ones. No
+existing tensor is ever reallocated, so the memory the pool holds is exactly its segments, with no copy beside it.
+
+Because a segment holds every layer, a forward's new keys and values are written once per segment they land in,
+not once per layer and segment: the attention hands each layer's new keys on to the forward's plan without writing
+them (:mod:`.paged_attention` reads them from there), and :meth:`PagedKV.write_layers` stores all layers' at the end.
+Reads and writes go through plans (:meth:`PagedKV.read_plan`, :meth:`PagedKV.write_plan`: slots split by segment)
+computed once per forward and used by every layer.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import torch
 
@@ -18,8 +24,16 @@ from .block_pool import BlockPool, BlockTable
 #: Where a forward's tokens go: the order that groups them by segment (``None``: one segment), and per segment
 #: ``(segment, first, stop, offsets)``: the grouped tokens ``first .. stop - 1`` go to ``offsets`` in it.
 WritePlan = tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]
-#: Where tokens are read from: each segment's offsets, and the order that puts the reads back (``None``: in order).
+#: Where tokens are read from: each source's offsets, and the order that puts the reads back (``None``: in order).
 ReadPlan = tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]
+
+
+def device_groups(devices: list[torch.device]) -> list[tuple[torch.device, list[int]]]:
+    """The layers on each device, in order of first appearance: ``[(device, [layer, ...])]``."""
+    groups: dict[torch.device, list[int]] = {}
+    for layer, device in enumerate(devices):
+        groups.setdefault(device, []).append(layer)
+    return list(groups.items())
 
 
 class PagedKV:
@@ -29,22 +43,32 @@ class PagedKV:
     def __init__(self, pool: BlockPool, *, kv_heads: int, head_dim: int, dtype: torch.dtype, devices: list[torch.device]):
         self.pool = pool
         self.kv_heads, self.head_dim, self.dtype, self.devices = kv_heads, head_dim, dtype, devices
-        # layer -> segment -> [blocks * bs, 2, H, D]: a slot's keys and values side by side, read in one op
-        self.segments: list[list[torch.Tensor]] = [[] for _ in devices]
+        self.groups = device_groups(devices)
+        # segment -> device group -> [layers of the group, blocks * bs, 2, H, D]
+        self.segments: list[list[torch.Tensor]] = []
+        # layer -> segment -> that layer's view [blocks * bs, 2, H, D] of the segment (views: no memory of their own)
+        self.views: list[list[torch.Tensor]] = [[] for _ in devices]
         self._starts: list[int] = []  # the first slot of each segment
+        self.block_offsets = torch.arange(pool.block_size)  # a slot's place in its block, for the plans
+        self._element_bytes = torch.empty((), dtype=dtype).element_size()
         self.peak_bytes = 0  # the most bytes the segments held (the owning storage resets it)
 
     @property
     def n_layers(self) -> int:
         return len(self.devices)
 
+    @property
+    def slots(self) -> int:
+        """Slots the segments hold (every block, free or not)."""
+        return self.pool.capacity * self.pool.block_size
+
     def slot_bytes(self) -> int:
         """One token over all layers, keys and values."""
-        return self.n_layers * 2 * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        return self.n_layers * 2 * self.kv_heads * self.head_dim * self._element_bytes
 
     def nbytes(self) -> int:
         """Bytes the segments hold (every block, free or not)."""
-        return self.pool.capacity * self.pool.block_size * self.slot_bytes()
+        return self.slots * self.slot_bytes()
 
     def sync(self) -> None:
         """Match the tensors to the pool's segments: new segments get zero tensors, trimmed ones are dropped."""
@@ -52,25 +76,30 @@ class PagedKV:
         have, want = len(self._starts), len(self.pool.segments)
         for size in self.pool.segments[have:]:
             self._starts.append(sum(self.pool.segments[: len(self._starts)]) * bs)
-            for i, device in enumerate(self.devices):
-                self.segments[i].append(torch.zeros(size * bs, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device))
+            tensors = []
+            for device, layers in self.groups:
+                tensor = torch.zeros(len(layers), size * bs, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
+                tensors.append(tensor)
+                for j, layer in enumerate(layers):
+                    self.views[layer].append(tensor[j])
+            self.segments.append(tensors)
         if want < have:
-            del self._starts[want:]
-            for i in range(self.n_layers):
-                del self.segments[i][want:]
+            del self._starts[want:], self.segments[want:]
+            for views in self.views:
+                del views[want:]
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
-    def _split(self, slots: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]:
-        """``slots`` ``[N]`` (CPU, long) by segment: the order that sorts them by segment (``None``: one segment, in
-        order) and, per segment, ``(segment, first, stop, offsets)``: sorted positions ``first .. stop - 1`` go to
-        (or come from) ``offsets`` in that segment."""
-        if len(self._starts) == 1:
+    def _split(self, slots: torch.Tensor, starts: list[int]) -> tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]:
+        """``slots`` ``[N]`` (CPU, long) by source (source ``s`` holds slots ``starts[s] ..``): the order that sorts
+        them by source (``None``: one source, in order) and, per source, ``(source, first, stop, offsets)``: sorted
+        positions ``first .. stop - 1`` go to (or come from) ``offsets`` in that source."""
+        if len(starts) == 1:
             return None, [(0, 0, slots.numel(), slots)]
-        starts = torch.tensor(self._starts)
-        seg = torch.bucketize(slots, starts, right=True) - 1
-        order = torch.argsort(seg, stable=True)
-        offsets = slots[order] - starts[seg[order]]
-        counts = torch.bincount(seg, minlength=len(self._starts)).tolist()
+        at = torch.tensor(starts)
+        source = torch.bucketize(slots, at, right=True) - 1
+        order = torch.argsort(source, stable=True)
+        offsets = slots[order] - at[source[order]]
+        counts = torch.bincount(source, minlength=len(starts)).tolist()
         parts, first = [], 0
         for s, count in enumerate(counts):
             if count:
@@ -80,54 +109,88 @@ class PagedKV:
 
     def _on(self, plan: tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]], device: torch.device):
         order, parts = plan
-        return (None if order is None else order.to(device)), [(s, a, b, o.to(device)) for s, a, b, o in parts]
+        return (None if order is None else _on(order, device)), [(s, a, b, _on(o, device)) for s, a, b, o in parts]
 
     def write_plan(self, slots: list[int]) -> WritePlan:
-        """Where tokens bound for ``slots`` go, by segment (computed once per forward, used by every layer)."""
-        return self._on(self._split(torch.tensor(slots, dtype=torch.long)), self.devices[0]) if slots else (None, [])
+        """Where tokens bound for ``slots`` go, by segment (computed once per forward, in Python: a forward writes few
+        tokens, and three tensors are cheaper than the ops of :meth:`_split`)."""
+        if not slots:
+            return None, []
+        starts = self._starts
+        if len(starts) == 1:
+            return None, [(0, 0, len(slots), _on(torch.tensor(slots), self.devices[0]))]
+        segment = [bisect.bisect_right(starts, slot) - 1 for slot in slots]
+        order = sorted(range(len(slots)), key=segment.__getitem__)  # stable: each segment's tokens in packed order
+        offsets = torch.tensor([slots[i] - starts[segment[i]] for i in order])
+        counts: dict[int, int] = {}
+        for i in order:
+            counts[segment[i]] = counts.get(segment[i], 0) + 1
+        parts, first = [], 0
+        for s, piece in zip(counts, offsets.split(list(counts.values())) if len(counts) > 1 else [offsets]):
+            parts.append((s, first, first + counts[s], piece))
+            first += counts[s]
+        in_order = len(counts) == 1 or order == list(range(len(slots)))
+        return self._on((None if in_order else torch.tensor(order), parts), self.devices[0])
 
-    def write(self, layer: int, plan: WritePlan, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store ``keys`` / ``values`` ``[N, H, D]`` of layer ``layer`` at the slots of ``plan`` (:meth:`write_plan`)."""
+    def write_layers(self, plan: WritePlan, layers: list[torch.Tensor]) -> None:
+        """Store ``layers[l]`` ``[N, 2, H, D]`` (layer ``l``'s keys and values side by side) at the slots of ``plan``
+        (:meth:`write_plan`): all layers at once, one write per segment (and device) the slots fall in."""
         order, parts = plan
         if not parts:
             return
-        device = self.devices[layer]
-        both = torch.stack([keys, values], dim=1)  # [N, 2, H, D]
-        if both.device != device or both.dtype != self.dtype:
-            both = both.to(device, self.dtype)
-        if order is not None:  # grouped by segment: each segment takes one slice
-            both = both.index_select(0, _on(order, device))
-        for s, first, stop, offsets in parts:
-            self.segments[layer][s].index_copy_(0, _on(offsets, device), both if len(parts) == 1 else both[first:stop])
+        if len(layers) != self.n_layers:
+            raise ValueError(f"{len(layers)} layers of new keys for a pool of {self.n_layers}")
+        for g, (device, group) in enumerate(self.groups):
+            both = torch.stack([layers[layer] for layer in group]) if len(group) > 1 else layers[group[0]].unsqueeze(0)
+            if both.device != device or both.dtype != self.dtype:
+                both = both.to(device, self.dtype)
+            if order is not None:  # grouped by segment: each segment takes one slice
+                both = both.index_select(1, _on(order, device))
+            pieces = both.split([stop - first for _, first, stop, _ in parts], dim=1) if len(parts) > 1 else [both]
+            for (s, _, _, offsets), piece in zip(parts, pieces):
+                self.segments[s][g].index_copy_(1, _on(offsets, device), piece)
 
-    def read_plan(self, slots: torch.Tensor) -> ReadPlan:
+    def read_plan(self, slots: torch.Tensor, fresh_at: int | None = None) -> ReadPlan:
         """Where the tokens at ``slots`` (CPU, long; any shape, read flattened) are read from (once per forward, used
-        by every layer): each segment's offsets, and the order that puts the segments' reads back in the order of
-        ``slots`` (``None``: one segment, already in order)."""
-        order, parts = self._on(self._split(slots.reshape(-1).to("cpu", torch.long)), self.devices[0])
+        by every layer): each source's offsets (the segments in order; with ``fresh_at``, slots from ``fresh_at``
+        on are a forward's new tokens, a last source), and the order that puts the sources' reads back in the order
+        of ``slots`` (``None``: one source, already in order)."""
+        starts = self._starts if fresh_at is None else [*self._starts, fresh_at]
+        order, parts = self._on(self._split(slots.reshape(-1).to("cpu", torch.long), starts), self.devices[0])
         back = None if order is None else torch.argsort(order)
         return [(s, offsets) for s, _, _, offsets in parts], back
 
-    def gather_both(self, layer: int, plan: ReadPlan) -> torch.Tensor:
+    def gather_both(self, layer: int, plan: ReadPlan, fresh: torch.Tensor | None = None) -> torch.Tensor:
         """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`), side by side: ``[N, 2, H,
-        D]``. Each segment is read at its own slots only (never concatenated whole: that would copy the pool)."""
-        device, segments = self.devices[layer], self.segments[layer]
+        D]``; ``fresh`` ``[n, 2, H, D]``: the forward's new tokens (the source after the segments). Each source is
+        read at its own slots only (never concatenated whole: that would copy the pool)."""
+        sources = self.views[layer] if fresh is None else [*self.views[layer], fresh]
         parts, back = plan
         if not parts:
-            return torch.zeros(0, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
-        got = [segments[s].index_select(0, _on(o, device)) for s, o in parts]
-        return got[0] if back is None else torch.cat(got).index_select(0, _on(back, device))
+            return torch.zeros(0, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=self.devices[layer])
+        got = [sources[s].index_select(0, _on(o, sources[s].device)) for s, o in parts]
+        return got[0] if back is None else torch.cat(got).index_select(0, _on(back, got[0].device))
 
-    def whole(self, layer: int) -> torch.Tensor:
-        """Every slot of layer ``layer`` in one tensor ``[slots, 2, H, D]`` (a copy when the pool has several
-        segments): what a forward that reads most of the pool gathers from, one read instead of one per segment."""
-        segments = self.segments[layer]
-        return segments[0] if len(segments) == 1 else torch.cat(segments)
+    def whole(self, layer: int, fresh: torch.Tensor) -> torch.Tensor:
+        """Every slot of layer ``layer``, then ``fresh`` ``[n, 2, H, D]`` (a forward's new tokens, at slots
+        ``slots ..``), in one tensor ``[slots + n, 2, H, D]`` (a copy): what a forward that reads most of the pool
+        gathers from, one read instead of one per segment."""
+        return torch.cat([*self.views[layer], fresh])
 
-    def gather(self, layer: int, plan: ReadPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of layer ``layer`` at the slots of ``plan`` (:meth:`read_plan`): ``[N, H, D]`` each."""
-        both = self.gather_both(layer, plan)
-        return both[:, 0], both[:, 1]
+    def gather_layers(self, plan: ReadPlan) -> list[torch.Tensor]:
+        """Every layer's keys and values at the slots of ``plan`` (:meth:`read_plan` without new tokens): ``[N, 2, H,
+        D]`` per layer, one read per segment (and device)."""
+        parts, back = plan
+        out: list[torch.Tensor] = [None] * self.n_layers  # type: ignore[list-item]
+        for g, (device, group) in enumerate(self.groups):
+            if parts:
+                got = [self.segments[s][g].index_select(1, _on(o, device)) for s, o in parts]
+                both = got[0] if back is None else torch.cat(got, dim=1).index_select(1, _on(back, device))
+            else:
+                both = torch.zeros(len(group), 0, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
+            for j, layer in enumerate(group):
+                out[layer] = both[j]
+        return out
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy each ``(source, destination)`` block on every layer (copy-on-write of a shared last block)."""
@@ -136,27 +199,19 @@ class PagedKV:
         bs = self.pool.block_size
         src = [b * bs + i for b, _ in copies for i in range(bs)]
         dst = [b * bs + i for _, b in copies for i in range(bs)]
-        plan, read = self.write_plan(dst), self.read_plan(torch.tensor(src))
-        for layer in range(self.n_layers):
-            k, v = self.gather(layer, read)
-            self.write(layer, plan, k, v)
+        self.write_layers(self.write_plan(dst), self.gather_layers(self.read_plan(torch.tensor(src))))
 
     def store(self, table: BlockTable, start: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write ``layers`` (``[(keys, values)]`` per layer, each ``[1, H, n, D]``) as tokens ``start .. start + n -
         1`` of ``table`` (their blocks already allocated)."""
         n = layers[0][0].shape[-2]
         plan = self.write_plan(self.pool.slots(table, start, start + n))
-        for layer, (k, v) in enumerate(layers):
-            self.write(layer, plan, k[0].transpose(0, 1), v[0].transpose(0, 1))
+        self.write_layers(plan, [torch.stack([k[0].transpose(0, 1), v[0].transpose(0, 1)], dim=1) for k, v in layers])
 
     def read(self, table: BlockTable, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Tokens ``start .. stop - 1`` of ``table``, gathered: ``[(keys, values)]`` per layer, each ``[1, H, n, D]``."""
-        read = self.read_plan(torch.tensor(self.pool.slots(table, start, stop), dtype=torch.long))
-        out = []
-        for layer in range(self.n_layers):
-            k, v = self.gather(layer, read)
-            out.append((k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)))
-        return out
+        layers = self.gather_layers(self.read_plan(torch.tensor(self.pool.slots(table, start, stop), dtype=torch.long)))
+        return [(both[:, 0].transpose(0, 1).unsqueeze(0), both[:, 1].transpose(0, 1).unsqueeze(0)) for both in layers]
 
 
 def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -13,8 +13,9 @@ context from anywhere else (a single-row engine, the prefix-KV store) is copied 
 from one context share its blocks until one writes into the last partly filled one (copy-on-write).
 
 A forward runs only the rows it extends (a row not given costs nothing), as ONE packed sequence of their new tokens
-(:func:`packed_inputs`: nothing padded, each token at its own position); :mod:`.paged_attention` writes each layer's
-new keys into the rows' blocks and attends each row over its own slots, and the logits are split per row.
+(:func:`packed_inputs`: nothing padded, each token at its own position); :mod:`.paged_attention` attends each row
+over its own slots and its new tokens, the storage then writes every layer's new keys into the rows' blocks at once
+(one write per pool segment they land in), and the logits are split per row.
 
 The static-slot GPU path (:class:`~.static_rows.StaticBatchEngine`) stays as it is: CUDA graphs need buffers whose
 shapes and addresses never change, which a pool that grows and a gather per forward do not give.
@@ -26,7 +27,7 @@ import torch
 
 from .block_pool import BlockPool, BlockTable, blocks_for, capacity_bound
 from .paged_attention import PagedCache, ragged_plan, use_paged_attention, uses_paged_attention
-from .paged_kv import PagedKV, PagedRowContext
+from .paged_kv import PagedKV, PagedRowContext, _on
 from .pieces import PrefillChunk, vision_inputs
 from .rows import RowView
 from .single import model_device
@@ -53,11 +54,11 @@ def packed_inputs(pieces: list[PrefillChunk], starts: list[int], vision: bool, d
     (``N`` = their sum, nothing padded; ids stay on their device, so drafts on the GPU cost no host sync); piece
     ``r``'s positions ``starts[r] + i`` (each row's length plus rope delta), ``[1, N]``, or ``[3, 1, N]`` on every
     M-RoPE axis with ``vision``, a piece's own positions where it gives them (a prompt piece with an image)."""
-    input_ids = torch.cat([c.ids.reshape(-1).to(device, torch.long) for c in pieces]).unsqueeze(0)
+    input_ids = torch.cat([_long_on(c.ids, device) for c in pieces]).unsqueeze(0)
     n = [c.ids.numel() for c in pieces]
-    positions = torch.tensor([s + i for s, count in zip(starts, n) for i in range(count)], dtype=torch.long)
+    positions = torch.tensor([[s + i for s, count in zip(starts, n) for i in range(count)]], dtype=torch.long)
     if not vision:
-        return input_ids, positions.unsqueeze(0).to(device)
+        return input_ids, _on(positions, device)
     positions = positions.view(1, 1, -1).expand(3, 1, -1)
     if any(c.positions is not None for c in pieces):
         positions, at = positions.clone(), 0
@@ -66,6 +67,13 @@ def packed_inputs(pieces: list[PrefillChunk], starts: list[int], vision: bool, d
                 positions[:, 0, at : at + count] = c.positions.reshape(3, -1)
             at += count
     return input_ids, positions.to(device)
+
+
+def _long_on(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``ids`` flat, long, on ``device`` (no op where they already are: a forward's per-row calls add up)."""
+    if ids.dim() != 1:
+        ids = ids.reshape(-1)
+    return ids if ids.device == device and ids.dtype == torch.long else ids.to(device, torch.long)
 
 
 def paged_kv_bound(block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int]) -> int:
@@ -250,15 +258,17 @@ class PagedBatchEngine:
         self.kv.sync()
         self.kv.copy_blocks(copies)
         try:
+            plan = ragged_plan(self.kv, tables, n, fresh, self.device)
             out = self.model(
                 input_ids=input_ids,
                 position_ids=positions,
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
-                paged_plan=ragged_plan(self.kv, tables, n, fresh, self.device),
+                paged_plan=plan,
                 **vision_inputs([chunks[r] for r in order]),
             )
+            plan.commit()  # every layer's new keys, one write per segment they land in
         except BaseException:
             for table, p in zip(tables, past):  # the forward never happened: the rows keep their contexts
                 self.pool.truncate(table, p)
@@ -269,11 +279,9 @@ class PagedBatchEngine:
             self.forward_calls[r] += 1
         if wanted is None and isinstance(keep, int) and keep:
             return {}
-        logits, at, offset = out.logits[0], {}, 0
-        for r, count in zip(order, n):
-            if wanted is None or r in wanted:
-                at[r] = logits[offset : offset + count]
-                offset += count
+        counts = [(r, count) for r, count in zip(order, n) if wanted is None or r in wanted]
+        logits = out.logits[0].split([count for _, count in counts])  # one op, not one slice per row
+        at = {r: piece for (r, _), piece in zip(counts, logits)}
         return {r: at[r] for r in (chunks if wanted is None else wanted)}
 
     def detach(self, row: int) -> PagedRowContext:
