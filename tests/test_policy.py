@@ -351,3 +351,19 @@ def test_random_views_under_a_stall_bound_cost_at_most_the_bound_past_the_floors
         assert plan.jobs <= 1 or jobs_s <= spare + 1e-12
         if plan.chunks:
             assert plan.prefill_budget == MIN_PREFILL_TOKENS or jobs_s + plan.prefill_budget * token_s <= spare + 1e-9
+
+
+def test_the_cost_meter_takes_medians_by_step_size_and_passes_a_hold_on():
+    from asymspec_mm.core.turn_costs import CostMeter
+
+    meter = CostMeter()
+    assert meter.costs() == TurnCosts(may_hold=True)
+    for seconds in (0.010, 0.011, 0.500, 0.009):  # one turn descheduled for half a second moves nothing
+        meter.turn(seconds, 0, 11)
+    meter.turn(0.100, 0, 0)  # no row decoded: nothing to measure
+    meter.turn(0.020, 100, 11)  # 10 ms past the step's median (10.5 ms): 0.095 ms a token
+    meter.turn(0.030, 100, 50, held=True)  # a step of 50 not measured: measured against the nearest smaller one
+    meter.job(0.004)
+    costs = meter.costs()
+    assert costs.steps == {11: pytest.approx(0.0105)} and costs.job_s == 0.004 and not costs.may_hold
+    assert costs.token_s == pytest.approx((0.0095 / 100 + 0.0195 / 100) / 2)

@@ -14,7 +14,8 @@ arrival first: their KV is dropped and rebuilt from their prompt and committed t
 the same output) while it would not, cuts the arriving prompts' pieces under one token budget a turn
 (``token_budget``, vLLM's ``max_num_batched_tokens`` rule: the step's decode tokens first, the prompt pieces of all
 streams share what is left, at least :data:`MIN_PREFILL_TOKENS`, each stream's at most ``prefill_chunk_tokens``; a
-long prompt takes several turns, see :mod:`.prefill`), steps the batch with the pieces riding in its forwards (an
+long prompt takes several turns, see :mod:`.prefill`; with ``max_stall`` the set-up model calls and the pieces
+are bounded too, by what the loop measures: :mod:`.turn_costs`), steps the batch with the pieces riding in its forwards (an
 arriving row is a row of its paged decode storages from admission), hands each row's committed events to its
 handle and retires finished or cancelled rows at once. So a turn with arriving rows makes the forwards of a step
 (plus one forward of pieces alone on a storage the step does not call), whatever arrives. Every request joins the one batch whatever

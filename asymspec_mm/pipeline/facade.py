@@ -355,7 +355,8 @@ class AsymSpecPipeline:
         ``h = sched.submit(image, question, ...)``, ``h.result()``, ``for events in h``, ``h.cancel()``, ``sched.close()``.
         ``batch_engines(model, stream_name)`` builds each batch's engines (default: transformers or vLLM rows);
         ``options``: ``prefill_chunk_tokens`` (prompt tokens per batched prefill forward), ``token_budget`` (tokens a
-        turn's forwards carry, decode first), ``on_step``. While it runs (until :meth:`~asymspec_mm.core.Scheduler.close`),
+        turn's forwards carry, decode first), ``max_stall`` (a turn's tower passes and prompt pieces cost at most this
+        times its step, by measured costs; default off), ``on_step``. While it runs (until :meth:`~asymspec_mm.core.Scheduler.close`),
         :meth:`generate`, :meth:`chat`, :meth:`stream`, :meth:`complete` and every other model call of this pipeline
         made on another thread go through its loop."""
         from ..core.scheduler import Scheduler
