@@ -10,10 +10,10 @@ This module lays the page out and wires it (:func:`build_app`); the rest of the 
 - :mod:`ui.render` - pure HTML and chart rendering (:func:`render_trace_html`, :func:`render_panel`, ...), with
   :mod:`ui.provenance` (the hover box's gate and fusion lines) and :mod:`ui.align` (the token alignment).
 - :mod:`ui.examples` - the bundled examples (:func:`load_examples`) and what the tiny pair answers on them.
-- :mod:`ui.jobs` - request checks and handlers behind the page (:class:`DemoApp`); :mod:`ui.outputs` - what the
-  page shows for a run (:data:`RUN_OUTPUTS`), with :mod:`ui.progress` (the status while rows are set up, wait
-  or decode); :mod:`ui.trace_files` - the JSON/CSV downloads (one temporary folder of the app, removed when it
-  closes).
+- :mod:`ui.jobs` - the handlers behind the page (:class:`DemoApp`), with :mod:`ui.input_checks` (the checks of a
+  run's inputs); :mod:`ui.outputs` - what the page shows for a run (:data:`RUN_OUTPUTS`), with :mod:`ui.progress`
+  (the status while rows are set up, wait or decode); :mod:`ui.trace_files` - the JSON/CSV downloads (one
+  temporary folder of the app, removed when it closes).
 - :mod:`ui.view_marks` - whose text the caption and OCR fields hold (generated and example text go with their
   image); :mod:`ui.view_fields` - the fields' handlers.
 - :mod:`ui.tool_inputs` - the Agent tools inputs and their checks; :mod:`ui.tool_calls` - the answer's tool calls,
