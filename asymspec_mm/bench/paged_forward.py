@@ -5,8 +5,11 @@ preset's verifier with the same rows (random prompts of the given lengths, joine
 times one ``extend`` of the same new tokens on each (rolled back after each forward, so every forward sees the same
 contexts): decode steps of ``K + 1 = 5`` tokens at ``B = 1, 4, 8`` rows, and 8 decode rows beside one row whose
 256-token prompt chunk goes in the same forward. One thread, process time; per arm the median of ``--forwards``
-forwards, the best of ``--repeats`` repetitions, the arms alternating. The script imports only the storages'
-public interface, so running this file with ``PYTHONPATH`` set to an older checkout times that checkout's storage.
+forwards, the best of ``--repeats`` repetitions, the arms alternating. Beside the times, the operators one forward
+of each arm dispatches (top-level aten ops under ``torch.profiler``: on a model this small their count, not the
+arithmetic, decides the time) and the paged pool's segments. The script imports only the storages'
+public interface, so running this file (``python path/to/paged_forward.py``) with ``PYTHONPATH`` set to an older
+checkout times that checkout's storage.
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ def per_forward_ms(storage, ids: dict[int, torch.Tensor], forwards: int) -> floa
     return 1000 * statistics.median(times)
 
 
+def forward_ops(storage, ids: dict[int, torch.Tensor]) -> int:
+    """Top-level aten ops dispatched by one ``extend(ids)`` (rolled back after)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    lengths = {r: storage.length(r) for r in ids}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        storage.extend(ids)
+    for r, n in lengths.items():
+        storage.truncate(r, n)
+    return sum(e.cpu_parent is None and e.name.startswith("aten::") for e in prof.events())
+
+
 def main(argv: list[str] | None = None) -> int:
     from asymspec_mm.frontend.help import terminal_text
 
@@ -65,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     model = AsymSpecPipeline.from_preset(args.preset).verifier
-    print("| case | padded (ms) | paged (ms) | paged / padded | logits equal |")
-    print("|---|---|---|---|---|")
+    print("| case | padded (ms) | paged (ms) | paged / padded | logits equal | ops: padded / paged | pool segments |")
+    print("|---|---|---|---|---|---|---|")
     for name, (lengths, news) in CASES.items():
         rng = random.Random(0)
         arms = {
@@ -84,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
             for kind, storage in arms.items():
                 best[kind] = min(best[kind], per_forward_ms(storage, ids, args.forwards))
         ratio = best["paged"] / best["padded"]
-        print(f"| {name} | {best['padded']:.2f} | {best['paged']:.2f} | {ratio:.2f}x | {'yes' if equal else 'no'} |", flush=True)
+        ops = {kind: forward_ops(storage, ids) for kind, storage in arms.items()}
+        segments = len(arms["paged"].pool.segments)
+        print(
+            f"| {name} | {best['padded']:.2f} | {best['paged']:.2f} | {ratio:.2f}x | {'yes' if equal else 'no'} "
+            f"| {ops['padded']} / {ops['paged']} | {segments} |",
+            flush=True,
+        )
     return 0
 
 

@@ -166,7 +166,8 @@ def _paged(base: str):
         if plan is None:
             return base_attention(base, module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         layer, kv = module.layer_idx, plan.kv
-        fresh = torch.cat([key, value]).permute(2, 0, 1, 3)  # [N, 2, Hkv, D]: each token's keys and values side by side
+        # [N, 2, Hkv, D]: each token's keys and values side by side, contiguous (the whole-pool read copies it faster)
+        fresh = torch.stack([key[0].transpose(0, 1), value[0].transpose(0, 1)], dim=1)
         if fresh.dtype != kv.dtype or fresh.device != kv.devices[layer]:  # what the pool will hold and later forwards read
             fresh = fresh.to(kv.devices[layer], kv.dtype)
         plan.fresh[layer] = fresh
