@@ -345,7 +345,7 @@ def test_random_views_under_a_stall_bound_cost_at_most_the_bound_past_the_floors
             assert plan.jobs <= 1 and plan.chunks == {} and plan.prefill_budget == 0
             continue
         jobs_s = plan.jobs * (costs.job_s or 0.0)
-        token_s = costs.token_s if costs.token_s is not None else step_s / max(1, decode)
+        token_s = costs.token_s if costs.token_s else step_s / max(1, decode)
         spare = (stall - 1) * step_s
         # within the bound, unless at a floor: one call, MIN_PREFILL_TOKENS
         assert plan.jobs <= 1 or jobs_s <= spare + 1e-12
@@ -362,6 +362,7 @@ def test_the_cost_meter_takes_medians_by_step_size_and_passes_a_hold_on():
         meter.turn(seconds, 0, 11)
     meter.turn(0.100, 0, 0)  # no row decoded: nothing to measure
     meter.turn(0.020, 100, 11)  # 10 ms past the step's median (10.5 ms): 0.095 ms a token
+    meter.turn(0.008, 100, 11)  # quicker than its step: no measure of the pieces (a median of zeros bounds nothing)
     meter.turn(0.030, 100, 50, held=True)  # a step of 50 not measured: measured against the nearest smaller one
     meter.job(0.004)
     costs = meter.costs()

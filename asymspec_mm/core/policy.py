@@ -196,7 +196,7 @@ def stall_bounded(max_stall: float, costs: TurnCosts, jobs: int, tokens: int, de
     elif jobs and costs.job_s is not None:
         jobs = max(1, min(jobs, int(spare / costs.job_s + 1e-9)))  # 1e-9: what float division loses
         spare -= jobs * costs.job_s
-    token_s = costs.token_s if costs.token_s is not None else step_s / max(1, decode_tokens)
+    token_s = costs.token_s if costs.token_s else step_s / max(1, decode_tokens)  # 0: not measured either
     if token_s > 0:
         tokens = min(tokens, max(MIN_PREFILL_TOKENS, int(max(0.0, spare) / token_s + 1e-9)))
     return jobs, tokens

@@ -41,7 +41,8 @@ class CostMeter:
     def turn(self, seconds: float, prompt_tokens: int, decode_tokens: int, held: bool = False) -> None:
         """A turn's forwards took ``seconds``, carrying ``prompt_tokens`` prompt tokens beside a step of
         ``decode_tokens`` (0: no row decoded); ``held``: it held its prompt pieces back. Without prompt tokens it
-        measures the step; with them, a prompt token's share of what the turn took past its step (not below zero)."""
+        measures the step; with them, a prompt token's share of what the turn took past its step (none where it took
+        no longer: a median of zeros would bound nothing)."""
         self.held = held
         if decode_tokens <= 0:
             return
@@ -53,8 +54,8 @@ class CostMeter:
                 del self.steps[next(iter(self.steps))]
             return
         step_s = TurnCosts(self._step_medians(), may_hold=False).step_s(decode_tokens)
-        if step_s is not None:
-            self.tokens.append(max(0.0, seconds - step_s) / prompt_tokens)
+        if step_s is not None and seconds > step_s:  # a turn quicker than its step's median says nothing of the pieces
+            self.tokens.append((seconds - step_s) / prompt_tokens)
 
     def job(self, seconds: float) -> None:
         """One set-up model call took ``seconds``."""
