@@ -833,10 +833,13 @@ def test_cli_options_parse():
             "2",
             "--max-kv-bytes",
             "5000000",
+            "--max-stall",
+            "1.5",
         ]
     )
-    assert args.max_images == 2 and args.max_kv_bytes == 5_000_000
+    assert args.max_images == 2 and args.max_kv_bytes == 5_000_000 and args.max_stall == 1.5
     assert build_parser().parse_args(["serve", "--preset", "tiny"]).max_kv_bytes is None
+    assert build_parser().parse_args(["serve", "--preset", "tiny"]).max_stall is None
     assert (args.host, args.port, args.max_batch_size, args.api_key, args.max_queue, args.max_request_mb) == (
         "127.0.0.1",
         0,
@@ -861,6 +864,8 @@ def test_cli_options_parse():
         ["--max-queue", "x"],
         ["--max-images", "0"],
         ["--max-kv-bytes", "0"],
+        ["--max-stall", "0.5"],
+        ["--max-stall", "nan"],
     ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", *bad])
@@ -871,7 +876,7 @@ def test_serve_command_end_to_end(tiny_dirs, pipe):
     """``asymspec-mm serve`` as a subprocess on port 0: it prints its address, answers, and stops on SIGINT."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--drafter", str(tiny_dirs[0]), "--verifier", str(tiny_dirs[1])]
-    cmd += ["--ocr-engine", "none", "--port", "0", "--max-batch-size", "4", "--log-level", "warning"]
+    cmd += ["--ocr-engine", "none", "--port", "0", "--max-batch-size", "4", "--max-stall", "2", "--log-level", "warning"]
     proc, url = start_serve(cmd, ROOT, env)
     try:
         assert url.startswith("http://127.0.0.1:")
@@ -884,7 +889,8 @@ def test_serve_command_end_to_end(tiny_dirs, pipe):
             max_tokens=5,
             extra_body={"asymspec": {"caption": case["caption"], "ocr": case["ocr"]}},
         )
-        assert resp.choices[0].message.content == ref.text
+        assert resp.choices[0].message.content == ref.text  # the stall bound changes when tokens come, not which
+        assert httpx.get(url + "/get_server_info").json()["max_stall"] == 2.0
     finally:
         stop_serve(proc)
     assert proc.returncode in (0, 130)

@@ -21,7 +21,7 @@ from asymspec_mm.serve.server import ServerThread
 @pytest.fixture()
 def small_server(tiny_pipe):
     """A server of two rows (a third request waits) with a KV bound, so every load series has a value."""
-    app = create_app(tiny_pipe, max_batch_size=2, max_queue=8, max_kv_bytes=64 * 2**20)
+    app = create_app(tiny_pipe, max_batch_size=2, max_queue=8, max_kv_bytes=64 * 2**20, max_stall=1.5)
     with ServerThread(app) as srv:
         srv.state = app.state.asymspec
         yield srv
@@ -114,7 +114,7 @@ def test_server_info_ready_and_health(small_server, tiny_pipe):
     assert info["model_id"] == info["served_model_name"] == tiny_pipe.name
     assert info["tokenizer_path"] == info["model_path"] == tiny_pipe.verifier_tokenizer.name_or_path
     assert (info["dp_size"], info["version"], info["max_running_requests"], info["max_batch_size"]) == (1, __version__, 2, 2)
-    assert info["max_kv_bytes"] == 64 * 2**20 and info["draining"] is False
+    assert info["max_kv_bytes"] == 64 * 2**20 and info["max_stall"] == 1.5 and info["draining"] is False
     assert info["context_length"] == tiny_pipe.verifier.config.max_position_embeddings
     assert info["internal_states"] == [{"num_running_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
     assert httpx.get(url + "/ready").json() == {"status": "ready", "model": tiny_pipe.name}

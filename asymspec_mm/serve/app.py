@@ -114,6 +114,7 @@ def create_app(
     max_queue: int | None = DEFAULT_MAX_QUEUE,
     max_kv_bytes: int | None = None,
     setup_workers: int = DEFAULT_SETUP_WORKERS,
+    max_stall: float | None = None,
     api_key: str | None = None,
     allow_local_images: str | Path | None = None,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
@@ -128,9 +129,9 @@ def create_app(
     """The FastAPI app serving ``pipe`` (see the module docstring).
 
     scheduler: a ``pipe.scheduler(...)`` to use (default: one made here with ``max_batch_size``, ``max_queue``
-    and ``max_kv_bytes``, ``setup_workers`` set-up threads, closed when the app shuts down). api_key: bearer key every ``/v1`` and ``/metrics``
-    request must send (``/health`` stays open). allow_local_images: the folder local image paths may point
-    into (default: none, only data URLs). max_request_mb: largest request body (413 beyond).
+    and ``max_kv_bytes``, ``setup_workers`` set-up threads and the stall bound ``max_stall``, closed when the app
+    shuts down). api_key: bearer key every ``/v1`` and ``/metrics`` request must send (``/health`` stays open).
+    allow_local_images: the folder local image paths may point into (default: none, only data URLs). max_request_mb: largest request body (413 beyond).
     model_name: the id ``/v1/models`` lists (default ``pipe.name``). max_images: images one request may hold.
     generation_config: ``none`` (a request without temperature is greedy) or ``model`` (the verifier's
     ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
@@ -161,7 +162,11 @@ def create_app(
     own = scheduler is None
     if own:
         scheduler = pipe.scheduler(
-            max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, setup_workers=setup_workers
+            max_batch_size=max_batch_size,
+            max_queue=max_queue,
+            max_kv_bytes=max_kv_bytes,
+            setup_workers=setup_workers,
+            max_stall=max_stall,
         )
     state = ServerState(
         pipe=pipe,

@@ -25,6 +25,14 @@ DEFAULT_OCR_WORKERS = 1
 SERVED_APIS = {"chat/completions": "chat completions", "completions": "completions", "responses": "Responses"}
 
 
+def stall_bound(text: str) -> float:
+    """argparse type of ``--max-stall``: a finite number >= 1 (a turn's cost over its step's)."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 (a turn costs at least its own step)")
+    return value
+
+
 def announcement(name: str, url: str) -> str:
     """The line ``serve`` prints once it listens: the pair, the base URL and every OpenAI API served under it."""
     apis = ", ".join(f"{what} (POST /v1/{path})" for path, what in SERVED_APIS.items())
@@ -105,6 +113,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "in the set-up thread, where OCR slows the loop's steps [default: %(default)s]",
     )
     s.add_argument(
+        "--max-stall",
+        type=stall_bound,
+        default=None,
+        help="bound a turn's vision tower passes and prompt pieces to this multiple (>= 1) of the decode step they "
+        "ride beside, by costs the loop measures, so that decoding rows do not stall while new requests arrive; "
+        "admission then takes longer [default: no bound]",
+    )
+    s.add_argument(
         "--setup-workers",
         type=positive_int,
         default=DEFAULT_SETUP_WORKERS,
@@ -180,6 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             max_kv_bytes=args.max_kv_bytes,
             setup_workers=args.setup_workers,
+            max_stall=args.max_stall,
             api_key=args.api_key,
             allow_local_images=args.allow_local_images,
             max_request_mb=args.max_request_mb,

@@ -91,6 +91,7 @@ def add_status_routes(app: FastAPI, state: Any, json_response: Any) -> None:
             "max_running_requests": scheduler.max_batch_size,
             "max_queued_requests": scheduler.max_queue,
             "max_kv_bytes": scheduler.max_kv_bytes,
+            "max_stall": getattr(scheduler, "max_stall", None),
             "draining": state.drain.draining,
             "internal_states": [load_of(scheduler)],
         }
