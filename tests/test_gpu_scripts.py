@@ -125,28 +125,33 @@ def test_gpu_bench_dry_run_plans_the_phases(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("gpu_bench.sh: unknown option --bogus")
 
 
+NOT_CACHED = "Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
+
+
+def _harness_step(tmp_path: Path, env: dict[str, str], name: str, off: str, seconds: int):
+    """An agent harness' step of gpu_bench.sh's dry run (``name``: gaia or simpleqa; ``off``: the other's
+    ``--no-...``): skipped without the models in the cache (named), then, forced, its command parsed by the CLI's own
+    parser (the parsed arguments)."""
+    from asymspec_mm.cli.main import build_parser
+
+    skipped = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", off], tmp_path, env)
+    assert skipped.stdout.splitlines()[0] == f"{name} harness skipped: {NOT_CACHED}"
+    forced = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", off, f"--{name}"], tmp_path, env)
+    assert forced.returncode == 0, forced.stderr
+    line = next(x for x in forced.stdout.splitlines() if x.startswith(f"dry run: {name} harness: "))
+    assert line.startswith(f"dry run: {name} harness: yes ({seconds}s): ")
+    cmd = line.split(f"({seconds}s): ", 1)[1].split()
+    assert cmd[1:5] == ["-m", "asymspec_mm.cli", "eval", name]
+    return build_parser().parse_args(cmd[3:])
+
+
 def test_gpu_bench_gaia_step_is_the_papers_harness_on_the_real_pair(tmp_path):
     """The GAIA step: skipped without the models and the classifier in the cache (named), and, forced, the harness'
     command on the real pair, which ``asymspec-mm eval gaia`` parses."""
-    from asymspec_mm.cli.main import build_parser
     from asymspec_mm.eval.gaia_data import write_bundled_tasks
 
     split = write_bundled_tasks(tmp_path / "split")
-    env = {**os.environ, "GAIA_DIR": str(split)}
-    skipped = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice"], tmp_path, env)
-    assert skipped.stdout.splitlines()[0] == (
-        "gaia harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and "
-        "microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
-    )
-    forced = _run_env(
-        ["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--gaia", "--no-simpleqa"], tmp_path, {**env, "GAIA_LIMIT": "6"}
-    )
-    assert forced.returncode == 0, forced.stderr
-    line = forced.stdout.splitlines()[0]
-    assert line.startswith("dry run: gaia harness: yes (240s): ")
-    cmd = line.split("(240s): ", 1)[1].split()
-    assert cmd[1:5] == ["-m", "asymspec_mm.cli", "eval", "gaia"]
-    args = build_parser().parse_args(cmd[3:])
+    args = _harness_step(tmp_path, {**os.environ, "GAIA_DIR": str(split), "GAIA_LIMIT": "6"}, "gaia", "--no-simpleqa", 240)
     assert (args.gaia_dir, args.limit, args.rows, args.drafter, args.verifier) == (
         str(split),
         6,
@@ -223,26 +228,11 @@ def test_slice_summary_of_a_run_cut_short(tmp_path, capsys):
 def test_gpu_bench_simpleqa_step_is_the_papers_harness_on_the_real_pair(tmp_path):
     """The SimpleQA step: skipped without the models in the cache (named), and, forced, ``eval simpleqa``'s command
     on the real pair with the paper's harness settings, which the CLI's own parser reads."""
-    from asymspec_mm.cli.main import build_parser
-
     csv, cache = tmp_path / "simple_qa_test_set.csv", tmp_path / "tool_cache.json"
     csv.write_text("metadata,problem,answer\n")
     cache.write_text("{}")
-    env = {**os.environ, "SIMPLEQA_CSV": str(csv), "SIMPLEQA_TOOL_CACHE": str(cache)}
-    skipped = _run_env(["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--no-gaia"], tmp_path, env)
-    assert skipped.stdout.splitlines()[0] == (
-        "simpleqa harness skipped: Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-32B and "
-        "microsoft/llmlingua-2-xlm-roberta-large-meetingbank are not all in the local Hugging Face cache"
-    )
-    forced = _run_env(
-        ["scripts/gpu_bench.sh", "--dry-run", "--no-paper-slice", "--no-gaia", "--simpleqa"], tmp_path, {**env, "SIMPLEQA_N": "5"}
-    )
-    assert forced.returncode == 0, forced.stderr
-    line = next(x for x in forced.stdout.splitlines() if x.startswith("dry run: simpleqa harness: "))
-    assert line.startswith("dry run: simpleqa harness: yes (120s): ")
-    cmd = line.split("(120s): ", 1)[1].split()
-    assert cmd[1:5] == ["-m", "asymspec_mm.cli", "eval", "simpleqa"]
-    args = build_parser().parse_args(cmd[3:])
+    env = {**os.environ, "SIMPLEQA_CSV": str(csv), "SIMPLEQA_TOOL_CACHE": str(cache), "SIMPLEQA_N": "5"}
+    args = _harness_step(tmp_path, env, "simpleqa", "--no-gaia", 120)
     assert (args.simpleqa_csv, args.tool_cache, args.sample, args.rows, args.drafter, args.verifier) == (
         str(csv),
         str(cache),
