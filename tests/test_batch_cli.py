@@ -418,7 +418,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, 
             proc.kill()
             proc.wait(timeout=60)
     kept = read_jsonl(out)
-    assert proc.returncode == 130 and 2 <= len(kept) < N
+    assert proc.returncode == 130 and 2 <= len(kept) < N, (proc.returncode, len(kept), stderr.decode(errors="replace")[-2000:])
     assert stderr.decode().splitlines()[-1] == (
         f"asymspec-mm batch: interrupted; {len(kept)} answers kept in {out}, {N - len(kept)} not answered; "
         "to continue, run the same command with --resume in place of --overwrite"

@@ -29,6 +29,7 @@ def test_the_inspector_shows_both_ids_of_each_token(two_vocab_pipe, tmp_path):
     app = ui_app.DemoApp(pipe, stream_interval=0.0)
     try:
         out = outputs_as_dict(list(app.run(*demo_args(path, case, max_new_tokens=24), False, "", "auto", 0, 1.0, None, session="s"))[-1])
+        trace_csv = Path(out["trace_csv"]).read_text(encoding="utf-8")  # the app removes its trace files on close
     finally:
         app.close()
     want = reference(pipe, path, case, max_new_tokens=24)
@@ -47,7 +48,7 @@ def test_the_inspector_shows_both_ids_of_each_token(two_vocab_pipe, tmp_path):
     # Floor's panel: the verifier's own ids only
     floor = [t for t in parse(out["floor_html"]).tokens if not t["end"]]
     assert floor and all("data-drafter-token-id" not in t["attrs"] and "drafter id" not in t["tip"] for t in floor)
-    rows = list(csv.DictReader(io.StringIO(Path(out["trace_csv"]).read_text(encoding="utf-8"))))
+    rows = list(csv.DictReader(io.StringIO(trace_csv)))
     main = [r for r in rows if r["method"] == "asymspec"]
     assert [int(r["drafter_token_id"]) for r in main] == [ev.drafter_token_id for ev in want.trace]
     assert [r["verifier_alone"] == "True" for r in main] == [ev.verifier_alone for ev in want.trace]
