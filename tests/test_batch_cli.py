@@ -400,11 +400,15 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, 
     out.write_text('{"id": "stale"}\n', encoding="utf-8")  # started over with --overwrite
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     argv = batch_args(root / "questions.jsonl", out, "--batch-size", 2, "--no-progress")
+    # The CLI starts with SIGINT at its default, as a terminal starts it: an ignored SIGINT is inherited through exec,
+    # and then Python raises no KeyboardInterrupt (seen in full parallel runs, where the run went on to the end).
+    parent_sigint = signal.getsignal(signal.SIGINT)
     proc = subprocess.Popen(
         [sys.executable, "-m", "asymspec_mm.cli", *map(str, argv), "--overwrite"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 240
@@ -418,7 +422,12 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, 
             proc.kill()
             proc.wait(timeout=60)
     kept = read_jsonl(out)
-    assert proc.returncode == 130 and 2 <= len(kept) < N, (proc.returncode, len(kept), stderr.decode(errors="replace")[-2000:])
+    assert proc.returncode == 130 and 2 <= len(kept) < N, (
+        proc.returncode,
+        len(kept),
+        parent_sigint,
+        stderr.decode(errors="replace")[-2000:],
+    )
     assert stderr.decode().splitlines()[-1] == (
         f"asymspec-mm batch: interrupted; {len(kept)} answers kept in {out}, {N - len(kept)} not answered; "
         "to continue, run the same command with --resume in place of --overwrite"

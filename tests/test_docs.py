@@ -49,6 +49,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/files/BENCHMARKS.md", "vllm_batch_bench.py"): VLLM,
     ("docs/files/BENCHMARKS.md", "--ocr none --out runs/serving-bench-no-ocr"): VLLM
     + " beside this project's; ~5 min each; tests/test_serving_bench.py runs the script on 4 prompts",
+    ("docs/files/BENCHMARKS.md", "--concurrency 16 --methods asymspec"): VLLM
+    + " beside this project's; six rounds of four arms, ~30 min; tests/test_serving_bench.py runs the script on 4 prompts",
     ("docs/files/BENCHMARKS.md", "aiperf_bench.sh --prompts 8"): "needs AIPerf in its own venv (~3 min); "
     "tests/test_aiperf_bench.py runs the script on 2 prompts where AIPerf is installed",
     ("docs/files/VLLM.md", 'verifier_backend="vllm"'): VLLM + " and the real models",
