@@ -394,21 +394,28 @@ def test_text_that_is_not_valid_unicode_is_a_bad_line(vista, refs, tmp_path, sha
     assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {lines[0]["id"]: refs[lines[0]["id"]].text}
 
 
+def _sigint_as_a_terminal_gives_it() -> None:
+    """In the child before exec: SIGINT at its default disposition and not blocked."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, shared_pipe):
     root, _ = vista
     out = tmp_path / "answers.jsonl"
     out.write_text('{"id": "stale"}\n', encoding="utf-8")  # started over with --overwrite
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     argv = batch_args(root / "questions.jsonl", out, "--batch-size", 2, "--no-progress")
-    # The CLI starts with SIGINT at its default, as a terminal starts it: an ignored SIGINT is inherited through exec,
-    # and then Python raises no KeyboardInterrupt (seen in full parallel runs, where the run went on to the end).
-    parent_sigint = signal.getsignal(signal.SIGINT)
+    # The CLI starts with SIGINT at its default and unblocked, as a terminal starts it: an ignored or blocked SIGINT
+    # is inherited through exec, and then Python raises no KeyboardInterrupt (seen in full parallel runs, where the
+    # run went on to the end).
+    parent_sigint = (signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
     proc = subprocess.Popen(
         [sys.executable, "-m", "asymspec_mm.cli", *map(str, argv), "--overwrite"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_sigint_as_a_terminal_gives_it,
     )
     try:
         deadline = time.monotonic() + 240
