@@ -163,13 +163,29 @@ def test_two_questions_about_one_new_image_set_up_at_once_share_one_caption(tiny
     assert got[0].view.caption == got[1].view.caption != ""
 
 
+def _asleep(sched, threads: int, timeout: float = 30.0) -> None:
+    """Wait until ``threads`` threads wait on the scheduler's condition: every wake-up already notified is counted (a
+    notified thread leaves the condition's waiters and counts its wake-up before it waits again)."""
+    end = time.monotonic() + timeout
+    while len(sched._cond._waiters) < threads:  # noqa: SLF001 - CPython's Condition keeps one lock a waiting thread
+        assert time.monotonic() < end, f"{len(sched._cond._waiters)} of {threads} threads asleep after {timeout} s"
+        time.sleep(0.001)
+
+
 def test_a_decoding_row_wakes_no_set_up_thread(tiny_pipe):
     """While a row decodes and nothing waits to be set up, the set-up threads sleep: no step wakes them (each step
-    woke all four, to find no work, and each took the interpreter's lock from the decode thread on the way)."""
+    woke all four, to find no work, and each took the interpreter's lock from the decode thread on the way). Each step
+    reads the count once the four are asleep again, so a wake-up notified before a step (the request's own set-up
+    ending) is never counted after it, however late its thread runs on a loaded machine."""
     cfg = AsymSpecConfig(max_new_tokens=24)
     held: list = []
     seen: list[int] = []  # the set-up threads' wake-ups so far, read after each step
-    with tiny_pipe.scheduler(max_batch_size=1, setup_workers=4, on_step=lambda *_: seen.append(held[0].wakeups["setup"])) as sched:
+
+    def after_step(*_) -> None:
+        _asleep(held[0], threads=4)
+        seen.append(held[0].wakeups["setup"])
+
+    with tiny_pipe.scheduler(max_batch_size=1, setup_workers=4, on_step=after_step) as sched:
         held.append(sched)
         res = sched.submit(**make_case(1790), config=cfg, method="floor", ignore_eos=True).result(timeout=120)
     assert len(seen) == res.stats["steps"] == 24
