@@ -51,10 +51,12 @@ class Reader:
         handle.listen(self._update)
 
     def _update(self, kind: str, value: Any) -> None:
-        self._put((kind, value))
-        if kind != "events":
-            self.metrics.finished("ok" if kind == "result" else outcome_of(value), value if kind == "result" else None)
-            self.on_end()
+        try:
+            if kind != "events":  # counted before the loop can answer: a client that has its answer sees it in /metrics
+                self.metrics.finished("ok" if kind == "result" else outcome_of(value), value if kind == "result" else None)
+                self.on_end()
+        finally:
+            self._put((kind, value))
 
     def _put(self, item: tuple) -> None:
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
