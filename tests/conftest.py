@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 
 import pytest
 
@@ -238,16 +239,34 @@ def make_case(seed: int) -> dict:
     }
 
 
+def sigint_as_a_terminal_gives_it() -> None:
+    """A ``preexec_fn`` for a child that a test stops with SIGINT: in the child before exec, SIGINT at its default
+    disposition and unblocked, as a terminal starts a command. An ignored or blocked SIGINT is inherited through exec
+    (a test run started in the background of a non-interactive shell ignores it), and then the child never sees it.
+    Only calls into the already imported ``signal`` module: the child of a threaded process may not import."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def start_serve(cmd: list[str], cwd, env: dict[str, str], timeout: float = 180.0):
-    """Start ``asymspec-mm serve ... --port 0`` as a subprocess; return ``(proc, base_url)`` once it answers
-    ``/health`` (the URL is read from its "serving ... on http://..." line on stderr, which stays drained)."""
+    """Start ``asymspec-mm serve ... --port 0`` as a subprocess (SIGINT at its default: :func:`stop_serve` sends it);
+    return ``(proc, base_url)`` once it answers ``/health`` (the URL is read from its "serving ... on http://..."
+    line on stderr, which stays drained)."""
     import subprocess
     import threading
     import time
 
     import httpx
 
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=sigint_as_a_terminal_gives_it,
+    )
     url, seen, deadline = None, [], time.monotonic() + timeout
     while url is None and time.monotonic() < deadline:
         line = proc.stderr.readline()
@@ -272,12 +291,12 @@ def start_serve(cmd: list[str], cwd, env: dict[str, str], timeout: float = 180.0
 
 
 def stop_serve(proc) -> None:
-    """SIGINT, then kill after 30 s."""
+    """SIGINT, then kill after 120 s (a shutdown on a loaded machine takes seconds; a kill skips its clean-up)."""
     import subprocess
 
     proc.send_signal(2)
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=30)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sigint_as_a_terminal_gives_it
 
 from asymspec_mm.cli import batch as batch_cli
 from asymspec_mm.cli.main import main
@@ -394,12 +395,6 @@ def test_text_that_is_not_valid_unicode_is_a_bad_line(vista, refs, tmp_path, sha
     assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {lines[0]["id"]: refs[lines[0]["id"]].text}
 
 
-def _sigint_as_a_terminal_gives_it() -> None:
-    """In the child before exec: SIGINT at its default disposition and not blocked."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, shared_pipe):
     root, _ = vista
     out = tmp_path / "answers.jsonl"
@@ -415,7 +410,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, 
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=_sigint_as_a_terminal_gives_it,
+        preexec_fn=sigint_as_a_terminal_gives_it,
     )
     try:
         deadline = time.monotonic() + 240

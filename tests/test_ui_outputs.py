@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_case
+from conftest import make_case, sigint_as_a_terminal_gives_it
 
 from ui.align import alignment_columns, render_alignment_html
 from ui.outputs import RUN_OUTPUTS, outputs_as_dict
@@ -330,7 +330,7 @@ def test_demo_start_up_names_its_url_and_the_share_flag(tmp_path, tiny_dirs):
     """`asymspec-mm demo` says where it serves and how to share it in its own words: the `--share` flag, not Gradio's
     "set `share=True` in `launch()`" (a keyword argument the command-line user has no way to set). Issue #41."""
     import os
-    import time
+    import threading
 
     import httpx
 
@@ -340,23 +340,39 @@ def test_demo_start_up_names_its_url_and_the_share_flag(tmp_path, tiny_dirs):
     drafter, verifier = (str(d) for d in tiny_dirs)
     cmd = [sys.executable, "-m", "asymspec_mm.cli", "demo", "--drafter", drafter, "--verifier", verifier, "--ocr-engine", "none"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, up = f"http://127.0.0.1:{port}", False
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=sigint_as_a_terminal_gives_it,  # stopped with SIGINT below
+    )
+    url, up, said = f"http://127.0.0.1:{port}", False, []
+    started = threading.Event()
+
+    def read() -> None:  # every line it prints; its start-up line comes once it serves (after launch returns)
+        for line in proc.stdout:
+            said.append(line)
+            if line.startswith("asymspec-mm demo: serving on"):
+                started.set()
+        started.set()  # it exited
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 240
-        while not up and proc.poll() is None and time.monotonic() < deadline:
-            try:
-                up = httpx.get(url, timeout=5).status_code == 200
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        time.sleep(1.0)  # its start-up lines come as the server starts
+        started.wait(240)
+        up = proc.poll() is None and httpx.get(url, timeout=60).status_code == 200
     finally:
         proc.send_signal(2)
         try:
-            output, _ = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            output, _ = proc.communicate()
+            proc.wait(timeout=60)
+        reader.join(60)
+    output = "".join(said)
     assert up, output
     assert "share=True" not in output and "launch()" not in output, output
     lines = [line for line in output.splitlines() if f"{url}/" in line or line.rstrip().endswith(url)]
