@@ -276,7 +276,11 @@ def test_concurrent_waiters_share_a_failure() -> None:
         nonlocal runs
         with runs_lock:
             runs += 1
-        time.sleep(0.1)
+        # fail once the five other callers wait on this run (each counts a hit as it finds it in flight): a caller
+        # that came after the failure would run it again (failures are not cached), however the threads are scheduled
+        deadline = time.monotonic() + 120
+        while store.stats()["hits"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
         raise ValueError("bad image")
 
     def worker() -> None:
