@@ -31,7 +31,7 @@ KILL_AFTER = 16
 #: Session keys of a keyed run: enough that both replicas hold some (a session policy hashes each to one replica).
 SESSIONS = 8
 BUDGET = 8
-TIMEOUT = 60.0  # seconds per request: a hung request fails instead of stalling the loop
+TIMEOUT = 120.0  # seconds per request: a hung request fails instead of stalling the loop (a slow one, 20 s seen, passes)
 #: Replica flags: a drain long enough for the requests in flight on a slow, shared machine (an 8-token answer took
 #: over 20 s there, the default --drain-timeout, with four replicas on two cores).
 REPLICA_FLAGS = ("--max-batch-size", "4", "--drain-timeout", "60")

@@ -90,7 +90,7 @@ def metrics_of(url: str, headers: dict | None = None) -> dict[str, float]:
     return parse_prometheus(r.text)
 
 
-def wait_for(cond, timeout: float = 60.0, what: str = "condition") -> None:
+def wait_for(cond, timeout: float = 120.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

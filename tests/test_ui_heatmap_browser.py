@@ -96,11 +96,12 @@ def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_
     _click_token(page, other)  # the same token again: computed this time
     page.wait_for_selector(f'{PANEL}[data-state="done"][data-position="{other}"]')
 
-    # the first token's map is cached: it comes back while the models are busy (a fresh one would wait for them)
+    # the first token's map is cached: it comes back while the models are busy (a fresh one would wait for them: the
+    # lock is held until it has come, so the page's default timeout bounds a hang, not the time a cached map takes)
     lock.acquire()
     try:
         _click_token(page, pos)
-        page.wait_for_selector(f'{PANEL}[data-state="done"][data-position="{pos}"]', timeout=5_000)
+        page.wait_for_selector(f'{PANEL}[data-state="done"][data-position="{pos}"]')
     finally:
         lock.release()
     assert outside_requests(env["requests"]) == []
