@@ -1,6 +1,8 @@
 """Regenerate docs/inspector.png: the steering inspector on a bundled `mixed` example, with the shipped tiny
-pair, the tooltip of the first fused token (the verifier's arithmetic) open. With ``--heatmap``, docs/inspector_heatmap.png
-instead: the answer and, under it, the heat map of its first steered token (clicked), cropped to those two.
+pair, after the run: its first fused token clicked, so that the page shows that token's heat map ("Where in the
+image") and its tooltip (the verifier's arithmetic). With ``--heatmap``, docs/inspector_heatmap.png instead: the
+answer and, under it, the heat map of its first steered token (clicked), cropped to those two. Both are saved with
+a palette of 128 colours (the page has few), which keeps the docs' copies small.
 
     python scripts/inspector_screenshot.py [--out docs/inspector.png] [--family mixed]
     python scripts/inspector_screenshot.py --heatmap --family figure --out docs/inspector_heatmap.png
@@ -68,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                 _heatmap_shot(page, args.out)
             else:
                 fused = page.locator("#asym-answer .asym-trace .tok.tok-fused")
-                (fused.first if fused.count() else page.locator("#asym-answer .asym-trace .tok").first).hover()
+                token = fused.first if fused.count() else page.locator("#asym-answer .asym-trace .tok").first
+                _open_heatmap(page, token)
+                token.hover()  # its tooltip, over the answer
                 page.wait_for_timeout(500)
                 page.screenshot(path=args.out, full_page=True)
+                _shrink(args.out)
             browser.close()
     finally:
         demo.close()
@@ -83,8 +88,7 @@ def _heatmap_shot(page, out: str) -> None:
     and the map's panel, without the token's hover box."""
     steered = page.locator('#asym-answer .asym-trace .tok[data-steered="1"]')
     token = steered.first if steered.count() else page.locator("#asym-answer .asym-trace .tok").first
-    token.click()
-    page.wait_for_selector('#asym-heatmap .asym-heatmap[data-state="done"]', timeout=120_000)
+    _open_heatmap(page, token)
     page.keyboard.press("Escape")  # close the token's hover box
     page.mouse.move(0, 0)
     page.wait_for_timeout(300)
@@ -93,9 +97,20 @@ def _heatmap_shot(page, out: str) -> None:
     x0, y0 = min(top["x"], bottom["x"]), top["y"]
     x1, y1 = max(top["x"] + top["width"], bottom["x"] + bottom["width"]), bottom["y"] + bottom["height"]
     page.screenshot(path=out, clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0}, full_page=True)
+    _shrink(out)
+
+
+def _open_heatmap(page, token) -> None:
+    """Click ``token`` of the answer and wait until its heat map is drawn under the answer."""
+    token.click()
+    page.wait_for_selector('#asym-heatmap .asym-heatmap[data-state="done"]', timeout=120_000)
+
+
+def _shrink(out: str) -> None:
+    """Save the screenshot at ``out`` again with a palette of 128 colours (the page has few), for a small file."""
     from PIL import Image
 
-    with Image.open(out) as shot:  # a palette keeps the docs' copy small (the page has few colours)
+    with Image.open(out) as shot:
         shot.convert("RGB").quantize(colors=128).save(out, optimize=True)
 
 

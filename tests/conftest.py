@@ -212,6 +212,24 @@ def client(server, client_timeout):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=client_timeout)
 
 
+@pytest.fixture
+def grammar_builds(monkeypatch):
+    """The options of every grammar built from now on (each call of
+    :func:`~asymspec_mm.request.grammar.output_grammar`, which the check at submission and the set-up's compile both
+    build through), in order."""
+    from asymspec_mm.request import grammar
+
+    built: list[tuple] = []
+    real = grammar.output_grammar
+
+    def counted(tools, tool_choice, response_format):
+        built.append((tool_choice, response_format))
+        return real(tools, tool_choice, response_format)
+
+    monkeypatch.setattr(grammar, "output_grammar", counted)
+    return built
+
+
 def deliver_in_thread(handle, listener) -> None:
     """A stand-in handle's ``listen`` (the scheduler's delivery): every step's events from iterating ``handle``, then
     its cancellation as an error, on a thread of its own."""

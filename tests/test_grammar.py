@@ -125,6 +125,30 @@ def test_what_the_grammar_engine_cannot_take_is_refused(tiny_pipe):
         assert sched.waiting == 0 and sched.steps == 0
 
 
+def _fresh_options(name: str) -> tuple[list, dict]:
+    """A tool and a response format no other test compiles (the pipeline keeps compiled grammars by options, so a
+    grammar seen before is not compiled, nor built, again)."""
+    params = {"type": "object", "properties": {name: {"type": "integer"}}, "required": [name], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": name, "parameters": params}}]
+    return tools, {"type": "json_schema", "json_schema": {"name": name, "schema": params}}
+
+
+def test_a_requests_grammar_is_built_once_on_the_direct_path_and_through_the_scheduler(tiny_pipe, grammar_builds):
+    """The grammar the check at submission builds (to refuse a bad schema before any model work) is the one the
+    set-up compiles: one build per request, on the direct path (``pipe.chat``: it was 2, the set-up's check then
+    its compile) and through the scheduler (it was 3: submission, the set-up's check, the compile)."""
+    cfg = AsymSpecConfig(k=2, max_new_tokens=6)
+    _, fmt = _fresh_options("built_once_direct")
+    tiny_pipe.chat(_messages(7), caption="c", ocr=False, response_format=fmt, config=cfg)
+    assert [f["json_schema"]["name"] for _, f in grammar_builds] == ["built_once_direct"]
+    grammar_builds.clear()
+    tools, _ = _fresh_options("built_once_scheduled")
+    choice = {"type": "function", "function": {"name": "built_once_scheduled"}}
+    with tiny_pipe.scheduler(max_batch_size=1) as sched:
+        res = sched.submit_chat(_messages(8), caption="c", ocr=False, tools=tools, tool_choice=choice, config=cfg).result()
+    assert res.finish_reason in ("tool_calls", "length") and [c for c, _ in grammar_builds] == [choice]
+
+
 @pytest.mark.parametrize(
     ("text", "ok"),
     [

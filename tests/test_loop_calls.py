@@ -237,3 +237,28 @@ def test_a_call_from_another_thread_during_generate_batch_joins_its_loop(tiny_pi
     res = got["side"]
     assert res.token_ids == alone.token_ids and [ev.token_id for ev in res.trace] == [ev.token_id for ev in alone.trace]
     assert res.stats["batch_size"] >= 2  # it shared steps with the batch's rows
+
+
+def test_a_request_refused_at_submission_raises_once_without_the_direct_path(no_other_loop, grammar_builds):
+    """``pipe.chat`` while a loop runs, with a response format whose grammar cannot be built: the loop's refusal
+    at submission is raised as it is, the same one-line error as the direct path's; the direct path (its set-up)
+    never runs, so the grammar is built (and refused) once. It used to fall back to the direct path, which refused
+    it a second time from its set-up."""
+    import traceback
+
+    from asymspec_mm.request.tools import ToolError
+
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}}}
+    messages = [{"role": "user", "content": [{"type": "image", "image": make_case(5300)["image"]}, "What is it?"]}]
+    with pytest.raises(ToolError) as direct:  # no loop: the direct path's set-up refuses it
+        no_other_loop.chat(messages, caption="c", ocr=False, response_format=bad)
+    grammar_builds.clear()
+    with no_other_loop.scheduler(max_batch_size=1) as sched:
+        with pytest.raises(ToolError) as looped:
+            no_other_loop.chat(messages, caption="c", ocr=False, response_format=bad)
+        assert sched.waiting == 0 and sched.steps == 0
+    frames = [frame.name for frame in traceback.extract_tb(looped.tb)]
+    assert "add_request" in frames and "set_up" not in frames and "prepare_chat" not in frames, frames
+    assert len(grammar_builds) == 1
+    assert str(looped.value) == str(direct.value) and "\n" not in str(looped.value)
+    assert str(looped.value).startswith("response_format.json_schema.schema: the JSON schema cannot be compiled")

@@ -319,7 +319,7 @@ def test_input_items_become_the_chat_conversation():
     ]
     assert [c["id"] for c in req.messages[3]["tool_calls"]] == ["c1", "c2"] and req.messages[3]["tool_calls"][1]["function"][
         "arguments"
-    ] == {"bar": "right"}
+    ] == '{"bar": "right"}'  # the text as the client sent it (what Qwen3's template writes)
     assert [m.get("tool_call_id") for m in req.messages[4:]] == ["c1", "c2"] and req.images[
         req.messages[5]["content"][1]["image"]
     ].size == (make_image(3).size)

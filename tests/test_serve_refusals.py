@@ -277,6 +277,22 @@ def test_what_the_set_up_would_refuse_is_refused_before_the_request_queues(clien
     assert sched.steps == steps and after["asymspec_requests_in_flight"] == 0
 
 
+def test_a_forced_tool_calls_grammar_is_built_once_for_all_its_choices(client, grammar_builds):
+    """The grammar the server's check builds at submission is the one the scheduler's rows compile: one build for a
+    request of two choices (it was 7: the server's check, then the scheduler's and the set-up's for each choice,
+    and the compile's)."""
+    params = {"type": "object", "properties": {"built_once_served": {"type": "integer"}}, "required": ["built_once_served"]}
+    answer = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Call it."}],
+        tools=[function("built_once_served", params)],
+        tool_choice="required",
+        max_tokens=4,
+        n=2,
+    )
+    assert len(answer.choices) == 2 and [choice for choice, _ in grammar_builds] == ["required"]
+
+
 def test_a_request_failed_by_the_server_is_an_error_and_a_cancelled_one_an_abort():
     """The outcome of each way a scheduled request fails, from the exceptions the scheduler delivers."""
     from concurrent.futures import CancelledError

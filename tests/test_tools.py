@@ -92,7 +92,7 @@ def test_arguments_of_every_json_kind_are_the_text_the_model_wrote(standin_pipe)
     """A list, a number, ``true`` or ``null`` as ``arguments`` is a call (as vLLM's hermes parser reads it:
     ``json.dumps`` of the value), its arguments the JSON text as written, streamed the same in any pieces, and
     where the parser says they stand; sent back as an earlier assistant call it renders through the real template
-    (a value is written back as JSON: ``-2.5e3`` as ``-2500.0``). A block without ``arguments`` stays no call."""
+    as it was written (``-2.5e3``, not ``-2500.0``). A block without ``arguments`` stays no call."""
     tok = standin_pipe.verifier_tokenizer
     for written, carried in WRITTEN_ARGUMENTS.items():
         text = f'Calling.\n<tool_call>\n{{"name": "f", "arguments": {written}}}\n</tool_call>'
@@ -104,12 +104,10 @@ def test_arguments_of_every_json_kind_are_the_text_the_model_wrote(standin_pipe)
         stream = ToolCallStream("x")
         deltas = [d for cut in range(1, len(text) + 1) for d in stream.push(text[:cut])] + stream.finish(text, parsed)
         assert "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", [])) == carried
-        value = json.loads(carried)
-        back = carried if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         calls = [tool_call(c, "messages[1].tool_calls[0]") for c in parsed.tool_calls]  # as a later turn sends it back
         messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": calls}]
         rendered = tok.apply_chat_template(messages, tokenize=False)
-        assert f'<tool_call>\n{{"name": "f", "arguments": {back}}}\n</tool_call>' in rendered, (written, rendered)
+        assert f'<tool_call>\n{{"name": "f", "arguments": {carried}}}\n</tool_call>' in rendered, (written, rendered)
     assert parse_tool_calls('<tool_call>\n{"name": "f", "argument": [1]}\n</tool_call>').tool_calls == []
 
 
@@ -173,3 +171,49 @@ def test_chat_with_tools_decodes_the_rendered_prompt(tiny_pipe):
     off_prompt = tiny_pipe.verifier_tokenizer.decode(off.prompts.verifier_ids[0])
     assert "<tools>" not in off_prompt and "<tool_response>" in off_prompt
     assert off.tool_calls is None and off.config.stop_strings == ("<tool_call>",)
+
+
+#: An earlier call's arguments as a client sends them back, in spellings that parsing them and writing them again
+#: would change: an exponent, a float's trailing zero, an escaped character.
+SENT_BACK = '{"a": -2.5e3, "b": [1.50, 2E-2], "c": "\\u00e9"}'
+
+
+def _history(arguments: str) -> list[dict]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "Add them."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+
+
+def test_arguments_sent_back_are_in_every_prompt_as_the_client_wrote_them(tiny_pipe):
+    """An assistant turn's ``tool_calls[].function.arguments`` (JSON text) reaches the three prompts that the real
+    Qwen3 and Qwen3-VL templates render (the tiny pair's, byte for byte) as the client wrote it: ``-2.5e3`` stays
+    ``-2.5e3`` (it was parsed, then written by the template's ``tojson`` as ``-2500.0``)."""
+    session = tiny_pipe.prepare_chat(_history(SENT_BACK), max_new_tokens=1, prefill=False)
+    block = f'<tool_call>\n{{"name": "add", "arguments": {SENT_BACK}}}\n</tool_call>'
+    p = session.prompts
+    for tok, ids in (
+        (tiny_pipe.verifier_tokenizer, p.verifier_ids),
+        (tiny_pipe.tokenizer, p.drafter_comp_ids),
+        (tiny_pipe.tokenizer, p.drafter_full_ids),
+    ):
+        assert block in tok.decode(ids[0]), tok.decode(ids[0])
+
+
+def test_a_template_that_always_rewrites_the_arguments_gets_them_parsed(tiny_pipe):
+    """A template that writes every ``arguments`` through ``tojson`` (no string branch) would quote JSON text as a
+    string: it gets the parsed arguments instead, and writes them as JSON; the real Qwen3 template gets the text."""
+    import copy
+
+    from asymspec_mm.request.tool_support import template_messages, writes_argument_text
+
+    real = tiny_pipe.verifier_tokenizer
+    rewriting = copy.copy(real)
+    rewriting.chat_template = real.chat_template.replace("{%- if tool_call.arguments is string %}", "{%- if false %}")
+    assert rewriting.chat_template != real.chat_template
+    assert writes_argument_text(real) and not writes_argument_text(rewriting)
+    rendered = rewriting.apply_chat_template(template_messages(rewriting, _history(SENT_BACK)), tokenize=False)
+    assert '"arguments": {"a": -2500.0, "b": [1.5, 0.02], "c": "\u00e9"}}' in rendered, rendered
+    assert template_messages(real, _history(SENT_BACK)) == _history(SENT_BACK)

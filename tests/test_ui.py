@@ -318,6 +318,32 @@ def test_demo_parser_and_loopback():
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
 
 
+def test_the_demos_stall_bound_reaches_its_scheduler_and_a_bad_one_is_a_one_line_error(tiny_pipe, capsys):
+    """``asymspec-mm demo --max-stall X`` (as ``serve --max-stall``) reaches the app's scheduler: the flag, the
+    launch options the command passes, ``build_app(max_stall=)`` and the scheduler it makes; a bound below 1 (or not
+    a number) is refused in one line, by the flag and by the app, before any run."""
+    from ui.serve import launch_options
+
+    parser = argparse.ArgumentParser()
+    add_demo_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["demo"]).max_stall is None
+    args = parser.parse_args(["demo", "--max-stall", "2.5"])
+    assert args.max_stall == 2.5 and launch_options(args)["max_stall"] == 2.5
+    for bad, why in (("0.5", "'0.5' must be at least 1"), ("nan", "'nan' is not a finite number"), ("x", "'x' is not a number")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["demo", "--max-stall", bad])
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert "error: argument --max-stall: " + why in last, last
+    demo = ui_app.build_app(tiny_pipe, examples=[], max_stall=2.5)
+    try:
+        assert demo.asymspec.scheduler.max_stall == 2.5
+    finally:
+        demo.close()
+    for bad in (0.5, True, "2"):
+        with pytest.raises(ValueError, match=r"^max_stall=.* must be a number >= 1 .* or None \(no bound\)$"):
+            ui_app.DemoApp(tiny_pipe, max_stall=bad)
+
+
 def test_serve_defaults_and_host_warning(monkeypatch, capsys):
     class FakeBlocks:
         asymspec_max_upload_mb = 3

@@ -139,6 +139,7 @@ def build_app(
     max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
     stream_interval: float = 0.1,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_stall: float | None = None,
     scheduler: Any = None,
 ) -> gr.Blocks:
     """The steering inspector for one loaded pipeline.
@@ -146,8 +147,8 @@ def build_app(
     ``examples``: dicts with image (path), question, caption, ocr; None loads the bundled
     ``examples.json`` when present, [] shows none. ``max_upload_mb`` is enforced by :func:`launch`
     (Gradio's ``max_file_size``) and again by the handlers. Every run decodes its method and the
-    comparisons as rows of one scheduler per app (``pipe.scheduler(max_batch_size=max_batch_size)``,
-    or ``scheduler``; closed with the app), so concurrent runs share decoding steps.
+    comparisons as rows of one scheduler per app (``pipe.scheduler(max_batch_size=max_batch_size,
+    max_stall=max_stall)``, or ``scheduler``; closed with the app), so concurrent runs share decoding steps.
     ``concurrency_limit``: runs handled at once (default ``4 * max_batch_size``, at most 32; rows beyond the
     batch wait in the scheduler, and the page shows each row's place in line and its waiting time), the rest
     wait in Gradio's queue of at most ``max_queue``. Endpoints: ``/run`` (its outputs are named as in
@@ -167,6 +168,7 @@ def build_app(
         max_new_tokens_limit=max_new_tokens_limit,
         stream_interval=stream_interval,
         max_batch_size=max_batch_size,
+        max_stall=max_stall,
         scheduler=scheduler,
         concurrency_limit=concurrency_limit,
     )

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from vision_cache.checks import is_int
+from vision_cache.checks import is_int, is_number
 
 from .attributions import TokenAttributions
 from .conversation import Conversations, Turn, render_conversation_html
@@ -61,11 +61,17 @@ class DemoApp(InputChecks, ViewFields):
         max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
         stream_interval: float = 0.1,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_stall: float | None = None,
         scheduler: Any = None,
         concurrency_limit: int | None = None,
     ) -> None:
         if not is_int(max_batch_size, minimum=1):
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
+        # checked here, not when the scheduler is made at the first run: a bad bound stops the demo from starting
+        if max_stall is not None and not (is_number(max_stall) and max_stall >= 1):
+            raise ValueError(f"max_stall={max_stall!r} must be a number >= 1 (a turn's cost over its decode step's) or None (no bound)")
+        if max_stall is not None and scheduler is not None:
+            raise ValueError("max_stall sets the scheduler the app makes: give it to pipe.scheduler(max_stall=...) instead")
         self.pipe = pipe
         #: Each session's conversation about its current image (follow-up questions continue it).
         self.conversations = Conversations()
@@ -75,6 +81,7 @@ class DemoApp(InputChecks, ViewFields):
         self.max_new_tokens_limit = max_new_tokens_limit
         self.stream_interval = stream_interval
         self.max_batch_size = max_batch_size
+        self.max_stall = max_stall  # the stall bound of the scheduler the app makes (None: off)
         self._scheduler = scheduler
         self._own_scheduler = scheduler is None
         self._lock = threading.Lock()
@@ -92,10 +99,11 @@ class DemoApp(InputChecks, ViewFields):
 
     @property
     def scheduler(self) -> Any:
-        """The app's scheduler (``pipe.scheduler(max_batch_size=...)``, created on first use)."""
+        """The app's scheduler (``pipe.scheduler(max_batch_size=..., max_stall=...)``, created on first use)."""
         with self._lock:
             if self._scheduler is None:
-                self._scheduler = self.pipe.scheduler(max_batch_size=self.max_batch_size)
+                bound = {} if self.max_stall is None else {"max_stall": self.max_stall}
+                self._scheduler = self.pipe.scheduler(max_batch_size=self.max_batch_size, **bound)
                 self._own_scheduler = True
             return self._scheduler
 

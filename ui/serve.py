@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from asymspec_mm.frontend.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int
+from asymspec_mm.frontend.options import add_model_args, finite_float, load_pipeline, pipeline_from_args, positive_int, stall_bound
 from asymspec_mm.serve.net import is_loopback
 
 from .jobs import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
 
-__all__ = ["add_demo_parser", "is_loopback", "launch", "main", "port_in_use_error", "serve", "startup_line"]
+__all__ = ["add_demo_parser", "is_loopback", "launch", "launch_options", "main", "port_in_use_error", "serve", "startup_line"]
 
 
 def port_in_use_error(host: str, port: int | None) -> str | None:
@@ -60,6 +60,7 @@ def launch(
     max_queue: int = 64,
     default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_stall: float | None = None,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
     share_hint: str = "share=True",
@@ -71,7 +72,8 @@ def launch(
     No share link unless ``share=True``. Analytics are off. Returns the running Blocks (call
     ``.close()`` to stop; with ``prevent_thread_lock=False`` this blocks until interrupted).
     Concurrent runs share decoding steps (up to ``max_batch_size`` rows); ``concurrency_limit`` runs are
-    handled at once (default ``max_batch_size``), see :func:`ui.app.build_app`. ``share_hint``: how the start-up
+    handled at once (default ``max_batch_size``), see :func:`ui.app.build_app`; ``max_stall``: the scheduler's stall
+    bound (``None``: off, see :meth:`~asymspec_mm.pipeline.facade.AsymSpecPipeline.scheduler`). ``share_hint``: how the start-up
     line (:func:`startup_line`) tells to make a public link.
     """
     from .app import build_app  # not at the top: ui.app re-exports this module's names
@@ -89,6 +91,7 @@ def launch(
         max_queue=max_queue,
         default_max_new_tokens=default_max_new_tokens,
         max_batch_size=max_batch_size,
+        max_stall=max_stall,
     )
     return serve(
         demo,
@@ -184,8 +187,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     pipe = pipeline_from_args(args)
     print(f"asymspec-mm demo: loaded {pipe.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     preload.join()
-    launch(
-        pipe,
+    launch(pipe, **launch_options(args))
+    return 0
+
+
+def launch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`launch`'s keyword arguments from the ``demo`` sub-command's parsed flags (all but the models')."""
+    return dict(
         host=args.host,
         port=args.port,
         share=args.share,
@@ -193,9 +201,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         concurrency_limit=args.concurrency,
         default_max_new_tokens=args.max_new_tokens,
         max_batch_size=args.max_batch_size,
+        max_stall=args.max_stall,
         share_hint="--share",
     )
-    return 0
 
 
 def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -221,6 +229,14 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BATCH_SIZE,
         help="rows decoded together in shared steps; each run is up to 3 rows (its method, Floor, the drafter alone) "
         "[default: %(default)s]",
+    )
+    s.add_argument(
+        "--max-stall",
+        type=stall_bound,
+        default=None,
+        help="bound a turn's vision tower passes and prompt pieces to this multiple (>= 1) of the decode step they ride "
+        "beside, so that running answers keep streaming while new runs are set up; a new run then starts later "
+        "(as serve --max-stall) [default: no bound]",
     )
     s.add_argument(
         "--concurrency",

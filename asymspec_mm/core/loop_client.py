@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..base.config import AsymSpecConfig
-from ..base.errors import AsymSpecError
+from ..base.errors import AsymSpecError, UnknownOptionError
 from ..engines.model_calls import TokenRequest, current_loop, using_loop
 from ..request.request import request_of
 from ..request.session import GenerationStream
@@ -71,9 +71,13 @@ def model_call(pipe: Any, fn: Callable[[], T], lock: AbstractContextManager) -> 
 
 def add_request(loop: Scheduler, request: Any) -> Handle | None:
     """``request``'s handle in ``loop``, or ``None`` when the loop turns it away (full, closing, stopped): the caller
-    then decodes it on the direct path."""
+    then decodes it on the direct path. A request the loop refuses for its own options (tools the verifier cannot
+    take, an output grammar that cannot be built: an :class:`~asymspec_mm.base.errors.UnknownOptionError`) raises
+    here, once: the direct path would only refuse it again, after starting its set-up."""
     try:
         return loop.add(request)
+    except UnknownOptionError:
+        raise
     except AsymSpecError:
         return None
 

@@ -76,6 +76,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def stall_bound(text: str) -> float:
+    """argparse type of ``--max-stall`` (``serve`` and ``demo``): a finite number >= 1 (a turn's cost over its step's)."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 (a turn costs at least its own step)")
+    return value
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """``--preset`` | ``--drafter``/``--verifier``, device, dtype and OCR engine (every command that loads models)."""
     g = p.add_argument_group("models")

@@ -288,8 +288,11 @@ def compression_stats(
     the prompt it read, ``comp_tokens``; an image counts as its caption + OCR on both sides, so the ratio is the
     text compression's), ``compression_s`` (the compressor's seconds this request), ``compressed_messages`` and
     ``compressed_view``: each compressed message's index, role and text as the verifier read it."""
+    from .tool_support import template_messages
+
     kw: dict[str, Any] = {"tools": list(tools)} if tools else {}
-    text = tokenizer.apply_chat_template(full.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kw)
+    messages = template_messages(tokenizer, full.compressed)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kw)
     full_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     return {
         "compression_ratio": full_tokens / max(1, comp_tokens),

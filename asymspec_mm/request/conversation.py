@@ -160,10 +160,11 @@ def task_text(turns: Sequence[Turn]) -> str:
 
 def tool_call(call: Any, where: str) -> dict[str, Any]:
     """An assistant message's tool call in OpenAI's shape (``{"id", "type": "function", "function": {"name",
-    "arguments"}}``, arguments a JSON string or an object), with its arguments parsed: an object, or the list,
-    number, boolean or null that a call to a tool whose parameters are not an object carries (the templates write
-    them back as JSON); a JSON string value stays its JSON text, which the templates write as it is. So every call
-    the model made, sent back in a later turn, reads as it was written."""
+    "arguments"}}``, arguments a JSON string or an object), its arguments checked: JSON text stays the text the
+    client sent (an empty one is ``{}``), so a template that writes it as it is (Qwen3's) puts the call in the prompt
+    as the model wrote it, numbers included (``-2.5e3``, where parsing and ``tojson`` would write ``-2500.0``);
+    :func:`~asymspec_mm.request.tool_support.template_messages` parses it for a template that does not. An object
+    stays an object."""
     import json
 
     fn = call.get("function") if isinstance(call, Mapping) else None
@@ -173,13 +174,11 @@ def tool_call(call: Any, where: str) -> dict[str, Any]:
         )
     args = fn.get("arguments", {})
     if isinstance(args, str):
-        text = args.strip()
+        args = args.strip() or "{}"
         try:
-            args = json.loads(text) if text else {}
+            json.loads(args)
         except json.JSONDecodeError as exc:
             raise ConversationError(f"{where}.function.arguments is not valid JSON ({exc.msg})", f"{where}.function.arguments") from None
-        if isinstance(args, str):  # a string value: the templates write a string as it is, so its JSON text goes in
-            args = text
     return {
         "id": call["id"],
         "type": "function",
@@ -277,13 +276,21 @@ def view_texts(
     the generation prompt (the verifier's with thinking disabled unless ``enable_thinking``, as a single request's)
     and, given ``tools`` (OpenAI function tools), the templates' own tools block (the compressed view's:
     ``compressed_tools`` where given)."""
+    from .tool_support import template_messages
+
     kw: dict[str, Any] = {"tools": list(tools)} if tools else {}
     ckw: dict[str, Any] = {"tools": list(compressed_tools)} if compressed_tools else kw
     v_text = verifier_tokenizer.apply_chat_template(
-        vm.compressed, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **ckw
+        template_messages(verifier_tokenizer, vm.compressed),
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=enable_thinking,
+        **ckw,
     )
-    c_text = processor.apply_chat_template(vm.compressed_vl, tokenize=False, add_generation_prompt=True, **ckw)
-    f_text = processor.apply_chat_template(vm.full, tokenize=False, add_generation_prompt=True, **kw)
+    c_text = processor.apply_chat_template(
+        template_messages(processor, vm.compressed_vl), tokenize=False, add_generation_prompt=True, **ckw
+    )
+    f_text = processor.apply_chat_template(template_messages(processor, vm.full), tokenize=False, add_generation_prompt=True, **kw)
     return v_text, c_text, f_text
 
 

@@ -156,15 +156,16 @@ def _xgrammar() -> Any:
     return xgr
 
 
-def check_output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any) -> None:
-    """Refuse options whose grammar cannot be built (a JSON schema, regex or EBNF xgrammar rejects, or no xgrammar):
-    the :class:`ToolError` that :meth:`GrammarCompiler.compile` would raise at set-up, raised before the request
-    queues. Building the grammar is what fails on bad options and takes microseconds; compiling it against the
-    vocabulary (the slow part) is left to the set-up."""
+def check_output_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any) -> Any:
+    """The grammar these options ask for (``None``: free output), built before the request queues; options whose
+    grammar cannot be built (a JSON schema, regex or EBNF xgrammar rejects, or no xgrammar) raise the
+    :class:`ToolError` that :meth:`GrammarCompiler.compile` would raise at set-up. Building the grammar is what fails
+    on bad options; compiling it against the vocabulary (the slow part) is left to the set-up, which is handed this
+    grammar (:meth:`GrammarCompiler.compile`'s ``grammar``) rather than building it again."""
     if (tool_choice is None or tool_choice in FREE_CHOICES) and response_format in (None, {"type": "text"}):
-        return  # free output: no grammar
+        return None  # free output: no grammar
     _xgrammar()
-    output_grammar(tools, tool_choice, response_format)
+    return output_grammar(tools, tool_choice, response_format)
 
 
 class GrammarCompiler:
@@ -178,12 +179,15 @@ class GrammarCompiler:
         self._cache: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def compile(self, tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any) -> Any:
-        """The compiled grammar of these options, or ``None`` for free output."""
+    def compile(self, tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any, *, grammar: Any = None) -> Any:
+        """The compiled grammar of these options, or ``None`` for free output. ``grammar``: these options' grammar
+        as the submission's check built it (:func:`check_output_grammar`), compiled on a cache miss instead of
+        building it again."""
         key = json.dumps([tools, tool_choice, response_format], sort_keys=True, default=str)
         with self._lock:
             if key not in self._cache:
-                grammar = output_grammar(tools, tool_choice, response_format)
+                if grammar is None:
+                    grammar = output_grammar(tools, tool_choice, response_format)
                 self._cache[key] = None if grammar is None else self._compiler.compile_grammar(grammar)
             return self._cache[key]
 

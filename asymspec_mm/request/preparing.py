@@ -13,6 +13,7 @@ pipeline, so those modules depend on this protocol rather than on the user-facin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -214,7 +215,9 @@ class RequestPreparer:
         tool call or a ``response_format`` asks for can be built; a one-line
         :class:`~asymspec_mm.request.tools.ToolError` naming the field otherwise (``tools``,
         ``tools[0].function.parameters``, ``response_format.json_schema.schema``, ...), before any model work: a
-        scheduler and the server refuse at submission what the set-up would refuse later."""
+        scheduler and the server refuse at submission what the set-up would refuse later. The grammar built here
+        rides on the returned copy (:attr:`~asymspec_mm.request.request.Request.grammar`): a later check of that copy
+        and the set-up's compile reuse it, so a request's grammar is built once."""
         from .grammar import check_output_grammar
         from .tool_support import check_verifier_tools
         from .tools import prompt_tools
@@ -222,8 +225,10 @@ class RequestPreparer:
         request = request.checked()
         if request.is_chat and request.tools:
             check_verifier_tools(self.verifier_tools_problem, prompt_tools(request.tools, request.tool_choice))
-        if request.is_chat:
-            check_output_grammar(request.tools or [], request.tool_choice, request.response_format)
+        if request.is_chat and request.grammar is None:
+            grammar = check_output_grammar(request.tools or [], request.tool_choice, request.response_format)
+            if grammar is not None:
+                request = dataclasses.replace(request, grammar=grammar)
         return request
 
     def _check_pair(self, req: Request) -> None:
@@ -365,7 +370,8 @@ class RequestPreparer:
             from ..base.frozen import thawed
             from .grammar import GrammarConstraint
 
-            compiled = m.grammars.compile(*thawed((req.tools, req.tool_choice, req.response_format)))  # plain copies for xgrammar
+            options = thawed((req.tools, req.tool_choice, req.response_format))  # plain copies for xgrammar
+            compiled = m.grammars.compile(*options, grammar=req.grammar)  # the grammar check_tools built
             if compiled is not None:
                 session.constraint = GrammarConstraint(compiled, m.grammars.vocab_size)
         return session

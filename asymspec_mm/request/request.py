@@ -74,6 +74,10 @@ class Request:
     images: tuple[Any, ...] | None = None
     #: set by :meth:`checked` on the copy it returns: a checked request is taken as it is
     is_checked: bool = field(default=False, repr=False, compare=False)
+    #: The xgrammar grammar its forced tool call or ``response_format`` asks for, built by the submission's check
+    #: (:meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`) on the copy it returns, so that set-up
+    #: compiles it rather than building it again. ``None``: free output, or not built yet.
+    grammar: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_chat(self) -> bool:
@@ -160,7 +164,7 @@ def _frozen_data(request: Request) -> dict[str, Any]:
     return {name: frozen(getattr(request, name)) for name in DATA_FIELDS} | {"images": images}
 
 
-REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked", "images"}
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request)) - {"is_checked", "images", "grammar"}
 
 
 def request_of(config: AsymSpecConfig | None = None, **fields: Any) -> Request:

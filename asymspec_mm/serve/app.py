@@ -67,18 +67,19 @@ ENDPOINTS = (
 )
 
 
-def check_tools(pipe: Any, request: Any) -> None:
-    """A 400 when ``pipe``'s verifier cannot take the tools ``request``'s prompt would carry (naming ``tools``, code
-    ``unsupported``) or the grammar of its forced tool call or response format cannot be built (naming the field,
-    code ``invalid_json_schema`` / ``invalid_grammar``):
-    :meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools`, before the request queues."""
+def check_tools(pipe: Any, request: Any) -> Any:
+    """``request`` as :meth:`~asymspec_mm.request.preparing.RequestPreparer.check_tools` returns it (carrying the
+    grammar it built, which the scheduler and the set-up reuse), before the request queues; a 400 when ``pipe``'s
+    verifier cannot take the tools its prompt would carry (naming ``tools``, code ``unsupported``) or the grammar of
+    its forced tool call or response format cannot be built (naming the field, code ``invalid_json_schema`` /
+    ``invalid_grammar``)."""
     from ..request.tools import ToolError
 
     preparer = getattr(pipe, "preparer", None)
     if preparer is None:
-        return
+        return request
     try:
-        preparer.check_tools(request)
+        return preparer.check_tools(request)
     except ToolError as exc:
         raise RequestError(400, str(exc), param=exc.param, code=exc.code or "unsupported") from None
 
@@ -270,13 +271,13 @@ def create_app(
         request queues: the client gets it at once, however long the queue)."""
         from ..core.handle import QueueFullError
 
-        check_tools(state.pipe, req.request)
+        request = check_tools(state.pipe, req.request)
         handles: list[Any] = []
         try:
             if state.drain.expired:  # set up after the drain ran out: it would only be cut off
                 raise timeout_error(state.drain.timeout)
             for config in choice_configs(req.config, req.n):  # the request as checked; each choice its own seed
-                handles.append(state.scheduler.add(dataclasses.replace(req.request, config=config)))
+                handles.append(state.scheduler.add(dataclasses.replace(request, config=config)))
                 state.metrics.started()
                 with state.lock:
                     state.handles.add(handles[-1])

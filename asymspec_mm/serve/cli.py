@@ -12,7 +12,7 @@ from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..core.setup_pool import DEFAULT_SETUP_WORKERS
-from ..frontend.options import add_compression_arg, add_model_args, non_negative_int, positive_float, positive_int
+from ..frontend.options import add_compression_arg, add_model_args, non_negative_int, positive_float, positive_int, stall_bound
 from .drain import DEFAULT_DRAIN_TIMEOUT
 from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
 from .sampling_fields import GENERATION_CONFIGS
@@ -23,14 +23,6 @@ DEFAULTS = {"max_batch_size": 16, "max_queue": 64, "max_request_mb": 20.0, "max_
 DEFAULT_OCR_WORKERS = 1
 #: The OpenAI APIs the server answers, by their paths under ``/v1`` (the start-up line and the help name them all).
 SERVED_APIS = {"chat/completions": "chat completions", "completions": "completions", "responses": "Responses"}
-
-
-def stall_bound(text: str) -> float:
-    """argparse type of ``--max-stall``: a finite number >= 1 (a turn's cost over its step's)."""
-    value = positive_float(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 (a turn costs at least its own step)")
-    return value
 
 
 def announcement(name: str, url: str) -> str:
