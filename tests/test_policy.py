@@ -11,6 +11,7 @@ from asymspec_mm.core.policy import (
     RowInfo,
     TurnCosts,
     TurnOutcome,
+    TurnPlan,
     TurnView,
     decoding_only,
     prompt_chunks,
@@ -252,6 +253,57 @@ def test_update_takes_a_new_row_back_to_the_line_and_a_resumed_one_to_preempted(
     assert plan.preempt == (2, 1)
     update(states, plan)
     assert states[1].status is S.PREEMPTED and states[2].status is S.READY and states[1].preemptions == 1
+
+
+def _session_like(method: str = "asymspec", k: int = 2):
+    """What the view reads of set-up's product: its method and settings (a hand-written record's ``work``)."""
+    from types import SimpleNamespace
+
+    from asymspec_mm import AsymSpecConfig
+
+    return SimpleNamespace(method=method, config=AsymSpecConfig(k=k))
+
+
+def test_the_view_reads_each_requests_prompts_from_its_record():
+    """The record owns each stream's prompt tokens and how many are in (issue #51 item 1): the policy's row of a
+    request is made from its record alone, its prompt tokens left being the record's ``prompt_tokens`` less
+    ``computed``; a decoding row has none left."""
+    from asymspec_mm.core.policy_view import row_info
+
+    state = RequestState(3, priority=2, status=S.PREFILLING, work=_session_like(k=3))
+    state.set_prompts({"verifier": 90, "drafter_full": 120}, {"verifier": 40})
+    assert state.prompt_left == {"verifier": 50, "drafter_full": 120}
+    info = row_info(state, S.PREFILLING)
+    assert (info.rid, info.status, info.priority, dict(info.prompt_left), info.step_tokens) == (3, S.PREFILLING, 2, state.prompt_left, 11)
+    assert dict(row_info(state, S.RUNNING, preemptible=False).prompt_left) == {}
+    assert row_info(RequestState(4, work=_session_like("floor")), S.READY, alone_kv=7).step_tokens == 1
+
+
+def test_update_writes_the_moved_rows_prompts_and_decoder_rows_onto_their_records():
+    """What the row decisions changed goes on the records: an admitted row's prompts by storage with the stored
+    prefix it found, a preempted row's prompt and the tokens it had cached (nothing in), the decoder's row of a
+    request that decodes at once or joins; a record has a row only while it is RUNNING."""
+    running = [row(0, S.RUNNING), row(5, S.RUNNING)]
+    states = _states(running)
+    states[0].row, states[5].row = "row 0", "row 5"
+    plan = schedule(view(running, {0: 20, 5: 20}, budget=25))
+    assert plan.preempt == (5,)
+    update(states, plan, TurnOutcome(prompt_tokens={5: {"verifier": 44}}, computed={5: {"verifier": 0}}))
+    assert states[5].status is S.PREEMPTED and states[5].row is None and states[5].prompt_left == {"verifier": 44}
+    assert states[0].row == "row 0"
+    line = [row(1, S.READY, left={"v": 30}), row(2, S.READY)]
+    states.update(_states(line))
+    plan = schedule(view(line))
+    assert plan.admit == (1, 2) and plan.join_now == (2,)
+    decided = TurnOutcome(joined=(), prompt_tokens={1: {"verifier": 30}}, computed={1: {"verifier": 12}}, rows={2: "row 2"})
+    update(states, plan, decided)
+    assert states[1].status is S.PREFILLING and states[1].row is None and states[1].prompt_left == {"verifier": 18}
+    assert states[2].status is S.RUNNING and states[2].row == "row 2"
+    # the prefill's counts as they came out, and the row that joined
+    update(states, TurnPlan(), TurnOutcome(joined=(1,), computed={1: {"verifier": 30}}, rows={1: "row 1"}))
+    assert states[1].status is S.RUNNING and states[1].row == "row 1" and states[1].prompt_left == {"verifier": 0}
+    update(states, TurnPlan(), TurnOutcome(finished={1: S.FINISHED_STOPPED}))
+    assert states[1].row is None
 
 
 def test_a_status_changes_only_along_its_transitions():

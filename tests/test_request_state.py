@@ -6,14 +6,18 @@ records; the captions on real forwards of the tiny pair through a running schedu
 from __future__ import annotations
 
 from concurrent.futures import CancelledError
+from dataclasses import fields
 
 import pytest
 from conftest import make_case
 
 from asymspec_mm import AsymSpecConfig
+from asymspec_mm.core.decoder import BatchDecoder
 from asymspec_mm.core.handle import Handle
-from asymspec_mm.core.request_state import FINISHED, RequestKind, RequestState, RequestStatus, RequestTable, TransitionError
-from asymspec_mm.engines.model_calls import TokenRequest
+from asymspec_mm.core.request_state import FINISHED, RequestKind, RequestState, RequestStatus, RequestTable, TransitionError, prompt_counts
+from asymspec_mm.core.scheduler import Scheduler
+from asymspec_mm.engines.model_calls import TokenRequest, TokenResult
+from asymspec_mm.request.session import MMResult, Session
 
 S = RequestStatus
 
@@ -158,3 +162,89 @@ def test_cancelling_a_request_while_its_caption_decodes_takes_the_caption_with_i
     with tiny_pipe.prefix_kv.paused(), tiny_pipe.scheduler(max_batch_size=2) as sched:
         again = sched.submit(case["image"], case["question"], caption=None, ocr=False, config=cfg).result(timeout=300)
     assert again.view.caption
+
+
+class _Checked(Scheduler):
+    """A scheduler that compares, at the start of every turn (after the last one), each record with the decoder: the
+    record's prompt counts are what the decoder's prefill computed, its row is the decoder's row while it decodes."""
+
+    def __init__(self, *args, **kwargs):
+        self.records: dict[int, RequestState] = {}
+        self.seen: dict[RequestStatus, int] = dict.fromkeys(S, 0)
+        self.problems: list[str] = []
+        self.partial = 0  # turns that began with a prompt part in
+        super().__init__(*args, **kwargs)
+
+    def _plan(self):
+        d, table = self._decoder, self._table
+        for rid, prompts in [*((r, d.arriving.prompts(r)) for r in d.arriving.rows), *((r, p) for r, (_, p) in d.parked.items())]:
+            state, (tokens, computed) = table[rid], prompt_counts(prompts)
+            if (state.prompt_tokens, state.computed, state.row) != (tokens, computed, None):
+                self.problems.append(f"{rid} {state.status.name}: {state.prompt_tokens} {state.computed} vs {tokens} {computed}")
+            self.seen[state.status] += 1
+            self.partial += state.status is S.PREFILLING and 0 < sum(computed.values()) < sum(tokens.values())
+        for rid, row in d.rows.items():
+            if table[rid].status is not S.RUNNING or table[rid].row is not row:
+                self.problems.append(f"{rid} decodes but its record says {table[rid].status.name}, {table[rid].row}")
+            self.seen[S.RUNNING] += 1
+        for state in table:
+            self.records[state.rid] = state
+            if state.status is not S.RUNNING and state.row is not None:
+                self.problems.append(f"{state.rid} {state.status.name} has a row")
+            if state.status is S.READY and state.prompt_left != {n: int(p.ids.numel()) for n, p in state.work.to_prefill.items()}:
+                self.problems.append(f"{state.rid} READY: {state.prompt_left}")
+        return super()._plan()
+
+
+def test_the_record_counts_the_prompts_and_holds_the_row_the_decoder_has(tiny_pipe):
+    """Three rows under a KV budget of about one and a half, prompts in pieces of 16 tokens: at every turn each
+    record's prompt tokens and computed tokens equal the decoder's prefill (exact counts, being prefilled and
+    preempted), its row is the decoder's row while it decodes and None otherwise; once finished, the set-up's prompts
+    are as set up (the prefill counted on copies) and the answer's prefill statistics are its record's."""
+    cases = [make_case(5830 + i) for i in range(3)]
+    cfg = AsymSpecConfig(k=3, max_new_tokens=48)
+    kwargs = [dict(image=c["image"], question=c["question"], caption=c["caption"], ocr=c["ocr"]) for c in cases]
+    probe = BatchDecoder(tiny_pipe)
+    one = max(probe.kv_bound(tiny_pipe.prepare(**k, config=cfg, ignore_eos=True, prefill=False), alone=True) for k in kwargs)
+    with tiny_pipe.prefix_kv.paused():
+        sched = _Checked(tiny_pipe, max_batch_size=3, max_kv_bytes=int(1.5 * one), prefill_chunk_tokens=16)
+        try:
+            handles = [sched.submit(**k, config=cfg, ignore_eos=True, priority=p) for k, p in zip(kwargs, (5, 5, -1))]
+            results = [h.result(timeout=600) for h in handles]
+        finally:
+            sched.close()
+    assert sched.problems == []
+    assert sched.preemptions > 0 and sched.seen[S.PREEMPTED] > 0 and sched.partial > 0 and sched.seen[S.RUNNING] > 0
+    for h, res in zip(handles, results):
+        record = sched.records[h.id]
+        assert record.status is S.FINISHED_LENGTH and record.row is None
+        assert all(p.done == p.cached == 0 for p in record.work.to_prefill.values())
+        assert record.work.record is record and record.stats["prefill_s"] == res.stats["prefill_s"] > 0
+        assert record.stats["cached_tokens"] == res.stats["cached_tokens"]
+
+
+class _AsCompletion(Session):
+    """A set-up request that declares itself a completion: the kind a row's work names decides its result."""
+
+    kind = "completion"
+    model = None  # the pipeline's model for its stream
+
+
+def test_a_rows_result_follows_the_kind_its_work_declares(tiny_pipe):
+    """The decoder asks a row's work what it is (its kind), not which class it is: the same set-up request, declared a
+    completion, ends with a TokenResult of the tokens it answers with as an answer."""
+    case = make_case(5840)
+    kwargs = dict(image=case["image"], question=case["question"], caption=case["caption"], ocr=case["ocr"], method="floor")
+    out = []
+    with tiny_pipe.prefix_kv.paused():
+        for declared in (Session, _AsCompletion):
+            session = tiny_pipe.prepare(**kwargs, config=AsymSpecConfig(max_new_tokens=8), ignore_eos=True, prefill=False)
+            decoder = BatchDecoder(tiny_pipe)
+            decoder.add(0, declared(*(getattr(session, f.name) for f in fields(Session))))
+            while decoder.arriving:
+                decoder.prefill_step()
+            while decoder.rows:
+                out += [row.result for row, _ in decoder.step() if row.result is not None]
+    answer, tokens = out
+    assert isinstance(answer, MMResult) and isinstance(tokens, TokenResult) and not isinstance(tokens, MMResult)
+    assert tokens.token_ids == answer.token_ids and len(tokens.token_ids) == 8

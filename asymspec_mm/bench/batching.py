@@ -132,6 +132,7 @@ class BatchSweep:
             return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)
         import torch
 
+        from ..request.record import RequestRecord
         from ..request.request import Request
         from ..request.session import Session
 
@@ -145,7 +146,7 @@ class BatchSweep:
             streams[name] = e
             pending[name] = torch.tensor([SYNTHETIC_PENDING_TOKEN], device=e.device)
         request = Request(method=v.method, config=cfg)
-        return Session(request, None, None, streams, pending, set(), None, 0.0, time.perf_counter(), {"vision_calls": 0})
+        return Session(request, None, None, streams, pending, set(), None, RequestRecord(stats={"vision_calls": 0}))
 
     def _kv_row(self, method: str, i: int, lengths: dict[str, int], measured: int | None) -> dict[str, Any]:
         models = self.pipe.stream_models(method)

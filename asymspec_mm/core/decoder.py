@@ -26,12 +26,14 @@ import torch
 
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
 from ..engines import RowStorages
-from ..engines.model_calls import TokenRequest, TokenResult
-from ..engines.pieces import resumed_prompt
+from ..engines.model_calls import TokenResult
+from ..engines.pieces import StreamPrompt, resumed_prompt
 from ..request.session import remember_answer
 from .prefill import DEFAULT_CHUNK_TOKENS, ChunkedPrefill, Rides
+from .request_state import RequestKind
 
 if TYPE_CHECKING:
+    from ..engines.model_calls import TokenRequest
     from ..request.preparing import ServingPipeline
     from ..request.session import Session
 
@@ -111,10 +113,11 @@ class BatchDecoder(RowDecoder):
         return out
 
     def _storage_for(self, session: Session | TokenRequest) -> dict[str, str]:
-        """:meth:`storage_of` the session's method; a token request on a model of its own (the captioner's, when the
-        pipeline's full view is served elsewhere) gets a storage of that model."""
+        """:meth:`storage_of` the session's method; a token request (its :class:`RequestKind` answers nothing) on a
+        model of its own (the captioner's, when the pipeline's full view is served elsewhere) gets a storage of that
+        model."""
         storage = self.storage_of(session.method)
-        model = session.model if isinstance(session, TokenRequest) else None
+        model = None if RequestKind(session.kind).answers else session.model
         if model is not None and model is not self.models.get(storage.get("drafter_full", "")):
             if "captioner" not in self.engines:
                 self.engines["captioner"], self.models["captioner"] = self._make(model, "drafter_full"), model
@@ -129,7 +132,9 @@ class BatchDecoder(RowDecoder):
         if session.to_prefill:
             if rid in self.rows:
                 raise ValueError(f"row {rid} is already live")
-            prompts = {storage[name]: p for name, p in session.to_prefill.items()}
+            # copies: the prefill advances its own counters, the session's prompts stay as set up (a row taken back
+            # out and admitted again starts from them; the request's record counts what is in)
+            prompts = {storage[name]: replace(p) for name, p in session.to_prefill.items()}
             streams = {storage[name]: s for name, s in session.streams.items()}
             self.arriving.add(rid, prompts, streams=streams, record=Staged(session, final, time.perf_counter(), storage))
             return None
@@ -204,14 +209,8 @@ class BatchDecoder(RowDecoder):
                     self.rejoin(staged.row, streams, held)
                     joined.append(staged.row)
                     continue
-                full = prompts.get(storage.get("drafter_full", ""))
-                session.stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or session.stats.get(
-                    "prefix_cache_hit", False
-                )
-                session.stats.setdefault("cached_tokens", {}).update(
-                    {name: prompts[key].cached for name, key in storage.items() if key in prompts}
-                )
-                session.prefill_s = session.stats["prefill_s"] = session.stats.get("prefill_s", 0.0) + time.perf_counter() - staged.t0
+                if RequestKind(session.kind).answers:  # what its answer reports, on its record
+                    _prefill_stats(session.record.stats, prompts, storage, time.perf_counter() - staged.t0)
                 joined.append(self._join_session(rid, session, streams, staged.final, storage, held))
             except Exception as exc:  # noqa: BLE001 - this row fails alone
                 for key, engine in self.engines.items():  # a row its storages held: its slots go
@@ -223,6 +222,13 @@ class BatchDecoder(RowDecoder):
         elif failed:
             raise failed[0][1]
         return joined
+
+    def prompts_of(self, rid: int) -> dict[str, StreamPrompt]:
+        """Row ``rid``'s prompts to prefill (by storage): being prefilled, or a parked row's prompt and the tokens it
+        had cached; none for a row decoding."""
+        if rid in self.arriving.rows:
+            return self.arriving.prompts(rid)
+        return self.parked[rid][1] if rid in self.parked else {}
 
     @property
     def waiting_rows(self) -> list[int]:
@@ -287,9 +293,7 @@ class BatchDecoder(RowDecoder):
         if staged.row is not None:
             self.parked[rid] = (staged.row, prompts)
             return None
-        for prompt in session.to_prefill.values():
-            prompt.done = prompt.cached = 0
-        return session
+        return session  # its prompts as set up (the prefill had copies)
 
     def allocated(self) -> int:
         """KV bytes the row storages and the staging engines hold now (padding and holes included)."""
@@ -408,8 +412,9 @@ class BatchDecoder(RowDecoder):
         return total + self.arriving.kv_bound(prompt_lengths)
 
     def finish(self, row: Row) -> None:
-        """A row is done: its result made (a session's :class:`MMResult`, a caption's tokens), then its slots freed."""
-        if isinstance(row.session, TokenRequest):  # a caption: only its tokens are wanted
+        """A row is done: its result made (a session's :class:`MMResult`, a caption's or completion's tokens: its
+        :class:`RequestKind` says which), then its slots freed."""
+        if not RequestKind(row.session.kind).answers:  # only its tokens are wanted
             row.result = TokenResult([ev.token_id for ev in row.trace], {"steps": row.step, "preemptions": row.preemptions})
             super().finish(row)
             return
@@ -434,3 +439,13 @@ class BatchDecoder(RowDecoder):
         row.result.stats["engine_calls_per_step"] = row.engine_calls / row.step if row.step else 0.0
         row.result.stats["preemptions"] = row.preemptions
         super().finish(row)
+
+
+def _prefill_stats(stats: dict[str, Any], prompts: Mapping[str, StreamPrompt], storage: Mapping[str, str], seconds: float) -> None:
+    """What a row's batched prefill measured, into its record's ``stats``: whether its full view's stored prefix covered
+    its images (``prefix_cache_hit``, or set-up's), each stream's tokens from stored prefixes (``cached_tokens``) and
+    ``seconds`` from its admission to its join added to set-up's ``prefill_s``."""
+    full = prompts.get(storage.get("drafter_full", ""))
+    stats["prefix_cache_hit"] = bool(full is not None and full.images_reused) or stats.get("prefix_cache_hit", False)
+    stats.setdefault("cached_tokens", {}).update({name: prompts[key].cached for name, key in storage.items() if key in prompts})
+    stats["prefill_s"] = stats.get("prefill_s", 0.0) + seconds

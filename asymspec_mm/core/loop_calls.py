@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
-from .request_state import RequestKind, RequestState, RequestTable
+from .request_state import RequestKind, RequestState, RequestTable, prompt_counts
 from .setup_pool import setting_up
 from .turn_costs import CostMeter
 
@@ -99,6 +99,7 @@ class LoopCalls:
             # cancelled); its prompt is known, so it enters READY (RequestKind.entry), its own set-up being its parent's
             parent = setting_up() if kind is RequestKind.CAPTION else None
             state = RequestState(next(self._ids), None, request, -1, kind.entry, work=request, kind=kind, parent=parent)
+            state.set_prompts(*prompt_counts(request.to_prefill))
             handle = Handle(self, self._table.add(state))
             self._ready.appendleft(handle.id)
             self._cond.notify_all()

@@ -296,20 +296,25 @@ class TurnOutcome:
     """What happened when a plan ran: rows that finished (rid -> FINISHED_STOPPED or FINISHED_LENGTH), rows that
     failed on their own error or were cancelled; ``joined`` (the rows whose prompts are all in) and ``computed``
     (rid -> stream -> prompt tokens in its KV) as they came out, where they differ from the plan's (a stored prefix
-    found on joining shortens a prompt); ``None``: as planned."""
+    found on joining shortens a prompt); ``None``: as planned. ``prompt_tokens``: rid -> stream -> the prompt tokens
+    it now has to prefill, for the rows whose prompts changed (admitted: by storage; preempted: its prompt and the
+    tokens it had cached; taken back to the line: by stream again); ``rows``: rid -> the decoder's row of each request
+    that began decoding (joined, or admitted with its prompts prefilled elsewhere)."""
 
     finished: Mapping[int, RequestStatus] = field(default_factory=dict)
     failed: Iterable[int] = ()
     aborted: Iterable[int] = ()
     joined: Iterable[int] | None = None
     computed: Mapping[int, Mapping[str, int]] | None = None
+    prompt_tokens: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    rows: Mapping[int, Any] = field(default_factory=dict)
 
 
 def update(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome | None = None) -> None:
     """Apply ``plan`` and the turn's ``outcome`` to ``states`` (rid -> :class:`RequestState`): :func:`admitted`,
     then :func:`prefilled`. Rows already gone are skipped."""
     outcome = outcome or TurnOutcome()
-    admitted(states, plan, outcome.failed)
+    admitted(states, plan, outcome)
     prefilled(states, plan, outcome)
 
 
@@ -322,12 +327,16 @@ def _mover(states: Mapping[int, Any], gone: set[int]) -> Callable[[int, RequestS
     return move
 
 
-def admitted(states: Mapping[int, Any], plan: TurnPlan, failed: Iterable[int] = ()) -> None:
+def admitted(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome | None = None) -> None:
     """The plan's row decisions, once carried out (the engine loop applies them before the turn's prefill, so that
     a request's status says at once that it has a row): resumed and admitted rows to PREFILLING (RUNNING when they
-    join at once), refused ones to FAILED, a preempted new request back to READY, a preempted decoding or resumed
-    row to PREEMPTED. ``failed``: ids that failed on their own error meanwhile (skipped)."""
-    move = _mover(states, set(failed))
+    join at once, with ``outcome.rows``' row), refused ones to FAILED, a preempted new request back to READY, a
+    preempted decoding or resumed row to PREEMPTED. ``outcome.failed``: ids that failed on their own error meanwhile
+    (skipped); ``outcome.prompt_tokens`` and ``computed``: the prompts the moved rows have to prefill now (without
+    them an admitted or preempted row's computed tokens start again from none)."""
+    outcome = outcome or TurnOutcome()
+    failed = set(outcome.failed)
+    move = _mover(states, failed)
     for rid in plan.resume:
         move(rid, RequestStatus.PREFILLING)
     for rid in plan.admit:
@@ -338,7 +347,7 @@ def admitted(states: Mapping[int, Any], plan: TurnPlan, failed: Iterable[int] = 
         move(rid, RequestStatus.FAILED)
     for rid in plan.preempt:
         state = states.get(rid)
-        if state is None or state.status.finished or rid in set(failed):
+        if state is None or state.status.finished or rid in failed:
             continue
         if state.status is RequestStatus.PREFILLING and not state.preemptions:
             move(rid, RequestStatus.READY)  # a new request taken back out: to the head of the line
@@ -346,11 +355,24 @@ def admitted(states: Mapping[int, Any], plan: TurnPlan, failed: Iterable[int] = 
             state.preemptions += state.status is RequestStatus.RUNNING
             move(rid, RequestStatus.PREEMPTED)
         state.computed = {}
+    _counted(states, outcome, failed)
+
+
+def _counted(states: Mapping[int, Any], outcome: TurnOutcome, gone: set[int]) -> None:
+    """``outcome``'s prompts and rows onto the live records it names."""
+    for rid, tokens in outcome.prompt_tokens.items():
+        state = states.get(rid)
+        if state is not None and rid not in gone and not state.status.finished:
+            state.set_prompts(tokens, (outcome.computed or {}).get(rid))
+    for rid, row in outcome.rows.items():
+        state = states.get(rid)
+        if state is not None and state.status is RequestStatus.RUNNING:
+            state.row = row
 
 
 def prefilled(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome) -> None:
     """The turn's prefill and step: each stream's ``computed`` tokens grow by its chunks (or are ``outcome``'s),
-    the rows whose prompts are in to RUNNING, finished, failed and cancelled rows end."""
+    the rows whose prompts are in to RUNNING (with ``outcome.rows``' row), finished, failed and cancelled rows end."""
     gone = set(outcome.failed) | set(outcome.aborted)
     move = _mover(states, gone)
     if outcome.computed is None:
@@ -371,3 +393,4 @@ def prefilled(states: Mapping[int, Any], plan: TurnPlan, outcome: TurnOutcome) -
         state = states.get(rid)
         if state is not None and not state.status.finished:
             state.move(status)
+    _counted(states, outcome, gone)

@@ -25,19 +25,23 @@ verifier's tokens for ``pipe.complete`` while a loop runs) enters ``READY`` too,
     CAPTION (a child):                           READY -> PREFILLING -> RUNNING -> FINISHED_*   (its parent SETTING_UP)
     COMPLETION:                                  READY -> ...
 
-The record is the engine's state of a request (vLLM v1's ``Request`` less its inputs): status, prompt tokens computed
-per stream, preemptions, timings, handle. What set-up made of the request (the prompts, the view, the streams, the
-grammar: a :class:`~asymspec_mm.request.session.Session`, vLLM's processed ``EngineCoreRequest``) is the record's
-:attr:`~RequestState.work`, read, not changed, by the loop.
+The record is the engine's state of a request (vLLM v1's ``Request`` less its inputs): status, each stream's prompt
+tokens and how many are computed, the decoder's row while it decodes, preemptions, timings, what set-up and prefill
+measured (a :class:`~asymspec_mm.request.record.RequestRecord`, which a request set up without a loop has too),
+handle. What set-up made of the request (the prompts, the view, the streams, the grammar: a
+:class:`~asymspec_mm.request.session.Session`, vLLM's processed ``EngineCoreRequest``) is the record's
+:attr:`~RequestState.work`, read, not changed, by the loop (the batched prefill advances copies of its prompts).
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from ..request.record import RequestRecord
 
 if TYPE_CHECKING:
     from ..engines.model_calls import TokenRequest
@@ -120,7 +124,7 @@ class TransitionError(RuntimeError):
 
 
 @dataclass(eq=False)
-class RequestState:
+class RequestState(RequestRecord):
     """Everything the engine knows about one request, under its id (see the module docstring).
 
     ``request`` is what its caller sent (never changed here): the checked
@@ -140,7 +144,12 @@ class RequestState:
     work: Any = None
     kind: RequestKind = RequestKind.ANSWER
     parent: int | None = None  # the request whose set-up asked for this one (a caption's)
+    #: the prompt tokens each stream storage has to prefill (by stream name while it waits for a row, by storage
+    #: once it has one: a preempted row's are its prompt and the tokens it had cached); empty: nothing to prefill
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
     computed: dict[str, int] = field(default_factory=dict)
+    #: the decoder's row decoding it (:class:`~asymspec_mm.decode.row.Row`) while it is RUNNING, else None
+    row: Any = None
     preemptions: int = 0  # times its KV was dropped while it decoded (a PREFILLING row with some is resuming)
     alone_kv: int | None = None  # KV bytes it can need by itself (admission's bound), once measured
     #: when it entered the table (``time.monotonic()``)
@@ -158,8 +167,19 @@ class RequestState:
         """Who goes first: lower priority value, then earlier arrival (ids grow with arrival)."""
         return (self.priority, self.rid)
 
+    @property
+    def prompt_left(self) -> dict[str, int]:
+        """The prompt tokens each stream storage has still to prefill (:attr:`prompt_tokens` less :attr:`computed`)."""
+        return {name: n - self.computed.get(name, 0) for name, n in self.prompt_tokens.items()}
+
+    def set_prompts(self, tokens: Mapping[str, int], computed: Mapping[str, int] | None = None) -> None:
+        """Its prompts to prefill are now ``tokens`` per stream storage, ``computed`` of them in its KV already (a
+        stored prefix found; ``None``: none)."""
+        self.prompt_tokens, self.computed = dict(tokens), dict(computed or {})
+
     def move(self, status: RequestStatus) -> None:
-        """Change status along :data:`TRANSITIONS` (or to a finished status from any live one)."""
+        """Change status along :data:`TRANSITIONS` (or to a finished status from any live one); leaving RUNNING, it
+        no longer has a decoder row."""
         if status is self.status:
             return
         if self.status.finished:
@@ -167,9 +187,17 @@ class RequestState:
         if status not in (RequestStatus.ABORTED, RequestStatus.FAILED) and status not in TRANSITIONS.get(self.status, ()):
             raise TransitionError(f"request {self.rid}: {self.status.name} -> {status.name} is not a transition")
         self.status = status
+        if status is not RequestStatus.RUNNING:
+            self.row = None
         self.times[status] = time.monotonic()
         if status.finished:
             self.finished_at = self.times[status]
+
+
+def prompt_counts(prompts: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(tokens, computed)`` of ``prompts`` (name -> :class:`~asymspec_mm.engines.pieces.StreamPrompt`): each one's
+    length and the tokens of it already in the KV, what :meth:`RequestState.set_prompts` takes."""
+    return {name: int(p.ids.numel()) for name, p in prompts.items()}, {name: int(p.done) for name, p in prompts.items()}
 
 
 class RequestTable:

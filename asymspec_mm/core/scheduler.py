@@ -7,7 +7,7 @@ KV); their model calls (a caption's tokens, the vision tower) run in the decode 
 rows being decoded. An output thread (:mod:`.output_processor`) detokenizes what the loop commits and hands it to the
 handles. Every request has one record (:mod:`.request_state`: its status, its session, its
 handle); the lines hold ids. One decode thread owns the batch. Each turn it asks the pure policy for a plan
-(:func:`.policy.schedule` over a snapshot of the records and the decoder's numbers) and executes it: it lets
+(:func:`.policy.schedule` over a snapshot of the records and the decoder's numbers: :mod:`.policy_view`) and executes it: it lets
 preempted rows back and prepared requests in while what the next step would allocate fits ``max_kv_bytes``
 (admission takes what a row needs now; rows grow as they decode), preempts rows (highest priority value, latest
 arrival first: their KV is dropped and rebuilt from their prompt and committed tokens when there is room again,
@@ -29,7 +29,6 @@ every waiting and live handle raises :class:`SchedulerStoppedError` at once (no 
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import threading
 import time
@@ -41,25 +40,14 @@ from typing import TYPE_CHECKING, Any
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
 from ..request.request import Request, request_of
-from .decoder import STEP_TOKENS, BatchDecoder, BatchEngineFactory
+from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import Handle, KVBudgetError, QueueFullError, SchedulerStoppedError
 from .loop_calls import LoopCalls
 from .output_processor import OutputProcessor
-from .policy import (
-    DEFAULT_TOKEN_BUDGET,
-    MIN_PREFILL_TOKENS,
-    RowInfo,
-    TurnOutcome,
-    TurnPlan,
-    TurnView,
-    admitted,
-    decoding_only,
-    prefill_budget,
-    prefilled,
-    schedule,
-)
+from .policy import DEFAULT_TOKEN_BUDGET, MIN_PREFILL_TOKENS, TurnOutcome, TurnPlan, admitted, prefill_budget, prefilled
+from .policy_view import PolicyView
 from .prefill import DEFAULT_CHUNK_TOKENS, Rides
-from .request_state import RequestState, RequestStatus, RequestTable
+from .request_state import RequestState, RequestStatus, RequestTable, prompt_counts
 from .setup_pool import DEFAULT_SETUP_WORKERS, SetupPool, cancelled_error
 from .turn_costs import CostMeter
 
@@ -70,7 +58,7 @@ if TYPE_CHECKING:
     from ..request.session import Session
 
 
-class Scheduler(LoopCalls, SetupPool):
+class Scheduler(LoopCalls, SetupPool, PolicyView):
     """Thread-safe front of batched decoding for one pipeline (see the module docstring)."""
 
     def __init__(
@@ -236,7 +224,10 @@ class Scheduler(LoopCalls, SetupPool):
                 self._retire_cancelled()
                 plan = self._plan()
                 ran = self._run_jobs(plan.jobs) if bounded else 0
-                admitted(self._table, plan, self._admit(plan) + self._make_room(plan))
+                decided = TurnOutcome(failed=[], computed={}, prompt_tokens={}, rows={})  # the row decisions' results
+                self._admit(plan, decided)
+                self._make_room(plan, decided)
+                admitted(self._table, plan, decided)
                 self._decoder.reset_peaks()
                 t0 = time.perf_counter()
                 outcome, rides = self._prefill(plan)
@@ -278,71 +269,21 @@ class Scheduler(LoopCalls, SetupPool):
         for _, future in jobs:
             future.set_exception(error)
 
-    # ---------------------------------------------------------------- one turn: view, plan, execute
-    def _plan(self) -> TurnPlan:
-        """The turn's plan: :func:`schedule` of :meth:`_view`; while only decoding rows are left and no KV budget
-        applies, what it would decide (:func:`decoding_only`: every row steps) without building the view."""
-        d = self._decoder
-        if self.max_kv_bytes is None and self.max_stall is None and not self._ready and not d.arriving and not d.parked:
-            return decoding_only(d.rows)
-        return schedule(self._view())
+    # ---------------------------------------------------------------- one turn: execute the plan (_plan: .policy_view)
+    def _counts(self, decided: TurnOutcome, rid: int, prompts: dict[str, Any]) -> None:
+        """Row ``rid``'s ``prompts`` to prefill now (their lengths and what is in the KV already) go to ``decided``."""
+        decided.prompt_tokens[rid], decided.computed[rid] = prompt_counts(prompts)  # type: ignore[index]
 
-    def _view(self) -> TurnView:
-        """What the policy decides from: the rows (decoding, being prefilled, preempted), the ready line in order
-        (each measured once against ``max_kv_bytes`` alone; one whose measure fails fails alone), the limits and a
-        KV meter over the decoder (:meth:`BatchDecoder.step_need`)."""
-        d = self._decoder
-        table = self._table
-        rows = [
-            RowInfo(rid, RequestStatus.RUNNING, table[rid].priority, {}, STEP_TOKENS[row.method](row.config.k), None, d.preemptible(rid))
-            for rid, row in d.rows.items()
-        ]
-        for rid, left in d.arriving.left():
-            session = d.arriving.record(rid).session
-            step = STEP_TOKENS[session.method](session.config.k)
-            rows.append(RowInfo(rid, RequestStatus.PREFILLING, table[rid].priority, left, step))
-        for rid, (row, prompts) in d.parked.items():
-            left = {key: p.left for key, p in prompts.items()}
-            rows.append(RowInfo(rid, RequestStatus.PREEMPTED, table[rid].priority, left, STEP_TOKENS[row.method](row.config.k)))
-        with self._cond:
-            line = [table[rid] for rid in self._ready if not table[rid].handle.cancelled]
-        joining = {}
-        for state in line:
-            session = state.work
-            if self.max_kv_bytes is not None and state.alone_kv is None:
-                try:
-                    state.alone_kv = d.kv_bound(session, alone=True)
-                except Exception as exc:  # noqa: BLE001 - it can never be admitted: its own handle fails
-                    self._leave_line(state.rid)
-                    self._end(state.rid, error=exc)
-                    continue
-            left = {name: p.left for name, p in session.to_prefill.items()}  # by stream: its storages are chosen on joining
-            step = STEP_TOKENS[session.method](session.config.k)
-            rows.append(RowInfo(state.rid, RequestStatus.READY, state.priority, left, step, state.alone_kv))
-            joining[state.rid] = session
-        meter = functools.partial(d.step_need, joining=joining) if self.max_kv_bytes is not None else None
-        with self._cond:
-            jobs = len(self._jobs)
-        return TurnView(
-            tuple(rows),
-            self.max_batch_size,
-            self.token_budget,
-            self.prefill_chunk_tokens,
-            self.max_kv_bytes,
-            meter,
-            jobs,
-            self.max_stall,
-            self._costs.costs(),
-        )
-
-    def _admit(self, plan: TurnPlan) -> list[int]:
+    def _admit(self, plan: TurnPlan, decided: TurnOutcome) -> None:
         """The plan's preempted rows come back (their prompts to the batched prefill), requests that can never fit
         are refused with the numbers, and its set-up requests take rows. Each fails alone: only its own handle errors.
-        Returns the ids that failed."""
-        decoder, failed = self._decoder, []
+        ``decided`` gets the ids that failed, the admitted rows' prompts and the rows that decode at once."""
+        decoder, failed = self._decoder, decided.failed
+        assert isinstance(failed, list)
         for rid in plan.resume:
             try:
                 decoder.resume(rid)
+                self._counts(decided, rid, decoder.prompts_of(rid))
             except Exception as exc:  # noqa: BLE001 - that row fails alone
                 decoder.remove(rid)
                 self._end(rid, error=exc)
@@ -363,34 +304,43 @@ class Scheduler(LoopCalls, SetupPool):
             with self._cond:
                 state.left_line_at = time.monotonic()
             try:
-                decoder.add(rid, state.work)
+                row = decoder.add(rid, state.work)
+                if row is not None:  # its prompts were all prefilled elsewhere: it decodes from this turn
+                    decided.rows[rid] = row  # type: ignore[index]
+                self._counts(decided, rid, decoder.prompts_of(rid))
             except Exception as exc:  # noqa: BLE001
                 self._end(rid, error=exc)
                 failed.append(rid)
             finally:  # out of the ready line only once it is a row: the set-up thread never sees a free row between
                 self._leave_line(rid)
-        return failed
 
-    def _make_room(self, plan: TurnPlan) -> list[int]:
+    def _make_room(self, plan: TurnPlan, decided: TurnOutcome) -> None:
         """The plan's victims give their KV back: a decoding row is preempted (dropped and rebuilt from its tokens
-        later, the same output), a row being prefilled is taken back out (a new request to the head of the line, a
-        resumed row parked again). Returns the ids that failed."""
-        decoder, failed = self._decoder, []
+        later, the same output), a row being prefilled is taken back out (a new request to the head of the line, its
+        prompts by stream again; a resumed row parked again). ``decided`` gets the ids that failed and each victim's
+        prompts to prefill now."""
+        decoder, failed = self._decoder, decided.failed
+        assert isinstance(failed, list)
         for rid in plan.preempt:
             try:
                 if rid in decoder.arriving.rows:
-                    if decoder.unstage(rid) is not None:  # a new request: back to the front of the line
+                    session = decoder.unstage(rid)
+                    if session is not None:  # a new request: back to the front of the line
                         with self._cond:
                             self._ready.appendleft(rid)
+                        self._counts(decided, rid, session.to_prefill)
+                        continue
                 elif rid in decoder.rows:
                     decoder.preempt(rid)
                     self.preemptions += 1
+                else:
+                    continue
+                self._counts(decided, rid, decoder.prompts_of(rid))
             except Exception as exc:  # noqa: BLE001 - that row fails alone
                 with contextlib.suppress(Exception):
                     decoder.remove(rid)
                 self._end(rid, error=exc)
                 failed.append(rid)
-        return failed
 
     def kv_bound(self, session: Session | None = None) -> int:
         """The most KV bytes the batch can allocate at once, with ``session`` joining (:meth:`BatchDecoder.kv_bound`):
@@ -433,11 +383,11 @@ class Scheduler(LoopCalls, SetupPool):
             return TurnOutcome(joined=(), computed={})
         prompts = {rid: decoder.arriving.prompts(rid) for rid in decoder.arriving.rows}
         failed: list[tuple[int, BaseException]] = []
-        joined = [row.id for row in decoder.join_ready(failed)]
+        joined = decoder.join_ready(failed)
         for rid, exc in failed:
             self._end(rid, error=exc)
-        computed = {rid: {key: p.done for key, p in per.items()} for rid, per in prompts.items()}
-        return TurnOutcome(joined=tuple(joined), computed=computed)
+        computed = {rid: prompt_counts(per)[1] for rid, per in prompts.items()}
+        return TurnOutcome(joined=tuple(row.id for row in joined), computed=computed, rows={row.id: row for row in joined})
 
     def _step_one(self, rides: Rides) -> TurnOutcome:
         """Step every live row once (all methods and settings in one step), its forwards carrying ``rides``; the rows

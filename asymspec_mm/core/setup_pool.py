@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from .request_state import RequestState, RequestStatus
+from .request_state import RequestState, RequestStatus, prompt_counts
 
 if TYPE_CHECKING:
     from collections import deque
@@ -117,7 +117,8 @@ class SetupPool:
             token = _SETTING_UP.set(state.rid)
             try:
                 with using_loop(self):  # its model calls (the tower, a caption's tokens) run in the decode loop
-                    session = self.pipe.set_up(state.request, prefill=False)
+                    # its timings and what set-up measures go on its record (session.record is state)
+                    session = self.pipe.set_up(state.request, prefill=False, record=state)
             except Exception as exc:  # noqa: BLE001 - the error belongs to this request's handle
                 # cancelled while it set up (its caption was cancelled with it): it fails as cancelled, not on the caption
                 self._end(state.rid, error=cancelled_error(state.handle) if state.handle.cancelled else exc)
@@ -127,6 +128,7 @@ class SetupPool:
             self._setting_up.discard(state.rid)
             if session is not None and state.rid in self._table:
                 state.work = session
+                state.set_prompts(*prompt_counts(session.to_prefill))  # by stream: its storages are chosen on joining
                 state.move(RequestStatus.READY)
                 line = [_order(self._table.get(rid), rid) for rid in self._ready]
                 self._ready.insert(ready_position(line, state.order), state.rid)

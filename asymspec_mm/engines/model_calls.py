@@ -40,8 +40,6 @@ class TokenRequest:
     constraint: Any = None
     streams: dict[str, Any] = field(default_factory=dict)
     reuse_keys: dict[str, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-    prefill_s: float = 0.0
     model: Any = None  # the model its stream runs on (None: the pipeline's for the stream)
     kind: str = "caption"
 

@@ -32,6 +32,7 @@ from ..engines.prefix_kv import reuse_key
 from .domain import warn_request
 from .models import ModelSet
 from .prompts import DEFAULT_STYLE, Prompts, PromptStyle, render_prompts, tokenize_prompts
+from .record import RequestRecord
 from .request import Request
 from .session import Session
 
@@ -57,7 +58,13 @@ class ServingPipeline(Protocol):
     def stream_models(self, method: str) -> dict[str, Any]: ...
 
     def set_up(
-        self, request: Request, *, engines: EngineFactory | None = ..., prefill: bool = ..., on_phase: Callable[[str], None] | None = ...
+        self,
+        request: Request,
+        *,
+        engines: EngineFactory | None = ...,
+        prefill: bool = ...,
+        on_phase: Callable[[str], None] | None = ...,
+        record: RequestRecord | None = ...,
     ) -> Session: ...
 
     def result_of(self, session: Session, counters: Counters, trace: list[TokenEvent], *, text: bool = ...) -> MMResult: ...
@@ -177,6 +184,7 @@ class RequestPreparer:
         engines: EngineFactory | None = None,
         prefill: bool = True,
         on_phase: Callable[[str], None] | None = None,
+        record: RequestRecord | None = None,
     ) -> Session:
         """Set a request up (checked here unless it already is): the compressed view of each image, the three
         prompts, the context check, and the streams its method needs, prefilled.
@@ -186,13 +194,16 @@ class RequestPreparer:
         ``"prefill"``. ``prefill=False`` stops before prefill where a stream's model is a transformers one: the
         session's ``to_prefill`` holds those streams' prompts (vision features encoded) for the batched, chunked
         prefill of :mod:`asymspec_mm.core.prefill`; streams served elsewhere (vLLM) are prefilled as usual.
+        ``record``: the request's :class:`~asymspec_mm.request.record.RequestRecord` (an engine loop's), where set-up
+        writes when it began and what it measured; without one the session gets a record of its own.
         """
         request = self.check_tools(request)
         self._check_pair(request)
-        t_start = time.perf_counter()
+        record = record if record is not None else RequestRecord()
+        record.t_start = time.perf_counter()
         vision = self.models.encoder.thread_counts()
         rendered = self._render_chat(request) if request.is_chat else self._render_question(request, on_phase)
-        return self._start_session(request, rendered, vision, t_start, engines, prefill, on_phase)
+        return self._start_session(request, rendered, vision, record, engines, prefill, on_phase)
 
     @functools.cached_property
     def summarizer(self) -> Any:
@@ -325,13 +336,14 @@ class RequestPreparer:
         req: Request,
         r: _Rendered,
         vision: tuple[int, int],
-        t_start: float,
+        record: RequestRecord,
         engines: EngineFactory | None,
         prefill: bool,
         on_phase: Callable[[str], None] | None,
     ) -> Session:
         """After the prompts (either form): the context check, the streams (prefilled, or their prompts staged with
-        ``prefill=False``), the set-up's statistics, the grammar the answer follows, and the :class:`Session`."""
+        ``prefill=False``), the set-up's statistics (on ``record``), the grammar the answer follows, and the
+        :class:`Session`."""
         from vision_cache.image import image_content_hash
 
         m = self.models
@@ -359,9 +371,10 @@ class RequestPreparer:
         if req.is_chat:
             stats["images"] = len(r.images)
         stats.update(r.stats)
+        record.stats = stats
         stops = stop_fn(m.tokenizer, cfg.stop_strings) if cfg.stop_strings else None
         eos = set() if req.ignore_eos else m.eos_ids
-        session = Session(req, r.prompts, r.view, streams, pending, eos, stops, prefill_s, t_start, stats, to_prefill)
+        session = Session(req, r.prompts, r.view, streams, pending, eos, stops, record, to_prefill)
         session.reuse_keys = self._reuse_keys(method, r.prompts, image_keys)
         session.warnings = r.warnings
         session.vocab = m.vocab if method in ("asymspec", "drafter") else None  # Floor (and SD's own drafter): the verifier's ids alone

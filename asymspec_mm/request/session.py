@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,6 +18,7 @@ from ..decode import Counters, StopFn, TokenEvent
 from ..decode.rows import DRAFTER_STREAMS
 from ..engines import Engine
 from .prompts import Prompts
+from .record import RequestRecord
 from .request import Request
 
 
@@ -85,8 +86,16 @@ class Session:
 
     streams: the prefilled engines the method needs, keyed ``drafter_full`` / ``drafter_comp`` /
     ``verifier``; each caches ``prompt[:-1]`` and ``pending[name]`` ``[1]`` is the token its first
-    forward starts with (also for the streams in ``to_prefill``). stats: what set-up measured (caption/OCR/prefill seconds, vision calls).
+    forward starts with (also for the streams in ``to_prefill``). record: the request's
+    :class:`~asymspec_mm.request.record.RequestRecord` (when its set-up began, what set-up and prefill measured: an
+    engine loop's record of the request, or one of its own set up without a loop); the session holds what set-up
+    made, the model-side objects, and changes nothing of it while it is decoded.
     """
+
+    #: what it answers (:class:`~asymspec_mm.core.request_state.RequestKind`'s value): a caller's request, its answer
+    #: an :class:`MMResult` (a caption's or completion's :class:`~asymspec_mm.engines.model_calls.TokenRequest` names
+    #: its own)
+    kind: ClassVar[str] = "answer"
 
     request: Request
     prompts: Prompts
@@ -95,11 +104,10 @@ class Session:
     pending: dict[str, torch.Tensor]
     eos_ids: set[int]
     stop_fn: StopFn | None
-    prefill_s: float
-    t_start: float
-    stats: dict[str, Any] = field(default_factory=dict)
+    record: RequestRecord = field(repr=False)
     #: streams set up but not prefilled (``prepare(..., prefill=False)``): their prompts, for batched chunked
-    #: prefill (:class:`~asymspec_mm.core.prefill.ChunkedPrefill`); ``streams`` holds the others
+    #: prefill (:class:`~asymspec_mm.core.prefill.ChunkedPrefill`, which prefills copies: these stay as set up);
+    #: ``streams`` holds the others
     to_prefill: dict[str, Any] = field(default_factory=dict)
     #: each transformers stream's whole prompt as a reuse key ``[L]`` (:func:`~asymspec_mm.engines.prefix_kv.reuse_key`):
     #: what the stream's context is stored under once the answer is known (:func:`remember_answer`)
@@ -111,6 +119,11 @@ class Session:
     #: a cross-family pair's :class:`~asymspec_mm.base.vocab_bridge.VocabBridge` when the method decodes with the
     #: drafter (its tokens are then the verifier's ids, the drafter's streams fed the drafter's); None otherwise
     vocab: Any = None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What set-up and prefill measured of the request (its record's :attr:`~RequestRecord.stats`)."""
+        return self.record.stats
 
     @property
     def method(self) -> str:
@@ -213,8 +226,8 @@ def session_result(
     :func:`with_answer_text` on another thread (an engine loop's output side)."""
     stats = counters.as_dict()
     stats.update(
-        session.stats,
-        wall_s=time.perf_counter() - session.t_start,
+        session.record.stats,
+        wall_s=time.perf_counter() - session.record.t_start,
         steered=sum(ev.steered for ev in trace),
         fused=sum(ev.source == "fused" for ev in trace),
     )
