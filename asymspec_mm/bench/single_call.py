@@ -50,11 +50,11 @@ def run_arm(pipe: Any, cases: list[dict], cfg: AsymSpecConfig, method: str, arm:
 
     if arm not in ARMS:
         raise SystemExit(f"--arms: unknown arm {arm!r}; choose among {', '.join(ARMS)}")
-    storages = {
-        "loop_padded": RowStorages("padded"),
-        "loop_segments": RowStorages(layout="segments"),
-        "loop_contiguous": RowStorages(layout="contiguous"),
-    }.get(arm)
+    storages = None  # the arm's row storages (built for that arm alone: an older checkout runs loop and direct)
+    if arm == "loop_padded":
+        storages = RowStorages("padded")
+    elif arm in ("loop_segments", "loop_contiguous"):
+        storages = RowStorages(layout=arm.removeprefix("loop_"))
     scope = pipe.scheduler(max_batch_size=1, batch_engines=storages) if arm != "direct" else nullcontext()
     with scope:
         before, cpu0, t0 = thread_cpu_seconds(), time.process_time(), time.perf_counter()

@@ -95,19 +95,18 @@ class RaggedPlan:
 
 
 def _group_index(kv: PagedKV, tables: list[BlockTable], count: int, firsts: list[int], fresh_at: int | None) -> torch.Tensor:
-    """``[rows, width]``: the slots each of ``tables`` (rows with ``count`` new tokens, already appended; the
+    """``[rows * width]``: the slots each of ``tables`` (rows with ``count`` new tokens, already appended; the
     first of row ``b``'s new tokens at ``firsts[b]`` in the packed sequence) reads: its tokens ``0 .. length - 1``,
     then hole slots (the rest of its blocks, or block 0 past them: any slot, the mask hides them). With
-    ``fresh_at``, its new tokens are read from the plan's new keys (slot ``fresh_at + t`` for packed token ``t``)."""
+    ``fresh_at``, its new tokens are read from the plan's new keys (slot ``fresh_at + t`` for packed token ``t``).
+    Few ops (on a small model their number, not their arithmetic, costs the time): Python lists, one tensor each."""
     bs = kv.pool.block_size
     width, most = max(t.length for t in tables), max(len(t.blocks) for t in tables)
     blocks = torch.tensor([t.blocks + [0] * (most - len(t.blocks)) for t in tables], dtype=torch.long)
-    index = (blocks.unsqueeze(2) * bs + kv.block_offsets).view(len(tables), -1)[:, :width]
+    index = (blocks.unsqueeze(2) * bs + kv.block_offsets).view(len(tables), -1)[:, :width].reshape(-1)
     if fresh_at is not None:  # row b's new tokens sit at columns length_b - count .. length_b - 1
-        steps = torch.arange(count)
-        columns = torch.tensor([t.length - count for t in tables]).unsqueeze(1) + steps
-        index = index.clone()
-        index.scatter_(1, columns, torch.tensor(firsts).unsqueeze(1) + (fresh_at + steps))
+        at = [b * width + t.length - count + i for b, t in enumerate(tables) for i in range(count)]
+        index[torch.tensor(at)] = torch.tensor([fresh_at + first + i for first in firsts for i in range(count)])
     return index
 
 
@@ -116,7 +115,7 @@ def _group_mask(lengths: list[int], count: int, width: int, device: torch.device
     and its new tokens up to itself); ``None`` when every query sees every slot."""
     if count == 1 and min(lengths) == width:
         return None
-    seen = torch.tensor(lengths).sub_(count - 1).unsqueeze(1) + torch.arange(count)
+    seen = torch.tensor([[length - count + i + 1 for i in range(count)] for length in lengths])
     return _on(torch.arange(width) < seen.view(len(lengths), 1, count, 1), device)
 
 
@@ -140,12 +139,12 @@ def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list
     groups = []
     for count, rows in by_n.items():
         index = indexes[count]
-        width = index.shape[1]
+        width = max(tables[r].length for r in rows)
         mask = _group_mask([tables[r].length for r in rows], count, width, device)
         tokens = None
         if len(rows) != len(n):
             tokens = torch.tensor([t for r in rows for t in range(starts[r], starts[r + 1])], dtype=torch.long, device=device)
-        read = kv.read_plan(index, fresh_at) if reads == "segments" else _on(index.reshape(-1), kv.devices[0])
+        read = kv.read_plan(index, fresh_at) if reads == "segments" else _on(index, kv.devices[0])
         groups.append(RowGroup(len(rows), count, width, tokens, read, mask))
     return RaggedPlan(kv, kv.write_plan(fresh), groups, reads, fresh_at, [None] * kv.n_layers)
 
