@@ -42,9 +42,9 @@ def _single(pipe, name: str, context) -> TextEngine | VLEngine:
 class Trio:
     """One PagedBatchEngine, one BatchEngine and, per row, a single-row engine, fed the same tokens."""
 
-    def __init__(self, pipe, name: str, block_size: int):
+    def __init__(self, pipe, name: str, block_size: int, layout: str | None = None):
         self.pipe, self.name = pipe, name
-        self.paged = PagedBatchEngine(stream_model(pipe, name), name, block_size=block_size)
+        self.paged = PagedBatchEngine(stream_model(pipe, name), name, block_size=block_size, layout=layout)
         self.batch = BatchEngine(stream_model(pipe, name), name, compact_at=0.25)
         self.single: dict[int, object] = {}
 
@@ -96,16 +96,19 @@ class Trio:
         assert pool.used_blocks == len(held)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_paged_rows_equal_single_row_engines_and_the_padded_batch(request, attn):
+@pytest.mark.parametrize(("attn", "layout"), [("sdpa", "segments"), ("eager", "segments"), ("sdpa", "contiguous")])
+def test_paged_rows_equal_single_row_engines_and_the_padded_batch(request, attn, layout):
     """5 rows per stream (image prompts, text-only VL, text verifier), 30 rounds of ragged extends on random subsets,
     random rollbacks, leaves and joins (and a row that leaves and joins again on its own context); every row's
-    logits equal its single-row engine's and the BatchEngine's, and the blocks are exactly the rows' tokens."""
+    logits equal its single-row engine's and the BatchEngine's, and the blocks are exactly the rows' tokens. In
+    both pool layouts: segments (the tiny pair's default: 4 layers) and contiguous (one tensor per layer,
+    reallocated as the pool grows and shrinks, which this test does many times)."""
     pipe = request.getfixturevalue("tiny_pipe" if attn == "sdpa" else "eager_pipe")
     rng = random.Random(11)
     sessions = sorted((_session(pipe, seed) for seed in range(5)), key=lambda s: s.streams["drafter_full"].length)
     assert len({s.streams["verifier"].length for s in sessions}) > 1
-    trios = {name: Trio(pipe, name, block_size=4) for name in STREAMS}
+    trios = {name: Trio(pipe, name, block_size=4, layout=layout) for name in STREAMS}
+    assert {t.paged.kv.layout for t in trios.values()} == {layout}
     for row, s in enumerate(sessions):
         for name in STREAMS:
             trios[name].join(row, s.streams[name])
@@ -261,14 +264,15 @@ def test_empty_context_and_rows_left_out_of_a_forward(tiny_pipe):
     assert engine.tokens_forwarded == {0: 2 + empty.tokens_forwarded, 1: 2 + single.tokens_forwarded}
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_pool_stays_within_its_bounds(tiny_pipe, seed):
+@pytest.mark.parametrize(("seed", "layout"), [(0, "segments"), (1, "segments"), (0, "contiguous")])
+def test_the_pool_stays_within_its_bounds(tiny_pipe, seed, layout):
     """Rows join with ragged prompts, decode ragged extends of up to ``step`` tokens and roll back: after every
-    operation the pool's bytes are within ``kv_bound`` of the rows' final lengths and within the ``step_bytes`` the
-    storage promised before the step; the bound is tight (within 1.25x of the most seen once the rows are long)."""
+    operation the pool's bytes, and its peak (a contiguous pool's reallocation copy included), are within
+    ``kv_bound`` of the rows' final lengths and within the ``step_bytes`` the storage promised before the step; the
+    bound is tight (within 1.25x of the most seen once the rows are long, the reallocation share aside)."""
     rng = random.Random(seed)
     model, step = tiny_pipe.verifier, 5
-    engine = PagedBatchEngine(model, "verifier", block_size=8)
+    engine = PagedBatchEngine(model, "verifier", block_size=8, layout=layout)
     finals, live, seen = {}, {}, 0
     for rid in range(6):
         prompt = rng.randint(3, 40)
@@ -283,16 +287,19 @@ def test_the_pool_stays_within_its_bounds(tiny_pipe, seed):
         if not rows:
             break
         promised = engine.step_bytes(step)
+        engine.peak_kv_bytes = engine.kv_bytes()
         ids = {r: torch.tensor([rng.randint(20, 480) for _ in range(rng.randint(1, step))]) for r in rows}
         engine.extend(ids)
-        assert engine.kv_bytes() <= promised
+        assert engine.kv_bytes() <= engine.peak_kv_bytes <= promised
         for r, t in ids.items():
             keep = engine.length(r) - rng.randint(0, t.numel() - 1)  # a rejection keeps a prefix of the new tokens
             engine.truncate(r, keep)
             live[r] = keep
         seen = max(seen, engine.kv_bytes())
-        assert engine.kv_bytes() <= bound
-    assert sum(live.values()) * engine.slot_bytes() <= seen <= bound <= 1.25 * seen
+        assert engine.kv_bytes() <= engine.peak_kv_bytes <= bound
+    share = engine.kv.realloc_share
+    assert share == (1 / engine.kv.n_layers if layout == "contiguous" else 0.0)
+    assert sum(live.values()) * engine.slot_bytes() <= seen <= bound <= 1.25 * (1 + share) * seen
 
 
 def test_a_request_alone_is_bounded_by_its_own_blocks(tiny_pipe):

@@ -26,13 +26,14 @@ def _submit(sched: Any, case: dict, cfg: AsymSpecConfig) -> Any:
     return sched.submit(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg, ignore_eos=True)
 
 
-def peak_over_held(pipe: Any, kind: str, cases: list[dict], tokens: int) -> dict[str, Any]:
-    """``cases`` through one scheduler on ``kind`` storage: peak KV bytes, bytes the rows hold at the end, seconds."""
+def peak_over_held(pipe: Any, kind: str, cases: list[dict], tokens: int, layout: str | None = None) -> dict[str, Any]:
+    """``cases`` through one scheduler on ``kind`` storage (paged: in ``layout``, default by the model's number of
+    layers): peak KV bytes, bytes the rows hold at the end, seconds."""
     from ..engines import RowStorages
 
     cfg = AsymSpecConfig(k=4, max_new_tokens=tokens)
     t0 = time.perf_counter()
-    with pipe.scheduler(max_batch_size=len(cases), batch_engines=RowStorages(kind)) as sched:
+    with pipe.scheduler(max_batch_size=len(cases), batch_engines=RowStorages(kind, layout=layout)) as sched:
         results = [h.result(timeout=1800) for h in [_submit(sched, c, cfg) for c in cases]]
         peak = sched.peak_kv_bytes
     held = sum(sum(r.stats["kv_bytes"].values()) for r in results)
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--tokens", type=int, nargs="+", default=[100, 400], help="tokens each request decodes (EOS ignored)")
     ap.add_argument("--budget", type=float, default=1.15, help="the alone request's budget, in units of what it holds")
+    ap.add_argument("--layout", default=None, help="the paged pools' layout: segments or contiguous (default: by the models' layers)")
     args = ap.parse_args(argv)
     from ..pipeline.facade import AsymSpecPipeline
     from .pairs import bench_cases
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     with pipe.prefix_kv.paused():
         for tokens in args.tokens:
             for rows in args.rows:
-                got = {kind: peak_over_held(pipe, kind, cases[:rows], tokens) for kind in KINDS}
+                got = {kind: peak_over_held(pipe, kind, cases[:rows], tokens, args.layout) for kind in KINDS}
                 if rows == 1:
                     alone_held[tokens] = got["paged"]["held"]
                 cells = " | ".join(f"{got[k]['peak'] / 1e6:.2f} / {got[k]['held'] / 1e6:.2f} | **{got[k]['ratio']:.2f}x**" for k in KINDS)

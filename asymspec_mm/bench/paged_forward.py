@@ -4,12 +4,15 @@
 preset's verifier with the same rows (random prompts of the given lengths, joined from single-row engines), then
 times one ``extend`` of the same new tokens on each (rolled back after each forward, so every forward sees the same
 contexts): decode steps of ``K + 1 = 5`` tokens at ``B = 1, 4, 8`` rows, and 8 decode rows beside one row whose
-256-token prompt chunk goes in the same forward. One thread, process time; per arm the median of ``--forwards``
-forwards, the best of ``--repeats`` repetitions, the arms alternating. Beside the times, the operators one forward
-of each arm dispatches (top-level aten ops under ``torch.profiler``: on a model this small their count, not the
-arithmetic, decides the time) and the paged pool's segments. The script imports only the storages'
-public interface, so running this file (``python path/to/paged_forward.py``) with ``PYTHONPATH`` set to an older
-checkout times that checkout's storage.
+256-token prompt chunk goes in the same forward. Where the storage takes a pool ``layout``, both layouts are arms:
+``segments`` and ``contiguous`` (the default one is marked). ``--layers N`` runs a real-config verifier instead of
+the preset's: Qwen3-32B's config (:mod:`asymspec_mm.checkpoints.standins`) with ``N`` layers at the stand-ins'
+width, random weights. One thread, process time; per arm the median of ``--forwards`` forwards, the best of
+``--repeats`` repetitions, the arms alternating. Beside the times, the operators one forward of each arm
+dispatches (top-level aten ops under ``torch.profiler``: on a model this small their count, not the arithmetic,
+decides the time) and the paged pool's segments. The script imports only the storages' public interface, so
+running this file (``python path/to/paged_forward.py``) with ``PYTHONPATH`` set to an older checkout times that
+checkout's storage.
 """
 
 from __future__ import annotations
@@ -66,44 +69,83 @@ def forward_ops(storage, ids: dict[int, torch.Tensor]) -> int:
     return sum(e.cpu_parent is None and e.name.startswith("aten::") for e in prof.events())
 
 
+def standin_verifier(layers: int):
+    """A real-config verifier of ``layers`` layers: Qwen3-32B's config at the stand-ins' width, random weights."""
+    from dataclasses import replace
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from asymspec_mm.checkpoints.standins import StandinShape, verifier_standin_config
+
+    cfg = verifier_standin_config(replace(StandinShape(), num_layers=layers))
+    cfg.pop("torch_dtype", None)
+    config = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def paged_arms(model) -> dict[str, object]:
+    """The paged storages to time: one per layout where the storage takes a ``layout`` (the default marked), else
+    the one it has (an older checkout)."""
+    from asymspec_mm.engines.paged_rows import PagedBatchEngine
+
+    try:
+        from asymspec_mm.engines.paged_kv import LAYOUTS
+    except ImportError:
+        return {"paged": PagedBatchEngine(model, "verifier")}
+    default = PagedBatchEngine(model, "verifier").kv.layout
+    return {
+        f"paged {layout}" + (" (default)" if layout == default else ""): PagedBatchEngine(model, "verifier", layout=layout)
+        for layout in LAYOUTS
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from asymspec_mm.frontend.help import terminal_text
 
     ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.paged_forward", description=terminal_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--layers", type=int, default=0, help="a real-config verifier of this many layers instead of the preset's")
     ap.add_argument("--forwards", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     args = ap.parse_args(argv)
-    from asymspec_mm.engines.paged_rows import PagedBatchEngine
     from asymspec_mm.engines.rows import BatchEngine
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
 
     torch.set_num_threads(1)
-    model = AsymSpecPipeline.from_preset(args.preset).verifier
-    print("| case | padded (ms) | paged (ms) | paged / padded | logits equal | ops: padded / paged | pool segments |")
-    print("|---|---|---|---|---|---|---|")
-    for name, (lengths, news) in CASES.items():
+    model = standin_verifier(args.layers) if args.layers else AsymSpecPipeline.from_preset(args.preset).verifier
+    names = list(paged_arms(model))
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    print(f"{layers} layers; per arm: ms per forward, its ratio over padded, logits equal to padded, aten ops")
+    print("| case | padded (ms) | " + " | ".join(names) + " | ops: padded / " + " / ".join(names) + " | pool segments |")
+    print("|---|---|" + "---|" * len(names) + "---|---|")
+    for name in args.cases.split(","):
+        lengths, news = CASES[name]
         rng = random.Random(0)
-        arms = {
-            "padded": filled(BatchEngine(model, "verifier"), model, lengths, rng),
-            "paged": filled(PagedBatchEngine(model, "verifier"), model, lengths, random.Random(0)),
-        }
+        arms = {"padded": filled(BatchEngine(model, "verifier"), model, lengths, rng)}
+        for arm, storage in paged_arms(model).items():
+            arms[arm] = filled(storage, model, lengths, random.Random(0))
         ids = {r: torch.tensor([rng.randrange(2, model.config.vocab_size) for _ in range(n)]) for r, n in enumerate(news)}
         first = {kind: storage.extend(ids) for kind, storage in arms.items()}
         for storage in arms.values():
             for r, n in enumerate(news):
                 storage.truncate(r, storage.length(r) - n)
-        equal = all(torch.allclose(first["paged"][r], first["padded"][r], atol=1e-5) for r in ids)
+        equal = {kind: all(torch.allclose(first[kind][r], first["padded"][r], atol=1e-5) for r in ids) for kind in names}
         best = {kind: float("inf") for kind in arms}
         for _ in range(args.repeats):
             for kind, storage in arms.items():
                 best[kind] = min(best[kind], per_forward_ms(storage, ids, args.forwards))
-        ratio = best["paged"] / best["padded"]
         ops = {kind: forward_ops(storage, ids) for kind, storage in arms.items()}
-        segments = len(arms["paged"].pool.segments)
+        cells = [f"{best[k]:.2f} ({best[k] / best['padded']:.2f}x, {'equal' if equal[k] else 'NOT equal'})" for k in names]
+        segments = len(arms[names[0]].pool.segments)
         print(
-            f"| {name} | {best['padded']:.2f} | {best['paged']:.2f} | {ratio:.2f}x | {'yes' if equal else 'no'} "
-            f"| {ops['padded']} / {ops['paged']} | {segments} |",
+            f"| {name} | {best['padded']:.2f} | "
+            + " | ".join(cells)
+            + f" | {ops['padded']} / "
+            + " / ".join(str(ops[k]) for k in names)
+            + f" | {segments} |",
             flush=True,
         )
     return 0

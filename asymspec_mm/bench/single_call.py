@@ -38,8 +38,9 @@ def thread_cpu_seconds() -> dict[str, float]:
 
 
 #: The arms: the direct path, the loop on its default (paged) row storages, the loop on padded ones (one contiguous
-#: cache per stream, as the direct path keeps: the loop's own cost apart from paged attention's).
-ARMS = ("direct", "loop", "loop_padded")
+#: cache per stream, as the direct path keeps: the loop's own cost apart from paged attention's), the loop on paged
+#: storages in each pool layout (whatever the model's number of layers would choose).
+ARMS = ("direct", "loop", "loop_padded", "loop_segments", "loop_contiguous")
 
 
 def run_arm(pipe: Any, cases: list[dict], cfg: AsymSpecConfig, method: str, arm: str) -> dict[str, Any]:
@@ -49,7 +50,11 @@ def run_arm(pipe: Any, cases: list[dict], cfg: AsymSpecConfig, method: str, arm:
 
     if arm not in ARMS:
         raise SystemExit(f"--arms: unknown arm {arm!r}; choose among {', '.join(ARMS)}")
-    storages = RowStorages("padded") if arm == "loop_padded" else None
+    storages = None  # the arm's row storages (built for that arm alone: an older checkout runs loop and direct)
+    if arm == "loop_padded":
+        storages = RowStorages("padded")
+    elif arm in ("loop_segments", "loop_contiguous"):
+        storages = RowStorages(layout=arm.removeprefix("loop_"))
     scope = pipe.scheduler(max_batch_size=1, batch_engines=storages) if arm != "direct" else nullcontext()
     with scope:
         before, cpu0, t0 = thread_cpu_seconds(), time.process_time(), time.perf_counter()
@@ -68,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--methods", default="asymspec,floor")
     ap.add_argument(
-        "--arms", default="direct,loop", help="direct, loop (a scheduler running), loop_padded (on padded storages) [default: %(default)s]"
+        "--arms",
+        default="direct,loop",
+        help="direct, loop (a scheduler running), loop_padded (on padded storages), loop_segments / loop_contiguous (on paged storages in that pool layout) [default: %(default)s]",
     )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)

@@ -10,8 +10,8 @@ blocks; a row about to write into a shared, partly filled last block first gets 
 (copy-on-write: :meth:`BlockPool.append` returns the ``(source, copy)`` block pairs the storage must copy). A
 rollback frees the blocks past the new length, a row that leaves frees all of its own.
 
-The pool grows in *segments* (the storage allocates one tensor per segment, never reallocating or copying an
-existing one): a segment is at least ``min_segment`` blocks and ``growth`` times the capacity so far, so the
+The pool grows in *segments* (a segment-layout storage allocates one tensor per segment, never reallocating or
+copying an existing one; a contiguous one grows its per-layer tensors by the segment's slots): a segment is at least ``min_segment`` blocks and ``growth`` times the capacity so far, so the
 capacity exceeds what the rows need by at most that share. Free blocks are taken lowest id first, so rows that
 leave empty the last segments, which :meth:`BlockPool.trim` gives back.
 """

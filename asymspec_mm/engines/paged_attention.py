@@ -6,15 +6,19 @@ builds a :class:`RaggedPlan` (once; every layer reads it): where each new token'
 grouped by their number of new tokens ``n``. The plan rides to the attention function in the forward's keyword
 arguments (``paged_plan=``), which transformers passes through to every attention call.
 
-Per layer, :func:`paged_attention` hands the layer's new keys and values to the plan (it writes nothing: the pool's
-segments hold every layer, so the storage writes all layers' new keys at once after the forward, one write per
-segment they land in), then for each group reads its rows' keys in one gather (each row: its context from the pool,
-then its own new tokens from the plan, then hole slots up to the group's longest context) and runs one batched SDPA
-``[G, H, n, P + n]`` under a boolean mask built once per forward: a query sees its row's context and its row's new
-tokens up to itself. Decode rows (every row the same ``n``) are one group; a long prompt chunk beside them is a
-group of its own, so no decode row computes its width. When the groups read at least half of the pool, each layer
-reads its segments and new keys whole once (one copy) and the groups take their slots from that, instead of one
-read per segment and group.
+Per layer, :func:`paged_attention` reads each group's rows in one gather (each row: its context, then its own new
+tokens, then hole slots up to the group's longest context) and runs one batched SDPA ``[G, H, n, P + n]`` under a
+boolean mask built once per forward: a query sees its row's context and its row's new tokens up to itself. Decode
+rows (every row the same ``n``) are one group; a long prompt chunk beside them is a group of its own, so no decode
+row computes its width. How a layer reads depends on the pool (:class:`RaggedPlan`'s ``reads``):
+
+- ``"in_place"`` (a contiguous pool, or a segment pool of one segment: one tensor holds the layer's slots): the
+  layer writes its new keys into their slots, then each group gathers its slots from that tensor. Nothing else is
+  copied.
+- ``"whole"`` (a segment pool, the groups reading at least half of it): the layer hands its new keys to the plan
+  (the storage writes every layer's at once after the forward, one write per segment they land in), copies its
+  segments and new keys into one tensor, and the groups gather from that.
+- ``"segments"``: as ``"whole"``, but each group reads each segment at its own slots.
 
 The function is chosen through the model's config (:func:`use_paged_attention` sets the text model's
 ``_attn_implementation`` to a registered name, once per model): the single-row engines and the padded storage
@@ -47,10 +51,11 @@ def implementation_name(base: str) -> str:
 @dataclass
 class RowGroup:
     """Rows of one forward with the same number of new tokens ``n``: ``rows`` of them, ``tokens`` ``[rows * n]``
-    their new tokens' places in the packed sequence (``None``: the whole sequence, in order), ``read`` the
-    :meth:`PagedKV.read_plan` of ``[rows, width]`` slots (context, new tokens, holes; a new token ``t`` of the packed
-    sequence is slot ``RaggedPlan.fresh_at + t``; in a forward that reads the whole pool, the slots themselves
-    ``[rows * width]``) and ``mask`` ``[rows, 1, n, width]`` (``None``: every query sees every slot)."""
+    their new tokens' places in the packed sequence (``None``: the whole sequence, in order), ``read`` where the
+    ``[rows * width]`` slots (context, new tokens, holes) are read from: their slot numbers (``"in_place"``: in the
+    layer's one tensor; ``"whole"``: in the segments then the new keys, a new token ``t`` of the packed sequence at
+    ``RaggedPlan.fresh_at + t``), or their :meth:`PagedKV.read_plan` (``"segments"``); ``mask`` ``[rows, 1, n,
+    width]`` (``None``: every query sees every slot)."""
 
     rows: int
     n: int
@@ -60,83 +65,103 @@ class RowGroup:
     mask: torch.Tensor | None
 
 
+#: How a forward's layers read the pool (module docstring).
+READS = ("in_place", "whole", "segments")
+
+
 @dataclass
 class RaggedPlan:
     """One packed forward's reads and writes (module docstring): ``write`` the new tokens' slots in packed order;
-    ``whole``: the groups read most of the pool, so each layer reads it whole once (:meth:`PagedKV.whole`) and the
-    groups take their slots from that, rather than one read per segment and group; ``fresh_at``: the slot number
-    the reads give the packed sequence's first new token (the pool's slots come first); ``fresh``: each layer's new
-    keys and values ``[N, 2, H, D]``, handed on by the attention and written by :meth:`commit`."""
+    ``reads``: one of :data:`READS`; ``fresh_at``: the slot number the reads give the packed sequence's first new
+    token when they take new keys from the plan (the pool's slots come first); ``fresh``: each layer's new keys and
+    values ``[N, 2, H, D]``, handed on by the attention (``"in_place"``: already written) and written by
+    :meth:`commit`."""
 
     kv: PagedKV
     write: WritePlan
     groups: list[RowGroup]
-    whole: bool
+    reads: str
     fresh_at: int
     fresh: list[torch.Tensor | None]
 
     def commit(self) -> None:
-        """Write every layer's new keys and values into the pool (after the forward; one write per segment)."""
+        """Write every layer's new keys and values into the pool (after the forward; one write per segment), unless
+        the layers wrote their own in place."""
         missing = [layer for layer, f in enumerate(self.fresh) if f is None]
         if missing:
             raise RuntimeError(f"the paged forward ran no attention for layers {missing}: their new keys were never seen")
-        self.kv.write_layers(self.write, self.fresh)
+        if self.reads != "in_place":
+            self.kv.write_layers(self.write, self.fresh)
+
+
+def _group_index(kv: PagedKV, tables: list[BlockTable], count: int, firsts: list[int], fresh_at: int | None) -> torch.Tensor:
+    """``[rows * width]``: the slots each of ``tables`` (rows with ``count`` new tokens, already appended; the
+    first of row ``b``'s new tokens at ``firsts[b]`` in the packed sequence) reads: its tokens ``0 .. length - 1``,
+    then hole slots (the rest of its blocks, or block 0 past them: any slot, the mask hides them). With
+    ``fresh_at``, its new tokens are read from the plan's new keys (slot ``fresh_at + t`` for packed token ``t``).
+    Few ops (on a small model their number, not their arithmetic, costs the time): Python lists, one tensor each."""
+    bs = kv.pool.block_size
+    width, most = max(t.length for t in tables), max(len(t.blocks) for t in tables)
+    blocks = torch.tensor([t.blocks + [0] * (most - len(t.blocks)) for t in tables], dtype=torch.long)
+    index = (blocks.unsqueeze(2) * bs + kv.block_offsets).view(len(tables), -1)[:, :width].reshape(-1)
+    if fresh_at is not None:  # row b's new tokens sit at columns length_b - count .. length_b - 1
+        at = [b * width + t.length - count + i for b, t in enumerate(tables) for i in range(count)]
+        index[torch.tensor(at)] = torch.tensor([fresh_at + first + i for first in firsts for i in range(count)])
+    return index
+
+
+def _group_mask(lengths: list[int], count: int, width: int, device: torch.device) -> torch.Tensor | None:
+    """``[rows, 1, count, width]``: query ``i`` of row ``b`` sees slots ``j <= length_b - count + i`` (its context
+    and its new tokens up to itself); ``None`` when every query sees every slot."""
+    if count == 1 and min(lengths) == width:
+        return None
+    seen = torch.tensor([[length - count + i + 1 for i in range(count)] for length in lengths])
+    return _on(torch.arange(width) < seen.view(len(lengths), 1, count, 1), device)
 
 
 def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list[int], device: torch.device) -> RaggedPlan:
     """The plan of a forward whose rows (in packed order) have their ``tables`` already extended by ``n[r]`` new
     tokens each (their slots ``fresh``, in packed order); ``device``: where the masks go."""
-    bs, fresh_at = kv.pool.block_size, kv.slots
+    fresh_at = kv.slots
     by_n: dict[int, list[int]] = {}
     for r, count in enumerate(n):
         by_n.setdefault(count, []).append(r)
     starts = [0]
     for count in n:
         starts.append(starts[-1] + count)
-    indexes = {}
-    for count, rows in by_n.items():
-        # row b reads tokens 0 .. length_b - 1 of its table (its context from the pool, then its new tokens from the
-        # plan), then hole slots: the rest of its blocks, or block 0 past them (any slot: the mask hides them)
-        width, most = max(tables[r].length for r in rows), max(len(tables[r].blocks) for r in rows)
-        blocks = torch.tensor([tables[r].blocks + [0] * (most - len(tables[r].blocks)) for r in rows], dtype=torch.long)
-        index = (blocks.unsqueeze(2) * bs + kv.block_offsets).view(len(rows), -1)[:, :width].reshape(-1)
-        # the new tokens of row b sit at columns context_b .. length_b - 1: they are read from the plan's new keys
-        at = [b * width + tables[r].length - count + i for b, r in enumerate(rows) for i in range(count)]
-        index[torch.tensor(at)] = torch.tensor([fresh_at + t for r in rows for t in range(starts[r], starts[r + 1])])
-        indexes[count] = index.view(len(rows), width)
+    in_place = kv.reads_in_place
+    indexes = {
+        count: _group_index(kv, [tables[r] for r in rows], count, [starts[r] for r in rows], None if in_place else fresh_at)
+        for count, rows in by_n.items()
+    }
     # reading the pool whole per layer (one copy) beats one read per segment once the forward reads half of it
-    whole = 2 * sum(i.numel() for i in indexes.values()) >= fresh_at
+    reads = "in_place" if in_place else "whole" if 2 * sum(i.numel() for i in indexes.values()) >= fresh_at else "segments"
     groups = []
     for count, rows in by_n.items():
-        lengths = [tables[r].length for r in rows]
         index = indexes[count]
-        width = index.shape[1]
-        mask = None
-        if count > 1 or min(lengths) != width:
-            # query i of row b sees slots j <= length_b - n + i: its context and its new tokens up to itself
-            seen = torch.tensor([[length - count + i + 1 for i in range(count)] for length in lengths])
-            mask = _on(torch.arange(width) < seen.view(len(rows), 1, count, 1), device)
+        width = max(tables[r].length for r in rows)
+        mask = _group_mask([tables[r].length for r in rows], count, width, device)
         tokens = None
         if len(rows) != len(n):
             tokens = torch.tensor([t for r in rows for t in range(starts[r], starts[r + 1])], dtype=torch.long, device=device)
-        read = _on(index.view(-1), kv.devices[0]) if whole else kv.read_plan(index, fresh_at)
+        read = kv.read_plan(index, fresh_at) if reads == "segments" else _on(index, kv.devices[0])
         groups.append(RowGroup(len(rows), count, width, tokens, read, mask))
-    return RaggedPlan(kv, kv.write_plan(fresh), groups, whole, fresh_at, [None] * kv.n_layers)
+    return RaggedPlan(kv, kv.write_plan(fresh), groups, reads, fresh_at, [None] * kv.n_layers)
 
 
 def _group_attention(
     plan: RaggedPlan, group: RowGroup, layer: int, query: torch.Tensor, scaling: float | None, source: torch.Tensor
 ) -> torch.Tensor:
     """One group's attention output ``[rows, n, Hq, D]``; ``query`` ``[1, Hq, N, D]`` (the packed sequence);
-    ``source``: the layer's slots and new keys read whole (:attr:`RaggedPlan.whole`), or the new keys alone (the
-    pool's segments are read per segment)."""
+    ``source``: the layer's one tensor holding its slots (``"in_place"``), its slots and new keys read whole
+    (``"whole"``), or the new keys alone (``"segments"``: the pool's segments are read per segment)."""
     heads, dim = query.shape[1], query.shape[3]
     q = query if group.tokens is None else query.index_select(2, group.tokens)
     q = q.view(heads, group.rows, group.n, dim).transpose(0, 1)  # [G, Hq, n, D]
-    if plan.whole:
-        both = source.index_select(0, _on(group.read, source.device))
-    else:
+    if plan.reads == "segments":
         both = plan.kv.gather_both(layer, group.read, source)
+    else:
+        both = source.index_select(0, _on(group.read, source.device))
     if both.dtype != q.dtype:
         both = both.to(q.dtype)
     # [G * width, 2, Hkv, D] -> keys, values [G, Hkv, width, D]
@@ -171,7 +196,11 @@ def _paged(base: str):
         if fresh.dtype != kv.dtype or fresh.device != kv.devices[layer]:  # what the pool will hold and later forwards read
             fresh = fresh.to(kv.devices[layer], kv.dtype)
         plan.fresh[layer] = fresh
-        source = kv.whole(layer, fresh) if plan.whole else fresh
+        if plan.reads == "in_place":  # the layer's one tensor holds every slot: write, then read it where it is
+            kv.write_layer(layer, plan.write, fresh)
+            source = kv.views[layer][0]
+        else:
+            source = kv.whole(layer, fresh) if plan.reads == "whole" else fresh
         heads, dim = query.shape[1], query.shape[3]
         if len(plan.groups) == 1:
             return _group_attention(plan, plan.groups[0], layer, query, scaling, source).reshape(1, -1, heads, dim), None

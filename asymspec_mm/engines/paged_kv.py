@@ -1,16 +1,24 @@
 """The tensors behind a :class:`~.block_pool.BlockPool`: one model's paged KV, and a row's context by reference.
 
-:class:`PagedKV` keeps one tensor per pool segment (per device, when a device_map spreads the layers), holding every
-layer: ``[layers, segment_blocks * block_size, 2, H, D]`` (each slot's keys and values side by side, so one read
-takes both; slot ``s`` of the pool is row ``s`` of the segments in order). Growing the pool adds a segment (zeros: a
-hole slot read into attention is masked, and must never carry a NaN into it); trimming drops the last ones. No
-existing tensor is ever reallocated, so the memory the pool holds is exactly its segments, with no copy beside it.
+Slot ``s`` of the pool holds one token's keys and values of every layer (side by side, so one read takes both), in
+one of two layouts, chosen by the model's number of layers (:func:`choose_layout`):
 
-Because a segment holds every layer, a forward's new keys and values are written once per segment they land in,
-not once per layer and segment: the attention hands each layer's new keys on to the forward's plan without writing
-them (:mod:`.paged_attention` reads them from there), and :meth:`PagedKV.write_layers` stores all layers' at the end.
-Reads and writes go through plans (:meth:`PagedKV.read_plan`, :meth:`PagedKV.write_plan`: slots split by segment)
-computed once per forward and used by every layer.
+- ``"segments"``: one tensor per pool segment (per device, when a device_map spreads the layers), holding every
+  layer: ``[layers, segment_blocks * block_size, 2, H, D]``; slot ``s`` is row ``s`` of the segments in order.
+  Growing the pool adds a segment (zeros: a hole slot read into attention is masked, and must never carry a NaN into
+  it); trimming drops the last ones. No tensor is ever reallocated, so the memory the pool holds is exactly its
+  segments, with no copy beside it. A forward's new keys are written once per segment they land in, not once per
+  layer and segment: the attention hands each layer's new keys on to the forward's plan (:mod:`.paged_attention`
+  reads them from there) and :meth:`PagedKV.write_layers` stores all layers' at the end. A pool of several segments
+  is read by copying a layer's segments into one tensor (or per segment), since no tensor holds a layer's slots.
+- ``"contiguous"``: one tensor per layer, ``[slots, 2, H, D]``, so a forward writes each layer's new keys in place
+  and reads the rows' slots with one gather, copying nothing else. Growing or trimming the pool reallocates the
+  layers one at a time: while a layer copies, its old tensor is held beside the pool, one layer's share of it, which
+  the peak (:attr:`PagedKV.peak_bytes`) and the bounds (:attr:`PagedKV.realloc_share`) count.
+
+A segment pool of one segment is read in place too (its one tensor holds every slot). Reads and writes go through
+plans (:meth:`PagedKV.read_plan`, :meth:`PagedKV.write_plan`: slots split by segment) computed once per forward and
+used by every layer.
 """
 
 from __future__ import annotations
@@ -28,6 +36,18 @@ WritePlan = tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]
 ReadPlan = tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None]
 
 
+#: The pool layouts (module docstring).
+LAYOUTS = ("segments", "contiguous")
+
+
+def choose_layout(n_layers: int, growth: float) -> str:
+    """The layout of a pool of ``n_layers`` layers growing by ``growth`` of its size (module docstring):
+    ``"contiguous"`` when a reallocation's copy beside the pool (one layer's share, ``1 / n_layers``) is at most the
+    growth share the pool's bounds already allow (1/16: 16 layers and more, e.g. 28 on Qwen3-0.6B and
+    Qwen3-VL-2B), else ``"segments"`` (the 4-layer tiny pair, where a layer is a quarter of the pool)."""
+    return "contiguous" if n_layers * growth >= 1 else "segments"
+
+
 def device_groups(devices: list[torch.device]) -> list[tuple[torch.device, list[int]]]:
     """The layers on each device, in order of first appearance: ``[(device, [layer, ...])]``."""
     groups: dict[torch.device, list[int]] = {}
@@ -38,20 +58,34 @@ def device_groups(devices: list[torch.device]) -> list[tuple[torch.device, list[
 
 class PagedKV:
     """Keys and values of one model in the blocks of ``pool`` (module docstring). ``kv_heads``, ``head_dim``,
-    ``dtype``: the model's KV shape; ``devices``: each layer's device (a device_map may spread them)."""
+    ``dtype``: the model's KV shape; ``devices``: each layer's device (a device_map may spread them); ``layout``:
+    ``"segments"`` or ``"contiguous"`` (default: :func:`choose_layout` by the number of layers)."""
 
-    def __init__(self, pool: BlockPool, *, kv_heads: int, head_dim: int, dtype: torch.dtype, devices: list[torch.device]):
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        devices: list[torch.device],
+        layout: str | None = None,
+    ):
         self.pool = pool
         self.kv_heads, self.head_dim, self.dtype, self.devices = kv_heads, head_dim, dtype, devices
+        self.layout = choose_layout(len(devices), pool.growth) if layout is None else layout
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={layout!r}: use one of {LAYOUTS}")
         self.groups = device_groups(devices)
-        # segment -> device group -> [layers of the group, blocks * bs, 2, H, D]
+        # segments: segment -> device group -> [layers of the group, blocks * bs, 2, H, D]; contiguous: unused
         self.segments: list[list[torch.Tensor]] = []
-        # layer -> segment -> that layer's view [blocks * bs, 2, H, D] of the segment (views: no memory of their own)
+        # layer -> source -> that layer's slots [slots of the source, 2, H, D]: per segment a view (no memory of its
+        # own) of the segment; contiguous: the layer's one tensor
         self.views: list[list[torch.Tensor]] = [[] for _ in devices]
-        self._starts: list[int] = []  # the first slot of each segment
+        self._starts: list[int] = [0] if self.layout == "contiguous" else []  # the first slot of each source
         self.block_offsets = torch.arange(pool.block_size)  # a slot's place in its block, for the plans
         self._element_bytes = torch.empty((), dtype=dtype).element_size()
-        self.peak_bytes = 0  # the most bytes the segments held (the owning storage resets it)
+        self.peak_bytes = 0  # the most bytes the pool held, a reallocation's copy included (the storage resets it)
 
     @property
     def n_layers(self) -> int:
@@ -59,19 +93,41 @@ class PagedKV:
 
     @property
     def slots(self) -> int:
-        """Slots the segments hold (every block, free or not)."""
+        """Slots the pool holds (every block, free or not)."""
         return self.pool.capacity * self.pool.block_size
+
+    @property
+    def realloc_share(self) -> float:
+        """What a change of the pool's size holds beside it at most, as a share of the larger size: one layer's
+        tensor while it copies (contiguous), nothing (segments)."""
+        return 1 / self.n_layers if self.layout == "contiguous" else 0.0
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether one tensor per layer holds every slot (contiguous, or a segment pool of one segment): a forward
+        then writes each layer's new keys first and reads the rows' slots from that tensor, copying nothing else."""
+        return self.layout == "contiguous" or len(self.segments) == 1
 
     def slot_bytes(self) -> int:
         """One token over all layers, keys and values."""
         return self.n_layers * 2 * self.kv_heads * self.head_dim * self._element_bytes
 
     def nbytes(self) -> int:
-        """Bytes the segments hold (every block, free or not)."""
+        """Bytes the pool holds (every block, free or not)."""
         return self.slots * self.slot_bytes()
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor that holds the pool's slots (segments, or one per layer)."""
+        if self.layout == "contiguous":
+            return [views[0] for views in self.views if views]
+        return [t for tensors in self.segments for t in tensors]
+
     def sync(self) -> None:
-        """Match the tensors to the pool's segments: new segments get zero tensors, trimmed ones are dropped."""
+        """Match the tensors to the pool's size: new segments get zero tensors, trimmed ones are dropped
+        (segments); each layer's tensor is reallocated to the new size, new slots zero (contiguous)."""
+        if self.layout == "contiguous":
+            self._resize_layers()
+            return
         bs = self.pool.block_size
         have, want = len(self._starts), len(self.pool.segments)
         for size in self.pool.segments[have:]:
@@ -87,6 +143,24 @@ class PagedKV:
             del self._starts[want:], self.segments[want:]
             for views in self.views:
                 del views[want:]
+        self.peak_bytes = max(self.peak_bytes, self.nbytes())
+
+    def _resize_layers(self) -> None:
+        """Reallocate each layer's tensor to the pool's slots, one layer at a time, and count in the peak what is
+        held meanwhile: the layers done at the new size, this layer's old tensor beside its new one, the rest old."""
+        want = self.slots
+        have = self.views[0][0].shape[0] if self.views[0] else 0
+        if want != have:
+            layer_bytes = 2 * self.kv_heads * self.head_dim * self._element_bytes
+            keep = min(have, want)
+            for layer, device in enumerate(self.devices):
+                new = torch.empty(want, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)
+                if keep:
+                    new[:keep].copy_(self.views[layer][0][:keep])
+                new[keep:].zero_()
+                held = ((layer + 1) * want + (self.n_layers - layer) * have) * layer_bytes
+                self.peak_bytes = max(self.peak_bytes, held)
+                self.views[layer] = [new]  # the old tensor goes here
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
     def _split(self, slots: torch.Tensor, starts: list[int]) -> tuple[torch.Tensor | None, list[tuple[int, int, int, torch.Tensor]]]:
@@ -140,6 +214,10 @@ class PagedKV:
             return
         if len(layers) != self.n_layers:
             raise ValueError(f"{len(layers)} layers of new keys for a pool of {self.n_layers}")
+        if self.layout == "contiguous":  # one source, in order: one write per layer
+            for layer, both in enumerate(layers):
+                self.write_layer(layer, plan, both)
+            return
         for g, (device, group) in enumerate(self.groups):
             both = torch.stack([layers[layer] for layer in group]) if len(group) > 1 else layers[group[0]].unsqueeze(0)
             if both.device != device or both.dtype != self.dtype:
@@ -149,6 +227,20 @@ class PagedKV:
             pieces = both.split([stop - first for _, first, stop, _ in parts], dim=1) if len(parts) > 1 else [both]
             for (s, _, _, offsets), piece in zip(parts, pieces):
                 self.segments[s][g].index_copy_(1, _on(offsets, device), piece)
+
+    def write_layer(self, layer: int, plan: WritePlan, both: torch.Tensor) -> None:
+        """Store layer ``layer``'s ``both`` ``[N, 2, H, D]`` at the slots of ``plan`` (:meth:`write_plan`), which
+        must fall in one source (:attr:`reads_in_place`): what a forward that reads in place writes per layer."""
+        order, parts = plan
+        if not parts:
+            return
+        if order is not None or len(parts) != 1:
+            raise ValueError("write_layer needs slots in one source, in order (reads_in_place)")
+        ((source, _, _, offsets),) = parts
+        target = self.views[layer][source]
+        if both.device != target.device or both.dtype != self.dtype:
+            both = both.to(target.device, self.dtype)
+        target.index_copy_(0, _on(offsets, target.device), both)
 
     def read_plan(self, slots: torch.Tensor, fresh_at: int | None = None) -> ReadPlan:
         """Where the tokens at ``slots`` (CPU, long; any shape, read flattened) are read from (once per forward, used
@@ -180,6 +272,8 @@ class PagedKV:
     def gather_layers(self, plan: ReadPlan) -> list[torch.Tensor]:
         """Every layer's keys and values at the slots of ``plan`` (:meth:`read_plan` without new tokens): ``[N, 2, H,
         D]`` per layer, one read per segment (and device)."""
+        if self.layout == "contiguous":
+            return [self.gather_both(layer, plan) for layer in range(self.n_layers)]
         parts, back = plan
         out: list[torch.Tensor] = [None] * self.n_layers  # type: ignore[list-item]
         for g, (device, group) in enumerate(self.groups):

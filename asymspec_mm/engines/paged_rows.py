@@ -23,6 +23,8 @@ shapes and addresses never change, which a pool that grows and a gather per forw
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .block_pool import BlockPool, BlockTable, blocks_for, capacity_bound
@@ -37,8 +39,9 @@ from .static_rows import layer_devices
 DEFAULT_BLOCK_TOKENS = 16
 
 
-def paged_kv_for(model, *, block_size: int = DEFAULT_BLOCK_TOKENS, growth: float = 1 / 16) -> PagedKV:
-    """An empty :class:`PagedKV` shaped for ``model``'s text layers (full attention only)."""
+def paged_kv_for(model, *, block_size: int = DEFAULT_BLOCK_TOKENS, growth: float = 1 / 16, layout: str | None = None) -> PagedKV:
+    """An empty :class:`PagedKV` shaped for ``model``'s text layers (full attention only); ``layout``: the pool's
+    layout (default: chosen by the number of layers, :func:`~.paged_kv.choose_layout`)."""
     text = model.config.get_text_config(decoder=True)
     types = getattr(text, "layer_types", None) or ()
     if any(t != "full_attention" for t in types):
@@ -46,7 +49,8 @@ def paged_kv_for(model, *, block_size: int = DEFAULT_BLOCK_TOKENS, growth: float
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     dtype = model.get_input_embeddings().weight.dtype
-    return PagedKV(BlockPool(block_size, growth=growth), kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, devices=layer_devices(model))
+    pool = BlockPool(block_size, growth=growth)
+    return PagedKV(pool, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, devices=layer_devices(model), layout=layout)
 
 
 def packed_inputs(pieces: list[PrefillChunk], starts: list[int], vision: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,20 +80,30 @@ def _long_on(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     return ids if ids.device == device and ids.dtype == torch.long else ids.to(device, torch.long)
 
 
-def paged_kv_bound(block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int]) -> int:
+def paged_kv_bound(
+    block_bytes: int, block_size: int, growth: float, min_segment: int, lengths: list[int], realloc_share: float = 0.0
+) -> int:
     """The most KV bytes a pool holds while rows that reach ``lengths`` tokens live in it: every row's blocks at its
-    length (a block shared by several rows counts once per row, which covers its copy-on-write) and the pool's growth
-    slack (:func:`~.block_pool.capacity_bound` from empty). A forward's tokens are part of the length a row reaches,
-    so a forward's step (the padded storage's time-width slack) adds nothing here: no row spans another's width."""
+    length (a block shared by several rows counts once per row, which covers its copy-on-write), the pool's growth
+    slack (:func:`~.block_pool.capacity_bound` from empty) and what a reallocation holds beside the pool
+    (``realloc_share`` of it: :attr:`~.paged_kv.PagedKV.realloc_share`). A forward's tokens are part of the length a
+    row reaches, so a forward's step (the padded storage's time-width slack) adds nothing here: no row spans another's
+    width."""
     if not lengths:
         return 0
     need = sum(blocks_for(n, block_size) for n in lengths)
-    return capacity_bound(0, need, growth, min_segment) * block_bytes
+    return with_realloc(capacity_bound(0, need, growth, min_segment) * block_bytes, realloc_share)
+
+
+def with_realloc(pool_bytes: int, realloc_share: float) -> int:
+    """``pool_bytes`` and the copy a reallocation holds beside a pool of that size (``realloc_share`` of it)."""
+    return pool_bytes + math.ceil(pool_bytes * realloc_share)
 
 
 class PagedBatchEngine:
     """Rows of one model in paged KV (module docstring). ``kv``: the pool to share (default: a new one of
-    ``block_size`` tokens per block); ``reports_pool``: whether ``kv_bytes()`` / ``peak_kv_bytes`` report the pool's
+    ``block_size`` tokens per block, in ``layout``: ``"segments"`` or ``"contiguous"``, by default chosen by the
+    model's number of layers, :func:`~.paged_kv.choose_layout`); ``reports_pool``: whether ``kv_bytes()`` / ``peak_kv_bytes`` report the pool's
     bytes (one storage per pool does, so the sum over storages counts it once); ``counts_rows``: whether the KV
     bounds count this storage's rows (not a staging storage whose rows move on to a decode storage of the pool).
 
@@ -112,12 +126,13 @@ class PagedBatchEngine:
         reports_pool: bool = True,
         counts_rows: bool = True,
         block_size: int = DEFAULT_BLOCK_TOKENS,
+        layout: str | None = None,
         vision: bool | None = None,
     ):
         self.model, self.name = model, name
         self.vision = hasattr(model.config, "vision_config") if vision is None else vision
         self.device: torch.device = model_device(model)
-        self.kv = kv if kv is not None else paged_kv_for(model, block_size=block_size)
+        self.kv = kv if kv is not None else paged_kv_for(model, block_size=block_size, layout=layout)
         self.reports_pool, self.counts_rows = reports_pool, counts_rows
         self.cache = PagedCache(self.kv.n_layers)
         use_paged_attention(model)
@@ -312,7 +327,7 @@ class PagedBatchEngine:
         if not self.counts_rows:
             return 0
         pool = self.pool
-        return paged_kv_bound(self.block_bytes(), pool.block_size, pool.growth, pool.min_segment, lengths)
+        return paged_kv_bound(self.block_bytes(), pool.block_size, pool.growth, pool.min_segment, lengths, self.kv.realloc_share)
 
     def step_bytes(self, grow: int, join: int | None = None) -> int:
         """An upper bound of the pool bytes this storage accounts for while its rows (and a row of ``join`` tokens
@@ -323,11 +338,11 @@ class PagedBatchEngine:
         free = (pool.capacity - pool.used_blocks) if self.reports_pool else 0
         rows = len(self._rows) + (join is not None)
         if not self.counts_rows or not rows:
-            return free * self.block_bytes()
+            return with_realloc(free * self.block_bytes(), self.kv.realloc_share)
         need = sum(len(t.blocks) for t in self._tables.values()) + rows * blocks_for(grow, pool.block_size)
         if join is not None:
             need += blocks_for(join, pool.block_size)
-        return (capacity_bound(0, need, pool.growth, pool.min_segment) + free) * self.block_bytes()
+        return with_realloc((capacity_bound(0, need, pool.growth, pool.min_segment) + free) * self.block_bytes(), self.kv.realloc_share)
 
     @property
     def peak_kv_bytes(self) -> int:
@@ -357,10 +372,11 @@ class PagedBatchEngine:
 
 class PagedStorages:
     """A batch-engine factory (``(model, stream name) -> storage``) whose storages of one model share one pool, and
-    whose :meth:`staging` storages (the batched prefill's) share it too, so a prefilled row joins without a copy."""
+    whose :meth:`staging` storages (the batched prefill's) share it too, so a prefilled row joins without a copy.
+    ``layout``: the pools' layout (default: by each model's number of layers, :func:`~.paged_kv.choose_layout`)."""
 
-    def __init__(self, *, block_size: int = DEFAULT_BLOCK_TOKENS):
-        self.block_size = block_size
+    def __init__(self, *, block_size: int = DEFAULT_BLOCK_TOKENS, layout: str | None = None):
+        self.block_size, self.layout = block_size, layout
         self._kv: dict[int, tuple[object, PagedKV]] = {}  # id(model) -> (model, its pool)
 
     def _pool(self, model) -> tuple[PagedKV, bool]:
@@ -368,7 +384,7 @@ class PagedStorages:
         held = self._kv.get(id(model))
         if held is not None and held[0] is model:
             return held[1], False
-        kv = paged_kv_for(model, block_size=self.block_size)
+        kv = paged_kv_for(model, block_size=self.block_size, layout=self.layout)
         self._kv[id(model)] = (model, kv)
         return kv, True
 
