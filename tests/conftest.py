@@ -266,7 +266,7 @@ def sigint_as_a_terminal_gives_it() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def start_serve(cmd: list[str], cwd, env: dict[str, str], timeout: float = 180.0):
+def start_serve(cmd: list[str], cwd, env: dict[str, str], timeout: float = 600.0):
     """Start ``asymspec-mm serve ... --port 0`` as a subprocess (SIGINT at its default: :func:`stop_serve` sends it);
     return ``(proc, base_url)`` once it answers ``/health`` (the URL is read from its "serving ... on http://..."
     line on stderr, which stays drained)."""

@@ -362,7 +362,7 @@ def test_demo_start_up_names_its_url_and_the_share_flag(tmp_path, tiny_dirs):
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        started.wait(240)
+        started.wait(600)  # a bound on a hang: loading took 28 s here on a loaded machine
         up = proc.poll() is None and httpx.get(url, timeout=60).status_code == 200
     finally:
         proc.send_signal(2)
