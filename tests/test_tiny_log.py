@@ -34,12 +34,12 @@ def verifier_tokenizer():
     return AutoTokenizer.from_pretrained(TINY_DIR / "verifier")
 
 
-def test_tasks_are_deterministic_per_seed_and_ask_a_line_of_the_table():
+def test_tasks_are_deterministic_per_seed_and_ask_for_the_last_line_of_the_table():
     a, b = make_log_problem(1, 3), make_log_problem(1, 3)
     assert a == b
     assert make_log_problem(2, 3)["table"] != a["table"]
     lines = a["table"].split("\n")
-    assert 21 <= len(lines) <= 31 and a["line"] in lines[9:]  # past the lines truncation keeps
+    assert 21 <= len(lines) <= 31 and a["line"] == lines[-1]  # the latest reading: past the lines truncation keeps
     assert a["answer"] == a["line"].split(": ")[1] and a["response"] == f"Bar {a['asked']}: {a['answer']}."
     assert [m["role"] for m in a["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
     assert [name for _, _, name, _ in log_requests(a)] == ["log-call", "log-done", "log-answer"]
@@ -95,7 +95,7 @@ def test_the_familys_questions_are_in_the_tiny_pairs_domain():
 
     p = make_log_problem(1, 0)
     assert question_problems(p["question"]) == [] and question_problems(p["messages"][0]["content"]) == []
-    assert question_problems("What is the value of bar seventeen?")  # only the family's own form
+    assert question_problems("What is the value of the first bar?")  # only the family's own form
 
 
 def test_eval_command_runs_the_family_under_each_compressor(tmp_path):
