@@ -56,13 +56,13 @@ def log_table(keys: list[int], values: list[int]) -> str:
     return f"Log of {len(keys)} bars:\n" + "\n".join(f"bar {k}: {v}" for k, v in zip(keys, values))
 
 
-def make_log_problem(seed: int, index: int) -> dict[str, Any]:
+def make_log_problem(seed: int, index: int, rows: tuple[int, int] = ROWS) -> dict[str, Any]:
     """Task ``index`` of the family drawn with ``seed``: ``messages`` (the whole history up to the question, OpenAI
     format), ``tools`` (the call's; the question is asked with none), ``table`` (the tool's output), ``question``,
     ``answer`` (the last line's value, as text), ``response`` (``"Bar 40: 42."``), ``asked`` (the last line's key)
-    and ``line`` (its text in the table)."""
+    and ``line`` (its text in the table); ``rows``: the table's length range (training starts on one-line tables)."""
     rng = random.Random(f"minivista/{seed}/{LOG_FAMILY}/{index}")
-    n = rng.randint(*ROWS)
+    n = rng.randint(*rows)
     first = rng.randint(1, 60)
     keys = list(range(first, first + n))
     values = [rng.randrange(VALUES) for _ in keys]
