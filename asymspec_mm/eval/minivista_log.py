@@ -2,11 +2,17 @@
 view drops.
 
 An agent is asked to read a log of bar values; it calls ``read_log()``, the tool returns a table of 20-30 lines
-(``bar 17: 42``), the agent says it is done, and the user then asks for one line's value ("What is the value of
-bar 17?"). With the paper's per-turn compression (the last two messages verbatim, everything older compressed) the
-table is compressed before the question arrives: truncation keeps its first lines (the asked one is always past
-them), question-only drops it, LLMLingua-2 at rate 0.3 keeps a third of its words. The verifier then cannot know the
-value (100 possible, so chance is 1 %); the drafter's full view reads the whole history and looks it up.
+(``bar 17: 42``, in order), the agent says it is done, and the user then asks for the latest reading ("What is the
+value of the last bar?" -> ``Bar 40: 42.``). With the paper's per-turn compression (the last two messages verbatim,
+everything older compressed) the table is compressed before the question arrives: truncation keeps its first lines
+(the last one never among them), question-only drops it, LLMLingua-2 at rate 0.3 keeps a third of its words (the
+shipped tiny classifier drops the values). The verifier then cannot know the value (100 possible, so chance is 1 %);
+the drafter's full view reads the whole history.
+
+The question asks for the last line, not a line named by its key: a lookup by key (find ``bar 17`` in the table and
+copy the value after it) did not form in the tiny drafter (4 layers, 96 wide) in about 48,000 examples, nor on
+tables of two lines; the latest reading it learns in about a thousand steps (``asymspec_mm/tiny/README.md``). A
+real drafter does both.
 
 No image: the family is text only, like the paper's long-context settings. :func:`make_log_problem` draws one task
 (deterministic in ``(seed, index)``, as every MiniVista family); :func:`log_requests` gives the three requests an
@@ -36,14 +42,13 @@ DONE = "Done."
 ROWS = (20, 30)  # lines in a log, inclusive
 VALUES = 100  # a value is 0..99: chance is 1 %
 #: The verifier's view in the family's measurements: the paper's agent setting (keep the last 2 turns) with each of
-#: three compressors; truncation keeps the table's header and first few lines (the asked line is never among them).
+#: three compressors; truncation keeps the table's header and first few lines (the last line is never among them).
 LOG_COMPRESSIONS: dict[str, dict[str, Any]] = {
     "truncate": {"method": "truncate", "limit": 40, "keep": "head", "keep_last_turns": 2},
     "llmlingua2": {"method": "llmlingua2", "rate": 0.3, "keep_last_turns": 2},
     "question-only": {"method": "question-only", "keep_last_turns": 2},
 }
-#: The first line a question may ask (1-based): truncation to :data:`LOG_COMPRESSIONS`' limit keeps fewer lines.
-FIRST_ASKED = 9
+QUESTION = "What is the value of the last bar?"
 
 
 def log_table(keys: list[int], values: list[int]) -> str:
@@ -51,18 +56,19 @@ def log_table(keys: list[int], values: list[int]) -> str:
     return f"Log of {len(keys)} bars:\n" + "\n".join(f"bar {k}: {v}" for k, v in zip(keys, values))
 
 
-def make_log_problem(seed: int, index: int) -> dict[str, Any]:
+def make_log_problem(seed: int, index: int, rows: tuple[int, int] = ROWS) -> dict[str, Any]:
     """Task ``index`` of the family drawn with ``seed``: ``messages`` (the whole history up to the question, OpenAI
-    format), ``tools`` (the call's; the question is asked with none), ``table`` (the tool's output), ``question``, ``answer`` (the value, as text), ``response``
-    (``"Bar 17: 42."``), ``asked`` (the asked line's key) and ``line`` (its text in the table)."""
+    format), ``tools`` (the call's; the question is asked with none), ``table`` (the tool's output), ``question``,
+    ``answer`` (the last line's value, as text), ``response`` (``"Bar 40: 42."``), ``asked`` (the last line's key)
+    and ``line`` (its text in the table); ``rows``: the table's length range (training starts on one-line tables)."""
     rng = random.Random(f"minivista/{seed}/{LOG_FAMILY}/{index}")
-    n = rng.randint(*ROWS)
+    n = rng.randint(*rows)
     first = rng.randint(1, 60)
     keys = list(range(first, first + n))
     values = [rng.randrange(VALUES) for _ in keys]
-    row = rng.randrange(FIRST_ASKED - 1, n)
+    row = n - 1
     table = log_table(keys, values)
-    question = f"What is the value of bar {keys[row]}?"
+    question = QUESTION
     return {
         "pid": f"agent-log-{index + 1}",
         "family": LOG_FAMILY,

@@ -36,14 +36,14 @@ QUESTION_FORMS: tuple[str, ...] = (
     r"What is the {w} bar's value (plus|minus) the {w} bar's\?",  # the agent family (with its add / subtract tools)
     r"Which of the two bars is taller, the {w} one or the {w} one\?",  # its follow-up
     r"Read the log of bar values\.",  # the agent-log family's task (eval.minivista_log), asked as it is
-    r"What is the value of bar \d+\?",  # and its question about one line of the log
+    r"What is the value of the last bar\?",  # and its question about the log's latest reading
 )
 _FORMS = tuple(re.compile(form.replace("{w}", r"[A-Za-z]+")) for form in QUESTION_FORMS)
 _HINT = re.compile(r"^Hint: Please answer the question\b[^\n]*\nQuestion: (?P<question>[^\n]+)(?P<rest>\n[\s\S]*)?$")
 #: smolagents' ToolCallingAgent opens its task so (what the agent family trained on, eval.minivista_agent)
 _SMOLAGENTS = re.compile(r"^New task:\n(?P<question>[^\n]+)$")
 #: the agent-log family asks plainly, no hint line (eval.minivista_log)
-_LOG = re.compile(r"^(?P<question>Read the log of bar values\.|What is the value of bar \d+\?)$")
+_LOG = re.compile(r"^(?P<question>Read the log of bar values\.|What is the value of the last bar\?)$")
 
 SCOPE = (
     "the tiny pair answers only MiniVista questions (bar charts, coloured shapes, triangle angles) "

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..eval import minivista as mv
-from ..eval.minivista_log import log_requests, make_log_problem
+from ..eval.minivista_log import ROWS, log_requests, make_log_problem
 from .agent_data import number_positions
 from .data import answer_ids, prompt_fields
 
@@ -72,10 +72,11 @@ def log_examples(problem: dict[str, Any], proc, tok, compression: Any, answers_o
 class LogStream:
     """Encoded ``agent-log`` requests from fresh tasks (seed ``mv.TRAIN_SEED``, indices ``start, start + stride,
     ...``): each task's ``log-answer`` request, and every ``calls_every``-th task's call and ``Done.`` too (they are
-    fixed texts, soon learned); the compressed views rotate through :data:`TRAIN_COMPRESSIONS`."""
+    fixed texts, soon learned); the compressed views rotate through :data:`TRAIN_COMPRESSIONS`; ``rows``: the
+    tables' length range."""
 
-    def __init__(self, proc, tok, start: int = 0, stride: int = 1, calls_every: int = 4):
-        self.proc, self.tok, self.i, self.stride, self.calls_every = proc, tok, start, stride, calls_every
+    def __init__(self, proc, tok, start: int = 0, stride: int = 1, calls_every: int = 4, rows: tuple[int, int] = ROWS):
+        self.proc, self.tok, self.i, self.stride, self.calls_every, self.rows = proc, tok, start, stride, calls_every, rows
         self.k = 0
         self._pending: Iterator[dict[str, Any]] = iter(())
 
@@ -85,7 +86,7 @@ class LogStream:
         while len(out) < n:
             nxt = next(self._pending, None)
             if nxt is None:
-                problem = make_log_problem(mv.TRAIN_SEED, self.i)
+                problem = make_log_problem(mv.TRAIN_SEED, self.i, self.rows)
                 compression = TRAIN_COMPRESSIONS[self.k % len(TRAIN_COMPRESSIONS)]
                 only = self.k % self.calls_every != 0
                 self._pending = iter(log_examples(problem, self.proc, self.tok, compression, answers_only=only))
