@@ -225,20 +225,35 @@ def test_adding_the_tool_tokens_resizes_both_models(tmp_path, tiny_dirs):
 
 def test_finetune_command_runs_its_phases_and_exports_a_loadable_pair(tmp_path):
     """The recipe's command end to end at two one-step phases from the shipped pair (its tokens are there already: none
-    added), the pair exported and loaded by the pipeline."""
+    added), after a two-step agent-log warm-up of the drafter (one step on one-line tables, one on the family's), the
+    pair exported and loaded by the pipeline."""
     out = tmp_path / "ft"
     cmd = [sys.executable, "-m", "asymspec_mm.tiny.finetune", "--from", str(TINY_DIR), "--out", str(out), "--phases", "1:1e-4:1;1:1e-4:4:2"]
-    cmd += ["--eval-n", "0", "--batch", "4", "--eval-every", "1000"]
+    cmd += ["--eval-n", "0", "--batch", "4", "--eval-every", "1000", "--log-warmup", "1,1"]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (out / "_work" / "finetune.log").read_text()
     assert f'"before": {728 + len(TOOL_TOKENS)}, "after": {728 + len(TOOL_TOKENS)}' in log
     for role in ("verifier", "drafter"):
         assert f"[{role}] EVAL step 1 " in log and f"[{role}] EVAL step 2 " in log  # one line per phase's end
+    warmup = [line for line in log.splitlines() if line.startswith("[warmup]")]
+    assert [line.split(" t=")[0] for line in warmup if "EVAL" in line] == ["[warmup] EVAL step 2"] * 2  # full and comp
+    assert log.index("[warmup] done") < log.index("[drafter] step 0 ")  # before the phases
     from asymspec_mm import AsymSpecPipeline
 
     pipe = AsymSpecPipeline.from_pretrained(out / "drafter", out / "verifier", ocr="none")
     assert len(pipe.verifier_tokenizer) == 728 + len(TOOL_TOKENS)
+
+
+@pytest.mark.parametrize("value", ["5", "1,x", "1,-1", "1,2,3"])
+def test_a_bad_log_warmup_is_refused_in_one_line(value, capsys, tmp_path):
+    from asymspec_mm.tiny.finetune import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--from", str(TINY_DIR), "--out", str(tmp_path / "ft"), "--log-warmup", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and err[-1].endswith(f"--log-warmup {value!r}: expected SHORT,FULL (two step counts, 0 or more)")
+    assert not (tmp_path / "ft").exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ shipped tiny classifier drops the values). The verifier then cannot know the val
 the drafter's full view reads the whole history.
 
 The question asks for the last line, not a line named by its key: a lookup by key (find ``bar 17`` in the table and
-copy the value after it) did not form in the tiny drafter (4 layers, 96 wide) in about 48,000 examples, nor on
-tables of two lines; the latest reading it learns in about a thousand steps (``asymspec_mm/tiny/README.md``). A
-real drafter does both.
+copy the value after it) did not form in the tiny drafter (4 layers, 96 wide) in 17,000 examples, nor on tables of
+two lines in 24,000; the latest reading it learns in about a thousand steps (``asymspec_mm/tiny/README.md``). A real
+drafter does both.
 
 No image: the family is text only, like the paper's long-context settings. :func:`make_log_problem` draws one task
 (deterministic in ``(seed, index)``, as every MiniVista family); :func:`log_requests` gives the three requests an

@@ -307,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-warmup-lr", type=float, default=1e-3, help="its learning rate [default: %(default)s]")
     ap.add_argument("--eval-n", type=int, default=60, help="greedy check of each model alone at the end (0: skip)")
     args = ap.parse_args(argv)
+    try:
+        warmup = tuple(int(v) for v in args.log_warmup.split(","))
+        if len(warmup) != 2 or min(warmup) < 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--log-warmup {args.log_warmup!r}: expected SHORT,FULL (two step counts, 0 or more)")
     out = Path(args.out)
     work = out / "_work"
     work.mkdir(parents=True, exist_ok=True)
@@ -320,12 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     with open(log_path, "a") as f:
         print(f"vocab {json.dumps(sizes)} args {vars(args)}", file=f)
     ctx = mp.get_context("spawn")
-    try:
-        warmup = tuple(int(v) for v in args.log_warmup.split(","))
-        if len(warmup) != 2 or min(warmup) < 0:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--log-warmup {args.log_warmup!r}: expected SHORT,FULL (two step counts, 0 or more)")
     if sum(warmup) and args.start_phase == 1:
         warm = ctx.Process(target=log_warmup, args=(str(work), warmup, args.log_warmup_lr, args.seed, 16, args.eval_every, log_path))
         if not run_workers([warm], log_path):
