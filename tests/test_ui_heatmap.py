@@ -1,6 +1,7 @@
 """The inspector's heat-map handlers without a browser (:class:`ui.attributions.TokenAttributions`): a conversation's
 answer gets a map over each of its images, the footprint marks each steered token's top region, Floor and
-text-only answers say in one line that there is nothing to attribute, and a cancelled attribution is not cached."""
+text-only answers say in one line that there is nothing to attribute, a cancelled attribution is not cached, and
+one replaced by a new run leaves the panel to it."""
 
 from __future__ import annotations
 
@@ -96,3 +97,12 @@ def test_no_answer_yet_and_a_cancelled_attribution(shipped_tiny, conversation):
     assert 'data-state="cancelled"' in _final(panels)
     assert (2, "occlusion") not in state._sessions["s"].maps  # nothing cached: a later click computes it
     assert 'data-state="done"' in _final(state.explain("2:2", "s"))
+    # a new run or image while a map is computed: the panel shows the hint, and the old handler adds nothing after it
+    lock.acquire()
+    try:
+        panels = state.explain("0:3", "s")
+        assert 'data-state="running"' in next(panels)
+        assert 'data-state="empty"' in state.reset("s")
+    finally:
+        lock.release()
+    assert list(panels) == []

@@ -102,15 +102,13 @@ class TokenAttributions:
         with self._lock:
             old = self._sessions.get(session or "")
             self._sessions[session or ""] = _Session(result)
-        if old is not None and old.work is not None:
-            old.work.cancel.set()
+        _drop_work(old)
 
     def reset(self, session: str | None) -> str:
         """A new run (or image) began: forget the old result and its maps, stop their work; the panel's hint."""
         with self._lock:
             old = self._sessions.pop(session or "", None)
-        if old is not None and old.work is not None:
-            old.work.cancel.set()
+        _drop_work(old)
         return panel_note("empty", HINT)
 
     forget = reset
@@ -207,17 +205,24 @@ class TokenAttributions:
 
     def _run(self, s: _Session, fn: Callable[[_Work], str], line: Callable[[_Work], str]) -> Iterator[str]:
         """Run ``fn`` on a worker, yielding the progress ``line`` as it changes (and at each heartbeat), then its
-        panel, or the refusal or error in one line."""
+        panel, or the refusal or error in one line. Once something replaces the work (a newer click, a new run or
+        image) the handler yields nothing more: the panel belongs to what replaced it."""
         from asymspec_mm.attribution import NothingToAttributeError
 
-        if s.work is not None:
-            s.work.cancel.set()  # a newer click replaces the older one
-        work = s.work = _Work(fn).start()
+        old, work = s.work, _Work(fn)
+        s.work = work  # first: the older handler reads it once its work has stopped
+        if old is not None:
+            old.cancel.set()  # a newer click replaces the older one
+        work.start()
         try:
             if not work.done.wait(0.05):  # a cached map comes at once; otherwise the indicator does
                 yield panel_note("running", line(work))
             while not work.done.wait(HEARTBEAT_S):  # each yield is a point where Gradio can close the handler
+                if s.work is not work:
+                    return
                 yield panel_note("running", line(work))
+            if s.work is not work:
+                return
             if isinstance(work.error, AttributionCancelled):
                 yield panel_note("cancelled", "Cancelled. Click a token to attribute it again.")
             elif isinstance(work.error, NothingToAttributeError):
@@ -272,6 +277,14 @@ def wire_heatmap_panel(state: TokenAttributions, run_button: Any, image: Any) ->
     run_button.click(reset, None, [panel, footprint], queue=False, **quiet)
     image.change(reset, None, [panel, footprint], queue=False, **quiet)
     return panel
+
+
+def _drop_work(old: _Session | None) -> None:
+    """Stop the work of a session being replaced (a new result, a reset); its handler then ends without a panel."""
+    work = old.work if old is not None else None
+    if work is not None:
+        old.work = None  # first: the handler reads it once its work has stopped
+        work.cancel.set()
 
 
 def _why_nothing(pipe: Any, result: Any) -> str | None:
