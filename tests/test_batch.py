@@ -10,6 +10,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 from conftest import make_case
+from row_checks import rows_counted
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.base.errors import AsymSpecError, UnknownOptionError
@@ -140,7 +141,8 @@ def test_generate_batch_api(tiny_pipe):
 
 def test_scheduler_concurrent_submitters_cancel_and_errors(tiny_pipe):
     """16 threads submit 48 requests at random times: every result equals the request alone; the scheduler's rows
-    shared steps; a cancelled request frees its row; a broken image fails only its own handle."""
+    shared steps; a cancelled request frees its row; a broken image fails only its own handle; once all have ended
+    the row storages keep nothing of any of them (not even a row's counters)."""
     reqs = _requests(48, seed=7)
     cfg = AsymSpecConfig(k=3)
     methods = ["asymspec", "floor", "sd"]
@@ -195,6 +197,7 @@ def test_scheduler_concurrent_submitters_cancel_and_errors(tiny_pipe):
         config=cfg.with_(max_new_tokens=reqs[1]["max_new_tokens"]),
     )
     assert after.result(timeout=120).token_ids == alone[1].token_ids  # still serving after the error and the cancel
+    assert rows_counted(sched) == {}
     sched.close(timeout=60)
     with pytest.raises(AsymSpecError, match="closed"):
         sched.submit(reqs[0]["image"], "q")

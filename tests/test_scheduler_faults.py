@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import make_case
+from row_checks import rows_counted
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core import BatchDecoder
@@ -105,8 +106,8 @@ class FailingWhenShared(BatchEngine):
 
 def test_a_failing_forward_fails_the_rows_of_its_step_and_the_scheduler_goes_on(tiny_pipe):
     """The verifier's forward raises in the first step that an AsymSpec row and a Floor row share (mixed batches:
-    both ride in it, so the step cannot finish for either): both fail with that error, the scheduler goes on, and a
-    request after them finishes equal to itself alone."""
+    both ride in it, so the step cannot finish for either): both fail with that error, the scheduler goes on, a
+    request after them finishes equal to itself alone, and the storages keep no counters of the three rows."""
     boom = RuntimeError("boom in the verifier forward")
     factory = lambda model, name: FailingWhenShared(model, name, boom) if name == "verifier" else BatchEngine(model, name)  # noqa: E731
     cfg = AsymSpecConfig(max_new_tokens=12)
@@ -121,6 +122,7 @@ def test_a_failing_forward_fails_the_rows_of_its_step_and_the_scheduler_goes_on(
                 h.result(timeout=300)
         assert sched.submit(**later, method="floor", config=cfg).result(timeout=120).token_ids == alone
         assert sched.error is None
+        assert rows_counted(sched) == {}
 
 
 class FailingJoin(BatchEngine):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..decode.row_engines import forget_row
 from ..decode.rows import GATE_ROW_FIELDS, STREAMS_OF, Row, RowDecoder, gate_settings  # noqa: F401 - re-exported
 from ..engines import RowStorages
 from ..engines.model_calls import TokenResult
@@ -216,6 +217,7 @@ class BatchDecoder(RowDecoder):
                 for key, engine in self.engines.items():  # a row its storages held: its slots go
                     if key in held_keys and rid in engine.rows and rid not in self.rows:
                         engine.leave(rid)
+                        forget_row(engine, rid)
                 failed.append((rid, exc))
         if failures is not None:
             failures.extend(failed)
@@ -243,6 +245,12 @@ class BatchDecoder(RowDecoder):
             del self.parked[rid]
         else:
             super().remove(rid)
+        self._forget(rid)
+
+    def _forget(self, rid: int) -> None:
+        """Row ``rid`` is gone for good: its counters go from every storage (see :func:`forget_row`)."""
+        for engine in self.engines.values():
+            forget_row(engine, rid)
 
     # ------------------------------------------------------------------ memory: what is allocated, preemption
     def preemptible(self, rid: int) -> bool:
@@ -417,8 +425,9 @@ class BatchDecoder(RowDecoder):
         if not RequestKind(row.session.kind).answers:  # only its tokens are wanted
             row.result = TokenResult([ev.token_id for ev in row.trace], {"steps": row.step, "preemptions": row.preemptions})
             super().finish(row)
-            return
-        self._finish_session(row)
+        else:
+            self._finish_session(row)
+        self._forget(row.id)  # its result holds what it counted
 
     def _finish_session(self, row: Row) -> None:
         """The row's :class:`MMResult` (with the batch's statistics), its context stored for the conversation's next

@@ -30,6 +30,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..decode.row_engines import forget_row
 from ..engines.pieces import PrefillChunk, StreamPrompt, image_prompt, remember, start_context, text_prompt
 from ..engines.prefix_kv import PrefixKV
 from ..engines.rows import BatchEngine
@@ -195,8 +196,9 @@ class ChunkedPrefill:
                 out[name] = None
                 _remember_row(self.prefix_kv, self._models[name], prompt.key, self._decode[name], rid)
                 continue
-            out[name] = context = self._staging[name].detach(rid)
+            out[name] = context = self._staging[name].detach(rid)  # carries the counts on
             self._staging[name].leave(rid)
+            forget_row(self._staging[name], rid)
             remember(self.prefix_kv, self._models[name], prompt.key, context.cache, context.length)
         return out, row.record
 
@@ -211,6 +213,8 @@ class ChunkedPrefill:
             return
         for name in row.prompts:
             self._holder(row, name).leave(rid)
+            if name not in row.held:  # a decode storage keeps a preempted row's counts (its caller forgets them)
+                forget_row(self._staging[name], rid)
 
     def kv_bound(self, prompt_lengths: dict[str, list[int]]) -> int:
         """The most KV bytes the staging engines hold at once for prompts of ``prompt_lengths`` (per stream), pieces

@@ -14,6 +14,20 @@ from ..engines import Engine
 GATE_ROW_FIELDS = ("gamma", "beta", "lam")
 
 
+#: The per-row counters a row storage keeps in dicts by row id. They outlive ``leave`` (a preempted row that joins
+#: again counts on from them), so whoever ends a row for good drops them with :func:`forget_row`.
+ROW_COUNTERS = ("tokens_forwarded", "forward_calls", "tokens_computed")
+
+
+def forget_row(storage: Any, row: int) -> None:
+    """Drop ``row``'s counters (:data:`ROW_COUNTERS`) from ``storage``, once the row has left it for good (finished,
+    cancelled, failed) and its statistics are made: without this a serving storage keeps an entry per request."""
+    for name in ROW_COUNTERS:
+        counts = getattr(storage, name, None)
+        if isinstance(counts, dict):
+            counts.pop(row, None)
+
+
 class RowEngine(Protocol):
     """Rows of one model, each an independent KV-cached context (the one interface the decoder steps).
 
