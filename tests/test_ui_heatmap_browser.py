@@ -1,7 +1,8 @@
 """The inspector's heat maps in a real browser (Debian's chromium driven by Playwright): a bundled example runs, a
 click on a steered token of the answer shows its heat map over the image (the top region the same as
 ``pipe.attribute``'s, the picture tinted where the plain image is not), the footprint toggle outlines every steered
-token's top region, and Cancel stops an attribution that is waiting for the models. Never uses
+token's top region, and Cancel, shown only while a map is computed, stops an attribution that is waiting for the
+models. Never uses
 wait_until="networkidle" (Gradio keeps connections open)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from test_ui_browser import MAX_NEW, _example, _run_and_wait, browser_env, open_
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")]
 
 PANEL = "#asym-heatmap .asym-heatmap"
+CANCEL = "#asym-heat-cancel"
 
 
 def _png(data_uri: str):
@@ -38,6 +40,7 @@ def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_
     ex = _example("1")  # "Which bar is the tallest?": the drafter reads the colour from the bars
     page = open_page(env)
     assert page.locator(PANEL).get_attribute("data-state") == "empty"
+    assert page.locator(CANCEL).is_hidden()  # nothing is being computed
     page.get_by_text(ex["label"], exact=True).first.click()
     page.wait_for_function("q => document.querySelector('#asym-question textarea').value === q", arg=ex["question"])
     _run_and_wait(page)
@@ -49,6 +52,7 @@ def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_
     # a click on the steered token: its map over the image, the same top region as the API's
     _click_token(page, pos)
     page.wait_for_selector(f'{PANEL}[data-state="done"][data-view="token"][data-position="{pos}"]')
+    assert page.locator(CANCEL).is_hidden()  # the map is drawn: nothing left to cancel
     want = pipe.attribute(ref, pos, grid=8)
     fig = page.locator(f'{PANEL} .asym-heat-figure[data-image-index="0"]')
     assert fig.count() == 1 and fig.get_attribute("data-top-box") == ",".join(map(str, want.top(0).box))
@@ -76,6 +80,7 @@ def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_
         if top.score > 0:
             expected.append({"position": p, "box": list(top.box)})
     assert marks == expected and page.locator(PANEL).get_attribute("data-tokens") == str(len(steered))
+    assert page.locator(CANCEL).is_hidden()
     page.locator("#asym-footprint input").uncheck()
     page.wait_for_selector(f'{PANEL}[data-state="done"][data-view="token"][data-position="{pos}"]')
 
@@ -86,9 +91,10 @@ def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_
     try:
         _click_token(page, other)
         page.wait_for_selector(f'{PANEL}[data-state="running"]')
-        assert "regions done" in page.locator(PANEL).inner_text()
-        page.locator("#asym-heat-cancel").click()
+        assert "regions done" in page.locator(PANEL).inner_text() and page.locator(CANCEL).is_visible()
+        page.locator(CANCEL).click()
         page.wait_for_selector(f'{PANEL}[data-state="cancelled"]')
+        assert page.locator(CANCEL).is_hidden()
     finally:
         lock.release()
     page.wait_for_timeout(600)
