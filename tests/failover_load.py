@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
-from replicas import running_replicas, start_router
+from replicas import Replica, running_replicas, start_router
 
 from asymspec_mm.bench.replicas import FAILOVER_FLAGS, SESSION_HEADER, SESSION_POLICY
 
@@ -152,12 +152,17 @@ def run_failover(
     how: signal.Signals = signal.SIGKILL,
     log: Path | None = None,
     policy: str = "round_robin",
+    survivor: Replica | None = None,
     **loop,
 ) -> FailoverRun:
-    """Two replicas behind ``router`` (``policy``, extra ``flags``); replica 0 gets ``how`` mid-run."""
-    with running_replicas(2, *REPLICA_FLAGS) as replicas, start_router(router, replicas, *flags, log=log, policy=policy) as url:
-        victim = replicas[0]
-        return load_loop(url, lambda: victim.kill() if how == signal.SIGKILL else victim.terminate(), **loop)
+    """Two replicas behind ``router`` (``policy``, extra ``flags``); replica 0 gets ``how`` mid-run. With ``survivor``
+    (a replica started with :data:`REPLICA_FLAGS` that the caller keeps and stops), only replica 0 is started here
+    and ``survivor`` is replica 1: runs in a row share the replica that is never stopped."""
+    with running_replicas(2 - (survivor is not None), *REPLICA_FLAGS) as started:
+        replicas = [started[0], survivor.wait_ready()] if survivor is not None else started
+        with start_router(router, replicas, *flags, log=log, policy=policy) as url:
+            victim = replicas[0]
+            return load_loop(url, lambda: victim.kill() if how == signal.SIGKILL else victim.terminate(), **loop)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ def mistral():
     return get
 
 
+@pytest.fixture(scope="module")
+def tekken_standin(tmp_path_factory) -> Path:
+    """The Qwen3-shaped verifier stand-in saved with Tekken (its defaults), built once for the tests that load it."""
+    from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin
+
+    return build_mistral_verifier_standin(tmp_path_factory.mktemp("tekken-standin"))
+
+
 @pytest.mark.parametrize("version", ["v1", "v3", "v7"])
 def test_sentencepiece_models_read_without_sentencepiece_give_its_ids(mistral, version):
     import hashlib
@@ -109,17 +117,17 @@ def test_round_trips_count_every_token_outside_the_set(qwen, mistral):
         assert outside == rt.outside_tokens > 0
 
 
-def test_a_verifier_standin_with_tekken_loads_renders_and_decodes(tmp_path_factory):
+def test_a_verifier_standin_with_tekken_loads_renders_and_decodes(tekken_standin):
     from mistral_common.protocol.instruct.messages import SystemMessage, UserMessage
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin, mistral_file
+    from asymspec_mm.checkpoints.mistral import mistral_file
     from asymspec_mm.request.prompts import verifier_chat_text
     from asymspec_mm.tiny.evaluate import greedy
 
-    folder = build_mistral_verifier_standin(tmp_path_factory.mktemp("tekken-standin"))
+    folder = tekken_standin
     assert "tekken.json" not in {p.name for p in folder.iterdir()}  # the HF files alone
     tok = AutoTokenizer.from_pretrained(folder)
     model = Qwen3ForCausalLM.from_pretrained(folder).eval()
@@ -140,18 +148,17 @@ def test_a_verifier_standin_with_tekken_loads_renders_and_decodes(tmp_path_facto
     assert all(0 <= i < 131_072 for i in cached) and isinstance(tok.decode(cached), str)
 
 
-def test_the_pipeline_decodes_with_a_tekken_verifier(standin_dirs, tmp_path_factory):
+def test_the_pipeline_decodes_with_a_tekken_verifier(standin_dirs, tekken_standin):
     """A Qwen3-VL drafter stand-in steering the Tekken verifier stand-in: Floor is the verifier's own greedy decoding;
     AsymSpec writes text both vocabularies spell."""
     from conftest import make_image
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin
     from asymspec_mm.pipeline.facade import AsymSpecPipeline
     from asymspec_mm.request.prompts import verifier_chat_text
     from captioning.view import CompressedView
 
-    verifier_dir = build_mistral_verifier_standin(tmp_path_factory.mktemp("tekken-loop"))
+    verifier_dir = tekken_standin
     pipe = AsymSpecPipeline.from_pretrained(standin_dirs[0], verifier_dir, ocr="none")
     from asymspec_mm.decode import AsymSpecConfig
 

@@ -15,7 +15,9 @@ client with ``max_retries=0``, and one replica stopped mid-run:
   by the router's own ``/workers`` view while its ``/health`` is still 200, and with retries off every new request
   is answered by the other replica: no 503 reaches the client.
 
-A router whose console script is not installed is skipped with the install line (see tests/replicas.py)."""
+The replica that is never stopped (replica 1) is one process for the whole module (:func:`survivor`); each test
+starts its own replica 0, the one it kills or drains. A router whose console script is not installed is skipped with
+the install line (see tests/replicas.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from failover_load import FAILOVER_FLAGS, run_failover
-from replicas import router_or_skip, running_replicas, start_router
-from router_cases import ROUTERS, shown_command
+from failover_load import FAILOVER_FLAGS, REPLICA_FLAGS, run_failover
+from replicas import loading_replica, router_or_skip, running_replicas, start_router
+from router_cases import ROUTERS, router_executable, shown_command
 
 from asymspec_mm.bench.replicas import SESSION_HEADER, SESSION_POLICY, worker_health
 from asymspec_mm.bench.router_health import seconds_until, stream_in_flight
@@ -36,10 +38,21 @@ from asymspec_mm.bench.router_health import seconds_until, stream_in_flight
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def survivor():
+    """Replica 1 of every test: started once, never signalled by a test, stopped after the module. Nothing of what
+    it served before a test plays a part in one (counts are taken as differences), so each test still sees one
+    replica stopped and one that stays up, as with two fresh ones; only the cost of a start and a stop per test goes."""
+    if not any(router_executable(name) for name in ROUTERS):
+        pytest.skip("neither router is installed: each test names its install line")
+    with loading_replica(*REPLICA_FLAGS) as replica:  # loads while the first test starts its replica 0
+        yield replica
+
+
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_killed_replica_costs_at_most_its_requests_in_flight(router, tmp_path):
+def test_a_killed_replica_costs_at_most_its_requests_in_flight(router, tmp_path, survivor):
     router_or_skip(router)
-    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=tmp_path / f"{router}.log")
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=tmp_path / f"{router}.log", survivor=survivor)
     summary = run.summary()
     print(json.dumps({"router": router, "signal": "SIGKILL", **summary}))  # the numbers docs/deployment.md shows
     assert len(run.outcomes) == 60, summary
@@ -48,18 +61,19 @@ def test_a_killed_replica_costs_at_most_its_requests_in_flight(router, tmp_path)
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_draining_replica_loses_no_request(router, tmp_path):
+def test_a_draining_replica_loses_no_request(router, tmp_path, survivor):
     router_or_skip(router)
-    run = run_failover(router, FAILOVER_FLAGS, signal.SIGTERM, log=tmp_path / f"{router}.log")
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGTERM, log=tmp_path / f"{router}.log", survivor=survivor)
     print(json.dumps({"router": router, "signal": "SIGTERM", **run.summary()}))
     assert len(run.outcomes) == 60 and not run.failed(), run.summary()
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_killed_replica_costs_keyed_sessions_at_most_their_requests_in_flight(router, tmp_path):
+def test_a_killed_replica_costs_keyed_sessions_at_most_their_requests_in_flight(router, tmp_path, survivor):
     router_or_skip(router)
     policy, header = SESSION_POLICY[router], SESSION_HEADER[router]
-    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=tmp_path / f"{router}.log", policy=policy, session_header=header)
+    log = tmp_path / f"{router}.log"
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=log, policy=policy, session_header=header, survivor=survivor)
     summary = run.summary()
     print(json.dumps({"router": router, "policy": policy, "signal": "SIGKILL", **summary}))
     assert len(run.outcomes) == 60, summary
@@ -74,12 +88,12 @@ NEW_REQUESTS = 8
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_health_check_on_ready_takes_a_draining_replica_out_of_rotation(router, tmp_path):
+def test_a_health_check_on_ready_takes_a_draining_replica_out_of_rotation(router, tmp_path, survivor):
     router_or_skip(router)
-    flags = ("--max-batch-size", "4", "--drain-timeout", "120")
+    flags = ("--max-batch-size", "4", "--drain-timeout", "120")  # the victim's: a drain that outlasts the check
     with (
-        running_replicas(2, *flags) as (victim, survivor),
-        start_router(router, [victim, survivor], *READY_FLAGS, log=tmp_path / "r.log") as url,
+        running_replicas(1, *flags) as (victim,),
+        start_router(router, [victim, survivor.wait_ready()], *READY_FLAGS, log=tmp_path / "r.log") as url,
     ):
         with stream_in_flight(victim):  # a request in flight: the victim drains instead of exiting
             victim.terminate()
