@@ -165,6 +165,10 @@ def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list
     """The plan of a forward whose rows (in packed order) have their ``tables`` already extended by ``n[r]`` new
     tokens each (their slots ``fresh``, in packed order); ``device``: where the masks go."""
     fresh_at = kv.slots
+    if len(tables) == 1:  # a row alone (one request on the loop): its runs, without the groups' bookkeeping
+        plan = _one_row_plan(kv, tables[0], n[0], fresh, device)
+        if plan is not None:
+            return plan
     by_n: dict[int, list[int]] = {}
     for r, count in enumerate(n):
         by_n.setdefault(count, []).append(r)
@@ -202,6 +206,19 @@ def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list
     return RaggedPlan(kv, kv.write_plan(fresh), groups, reads, fresh_at, [None] * kv.n_layers)
 
 
+def _one_row_plan(kv: PagedKV, table: BlockTable, count: int, fresh: list[int], device: torch.device) -> RaggedPlan | None:
+    """:func:`ragged_plan` of a forward of one row: one group read by its runs (``None`` when it spans more than
+    :data:`MAX_RUNS`: read through an index instead)."""
+    in_place = kv.reads_in_place
+    runs = _row_runs(kv, table, count, 0, in_place)
+    if runs is None:
+        return None
+    causal = count > 1 and table.length == count
+    mask = None if causal else _group_mask([table.length], count, table.length, device)
+    group = RowGroup(1, count, table.length, None, None, mask, runs, causal)
+    return RaggedPlan(kv, kv.write_plan(fresh), [group], "in_place" if in_place else "runs", kv.slots, [None] * kv.n_layers)
+
+
 def _one_row_runs(
     kv: PagedKV, tables: list[BlockTable], by_n: dict[int, list[int]], starts: list[int], in_place: bool
 ) -> dict[int, list[tuple[int, int, int]]]:
@@ -211,20 +228,27 @@ def _one_row_runs(
     pool not read in place, runs only where every group is one row (the forward then reads no pool whole)."""
     if not in_place and any(len(rows) > 1 for rows in by_n.values()):
         return {}
-    bs, segment_starts = kv.pool.block_size, kv._starts or [0]
     out = {}
     for count, rows in by_n.items():
         if len(rows) != 1:
             continue
-        table = tables[rows[0]]
-        runs = slot_runs(table, table.length if in_place else table.length - count, bs, segment_starts, kv.slots)
-        if not in_place:
-            runs.append((len(segment_starts), starts[rows[0]], count))  # the new keys, from the plan
-        if len(runs) <= MAX_RUNS:
+        runs = _row_runs(kv, tables[rows[0]], count, starts[rows[0]], in_place)
+        if runs is not None:
             out[count] = runs
         elif not in_place:
             return {}
     return out
+
+
+def _row_runs(kv: PagedKV, table: BlockTable, count: int, first: int, in_place: bool) -> list[tuple[int, int, int]] | None:
+    """The runs a row of ``count`` new tokens (the first at ``first`` in the packed sequence) is read by: on a pool
+    read in place its every token (the layer writes its new keys first), else its context then its new keys (a last
+    source after the segments: the plan's); ``None`` beyond :data:`MAX_RUNS`."""
+    starts = kv._starts or [0]
+    runs = slot_runs(table, table.length if in_place else table.length - count, kv.pool.block_size, starts, kv.slots)
+    if not in_place:
+        runs.append((len(starts), first, count))
+    return runs if len(runs) <= MAX_RUNS else None
 
 
 def _group_attention(
