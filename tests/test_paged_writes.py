@@ -73,8 +73,9 @@ def _prefilled(model, ids: list[int]) -> TextEngine:
 
 def test_a_forward_writes_the_pool_once_per_segment_whatever_the_layers(tiny_pipe):
     """Rows joined one after another each start a segment of their own (the pool never reallocates one); a decode
-    forward whose new tokens land in 5 segments writes the pool 5 times (not once per layer and segment),
-    a row alone in one segment once per join and once per forward; every row stays equal to its single-row engine."""
+    forward whose new tokens land in 5 segments writes the pool 5 times (not once per layer and segment), a row
+    alone in one segment once per join and once per forward (read where it lies), a row alone over two segments once
+    per segment (read as its runs of slots); every row stays equal to its single-row engine."""
     model, rng = tiny_pipe.verifier, random.Random(3)
     layers = model.config.get_text_config(decoder=True).num_hidden_layers
     assert layers > 1
@@ -102,13 +103,24 @@ def test_a_forward_writes_the_pool_once_per_segment_whatever_the_layers(tiny_pip
     for r, t in more.items():
         assert_logits_close(got[r], singles[r].extend(t), ("second", r))
 
-    alone = PagedBatchEngine(model, "verifier", block_size=4, layout="segments")
-    alone.join(0, _prefilled(model, [rng.randint(20, 480) for _ in range(30)]))
+    ids = [rng.randint(20, 480) for _ in range(29)]
+    alone, single = PagedBatchEngine(model, "verifier", block_size=4, layout="segments"), _prefilled(model, ids)
+    alone.join(0, _prefilled(model, ids))
     assert len(alone.pool.segments) == 1
     with PoolWrites(alone.kv) as seen:
-        alone.extend({0: torch.tensor([40, 41])})  # 32 tokens: the 8 blocks it has
-    # one segment holds every slot: each layer writes its new keys in place and gathers from it, copying no pool
-    assert seen.writes == ["index_copy_"] * layers and seen.reads == ["index_select"] * layers, seen.__dict__
+        got = alone.extend({0: torch.tensor([40, 41])})  # 31 tokens: the 8 blocks it has
+    # one segment holds every slot and the row's blocks are consecutive: each layer writes its new keys in place and
+    # the attention reads the row's slots where they lie (its one read of the pool), no gather, no copy
+    assert seen.writes == ["index_copy_"] * layers, seen.writes
+    assert len(seen.reads) == layers and "index_select" not in seen.reads and "cat" not in seen.reads, seen.reads
+    assert_logits_close(got[0], single.extend(torch.tensor([40, 41])), "alone, one segment")
+    with PoolWrites(alone.kv) as seen:
+        got = alone.extend({0: torch.tensor([42, 43, 44])})  # the last slot of the 8th block, a 9th: a second segment
+    assert len(alone.pool.segments) == 2
+    # a row alone over two segments: each layer copies the row's two runs and its new keys side by side (one cat
+    # of the row's own slots), then every layer's new keys are written at once, once per segment they land in (both)
+    assert seen.reads == ["cat"] * layers and seen.writes == ["index_copy_"] * 2, seen.__dict__
+    assert_logits_close(got[0], single.extend(torch.tensor([42, 43, 44])), "alone, two segments")
 
 
 def test_a_contiguous_pool_reads_in_place_and_equals_the_segments_and_the_padded_storage(tiny_pipe):

@@ -101,16 +101,41 @@ def _decode_threads() -> tuple[set[str], object]:
     return seen, profile
 
 
+def _handed_over(counts: dict[int, int]):
+    """A profile counting the output thread's hand-overs (``OutputProcessor._deliver`` calls) by handle id."""
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_deliver" and frame.f_code.co_filename.endswith("output_processor.py"):
+            handle = frame.f_locals["item"][1]
+            counts[handle.id] = counts.get(handle.id, 0) + 1
+
+    return profile
+
+
 def test_the_decode_thread_hands_token_ids_and_the_output_thread_detokenizes(tiny_pipe):
+    """Two requests read step by step get each token's text from the output thread; a third read for its answer
+    alone wakes the output thread once, at its end (its steps wait as token ids, then are detokenized together),
+    and still gets every step, with its text, when read afterwards."""
     cases = [make_case(1740 + i) for i in range(2)]
     cfg = AsymSpecConfig(k=3, max_new_tokens=10)
     alone = [tiny_pipe.generate(**c, config=cfg) for c in cases]
-    seen, _ = _decode_threads()
+    cases.append(cases[0])  # the third: the first's request again, read for its answer alone
+    alone.append(alone[0])
+    seen, watch = _decode_threads()
+    handed: dict[int, int] = {}
+    count = _handed_over(handed)
+
+    def both(frame, event, arg):
+        watch(frame, event, arg)
+        count(frame, event, arg)
+
+    threading.setprofile(both)
     try:
-        with tiny_pipe.scheduler(max_batch_size=2) as sched:
+        with tiny_pipe.scheduler(max_batch_size=3) as sched:
             handles = [sched.submit(**c, config=cfg) for c in cases]
-            streamed = [[ev for events in h for ev in events] for h in handles]
+            streamed = [[ev for events in h for ev in events] for h in handles[:2]]
             got = [h.result(timeout=120) for h in handles]
+            streamed.append([ev for events in handles[2] for ev in events])  # read once it has ended
     finally:
         threading.setprofile(None)
     assert "asymspec-output" in seen  # the watch sees the output thread's decodes
@@ -118,6 +143,9 @@ def test_the_decode_thread_hands_token_ids_and_the_output_thread_detokenizes(tin
     for ref, res, events in zip(alone, got, streamed):
         assert res.token_ids == ref.token_ids and res.text == ref.text
         assert [ev.text for ev in events] == [ev.text for ev in ref.trace]  # each token's text, as alone
+        assert [ev.text for ev in res.trace] == [ev.text for ev in ref.trace]
+    steps = got[2].stats["steps"]
+    assert steps > 1 and handed[handles[2].id] == 1, (handed, steps)  # its answer alone: one hand-over, not one a step
 
 
 def test_a_stop_string_ends_the_row_at_the_token_it_ends_it_alone(tiny_pipe):

@@ -77,6 +77,13 @@ class Handle:
         self._error: BaseException | None = None
         self._listener: Listener | None = None
         self._deliver = threading.Lock()  # keeps a listener's updates in order with the backlog
+        # steps nobody reads yet (no listener, no iteration: a caller waiting for the answer alone) stay here, token
+        # ids only, until the answer or a reader comes: the output side then detokenizes them in one hand-off instead
+        # of being woken at every step (:meth:`_hold_step`, :meth:`_read_steps`)
+        self._held: list[list[TokenEvent]] = []
+        self._reads_steps = False
+        self._holder: Any = None  # the output side the held steps go back to
+        self._hold = threading.Lock()
         self.cancelled = False
         #: what the request fails with once cancelled (``None``: a :class:`CancelledError`), see :meth:`cancel`
         self.cancel_error: BaseException | None = None
@@ -127,6 +134,7 @@ class Handle:
         return "done" if self._done.is_set() else self.status.stage
 
     def __iter__(self):
+        self._read_steps()
         while True:
             item = self._events.get()
             if item is _END:
@@ -169,6 +177,7 @@ class Handle:
         """Call ``listener(kind, value)`` with every update from now on, on the scheduler's threads, after the
         updates already waiting (which iteration then no longer sees): ``("events", [TokenEvent])`` per step,
         then ``("result", MMResult)`` or ``("error", exception)``. It must return quickly (hand the update on)."""
+        self._read_steps()
         with self._deliver:
             backlog = []
             while not self._events.empty():
@@ -197,6 +206,35 @@ class Handle:
 
     def _step(self, events: list[TokenEvent]) -> None:
         self._put(events)
+
+    def _hold_step(self, holder: Any, events: list[TokenEvent]) -> bool:
+        """Keep one step's ``events`` (token ids, no text yet) while nobody reads this handle's steps; ``False`` once
+        someone does (the caller hands them on at once). ``holder``: the output side that takes them back
+        (:meth:`held_steps` at the end, or its ``held(handle, steps)`` when a reader comes)."""
+        with self._hold:
+            if self._reads_steps:
+                return False
+            self._holder = holder
+            self._held.append(events)
+            return True
+
+    def _read_steps(self) -> None:
+        """Someone reads this handle's steps from now on (iteration, a listener): the steps held so far go to the
+        output side first, ahead of any later step (handed over under the same lock the decode thread holds them
+        with, so none overtakes them)."""
+        with self._hold:
+            if self._reads_steps:
+                return
+            self._reads_steps = True
+            held, self._held = self._held, []
+            if held:
+                self._holder.held(self, held)
+
+    def held_steps(self) -> list[list[TokenEvent]]:
+        """The steps held so far, taken (the output side, before it hands over the answer)."""
+        with self._hold:
+            held, self._held = self._held, []
+        return held
 
     def _finish(self, result: MMResult | None = None, error: BaseException | None = None) -> None:
         if self._done.is_set():

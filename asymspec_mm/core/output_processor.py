@@ -46,8 +46,15 @@ class OutputProcessor:
         self._thread.start()
 
     def events(self, handle: Any, events: list) -> None:
-        """One step's committed events of ``handle``'s row (their ``text`` filled in before the handle gets them)."""
-        self._put(("events", handle, events))
+        """One step's committed events of ``handle``'s row (their ``text`` filled in before the handle gets them).
+        While nobody reads the handle's steps (a caller waiting for the answer alone) the handle holds them and this
+        thread is not woken: they come with the answer, or with :meth:`held` once a reader comes."""
+        if not handle._hold_step(self, events):
+            self._put(("events", handle, events))
+
+    def held(self, handle: Any, steps: list[list]) -> None:
+        """``handle``'s steps held until a reader came (:meth:`Handle._read_steps`), in order."""
+        self._put(("held", handle, steps))
 
     def finish(self, handle: Any, result: Any = None, error: BaseException | None = None) -> None:
         """``handle``'s request ended with ``result`` (an :class:`MMResult` whose text is made here, or a caption's
@@ -83,11 +90,11 @@ class OutputProcessor:
     def _deliver(self, item: tuple) -> None:
         kind, handle = item[0], item[1]
         if kind == "events":
-            events = item[2]
-            if handle.kind.answers:  # a caption's or completion's events are never read: only its tokens are wanted
-                for ev in events:
-                    ev.text = self.tokenizer.decode([ev.token_id])
-            handle._step(events)
+            self._hand(handle, item[2])
+            return
+        for events in item[2] if kind == "held" else handle.held_steps():  # held steps before the answer
+            self._hand(handle, events)
+        if kind == "held":
             return
         result, error = item[2], item[3]
         if error is None and isinstance(result, MMResult):
@@ -96,3 +103,10 @@ class OutputProcessor:
             except Exception as exc:  # noqa: BLE001 - the request fails alone, with the reason
                 result, error = None, exc
         handle._finish(result, error)
+
+    def _hand(self, handle: Any, events: list) -> None:
+        """One step's ``events`` to ``handle``, each token's text filled in."""
+        if handle.kind.answers:  # a caption's or completion's events are never read: only its tokens are wanted
+            for ev in events:
+                ev.text = self.tokenizer.decode([ev.token_id])
+        handle._step(events)

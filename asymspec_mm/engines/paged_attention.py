@@ -19,6 +19,14 @@ row computes its width. How a layer reads depends on the pool (:class:`RaggedPla
   (the storage writes every layer's at once after the forward, one write per segment they land in), copies its
   segments and new keys into one tensor, and the groups gather from that.
 - ``"segments"``: as ``"whole"``, but each group reads each segment at its own slots.
+- ``"runs"`` (a segment pool of several segments, every group one row): each row's context is a few runs of
+  consecutive slots (its blocks are taken lowest id first, so a row alone has one run per segment it spans); the
+  layer reads each run where it lies and puts them and its new keys side by side in one copy of the row's context,
+  and hands the new keys on to the plan as ``"whole"`` does.
+
+A group of one row whose slots are such runs (:func:`slot_runs`, at most :data:`MAX_RUNS`) reads them as slices
+rather than through an index, in ``"in_place"`` too: a row alone on a pool with one tensor per layer (its blocks
+consecutive) is one run, and the attention reads it where it lies, copying nothing at all.
 
 The function is chosen through the model's config (:func:`use_paged_attention` sets the text model's
 ``_attn_implementation`` to a registered name, once per model): the single-row engines and the padded storage
@@ -31,6 +39,7 @@ attention builds its own group masks.
 
 from __future__ import annotations
 
+import bisect
 import sys
 from dataclasses import dataclass
 
@@ -61,12 +70,43 @@ class RowGroup:
     n: int
     width: int
     tokens: torch.Tensor | None
-    read: ReadPlan | torch.Tensor
+    read: ReadPlan | torch.Tensor | None
     mask: torch.Tensor | None
+    runs: list[tuple[int, int, int]] | None = None  # a one-row group read by slices: (source, first slot, slots)
+    causal: bool = False  # the rows hold nothing but their new tokens: SDPA's own causal rule, no mask
 
 
 #: How a forward's layers read the pool (module docstring).
-READS = ("in_place", "whole", "segments")
+READS = ("in_place", "whole", "segments", "runs")
+#: The most slices a one-row group is read by (:func:`slot_runs`); a row scattered wider is read through an index.
+MAX_RUNS = 16
+
+
+def slot_runs(table: BlockTable, length: int, block_size: int, starts: list[int], total: int) -> list[tuple[int, int, int]]:
+    """Tokens ``0 .. length - 1`` of ``table`` as runs of consecutive slots, each within one source: ``(source,
+    first slot in it, slots)``, in the row's order; source ``s`` holds slots ``starts[s] ..`` (the next one's start,
+    or ``total``). A row's blocks are taken lowest id first, so a row alone is one run per segment it spans."""
+    merged: list[list[int]] = []  # [first slot, slots] over the whole pool
+    left = length
+    for block in table.blocks:
+        if left <= 0:
+            break
+        take = min(block_size, left)
+        first = block * block_size
+        if merged and merged[-1][0] + merged[-1][1] == first:  # only a row's last block is partly filled
+            merged[-1][1] += take
+        else:
+            merged.append([first, take])
+        left -= take
+    runs = []
+    for first, count in merged:
+        while count:
+            source = bisect.bisect_right(starts, first) - 1
+            end = starts[source + 1] if source + 1 < len(starts) else total
+            take = min(count, end - first)
+            runs.append((source, first - starts[source], take))
+            first, count = first + take, count - take
+    return runs
 
 
 @dataclass
@@ -115,6 +155,8 @@ def _group_mask(lengths: list[int], count: int, width: int, device: torch.device
     and its new tokens up to itself); ``None`` when every query sees every slot."""
     if count == 1 and min(lengths) == width:
         return None
+    if len(lengths) == 1:  # one row: the lower triangle shifted by its context, two ops
+        return _on(torch.ones(1, 1, count, width, dtype=torch.bool).tril_(width - count), device)
     seen = torch.tensor([[length - count + i + 1 for i in range(count)] for length in lengths])
     return _on(torch.arange(width) < seen.view(len(lengths), 1, count, 1), device)
 
@@ -123,6 +165,10 @@ def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list
     """The plan of a forward whose rows (in packed order) have their ``tables`` already extended by ``n[r]`` new
     tokens each (their slots ``fresh``, in packed order); ``device``: where the masks go."""
     fresh_at = kv.slots
+    if len(tables) == 1:  # a row alone (one request on the loop): its runs, without the groups' bookkeeping
+        plan = _one_row_plan(kv, tables[0], n[0], fresh, device)
+        if plan is not None:
+            return plan
     by_n: dict[int, list[int]] = {}
     for r, count in enumerate(n):
         by_n.setdefault(count, []).append(r)
@@ -130,23 +176,79 @@ def ragged_plan(kv: PagedKV, tables: list[BlockTable], n: list[int], fresh: list
     for count in n:
         starts.append(starts[-1] + count)
     in_place = kv.reads_in_place
+    runs = _one_row_runs(kv, tables, by_n, starts, in_place)
     indexes = {
         count: _group_index(kv, [tables[r] for r in rows], count, [starts[r] for r in rows], None if in_place else fresh_at)
         for count, rows in by_n.items()
+        if count not in runs
     }
     # reading the pool whole per layer (one copy) beats one read per segment once the forward reads half of it
-    reads = "in_place" if in_place else "whole" if 2 * sum(i.numel() for i in indexes.values()) >= fresh_at else "segments"
+    if in_place or len(runs) == len(by_n):
+        reads = "in_place" if in_place else "runs"
+    else:
+        reads = "whole" if 2 * sum(i.numel() for i in indexes.values()) >= fresh_at else "segments"
     groups = []
     for count, rows in by_n.items():
-        index = indexes[count]
         width = max(tables[r].length for r in rows)
-        mask = _group_mask([tables[r].length for r in rows], count, width, device)
+        # rows of new tokens alone (a prompt's first piece): the causal rule SDPA applies itself (and the single-row
+        # engines' prefill uses), no mask to build
+        causal = count > 1 and all(tables[r].length == count for r in rows)
+        mask = None if causal else _group_mask([tables[r].length for r in rows], count, width, device)
         tokens = None
         if len(rows) != len(n):
             tokens = torch.tensor([t for r in rows for t in range(starts[r], starts[r + 1])], dtype=torch.long, device=device)
+        if count in runs:
+            groups.append(RowGroup(1, count, width, tokens, None, mask, runs[count], causal))
+            continue
+        index = indexes[count]
         read = kv.read_plan(index, fresh_at) if reads == "segments" else _on(index, kv.devices[0])
-        groups.append(RowGroup(len(rows), count, width, tokens, read, mask))
+        groups.append(RowGroup(len(rows), count, width, tokens, read, mask, None, causal))
     return RaggedPlan(kv, kv.write_plan(fresh), groups, reads, fresh_at, [None] * kv.n_layers)
+
+
+def _one_row_plan(kv: PagedKV, table: BlockTable, count: int, fresh: list[int], device: torch.device) -> RaggedPlan | None:
+    """:func:`ragged_plan` of a forward of one row: one group read by its runs (``None`` when it spans more than
+    :data:`MAX_RUNS`: read through an index instead)."""
+    in_place = kv.reads_in_place
+    runs = _row_runs(kv, table, count, 0, in_place)
+    if runs is None:
+        return None
+    causal = count > 1 and table.length == count
+    mask = None if causal else _group_mask([table.length], count, table.length, device)
+    group = RowGroup(1, count, table.length, None, None, mask, runs, causal)
+    return RaggedPlan(kv, kv.write_plan(fresh), [group], "in_place" if in_place else "runs", kv.slots, [None] * kv.n_layers)
+
+
+def _one_row_runs(
+    kv: PagedKV, tables: list[BlockTable], by_n: dict[int, list[int]], starts: list[int], in_place: bool
+) -> dict[int, list[tuple[int, int, int]]]:
+    """The slot runs (:func:`slot_runs`) of each group of one row, by its number of new tokens: on a pool read in
+    place its every token (the layer writes its new keys first), else its context then its new keys (a last source
+    after the segments, the packed sequence); none for a row scattered over more than :data:`MAX_RUNS` runs. On a
+    pool not read in place, runs only where every group is one row (the forward then reads no pool whole)."""
+    if not in_place and any(len(rows) > 1 for rows in by_n.values()):
+        return {}
+    out = {}
+    for count, rows in by_n.items():
+        if len(rows) != 1:
+            continue
+        runs = _row_runs(kv, tables[rows[0]], count, starts[rows[0]], in_place)
+        if runs is not None:
+            out[count] = runs
+        elif not in_place:
+            return {}
+    return out
+
+
+def _row_runs(kv: PagedKV, table: BlockTable, count: int, first: int, in_place: bool) -> list[tuple[int, int, int]] | None:
+    """The runs a row of ``count`` new tokens (the first at ``first`` in the packed sequence) is read by: on a pool
+    read in place its every token (the layer writes its new keys first), else its context then its new keys (a last
+    source after the segments: the plan's); ``None`` beyond :data:`MAX_RUNS`."""
+    starts = kv._starts or [0]
+    runs = slot_runs(table, table.length if in_place else table.length - count, kv.pool.block_size, starts, kv.slots)
+    if not in_place:
+        runs.append((len(starts), first, count))
+    return runs if len(runs) <= MAX_RUNS else None
 
 
 def _group_attention(
@@ -158,7 +260,11 @@ def _group_attention(
     heads, dim = query.shape[1], query.shape[3]
     q = query if group.tokens is None else query.index_select(2, group.tokens)
     q = q.view(heads, group.rows, group.n, dim).transpose(0, 1)  # [G, Hq, n, D]
-    if plan.reads == "segments":
+    if group.runs is not None:  # slices where they lie: one run is read without a copy
+        sources = plan.kv.views[layer] if plan.reads == "in_place" else [*plan.kv.views[layer], source]
+        pieces = [sources[s].narrow(0, first, count) for s, first, count in group.runs]
+        both = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    elif plan.reads == "segments":
         both = plan.kv.gather_both(layer, group.read, source)
     else:
         both = source.index_select(0, _on(group.read, source.device))
@@ -167,7 +273,7 @@ def _group_attention(
     # [G * width, 2, Hkv, D] -> keys, values [G, Hkv, width, D]
     keys, values = both.view(group.rows, group.width, 2, plan.kv.kv_heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=heads != keys.shape[1]
+        q, keys, values, attn_mask=group.mask, is_causal=group.causal, scale=scaling, enable_gqa=heads != keys.shape[1]
     )
     return out.transpose(1, 2)
 
@@ -199,7 +305,7 @@ def _paged(base: str):
         if plan.reads == "in_place":  # the layer's one tensor holds every slot: write, then read it where it is
             kv.write_layer(layer, plan.write, fresh)
             source = kv.views[layer][0]
-        else:
+        else:  # "runs" and "segments" read the pool where it lies, the new keys from here
             source = kv.whole(layer, fresh) if plan.reads == "whole" else fresh
         heads, dim = query.shape[1], query.shape[3]
         if len(plan.groups) == 1:

@@ -10,7 +10,8 @@ one of two layouts, chosen by the model's number of layers (:func:`choose_layout
   segments, with no copy beside it. A forward's new keys are written once per segment they land in, not once per
   layer and segment: the attention hands each layer's new keys on to the forward's plan (:mod:`.paged_attention`
   reads them from there) and :meth:`PagedKV.write_layers` stores all layers' at the end. A pool of several segments
-  is read by copying a layer's segments into one tensor (or per segment), since no tensor holds a layer's slots.
+  is read by copying a layer's segments into one tensor (or per segment), since no tensor holds a layer's slots; a
+  forward of one row copies only that row's runs of slots (:func:`~.paged_attention.slot_runs`).
 - ``"contiguous"``: one tensor per layer, ``[slots, 2, H, D]``, so a forward writes each layer's new keys in place
   and reads the rows' slots with one gather, copying nothing else. Growing or trimming the pool reallocates the
   layers one at a time: while a layer copies, its old tensor is held beside the pool, one layer's share of it, which
@@ -84,7 +85,8 @@ class PagedKV:
         self.views: list[list[torch.Tensor]] = [[] for _ in devices]
         self._starts: list[int] = [0] if self.layout == "contiguous" else []  # the first slot of each source
         self.block_offsets = torch.arange(pool.block_size)  # a slot's place in its block, for the plans
-        self._element_bytes = torch.empty((), dtype=dtype).element_size()
+        # one token over all layers, keys and values (read every turn by the KV accounting: computed once)
+        self._slot_bytes = len(devices) * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         self.peak_bytes = 0  # the most bytes the pool held, a reallocation's copy included (the storage resets it)
 
     @property
@@ -110,7 +112,7 @@ class PagedKV:
 
     def slot_bytes(self) -> int:
         """One token over all layers, keys and values."""
-        return self.n_layers * 2 * self.kv_heads * self.head_dim * self._element_bytes
+        return self._slot_bytes
 
     def nbytes(self) -> int:
         """Bytes the pool holds (every block, free or not)."""
@@ -151,7 +153,7 @@ class PagedKV:
         want = self.slots
         have = self.views[0][0].shape[0] if self.views[0] else 0
         if want != have:
-            layer_bytes = 2 * self.kv_heads * self.head_dim * self._element_bytes
+            layer_bytes = self._slot_bytes // self.n_layers
             keep = min(have, want)
             for layer, device in enumerate(self.devices):
                 new = torch.empty(want, 2, self.kv_heads, self.head_dim, dtype=self.dtype, device=device)

@@ -58,6 +58,8 @@ def packed_inputs(pieces: list[PrefillChunk], starts: list[int], vision: bool, d
     (``N`` = their sum, nothing padded; ids stay on their device, so drafts on the GPU cost no host sync); piece
     ``r``'s positions ``starts[r] + i`` (each row's length plus rope delta), ``[1, N]``, or ``[3, 1, N]`` on every
     M-RoPE axis with ``vision``, a piece's own positions where it gives them (a prompt piece with an image)."""
+    if len(pieces) == 1:  # one row (a request alone): its ids as they are, its positions in one op
+        return _one_row_inputs(pieces[0], starts[0], vision, device)
     input_ids = torch.cat([_long_on(c.ids, device) for c in pieces]).unsqueeze(0)
     n = [c.ids.numel() for c in pieces]
     positions = torch.tensor([[s + i for s, count in zip(starts, n) for i in range(count)]], dtype=torch.long)
@@ -71,6 +73,16 @@ def packed_inputs(pieces: list[PrefillChunk], starts: list[int], vision: bool, d
                 positions[:, 0, at : at + count] = c.positions.reshape(3, -1)
             at += count
     return input_ids, positions.to(device)
+
+
+def _one_row_inputs(piece: PrefillChunk, start: int, vision: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`packed_inputs` of one piece: its ids ``[1, n]`` and positions ``start ..`` (``[1, n]``, or ``[3, 1, n]``
+    with ``vision``: the piece's own where it gives them)."""
+    input_ids = _long_on(piece.ids, device).unsqueeze(0)
+    if vision and piece.positions is not None:
+        return input_ids, piece.positions.reshape(3, 1, -1).to(device, torch.long)
+    positions = torch.arange(start, start + input_ids.shape[1], device=device).unsqueeze(0)
+    return input_ids, positions.expand(3, 1, -1) if vision else positions
 
 
 def _long_on(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
