@@ -293,7 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--agent-batch", type=int, default=AGENT_BATCH, help="agent requests a step [default: %(default)s]")
-    ap.add_argument("--freeze-vision", action="store_true", help="leave the drafter's vision tower as it is (a cheaper step)")
+    ap.add_argument(
+        "--freeze-vision",
+        action="store_true",
+        help="leave the drafter's vision tower as it is and rehearse no captions (a cheaper step; its captions drift, "
+        "see the tiny README's agent-log section)",
+    )
+    ap.add_argument(
+        "--roles",
+        default="verifier,drafter",
+        help="which models the phases train (the other is carried over as it is) [default: %(default)s]",
+    )
     ap.add_argument(
         "--log-batch", type=int, default=0, help="agent-log requests a step besides (the long tool output the compressor drops)"
     )
@@ -325,8 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = add_tokens_and_resize(Path(args.src), work, args.seed) if args.start_phase == 1 else {}
     with open(log_path, "a") as f:
         print(f"vocab {json.dumps(sizes)} args {vars(args)}", file=f)
+    roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    if not roles or set(roles) - {"verifier", "drafter"}:
+        ap.error(f"--roles {args.roles!r}: expected verifier, drafter or both (comma-separated)")
     ctx = mp.get_context("spawn")
-    if sum(warmup) and args.start_phase == 1:
+    if sum(warmup) and args.start_phase == 1 and "drafter" in roles:
         warm = ctx.Process(target=log_warmup, args=(str(work), warmup, args.log_warmup_lr, args.seed, 16, args.eval_every, log_path))
         if not run_workers([warm], log_path):
             return 1
@@ -354,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                 )
                 for role, seed in (("verifier", args.seed + 1), ("drafter", args.seed))
+                if role in roles
             ]
             if not run_workers(procs, log_path):
                 return 1
