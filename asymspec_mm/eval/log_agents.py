@@ -17,7 +17,9 @@ import json
 import sys
 from typing import Any
 
+from ..base.errors import UnknownOptionError
 from ..frontend.help import terminal_text
+from ..frontend.variants import parse_variants
 from .agent_loop import final_number
 from .minivista_log import TASK, make_log_problem
 
@@ -77,16 +79,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1, help="MiniVista seed (1: held out) [default: %(default)s]")
     ap.add_argument("--compression", default="truncate", help="truncate, llmlingua2, question-only or a spec [default: %(default)s]")
-    ap.add_argument("--methods", default="floor,drafter,asymspec", help="comma list [default: %(default)s]")
+    ap.add_argument(
+        "--methods",
+        default="floor,drafter,asymspec",
+        help="comma list of methods or variants, as the evaluation's (asymspec@bonus=gated) [default: %(default)s]",
+    )
+    ap.add_argument(
+        "--reader-tool-choice",
+        choices=("auto", "required"),
+        default="required",
+        help="the reader's first request (required: the server's grammar makes it a read_log call) [default: %(default)s]",
+    )
     args = ap.parse_args(argv)
     compression = log_compression(args.compression)
-    for method in args.methods.split(","):
+    try:
+        variants = parse_variants(args.methods)
+    except UnknownOptionError as e:
+        ap.error(f"--methods: {e}")
+    for variant in variants:
         solved = 0
+        asymspec = {"method": variant.method, **variant.config, "compression": compression}
         for i in range(args.n):
-            row = solve(args.url, make_log_problem(args.seed, i), {"method": method, "compression": compression}, args.model)
+            row = solve(args.url, make_log_problem(args.seed, i), asymspec, args.model, reader_tool_choice=args.reader_tool_choice)
             solved += row["correct"]
-            print(json.dumps({"method": method, **{k: v for k, v in row.items() if k != "history"}}), flush=True)
-        print(f"{method}: solved {solved} of {args.n}")
+            print(json.dumps({"method": variant.name, **{k: v for k, v in row.items() if k != "history"}}), flush=True)
+        print(f"{variant.name}: solved {solved} of {args.n}")
     return 0
 
 
