@@ -315,8 +315,8 @@ def test_the_attribution_page_runs_and_its_images_are_what_it_writes(workdir):
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0] == "The triangle is yellow, so the answer is (D)." and lines[1] == " yellow accepted delta 2.99"
-    assert lines[2] == "(32, 96, 64, 128) +6.50"  # the triangle's cell, as the page's comments say
+    assert lines[0] == "The triangle is yellow, so the answer is (D)." and lines[1] == " yellow accepted delta 4.08"
+    assert lines[2] == "(32, 96, 64, 128) +4.23"  # the triangle's cell, as the page's comments say
     for made, committed in (("yellow_image0.png", "attribution_yellow.png"), ("yellow_image0_heat.png", "attribution_yellow_heat.png")):
         assert Image.open(workdir / "heatmaps" / made).tobytes() == Image.open(REPO / "docs" / committed).tobytes()
     command = block_with("docs/attribution.md", "bash", "asymspec-mm explain").strip()

@@ -51,7 +51,7 @@ def test_fast_loop_equals_the_two_vocabulary_reference(xpipe, problems, setting)
     assert ties <= 1
     # every branch of the rule ran: steered and alone positions, accepted and rejected drafts, the bonus
     assert seen.get(("accepted", False)) and seen.get(("fused", False)) and seen.get(("fused", True)), seen
-    if setting == 0:
+    if setting == 1:  # K = 2, where the drafts run out (the bonus) more often than at K = 4
         assert seen.get(("accepted", True)) and sum(n for (src, _), n in seen.items() if src == "bonus"), seen
 
 

@@ -86,7 +86,7 @@ def test_fused_tokens_say_whether_fusion_changed_the_verifiers_token(shipped_pip
     fused = [ev for r in runs.values() for ev in r.trace if ev.source == "fused"]
     changed = [ev for ev in fused if ev.token_id != ev.verifier_argmax]
     same = [ev for ev in fused if ev.token_id == ev.verifier_argmax]
-    assert changed and same, "the runs should have fused tokens of both kinds"
+    assert changed and [ev for ev in same if ev.token_id not in shipped_pipe.eos_ids], "fused tokens of both kinds"
     for ev in changed:
         verifier = dec(ev.verifier_argmax)
         assert fusion_line(ev, verifier) == f"fused, changed the verifier's token (verifier alone: {verifier!r}): the image's steer"
@@ -96,6 +96,8 @@ def test_fused_tokens_say_whether_fusion_changed_the_verifiers_token(shipped_pip
         line = fusion_line(ev, dec(ev.verifier_argmax))
         assert line == "fused, same token as the verifier alone: fusion changed nothing here"
         assert "the image's steer" not in _tooltip(ev, dec)
+        if ev.token_id in shipped_pipe.eos_ids:
+            continue  # the end of the answer is drawn as an "end" mark, with no fusion attribute
         html_text = render_trace_html([ev], shipped_pipe.tokenizer)
         assert 'data-fusion="same"' in html_text and "tok-steered" not in html_text
     for ev in (e for r in runs.values() for e in r.trace if e.source != "fused"):

@@ -32,12 +32,12 @@ TINY_PAIR_MAX_NEW_TOKENS = 64
 #: OCR as the compressed view), after MiniVista's answer extraction. Examples the tiny pair gets wrong with
 #: every method, or whose view the demo would fill from the image (no OCR text), are not listed.
 TINY_PAIR_ANSWERS: dict[str, dict[str, str]] = {
-    "4": {"asymspec": "5", "floor": "11", "drafter": "2"},
-    "12": {"asymspec": "4", "floor": "3", "drafter": "7"},
-    "1": {"asymspec": "green", "floor": "red", "drafter": "green"},
-    "17": {"asymspec": "2", "floor": "3", "drafter": "2"},
+    "4": {"asymspec": "5", "floor": "8", "drafter": "4"},
+    "12": {"asymspec": "4", "floor": "7", "drafter": "1"},
+    "1": {"asymspec": "green", "floor": "yellow", "drafter": "green"},
+    "13": {"asymspec": "blue", "floor": "yellow", "drafter": "blue"},
     "3": {"asymspec": "30", "floor": "30", "drafter": "30"},
-    "13": {"asymspec": "blue", "floor": "red", "drafter": "blue"},
+    "17": {"asymspec": "2", "floor": "2", "drafter": "2"},
 }
 _NAMES = {"asymspec": "AsymSpec", "floor": "Floor", "drafter": "the drafter"}
 
