@@ -594,3 +594,22 @@ def test_sampling_bench_pairs_greedy_and_sampled_runs_of_equal_length(tiny_pipe,
         assert len(rows[method]) == 2
         for r in rows[method]:
             assert r["tokens"] == 10 and r["ratio"] > 0 and r["step_ratio"] > 0 and r["greedy_mal"] >= 1 and r["sampled_mal"] >= 1
+
+
+def test_single_call_profile_regions_name_functions_that_exist():
+    """Every function ``single_call --profile`` sums into a region is defined in the file it names: a method moved or
+    renamed (the loop's turn went from the scheduler to the engine core) would otherwise drop out of its region
+    silently, and the region would read 0 s."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from asymspec_mm.bench.single_call import REGIONS
+
+    hf = Path(importlib.util.find_spec("transformers").origin).parent  # found, not imported
+    roots = (Path(bench.__file__).parent.parent, hf, hf.parent)
+    for label, functions in REGIONS.items():
+        for suffix, name in functions:
+            path = next((root / suffix for root in roots if (root / suffix).is_file()), None)
+            assert path is not None, (label, suffix)
+            assert re.search(rf"^\s*(async\s+)?def {name}\(", path.read_text(encoding="utf-8"), re.M), (label, suffix, name)

@@ -1,13 +1,13 @@
 """A set-up's model calls, run by the scheduler's decode loop: ``run(fn)`` (the vision tower's pass on a cache miss,
 between two steps, in the caller's context), ``decode_row(request)`` (a caption, a child request of the one being set up, decoded as a row of the batch
-ahead of the waiting requests; or a completion: together the :class:`~asymspec_mm.engines.model_calls.ModelLoop`) and the loop's ``_run_jobs``. A
-mixin of :class:`~asymspec_mm.core.scheduler.Scheduler`, which provides the state it reads."""
+ahead of the waiting requests; or a completion: together the :class:`~asymspec_mm.engines.model_calls.ModelLoop`), for
+callers on other threads; the engine core's turns run the calls (:meth:`~.engine_core.EngineCore.run_jobs`). A mixin of
+:class:`~asymspec_mm.core.scheduler.Scheduler` (these are its public methods), which provides the state it reads."""
 
 from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
-from .request_state import RequestKind, RequestState, RequestTable, prompt_counts
+from .request_state import RequestKind, RequestState, prompt_counts
 from .setup_pool import setting_up
-from .turn_costs import CostMeter
 
 if TYPE_CHECKING:
     from collections import deque
+
+    from .engine_core import EngineCore
 
 
 class LoopClosedError(AsymSpecError):
@@ -28,7 +29,7 @@ class LoopClosedError(AsymSpecError):
 
 
 class LoopCalls:
-    """``run`` and ``decode_row`` for callers on other threads, ``_run_jobs`` for the loop."""
+    """``run`` and ``decode_row`` for callers on other threads."""
 
     _cond: threading.Condition
     _jobs: deque
@@ -36,11 +37,9 @@ class LoopCalls:
     error: SchedulerStoppedError | None
     pipe: Any
     _ids: Any
-    _table: RequestTable
-    _ready: deque
+    _core: EngineCore
     _closing: bool
     _finished: Callable[[], bool]
-    _costs: CostMeter
 
     @property
     def takes_calls(self) -> bool:
@@ -67,25 +66,6 @@ class LoopCalls:
                 return fn()
         return future.result()
 
-    def _run_jobs(self, limit: int | None = None) -> int:
-        """The set-up model calls waiting (at most ``limit``; ``None``: all, those that come meanwhile too), each under
-        the models' lock and timed for the policy's costs; a failing one fails its caller alone. Returns how many ran."""
-        ran = 0
-        while limit is None or ran < limit:
-            with self._cond:
-                if not self._jobs:
-                    return ran
-                fn, future = self._jobs.popleft()
-            ran += 1
-            t0 = time.perf_counter()
-            try:
-                with self.pipe.models_lock:
-                    future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - the caller's error, whatever it is (it must not wait forever)
-                future.set_exception(exc)
-            self._costs.job(time.perf_counter() - t0)
-        return ran
-
     def decode_row(self, request: TokenRequest) -> TokenResult:
         """Decode ``request`` (a caption) as a row of the batch, ahead of the requests waiting to join; returns its
         tokens once it is done (:class:`~asymspec_mm.engines.model_calls.ModelLoop`)."""
@@ -100,7 +80,6 @@ class LoopCalls:
             parent = setting_up() if kind is RequestKind.CAPTION else None
             state = RequestState(next(self._ids), None, request, -1, kind.entry, work=request, kind=kind, parent=parent)
             state.set_prompts(*prompt_counts(request.to_prefill))
-            handle = Handle(self, self._table.add(state))
-            self._ready.appendleft(handle.id)
-            self._cond.notify_all()
+            handle = Handle(self, state)
+            self._core.add(state, first=True)  # ahead of the requests waiting to join
         return handle.result()

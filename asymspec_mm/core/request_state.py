@@ -200,6 +200,11 @@ def prompt_counts(prompts: Mapping[str, Any]) -> tuple[dict[str, int], dict[str,
     return {name: int(p.ids.numel()) for name, p in prompts.items()}, {name: int(p.done) for name, p in prompts.items()}
 
 
+def is_cancelled(state: RequestState) -> bool:
+    """Whether ``state``'s caller cancelled it (a request stepped without a handle, on its caller's thread, never is)."""
+    return state.handle is not None and state.handle.cancelled
+
+
 class RequestTable:
     """The engine's requests by id, in arrival order (ids grow with arrival). Not thread-safe: the scheduler reads and
     writes it under its condition's lock."""
