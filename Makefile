@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+UV := $(VENV)/bin/uv
+UV_SPEC := uv==0.13.9
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 # An index to take torch and torchvision from instead of PyPI, whose torch wheel requires its CUDA libraries (3.2 GB)
 # even without a GPU: TORCH_INDEX=https://download.pytorch.org/whl/cpu is PyTorch's CPU-only build of the same versions
@@ -15,11 +17,13 @@ export NO_MKDOCS_2_WARNING := 1
 
 setup: $(VENV)/.installed
 
+# uv installs the same packages as pip (the same resolution from PyPI) in a fraction of pip's time: the torch venv is
+# 7.6 GB, which pip unpacks file by file (about 5 minutes here against about 1.5 with uv)
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_PINS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install -q -e ".[all,dev]"
+	$(PIP) install -q $(UV_SPEC)
+	$(UV) pip install -q --python $(PY) $(TORCH_PINS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(UV) pip install -q --python $(PY) -e ".[all,dev]"
 	touch $@
 
 # 1) set up and answer a bundled question with the bundled tiny pair (prints the answer and its token provenance),
