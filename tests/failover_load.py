@@ -153,16 +153,20 @@ def run_failover(
     log: Path | None = None,
     policy: str = "round_robin",
     survivor: Replica | None = None,
+    victim: Replica | None = None,
     **loop,
 ) -> FailoverRun:
     """Two replicas behind ``router`` (``policy``, extra ``flags``); replica 0 gets ``how`` mid-run. With ``survivor``
-    (a replica started with :data:`REPLICA_FLAGS` that the caller keeps and stops), only replica 0 is started here
-    and ``survivor`` is replica 1: runs in a row share the replica that is never stopped."""
-    with running_replicas(2 - (survivor is not None), *REPLICA_FLAGS) as started:
-        replicas = [started[0], survivor.wait_ready()] if survivor is not None else started
+    (a replica started with :data:`REPLICA_FLAGS` that the caller keeps and stops), it is replica 1: runs in a row
+    share the replica that is never stopped. With ``victim`` (a ready replica the caller started), it is replica 0;
+    the ones not given are started here and stopped after the run."""
+    given = [r for r in (victim, survivor) if r is not None]
+    with running_replicas(2 - len(given), *REPLICA_FLAGS) as started:
+        fresh = iter(started)
+        replicas = [victim or next(fresh), survivor.wait_ready() if survivor is not None else next(fresh)]
         with start_router(router, replicas, *flags, log=log, policy=policy) as url:
-            victim = replicas[0]
-            return load_loop(url, lambda: victim.kill() if how == signal.SIGKILL else victim.terminate(), **loop)
+            stopped = replicas[0]
+            return load_loop(url, lambda: stopped.kill() if how == signal.SIGKILL else stopped.terminate(), **loop)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,11 @@ client with ``max_retries=0``, and one replica stopped mid-run:
   is answered by the other replica: no 503 reaches the client.
 
 The replica that is never stopped (replica 1) is one process for the whole module (:func:`survivor`); each test
-starts its own replica 0, the one it kills or drains. A router whose console script is not installed is skipped with
-the install line (see tests/replicas.py)."""
+gets a fresh replica 0, the one it kills or drains (:func:`victim`), which started loading while the test before ran.
+Each run sends :data:`REQUESTS` requests and stops replica 0 after :data:`KILL_AFTER`: the claims are about which
+requests fail (those in flight at the stop, none after it), which a few dozen requests after the stop show as well
+as the benchmark's 60. A router whose console script is not installed is skipped with the install line (see
+tests/replicas.py)."""
 
 from __future__ import annotations
 
@@ -29,13 +32,20 @@ import httpx
 import openai
 import pytest
 from failover_load import FAILOVER_FLAGS, REPLICA_FLAGS, run_failover
-from replicas import loading_replica, router_or_skip, running_replicas, start_router
+from replicas import ENV, Replica, loading_replica, router_or_skip, start_router
 from router_cases import ROUTERS, router_executable, shown_command
 
-from asymspec_mm.bench.replicas import SESSION_HEADER, SESSION_POLICY, worker_health
+from asymspec_mm.bench.replicas import SESSION_HEADER, SESSION_POLICY, free_port, worker_health
 from asymspec_mm.bench.router_health import seconds_until, stream_in_flight
 
 pytestmark = pytest.mark.slow
+#: Requests per run, and how many finish before replica 0 is stopped: 3 are then in flight (4 clients) and at least
+#: 17 start after the stop (the requests the router must send around the stopped replica).
+REQUESTS, KILL_AFTER = 32, 8
+LOAD = {"requests": REQUESTS, "kill_after": KILL_AFTER}
+#: Replica 0's flags, in every test: a drain that outlasts the health check's view of it (the /ready test) and
+#: any request in flight (the SIGTERM test).
+VICTIM_FLAGS = ("--max-batch-size", "4", "--drain-timeout", "120")
 
 
 @pytest.fixture(scope="module")
@@ -49,36 +59,82 @@ def survivor():
         yield replica
 
 
+@pytest.fixture(scope="module")
+def victims(request):
+    """Hands out replica 0 of each test that asks for :func:`victim`, ready; as soon as one is handed out, the next
+    one (if a later test of the module needs one) starts loading, so that it loads while the test runs."""
+    needed = sum("victim" in item.fixturenames for item in request.session.items if item.module is request.module)
+    loading: list[Replica] = []
+
+    def start() -> Replica:
+        return Replica(free_port(), ["--ocr-workers", "0", *VICTIM_FLAGS], env=ENV).start()
+
+    def take() -> Replica:
+        nonlocal needed
+        needed -= 1
+        replica = loading.pop() if loading else start()
+        if needed > 0:
+            loading.append(start())
+        return replica.wait_ready()
+
+    try:
+        yield take
+    finally:
+        for replica in loading:
+            replica.stop()
+
+
+@pytest.fixture
+def victim(victims, survivor):
+    """A fresh ready replica 0 for this test (stopped after it, if the test left it running)."""
+    survivor.wait_ready()  # the survivor started first: the victims never hold up its load
+    replica = victims()
+    try:
+        yield replica
+    finally:
+        replica.stop()
+
+
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_killed_replica_costs_at_most_its_requests_in_flight(router, tmp_path, survivor):
+def test_a_killed_replica_costs_at_most_its_requests_in_flight(router, tmp_path, survivor, victim):
     router_or_skip(router)
-    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=tmp_path / f"{router}.log", survivor=survivor)
+    log = tmp_path / f"{router}.log"
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=log, survivor=survivor, victim=victim, **LOAD)
     summary = run.summary()
     print(json.dumps({"router": router, "signal": "SIGKILL", **summary}))  # the numbers docs/deployment.md shows
-    assert len(run.outcomes) == 60, summary
+    assert len(run.outcomes) == REQUESTS and len(started_after(run)) >= REQUESTS - KILL_AFTER - 7, summary
     assert not run.failed_after(), summary  # every request started after the kill was answered
     assert len(run.failed()) <= len(run.in_flight()), summary  # the recovery time is printed and measured, not asserted
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_draining_replica_loses_no_request(router, tmp_path, survivor):
+def test_a_draining_replica_loses_no_request(router, tmp_path, survivor, victim):
     router_or_skip(router)
-    run = run_failover(router, FAILOVER_FLAGS, signal.SIGTERM, log=tmp_path / f"{router}.log", survivor=survivor)
+    log = tmp_path / f"{router}.log"
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGTERM, log=log, survivor=survivor, victim=victim, **LOAD)
     print(json.dumps({"router": router, "signal": "SIGTERM", **run.summary()}))
-    assert len(run.outcomes) == 60 and not run.failed(), run.summary()
+    assert len(run.outcomes) == REQUESTS and len(started_after(run)) >= REQUESTS - KILL_AFTER - 7, run.summary()
+    assert not run.failed(), run.summary()
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_killed_replica_costs_keyed_sessions_at_most_their_requests_in_flight(router, tmp_path, survivor):
+def test_a_killed_replica_costs_keyed_sessions_at_most_their_requests_in_flight(router, tmp_path, survivor, victim):
     router_or_skip(router)
     policy, header = SESSION_POLICY[router], SESSION_HEADER[router]
     log = tmp_path / f"{router}.log"
-    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=log, policy=policy, session_header=header, survivor=survivor)
+    keyed = {"policy": policy, "session_header": header, "survivor": survivor, "victim": victim}
+    run = run_failover(router, FAILOVER_FLAGS, signal.SIGKILL, log=log, **keyed, **LOAD)
     summary = run.summary()
     print(json.dumps({"router": router, "policy": policy, "signal": "SIGKILL", **summary}))
-    assert len(run.outcomes) == 60, summary
+    # each of the 8 sessions sends 2 or more requests after the stop: the dead replica's ones among them
+    assert len(run.outcomes) == REQUESTS and len(started_after(run)) >= REQUESTS - KILL_AFTER - 7, summary
     assert not run.failed_after(), summary  # the dead replica's sessions moved to the survivor, none lost
     assert len(run.failed()) <= len(run.in_flight()), summary
+
+
+def started_after(run) -> list:
+    """The requests of ``run`` that started after replica 0 was stopped."""
+    return [o for o in run.outcomes if o.start >= run.stopped_at]
 
 
 #: The documented settings with the health check on ``/ready`` and no retries: only the health check can keep a
@@ -88,13 +144,9 @@ NEW_REQUESTS = 8
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
-def test_a_health_check_on_ready_takes_a_draining_replica_out_of_rotation(router, tmp_path, survivor):
+def test_a_health_check_on_ready_takes_a_draining_replica_out_of_rotation(router, tmp_path, survivor, victim):
     router_or_skip(router)
-    flags = ("--max-batch-size", "4", "--drain-timeout", "120")  # the victim's: a drain that outlasts the check
-    with (
-        running_replicas(1, *flags) as (victim,),
-        start_router(router, [victim, survivor.wait_ready()], *READY_FLAGS, log=tmp_path / "r.log") as url,
-    ):
+    with start_router(router, [victim, survivor.wait_ready()], *READY_FLAGS, log=tmp_path / "r.log") as url:
         with stream_in_flight(victim):  # a request in flight: the victim drains instead of exiting
             victim.terminate()
             assert seconds_until(lambda: not worker_health(url)[victim.url], limit=60) is not None, worker_health(url)
