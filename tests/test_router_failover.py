@@ -43,8 +43,8 @@ from asymspec_mm.bench.replicas import SESSION_HEADER, SESSION_POLICY, free_port
 from asymspec_mm.bench.router_health import seconds_until, stream_in_flight
 
 pytestmark = pytest.mark.slow
-#: Requests per run, and how many finish before replica 0 is stopped: 3 are then in flight (4 clients) and at least
-#: 17 start after the stop (the requests the router must send around the stopped replica).
+#: Requests per run, and how many finish before replica 0 is stopped: up to 3 are then in flight (4 clients) and at
+#: least :data:`AFTER` start after the stop (the requests the router must send around the stopped replica).
 REQUESTS, KILL_AFTER = 32, 8
 LOAD = {"requests": REQUESTS, "kill_after": KILL_AFTER}
 #: Replica 0's flags, in every test: a drain that outlasts the health check's view of it (the /ready test) and
@@ -90,8 +90,8 @@ def victims(request):
 
 @pytest.fixture
 def victim(victims, survivor):
-    """A fresh ready replica 0 for this test (stopped after it, if the test left it running)."""
-    survivor.wait_ready()  # the survivor started first: the victims never hold up its load
+    """A fresh ready replica 0 for this test (stopped after it, if the test left it running); after :func:`survivor`,
+    which the first one loads beside."""
     replica = victims()
     try:
         yield replica
