@@ -12,11 +12,12 @@ JSON line per run, with the router's default settings and with ``FAILOVER_FLAGS`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,12 +116,16 @@ def load_loop(
     url: str, stop, requests: int = REQUESTS, clients: int = CLIENTS, kill_after: int = KILL_AFTER, session_header: str | None = None
 ) -> FailoverRun:
     """:data:`REQUESTS` requests through the router at ``url`` from ``clients`` threads; ``stop()`` is called once
-    ``kill_after`` have finished (its time recorded). With ``session_header``, request ``i`` carries the session key
-    ``session-{i % SESSIONS}`` in that header (keyed sessions, which a session policy pins to one replica each)."""
+    ``kill_after`` have finished (its time recorded: the one it returns, else the time of the call). Requests past the
+    first ``kill_after + clients`` wait for ``stop()`` to return before they start (at once where it only signals a
+    process; a :func:`shared_stop` waits for the other loops too): every run has requests left for after the stop.
+    With ``session_header``, request ``i`` carries the session key ``session-{i % SESSIONS}`` in that header (keyed
+    sessions, which a session policy pins to one replica each)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
     run = FailoverRun()
     lock = threading.Lock()
     counter = iter(range(requests))
+    stopped = threading.Event()
 
     def worker() -> None:
         while True:
@@ -128,6 +133,8 @@ def load_loop(
                 index = next(counter, None)
             if index is None:
                 return
+            if index >= kill_after + clients:
+                stopped.wait(TIMEOUT * requests)
             start = time.monotonic()
             headers = {session_header: f"session-{index % SESSIONS}"} if session_header else {}
             error = _one(client, index, index % 2 == 1, headers)
@@ -135,8 +142,9 @@ def load_loop(
                 run.outcomes.append(Outcome(index, index % 2 == 1, start, time.monotonic(), error))
                 fire = len(run.outcomes) == kill_after
             if fire:
-                run.stopped_at = time.monotonic()
-                stop()
+                called = time.monotonic()
+                run.stopped_at = stop() or called
+                stopped.set()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -153,16 +161,83 @@ def run_failover(
     log: Path | None = None,
     policy: str = "round_robin",
     survivor: Replica | None = None,
+    victim: Replica | None = None,
     **loop,
 ) -> FailoverRun:
     """Two replicas behind ``router`` (``policy``, extra ``flags``); replica 0 gets ``how`` mid-run. With ``survivor``
-    (a replica started with :data:`REPLICA_FLAGS` that the caller keeps and stops), only replica 0 is started here
-    and ``survivor`` is replica 1: runs in a row share the replica that is never stopped."""
-    with running_replicas(2 - (survivor is not None), *REPLICA_FLAGS) as started:
-        replicas = [started[0], survivor.wait_ready()] if survivor is not None else started
+    (a replica started with :data:`REPLICA_FLAGS` that the caller keeps and stops), it is replica 1: runs in a row
+    share the replica that is never stopped. With ``victim`` (a ready replica the caller started), it is replica 0;
+    the ones not given are started here and stopped after the run."""
+    given = [r for r in (victim, survivor) if r is not None]
+    with running_replicas(2 - len(given), *REPLICA_FLAGS) as started:
+        fresh = iter(started)
+        replicas = [victim or next(fresh), survivor.wait_ready() if survivor is not None else next(fresh)]
         with start_router(router, replicas, *flags, log=log, policy=policy) as url:
-            victim = replicas[0]
-            return load_loop(url, lambda: victim.kill() if how == signal.SIGKILL else victim.terminate(), **loop)
+            stopped = replicas[0]
+            return load_loop(url, lambda: stopped.kill() if how == signal.SIGKILL else stopped.terminate(), **loop)
+
+
+def shared_stop(loops: int, stop: Callable[[], None]) -> Callable[[], float]:
+    """The ``stop`` of ``loops`` :func:`load_loop` runs at once: ``stop()`` runs once, when the last loop calls it
+    (each has had its ``kill_after`` requests finish); each caller waits for it and gets the time it ran."""
+    ready = threading.Condition()
+    arrived: list[str] = []
+    at: list[float] = []
+
+    def arrive() -> float:
+        with ready:
+            arrived.append("loop")
+            if len(arrived) == loops:
+                at.append(time.monotonic())
+                stop()
+                ready.notify_all()
+            else:
+                ready.wait_for(lambda: at, TIMEOUT * REQUESTS)
+        return at[0] if at else time.monotonic()
+
+    return arrive
+
+
+def run_failovers(
+    routers: Sequence[str],
+    flags: Sequence[str],
+    how: signal.Signals,
+    logs: Path,
+    survivor: Replica,
+    victim: Replica,
+    policies: Mapping[str, str] | None = None,
+    session_headers: Mapping[str, str] | None = None,
+    **loop,
+) -> dict[str, FailoverRun]:
+    """Every router of ``routers`` (its policy from ``policies``, else ``round_robin``; extra ``flags``; its log in
+    ``logs``) in front of the same two replicas, ``victim`` (replica 0) and ``survivor``, and a :func:`load_loop`
+    through each at once (with its header from ``session_headers``); ``victim`` gets ``how`` once, when every loop has
+    had its ``kill_after`` requests finish. Each router's run, by name: one replica 0 serves every router's claim."""
+    stop = shared_stop(len(routers), lambda: victim.kill() if how == signal.SIGKILL else victim.terminate())
+    runs: dict[str, FailoverRun] = {}
+    with contextlib.ExitStack() as started:
+        urls = {
+            name: started.enter_context(
+                start_router(
+                    name,
+                    [victim, survivor.wait_ready()],
+                    *flags,
+                    log=logs / f"{name}.log",
+                    policy=(policies or {}).get(name, "round_robin"),
+                )
+            )
+            for name in routers
+        }
+
+        def through(name: str) -> None:
+            runs[name] = load_loop(urls[name], stop, session_header=(session_headers or {}).get(name), **loop)
+
+        threads = [threading.Thread(target=through, args=(name,), daemon=True) for name in routers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT * loop.get("requests", REQUESTS))
+    return runs
 
 
 if __name__ == "__main__":

@@ -82,11 +82,22 @@ def test_generate_batch_warns_per_request(shipped_tiny):
     _check(results[1], False)
 
 
-def test_server_says_so_in_the_asymspec_object(served_tiny):
+@pytest.fixture(scope="module")
+def served_shipped(shipped_tiny):
+    """The shipped tiny preset (what ``serve --preset tiny`` loads: ``from_preset("tiny")``, OCR off) served in a
+    thread: the pair this module already loaded, instead of a second process loading it again."""
+    pytest.importorskip("fastapi")
+    from asymspec_mm.serve import ServerThread, create_app
+
+    with ServerThread(create_app(shipped_tiny)) as srv:
+        yield srv.url
+
+
+def test_server_says_so_in_the_asymspec_object(served_shipped):
     pytest.importorskip("openai")
     from openai import OpenAI
 
-    client = OpenAI(base_url=served_tiny + "/v1", api_key="none")
+    client = OpenAI(base_url=served_shipped + "/v1", api_key="none")
     image = {"type": "image_url", "image_url": {"url": data_url(MINI["decoded_image"])}}
     for text, warned in ((STORY, True), (MINI["query"], False)):
         body = {

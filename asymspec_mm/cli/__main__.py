@@ -1,7 +1,5 @@
 """``python -m asymspec_mm.cli``: the ``asymspec-mm`` command."""
 
-import sys
+from .main import run
 
-from .main import main
-
-sys.exit(main())
+run()
