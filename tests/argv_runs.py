@@ -16,11 +16,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The child: reads ``[target, [argv, ...]]`` on stdin, writes ``[[status, stdout, stderr], ...]`` as JSON on the
+#: The child: reads ``[[target, argv], ...]`` on stdin, writes ``[[status, stdout, stderr], ...]`` as JSON on the
 #: real stdout. ``target`` is ``module:function`` (called with the argv list, returning the status) or a script's path
 #: (run as ``__main__`` with ``sys.argv`` set, as ``python script.py ...`` runs it).
 _CHILD = r"""
-import contextlib, importlib, io, json, runpy, sys, traceback
+import contextlib, importlib, io, json, os, runpy, sys, traceback
 
 def status_of(exc):
     if exc.code is None or isinstance(exc.code, int):
@@ -28,15 +28,18 @@ def status_of(exc):
     print(exc.code, file=sys.stderr)  # sys.exit("message"): the interpreter prints it and exits 1
     return 1
 
-target, argvs = json.loads(sys.stdin.read())
 results = []
-for argv in argvs:
+for target, argv in json.loads(sys.stdin.read()):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             if target.endswith(".py"):
                 sys.argv = [target, *argv]
-                runpy.run_path(target, run_name="__main__")
+                sys.path.insert(0, os.path.dirname(os.path.abspath(target)))  # as `python script.py` puts it first
+                try:
+                    runpy.run_path(target, run_name="__main__")
+                finally:
+                    del sys.path[0]
                 status = 0
             else:
                 module, name = target.split(":")
@@ -63,9 +66,14 @@ class Outcome:
 def run_argvs(target: str | Path, argvs: list[list[str]], *, cwd: Path, env: dict[str, str], timeout: float = 600) -> list[Outcome]:
     """Run each argv of ``argvs`` through ``target`` (``"module:function"`` or a script's path) in one new process with
     ``env`` and ``cwd``; one :class:`Outcome` per argv, in order."""
+    return run_commands([(target, argv) for argv in argvs], cwd=cwd, env=env, timeout=timeout)
+
+
+def run_commands(runs: list[tuple[str | Path, list[str]]], *, cwd: Path, env: dict[str, str], timeout: float = 600) -> list[Outcome]:
+    """:func:`run_argvs` for command lines of several programs: ``runs`` is (target, argv) pairs, run in order."""
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD],
-        input=json.dumps([str(target), [[str(a) for a in argv] for argv in argvs]]),
+        input=json.dumps([[str(target), [str(a) for a in argv]] for target, argv in runs]),
         cwd=cwd,
         env=env,
         capture_output=True,
