@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: The child: reads ``[[target, argv], ...]`` on stdin, writes ``[[status, stdout, stderr], ...]`` as JSON on the
-#: real stdout. ``target`` is ``module:function`` (called with the argv list, returning the status) or a script's path
-#: (run as ``__main__`` with ``sys.argv`` set, as ``python script.py ...`` runs it).
+#: real stdout. ``target`` is ``module:function`` (called with the argv list, returning the status), a script's path
+#: (run as ``__main__`` with ``sys.argv`` set, as ``python script.py ...`` runs it) or ``-c`` (``argv[0]`` is the
+#: program's text, run in a namespace of its own as ``python -c`` runs it).
 _CHILD = r"""
 import contextlib, importlib, io, json, os, runpy, sys, traceback
 
@@ -33,7 +34,11 @@ for target, argv in json.loads(sys.stdin.read()):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            if target.endswith(".py"):
+            if target == "-c":  # a program's text, as `python -c CODE` runs it: a fresh __main__ namespace
+                sys.argv = ["-c"]
+                exec(compile(argv[0], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+                status = 0
+            elif target.endswith(".py"):
                 sys.argv = [target, *argv]
                 sys.path.insert(0, os.path.dirname(os.path.abspath(target)))  # as `python script.py` puts it first
                 try:
@@ -82,3 +87,9 @@ def run_commands(runs: list[tuple[str | Path, list[str]]], *, cwd: Path, env: di
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [Outcome(*r) for r in json.loads(proc.stdout)]
+
+
+def run_codes(codes: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 600) -> list[Outcome]:
+    """Each program text of ``codes`` as ``python -c`` runs it (a ``__main__`` namespace of its own, nothing shared
+    but the process and its imports), all in one new process; one :class:`Outcome` per text, in order."""
+    return run_commands([("-c", [code]) for code in codes], cwd=cwd, env=env, timeout=timeout)
