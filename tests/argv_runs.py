@@ -55,8 +55,11 @@ for target, argv in json.loads(sys.stdin.read()):
             traceback.print_exc()  # as the interpreter would, so that "Traceback" shows in stderr
             status = 1
     results.append([status, out.getvalue(), err.getvalue()])
-sys.__stdout__.write(json.dumps(results))
+sys.__stdout__.write("\n" + MARK + json.dumps(results))  # after anything a library wrote to the descriptor itself
 """
+
+#: What precedes the results on the child's stdout.
+MARK = "argv_runs results: "
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def run_argvs(target: str | Path, argvs: list[list[str]], *, cwd: Path, env: dic
 def run_commands(runs: list[tuple[str | Path, list[str]]], *, cwd: Path, env: dict[str, str], timeout: float = 600) -> list[Outcome]:
     """:func:`run_argvs` for command lines of several programs: ``runs`` is (target, argv) pairs, run in order."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
+        [sys.executable, "-c", f"MARK = {MARK!r}\n" + _CHILD],
         input=json.dumps([[str(target), [str(a) for a in argv]] for target, argv in runs]),
         cwd=cwd,
         env=env,
@@ -86,7 +89,7 @@ def run_commands(runs: list[tuple[str | Path, list[str]]], *, cwd: Path, env: di
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [Outcome(*r) for r in json.loads(proc.stdout)]
+    return [Outcome(*r) for r in json.loads(proc.stdout.rsplit(MARK, 1)[1])]
 
 
 def run_codes(codes: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 600) -> list[Outcome]:
