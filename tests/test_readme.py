@@ -90,10 +90,11 @@ def readme_setup() -> str:
 
 @pytest.fixture(scope="module")
 def page_programs(workdir) -> dict[str, Outcome]:
-    """The documentation pages' Python examples that load the tiny pair themselves, each run as ``python -c`` runs
-    it (a namespace of its own) in the scratch folder, all in one process (:mod:`argv_runs`: the imports paid once);
-    name -> what it printed and its status. The README's own example keeps a process of its own."""
+    """The README's and the documentation pages' Python examples that load the tiny pair themselves, each run as
+    ``python -c`` runs it (a namespace of its own) in the scratch folder, all in one process (:mod:`argv_runs`: the
+    imports paid once); name -> what it printed and its status."""
     codes = {
+        "readme": block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")'),
         "request": readme_setup() + block_with("docs/python-api.md", "python", "req = req.checked()") + "print(repr(res.text))\n",
         "sampling": readme_setup()
         + block_with("docs/algorithm.md", "python", "temperature=0.7")
@@ -105,9 +106,9 @@ def page_programs(workdir) -> dict[str, Outcome]:
     return dict(zip(codes, run_codes(list(codes.values()), cwd=workdir, env=env(), timeout=TIMEOUT_S)))
 
 
-def test_the_python_example_runs_and_answers_as_the_library(workdir, chart_answer):
+def test_the_python_example_runs_and_answers_as_the_library(page_programs, chart_answer):
     code = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")')
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = page_programs["readme"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == chart_answer
     assert f"# {chart_answer}" in code  # the comment in the example shows the real answer
