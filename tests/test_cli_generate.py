@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from argv_runs import Outcome, run_argvs
 
 from asymspec_mm.base.errors import EmptyQuestionError, InvalidQuestionError, UnknownOptionError
 from asymspec_mm.cli.main import DOMAIN_ADVICE
@@ -22,10 +23,15 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "examples" / "chart.png"
 
 
-def cli(*args: str | bytes, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def cli_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO), **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", "asymspec_mm.cli", *args], cwd=REPO, env=env, capture_output=True, timeout=300)
+    return env
+
+
+def cli(*args: str | bytes, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "asymspec_mm.cli", *args]
+    return subprocess.run(cmd, cwd=REPO, env=cli_env(extra_env), capture_output=True, timeout=300)
 
 
 # ----------------------------------------------------------------------------------------- the question
@@ -125,14 +131,19 @@ def test_out_of_domain_requests_are_named(question, size, words):
 # ----------------------------------------------------------------------------------------- errors before loading
 
 
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    err = proc.stderr.decode()
+def stderr_of(proc: subprocess.CompletedProcess | Outcome) -> str:
+    return proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode()
+
+
+def one_error_line(proc: subprocess.CompletedProcess | Outcome) -> str:
+    err = stderr_of(proc)
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
 
 def test_non_utf8_question_is_one_line_before_loading():
+    """A process of its own: the bytes reach ``generate`` as the interpreter decodes a command line it is given."""
     proc = cli("generate", "--image", str(CHART), "--question", b"caf\xe9?", "--preset", "tiny")
     line = one_error_line(proc)
     assert "not valid UTF-8 (0xe9 at character 3)" in line
@@ -152,6 +163,64 @@ def _png_header(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(100))) + chunk(b"IEND", b"")
 
 
+BAD_IMAGES = ("missing", "empty", "corrupt", "truncated", "folder")
+OUT_OF_RANGE = [
+    (["--k", "100"], "error: --k 100 must be an integer >= 1 and <= 16"),
+    (["--k", "0"], "error: --k 0 must be an integer >= 1 and <= 16"),
+    (["--gamma", "2"], "error: --gamma 2.0 must be >= 0 and <= 1"),
+    (["--beta", "-0.5"], "error: --beta -0.5 must be >= 0 and <= 4"),
+    (["--lam", "11"], "error: --lam 11.0 must be >= 0 and <= 10"),
+    (["--max-new-tokens", "0"], "error: --max-new-tokens 0 must be an integer >= 1"),
+    (["--temperature", "3"], "error: --temperature 3.0 must be >= 0 and <= 2"),
+    (["--top-k", "-1"], "error: --top-k -1 must be an integer >= 0"),
+    (["--top-p", "0"], "error: top_p=0.0 must be > 0 and <= 1 (1 keeps every token)"),
+    (["--seed", "-3"], "error: seed=-3 must be None or an integer >= 0 and < 2**63"),
+]
+UNLOADABLE = [
+    ("./no-such-folder", "the drafter checkpoint './no-such-folder' does not exist"),
+    ("Example-Org/not-downloaded-model", "is not in the local Hugging Face cache and HF_HUB_OFFLINE=1"),
+]
+
+
+def bad_image(folder: Path, kind: str) -> Path:
+    """``folder/kind/image.png`` made ``kind`` of bad (``missing``: not made at all)."""
+    path = folder / kind / "image.png"
+    path.parent.mkdir()
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "corrupt":
+        path.write_bytes(b"not an image at all")
+    elif kind == "truncated":
+        path.write_bytes(CHART.read_bytes()[:200])
+    elif kind == "folder":
+        path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict[str, tuple[Outcome, Path | None]]:
+    """The command lines below that ``generate`` refuses, each through ``main(argv)``, all in one process (one start-up
+    for all, :mod:`argv_runs`); name -> (what it did, the image it was given when that is one made here)."""
+    folder = tmp_path_factory.mktemp("refused")
+    ask = ["generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny"]
+    runs: dict[str, tuple[list[str], Path | None]] = {}
+    for kind in BAD_IMAGES:
+        path = bad_image(folder, kind)
+        runs[f"image-{kind}"] = (["generate", "--image", str(path), "--question", "Which bar is the tallest?", "--preset", "tiny"], path)
+    huge = folder / "huge.png"
+    huge.write_bytes(_png_header(12000, 12000))
+    runs["huge"] = (["generate", "--image", str(huge), "--question", "Which bar is the tallest?", "--preset", "tiny"], huge)
+    for option, _ in OUT_OF_RANGE:
+        runs[" ".join(option)] = ([*ask, *option], None)
+    runs["help"] = (["generate", "--help"], None)
+    runs["cuda"] = (["generate", "--image", str(CHART), "--question", "x", "--preset", "tiny", "--device", "cuda", "-q"], None)
+    runs["dtype"] = (["generate", "--image", str(CHART), "--question", "x", "--dtype", "int4"], None)
+    for drafter, _ in UNLOADABLE:
+        runs[drafter] = (["generate", "--image", str(CHART), "--question", "x", "--drafter", drafter, "--verifier", drafter, "-q"], None)
+    outcomes = run_argvs("asymspec_mm.cli.main:main", [argv for argv, _ in runs.values()], cwd=REPO, env=cli_env())
+    return {name: (outcome, path) for (name, (_, path)), outcome in zip(runs.items(), outcomes)}
+
+
 @pytest.mark.parametrize(
     "kind, words",
     [
@@ -162,61 +231,37 @@ def _png_header(width: int, height: int) -> bytes:
         ("folder", "--image: image path '{path}' is a directory"),
     ],
 )
-def test_a_bad_image_is_one_line_before_loading(kind, words, tmp_path):
-    path = tmp_path / "image.png"
-    if kind == "empty":
-        path.write_bytes(b"")
-    elif kind == "corrupt":
-        path.write_bytes(b"not an image at all")
-    elif kind == "truncated":
-        path.write_bytes(CHART.read_bytes()[:200])
-    elif kind == "folder":
-        path.mkdir()
-    proc = cli("generate", "--image", str(path), "--question", "Which bar is the tallest?", "--preset", "tiny")
+def test_a_bad_image_is_one_line_before_loading(refused, kind, words):
+    proc, path = refused[f"image-{kind}"]
     assert words.format(path=path) in one_error_line(proc)
-    assert b"loading the models" not in proc.stderr and b"warning:" not in proc.stderr
+    assert "loading the models" not in proc.stderr and "warning:" not in proc.stderr
 
 
-def test_an_oversized_image_is_refused_first_naming_a_real_setting(tmp_path):
+def test_an_oversized_image_is_refused_first_naming_a_real_setting(refused):
     """12000x12000: refused from its header before the tiny pair's domain warning and the models, naming the
-    variable that raises the limit (no option of the library's API); with the variable raised, the same file gets
-    past the size check (and fails on its missing pixels instead)."""
-    path = tmp_path / "huge.png"
-    path.write_bytes(_png_header(12000, 12000))
-    proc = cli("generate", "--image", str(path), "--question", "Which bar is the tallest?", "--preset", "tiny")
+    variable that raises the limit (no option of the library's API); with the variable raised (in the environment a
+    process starts with), the same file gets past the size check (and fails on its missing pixels instead)."""
+    proc, path = refused["huge"]
     assert one_error_line(proc) == (
         f"error: --image {path} is 12000x12000 = 144,000,000 pixels, over the limit of 67,108,864 pixels: downscale it "
         "(e.g. to fit 8192x8192), or set ASYMSPEC_MAX_INPUT_PIXELS to a larger pixel count"
     )
-    assert b"warning:" not in proc.stderr and b"loading the models" not in proc.stderr
+    assert "warning:" not in proc.stderr and "loading the models" not in proc.stderr
     raised = cli("generate", "--image", str(path), "--question", "q", "--preset", "tiny", extra_env={"ASYMSPEC_MAX_INPUT_PIXELS": "2e8"})
     line = one_error_line(raised)
     assert "could not be decoded" in line and "pixels" not in line and b"loading the models" not in raised.stderr
 
 
-@pytest.mark.parametrize(
-    "option, line",
-    [
-        (["--k", "100"], "error: --k 100 must be an integer >= 1 and <= 16"),
-        (["--k", "0"], "error: --k 0 must be an integer >= 1 and <= 16"),
-        (["--gamma", "2"], "error: --gamma 2.0 must be >= 0 and <= 1"),
-        (["--beta", "-0.5"], "error: --beta -0.5 must be >= 0 and <= 4"),
-        (["--lam", "11"], "error: --lam 11.0 must be >= 0 and <= 10"),
-        (["--max-new-tokens", "0"], "error: --max-new-tokens 0 must be an integer >= 1"),
-        (["--temperature", "3"], "error: --temperature 3.0 must be >= 0 and <= 2"),
-        (["--top-k", "-1"], "error: --top-k -1 must be an integer >= 0"),
-        (["--top-p", "0"], "error: top_p=0.0 must be > 0 and <= 1 (1 keeps every token)"),
-        (["--seed", "-3"], "error: seed=-3 must be None or an integer >= 0 and < 2**63"),
-    ],
-)
-def test_an_option_out_of_its_range_is_one_line_before_loading(option, line):
-    proc = cli("generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", *option)
-    assert one_error_line(proc) == line and b"loading the models" not in proc.stderr
+@pytest.mark.parametrize("option, line", OUT_OF_RANGE)
+def test_an_option_out_of_its_range_is_one_line_before_loading(refused, option, line):
+    proc, _ = refused[" ".join(option)]
+    assert one_error_line(proc) == line and "loading the models" not in proc.stderr
 
 
-def test_help_shows_each_range():
-    out = cli("generate", "--help").stdout.decode()
-    flat = " ".join(out.split())
+def test_help_shows_each_range(refused):
+    proc, _ = refused["help"]
+    assert proc.returncode == 0, proc.stderr
+    flat = " ".join(proc.stdout.split())
     for words in (
         "draft length K, 1 to 16 [default: 4]",
         "(0 disables fusion), 0 to 4 [default: 1.0]",
@@ -226,9 +271,9 @@ def test_help_shows_each_range():
     assert "divergence discount, 0 to 1 [default: 0.5]" in flat and "most tokens to generate, 1 or more [default: 512]" in flat
 
 
-def test_cuda_without_a_gpu_is_one_line():
-    proc = cli("generate", "--image", str(CHART), "--question", "x", "--preset", "tiny", "--device", "cuda", "-q")
-    assert "device='cuda' but" in one_error_line(proc) and "--device cpu" in proc.stderr.decode()
+def test_cuda_without_a_gpu_is_one_line(refused):
+    proc, _ = refused["cuda"]
+    assert "device='cuda' but" in one_error_line(proc) and "--device cpu" in proc.stderr
 
 
 def test_device_errors_name_the_fix():
@@ -241,9 +286,9 @@ def test_device_errors_name_the_fix():
             resolve_device("cuda:1", None)
 
 
-def test_unknown_dtype_lists_the_choices():
-    proc = cli("generate", "--image", str(CHART), "--question", "x", "--dtype", "int4")
-    assert proc.returncode == 2 and "invalid choice: 'int4'" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+def test_unknown_dtype_lists_the_choices(refused):
+    proc, _ = refused["dtype"]
+    assert proc.returncode == 2 and "invalid choice: 'int4'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # ----------------------------------------------------------------------------------------- what it prints
@@ -340,13 +385,7 @@ def test_stats_name_the_ocr_engine(tiny):
     assert tiny.generate(CHART, "x?", ocr=False, max_new_tokens=1).stats["ocr_engine"] == "off"
 
 
-@pytest.mark.parametrize(
-    "drafter, words",
-    [
-        ("./no-such-folder", "the drafter checkpoint './no-such-folder' does not exist"),
-        ("Example-Org/not-downloaded-model", "is not in the local Hugging Face cache and HF_HUB_OFFLINE=1"),
-    ],
-)
-def test_a_checkpoint_that_cannot_load_is_one_line(drafter, words):
-    proc = cli("generate", "--image", str(CHART), "--question", "x", "--drafter", drafter, "--verifier", drafter, "-q")
+@pytest.mark.parametrize("drafter, words", UNLOADABLE)
+def test_a_checkpoint_that_cannot_load_is_one_line(refused, drafter, words):
+    proc, _ = refused[drafter]
     assert words in one_error_line(proc)

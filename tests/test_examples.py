@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from argv_runs import Outcome, run_commands
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "asymspec_mm" / "examples_data"
@@ -17,16 +18,64 @@ EXAMPLES = json.loads((DATA / "examples.json").read_text(encoding="utf-8"))
 TIMEOUT_S = 300
 
 
-def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``examples/<script>`` on the CPU and offline, as a user would from the repository root."""
+def example_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the examples run in: on the CPU and offline, the checkout first on the path."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     pythonpath = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH", "")) if p)
     # No GPU, so that `auto` means the bundled tiny pair and the in-process reference (on the CPU) matches.
     base.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="", PYTHONPATH=pythonpath)
     base.update(env or {})
+    return base
+
+
+def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``examples/<script>`` on the CPU and offline, as a user would from the repository root."""
     return subprocess.run(
-        [sys.executable, str(REPO / "examples" / script), *args], cwd=REPO, env=base, capture_output=True, text=True, timeout=TIMEOUT_S
+        [sys.executable, str(REPO / "examples" / script), *args],
+        cwd=REPO,
+        env=example_env(env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
+
+
+def mathvista_tables(folder: Path) -> Path:
+    """``folder/texts`` with problem 5's caption and OCR in MathVista's layouts: Bard captions (with the chat preface
+    the official clean-up removes) and EasyOCR results as Python literals of (box, text, confidence)."""
+    texts = folder / "texts"
+    texts.mkdir()
+    (texts / "captions_bard.json").write_text(json.dumps({"model": "bard", "texts": {"5": "Sure. A bar chart with four coloured bars."}}))
+    (texts / "ocrs_easyocr.json").write_text(
+        json.dumps(
+            {
+                "model": "easyocr",
+                "texts": {"5": "[([[0, 0], [9, 0], [9, 9], [0, 9]], '10', 0.9), ([[0, 20], [9, 20], [9, 29], [0, 29]], '5', 0.8)]"},
+            }
+        )
+    )
+    return texts
+
+
+NO_OCR = next(e for e in EXAMPLES if not e["ocr"])  # a bundled example without OCR text: the verifier gets none
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory) -> dict[str, tuple[Outcome, Path | None]]:
+    """The example scripts' runs whose claims are what they print and their exit status (not how the process
+    starts), all in one process (:mod:`argv_runs`: one start-up for all); name -> (what it did, the texts folder)."""
+    texts = mathvista_tables(tmp_path_factory.mktemp("examples"))
+    view, real = REPO / "examples" / "precomputed_view.py", REPO / "examples" / "real_models.py"
+    image = DATA / EXAMPLES[0]["image"]
+    runs = {
+        "pid": (view, ["--pid", NO_OCR["pid"], "--preset", "tiny", "--max-new-tokens", "24"]),
+        "tables": (view, [str(texts), "5", str(image), "--preset", "tiny", "--max-new-tokens", "24"]),
+        "bad-pid": (view, ["--pid", "999"]),
+        "missing-texts": (view, [str(REPO / "missing-texts")]),
+        "real-help": (real, ["--help"]),
+    }
+    outcomes = run_commands(list(runs.values()), cwd=REPO, env=example_env(), timeout=TIMEOUT_S)
+    return {name: (outcome, texts) for name, outcome in zip(runs, outcomes)}
 
 
 @pytest.fixture(scope="module")
@@ -72,51 +121,40 @@ def test_precomputed_view_runs_without_arguments_on_a_bundled_example(tiny):
     assert proc.stdout == res.text + "\n"
 
 
-def test_precomputed_view_picks_a_bundled_example_by_pid(tiny):
-    ex = next(e for e in EXAMPLES if not e["ocr"])  # one without OCR text: the verifier gets none
-    proc = run_example("precomputed_view.py", "--pid", ex["pid"], "--preset", "tiny", "--max-new-tokens", "24")
+def test_precomputed_view_picks_a_bundled_example_by_pid(tiny, script_runs):
+    proc, _ = script_runs["pid"]
     assert proc.returncode == 0, proc.stderr
-    res = tiny.generate(DATA / ex["image"], ex["question"], caption=ex["caption"], ocr=False, max_new_tokens=24)
+    res = tiny.generate(DATA / NO_OCR["image"], NO_OCR["question"], caption=NO_OCR["caption"], ocr=False, max_new_tokens=24)
     assert proc.stdout == res.text + "\n"
 
 
-def test_precomputed_view_reads_mathvista_tables(tiny, tmp_path):
-    texts = tmp_path / "texts"
-    texts.mkdir()
-    # MathVista's layouts: Bard captions (with the chat preface the official clean-up removes) and EasyOCR
-    # results as Python literals of (box, text, confidence).
-    (texts / "captions_bard.json").write_text(json.dumps({"model": "bard", "texts": {"5": "Sure. A bar chart with four coloured bars."}}))
-    (texts / "ocrs_easyocr.json").write_text(
-        json.dumps(
-            {
-                "model": "easyocr",
-                "texts": {"5": "[([[0, 0], [9, 0], [9, 9], [0, 9]], '10', 0.9), ([[0, 20], [9, 20], [9, 29], [0, 29]], '5', 0.8)]"},
-            }
-        )
-    )
-    image = DATA / EXAMPLES[0]["image"]
-    proc = run_example("precomputed_view.py", str(texts), "5", str(image), "--preset", "tiny", "--max-new-tokens", "24")
+def test_precomputed_view_reads_mathvista_tables(tiny, script_runs):
+    proc, texts = script_runs["tables"]
     assert proc.returncode == 0, proc.stderr
     from captioning import StaticOCR
 
     ocr_text = StaticOCR(texts / "ocrs_easyocr.json").text_for("5")
     assert "10" in ocr_text and "5" in ocr_text
     res = tiny.generate(
-        image, "What is shown in the figure?", caption="A bar chart with four coloured bars.", ocr=ocr_text, max_new_tokens=24
+        DATA / EXAMPLES[0]["image"],
+        "What is shown in the figure?",
+        caption="A bar chart with four coloured bars.",
+        ocr=ocr_text,
+        max_new_tokens=24,
     )
     assert proc.stdout == res.text + "\n"
 
 
-def test_precomputed_view_refuses_bad_arguments_with_a_usage_line():
-    proc = run_example("precomputed_view.py", "--pid", "999")
+def test_precomputed_view_refuses_bad_arguments_with_a_usage_line(script_runs):
+    proc, _ = script_runs["bad-pid"]
     assert proc.returncode == 2 and "no bundled example has pid 999" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = run_example("precomputed_view.py", str(REPO / "missing-texts"))
+    proc, _ = script_runs["missing-texts"]
     assert proc.returncode == 2 and "give the problem id and its image" in proc.stderr
 
 
-def test_real_models_help_names_its_arguments():
-    proc = run_example("real_models.py", "--help")
+def test_real_models_help_names_its_arguments(script_runs):
+    proc, _ = script_runs["real-help"]
     assert proc.returncode == 0, proc.stderr
     assert "image" in proc.stdout and "question" in proc.stdout and "Qwen/Qwen3-32B" in proc.stdout
 

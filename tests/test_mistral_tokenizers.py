@@ -41,6 +41,26 @@ def mistral():
 
 
 @pytest.fixture(scope="module")
+def vocab_map(qwen, mistral):
+    """version -> ``build_vocab_map(qwen, mistral(version))``, built once per version for the module's tests."""
+    cache: dict[str, object] = {}
+
+    def get(version: str):
+        if version not in cache:
+            cache[version] = build_vocab_map(qwen, mistral(version))
+        return cache[version]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def qwen_strings(qwen) -> dict[int, str]:
+    """:func:`_strings` of Qwen3's tokens that are not special (the same for every Mistral tokenizer compared)."""
+    q_special = {i for i, t in qwen.added_tokens_decoder.items() if t.special}
+    return _strings(qwen, [i for i in range(len(qwen)) if i not in q_special])
+
+
+@pytest.fixture(scope="module")
 def tekken_standin(tmp_path_factory) -> Path:
     """The Qwen3-shaped verifier stand-in saved with Tekken (its defaults), built once for the tests that load it."""
     from asymspec_mm.checkpoints.mistral import build_mistral_verifier_standin
@@ -77,14 +97,13 @@ def _strings(tok, ids) -> dict[int, str]:
 
 
 @pytest.mark.parametrize(("version", "count"), [("v1", 29_235), ("v7", 29_237), ("tekken", 67_861)])
-def test_the_counts_in_the_docs_equal_a_comparison_of_decoded_strings(qwen, mistral, version, count):
+def test_the_counts_in_the_docs_equal_a_comparison_of_decoded_strings(qwen, mistral, vocab_map, qwen_strings, version, count):
     tok = mistral(version)
-    m = build_vocab_map(qwen, tok)
+    m = vocab_map(version)
     assert m.shared == count and f"{count:,}" in (Path(__file__).resolve().parents[1] / "docs" / "cross-family.md").read_text()
     special = {i for i, t in tok.added_tokens_decoder.items() if t.special}
     v_str = _strings(tok, [i for i in range(len(tok)) if i not in special])
-    q_special = {i for i, t in qwen.added_tokens_decoder.items() if t.special}
-    q_str = _strings(qwen, [i for i in range(len(qwen)) if i not in q_special])
+    q_str = qwen_strings
     # every pair of whole-character tokens spells the same text, and every text both spell is paired
     pairs = {d: v for d, v in enumerate(m.to_verifier) if v >= 0 and d in q_str and v in v_str}
     assert all(q_str[d] == v_str[v] for d, v in pairs.items())
@@ -93,18 +112,21 @@ def test_the_counts_in_the_docs_equal_a_comparison_of_decoded_strings(qwen, mist
         assert m.to_verifier[qwen.convert_tokens_to_ids(",")] == tok.convert_tokens_to_ids(",") != tok.convert_tokens_to_ids("<0x2C>")
 
 
-def test_round_trips_count_every_token_outside_the_set(qwen, mistral):
+def test_round_trips_count_every_token_outside_the_set(qwen, mistral, vocab_map):
     from asymspec_mm.eval.tokenizer_pairs import minivista_texts, paper_subset_texts, round_trips
 
     texts = {"minivista": minivista_texts(300), "mathvista": paper_subset_texts()}
     assert len(texts["mathvista"]) == 587
     expected = {("v7", "minivista"): 0, ("v7", "mathvista"): 0, ("tekken", "minivista"): 195, ("tekken", "mathvista"): 2}
+    q_bytes, pieces = token_bytes(qwen), {}  # version -> its pieces' bytes
     for (version, corpus), exact in expected.items():
         tok = mistral(version)
-        m = build_vocab_map(qwen, tok)
+        m = vocab_map(version)
         rt = round_trips(texts[corpus], qwen, tok, m.to_verifier, m.to_drafter)
         assert (rt.exact, rt.mismatched) == (exact, 0) and rt.exact + rt.outside_texts == rt.texts, (version, corpus)
-        v_pieces, q_bytes = token_bytes(tok), token_bytes(qwen)
+        if version not in pieces:  # each corpus of a version reads the same pieces
+            pieces[version] = token_bytes(tok)
+        v_pieces = pieces[version]
         v_bytes = set(v_pieces)
         outside = 0
         for text in texts[corpus]:

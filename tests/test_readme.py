@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from argv_runs import Outcome, run_codes
 from conftest import start_serve, stop_serve
 from docblocks import REPO, block_with, read_page
 
@@ -82,9 +83,32 @@ def sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, shell=True, cwd=cwd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
-def test_the_python_example_runs_and_answers_as_the_library(workdir, chart_answer):
+def readme_setup() -> str:
+    """The README example's set-up lines (``pipe``, ``question``): its block up to the ``generate`` call."""
+    return block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")').split("res = pipe.generate")[0]
+
+
+@pytest.fixture(scope="module")
+def page_programs(workdir) -> dict[str, Outcome]:
+    """The README's and the documentation pages' Python examples that load the tiny pair themselves, each run as
+    ``python -c`` runs it (a namespace of its own) in the scratch folder, all in one process (:mod:`argv_runs`: the
+    imports paid once); name -> what it printed and its status."""
+    codes = {
+        "readme": block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")'),
+        "request": readme_setup() + block_with("docs/python-api.md", "python", "req = req.checked()") + "print(repr(res.text))\n",
+        "sampling": readme_setup()
+        + block_with("docs/algorithm.md", "python", "temperature=0.7")
+        + "print(res.stats['seed'], repr(res.text))\n",
+        "standin": block_with("docs/qwen-files.md", "python", "build_standin_pair")
+        + "print(type(pipe).__name__, pipe.verifier.config.vocab_size)\n",
+        "attribution": block_with("docs/attribution.md", "python", "pipe.attribute(res, position, grid=8)"),
+    }
+    return dict(zip(codes, run_codes(list(codes.values()), cwd=workdir, env=env(), timeout=TIMEOUT_S)))
+
+
+def test_the_python_example_runs_and_answers_as_the_library(page_programs, chart_answer):
     code = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")')
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = page_programs["readme"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == chart_answer
     assert f"# {chart_answer}" in code  # the comment in the example shows the real answer
@@ -119,12 +143,10 @@ def test_the_batch_section_example_runs(workdir, chart_answer):
     assert next(r for r in rows if r["id"] == "tallest")["answer"] == chart_answer
 
 
-def test_the_request_object_example_runs(workdir, tiny):
+def test_the_request_object_example_runs(page_programs, tiny):
     """The Python API page's request object, after the README example's set-up lines: set up and run directly, then
     through a scheduler, both answering as ``pipe.generate`` with the same settings."""
-    setup = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")').split("res = pipe.generate")[0]
-    code = setup + block_with("docs/python-api.md", "python", "req = req.checked()") + "print(repr(res.text))\n"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = page_programs["request"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     from asymspec_mm import mathvista_question
 
@@ -133,12 +155,10 @@ def test_the_request_object_example_runs(workdir, tiny):
     assert proc.stdout.endswith(f"{expected.text}\n{expected.text!r}\n")
 
 
-def test_the_sampling_example_runs_and_repeats_its_seed(workdir, tiny):
+def test_the_sampling_example_runs_and_repeats_its_seed(page_programs, tiny):
     """The algorithm page's sampled request, after the README example's set-up lines (``pipe``, ``question``): the
-    subprocess draws the tokens this process draws for the same seed."""
-    setup = block_with("README.md", "python", 'AsymSpecPipeline.from_preset("tiny")').split("res = pipe.generate")[0]
-    code = setup + block_with("docs/algorithm.md", "python", "temperature=0.7") + "print(res.stats['seed'], repr(res.text))\n"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    example draws the tokens this process draws for the same seed."""
+    proc = page_programs["sampling"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     from asymspec_mm import mathvista_question
 
@@ -156,11 +176,8 @@ def test_the_minivista_eval_example_runs(workdir):
     assert len(records) == 4 * 3 and (out / "report.md").is_file()
 
 
-def test_the_standin_example_builds_and_loads(workdir):
-    code = (
-        block_with("docs/qwen-files.md", "python", "build_standin_pair") + "print(type(pipe).__name__, pipe.verifier.config.vocab_size)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+def test_the_standin_example_builds_and_loads(page_programs):
+    proc = page_programs["standin"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["AsymSpecPipeline", "151936"]  # the real vocabulary's logits
 
@@ -308,11 +325,10 @@ def test_the_tiny_agent_example_solves_its_task(server, workdir):
     assert proc.stdout.splitlines()[-2:] == [f"{task['question']} {calls}", f"answer {task['answer']} expected {task['answer']}"]
 
 
-def test_the_attribution_page_runs_and_its_images_are_what_it_writes(workdir):
+def test_the_attribution_page_runs_and_its_images_are_what_it_writes(workdir, page_programs):
     from PIL import Image
 
-    code = block_with("docs/attribution.md", "python", "pipe.attribute(res, position, grid=8)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = page_programs["attribution"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0] == "The triangle is yellow, so the answer is (D)." and lines[1] == " yellow accepted delta 4.08"

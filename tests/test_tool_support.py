@@ -10,15 +10,12 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ADD_TOOL as ADD
-from conftest import start_serve, stop_serve
 
 from asymspec_mm import AsymSpecPipeline
 from asymspec_mm.request.tool_support import template_tools_problem
@@ -28,7 +25,6 @@ openai = pytest.importorskip("openai")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "asymspec_mm" / "examples_data"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
 QUESTION = [{"role": "user", "content": "What is 4 plus 5?"}]
 
 
@@ -85,15 +81,26 @@ def test_pipe_chat_with_tools_on_the_cross_family_pair_is_one_tool_error_before_
     assert res.token_ids and res.tool_calls is None
 
 
+def serve_in_thread(pipe):
+    """The server ``asymspec-mm serve`` builds (``create_app`` with its defaults) for ``pipe``, in a thread on a free
+    loopback port: yields its base URL. The pipeline is this module's own, so no second process loads it again."""
+    from asymspec_mm.serve import ServerThread, create_app
+
+    with ServerThread(create_app(pipe)) as srv:
+        yield srv.url
+
+
 @pytest.fixture(scope="module")
-def served_xfamily():
-    """``asymspec-mm serve --preset tiny-xfamily`` (OCR off) on a free loopback port."""
-    cmd = [sys.executable, "-m", "asymspec_mm.cli", "serve", "--preset", "tiny-xfamily", "--ocr-engine", "none", "--port", "0"]
-    proc, url = start_serve(cmd + ["--log-level", "warning"], ROOT, ENV)
-    try:
-        yield url
-    finally:
-        stop_serve(proc)
+def served_xfamily(xfamily):
+    """The server of ``--preset tiny-xfamily`` (OCR off): its base URL."""
+    yield from serve_in_thread(xfamily)
+
+
+@pytest.fixture(scope="module")
+def served_tiny(shipped_tiny):
+    """The server of ``--preset tiny`` (OCR off; the shipped pair :func:`test_strict_and_other_keys_never_reach_the_prompt`
+    runs in Python): its base URL."""
+    yield from serve_in_thread(shipped_tiny)
 
 
 def refused(metrics_text: str) -> dict[str, float]:
@@ -159,7 +166,7 @@ def test_strict_and_other_keys_never_reach_the_prompt(shipped_tiny, agent_exampl
 
 
 def test_strict_does_not_change_what_the_server_answers(served_tiny, agent_example):
-    """Through ``serve --preset tiny`` with the ``openai`` client (as pydantic-ai sends ``strict: true`` and inspect-ai
+    """Through the server of ``--preset tiny`` with the ``openai`` client (as pydantic-ai sends ``strict: true`` and inspect-ai
     ``strict: false``): the same prompt token count and the same answer as without ``strict`` (before: 367 prompt
     tokens instead of 343, and the text ``</tool_call>`` instead of the call ``subtract {"a": 5, "b": 2}``)."""
     import io
