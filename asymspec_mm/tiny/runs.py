@@ -13,6 +13,7 @@ from .evaluate import greedy_accuracy
 from .models import load_tokenizer_and_processor
 
 EVAL_START = 100_000  # monitoring slice of the held-out seed, far from the indices results.py uses
+MONITOR_N = 120  # problems of that slice the EVAL lines score (--monitor-n)
 
 
 def export_pair(work: Path, out: Path) -> tuple[Any, Any, Any, Any]:
