@@ -402,9 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             if not run_workers(procs, log_path):
                 return 1
         done += steps
-    torch.set_num_threads(args.threads)
     report: dict[str, Any] = {"vocab": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
-    export_and_report(work, out, report, args.eval_n, ("ver", "full"), out / "finetune_report.json", log_path)
+    export_and_report(work, out, report, args.eval_n, ("ver", "full"), out / "finetune_report.json", log_path, args.threads)
     return 0
 
 

@@ -463,12 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     if not run_workers(procs, log_path):
         return 1
     report = {"sizes": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
-    caller_threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        export_and_report(work, out, report, args.eval_n, ("ver", "full", "comp"), out / "train_report.json", log_path)
-    finally:  # a caller in the same process (a test, a notebook) keeps its own thread count
-        torch.set_num_threads(caller_threads)
+    export_and_report(work, out, report, args.eval_n, ("ver", "full", "comp"), out / "train_report.json", log_path, args.threads)
     return 0
 
 
