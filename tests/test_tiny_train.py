@@ -172,6 +172,7 @@ def test_drafter_widens_at_its_fixed_step_after_the_verifier_and_runs_repeat_exa
     for byte (the widening step is fixed, not timed)."""
     tok, proc = tok_proc
     args = ["--verifier-steps", "1", "--verifier-phase2-steps", "1", "--drafter-phases", "2:1e-3:all:0", "--drafter-widen-at", "1"]
+    threads = torch.get_num_threads()
     runs = []
     for name in ("a", "b"):
         work = _drafter_run(tmp_path / name, tok, proc, *args)
@@ -181,6 +182,7 @@ def test_drafter_widens_at_its_fixed_step_after_the_verifier_and_runs_repeat_exa
         assert len(widened) == 1 and len(verifier_done) == 2  # two verifier phases
         assert widened[0] > verifier_done[-1]
         runs.append(tmp_path / name / "run")
+    assert torch.get_num_threads() == threads  # the two threads were the workers' (and the export's), not the caller's
     for model in ("drafter", "verifier"):
         a, b = ((r / model / "model.safetensors").read_bytes() for r in runs)
         assert a == b, f"{model} differs between two identical runs"
