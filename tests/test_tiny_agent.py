@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -71,17 +70,21 @@ def test_training_requests_are_what_pipe_chat_renders(shipped):
         assert res.prompts.drafter_comp_ids[0].tolist() == e["comp"].tolist(), e["family"]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "asymspec_mm.cli", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """The command in this process (its imports are paid once): (exit status, stdout, stderr)."""
+    from asymspec_mm.cli.main import main
+
+    status = main(list(args))
+    seen = capsys.readouterr()
+    return status, seen.out, seen.err
 
 
-def test_eval_runs_agent_tasks_as_agent_loops_and_resumes(tmp_path):
+def test_eval_runs_agent_tasks_as_agent_loops_and_resumes(tmp_path, capsys):
     out = tmp_path / "agent"
     args = ["eval", "mathvista", "--dataset", "minivista", "--families", "agent", "--seed", "1", "--limit", "3"]
     args += ["--methods", "asymspec,floor", "--preset", "tiny", "--ocr-engine", "none", "--out", str(out), "--no-progress"]
-    first = run_cli(*args)
-    assert first.returncode == 0, first.stderr[-2000:]
+    status, _, err = run_cli(capsys, *args)
+    assert status == 0, err[-2000:]
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert sorted((r["variant"], r["pid"]) for r in records) == sorted((v, f"agent-{i}") for v in ("asymspec", "floor") for i in (1, 2, 3))
     by = {(r["variant"], r["pid"]): r for r in records}
@@ -101,11 +104,11 @@ def test_eval_runs_agent_tasks_as_agent_loops_and_resumes(tmp_path):
     assert summary["asymspec"]["accuracy"] == 100.0 and summary["asymspec"]["arguments_correct"] == 100.0
     assert summary["floor"]["arguments_correct"] < 100.0  # blind, the verifier guesses the values
     assert "| asymspec | 3 | 100.0 |" in (out / "report.md").read_text()
-    again = run_cli(*args, "--resume")
-    assert again.returncode == 0 and "0 to run, 6 already done" in again.stdout, again.stdout[-1000:]
+    status, said, _ = run_cli(capsys, *args, "--resume")
+    assert status == 0 and "0 to run, 6 already done" in said, said[-1000:]
     assert len((out / "records.jsonl").read_text().splitlines()) == 6
-    other = run_cli(*[a if a != "1" else "2" for a in args], "--resume")  # another seed: another run, refused
-    assert other.returncode != 0 and "dataset.seed" in other.stderr, other.stderr[-500:]
+    status, _, err = run_cli(capsys, *[a if a != "1" else "2" for a in args], "--resume")  # another seed: another run, refused
+    assert status != 0 and "dataset.seed" in err, err[-500:]
 
 
 def test_a_failing_agent_task_is_logged_and_retried_on_resume(shipped, tmp_path):
@@ -227,11 +230,13 @@ def test_finetune_command_runs_its_phases_and_exports_a_loadable_pair(tmp_path):
     """The recipe's command end to end at two one-step phases from the shipped pair (its tokens are there already: none
     added), after a two-step agent-log warm-up of the drafter (one step on one-line tables, one on the family's), the
     pair exported and loaded by the pipeline."""
+    from asymspec_mm.tiny.finetune import main
+
     out = tmp_path / "ft"
-    cmd = [sys.executable, "-m", "asymspec_mm.tiny.finetune", "--from", str(TINY_DIR), "--out", str(out), "--phases", "1:1e-4:1;1:1e-4:4:2"]
-    cmd += ["--eval-n", "0", "--batch", "4", "--eval-every", "1000", "--log-warmup", "1,1"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = ["--from", str(TINY_DIR), "--out", str(out), "--phases", "1:1e-4:1;1:1e-4:4:2", "--log-warmup", "1,1"]
+    argv += ["--eval-n", "0", "--batch", "4", "--eval-every", "1000"]
+    argv += ["--monitor-n", "4", "--monitor-tasks", "1"]  # the EVAL lines: one held-out problem of each family, one task
+    assert main(argv) == 0
     log = (out / "_work" / "finetune.log").read_text()
     assert f'"before": {728 + len(TOOL_TOKENS)}, "after": {728 + len(TOOL_TOKENS)}' in log
     for role in ("verifier", "drafter"):

@@ -117,6 +117,9 @@ def test_shared_vision_step_equals_separate_forwards(tok_proc):
     assert abs(wrong["perc"] - parts["perc"]) > 1e-3
 
 
+MONITOR = ["--monitor-n", "4"]  # the EVAL lines score one held-out problem of each family
+
+
 def _drafter_run(tmp_path: Path, tok, proc, *extra: str) -> Path:
     """A short real run of the script (batch 4, evaluation only at phase ends) in ``tmp_path/run``."""
     work = tmp_path / "run" / "_work"
@@ -124,23 +127,39 @@ def _drafter_run(tmp_path: Path, tok, proc, *extra: str) -> Path:
     proc.save_pretrained(work / "processor")
     if "--only" in extra:
         shutil.copytree(TINY / "verifier", work / "verifier", dirs_exist_ok=True)
-    assert train.main(["--out", str(tmp_path / "run"), "--batch", "4", "--eval-every", "1000", "--eval-n", "0", *extra]) == 0
+    argv = ["--out", str(tmp_path / "run"), "--batch", "4", "--eval-every", "1000", "--eval-n", "0", *MONITOR, *extra]
+    assert train.main(argv) == 0
     return work
 
 
-@needs_tiny
-def test_two_drafter_phases_train_and_export_a_loadable_pair(tmp_path, tok_proc):
-    """Three real optimizer steps in two phases (the first without the colour loss, the second with it,
-    from the first's checkpoint), then the export: a pair the pipeline loads and runs."""
+@pytest.fixture(scope="module")
+def drafter_runs(tmp_path_factory, tok_proc):
+    """The drafter alone (beside the shipped verifier), its widening step at 1 (one thread: the bytes are compared, not
+    the thread count): two one-step phases in one command (``one``: the first without the colour loss, the second with
+    it), and the same two as a command and a resumed one (``two``). Returns both runs' ``_work`` folders and the
+    drafter ``two``'s first command exported."""
     tok, proc = tok_proc
-    work = _drafter_run(tmp_path, tok, proc, "--only", "drafter", "--drafter-phases", "2:1e-3:figure,visual:0;1:1e-3:geometry")
+    root = tmp_path_factory.mktemp("drafter_runs")
+    common = ["--only", "drafter", "--drafter-widen-at", "1", "--threads", "1"]
+    one = _drafter_run(root / "one", tok, proc, *common, "--drafter-phases", "1:1e-3:figure,visual:0;1:1e-3:geometry")
+    _drafter_run(root / "two", tok, proc, *common, "--drafter-phases", "1:1e-3:figure,visual:0")
+    first_phase = (root / "two" / "run" / "drafter" / "model.safetensors").read_bytes()
+    two = _drafter_run(root / "two", tok, proc, *common, "--drafter-resume-from", "1", "--drafter-phases", "1:1e-3:geometry")
+    return {"one": one, "two": two, "first_phase": first_phase}
+
+
+@needs_tiny
+def test_two_drafter_phases_train_and_export_a_loadable_pair(drafter_runs):
+    """Two real optimizer steps in two phases (the first without the colour loss, the second with it,
+    from the first's checkpoint), then the export: a pair the pipeline loads and runs."""
+    work = drafter_runs["one"]
     log = (work / "train.log").read_text()
-    assert "[drafter] EVAL step 2 " in log and "[drafter] EVAL step 3 " in log  # phase 2 resumed at step 2
+    assert "[drafter] EVAL step 1 " in log and "[drafter] EVAL step 2 " in log  # phase 2 resumed at step 1
     assert log.count("[drafter] done in") == 2
 
     from asymspec_mm import AsymSpecPipeline
 
-    pipe = AsymSpecPipeline.from_pretrained(tmp_path / "run" / "drafter", tmp_path / "run" / "verifier", ocr="none")
+    pipe = AsymSpecPipeline.from_pretrained(work.parent / "drafter", work.parent / "verifier", ocr="none")
     p = mv.make_problem(mv.HELDOUT_SEED, 0, "figure")
     out = pipe.generate(p["decoded_image"], p["query"], caption=p["caption"], ocr=False, max_new_tokens=4)
     assert len(out.token_ids) == 4  # the shipped verifier answers in sentences: no early end
@@ -152,36 +171,35 @@ def test_drafter_widens_at_its_fixed_step_after_the_verifier_and_runs_repeat_exa
     has finished, then takes both threads; and the same command twice gives the same checkpoints, byte
     for byte (the widening step is fixed, not timed)."""
     tok, proc = tok_proc
-    args = ["--verifier-steps", "2", "--verifier-phase2-steps", "1", "--drafter-phases", "3:1e-3:all:0", "--drafter-widen-at", "2"]
+    args = ["--verifier-steps", "1", "--verifier-phase2-steps", "1", "--drafter-phases", "2:1e-3:all:0", "--drafter-widen-at", "1"]
+    threads = torch.get_num_threads()
     runs = []
     for name in ("a", "b"):
         work = _drafter_run(tmp_path / name, tok, proc, *args)
         log = (work / "train.log").read_text().splitlines()
-        widened = [i for i, line in enumerate(log) if line == "[drafter] step 2: 2 threads from here"]
+        widened = [i for i, line in enumerate(log) if line == "[drafter] step 1: 2 threads from here"]
         verifier_done = [i for i, line in enumerate(log) if line.startswith("[verifier] done in")]
         assert len(widened) == 1 and len(verifier_done) == 2  # two verifier phases
         assert widened[0] > verifier_done[-1]
         runs.append(tmp_path / name / "run")
+    assert torch.get_num_threads() == threads  # the two threads were the workers' (and the export's), not the caller's
     for model in ("drafter", "verifier"):
         a, b = ((r / model / "model.safetensors").read_bytes() for r in runs)
         assert a == b, f"{model} differs between two identical runs"
 
 
 @needs_tiny
-def test_a_resumed_phase_gives_the_same_drafter_as_one_run(tmp_path, tok_proc):
+def test_a_resumed_phase_gives_the_same_drafter_as_one_run(drafter_runs):
     """Two phases in one command, and the same two as a command plus a resumed one
     (``--drafter-resume-from``), give byte-identical drafters: a pair made in pieces is the default
-    command's output."""
-    tok, proc = tok_proc
-    common = ["--only", "drafter", "--drafter-widen-at", "1"]
-    one = _drafter_run(tmp_path / "one", tok, proc, *common, "--drafter-phases", "2:1e-3:figure,visual:0;2:1e-3:geometry")
-    _drafter_run(tmp_path / "two", tok, proc, *common, "--drafter-phases", "2:1e-3:figure,visual:0")
-    two = _drafter_run(tmp_path / "two", tok, proc, *common, "--drafter-resume-from", "2", "--drafter-phases", "2:1e-3:geometry")
-    first, pieces = ((w.parent / "drafter" / "model.safetensors").read_bytes() for w in (one, two))
+    command's output. A phase that starts past the widening step starts widened, in both."""
+    first, pieces = ((drafter_runs[k].parent / "drafter" / "model.safetensors").read_bytes() for k in ("one", "two"))
     assert first == pieces
-    # the check can fail: another second phase gives another drafter
-    other = _drafter_run(tmp_path / "other", tok, proc, *common, "--drafter-phases", "2:1e-3:figure,visual:0;2:1e-3:visual")
-    assert (other.parent / "drafter" / "model.safetensors").read_bytes() != first
+    for k in ("one", "two"):
+        log = (drafter_runs[k] / "train.log").read_text().splitlines()
+        assert log.count("[drafter] step 1: 1 threads from here") == 1, k
+    # the check can fail: the second phase changed the drafter
+    assert drafter_runs["first_phase"] != first
 
 
 @needs_tiny
@@ -204,6 +222,7 @@ def test_a_failed_verifier_stops_the_run_instead_of_leaving_the_drafter_waiting(
             "1",
             "--eval-n",
             "0",
+            *MONITOR,
             "--verifier-steps",
             "1",
             "--verifier-phase2-steps",

@@ -124,7 +124,7 @@ def test_the_training_prompt_is_the_pipelines_and_the_problems_are_train_pys(vto
 def test_a_short_run_trains_exports_a_loadable_verifier_and_repeats_exactly(tmp_path):
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    args = ["--steps", "3", "--phase2-steps", "2", "--eval-every", "2", "--eval-n", "4", "--batch", "4"]
+    args = ["--steps", "3", "--phase2-steps", "2", "--eval-every", "2", "--eval-n", "1", "--batch", "4", "--monitor-n", "4"]
     for run in ("a", "b"):
         assert xfamily.main(["--out", str(tmp_path / run), *args]) == 0
     a, b = tmp_path / "a" / "verifier", tmp_path / "b" / "verifier"

@@ -65,7 +65,8 @@ AGENT_BATCH = 8
 DRAFTER_MIX = "figure,visual,geometry,mixed"
 REHEARSAL_START = 400_000  # past every index the first training drew (at most about 93,000)
 FINALS_START = 1_000_000  # FinalStream's tasks: apart from AgentStream's
-AGENT_EVAL_TASKS = 16
+AGENT_EVAL_TASKS = 16  # held-out agent (and agent-log) tasks the EVAL lines score (--monitor-tasks)
+MONITOR_PROBLEMS = 40  # held-out problems of the four families they score besides (--monitor-n)
 WARMUP_START = 2_000_000  # the log warm-up's tasks: apart from the phases' LogStream
 
 
@@ -91,10 +92,10 @@ def add_tokens_and_resize(src: Path, work: Path, seed: int = 0) -> dict[str, int
     return {"before": before, "after": len(tok)}
 
 
-def agent_evals(proc, tok) -> list[dict[str, Any]]:
-    """The held-out requests the log's EVAL lines score (seed 1, far from the tasks results use)."""
+def agent_evals(proc, tok, n_tasks: int = AGENT_EVAL_TASKS) -> list[dict[str, Any]]:
+    """The held-out requests of ``n_tasks`` tasks the log's EVAL lines score (seed 1, far from the tasks results use)."""
     out = []
-    for i in range(AGENT_EVAL_TASKS):
+    for i in range(n_tasks):
         out += agent_requests(make_agent_problem(mv.HELDOUT_SEED, EVAL_START + i), proc, tok)
     return out
 
@@ -114,13 +115,15 @@ def worker(
     log_batch: int = 0,
     agent_batch: int = AGENT_BATCH,
     freeze_vision: bool = False,
+    monitor: tuple[int, int] = (MONITOR_PROBLEMS, AGENT_EVAL_TASKS),
 ) -> None:
     """Continue ``role`` from ``work/role`` for ``steps`` steps and save it there (see the module docstring); ``done``:
     the steps of earlier phases (fresh problems from there on), ``copy_weight``: of the tokens a final answer copies,
     ``finals``: smolagents' final requests in a step's agent batch (see :data:`PHASES`), ``log_batch``: ``agent-log``
     requests a step besides (:class:`~.log_data.LogStream`; their compressed views are the family's compressors'),
     ``agent_batch``: agent requests a step, ``freeze_vision``: the drafter's vision tower is left as it is (its text
-    model learns; no captions or descriptions: a cheaper step for a text-only family)."""
+    model learns; no captions or descriptions: a cheaper step for a text-only family), ``monitor``: held-out problems
+    and tasks the EVAL lines score."""
     from transformers import Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     torch.set_num_threads(1)
@@ -143,9 +146,10 @@ def worker(
     agents = AgentStream(proc, tok, start=offset + 2 * AGENT_BATCH * done, stride=2)
     final_answers = FinalStream(proc, tok, start=FINALS_START + offset + 2 * 64 * done, stride=2)
     logs = LogStream(proc, tok, start=offset + 2 * log_batch * done, stride=2)
-    evals = [encode(p, proc, tok) for p in mv.generate(40, mv.HELDOUT_SEED, start=EVAL_START)] + agent_evals(proc, tok)
+    problems = mv.generate(monitor[0], mv.HELDOUT_SEED, start=EVAL_START)
+    evals = [encode(p, proc, tok) for p in problems] + agent_evals(proc, tok, monitor[1])
     if log_batch:  # a shorter check of the rest (a quarter), so that frequent checkpoints stay cheap
-        evals = evals[::4] + log_evals(proc, tok)
+        evals = evals[::4] + log_evals(proc, tok, monitor[1])
     t0 = time.time()
     for step in range(steps):
         for g in opt.param_groups:
@@ -187,7 +191,9 @@ def worker(
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 
-def log_warmup(work: str, steps: tuple[int, int], lr: float, seed: int, batch: int, eval_every: int, log_path: str) -> None:
+def log_warmup(
+    work: str, steps: tuple[int, int], lr: float, seed: int, batch: int, eval_every: int, log_path: str, n_tasks: int = AGENT_EVAL_TASKS
+) -> None:
     """The drafter alone on ``agent-log`` requests, before the phases (``--log-warmup SHORT,FULL``): SHORT steps on
     one-line tables, then FULL steps on the family's 20-30 lines; ``batch`` of them a step
     (:class:`~.log_data.LogStream`, the compressed views rotating through the family's compressors) in the full view
@@ -196,7 +202,8 @@ def log_warmup(work: str, steps: tuple[int, int], lr: float, seed: int, batch: i
     no part of. Mixed into the phases' rehearsal at 8 a step it had not started to form after 1,000 steps; on the
     family's tables alone, 1,800 steps at 16 a step copied the key always but the value only half the time (the other
     half one fixed guess); on one-line tables the copy of every value forms in about 1,000 steps, and then carries to
-    long tables within a few hundred. The phases then rehearse the families beside it."""
+    long tables within a few hundred. The phases then rehearse the families beside it. ``n_tasks``: held-out tasks the
+    EVAL lines score."""
     from transformers import Qwen3VLForConditionalGeneration
 
     torch.set_num_threads(1)  # one thread, as the workers: two spin-waited on each other on a shared host
@@ -211,7 +218,7 @@ def log_warmup(work: str, steps: tuple[int, int], lr: float, seed: int, batch: i
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     short = LogStream(proc, tok, start=WARMUP_START, stride=1, rows=(1, 1))
     logs = LogStream(proc, tok, start=WARMUP_START + 1_000_000, stride=1)
-    evals = log_evals(proc, tok)
+    evals = log_evals(proc, tok, n_tasks)
     t0 = time.time()
     total = sum(steps)
     for step in range(total):
@@ -239,13 +246,14 @@ def log_warmup(work: str, steps: tuple[int, int], lr: float, seed: int, batch: i
     print(f"[warmup] done in {time.time() - t0:.0f}s", file=log)
 
 
-def log_evals(proc, tok) -> list[dict[str, Any]]:
-    """Held-out ``agent-log`` answers the log's EVAL lines score (seed 1), each compressor's view in turn."""
+def log_evals(proc, tok, n_tasks: int = AGENT_EVAL_TASKS) -> list[dict[str, Any]]:
+    """Held-out ``agent-log`` answers of ``n_tasks`` tasks the log's EVAL lines score (seed 1), each compressor's view in
+    turn."""
     from ..eval.minivista_log import make_log_problem
 
     return [
         log_examples(make_log_problem(mv.HELDOUT_SEED, EVAL_START + i), proc, tok, TRAIN_COMPRESSIONS[i % 3], answers_only=True)[0]
-        for i in range(AGENT_EVAL_TASKS)
+        for i in range(n_tasks)
     ]
 
 
@@ -316,7 +324,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--log-warmup-lr", type=float, default=1e-3, help="its learning rate [default: %(default)s]")
     ap.add_argument("--eval-n", type=int, default=60, help="greedy check of each model alone at the end (0: skip)")
+    ap.add_argument(
+        "--monitor-n",
+        type=int,
+        default=MONITOR_PROBLEMS,
+        help="held-out problems of the four families the teacher-forced EVAL lines score [default: %(default)s]",
+    )
+    ap.add_argument(
+        "--monitor-tasks",
+        type=int,
+        default=AGENT_EVAL_TASKS,
+        help="held-out agent (and agent-log) tasks the EVAL lines score besides [default: %(default)s]",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="CPU threads of the export and its greedy check (each training worker uses one) [default: %(default)s]",
+    )
     args = ap.parse_args(argv)
+    if min(args.monitor_n, args.monitor_tasks, args.threads) < 1:
+        ap.error(f"--monitor-n, --monitor-tasks and --threads must be >= 1 (got {args.monitor_n}, {args.monitor_tasks}, {args.threads})")
     try:
         warmup = tuple(int(v) for v in args.log_warmup.split(","))
         if len(warmup) != 2 or min(warmup) < 0:
@@ -340,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--roles {args.roles!r}: expected verifier, drafter or both (comma-separated)")
     ctx = mp.get_context("spawn")
     if sum(warmup) and args.start_phase == 1 and "drafter" in roles:
-        warm = ctx.Process(target=log_warmup, args=(str(work), warmup, args.log_warmup_lr, args.seed, 16, args.eval_every, log_path))
+        warm_args = (str(work), warmup, args.log_warmup_lr, args.seed, 16, args.eval_every, log_path, args.monitor_tasks)
+        warm = ctx.Process(target=log_warmup, args=warm_args)
         if not run_workers([warm], log_path):
             return 1
     done = 0
@@ -364,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.log_batch,
                         args.agent_batch,
                         args.freeze_vision,
+                        (args.monitor_n, args.monitor_tasks),
                     ),
                 )
                 for role, seed in (("verifier", args.seed + 1), ("drafter", args.seed))
@@ -372,9 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             if not run_workers(procs, log_path):
                 return 1
         done += steps
-    torch.set_num_threads(2)
     report: dict[str, Any] = {"vocab": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
-    export_and_report(work, out, report, args.eval_n, ("ver", "full"), out / "finetune_report.json", log_path)
+    export_and_report(work, out, report, args.eval_n, ("ver", "full"), out / "finetune_report.json", log_path, args.threads)
     return 0
 
 

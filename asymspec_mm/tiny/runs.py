@@ -13,6 +13,7 @@ from .evaluate import greedy_accuracy
 from .models import load_tokenizer_and_processor
 
 EVAL_START = 100_000  # monitoring slice of the held-out seed, far from the indices results.py uses
+MONITOR_N = 120  # problems of that slice the EVAL lines score (--monitor-n)
 
 
 def export_pair(work: Path, out: Path) -> tuple[Any, Any, Any, Any]:
@@ -49,14 +50,29 @@ _GREEDY_VIEWS = {"ver": "verifier (floor)", "full": "drafter full", "comp": "dra
 
 
 def export_and_report(
-    work: Path, out: Path, report: dict[str, Any], eval_n: int, views: tuple[str, ...], report_file: Path, log_path: str
+    work: Path,
+    out: Path,
+    report: dict[str, Any],
+    eval_n: int,
+    views: tuple[str, ...],
+    report_file: Path,
+    log_path: str,
+    threads: int,
 ) -> None:
     """Export the pair (:func:`export_pair`), add the greedy accuracy of each of ``views`` on ``eval_n`` held-out
-    problems to ``report``, and write it to ``report_file``, the log's REPORT line and stdout."""
+    problems (on ``threads`` CPU threads) to ``report``, and write it to ``report_file``, the log's REPORT line and
+    stdout."""
+    import torch
+
     drafter, verifier, tok, proc = export_pair(work, out)
     if eval_n:
         probs = mv.generate(eval_n, mv.HELDOUT_SEED, start=EVAL_START)
-        report["greedy"] = {_GREEDY_VIEWS[v]: greedy_accuracy(verifier if v == "ver" else drafter, probs, v, proc, tok) for v in views}
+        caller_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            report["greedy"] = {_GREEDY_VIEWS[v]: greedy_accuracy(verifier if v == "ver" else drafter, probs, v, proc, tok) for v in views}
+        finally:  # a caller in the same process (a test, a notebook) keeps its own thread count
+            torch.set_num_threads(caller_threads)
     report_file.write_text(json.dumps(report, indent=1))
     with open(log_path, "a") as f:
         print(f"REPORT {json.dumps(report)}", file=f)

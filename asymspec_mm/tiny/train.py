@@ -55,7 +55,7 @@ from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, enco
 from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss
 from .models import build_models, build_tokenizer_and_processor, load_tokenizer_and_processor, n_params
-from .runs import EVAL_START, export_and_report, export_pair, run_workers
+from .runs import EVAL_START, MONITOR_N, export_and_report, export_pair, run_workers
 
 # ---------------------------------------------------------------------------------------------
 # The recipe
@@ -219,6 +219,7 @@ def train_worker(
     mix: tuple[str, ...] | None = None,
     image_colour_weight: float = 0.0,
     widen: tuple[int, int, Any] | None = None,
+    monitor_n: int = MONITOR_N,
 ) -> None:
     """Train one model (``role`` in {"drafter", "verifier"}) and save it to ``workdir/role``.
 
@@ -226,12 +227,13 @@ def train_worker(
     optimizer). ``widen = (at_step, threads, event)``: at global step ``at_step`` wait for ``event`` (the
     other worker has finished) and go on with ``threads`` threads. The step is fixed rather than "as soon
     as the core is free" because the thread count changes float rounding: a fixed step keeps runs
-    reproducible on any machine."""
+    reproducible on any machine. ``monitor_n``: held-out problems of the EVAL lines."""
     torch.set_num_threads(threads)
-    if widen is not None and resume_from >= widen[0]:
-        _widen(widen)
-    torch.manual_seed(seed)
     log = open(log_path, "a", buffering=1)
+    if widen is not None and resume_from >= widen[0]:  # a later phase past the widening step: widened from its start
+        _widen(widen)
+        print(f"[{role}] step {resume_from}: {widen[1]} threads from here", file=log)
+    torch.manual_seed(seed)
     tok, proc = load_tokenizer_and_processor(Path(workdir))
     pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
     drafter, verifier = build_models(tok, seed)
@@ -251,7 +253,7 @@ def train_worker(
     tap = LayerTap(model) if role == "drafter" and image_colour_weight else None
     # the two workers draw disjoint problems from the training stream
     stream = Stream(proc, tok, start=(0 if role == "drafter" else 1) + 2 * batch * resume_from, stride=2, mix=mix)
-    evals = [encode(p, proc, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
+    evals = [encode(p, proc, tok) for p in mv.generate(monitor_n, mv.HELDOUT_SEED, start=EVAL_START)]
     t0 = time.time()
     for step in range(steps):
         if widen is not None and resume_from + step == widen[0] and step:
@@ -310,6 +312,7 @@ def _drafter_phases(
             mix=mix or None,
             image_colour_weight=colour,
             widen=widen,
+            monitor_n=args.monitor_n,
         )
         start += steps
 
@@ -330,6 +333,7 @@ def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
                 1,
                 log_path,
                 mix=args.verifier_mix,
+                monitor_n=args.monitor_n,
             )
         if args.verifier_phase2_steps:
             train_worker(
@@ -344,6 +348,7 @@ def _verifier_phases(work: str, args, log_path: str, done=None) -> None:
                 log_path,
                 resume_from=args.verifier_steps,
                 mix=args.verifier_mix,
+                monitor_n=args.monitor_n,
             )
     finally:  # also on failure: the drafter must not wait for ever (main stops it)
         if done is not None:
@@ -366,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-size", type=int, default=768)
     ap.add_argument("--eval-every", type=int, default=250, help="steps between teacher-forced evaluations and checkpoints")
     ap.add_argument("--eval-n", type=int, default=90, help="greedy evaluation problems at the end (0: skip)")
+    ap.add_argument(
+        "--monitor-n",
+        type=int,
+        default=MONITOR_N,
+        help="held-out problems the teacher-forced EVAL lines score at each checkpoint [default: %(default)s]",
+    )
     ap.add_argument("--log", default=None, help="log file (default: stdout only)")
     ap.add_argument(
         "--verifier-phase2-steps", type=int, default=VERIFIER_STEPS[1], help="second verifier phase (fresh schedule, final token weighted)"
@@ -404,8 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--export-from", default=None, help="only export the latest checkpoints of a run's _work dir to --out")
     args = ap.parse_args(argv)
-    if args.threads < 1 or args.drafter_widen_at < 0:
-        ap.error(f"--threads must be >= 1 and --drafter-widen-at >= 0 (got {args.threads}, {args.drafter_widen_at})")
+    if args.threads < 1 or args.drafter_widen_at < 0 or args.monitor_n < 1:
+        ap.error(
+            f"--threads and --monitor-n must be >= 1 and --drafter-widen-at >= 0 "
+            f"(got {args.threads}, {args.monitor_n}, {args.drafter_widen_at})"
+        )
     try:
         args.verifier_mix = parse_families(args.verifier_mix) or None
     except ValueError as e:
@@ -448,9 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(ctx.Process(target=_drafter_phases, args=(str(work), args, log_path, later, args.drafter_resume_from, widen)))
     if not run_workers(procs, log_path):
         return 1
-    torch.set_num_threads(args.threads)
     report = {"sizes": sizes, "train_seconds": round(time.time() - t0), "args": vars(args)}
-    export_and_report(work, out, report, args.eval_n, ("ver", "full", "comp"), out / "train_report.json", log_path)
+    export_and_report(work, out, report, args.eval_n, ("ver", "full", "comp"), out / "train_report.json", log_path, args.threads)
     return 0
 
 

@@ -38,7 +38,7 @@ from .data import collate, model_inputs
 from .evaluate import fmt_tf, greedy, teacher_forced
 from .losses import lm_loss
 from .models import VERIFIER_KW, check_single_tokens
-from .runs import EVAL_START
+from .runs import EVAL_START, MONITOR_N
 from .train import VERIFIER_FINAL_WEIGHT, VERIFIER_LR, VERIFIER_MIX, VERIFIER_STEPS, lr_at, parse_families
 
 XFAMILY_DIR = PRESET_DIR.parent / "tiny-xfamily"
@@ -153,7 +153,7 @@ def train_phase(work: Path, tok, steps: int, lr: float, resume_from: int, final_
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     stream = VerifierStream(tok, 1 + 2 * args.batch * resume_from, args.verifier_mix)
-    evals = [encode_verifier(p, tok) for p in mv.generate(120, mv.HELDOUT_SEED, start=EVAL_START)]
+    evals = [encode_verifier(p, tok) for p in mv.generate(args.monitor_n, mv.HELDOUT_SEED, start=EVAL_START)]
     pad = tok.pad_token_id
     t0 = time.time()
     for step in range(steps):
@@ -215,11 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the verifier is initialised with seed + 1, as in train.py")
     ap.add_argument("--eval-every", type=int, default=250, help="steps between teacher-forced evaluations and checkpoints")
     ap.add_argument("--eval-n", type=int, default=90, help="held-out problems of the final greedy check (0: skip)")
+    ap.add_argument(
+        "--monitor-n", type=int, default=MONITOR_N, help="held-out problems the teacher-forced EVAL lines score [default: %(default)s]"
+    )
     ap.add_argument("--threads", type=int, default=1, help="CPU threads [default: %(default)s]")
     ap.add_argument("--log", default=None, help="log file (default: DIR/_work/train.log)")
     args = ap.parse_args(argv)
-    if min(args.steps, args.batch, args.eval_every, args.threads) < 1 or args.phase2_steps < 0:
-        ap.error("--steps, --batch, --eval-every and --threads must be >= 1 and --phase2-steps >= 0")
+    if min(args.steps, args.batch, args.eval_every, args.threads, args.monitor_n) < 1 or args.phase2_steps < 0:
+        ap.error("--steps, --batch, --eval-every, --threads and --monitor-n must be >= 1 and --phase2-steps >= 0")
     try:
         args.verifier_mix = parse_families(args.verifier_mix) or mv.FAMILIES
     except ValueError as e:
