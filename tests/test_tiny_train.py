@@ -203,6 +203,7 @@ def test_a_resumed_phase_gives_the_same_drafter_as_one_run(drafter_runs):
 
 
 @needs_tiny
+@pytest.mark.timeout(600)  # on a regression the drafter trains for 100,000 steps: fail instead of hanging
 def test_a_failed_verifier_stops_the_run_instead_of_leaving_the_drafter_waiting(tmp_path, tok_proc):
     """The verifier cannot save its checkpoint (a file sits where its folder goes): the command reports the
     failure (exit 1) and stops the drafter, which would otherwise wait at its widening step for ever, or
@@ -217,7 +218,7 @@ def test_a_failed_verifier_stops_the_run_instead_of_leaving_the_drafter_waiting(
             "--out",
             str(tmp_path / "run"),
             "--batch",
-            "2",
+            "4",
             "--eval-every",
             "1",
             "--eval-n",

@@ -40,7 +40,7 @@ from .evaluate import fmt_tf, teacher_forced
 from .log_data import TRAIN_COMPRESSIONS, LogStream, log_examples
 from .losses import LayerTap, lm_loss
 from .models import load_tokenizer_and_processor
-from .runs import EVAL_START, export_and_report, run_workers
+from .runs import EVAL_START, export_and_report, run_workers, save_checkpoint
 from .train import (
     DRAFTER_DECISIVE_WEIGHT,
     IMAGE_COLOUR_WEIGHT,
@@ -88,7 +88,7 @@ def add_tokens_and_resize(src: Path, work: Path, seed: int = 0) -> dict[str, int
     for role, cls in (("drafter", Qwen3VLForConditionalGeneration), ("verifier", Qwen3ForCausalLM)):
         model = cls.from_pretrained(src / role)
         model.resize_token_embeddings(len(tok), mean_resizing=True)
-        model.save_pretrained(work / role)
+        save_checkpoint(model, work / role)
     return {"before": before, "after": len(tok)}
 
 
@@ -187,7 +187,7 @@ def worker(
             for v in ["ver"] if role == "verifier" else ["full", "comp"]:
                 res = teacher_forced(model, evals, v, pad_id)
                 print(f"[{role}] EVAL step {done + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(res)}", file=log)
-            model.save_pretrained(Path(work) / role)
+            save_checkpoint(model, Path(work) / role)
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 
@@ -242,7 +242,7 @@ def log_warmup(
                     file=log,
                 )
             model.train()
-            model.save_pretrained(Path(work) / "drafter")
+            save_checkpoint(model, Path(work) / "drafter")
     print(f"[warmup] done in {time.time() - t0:.0f}s", file=log)
 
 

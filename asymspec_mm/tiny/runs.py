@@ -16,6 +16,14 @@ EVAL_START = 100_000  # monitoring slice of the held-out seed, far from the indi
 MONITOR_N = 120  # problems of that slice the EVAL lines score (--monitor-n)
 
 
+def save_checkpoint(model: Any, folder: Path | str) -> None:
+    """``model.save_pretrained(folder)``, raising when nothing was saved: transformers only logs an error when a file
+    stands where the folder goes, and a training worker would then report success with no checkpoint."""
+    model.save_pretrained(folder)
+    if not (Path(folder) / "config.json").is_file():
+        raise OSError(f"the checkpoint was not saved to {folder}: is a file in the way?")
+
+
 def export_pair(work: Path, out: Path) -> tuple[Any, Any, Any, Any]:
     """Write ``out/drafter`` and ``out/verifier`` (save_pair) from the workers' latest checkpoints in ``work``;
     returns (drafter, verifier, tokenizer, processor)."""

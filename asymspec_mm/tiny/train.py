@@ -55,7 +55,7 @@ from .data import N_PROBE_CLASSES, Stream, collate, encode, encode_caption, enco
 from .evaluate import fmt_tf, teacher_forced
 from .losses import LayerTap, flat_loss, image_position_loss, lm_loss, probe_loss
 from .models import build_models, build_tokenizer_and_processor, load_tokenizer_and_processor, n_params
-from .runs import EVAL_START, MONITOR_N, export_and_report, export_pair, run_workers
+from .runs import EVAL_START, MONITOR_N, export_and_report, export_pair, run_workers, save_checkpoint
 
 # ---------------------------------------------------------------------------------------------
 # The recipe
@@ -287,8 +287,8 @@ def train_worker(
                     f"[{role}] EVAL step {resume_from + step + 1} t={time.time() - t0:.0f}s {v}: {fmt_tf(teacher_forced(model, evals, v, pad_id))}",
                     file=log,
                 )
-            model.save_pretrained(Path(workdir) / role)
-    model.save_pretrained(Path(workdir) / role)
+            save_checkpoint(model, Path(workdir) / role)
+    save_checkpoint(model, Path(workdir) / role)
     print(f"[{role}] done in {time.time() - t0:.0f}s", file=log)
 
 

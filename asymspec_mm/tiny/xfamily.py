@@ -38,7 +38,7 @@ from .data import collate, model_inputs
 from .evaluate import fmt_tf, greedy, teacher_forced
 from .losses import lm_loss
 from .models import VERIFIER_KW, check_single_tokens
-from .runs import EVAL_START, MONITOR_N
+from .runs import EVAL_START, MONITOR_N, save_checkpoint
 from .train import VERIFIER_FINAL_WEIGHT, VERIFIER_LR, VERIFIER_MIX, VERIFIER_STEPS, lr_at, parse_families
 
 XFAMILY_DIR = PRESET_DIR.parent / "tiny-xfamily"
@@ -170,7 +170,7 @@ def train_phase(work: Path, tok, steps: int, lr: float, resume_from: int, final_
         if (step + 1) % args.eval_every == 0 or step + 1 == steps:
             res = fmt_tf(teacher_forced(model, evals, "ver", pad))
             print(f"[verifier] EVAL step {resume_from + step + 1} t={time.time() - t0:.0f}s ver: {res}", file=log)
-            model.save_pretrained(work / "verifier")
+            save_checkpoint(model, work / "verifier")
     print(f"[verifier] phase done in {time.time() - t0:.0f}s", file=log)
 
 
