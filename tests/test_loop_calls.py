@@ -151,6 +151,39 @@ def test_generate_in_the_loop_wakes_its_caller_for_the_answer_not_at_every_step(
     assert [ev.token_id for events in streamed for ev in events] == alone.token_ids
 
 
+def test_a_request_alone_takes_the_loops_route_on_its_callers_thread(tiny_pipe, no_other_loop):
+    """With no loop running, ``pipe.generate`` and ``complete`` decode on the engine core, stepped on the caller's
+    thread: every forward runs there, the answer is a row of the paged storages (its statistics carry each stream's
+    ``kv_bytes`` and ``batch_size`` 1, as a row of the loop; the single-row engines report neither), and tokens,
+    texts and gate statistics equal the single-row engines' (``prefill=True`` keeps them), greedy and sampled."""
+    from asymspec_mm.decode.rows import STREAMS_OF
+    from asymspec_mm.pipeline.completion import _greedy_here, prompt_ids
+
+    c = make_case(5340)
+    kw = dict(caption=c["caption"], ocr=False, ignore_eos=True)
+    arms = {"asymspec": AsymSpecConfig(k=3, max_new_tokens=10), "floor": AsymSpecConfig(max_new_tokens=10, temperature=0.8, seed=3)}
+    seen, hooks = _watch(tiny_pipe)
+    try:
+        with tiny_pipe.prefix_kv.paused():
+            got = {m: tiny_pipe.generate(c["image"], c["question"], method=m, config=cfg, **kw) for m, cfg in arms.items()}
+            completion = tiny_pipe.complete("What is two plus two?", max_new_tokens=6)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {threading.current_thread().name}, seen
+    with tiny_pipe.prefix_kv.paused():
+        solo = {m: tiny_pipe.generate(c["image"], c["question"], method=m, config=cfg, prefill=True, **kw) for m, cfg in arms.items()}
+        ids = prompt_ids(tiny_pipe, "What is two plus two?", 6)
+        assert completion == tiny_pipe.verifier_tokenizer.decode(_greedy_here(tiny_pipe, ids, 6), skip_special_tokens=True).strip()
+    for method, res in got.items():
+        ref = solo[method]
+        assert res.stats["batch_size"] == 1 and sorted(res.stats["kv_bytes"]) == sorted(STREAMS_OF[method])
+        assert "kv_bytes" not in ref.stats
+        assert res.token_ids == ref.token_ids and len(res.token_ids) == 10 and res.text == ref.text
+        assert [(ev.token_id, ev.text, ev.source) for ev in res.trace] == [(ev.token_id, ev.text, ev.source) for ev in ref.trace]
+        assert res.stats["accepted_per_position"] == ref.stats["accepted_per_position"] and res.stats["steps"] == ref.stats["steps"]
+
+
 def test_the_demos_describe_runs_no_forward_on_the_handlers_thread(state, tmp_path):
     """The demo's Describe image handler (called as Gradio calls it, on its own thread): the caption is a row of the
     app's scheduler and the tower's call runs in its loop, so no forward runs on the handler's thread."""

@@ -132,10 +132,11 @@ def busy_thread_profile(profile: cProfile.Profile | None, loop: bool):
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
-#: The arms: the direct path, the loop on its default (paged) row storages, the loop on padded ones (one contiguous
+#: The arms: the direct path, the single-row engines (``solo``), the loop on its default (paged) row storages, the
+#: loop on padded ones (one contiguous
 #: cache per stream, as the direct path keeps: the loop's own cost apart from paged attention's), the loop on paged
 #: storages in each pool layout (whatever the model's number of layers would choose).
-ARMS = ("direct", "loop", "loop_padded", "loop_segments", "loop_contiguous")
+ARMS = ("direct", "solo", "loop", "loop_padded", "loop_segments", "loop_contiguous")
 
 
 def run_arm(
@@ -153,11 +154,12 @@ def run_arm(
         storages = RowStorages("padded")
     elif arm in ("loop_segments", "loop_contiguous"):
         storages = RowStorages(layout=arm.removeprefix("loop_"))
-    loop = arm != "direct"
+    loop = arm.startswith("loop")
+    solo = {"prefill": True} if arm == "solo" else {}  # a single-row set-up's option: the single-row engines
     with busy_thread_profile(profile, loop), pipe.scheduler(max_batch_size=1, batch_engines=storages) if loop else nullcontext():
         before, cpu0, t0 = thread_cpu_seconds(), time.process_time(), time.perf_counter()
         for c in cases:
-            pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], method=method, config=cfg, ignore_eos=True)
+            pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], method=method, config=cfg, ignore_eos=True, **solo)
         wall, cpu, after = time.perf_counter() - t0, time.process_time() - cpu0, thread_cpu_seconds()
     threads = {name: round(after[name] - before.get(name, 0.0), 4) for name in after if after[name] - before.get(name, 0.0) > 1e-4}
     return {"s": wall, "cpu_s": cpu, "threads": threads}
@@ -173,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--arms",
         default="direct,loop",
-        help="direct, loop (a scheduler running), loop_padded (on padded storages), loop_segments / loop_contiguous (on paged storages in that pool layout) [default: %(default)s]",
+        help="direct, solo (the single-row engines: prefill=True), loop (a scheduler running), loop_padded (on padded storages), loop_segments / loop_contiguous (on paged storages in that pool layout) [default: %(default)s]",
     )
+    ap.add_argument("--base", default="direct", help="the arm the others' speed ratios are over [default: %(default)s]")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", type=Path, default=None, help="profile each arm's last repetition; write DIR/METHOD-ARM.pstats")
     args = ap.parse_args(argv)
@@ -205,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         for arm, got in runs.items():
             s, cpu = [r["s"] for r in got], [r["cpu_s"] for r in got]
             out[method][arm] = {"s": s, "cpu_s": cpu, "threads": [r["threads"] for r in got], "tokens_per_s": tokens / statistics.median(s)}
-        for arm in [a for a in arms if a != "direct" and "direct" in arms]:  # speed ratios: > 1 the loop is faster
-            d, lp = runs["direct"], runs[arm]
-            out[method][f"{arm}_over_direct"] = [a["s"] / b["s"] for a, b in zip(d, lp)]
-            out[method][f"{arm}_over_direct_cpu"] = [a["cpu_s"] / b["cpu_s"] for a, b in zip(d, lp)]
+        for arm in [a for a in arms if a != args.base and args.base in arms]:  # speed ratios: > 1 the arm is faster
+            d, lp = runs[args.base], runs[arm]
+            out[method][f"{arm}_over_{args.base}"] = [a["s"] / b["s"] for a, b in zip(d, lp)]
+            out[method][f"{arm}_over_{args.base}_cpu"] = [a["cpu_s"] / b["cpu_s"] for a, b in zip(d, lp)]
         for arm, profile in profiles.items():  # the busy thread's regions, CPU seconds (profiler overhead included)
             args.profile.mkdir(parents=True, exist_ok=True)
             path = args.profile / f"{method}-{arm}.pstats"

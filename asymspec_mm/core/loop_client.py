@@ -147,12 +147,16 @@ def handle_stream(handle: Handle) -> GenerationStream:
     return HandleStream(handle)
 
 
-def completion_tokens(loop: Scheduler, ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> list[int]:
-    """The verifier's greedy completion of the prompt ``ids`` ``[L]`` as a row of ``loop``'s batch (the ``floor``
-    method's one stream: the verifier alone), ahead of the requests waiting to join."""
+def completion_request(ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> TokenRequest:
+    """The verifier's greedy completion of the prompt ``ids`` ``[L]`` as a token request (the ``floor`` method's one
+    stream: the verifier alone)."""
     from ..engines.pieces import text_prompt
 
     cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
     prompt = {"verifier": text_prompt(ids[:-1], reuse=False)}
-    request = TokenRequest("floor", cfg, prompt, {"verifier": ids[-1:]}, set(eos_ids), kind="completion")
-    return loop.decode_row(request).token_ids
+    return TokenRequest("floor", cfg, prompt, {"verifier": ids[-1:]}, set(eos_ids), kind="completion")
+
+
+def completion_tokens(loop: Scheduler, ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> list[int]:
+    """:func:`completion_request` as a row of ``loop``'s batch, ahead of the requests waiting to join."""
+    return loop.decode_row(completion_request(ids, max_new_tokens, eos_ids)).token_ids

@@ -1,5 +1,6 @@
 """``pipe.complete``: the verifier's greedy completion of a one-turn chat (MathVista's answer extraction), decoded
-as a row of the pipeline's running engine loop when one runs, else on the calling thread under the models' lock."""
+as a row of the pipeline's running engine loop when one runs, else as the same row on an engine core stepped on
+the calling thread (a served verifier: one model call under the models' lock)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 from ..base.config import AsymSpecConfig
 from ..base.errors import ContextOverflowError, EmptyQuestionError
 from ..base.unicode_check import check_text_fields
+from ..core.direct import decode_alone
 from ..core.loop_calls import LoopClosedError
-from ..core.loop_client import completion_tokens, model_call, serving_loop
+from ..core.loop_client import completion_request, completion_tokens, model_call, serving_loop
 from ..decode import greedy_steps
 
 
@@ -32,16 +34,20 @@ def prompt_ids(pipe: Any, prompt: str, max_new_tokens: int) -> torch.Tensor:
 
 def complete(pipe: Any, prompt: str, max_new_tokens: int = 64) -> str:
     """The completion's text (see :meth:`AsymSpecPipeline.complete`). A transformers verifier decodes it as a
-    ``floor`` row of the running loop's batch (the same greedy tokens); a served verifier's whole completion is one
-    model call of the loop."""
+    ``floor`` row of the running loop's batch (the same greedy tokens), or with no loop running the same row on an
+    engine core of its own, stepped here; a served verifier's whole completion is one model call (of the loop when
+    one runs)."""
     ids = prompt_ids(pipe, prompt, max_new_tokens)
     tokens = None
     loop = serving_loop(pipe)
-    if loop is not None and isinstance(pipe.verifier, torch.nn.Module):
+    on_core = isinstance(pipe.verifier, torch.nn.Module)
+    if loop is not None and on_core:
         try:
             tokens = completion_tokens(loop, ids, max_new_tokens, pipe.eos_ids)
         except LoopClosedError:  # it closed meanwhile: decoded here
             tokens = None
+    if tokens is None and on_core:  # no loop: the same row on an engine core, stepped here
+        tokens = decode_alone(pipe, completion_request(ids, max_new_tokens, pipe.eos_ids)).token_ids
     if tokens is None:
         tokens = model_call(pipe, lambda: _greedy_here(pipe, ids, max_new_tokens), pipe.models_lock)
     return pipe.verifier_tokenizer.decode(tokens, skip_special_tokens=True).strip()

@@ -20,7 +20,8 @@ from captioning.view import CompressedView
 
 from ..base.config import AsymSpecConfig
 from ..base.locks import FairRLock
-from ..core.loop_client import attach, handle_stream, loop_handle, loop_scope, model_call
+from ..core.direct import on_core, session_steps
+from ..core.loop_client import LOOP_OPTIONS, attach, handle_stream, loop_handle, loop_scope, model_call
 from ..decode import Counters, TokenEvent, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
@@ -204,7 +205,9 @@ class AsymSpecPipeline(PipelineLoading):
         """:meth:`prepare_chat` then :meth:`run`: iterate for each step's events, then read ``.result`` (a row of the
         running loop's batch when one runs, as :meth:`stream`)."""
         handle = loop_handle(self, kwargs, messages=messages)
-        return handle_stream(handle) if handle is not None else self.run(self.prepare_chat(messages, **kwargs))
+        if handle is not None:
+            return handle_stream(handle)
+        return self._direct(kwargs, messages=messages) or self.run(self.prepare_chat(messages, **kwargs))
 
     def prepare_chat(
         self,
@@ -282,7 +285,22 @@ class AsymSpecPipeline(PipelineLoading):
         the pipeline (:meth:`scheduler`), the request is a row of its batch instead (the same answer; set-up errors
         then raise while iterating)."""
         handle = loop_handle(self, kwargs, image=image, question=question)
-        return handle_stream(handle) if handle is not None else self.run(self.prepare(image, question, **kwargs))
+        if handle is not None:
+            return handle_stream(handle)
+        return self._direct(kwargs, image=image, question=question) or self.run(self.prepare(image, question, **kwargs))
+
+    def _direct(self, kwargs: dict[str, Any], **fields: Any) -> GenerationStream | None:
+        """The request ``fields`` + ``kwargs`` set up and decoded on the engine core on this thread (the route a
+        request takes in the loop: :mod:`asymspec_mm.core.direct`), or ``None`` where it keeps the single-row
+        engines: the single-row set-up's options (``engines=``, ``on_phase=``, ``prefill=``), or a stream served
+        elsewhere (vLLM)."""
+        if not LOOP_OPTIONS.isdisjoint(kwargs):
+            return None
+        opts = dict(kwargs)
+        request = request_of(opts.pop("config", None), **fields, **opts).checked()
+        if not on_core(self, request.method):
+            return None
+        return self.run(self.set_up(request, prefill=False))
 
     def prepare(
         self,
@@ -313,7 +331,13 @@ class AsymSpecPipeline(PipelineLoading):
             return self.preparer.set_up(request, **kwargs)
 
     def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
-        """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace."""
+        """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace. A session
+        set up with ``prefill=False`` decodes on the engine core, on this thread (its prompts prefilled in the paged
+        storages' forwards, as a request in the loop: :mod:`asymspec_mm.core.direct`); a session prefilled on
+        single-row engines (``prepare``'s default, ``engines=``) decodes on those engines."""
+        if session.to_prefill:
+            steps, done = session_steps(self, session, timer)
+            return GenerationStream(steps, lambda: done[0])
         counters = Counters(session.config.k, session.streams)
         steps = steps_for(
             session.method,

@@ -1,0 +1,86 @@
+"""One request with no engine loop running, on the engine core, stepped on the caller's thread.
+
+``pipe.generate`` / ``chat`` / ``stream`` / ``chat_stream`` (and ``pipe.run`` of a session set up with
+``prefill=False``) and ``pipe.complete`` take the route a request takes in the loop: one record
+(:class:`~.request_state.RequestState`), the pure policy's plan each turn, the paged row storages, its prompt
+prefilled in the storages' own forwards, then one decode step a turn (:class:`~.engine_core.EngineCore`, a batch of
+one). No thread is started: each turn runs on the thread that reads the stream, as vLLM's ``LLM.generate`` steps its
+engine core in-process. Each turn is one model call of the pipeline (:func:`~.loop_client.model_call`): under the
+models' lock, or in a loop that starts meanwhile, between two of its steps.
+
+:func:`on_core` says which requests take it: every stream of the method on a transformers model (what the loop's
+batched prefill fills). A stream served elsewhere (vLLM) and a set-up with the single-row options (``engines=``,
+``on_phase=``, ``prefill=``) keep the single-row engines (:func:`~asymspec_mm.decode.steps_for` over
+:class:`~asymspec_mm.decode.row_engines.SoloEngine`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..decode.rows import STREAMS_OF
+from .engine_core import EngineCore, EngineOutput
+from .loop_client import model_call
+from .request_state import RequestKind, RequestState, prompt_counts
+
+if TYPE_CHECKING:
+    from ..decode import TokenEvent
+    from ..engines.model_calls import TokenRequest, TokenResult
+    from ..request.preparing import ServingPipeline
+    from ..request.session import Session
+
+#: Prompt tokens a direct turn prefills: a request alone has no decoding row to stall, so its prompt goes in one
+#: forward per row storage, as a single-row engine prefills it.
+DIRECT_TOKEN_BUDGET = 1 << 30
+
+
+def on_core(pipe: ServingPipeline, method: str) -> bool:
+    """Whether a request of ``method`` decodes on the engine core when no loop runs: every one of its streams is on a
+    transformers model (the batched prefill fills them all)."""
+    return set(pipe.staged_streams(method)) == set(STREAMS_OF[method])
+
+
+def direct_core(pipe: ServingPipeline, *, texts: bool = True, timer: Any = None) -> EngineCore:
+    """An engine core of one row for a request alone (its prompt in one forward per storage; ``texts``: the events'
+    and the answer's texts made here, there is no output side)."""
+    core = EngineCore(pipe, 1, prefill_chunk_tokens=DIRECT_TOKEN_BUDGET, token_budget=DIRECT_TOKEN_BUDGET, texts=texts, measures=False)
+    core.timer = timer
+    return core
+
+
+def turns(pipe: ServingPipeline, core: EngineCore) -> Iterator[EngineOutput]:
+    """The core's outputs, one turn at a time while it has work, each turn one model call of ``pipe``; a request's
+    error is raised (it is the only one)."""
+    while core.has_work:
+        for out in model_call(pipe, core.step, pipe.models_lock):
+            if out.error is not None:
+                raise out.error
+            yield out
+
+
+def session_steps(pipe: ServingPipeline, session: Session, timer: Any = None) -> tuple[Iterator[list[TokenEvent]], list]:
+    """The committed steps of ``session`` (set up with ``prefill=False``) decoded alone on an engine core, and a list
+    that holds its :class:`~asymspec_mm.request.session.MMResult` once they are exhausted."""
+    core = direct_core(pipe, timer=timer)
+    core.add_session(session)
+    result: list = []
+
+    def steps() -> Iterator[list[TokenEvent]]:
+        for out in turns(pipe, core):
+            if out.finished:
+                result.append(out.result)
+            elif out.events:
+                yield out.events
+
+    return steps(), result
+
+
+def decode_alone(pipe: ServingPipeline, request: TokenRequest) -> TokenResult:
+    """A token request (a completion) decoded alone on an engine core: what the loop's ``decode_row`` returns."""
+    core = direct_core(pipe, texts=False)
+    kind = RequestKind(request.kind)
+    state = RequestState(next(core.ids), None, request, -1, kind.entry, work=request, kind=kind)
+    state.set_prompts(*prompt_counts(request.to_prefill))
+    core.add(state)
+    return next(out.result for out in turns(pipe, core) if out.finished)
