@@ -189,7 +189,7 @@ def test_the_layout_is_chosen_by_the_number_of_layers_and_a_reallocation_counts_
     kv.sync()
     slot = kv.slot_bytes()
     assert kv.peak_bytes == kv.nbytes() == 10 * bs * slot
-    kv.write_layers(kv.write_plan(list(range(40))), [torch.full((40, 2, 2, 8), float(layer)) for layer in range(layers)])
+    kv.write_layers(kv.write_plan(list(range(40))), [torch.full((2, 2, 40, 8), float(layer)) for layer in range(layers)])
     kv.pool.allocate(1)  # a segment of ceil(10 / 16) = 1 block: every layer reallocated
     kv.sync()
     assert kv.pool.capacity == 11 and kv.nbytes() == 11 * bs * slot
@@ -197,4 +197,4 @@ def test_the_layout_is_chosen_by_the_number_of_layers_and_a_reallocation_counts_
     assert kv.peak_bytes <= paged_kv_bound(bs * slot, bs, 1 / 16, 1, [44], kv.realloc_share)
     assert kv.peak_bytes > paged_kv_bound(bs * slot, bs, 1 / 16, 1, [44])  # without the copy it would not bound it
     for layer, both in enumerate(kv.gather_layers(kv.read_plan(torch.arange(44)))):
-        assert torch.equal(both[:40], torch.full((40, 2, 2, 8), float(layer))) and not both[40:].any()
+        assert torch.equal(both[:, :, :40], torch.full((2, 2, 40, 8), float(layer))) and not both[:, :, 40:].any()

@@ -47,7 +47,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .block_pool import BlockTable
-from .paged_kv import PagedKV, ReadPlan, WritePlan, _on
+from .paged_kv import SLOT_DIM, PagedKV, ReadPlan, WritePlan, _on
 
 PREFIX = "asymspec_paged_"
 
@@ -114,7 +114,7 @@ class RaggedPlan:
     """One packed forward's reads and writes (module docstring): ``write`` the new tokens' slots in packed order;
     ``reads``: one of :data:`READS`; ``fresh_at``: the slot number the reads give the packed sequence's first new
     token when they take new keys from the plan (the pool's slots come first); ``fresh``: each layer's new keys and
-    values ``[N, 2, H, D]``, handed on by the attention (``"in_place"``: already written) and written by
+    values ``[2, H, N, D]``, handed on by the attention (``"in_place"``: already written) and written by
     :meth:`commit`."""
 
     kv: PagedKV
@@ -262,16 +262,16 @@ def _group_attention(
     q = q.view(heads, group.rows, group.n, dim).transpose(0, 1)  # [G, Hq, n, D]
     if group.runs is not None:  # slices where they lie: one run is read without a copy
         sources = plan.kv.views[layer] if plan.reads == "in_place" else [*plan.kv.views[layer], source]
-        pieces = [sources[s].narrow(0, first, count) for s, first, count in group.runs]
-        both = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        pieces = [sources[s].narrow(SLOT_DIM, first, count) for s, first, count in group.runs]
+        both = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=SLOT_DIM)
     elif plan.reads == "segments":
         both = plan.kv.gather_both(layer, group.read, source)
     else:
-        both = source.index_select(0, _on(group.read, source.device))
+        both = source.index_select(SLOT_DIM, _on(group.read, source.device))
     if both.dtype != q.dtype:
         both = both.to(q.dtype)
-    # [G * width, 2, Hkv, D] -> keys, values [G, Hkv, width, D]
-    keys, values = both.view(group.rows, group.width, 2, plan.kv.kv_heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    # [2, Hkv, G * width, D] -> keys, values [G, Hkv, width, D] (one row: views of the slots as they lie)
+    keys, values = both.view(2, plan.kv.kv_heads, group.rows, group.width, dim).transpose(1, 2).unbind(0)
     out = torch.nn.functional.scaled_dot_product_attention(
         q, keys, values, attn_mask=group.mask, is_causal=group.causal, scale=scaling, enable_gqa=heads != keys.shape[1]
     )
@@ -297,8 +297,7 @@ def _paged(base: str):
         if plan is None:
             return base_attention(base, module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         layer, kv = module.layer_idx, plan.kv
-        # [N, 2, Hkv, D]: each token's keys and values side by side, contiguous (the whole-pool read copies it faster)
-        fresh = torch.stack([key[0].transpose(0, 1), value[0].transpose(0, 1)], dim=1)
+        fresh = torch.stack([key[0], value[0]])  # [2, Hkv, N, D]: the pool's layout (paged_kv)
         if fresh.dtype != kv.dtype or fresh.device != kv.devices[layer]:  # what the pool will hold and later forwards read
             fresh = fresh.to(kv.devices[layer], kv.dtype)
         plan.fresh[layer] = fresh
