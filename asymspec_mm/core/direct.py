@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..decode.rows import STREAMS_OF
+from ..engines import RowStorages
 from .engine_core import EngineCore, EngineOutput
 from .loop_client import model_call
 from .request_state import RequestKind, RequestState, prompt_counts
@@ -43,8 +44,24 @@ def on_core(pipe: ServingPipeline, method: str) -> bool:
 
 def direct_core(pipe: ServingPipeline, *, texts: bool = True, timer: Any = None) -> EngineCore:
     """An engine core of one row for a request alone (its prompt in one forward per storage; ``texts``: the events'
-    and the answer's texts made here, there is no output side)."""
-    core = EngineCore(pipe, 1, prefill_chunk_tokens=DIRECT_TOKEN_BUDGET, token_budget=DIRECT_TOKEN_BUDGET, texts=texts, measures=False)
+    and the answer's texts made here, there is no output side).
+
+    Each stream's KV is in a pool of its own, one tensor per layer: the row's blocks are then consecutive and every
+    layer reads them where they lie, as the single-row cache it replaces did, with no copy. (One pool shared by the
+    drafter's two views hands their blocks out alternately, and a pool of segments spreads a growing row over
+    several; either way each layer would copy the row's runs of slots per forward.) Growing a contiguous pool holds
+    one layer's old tensor beside it while it copies, counted in the peak and the bounds: the transient a single-row
+    cache's concatenation has too."""
+    storages = RowStorages(layout="contiguous", per_stream=True)
+    core = EngineCore(
+        pipe,
+        1,
+        batch_engines=storages,
+        prefill_chunk_tokens=DIRECT_TOKEN_BUDGET,
+        token_budget=DIRECT_TOKEN_BUDGET,
+        texts=texts,
+        measures=False,
+    )
     core.timer = timer
     return core
 

@@ -75,15 +75,15 @@ class RowStorages:
     block pool per model shared by its streams and by the batched prefill's :meth:`staging` storages, so a prefilled
     row joins without a copy) or ``"padded"`` (:class:`~.rows.BatchEngine`, one padded cache per stream).
     ``block_size``: tokens per KV block, ``layout``: the pools' layout (paged: ``"segments"`` or ``"contiguous"``;
-    default: by each model's number of layers)."""
+    default: by each model's number of layers), ``per_stream``: a pool per stream rather than per model (paged)."""
 
-    def __init__(self, kind: str = "paged", *, block_size: int = 16, layout: str | None = None):
+    def __init__(self, kind: str = "paged", *, block_size: int = 16, layout: str | None = None, per_stream: bool = False):
         if kind not in ("paged", "padded"):
             raise ValueError(f"kind={kind!r}: use 'paged' or 'padded'")
         from .paged_rows import PagedStorages
 
         self.kind = kind
-        self._paged = PagedStorages(block_size=block_size, layout=layout)
+        self._paged = PagedStorages(block_size=block_size, layout=layout, per_stream=per_stream)
 
     def __call__(self, model, name: str) -> Any:
         from .vllm import VLLMModel

@@ -385,27 +385,32 @@ class PagedBatchEngine:
 class PagedStorages:
     """A batch-engine factory (``(model, stream name) -> storage``) whose storages of one model share one pool, and
     whose :meth:`staging` storages (the batched prefill's) share it too, so a prefilled row joins without a copy.
-    ``layout``: the pools' layout (default: by each model's number of layers, :func:`~.paged_kv.choose_layout`)."""
+    ``layout``: the pools' layout (default: by each model's number of layers, :func:`~.paged_kv.choose_layout`);
+    ``per_stream``: one pool per stream instead (a model's two drafter views apart), so that a row alone holds
+    consecutive blocks in each pool, which the attention reads where they lie (one pool shared by two growing rows
+    hands their blocks out alternately, and each layer then copies the row's scattered runs)."""
 
-    def __init__(self, *, block_size: int = DEFAULT_BLOCK_TOKENS, layout: str | None = None):
-        self.block_size, self.layout = block_size, layout
-        self._kv: dict[int, tuple[object, PagedKV]] = {}  # id(model) -> (model, its pool)
+    def __init__(self, *, block_size: int = DEFAULT_BLOCK_TOKENS, layout: str | None = None, per_stream: bool = False):
+        self.block_size, self.layout, self.per_stream = block_size, layout, per_stream
+        self._kv: dict[tuple[int, str], tuple[object, PagedKV]] = {}  # (id(model), stream or "") -> (model, its pool)
 
-    def _pool(self, model) -> tuple[PagedKV, bool]:
-        """The model's pool, and whether it is new (its first storage owns it)."""
-        held = self._kv.get(id(model))
+    def _pool(self, model, name: str) -> tuple[PagedKV, bool]:
+        """The pool of ``model`` (of its stream ``name`` with ``per_stream``), and whether it is new (its first
+        storage owns it)."""
+        key = (id(model), name if self.per_stream else "")
+        held = self._kv.get(key)
         if held is not None and held[0] is model:
             return held[1], False
         kv = paged_kv_for(model, block_size=self.block_size, layout=self.layout)
-        self._kv[id(model)] = (model, kv)
+        self._kv[key] = (model, kv)
         return kv, True
 
     def __call__(self, model, name: str) -> PagedBatchEngine:
-        kv, new = self._pool(model)
+        kv, new = self._pool(model, name)
         return PagedBatchEngine(model, name, kv=kv, reports_pool=new)
 
     def staging(self, model, name: str) -> PagedBatchEngine:
         """The batched prefill's storage of ``model``: on the decode storages' pool when one exists (then it reports
         no bytes and its rows count in the decode storages' bounds), else on a new pool of its own."""
-        kv, new = self._pool(model)
+        kv, new = self._pool(model, name)
         return PagedBatchEngine(model, name, kv=kv, reports_pool=new, counts_rows=new)
