@@ -260,3 +260,45 @@ def test_sigterm_while_loading_exits_143_at_once() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_a_drain_lingers_before_its_server_may_stop_even_when_idle(monkeypatch) -> None:
+    """``--drain-linger``: a draining server may stop once idle AND the linger has passed (so routers take it out of
+    rotation before its port closes), or at its deadline whatever is in flight; the linger never outlasts the
+    timeout, 0 stops at once, and a bad value is one line naming the option. On a clock the test moves."""
+    from types import SimpleNamespace
+
+    from asymspec_mm.base.errors import AsymSpecError
+    from asymspec_mm.serve import drain as drain_module
+    from asymspec_mm.serve.drain import Drain
+
+    now = [100.0]
+    monkeypatch.setattr(drain_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    idle = Drain(timeout=10, linger=2)
+    assert not idle.done()  # not draining
+    idle.begin()
+    assert not idle.done()
+    now[0] += 1.5
+    assert not idle.done()  # idle, still lingering
+    now[0] += 0.5
+    assert idle.done()
+    busy = Drain(timeout=10, linger=2)
+    busy.begin()
+    busy.enter()
+    now[0] += 5
+    assert not busy.done()  # past the linger, a request in flight
+    busy.leave()
+    assert busy.done()
+    busy.enter()
+    now[0] += 5
+    assert busy.done()  # the deadline, whatever is in flight
+    at_once = Drain(timeout=10, linger=0)
+    at_once.begin()
+    assert at_once.done()
+    short = Drain(timeout=1, linger=5)
+    short.begin()
+    now[0] += 1
+    assert short.linger == 1 and short.done()
+    for bad in (-1, float("nan"), float("inf"), True):
+        with pytest.raises(AsymSpecError, match=r"drain_linger=.*\(--drain-linger\)"):
+            Drain(linger=bad)

@@ -76,6 +76,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
+
+
 def stall_bound(text: str) -> float:
     """argparse type of ``--max-stall`` (``serve`` and ``demo``): a finite number >= 1 (a turn's cost over its step's)."""
     value = positive_float(text)

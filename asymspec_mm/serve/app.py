@@ -36,7 +36,7 @@ from ..core.setup_pool import DEFAULT_SETUP_WORKERS
 from .body import CheckedBodyRoute
 from .chat_api import add_chat_routes
 from .chat_request import DEFAULT_MAX_IMAGES, ChatRequest
-from .drain import DEFAULT_DRAIN_TIMEOUT, Drain, DrainGate, timeout_error
+from .drain import DEFAULT_DRAIN_LINGER, DEFAULT_DRAIN_TIMEOUT, Drain, DrainGate, timeout_error
 from .errors import RequestError
 from .load_metrics import load_series
 from .metrics import Metrics
@@ -124,6 +124,7 @@ def create_app(
     generation_config: str = "none",
     responses_store: ResponseStore | None = None,
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    drain_linger: float = DEFAULT_DRAIN_LINGER,
     load_format: str = "sglang",
     compression: Any = None,
 ) -> FastAPI:
@@ -138,7 +139,9 @@ def create_app(
     ``generation_config.json`` supplies temperature, top_p and top_k; see :mod:`.sampling_fields`).
     responses_store: where ``previous_response_id``'s conversations are kept (:mod:`.responses_store`; default:
     this process's memory); the caller closes it.
-    drain_timeout: seconds the requests in flight get to finish once SIGTERM starts the drain (:mod:`.drain`).
+    drain_timeout: seconds the requests in flight get to finish once SIGTERM starts the drain (:mod:`.drain`);
+    drain_linger: seconds the drain lasts at least, refusing new work, so that routers take the server out of
+    rotation before its port closes.
     load_format: the shape of ``GET /get_load``, ``sglang`` or ``vllm-router`` (:mod:`.status`).
     compression: the verifier view's per-turn compression of a chat request that sets no
     ``asymspec.compression`` (:class:`~asymspec_mm.request.compression.Compression`, a name or settings).
@@ -179,7 +182,7 @@ def create_app(
         max_images=max_images,
         base_config=base,
         own_scheduler=own,
-        drain=Drain(drain_timeout),
+        drain=Drain(drain_timeout, drain_linger),
         load_format=load_format,
         compression=compression,
     )

@@ -12,8 +12,16 @@ from typing import Any
 
 from ..base.errors import AsymSpecError
 from ..core.setup_pool import DEFAULT_SETUP_WORKERS
-from ..frontend.options import add_compression_arg, add_model_args, non_negative_int, positive_float, positive_int, stall_bound
-from .drain import DEFAULT_DRAIN_TIMEOUT
+from ..frontend.options import (
+    add_compression_arg,
+    add_model_args,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    stall_bound,
+)
+from .drain import DEFAULT_DRAIN_LINGER, DEFAULT_DRAIN_TIMEOUT
 from .responses_store import STORE_MAX_BYTES, STORE_MAX_RESPONSES
 from .sampling_fields import GENERATION_CONFIGS
 
@@ -137,6 +145,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "[default: %(default)s]",
     )
     s.add_argument(
+        "--drain-linger",
+        type=non_negative_float,
+        default=DEFAULT_DRAIN_LINGER,
+        help="seconds a server stopped with SIGTERM stays up at least, refusing new requests with 503, however soon its "
+        "last request ends, so that a router takes it out of rotation before its port closes (0: exit once idle; at "
+        "most --drain-timeout) [default: %(default)s]",
+    )
+    s.add_argument(
         "--load-format",
         choices=("sglang", "vllm-router"),
         default="sglang",
@@ -196,6 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             generation_config=args.generation_config,
             responses_store=store,
             drain_timeout=args.drain_timeout,
+            drain_linger=args.drain_linger,
             load_format=args.load_format,
             compression=args.compression,
         )

@@ -4,9 +4,9 @@
 when, and the work requests in flight. :class:`DrainGate` (ASGI middleware) counts those requests and, while the
 server drains, answers a new one ``503`` with ``Retry-After`` and OpenAI's error object (a router retries it on
 another replica); the probes (:data:`PROBE_PATHS`) stay open so that readiness can say ``draining``. The server
-(:class:`~asymspec_mm.serve.server.DrainingServer`) begins the drain on SIGTERM, waits for the requests in flight,
-ends the ones still running at the deadline with :meth:`Drain.expire` (a ``503`` naming ``--drain-timeout``), and
-exits.
+(:class:`~asymspec_mm.serve.server.DrainingServer`) begins the drain on SIGTERM, waits for the requests in flight
+and for the linger (``--drain-linger``), ends the ones still running at the deadline with :meth:`Drain.expire` (a
+``503`` naming ``--drain-timeout``), and exits.
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ from .errors import RequestError
 #: Seconds a server drains by default (``--drain-timeout``): under Kubernetes' default 30 s grace period, so the
 #: server ends its own late requests with an answer before the kubelet's SIGKILL would cut them.
 DEFAULT_DRAIN_TIMEOUT = 20.0
+#: Seconds a draining server stays up after SIGTERM at least, refusing new work, however soon its last request ends
+#: (``--drain-linger``): long enough for a router to take it out of rotation (its health check on ``/ready``: 1.5-2.1
+#: s with docs/deployment.md's settings; its circuit breaker after two refusals) before the port closes. A request a
+#: router sends to a port that has just closed may not be retried: sglang-router 0.3.2 answered a stream sent to a
+#: replica that had drained in 0.25 s and exited with a 500 of its own.
+DEFAULT_DRAIN_LINGER = 2.0
 #: Seconds a client refused by a draining server is told to wait (``Retry-After``) before it retries elsewhere.
 DRAIN_RETRY_AFTER_S = 1
 #: Paths a draining server still answers (the probes and what routers poll); they are not counted as work.
@@ -32,12 +38,16 @@ PROBE_PATHS = frozenset({"/health", "/ready", "/metrics", "/get_load", "/get_ser
 
 class Drain:
     """Whether the server drains, and the work requests in flight (thread-safe; the HTTP loop and the signal
-    handler share it). ``timeout``: the seconds a drain may last (``--drain-timeout``). ``on_expire`` callbacks end
-    the requests still running when it runs out."""
+    handler share it). ``timeout``: the seconds a drain may last (``--drain-timeout``); ``linger``: the seconds it
+    lasts at least, idle or not (``--drain-linger``, at most ``timeout``). ``on_expire`` callbacks end the requests
+    still running when it runs out."""
 
-    def __init__(self, timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
+    def __init__(self, timeout: float = DEFAULT_DRAIN_TIMEOUT, linger: float = DEFAULT_DRAIN_LINGER) -> None:
         if not is_number(timeout) or not 0 < timeout < float("inf"):
             raise AsymSpecError(f"drain_timeout={timeout!r} must be a positive number of seconds (--drain-timeout)")
+        if not is_number(linger) or not 0 <= linger < float("inf"):
+            raise AsymSpecError(f"drain_linger={linger!r} must be a number of seconds >= 0 (--drain-linger)")
+        self.linger = min(float(linger), float(timeout))
         self._lock = threading.Lock()
         self.in_flight = 0
         self.started_at: float | None = None  # time.monotonic() of begin()
@@ -62,10 +72,14 @@ class Drain:
         return self.started_at + self.timeout - time.monotonic()
 
     def done(self) -> bool:
-        """Whether the server may stop now: draining, and no work in flight or the deadline passed."""
+        """Whether the server may stop now: draining, and either no work in flight once the linger has passed, or
+        the deadline passed."""
         with self._lock:
             idle = self.in_flight == 0
-        return self.draining and (idle or self.left() <= 0)
+        if self.started_at is None:
+            return False
+        lingered = time.monotonic() - self.started_at >= self.linger
+        return (idle and lingered) or self.left() <= 0
 
     def enter(self) -> None:
         with self._lock:
