@@ -1,13 +1,15 @@
-"""One request at a time through ``pipe.generate``: the direct path (no loop running) against the same calls while a
-scheduler runs on the pipeline (each call then a row of its loop, :mod:`asymspec_mm.core.loop_client`).
+"""One request at a time through ``pipe.generate``: the direct path (no loop running: the engine core stepped on the
+caller's thread, :mod:`asymspec_mm.core.direct`), the single-row engines it replaced (``solo``: ``prefill=True``, a
+contiguous cache per stream) and the same calls while a scheduler runs on the pipeline (each call then a row of its
+loop, :mod:`asymspec_mm.core.loop_client`).
 
 ``python -m asymspec_mm.bench.single_call`` answers ``--requests`` held-out MiniVista requests of ``--tokens`` tokens
 (EOS ignored, the compressed views given, so the arms decode the same tokens) on one thread, the arms in turn,
 ``--reps`` times; ``--arms direct`` alone runs on a tree without the loop's routing too (a before/after pair).
 Printed per arm and repetition: wall seconds, CPU seconds of the whole process (every thread), and the CPU seconds
 of each thread by name (the caller's ``MainThread``, the loop's decode, set-up and output threads), so a loaded
-machine's waits and the loop's own work can be told apart; then each arm's median and the loop's ratio to the
-direct path, by wall and by CPU time. ``--profile DIR`` profiles the busy thread of each arm's last repetition
+machine's waits and the loop's own work can be told apart; then each arm's median and its ratio to the
+``--base`` arm (default ``direct``), by wall and by CPU time. ``--profile DIR`` profiles the busy thread of each arm's last repetition
 (the caller's on the direct path, the loop's decode thread otherwise) with ``cProfile`` on that thread's CPU clock,
 writes ``DIR/METHOD-ARM.pstats`` and prints the CPU seconds of the regions the loop and the direct path differ in
 (:data:`REGIONS`).
@@ -132,11 +134,11 @@ def busy_thread_profile(profile: cProfile.Profile | None, loop: bool):
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
-#: The arms: the direct path, the single-row engines (``solo``), the loop on its default (paged) row storages, the
-#: loop on padded ones (one contiguous
-#: cache per stream, as the direct path keeps: the loop's own cost apart from paged attention's), the loop on paged
-#: storages in each pool layout (whatever the model's number of layers would choose).
-ARMS = ("direct", "solo", "loop", "loop_padded", "loop_segments", "loop_contiguous")
+#: The arms: the direct path (the engine core on the caller's thread), the single-row engines it replaced (``solo``:
+#: one contiguous cache per stream), the loop on its default (paged) row storages, the loop on padded ones (the
+#: loop's own cost apart from paged attention's), the loop on paged storages in each pool layout (whatever the
+#: model's number of layers would choose), the loop with a pool per stream (as the direct path keeps).
+ARMS = ("direct", "solo", "loop", "loop_padded", "loop_segments", "loop_contiguous", "loop_per_stream")
 
 
 def run_arm(
@@ -154,6 +156,8 @@ def run_arm(
         storages = RowStorages("padded")
     elif arm in ("loop_segments", "loop_contiguous"):
         storages = RowStorages(layout=arm.removeprefix("loop_"))
+    elif arm == "loop_per_stream":
+        storages = RowStorages(per_stream=True)
     loop = arm.startswith("loop")
     solo = {"prefill": True} if arm == "solo" else {}  # a single-row set-up's option: the single-row engines
     with busy_thread_profile(profile, loop), pipe.scheduler(max_batch_size=1, batch_engines=storages) if loop else nullcontext():
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--arms",
         default="direct,loop",
-        help="direct, solo (the single-row engines: prefill=True), loop (a scheduler running), loop_padded (on padded storages), loop_segments / loop_contiguous (on paged storages in that pool layout) [default: %(default)s]",
+        help="direct, solo (the single-row engines: prefill=True), loop (a scheduler running), loop_padded (on padded storages), loop_segments / loop_contiguous (on paged storages in that pool layout), loop_per_stream (a pool per stream) [default: %(default)s]",
     )
     ap.add_argument("--base", default="direct", help="the arm the others' speed ratios are over [default: %(default)s]")
     ap.add_argument("--threads", type=int, default=1)
