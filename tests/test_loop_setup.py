@@ -79,3 +79,23 @@ def test_a_token_request_through_using_loop_equals_the_caption_written_here(tiny
     with tiny_pipe.scheduler(max_batch_size=2) as sched, using_loop(sched):
         in_loop = tiny_pipe.captioner.caption(image)
     assert in_loop == here and here
+
+
+def test_the_direct_paths_caption_is_a_row_of_an_engine_core_equal_to_the_one_written_here(tiny_pipe, monkeypatch):
+    """With no loop running, ``pipe.generate``'s automatic caption takes the route of its request: a token request
+    decoded alone on an engine core (``core.direct.DirectCalls``), never the captioner's single-row engine, and it
+    is the caption that engine writes."""
+    from asymspec_mm.request.captioner import DrafterCaptioner
+
+    case = make_case(1401)
+    tiny_pipe.captioner.cache.clear()
+    here = tiny_pipe.captioner.caption(case["image"])
+    tiny_pipe.captioner.cache.clear()
+
+    def single_row(*_):
+        raise AssertionError("the direct path wrote its caption on the captioner's single-row engine")
+
+    monkeypatch.setattr(DrafterCaptioner, "_here", single_row)
+    res = tiny_pipe.generate(case["image"], case["question"], caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4))
+    assert res.view.caption == here and here
+    tiny_pipe.captioner.cache.clear()

@@ -16,8 +16,8 @@ batched prefill fills). A stream served elsewhere (vLLM) and a set-up with the s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..decode.rows import STREAMS_OF
 from ..engines import RowStorages
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from ..engines.model_calls import TokenRequest, TokenResult
     from ..request.preparing import ServingPipeline
     from ..request.session import Session
+
+T = TypeVar("T")
 
 #: Prompt tokens a direct turn prefills: a request alone has no decoding row to stall, so its prompt goes in one
 #: forward per row storage, as a single-row engine prefills it.
@@ -94,10 +96,27 @@ def session_steps(pipe: ServingPipeline, session: Session, timer: Any = None) ->
 
 
 def decode_alone(pipe: ServingPipeline, request: TokenRequest) -> TokenResult:
-    """A token request (a completion) decoded alone on an engine core: what the loop's ``decode_row`` returns."""
+    """A token request (a completion, a caption) decoded alone on an engine core: what the loop's ``decode_row``
+    returns."""
     core = direct_core(pipe, texts=False)
     kind = RequestKind(request.kind)
     state = RequestState(next(core.ids), None, request, -1, kind.entry, work=request, kind=kind)
     state.set_prompts(*prompt_counts(request.to_prefill))
     core.add(state)
     return next(out.result for out in turns(pipe, core) if out.finished)
+
+
+class DirectCalls:
+    """The model calls of a request's set-up on the direct path, on the caller's thread (a
+    :class:`~asymspec_mm.engines.model_calls.ModelLoop`, scoped with ``using_loop``): a call (the vision tower's) under
+    the models' lock, or in a loop that starts meanwhile; a token request (an automatic caption) decoded alone on an
+    engine core, as the loop decodes it as a row. So a caption takes the route of the request it is for."""
+
+    def __init__(self, pipe: ServingPipeline):
+        self.pipe = pipe
+
+    def run(self, fn: Callable[[], T]) -> T:
+        return model_call(self.pipe, fn, self.pipe.models_lock)
+
+    def decode_row(self, request: TokenRequest) -> TokenResult:
+        return decode_alone(self.pipe, request)

@@ -20,12 +20,13 @@ from captioning.view import CompressedView
 
 from ..base.config import AsymSpecConfig
 from ..base.locks import FairRLock
-from ..core.direct import on_core, session_steps
-from ..core.loop_client import LOOP_OPTIONS, attach, handle_stream, loop_handle, loop_scope, model_call
+from ..core.direct import DirectCalls, on_core, session_steps
+from ..core.loop_client import LOOP_OPTIONS, attach, handle_stream, loop_handle, loop_scope, model_call, serving_loop
 from ..decode import Counters, TokenEvent, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
 from ..engines.loading import MIN_VOCAB_OVERLAP, check_vocabularies, resolve_device
+from ..engines.model_calls import using_loop
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES
 from ..request.models import ModelSet
 from ..request.preparing import RequestPreparer, ServingPipeline
@@ -300,7 +301,11 @@ class AsymSpecPipeline(PipelineLoading):
         request = request_of(opts.pop("config", None), **fields, **opts).checked()
         if not on_core(self, request.method):
             return None
-        return self.run(self.set_up(request, prefill=False))
+        if serving_loop(self) is not None:  # a loop started meanwhile: it runs the set-up's model calls
+            return self.run(self.set_up(request, prefill=False))
+        with using_loop(DirectCalls(self)):  # the caption a core row, as in the loop; the tower here, under the lock
+            session = self.preparer.set_up(request, prefill=False)
+        return self.run(session)
 
     def prepare(
         self,
