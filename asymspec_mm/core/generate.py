@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..base.checks import is_int
 from ..base.config import AsymSpecConfig, check_method, resolve_config
 from ..base.errors import UnknownOptionError
 from ..request.request import Request
@@ -77,7 +78,7 @@ def generate_batch(
     check_method(method)
     cfg = resolve_config(config, overrides)
     size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if not is_int(size, minimum=1):
         raise UnknownOptionError(f"batch_size={batch_size!r} must be an integer >= 1")
     todo = [as_request(r, i, method, cfg) for i, r in enumerate(requests)]
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}

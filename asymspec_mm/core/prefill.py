@@ -30,6 +30,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base.checks import is_int
 from ..decode.row_engines import forget_row
 from ..engines.pieces import PrefillChunk, StreamPrompt, image_prompt, remember, start_context, text_prompt
 from ..engines.prefix_kv import PrefixKV
@@ -75,7 +76,7 @@ class ChunkedPrefill:
         staging: Callable[[Any, str], Any] | None = None,
         decode: dict[str, Any] | None = None,
     ):
-        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        if not is_int(chunk_tokens, minimum=1):
             raise ValueError(f"chunk_tokens={chunk_tokens!r} must be an integer >= 1")
         self.chunk_tokens = chunk_tokens
         self.prefix_kv = prefix_kv

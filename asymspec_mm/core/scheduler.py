@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..base.checks import is_int, is_number
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
 from ..request.request import Request, request_of
@@ -105,20 +106,20 @@ class Scheduler(LoopCalls, SetupPool):
         setup_workers: int = DEFAULT_SETUP_WORKERS,
         max_stall: float | None = None,
     ):
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        if not is_int(max_batch_size, minimum=1):
             raise UnknownOptionError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         rows_cap = getattr(batch_engines, "max_rows", None)  # a storage of fixed rows (static slots) holds no more
         if rows_cap is not None and rows_cap < max_batch_size:
             raise UnknownOptionError(
                 f"max_batch_size={max_batch_size} exceeds the row storage's max_rows={rows_cap}: lower max_batch_size or raise max_rows"
             )
-        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
+        if not is_int(prefill_chunk_tokens, minimum=1):
             raise UnknownOptionError(f"prefill_chunk_tokens={prefill_chunk_tokens!r} must be an integer >= 1")
-        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+        if not is_int(token_budget, minimum=1):
             raise UnknownOptionError(f"token_budget={token_budget!r} must be an integer >= 1 (tokens a turn's forwards carry)")
-        if isinstance(setup_workers, bool) or not isinstance(setup_workers, int) or setup_workers < 1:
+        if not is_int(setup_workers, minimum=1):
             raise UnknownOptionError(f"setup_workers={setup_workers!r} must be an integer >= 1 (requests set up at once)")
-        if max_stall is not None and (isinstance(max_stall, bool) or not isinstance(max_stall, (int, float)) or not max_stall >= 1):
+        if max_stall is not None and not (is_number(max_stall) and max_stall >= 1):
             raise UnknownOptionError(f"max_stall={max_stall!r} must be a number >= 1 (a turn's cost over its step's) or None")
         self.pipe, self.max_queue, self.batch_engines = pipe, max_queue, batch_engines
         # the turns (the plan through _plan, so that a subclass sees each turn's records first)

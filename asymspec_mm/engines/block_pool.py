@@ -22,6 +22,8 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+from ..base.checks import is_int
+
 
 @dataclass
 class BlockTable:
@@ -56,7 +58,7 @@ class BlockPool:
     """
 
     def __init__(self, block_size: int = 16, *, growth: float = 1 / 16, min_segment: int = 1):
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        if not is_int(block_size, minimum=1):
             raise ValueError(f"block_size={block_size!r} must be an integer >= 1")
         if not 0.0 <= growth <= 1.0 or min_segment < 1:
             raise ValueError(f"growth must be in [0, 1] and min_segment >= 1 (got {growth}, {min_segment})")

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ..base.checks import is_int
+
 #: Default byte budget of the KV kept for reuse (all models together).
 DEFAULT_PREFIX_KV_BYTES = 1024 * 2**20
 
@@ -127,7 +129,7 @@ class PrefixKV:
     """
 
     def __init__(self, max_bytes: int = DEFAULT_PREFIX_KV_BYTES):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        if not is_int(max_bytes, minimum=0):
             raise ValueError(f"max_bytes={max_bytes!r} must be an integer >= 0")
         self.max_bytes = max_bytes
         self._roots: dict[Any, _Node] = {}
