@@ -402,7 +402,11 @@ def test_batch_sweep_through_the_cli_writes_consistent_outputs(tmp_path):
         assert per["1"]["kv_rows"] == per["3"]["kv_rows"]  # same requests, same prompts: same cache per row at any B
         session = pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=name)
         assert per["1"]["kv_rows"][0]["lengths"] == {st: e.length for st, e in session.streams.items()}
-        assert per["3"]["max_batch_stat"] == 3 and per["3"]["full_rows"] == 3 and per["1"]["rows_per_step"] == 1.0
+        # the stepped decoder fills its rows before each step: exactly 3. generate_batch's rows join as their set-up
+        # threads finish, and a 5-token row may end before the third joins on a loaded machine (2 seen in two full
+        # suite runs): its stat is reported, at most the batch size, and exact only where timing allows
+        assert per["3"]["full_rows"] == 3 and per["1"]["rows_per_step"] == 1.0
+        assert 1 <= per["3"]["max_batch_stat"] <= 3
         seq, bat = bt["per_rep"][name]["1"], bt["per_rep"][name]["3"]
         assert per["3"]["ratio_to_seq_reps"] == pytest.approx([c["tokens_per_s"] / s["tokens_per_s"] for c, s in zip(bat, seq)])
         assert per["3"]["step_ratio_reps"] == pytest.approx([c["step_s"] / s["step_s"] for c, s in zip(bat, seq)])
