@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..base.gc_heap import frozen_heap
 from ..decode.rows import STREAMS_OF
 from ..engines import RowStorages
 from .engine_core import EngineCore, EngineOutput
@@ -71,11 +72,12 @@ def direct_core(pipe: ServingPipeline, *, texts: bool = True, timer: Any = None)
 def turns(pipe: ServingPipeline, core: EngineCore) -> Iterator[EngineOutput]:
     """The core's outputs, one turn at a time while it has work, each turn one model call of ``pipe``; a request's
     error is raised (it is the only one)."""
-    while core.has_work:
-        for out in model_call(pipe, core.step, pipe.models_lock):
-            if out.error is not None:
-                raise out.error
-            yield out
+    with frozen_heap():  # the loaded heap out of the collector's scans while this request decodes
+        while core.has_work:
+            for out in model_call(pipe, core.step, pipe.models_lock):
+                if out.error is not None:
+                    raise out.error
+                yield out
 
 
 def session_steps(pipe: ServingPipeline, session: Session, timer: Any = None) -> tuple[Iterator[list[TokenEvent]], list]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.checks import is_int, is_number
 from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
+from ..base.gc_heap import frozen_heap
 from ..request.request import Request, request_of
 from .decoder import BatchEngineFactory
 from .engine_core import EngineCore, EngineOutput
@@ -245,7 +246,12 @@ class Scheduler(LoopCalls, SetupPool):
         return self._core.plan()
 
     def _run(self) -> None:
-        """The decode thread: the engine core's turns while it has work, their outputs to the output thread."""
+        """The decode thread: the engine core's turns while it has work, their outputs to the output thread (the
+        loaded heap frozen meanwhile: :mod:`~asymspec_mm.base.gc_heap`)."""
+        with frozen_heap():
+            self._turns()
+
+    def _turns(self) -> None:
         try:
             while True:
                 with self._cond:
