@@ -576,6 +576,7 @@ def test_pipeline_with_every_stream_on_vllm_emits_identical_tokens(vl):
     for seed, method, a, b in _generate_both(ref, pipe, cfg):
         assert b.token_ids == a.token_ids, (seed, method)
         assert b.stats["accepted"] == a.stats["accepted"] and b.stats["steps"] == a.stats["steps"]
+        assert a.stats["batch_size"] == b.stats["batch_size"] == 1, method  # both a row of an engine core: the direct path
         if method in ("asymspec", "drafter"):
             assert b.stats["vision_calls"] == 0  # the image went to vLLM, not through the transformers tower
         if method == "asymspec":

@@ -9,9 +9,9 @@ engine core in-process. Each turn is one model call of the pipeline (:func:`~.lo
 models' lock, or in a loop that starts meanwhile, between two of its steps.
 
 :func:`on_core` says which requests take it: every stream of the method on a transformers model (what the loop's
-batched prefill fills). A stream served elsewhere (vLLM) and a set-up with the single-row options (``engines=``,
-``on_phase=``, ``prefill=``) keep the single-row engines (:func:`~asymspec_mm.decode.steps_for` over
-:class:`~asymspec_mm.decode.row_engines.SoloEngine`).
+batched prefill fills) or served by vLLM (prefilled at set-up, a row of a ``VLLMBatchEngine``). A stream served by
+another model object and a set-up with the single-row options (``engines=``, ``on_phase=``, ``prefill=``) keep the
+single-row engines (:func:`~asymspec_mm.decode.steps_for` over :class:`~asymspec_mm.decode.row_engines.SoloEngine`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,13 @@ DIRECT_TOKEN_BUDGET = 1 << 30
 
 def on_core(pipe: ServingPipeline, method: str) -> bool:
     """Whether a request of ``method`` decodes on the engine core when no loop runs: every one of its streams is on a
-    transformers model (the batched prefill fills them all)."""
-    return set(pipe.staged_streams(method)) == set(STREAMS_OF[method])
+    transformers model (the batched prefill fills it) or served by vLLM (set-up prefills it; its row storage is
+    ``VLLMBatchEngine``, as in the loop); another served model keeps the single-row engines."""
+    from ..engines.vllm import VLLMModel
+
+    staged = set(pipe.staged_streams(method))
+    models = pipe.stream_models(method)
+    return all(name in staged or isinstance(models.get(name), VLLMModel) for name in STREAMS_OF[method])
 
 
 def direct_core(pipe: ServingPipeline, *, texts: bool = True, timer: Any = None) -> EngineCore:

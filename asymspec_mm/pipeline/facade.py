@@ -293,8 +293,8 @@ class AsymSpecPipeline(PipelineLoading):
     def _direct(self, kwargs: dict[str, Any], **fields: Any) -> GenerationStream | None:
         """The request ``fields`` + ``kwargs`` set up and decoded on the engine core on this thread (the route a
         request takes in the loop: :mod:`asymspec_mm.core.direct`), or ``None`` where it keeps the single-row
-        engines: the single-row set-up's options (``engines=``, ``on_phase=``, ``prefill=``), or a stream served
-        elsewhere (vLLM)."""
+        engines: the single-row set-up's options (``engines=``, ``on_phase=``, ``prefill=``), or a stream served by
+        something other than transformers or vLLM (:func:`~asymspec_mm.core.direct.on_core`)."""
         if not LOOP_OPTIONS.isdisjoint(kwargs):
             return None
         opts = dict(kwargs)
@@ -305,7 +305,9 @@ class AsymSpecPipeline(PipelineLoading):
             return self.run(self.set_up(request, prefill=False))
         with using_loop(DirectCalls(self)):  # the caption a core row, as in the loop; the tower here, under the lock
             session = self.preparer.set_up(request, prefill=False)
-        return self.run(session)
+        # on the core even when nothing is left to prefill (every stream served by vLLM, prefilled at set-up)
+        steps, done = session_steps(self, session)
+        return GenerationStream(steps, lambda: done[0])
 
     def prepare(
         self,
