@@ -5,8 +5,9 @@ transformers' and torch's own tables). Python's oldest-generation collection sca
 whenever enough new objects have survived: in a tiny-pair scheduler's minute of decoding, 8 such collections took
 34-316 ms each, on the engine loop's thread, where a decode step takes 2-20 ms. :func:`frozen_heap` moves what is
 alive when an engine starts into the permanent generation (``gc.freeze()``, what vLLM does once its engine has
-warmed up), so the collector scans only what was made since; when the last engine that froze it ends, the heap goes
-back (``gc.unfreeze()``), so that a dropped pipeline caught in a reference cycle is still collected.
+warmed up), so the collector scans only what was made since; each engine that starts freezes what is alive then
+(a second pipeline loaded meanwhile too), and when the last one ends the heap goes back (``gc.unfreeze()``), so that
+a dropped pipeline caught in a reference cycle is still collected.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ _holders = 0  # engines running inside frozen_heap (threads of one process share
 
 @contextmanager
 def frozen_heap() -> Iterator[None]:
-    """Within the block the heap alive at the first entry is frozen; the last block to end unfreezes it (a
-    process-wide count: engines on several threads overlap)."""
+    """Within the block the heap alive at its entry is frozen (``gc.freeze()`` only moves the collector's lists: O(1));
+    the last block to end unfreezes it (a process-wide count: engines on several threads overlap)."""
     global _holders
     with _lock:
-        if _holders == 0:
-            gc.freeze()
+        gc.freeze()
         _holders += 1
     try:
         yield
