@@ -130,10 +130,14 @@ def test_a_cross_family_text_pair_decodes_through_the_vocabulary_map():
 
 def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe):
     """``summary`` with ``summarizer="verifier"`` (or ``"drafter"``): the pipeline's own model writes each older
-    message's summary through its engines; the text equals that model's greedy answer to the summary prompt, decoded
-    here without the pipeline's engines (a full forward per token)."""
+    message's summary, a row of the engine loop that sets the request up (the pipeline's direct loop, a scheduler's
+    loop) or, set up outside any loop (``pipe.prepare``), on its single-row engines; each text equals that model's
+    greedy answer to the summary prompt, decoded here without the pipeline's engines (a full forward per token)."""
     import torch
 
+    from asymspec_mm.core.loop_client import direct_loop
+    from asymspec_mm.request.compression import COMPRESSED
+    from asymspec_mm.request.request import request_of
     from asymspec_mm.request.summarizer import SUMMARY_PROMPT, chat_prompt_ids
 
     history = [
@@ -141,15 +145,30 @@ def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe
         {"role": "assistant", "content": "Read."},
         {"role": "user", "content": "Which?"},
     ]
+    loop = direct_loop(tiny_pipe)
     for who in ("verifier", "drafter"):
-        res = tiny_pipe.chat(history, compression=f"summary,summarizer={who},limit=5,keep_last_turns=1", max_new_tokens=2, ocr=False)
         model = tiny_pipe.verifier if who == "verifier" else tiny_pipe.drafter
         tok = tiny_pipe.verifier_tokenizer if who == "verifier" else tiny_pipe.processor.tokenizer
         ids, want = chat_prompt_ids(tiny_pipe.models, who, SUMMARY_PROMPT.format(text=history[0]["content"])), []
         with torch.no_grad():
             while len(want) < 5 and (not want or want[-1] not in tiny_pipe.eos_ids):
                 want.append(int(model(input_ids=torch.tensor([ids + want])).logits[0, -1].argmax()))
-        assert res.stats["compressed_view"][0]["text"] == tok.decode(want, skip_special_tokens=True).strip()
+        want_text = tok.decode(want, skip_special_tokens=True).strip()
+        kw = dict(compression=f"summary,summarizer={who},limit=5,keep_last_turns=1", max_new_tokens=2, ocr=False)
+        COMPRESSED.clear()  # each place below writes its summary (none is read from the cache)
+        summaries = loop.added["summary"]
+        res = tiny_pipe.chat(history, **kw)
+        written = len(res.stats["compressed_view"])  # the two older messages, each summarized
+        assert written == 2 and loop.added["summary"] == summaries + written  # each a row of the direct loop
+        assert res.stats["compressed_view"][0]["text"] == want_text
+        COMPRESSED.clear()
+        with tiny_pipe.scheduler(max_batch_size=2) as sched:
+            res = sched.submit_chat(history, **kw).result(timeout=120)
+        assert res.stats["compressed_view"][0]["text"] == want_text
+        COMPRESSED.clear()
+        res = tiny_pipe.run(tiny_pipe.set_up(request_of(None, messages=history, **kw))).result  # no loop: single-row
+        assert res.stats["compressed_view"][0]["text"] == want_text
+        assert loop.added["summary"] == summaries + written
     with pytest.raises(UnknownOptionError, match="summarizer='gpt' must be a model the pipeline holds") as err:
         Compression.of({"method": "summary", "summarizer": "gpt"})
     assert err.value.param == "compression.summarizer"

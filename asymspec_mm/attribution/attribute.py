@@ -223,7 +223,7 @@ def attribute(
         raise AsymSpecError(f"the token at position {position} has no id in the drafter's vocabulary: it cannot be attributed")
     images = result_images(result)
     # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
-    features, _ = model_call(pipe, lambda: pipe.encoder.encode(p.pixel_values, p.image_grid_thw), pipe.models_lock)
+    features, _ = model_call(pipe, lambda: pipe.encoder.encode(p.pixel_values, p.image_grid_thw))
     t_features = time.perf_counter()
     grids, masks = [], [Mask(0, ())]  # the first row masks nothing: the reference in the same batched numerics
     cells = []
@@ -252,13 +252,13 @@ def attribute(
         return a0[None], scores
 
     # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
-    a, per_token = model_call(pipe, full_view_logits, pipe.models_lock)
+    a, per_token = model_call(pipe, full_view_logits)
     t_masks = time.perf_counter()
     models = pipe.stream_models("asymspec")
     comp_ids = torch.cat([p.drafter_comp_ids[0].cpu(), torch.tensor(answer, dtype=torch.long)])
-    b = model_call(pipe, lambda: _stream_logits(VLEngine(models["drafter_comp"], "drafter_comp"), comp_ids), pipe.models_lock)
+    b = model_call(pipe, lambda: _stream_logits(VLEngine(models["drafter_comp"], "drafter_comp"), comp_ids))
     verifier_ids = torch.cat([p.verifier_ids[0].cpu(), torch.tensor(answer_v, dtype=torch.long)])
-    t = model_call(pipe, lambda: _stream_logits(TextEngine(models["verifier"], "verifier"), verifier_ids), pipe.models_lock)
+    t = model_call(pipe, lambda: _stream_logits(TextEngine(models["verifier"], "verifier"), verifier_ids))
     t_streams = time.perf_counter()
     alone = None
     if bridge is not None:  # the gate's space: the verifier's ids, restricted to the tokens both vocabularies have

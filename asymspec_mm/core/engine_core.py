@@ -136,10 +136,11 @@ class EngineCore:
                 self.ready.append(state.rid)
             self.cond.notify_all()
 
-    def add_session(self, session: Session, priority: int = 0) -> int:
+    def add_session(self, session: Session, priority: int = 0, *, handle: Any = None) -> int:
         """Enter a request set up on the calling thread (``session``: ``pipe.set_up(request, prefill=False)``'s) at the
-        end of the ready line; returns its id."""
-        state = RequestState(next(self.ids), None, session.request, priority)
+        end of the ready line; returns its id. ``handle``: what the outputs carry and cancelling reads (``None``: a
+        request only its caller steps, never cancelled)."""
+        state = RequestState(next(self.ids), handle, session.request, priority)
         with self.cond:
             self.table.add(state)
             state.move(RequestStatus.SETTING_UP)  # set up on the calling thread already

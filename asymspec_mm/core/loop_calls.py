@@ -75,9 +75,9 @@ class LoopCalls:
             if self._finished():  # closed, and its worker leaves: it would never decode the row
                 raise LoopClosedError("the scheduler is closed: decode on the calling thread or start a new scheduler")
             kind = RequestKind(request.kind)
-            # a caption a set-up thread asks for is a child of the request it sets up (it goes when that one is
-            # cancelled); its prompt is known, so it enters READY (RequestKind.entry), its own set-up being its parent's
-            parent = setting_up() if kind is RequestKind.CAPTION else None
+            # a caption or summary a set-up thread asks for is a child of the request it sets up (it goes when that
+            # one is cancelled); its prompt is known, so it enters READY (RequestKind.entry), its own set-up being its parent's
+            parent = setting_up() if kind.is_child else None
             state = RequestState(next(self._ids), None, request, -1, kind.entry, work=request, kind=kind, parent=parent)
             state.set_prompts(*prompt_counts(request.to_prefill))
             handle = Handle(self, state)

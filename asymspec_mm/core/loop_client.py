@@ -3,8 +3,8 @@ runs (the server and the demo run one), ``pipe.generate`` / ``chat`` / ``stream`
 its :class:`~.handle.Handle`, ``pipe.complete`` is a verifier row of its batch, and every other model call the
 pipeline makes from a caller's thread (``prepare``'s set-up, ``run``'s steps, ``compressed_view``'s caption) runs in
 the loop between two of its steps. So one thread, the loop's, runs every forward while it runs, and a caller's
-thread never waits for the models' lock. With no loop running the calls keep their direct path (decoded on the
-caller's thread under the lock, as fast as before).
+thread never waits for the models' lock. With no loop running the calls go to the pipeline's direct loop
+(:mod:`.direct_loop`): one engine core its callers drive, a turn at a time, on their own threads.
 
 The registry is per pipeline and holds the loops weakly; the latest loop started that still takes calls serves.
 """
@@ -24,6 +24,7 @@ from ..base.errors import AsymSpecError, UnknownOptionError
 from ..engines.model_calls import TokenRequest, current_loop, using_loop
 from ..request.request import request_of
 from ..request.session import GenerationStream
+from .direct_loop import DIRECT_ROWS, DirectLoop, direct_core
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
@@ -59,14 +60,41 @@ def serving_loop(pipe: Any) -> Scheduler | None:
     return None
 
 
-def model_call(pipe: Any, fn: Callable[[], T], lock: AbstractContextManager) -> T:
-    """One model call of ``pipe`` (``fn``): in its serving loop between two steps when one runs, else here under
-    ``lock`` (a loop that ends meanwhile runs it on this thread under the same lock, :meth:`LoopCalls.run`)."""
+def model_call(pipe: Any, fn: Callable[[], T]) -> T:
+    """One model call of ``pipe`` (``fn``): in its serving loop between two steps when one runs; inside a set-up, in
+    the loop serving it; on a loop's own decode thread, at once; else in a turn of the pipeline's direct loop
+    (:mod:`.direct_loop`), which the caller drives unless another caller runs a turn."""
     loop = serving_loop(pipe)
     if loop is not None:
         return loop.run(fn)
-    with lock:
-        return fn()
+    serving = current_loop()
+    if serving is not None:
+        return serving.run(fn)
+    if _on_decode_thread(pipe):
+        with pipe.models_lock:
+            return fn()
+    return direct_loop(pipe).run(fn)
+
+
+def _on_decode_thread(pipe: Any) -> bool:
+    """Whether this thread is the decode thread of a loop attached to ``pipe`` (a listener calling the pipeline)."""
+    me = threading.current_thread()
+    with _GUARD:
+        loops = [ref() for ref in _LOOPS.get(pipe, [])]
+    return any(getattr(loop, "_worker", None) is me for loop in loops if loop is not None)
+
+
+_DIRECT: weakref.WeakKeyDictionary[Any, DirectLoop] = weakref.WeakKeyDictionary()
+
+
+def direct_loop(pipe: Any) -> DirectLoop:
+    """``pipe``'s direct loop (:mod:`.direct_loop`; one per pipeline, made on first use): what serves its calls
+    while no scheduler does."""
+    with _GUARD:
+        loop = _DIRECT.get(pipe)
+        if loop is None:
+            loop = _DIRECT[pipe] = DirectLoop(pipe, lambda p: direct_core(p, max_batch_size=DIRECT_ROWS), serving_loop)
+        return loop
 
 
 def add_request(loop: Scheduler, request: Any) -> Handle | None:

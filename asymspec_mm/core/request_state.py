@@ -18,11 +18,12 @@ A request's :class:`RequestKind` says what it is for and where it enters: a call
 ``WAITING`` and is set up; a caption the set-up asks for (``CAPTION``) is a child request of the request being set
 up (:attr:`RequestState.parent`, :meth:`RequestTable.children`): it comes with its prompt, so it enters ``READY``,
 ahead of the requests waiting to join, and goes on from there as every request does (its own id, handle, statuses
-and timings); a cancelled parent takes its children with it (:meth:`RequestTable.abandoned`). A ``COMPLETION`` (the
+and timings); a cancelled parent takes its children with it (:meth:`RequestTable.abandoned`). A ``SUMMARY`` (the
+``summary`` compressor's model-written summary of a message of the request's context) is a child the same way. A ``COMPLETION`` (the
 verifier's tokens for ``pipe.complete`` while a loop runs) enters ``READY`` too, with no parent::
 
     ANSWER:             WAITING -> SETTING_UP -> READY -> ...
-    CAPTION (a child):                           READY -> PREFILLING -> RUNNING -> FINISHED_*   (its parent SETTING_UP)
+    CAPTION, SUMMARY (children):                 READY -> PREFILLING -> RUNNING -> FINISHED_*   (their parent SETTING_UP)
     COMPLETION:                                  READY -> ...
 
 The record is the engine's state of a request (vLLM v1's ``Request`` less its inputs): status, each stream's prompt
@@ -94,6 +95,7 @@ class RequestKind(enum.Enum):
 
     ANSWER = "answer"  # a caller's request: set up, then answered with an MMResult, its steps streamed to its handle
     CAPTION = "caption"  # a child of the request being set up: the drafter's tokens for its image's caption
+    SUMMARY = "summary"  # a child of the request being set up: a model's summary of a message of its context
     COMPLETION = "completion"  # the verifier's greedy tokens of a prompt (``pipe.complete`` while a loop runs)
 
     @property
@@ -101,6 +103,11 @@ class RequestKind(enum.Enum):
         """The status it enters the table in: a caller's request waits to be set up; a token request comes with its
         prompts (set up by whoever asked for it) and waits for a row."""
         return RequestStatus.WAITING if self is RequestKind.ANSWER else RequestStatus.READY
+
+    @property
+    def is_child(self) -> bool:
+        """Whether the set-up of another request asks for it (it goes when that request is cancelled)."""
+        return self in (RequestKind.CAPTION, RequestKind.SUMMARY)
 
     @property
     def answers(self) -> bool:

@@ -28,8 +28,8 @@ class TokenRequest:
     """A request that only wants its tokens: ``method`` over ``to_prefill`` (stream -> its
     :class:`~asymspec_mm.engines.pieces.StreamPrompt`, ``prompt[:-1]``) with ``pending`` (stream -> the prompt's last
     token ``[1]``). What a :class:`~asymspec_mm.core.decoder.BatchDecoder` needs of a session, and no more. ``kind``:
-    ``caption`` (a child of the request whose set-up asks for it) or ``completion`` (the verifier's tokens of a
-    prompt), the loop's :class:`~asymspec_mm.core.request_state.RequestKind`."""
+    ``caption`` or ``summary`` (a child of the request whose set-up asks for it) or ``completion`` (the verifier's
+    tokens of a prompt), the loop's :class:`~asymspec_mm.core.request_state.RequestKind`."""
 
     method: str
     config: AsymSpecConfig

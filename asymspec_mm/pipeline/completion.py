@@ -49,7 +49,7 @@ def complete(pipe: Any, prompt: str, max_new_tokens: int = 64) -> str:
     if tokens is None and on_core:  # no loop: the same row on an engine core, stepped here
         tokens = decode_alone(pipe, completion_request(ids, max_new_tokens, pipe.eos_ids)).token_ids
     if tokens is None:
-        tokens = model_call(pipe, lambda: _greedy_here(pipe, ids, max_new_tokens), pipe.models_lock)
+        tokens = model_call(pipe, lambda: _greedy_here(pipe, ids, max_new_tokens))
     return pipe.verifier_tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
 

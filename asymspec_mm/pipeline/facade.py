@@ -20,8 +20,8 @@ from captioning.view import CompressedView
 
 from ..base.config import AsymSpecConfig
 from ..base.locks import FairRLock
-from ..core.direct import DirectCalls, on_core, session_steps
-from ..core.loop_client import LOOP_OPTIONS, attach, handle_stream, loop_handle, loop_scope, model_call, serving_loop
+from ..core.direct import on_core, session_steps
+from ..core.loop_client import LOOP_OPTIONS, attach, direct_loop, handle_stream, loop_handle, loop_scope, model_call, serving_loop
 from ..decode import Counters, TokenEvent, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
@@ -303,7 +303,7 @@ class AsymSpecPipeline(PipelineLoading):
             return None
         if serving_loop(self) is not None:  # a loop started meanwhile: it runs the set-up's model calls
             return self.run(self.set_up(request, prefill=False))
-        with using_loop(DirectCalls(self)):  # the caption a core row, as in the loop; the tower here, under the lock
+        with using_loop(direct_loop(self)):  # the caption a row, the tower a call, of the pipeline's direct loop
             session = self.preparer.set_up(request, prefill=False)
         # on the core even when nothing is left to prefill (every stream served by vLLM, prefilled at set-up)
         steps, done = session_steps(self, session)
@@ -363,7 +363,7 @@ class AsymSpecPipeline(PipelineLoading):
         def decoded_steps():
             while True:
                 # one step at a time across requests: in the running loop, else here under the models' lock
-                events = model_call(self, lambda: next(steps, None), self.models.lock)
+                events = model_call(self, lambda: next(steps, None))
                 if events is None:
                     return
                 for ev in events:

@@ -205,6 +205,11 @@ class CompressedTurns:
                 self._items.popitem(last=False)
         return value
 
+    def clear(self) -> None:
+        """Forget every compressed text (the next request compresses its messages again)."""
+        with self._lock:
+            self._items.clear()
+
 
 #: The process's cache of compressed messages (shared by every pipeline: the key holds the settings).
 COMPRESSED = CompressedTurns()

@@ -1,6 +1,6 @@
 """Summaries written by a model the pipeline already holds (the ``summary`` compressor's ``summarizer="verifier"``
-or ``"drafter"``): one greedy answer through the pipeline's own engines, each model call in the serving loop when one sets the
-request up (else under the models' lock), with no second copy of any model.
+or ``"drafter"``): one greedy answer by the pipeline's own models, a row of the engine loop that sets the request
+up (a child request of it, as a caption is), with no second copy of any model.
 
 The paper's LongBench and MultiChallenge settings compress a context into a summary; here the verifier (by default)
 or the drafter writes it from :data:`SUMMARY_PROMPT`. Each summary is cached by its text and settings like any
@@ -16,7 +16,8 @@ from ..base.errors import ContextOverflowError
 from ..decode import greedy_steps
 from ..engines import EngineFactory
 from ..engines.loading import eos_ids
-from ..engines.model_calls import run_model
+from ..engines.model_calls import TokenRequest, current_loop, run_model
+from ..engines.pieces import text_prompt
 from .models import ModelSet
 
 #: What the model is asked; ``{text}`` is the message's text.
@@ -41,9 +42,10 @@ def chat_prompt_ids(models: ModelSet, which: str, prompt: str) -> list[int]:
 
 
 def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: str, max_new_tokens: int) -> str:
-    """``which`` model's greedy answer to ``prompt`` (``verifier`` or ``drafter``), decoded on a fresh stream of the
-    pipeline's engines, one model call at a time (in the serving loop, or under the models' lock), so rows decoding
-    elsewhere step in between."""
+    """``which`` model's greedy answer to ``prompt`` (``verifier`` or ``drafter``). In a set-up an engine loop serves
+    (a scheduler's, or the pipeline's direct loop on the direct path) it is a token request, a row of that loop's
+    batch and a child of the request being set up (as a caption is); elsewhere it is decoded on a fresh stream of the
+    pipeline's engines, one model call at a time under the models' lock."""
     model = models.verifier if which == "verifier" else models.drafter
     tok = models.verifier_tokenizer if which == "verifier" else models.processor.tokenizer
     ids = torch.tensor(chat_prompt_ids(models, which, prompt), dtype=torch.long)
@@ -51,16 +53,23 @@ def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: s
     limit = getattr(conf, "max_position_embeddings", None)
     if limit and ids.numel() + max_new_tokens > limit:
         raise ContextOverflowError(f"the summary prompt has {ids.numel()} tokens; the {which}'s window is {limit}")
+    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
+    eos = eos_ids([tok], [model])
+    loop = current_loop() if isinstance(model, torch.nn.Module) else None  # a loop batches transformers rows
+    if loop is not None:
+        stream = "verifier" if which == "verifier" else "drafter_full"
+        method = "floor" if which == "verifier" else "drafter"
+        request = TokenRequest(method, cfg, {stream: text_prompt(ids[:-1], reuse=False)}, {stream: ids[-1:]}, eos, kind="summary")
+        tokens = loop.decode_row(request).token_ids
+        return tok.decode(tokens, skip_special_tokens=True).strip()
 
     def start():
         engine = models.verifier_engine(engines, "summary") if which == "verifier" else models.drafter_engine(engines, "summary")
         engine.prefill(ids[:-1])
         return engine
 
-    # each model call in the serving loop when a scheduler's set-up asks for the summary, else here under the lock
     engine = run_model(start, models.lock)
-    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
-    steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos_ids([tok], [model]), is_verifier=which == "verifier")
+    steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos, is_verifier=which == "verifier")
     tokens: list[int] = []
     while True:
         events = run_model(lambda: next(steps, None), models.lock)

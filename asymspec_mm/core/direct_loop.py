@@ -1,0 +1,258 @@
+"""The pipeline's engine when no scheduler runs: one engine core its callers drive, a turn at a time.
+
+Every direct call of a pipeline (``pipe.generate`` / ``chat`` / ``stream`` / ``complete`` with no loop started, the
+set-up's caption and tower calls, and every other model call made from a caller's thread: the single-row engines'
+steps, the attribution's forwards) goes to one :class:`DirectLoop` per pipeline. Its requests are rows of one
+:class:`~.engine_core.EngineCore`; its model calls are the core's set-up jobs. It has no thread: a caller waiting for
+its request's next output (or its call's value) drives the core's next turn itself, unless another caller is driving
+one, in which case it waits for that turn to end. A turn serves every request in the core, so callers on several
+threads share each step's forwards (decoded as one batch, as the scheduler's loop does) instead of taking turns
+with whole model calls; one thread at a time runs the models, by construction (the driving turn passes from caller
+to caller). A single caller drives every turn of its own request, with no thread switch: the speed of the engine
+core stepped on the caller's thread (BENCHMARKS.md).
+
+The core lives while it has work: when a turn leaves it empty it goes, with its KV storages, and the next request
+starts a fresh one. A scheduler started meanwhile takes the turns over: a turn that begins once it runs is one of its
+model calls (:meth:`~.loop_calls.LoopCalls.run`), between two of its steps.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import threading
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..base.errors import AsymSpecError
+from ..engines import RowStorages
+from .engine_core import EngineCore, EngineOutput
+from .request_state import RequestKind, RequestState, prompt_counts
+
+if TYPE_CHECKING:
+    from ..engines.model_calls import ModelLoop, TokenRequest, TokenResult
+    from ..request.preparing import ServingPipeline
+    from ..request.session import Session
+
+T = TypeVar("T")
+
+#: Rows a direct loop decodes together at most (callers beyond it wait in its line for a row).
+DIRECT_ROWS = 16
+
+#: Prompt tokens a direct turn prefills: a request alone has no decoding row to stall, so its prompt goes in one
+#: forward per row storage, as a single-row engine prefills it.
+DIRECT_TOKEN_BUDGET = 1 << 30
+
+
+class DirectLoopError(AsymSpecError):
+    """The turn that was decoding this request stopped on another caller's thread (that caller was interrupted)."""
+
+
+class DirectHandle:
+    """What the core reads of a direct request's caller: its id and whether it gave up (closed its stream)."""
+
+    def __init__(self) -> None:
+        self.id = -1
+        self.cancelled = False
+        self.cancel_error: BaseException | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class DirectLoop:
+    """One pipeline's caller-driven engine core (see the module docstring): :meth:`add_session` /
+    :meth:`outputs` for a request, :meth:`decode_row` for a token request (a caption, a completion), :meth:`run` for
+    any other model call (a :class:`~asymspec_mm.engines.model_calls.ModelLoop`).
+
+    ``make_core(pipe)`` builds the core when a request or call arrives and none is live; ``serving(pipe)`` is the
+    scheduler's loop that serves the pipeline's calls now, or ``None``. The loop holds its pipeline weakly (the
+    registry is keyed by it); a live core holds it."""
+
+    def __init__(
+        self,
+        pipe: ServingPipeline,
+        make_core: Callable[[ServingPipeline], EngineCore],
+        serving: Callable[[ServingPipeline], ModelLoop | None],
+    ):
+        self._pipe, self.make_core, self.serving = weakref.ref(pipe), make_core, serving
+        self.cond = threading.Condition()  # the driver, the outputs and the core's life (the core's own table: core.cond)
+        self.ids = itertools.count()  # request ids across the cores it makes
+        self.core: EngineCore | None = None
+        self.driver: int | None = None  # the thread running a turn, if any
+        self.outputs_by_id: dict[int, deque[EngineOutput]] = {}  # each live request's outputs not taken yet
+        self.turns = 0  # turns run (for statistics and tests)
+        self.most_rows = 0  # the most rows one turn stepped
+        self.added: Counter[str] = Counter()  # requests entered, by kind (answer, caption, summary, completion)
+
+    @property
+    def pipe(self) -> ServingPipeline:
+        pipe = self._pipe()
+        if pipe is None:  # pragma: no cover - a caller holds its pipeline
+            raise AsymSpecError("the pipeline of this direct loop is gone")
+        return pipe
+
+    # ---------------------------------------------------------------- requests and calls in
+    def _live_core(self) -> EngineCore:
+        """The core, made when none is live (called with ``cond`` held)."""
+        if self.core is None:
+            self.core = self.make_core(self.pipe)
+            self.core.ids = self.ids
+        return self.core
+
+    def add_session(self, session: Session) -> DirectHandle:
+        """Enter a request set up on the calling thread (``prefill=False``) at the end of the line; returns its handle
+        (read its :meth:`outputs`)."""
+        handle = DirectHandle()
+        with self.cond:
+            handle.id = self._live_core().add_session(session, session.request.priority, handle=handle)
+            self.outputs_by_id[handle.id] = deque()
+            self.added[RequestKind.ANSWER.value] += 1
+        return handle
+
+    def decode_row(self, request: TokenRequest) -> TokenResult:
+        """Decode ``request`` as a row ahead of the requests waiting to join; returns once it is done."""
+        handle = DirectHandle()
+        kind = RequestKind(request.kind)
+        with self.cond:
+            core = self._live_core()
+            handle.id = next(self.ids)
+            state = RequestState(handle.id, handle, request, -1, kind.entry, work=request, kind=kind)
+            state.set_prompts(*prompt_counts(request.to_prefill))
+            self.outputs_by_id[handle.id] = deque()
+            self.added[kind.value] += 1
+            core.add(state, first=True)
+        for out in self.outputs(handle):
+            if out.finished:
+                if out.error is not None:
+                    raise out.error
+                return out.result
+        raise AssertionError("a request's outputs end with its answer or error")  # pragma: no cover
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """``fn`` (one model call) in a turn, between two steps of the requests in the core; at once on the thread
+        running a turn (a call made from within it)."""
+        if self.driver == threading.get_ident():
+            return fn()
+        future: Future = Future()
+        context = contextvars.copy_context()  # the call counts as the caller's (its vision statistics)
+        with self.cond:
+            core = self._live_core()
+            with core.cond:
+                core.jobs.append((lambda: context.run(fn), future))
+        self._drive(future.done)
+        return future.result()
+
+    # ---------------------------------------------------------------- outputs out
+    def outputs(self, handle: DirectHandle) -> Iterator[EngineOutput]:
+        """``handle``'s outputs in order, up to its end (an answer or an error), driving the turns that make them.
+        Closing it early cancels the request: it leaves at the next turn."""
+        queue = self.outputs_by_id[handle.id]
+        ended = False
+        try:
+            while not ended:
+                self._drive(lambda: bool(queue))
+                with self.cond:
+                    out = queue.popleft()
+                ended = out.finished
+                yield out
+        except GeneratorExit:  # the caller stopped reading: out of the batch at the next turn, which this drives
+            if not ended:
+                handle.cancel()
+                self._drive(lambda: bool(queue) and queue[-1].finished)
+            raise
+        except BaseException:  # interrupted while it waited (^C): the request leaves at the next turn anyone drives
+            handle.cancel()
+            raise
+        finally:
+            with self.cond:
+                self.outputs_by_id.pop(handle.id, None)
+
+    # ---------------------------------------------------------------- the turns
+    def _drive(self, ready: Callable[[], bool]) -> None:
+        """Run turns on this thread until ``ready()``, waiting instead while another caller runs one."""
+        me = threading.get_ident()
+        while True:
+            with self.cond:
+                while not ready() and self.driver is not None:
+                    self.cond.wait()
+                if ready():
+                    return
+                core = self.core
+                if core is None:  # pragma: no cover - a request or call waiting keeps its core live
+                    raise AssertionError("a direct loop waits for a turn with no core")
+                self.driver = me
+            outs: list[EngineOutput] = []
+            try:
+                outs = self._turn(core)
+            except BaseException as exc:
+                outs = self._fail_all(core, exc)
+                raise
+            finally:
+                with self.cond:
+                    self.driver = None
+                    for out in outs:
+                        queue = self.outputs_by_id.get(out.rid)
+                        if queue is not None:
+                            queue.append(out)
+                    if self.core is core and not core.has_work:  # nothing left: it goes with its KV
+                        self.core = None
+                    self.cond.notify_all()
+
+    def _turn(self, core: EngineCore) -> list[EngineOutput]:
+        """One turn of ``core``: a model call of the scheduler's loop when one runs, else here."""
+        rows = len(core.decoder.rows)
+        loop = self.serving(self.pipe)
+        outs = loop.run(core.step) if loop is not None else self._here(core)
+        self.turns += 1
+        self.most_rows = max(self.most_rows, rows)
+        return outs
+
+    def _here(self, core: EngineCore) -> list[EngineOutput]:
+        with self.pipe.models_lock:  # a scheduler's loop that starts meanwhile waits for this turn
+            return core.step()
+
+    def _fail_all(self, core: EngineCore, exc: BaseException) -> list[EngineOutput]:
+        """A turn stopped on ``exc`` (outside the core's own per-row failures: an interrupt): the answers it made
+        stand, every other request in the core fails, its waiting calls too, and the core goes."""
+        error = DirectLoopError(f"the turn decoding this request stopped on {type(exc).__name__} on another caller's thread; retry it")
+        error.__cause__ = exc
+        outs = core.take_outputs()
+        done = {out.rid for out in outs if out.finished}
+        with core.cond:
+            states = core.table.clear()
+            jobs, core.jobs = list(core.jobs), deque()
+        for _, future in jobs:
+            future.set_exception(error)
+        with self.cond:
+            if self.core is core:
+                self.core = None
+        mine = exc if isinstance(exc, Exception) else error
+        return outs + [EngineOutput(s.rid, s.handle, error=mine) for s in states if s.rid not in done]
+
+
+def direct_core(pipe: ServingPipeline, *, max_batch_size: int = 1, texts: bool = True, timer: Any = None) -> EngineCore:
+    """An engine core for requests with no loop running (its prompts in one forward per storage; ``texts``: the
+    events' and the answer's texts made here, there is no output side).
+
+    Each stream's KV is in a pool of its own, one tensor per layer: a row alone then has consecutive blocks that every
+    layer reads where they lie, as the single-row cache it replaces did, with no copy. (One pool shared by the
+    drafter's two views hands their blocks out alternately, and a pool of segments spreads a growing row over
+    several; either way each layer would copy the row's runs of slots per forward.) Growing a contiguous pool holds
+    one layer's old tensor beside it while it copies, counted in the peak and the bounds: the transient a single-row
+    cache's concatenation has too."""
+    storages = RowStorages(layout="contiguous", per_stream=True)
+    core = EngineCore(
+        pipe,
+        max_batch_size,
+        batch_engines=storages,
+        prefill_chunk_tokens=DIRECT_TOKEN_BUDGET,
+        token_budget=DIRECT_TOKEN_BUDGET,
+        texts=texts,
+        measures=False,
+    )
+    core.timer = timer
+    return core

@@ -1,0 +1,208 @@
+"""The pipeline's direct loop (issue #51, item 6): with no scheduler running, direct callers on several threads are
+rows of one engine core that they drive themselves, a turn at a time. Their requests share each turn's forwards and
+every answer equals the same request decoded alone; a caller that stops reading leaves the batch; an interrupted
+turn fails the others' requests with a clear error and the loop serves the next request. Real forwards of the tiny
+pair; which thread ran each forward is read with forward hooks on the real modules. The turns are held still by
+holding the models' lock, which a direct turn takes, so that every request is in the core before the first turn."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import make_case
+from test_loop_setup import _threads_running
+
+from asymspec_mm import AsymSpecConfig
+from asymspec_mm.core.direct_loop import DirectLoopError
+from asymspec_mm.core.loop_client import direct_loop
+
+METHODS = ("asymspec", "floor", "drafter", "sd")
+
+
+@pytest.fixture
+def pipe(tiny_pipe):
+    """``tiny_pipe`` with no scheduler of another test serving its calls, and its prefix store paused (a request
+    decoded twice reuses nothing, so its turns are counted alike)."""
+    from asymspec_mm.core.loop_client import serving_loop
+
+    while (loop := serving_loop(tiny_pipe)) is not None:
+        loop.close()
+    with tiny_pipe.prefix_kv.paused():
+        yield tiny_pipe
+
+
+def _sessions(pipe, cases, configs, methods):
+    """Each case set up on this thread (``prefill=False``: its prompts are the core's to prefill)."""
+    return [
+        pipe.prepare(c["image"], c["question"], caption=c["caption"], ocr=False, config=cfg, method=m, ignore_eos=True, prefill=False)
+        for c, cfg, m in zip(cases, configs, methods)
+    ]
+
+
+def _in_core(loop, n: int, timeout: float = 60) -> None:
+    """Wait until ``n`` requests are in the loop's core."""
+    deadline = time.monotonic() + timeout
+    while loop.core is None or len(loop.core.table) < n:
+        assert time.monotonic() < deadline, "the callers' requests did not reach the core"
+        time.sleep(0.005)
+
+
+def _together(pipe, sessions, read):
+    """``read(stream)`` of each session's stream on a thread of its own, the first turn held until every request is
+    in the core. Returns (the values in order, the names of the threads that ran a forward, the turns run)."""
+    loop = direct_loop(pipe)
+    got: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def ask(i: int) -> None:
+        try:
+            got[i] = read(pipe.run(sessions[i]))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    seen, hooks = _threads_running([pipe.drafter, pipe.verifier])
+    threads = [threading.Thread(target=ask, args=(i,), name=f"caller-{i}") for i in range(len(sessions))]
+    turns0 = loop.turns
+    try:
+        with pipe.models_lock:  # the first caller to drive waits here: the others' requests join before any turn
+            for t in threads:
+                t.start()
+            _in_core(loop, len(sessions))
+        for t in threads:
+            t.join(120)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert not errors, errors
+    return [got[i] for i in range(len(sessions))], seen, loop.turns - turns0
+
+
+def test_callers_on_four_threads_share_every_turn_and_each_answer_equals_alone(pipe):
+    cases = [make_case(7100 + i) for i in range(4)]
+    greedy = [AsymSpecConfig(k=3, max_new_tokens=n) for n in (24, 16, 20, 12)]
+    seeded = [cfg.with_(temperature=0.8, top_p=0.9, seed=11 + i) for i, cfg in enumerate(greedy)]
+    loop = direct_loop(pipe)
+    for configs in (greedy, seeded):
+        alone, turns_alone = [], []
+        for s in _sessions(pipe, cases, configs, METHODS):
+            t0 = loop.turns
+            alone.append(pipe.run(s).result)
+            turns_alone.append(loop.turns - t0)
+        loop.most_rows = 0
+        together, seen, turns = _together(pipe, _sessions(pipe, cases, configs, METHODS), lambda s: s.result)
+        for m, a, b in zip(METHODS, alone, together):
+            assert b.token_ids == a.token_ids, m
+            assert b.text == a.text, m
+            assert b.stats["accepted"] == a.stats["accepted"], m
+        # one after another would take the sum of their turns; together, the longest one's: every turn served all
+        assert turns == max(turns_alone), (turns, turns_alone)
+        assert loop.most_rows == 4
+        assert seen and seen <= {f"caller-{i}" for i in range(4)}, seen  # the callers ran every forward, nobody else
+    assert loop.core is None  # nothing left: the core went with its KV
+
+
+def test_a_caller_that_stops_reading_leaves_the_batch_and_the_others_go_on(pipe):
+    cases = [make_case(7200 + i) for i in range(3)]
+    configs = [AsymSpecConfig(k=3, max_new_tokens=30)] * 3
+    alone = [pipe.run(s).result for s in _sessions(pipe, cases, configs, METHODS[:3])]
+
+    def first_step_then_close(stream):
+        events = next(stream)
+        stream.close()
+        return events
+
+    readers = {"caller-0": first_step_then_close, "caller-1": lambda s: s.result, "caller-2": lambda s: s.result}
+    got, _, _ = _together(pipe, _sessions(pipe, cases, configs, METHODS[:3]), lambda s: readers[threading.current_thread().name](s))
+    assert [ev.token_id for ev in got[0]] == alone[0].token_ids[: len(got[0])]
+    assert got[1].token_ids == alone[1].token_ids and got[2].token_ids == alone[2].token_ids
+    loop = direct_loop(pipe)
+    assert loop.core is None and not loop.outputs_by_id  # the closed one left; nothing is kept for it
+
+
+def test_an_interrupted_turn_fails_the_other_callers_with_a_clear_error_and_the_loop_serves_on(pipe):
+    cases = [make_case(7300 + i) for i in range(2)]
+    configs = [AsymSpecConfig(k=3, max_new_tokens=20)] * 2
+    alone = pipe.run(_sessions(pipe, cases[:1], configs, ("asymspec",))[0]).result
+    loop = direct_loop(pipe)
+    forwards = []
+
+    def interrupt(*_):
+        forwards.append(threading.current_thread().name)
+        if len(forwards) == 3:  # a forward of the second turn, on whichever caller drives it
+            raise KeyboardInterrupt
+
+    hook = pipe.verifier.register_forward_pre_hook(interrupt)
+    outcome: dict[str, BaseException] = {}
+
+    def ask(i: int, session) -> None:
+        try:
+            _ = pipe.run(session).result
+        except BaseException as exc:  # noqa: BLE001 - what each caller got
+            outcome[f"caller-{i}"] = exc
+
+    sessions = _sessions(pipe, cases, configs, ("asymspec", "floor"))
+    threads = [threading.Thread(target=ask, args=(i, s), name=f"caller-{i}") for i, s in enumerate(sessions)]
+    try:
+        with pipe.models_lock:
+            for t in threads:
+                t.start()
+            _in_core(loop, 2)
+        for t in threads:
+            t.join(120)
+    finally:
+        hook.remove()
+    driver = forwards[2]
+    other = ({"caller-0", "caller-1"} - {driver}).pop()
+    assert isinstance(outcome[driver], KeyboardInterrupt)
+    assert isinstance(outcome[other], DirectLoopError)
+    assert str(outcome[other]) == "the turn decoding this request stopped on KeyboardInterrupt on another caller's thread; retry it"
+    assert loop.core is None and loop.driver is None
+    # the next request gets a fresh core and its usual answer
+    again = pipe.run(_sessions(pipe, cases[:1], configs, ("asymspec",))[0]).result
+    assert again.token_ids == alone.token_ids
+
+
+def test_model_calls_from_other_threads_run_in_the_turns_of_a_request_decoding(pipe):
+    """While a long request decodes on one thread, ``pipe.complete`` (a row) and the steps of a session on the
+    single-row engines (``prepare``'s default: each step one model call) run in the loop's turns from two other
+    threads; each gives what it gives alone, and the completion's row shares the long request's turns."""
+    c, other = make_case(7400), make_case(7401)
+    cfg = AsymSpecConfig(k=3, max_new_tokens=64)
+    long_alone = pipe.run(_sessions(pipe, [c], [cfg], ("floor",))[0]).result
+    completion_alone = pipe.complete("Say yes.", max_new_tokens=6)
+    single_row = dict(caption=other["caption"], ocr=False, config=cfg.with_(max_new_tokens=12), ignore_eos=True)
+    single_alone = pipe.run(pipe.prepare(other["image"], other["question"], **single_row)).result
+    prepared = pipe.prepare(other["image"], other["question"], **single_row)  # its prefill a call of the loop
+    loop = direct_loop(pipe)
+    got: dict[str, object] = {}
+    calls = {
+        "long": lambda: pipe.run(_sessions(pipe, [c], [cfg], ("floor",))[0]).result,
+        "completion": lambda: pipe.complete("Say yes.", max_new_tokens=6),
+        "single-row": lambda: pipe.run(prepared).result,
+    }
+    threads = [threading.Thread(target=lambda n=n: got.__setitem__(n, calls[n]()), name=n) for n in calls]
+    seen, hooks = _threads_running([pipe.drafter, pipe.verifier])
+    loop.most_rows = 0
+    try:
+        with pipe.models_lock:  # the long request and the completion's row enter before the first turn
+            threads[0].start()
+            _in_core(loop, 1)
+            threads[1].start()
+            _in_core(loop, 2)
+            threads[2].start()
+            deadline = time.monotonic() + 60
+            while not loop.core.jobs:  # the single-row session's first step waits for a turn
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+        for t in threads:
+            t.join(120)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert got["long"].token_ids == long_alone.token_ids
+    assert got["completion"] == completion_alone
+    assert got["single-row"].token_ids == single_alone.token_ids
+    assert loop.most_rows == 2
+    assert seen and seen <= set(calls), seen
