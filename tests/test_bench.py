@@ -617,3 +617,21 @@ def test_single_call_profile_regions_name_functions_that_exist():
             path = next((root / suffix for root in roots if (root / suffix).is_file()), None)
             assert path is not None, (label, suffix)
             assert re.search(rf"^\s*(async\s+)?def {name}\(", path.read_text(encoding="utf-8"), re.M), (label, suffix, name)
+
+
+def test_direct_threads_answers_the_same_tokens_in_every_arm(capsys):
+    """``bench.direct_threads``: the shipped tiny pair answers two requests one after another, from two threads with
+    no scheduler (rows of the direct loop) and from two threads through a scheduler; every arm gives the same tokens,
+    and each arm's speed over the sequential one is printed per repetition."""
+    import json
+
+    from asymspec_mm.bench.direct_threads import main
+
+    assert main(["--requests", "2", "--callers", "2", "--tokens", "6", "--reps", "1", "--methods", "floor"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    floor = out["floor"]
+    assert floor["same_tokens"] is True
+    assert set(floor) == {"sequential", "threads", "loop", "threads_speedup", "loop_speedup", "same_tokens"}
+    assert len(floor["threads_speedup"]) == len(floor["loop_speedup"]) == 1 and floor["threads"]["median_s"] > 0
+    with pytest.raises(SystemExit, match="--callers must be at least 1 and at most --requests"):
+        main(["--requests", "2", "--callers", "3"])

@@ -71,6 +71,7 @@ MODULE_COMMANDS = (
     "asymspec_mm.bench.kv_peak",
     "asymspec_mm.bench.paged_forward",
     "asymspec_mm.bench.serving",
+    "asymspec_mm.bench.direct_threads",
 )
 
 

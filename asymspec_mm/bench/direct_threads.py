@@ -60,7 +60,15 @@ def run_arm(pipe: Any, cases: list[dict], kw: dict[str, Any], arm: str, callers:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asymspec_mm.bench.direct_threads", description=__doc__.split("\n\n")[0])
+    from asymspec_mm.frontend.help import terminal_text
+
+    doc = terminal_text(__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m asymspec_mm.bench.direct_threads",
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--callers", type=int, default=4, help="threads calling at once [default: %(default)s]")
