@@ -302,12 +302,20 @@ def tiny():
 
 
 def test_generate_warns_out_of_domain_and_answers(tiny):
+    """The answer is the library's, decoded as a row of the engine core (its stats hold a row's: ``engine_calls``,
+    ``batch_size``), with the set-up's phases told on stderr before decoding starts."""
     proc = cli("generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", "--ocr", "")
     assert proc.returncode == 0
     err = proc.stderr.decode()
     assert "warning: the tiny pair answers only MiniVista questions" in err and "not in MathVista's layout" in err
     expected = tiny.generate(CHART, "Which bar is the tallest?", ocr="").text
     assert f"answer: {expected}\n" in proc.stdout.decode()
+    phases = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[")]
+    assert phases[-3:-1] == ["captioning the image with the drafter", "prefilling the prompts"]
+    assert phases[-1].startswith("decoding (method=asymspec")
+    proc = cli("generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", "--ocr", "", "--json", "-q")
+    data = json.loads(proc.stdout.decode())
+    assert data["text"] == expected and data["stats"]["batch_size"] == 1 and data["stats"]["engine_calls"] > 0
 
 
 def test_provenance_names_each_steered_token_and_the_gate(tiny):

@@ -143,7 +143,8 @@ def answer_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
         ocr = args.ocr
     # without an image the question is the one-turn conversation (all a text-only pair answers), compressed if asked
     extra: dict[str, Any] = {"compression": compression} if compression is not None else {}
-    session = pipe.prepare(
+    # set up here (its phases told to the progress lines), decoded on the engine core as the first read asks
+    stream = pipe.stream(
         image,
         question,
         caption=args.caption,
@@ -155,7 +156,7 @@ def answer_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
         **extra,
     )
     progress(f"decoding ({config_line(args.method, cfg)})")
-    return pipe, pipe.run(session).result
+    return pipe, stream.result
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:

@@ -112,6 +112,9 @@ def add_request(loop: Scheduler, request: Any) -> Handle | None:
 
 #: Options of the single-row set-up a request in the loop cannot take: calls with them keep the direct path.
 LOOP_OPTIONS = frozenset({"engines", "on_phase", "prefill"})
+#: Options of the single-row set-up a request on the direct path cannot take (its set-up runs on the caller's
+#: thread, so ``on_phase`` is told of its phases there).
+DIRECT_OPTIONS = frozenset({"engines", "prefill"})
 
 
 def loop_handle(pipe: Any, kwargs: dict[str, Any], **fields: Any) -> Handle | None:

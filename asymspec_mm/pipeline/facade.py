@@ -21,7 +21,7 @@ from captioning.view import CompressedView
 from ..base.config import AsymSpecConfig
 from ..base.locks import FairRLock
 from ..core.direct import on_core, session_steps
-from ..core.loop_client import LOOP_OPTIONS, attach, direct_loop, handle_stream, loop_handle, loop_scope, model_call, serving_loop
+from ..core.loop_client import DIRECT_OPTIONS, attach, direct_loop, handle_stream, loop_handle, loop_scope, model_call, serving_loop
 from ..decode import Counters, TokenEvent, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
@@ -291,20 +291,23 @@ class AsymSpecPipeline(PipelineLoading):
         return self._direct(kwargs, image=image, question=question) or self.run(self.prepare(image, question, **kwargs))
 
     def _direct(self, kwargs: dict[str, Any], **fields: Any) -> GenerationStream | None:
-        """The request ``fields`` + ``kwargs`` set up and decoded on the engine core on this thread (the route a
-        request takes in the loop: :mod:`asymspec_mm.core.direct`), or ``None`` where it keeps the single-row
-        engines: the single-row set-up's options (``engines=``, ``on_phase=``, ``prefill=``), or a stream served by
-        something other than transformers or vLLM (:func:`~asymspec_mm.core.direct.on_core`)."""
-        if not LOOP_OPTIONS.isdisjoint(kwargs):
+        """The request ``fields`` + ``kwargs`` set up here and decoded as a row of the pipeline's direct loop (the
+        route a request takes in the loop: :mod:`asymspec_mm.core.direct`), or ``None`` where it keeps the
+        single-row engines: the single-row set-up's options (``engines=``, ``prefill=``), or a stream served by
+        something other than transformers or vLLM (:func:`~asymspec_mm.core.direct.on_core`). ``on_phase`` is told
+        of the set-up's phases, as :meth:`set_up` tells them (the prompts' prefill then runs in the core's first
+        turn)."""
+        if not DIRECT_OPTIONS.isdisjoint(kwargs):
             return None
         opts = dict(kwargs)
+        on_phase = opts.pop("on_phase", None)
         request = request_of(opts.pop("config", None), **fields, **opts).checked()
         if not on_core(self, request.method):
             return None
         if serving_loop(self) is not None:  # a loop started meanwhile: it runs the set-up's model calls
-            return self.run(self.set_up(request, prefill=False))
+            return self.run(self.set_up(request, prefill=False, on_phase=on_phase))
         with using_loop(direct_loop(self)):  # the caption a row, the tower a call, of the pipeline's direct loop
-            session = self.preparer.set_up(request, prefill=False)
+            session = self.preparer.set_up(request, prefill=False, on_phase=on_phase)
         # on the core even when nothing is left to prefill (every stream served by vLLM, prefilled at set-up)
         steps, done = session_steps(self, session)
         return GenerationStream(steps, lambda: done[0])
