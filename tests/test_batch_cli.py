@@ -93,21 +93,30 @@ def shared_pipe(monkeypatch, pipe):
 
 @pytest.fixture(scope="module")
 def full_run(vista, pipe, tmp_path_factory):
-    """One uninterrupted run over the N problems (with traces): (output path, records, stderr)."""
+    """One uninterrupted run over the N problems (with traces): (output path, records, stderr), and the names of the
+    threads that ran the models' forwards (read with forward hooks)."""
+    from test_loop_setup import _threads_running
+
     root, _ = vista
     out = tmp_path_factory.mktemp("full") / "answers.jsonl"
     mp = pytest.MonkeyPatch()
     mp.setattr(batch_cli, "load_batch_pipeline", lambda args, preset_name: pipe)
+    seen, hooks = _threads_running([pipe.drafter, pipe.verifier])
     try:
         rc, err = run_cli(batch_args(root / "questions.jsonl", out, "--batch-size", 4, "--trace"))
     finally:
         mp.undo()
+        for h in hooks:
+            h.remove()
     assert rc == 0, err
-    return out, read_jsonl(out), err
+    return out, read_jsonl(out), err, seen
 
 
 def test_end_to_end_each_answer_equals_generate_alone(full_run, refs):
-    out, records, err = full_run
+    """Every answer equals ``pipe.generate`` alone, decoded by an engine loop (every forward on its decode thread:
+    the requests' set-up on its set-up threads, captions as its rows)."""
+    out, records, err, seen = full_run
+    assert seen == {"asymspec-scheduler"}, seen
     assert sorted(r["id"] for r in records) == sorted(refs)
     for rec in records:
         ref = refs[rec["id"]]
@@ -136,7 +145,7 @@ def test_end_to_end_each_answer_equals_generate_alone(full_run, refs):
 def test_the_progress_bar_shows_pooled_acceptance(full_run):
     """The bar's acceptance is accepted over drafted tokens summed over the answers (eval's measure), not the mean of
     the per-answer rates, which would give a short answer's few drafts the weight of a long one's many."""
-    _, records, err = full_run
+    _, records, err, _ = full_run
     drafted = sum(r["stats"]["drafted"] for r in records)
     accepted = sum(r["stats"]["accepted"] for r in records)
     rates = [r["stats"]["accepted"] / r["stats"]["drafted"] for r in records if r["stats"]["drafted"]]
@@ -210,7 +219,7 @@ def test_killed_mid_run_then_resumed_without_duplicates(vista, full_run, tmp_pat
     assert after[: len(before)] == before  # the killed run's lines are kept as they were
     ids = [r["id"] for r in after]
     assert len(ids) == len(set(ids)) == N
-    _, uninterrupted, _ = full_run
+    _, uninterrupted, _, _ = full_run
     expect = {r["id"]: (r["answer"], [ev["token_id"] for ev in r["trace"]]) for r in uninterrupted}
     assert {r["id"]: (r["answer"], [ev["token_id"] for ev in r["trace"]]) for r in after} == expect
 
@@ -221,7 +230,7 @@ def test_killed_mid_run_then_resumed_without_duplicates(vista, full_run, tmp_pat
 
 def test_resume_repairs_a_partial_last_line(vista, full_run, tmp_path, shared_pipe):
     root, _ = vista
-    src, records, _ = full_run
+    src, records, _, _ = full_run
     out = tmp_path / "answers.jsonl"
     lines = src.read_bytes().splitlines(keepends=True)
     out.write_bytes(b"".join(lines[:3]) + lines[3][: len(lines[3]) // 2])  # a write cut short
@@ -236,7 +245,7 @@ def test_resume_repairs_a_partial_last_line(vista, full_run, tmp_path, shared_pi
 
 def test_resume_with_changed_config_is_refused_naming_the_key(vista, full_run, tmp_path, monkeypatch):
     root, _ = vista
-    src, _, _ = full_run
+    src, _, _, _ = full_run
     out = tmp_path / "answers.jsonl"
     shutil.copy(src, out)
     shutil.copy(src.parent / "answers.jsonl.meta.json", tmp_path / "answers.jsonl.meta.json")
@@ -436,7 +445,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(vista, full_run, tmp_path, 
     )
     rc, err = run_cli([*argv, "--resume"])  # what the line says
     assert rc == 0 and f"{N - len(kept)} answered, {len(kept)} already answered" in err, err
-    _, uninterrupted, _ = full_run
+    _, uninterrupted, _, _ = full_run
     assert {r["id"]: r["answer"] for r in read_jsonl(out)} == {r["id"]: r["answer"] for r in uninterrupted}
 
 

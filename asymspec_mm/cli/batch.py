@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import queue
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +156,57 @@ def load_batch_pipeline(args: argparse.Namespace, preset_name: str | None):
     return pipeline_from_args(ns)
 
 
+def answer_all(
+    pipe: Any,
+    todo: list[Any],
+    args: argparse.Namespace,
+    cfg: Any,
+    answered: Callable[[Any, Any], None],
+    failed: Callable[[Any, BaseException, str], None],
+) -> None:
+    """Answer every item of ``todo`` through an engine loop of ``--batch-size`` rows (``pipe.scheduler``: set-up on
+    its threads ahead of the rows, prompts chunked into the decode forwards, a finished row's place to the next
+    request at once), telling ``answered(item, result)`` or ``failed(item, error, stage)`` (``prepare`` when its
+    set-up failed, ``decode`` after) in the order requests finish. At most twice ``--batch-size`` requests are in
+    the loop at once, so a large file's images are read as rows free up. Stopping (Ctrl-C, ``--on-error raise``)
+    cancels the requests in the loop."""
+    from ..core.request_state import RequestStatus
+
+    ended: queue.Queue = queue.Queue()
+    upcoming = iter(todo)
+    in_loop: dict[Any, Any] = {}  # handle -> item
+    kw = {"method": args.method, "config": cfg, "domain_advice": DOMAIN_ADVICE}
+    sched = pipe.scheduler(max_batch_size=args.batch_size)
+
+    def submit() -> None:
+        while len(in_loop) < 2 * args.batch_size and (item := next(upcoming, None)) is not None:
+            image = str(item.image) if item.image is not None else None
+            try:
+                handle = sched.submit(image, item.question, caption=item.caption, ocr=item.ocr, **kw)
+            except (ValueError, OSError) as exc:  # refused before its set-up (an option out of range)
+                failed(item, exc, "prepare")
+                continue
+            in_loop[handle] = item
+            handle.listen(lambda kind, value, h=handle: kind == "events" or ended.put((h, kind, value)))
+
+    try:
+        submit()
+        while in_loop:
+            handle, kind, value = ended.get()
+            item = in_loop.pop(handle)
+            if kind == "result":
+                answered(item, value)
+            else:
+                failed(item, value, "decode" if RequestStatus.READY in handle.times else "prepare")
+            submit()
+    finally:
+        for handle in in_loop:
+            handle.cancel()
+        sched.close()
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
     """Answer every line of ``--input``; 0 when all were answered, 1 when some failed."""
-    from ..core.decoder import BatchDecoder
-
     inp, output = Path(args.input), Path(args.output)
     if args.batch_size < 1:
         raise AsymSpecError(f"--batch-size {args.batch_size}: must be >= 1")
@@ -220,45 +268,22 @@ def cmd_batch(args: argparse.Namespace) -> int:
             pipe = load_batch_pipeline(args, preset_name)
             progress = _Progress(len(todo), not args.no_progress)
             text_of = TokenTexts(pipe.tokenizer) if args.trace else None
-            decoder = BatchDecoder(pipe)
-            upcoming = iter(enumerate(todo))
             drafted = accepted = 0  # summed over the answers: the bar shows pooled acceptance, as eval reports
 
-            def refill() -> None:
-                while len(decoder.rows) < args.batch_size:
-                    nxt = next(upcoming, None)
-                    if nxt is None:
-                        return
-                    rid, item = nxt
-                    try:
-                        session = pipe.prepare(
-                            str(item.image) if item.image is not None else None,
-                            item.question,
-                            caption=item.caption,
-                            ocr=item.ocr,
-                            method=args.method,
-                            config=cfg,
-                            domain_advice=DOMAIN_ADVICE,
-                        )
-                    except (ValueError, OSError) as exc:  # AsymSpecError is a ValueError: bad image, context overflow, no OCR
-                        fail(LineError(item.line, item.id, str(exc) or type(exc).__name__, stage="prepare"))
-                        progress.update(f"failed={failed}")
-                        continue
-                    decoder.add(rid, session)
+            def answered_one(item: Any, res: Any) -> None:
+                nonlocal answered, drafted, accepted
+                answers.write(answer_record(item, res, text_of))
+                answered += 1
+                drafted += int(res.stats.get("drafted") or 0)
+                accepted += int(res.stats.get("accepted") or 0)
+                postfix = f"accept (pooled)={accepted / drafted:.2f}" if drafted else ""
+                progress.update(f"{postfix} failed={failed}".strip())
 
-            refill()
-            while decoder.rows:
-                for row, _ in decoder.step():
-                    res = row.result
-                    if res is None:
-                        continue
-                    answers.write(answer_record(todo[row.id], res, text_of))
-                    answered += 1
-                    drafted += int(res.stats.get("drafted") or 0)
-                    accepted += int(res.stats.get("accepted") or 0)
-                    postfix = f"accept (pooled)={accepted / drafted:.2f}" if drafted else ""
-                    progress.update(f"{postfix} failed={failed}".strip())
-                refill()
+            def failed_one(item: Any, exc: BaseException, stage: str) -> None:
+                fail(LineError(item.line, item.id, str(exc) or type(exc).__name__, stage=stage))
+                progress.update(f"failed={failed}")
+
+            answer_all(pipe, todo, args, cfg, answered_one, failed_one)
     except KeyboardInterrupt:  # Ctrl-C: every finished row is already durable, so say how to go on
         interrupted = True
     finally:
