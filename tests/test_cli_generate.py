@@ -313,7 +313,9 @@ def test_generate_warns_out_of_domain_and_answers(tiny):
     phases = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[")]
     assert phases[-3:-1] == ["captioning the image with the drafter", "prefilling the prompts"]
     assert phases[-1].startswith("decoding (method=asymspec")
-    proc = cli("generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", "--ocr", "", "--json", "-q")
+    proc = cli(
+        "generate", "--image", str(CHART), "--question", "Which bar is the tallest?", "--preset", "tiny", "--ocr", "", "--json", "-q"
+    )
     data = json.loads(proc.stdout.decode())
     assert data["text"] == expected and data["stats"]["batch_size"] == 1 and data["stats"]["engine_calls"] > 0
 

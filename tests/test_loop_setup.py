@@ -82,9 +82,10 @@ def test_a_token_request_through_using_loop_equals_the_caption_written_here(tiny
 
 
 def test_the_direct_paths_caption_is_a_row_of_an_engine_core_equal_to_the_one_written_here(tiny_pipe, monkeypatch):
-    """With no loop running, ``pipe.generate``'s automatic caption takes the route of its request: a token request
-    decoded alone on an engine core (``core.direct.DirectCalls``), never the captioner's single-row engine, and it
-    is the caption that engine writes."""
+    """With no loop running, the automatic caption of ``pipe.generate`` (and of ``pipe.prepare``, the single-row
+    set-up) takes the route of its request: a token request, a row of the pipeline's direct loop, never the
+    captioner's single-row engine, and it is the caption that engine writes."""
+    from asymspec_mm.core.loop_client import direct_loop
     from asymspec_mm.request.captioner import DrafterCaptioner
 
     case = make_case(1401)
@@ -96,6 +97,12 @@ def test_the_direct_paths_caption_is_a_row_of_an_engine_core_equal_to_the_one_wr
         raise AssertionError("the direct path wrote its caption on the captioner's single-row engine")
 
     monkeypatch.setattr(DrafterCaptioner, "_here", single_row)
+    loop = direct_loop(tiny_pipe)
+    captions = loop.added["caption"]
     res = tiny_pipe.generate(case["image"], case["question"], caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4))
     assert res.view.caption == here and here
+    tiny_pipe.captioner.cache.clear()
+    session = tiny_pipe.prepare(case["image"], case["question"], caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4))
+    assert session.view.caption == here
+    assert loop.added["caption"] == captions + 2  # each a row of the direct loop
     tiny_pipe.captioner.cache.clear()
