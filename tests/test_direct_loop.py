@@ -206,3 +206,37 @@ def test_model_calls_from_other_threads_run_in_the_turns_of_a_request_decoding(p
     assert got["single-row"].token_ids == single_alone.token_ids
     assert loop.most_rows == 2
     assert seen and seen <= set(calls), seen
+
+
+def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over(pipe):
+    """Two direct requests in the core, then a scheduler starts: the turn already waiting runs where it was, every
+    later one is a model call of the scheduler's loop (on its decode thread), and both answers equal alone."""
+    cases = [make_case(7500 + i) for i in range(2)]
+    configs = [AsymSpecConfig(k=3, max_new_tokens=24)] * 2
+    alone = [pipe.run(s).result for s in _sessions(pipe, cases, configs, ("asymspec", "floor"))]
+    loop = direct_loop(pipe)
+    got: dict[int, object] = {}
+    sessions = _sessions(pipe, cases, configs, ("asymspec", "floor"))
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, pipe.run(sessions[i]).result), name=f"caller-{i}") for i in range(2)]
+    seen, hooks = _threads_running([pipe.drafter, pipe.verifier])
+    sched = None
+    try:
+        with pipe.models_lock:  # both requests enter the direct core; its first turn waits here, then the loop starts
+            for t in threads:
+                t.start()
+            _in_core(loop, 2)
+            deadline = time.monotonic() + 60
+            while loop.driver is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            sched = pipe.scheduler(max_batch_size=2)
+        for t in threads:
+            t.join(120)
+    finally:
+        for h in hooks:
+            h.remove()
+        if sched is not None:
+            sched.close()
+    assert [got[0].token_ids, got[1].token_ids] == [a.token_ids for a in alone]
+    assert "asymspec-scheduler" in seen and len(seen) == 2, seen  # the first turn's driver, then the loop
+    assert loop.core is None

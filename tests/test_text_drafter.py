@@ -131,7 +131,7 @@ def test_a_cross_family_text_pair_decodes_through_the_vocabulary_map():
 def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe):
     """``summary`` with ``summarizer="verifier"`` (or ``"drafter"``): the pipeline's own model writes each older
     message's summary, a row of the engine loop that sets the request up (the pipeline's direct loop, a scheduler's
-    loop) or, set up outside any loop (``pipe.prepare``), on its single-row engines; each text equals that model's
+    loop) or, set up outside any loop (the preparer called alone), on its single-row engines; each text equals that model's
     greedy answer to the summary prompt, decoded here without the pipeline's engines (a full forward per token)."""
     import torch
 
@@ -166,9 +166,13 @@ def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe
             res = sched.submit_chat(history, **kw).result(timeout=120)
         assert res.stats["compressed_view"][0]["text"] == want_text
         COMPRESSED.clear()
-        res = tiny_pipe.run(tiny_pipe.set_up(request_of(None, messages=history, **kw))).result  # no loop: single-row
-        assert res.stats["compressed_view"][0]["text"] == want_text
-        assert loop.added["summary"] == summaries + written
+        session = tiny_pipe.set_up(request_of(None, messages=history, **kw))  # pipe.set_up: the direct loop's rows too
+        assert tiny_pipe.run(session).result.stats["compressed_view"][0]["text"] == want_text
+        assert loop.added["summary"] == summaries + 2 * written
+        COMPRESSED.clear()
+        session = tiny_pipe.preparer.set_up(request_of(None, messages=history, **kw))  # outside any loop: single-row
+        assert tiny_pipe.run(session).result.stats["compressed_view"][0]["text"] == want_text
+        assert loop.added["summary"] == summaries + 2 * written
     with pytest.raises(UnknownOptionError, match="summarizer='gpt' must be a model the pipeline holds") as err:
         Compression.of({"method": "summary", "summarizer": "gpt"})
     assert err.value.param == "compression.summarizer"
