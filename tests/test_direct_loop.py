@@ -240,3 +240,33 @@ def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over
     assert [got[0].token_ids, got[1].token_ids] == [a.token_ids for a in alone]
     assert "asymspec-scheduler" in seen and len(seen) == 2, seen  # the first turn's driver, then the loop
     assert loop.core is None
+
+
+def test_a_call_from_the_schedulers_own_thread_runs_at_once_beside_direct_turns_it_runs(pipe):
+    """An ``on_step`` callback (the scheduler's decode thread) asks for a compressed view with an automatic caption
+    while a direct request's turns are model calls of that loop: the caption is written at once on that thread (it
+    runs every turn; waiting for a direct turn would wait for itself), and the direct answer equals alone."""
+    c, other = make_case(7600), make_case(7601)
+    cfg = AsymSpecConfig(k=3, max_new_tokens=40)
+    alone = pipe.run(_sessions(pipe, [c], [cfg], ("floor",))[0]).result
+    pipe.captioner.cache.clear()
+    here = pipe.captioner.caption(other["image"])
+    pipe.captioner.cache.clear()
+    views: list = []
+    got: dict[str, object] = {}
+
+    def on_step(*_):
+        if not views and direct_loop(pipe).core is not None:  # a direct request is in flight
+            views.append(pipe.compressed_view(other["image"], ocr=False))
+
+    session = _sessions(pipe, [c], [cfg], ("floor",))[0]
+    with pipe.scheduler(max_batch_size=2, on_step=on_step) as sched:
+        t = threading.Thread(target=lambda: got.__setitem__("direct", pipe.run(session).result), name="direct")
+        t.start()
+        _in_core(direct_loop(pipe), 1)
+        sched.submit(c["image"], c["question"], caption=c["caption"], ocr=False, config=cfg, ignore_eos=True).result(timeout=120)
+        t.join(120)
+    assert not t.is_alive()
+    assert got["direct"].token_ids == alone.token_ids
+    assert [v.caption for v in views] == [here]
+    pipe.captioner.cache.clear()

@@ -131,8 +131,9 @@ def loop_handle(pipe: Any, kwargs: dict[str, Any], **fields: Any) -> Handle | No
 def loop_scope(pipe: Any) -> AbstractContextManager:
     """Within it, set-up model calls (caption, tower, prefills) go to the loop serving ``pipe``: a running
     scheduler's, else the pipeline's direct loop (a caption a row of it, every other call a job of its turns). Inside
-    a set-up a loop already serves, that loop keeps serving."""
-    if current_loop() is not None:
+    a set-up a loop already serves, that loop keeps serving; on a loop's own decode thread (a callback) the calls run
+    at once, as that thread runs every turn (a turn of the direct loop may be waiting for it)."""
+    if current_loop() is not None or _on_decode_thread(pipe):
         return nullcontext()
     loop = serving_loop(pipe)
     return using_loop(loop if loop is not None else direct_loop(pipe))
