@@ -243,21 +243,25 @@ def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over
 
 
 def test_a_call_from_the_schedulers_own_thread_runs_at_once_beside_direct_turns_it_runs(pipe):
-    """An ``on_step`` callback (the scheduler's decode thread) asks for a compressed view with an automatic caption
-    while a direct request's turns are model calls of that loop: the caption is written at once on that thread (it
-    runs every turn; waiting for a direct turn would wait for itself), and the direct answer equals alone."""
+    """An ``on_step`` callback (the scheduler's decode thread) asks for a compressed view with an automatic caption,
+    then for an answer, while a direct request's turns are model calls of that loop: both run at once on that thread
+    (it runs every turn; waiting for the direct request's turn would wait for itself), the answer a row of the direct
+    loop, and each equals what it is alone."""
     c, other = make_case(7600), make_case(7601)
     cfg = AsymSpecConfig(k=3, max_new_tokens=40)
     alone = pipe.run(_sessions(pipe, [c], [cfg], ("floor",))[0]).result
     pipe.captioner.cache.clear()
     here = pipe.captioner.caption(other["image"])
     pipe.captioner.cache.clear()
+    kw = dict(caption=other["caption"], ocr=False, config=cfg.with_(max_new_tokens=8), method="asymspec")
+    answer_alone = pipe.generate(other["image"], other["question"], **kw)
     views: list = []
     got: dict[str, object] = {}
 
     def on_step(*_):
         if not views and direct_loop(pipe).core is not None:  # a direct request is in flight
             views.append(pipe.compressed_view(other["image"], ocr=False))
+            got["on_step"] = pipe.generate(other["image"], other["question"], **kw)
 
     session = _sessions(pipe, [c], [cfg], ("floor",))[0]
     with pipe.scheduler(max_batch_size=2, on_step=on_step) as sched:
@@ -269,4 +273,5 @@ def test_a_call_from_the_schedulers_own_thread_runs_at_once_beside_direct_turns_
     assert not t.is_alive()
     assert got["direct"].token_ids == alone.token_ids
     assert [v.caption for v in views] == [here]
+    assert got["on_step"].token_ids == answer_alone.token_ids
     pipe.captioner.cache.clear()

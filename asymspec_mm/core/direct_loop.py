@@ -69,7 +69,8 @@ class DirectLoop:
     any other model call (a :class:`~asymspec_mm.engines.model_calls.ModelLoop`).
 
     ``make_core(pipe)`` builds the core when a request or call arrives and none is live; ``serving(pipe)`` is the
-    scheduler's loop that serves the pipeline's calls now, or ``None``. The loop holds its pipeline weakly (the
+    scheduler's loop that serves the pipeline's calls now, or ``None``; ``runs_every_turn(pipe)``: whether the
+    calling thread is a scheduler's decode thread of the pipeline. The loop holds its pipeline weakly (the
     registry is keyed by it); a live core holds it."""
 
     def __init__(
@@ -77,8 +78,9 @@ class DirectLoop:
         pipe: ServingPipeline,
         make_core: Callable[[ServingPipeline], EngineCore],
         serving: Callable[[ServingPipeline], ModelLoop | None],
+        runs_every_turn: Callable[[ServingPipeline], bool] = lambda pipe: False,
     ):
-        self._pipe, self.make_core, self.serving = weakref.ref(pipe), make_core, serving
+        self._pipe, self.make_core, self.serving, self.runs_every_turn = weakref.ref(pipe), make_core, serving, runs_every_turn
         self.cond = threading.Condition()  # the driver, the outputs and the core's life (the core's own table: core.cond)
         self.ids = itertools.count()  # request ids across the cores it makes
         self.core: EngineCore | None = None
@@ -173,18 +175,23 @@ class DirectLoop:
 
     # ---------------------------------------------------------------- the turns
     def _drive(self, ready: Callable[[], bool]) -> None:
-        """Run turns on this thread until ``ready()``, waiting instead while another caller runs one."""
+        """Run turns on this thread until ``ready()``, waiting instead while another caller runs one. On a
+        scheduler's decode thread (a callback of its steps calling the pipeline) it never waits: that thread runs
+        every turn, the driving caller's too (its turn waits in that loop's line), so its own run here at once, one
+        after another on the one thread."""
         me = threading.get_ident()
+        at_once = self.runs_every_turn(self.pipe)
         while True:
             with self.cond:
-                while not ready() and self.driver is not None:
+                while not ready() and self.driver is not None and not at_once:
                     self.cond.wait()
                 if ready():
                     return
                 core = self.core
                 if core is None:  # pragma: no cover - a request or call waiting keeps its core live
                     raise AssertionError("a direct loop waits for a turn with no core")
-                self.driver = me
+                if not at_once:
+                    self.driver = me
             outs: list[EngineOutput] = []
             try:
                 outs = self._turn(core)
@@ -193,7 +200,8 @@ class DirectLoop:
                 raise
             finally:
                 with self.cond:
-                    self.driver = None
+                    if not at_once:
+                        self.driver = None
                     for out in outs:
                         queue = self.outputs_by_id.get(out.rid)
                         if queue is not None:

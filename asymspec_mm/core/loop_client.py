@@ -93,7 +93,7 @@ def direct_loop(pipe: Any) -> DirectLoop:
     with _GUARD:
         loop = _DIRECT.get(pipe)
         if loop is None:
-            loop = _DIRECT[pipe] = DirectLoop(pipe, lambda p: direct_core(p, max_batch_size=DIRECT_ROWS), serving_loop)
+            loop = _DIRECT[pipe] = DirectLoop(pipe, lambda p: direct_core(p, max_batch_size=DIRECT_ROWS), serving_loop, _on_decode_thread)
         return loop
 
 
