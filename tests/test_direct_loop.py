@@ -275,3 +275,87 @@ def test_a_call_from_the_schedulers_own_thread_runs_at_once_beside_direct_turns_
     assert [v.caption for v in views] == [here]
     assert got["on_step"].token_ids == answer_alone.token_ids
     pipe.captioner.cache.clear()
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise KeyboardInterrupt in ``thread`` (at its next Python instruction: a ^C delivered to that thread)."""
+    import ctypes
+
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+    assert done == 1
+
+
+def _calling(target, name: str, outcome: dict) -> threading.Thread:
+    def go() -> None:
+        try:
+            outcome[name] = target()
+        except BaseException as exc:  # noqa: BLE001 - what the caller got
+            outcome[name] = exc
+
+    return threading.Thread(target=go, name=name)
+
+
+def test_a_caller_interrupted_while_it_waits_leaves_nothing_behind(pipe):
+    """A caller waiting for another caller's turn is interrupted; the driver's own request (a one-token completion)
+    ends in that turn and nobody drives again: the interrupted request is cancelled and the core goes with its KV
+    (it used to stay, holding the pipeline)."""
+    c = make_case(7700)
+    loop = direct_loop(pipe)
+    completion_alone = pipe.complete("Say yes.", max_new_tokens=1)
+    session = _sessions(pipe, [c], [AsymSpecConfig(k=3, max_new_tokens=40)], ("floor",))[0]
+    outcome: dict[str, object] = {}
+    driver = _calling(lambda: pipe.complete("Say yes.", max_new_tokens=1), "driver", outcome)
+    waiter = _calling(lambda: pipe.run(session).result, "waiter", outcome)
+    with pipe.models_lock:
+        driver.start()
+        _in_core(loop, 1)
+        deadline = time.monotonic() + 60
+        while loop.driver is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        waiter.start()
+        _in_core(loop, 2)
+        _interrupt(waiter)  # it waits on the loop's condition: the interrupt lands when the turn wakes it
+    driver.join(60)
+    waiter.join(60)
+    assert outcome["driver"] == completion_alone
+    assert isinstance(outcome["waiter"], KeyboardInterrupt)
+    assert loop.core is None and not loop.outputs_by_id and loop.driver is None
+
+
+def test_an_interrupt_during_another_callers_model_call_stays_with_the_driver(pipe):
+    """The driving thread is interrupted while it runs another caller's model call in its turn: the interrupt is
+    the driver's (raised there), the other caller's call fails with a clear error instead of receiving it."""
+    c = make_case(7800)
+    loop = direct_loop(pipe)
+    session = _sessions(pipe, [c], [AsymSpecConfig(k=3, max_new_tokens=40)], ("floor",))[0]
+    outcome: dict[str, object] = {}
+    started = threading.Event()
+
+    def slow_call() -> str:
+        started.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # Python instructions: where an interrupt lands
+            time.sleep(0.001)
+        return "not interrupted"
+
+    driver = _calling(lambda: pipe.run(session).result, "driver", outcome)
+    caller = _calling(lambda: loop.run(slow_call), "caller", outcome)
+    with pipe.models_lock:
+        driver.start()
+        _in_core(loop, 1)
+        deadline = time.monotonic() + 60
+        while loop.driver is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        caller.start()
+        while not loop.core.jobs:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    assert started.wait(60)
+    _interrupt(driver)
+    driver.join(60)
+    caller.join(60)
+    assert isinstance(outcome["driver"], KeyboardInterrupt)
+    assert str(outcome["caller"]) == "the turn running this model call stopped on KeyboardInterrupt; retry it"
+    assert loop.core is None and loop.driver is None

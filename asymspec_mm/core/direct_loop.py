@@ -12,12 +12,16 @@ to caller). A single caller drives every turn of its own request, with no thread
 core stepped on the caller's thread (BENCHMARKS.md).
 
 The core lives while it has work: when a turn leaves it empty it goes, with its KV storages, and the next request
-starts a fresh one. A scheduler started meanwhile takes the turns over: a turn that begins once it runs is one of its
-model calls (:meth:`~.loop_calls.LoopCalls.run`), between two of its steps.
+starts a fresh one. A scheduler started meanwhile takes the turns over: a turn that begins once it serves the
+pipeline's calls is one of its model calls (:meth:`~.loop_calls.LoopCalls.run`), between two of its steps (a turn
+driven from within a set-up runs on its caller's thread, under the models' lock that orders it against the
+scheduler's). Each turn's outputs reach their queues as the turn ends, on whichever thread ran it, so a request's
+steps arrive in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import threading
@@ -48,7 +52,8 @@ DIRECT_TOKEN_BUDGET = 1 << 30
 
 
 class DirectLoopError(AsymSpecError):
-    """The turn that was decoding this request stopped on another caller's thread (that caller was interrupted)."""
+    """A direct request or call cannot go on: the turn decoding it stopped on an interrupt of another caller's
+    thread, or it was made from within a turn and would wait for itself."""
 
 
 class DirectHandle:
@@ -84,7 +89,8 @@ class DirectLoop:
         self.cond = threading.Condition()  # the driver, the outputs and the core's life (the core's own table: core.cond)
         self.ids = itertools.count()  # request ids across the cores it makes
         self.core: EngineCore | None = None
-        self.driver: int | None = None  # the thread running a turn, if any
+        self.driver: int | None = None  # the caller driving a turn (here or as a scheduler's model call), if any
+        self.stepping: int | None = None  # the thread running a step or a call of this loop now, if any
         self.outputs_by_id: dict[int, deque[EngineOutput]] = {}  # each live request's outputs not taken yet
         self.turns = 0  # turns run (for statistics and tests)
         self.most_rows = 0  # the most rows one turn stepped
@@ -136,22 +142,48 @@ class DirectLoop:
 
     def run(self, fn: Callable[[], T]) -> T:
         """``fn`` (one model call) in a turn, between two steps of the requests in the core; at once on the thread
-        running a turn (a call made from within it)."""
-        if self.driver == threading.get_ident():
+        running a turn (a call made from within it). With nothing in flight the call is the turn itself (no core is
+        built for it)."""
+        me = threading.get_ident()
+        if self.stepping == me:
             return fn()
+        with self.cond:
+            alone = self.core is None and self.driver is None and not self.runs_every_turn(self.pipe)
+            if alone:
+                self.driver = me
+        if alone:
+            try:
+                loop = self.serving(self.pipe)
+                if loop is not None:
+                    return loop.run(lambda: self._as_turn(fn))
+                with self.pipe.models_lock:
+                    return self._as_turn(fn)
+            finally:
+                with self.cond:
+                    self.driver = None
+                    self.cond.notify_all()
         future: Future = Future()
         context = contextvars.copy_context()  # the call counts as the caller's (its vision statistics)
+        job = (lambda: context.run(fn), future)
         with self.cond:
             core = self._live_core()
             with core.cond:
-                core.jobs.append((lambda: context.run(fn), future))
-        self._drive(future.done)
+                core.jobs.append(job)
+        try:
+            self._drive(future.done)
+        except BaseException:  # interrupted while it waited: the call is not made, and nothing keeps the core
+            with self.cond:
+                with core.cond, contextlib.suppress(ValueError):
+                    core.jobs.remove(job)
+                self._settle()
+            raise
         return future.result()
 
     # ---------------------------------------------------------------- outputs out
     def outputs(self, handle: DirectHandle) -> Iterator[EngineOutput]:
         """``handle``'s outputs in order, up to its end (an answer or an error), driving the turns that make them.
-        Closing it early cancels the request: it leaves at the next turn."""
+        Closing it early cancels the request: it leaves at the next turn (which this drives when nobody else does);
+        interrupted while it waits, it is cancelled and nothing keeps it (the core goes when only such rows are left)."""
         queue = self.outputs_by_id[handle.id]
         ended = False
         try:
@@ -166,12 +198,13 @@ class DirectLoop:
                 handle.cancel()
                 self._drive(lambda: bool(queue) and queue[-1].finished)
             raise
-        except BaseException:  # interrupted while it waited (^C): the request leaves at the next turn anyone drives
+        except BaseException:  # interrupted while it waited (^C)
             handle.cancel()
             raise
         finally:
             with self.cond:
                 self.outputs_by_id.pop(handle.id, None)
+                self._settle()
 
     # ---------------------------------------------------------------- the turns
     def _drive(self, ready: Callable[[], bool]) -> None:
@@ -180,66 +213,109 @@ class DirectLoop:
         every turn, the driving caller's too (its turn waits in that loop's line), so its own run here at once, one
         after another on the one thread."""
         me = threading.get_ident()
+        if self.stepping == me:
+            raise DirectLoopError(
+                "a request entered the direct loop from within one of its turns and would wait for itself: "
+                "make the call outside the model call that runs in the turn"
+            )
         at_once = self.runs_every_turn(self.pipe)
         while True:
-            with self.cond:
-                while not ready() and self.driver is not None and not at_once:
-                    self.cond.wait()
-                if ready():
-                    return
-                core = self.core
-                if core is None:  # pragma: no cover - a request or call waiting keeps its core live
-                    raise AssertionError("a direct loop waits for a turn with no core")
-                if not at_once:
-                    self.driver = me
-            outs: list[EngineOutput] = []
+            took = False
             try:
-                outs = self._turn(core)
-            except BaseException as exc:
-                outs = self._fail_all(core, exc)
-                raise
+                with self.cond:
+                    while not ready() and self.driver is not None and not at_once:
+                        self.cond.wait()
+                    if ready():
+                        return
+                    core = self.core
+                    if core is None:  # pragma: no cover - a request or call waiting keeps its core live
+                        raise AssertionError("a direct loop waits for a turn with no core")
+                    if not at_once:
+                        took = True
+                        self.driver = me
+                self._turn(core)
             finally:
                 with self.cond:
-                    if not at_once:
+                    if took:
                         self.driver = None
-                    for out in outs:
-                        queue = self.outputs_by_id.get(out.rid)
-                        if queue is not None:
-                            queue.append(out)
-                    if self.core is core and not core.has_work:  # nothing left: it goes with its KV
-                        self.core = None
+                    self._settle()
                     self.cond.notify_all()
 
-    def _turn(self, core: EngineCore) -> list[EngineOutput]:
-        """One turn of ``core``: a model call of the scheduler's loop when one runs, else here."""
-        rows = len(core.decoder.rows)
+    def _turn(self, core: EngineCore) -> None:
+        """One turn of ``core``: a model call of the scheduler's loop when one serves the pipeline's calls, else
+        here under the models' lock (which orders it against a scheduler's turns: one driven from within a set-up
+        runs here even while a scheduler runs)."""
         loop = self.serving(self.pipe)
-        outs = loop.run(core.step) if loop is not None else self._here(core)
-        self.turns += 1
-        self.most_rows = max(self.most_rows, rows)
-        return outs
+        if loop is not None:
+            loop.run(lambda: self._step(core))
+            return
+        with self.pipe.models_lock:
+            self._step(core)
 
-    def _here(self, core: EngineCore) -> list[EngineOutput]:
-        with self.pipe.models_lock:  # a scheduler's loop that starts meanwhile waits for this turn
-            return core.step()
+    def _step(self, core: EngineCore) -> None:
+        """``core.step()`` on this thread, its outputs delivered to their queues at once (in the order of the turns,
+        wherever each runs); a step that stops on something other than a row's own error fails the core
+        (:meth:`_fail_all`)."""
+        rows = len(core.decoder.rows)
+        try:
+            outs = self._as_turn(core.step)
+        except BaseException as exc:
+            self._fail_all(core, exc)
+            raise
+        with self.cond:
+            self._deliver(outs)
+            self.turns += 1
+            self.most_rows = max(self.most_rows, rows)
+            self.cond.notify_all()
 
-    def _fail_all(self, core: EngineCore, exc: BaseException) -> list[EngineOutput]:
-        """A turn stopped on ``exc`` (outside the core's own per-row failures: an interrupt): the answers it made
-        stand, every other request in the core fails, its waiting calls too, and the core goes."""
-        error = DirectLoopError(f"the turn decoding this request stopped on {type(exc).__name__} on another caller's thread; retry it")
-        error.__cause__ = exc
-        outs = core.take_outputs()
-        done = {out.rid for out in outs if out.finished}
+    def _as_turn(self, fn: Callable[[], T]) -> T:
+        """``fn`` with this thread marked as the one running a turn (a model call made within it runs at once)."""
+        outer, self.stepping = self.stepping, threading.get_ident()
+        try:
+            return fn()
+        finally:
+            self.stepping = outer
+
+    def _deliver(self, outs: list[EngineOutput]) -> None:
+        """Each output to its request's queue (called with ``cond`` held; a request nobody reads any more has none)."""
+        for out in outs:
+            queue = self.outputs_by_id.get(out.rid)
+            if queue is not None:
+                queue.append(out)
+
+    def _settle(self) -> None:
+        """With no turn running, the core goes (with its KV) once nobody waits on it: no work left, or only requests
+        whose callers left (cancelled, or no longer reading) and no call waiting. Called with ``cond`` held."""
+        core = self.core
+        if core is None or self.driver is not None or self.stepping is not None:
+            return
         with core.cond:
-            states = core.table.clear()
-            jobs, core.jobs = list(core.jobs), deque()
-        for _, future in jobs:
-            future.set_exception(error)
+            orphaned = not core.jobs and all(
+                state.handle is None or state.handle.cancelled or state.rid not in self.outputs_by_id for state in core.table
+            )
+        if not core.has_work or orphaned:
+            self.core = None
+
+    def _fail_all(self, core: EngineCore, exc: BaseException) -> None:
+        """A step stopped on ``exc`` (outside the core's own per-row failures: an interrupt): the answers it made
+        stand, every other request in the core fails (with ``exc`` itself where it is an error, else with a
+        :class:`DirectLoopError` naming it), its waiting calls too, and the core goes."""
+        error: BaseException = exc
+        if not isinstance(exc, Exception):
+            error = DirectLoopError(f"the turn decoding this request stopped on {type(exc).__name__} on another caller's thread; retry it")
+            error.__cause__ = exc
         with self.cond:
             if self.core is core:
                 self.core = None
-        mine = exc if isinstance(exc, Exception) else error
-        return outs + [EngineOutput(s.rid, s.handle, error=mine) for s in states if s.rid not in done]
+            with core.cond:
+                states = core.table.clear()
+                jobs, core.jobs = list(core.jobs), deque()
+            outs = core.take_outputs()
+            done = {out.rid for out in outs if out.finished}
+            self._deliver(outs + [EngineOutput(s.rid, s.handle, error=error) for s in states if s.rid not in done])
+            self.cond.notify_all()
+        for _, future in jobs:
+            future.set_exception(error)
 
 
 def direct_core(pipe: ServingPipeline, *, max_batch_size: int = 1, texts: bool = True, timer: Any = None) -> EngineCore:

@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..base.errors import AsymSpecError
 from .decoder import BatchDecoder, BatchEngineFactory
 from .handle import KVBudgetError
 from .policy import DEFAULT_TOKEN_BUDGET, TurnOutcome, TurnPlan, admitted, prefill_budget, prefilled
@@ -249,8 +250,11 @@ class EngineCore:
             try:
                 with self.pipe.models_lock:
                     future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - the caller's error, whatever it is (it must not wait forever)
+            except Exception as exc:  # noqa: BLE001 - the caller's error, whatever it is (it must not wait forever)
                 future.set_exception(exc)
+            except BaseException as exc:  # an interrupt of the thread running the turn: its own, not the caller's
+                future.set_exception(AsymSpecError(f"the turn running this model call stopped on {type(exc).__name__}; retry it"))
+                raise
             self.costs.job(time.perf_counter() - t0)
         return ran
 
