@@ -10,8 +10,8 @@ No thread is started.
 
 :func:`on_core` says which requests take it: every stream of the method on a transformers model (what the loop's
 batched prefill fills) or served by vLLM (prefilled at set-up, a row of a ``VLLMBatchEngine``). A stream served by
-another model object and a set-up with the single-row options (``engines=``, ``on_phase=``, ``prefill=``) keep the
-single-row engines (:func:`~asymspec_mm.decode.steps_for` over :class:`~asymspec_mm.decode.row_engines.SoloEngine`),
+another model object and a set-up with the single-row options (``engines=``, ``prefill=``) keep the single-row
+engines (:func:`~asymspec_mm.decode.steps_for` over :class:`~asymspec_mm.decode.row_engines.SoloEngine`),
 whose steps are model calls of the same loop (:func:`~.loop_client.model_call`).
 """
 

@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..base.errors import AsymSpecError
+from ..base.gc_heap import frozen_heap
 from ..engines import RowStorages
 from .engine_core import EngineCore, EngineOutput
 from .request_state import RequestKind, RequestState, prompt_counts
@@ -133,11 +134,12 @@ class DirectLoop:
             self.outputs_by_id[handle.id] = deque()
             self.added[kind.value] += 1
             core.add(state, first=True)
-        for out in self.outputs(handle):
-            if out.finished:
-                if out.error is not None:
-                    raise out.error
-                return out.result
+        with frozen_heap():  # the loaded heap out of the collector's scans while the row decodes
+            for out in self.outputs(handle):
+                if out.finished:
+                    if out.error is not None:
+                        raise out.error
+                    return out.result
         raise AssertionError("a request's outputs end with its answer or error")  # pragma: no cover
 
     def run(self, fn: Callable[[], T]) -> T:
