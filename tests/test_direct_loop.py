@@ -41,12 +41,23 @@ def _sessions(pipe, cases, configs, methods):
     ]
 
 
-def _in_core(loop, n: int, timeout: float = 60) -> None:
-    """Wait until ``n`` requests are in the loop's core."""
+def _wait_for(condition, what: str, timeout: float = 60) -> None:
+    """Wait until ``condition()`` holds (``what``: the failure's words)."""
     deadline = time.monotonic() + timeout
-    while loop.core is None or len(loop.core.table) < n:
-        assert time.monotonic() < deadline, "the callers' requests did not reach the core"
+    while not condition():
+        assert time.monotonic() < deadline, what
         time.sleep(0.005)
+
+
+def _in_core(loop, n: int) -> None:
+    """Wait until ``n`` requests are in the loop's core."""
+    _wait_for(lambda: loop.core is not None and len(loop.core.table) >= n, "the callers' requests did not reach the core")
+
+
+def _driving(loop, n: int) -> None:
+    """Wait until ``n`` requests are in the loop's core and a caller drives its turn."""
+    _in_core(loop, n)
+    _wait_for(lambda: loop.driver is not None, "no caller drives the turn")
 
 
 def _together(pipe, sessions, read):
@@ -192,10 +203,7 @@ def test_model_calls_from_other_threads_run_in_the_turns_of_a_request_decoding(p
             threads[1].start()
             _in_core(loop, 2)
             threads[2].start()
-            deadline = time.monotonic() + 60
-            while not loop.core.jobs:  # the single-row session's first step waits for a turn
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
+            _wait_for(lambda: bool(loop.core.jobs), "the call did not reach the core")
         for t in threads:
             t.join(120)
     finally:
@@ -224,11 +232,7 @@ def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over
         with pipe.models_lock:  # both requests enter the direct core; its first turn waits here, then the loop starts
             for t in threads:
                 t.start()
-            _in_core(loop, 2)
-            deadline = time.monotonic() + 60
-            while loop.driver is None:
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
+            _driving(loop, 2)
             sched = pipe.scheduler(max_batch_size=2)
         for t in threads:
             t.join(120)
@@ -308,11 +312,7 @@ def test_a_caller_interrupted_while_it_waits_leaves_nothing_behind(pipe):
     waiter = _calling(lambda: pipe.run(session).result, "waiter", outcome)
     with pipe.models_lock:
         driver.start()
-        _in_core(loop, 1)
-        deadline = time.monotonic() + 60
-        while loop.driver is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        _driving(loop, 1)
         waiter.start()
         _in_core(loop, 2)
         _interrupt(waiter)  # it waits on the loop's condition: the interrupt lands when the turn wakes it
@@ -343,15 +343,9 @@ def test_an_interrupt_during_another_callers_model_call_stays_with_the_driver(pi
     caller = _calling(lambda: loop.run(slow_call), "caller", outcome)
     with pipe.models_lock:
         driver.start()
-        _in_core(loop, 1)
-        deadline = time.monotonic() + 60
-        while loop.driver is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        _driving(loop, 1)
         caller.start()
-        while not loop.core.jobs:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        _wait_for(lambda: bool(loop.core.jobs), "the call did not reach the core")
     assert started.wait(60)
     _interrupt(driver)
     driver.join(60)
