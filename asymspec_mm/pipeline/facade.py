@@ -73,7 +73,8 @@ class AsymSpecPipeline(PipelineLoading):
     """A drafter (Qwen3-VL) and a verifier (text LM) ready to answer questions about images.
 
     Models load once; each request gets fresh KV caches. One pipeline serves several threads: while a scheduler
-    runs on it (:meth:`scheduler`) every model call goes through its loop, else calls take turns under a lock.
+    runs on it (:meth:`scheduler`) every model call goes through its loop, else through the pipeline's direct loop,
+    whose turns its callers drive (concurrent requests are rows of one batch: :mod:`asymspec_mm.core.direct_loop`).
     """
 
     drafter = _Part("models", "The VL drafter (transformers): the full view, the compressed view, the captions.")
@@ -159,8 +160,9 @@ class AsymSpecPipeline(PipelineLoading):
 
     @property
     def models_lock(self) -> FairRLock:
-        """The lock held around every model call (re-entrant, first come first served): whoever decodes on this
-        pipeline's models from another thread holds it around each call."""
+        """The lock held around every model call (re-entrant, first come first served) by the thread running a turn
+        of one of the pipeline's loops (a scheduler's decode thread, the direct loop's driving caller): it orders
+        their turns, never a caller's call against another's."""
         return self.models.lock
 
     @property
