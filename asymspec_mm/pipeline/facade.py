@@ -161,8 +161,8 @@ class AsymSpecPipeline(PipelineLoading):
     @property
     def models_lock(self) -> FairRLock:
         """The lock held around every model call (re-entrant, first come first served) by the thread running a turn
-        of one of the pipeline's loops (a scheduler's decode thread, the direct loop's driving caller): it orders
-        their turns, never a caller's call against another's."""
+        of one of the pipeline's loops (a scheduler's decode thread, the direct loop's driving caller), which it
+        orders, and by the parts used outside any loop (the captioner or the preparer called alone)."""
         return self.models.lock
 
     @property
