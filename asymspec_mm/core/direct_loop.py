@@ -35,7 +35,7 @@ from ..base.errors import AsymSpecError
 from ..base.gc_heap import frozen_heap
 from ..engines import RowStorages
 from .engine_core import EngineCore, EngineOutput
-from .request_state import RequestKind, RequestState, prompt_counts
+from .request_state import RequestKind, RequestState
 
 if TYPE_CHECKING:
     from ..engines.model_calls import ModelLoop, TokenRequest, TokenResult
@@ -125,15 +125,12 @@ class DirectLoop:
     def decode_row(self, request: TokenRequest) -> TokenResult:
         """Decode ``request`` as a row ahead of the requests waiting to join; returns once it is done."""
         handle = DirectHandle()
-        kind = RequestKind(request.kind)
         with self.cond:
             core = self._live_core()
             handle.id = next(self.ids)
-            state = RequestState(handle.id, handle, request, -1, kind.entry, work=request, kind=kind)
-            state.set_prompts(*prompt_counts(request.to_prefill))
             self.outputs_by_id[handle.id] = deque()
-            self.added[kind.value] += 1
-            core.add(state, first=True)
+            self.added[request.kind] += 1
+            core.add(RequestState.of_token_request(handle.id, handle, request), first=True)
         with frozen_heap():  # the loaded heap out of the collector's scans while the row decodes
             for out in self.outputs(handle):
                 if out.finished:

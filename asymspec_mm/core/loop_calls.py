@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
-from .request_state import RequestKind, RequestState, prompt_counts
+from .request_state import RequestKind, RequestState
 from .setup_pool import setting_up
 
 if TYPE_CHECKING:
@@ -74,12 +74,10 @@ class LoopCalls:
                 raise SchedulerStoppedError(str(self.error))
             if self._finished():  # closed, and its worker leaves: it would never decode the row
                 raise LoopClosedError("the scheduler is closed: decode on the calling thread or start a new scheduler")
-            kind = RequestKind(request.kind)
             # a caption or summary a set-up thread asks for is a child of the request it sets up (it goes when that
             # one is cancelled); its prompt is known, so it enters READY (RequestKind.entry), its own set-up being its parent's
-            parent = setting_up() if kind.is_child else None
-            state = RequestState(next(self._ids), None, request, -1, kind.entry, work=request, kind=kind, parent=parent)
-            state.set_prompts(*prompt_counts(request.to_prefill))
+            parent = setting_up() if RequestKind(request.kind).is_child else None
+            state = RequestState.of_token_request(next(self._ids), None, request, parent)
             handle = Handle(self, state)
             self._core.add(state, first=True)  # ahead of the requests waiting to join
         return handle.result()

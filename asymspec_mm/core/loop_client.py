@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from ..base.config import AsymSpecConfig
 from ..base.errors import AsymSpecError, UnknownOptionError
-from ..engines.model_calls import TokenRequest, current_loop, using_loop
+from ..engines.model_calls import TokenRequest, current_loop, greedy_request, using_loop
 from ..request.request import request_of
 from ..request.session import GenerationStream
 from .direct_loop import DIRECT_ROWS, DirectLoop, direct_core
@@ -185,11 +184,7 @@ def handle_stream(handle: Handle) -> GenerationStream:
 def completion_request(ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> TokenRequest:
     """The verifier's greedy completion of the prompt ``ids`` ``[L]`` as a token request (the ``floor`` method's one
     stream: the verifier alone)."""
-    from ..engines.pieces import text_prompt
-
-    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
-    prompt = {"verifier": text_prompt(ids[:-1], reuse=False)}
-    return TokenRequest("floor", cfg, prompt, {"verifier": ids[-1:]}, set(eos_ids), kind="completion")
+    return greedy_request("floor", "verifier", ids, max_new_tokens, eos_ids, kind="completion")
 
 
 def completion_tokens(loop: Scheduler, ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> list[int]:

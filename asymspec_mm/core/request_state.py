@@ -179,6 +179,15 @@ class RequestState(RequestRecord):
         """The prompt tokens each stream storage has still to prefill (:attr:`prompt_tokens` less :attr:`computed`)."""
         return {name: n - self.computed.get(name, 0) for name, n in self.prompt_tokens.items()}
 
+    @classmethod
+    def of_token_request(cls, rid: int, handle: Any, request: TokenRequest, parent: int | None = None) -> RequestState:
+        """The record of a token request (a caption, a summary, a completion): it comes with its prompts, so it enters
+        at its kind's entry status with its prompt tokens counted; ``parent``: the request whose set-up asked for it."""
+        kind = RequestKind(request.kind)
+        state = cls(rid, handle, request, -1, kind.entry, work=request, kind=kind, parent=parent)
+        state.set_prompts(*prompt_counts(request.to_prefill))
+        return state
+
     def set_prompts(self, tokens: Mapping[str, int], computed: Mapping[str, int] | None = None) -> None:
         """Its prompts to prefill are now ``tokens`` per stream storage, ``computed`` of them in its KV already (a
         stored prefix found; ``None``: none)."""

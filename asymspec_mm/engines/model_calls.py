@@ -44,6 +44,15 @@ class TokenRequest:
     kind: str = "caption"
 
 
+def greedy_request(method: str, stream: str, ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int], kind: str) -> TokenRequest:
+    """``stream``'s greedy tokens after the text prompt ``ids`` ``[L]`` (``method``'s one stream: ``floor`` for the
+    verifier, ``drafter`` for ``drafter_full``) as a token request of ``kind``; no trace kept."""
+    from .pieces import text_prompt  # here: pieces loads the vision cache, which a caller of this module may not need
+
+    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
+    return TokenRequest(method, cfg, {stream: text_prompt(ids[:-1], reuse=False)}, {stream: ids[-1:]}, set(eos_ids), kind=kind)
+
+
 @dataclass
 class TokenResult:
     """What a :class:`TokenRequest` row ends with: its token ids and step statistics."""

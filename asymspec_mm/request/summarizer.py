@@ -16,8 +16,7 @@ from ..base.errors import ContextOverflowError
 from ..decode import greedy_steps
 from ..engines import EngineFactory
 from ..engines.loading import eos_ids
-from ..engines.model_calls import TokenRequest, current_loop, run_model
-from ..engines.pieces import text_prompt
+from ..engines.model_calls import current_loop, greedy_request, run_model
 from .models import ModelSet
 
 #: What the model is asked; ``{text}`` is the message's text.
@@ -53,14 +52,11 @@ def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: s
     limit = getattr(conf, "max_position_embeddings", None)
     if limit and ids.numel() + max_new_tokens > limit:
         raise ContextOverflowError(f"the summary prompt has {ids.numel()} tokens; the {which}'s window is {limit}")
-    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
     eos = eos_ids([tok], [model])
     loop = current_loop() if isinstance(model, torch.nn.Module) else None  # a loop batches transformers rows
     if loop is not None:
-        stream = "verifier" if which == "verifier" else "drafter_full"
-        method = "floor" if which == "verifier" else "drafter"
-        request = TokenRequest(method, cfg, {stream: text_prompt(ids[:-1], reuse=False)}, {stream: ids[-1:]}, eos, kind="summary")
-        tokens = loop.decode_row(request).token_ids
+        method, stream = ("floor", "verifier") if which == "verifier" else ("drafter", "drafter_full")
+        tokens = loop.decode_row(greedy_request(method, stream, ids, max_new_tokens, eos, kind="summary")).token_ids
         return tok.decode(tokens, skip_special_tokens=True).strip()
 
     def start():
@@ -69,6 +65,7 @@ def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: s
         return engine
 
     engine = run_model(start, models.lock)
+    cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
     steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos, is_verifier=which == "verifier")
     tokens: list[int] = []
     while True:
