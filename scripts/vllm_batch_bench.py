@@ -234,7 +234,7 @@ def probe(pipe, meter, reqs, cfg, size, reps):
     from asymspec_mm.engines.vllm_rows import VLLMBatchEngine
 
     k = cfg.k
-    sessions = [pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], config=cfg) for r in reqs[:size]]
+    sessions = [pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], config=cfg, prefill=True) for r in reqs[:size]]
     rng = random.Random(0)
     out = []
     for stream, model, llm_name in (("verifier", pipe.verifier, "verifier"), ("drafter_full", pipe.drafter_full, "drafter")):

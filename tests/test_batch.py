@@ -89,6 +89,7 @@ def _batched(pipe, reqs, method, cfg, batch_size):
                     ocr=r["ocr"],
                     method=method,
                     config=_row_config(cfg, r),
+                    prefill=True,
                 ),
             )
         live_max = max(live_max, len(decoder.rows))
@@ -321,7 +322,9 @@ def test_floor_rows_with_other_settings_share_a_batch(tiny_pipe):
     cfgs = [AsymSpecConfig(k=k, gate=g, max_new_tokens=6) for k, g in ((2, "cda"), (4, "fixed"), (3, "tuned"), (1, "cda"))]
     decoder = BatchDecoder(tiny_pipe)
     for i, (r, c) in enumerate(zip(reqs, cfgs)):
-        decoder.add(i, tiny_pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method="floor", config=c))
+        decoder.add(
+            i, tiny_pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method="floor", config=c, prefill=True)
+        )
     results = {}
     while decoder.rows:
         results.update({row.id: row.result for row, _ in decoder.step() if row.result is not None})

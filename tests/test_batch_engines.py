@@ -21,7 +21,7 @@ CFG = AsymSpecConfig(k=3, max_new_tokens=8)
 
 def _session(pipe, seed: int):
     case = make_case(seed)
-    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG)
+    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG, prefill=True)
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:

@@ -400,7 +400,7 @@ def test_batch_sweep_through_the_cli_writes_consistent_outputs(tmp_path):
                 assert row["bytes"] == row["formula_bytes"] == expected > 0
             assert s["kv_bytes_per_row"] == pytest.approx(sum(r["bytes"] for r in s["kv_rows"]) / 4)
         assert per["1"]["kv_rows"] == per["3"]["kv_rows"]  # same requests, same prompts: same cache per row at any B
-        session = pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=name)
+        session = pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=name, prefill=True)
         assert per["1"]["kv_rows"][0]["lengths"] == {st: e.length for st, e in session.streams.items()}
         # the stepped decoder fills its rows before each step: exactly 3. generate_batch's rows join as their set-up
         # threads finish, and a 5-token row may end before the third joins on a loaded machine (2 seen in two full

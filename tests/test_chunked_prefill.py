@@ -48,7 +48,7 @@ def test_chunked_prefill_equals_single_row_prefill(tiny_pipe, chunk):
     length, rope delta and next-token logits equal the single-row prefill of that request; a second pass over the
     same requests starts from their stored prompts (nothing left to forward) and still equals it."""
     seeds = [11, 12, 13]
-    single = [tiny_pipe.prepare(**_kwargs(s), config=CFG) for s in seeds]
+    single = [tiny_pipe.prepare(**_kwargs(s), config=CFG, prefill=True) for s in seeds]
     staged = [tiny_pipe.prepare(**_kwargs(s), config=CFG, prefill=False) for s in seeds]
     assert all(not s.streams and set(s.to_prefill) == {"drafter_full", "drafter_comp", "verifier"} for s in staged)
     lengths = {s.to_prefill["drafter_full"].ids.numel() for s in staged}

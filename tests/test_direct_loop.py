@@ -184,8 +184,8 @@ def test_model_calls_from_other_threads_run_in_the_turns_of_a_request_decoding(p
     long_alone = pipe.run(_sessions(pipe, [c], [cfg], ("floor",))[0]).result
     completion_alone = pipe.complete("Say yes.", max_new_tokens=6)
     single_row = dict(caption=other["caption"], ocr=False, config=cfg.with_(max_new_tokens=12), ignore_eos=True)
-    single_alone = pipe.run(pipe.prepare(other["image"], other["question"], **single_row)).result
-    prepared = pipe.prepare(other["image"], other["question"], **single_row)  # its prefill a call of the loop
+    single_alone = pipe.run(pipe.prepare(other["image"], other["question"], **single_row, prefill=True)).result
+    prepared = pipe.prepare(other["image"], other["question"], **single_row, prefill=True)  # its prefill a call of the loop
     loop = direct_loop(pipe)
     got: dict[str, object] = {}
     calls = {
@@ -353,3 +353,26 @@ def test_an_interrupt_during_another_callers_model_call_stays_with_the_driver(pi
     assert isinstance(outcome["driver"], KeyboardInterrupt)
     assert str(outcome["caller"]) == "the turn running this model call stopped on KeyboardInterrupt; retry it"
     assert loop.core is None and loop.driver is None
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_prepare_then_run_decodes_on_the_core_by_default_and_equals_the_single_row_route(pipe, method):
+    """``pipe.prepare``'s default leaves the prompts to the engine core (nothing prefilled at set-up) and ``pipe.run``
+    decodes the session as a row of the direct loop; ``prefill=True`` and ``engines=`` keep the single-row engines,
+    the independent reference it equals token for token."""
+    from asymspec_mm.engines import TransformersEngines
+
+    case, cfg, loop = make_case(1207), AsymSpecConfig(k=3, max_new_tokens=10), direct_loop(pipe)
+    args = (case["image"], case["question"])
+    kw = dict(caption=case["caption"], ocr=False, method=method, config=cfg)
+    session = pipe.prepare(*args, **kw)
+    assert session.to_prefill and not session.streams  # every stream's prompt is the core's to prefill
+    answers = loop.added["answer"]
+    on_core = pipe.run(session).result
+    assert loop.added["answer"] == answers + 1 and on_core.stats["batch_size"] == 1
+    for single_row in (pipe.prepare(*args, **kw, prefill=True), pipe.prepare(*args, **kw, engines=TransformersEngines())):
+        assert not single_row.to_prefill and set(single_row.streams) == set(session.pending)
+        alone = pipe.run(single_row).result
+        assert alone.token_ids == on_core.token_ids and alone.stats["accepted"] == on_core.stats["accepted"]
+        assert "batch_size" not in alone.stats  # decoded on the single-row engines, not as a row
+    assert loop.added["answer"] == answers + 1

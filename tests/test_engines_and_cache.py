@@ -53,7 +53,7 @@ def test_loop_caches_match_no_cache_forward_after_every_step(tiny_pipe):
     """After each step the run yields, every stream's next-token logits equal a full forward."""
     case = make_case(4)
     cfg = AsymSpecConfig(k=3, gamma=0.7, max_new_tokens=16)
-    session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg)
+    session = tiny_pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=cfg, prefill=True)
     p, ref = session.prompts, Reference(tiny_pipe, session.prompts)
     prompt_len = {
         "drafter_full": p.drafter_full_ids.shape[1],

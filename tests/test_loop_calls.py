@@ -89,7 +89,7 @@ def test_chat_complete_stream_and_prepare_run_in_the_loop(tiny_pipe):
             chat = tiny_pipe.chat(messages, caption=c["caption"], ocr=False, config=cfg)
             completion = tiny_pipe.complete("What is two plus two?", max_new_tokens=8)
             pieces = list(tiny_pipe.stream(c["image"], c["question"], caption="", ocr=False, config=cfg).texts())
-            session = tiny_pipe.prepare(c["image"], c["question"], caption="", ocr=False, config=cfg)
+            session = tiny_pipe.prepare(c["image"], c["question"], caption="", ocr=False, config=cfg, prefill=True)
             prepared = tiny_pipe.run(session).result
     finally:
         for h in hooks:

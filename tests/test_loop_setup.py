@@ -104,7 +104,9 @@ def test_the_direct_paths_caption_is_a_row_of_an_engine_core_equal_to_the_one_wr
     res = tiny_pipe.generate(case["image"], case["question"], caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4))
     assert res.view.caption == here and here
     tiny_pipe.captioner.cache.clear()
-    session = tiny_pipe.prepare(case["image"], case["question"], caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4))
+    session = tiny_pipe.prepare(
+        case["image"], case["question"], caption=None, ocr=False, config=AsymSpecConfig(max_new_tokens=4), prefill=True
+    )
     assert session.view.caption == here
     assert loop.added["caption"] == captions + 2  # each a row of the direct loop
     tiny_pipe.captioner.cache.clear()

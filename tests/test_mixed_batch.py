@@ -68,7 +68,7 @@ def test_every_row_of_a_mixed_batch_equals_itself_alone_and_the_step_shares_its_
         cfg = AsymSpecConfig(max_new_tokens=12 + 3 * (i % 4), **settings)
         case = _case(700 + i)
         requests.append((method, cfg, case))
-        decoder.add(i, tiny_pipe.prepare(**case, method=method, config=cfg, ignore_eos=True))
+        decoder.add(i, tiny_pipe.prepare(**case, method=method, config=cfg, ignore_eos=True, prefill=True))
     results, calls = _step_all(decoder)
     for i, (method, cfg, case) in enumerate(requests):
         alone = tiny_pipe.generate(**case, method=method, config=cfg, ignore_eos=True)
@@ -102,7 +102,7 @@ def test_without_sd_a_step_makes_at_most_k_max_plus_two_calls(tiny_pipe):
     ]
     for i, (method, settings) in enumerate(mix):
         cfg = AsymSpecConfig(max_new_tokens=8, **settings)
-        decoder.add(i, tiny_pipe.prepare(**_case(760 + i), method=method, config=cfg, ignore_eos=True))
+        decoder.add(i, tiny_pipe.prepare(**_case(760 + i), method=method, config=cfg, ignore_eos=True, prefill=True))
     _, calls = _step_all(decoder)
     assert calls[0][0] == 5 + 2 and all(made <= 5 + 2 for made, _ in calls)
 
@@ -123,7 +123,9 @@ def test_constrained_and_free_rows_of_every_method_mix_and_each_equals_itself_al
         cfg = AsymSpecConfig(max_new_tokens=40, **settings)
         messages = [{"role": "user", "content": [{"type": "image", "image": make_image(780 + i)}, "Describe the chart as JSON."]}]
         requests.append((method, cfg, messages, rf))
-        decoder.add(i, tiny_pipe.prepare_chat(messages, caption="a chart", ocr=False, method=method, config=cfg, response_format=rf))
+        decoder.add(
+            i, tiny_pipe.prepare_chat(messages, caption="a chart", ocr=False, method=method, config=cfg, response_format=rf, prefill=True)
+        )
     results, calls = _step_all(decoder)
     assert all(made == want for made, want in calls), calls
     for i, (method, cfg, messages, rf) in enumerate(requests):

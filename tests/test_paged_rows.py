@@ -23,9 +23,10 @@ STREAMS = ("drafter_full", "drafter_comp", "verifier")
 CFG = AsymSpecConfig(k=3, max_new_tokens=8)
 
 
-def _session(pipe, seed: int, **extra):
+def _session(pipe, seed: int, prefill: bool = True):
+    """Case ``seed`` set up: prefilled on single-row engines (the reference rows are checked against), or not."""
     case = make_case(seed)
-    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG, **extra)
+    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], config=CFG, prefill=prefill)
 
 
 def _single(pipe, name: str, context) -> TextEngine | VLEngine:

@@ -224,7 +224,9 @@ def test_pipeline_builds_the_dumped_prompts(tiny_pipe, paper_dump) -> None:
     tok = tiny_pipe.verifier_tokenizer
     row = paper_dump["499"]
     for method, full_text in (("asymspec", row["drafter_full_user_text"]), ("drafter", row["drafter_alone_user_text"])):
-        session = tiny_pipe.prepare(image, query, caption=caption, ocr=ocr, method=method, prompt_style=mv.PAPER_STYLE, max_new_tokens=2)
+        session = tiny_pipe.prepare(
+            image, query, caption=caption, ocr=ocr, method=method, prompt_style=mv.PAPER_STYLE, max_new_tokens=2, prefill=True
+        )
         p = session.prompts
         assert p.verifier_ids[0].tolist() == tok(row["verifier_prompt"], add_special_tokens=False)["input_ids"]
         comp = tiny_pipe.tokenizer.decode(p.drafter_comp_ids[0].tolist())
@@ -232,7 +234,7 @@ def test_pipeline_builds_the_dumped_prompts(tiny_pipe, paper_dump) -> None:
         full = tiny_pipe.tokenizer.decode(p.drafter_full_ids[0].tolist())
         assert full.startswith("<|im_start|>user\n<|vision_start|><|image_pad|>")
         assert full.endswith(f"<|vision_end|>{full_text}<|im_end|>\n<|im_start|>assistant\n")  # no think block: Qwen3-VL Instruct's
-    default = tiny_pipe.prepare(image, query, caption=caption, ocr=ocr, method="asymspec", max_new_tokens=2)
+    default = tiny_pipe.prepare(image, query, caption=caption, ocr=ocr, method="asymspec", max_new_tokens=2, prefill=True)
     assert "Image description:" in tok.decode(default.prompts.verifier_ids[0].tolist())  # the pipeline's own layout is unchanged
 
 

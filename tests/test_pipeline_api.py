@@ -292,7 +292,9 @@ def test_the_facade_reads_and_writes_through_to_its_parts(tiny_pipe):
     try:
         pipe.eos_ids = {123}
         assert pipe.models.eos_ids == {123}
-        session = pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=False, method="floor", max_new_tokens=2)
+        session = pipe.prepare(
+            case["image"], case["question"], caption=case["caption"], ocr=False, method="floor", max_new_tokens=2, prefill=True
+        )
         assert session.eos_ids == {123}
     finally:
         pipe.eos_ids = before

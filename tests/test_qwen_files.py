@@ -221,7 +221,7 @@ def test_prompts_equal_the_real_templates_token_for_token(standin_pipe, real_tok
     """The verifier's prompt is Qwen3's template with thinking off; the drafter's two are Qwen3-VL's with and
     without the image (pixels and grid as the real processor makes them)."""
     img = make_image(3, (300, 180))
-    session = standin_pipe.prepare(img, "How many bars are there?", caption="a bar chart", ocr="12 30 7")
+    session = standin_pipe.prepare(img, "How many bars are there?", caption="a bar chart", ocr="12 30 7", prefill=True)
     p = session.prompts
     text = session.view.render().strip() + "\n\nHow many bars are there?"
     want_v = real_tok.apply_chat_template(
@@ -245,7 +245,7 @@ def test_prompts_equal_the_real_templates_token_for_token(standin_pipe, real_tok
 
 def test_context_window_comes_from_the_real_config(standin_pipe):
     with pytest.raises(ContextOverflowError, match=r"the verifier prompt has 4\d{4} tokens.*context window is 40960"):
-        standin_pipe.prepare(make_image(1, (64, 64)), "word " * 41000 + "?", caption="", ocr="")
+        standin_pipe.prepare(make_image(1, (64, 64)), "word " * 41000 + "?", caption="", ocr="", prefill=True)
 
 
 # ---------------------------------------------------------------- the whole path on the stand-ins

@@ -69,7 +69,7 @@ def test_the_same_object_reaches_the_row_and_comes_back(tiny_pipe):
         h = sched.add(checked)
         res = h.result(timeout=300)
     assert h.request is checked and res.request is checked and res.config is checked.config
-    alone = tiny_pipe.run(tiny_pipe.set_up(checked)).result
+    alone = tiny_pipe.run(tiny_pipe.set_up(checked, prefill=True)).result
     assert alone.request is checked and alone.token_ids == res.token_ids
     c = make_case(3)
     assert tiny_pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], config=_SHORT).token_ids == res.token_ids

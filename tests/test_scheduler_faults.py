@@ -48,7 +48,7 @@ def test_rows_differing_in_gamma_beta_lam_share_a_batch_and_each_equals_its_requ
     decoder = BatchDecoder(tiny_pipe)
     cases = [_case_kwargs(300 + i) for i in range(len(cfgs))]
     for i, (case, cfg) in enumerate(zip(cases, cfgs)):
-        decoder.add(i, tiny_pipe.prepare(**case, config=cfg))
+        decoder.add(i, tiny_pipe.prepare(**case, config=cfg, prefill=True))
     results = _decode_all(decoder)
     fused = 0
     for i, (case, cfg) in enumerate(zip(cases, cfgs)):
@@ -143,9 +143,9 @@ def test_add_is_all_or_nothing(tiny_pipe):
     decoder = BatchDecoder(tiny_pipe, engines=factory)
     case = _case_kwargs(350)
     with pytest.raises(RuntimeError, match="join refused"):
-        decoder.add(0, tiny_pipe.prepare(**case, config=cfg))
+        decoder.add(0, tiny_pipe.prepare(**case, config=cfg, prefill=True))
     assert decoder.rows == {} and all(engine.rows == [] for engine in decoder.engines.values())  # no ghost row anywhere
-    decoder.add(1, tiny_pipe.prepare(**case, config=cfg))
+    decoder.add(1, tiny_pipe.prepare(**case, config=cfg, prefill=True))
     assert _decode_all(decoder)[1].token_ids == tiny_pipe.generate(**case, config=cfg).token_ids
 
 

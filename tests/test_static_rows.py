@@ -23,7 +23,7 @@ CFG = AsymSpecConfig(k=3, max_new_tokens=8)
 
 def _session(pipe, seed: int, method: str = "asymspec", cfg: AsymSpecConfig = CFG):
     case = make_case(seed)
-    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg)
+    return pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg, prefill=True)
 
 
 class Pair:

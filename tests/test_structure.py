@@ -33,7 +33,7 @@ def test_prepare_then_run_equals_generate(tiny_pipe, method):
     args, kw = _request(11)
     cfg = AsymSpecConfig(k=3, max_new_tokens=12)
     ref = tiny_pipe.generate(*args, method=method, config=cfg, **kw)
-    session = tiny_pipe.prepare(*args, method=method, config=cfg, **kw)
+    session = tiny_pipe.prepare(*args, method=method, config=cfg, **kw, prefill=True)
     assert isinstance(session, Session) and session.method == method
     need = {
         "asymspec": {"drafter_full", "drafter_comp", "verifier"},
@@ -81,8 +81,8 @@ def test_engine_factory_and_ignore_eos(tiny_pipe):
 def test_max_caption_chars_lifts_the_caption_budget(tiny_pipe):
     args, kw = _request(14)
     kw["caption"] = "word " * 600  # 3,000 characters, over the 1,600 budget
-    short = tiny_pipe.prepare(*args, **kw)
-    full = tiny_pipe.prepare(*args, max_caption_chars=10**6, **kw)
+    short = tiny_pipe.prepare(*args, **kw, prefill=True)
+    full = tiny_pipe.prepare(*args, max_caption_chars=10**6, **kw, prefill=True)
     assert len(short.view.caption) <= 1600 < len(full.view.caption) and full.view.caption.strip() == kw["caption"].strip()
 
 
@@ -94,7 +94,7 @@ def test_timer_wraps_gate_and_trace(tiny_pipe):
         entered.append(name)
         return contextlib.nullcontext()
 
-    res = tiny_pipe.run(tiny_pipe.prepare(*args, config=AsymSpecConfig(k=3, max_new_tokens=12), **kw), timer=timer).result
+    res = tiny_pipe.run(tiny_pipe.prepare(*args, config=AsymSpecConfig(k=3, max_new_tokens=12), **kw, prefill=True), timer=timer).result
     gated = res.stats["bonus_drafted"]
     assert entered.count("gate") == entered.count("trace") == res.stats["steps"] + gated
 
@@ -103,7 +103,7 @@ def test_steps_for_runs_a_loop_on_given_streams(tiny_pipe):
     args, kw = _request(16)
     cfg = AsymSpecConfig(k=3, max_new_tokens=10)
     ref = tiny_pipe.generate(*args, method="sd", config=cfg, **kw)
-    session = tiny_pipe.prepare(*args, method="sd", config=cfg, **kw)
+    session = tiny_pipe.prepare(*args, method="sd", config=cfg, **kw, prefill=True)
     counters = Counters(cfg.k, session.streams)
     tokens = [
         ev.token_id for step in steps_for("sd", session.streams, session.pending, cfg, tiny_pipe.eos_ids, counters=counters) for ev in step

@@ -197,6 +197,9 @@ def test_the_cli_answers_a_text_pair_on_every_command(text_pipe, text_dir, stand
     printed = capsys.readouterr().out.splitlines()
     want = text_pipe.chat(HISTORY, compression=COMP, max_new_tokens=4)
     assert printed[0] == f"answer: {want.text}" and any(line.startswith("  [3] tool: row 0:") and "tokens cut" in line for line in printed)
+    assert main([*chat, "--json", *models]) == 0
+    data = json.loads(capsys.readouterr().out)  # decoded as a row of the engine core: a row's stats
+    assert data["token_ids"] == want.token_ids and data["stats"]["batch_size"] == 1 and data["stats"]["engine_calls"] > 0
     question = "What is the capital of France?"
     alone = text_pipe.generate(None, question, max_new_tokens=4)
     assert main(["generate", "--question", question, "--max-new-tokens", "4", "--json", *models]) == 0

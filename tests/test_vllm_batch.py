@@ -468,7 +468,9 @@ def _batched_on_vllm(pipe, reqs, method, cfg, batch_size):
         while todo and len(decoder.rows) < batch_size:
             i = todo.pop(0)
             r = reqs[i]
-            session = pipe.prepare(r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method=method, config=_row_config(cfg, r))
+            session = pipe.prepare(
+                r["image"], r["question"], caption=r["caption"], ocr=r["ocr"], method=method, config=_row_config(cfg, r), prefill=True
+            )
             decoder.add(i, session)
         rows = list(decoder.rows.values())
         bonus = {row.id: row.counters.bonus_drafted for row in rows}

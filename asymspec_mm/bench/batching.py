@@ -2,8 +2,9 @@
 
 Every cell decodes the same N requests (held-out MiniVista problems) with one variant:
 
-* **B = 1 is the sequential loop**: ``pipe.generate`` one request after another, through its own two calls
-  (``prepare``, then ``run``, so that each step can be timed), not ``generate_batch(batch_size=1)``.
+* **B = 1 is the sequential loop**: one request after another on the single-row engines, the reference route
+  (``prepare(prefill=True)``, then ``run``, so that each step and each stream's forward can be timed), not
+  ``generate_batch(batch_size=1)``.
 * **B > 1** is ``pipe.generate_batch(requests, batch_size=B)``, timed as one call (the tokens/s a caller gets),
   then the same requests through a :class:`~asymspec_mm.core.BatchDecoder` stepped here as ``generate_batch``
   steps it (prepare, join, step, refill): each ``step`` is timed, each batched forward of each stream is timed
@@ -124,12 +125,14 @@ class BatchSweep:
 
     # -- one request's session ------------------------------------------------------------------
     def session(self, v: Variant, cfg: AsymSpecConfig, i: int) -> Session:
-        """Case ``i`` set up and prefilled for ``v``: the pipeline's ``prepare`` (what ``generate`` calls;
+        """Case ``i`` set up and prefilled for ``v`` on single-row engines (``prepare(prefill=True)``, the reference route;
         ``generate_batch`` prepares with ``prefill=False`` and prefills in batches), or streams over synthetic caches
         (EOS ignored)."""
         case = self.inputs[i]
         if not self.synthetic:
-            return self.pipe.prepare(case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg)
+            return self.pipe.prepare(
+                case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg, prefill=True
+            )
         import torch
 
         from ..request.record import RequestRecord

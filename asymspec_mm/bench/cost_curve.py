@@ -51,7 +51,7 @@ def forward_costs(pipe: Any, problem: dict, k: int, reps: int = 15) -> dict[str,
     import torch
 
     with pipe.prefix_kv.paused():
-        session = pipe.prepare(problem["decoded_image"], problem["query"], caption=problem["caption"], ocr=problem["ocr"])
+        session = pipe.prepare(problem["decoded_image"], problem["query"], caption=problem["caption"], ocr=problem["ocr"], prefill=True)
     streams, pending = session.streams, session.pending
 
     def cost(name: str, n: int) -> float:

@@ -51,7 +51,14 @@ def run_arm(pipe: Any, requests: list[tuple[str, AsymSpecConfig, dict]], per_gro
         key = step_shape(method, cfg) if per_group else ()
         decoder = decoders.setdefault(key, BatchDecoder(pipe))
         session = pipe.prepare(
-            case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=method, config=cfg, ignore_eos=True
+            case["image"],
+            case["question"],
+            caption=case["caption"],
+            ocr=case["ocr"],
+            method=method,
+            config=cfg,
+            ignore_eos=True,
+            prefill=True,
         )
         decoder.add(i, session)
     tokens, calls = 0, []

@@ -180,6 +180,7 @@ class Runner:
             method=variant.method,
             config=cfg,
             engines=self.engines,
+            prefill=True,
             ignore_eos=self.ignore_eos,
             max_caption_chars=UNBOUNDED_CAPTION if caption is not None else None,
         )

@@ -75,8 +75,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     progress("loading the models")
     pipe = pipeline_from_args(args)
-    session = pipe.prepare_chat(messages, method=args.method, config=cfg, tools=tools, compression=compression)
+    # set up here (its phases told to the progress lines), decoded on the engine core as the first read asks
+    stream = pipe.chat_stream(messages, method=args.method, config=cfg, tools=tools, compression=compression, on_phase=progress)
     progress(f"decoding ({config_line(args.method, cfg)})")
-    res = pipe.run(session).result
+    res = stream.result
     print_result(res, pipe.tokenizer, args.json)
     return 0

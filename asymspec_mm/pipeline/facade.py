@@ -221,7 +221,7 @@ class AsymSpecPipeline(PipelineLoading):
         config: AsymSpecConfig | None = None,
         *,
         engines=None,
-        prefill: bool = True,
+        prefill: bool | None = None,
         **options,
     ) -> Session:
         """Set a conversation up: OpenAI-format ``messages`` (system/developer, user with any number of images,
@@ -325,7 +325,7 @@ class AsymSpecPipeline(PipelineLoading):
         *,
         engines=None,
         on_phase=None,
-        prefill: bool = True,
+        prefill: bool | None = None,
         **options,
     ) -> Session:
         """Set one question about one image up. ``caption``/``ocr``: ``None`` produce them, a string is used as is,
@@ -338,15 +338,21 @@ class AsymSpecPipeline(PipelineLoading):
     @functools.wraps(RequestPreparer.set_up)
     def set_up(self, request: Request, **kwargs: Any) -> Session:
         # the preparer's signature and docstring (functools.wraps): one definition of the set-up's options; a running
-        # loop runs its model calls (caption, tower, prefills)
+        # loop runs its model calls (caption, tower, prefills). prefill=None: the engine core's route (prompts left to
+        # its first turn) unless engines= names single-row engines or a stream is served by a model the core cannot
+        # take (a served model of one's own), whose session keeps the single-row engines
+        if kwargs.get("prefill") is None:
+            request = request.checked()
+            kwargs["prefill"] = kwargs.get("engines") is not None or not on_core(self, request.method)
         with loop_scope(self):
             return self.preparer.set_up(request, **kwargs)
 
     def run(self, session: Session, *, timer: Timer | None = None) -> GenerationStream:
         """Decode a prepared request. ``timer(name)`` (a context manager) wraps the loop's gate and trace. A session
-        set up with ``prefill=False`` decodes on the engine core, on this thread (its prompts prefilled in the paged
-        storages' forwards, as a request in the loop: :mod:`asymspec_mm.core.direct`); a session prefilled on
-        single-row engines (``prepare``'s default, ``engines=``) decodes on those engines."""
+        left to the engine core (``prepare``'s default, ``prefill=False``) decodes on it, as a row of the pipeline's
+        direct loop (its prompts prefilled in the paged storages' forwards, as a request in a scheduler's loop:
+        :mod:`asymspec_mm.core.direct`); a session prefilled on single-row engines (``prefill=True``, ``engines=``)
+        decodes on those engines, the single-row reference route."""
         if session.to_prefill:
             steps, done = session_steps(self, session, timer)
             return GenerationStream(steps, lambda: done[0])

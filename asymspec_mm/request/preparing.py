@@ -62,7 +62,7 @@ class ServingPipeline(Protocol):
         request: Request,
         *,
         engines: EngineFactory | None = ...,
-        prefill: bool = ...,
+        prefill: bool | None = ...,
         on_phase: Callable[[str], None] | None = ...,
         record: RequestRecord | None = ...,
     ) -> Session: ...
@@ -182,18 +182,21 @@ class RequestPreparer:
         request: Request,
         *,
         engines: EngineFactory | None = None,
-        prefill: bool = True,
+        prefill: bool | None = None,
         on_phase: Callable[[str], None] | None = None,
         record: RequestRecord | None = None,
     ) -> Session:
         """Set a request up (checked here unless it already is): the compressed view of each image, the three
         prompts, the context check, and the streams its method needs, prefilled.
 
-        ``engines`` builds the streams (default: the preparer's factory). ``on_phase(name)`` is called as each long
-        part of a single question's set-up starts: ``"ocr_engine"`` (first use), ``"caption"``, ``"ocr"``,
-        ``"prefill"``. ``prefill=False`` stops before prefill where a stream's model is a transformers one: the
-        session's ``to_prefill`` holds those streams' prompts (vision features encoded) for the batched, chunked
-        prefill of :mod:`asymspec_mm.core.prefill`; streams served elsewhere (vLLM) are prefilled as usual.
+        ``prefill``: ``False`` stops before prefill where a stream's model is a transformers one: the session's
+        ``to_prefill`` holds those streams' prompts (vision features encoded) for the batched, chunked prefill of
+        :mod:`asymspec_mm.core.prefill` (the engine core's first turn; ``pipe.run`` decodes such a session on the
+        core); streams served elsewhere (vLLM) are prefilled as usual. ``True`` prefills every stream here on a
+        single-row engine (the single-row reference route ``pipe.run`` then decodes on). ``None`` (the default):
+        ``True`` where ``engines`` names a factory of single-row engines, else ``False``. ``engines`` builds those
+        streams (default: the preparer's factory). ``on_phase(name)`` is called as each long part of a single
+        question's set-up starts: ``"ocr_engine"`` (first use), ``"caption"``, ``"ocr"``, ``"prefill"``.
         ``record``: the request's :class:`~asymspec_mm.request.record.RequestRecord` (an engine loop's), where set-up
         writes when it began and what it measured; without one the session gets a record of its own.
         """
@@ -203,6 +206,7 @@ class RequestPreparer:
         record.t_start = time.perf_counter()
         vision = self.models.encoder.thread_counts()
         rendered = self._render_chat(request) if request.is_chat else self._render_question(request, on_phase)
+        prefill = engines is not None if prefill is None else prefill
         return self._start_session(request, rendered, vision, record, engines, prefill, on_phase)
 
     @functools.cached_property
