@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import threading
 
 import pytest
 
@@ -248,6 +250,29 @@ def deliver_in_thread(handle, listener) -> None:
             listener("error", exc)
 
     threading.Thread(target=deliver, daemon=True).start()
+
+
+@contextlib.contextmanager
+def held_forwards(pipe):
+    """Every forward of ``pipe``'s models (any of their modules: the vision tower's too) waits while the block runs:
+    the loop running them goes up to its next model forward, then stands still (what a set-up or a turn does before
+    it still happens). Real forward pre-hooks on the real modules. Yields an event set once a forward waits."""
+    import torch
+
+    release, reached = threading.Event(), threading.Event()
+    models = [m for m in (pipe.drafter, pipe.verifier, pipe.models.sd_drafter) if isinstance(m, torch.nn.Module)]
+
+    def wait(*_) -> None:  # a pre-hook's return value would replace the forward's arguments
+        reached.set()
+        release.wait()
+
+    hooks = [module.register_forward_pre_hook(wait) for model in models for module in model.modules()]
+    try:
+        yield reached
+    finally:
+        release.set()
+        for hook in hooks:
+            hook.remove()
 
 
 def make_case(seed: int) -> dict:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import time
 
-from conftest import make_case
+from conftest import held_forwards, make_case
 
 
 def test_handle_position_counts_the_requests_ahead_then_none(tiny_pipe):
     case = make_case(3)
     sched = tiny_pipe.scheduler(max_batch_size=1)
     try:
-        # The worker sets requests up and steps under the pipeline's lock: holding it freezes the line.
-        with tiny_pipe.models_lock:
+        # The worker's forwards wait while the models are held: the line stands still.
+        with held_forwards(tiny_pipe):
             handles = [
                 sched.submit(case["image"], case["question"], caption=case["caption"], ocr=False, method="floor", max_new_tokens=4)
                 for _ in range(4)
@@ -22,7 +22,7 @@ def test_handle_position_counts_the_requests_ahead_then_none(tiny_pipe):
                 time.sleep(0.01)
             assert [h.position for h in handles] == [None, 0, 1, 2]
             assert sched.waiting == 3
-            # the first has its row (its prompt waits for the lock in the batched prefill); the second is set up
+            # the first has its row (its prompt waits in the batched prefill's forward); the second is set up
             # ahead (no KV yet), keeping its place; the others wait for their set-up
             wait = time.monotonic() + 120
             while handles[1].stage != "set_up" and time.monotonic() < wait:

@@ -3,7 +3,8 @@ rows of one engine core that they drive themselves, a turn at a time. Their requ
 every answer equals the same request decoded alone; a caller that stops reading leaves the batch; an interrupted
 turn fails the others' requests with a clear error and the loop serves the next request. Real forwards of the tiny
 pair; which thread ran each forward is read with forward hooks on the real modules. The turns are held still by
-holding the models' lock, which a direct turn takes, so that every request is in the core before the first turn."""
+pausing the pipeline (``loop_client.paused``: no turn starts meanwhile), so that every request is in the core before
+the first turn, or by holding the models' forwards (``held_forwards``: a turn stands still in its first forward)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import threading
 import time
 
 import pytest
-from conftest import make_case
+from conftest import held_forwards, make_case
 from test_loop_setup import _threads_running
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core.direct_loop import DirectLoopError
-from asymspec_mm.core.loop_client import direct_loop
+from asymspec_mm.core.loop_client import direct_loop, paused
 
 METHODS = ("asymspec", "floor", "drafter", "sd")
 
@@ -77,7 +78,7 @@ def _together(pipe, sessions, read):
     threads = [threading.Thread(target=ask, args=(i,), name=f"caller-{i}") for i in range(len(sessions))]
     turns0 = loop.turns
     try:
-        with pipe.models_lock:  # the first caller to drive waits here: the others' requests join before any turn
+        with paused(pipe):  # no turn starts meanwhile: the requests join before any turn
             for t in threads:
                 t.start()
             _in_core(loop, len(sessions))
@@ -156,7 +157,7 @@ def test_an_interrupted_turn_fails_the_other_callers_with_a_clear_error_and_the_
     sessions = _sessions(pipe, cases, configs, ("asymspec", "floor"))
     threads = [threading.Thread(target=ask, args=(i, s), name=f"caller-{i}") for i, s in enumerate(sessions)]
     try:
-        with pipe.models_lock:
+        with paused(pipe):
             for t in threads:
                 t.start()
             _in_core(loop, 2)
@@ -197,7 +198,7 @@ def test_model_calls_from_other_threads_run_in_the_turns_of_a_request_decoding(p
     seen, hooks = _threads_running([pipe.drafter, pipe.verifier])
     loop.most_rows = 0
     try:
-        with pipe.models_lock:  # the long request and the completion's row enter before the first turn
+        with paused(pipe):  # the long request and the completion's row enter before the first turn
             threads[0].start()
             _in_core(loop, 1)
             threads[1].start()
@@ -217,8 +218,12 @@ def test_model_calls_from_other_threads_run_in_the_turns_of_a_request_decoding(p
 
 
 def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over(pipe):
-    """Two direct requests in the core, then a scheduler starts: the turn already waiting runs where it was, every
-    later one is a model call of the scheduler's loop (on its decode thread), and both answers equal alone."""
+    """Two direct requests in the core, one turn running on its caller's thread, then a scheduler starts: its start
+    waits for that turn to end (one loop runs the models at a time), the turn ends where it began, and every later
+    one is a model call of the scheduler's loop (on its decode thread), however eager the direct callers are to run
+    the next; both answers equal alone."""
+    from asymspec_mm.core.loop_client import running_loop
+
     cases = [make_case(7500 + i) for i in range(2)]
     configs = [AsymSpecConfig(k=3, max_new_tokens=24)] * 2
     alone = [pipe.run(s).result for s in _sessions(pipe, cases, configs, ("asymspec", "floor"))]
@@ -227,19 +232,24 @@ def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over
     sessions = _sessions(pipe, cases, configs, ("asymspec", "floor"))
     threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, pipe.run(sessions[i]).result), name=f"caller-{i}") for i in range(2)]
     seen, hooks = _threads_running([pipe.drafter, pipe.verifier])
-    sched = None
+    started: list = []
+    starter = threading.Thread(target=lambda: started.append(pipe.scheduler(max_batch_size=2)), name="starter")
     try:
-        with pipe.models_lock:  # both requests enter the direct core; its first turn waits here, then the loop starts
+        with held_forwards(pipe) as waiting:  # a caller's turn stands still in its first forward
             for t in threads:
                 t.start()
             _driving(loop, 2)
-            sched = pipe.scheduler(max_batch_size=2)
+            assert waiting.wait(60)
+            starter.start()
+            time.sleep(0.3)
+            assert starter.is_alive() and running_loop(pipe) is None  # the start waits for the turn on a caller's thread
+        starter.join(120)
         for t in threads:
             t.join(120)
     finally:
         for h in hooks:
             h.remove()
-        if sched is not None:
+        for sched in started:
             sched.close()
     assert [got[0].token_ids, got[1].token_ids] == [a.token_ids for a in alone]
     assert "asymspec-scheduler" in seen and len(seen) == 2, seen  # the first turn's driver, then the loop
@@ -310,7 +320,7 @@ def test_a_caller_interrupted_while_it_waits_leaves_nothing_behind(pipe):
     outcome: dict[str, object] = {}
     driver = _calling(lambda: pipe.complete("Say yes.", max_new_tokens=1), "driver", outcome)
     waiter = _calling(lambda: pipe.run(session).result, "waiter", outcome)
-    with pipe.models_lock:
+    with paused(pipe):
         driver.start()
         _driving(loop, 1)
         waiter.start()
@@ -341,7 +351,7 @@ def test_an_interrupt_during_another_callers_model_call_stays_with_the_driver(pi
 
     driver = _calling(lambda: pipe.run(session).result, "driver", outcome)
     caller = _calling(lambda: loop.run(slow_call), "caller", outcome)
-    with pipe.models_lock:
+    with paused(pipe):  # the driver's first turn waits to start: the call then runs in it
         driver.start()
         _driving(loop, 1)
         caller.start()

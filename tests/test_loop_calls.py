@@ -101,27 +101,26 @@ def test_chat_complete_stream_and_prepare_run_in_the_loop(tiny_pipe):
     assert prepared.token_ids == ref_stream.token_ids
 
 
-def test_the_callers_never_take_the_models_lock_while_a_loop_runs(tiny_pipe, no_other_loop):
-    """The lock's record of the threads that took it: the decode thread only (the caller's thread decodes nothing);
-    with no loop the caller takes it, as before."""
+def test_only_the_loops_thread_runs_the_models_while_a_loop_runs(tiny_pipe, no_other_loop):
+    """While a scheduler runs, every forward of the pipeline's calls (an answer with its caption, a completion, a
+    compressed view, an attribution) runs on its decode thread; with no loop, on the caller's thread (the direct
+    loop's turns it drives)."""
     c = make_case(5300)
     cfg = AsymSpecConfig(max_new_tokens=6)
-    lock = tiny_pipe.models_lock
     seen, hooks = _watch(tiny_pipe)
     try:
-        with tiny_pipe.scheduler(max_batch_size=2), lock.recording() as takers:
+        with tiny_pipe.scheduler(max_batch_size=2):
             res = tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
             tiny_pipe.complete("Say yes.", max_new_tokens=4)
             tiny_pipe.compressed_view(c["image"], ocr=False)
             tiny_pipe.attribute(res, 0, grid=2)  # its occlusion forwards too
+        assert seen == {DECODE_THREAD}, seen
+        seen.clear()
+        tiny_pipe.generate(make_case(5301)["image"], c["question"], caption="", ocr=False, config=cfg)
+        assert seen == {threading.current_thread().name}, seen
     finally:
         for h in hooks:
             h.remove()
-    assert takers == {DECODE_THREAD}, takers
-    assert seen == {DECODE_THREAD}, seen
-    with lock.recording() as takers:
-        tiny_pipe.generate(c["image"], c["question"], caption="", ocr=False, config=cfg)
-    assert takers == {threading.current_thread().name}, takers
 
 
 def test_generate_in_the_loop_wakes_its_caller_for_the_answer_not_at_every_step(tiny_pipe, no_other_loop):
@@ -257,7 +256,7 @@ def test_a_call_from_another_thread_during_generate_batch_joins_its_loop(tiny_pi
 
     seen, hooks = _watch(tiny_pipe)
     try:
-        with tiny_pipe.prefix_kv.paused(), tiny_pipe.models_lock.recording() as takers:
+        with tiny_pipe.prefix_kv.paused():
             results = tiny_pipe.generate_batch(batch, batch_size=2, on_step=on_step)
             caller.join(120)
     finally:
@@ -265,7 +264,6 @@ def test_a_call_from_another_thread_during_generate_batch_joins_its_loop(tiny_pi
             h.remove()
     assert not errors, errors
     assert len(results) == 3 and caller.ident is not None
-    assert takers == {DECODE_THREAD}, takers  # the caller's thread never took the lock
     assert seen == {DECODE_THREAD}, seen
     res = got["side"]
     assert res.token_ids == alone.token_ids and [ev.token_id for ev in res.trace] == [ev.token_id for ev in alone.trace]

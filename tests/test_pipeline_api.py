@@ -283,7 +283,7 @@ def test_the_facade_reads_and_writes_through_to_its_parts(tiny_pipe):
     pipe = tiny_pipe
     assert isinstance(pipe.models, ModelSet) and isinstance(pipe.preparer, RequestPreparer)
     assert pipe.preparer.models is pipe.models
-    assert pipe.models_lock is pipe.models.lock and pipe.drafter is pipe.models.drafter and pipe.tokenizer is pipe.models.tokenizer
+    assert pipe.drafter is pipe.models.drafter and pipe.tokenizer is pipe.models.tokenizer
     assert pipe.captioner is pipe.preparer.captioner and pipe.engines is pipe.preparer.engines
     assert pipe.stream_models("sd") == pipe.models.stream_models("sd")
     assert {name for name in vars(ServingPipeline) if not name.startswith("_")} <= set(dir(pipe))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import make_case
+from conftest import held_forwards, make_case
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core import BatchDecoder
@@ -154,7 +154,7 @@ def test_a_server_under_a_tight_kv_budget_answers_every_client_as_alone(tiny_pip
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
         # the six arrive together however loaded the machine is: the models wait until every request is set up (their
         # images' features are cached by the runs alone, so the set-up needs no model)
-        with tiny_pipe.models_lock:
+        with held_forwards(tiny_pipe):
             for t in threads:
                 t.start()
             deadline = time.monotonic() + 120

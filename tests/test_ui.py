@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -15,7 +16,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import deliver_in_thread, make_case, make_image  # noqa: E402
+from conftest import deliver_in_thread, held_forwards, make_case, make_image  # noqa: E402
 
 from asymspec_mm.decode import TokenEvent  # noqa: E402
 from ui import app as ui_app  # noqa: E402
@@ -944,8 +945,8 @@ def test_set_up_status_of_a_lone_user_says_what_happens(tiny_pipe, tmp_path):
     path = tmp_path / "alone.png"
     case["image"].save(path)
     state = ui_app.DemoApp(tiny_pipe, stream_interval=0.0)
-    tiny_pipe.models_lock.acquire()  # the loop runs the caption's forwards under this lock: the set-ups stand still
-    held = True
+    models = contextlib.ExitStack()  # the models held while it is open
+    models.enter_context(held_forwards(tiny_pipe))  # the caption's forwards wait: the set-ups stand still
     try:
         gen = state.run(*demo_args(path, {**case, "caption": ""}, autofill=True), session="alone")
         out = first = outputs_as_dict(next(gen))
@@ -958,13 +959,11 @@ def test_set_up_status_of_a_lone_user_says_what_happens(tiny_pipe, tmp_path):
         assert "in line" not in status and "Queued" not in status and "waiting" not in status
         assert "setting up: writing the caption, then prefill" in out["answer_html"]
         assert "setting up: prefill" in out["floor_html"]  # its set-up waits for the same caption, written once
-        tiny_pipe.models_lock.release()
-        held = False
+        models.close()
         last = outputs_as_dict(list(gen)[-1])
         assert "Done" in last["status"]
     finally:
-        if held:
-            tiny_pipe.models_lock.release()
+        models.close()
         state.close()
 
 

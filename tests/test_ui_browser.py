@@ -8,6 +8,7 @@ request still succeeds. Never uses wait_until="networkidle" (Gradio keeps connec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import deliver_in_thread, make_case  # noqa: E402
+from conftest import deliver_in_thread, held_forwards, make_case  # noqa: E402
 
 pytestmark = [
     pytest.mark.browser,
@@ -587,15 +588,14 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
     case = make_case(11)
     img = env["tmp"] / "queued.png"
     case["image"].save(img)
-    held = False
+    models = contextlib.ExitStack()  # the models held while it is open
     try:
         page = env["context"].new_page()
         page.set_default_timeout(60_000)
         page.goto(demo.local_url, wait_until="domcontentloaded")
         page.wait_for_selector("#asym-image input[type=file]", state="attached")
         fill(page, img, case["question"], "a chart", "")
-        pipe.models_lock.acquire()  # the scheduler sets requests up and decodes under this lock: the line stands still
-        held = True
+        models.enter_context(held_forwards(pipe))  # the scheduler's forwards wait: the line stands still
         ahead = [sched.submit(case["image"], case["question"], caption="a chart", ocr=False, max_new_tokens=4) for _ in range(3)]
         page.locator("#asym-run").click()
         page.wait_for_function("() => /in line/.test(document.querySelector('#asym-status').innerText)", timeout=TIMEOUT_MS)
@@ -608,11 +608,10 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
         )
         assert m, status
         # none of the three submitted before has a row yet (the first is being set up: its vision features wait for
-        # the lock), so all three are ahead of this run's rows in the line for a row
+        # the held models), so all three are ahead of this run's rows in the line for a row
         assert [int(g) for g in m.groups()[:4]] == [3, 4, 5, 6], status
         assert "waiting behind 3 rows of other users (5th in line)" in page.locator("#asym-floor").inner_text()
-        pipe.models_lock.release()
-        held = False
+        models.close()
         wait_status(page, "ok")
         for h in ahead:
             h.result(timeout=120)
@@ -620,8 +619,7 @@ def test_a_queued_run_shows_its_place_in_line(browser_env):
         assert [t["id"] for t in read_answer_tokens(page, len(answer_ids(pipe, ref)))] == answer_ids(pipe, ref)
         page.close()
     finally:
-        if held:
-            pipe.models_lock.release()
+        models.close()
         demo.close()
 
 
@@ -823,8 +821,8 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
     page = _new_page(env, env["url"], viewport)
     fill(page, chart["image"], "Which bar is the tallest?", chart["caption"], chart["ocr"])
     page.evaluate("() => window.scrollTo(0, 0)")
-    pipe.models_lock.acquire()  # the run's rows are set up and decoded under this lock: the answer waits
-    held = True
+    models = contextlib.ExitStack()  # the models held while it is open
+    models.enter_context(held_forwards(pipe))  # the run's rows wait for their forwards: the answer waits
     try:
         before = page.locator("#asym-run").bounding_box()
         _press(page, "#asym-run")
@@ -841,8 +839,7 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
         assert page.locator("#asym-status .asym-warning").evaluate("e => getComputedStyle(e).backgroundColor") != page.locator(
             '#asym-status [data-status="run"]'
         ).evaluate("e => getComputedStyle(e).backgroundColor")
-        pipe.models_lock.release()
-        held = False
+        models.close()
         page.wait_for_selector('#asym-status [data-status="ok"]', timeout=TIMEOUT_MS)
         done = page.locator('#asym-status [data-status="ok"]').inner_text()
         assert done.startswith("Done in") and "MiniVista" not in done and "Warning" not in done
@@ -850,8 +847,7 @@ def test_out_of_domain_warning_comes_before_the_run_near_run(browser_env, viewpo
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"inspector_warning_{viewport['width']}.png"))
     finally:
-        if held:
-            pipe.models_lock.release()
+        models.close()
         page.context.close()
 
 
@@ -865,7 +861,7 @@ def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
     case = make_case(14)
     img = env["tmp"] / "alone.png"
     case["image"].save(img)
-    held = False
+    models = contextlib.ExitStack()  # the models held while it is open
     page = None
     try:
         page = _new_page(env, demo.local_url, DESKTOP)
@@ -873,8 +869,7 @@ def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
         assert stop.is_disabled() and "stop" not in stop.get_attribute("class").split()
         idle_colour = stop.evaluate("e => getComputedStyle(e).backgroundColor")
         fill(page, img, case["question"], "", "")  # the drafter writes the caption
-        pipe.models_lock.acquire()  # the first row's set-up waits here
-        held = True
+        models.enter_context(held_forwards(pipe))  # the first row's set-up waits here
         page.locator("#asym-run").click()
         # the three rows are set up side by side (the scheduler's set-up threads), the caption written once
         page.wait_for_function(
@@ -887,14 +882,12 @@ def test_a_lone_users_set_up_status_and_the_stop_button(browser_env):
         assert "setting up: prefill" in page.locator("#asym-floor").inner_text()
         assert not stop.is_disabled() and "stop" in stop.get_attribute("class").split()
         assert stop.evaluate("e => getComputedStyle(e).backgroundColor") != idle_colour
-        pipe.models_lock.release()
-        held = False
+        models.close()
         wait_status(page, "ok")
         page.wait_for_function("() => document.querySelector('#asym-stop').disabled")
         assert "stop" not in stop.get_attribute("class").split()
     finally:
-        if held:
-            pipe.models_lock.release()
+        models.close()
         if page is not None:
             page.context.close()
         demo.close()

@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+from conftest import held_forwards
 
 from asymspec_mm.eval.minivista import HELDOUT_SEED, make_problem
 from ui.attributions import TokenAttributions
@@ -85,24 +86,17 @@ def test_no_answer_yet_and_a_cancelled_attribution(shipped_tiny, conversation):
     state = TokenAttributions(shipped_tiny)
     assert 'data-state="empty"' in _final(state.explain("0:1", "s"))  # before any run finished
     state.finished("s", conversation)
-    lock = shipped_tiny.models_lock
-    lock.acquire()  # the attribution waits for the models: Cancel comes first
-    try:
+    with held_forwards(shipped_tiny):  # the attribution waits for the models: Cancel comes first
         panels = state.explain("2:1", "s")
         first = next(panels)
         assert 'data-state="running"' in first and "regions done" in first
         assert 'data-state="cancelled"' in state.cancel("s")
-    finally:
-        lock.release()
     assert 'data-state="cancelled"' in _final(panels)
     assert (2, "occlusion") not in state._sessions["s"].maps  # nothing cached: a later click computes it
     assert 'data-state="done"' in _final(state.explain("2:2", "s"))
     # a new run or image while a map is computed: the panel shows the hint, and the old handler adds nothing after it
-    lock.acquire()
-    try:
+    with held_forwards(shipped_tiny):
         panels = state.explain("0:3", "s")
         assert 'data-state="running"' in next(panels)
         assert 'data-state="empty"' in state.reset("s")
-    finally:
-        lock.release()
     assert list(panels) == []

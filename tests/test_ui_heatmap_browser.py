@@ -12,6 +12,7 @@ import io
 import json
 
 import pytest
+from conftest import held_forwards
 from test_ui_browser import MAX_NEW, _example, _run_and_wait, browser_env, open_page, outside_requests  # noqa: F401 - browser_env: the fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -86,29 +87,22 @@ def test_click_a_steered_token_shows_its_map_footprint_cancel_and_cache(browser_
 
     # Cancel: an attribution waiting for the models (held here) is stopped; nothing comes after it
     other = next(i for i in range(len(ref.trace)) if i not in steered)
-    lock = pipe.models_lock
-    lock.acquire()
-    try:
+    with held_forwards(pipe):
         _click_token(page, other)
         page.wait_for_selector(f'{PANEL}[data-state="running"]')
         assert "regions done" in page.locator(PANEL).inner_text() and page.locator(CANCEL).is_visible()
         page.locator(CANCEL).click()
         page.wait_for_selector(f'{PANEL}[data-state="cancelled"]')
         assert page.locator(CANCEL).is_hidden()
-    finally:
-        lock.release()
     page.wait_for_timeout(600)
     assert page.locator(PANEL).get_attribute("data-state") == "cancelled"
     _click_token(page, other)  # the same token again: computed this time
     page.wait_for_selector(f'{PANEL}[data-state="done"][data-position="{other}"]')
 
     # the first token's map is cached: it comes back while the models are busy (a fresh one would wait for them: the
-    # lock is held until it has come, so the page's default timeout bounds a hang, not the time a cached map takes)
-    lock.acquire()
-    try:
+    # models are held until it has come, so the page's default timeout bounds a hang, not the time a cached map takes)
+    with held_forwards(pipe):
         _click_token(page, pos)
         page.wait_for_selector(f'{PANEL}[data-state="done"][data-position="{pos}"]')
-    finally:
-        lock.release()
     assert outside_requests(env["requests"]) == []
     page.close()

@@ -222,7 +222,7 @@ def attribute(
     if tok_d is None:
         raise AsymSpecError(f"the token at position {position} has no id in the drafter's vocabulary: it cannot be attributed")
     images = result_images(result)
-    # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
+    # each model call in the loop that runs the pipeline's models (a scheduler's, else its direct loop's turn)
     features, _ = model_call(pipe, lambda: pipe.encoder.encode(p.pixel_values, p.image_grid_thw))
     t_features = time.perf_counter()
     grids, masks = [], [Mask(0, ())]  # the first row masks nothing: the reference in the same batched numerics
@@ -251,7 +251,7 @@ def attribute(
         report(len(masks), len(masks))
         return a0[None], scores
 
-    # each model call in the loop running on the pipeline, when one runs (else here, under the models' lock)
+    # each model call in the loop that runs the pipeline's models (a scheduler's, else its direct loop's turn)
     a, per_token = model_call(pipe, full_view_logits)
     t_masks = time.perf_counter()
     models = pipe.stream_models("asymspec")

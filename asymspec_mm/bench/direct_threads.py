@@ -1,8 +1,8 @@
 """Concurrent callers with no scheduler: ``pipe.generate`` from N threads at once against one request after another.
 
 With no loop started, a pipeline's direct calls are rows of its direct loop (:mod:`asymspec_mm.core.direct_loop`):
-callers on several threads share each turn's forwards. Before it, each caller stepped its own request and the
-models' lock took the callers' steps in turn, so N callers took about as long as N requests one after another.
+callers on several threads share each turn's forwards. Before it, each caller stepped its own request and a lock
+around the models took the callers' steps in turn, so N callers took about as long as N requests one after another.
 
 ``python -m asymspec_mm.bench.direct_threads`` answers ``--requests`` held-out MiniVista requests of ``--tokens``
 tokens (EOS ignored, the compressed views given, so every arm decodes the same tokens) in three arms, in turn,

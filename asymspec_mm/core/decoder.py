@@ -85,7 +85,7 @@ class BatchDecoder(RowDecoder):
         texts: bool = True,
     ):
         # texts=False: token ids only, the events' and answers' texts made on an output side (the scheduler's)
-        super().__init__({}, lock=pipe.models_lock, decode_token=(lambda i: pipe.tokenizer.decode([i])) if texts else None)
+        super().__init__({}, decode_token=(lambda i: pipe.tokenizer.decode([i])) if texts else None)
         self.pipe, self.texts = pipe, texts
         self._make = engines or RowStorages()
         self.models: dict[str, Any] = {}  # storage name -> its model (the prefill reads the same dict)
@@ -95,7 +95,6 @@ class BatchDecoder(RowDecoder):
             self.models,
             chunk_tokens=prefill_chunk_tokens,
             prefix_kv=pipe.prefix_kv,
-            lock=pipe.models_lock,
             staging=staging,
             decode=self.engines,
         )

@@ -12,11 +12,11 @@ to caller). A single caller drives every turn of its own request, with no thread
 core stepped on the caller's thread (BENCHMARKS.md).
 
 The core lives while it has work: when a turn leaves it empty it goes, with its KV storages, and the next request
-starts a fresh one. A scheduler started meanwhile takes the turns over: a turn that begins once it serves the
-pipeline's calls is one of its model calls (:meth:`~.loop_calls.LoopCalls.run`), between two of its steps (a turn
-driven from within a set-up runs on its caller's thread, under the models' lock that orders it against the
-scheduler's). Each turn's outputs reach their queues as the turn ends, on whichever thread ran it, so a request's
-steps arrive in order.
+starts a fresh one. One loop runs a pipeline's models at a time, by construction: a turn runs on its caller's thread
+only while no scheduler runs the pipeline's models (a scheduler starting waits for such a turn to end,
+:func:`~.loop_client.claim`); while one does, every turn is one of its model calls (:meth:`~.loop_calls.LoopCalls.run`),
+between two of its steps, on its decode thread. Each turn's outputs reach their queues as the turn ends, on
+whichever thread ran it, so a request's steps arrive in order.
 """
 
 from __future__ import annotations
@@ -74,19 +74,20 @@ class DirectLoop:
     :meth:`outputs` for a request, :meth:`decode_row` for a token request (a caption, a completion), :meth:`run` for
     any other model call (a :class:`~asymspec_mm.engines.model_calls.ModelLoop`).
 
-    ``make_core(pipe)`` builds the core when a request or call arrives and none is live; ``serving(pipe)`` is the
-    scheduler's loop that serves the pipeline's calls now, or ``None``; ``runs_every_turn(pipe)``: whether the
-    calling thread is a scheduler's decode thread of the pipeline. The loop holds its pipeline weakly (the
+    ``make_core(pipe)`` builds the core when a request or call arrives and none is live; ``models_here(pipe)``
+    (a context manager, :func:`~.loop_client.models_here`) says who runs a turn: it yields the scheduler that runs
+    the pipeline's models (the turn is one of its model calls), or ``None`` with this thread counted as running them
+    for the block; ``runs_every_turn(pipe)``: whether the calling thread is that scheduler's decode thread. The loop holds its pipeline weakly (the
     registry is keyed by it); a live core holds it."""
 
     def __init__(
         self,
         pipe: ServingPipeline,
         make_core: Callable[[ServingPipeline], EngineCore],
-        serving: Callable[[ServingPipeline], ModelLoop | None],
+        models_here: Callable[[ServingPipeline], contextlib.AbstractContextManager[ModelLoop | None]],
         runs_every_turn: Callable[[ServingPipeline], bool] = lambda pipe: False,
     ):
-        self._pipe, self.make_core, self.serving, self.runs_every_turn = weakref.ref(pipe), make_core, serving, runs_every_turn
+        self._pipe, self.make_core, self.models_here, self.runs_every_turn = weakref.ref(pipe), make_core, models_here, runs_every_turn
         self.cond = threading.Condition()  # the driver, the outputs and the core's life (the core's own table: core.cond)
         self.ids = itertools.count()  # request ids across the cores it makes
         self.core: EngineCore | None = None
@@ -152,11 +153,8 @@ class DirectLoop:
                 self.driver = me
         if alone:
             try:
-                loop = self.serving(self.pipe)
-                if loop is not None:
-                    return loop.run(lambda: self._as_turn(fn))
-                with self.pipe.models_lock:
-                    return self._as_turn(fn)
+                with self.models_here(self.pipe) as loop:
+                    return loop.run(lambda: self._as_turn(fn)) if loop is not None else self._as_turn(fn)
             finally:
                 with self.cond:
                     self.driver = None
@@ -241,15 +239,14 @@ class DirectLoop:
                     self.cond.notify_all()
 
     def _turn(self, core: EngineCore) -> None:
-        """One turn of ``core``: a model call of the scheduler's loop when one serves the pipeline's calls, else
-        here under the models' lock (which orders it against a scheduler's turns: one driven from within a set-up
-        runs here even while a scheduler runs)."""
-        loop = self.serving(self.pipe)
-        if loop is not None:
-            loop.run(lambda: self._step(core))
-            return
-        with self.pipe.models_lock:
-            self._step(core)
+        """One turn of ``core``: a model call of the scheduler that runs the pipeline's models when one does (at once
+        on its decode thread), else here, this thread then the one running them (a scheduler starting meanwhile
+        waits for the turn to end)."""
+        with self.models_here(self.pipe) as loop:
+            if loop is not None:
+                loop.run(lambda: self._step(core))
+            else:
+                self._step(core)
 
     def _step(self, core: EngineCore) -> None:
         """``core.step()`` on this thread, its outputs delivered to their queues at once (in the order of the turns,

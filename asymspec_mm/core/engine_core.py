@@ -237,8 +237,8 @@ class EngineCore:
         return self.take_outputs()
 
     def run_jobs(self, limit: int | None = None) -> int:
-        """The set-up model calls waiting (at most ``limit``; ``None``: all, those that come meanwhile too), each under
-        the models' lock and timed for the policy's costs; a failing one fails its caller alone. Returns how many ran."""
+        """The set-up model calls waiting (at most ``limit``; ``None``: all, those that come meanwhile too), each timed
+        for the policy's costs; a failing one fails its caller alone. Returns how many ran."""
         ran = 0
         while limit is None or ran < limit:
             with self.cond:
@@ -248,8 +248,7 @@ class EngineCore:
             ran += 1
             t0 = time.perf_counter()
             try:
-                with self.pipe.models_lock:
-                    future.set_result(fn())
+                future.set_result(fn())
             except Exception as exc:  # noqa: BLE001 - the caller's error, whatever it is (it must not wait forever)
                 future.set_exception(exc)
             except BaseException as exc:  # an interrupt of the thread running the turn: its own, not the caller's

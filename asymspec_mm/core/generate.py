@@ -69,10 +69,11 @@ def generate_batch(
     input order, once the requests before it have finished; the rest are cancelled. Each result's
     ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]`` the KV bytes it held
     per stream when it finished. While it runs, the scheduler serves the pipeline's own calls made on other threads
-    (``pipe.generate``, ``chat``, ...: rows of its batch, as under :meth:`AsymSpecPipeline.scheduler`), so no call
-    decodes beside it under the models' lock.
+    (``pipe.generate``, ``chat``, ...: rows of its batch, as under :meth:`AsymSpecPipeline.scheduler`). Where a
+    scheduler already runs the pipeline (one loop runs a pipeline's models), the requests are rows of its batch, under
+    its settings: the scheduler's options above are then refused, as that loop has its own.
     """
-    from .loop_client import attach
+    from .loop_client import serving_loop
     from .scheduler import Scheduler
 
     check_method(method)
@@ -82,8 +83,22 @@ def generate_batch(
         raise UnknownOptionError(f"batch_size={batch_size!r} must be an integer >= 1")
     todo = [as_request(r, i, method, cfg) for i, r in enumerate(requests)]
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
-    sched = Scheduler(pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk)
-    attach(pipe, sched)  # until it closes, other threads' calls of this pipeline join its loop (core.loop_client)
+    running = serving_loop(pipe)
+    if running is not None:
+        given = {
+            "kv_budget_bytes": kv_budget_bytes,
+            "on_step": on_step,
+            "prefill_chunk_tokens": prefill_chunk_tokens,
+            "batch_engines": batch_engines,
+        }
+        chosen = sorted(name for name, value in given.items() if value is not None)
+        if chosen:
+            raise UnknownOptionError(
+                f"{', '.join(chosen)}: a scheduler already runs this pipeline and its settings apply; leave these out, or close it first"
+            )
+    sched = running or Scheduler(
+        pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk
+    )
     handles = []
     try:
         handles = [sched.add(r) for r in todo]
@@ -92,4 +107,5 @@ def generate_batch(
         for h in handles:
             if not h.done():
                 h.cancel()
-        sched.close()
+        if sched is not running:
+            sched.close()

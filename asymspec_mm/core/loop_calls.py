@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
+from .loop_client import direct_loop
 from .request_state import RequestKind, RequestState
 from .setup_pool import setting_up
 
@@ -42,6 +43,24 @@ class LoopCalls:
     _finished: Callable[[], bool]
 
     @property
+    def on_decode_thread(self) -> bool:
+        """Whether the calling thread is this loop's decode thread (the one that runs the pipeline's models)."""
+        return threading.current_thread() is self._worker
+
+    @property
+    def takes_jobs(self) -> bool:
+        """Whether :meth:`run` hands a model call to the decode thread now: it runs and has not finished its work
+        (on the decode thread itself, a call runs at once)."""
+        with self._cond:
+            return self.error is None and (self.on_decode_thread or not self._finished())
+
+    @property
+    def leaving(self) -> bool:
+        """Whether it is closing or stopped: its decode thread ends once its work is done (another scheduler of its
+        pipeline may then start)."""
+        return self._closing or self.error is not None
+
+    @property
     def takes_calls(self) -> bool:
         """Whether a caller on another thread may hand it requests and model calls now (:mod:`.loop_client`): it
         runs, is not closing, and the caller is not its own decode thread (which would wait for itself)."""
@@ -55,15 +74,17 @@ class LoopCalls:
         with self._cond:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
-            # the loop's own thread, or a loop that has finished its work and leaves (it takes no more jobs): here,
-            # under the lock its own calls take
-            here = threading.current_thread() is self._worker or self._finished()
-            if not here:
+            at_once = self.on_decode_thread
+            # a loop that has finished its work takes no more jobs: the pipeline's direct loop runs the call once
+            # this loop's decode thread has ended
+            gone = not at_once and self._finished()
+            if not (at_once or gone):
                 self._jobs.append((lambda: context.run(fn), future))
             self._cond.notify_all()
-        if here:
-            with self.pipe.models_lock:
-                return fn()
+        if at_once:
+            return fn()
+        if gone:
+            return direct_loop(self.pipe).run(fn)
         return future.result()
 
     def decode_row(self, request: TokenRequest) -> TokenResult:

@@ -2,11 +2,14 @@
 runs (the server and the demo run one), ``pipe.generate`` / ``chat`` / ``stream`` hand their request to it and read
 its :class:`~.handle.Handle`, ``pipe.complete`` is a verifier row of its batch, and every other model call the
 pipeline makes from a caller's thread (``prepare``'s set-up, ``run``'s steps, ``compressed_view``'s caption) runs in
-the loop between two of its steps. So one thread, the loop's, runs every forward while it runs, and a caller's
-thread never waits for the models' lock. With no loop running the calls go to the pipeline's direct loop
-(:mod:`.direct_loop`): one engine core its callers drive, a turn at a time, on their own threads.
+the loop between two of its steps. So one thread, the loop's, runs every forward while it runs. With no loop
+running the calls go to the pipeline's direct loop (:mod:`.direct_loop`): one engine core its callers drive, a turn
+at a time, on their own threads.
 
-The registry is per pipeline and holds the loops weakly; the latest loop started that still takes calls serves.
+One loop runs a pipeline's models at a time, by construction, so no lock orders model calls: a scheduler claims the
+pipeline when it starts (:func:`claim`: it waits for a direct turn running on a caller's thread to end, and a second
+scheduler is refused while one runs) and releases it when its decode thread ends (:func:`release`); meanwhile every
+direct turn is one of its model calls (:func:`models_here`). The registry is per pipeline and holds it weakly.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from ..base.errors import AsymSpecError, UnknownOptionError
-from ..engines.model_calls import TokenRequest, current_loop, greedy_request, using_loop
+from ..engines.model_calls import ModelLoop, TokenRequest, current_loop, greedy_request, using_loop
 from ..request.request import request_of
 from ..request.session import GenerationStream
 from .direct_loop import DIRECT_ROWS, DirectLoop, direct_core
@@ -33,30 +36,126 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_LOOPS: weakref.WeakKeyDictionary[Any, list[weakref.ref]] = weakref.WeakKeyDictionary()
-_GUARD = threading.Lock()
+
+class PipelineBusyError(AsymSpecError):
+    """A second scheduler was started on a pipeline one already runs: one loop runs a pipeline's models."""
 
 
-def attach(pipe: Any, loop: Scheduler) -> None:
-    """``loop`` serves ``pipe``'s calls from now on, while it takes calls (:attr:`Scheduler.takes_calls`)."""
-    with _GUARD:
-        loops = [ref for ref in _LOOPS.get(pipe, []) if ref() is not None]
-        _LOOPS[pipe] = [*loops, weakref.ref(loop)]
+#: The scheduler that runs each pipeline's models: from its start (:func:`claim`) until its decode thread ends
+#: (:func:`release`). While a pipeline has one, every other model call of it is a job of that loop.
+_OWNER: weakref.WeakKeyDictionary[Any, Scheduler] = weakref.WeakKeyDictionary()
+#: How many turns of each pipeline's direct loop run on a caller's thread now (no scheduler owning its models).
+_ALONE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: How many schedulers are waiting to claim each pipeline: direct turns wait for them rather than start (a stream of
+#: direct callers cannot keep a scheduler from starting).
+_CLAIMING: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: How many :func:`paused` blocks hold each pipeline's turns now.
+_PAUSED: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_COND = threading.Condition()
+
+
+@contextmanager
+def paused(pipe: Any) -> Iterator[None]:
+    """While the block runs no turn of ``pipe``'s loops starts (a turn already running finishes): a direct turn or
+    call waits before it runs, a scheduler's decode thread before its next step. Requests and calls still enter and
+    wait together for the next turn (vLLM's ``pause_generation``, for a consistent look at a pipeline, or a batch
+    made to start together)."""
+    with _COND:
+        _PAUSED[pipe] = _PAUSED.get(pipe, 0) + 1
+    try:
+        yield
+    finally:
+        with _COND:
+            _PAUSED[pipe] -= 1
+            _COND.notify_all()
+
+
+def wait_unpaused(pipe: Any) -> None:
+    """Return once no :func:`paused` block holds ``pipe``'s turns (a scheduler's decode thread, before each step)."""
+    with _COND:
+        while _PAUSED.get(pipe, 0):
+            _COND.wait()
+
+
+def claim(pipe: Any, loop: Scheduler) -> None:
+    """``loop`` (a scheduler starting, before its threads do) runs ``pipe``'s models from now on, and serves its
+    calls while it takes them. Waits for a direct turn running on a caller's thread to end (no new one starts
+    meanwhile), and for a scheduler that is closing to finish its work; refuses a second scheduler while another
+    runs (:class:`PipelineBusyError`)."""
+    with _COND:
+        owner = _OWNER.get(pipe)
+        if owner is not None and not owner.leaving:
+            raise PipelineBusyError(
+                "a scheduler already runs this pipeline's models: submit to it (pipeline calls go through it), "
+                "or close() it before starting another"
+            )
+        _CLAIMING[pipe] = _CLAIMING.get(pipe, 0) + 1
+        try:
+            while _OWNER.get(pipe) is not None or _ALONE.get(pipe, 0):
+                _COND.wait()
+            _OWNER[pipe] = loop
+        finally:
+            _CLAIMING[pipe] -= 1
+            _COND.notify_all()
+
+
+def release(pipe: Any, loop: Scheduler) -> None:
+    """``loop``'s decode thread has ended: it runs none of ``pipe``'s models any more."""
+    with _COND:
+        if _OWNER.get(pipe) is loop:
+            del _OWNER[pipe]
+        _COND.notify_all()
+
+
+def running_loop(pipe: Any) -> Scheduler | None:
+    """The scheduler that runs ``pipe``'s models now (from its start until its decode thread ends), or ``None``."""
+    with _COND:
+        return _OWNER.get(pipe)
+
+
+@contextmanager
+def models_here(pipe: Any) -> Iterator[Scheduler | None]:
+    """Who runs a turn of ``pipe``'s direct loop: yields the scheduler that owns ``pipe``'s models and takes jobs
+    (the turn is to be one of its model calls), or ``None``, this thread then counted as running the models until
+    the block ends (a scheduler starting meanwhile waits for it). While a scheduler that takes no more jobs is still
+    leaving, waits for its decode thread to end; while one is starting, for it to take over; while the pipeline is
+    :func:`paused`, for the block to end."""
+    with _COND:
+        while (
+            _PAUSED.get(pipe, 0)
+            or ((owner := _OWNER.get(pipe)) is not None and not owner.takes_jobs)
+            or (owner is None and _CLAIMING.get(pipe, 0))
+        ):
+            _COND.wait()
+        if owner is None:
+            _ALONE[pipe] = _ALONE.get(pipe, 0) + 1
+    if owner is not None:
+        yield owner
+        return
+    try:
+        yield None
+    finally:
+        with _COND:
+            _ALONE[pipe] -= 1
+            _COND.notify_all()
 
 
 def serving_loop(pipe: Any) -> Scheduler | None:
-    """The loop that serves a call of ``pipe`` made on this thread, or ``None`` (the direct path): the latest loop
-    attached to ``pipe`` that takes calls. ``None`` on that loop's own decode thread (a listener calling the
+    """The loop that serves a call of ``pipe`` made on this thread, or ``None`` (the direct path): the scheduler
+    running ``pipe``'s models, while it takes calls. ``None`` on that loop's own decode thread (a listener calling the
     pipeline) and inside a set-up a loop already serves (its model calls go to that loop), which must not wait for
     the loop they run in."""
     if current_loop() is not None:
         return None
-    with _GUARD:
-        loops = [ref() for ref in _LOOPS.get(pipe, [])]
-    for loop in reversed(loops):
-        if loop is not None and loop.takes_calls:
-            return loop
-    return None
+    loop = running_loop(pipe)
+    return loop if loop is not None and loop.takes_calls else None
+
+
+def home_loop(pipe: Any) -> ModelLoop:
+    """The loop a model call of ``pipe`` made outside any loop's scope runs in (the captioner or the preparer called
+    alone, a summary outside a request's route): the scheduler serving ``pipe``, else its direct loop."""
+    loop = serving_loop(pipe) if not _on_decode_thread(pipe) else None
+    return loop if loop is not None else direct_loop(pipe)
 
 
 def model_call(pipe: Any, fn: Callable[[], T]) -> T:
@@ -70,17 +169,15 @@ def model_call(pipe: Any, fn: Callable[[], T]) -> T:
     if serving is not None:
         return serving.run(fn)
     if _on_decode_thread(pipe):
-        with pipe.models_lock:
-            return fn()
+        return fn()
     return direct_loop(pipe).run(fn)
 
 
 def _on_decode_thread(pipe: Any) -> bool:
-    """Whether this thread is the decode thread of a loop attached to ``pipe`` (a listener calling the pipeline)."""
-    me = threading.current_thread()
-    with _GUARD:
-        loops = [ref() for ref in _LOOPS.get(pipe, [])]
-    return any(getattr(loop, "_worker", None) is me for loop in loops if loop is not None)
+    """Whether this thread is the decode thread of the scheduler running ``pipe``'s models (a listener calling the
+    pipeline)."""
+    loop = running_loop(pipe)
+    return loop is not None and loop.on_decode_thread
 
 
 _DIRECT: weakref.WeakKeyDictionary[Any, DirectLoop] = weakref.WeakKeyDictionary()
@@ -89,10 +186,10 @@ _DIRECT: weakref.WeakKeyDictionary[Any, DirectLoop] = weakref.WeakKeyDictionary(
 def direct_loop(pipe: Any) -> DirectLoop:
     """``pipe``'s direct loop (:mod:`.direct_loop`; one per pipeline, made on first use): what serves its calls
     while no scheduler does."""
-    with _GUARD:
+    with _COND:
         loop = _DIRECT.get(pipe)
         if loop is None:
-            loop = _DIRECT[pipe] = DirectLoop(pipe, lambda p: direct_core(p, max_batch_size=DIRECT_ROWS), serving_loop, _on_decode_thread)
+            loop = _DIRECT[pipe] = DirectLoop(pipe, lambda p: direct_core(p, max_batch_size=DIRECT_ROWS), models_here, _on_decode_thread)
         return loop
 
 

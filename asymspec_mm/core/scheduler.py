@@ -43,6 +43,7 @@ from .decoder import BatchEngineFactory
 from .engine_core import EngineCore, EngineOutput
 from .handle import Handle, QueueFullError, SchedulerStoppedError
 from .loop_calls import LoopCalls
+from .loop_client import claim, release, wait_unpaused
 from .output_processor import OutputProcessor
 from .policy import DEFAULT_TOKEN_BUDGET, MIN_PREFILL_TOKENS, TurnPlan
 from .prefill import DEFAULT_CHUNK_TOKENS
@@ -146,8 +147,15 @@ class Scheduler(LoopCalls, SetupPool):
         #: times each kind of worker thread woke from waiting for work (a row decoding wakes no set-up thread)
         self.wakeups = {"decode": 0, "setup": 0}
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
-        self._worker.start()
-        self._setups = self._start_setup(setup_workers)
+        claim(pipe, self)  # from now on the decode thread runs the pipeline's models, and serves its calls
+        try:
+            self._worker.start()
+            self._setups = self._start_setup(setup_workers)
+        except BaseException:
+            self._stop_on(AsymSpecError("the scheduler's threads could not start"))
+            if not self._worker.is_alive():
+                release(pipe, self)
+            raise
 
     # ---------------------------------------------------------------- callers
     def submit(self, image, question: str, *, config: AsymSpecConfig | None = None, **options) -> Handle:
@@ -247,9 +255,13 @@ class Scheduler(LoopCalls, SetupPool):
 
     def _run(self) -> None:
         """The decode thread: the engine core's turns while it has work, their outputs to the output thread (the
-        loaded heap frozen meanwhile: :mod:`~asymspec_mm.base.gc_heap`)."""
-        with frozen_heap():
-            self._turns()
+        loaded heap frozen meanwhile: :mod:`~asymspec_mm.base.gc_heap`); when it ends, the pipeline's models are no
+        longer this loop's to run (:func:`~.loop_client.release`)."""
+        try:
+            with frozen_heap():
+                self._turns()
+        finally:
+            release(self.pipe, self)
 
     def _turns(self) -> None:
         try:
@@ -260,6 +272,7 @@ class Scheduler(LoopCalls, SetupPool):
                         self.wakeups["decode"] += 1
                     if self._finished() or self.error is not None:
                         return
+                wait_unpaused(self.pipe)
                 self._retire_waiting()
                 for out in self._core.step():
                     self._deliver(out)

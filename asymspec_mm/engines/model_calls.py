@@ -1,17 +1,18 @@
-"""Where a request's set-up runs its model calls: on the calling thread under the models' lock, or in the engine loop.
+"""Where a request's set-up runs its model calls: in the engine loop serving it (or the pipeline's home loop).
 
 A request's set-up runs no model of its own when an engine loop serves it (the scheduler's decode thread): the
 vision tower's call is handed to the loop (:meth:`ModelLoop.run`, between two of its steps) and a caption is a
 drafter row the loop decodes beside every other row (:meth:`ModelLoop.decode_row`, its forwards shared with the
 drafting forwards). The set-up thread is left with what runs no model (image decoding, OCR, tokenizing, grammar
 compilation). The loop serving a set-up is scoped with :func:`using_loop`, so the set-up code itself is the same
-for a single request and the scheduler.
+for a single request and the scheduler; a call made outside any scope runs in the pipeline's ``home_loop``
+(:data:`HomeLoop`), so one loop runs a pipeline's models at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -91,16 +92,27 @@ def using_loop(loop: ModelLoop | None) -> Iterator[None]:
         _LOOP.reset(token)
 
 
-def run_model(fn: Callable[[], T], lock: AbstractContextManager) -> T:
-    """One set-up model call: in the serving loop when there is one, else here under ``lock``."""
+#: Where a pipeline's model calls made outside every loop's scope run (the captioner or the preparer called alone):
+#: ``home()`` is the pipeline's loop for them (its scheduler, else its direct loop). ``None``: models with no
+#: pipeline, called on the calling thread.
+HomeLoop = Callable[[], ModelLoop]
+
+
+def loop_for(home: HomeLoop | None) -> ModelLoop | None:
+    """The loop a model call made here runs in: the one serving this set-up, else ``home()``, else ``None`` (here)."""
     loop = _LOOP.get()
-    if loop is not None:
-        return loop.run(fn)
-    with lock:
-        return fn()
+    if loop is None and home is not None:
+        loop = home()
+    return loop
 
 
-def model_runner(lock: AbstractContextManager) -> Callable[[Callable[[], T]], T]:
-    """:func:`run_model` with ``lock`` bound: what code that may call a model takes as its ``run`` (the vision
+def run_model(fn: Callable[[], T], home: HomeLoop | None) -> T:
+    """One model call (``fn``) in the loop :func:`loop_for` names, between two of its steps; here when there is none."""
+    loop = loop_for(home)
+    return loop.run(fn) if loop is not None else fn()
+
+
+def model_runner(home: HomeLoop | None) -> Callable[[Callable[[], T]], T]:
+    """:func:`run_model` with ``home`` bound: what code that may call a model takes as its ``run`` (the vision
     encoder's tower pass on a cache miss)."""
-    return lambda fn: run_model(fn, lock)
+    return lambda fn: run_model(fn, home)

@@ -47,7 +47,7 @@ class PromptImages:
 
     mm_token_type_ids: ``[L]`` over the whole prompt, 1 at image pads; pixel_values / image_grid_thw as the
     Qwen3-VL processor returns them; image_keys: each image's content key, in order (what KV reuse knows it by);
-    features: their vision features when the caller encoded them already (a prefill under the models' lock then runs
+    features: their vision features when the caller encoded them already (a prefill, one model call of a loop, then runs
     no tower and waits on no cache slot).
     """
 

@@ -1,6 +1,6 @@
 """``pipe.complete``: the verifier's greedy completion of a one-turn chat (MathVista's answer extraction), decoded
 as a row of the pipeline's running engine loop when one runs, else as the same row on an engine core stepped on
-the calling thread (a served verifier: one model call under the models' lock)."""
+the calling thread (a served verifier: one model call of the loop that runs the models)."""
 
 from __future__ import annotations
 

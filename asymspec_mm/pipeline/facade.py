@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -19,14 +20,14 @@ import torch
 from captioning.view import CompressedView
 
 from ..base.config import AsymSpecConfig
-from ..base.locks import FairRLock
+from ..base.errors import AsymSpecError
 from ..core.direct import on_core, session_steps
-from ..core.loop_client import DIRECT_OPTIONS, attach, direct_loop, handle_stream, loop_handle, loop_scope, model_call, serving_loop
+from ..core.loop_client import DIRECT_OPTIONS, direct_loop, handle_stream, home_loop, loop_handle, loop_scope, model_call, serving_loop
 from ..decode import Counters, TokenEvent, steps_for
 from ..decode.loops import Timer
 from ..engines import EngineFactory
 from ..engines.loading import MIN_VOCAB_OVERLAP, check_vocabularies, resolve_device
-from ..engines.model_calls import using_loop
+from ..engines.model_calls import ModelLoop, using_loop
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES
 from ..request.models import ModelSet
 from ..request.preparing import RequestPreparer, ServingPipeline
@@ -138,6 +139,7 @@ class AsymSpecPipeline(PipelineLoading):
             sd_drafter=sd_drafter,
             sd_drafter_tokenizer=sd_drafter_tokenizer,
             min_vocab_overlap=min_vocab_overlap,
+            home_loop=functools.partial(_home_loop, weakref.ref(self)),
         )
         #: the OCR worker processes' engine this pipeline made (``ocr_workers``), stopped by :meth:`close`
         self._ocr_pool = ocr_worker_engine(ocr, ocr_workers)
@@ -157,13 +159,6 @@ class AsymSpecPipeline(PipelineLoading):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def models_lock(self) -> FairRLock:
-        """The lock held around every model call (re-entrant, first come first served) by the thread running a turn
-        of one of the pipeline's loops (a scheduler's decode thread, the direct loop's driving caller), which it
-        orders, and by the parts used outside any loop (the captioner or the preparer called alone)."""
-        return self.models.lock
 
     @property
     def sd_drafter_name(self) -> str:
@@ -280,7 +275,6 @@ class AsymSpecPipeline(PipelineLoading):
         sched = Scheduler(
             self, max_batch_size=max_batch_size, max_queue=max_queue, max_kv_bytes=max_kv_bytes, batch_engines=batch_engines, **options
         )
-        attach(self, sched)  # while it runs, this pipeline's own calls go through it (asymspec_mm.core.loop_client)
         return sched
 
     def stream(self, image, question: str, **kwargs) -> GenerationStream:
@@ -373,7 +367,7 @@ class AsymSpecPipeline(PipelineLoading):
 
         def decoded_steps():
             while True:
-                # one step at a time across requests: in the running loop, else here under the models' lock
+                # each step a model call of the loop that runs the pipeline's models (a scheduler's, else the direct loop's turn)
                 events = model_call(self, lambda: next(steps, None))
                 if events is None:
                     return
@@ -427,3 +421,12 @@ def mm_generate(image, question: str, *, preset: str = "auto", **kwargs) -> MMRe
             _DEFAULTS[preset] = AsymSpecPipeline.from_preset(preset)
         pipe = _DEFAULTS[preset]
     return pipe.generate(image, question, **kwargs)
+
+
+def _home_loop(pipe_ref: weakref.ref) -> ModelLoop:
+    """The loop a pipeline's model calls made outside any loop's scope run in (:func:`~asymspec_mm.core.loop_client.home_loop`);
+    the pipeline held weakly, as its loops' registry holds it."""
+    pipe = pipe_ref()
+    if pipe is None:  # pragma: no cover - its models' caller holds the pipeline
+        raise AsymSpecError("the pipeline of these models is gone")
+    return home_loop(pipe)

@@ -21,7 +21,7 @@ from vision_cache.hashing import image_content_hash
 from ..decode import AsymSpecConfig, greedy_steps
 from ..engines import PromptImages, VLEngine
 from ..engines.loading import eos_ids
-from ..engines.model_calls import ModelLoop, TokenRequest, current_loop, model_runner
+from ..engines.model_calls import HomeLoop, ModelLoop, TokenRequest, loop_for, model_runner
 from ..engines.pieces import image_prompt
 
 __all__ = ["DrafterCaptioner"]
@@ -31,13 +31,15 @@ class DrafterCaptioner:
     """Captions an image with a Qwen3-VL model (the pipeline's drafter by default).
 
     ``encoder`` is the pipeline's :class:`vision_cache.VisionEncoder`, so the tower runs at most once
-    per image across captioning and decoding. ``lock`` (the pipeline's models lock) is held around each
-    model call only (the prefill, then each token's step), so a caption being written on a set-up thread
-    lets the rows being decoded on another thread step in between.
+    per image across captioning and decoding. The caption is a drafter row of the loop serving the set-up that
+    asks for it, else of ``home_loop()`` (a pipeline's: the loop its calls made outside any loop run in), so the
+    rows decoding there step beside it; with neither (a captioner of one's own model) it is decoded here.
     """
 
-    def __init__(self, model, processor, encoder, prompt: str = CAPTION_PROMPT, max_new_tokens: int = 256, lock=None):
-        self.lock = lock if lock is not None else threading.RLock()
+    def __init__(
+        self, model, processor, encoder, prompt: str = CAPTION_PROMPT, max_new_tokens: int = 256, home_loop: HomeLoop | None = None
+    ):
+        self.home_loop = home_loop
         self.model = model
         self.processor = processor
         self.encoder = encoder
@@ -79,7 +81,7 @@ class DrafterCaptioner:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         enc = self.processor(text=[text], images=[image], return_tensors="pt")
-        loop = current_loop() if isinstance(self.model, torch.nn.Module) else None  # a loop batches transformers rows
+        loop = loop_for(self.home_loop) if isinstance(self.model, torch.nn.Module) else None  # a loop batches transformers rows
         tokens = self._in_loop(loop, enc) if loop is not None else self._here(image, enc)
         return self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
@@ -103,22 +105,18 @@ class DrafterCaptioner:
         return loop.decode_row(request).token_ids
 
     def _here(self, image, enc: dict) -> list[int]:
-        """The caption's tokens decoded on this thread, the lock taken per model call."""
+        """The caption's tokens decoded on this thread, each model call in :meth:`_write`'s loop when there is one
+        (a served model's), else here."""
         engine = VLEngine(self.model, name="captioner", encoder=self.encoder)
         ids = enc["input_ids"][0]
-        # the features first, outside the lock: a set-up served by a loop may own this image's cache slot while its
-        # tower pass waits for the loop, which waits for the lock
-        features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=model_runner(self.lock))
-        with self.lock:
-            engine.prefill(
-                ids[:-1], PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0], features=features)
-            )
+        run = model_runner(self.home_loop)
+        # the features first, their tower pass a call of its own: a set-up served by a loop may own this image's
+        # cache slot while its tower pass waits for that loop
+        features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=run)
+        images = PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0], features=features)
+        run(lambda: engine.prefill(ids[:-1], images))
         tokens: list[int] = []
         steps = greedy_steps(engine, ids[-1:].to(engine.device), self._config(), eos_ids([self.processor.tokenizer]), is_verifier=False)
-        while True:
-            with self.lock:  # one token's step at a time
-                events = next(steps, None)
-            if events is None:
-                break
+        while (events := run(lambda: next(steps, None))) is not None:  # one token's step a call
             tokens.extend(ev.token_id for ev in events)
         return tokens

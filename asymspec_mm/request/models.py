@@ -4,7 +4,7 @@ A request decodes up to three streams (``drafter_full``, ``drafter_comp``, ``ver
 needs: :data:`~asymspec_mm.decode.rows.STREAMS_OF`). This module is the one place that says which model serves
 each stream and which prompt it reads, so single-row set-up (:mod:`asymspec_mm.request.preparing`), batched prefill and
 batched decoding (:mod:`asymspec_mm.core`) cannot disagree about it. It also owns what the models share across
-requests: their lock, the vision-feature cache and the KV kept for reuse (:class:`~asymspec_mm.engines.PrefixKV`).
+requests: the loop their calls made outside any loop run in, the vision-feature cache and the KV kept for reuse (:class:`~asymspec_mm.engines.PrefixKV`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from ..base.errors import UnknownOptionError
-from ..base.locks import FairRLock
 from ..base.vocab_bridge import bridge_of
 from ..decode.rows import STREAMS_OF
 from ..engines import Engine, EngineFactory
 from ..engines.loading import MIN_VOCAB_OVERLAP, check_vocabularies, cross_family_eos, eos_ids
+from ..engines.model_calls import HomeLoop
 from ..engines.prefix_kv import DEFAULT_PREFIX_KV_BYTES, PrefixKV
 from ..engines.text_processor import image_refusal, reads_images
 from ..engines.vllm import logit_width
@@ -37,7 +37,8 @@ class ModelSet:
     ``check_vocab`` compares the two vocabularies: one vocabulary decodes as it always has; two (a cross-family pair)
     get the map between them (:attr:`vocab_map`, :attr:`vocab`; refused when they overlap less than
     ``min_vocab_overlap`` of either vocabulary), and the answers are then the verifier's ids (:attr:`tokenizer` is the
-    verifier's). Without ``check_vocab`` the pair is taken as one vocabulary, unchecked.
+    verifier's). Without ``check_vocab`` the pair is taken as one vocabulary, unchecked. ``home_loop`` (a
+    pipeline's: :attr:`home_loop`) runs the model calls made outside every loop's scope.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class ModelSet:
         sd_drafter: Any = None,
         sd_drafter_tokenizer: Any = None,
         min_vocab_overlap: float = MIN_VOCAB_OVERLAP,
+        home_loop: HomeLoop | None = None,
     ):
         from vision_cache.features import VisionEncoder
 
@@ -81,11 +83,10 @@ class ModelSet:
             if sd_drafter is not None:
                 sd_tok = sd_drafter_tokenizer or verifier_tokenizer
                 check_vocabularies(sd_tok, verifier_tokenizer, logit_width(sd_drafter), logit_width(verifier), "SD drafter")
-        # one model call at a time across threads, in arrival order. Needed by the direct path only: callers that decode
-        # on their own threads when no engine loop runs. While one runs every call goes through it
-        # (asymspec_mm.core.loop_client) and only its decode thread takes the lock, uncontended; it still takes it per
-        # call so that a direct call already between two steps when the loop started never runs beside it.
-        self.lock = FairRLock()
+        #: the loop that runs a model call made outside every loop's scope (the pipeline's: its scheduler, else its
+        #: direct loop; ``None``: no pipeline, the call runs on the calling thread). One loop runs a pipeline's models
+        #: at a time (asymspec_mm.core.loop_client), so no lock orders them.
+        self.home_loop: HomeLoop | None = home_loop
         self.encoder = VisionEncoder(drafter, cache_bytes=vision_cache_bytes, model_key=str(getattr(drafter, "name_or_path", "")))
         # every stream's prompts (and finished answers), reused by any later request that starts the same way: the
         # next turn of a conversation, another question about an image (0 disables)

@@ -37,17 +37,13 @@ from .request import Request
 from .session import Session
 
 if TYPE_CHECKING:
-    from ..base.locks import FairRLock
     from ..decode import Counters, TokenEvent
     from .session import MMResult
 
 
 class ServingPipeline(Protocol):
-    """What decoding prepared sessions on shared models needs: the models' lock, the drafter's tokenizer (token
-    texts), the KV kept for reuse, which model serves each stream, set-up, and a decoded session's result."""
-
-    @property
-    def models_lock(self) -> FairRLock: ...
+    """What decoding prepared sessions on shared models needs: the drafter's tokenizer (token texts), the KV kept for
+    reuse, which model serves each stream, set-up, and a decoded session's result."""
 
     @property
     def tokenizer(self) -> Any: ...
@@ -122,9 +118,11 @@ class RequestPreparer:
 
         self.models = models
         self.name = "custom"  # the loaded pair's preset name (the facade's ``name``): which warnings apply
-        # the captioner takes the models' lock per model call, so rows decoding elsewhere step between its tokens
+        # the captioner's model calls run in the loop serving the set-up (else the pipeline's), its caption a row of it
         self.captioner = (
-            DrafterCaptioner(models.drafter, models.processor, models.encoder, lock=models.lock) if captioner == "drafter" else captioner
+            DrafterCaptioner(models.drafter, models.processor, models.encoder, home_loop=models.home_loop)
+            if captioner == "drafter"
+            else captioner
         )
         self._ocr_start = threading.Lock()  # the OCR engine is created once, on first use, whichever thread asks
         self._ocr_spec = ocr
@@ -267,8 +265,8 @@ class RequestPreparer:
         img = load_image(req.image)
         warnings = warn_request(self.name, req.question, [img.size], req.domain_advice)  # logged before the slow part of the set-up
         budget = {} if req.max_caption_chars is None else {"max_caption_chars": req.max_caption_chars}
-        # The models' lock is held around each model call only (each caption token, the prefills), never across
-        # OCR or tokenizing, so a request set up on one thread lets rows decoding on another step in between.
+        # Each model call (the caption's row, the tower, the prefills) runs in a loop, never OCR or tokenizing, so a
+        # request set up on one thread lets rows decoding in that loop step in between.
         timings: dict[str, float] = {}
         if req.ocr is None and self._ocr_engine is None and on_phase is not None:
             on_phase("ocr_engine")
@@ -445,7 +443,7 @@ class RequestPreparer:
         text_only = p.pixel_values is None  # a conversation without images: the full view is text too
         out = {name: text_prompt(ids[name][0, :-1], reuse=reuse) for name in names if name != "drafter_full" or text_only}
         if "drafter_full" in names and not text_only:
-            features, _ = m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))
+            features, _ = m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.home_loop))
             merge = m.drafter.config.vision_config.spatial_merge_size
             out["drafter_full"] = image_prompt(
                 ids["drafter_full"][0, :-1], p.mm_token_type_ids[0], features, merge, image_keys=image_keys, reuse=reuse
@@ -458,8 +456,8 @@ class RequestPreparer:
         """Prefill the streams ``method`` needs but ``skip`` (each caches ``prompt[:-1]``); return them and every
         stream's pending token.
 
-        Each stream's prefill is one model call of its own (in the serving loop, else under the models' lock), so
-        rows decoding on another thread step between them rather than after the whole set-up."""
+        Each stream's prefill is one model call of its own (in the loop serving the set-up, else the pipeline's), so
+        rows decoding in that loop step between them rather than after the whole set-up."""
         m = self.models
         models, ids = m.stream_models(method), m.stream_ids(method, p)
         streams: dict[str, Any] = {}
@@ -471,8 +469,8 @@ class RequestPreparer:
                 served = m.drafter_full is not None  # on vLLM, which runs its own tower; its prefix cache keeps the KV
                 engine = m.drafter_full.vision_engine(name) if served else m.drafter_engine(engines, name, encoder=m.encoder)
                 if images:  # a conversation without images reads the full view as text
-                    # the features first, never under the lock (the feature cache may wait on the serving loop)
-                    features = None if served else m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.lock))[0]
+                    # the features first, their tower pass a model call of its own (the feature cache may wait on the loop)
+                    features = None if served else m.encoder.encode(p.pixel_values, p.image_grid_thw, run=model_runner(m.home_loop))[0]
                     args += (PromptImages(list(images), p.pixel_values, p.image_grid_thw, p.mm_token_type_ids[0], image_keys, features),)
             elif name == "verifier":
                 engine = m.verifier_engine(engines)
@@ -482,8 +480,8 @@ class RequestPreparer:
                 engine = m.drafter_engine(engines, name)  # the drafter's text-only stream (a VL drafter's: rope delta 0)
             else:
                 engine = engines.text(model, name, prefix_kv=m.prefix_kv)
-            # in the serving loop when one serves this set-up (a vLLM-served stream's prefill too), else here
-            run_model(functools.partial(engine.prefill, *args), m.lock)
+            # in the loop serving this set-up (a vLLM-served stream's prefill too), else the pipeline's
+            run_model(functools.partial(engine.prefill, *args), m.home_loop)
             streams[name] = engine
         devices = {name: streams[name].device if name in streams else model_device(x) for name, x in models.items()}
         return streams, {name: ids[name][0, -1:].to(devices[name]) for name in models}

@@ -16,7 +16,7 @@ from ..base.errors import ContextOverflowError
 from ..decode import greedy_steps
 from ..engines import EngineFactory
 from ..engines.loading import eos_ids
-from ..engines.model_calls import current_loop, greedy_request, run_model
+from ..engines.model_calls import greedy_request, loop_for, run_model
 from .models import ModelSet
 
 #: What the model is asked; ``{text}`` is the message's text.
@@ -42,9 +42,10 @@ def chat_prompt_ids(models: ModelSet, which: str, prompt: str) -> list[int]:
 
 def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: str, max_new_tokens: int) -> str:
     """``which`` model's greedy answer to ``prompt`` (``verifier`` or ``drafter``). In a set-up an engine loop serves
-    (a scheduler's, or the pipeline's direct loop on the direct path) it is a token request, a row of that loop's
-    batch and a child of the request being set up (as a caption is); elsewhere it is decoded on a fresh stream of the
-    pipeline's engines, one model call at a time under the models' lock."""
+    (a scheduler's, or the pipeline's direct loop on the direct path), or outside any (the pipeline's loop for such
+    calls: ``models.home_loop``), it is a token request, a row of that loop's batch (and a child of the request being
+    set up, as a caption is); a served model's is decoded on a fresh stream of the pipeline's engines, each model call
+    in that loop."""
     model = models.verifier if which == "verifier" else models.drafter
     tok = models.verifier_tokenizer if which == "verifier" else models.processor.tokenizer
     ids = torch.tensor(chat_prompt_ids(models, which, prompt), dtype=torch.long)
@@ -53,7 +54,7 @@ def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: s
     if limit and ids.numel() + max_new_tokens > limit:
         raise ContextOverflowError(f"the summary prompt has {ids.numel()} tokens; the {which}'s window is {limit}")
     eos = eos_ids([tok], [model])
-    loop = current_loop() if isinstance(model, torch.nn.Module) else None  # a loop batches transformers rows
+    loop = loop_for(models.home_loop) if isinstance(model, torch.nn.Module) else None  # a loop batches transformers rows
     if loop is not None:
         method, stream = ("floor", "verifier") if which == "verifier" else ("drafter", "drafter_full")
         tokens = loop.decode_row(greedy_request(method, stream, ids, max_new_tokens, eos, kind="summary")).token_ids
@@ -64,12 +65,12 @@ def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: s
         engine.prefill(ids[:-1])
         return engine
 
-    engine = run_model(start, models.lock)
+    engine = run_model(start, models.home_loop)
     cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
     steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos, is_verifier=which == "verifier")
     tokens: list[int] = []
     while True:
-        events = run_model(lambda: next(steps, None), models.lock)
+        events = run_model(lambda: next(steps, None), models.home_loop)
         if events is None:
             break
         tokens += [ev.token_id for ev in events]

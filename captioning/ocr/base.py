@@ -32,7 +32,7 @@ class OCREngine(abc.ABC):
     Subclasses implement :meth:`_read_unordered`; the base class converts the image to RGB and
     orders the result, so every engine yields the same ordering. An engine reads one image at a time
     (EasyOCR's and RapidOCR's readers are not thread-safe): requests set up on several threads queue here,
-    not on the models' lock.
+    not in the engine loop.
     """
 
     name: str = "ocr"
