@@ -163,6 +163,10 @@ def test_pipeline_runs_decode_on_the_engine_core_with_every_stream_timed(tiny_di
             assert run["prefill_calls"] == dict.fromkeys(streams, 1) and all(run["prefill_forward_s"][s] > 0 for s in streams)
             assert run["prefill_tokens"] == {s: run["context"][s] - 1 for s in streams}
             assert run["context"] == {s: getattr(plain.prompts, f"{s}_ids").shape[1] for s in streams}  # [1, L]
+        # a plain run (throughput on CUDA): the same route with no proxy, no timer and no split
+        bare = runner.run(v, cfg, case=case, instrument=False)
+        assert bare["route"] == "core" and bare["token_ids"] == run["token_ids"] and "split" not in bare
+        assert bare["checks"]["forwarded_ok"] and bare["prefill_calls"] == run["prefill_calls"]
     assert refusing.calls == 0
 
 
