@@ -25,7 +25,9 @@ def result(tiny_pipe):
 def test_every_run_passes_its_bookkeeping_checks(result):
     runs = result["main"]["runs"]
     assert len(runs) == 2 * 5  # reps x variants, one case each
+    assert result["meta"]["route"] == "core" and any(n.startswith("route: engine core") for n in result["notes"])
     for run in runs:
+        assert run["route"] == "core", run["variant"]
         ch = run["checks"]
         assert ch["forwarded_ok"], (run["variant"], run["decode_forwarded"], ch["expected_forwarded"])
         assert ch["tokens_ok"] and ch["per_position_monotone"], run
@@ -109,11 +111,91 @@ def test_bench_runs_decode_the_same_tokens_as_plain_generate(tiny_pipe):
     runner = bench.Runner(bench.BenchPair(tiny_pipe, "t", "t", trained=True), ignore_eos=False, image_tokens=0, sync=False)
     attributes = {name: id(value) for name, value in vars(tiny_pipe).items()}
     run = runner.run(Variant.parse("asymspec"), cfg, case=case)
-    # The loop decoded through the timing proxies of all three streams, and timed its gate.
+    # The core decoded through the timing proxies of all three row storages, and timed its gate: the proxies and the
+    # runner's own turns change nothing of what the library's route decodes.
+    assert run["route"] == "core"
     assert set(run["extend_costs"]) == {"drafter_full", "drafter_comp", "verifier"} and run["gate_calls"] >= run["steps"] > 0
+    assert run["token_ids"] == plain.token_ids
     assert run["new_tokens"] == plain.stats["new_tokens"] and run["steps"] == plain.stats["steps"]
     assert run["accepted_per_position"] == plain.stats["accepted_per_position"]
     assert {name: id(value) for name, value in vars(tiny_pipe).items()} == attributes  # nothing on the pipeline replaced
+
+
+class RefusingEngines:
+    """A single-row engine factory that refuses to build: a pipeline made with it cannot prefill single-row."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def text(self, model, name, **kwargs):
+        self.calls += 1
+        raise AssertionError(f"a single-row engine was built for {name}")
+
+    vision = text
+
+
+def test_pipeline_runs_decode_on_the_engine_core_with_every_stream_timed(tiny_dirs):
+    """The bench's pipeline route is the engine core: its single-row factory is never called, the tokens are
+    pipe.generate's, every stream of the method has decode forwards in the split, and the prefill's forwards (the
+    prompt pieces riding in the storages' first forwards) are timed apart from it."""
+    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+    from asymspec_mm.decode.rows import STREAMS_OF
+
+    refusing = RefusingEngines()
+    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", engines=refusing)
+    case = bench.bench_cases(1)[0]
+    runner = bench.Runner(bench.BenchPair(pipe, "t", "t", trained=True), ignore_eos=True, image_tokens=0, sync=False)
+    assert runner.route() == "core" and runner.route(synthetic=True) == "single-row"
+    with pipe.prefix_kv.paused():  # every run prefills its prompts, as in run_bench
+        for spec in ("asymspec", "asymspec@bonus=gated", "sd", "floor", "drafter"):
+            v = Variant.parse(spec)
+            cfg = v.apply(AsymSpecConfig(k=3, max_new_tokens=10))
+            run = runner.run(v, cfg, case=case)
+            plain = pipe.generate(
+                case["image"], case["question"], caption=case["caption"], ocr=case["ocr"], method=v.method, config=cfg, ignore_eos=True
+            )
+            streams = STREAMS_OF[v.method]
+            assert run["route"] == "core" and run["token_ids"] == plain.token_ids, spec
+            assert all(run["checks"][c] for c in ("forwarded_ok", "tokens_ok", "split_sum_ok", "split_nonnegative")), (spec, run["checks"])
+            assert all(run["split"][s] > 0 for s in streams) and all(run["split"][s] == 0 for s in bench.STREAMS if s not in streams)
+            assert set(run["extend_costs"]) == set(streams)
+            # one forward a stream put the whole prompt in: timed as prefill, outside the split and the per-call costs
+            assert run["prefill_calls"] == dict.fromkeys(streams, 1) and all(run["prefill_forward_s"][s] > 0 for s in streams)
+            assert run["prefill_tokens"] == {s: run["context"][s] - 1 for s in streams}
+            assert run["context"] == {s: getattr(plain.prompts, f"{s}_ids").shape[1] for s in streams}  # [1, L]
+        # a plain run (throughput on CUDA): the same route with no proxy, no timer and no split
+        bare = runner.run(v, cfg, case=case, instrument=False)
+        assert bare["route"] == "core" and bare["token_ids"] == run["token_ids"] and "split" not in bare
+        assert bare["checks"]["forwarded_ok"] and bare["prefill_calls"] == run["prefill_calls"]
+    assert refusing.calls == 0
+
+
+def test_a_single_row_factory_keeps_pipeline_runs_on_the_single_row_route(tiny_pipe):
+    """``engine=static`` (a single-row engine factory): the request is prefilled on those engines by ``prepare`` and
+    decoded on them, and the record and the report say so; the tokens are the core's."""
+    res = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec"), engine="static", **{**FAST, "reps": 1})
+    assert res["meta"]["route"] == "single-row" and any("--engine static's fixed-shape" in n for n in res["notes"])
+    core = run_bench("random-tiny", pipeline=tiny_pipe, variants=("floor", "asymspec"), **{**FAST, "reps": 1})
+    for run, on_core in zip(res["main"]["runs"], core["main"]["runs"]):
+        assert run["route"] == "single-row" and on_core["route"] == "core"
+        assert run["checks"]["forwarded_ok"] and run["checks"]["tokens_ok"] and run["prefill_calls"] == on_core["prefill_calls"]
+        assert run["token_ids"] == on_core["token_ids"] and run["context"] == on_core["context"]
+        assert not any(run["prefill_forward_s"].values())  # prefilled before its proxies took over
+
+
+def test_row_storages_wrap_each_decode_storage_in_a_timing_proxy(tiny_pipe):
+    import functools
+
+    from asymspec_mm.base.timing import TimedStorage
+    from asymspec_mm.engines import RowStorages
+
+    ledger = Ledger()
+    storages = RowStorages(per_stream=True, wrap=functools.partial(TimedStorage, ledger=ledger))
+    storage = storages(tiny_pipe.verifier, "verifier")
+    assert isinstance(storage, TimedStorage) and storage.name == "verifier" and storage.takes_chunks
+    storage.peak_kv_bytes = 123  # written through: the storage's own measure
+    assert storage._storage.peak_kv_bytes == 123
+    assert not isinstance(storages.staging(tiny_pipe.verifier, "verifier"), TimedStorage)
 
 
 def test_timed_engine_has_the_stream_interface(tiny_pipe):

@@ -1,8 +1,10 @@
-"""Timing helpers for the benchmark: a sync-aware clock, a timing proxy for engines, a timer for the loops.
+"""Timing helpers for the benchmark: a sync-aware clock, timing proxies for engines, a timer for the loops.
 
-:class:`TimedEngine` wraps any engine of :mod:`asymspec_mm.engines` and implements the same stream
+:class:`TimedEngine` wraps any single-row engine of :mod:`asymspec_mm.engines` and implements the same stream
 interface (``name``, ``length``, ``tokens_forwarded``, ``forward_calls``, ``device``, ``prefill``,
-``extend``, ``truncate``); every call is timed and recorded. :class:`BucketTimer` is the ``timer`` the
+``extend``, ``truncate``); every call is timed and recorded. :class:`TimedStorage` does the same for a row
+storage of the engine core (its ``extend``), which takes it through
+:class:`~asymspec_mm.engines.RowStorages`' ``wrap``. :class:`BucketTimer` is the ``timer`` the
 decoding loops enter around the gate and the trace's top-k (:func:`asymspec_mm.decode.steps_for`).
 
 On CUDA the clock synchronizes the device before it is read, so a time covers the kernels of the
@@ -140,6 +142,49 @@ class TimedEngine:
 
     def __repr__(self) -> str:
         return f"TimedEngine({self._engine!r})"
+
+
+class TimedStorage:
+    """A timing proxy of a row storage of the engine core (:class:`~asymspec_mm.engines.paged_rows.PagedBatchEngine`):
+    each ``extend`` is timed and recorded in ``ledger`` under the storage's ``name`` (the stream it was built for),
+    with the tokens it appended (every row's ids, and the prompt pieces it carried).
+
+    A forward that carries arriving rows' prompt pieces (``extend(ids, prompts=...)``, the prefill turns) is recorded
+    as a ``prefill`` call outside the decode phase, so :meth:`Ledger.forward_seconds` and :meth:`Ledger.extend_costs`
+    hold the decode forwards alone. Anything else is read and written through to the storage; rollbacks go through
+    its rows' views, so no truncate is recorded (a paged rollback is a block table's length, no model call).
+    """
+
+    def __init__(self, storage: Any, ledger: Ledger, clock: Clock | None = None):
+        self._storage = storage
+        self._ledger = ledger
+        self._clock = clock or Clock()
+
+    def extend(self, ids: dict[int, torch.Tensor], prompts: dict[int, Any] | None = None) -> dict[int, torch.Tensor]:
+        """``ids`` ``{row: [n_r]}`` appended (``prompts``: ``{row: PrefillChunk}`` riding along), timed."""
+        t0 = self._clock.now()
+        out = self._storage.extend(ids, prompts=prompts) if prompts else self._storage.extend(ids)
+        seconds = self._clock.now() - t0
+        n = sum(int(t.numel()) for t in ids.values()) + sum(int(p.ids.numel()) for p in (prompts or {}).values())
+        op = "prefill" if prompts else "extend"
+        self._ledger.calls.setdefault(self._storage.name, []).append(CallRecord(op, n, seconds, decode=not prompts))
+        return out
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes not defined on the proxy.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._storage, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the core sets the storage's own attributes (its peak measure): they belong to the storage
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._storage, name, value)
+
+    def __repr__(self) -> str:
+        return f"TimedStorage({self._storage!r})"
 
 
 def wrap_streams(streams: dict[str, Any], ledger: Ledger, clock: Clock | None = None, *, decode: bool = False) -> dict[str, TimedEngine]:

@@ -7,11 +7,13 @@ What it measures (see ``BENCHMARKS.md`` for results):
   every variant, the order rotating), and a ratio is the median over repetitions of the *paired*
   ratio ``tokens/s(variant, rep r) / tokens/s(Floor, rep r)``; a single absolute time is never the
   result (the machine is shared and noisy).
-* **Per-step time split**: every decode-phase engine call goes through a timing proxy
-  (:class:`asymspec_mm.base.timing.TimedEngine`), and the loop times its gate and the trace's top-k through
-  its ``timer`` (:class:`asymspec_mm.base.timing.BucketTimer`):
+* **Per-step time split**: a request decodes on the engine core, as ``pipe.generate`` decodes it (``--engine static``
+  and synthetic caches: on single-row engines); every decode-phase forward goes through a timing proxy
+  (:class:`asymspec_mm.base.timing.TimedStorage` on the core's row storages, :class:`~asymspec_mm.base.timing.TimedEngine`
+  on single-row engines), and the decoder times its gate and the trace's top-k through its ``timer``
+  (:class:`asymspec_mm.base.timing.BucketTimer`):
   drafter-full forwards | drafter-comp forward | verifier forward | gate + fusion | trace top-k |
-  the rest (host overhead), summing to the loop's wall time. On CUDA the clock synchronizes,
+  the rest (host overhead), summing to the decode wall time (the prefill apart). On CUDA the clock synchronizes,
   so throughput there comes from separate un-instrumented runs.
 * **Bookkeeping**: tokens forwarded per stream per emitted token, acceptance rate, mean accepted
   length (tokens per step), acceptance per draft position, vision-tower calls; every run is checked

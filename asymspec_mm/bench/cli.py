@@ -166,8 +166,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--engine",
         choices=list(ENGINES),
         default="dynamic",
-        help="stream engines: the pipeline's (dynamic) or the static-KV-cache ones, optionally with a compiled "
-        "one-token decode (untested on GPU) [default: %(default)s]",
+        help="stream engines: dynamic (requests decode on the engine core, as pipe.generate) or the single-row "
+        "static-KV-cache ones, optionally with a compiled one-token decode (untested on GPU) [default: %(default)s]",
     )
     p.add_argument(
         "--cost-ratio",

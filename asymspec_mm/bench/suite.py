@@ -131,6 +131,7 @@ def run_bench(
             ignore_eos=ignore_eos,
             engine=engine,
             plain_runs=plain_runs,
+            route=runner.route(synthetic),
         )
         result: dict[str, Any] = {
             "meta": _meta(
@@ -151,6 +152,7 @@ def run_bench(
             "notes": notes,
         }
         result["meta"]["engine"] = engine
+        result["meta"]["route"] = runner.route(synthetic)
         if not vs:
             notes.append("main comparison skipped (no --variants): its settings above do not apply; see the sections below")
         if vs:
@@ -250,9 +252,17 @@ class Cells:
 
 
 def _notes(
-    bp: BenchPair, *, synthetic: bool, base_len: int, image_tokens: int, ignore_eos: bool, engine: str, plain_runs: bool
+    bp: BenchPair,
+    *,
+    synthetic: bool,
+    base_len: int,
+    image_tokens: int,
+    ignore_eos: bool,
+    engine: str,
+    plain_runs: bool,
+    route: str,
 ) -> list[str]:
-    """What a reader must know to read the numbers (random weights, synthetic prefill, EOS, engines, timing)."""
+    """What a reader must know to read the numbers (random weights, synthetic prefill, EOS, engines, route, timing)."""
     notes = list(bp.notes)
     if not bp.trained:
         notes.append(
@@ -273,11 +283,27 @@ def _notes(
             f"engines: {engine} (opt-in static KV caches{' + compiled one-token decode' if 'compile' in engine else ''}; "
             "UNTESTED ON GPU unless this run is on one)."
         )
+    notes.append(_route_note(route, engine, synthetic))
     if plain_runs:
         notes.append("tokens/s from un-instrumented runs; the split from separate instrumented runs (synchronizing clocks).")
     else:
         notes.append("tokens/s and split from the same runs (CPU: the timing proxies add two clock reads per call).")
     return notes
+
+
+def _route_note(route: str, engine: str, synthetic: bool) -> str:
+    """Where the runs decode (:meth:`Runner.route`), and why single-row engines where they are."""
+    if route == "core":
+        return (
+            "route: engine core: each request decodes as pipe.generate decodes a request alone (its prompts prefilled in "
+            "the paged row storages' forwards, outside the split; each storage's forwards timed under its stream)."
+        )
+    why = (
+        "random KV poured into single-row caches (the core's storages fill only through a prefill)"
+        if synthetic
+        else f"--engine {engine}'s fixed-shape static-KV slots (for CUDA graphs) exist as single-row engines only"
+    )
+    return f"route: single-row engines: {why}."
 
 
 def _main_comparison(cells: Cells, vs: list[Variant], base_cfg: AsymSpecConfig, reps: int, warmup: int, say: Say) -> dict[str, Any]:

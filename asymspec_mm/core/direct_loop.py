@@ -314,9 +314,17 @@ class DirectLoop:
             future.set_exception(error)
 
 
-def direct_core(pipe: ServingPipeline, *, max_batch_size: int = 1, texts: bool = True, timer: Any = None) -> EngineCore:
+def direct_core(
+    pipe: ServingPipeline,
+    *,
+    max_batch_size: int = 1,
+    texts: bool = True,
+    timer: Any = None,
+    wrap_storage: Callable[[Any], Any] | None = None,
+) -> EngineCore:
     """An engine core for requests with no loop running (its prompts in one forward per storage; ``texts``: the
-    events' and the answer's texts made here, there is no output side).
+    events' and the answer's texts made here, there is no output side; ``timer``: see :attr:`EngineCore.timer`;
+    ``wrap_storage``: each row storage through it, see :class:`~asymspec_mm.engines.RowStorages`).
 
     Each stream's KV is in a pool of its own, one tensor per layer: a row alone then has consecutive blocks that every
     layer reads where they lie, as the single-row cache it replaces did, with no copy. (One pool shared by the
@@ -324,7 +332,7 @@ def direct_core(pipe: ServingPipeline, *, max_batch_size: int = 1, texts: bool =
     several; either way each layer would copy the row's runs of slots per forward.) Growing a contiguous pool holds
     one layer's old tensor beside it while it copies, counted in the peak and the bounds: the transient a single-row
     cache's concatenation has too."""
-    storages = RowStorages(layout="contiguous", per_stream=True)
+    storages = RowStorages(layout="contiguous", per_stream=True, wrap=wrap_storage)
     core = EngineCore(
         pipe,
         max_batch_size,

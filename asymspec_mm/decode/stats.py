@@ -11,6 +11,9 @@ Terms, per request (K = ``k``, a *step* = one verification round):
 * The gated bonus (``bonus="gated"``) is not one of the K drafts: it is put to the gate only after K
   acceptances, and counted apart as ``bonus_drafted`` / ``bonus_accepted`` (``bonus_acceptance_rate``),
   so the K-position rates mean the same under both bonus rules.
+* ``prefill_tokens`` / ``prefill_calls``: per stream, the tokens forwarded and the forward calls made before decoding
+  began (its prompt's prefill; 0 where a stored prefix held the whole prompt); ``tokens_forwarded`` and
+  ``forward_calls`` count them too.
 * Sampled rows (temperature > 0): ``seed``, the seed the row's generator started from (None when greedy), and
   ``mean_gate_excess``, the mean over the gated tokens emitted of E (:mod:`asymspec_mm.base.sampling`): how far the
   emitted distribution is from the fused target in total variation (0: the fused target exactly; None when greedy).
@@ -43,6 +46,7 @@ class Counters:
     new_tokens: int = 0
     stopped_by: str = "max_new_tokens"
     prefill_tokens: dict[str, int] = field(default_factory=dict)
+    prefill_calls: dict[str, int] = field(default_factory=dict)
     seed: int | None = None
     gate_excess_sum: float = 0.0
     gate_excess_n: int = 0
@@ -51,6 +55,7 @@ class Counters:
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.k
         self.prefill_tokens = {name: e.tokens_forwarded for name, e in self.streams.items()}
+        self.prefill_calls = {name: e.forward_calls for name, e in self.streams.items()}
 
     def record_step(self, drafted: int, n_accepted: int) -> None:
         """One step: ``drafted`` drafts gated, the first ``n_accepted`` of them accepted (0 and 0: a greedy step)."""
@@ -97,6 +102,7 @@ class Counters:
             "deferred_draft_at_end": self.deferred_draft,
             "tokens_forwarded": {n: e.tokens_forwarded for n, e in self.streams.items()},
             "prefill_tokens": dict(self.prefill_tokens),
+            "prefill_calls": dict(self.prefill_calls),
             "forward_calls": {n: e.forward_calls for n, e in self.streams.items()},
             "new_tokens": self.new_tokens,
             "stopped_by": self.stopped_by,

@@ -20,6 +20,7 @@ The decoder (:class:`asymspec_mm.decode.RowDecoder`) steps any of them through t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .pieces import prefix_split
@@ -75,22 +76,34 @@ class RowStorages:
     block pool per model shared by its streams and by the batched prefill's :meth:`staging` storages, so a prefilled
     row joins without a copy) or ``"padded"`` (:class:`~.rows.BatchEngine`, one padded cache per stream).
     ``block_size``: tokens per KV block, ``layout``: the pools' layout (paged: ``"segments"`` or ``"contiguous"``;
-    default: by each model's number of layers), ``per_stream``: a pool per stream rather than per model (paged)."""
+    default: by each model's number of layers), ``per_stream``: a pool per stream rather than per model (paged).
+    ``wrap``: each decode storage built goes through it, e.g. into the bench's timing proxy
+    (:class:`~asymspec_mm.base.timing.TimedStorage`); the staging storages do not."""
 
-    def __init__(self, kind: str = "paged", *, block_size: int = 16, layout: str | None = None, per_stream: bool = False):
+    def __init__(
+        self,
+        kind: str = "paged",
+        *,
+        block_size: int = 16,
+        layout: str | None = None,
+        per_stream: bool = False,
+        wrap: Callable[[Any], Any] | None = None,
+    ):
         if kind not in ("paged", "padded"):
             raise ValueError(f"kind={kind!r}: use 'paged' or 'padded'")
         from .paged_rows import PagedStorages
 
-        self.kind = kind
+        self.kind, self.wrap = kind, wrap
         self._paged = PagedStorages(block_size=block_size, layout=layout, per_stream=per_stream)
 
     def __call__(self, model, name: str) -> Any:
         from .vllm import VLLMModel
 
         if isinstance(model, VLLMModel) or self.kind == "padded":
-            return default_row_storage(model, name)
-        return self._paged(model, name)
+            storage = default_row_storage(model, name)
+        else:
+            storage = self._paged(model, name)
+        return storage if self.wrap is None else self.wrap(storage)
 
     def staging(self, model, name: str) -> Any:
         """The batched prefill's storage of one stream (paged: on the decode storages' pool)."""
