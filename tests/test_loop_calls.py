@@ -1,8 +1,8 @@
 """Every model call through the loop when one runs (issue #51, item 6): while ``pipe.scheduler(...)`` runs,
 ``pipe.generate`` / ``chat`` / ``stream`` / ``complete`` from any thread are rows of its batch and ``pipe.prepare`` /
-``run`` / ``compressed_view`` run their model calls in it, so every forward runs on the decode thread and a caller
-never takes the models' lock; the answers equal the direct path's. Real forwards of the tiny pair; which thread ran
-each forward is read with forward hooks on the real modules, which thread took the lock with the lock's own record."""
+``run`` / ``compressed_view`` run their model calls in it, so every forward runs on the decode thread; the answers
+equal the direct path's. Real forwards of the tiny pair; which thread ran each forward is read with forward hooks on
+the real modules."""
 
 from __future__ import annotations
 

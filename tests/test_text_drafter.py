@@ -172,9 +172,9 @@ def test_a_summary_by_the_pipelines_own_model_equals_its_greedy_answer(tiny_pipe
         assert tiny_pipe.run(session).result.stats["compressed_view"][0]["text"] == want_text
         assert loop.added["summary"] == summaries + 2 * written
         COMPRESSED.clear()
-        session = tiny_pipe.preparer.set_up(request_of(None, messages=history, **kw))  # outside any loop: single-row
+        session = tiny_pipe.preparer.set_up(request_of(None, messages=history, **kw))  # outside any loop: the home loop's
         assert tiny_pipe.run(session).result.stats["compressed_view"][0]["text"] == want_text
-        assert loop.added["summary"] == summaries + 2 * written
+        assert loop.added["summary"] == summaries + 3 * written
     with pytest.raises(UnknownOptionError, match="summarizer='gpt' must be a model the pipeline holds") as err:
         Compression.of({"method": "summary", "summarizer": "gpt"})
     assert err.value.param == "compression.summarizer"
