@@ -17,7 +17,8 @@ from test_loop_setup import _threads_running
 
 from asymspec_mm import AsymSpecConfig
 from asymspec_mm.core.direct_loop import DirectLoopError
-from asymspec_mm.core.loop_client import direct_loop, paused
+from asymspec_mm.core.loop_client import direct_loop
+from asymspec_mm.core.model_owner import paused
 
 METHODS = ("asymspec", "floor", "drafter", "sd")
 
@@ -222,7 +223,7 @@ def test_a_scheduler_started_while_direct_requests_decode_takes_their_turns_over
     waits for that turn to end (one loop runs the models at a time), the turn ends where it began, and every later
     one is a model call of the scheduler's loop (on its decode thread), however eager the direct callers are to run
     the next; both answers equal alone."""
-    from asymspec_mm.core.loop_client import running_loop
+    from asymspec_mm.core.model_owner import running_loop
 
     cases = [make_case(7500 + i) for i in range(2)]
     configs = [AsymSpecConfig(k=3, max_new_tokens=24)] * 2

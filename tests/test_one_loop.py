@@ -1,7 +1,7 @@
 """One loop runs a pipeline's models at a time, by construction (issue #51, item 6: the models' lock goes): a
-scheduler claims the pipeline when it starts and releases it when its decode thread ends, a second one is refused
-meanwhile, ``generate_batch`` beside a running scheduler makes rows of it, the parts called outside every loop (the
-captioner, the preparer) run in the pipeline's loop, and ``paused`` holds every turn before it starts. Real forwards
+scheduler claims the pipeline when it starts and releases it when its decode thread ends, a second one's turns run on
+the first one's thread meanwhile (``generate_batch`` beside a running scheduler too), the parts called outside every
+loop (the captioner, the preparer) run in the pipeline's loop, and ``paused`` holds every turn before it starts. Real forwards
 of the tiny pair; which thread ran each forward is read with forward hooks on the real modules."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from conftest import make_case
 from test_loop_setup import _threads_running
 
 from asymspec_mm import AsymSpecConfig
-from asymspec_mm.base.errors import UnknownOptionError
 from asymspec_mm.core import Scheduler
-from asymspec_mm.core.loop_client import PipelineBusyError, direct_loop, paused, running_loop, serving_loop
+from asymspec_mm.core.loop_client import direct_loop, serving_loop
+from asymspec_mm.core.model_owner import paused, running_loop
 from asymspec_mm.request.captioner import DrafterCaptioner
 
 DECODE_THREAD = "asymspec-scheduler"
+METHODS = ("asymspec", "floor", "sd")
 
 
 @pytest.fixture
@@ -34,54 +35,53 @@ def _models(pipe):
     return [pipe.drafter, pipe.verifier, pipe.drafter.model.visual]
 
 
-def test_a_second_scheduler_is_refused_while_one_runs_and_starts_once_it_closed(pipe):
+def _forwards_by_thread(pipe):
+    """The identities of the threads that run a forward of ``pipe``'s models (every scheduler's decode thread has the
+    same name), filled as they run, and the hooks."""
+    ran: set[int] = set()
+    return ran, [m.register_forward_pre_hook(lambda *_: ran.add(threading.get_ident())) for m in _models(pipe)]
+
+
+def test_a_second_scheduler_runs_its_turns_on_the_first_ones_thread_and_takes_over_when_it_ends(pipe):
+    """Two schedulers on one pipeline (two servers, the demo beside the API): the first owns the models, the
+    second's turns are model calls of its loop (every forward on the first one's decode thread); once the first has
+    ended, the second takes the pipeline over on its own thread. Each answer equals alone."""
+    cases = [make_case(8100 + i) for i in range(3)]
+    kw = [dict(caption=c["caption"], ocr=False, config=AsymSpecConfig(k=3, max_new_tokens=12), method=m) for c, m in zip(cases, METHODS)]
+    alone = [pipe.generate(c["image"], c["question"], **k) for c, k in zip(cases, kw)]
     first = pipe.scheduler(max_batch_size=2)
+    second = Scheduler(pipe, max_batch_size=2)
+    ran, hooks = _forwards_by_thread(pipe)
     try:
-        assert running_loop(pipe) is first and serving_loop(pipe) is first
-        for start in (lambda: pipe.scheduler(max_batch_size=4), lambda: Scheduler(pipe, max_batch_size=1)):
-            with pytest.raises(PipelineBusyError, match=r"^a scheduler already runs this pipeline's models: submit to it"):
-                start()
-        assert running_loop(pipe) is first  # the refused ones took nothing
-    finally:
+        assert running_loop(pipe) is first and serving_loop(pipe) is first  # the first serves the pipeline's calls
+        got = [second.submit(c["image"], c["question"], **k) for c, k in zip(cases[:2], kw[:2])]
+        assert [h.result(timeout=120).token_ids for h in got] == [a.token_ids for a in alone[:2]]
+        assert ran == {first._worker.ident}, ran
         first.close()
+        assert running_loop(pipe) is None  # its decode thread ended; nothing else ran a turn yet
+        ran.clear()
+        late = second.submit(cases[2]["image"], cases[2]["question"], **kw[2])
+        assert late.result(timeout=120).token_ids == alone[2].token_ids
+        assert ran == {second._worker.ident} and running_loop(pipe) is second, ran
+    finally:
+        for h in hooks:
+            h.remove()
+        first.close()
+        second.close()
     assert running_loop(pipe) is None
-    with pipe.scheduler(max_batch_size=2) as second:
-        assert running_loop(pipe) is second
-    assert running_loop(pipe) is None
 
 
-def test_a_scheduler_started_while_another_closes_waits_for_its_decode_thread(pipe):
-    """The first scheduler closes with a request still decoding: a new one's start waits until the old decode thread
-    has ended (their forwards never overlap), and the request finishes with its answer alone."""
-    c = make_case(8100)
-    kw = dict(caption=c["caption"], ocr=False, config=AsymSpecConfig(k=3, max_new_tokens=48), method="floor", ignore_eos=True)
-    alone = pipe.generate(c["image"], c["question"], **kw)
-    first = pipe.scheduler(max_batch_size=2)
-    handle = first.submit(c["image"], c["question"], **kw)
-    next(iter(handle))  # decoding
-    closer = threading.Thread(target=first.close)
-    closer.start()
-    time.sleep(0.05)  # close() has begun: the first one takes no new request, its row decodes on
-    with pipe.scheduler(max_batch_size=2) as second:
-        assert not first._worker.is_alive() and running_loop(pipe) is second
-    closer.join(120)
-    assert handle.result(timeout=120).token_ids == alone.token_ids
-
-
-def test_generate_batch_beside_a_running_scheduler_makes_rows_of_it(pipe):
+def test_generate_batch_beside_a_running_scheduler_runs_on_its_thread(pipe):
     cases = [make_case(8200 + i) for i in range(3)]
     cfg = AsymSpecConfig(k=3, max_new_tokens=10)
     reqs = [{"image": c["image"], "question": c["question"], "caption": c["caption"], "ocr": False} for c in cases]
     with pipe.prefix_kv.paused():
         alone = [pipe.generate(r["image"], r["question"], caption=r["caption"], ocr=False, config=cfg) for r in reqs]
-        ran: set[int] = set()  # the threads that ran a forward, by identity (every scheduler's is named alike)
-        hooks = [m.register_forward_pre_hook(lambda *_: ran.add(threading.get_ident())) for m in _models(pipe)]
+        ran, hooks = _forwards_by_thread(pipe)
         try:
             with pipe.scheduler(max_batch_size=4) as sched:
                 results = pipe.generate_batch(reqs, config=cfg, batch_size=2)
-                assert running_loop(pipe) is sched and ran == {sched._worker.ident}, ran  # no second scheduler was made
-                with pytest.raises(UnknownOptionError, match=r"^kv_budget_bytes, on_step: a scheduler already runs this pipeline"):
-                    pipe.generate_batch(reqs, config=cfg, kv_budget_bytes=10**9, on_step=lambda *_: None)
+                assert running_loop(pipe) is sched and ran == {sched._worker.ident}, ran
         finally:
             for h in hooks:
                 h.remove()

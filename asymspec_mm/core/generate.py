@@ -69,11 +69,10 @@ def generate_batch(
     input order, once the requests before it have finished; the rest are cancelled. Each result's
     ``stats["batch_size"]`` is the most rows that shared a step with it, ``stats["kv_bytes"]`` the KV bytes it held
     per stream when it finished. While it runs, the scheduler serves the pipeline's own calls made on other threads
-    (``pipe.generate``, ``chat``, ...: rows of its batch, as under :meth:`AsymSpecPipeline.scheduler`). Where a
-    scheduler already runs the pipeline (one loop runs a pipeline's models), the requests are rows of its batch, under
-    its settings: the scheduler's options above are then refused, as that loop has its own.
+    (``pipe.generate``, ``chat``, ...: rows of its batch, as under :meth:`AsymSpecPipeline.scheduler`); beside a
+    scheduler already running on the pipeline, that one keeps serving them and runs this one's turns as its model
+    calls (one loop runs a pipeline's models: :mod:`~asymspec_mm.core.model_owner`).
     """
-    from .loop_client import serving_loop
     from .scheduler import Scheduler
 
     check_method(method)
@@ -83,22 +82,7 @@ def generate_batch(
         raise UnknownOptionError(f"batch_size={batch_size!r} must be an integer >= 1")
     todo = [as_request(r, i, method, cfg) for i, r in enumerate(requests)]
     chunk = {} if prefill_chunk_tokens is None else {"prefill_chunk_tokens": prefill_chunk_tokens}
-    running = serving_loop(pipe)
-    if running is not None:
-        given = {
-            "kv_budget_bytes": kv_budget_bytes,
-            "on_step": on_step,
-            "prefill_chunk_tokens": prefill_chunk_tokens,
-            "batch_engines": batch_engines,
-        }
-        chosen = sorted(name for name, value in given.items() if value is not None)
-        if chosen:
-            raise UnknownOptionError(
-                f"{', '.join(chosen)}: a scheduler already runs this pipeline and its settings apply; leave these out, or close it first"
-            )
-    sched = running or Scheduler(
-        pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk
-    )
+    sched = Scheduler(pipe, max_batch_size=size, max_kv_bytes=kv_budget_bytes, on_step=on_step, batch_engines=batch_engines, **chunk)
     handles = []
     try:
         handles = [sched.add(r) for r in todo]
@@ -107,5 +91,4 @@ def generate_batch(
         for h in handles:
             if not h.done():
                 h.cancel()
-        if sched is not running:
-            sched.close()
+        sched.close()

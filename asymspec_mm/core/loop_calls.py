@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import AsymSpecError
 from ..engines.model_calls import TokenRequest, TokenResult
 from .handle import Handle, SchedulerStoppedError
-from .loop_client import direct_loop
+from .model_owner import call_here_or_in_owner
 from .request_state import RequestKind, RequestState
 from .setup_pool import setting_up
 
@@ -55,12 +55,6 @@ class LoopCalls:
             return self.error is None and (self.on_decode_thread or not self._finished())
 
     @property
-    def leaving(self) -> bool:
-        """Whether it is closing or stopped: its decode thread ends once its work is done (another scheduler of its
-        pipeline may then start)."""
-        return self._closing or self.error is not None
-
-    @property
     def takes_calls(self) -> bool:
         """Whether a caller on another thread may hand it requests and model calls now (:mod:`.loop_client`): it
         runs, is not closing, and the caller is not its own decode thread (which would wait for itself)."""
@@ -75,8 +69,8 @@ class LoopCalls:
             if self.error is not None:
                 raise SchedulerStoppedError(str(self.error))
             at_once = self.on_decode_thread
-            # a loop that has finished its work takes no more jobs: the pipeline's direct loop runs the call once
-            # this loop's decode thread has ended
+            # a loop that has finished its work takes no more jobs: the call runs where the pipeline's models are
+            # run once this loop's decode thread has ended
             gone = not at_once and self._finished()
             if not (at_once or gone):
                 self._jobs.append((lambda: context.run(fn), future))
@@ -84,7 +78,7 @@ class LoopCalls:
         if at_once:
             return fn()
         if gone:
-            return direct_loop(self.pipe).run(fn)
+            return call_here_or_in_owner(self.pipe, fn)
         return future.result()
 
     def decode_row(self, request: TokenRequest) -> TokenResult:

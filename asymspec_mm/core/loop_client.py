@@ -6,10 +6,9 @@ the loop between two of its steps. So one thread, the loop's, runs every forward
 running the calls go to the pipeline's direct loop (:mod:`.direct_loop`): one engine core its callers drive, a turn
 at a time, on their own threads.
 
-One loop runs a pipeline's models at a time, by construction, so no lock orders model calls: a scheduler claims the
-pipeline when it starts (:func:`claim`: it waits for a direct turn running on a caller's thread to end, and a second
-scheduler is refused while one runs) and releases it when its decode thread ends (:func:`release`); meanwhile every
-direct turn is one of its model calls (:func:`models_here`). The registry is per pipeline and holds it weakly.
+One loop runs a pipeline's models at a time, by construction, so no lock orders model calls
+(:mod:`.model_owner`): the scheduler that owns the pipeline serves its calls, and while one does every direct turn
+is one of its model calls. The registries are per pipeline and hold it weakly.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -27,6 +26,7 @@ from ..engines.model_calls import ModelLoop, TokenRequest, current_loop, greedy_
 from ..request.request import request_of
 from ..request.session import GenerationStream
 from .direct_loop import DIRECT_ROWS, DirectLoop, direct_core
+from .model_owner import models_here, running_loop
 
 if TYPE_CHECKING:
     from ..decode import TokenEvent
@@ -35,109 +35,6 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 T = TypeVar("T")
-
-
-class PipelineBusyError(AsymSpecError):
-    """A second scheduler was started on a pipeline one already runs: one loop runs a pipeline's models."""
-
-
-#: The scheduler that runs each pipeline's models: from its start (:func:`claim`) until its decode thread ends
-#: (:func:`release`). While a pipeline has one, every other model call of it is a job of that loop.
-_OWNER: weakref.WeakKeyDictionary[Any, Scheduler] = weakref.WeakKeyDictionary()
-#: How many turns of each pipeline's direct loop run on a caller's thread now (no scheduler owning its models).
-_ALONE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-#: How many schedulers are waiting to claim each pipeline: direct turns wait for them rather than start (a stream of
-#: direct callers cannot keep a scheduler from starting).
-_CLAIMING: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-#: How many :func:`paused` blocks hold each pipeline's turns now.
-_PAUSED: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_COND = threading.Condition()
-
-
-@contextmanager
-def paused(pipe: Any) -> Iterator[None]:
-    """While the block runs no turn of ``pipe``'s loops starts (a turn already running finishes): a direct turn or
-    call waits before it runs, a scheduler's decode thread before its next step. Requests and calls still enter and
-    wait together for the next turn (vLLM's ``pause_generation``, for a consistent look at a pipeline, or a batch
-    made to start together)."""
-    with _COND:
-        _PAUSED[pipe] = _PAUSED.get(pipe, 0) + 1
-    try:
-        yield
-    finally:
-        with _COND:
-            _PAUSED[pipe] -= 1
-            _COND.notify_all()
-
-
-def wait_unpaused(pipe: Any) -> None:
-    """Return once no :func:`paused` block holds ``pipe``'s turns (a scheduler's decode thread, before each step)."""
-    with _COND:
-        while _PAUSED.get(pipe, 0):
-            _COND.wait()
-
-
-def claim(pipe: Any, loop: Scheduler) -> None:
-    """``loop`` (a scheduler starting, before its threads do) runs ``pipe``'s models from now on, and serves its
-    calls while it takes them. Waits for a direct turn running on a caller's thread to end (no new one starts
-    meanwhile), and for a scheduler that is closing to finish its work; refuses a second scheduler while another
-    runs (:class:`PipelineBusyError`)."""
-    with _COND:
-        owner = _OWNER.get(pipe)
-        if owner is not None and not owner.leaving:
-            raise PipelineBusyError(
-                "a scheduler already runs this pipeline's models: submit to it (pipeline calls go through it), "
-                "or close() it before starting another"
-            )
-        _CLAIMING[pipe] = _CLAIMING.get(pipe, 0) + 1
-        try:
-            while _OWNER.get(pipe) is not None or _ALONE.get(pipe, 0):
-                _COND.wait()
-            _OWNER[pipe] = loop
-        finally:
-            _CLAIMING[pipe] -= 1
-            _COND.notify_all()
-
-
-def release(pipe: Any, loop: Scheduler) -> None:
-    """``loop``'s decode thread has ended: it runs none of ``pipe``'s models any more."""
-    with _COND:
-        if _OWNER.get(pipe) is loop:
-            del _OWNER[pipe]
-        _COND.notify_all()
-
-
-def running_loop(pipe: Any) -> Scheduler | None:
-    """The scheduler that runs ``pipe``'s models now (from its start until its decode thread ends), or ``None``."""
-    with _COND:
-        return _OWNER.get(pipe)
-
-
-@contextmanager
-def models_here(pipe: Any) -> Iterator[Scheduler | None]:
-    """Who runs a turn of ``pipe``'s direct loop: yields the scheduler that owns ``pipe``'s models and takes jobs
-    (the turn is to be one of its model calls), or ``None``, this thread then counted as running the models until
-    the block ends (a scheduler starting meanwhile waits for it). While a scheduler that takes no more jobs is still
-    leaving, waits for its decode thread to end; while one is starting, for it to take over; while the pipeline is
-    :func:`paused`, for the block to end."""
-    with _COND:
-        while (
-            _PAUSED.get(pipe, 0)
-            or ((owner := _OWNER.get(pipe)) is not None and not owner.takes_jobs)
-            or (owner is None and _CLAIMING.get(pipe, 0))
-        ):
-            _COND.wait()
-        if owner is None:
-            _ALONE[pipe] = _ALONE.get(pipe, 0) + 1
-    if owner is not None:
-        yield owner
-        return
-    try:
-        yield None
-    finally:
-        with _COND:
-            _ALONE[pipe] -= 1
-            _COND.notify_all()
 
 
 def serving_loop(pipe: Any) -> Scheduler | None:
@@ -181,12 +78,13 @@ def _on_decode_thread(pipe: Any) -> bool:
 
 
 _DIRECT: weakref.WeakKeyDictionary[Any, DirectLoop] = weakref.WeakKeyDictionary()
+_DIRECT_GUARD = threading.Lock()
 
 
 def direct_loop(pipe: Any) -> DirectLoop:
     """``pipe``'s direct loop (:mod:`.direct_loop`; one per pipeline, made on first use): what serves its calls
     while no scheduler does."""
-    with _COND:
+    with _DIRECT_GUARD:
         loop = _DIRECT.get(pipe)
         if loop is None:
             loop = _DIRECT[pipe] = DirectLoop(pipe, lambda p: direct_core(p, max_batch_size=DIRECT_ROWS), models_here, _on_decode_thread)

@@ -43,7 +43,7 @@ from .decoder import BatchEngineFactory
 from .engine_core import EngineCore, EngineOutput
 from .handle import Handle, QueueFullError, SchedulerStoppedError
 from .loop_calls import LoopCalls
-from .loop_client import claim, release, wait_unpaused
+from .model_owner import claim, release, turn_host
 from .output_processor import OutputProcessor
 from .policy import DEFAULT_TOKEN_BUDGET, MIN_PREFILL_TOKENS, TurnPlan
 from .prefill import DEFAULT_CHUNK_TOKENS
@@ -147,7 +147,7 @@ class Scheduler(LoopCalls, SetupPool):
         #: times each kind of worker thread woke from waiting for work (a row decoding wakes no set-up thread)
         self.wakeups = {"decode": 0, "setup": 0}
         self._worker = threading.Thread(target=self._run, name="asymspec-scheduler", daemon=True)
-        claim(pipe, self)  # from now on the decode thread runs the pipeline's models, and serves its calls
+        claim(pipe, self)  # its decode thread runs the pipeline's models from now on (or, beside another loop, that one)
         try:
             self._worker.start()
             self._setups = self._start_setup(setup_workers)
@@ -272,15 +272,20 @@ class Scheduler(LoopCalls, SetupPool):
                         self.wakeups["decode"] += 1
                     if self._finished() or self.error is not None:
                         return
-                wait_unpaused(self.pipe)
                 self._retire_waiting()
-                for out in self._core.step():
+                for out in self._step():
                     self._deliver(out)
                 # no wake-up here: a set-up thread waits for room in the ready line, which only admission
                 # (leave_line) and retiring make; waking every set-up thread after each step only made them contend
                 # with this thread for the interpreter's lock
         except BaseException as exc:  # noqa: BLE001 - a dead worker must not leave callers waiting forever
             self._stop_on(exc)
+
+    def _step(self) -> list[EngineOutput]:
+        """One turn of the core: on this thread when this loop owns the pipeline's models, else a model call of the
+        loop that does (:func:`~.model_owner.turn_host`)."""
+        with turn_host(self.pipe, self) as host:
+            return host.run(self._core.step) if host is not None else self._core.step()
 
     def _deliver(self, out: EngineOutput) -> None:
         """One output of the core to its handle, through the output thread (texts are made there)."""
