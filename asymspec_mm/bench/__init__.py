@@ -21,8 +21,8 @@ What it measures (see ``BENCHMARKS.md`` for results):
 * **Scaling**: per-token time against the length of the compressed view (a caption made that long)
   and tokens/s against K.
 * **Batched decoding** (``--batch-sizes``, :mod:`.batching`): ``generate_batch(batch_size=B)`` against the
-  sequential loop (B=1: ``pipe.generate`` one request after another) over the same requests: tokens/s and its ratio
-  to B=1, time per decoder step, KV bytes per row.
+  sequential loop (B=1: ``pipe.generate`` one request after another), both on the engine core (synthetic caches:
+  single-row caches), over the same requests: tokens/s and its ratio to B=1, time per decoder step, KV bytes per row.
 * **Projection**: with random weights acceptance means nothing, so for random-weight pairs the
   AsymSpec / SD tokens/s are *projected* from the measured per-call costs for given acceptance
   statistics (the paper's AR 0.78-0.92, MAL 2.6-4.1); on a trained pair the same model is checked
