@@ -112,6 +112,23 @@ class StepParts:
         return out
 
 
+class CachePeak:
+    """The most bytes a batch's row storages held (their pools, free blocks and holes included) and the rows of the
+    turn that grew them to it."""
+
+    def __init__(self) -> None:
+        self.bytes, self.rows = 0, 0
+
+    def see(self, core: EngineCore, rows: int) -> None:
+        """After a turn of ``rows`` rows (read then, the rows it finished are gone already)."""
+        held = sum(e.kv_bytes() for e in core.decoder.engines.values())
+        if held > self.bytes:
+            self.bytes, self.rows = held, rows
+
+    def per_row(self) -> float | None:
+        return self.bytes / self.rows if self.rows else None
+
+
 class CellRecord:
     """What one cell measured: its steps (rows, seconds, their split when ``instrument``), the seconds of set-up and of
     the turns that only prefilled, and each case's answer."""
@@ -243,7 +260,11 @@ class BatchSweep:
         for i in idx:
             session = self._set_up(v, cfg, i, rec)
             lengths = held_at_join(session)
-            slots = self._alone_single_row(session, i, rec) if self.synthetic else self._alone_on_core(session, i, rec)
+            if self.synthetic:
+                self._alone_single_row(session, i, rec)
+                slots = None  # no row storage holds it: the formula's bytes
+            else:
+                slots = self._alone_on_core(session, i, rec)
             kv_rows.append(self._kv_row(v.method, i, lengths, slots))
         wall = self.clock.now() - t0
         out = self._summary(1, wall, rec, [list(rec.results[i].token_ids) for i in idx], kv_rows)
@@ -302,7 +323,7 @@ class BatchSweep:
         upcoming = iter(idx)
         cases: dict[int, int] = {}  # request id -> case
         lengths: dict[int, dict[str, int]] = {}
-        peak = {"cache": 0, "rows": 0}
+        peak = CachePeak()
         t0 = self.clock.now()
         with frozen_heap():  # as the scheduler's decode thread runs
             while True:
@@ -314,17 +335,13 @@ class BatchSweep:
                     break
                 held = min(size, core.live_rows + len(core.ready))  # the turn's rows: those live and those it admits
                 rec.turn(self.pipe, core, cases)
-                # what the storages grew to in the turn (their pools, free blocks included), over the rows it held:
-                # read after it, the rows it finished are gone already
-                cache = sum(e.kv_bytes() for e in core.decoder.engines.values())
-                if cache > peak["cache"]:
-                    peak["cache"], peak["rows"] = cache, held
+                peak.see(core, held)
         wall = self.clock.now() - t0
         slots = slot_bytes(core, v.method)
         kv_rows = [self._kv_row(v.method, i, lengths[i], slots) for i in idx]
         out = self._summary(size, wall, rec, [list(rec.results[i].token_ids) for i in idx], kv_rows)
         out["route"] = ROUTE_COPY_AT_JOIN if self.synthetic else ROUTE_CORE
-        out["cache_bytes_per_row_peak"] = peak["cache"] / peak["rows"] if peak["rows"] else None
+        out["cache_bytes_per_row_peak"] = peak.per_row()
         out["max_batch_stat"] = max((rec.results[i].stats.get("batch_size", 0) for i in idx), default=0)
         out["compactions"] = sum(getattr(e, "compactions", 0) for e in core.decoder.engines.values())
         return out
