@@ -2,7 +2,9 @@
 
 A pipeline cell takes the engine core's route (``route: "core"``), the route every request of the library takes:
 each request is set up without prefill (``pipe.prepare(..., prefill=False)``: view, prompts, vision cache) and its
-prompts are prefilled in the paged row storages' own forwards, where it then decodes.
+prompts are prefilled in the paged row storages' own forwards, where it then decodes (static slots, ``--batch-engine
+static`` at B > 1, take no prompt pieces: their rows are prefilled on staging storages and copied in at join, as
+``generate_batch`` does with them).
 
 * **B = 1, the sequential loop**: one request after another, each on an engine core of its own, as ``pipe.generate``
   decodes a request alone (:func:`~asymspec_mm.core.direct_loop.direct_core`): its first turn prefills the prompts,
@@ -13,20 +15,23 @@ prompts are prefilled in the paged row storages' own forwards, where it then dec
   in the step's forwards and they join in place (nothing copied at join). Its tokens are checked against
   ``generate_batch``'s.
 
-Every turn is one model call of the pipeline (:func:`~asymspec_mm.core.loop_client.model_call`) and is timed: a
-turn that stepped rows is a step (its rows, its seconds), a turn of prompt pieces alone (a request alone's first
-turn, a batch's first rows) is prefill, kept out of the steps and reported apart (``prefill_s``). Instrumented
-(CPU), each row storage is a timing proxy (:class:`~asymspec_mm.base.timing.TimedStorage`, through
-:class:`~asymspec_mm.engines.RowStorages`' ``wrap`` or ``direct_core``'s ``wrap_storage``; static slots, which have
-no such parameter, are composed with it) and a :class:`~asymspec_mm.base.timing.BucketTimer` times the gate and the
-trace; a forward carrying prompt pieces is recorded as prefill, apart from the step's split.
+Every turn is one model call of the pipeline (:func:`~asymspec_mm.core.loop_client.model_call`). Each decode step
+is timed by the core itself (its ``on_step``: the decoder's step, with the prompt pieces that rode in its forwards;
+the rest of its turn, admission and a static storage's staging prefill and joins, is not); a turn that stepped no
+row (prompt pieces alone: a request alone's first turn, a batch's first rows) is prefill, kept out of the steps and
+reported apart (``prefill_s``). Instrumented (CPU), each row storage is a timing proxy
+(:class:`~asymspec_mm.base.timing.TimedStorage`, through :class:`~asymspec_mm.engines.RowStorages`' ``wrap`` or
+``direct_core``'s ``wrap_storage``; static slots, which have no such parameter, are composed with it) and a
+:class:`~asymspec_mm.base.timing.BucketTimer` times the gate and the trace; a forward carrying prompt pieces is
+recorded as prefill, apart from the step's split.
 
 Synthetic caches stay on single-row engines: random keys/values poured into single-row caches
 (:func:`~.runner.synthetic_prefill`) give real-shape pairs on a CPU, where a prefill takes minutes, a context
 without one; the core's storages fill only through forwards (a prefill), which is what these cells leave out. At
 B = 1 ``pipe.run`` decodes them on those engines (``route: "single-row"``, timing proxies
-:class:`~asymspec_mm.base.timing.TimedEngine`); at B > 1 the engine core takes them as they are, each row's caches
-copied into its row storages at join (``route: "copy-at-join"``).
+:class:`~asymspec_mm.base.timing.TimedEngine`; a step is the time between two of its steps' events); at B > 1 the
+engine core takes them as they are, each row's caches copied into its row storages at join (``route:
+"copy-at-join"``).
 """
 
 from __future__ import annotations
@@ -148,24 +153,25 @@ class CellRecord:
         return functools.partial(TimedStorage, ledger=self.ledger, clock=self.clock) if self.ledger is not None else None
 
     def step(self, rows: int, seconds: float) -> None:
+        """A decode step of ``rows`` rows took ``seconds``; its split is what the ledger recorded since the last."""
         self.steps.append((rows, seconds, self.parts.take() if self.parts else None))
 
+    def on_step(self, rows: int, engine_calls: int, seconds: float) -> None:
+        """An engine core's ``on_step``: its decode step (the decoder's step, whatever prompt pieces rode in its
+        forwards; the rest of the turn, admission, a static storage's staging prefill and joins, is not the step's)."""
+        self.step(rows, seconds)
+
     def turn(self, pipe: Any, core: EngineCore, cases: dict[int, int]) -> None:
-        """One turn of ``core`` (a model call of ``pipe``, as a request's turns are), timed: a step when it stepped
-        rows, else prefill; the answers it made go to their cases (``cases``: request id -> case). A request's
-        error is raised."""
+        """One turn of ``core`` (a model call of ``pipe``, as a request's turns are; its step comes through
+        :meth:`on_step`): a turn that stepped no row only prefilled, its seconds are prefill's. The answers it made
+        go to their cases (``cases``: request id -> case); a request's error is raised."""
         from ..core.loop_client import model_call
 
-        steps, rows = core.steps, core.rows_stepped
+        steps = core.steps
         t0 = self.clock.now()
         outs = model_call(pipe, core.step)
-        seconds = self.clock.now() - t0
-        if core.steps > steps:
-            self.step(core.rows_stepped - rows, seconds)
-        else:
-            self.prefill += seconds
-            if self.parts:
-                self.parts.take()  # its forwards carried prompt pieces only: no step's
+        if core.steps == steps:
+            self.prefill += self.clock.now() - t0
         for out in outs:
             if out.error is not None:
                 raise out.error
@@ -278,7 +284,7 @@ class BatchSweep:
         from ..base.gc_heap import frozen_heap
         from ..core.direct_loop import direct_core
 
-        core = direct_core(self.pipe, timer=rec.timer, wrap_storage=rec.wrap())
+        core = direct_core(self.pipe, timer=rec.timer, wrap_storage=rec.wrap(), on_step=rec.on_step)
         cases = {core.add_session(session): i}
         with frozen_heap():  # as pipe.generate decodes a request alone (core.direct.session_steps)
             while core.has_work:
@@ -318,7 +324,7 @@ class BatchSweep:
 
         rec = CellRecord(self.clock, self.instrument)
         # generate_batch's core (its scheduler's settings); tokens only, as its texts are made on an output thread
-        core = EngineCore(self.pipe, size, batch_engines=self.row_storage(size, rec.wrap()), texts=False)
+        core = EngineCore(self.pipe, size, batch_engines=self.row_storage(size, rec.wrap()), texts=False, on_step=rec.on_step)
         core.timer = rec.timer
         upcoming = iter(idx)
         cases: dict[int, int] = {}  # request id -> case
