@@ -124,7 +124,7 @@ def batch_sweep(
         "mode": "synthetic" if synthetic else "pipeline",
         "batch_engine": batch_engine,
         "route": ROUTE_SINGLE_ROW if synthetic else ROUTE_CORE,  # each cell's own: its "route"
-        "route_note": route_note(synthetic),
+        "route_note": route_note(synthetic, batch_engine),
         "sizes": sizes,
         "variants": [v.name for v in variants],
         "methods": {v.name: v.method for v in variants},
@@ -148,18 +148,23 @@ def batch_sweep(
     }
 
 
-def route_note(synthetic: bool) -> str:
+def route_note(synthetic: bool, batch_engine: str = "dynamic") -> str:
     """Where the sweep's requests decode, for the report (:mod:`.batch_cells`)."""
-    if not synthetic:
+    if synthetic:
         return (
-            "route: engine core at every B: each request set up without prefill, its prompts prefilled in the paged row "
-            "storages' own forwards (B=1: each request alone, as pipe.generate decodes it; B>1: the engine core "
-            "generate_batch steps, a new row's prompt riding in the step's forwards); no single-row engine is built."
+            "route: synthetic caches are single-row engines (random KV poured into them; the engine core's storages fill "
+            "only through forwards, a prefill): B=1 decodes them there (pipe.run), B>1 on the engine core, each row's "
+            "caches copied into its row storages at join."
         )
+    static = (
+        ""
+        if batch_engine == "dynamic"
+        else f" At B>1 the {batch_engine} slots take no prompt pieces: rows are prefilled on staging storages and copied in at join."
+    )
     return (
-        "route: synthetic caches are single-row engines (random KV poured into them; the engine core's storages fill "
-        "only through forwards, a prefill): B=1 decodes them there (pipe.run), B>1 on the engine core, each row's "
-        "caches copied into its row storages at join."
+        "route: engine core at every B: each request set up without prefill, its prompts prefilled in the paged row "
+        "storages' own forwards (B=1: each request alone, as pipe.generate decodes it; B>1: the engine core "
+        "generate_batch steps, a new row's prompt riding in the step's forwards); no single-row engine is built." + static
     )
 
 

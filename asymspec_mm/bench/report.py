@@ -282,7 +282,8 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
             "holds it. EOS ends a request, as in pipe.generate and generate_batch."
         )
     lines.append(
-        "Step: median wall time of a turn that stepped the batch full (B rows, or all the requests when fewer); KV/row: the "
+        "Step: median wall time of a decode step with the batch full (B rows, or all the requests when fewer; the core's "
+        "own measure, without the rest of its turn); KV/row: the "
         "row's context at its join (end of prefill) times its row storages' bytes per token, summed over its streams; "
         "batch cache/row: the row storages' peak bytes (free blocks and holes included) over the rows then live."
     )
