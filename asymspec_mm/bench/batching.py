@@ -5,7 +5,7 @@ the one every request of the library takes (set up with ``prefill=False``, promp
 storages' own forwards; the cells are :mod:`.batch_cells`'):
 
 * **B = 1 is the sequential loop**: one request after another, each decoded alone as ``pipe.generate`` decodes it
-  (an engine core of its own), every turn timed, not ``generate_batch(batch_size=1)``.
+  (an engine core of its own), every step timed, not ``generate_batch(batch_size=1)``.
 * **B > 1** is ``pipe.generate_batch(requests, batch_size=B)``, timed as one call (the tokens/s a caller gets),
   then the same requests through an engine core built as ``generate_batch``'s and stepped here as its decode thread
   steps it (set up, admit, prompt pieces riding in the steps' forwards, join in place, refill): each step is timed,
