@@ -318,7 +318,8 @@ class BatchSweep:
 
     def stepped(self, v: Variant, cfg: AsymSpecConfig, idx: Sequence[int], size: int) -> dict[str, Any]:
         """The requests through an engine core of ``size`` rows stepped here as ``generate_batch``'s decode thread
-        steps it (module docstring), a request set up whenever a row is free; its steps timed (and the turns that only prefilled)."""
+        steps it (module docstring), a request set up whenever a row is free; its steps timed, and the turns that
+        only prefilled."""
         from ..base.gc_heap import frozen_heap
         from ..core.engine_core import EngineCore
 
