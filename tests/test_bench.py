@@ -495,11 +495,48 @@ def test_batch_sweep_through_the_cli_writes_consistent_outputs(tmp_path):
         assert per["1"]["ratio_to_seq"] == pytest.approx(1.0) and per["1"]["step_ratio"] == pytest.approx(1.0)
         for c in seq + bat:
             assert c["tokens_per_s"] == pytest.approx(c["new_tokens"] / c.get("api_wall_s", c["wall_s"]))
-            assert c["decode_tokens_per_s"] == pytest.approx(c["new_tokens"] / (c["wall_s"] - c["setup_s"]))
+            # on the engine core a request's prompts are prefilled in the turns, not at set-up: the turns that only
+            # prefilled (prefill_s) are left out of decoding as the set-up is
+            assert c["route"] == "core" and c["prefill_s"] > 0
+            assert c["decode_tokens_per_s"] == pytest.approx(c["new_tokens"] / (c["wall_s"] - c["setup_s"] - c["prefill_s"]))
             sp = c["split_step_s"]
             assert sum(sp.values()) == pytest.approx(c["full_step_s_mean"]) and min(sp[st] for st in streams) > 0
         assert f"| {name} | 1 (sequential) |" in md and f"| {name} | 3 |" in md
     assert "### Batched decoding" in md and not [t for t in data["targets"] if t["target"].startswith("batch")]  # no B=8 here
+
+
+def test_batch_sweep_pipeline_cells_decode_on_the_engine_core(tiny_dirs):
+    """The batch sweep's pipeline cells take the engine core's route at every B: a single-row engine factory that
+    refuses to build is never called, the tokens are pipe.generate's (each request alone), each row's KV at its join
+    holds its staged prompt, every stream of the method has decode forwards in the full steps and the turns that only
+    prefilled are timed apart from them."""
+    from asymspec_mm import AsymSpecConfig, AsymSpecPipeline
+    from asymspec_mm.decode.rows import STREAMS_OF
+
+    refusing = RefusingEngines()
+    pipe = AsymSpecPipeline.from_pretrained(*tiny_dirs, ocr="none", engines=refusing)
+    cases = bench.bench_cases(4)
+    sweep = bench.BatchSweep(
+        bench.BenchPair(pipe, "t", "t", trained=True), cases, synthetic=False, base_len=256, image_tokens=0, clock=Clock(), instrument=True
+    )
+    idx = list(range(len(cases)))
+    with pipe.prefix_kv.paused():  # every request prefills its prompts, as in run_bench
+        for spec in ("floor", "asymspec", "sd"):
+            v = Variant.parse(spec)
+            cfg = v.apply(AsymSpecConfig(k=3, max_new_tokens=6))
+            plain = [
+                pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], method=v.method, config=cfg) for c in cases
+            ]
+            streams = STREAMS_OF[v.method]
+            staged = [{s: getattr(p.prompts, f"{s}_ids").shape[1] - 1 for s in streams} for p in plain]  # [1, L]: L - 1 held
+            for size in (1, 3):
+                c = sweep.cell(v, cfg, idx, size)
+                assert c["route"] == "core" and c["token_ids"] == [list(p.token_ids) for p in plain], (spec, size)
+                assert c["prefill_s"] > 0 and all(c["split_step_s"][s] > 0 for s in streams), (spec, size)
+                assert [r["lengths"] for r in c["kv_rows"]] == staged and all(r["bytes"] == r["formula_bytes"] for r in c["kv_rows"])
+            assert c["stepped_same_as_generate_batch"] and c["full_rows"] == 3
+            assert sweep.cell(v, cfg, idx, 1)["steps_ok"]
+    assert refusing.calls == 0
 
 
 def test_batch_sweep_on_synthetic_caches_and_its_targets(tiny_pipe):
@@ -517,6 +554,9 @@ def test_batch_sweep_on_synthetic_caches_and_its_targets(tiny_pipe):
     )
     bt = res["batching"]
     assert bt["mode"] == "synthetic" and bt["sizes"] == [1, 8] and bt["checks"]["same_tokens_as_sequential"]
+    # single-row caches of random KV: decoded on them alone, copied into the core's row storages at join in a batch
+    assert bt["route"] == "single-row" and "single-row engines" in bt["route_note"]
+    assert all(per["1"]["route"] == "single-row" and per["8"]["route"] == "copy-at-join" for per in bt["by_variant"].values())
     for name in ("floor", "asymspec"):
         per = bt["by_variant"][name]
         assert per["1"]["tokens_per_s"] is None and per["1"]["tokens_per_case"] == per["8"]["tokens_per_case"] == [6] * 8

@@ -21,8 +21,8 @@ What it measures (see ``BENCHMARKS.md`` for results):
 * **Scaling**: per-token time against the length of the compressed view (a caption made that long)
   and tokens/s against K.
 * **Batched decoding** (``--batch-sizes``, :mod:`.batching`): ``generate_batch(batch_size=B)`` against the
-  sequential loop (B=1: ``pipe.generate`` one request after another) over the same requests: tokens/s and its ratio
-  to B=1, time per decoder step, KV bytes per row.
+  sequential loop (B=1: ``pipe.generate`` one request after another), both on the engine core (synthetic caches:
+  single-row caches), over the same requests: tokens/s and its ratio to B=1, time per decoder step, KV bytes per row.
 * **Projection**: with random weights acceptance means nothing, so for random-weight pairs the
   AsymSpec / SD tokens/s are *projected* from the measured per-call costs for given acceptance
   statistics (the paper's AR 0.78-0.92, MAL 2.6-4.1); on a trained pair the same model is checked
@@ -42,7 +42,8 @@ a decode-cost measurement, labelled as such).
 
 # This docstring is also ``asymspec-mm bench --help``'s description. The parts: settings (defaults, names,
 # published shapes), pairs (pairs and inputs), runner (one run and its checks), aggregate (summaries, ratios,
-# projection, targets), probes, batching (the batch sweep), suite (run_bench), report (Markdown, PNG, JSON), cli.
+# projection, targets), probes, batching (the batch sweep) and batch_cells (its cells), suite (run_bench), report
+# (Markdown, PNG, JSON), cli.
 
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ from .aggregate import (
     summarize,
     variant_summary,
 )
+from .batch_cells import BatchSweep, kv_bytes_per_token
 from .batch_targets import batch_targets
-from .batching import BatchSweep, batch_sweep, kv_bytes_per_token
+from .batching import batch_sweep
 from .cli import add_bench_parser, bench_main, main
 from .pairs import BenchPair, bench_cases, build_real_shape_pair, context_limit, fits_context, load_pair, pad_caption
 from .probes import probe_drafter_batching, probe_loop

@@ -147,9 +147,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--batch-engine",
         choices=["dynamic", "static", "static-compile"],
         default="dynamic",
-        help="batch sweep: the stepped decoder's row storage at B > 1: dynamic (BatchEngine) or static slots "
-        "(StaticBatchEngine, max_rows = B), optionally with compiled fixed-shape forwards; generate_batch is then not "
-        "timed [default: %(default)s]",
+        help="batch sweep: the row storage at B > 1 of generate_batch and the stepped engine core: dynamic (the paged "
+        "default) or static slots (StaticBatchEngine, max_rows = B), optionally with compiled fixed-shape forwards "
+        "[default: %(default)s]",
     )
     p.add_argument("--batch-max-len", type=int, default=2048, help="batch sweep: static slots' columns [default: %(default)s]")
     p.add_argument("--out", default="runs/bench", help="output folder for bench.json / bench.md / bench.png [default: %(default)s]")

@@ -251,7 +251,7 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
         lines.append(
             f"\n**Row storage: {bt['batch_engine']}** at B>1 (StaticBatchEngine: preallocated slots, max_rows = B"
             f"{', compiled fixed-shape forwards' if 'compile' in bt['batch_engine'] else ''}), for generate_batch and "
-            "the stepped BatchDecoder alike."
+            "the stepped engine core alike."
         )
         for name, per in bt["by_variant"].items():
             one = per.get("1", {}).get("storage_b1")
@@ -263,25 +263,29 @@ def batch_markdown(bt: dict[str, Any] | None, dtype: str = "float32") -> list[st
                     f"{ratio_text} the sequential loop's decode tokens/s, step "
                     f"{one['step_s'] * 1e3:.1f} ms; tokens {'equal' if one['same_tokens'] else 'DIFFER from'} the sequential loop's."
                 )
+    if bt.get("route_note"):  # where the requests decode (a sweep written before it had none)
+        lines.append(f"\n{bt['route_note']}")
     if synthetic:
         sc = bt["synthetic_context"]
         lines.append(
             f"\n**Synthetic caches** (the request path's prefill is minutes per request here): row i holds {sc['base']} + "
             f"{sc['stagger']}*i positions (+{sc['image_tokens']} image positions on the full stream), EOS ignored; generate_batch "
-            "cannot run on them (it prefills), so both loops decode the same prefilled sessions (pipe.run one after another; a "
-            "BatchDecoder stepped as generate_batch steps it) and tokens/s is decode-only."
+            "cannot run on them (it prefills), so both loops decode the same prefilled sessions (pipe.run one after another; an "
+            "engine core stepped as generate_batch steps it) and tokens/s is decode-only."
         )
     else:
         lines.append(
             "\ntokens/s: the whole call (set-up + decoding) of generate_batch, or of the sequential loop; decode tokens/s leaves "
-            "the set-up (prompts, vision, prefill) out, from a BatchDecoder stepped over requests prefilled one at a time "
-            "(each step timed; its tokens are checked equal to generate_batch's). EOS ends a request, as in "
-            "pipe.generate and generate_batch."
+            "out the set-up (view, prompts, vision) and the turns that only prefilled (a request alone's first turn, a batch's "
+            "first rows), from an engine core stepped as generate_batch steps it (each turn timed; its tokens are checked "
+            "equal to generate_batch's); a row arriving while others decode has its prompt ride in their step, whose time "
+            "holds it. EOS ends a request, as in pipe.generate and generate_batch."
         )
     lines.append(
-        "Step: median wall time of a decoder step with the batch full (B rows, or all the requests when fewer); KV/row: "
-        "BatchEngine.kv_bytes(row) summed over the row's streams right after it joins (end of prefill); batch cache/row: "
-        "the batched caches' peak bytes (holes included) over the rows then live."
+        "Step: median wall time of a decode step with the batch full (B rows, or all the requests when fewer; the core's "
+        "own measure, without the rest of its turn); KV/row: the "
+        "row's context at its join (end of prefill) times its row storages' bytes per token, summed over its streams; "
+        "batch cache/row: the row storages' peak bytes (free blocks and holes included) over the rows then live."
     )
     lines += [
         "",

@@ -321,10 +321,12 @@ def direct_core(
     texts: bool = True,
     timer: Any = None,
     wrap_storage: Callable[[Any], Any] | None = None,
+    on_step: Callable[[int, int, float], None] | None = None,
 ) -> EngineCore:
     """An engine core for requests with no loop running (its prompts in one forward per storage; ``texts``: the
     events' and the answer's texts made here, there is no output side; ``timer``: see :attr:`EngineCore.timer`;
-    ``wrap_storage``: each row storage through it, see :class:`~asymspec_mm.engines.RowStorages`).
+    ``wrap_storage``: each row storage through it, see :class:`~asymspec_mm.engines.RowStorages`; ``on_step``: told
+    of every decode step, see :class:`EngineCore`).
 
     Each stream's KV is in a pool of its own, one tensor per layer: a row alone then has consecutive blocks that every
     layer reads where they lie, as the single-row cache it replaces did, with no copy. (One pool shared by the
@@ -341,6 +343,7 @@ def direct_core(
         token_budget=DIRECT_TOKEN_BUDGET,
         texts=texts,
         measures=False,
+        on_step=on_step,
     )
     core.timer = timer
     return core
