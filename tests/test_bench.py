@@ -743,8 +743,8 @@ def test_single_call_profile_regions_name_functions_that_exist():
 
 def test_direct_threads_answers_the_same_tokens_in_every_arm(capsys):
     """``bench.direct_threads``: the shipped tiny pair answers two requests one after another, from two threads with
-    no scheduler (rows of the direct loop) and from two threads through a scheduler; every arm gives the same tokens,
-    and each arm's speed over the sequential one is printed per repetition."""
+    no scheduler (rows of the direct loop), from two threads through a scheduler and through two schedulers on the
+    pipeline; every arm gives the same tokens, and each arm's speed over the sequential one is printed per repetition."""
     import json
 
     from asymspec_mm.bench.direct_threads import main
@@ -753,7 +753,8 @@ def test_direct_threads_answers_the_same_tokens_in_every_arm(capsys):
     out = json.loads(capsys.readouterr().out)
     floor = out["floor"]
     assert floor["same_tokens"] is True
-    assert set(floor) == {"sequential", "threads", "loop", "threads_speedup", "loop_speedup", "same_tokens"}
-    assert len(floor["threads_speedup"]) == len(floor["loop_speedup"]) == 1 and floor["threads"]["median_s"] > 0
+    arms = ("threads", "loop", "two_loops")
+    assert set(floor) == {"sequential", *arms, *(f"{arm}_speedup" for arm in arms), "same_tokens"}
+    assert all(len(floor[f"{arm}_speedup"]) == 1 and floor[arm]["median_s"] > 0 for arm in arms)
     with pytest.raises(SystemExit, match="--callers must be at least 1 and at most --requests"):
         main(["--requests", "2", "--callers", "3"])

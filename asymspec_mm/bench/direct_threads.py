@@ -10,7 +10,11 @@ tokens (EOS ignored, the compressed views given, so every arm decodes the same t
 
 * ``sequential``: one thread, one request after another (``pipe.generate``);
 * ``threads``: the requests split over ``--callers`` threads started at once, no scheduler (the direct loop);
-* ``loop``: the same threads while ``pipe.scheduler(max_batch_size=callers)`` runs (each call a row of its loop).
+* ``loop``: the same threads while ``pipe.scheduler(max_batch_size=callers)`` runs (each call a row of its loop);
+* ``two_loops``: the same threads, half of them submitting to one scheduler and half to a second one on the same
+  pipeline (two servers, or the demo beside the API, in one process): one loop runs the pipeline's models, the
+  second's turns are its model calls (:mod:`asymspec_mm.core.model_owner`); before it, the two decode threads took
+  turns on a lock around the models.
 
 Printed per arm: wall seconds of each repetition and their median; then each arm's speed over ``sequential`` per
 repetition (> 1: faster), and whether every arm gave the same tokens. The script uses only the public API, so it
@@ -24,10 +28,10 @@ import json
 import statistics
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from typing import Any
 
-ARMS = ("sequential", "threads", "loop")
+ARMS = ("sequential", "threads", "loop", "two_loops")
 
 
 def run_arm(pipe: Any, cases: list[dict], kw: dict[str, Any], arm: str, callers: int) -> tuple[float, list[list[int]]]:
@@ -35,20 +39,25 @@ def run_arm(pipe: Any, cases: list[dict], kw: dict[str, Any], arm: str, callers:
     got: list[list[int] | None] = [None] * len(cases)
     errors: list[BaseException] = []
 
-    def answer(indices: list[int]) -> None:
+    def answer(indices: list[int], sched: Any = None) -> None:
         try:
             for i in indices:
                 c = cases[i]
-                got[i] = pipe.generate(c["image"], c["question"], caption=c["caption"], ocr=c["ocr"], **kw).token_ids
+                args = (c["image"], c["question"])
+                opts = dict(caption=c["caption"], ocr=c["ocr"], **kw)
+                got[i] = (sched.submit(*args, **opts).result() if sched is not None else pipe.generate(*args, **opts)).token_ids
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    with pipe.scheduler(max_batch_size=callers) if arm == "loop" else nullcontext():
+    with ExitStack() as loops:
+        scheds = [loops.enter_context(pipe.scheduler(max_batch_size=callers)) for _ in range({"loop": 1, "two_loops": 2}.get(arm, 0))]
         t0 = time.perf_counter()
         if arm == "sequential":
             answer(list(range(len(cases))))
         else:
-            threads = [threading.Thread(target=answer, args=(list(range(j, len(cases), callers)),)) for j in range(callers)]
+            # two loops: the callers alternate between them (pipe.generate would go to the one serving the pipeline)
+            where = [scheds[j % 2] if arm == "two_loops" else None for j in range(callers)]
+            threads = [threading.Thread(target=answer, args=(list(range(j, len(cases), callers)), where[j])) for j in range(callers)]
             for t in threads:
                 t.start()
             for t in threads:
