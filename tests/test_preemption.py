@@ -189,3 +189,4 @@ def test_the_memory_bench_runs_both_arms_and_keeps_within_its_budget(tiny_pipe):
     free, bound = run(tiny_pipe, cases, 48, None), run(tiny_pipe, cases, 48, int(1.1 * one))
     assert bound["tokens"] == free["tokens"] and all(len(t) == 48 for t in free["tokens"])
     assert 0 < bound["peak"] <= int(1.1 * one) and free["preemptions"] == 0 and free["peak"] > 0
+    assert free["most_rows"] == 4 and 1 <= bound["most_rows"] <= 4 and all(h > 0 for h in free["held"])
