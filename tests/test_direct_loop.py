@@ -3,7 +3,7 @@ rows of one engine core that they drive themselves, a turn at a time. Their requ
 every answer equals the same request decoded alone; a caller that stops reading leaves the batch; an interrupted
 turn fails the others' requests with a clear error and the loop serves the next request. Real forwards of the tiny
 pair; which thread ran each forward is read with forward hooks on the real modules. The turns are held still by
-pausing the pipeline (``loop_client.paused``: no turn starts meanwhile), so that every request is in the core before
+pausing the pipeline (``model_owner.paused``: no turn starts meanwhile), so that every request is in the core before
 the first turn, or by holding the models' forwards (``held_forwards``: a turn stands still in its first forward)."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ core stepped on the caller's thread (BENCHMARKS.md).
 The core lives while it has work: when a turn leaves it empty it goes, with its KV storages, and the next request
 starts a fresh one. One loop runs a pipeline's models at a time, by construction: a turn runs on its caller's thread
 only while no scheduler runs the pipeline's models (a scheduler starting waits for such a turn to end,
-:func:`~.loop_client.claim`); while one does, every turn is one of its model calls (:meth:`~.loop_calls.LoopCalls.run`),
+:func:`~.model_owner.claim`); while one does, every turn is one of its model calls (:meth:`~.loop_calls.LoopCalls.run`),
 between two of its steps, on its decode thread. Each turn's outputs reach their queues as the turn ends, on
 whichever thread ran it, so a request's steps arrive in order.
 """
@@ -75,7 +75,7 @@ class DirectLoop:
     any other model call (a :class:`~asymspec_mm.engines.model_calls.ModelLoop`).
 
     ``make_core(pipe)`` builds the core when a request or call arrives and none is live; ``models_here(pipe)``
-    (a context manager, :func:`~.loop_client.models_here`) says who runs a turn: it yields the scheduler that runs
+    (a context manager, :func:`~.model_owner.models_here`) says who runs a turn: it yields the scheduler that runs
     the pipeline's models (the turn is one of its model calls), or ``None`` with this thread counted as running them
     for the block; ``runs_every_turn(pipe)``: whether the calling thread is that scheduler's decode thread. The loop holds its pipeline weakly (the
     registry is keyed by it); a live core holds it."""

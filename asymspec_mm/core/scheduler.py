@@ -256,7 +256,7 @@ class Scheduler(LoopCalls, SetupPool):
     def _run(self) -> None:
         """The decode thread: the engine core's turns while it has work, their outputs to the output thread (the
         loaded heap frozen meanwhile: :mod:`~asymspec_mm.base.gc_heap`); when it ends, the pipeline's models are no
-        longer this loop's to run (:func:`~.loop_client.release`)."""
+        longer this loop's to run (:func:`~.model_owner.release`)."""
         try:
             with frozen_heap():
                 self._turns()
