@@ -160,3 +160,164 @@ def test_a_paused_pipeline_starts_no_turn_and_its_requests_then_share_the_first(
     for t in threads:
         t.join(120)
     assert [got[0].token_ids, got[1].token_ids] == [a.token_ids for a in alone]
+
+
+class _Inside:
+    """How many threads are inside a forward of ``pipe``'s drafter or verifier at once, at most (pre and post hooks
+    on the real modules; ``linger`` widens each forward so that an overlap would show)."""
+
+    def __init__(self, pipe, linger: float = 0.0):
+        self.lock, self.now, self.most, self.linger = threading.Lock(), 0, 0, linger
+        self.hooks = [
+            h for m in (pipe.drafter, pipe.verifier) for h in (m.register_forward_pre_hook(self.pre), m.register_forward_hook(self.post))
+        ]
+
+    def pre(self, *_) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(self.linger)
+
+    def post(self, *_) -> None:
+        with self.lock:
+            self.now -= 1
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+
+
+def _kw(seed: int, n: int = 8, method: str = "asymspec"):
+    c = make_case(seed)
+    return (c["image"], c["question"]), dict(caption=c["caption"], ocr=False, config=AsymSpecConfig(k=3, max_new_tokens=n), method=method)
+
+
+def test_a_call_handed_to_a_closed_scheduler_never_runs_beside_a_direct_turn(pipe):
+    """A set-up that kept a scheduler which closed since hands it its calls: they run where the models are run now,
+    one thread at a time with the direct loop's turns."""
+    import torch
+
+    sched = pipe.scheduler(max_batch_size=2)
+    sched.close()
+    inside, stop = _Inside(pipe, linger=0.01), threading.Event()
+
+    def late_calls() -> None:
+        while not stop.is_set():
+            sched.run(lambda: pipe.verifier(input_ids=torch.tensor([[1, 2, 3, 4]])))
+
+    caller = threading.Thread(target=late_calls)
+    caller.start()
+    try:
+        args, kw = _kw(8500, n=16)
+        for _ in range(3):
+            pipe.generate(*args, **kw)
+    finally:
+        stop.set()
+        caller.join(60)
+        inside.remove()
+    assert inside.most == 1
+
+
+def test_a_scheduler_started_within_a_direct_turn_takes_over_at_its_first_turn(pipe):
+    """Made from a callback inside a direct turn (the ``timer`` of ``pipe.run``), its start does not wait for the
+    turn it is in; the request finishes, and the scheduler then owns the pipeline once it runs a turn."""
+    import contextlib
+
+    args, kw = _kw(8510, n=6)
+    kw.pop("method")
+    session = pipe.prepare(*args, **kw)
+    made: list = []
+
+    def timer(name):
+        if not made:
+            made.append(pipe.scheduler(max_batch_size=2))
+        return contextlib.nullcontext()
+
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (list(pipe.run(session, timer=timer)), done.set()), daemon=True)
+    worker.start()
+    try:
+        assert done.wait(60), "the request did not finish"
+        assert made and running_loop(pipe) is None  # no turn of it ran yet
+        assert made[0].submit(*args, **kw).result(timeout=60).token_ids
+        assert running_loop(pipe) is made[0]
+    finally:
+        for sched in made:
+            sched.close()
+
+
+def test_a_guests_stop_is_its_own_and_an_owners_stop_hands_the_pipeline_over(pipe):
+    """A guest's callback that raises ``KeyboardInterrupt`` (run on the owner's thread) stops the guest, not the
+    owner; an owner that stops while a guest's turn waits in its line leaves the guest to take the pipeline over."""
+    owner = pipe.scheduler(max_batch_size=2)
+    guest = Scheduler(pipe, max_batch_size=2, on_step=lambda *_: (_ for _ in ()).throw(KeyboardInterrupt("guest callback")))
+    try:
+        args, kw = _kw(8520, n=20)
+        mine = owner.submit(*args, **kw)
+        with pytest.raises(Exception, match="KeyboardInterrupt"):
+            guest.submit(*args, **kw).result(timeout=120)
+        assert mine.result(timeout=120).token_ids and owner.error is None and guest.error is not None
+    finally:
+        owner.close()
+        guest.close()
+    steps = [0]
+
+    def fail_third(*_) -> None:
+        steps[0] += 1
+        if steps[0] == 3:
+            time.sleep(0.5)  # the guest's next turn waits in the owner's line meanwhile
+            raise RuntimeError("the owner's callback failed")
+
+    long = [_kw(8521, n=40), _kw(8522, n=40)]  # EOS ignored: their turns still wait in the owner's line when it stops
+    alone = [pipe.generate(*a, **k, ignore_eos=True).token_ids for a, k in long]
+    owner = pipe.scheduler(max_batch_size=2, on_step=fail_third)
+    guest = Scheduler(pipe, max_batch_size=2)
+    try:
+        handles = [guest.submit(*a, **k, ignore_eos=True) for a, k in long]
+        with pytest.raises(Exception, match="the owner's callback failed"):
+            owner.submit(*args, **kw, ignore_eos=True).result(timeout=120)
+        assert [h.result(timeout=120).token_ids for h in handles] == alone
+        assert guest.error is None and running_loop(pipe) is guest
+    finally:
+        owner.close()
+        guest.close()
+
+
+def test_a_scheduler_started_on_the_owners_decode_thread_is_refused_in_one_line(pipe):
+    """Its turns would wait for the very thread that starts it: a clear error instead of a hang."""
+    refused: list[BaseException] = []
+
+    def start_one(*_) -> None:
+        if not refused:
+            try:
+                Scheduler(pipe, max_batch_size=1)
+            except Exception as exc:  # noqa: BLE001 - what the callback got
+                refused.append(exc)
+
+    with pipe.scheduler(max_batch_size=2, on_step=start_one) as owner:
+        args, kw = _kw(8530, n=4)
+        assert owner.submit(*args, **kw).result(timeout=60).token_ids
+    assert [str(e) for e in refused] == [
+        "a scheduler was started from within a step of the scheduler that runs this pipeline's models (a callback on its "
+        "decode thread): its turns would wait for that thread; start it from another thread"
+    ]
+
+
+def test_pausing_lets_a_running_turn_finish_even_when_it_calls_the_pipeline(pipe):
+    """A turn already running when the pause begins finishes, also when a callback in it calls the pipeline."""
+    args, kw = _kw(8540, n=4)
+    in_turn, turn_done = threading.Event(), threading.Event()
+
+    def on_step(*_) -> None:
+        if not in_turn.is_set():
+            in_turn.set()
+            time.sleep(0.3)  # the pause begins meanwhile
+            pipe.generate(*args, **kw)
+            turn_done.set()
+
+    with pipe.scheduler(max_batch_size=2, on_step=on_step) as sched:
+        handle = sched.submit(*_kw(8541, n=8)[0], **_kw(8541, n=8)[1])
+        assert in_turn.wait(60)
+        with paused(pipe):
+            assert turn_done.wait(30)
+        assert handle.result(timeout=60).token_ids

@@ -35,6 +35,7 @@ from ..base.errors import AsymSpecError
 from ..base.gc_heap import frozen_heap
 from ..engines import RowStorages
 from .engine_core import EngineCore, EngineOutput
+from .handle import SchedulerStoppedError
 from .request_state import RequestKind, RequestState
 
 if TYPE_CHECKING:
@@ -242,11 +243,18 @@ class DirectLoop:
         """One turn of ``core``: a model call of the scheduler that runs the pipeline's models when one does (at once
         on its decode thread), else here, this thread then the one running them (a scheduler starting meanwhile
         waits for the turn to end)."""
-        with self.models_here(self.pipe) as loop:
-            if loop is not None:
-                loop.run(lambda: self._step(core))
-            else:
-                self._step(core)
+        while True:
+            with self.models_here(self.pipe) as loop:
+                if loop is None:
+                    self._step(core)
+                    return
+                try:
+                    loop.run(lambda: self._step(core))
+                    return
+                except SchedulerStoppedError:
+                    if getattr(loop, "error", None) is None:
+                        raise
+                    # that scheduler stopped before running this turn: it runs once the pipeline has passed on
 
     def _step(self, core: EngineCore) -> None:
         """``core.step()`` on this thread, its outputs delivered to their queues at once (in the order of the turns,

@@ -23,11 +23,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
+from ..base.errors import AsymSpecError
+
 T = TypeVar("T")
 
 
 class ModelsLoop(Protocol):
     """A loop that can own a pipeline's models (a :class:`~.scheduler.Scheduler`)."""
+
+    @property
+    def on_decode_thread(self) -> bool:
+        """Whether the calling thread is its decode thread."""
+        ...
 
     @property
     def takes_jobs(self) -> bool:
@@ -41,8 +48,9 @@ class ModelsLoop(Protocol):
 
 #: The loop whose decode thread runs each pipeline's models now, from its claim to its release.
 _OWNER: weakref.WeakKeyDictionary[Any, ModelsLoop] = weakref.WeakKeyDictionary()
-#: How many turns or calls of each pipeline run on a caller's thread now (no loop owning its models).
-_ALONE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: The thread running each pipeline's models on its own now (no loop owning them: a direct turn, a call made with no
+#: loop), and how deep (a call made within its turn runs at once): one such thread at a time.
+_ALONE: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
 #: How many schedulers wait to claim each pipeline (direct turns wait for them rather than start).
 _CLAIMING: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 #: How many :func:`paused` blocks hold each pipeline's turns now.
@@ -54,6 +62,12 @@ def _bump(table: weakref.WeakKeyDictionary, pipe: Any, by: int) -> None:
     """Add ``by`` to ``pipe``'s count in ``table`` and wake every waiter (called with ``_COND`` held)."""
     table[pipe] = table.get(pipe, 0) + by
     _COND.notify_all()
+
+
+def _alone_here(pipe: Any) -> bool:
+    """Whether the calling thread runs ``pipe``'s models on its own now (called with ``_COND`` held)."""
+    entry = _ALONE.get(pipe)
+    return entry is not None and entry[0] == threading.get_ident()
 
 
 @contextmanager
@@ -73,13 +87,21 @@ def paused(pipe: Any) -> Iterator[None]:
 def claim(pipe: Any, loop: ModelsLoop) -> None:
     """``loop`` (a scheduler starting, before its threads do) owns ``pipe``'s models from now on when no other loop
     does, once a turn running on a caller's thread has ended (none starts meanwhile); beside an owner it is a guest,
-    its turns that owner's model calls (:func:`turn_host`)."""
+    its turns that owner's model calls (:func:`turn_host`). Started from within a turn running on this thread, it
+    claims nothing now (the turn would wait for itself): its first turn takes the pipeline over. Started on the
+    owner's decode thread (a callback within its step) it is refused: its turns would wait for that very thread."""
     with _COND:
-        if _OWNER.get(pipe) is not None:
+        owner = _OWNER.get(pipe)
+        if owner is not None and owner.on_decode_thread:
+            raise AsymSpecError(
+                "a scheduler was started from within a step of the scheduler that runs this pipeline's models (a "
+                "callback on its decode thread): its turns would wait for that thread; start it from another thread"
+            )
+        if owner is not None or _alone_here(pipe):
             return
         _bump(_CLAIMING, pipe, 1)
         try:
-            while _ALONE.get(pipe, 0):
+            while _ALONE.get(pipe) is not None:
                 _COND.wait()
             if _OWNER.get(pipe) is None:
                 _OWNER[pipe] = loop
@@ -104,18 +126,28 @@ def running_loop(pipe: Any) -> Any:
 @contextmanager
 def models_here(pipe: Any) -> Iterator[ModelsLoop | None]:
     """Where a direct turn or a call of ``pipe`` made outside every loop runs: yields the loop that owns ``pipe``'s
-    models and takes jobs (the turn is to be one of its model calls), or ``None``, this thread then counted as running
-    the models until the block ends. Waits while the owner takes no more jobs (it is ending), while a scheduler is
-    claiming the pipeline, and while it is :func:`paused`."""
+    models and takes jobs (the turn is to be one of its model calls), or ``None``, this thread then the one running the
+    models on its own until the block ends (one thread at a time). Waits while the owner takes no more jobs (it is
+    ending), while another thread runs them on its own, while a scheduler is claiming the pipeline, and while it is
+    :func:`paused`; a call made within a turn already running (on this thread, or on the owner's decode thread: a
+    callback) never waits."""
+    me = threading.get_ident()
     with _COND:
-        while (
-            _PAUSED.get(pipe, 0)
-            or ((owner := _OWNER.get(pipe)) is not None and not owner.takes_jobs)
-            or (owner is None and _CLAIMING.get(pipe, 0))
-        ):
-            _COND.wait()
+        while True:
+            owner, entry = _OWNER.get(pipe), _ALONE.get(pipe)
+            if (entry is not None and entry[0] == me) or (owner is not None and owner.on_decode_thread):
+                break
+            if _PAUSED.get(pipe, 0) or entry is not None:
+                _COND.wait()
+            elif owner is not None and not owner.takes_jobs:
+                _COND.wait()
+            elif owner is None and _CLAIMING.get(pipe, 0):
+                _COND.wait()
+            else:
+                break
         if owner is None:
-            _bump(_ALONE, pipe, 1)
+            depth = entry[1] if entry is not None else 0
+            _ALONE[pipe] = (me, depth + 1)
     if owner is not None:
         yield owner
         return
@@ -123,7 +155,12 @@ def models_here(pipe: Any) -> Iterator[ModelsLoop | None]:
         yield None
     finally:
         with _COND:
-            _bump(_ALONE, pipe, -1)
+            _, depth = _ALONE[pipe]
+            if depth > 1:
+                _ALONE[pipe] = (me, depth - 1)
+            else:
+                del _ALONE[pipe]
+            _COND.notify_all()
 
 
 def call_here_or_in_owner(pipe: Any, fn: Callable[[], T]) -> T:
@@ -141,7 +178,11 @@ def turn_host(pipe: Any, loop: ModelsLoop) -> Iterator[ModelsLoop | None]:
     with _COND:
         while True:
             owner = _OWNER.get(pipe)
-            if _PAUSED.get(pipe, 0) or (owner is None and _ALONE.get(pipe, 0)) or (owner not in (None, loop) and not owner.takes_jobs):
+            if (
+                _PAUSED.get(pipe, 0)
+                or (owner is None and _ALONE.get(pipe) is not None)
+                or (owner not in (None, loop) and not owner.takes_jobs)
+            ):
                 _COND.wait()
                 continue
             if owner is None:

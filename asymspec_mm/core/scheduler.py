@@ -283,9 +283,29 @@ class Scheduler(LoopCalls, SetupPool):
 
     def _step(self) -> list[EngineOutput]:
         """One turn of the core: on this thread when this loop owns the pipeline's models, else a model call of the
-        loop that does (:func:`~.model_owner.turn_host`)."""
-        with turn_host(self.pipe, self) as host:
-            return host.run(self._core.step) if host is not None else self._core.step()
+        loop that does (:func:`~.model_owner.turn_host`). An owner that stops before running the turn hands the
+        pipeline over: the turn runs once it has gone (here, or in the next owner's loop)."""
+        while True:
+            with turn_host(self.pipe, self) as host:
+                if host is None:
+                    return self._core.step()
+                try:
+                    outs, error = host.run(self._guest_step)
+                except SchedulerStoppedError:
+                    if host.error is None:
+                        raise
+                    continue  # the owner stopped before this turn ran in it
+            if error is not None:
+                raise error  # on this loop's own thread, where its stop belongs
+            return outs
+
+    def _guest_step(self) -> tuple[list[EngineOutput] | None, BaseException | None]:
+        """This loop's turn run on the owning loop's decode thread: its outputs, or what stopped it (an interrupt
+        from one of this loop's callbacks stops this loop, not the owner)."""
+        try:
+            return self._core.step(), None
+        except BaseException as exc:  # noqa: BLE001 - handed back to this loop's decode thread, which stops on it
+            return None, exc
 
     def _deliver(self, out: EngineOutput) -> None:
         """One output of the core to its handle, through the output thread (texts are made there)."""
