@@ -58,7 +58,7 @@ class LoopCalls:
     def takes_calls(self) -> bool:
         """Whether a caller on another thread may hand it requests and model calls now (:mod:`.loop_client`): it
         runs, is not closing, and the caller is not its own decode thread (which would wait for itself)."""
-        return self.error is None and not self._closing and threading.current_thread() is not self._worker
+        return self.error is None and not self._closing and not self.on_decode_thread
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run one set-up model call (``fn``: the vision tower's) in the decode loop between two steps, and return its

@@ -116,3 +116,12 @@ def model_runner(home: HomeLoop | None) -> Callable[[Callable[[], T]], T]:
     """:func:`run_model` with ``home`` bound: what code that may call a model takes as its ``run`` (the vision
     encoder's tower pass on a cache miss)."""
     return lambda fn: run_model(fn, home)
+
+
+def stepped_tokens(steps: Iterator[list], run: Callable[[Callable[[], Any]], Any]) -> list[int]:
+    """The token ids a single-row engine's ``steps`` (``greedy_steps``: a list of events a step) commit, each step one
+    model call through ``run`` (:func:`model_runner`'s), so that rows decoding in that loop step in between."""
+    tokens: list[int] = []
+    while (events := run(lambda: next(steps, None))) is not None:
+        tokens.extend(ev.token_id for ev in events)
+    return tokens

@@ -21,7 +21,7 @@ from vision_cache.hashing import image_content_hash
 from ..decode import AsymSpecConfig, greedy_steps
 from ..engines import PromptImages, VLEngine
 from ..engines.loading import eos_ids
-from ..engines.model_calls import HomeLoop, ModelLoop, TokenRequest, loop_for, model_runner
+from ..engines.model_calls import HomeLoop, ModelLoop, TokenRequest, loop_for, model_runner, stepped_tokens
 from ..engines.pieces import image_prompt
 
 __all__ = ["DrafterCaptioner"]
@@ -115,8 +115,5 @@ class DrafterCaptioner:
         features, _ = self.encoder.encode(enc["pixel_values"], enc["image_grid_thw"], run=run)
         images = PromptImages([image], enc["pixel_values"], enc["image_grid_thw"], enc["mm_token_type_ids"][0], features=features)
         run(lambda: engine.prefill(ids[:-1], images))
-        tokens: list[int] = []
         steps = greedy_steps(engine, ids[-1:].to(engine.device), self._config(), eos_ids([self.processor.tokenizer]), is_verifier=False)
-        while (events := run(lambda: next(steps, None))) is not None:  # one token's step a call
-            tokens.extend(ev.token_id for ev in events)
-        return tokens
+        return stepped_tokens(steps, run)

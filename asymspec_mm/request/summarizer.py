@@ -16,7 +16,7 @@ from ..base.errors import ContextOverflowError
 from ..decode import greedy_steps
 from ..engines import EngineFactory
 from ..engines.loading import eos_ids
-from ..engines.model_calls import greedy_request, loop_for, run_model
+from ..engines.model_calls import greedy_request, loop_for, model_runner, stepped_tokens
 from .models import ModelSet
 
 #: What the model is asked; ``{text}`` is the message's text.
@@ -65,15 +65,10 @@ def model_answer(models: ModelSet, engines: EngineFactory, which: str, prompt: s
         engine.prefill(ids[:-1])
         return engine
 
-    engine = run_model(start, models.home_loop)
+    run = model_runner(models.home_loop)
+    engine = run(start)
     cfg = AsymSpecConfig(max_new_tokens=max_new_tokens, trace_top=0)
-    steps = greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos, is_verifier=which == "verifier")
-    tokens: list[int] = []
-    while True:
-        events = run_model(lambda: next(steps, None), models.home_loop)
-        if events is None:
-            break
-        tokens += [ev.token_id for ev in events]
+    tokens = stepped_tokens(greedy_steps(engine, ids[-1:].to(engine.device), cfg, eos, is_verifier=which == "verifier"), run)
     return tok.decode(tokens, skip_special_tokens=True).strip()
 
 
