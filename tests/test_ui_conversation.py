@@ -141,6 +141,32 @@ def test_a_new_image_or_clear_starts_a_new_conversation(tiny_pipe, state, image_
     assert state.conversations.turns("c") == ()
 
 
+def test_an_upload_event_that_arrives_after_the_run_began_keeps_its_turn(tiny_pipe, state, image_case, tmp_path):
+    """Run pressed right after an upload: the run can begin on the picture before the upload's own image.change
+    reaches the server. That late event (the picture the run began on) leaves the run's turn, its panels and the
+    fields alone, and the follow-up answers the conversation; another picture still ends it."""
+    from PIL import Image
+
+    path, case = image_case
+    run = state.run(*demo_args(path, case), session="late")
+    outs = [outputs_as_dict(next(run))]  # the run has begun (its conversation is about this picture)
+    assert state.busy("late")
+    late = state.new_image({"path": str(path)}, case["caption"], case["ocr"], "late")
+    assert all(u == {"__type__": "update"} for u in late), late  # gr.skip(): every output left alone
+    outs += [outputs_as_dict(o) for o in run]
+    first = outs[-1]
+    assert [t.question for t in state.conversations.turns("late")] == [case["question"]]
+    out = last(state.run(*demo_args(path, {**case, "question": FOLLOW_UP}), True, session="late"))
+    messages = [user(case["question"], case["pil"]), {"role": "assistant", "content": first["answer_text"]}, user(FOLLOW_UP)]
+    assert out["result_json"]["main"]["token_ids"] == chat_reference(tiny_pipe, messages, case).token_ids
+    assert turn_count(out["conversation_html"]) == 2
+
+    other = tmp_path / "other.png"
+    Image.open(path).convert("RGB").rotate(90).save(other)
+    blanked = outputs_as_dict(state.new_image({"path": str(other)}, case["caption"], case["ocr"], "late")[1:])
+    assert state.conversations.turns("late") == () and turn_count(blanked["conversation_html"]) == 0
+
+
 def test_two_sessions_keep_their_own_conversations(tiny_pipe, state, image_case):
     path, case = image_case
     first = last(state.run(*demo_args(path, case), session="one"))

@@ -146,6 +146,18 @@ class Conversations:
             conv.turns.append(turn)
             return True
 
+    def about(self, session: str | None, image: Any) -> bool:
+        """Whether the session's conversation (begun by a run, with or without turns yet) is about ``image`` (a PIL
+        image, compared by content)."""
+        from vision_cache.image import image_content_hash
+
+        if not session or image is None:
+            return False
+        image_hash = image_content_hash(image)
+        with self._lock:
+            conv = self._by_session.get(session)
+            return conv is not None and conv.image_hash == image_hash
+
     def turns(self, session: str | None) -> tuple[Turn, ...]:
         """The session's turns, oldest first (none without a session)."""
         with self._lock:

@@ -101,15 +101,21 @@ class ViewFields:
         """The page's image.change: the image box's update (emptied when the upload is not an image the app can read),
         then the :data:`RUN_OUTPUTS` updates. An unreadable upload is refused at once, with the run's one-line error in
         the status. The fields change as :meth:`image_changed` says; the old image's answer, stats, chart, downloads and
-        conversation go (left alone while a run of the session goes: its own updates follow)."""
+        conversation go (left alone while a run of the session goes: its own updates follow). The picture the
+        session's conversation is already about changes nothing."""
         import gradio as gr
 
-        refused = None
+        refused, picture = None, None
         if image is not None:
             try:
-                self._load_image(image)
+                picture = self._load_image(image)
             except Exception as exc:  # the same one-line error a run would give
                 refused = f"Error: {_error_text(exc)}"
+        if self.conversations.about(session, picture):
+            # The picture the session's conversation is about: Run pressed right after the upload can begin its run
+            # on it before this event reaches the server, and that run's turn (and its fields) must stay; the same
+            # picture uploaded again changes nothing either.
+            return (gr.skip(),) * (1 + len(RUN_OUTPUTS))
         fields = dict(zip(FIELDS, self.image_changed(caption, ocr, session, None if refused else image)))
         if self.busy(session):
             shown: dict[str, Any] = {"conversation_html": self.outputs.blank()["conversation_html"]}
