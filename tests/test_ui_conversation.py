@@ -141,18 +141,27 @@ def test_a_new_image_or_clear_starts_a_new_conversation(tiny_pipe, state, image_
     assert state.conversations.turns("c") == ()
 
 
-def test_an_upload_event_that_arrives_after_the_run_began_keeps_its_turn(tiny_pipe, state, image_case, tmp_path):
-    """Run pressed right after an upload: the run can begin on the picture before the upload's own image.change
-    reaches the server. That late event (the picture the run began on) leaves the run's turn, its panels and the
-    fields alone, and the follow-up answers the conversation; another picture still ends it."""
-    from PIL import Image
-
+@pytest.mark.parametrize("event", ["upload", "example"])
+def test_an_event_that_arrives_after_the_run_began_on_its_picture_keeps_the_runs_turn(tiny_pipe, state, image_case, event):
+    """Run pressed right after an upload (or an example's click): the run can begin on the picture before the page's
+    image.change (or the click's example_loaded) reaches the server. That late event leaves the run's turn, its
+    panels and the fields alone, and the follow-up answers the conversation; the same event once no run goes ends
+    the conversation as before."""
     path, case = image_case
+
+    def late_event(session: str) -> list:
+        """The event's updates: the image box's and the run outputs' (an upload), or the fields' and the
+        conversation's (an example)."""
+        if event == "upload":
+            return list(state.new_image({"path": str(path)}, case["caption"], case["ocr"], session))
+        return list(state.example_chosen({"path": str(path)}, case["caption"], case["ocr"], session))
+
     run = state.run(*demo_args(path, case), session="late")
     outs = [outputs_as_dict(next(run))]  # the run has begun (its conversation is about this picture)
     assert state.busy("late")
-    late = state.new_image({"path": str(path)}, case["caption"], case["ocr"], "late")
-    assert all(u == {"__type__": "update"} for u in late), late  # gr.skip(): every output left alone
+    updates = late_event("late")
+    left_alone = updates if event == "upload" else updates[-1:]  # an example's own text is still marked as its
+    assert all(u == {"__type__": "update"} for u in left_alone), left_alone  # gr.skip(): left as the run shows it
     outs += [outputs_as_dict(o) for o in run]
     first = outs[-1]
     assert [t.question for t in state.conversations.turns("late")] == [case["question"]]
@@ -161,10 +170,10 @@ def test_an_upload_event_that_arrives_after_the_run_began_keeps_its_turn(tiny_pi
     assert out["result_json"]["main"]["token_ids"] == chat_reference(tiny_pipe, messages, case).token_ids
     assert turn_count(out["conversation_html"]) == 2
 
-    other = tmp_path / "other.png"
-    Image.open(path).convert("RGB").rotate(90).save(other)
-    blanked = outputs_as_dict(state.new_image({"path": str(other)}, case["caption"], case["ocr"], "late")[1:])
-    assert state.conversations.turns("late") == () and turn_count(blanked["conversation_html"]) == 0
+    assert not state.busy("late")
+    updates = late_event("late")  # no run goes: the event ends the conversation
+    shown = outputs_as_dict(updates[1:])["conversation_html"] if event == "upload" else updates[-1]
+    assert state.conversations.turns("late") == () and turn_count(shown["value"] if isinstance(shown, dict) else shown) == 0
 
 
 def test_two_sessions_keep_their_own_conversations(tiny_pipe, state, image_case):

@@ -408,9 +408,9 @@ def build_app(
         # conversation. A new image (or none) empties the fields that hold the old image's generated text, or an
         # example's text once the image is not the example's, and the old image's answer, and ends the conversation,
         # as Clear does; an upload that is no readable image is refused at once (the box empties, the status says
-        # why); the picture the conversation is already about changes nothing (a run may begin on it before the
-        # upload's own event arrives). Typing makes a field the user's. The click's own image.change may come before
-        # its record: the examples' texts of the new image are never emptied.
+        # why). Neither changes anything when a run of the session already began on that picture (Run pressed right
+        # after the upload or the click can reach the server first). Typing makes a field the user's. The click's own
+        # image.change may come before its record: the examples' texts of the new image are never emptied.
         state.add_examples([*examples, *agent_examples])
         for example_set in example_sets:
             example_set.load_input_event.then(

@@ -109,8 +109,7 @@ def _session_handlers(state: DemoApp, request_type: type) -> _SessionHandlers:
         return state.view_edited(caption, ocr, _session_of(request))
 
     def example_loaded(image=None, caption="", ocr="", request=None):
-        session = _session_of(request)
-        return *state.example_loaded(image, caption, ocr, session), state.clear_conversation(session)
+        return state.example_chosen(image, caption, ocr, _session_of(request))
 
     def forget(request=None):
         state.forget(_session_of(request))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from vision_cache.checks import is_int, is_number
 
 from .attributions import TokenAttributions
-from .conversation import Conversations, Turn, render_conversation_html
+from .conversation import Conversations, Turn
 from .errors import DemoInputError, _error_text, _gr_error, _is_user_error
 from .input_checks import InputChecks, pair_reads_images  # noqa: F401 - pair_reads_images: ui.app re-exports it
 from .outputs import RUN_OUTPUTS, STREAMED, RunOutputs, outputs_as_dict  # noqa: F401 - RUN_OUTPUTS, outputs_as_dict re-exported
@@ -244,11 +244,6 @@ class DemoApp(InputChecks, ViewFields):
             session, ocr_outcome(getattr(self.pipe.ocr_engine, "name", None) if ocr_arg is None else "off", notes)
         )
         return view.caption, view.ocr_text
-
-    def clear_conversation(self, session: str | None = None) -> str:
-        """The Clear conversation button: the session's turns are forgotten; returns the empty conversation."""
-        self.conversations.clear(session)
-        return render_conversation_html((), self.outputs.tok)
 
     def stop(self, session: str | None) -> tuple:
         """The Stop button of a session: cancel its running job's rows and show what each panel had decoded,

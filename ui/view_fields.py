@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .conversation import render_conversation_html
 from .errors import _error_text
 from .outputs import RUN_OUTPUTS
 from .render import status_html
@@ -66,6 +67,30 @@ class ViewFields:
         gone = self.views.edited(session, {"caption": caption, "ocr": ocr})
         return tuple(field_update(f, None) if f in gone else gr.skip() for f in FIELDS)
 
+    def clear_conversation(self, session: str | None = None) -> str:
+        """The Clear conversation button: the session's turns are forgotten; returns the empty conversation."""
+        self.conversations.clear(session)
+        return render_conversation_html((), self.outputs.tok)
+
+    def _run_began_on(self, session: str | None, picture: Any) -> bool:
+        """Whether a live run of the session began on ``picture`` (a PIL image; None: no readable one). Run pressed
+        right after an upload or an example's click can begin before that event reaches the server; the event then
+        must not end the conversation the run answers, nor blank what it shows."""
+        return picture is not None and self.busy(session) and self.conversations.about(session, picture)
+
+    def example_chosen(self, image: Any, caption: str, ocr: str, session: str | None = None) -> tuple:
+        """A click on an example (after its image and fields are in the page): the caption and OCR updates of
+        :meth:`example_loaded`, then the conversation's: ended (as Clear does), unless a run of the session already
+        began on the example's picture."""
+        import gradio as gr
+
+        marks = self.example_loaded(image, caption, ocr, session)
+        try:
+            picture = self._load_image(image)
+        except Exception:  # an example's picture that cannot be read: the run says why
+            picture = None
+        return (*marks, gr.skip() if self._run_began_on(session, picture) else self.clear_conversation(session))
+
     def example_loaded(self, image: Any, caption: str, ocr: str, session: str | None = None) -> tuple:
         """A click on an example filled the image and the fields: their text is the example's, marked so, until another
         image replaces the example's or the user edits it."""
@@ -101,8 +126,8 @@ class ViewFields:
         """The page's image.change: the image box's update (emptied when the upload is not an image the app can read),
         then the :data:`RUN_OUTPUTS` updates. An unreadable upload is refused at once, with the run's one-line error in
         the status. The fields change as :meth:`image_changed` says; the old image's answer, stats, chart, downloads and
-        conversation go (left alone while a run of the session goes: its own updates follow). The picture the
-        session's conversation is already about changes nothing."""
+        conversation go (left alone while a run of the session goes: its own updates follow). Nothing changes when a
+        live run of the session already began on this picture (Run pressed right after the upload)."""
         import gradio as gr
 
         refused, picture = None, None
@@ -111,10 +136,7 @@ class ViewFields:
                 picture = self._load_image(image)
             except Exception as exc:  # the same one-line error a run would give
                 refused = f"Error: {_error_text(exc)}"
-        if self.conversations.about(session, picture):
-            # The picture the session's conversation is about: Run pressed right after the upload can begin its run
-            # on it before this event reaches the server, and that run's turn (and its fields) must stay; the same
-            # picture uploaded again changes nothing either.
+        if self._run_began_on(session, picture):  # this upload's run: its turn, fields and panels stay
             return (gr.skip(),) * (1 + len(RUN_OUTPUTS))
         fields = dict(zip(FIELDS, self.image_changed(caption, ocr, session, None if refused else image)))
         if self.busy(session):
