@@ -142,11 +142,14 @@ def test_a_new_image_or_clear_starts_a_new_conversation(tiny_pipe, state, image_
 
 
 @pytest.mark.parametrize("event", ["upload", "example"])
-def test_an_event_that_arrives_after_the_run_began_on_its_picture_keeps_the_runs_turn(tiny_pipe, state, image_case, event):
+def test_an_event_that_arrives_after_the_run_began_on_its_picture_keeps_the_runs_turn(tiny_pipe, state, image_case, event, tmp_path):
     """Run pressed right after an upload (or an example's click): the run can begin on the picture before the page's
     image.change (or the click's example_loaded) reaches the server. That late event leaves the run's turn, its
-    panels and the fields alone, and the follow-up answers the conversation; the same event once no run goes ends
-    the conversation as before."""
+    panels and the fields alone, and the follow-up answers the conversation. Once no run goes, the upload of that
+    picture still changes nothing (the tiny pair's run can end before the event arrives), while a click on the
+    example starts a new conversation; another picture ends it."""
+    from PIL import Image
+
     path, case = image_case
 
     def late_event(session: str) -> list:
@@ -171,7 +174,12 @@ def test_an_event_that_arrives_after_the_run_began_on_its_picture_keeps_the_runs
     assert turn_count(out["conversation_html"]) == 2
 
     assert not state.busy("late")
-    updates = late_event("late")  # no run goes: the event ends the conversation
+    updates = late_event("late")
+    if event == "upload":  # the conversation's own picture: nothing changes; another one ends it
+        assert all(u == {"__type__": "update"} for u in updates) and len(state.conversations.turns("late")) == 2
+        other = tmp_path / "other.png"
+        Image.open(path).convert("RGB").rotate(90).save(other)
+        updates = [None, *state.new_image({"path": str(other)}, case["caption"], case["ocr"], "late")[1:]]
     shown = outputs_as_dict(updates[1:])["conversation_html"] if event == "upload" else updates[-1]
     assert state.conversations.turns("late") == () and turn_count(shown["value"] if isinstance(shown, dict) else shown) == 0
 

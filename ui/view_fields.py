@@ -126,8 +126,8 @@ class ViewFields:
         """The page's image.change: the image box's update (emptied when the upload is not an image the app can read),
         then the :data:`RUN_OUTPUTS` updates. An unreadable upload is refused at once, with the run's one-line error in
         the status. The fields change as :meth:`image_changed` says; the old image's answer, stats, chart, downloads and
-        conversation go (left alone while a run of the session goes: its own updates follow). Nothing changes when a
-        live run of the session already began on this picture (Run pressed right after the upload)."""
+        conversation go (left alone while a run of the session goes: its own updates follow). Nothing changes when the
+        session's conversation is already about this picture (a run begun right after the upload)."""
         import gradio as gr
 
         refused, picture = None, None
@@ -136,7 +136,10 @@ class ViewFields:
                 picture = self._load_image(image)
             except Exception as exc:  # the same one-line error a run would give
                 refused = f"Error: {_error_text(exc)}"
-        if self._run_began_on(session, picture):  # this upload's run: its turn, fields and panels stay
+        if self.conversations.about(session, picture):
+            # The picture the session's conversation is already about: Run pressed right after the upload can begin,
+            # and with the tiny pair even finish, its run before this event reaches the server; that run's turn,
+            # fields and panels stay (the same picture uploaded again changes nothing either).
             return (gr.skip(),) * (1 + len(RUN_OUTPUTS))
         fields = dict(zip(FIELDS, self.image_changed(caption, ocr, session, None if refused else image)))
         if self.busy(session):
