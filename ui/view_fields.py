@@ -72,16 +72,11 @@ class ViewFields:
         self.conversations.clear(session)
         return render_conversation_html((), self.outputs.tok)
 
-    def _run_began_on(self, session: str | None, picture: Any) -> bool:
-        """Whether a live run of the session began on ``picture`` (a PIL image; None: no readable one). Run pressed
-        right after an upload or an example's click can begin before that event reaches the server; the event then
-        must not end the conversation the run answers, nor blank what it shows."""
-        return picture is not None and self.busy(session) and self.conversations.about(session, picture)
-
     def example_chosen(self, image: Any, caption: str, ocr: str, session: str | None = None) -> tuple:
         """A click on an example (after its image and fields are in the page): the caption and OCR updates of
-        :meth:`example_loaded`, then the conversation's: ended (as Clear does), unless a run of the session already
-        began on the example's picture."""
+        :meth:`example_loaded`, then the conversation's: ended (as Clear does), unless a live run of the session
+        already began on the example's picture (Run pressed right after the click can reach the server first). A
+        finished run's conversation ends: the same example clicked again starts a new one."""
         import gradio as gr
 
         marks = self.example_loaded(image, caption, ocr, session)
@@ -89,7 +84,8 @@ class ViewFields:
             picture = self._load_image(image)
         except Exception:  # an example's picture that cannot be read: the run says why
             picture = None
-        return (*marks, gr.skip() if self._run_began_on(session, picture) else self.clear_conversation(session))
+        kept = self.busy(session) and self.conversations.about(session, picture)
+        return (*marks, gr.skip() if kept else self.clear_conversation(session))
 
     def example_loaded(self, image: Any, caption: str, ocr: str, session: str | None = None) -> tuple:
         """A click on an example filled the image and the fields: their text is the example's, marked so, until another
